@@ -1,0 +1,64 @@
+# train_gpt build. `make` builds the trainer (nvcc, C++17) with the CPU and CUDA backends;
+# `make test` builds and runs the test suite (GPU tests only where a CUDA device is present).
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CXX       ?= g++
+GPU_ARCH  ?= 80 90
+
+MPI_CFLAGS := $(shell mpicxx --showme:compile 2>/dev/null) -DOMPI_SKIP_MPICXX
+MPI_LIBS   := $(shell mpicxx --showme:link 2>/dev/null)
+
+CXXFLAGS  ?= -O3 -march=native
+CXXFLAGS  += -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_CFLAGS) -MMD -MP
+NVCCFLAGS ?= -O3
+NVCCFLAGS += -std=c++17 -I. $(MPI_CFLAGS) -Xcompiler -fopenmp,-Wall -MMD -MP \
+             $(foreach a,$(GPU_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) --expt-relaxed-constexpr
+LDLIBS    := -L$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart \
+             $(MPI_LIBS) -lgomp -lpthread
+
+BUILD     := build
+LIB_SRCS  := $(wildcard llmc/*.cpp llmc/cpu/*.cpp)
+LIB_OBJS  := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
+CUDA_SRCS := $(wildcard llmc/cuda/*.cu)
+CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/%.o)
+TEST_SRCS := $(wildcard test/test_*.cpp)
+TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
+GPU_TEST_SRCS := $(wildcard test/gpu/*.cu)
+TOOLS     := $(patsubst %.cpp,%,$(wildcard dev/data/*.cpp))
+
+.PHONY: all test clean
+all: train_gpt $(TOOLS)
+
+$(BUILD)/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/libllmc.a: $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	ar rcs $@ $^
+
+train_gpt: $(BUILD)/train_gpt.o $(CUDA_OBJS) $(BUILD)/libllmc.a
+	$(NVCC) $(NVCCFLAGS) -o $@ $^ $(LDLIBS)
+
+dev/data/%: $(BUILD)/dev/data/%.o $(BUILD)/libllmc.a
+	$(CXX) $(CXXFLAGS) -o $@ $^ $(MPI_LIBS)
+
+# CPU tests: Catch2 v2, no CUDA needed.
+$(BUILD)/test_cpu: $(TEST_OBJS) $(BUILD)/libllmc.a
+	$(CXX) $(CXXFLAGS) -o $@ $^ $(MPI_LIBS)
+
+# GPU tests: compiled everywhere, run only where a CUDA device is present.
+$(BUILD)/test_gpu: $(GPU_TEST_SRCS:%.cu=$(BUILD)/%.o) $(CUDA_OBJS) $(BUILD)/libllmc.a
+	$(NVCC) $(NVCCFLAGS) -o $@ $^ $(LDLIBS)
+
+test: train_gpt $(TOOLS) $(BUILD)/test_cpu $(if $(GPU_TEST_SRCS),$(BUILD)/test_gpu)
+	bash test/run_tests.sh
+
+clean:
+	rm -rf $(BUILD) train_gpt $(TOOLS)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,75 @@
+// Writes synthetic token shards in llm.c's format, for tests and benchmarks.
+//
+//   dev/data/synth_shards --out PREFIX [--shards 1] [--tokens 100000] [--vocab 50257]
+//                         [--seed 0] [--noise 0.1] [--period 64]
+//
+// Tokens follow a learnable process: mostly next = (prev * 5 + 3) % period, with a
+// fraction `noise` of tokens drawn uniformly from the whole vocabulary, so a model's
+// loss visibly falls within a few dozen steps.
+// Files: PREFIX_000000.bin, PREFIX_000001.bin, ...
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "llmc/common.h"
+#include "llmc/rng.h"
+#include "llmc/shard.h"
+
+static void usage() {
+    std::fprintf(stderr,
+                 "usage: synth_shards --out PREFIX [--shards N] [--tokens N] [--vocab V] [--seed S] [--noise F] [--period P]\n");
+}
+
+int main(int argc, char** argv) {
+    std::string out;
+    long shards = 1, tokens = 100000, vocab = 50257, seed = 0, period = 64;
+    double noise = 0.1;
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        auto val = [&](const char* name) -> const char* {
+            if (i + 1 >= argc) {
+                std::fprintf(stderr, "synth_shards: %s needs a value\n", name);
+                std::exit(2);
+            }
+            return argv[++i];
+        };
+        if (a == "--out") out = val("--out");
+        else if (a == "--shards") shards = std::atol(val("--shards"));
+        else if (a == "--tokens") tokens = std::atol(val("--tokens"));
+        else if (a == "--vocab") vocab = std::atol(val("--vocab"));
+        else if (a == "--seed") seed = std::atol(val("--seed"));
+        else if (a == "--period") period = std::atol(val("--period"));
+        else if (a == "--noise") noise = std::atof(val("--noise"));
+        else if (a == "--help" || a == "-h") { usage(); return 0; }
+        else {
+            std::fprintf(stderr, "synth_shards: unknown argument %s\n", a.c_str());
+            usage();
+            return 2;
+        }
+    }
+    if (out.empty() || shards < 1 || tokens < 2 || vocab < 2 || vocab > 65536 || noise < 0 || noise > 1 || period < 1) {
+        usage();
+        return 2;
+    }
+    try {
+        Rng rng(uint64_t(seed), 17);
+        uint32_t prev = 0;
+        std::vector<uint16_t> buf(tokens);
+        for (long s = 0; s < shards; s++) {
+            for (long i = 0; i < tokens; i++) {
+                prev = rng.uniform() < noise ? uint32_t(rng.below(uint64_t(vocab))) : (prev * 5u + 3u) % uint32_t(std::min(period, vocab));
+                buf[i] = uint16_t(prev);
+            }
+            std::string path = out + strfmt("_%06ld.bin", s);
+            shard_write(path, buf.data(), buf.size());
+            std::printf("wrote %s (%ld tokens)\n", path.c_str(), tokens);
+        }
+    } catch (const UserError& e) {
+        std::fprintf(stderr, "synth_shards: %s\n", e.what());
+        return 2;
+    }
+    return 0;
+}

@@ -1,0 +1,258 @@
+#include "llmc/checkpoint.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "llmc/model_file.h"
+
+namespace {
+
+constexpr int32_t STATE_MAGIC = 20241121;
+constexpr int32_t STATE_VERSION = 1;
+
+void mkdirs(const std::string& path) {
+    std::string cur;
+    std::stringstream ss(path);
+    std::string part;
+    if (!path.empty() && path[0] == '/') cur = "/";
+    while (std::getline(ss, part, '/')) {
+        if (part.empty()) continue;
+        cur += part + "/";
+        if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+            throw UserError(strfmt("checkpoint.dir: cannot create %s: %s", cur.c_str(), std::strerror(errno)));
+    }
+}
+
+bool exists(const std::string& p) {
+    struct stat st;
+    return ::stat(p.c_str(), &st) == 0;
+}
+
+void remove_tree(const std::string& path) {
+    DIR* d = ::opendir(path.c_str());
+    if (d) {
+        while (dirent* e = ::readdir(d)) {
+            std::string n = e->d_name;
+            if (n == "." || n == "..") continue;
+            std::string p = path + "/" + n;
+            struct stat st;
+            if (::lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) remove_tree(p);
+            else ::unlink(p.c_str());
+        }
+        ::closedir(d);
+    }
+    ::rmdir(path.c_str());
+}
+
+// step_NNNNNNNN folders (complete or not), sorted by step
+std::vector<std::pair<int, std::string>> list_steps(const std::string& dir, bool complete_only) {
+    std::vector<std::pair<int, std::string>> out;
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return out;
+    while (dirent* e = ::readdir(d)) {
+        std::string n = e->d_name;
+        int step;
+        char tail;
+        if (std::sscanf(n.c_str(), "step_%d%c", &step, &tail) != 1) continue;
+        std::string p = dir + "/" + n;
+        if (complete_only && !exists(p + "/DONE")) continue;
+        out.emplace_back(step, p);
+    }
+    ::closedir(d);
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+uint64_t file_checksum(const std::string& path) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw UserError(strfmt("checkpoint %s: cannot open: %s", path.c_str(), std::strerror(errno)));
+    std::vector<char> buf(1 << 20);
+    uint64_t h = 1469598103934665603ull;
+    size_t got;
+    while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) h = fnv1a(buf.data(), got, h);
+    std::fclose(f);
+    return h;
+}
+
+// memory order (flat buffer over the whole model) -> llm.c order
+std::vector<float> to_llmc(const GPT2& m, const std::vector<float>& mem) {
+    std::vector<float> out(m.num_params);
+    for (const ParamSpec& p : m.params) std::memcpy(&out[p.llmc_offset], &mem[p.offset], p.numel * sizeof(float));
+    return out;
+}
+std::vector<float> from_llmc(const GPT2& m, const float* llmc) {
+    std::vector<float> out(m.num_params);
+    for (const ParamSpec& p : m.params) std::memcpy(&out[p.offset], llmc + p.llmc_offset, p.numel * sizeof(float));
+    return out;
+}
+
+}  // namespace
+
+void fault_point(const char* name, int step) {
+    const char* f = std::getenv("LLMC_FAULT");
+    if (f && (std::strcmp(f, name) == 0 || strfmt("%s_%d", name, step) == f)) {
+        std::fflush(stdout);
+        std::fflush(stderr);
+        ::kill(::getpid(), SIGKILL);
+    }
+}
+
+std::string checkpoint_latest(const std::string& dir) {
+    auto steps = list_steps(dir, true);
+    return steps.empty() ? std::string() : steps.back().second;
+}
+
+std::string checkpoint_save(const std::string& dir, const TrainState& st, const GPT2& model, const AdamW& opt,
+                            const nlohmann::json& config, int keep) {
+    LLMC_ASSERT(opt.begin() == 0 && opt.end() == model.num_params, "checkpoint_save needs the whole optimizer state");
+    mkdirs(dir);
+    const std::string final_dir = dir + "/" + strfmt("step_%08d", st.step);
+    const std::string tmp_dir = final_dir + ".tmp";
+    remove_tree(tmp_dir);
+    if (::mkdir(tmp_dir.c_str(), 0755) != 0)
+        throw UserError(strfmt("checkpoint.dir: cannot create %s: %s", tmp_dir.c_str(), std::strerror(errno)));
+    try {
+        // model
+        std::vector<float> params(model.num_params);
+        model.get_params_llmc(params.data());
+        const int version = model.dtype == DType::BF16 ? 5 : 3;
+        model_file_write(tmp_dir + "/model.bin", model.shape, params.data(), version);
+        fault_point("checkpoint_after_model", st.step);
+        // optimizer state in llm.c order
+        std::vector<float> m, v, master;
+        opt.get_state(m, v, master);
+        std::vector<float> m_l = to_llmc(model, m), v_l = to_llmc(model, v), master_l;
+        if (!master.empty()) master_l = to_llmc(model, master);
+        nlohmann::json meta = {
+            {"step", st.step},
+            {"loader", {{"epoch", st.loader.epoch}, {"shard", st.loader.shard}, {"window", st.loader.window},
+                        {"seed", st.loader.seed}}},
+            {"num_params", model.num_params},
+            {"has_master", !master.empty()},
+            {"model_version", version},
+            {"model_checksum", file_checksum(tmp_dir + "/model.bin")},
+            {"config", config}};
+        const std::string meta_s = meta.dump();
+        const size_t nbytes = model.num_params * sizeof(float);
+        uint64_t h = fnv1a(meta_s.data(), meta_s.size());
+        h = fnv1a(m_l.data(), nbytes, h);
+        h = fnv1a(v_l.data(), nbytes, h);
+        if (!master_l.empty()) h = fnv1a(master_l.data(), nbytes, h);
+        int32_t header[8] = {STATE_MAGIC, STATE_VERSION, int32_t(meta_s.size()), 0, 0, 0, 0, 0};
+        std::memcpy(&header[4], &h, sizeof(h));
+        std::vector<std::pair<const void*, size_t>> parts = {
+            {header, sizeof(header)}, {meta_s.data(), meta_s.size()}, {m_l.data(), nbytes}, {v_l.data(), nbytes}};
+        if (!master_l.empty()) parts.push_back({master_l.data(), nbytes});
+        write_file_atomic(tmp_dir + "/state.bin", parts);
+        fault_point("checkpoint_after_state", st.step);
+    } catch (const UserError&) {
+        remove_tree(tmp_dir);
+        throw;
+    }
+    remove_tree(final_dir);  // an incomplete folder of the same step from an earlier crash
+    if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+        int err = errno;
+        remove_tree(tmp_dir);
+        throw UserError(strfmt("checkpoint: cannot rename %s: %s", tmp_dir.c_str(), std::strerror(err)));
+    }
+    fault_point("checkpoint_after_rename", st.step);
+    write_file_atomic(final_dir + "/DONE", {{"ok\n", 3}});
+    fault_point("checkpoint_after_done", st.step);
+    // retention: newest `keep` complete checkpoints stay; stale temporaries and older ones go
+    auto complete = list_steps(dir, true);
+    for (size_t i = 0; i + size_t(keep) < complete.size(); i++) remove_tree(complete[i].second);
+    DIR* d = ::opendir(dir.c_str());
+    if (d) {
+        std::vector<std::string> stale;
+        while (dirent* e = ::readdir(d)) {
+            std::string n = e->d_name;
+            if (n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0 && n.rfind("step_", 0) == 0)
+                stale.push_back(dir + "/" + n);
+        }
+        ::closedir(d);
+        for (auto& s : stale) remove_tree(s);
+    }
+    return final_dir;
+}
+
+TrainState checkpoint_load(const std::string& path, GPT2& model, AdamW& opt) {
+    LLMC_ASSERT(opt.begin() == 0 && opt.end() == model.num_params, "checkpoint_load needs the whole optimizer state");
+    if (!exists(path + "/DONE"))
+        throw UserError(strfmt("checkpoint %s: incomplete (no DONE marker) or not a checkpoint folder", path.c_str()));
+    const std::string state_path = path + "/state.bin", model_path = path + "/model.bin";
+    // state header + metadata
+    std::ifstream in(state_path, std::ios::binary);
+    if (!in) throw UserError(strfmt("checkpoint %s: cannot open", state_path.c_str()));
+    int32_t header[8];
+    if (!in.read(reinterpret_cast<char*>(header), sizeof(header)) || header[0] != STATE_MAGIC)
+        throw UserError(strfmt("checkpoint %s: not a train_gpt state file (bad magic)", state_path.c_str()));
+    if (header[1] != STATE_VERSION)
+        throw UserError(strfmt("checkpoint %s: unsupported version %d", state_path.c_str(), header[1]));
+    if (header[2] <= 0 || header[2] > (64 << 20))
+        throw UserError(strfmt("checkpoint %s: corrupt header", state_path.c_str()));
+    std::string meta_s(size_t(header[2]), '\0');
+    if (!in.read(&meta_s[0], meta_s.size())) throw UserError(strfmt("checkpoint %s: truncated", state_path.c_str()));
+    nlohmann::json meta;
+    try {
+        meta = nlohmann::json::parse(meta_s);
+    } catch (const std::exception& e) {
+        throw UserError(strfmt("checkpoint %s: corrupt metadata", state_path.c_str()));
+    }
+    // the model: shape must agree with the config
+    std::vector<float> params = model_file_read(model_path, &model.shape);
+    if (file_checksum(model_path) != meta.value("model_checksum", uint64_t(0)))
+        throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", model_path.c_str()));
+    if (meta.value("num_params", size_t(0)) != model.num_params)
+        throw UserError(strfmt("checkpoint %s: holds %zu parameters, the configured model has %zu", state_path.c_str(),
+                               meta.value("num_params", size_t(0)), model.num_params));
+    const bool has_master = meta.value("has_master", false);
+    const size_t nbytes = model.num_params * sizeof(float);
+    std::vector<float> m_l(model.num_params), v_l(model.num_params), master_l(has_master ? model.num_params : 0);
+    bool ok = bool(in.read(reinterpret_cast<char*>(m_l.data()), nbytes)) &&
+              bool(in.read(reinterpret_cast<char*>(v_l.data()), nbytes)) &&
+              (!has_master || bool(in.read(reinterpret_cast<char*>(master_l.data()), nbytes)));
+    char extra;
+    if (!ok || in.read(&extra, 1))
+        throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters", state_path.c_str(),
+                               model.num_params));
+    uint64_t h = fnv1a(meta_s.data(), meta_s.size());
+    h = fnv1a(m_l.data(), nbytes, h);
+    h = fnv1a(v_l.data(), nbytes, h);
+    if (has_master) h = fnv1a(master_l.data(), nbytes, h);
+    uint64_t stored;
+    std::memcpy(&stored, &header[4], sizeof(stored));
+    if (h != stored) throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", state_path.c_str()));
+
+    model.set_params_llmc(params.data());
+    std::vector<float> master_mem;
+    if (has_master) {
+        std::vector<float> tmp = from_llmc(model, master_l.data());
+        master_mem.swap(tmp);
+    }
+    opt.set_state(from_llmc(model, m_l.data()), from_llmc(model, v_l.data()), master_mem);
+    TrainState st;
+    st.step = meta.at("step").get<int>();
+    const auto& L = meta.at("loader");
+    st.loader.epoch = L.at("epoch").get<uint64_t>();
+    st.loader.shard = L.at("shard").get<uint64_t>();
+    st.loader.window = L.at("window").get<uint64_t>();
+    st.loader.seed = L.at("seed").get<uint64_t>();
+    return st;
+}

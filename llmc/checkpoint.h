@@ -1,0 +1,38 @@
+// Training checkpoints: everything needed to continue a run exactly.
+//
+// A checkpoint is a folder <checkpoint.dir>/step_NNNNNNNN/ holding
+//   model.bin  the model in llm.c's format (version 3 fp32, or 5 bf16 for bf16 runs)
+//   state.bin  optimizer moments m, v and fp32 master weights (when the model is not fp32),
+//              all in llm.c tensor order, plus JSON metadata (step, data-loader position,
+//              seeds, the resolved config) and a checksum of both files
+//   DONE       the completion marker, written last
+// Tensors are stored whole (logical shape), so any later parallel layout can load them.
+// Saving writes step_NNNNNNNN.tmp/, fsyncs, renames it, then writes DONE: a run killed at any
+// point leaves the previous checkpoint intact, and only folders with DONE are ever resumed.
+#pragma once
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "llmc/dataloader.h"
+#include "llmc/model.h"
+#include "llmc/optimizer.h"
+
+struct TrainState {
+    int step = 0;  // steps completed
+    LoaderPosition loader;
+};
+
+// Latest complete checkpoint folder in dir, or "" when there is none.
+std::string checkpoint_latest(const std::string& dir);
+// Saves, then deletes complete checkpoints older than the newest `keep` and stale temporaries.
+// Throws UserError (the previous checkpoints are kept) when writing fails.
+std::string checkpoint_save(const std::string& dir, const TrainState& st, const GPT2& model, const AdamW& opt,
+                            const nlohmann::json& config, int keep);
+// Loads a checkpoint folder into model and optimizer. Throws UserError naming the file
+// when it is incomplete, corrupt, truncated or of another model shape.
+TrainState checkpoint_load(const std::string& path, GPT2& model, AdamW& opt);
+
+// Test hook: when the environment variable LLMC_FAULT equals name (or name_<step>), the
+// process kills itself with SIGKILL: a crash at that point of a checkpoint write.
+void fault_point(const char* name, int step);

@@ -1,0 +1,33 @@
+#include "llmc/common.h"
+
+#include <cstdarg>
+#include <vector>
+
+int& log_rank() {
+    static int rank = -1;
+    return rank;
+}
+
+std::string rank_prefix() {
+    return log_rank() < 0 ? std::string() : strfmt("[rank %d] ", log_rank());
+}
+
+void assert_fail(const char* expr, const char* file, int line, const std::string& msg) {
+    std::fprintf(stderr, "%sinternal error at %s:%d: %s (%s)\n", rank_prefix().c_str(), file, line,
+                 msg.c_str(), expr);
+    std::fflush(stderr);
+    std::abort();
+}
+
+std::string strfmt(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = std::vsnprintf(nullptr, 0, fmt, ap);
+    va_end(ap);
+    std::vector<char> buf(n + 1);
+    std::vsnprintf(buf.data(), buf.size(), fmt, ap2);
+    va_end(ap2);
+    return std::string(buf.data(), n);
+}

@@ -1,0 +1,31 @@
+// Errors and assertions shared by every part of train_gpt.
+//
+// Two kinds of failure, kept apart on purpose:
+//  - UserError: the user's input (config, command line, shard, checkpoint) is wrong.
+//    The message names the key, file or value; main() prints it and exits with code 2.
+//  - LLMC_ASSERT: an invariant inside the program is broken. It prints file and line
+//    and aborts: that is a bug, not bad input.
+#pragma once
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+struct UserError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// Rank of this process for message prefixes; set once by the runtime (-1 = not distributed).
+int& log_rank();
+// "[rank 3] " or "" when not distributed.
+std::string rank_prefix();
+
+[[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& msg);
+
+#define LLMC_ASSERT(cond, msg)                                              \
+    do {                                                                    \
+        if (!(cond)) assert_fail(#cond, __FILE__, __LINE__, (msg));         \
+    } while (0)
+
+// printf-style std::string
+std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));

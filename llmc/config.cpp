@@ -1,0 +1,652 @@
+// Config loading: one schema table (below) drives defaults, type and range checks,
+// unknown-key suggestions, the resolved JSON and the usage text.
+#include "llmc/config.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "llmc/common.h"
+#include "llmc/shard.h"
+
+using nlohmann::json;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// The schema
+// ---------------------------------------------------------------------------------------
+
+enum class KType { Int, Number, Bool, String, Enum };
+
+constexpr double NONE = std::numeric_limits<double>::quiet_NaN();
+
+struct Key {
+    std::string path;                  // "train.lr"
+    KType type;
+    void* (*field)(Config&);           // where the value lives in Config (type per `type`)
+    double lo = NONE, hi = NONE;       // bounds (NaN = unbounded)
+    bool lo_excl = false, hi_excl = false;
+    std::vector<std::string> allowed;  // Enum: accepted values
+    std::vector<std::string> planned;  // Enum: recognised values that are not supported yet
+    bool nonempty = false;             // String: "" is rejected
+    std::string help;
+};
+
+#define FIELD(expr) [](Config& c) -> void* { return static_cast<void*>(&c.expr); }
+
+Key int_key(const char* path, void* (*f)(Config&), double lo, double hi, const char* help) {
+    Key k;
+    k.path = path, k.type = KType::Int, k.field = f, k.lo = lo, k.hi = hi, k.help = help;
+    return k;
+}
+Key num_key(const char* path, void* (*f)(Config&), double lo, bool lo_excl, double hi, bool hi_excl,
+            const char* help) {
+    Key k;
+    k.path = path, k.type = KType::Number, k.field = f, k.help = help;
+    k.lo = lo, k.lo_excl = lo_excl, k.hi = hi, k.hi_excl = hi_excl;
+    return k;
+}
+Key bool_key(const char* path, void* (*f)(Config&), const char* help) {
+    Key k;
+    k.path = path, k.type = KType::Bool, k.field = f, k.help = help;
+    return k;
+}
+Key str_key(const char* path, void* (*f)(Config&), bool nonempty, const char* help) {
+    Key k;
+    k.path = path, k.type = KType::String, k.field = f, k.nonempty = nonempty, k.help = help;
+    return k;
+}
+Key enum_key(const char* path, void* (*f)(Config&), std::vector<std::string> allowed,
+             std::vector<std::string> planned, const char* help) {
+    Key k;
+    k.path = path, k.type = KType::Enum, k.field = f, k.help = help;
+    k.allowed = std::move(allowed), k.planned = std::move(planned);
+    return k;
+}
+
+// Defaults are the initialisers of the structs in config.h (read from a default Config).
+const std::vector<Key>& schema() {
+    static const std::vector<Key> keys = {
+        enum_key("device", FIELD(device), {"auto", "cpu", "cuda"}, {},
+                 "where to train: auto = cuda when a GPU is present, else cpu"),
+        enum_key("precision", FIELD(precision), {"fp32", "bf16"}, {"fp8"}, "compute precision"),
+
+        enum_key("model.arch", FIELD(model.arch), {"gpt2"}, {}, "model architecture"),
+        int_key("model.n_layer", FIELD(model.n_layer), 1, NONE, "transformer blocks"),
+        int_key("model.n_head", FIELD(model.n_head), 1, NONE, "attention heads (must divide d_model)"),
+        int_key("model.d_model", FIELD(model.d_model), 1, NONE, "embedding width"),
+        int_key("model.vocab_size", FIELD(model.vocab_size), 2, 65536,
+                "vocabulary size (tokens are uint16; padded to a multiple of 128 internally)"),
+        int_key("model.max_seq_len", FIELD(model.max_seq_len), 1, NONE, "positional embedding rows"),
+        str_key("model.init", FIELD(model.init), true,
+                "\"random\" or the path of an llm.c checkpoint to start from"),
+        int_key("model.init_seed", FIELD(model.init_seed), 0, NONE, "seed of the random init"),
+
+        str_key("data.train", FIELD(data.train), false, "glob of training shards (required)"),
+        str_key("data.val", FIELD(data.val), false, "glob of validation shards (\"\" = no validation)"),
+        bool_key("data.shuffle", FIELD(data.shuffle), "seeded shuffle of shards and windows"),
+
+        int_key("train.micro_batch", FIELD(train.micro_batch), 1, NONE, "sequences per micro-batch (B)"),
+        int_key("train.seq_len", FIELD(train.seq_len), 1, NONE, "tokens per sequence (T), <= model.max_seq_len"),
+        int_key("train.grad_accum", FIELD(train.grad_accum), 1, NONE, "micro-batches per optimizer step"),
+        int_key("train.steps", FIELD(train.steps), 1, NONE, "optimizer steps"),
+        num_key("train.lr", FIELD(train.lr), 0, true, NONE, false, "peak learning rate"),
+        enum_key("train.lr_schedule", FIELD(train.lr_schedule), {"constant", "cosine", "linear", "wsd"}, {},
+                 "decay after warmup"),
+        int_key("train.warmup_steps", FIELD(train.warmup_steps), 0, NONE, "linear warmup steps (<= train.steps)"),
+        num_key("train.final_lr_frac", FIELD(train.final_lr_frac), 0, false, 1, false,
+                "final lr as a fraction of the peak"),
+        num_key("train.decay_frac", FIELD(train.decay_frac), 0, false, 1, false,
+                "wsd: fraction of the steps spent in the final decay"),
+        num_key("train.beta1", FIELD(train.beta1), 0, false, 1, true, "AdamW beta1"),
+        num_key("train.beta2", FIELD(train.beta2), 0, false, 1, true, "AdamW beta2"),
+        num_key("train.eps", FIELD(train.eps), 0, true, NONE, false, "AdamW epsilon"),
+        num_key("train.weight_decay", FIELD(train.weight_decay), 0, false, NONE, false,
+                "decoupled weight decay (2-D weights only)"),
+        num_key("train.grad_clip", FIELD(train.grad_clip), 0, false, NONE, false,
+                "global gradient-norm clip (0 = off)"),
+        int_key("train.seed", FIELD(train.seed), 0, NONE, "seed of data shuffling and sampling"),
+
+        int_key("eval.every", FIELD(eval.every), 0, NONE, "validation every N steps (0 = off)"),
+        int_key("eval.batches", FIELD(eval.batches), 0, NONE, "micro-batches per validation"),
+        int_key("eval.sample_every", FIELD(eval.sample_every), 0, NONE, "text sample every N steps (0 = off)"),
+        int_key("eval.sample_tokens", FIELD(eval.sample_tokens), 0, NONE, "tokens per text sample"),
+
+        str_key("log.jsonl", FIELD(log.jsonl), false, "JSONL log path (\"\" = <out_dir>/log.jsonl)"),
+
+        int_key("checkpoint.every", FIELD(checkpoint.every), 0, NONE,
+                "checkpoint every N steps (0 = only the final model)"),
+        int_key("checkpoint.keep", FIELD(checkpoint.keep), 1, NONE, "complete checkpoints kept"),
+        str_key("checkpoint.dir", FIELD(checkpoint.dir), false, "checkpoint folder (\"\" = <out_dir>/checkpoints)"),
+        str_key("checkpoint.resume", FIELD(checkpoint.resume), true,
+                "auto (latest complete checkpoint, else fresh) | never | <path of a checkpoint>"),
+
+        str_key("tokenizer", FIELD(tokenizer_dir), false,
+                "folder with GPT-2's encoder.json + vocab.bpe (\"\" = token ids only)"),
+        str_key("out_dir", FIELD(out_dir), true, "output folder"),
+    };
+    return keys;
+}
+
+#undef FIELD
+
+const Key* find_key(const std::string& path) {
+    for (const Key& k : schema())
+        if (k.path == path) return &k;
+    return nullptr;
+}
+
+// Section names ("model", "train", ...) that hold keys.
+const std::vector<std::string>& sections() {
+    static const std::vector<std::string> secs = [] {
+        std::vector<std::string> out;
+        for (const Key& k : schema()) {
+            size_t dot = k.path.find('.');
+            if (dot == std::string::npos) continue;
+            std::string s = k.path.substr(0, dot);
+            if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+        }
+        return out;
+    }();
+    return secs;
+}
+
+bool is_section(const std::string& path) {
+    const auto& s = sections();
+    return std::find(s.begin(), s.end(), path) != s.end();
+}
+
+std::string leaf_of(const std::string& path) {
+    size_t dot = path.rfind('.');
+    return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+std::string section_of(const std::string& path) {
+    size_t dot = path.rfind('.');
+    return dot == std::string::npos ? std::string() : path.substr(0, dot);
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+    std::string out;
+    for (size_t i = 0; i < v.size(); i++) {
+        if (i) out += sep;
+        out += v[i];
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Unknown keys: nearest-name suggestion
+// ---------------------------------------------------------------------------------------
+
+std::string lower(std::string s) {
+    for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return s;
+}
+
+// Optimal-string-alignment distance (Levenshtein plus adjacent transpositions), case-insensitive.
+int edit_distance(const std::string& a0, const std::string& b0) {
+    std::string a = lower(a0), b = lower(b0);
+    size_t n = a.size(), m = b.size();
+    std::vector<std::vector<int>> d(n + 1, std::vector<int>(m + 1));
+    for (size_t i = 0; i <= n; i++) d[i][0] = static_cast<int>(i);
+    for (size_t j = 0; j <= m; j++) d[0][j] = static_cast<int>(j);
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            int cost = a[i - 1] == b[j - 1] ? 0 : 1;
+            d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+                d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        }
+    return d[n][m];
+}
+
+// The valid name nearest to an unknown path, or "" when nothing is close. Compares the full
+// paths, and the leaf names (a leaf found in another section costs one extra edit), so
+// "train.lrr" -> "train.lr" and "train.n_layer" -> "model.n_layer".
+std::string suggest(const std::string& path) {
+    std::vector<std::string> cands;
+    for (const Key& k : schema()) cands.push_back(k.path);
+    for (const std::string& s : sections()) cands.push_back(s);
+    std::string leaf = leaf_of(path), sec = section_of(path);
+    std::string best;
+    int best_score = INT_MAX, best_full = INT_MAX;
+    for (const std::string& c : cands) {
+        int full = edit_distance(path, c);
+        int by_leaf = edit_distance(leaf, leaf_of(c)) + (lower(section_of(c)) == lower(sec) ? 0 : 1);
+        int score = std::min(full, by_leaf);
+        if (score < best_score || (score == best_score && full < best_full)) {
+            best = c, best_score = score, best_full = full;
+        }
+    }
+    int limit = std::max(1, std::min(3, static_cast<int>(leaf.size()) / 2));
+    return best_score <= limit ? best : std::string();
+}
+
+std::string keys_in(const std::string& section) {
+    std::vector<std::string> names;
+    if (section.empty()) {
+        for (const Key& k : schema())
+            if (k.path.find('.') == std::string::npos) names.push_back(k.path);
+        for (const std::string& s : sections()) names.push_back(s);
+        return "valid top-level keys: " + join(names, ", ");
+    }
+    for (const Key& k : schema())
+        if (section_of(k.path) == section) names.push_back(leaf_of(k.path));
+    return "valid keys in " + section + ": " + join(names, ", ");
+}
+
+[[noreturn]] void unknown_key(const std::string& path) {
+    std::string s = suggest(path);
+    std::string sec = section_of(path);
+    std::string hint;
+    if (!s.empty())
+        hint = "did you mean " + s + "?";
+    else
+        hint = keys_in(is_section(sec) ? sec : std::string());
+    throw UserError(strfmt("unknown config key \"%s\" (%s)", path.c_str(), hint.c_str()));
+}
+
+// ---------------------------------------------------------------------------------------
+// Value checks
+// ---------------------------------------------------------------------------------------
+
+std::string describe_value(const json& v) {
+    switch (v.type()) {
+        case json::value_t::null: return "null";
+        case json::value_t::boolean: return std::string("boolean ") + (v.get<bool>() ? "true" : "false");
+        case json::value_t::string: return "string " + v.dump();
+        case json::value_t::number_integer:
+        case json::value_t::number_unsigned:
+        case json::value_t::number_float: return "number " + v.dump();
+        case json::value_t::object: return "an object";
+        case json::value_t::array: return "an array";
+        default: return "a value of unsupported type";
+    }
+}
+
+std::string fmt_num(double x) { return strfmt("%g", x); }
+
+std::string range_text(const Key& k) {
+    bool has_lo = !std::isnan(k.lo), has_hi = !std::isnan(k.hi);
+    if (has_lo && has_hi)
+        return strfmt("must be in %s%s, %s%s", k.lo_excl ? "(" : "[", fmt_num(k.lo).c_str(), fmt_num(k.hi).c_str(),
+                      k.hi_excl ? ")" : "]");
+    if (has_lo) return strfmt("must be %s %s", k.lo_excl ? ">" : ">=", fmt_num(k.lo).c_str());
+    if (has_hi) return strfmt("must be %s %s", k.hi_excl ? "<" : "<=", fmt_num(k.hi).c_str());
+    return "";
+}
+
+void check_range(const Key& k, double x, const std::string& shown) {
+    bool bad = false;
+    if (!std::isnan(k.lo)) bad |= k.lo_excl ? !(x > k.lo) : !(x >= k.lo);
+    if (!std::isnan(k.hi)) bad |= k.hi_excl ? !(x < k.hi) : !(x <= k.hi);
+    if (bad)
+        throw UserError(strfmt("%s: %s is out of range (%s)", k.path.c_str(), shown.c_str(), range_text(k).c_str()));
+}
+
+std::string type_text(const Key& k) {
+    switch (k.type) {
+        case KType::Int: return "an integer";
+        case KType::Number: return "a number";
+        case KType::Bool: return "a boolean (true or false)";
+        case KType::String: return "a string";
+        case KType::Enum: return "one of " + join(k.allowed, ", ");
+    }
+    return "";
+}
+
+[[noreturn]] void wrong_type(const Key& k, const json& v) {
+    throw UserError(strfmt("%s: expected %s, got %s", k.path.c_str(), type_text(k).c_str(),
+                           describe_value(v).c_str()));
+}
+
+// Checks v against k and stores it into c.
+void assign(const Key& k, const json& v, Config& c) {
+    void* dst = k.field(c);
+    switch (k.type) {
+        case KType::Int: {
+            long long x;
+            if (v.is_number_unsigned()) {
+                unsigned long long u = v.get<unsigned long long>();
+                x = u > static_cast<unsigned long long>(LLONG_MAX) ? LLONG_MAX : static_cast<long long>(u);
+            } else if (v.is_number_integer()) {
+                x = v.get<long long>();
+            } else if (v.is_number_float()) {
+                // 1e4 is accepted as 10000; 3.5 is not an integer.
+                double d = v.get<double>();
+                if (!std::isfinite(d) || d != std::floor(d)) wrong_type(k, v);
+                if (std::fabs(d) > 9e18) {
+                    x = d > 0 ? LLONG_MAX : LLONG_MIN;
+                } else {
+                    x = static_cast<long long>(d);
+                }
+            } else {
+                wrong_type(k, v);
+            }
+            std::string shown = v.dump();
+            check_range(k, static_cast<double>(x), shown);
+            if (x > INT_MAX || x < INT_MIN)
+                throw UserError(strfmt("%s: %s is out of range (must fit in a 32-bit integer: <= %d)", k.path.c_str(),
+                                       shown.c_str(), INT_MAX));
+            *static_cast<int*>(dst) = static_cast<int>(x);
+            break;
+        }
+        case KType::Number: {
+            if (!v.is_number()) wrong_type(k, v);
+            double x = v.get<double>();
+            check_range(k, x, v.dump());
+            *static_cast<double*>(dst) = x;
+            break;
+        }
+        case KType::Bool:
+            if (!v.is_boolean()) wrong_type(k, v);
+            *static_cast<bool*>(dst) = v.get<bool>();
+            break;
+        case KType::String: {
+            if (!v.is_string()) wrong_type(k, v);
+            std::string s = v.get<std::string>();
+            if (k.nonempty && s.empty()) throw UserError(strfmt("%s: must not be empty", k.path.c_str()));
+            *static_cast<std::string*>(dst) = s;
+            break;
+        }
+        case KType::Enum: {
+            if (!v.is_string()) wrong_type(k, v);
+            std::string s = v.get<std::string>();
+            if (std::find(k.allowed.begin(), k.allowed.end(), s) == k.allowed.end()) {
+                std::string allowed = join(k.allowed, ", ");
+                if (std::find(k.planned.begin(), k.planned.end(), s) != k.planned.end())
+                    throw UserError(strfmt("%s: \"%s\" is not supported yet (allowed values: %s)", k.path.c_str(),
+                                           s.c_str(), allowed.c_str()));
+                std::string hint;
+                for (const std::string& a : k.allowed)
+                    if (lower(a) == lower(s)) hint = " (did you mean " + a + "?)";
+                throw UserError(strfmt("%s: \"%s\" is not an allowed value (allowed values: %s)%s", k.path.c_str(),
+                                       s.c_str(), allowed.c_str(), hint.c_str()));
+            }
+            *static_cast<std::string*>(dst) = s;
+            break;
+        }
+    }
+}
+
+json read_field(const Key& k, Config& c) {
+    void* p = k.field(c);
+    switch (k.type) {
+        case KType::Int: return *static_cast<int*>(p);
+        case KType::Number: return *static_cast<double*>(p);
+        case KType::Bool: return *static_cast<bool*>(p);
+        case KType::String:
+        case KType::Enum: return *static_cast<std::string*>(p);
+    }
+    return nullptr;
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+    std::vector<std::string> parts;
+    size_t start = 0;
+    while (true) {
+        size_t dot = path.find('.', start);
+        parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+        if (dot == std::string::npos) break;
+        start = dot + 1;
+    }
+    return parts;
+}
+
+// The value at a dotted path, or nullptr when absent.
+const json* lookup(const json& root, const std::string& path) {
+    const json* cur = &root;
+    for (const std::string& p : split_path(path)) {
+        if (!cur->is_object()) return nullptr;
+        auto it = cur->find(p);
+        if (it == cur->end()) return nullptr;
+        cur = &*it;
+    }
+    return cur;
+}
+
+// Sets the value at a dotted path, creating (or replacing non-object) intermediate objects.
+void set_path(json& root, const std::string& path, const json& v) {
+    json* cur = &root;
+    for (const std::string& p : split_path(path)) {
+        if (!cur->is_object()) *cur = json::object();
+        cur = &(*cur)[p];
+    }
+    *cur = v;
+}
+
+// Rejects unknown keys and sections that are not objects.
+void check_keys(const json& obj, const std::string& prefix) {
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+        std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
+        if (find_key(path)) continue;  // a leaf: its type is checked by assign()
+        if (is_section(path)) {
+            if (!it.value().is_object())
+                throw UserError(strfmt("%s: expected an object (a section with keys; %s), got %s", path.c_str(),
+                                       keys_in(path).c_str(), describe_value(it.value()).c_str()));
+            check_keys(it.value(), path);
+            continue;
+        }
+        unknown_key(path);
+    }
+}
+
+bool path_exists(const std::string& p, bool* is_dir = nullptr) {
+    struct stat st;
+    if (stat(p.c_str(), &st) != 0) return false;
+    if (is_dir) *is_dir = S_ISDIR(st.st_mode);
+    return true;
+}
+
+void check_consistency(const Config& c) {
+    const ModelConfig& m = c.model;
+    const TrainConfig& t = c.train;
+    if (m.d_model % m.n_head != 0)
+        throw UserError(strfmt("model.d_model: %d is not divisible by model.n_head = %d (d_model must be a multiple "
+                               "of n_head)",
+                               m.d_model, m.n_head));
+    if (t.seq_len > m.max_seq_len)
+        throw UserError(strfmt("train.seq_len: %d exceeds model.max_seq_len = %d (must be <= model.max_seq_len)",
+                               t.seq_len, m.max_seq_len));
+    if (t.warmup_steps > t.steps)
+        throw UserError(strfmt("train.warmup_steps: %d exceeds train.steps = %d (must be in [0, train.steps])",
+                               t.warmup_steps, t.steps));
+    long long tokens_per_step = static_cast<long long>(t.micro_batch) * t.seq_len * t.grad_accum;
+    if (tokens_per_step > INT_MAX)
+        throw UserError(strfmt("train.micro_batch * train.seq_len * train.grad_accum = %lld tokens per step is too "
+                               "large (must be <= %d)",
+                               tokens_per_step, INT_MAX));
+
+    if (c.data.train.empty())
+        throw UserError("data.train: required: a glob of training shards (e.g. data.train=\"data/train_*.bin\")");
+    if (glob_files(c.data.train).empty())
+        throw UserError(strfmt("data.train: no file matches \"%s\" (must be a glob matching at least one shard)",
+                               c.data.train.c_str()));
+    if (!c.data.val.empty() && glob_files(c.data.val).empty())
+        throw UserError(strfmt("data.val: no file matches \"%s\" (must be a glob matching at least one shard, or "
+                               "\"\" for no validation)",
+                               c.data.val.c_str()));
+    if (c.eval.every > 0 && c.data.val.empty())
+        throw UserError(strfmt("eval.every: %d needs validation data but data.val is empty (set data.val to a glob "
+                               "of shards, or eval.every=0)",
+                               c.eval.every));
+
+    bool is_dir = false;
+    if (m.init != "random" && (!path_exists(m.init, &is_dir) || is_dir))
+        throw UserError(strfmt("model.init: \"%s\" is neither \"random\" nor an existing file (allowed: random, or "
+                               "the path of an llm.c checkpoint)",
+                               m.init.c_str()));
+    const std::string& r = c.checkpoint.resume;
+    if (r != "auto" && r != "never" && !path_exists(r))
+        throw UserError(strfmt("checkpoint.resume: \"%s\" does not exist (allowed: auto, never, or the path of a "
+                               "checkpoint)",
+                               r.c_str()));
+    if (!c.tokenizer_dir.empty()) {
+        if (!path_exists(c.tokenizer_dir, &is_dir) || !is_dir)
+            throw UserError(strfmt("tokenizer: \"%s\" is not a folder (must be a folder holding encoder.json and "
+                                   "vocab.bpe, or \"\" for token ids only)",
+                                   c.tokenizer_dir.c_str()));
+        for (const char* f : {"encoder.json", "vocab.bpe"}) {
+            std::string p = c.tokenizer_dir + "/" + f;
+            if (!path_exists(p, &is_dir) || is_dir)
+                throw UserError(strfmt("tokenizer: \"%s\" has no %s (must be a folder holding encoder.json and "
+                                       "vocab.bpe, or \"\" for token ids only)",
+                                       c.tokenizer_dir.c_str(), f));
+        }
+    }
+}
+
+std::string first_key_in(const std::string& section) {
+    for (const Key& k : schema())
+        if (section_of(k.path) == section) return k.path;
+    return section;
+}
+
+// Applies one key=value override to the JSON tree. Strings need no quotes on the command line:
+// a value that is not valid JSON, or any value given to a string key, is taken as plain text.
+void apply_override(json& root, const std::string& arg) {
+    size_t eq = arg.find('=');
+    std::string path = arg.substr(0, eq), text = arg.substr(eq + 1);
+    if (path.empty()) throw UserError(strfmt("override \"%s\": missing key before '='", arg.c_str()));
+    for (const std::string& part : split_path(path))
+        if (part.empty()) throw UserError(strfmt("override \"%s\": malformed key \"%s\"", arg.c_str(), path.c_str()));
+    json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (v.is_discarded()) v = text;
+    if (const Key* k = find_key(path)) {
+        if ((k->type == KType::String || k->type == KType::Enum) && !v.is_string()) v = text;
+        set_path(root, path, v);
+        return;
+    }
+    if (is_section(path)) {
+        if (!v.is_object())
+            throw UserError(strfmt("%s: is a section, not a value: set its keys (e.g. %s=...) or give a JSON "
+                                   "object; got %s (%s)",
+                                   path.c_str(), first_key_in(path).c_str(), describe_value(v).c_str(),
+                                   keys_in(path).c_str()));
+        for (auto it = v.begin(); it != v.end(); ++it)
+            apply_override(root, path + "." + it.key() + "=" + it.value().dump());
+        return;
+    }
+    unknown_key(path);
+}
+
+json read_config_file(const std::string& path) {
+    bool is_dir = false;
+    if (!path_exists(path, &is_dir))
+        throw UserError(strfmt("config file \"%s\": not found", path.c_str()));
+    if (is_dir) throw UserError(strfmt("config file \"%s\": is a folder, not a JSON file", path.c_str()));
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw UserError(strfmt("config file \"%s\": cannot open: %s", path.c_str(), std::strerror(errno)));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    try {
+        return json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+    } catch (const json::parse_error& e) {
+        std::string msg = e.what();
+        size_t close = msg.find("] ");
+        if (msg.rfind("[json.exception", 0) == 0 && close != std::string::npos) msg = msg.substr(close + 2);
+        throw UserError(strfmt("config file \"%s\": invalid JSON (byte %zu): %s", path.c_str(), e.byte, msg.c_str()));
+    }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Public interface
+// ---------------------------------------------------------------------------------------
+
+Config config_from_json(const json& j) {
+    if (!j.is_object())
+        throw UserError(strfmt("config: the top level must be a JSON object, got %s", describe_value(j).c_str()));
+    check_keys(j, "");
+    Config c;
+    for (const Key& k : schema())
+        if (const json* v = lookup(j, k.path)) assign(k, *v, c);
+    check_consistency(c);
+    c.resolved = json::object();
+    for (const Key& k : schema()) set_path(c.resolved, k.path, read_field(k, c));
+    return c;
+}
+
+std::string config_usage() {
+    std::string u =
+        "usage: train_gpt [CONFIG.json | -] [key=value ...] [--print-config] [--help]\n"
+        "\n"
+        "  CONFIG.json      JSON config (first argument; omit it or give \"-\" to use defaults + overrides)\n"
+        "  key=value        override any key by its dotted path, e.g. train.lr=3e-4 model.n_layer=4\n"
+        "                   data.train=\"data/train_*.bin\"; the value is JSON when it parses as JSON,\n"
+        "                   else plain text (string keys always take the text as is)\n"
+        "  --print-config   print the fully resolved config (defaults filled) and exit\n"
+        "  --help           print this help and exit\n"
+        "\n"
+        "keys (default; allowed values):\n";
+    Config defaults;
+    size_t width = 0;
+    for (const Key& k : schema()) width = std::max(width, k.path.size());
+    for (const Key& k : schema()) {
+        std::string allowed;
+        switch (k.type) {
+            case KType::Int: allowed = "integer"; break;
+            case KType::Number: allowed = "number"; break;
+            case KType::Bool: allowed = "true|false"; break;
+            case KType::String: allowed = k.nonempty ? "non-empty string" : "string"; break;
+            case KType::Enum: allowed = join(k.allowed, "|"); break;
+        }
+        std::string range = range_text(k);
+        if (!range.empty()) allowed += ", " + range.substr(std::strlen("must be "));
+        u += strfmt("  %-*s %s (default %s; %s)\n", static_cast<int>(width), k.path.c_str(), k.help.c_str(),
+                    read_field(k, defaults).dump().c_str(), allowed.c_str());
+    }
+    return u;
+}
+
+Config load_config(int argc, char** argv, bool* print_config) {
+    if (print_config) *print_config = false;
+    json root = json::object();
+    int i = 1;
+    if (argc > 1) {
+        std::string first = argv[1];
+        if (first == "-") {
+            i = 2;
+        } else if (first.find('=') == std::string::npos && first.rfind("-", 0) != 0) {
+            root = read_config_file(first);
+            if (!root.is_object())
+                throw UserError(strfmt("config file \"%s\": the top level must be a JSON object, got %s", first.c_str(),
+                                       describe_value(root).c_str()));
+            i = 2;
+        }
+    }
+    for (; i < argc; i++) {
+        std::string a = argv[i];
+        if (a == "--print-config") {
+            if (print_config) *print_config = true;
+        } else if (a == "--help" || a == "-h") {
+            std::fputs(config_usage().c_str(), stdout);
+            std::fflush(stdout);
+            std::exit(0);
+        } else if (a.rfind("-", 0) == 0) {
+            throw UserError(strfmt("unknown flag \"%s\" (flags: --print-config, --help; overrides are written "
+                                   "key=value without dashes, e.g. train.lr=3e-4)",
+                                   a.c_str()));
+        } else if (a.find('=') != std::string::npos) {
+            apply_override(root, a);
+        } else {
+            throw UserError(strfmt("unexpected argument \"%s\": neither key=value nor a known flag (the config file "
+                                   "must be the first argument; see --help)",
+                                   a.c_str()));
+        }
+    }
+    return config_from_json(root);
+}

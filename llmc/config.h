@@ -1,0 +1,93 @@
+// The run's configuration: JSON file + command-line overrides -> a validated Config.
+// Every key has a schema entry (type, default, allowed values) in config.cpp; errors
+// name the key path and what is allowed, and are UserErrors (exit code 2).
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+struct ModelConfig {
+    std::string arch = "gpt2";
+    int n_layer = 12;
+    int n_head = 12;
+    int d_model = 768;
+    int vocab_size = 50257;
+    int max_seq_len = 1024;
+    std::string init = "random";  // "random" or path of an llm.c checkpoint
+    int init_seed = 0;
+    int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
+};
+
+struct DataConfig {
+    std::string train;  // glob of training shards (required)
+    std::string val;    // glob of validation shards ("" = no validation)
+    bool shuffle = false;
+};
+
+struct TrainConfig {
+    int micro_batch = 4;
+    int seq_len = 64;
+    int grad_accum = 1;
+    int steps = 10;
+    double lr = 3e-4;
+    std::string lr_schedule = "cosine";  // constant | cosine | linear | wsd
+    int warmup_steps = 0;
+    double final_lr_frac = 0.0;
+    double decay_frac = 0.2;  // wsd: fraction of steps spent in the final decay
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double weight_decay = 0.0;
+    double grad_clip = 1.0;  // 0 = off
+    int seed = 1337;
+};
+
+struct EvalConfig {
+    int every = 0;  // 0 = off
+    int batches = 10;
+    int sample_every = 0;  // 0 = off
+    int sample_tokens = 64;
+};
+
+struct LogConfig {
+    std::string jsonl;  // "" = <out_dir>/log.jsonl
+};
+
+struct CheckpointConfig {
+    int every = 0;           // 0 = only the final model
+    int keep = 2;            // last K complete checkpoints kept
+    std::string dir;         // "" = <out_dir>/checkpoints
+    std::string resume = "auto";  // auto | never | <path>
+};
+
+struct Config {
+    std::string device = "auto";     // auto | cpu | cuda
+    std::string precision = "fp32";  // fp32 | bf16
+    ModelConfig model;
+    DataConfig data;
+    TrainConfig train;
+    EvalConfig eval;
+    LogConfig log;
+    CheckpointConfig checkpoint;
+    std::string tokenizer_dir;  // key "tokenizer": folder with encoder.json + vocab.bpe ("" = ids only)
+    std::string out_dir = "out";
+
+    nlohmann::json resolved;  // the fully resolved config (defaults filled), as JSON
+};
+
+// Parses argv: argv[1] = config path (or "-" for none; it may also be omitted when the first
+// argument is an override or a flag), then key=value overrides and flags. An override's value
+// is JSON when it parses as JSON, else plain text; dotted paths create nested objects.
+// Recognised flags: --print-config (sets *print_config; may be null), --help / -h (prints
+// config_usage() to stdout and exits with code 0). Throws UserError on any bad input.
+// Reads files only (config, globs); writes nothing.
+Config load_config(int argc, char** argv, bool* print_config);
+
+// The command-line help: usage line, flags, and every config key with its default and
+// allowed values (generated from the schema table in config.cpp).
+std::string config_usage();
+
+// Validates a JSON object against the schema and builds the Config (also used by tests
+// and by checkpoint resume to read the stored config). Throws UserError.
+Config config_from_json(const nlohmann::json& j);

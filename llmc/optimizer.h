@@ -1,0 +1,52 @@
+// AdamW over a range of the flat parameter buffer, gradient-norm clipping and the LR schedules.
+//
+// The optimizer owns [begin, end) of the flat buffer (the whole model today; a ZeRO shard
+// later): fp32 moments m and v, and fp32 master weights when the model's dtype is not fp32.
+// Weight decay applies per parameter tensor (ParamSpec::decay), so the update walks the
+// parameter table and runs the fused AdamW op on each tensor's intersection with the range.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "llmc/config.h"
+#include "llmc/model.h"
+
+struct AdamWHyper {
+    float lr, beta1, beta2, eps, weight_decay;
+};
+
+class AdamW {
+public:
+    AdamW(GPT2& model, size_t begin, size_t end);
+    ~AdamW();
+    AdamW(const AdamW&) = delete;
+    AdamW& operator=(const AdamW&) = delete;
+
+    // t: 1-based step for bias correction; grad_scale multiplies the gradients (clipping).
+    void step(const AdamWHyper& h, int t, float grad_scale, uint32_t seed);
+
+    size_t begin() const { return begin_; }
+    size_t end() const { return end_; }
+    size_t state_bytes() const;  // m, v and master
+    bool has_master() const { return master_ != nullptr; }
+
+    // Host fp32 copies of the state over [begin, end), for checkpoints.
+    void get_state(std::vector<float>& m, std::vector<float>& v, std::vector<float>& master) const;
+    void set_state(const std::vector<float>& m, const std::vector<float>& v, const std::vector<float>& master);
+    // Copies the current parameters into the master weights (after loading parameters).
+    void sync_master_from_params();
+
+private:
+    GPT2& model_;
+    size_t begin_, end_;
+    float* m_ = nullptr;
+    float* v_ = nullptr;
+    float* master_ = nullptr;
+};
+
+// Sum of squares of the gradients in [begin, end) (deterministic), in double.
+double grad_sum_squares(GPT2& model, size_t begin, size_t end);
+// torch's clip_grad_norm_ factor: min(1, clip / (norm + 1e-6)); 1 when clip <= 0.
+float clip_scale(double grad_norm, double clip);
+// Learning rate of step (0-based) under the configured schedule with linear warmup.
+double lr_at(const TrainConfig& t, int step);

@@ -1,0 +1,25 @@
+// The process runtime: MPI when launched by mpirun/srun, a single process otherwise.
+// This is the only process-wide state; everything else is passed explicitly.
+#pragma once
+#include <string>
+
+class Runtime {
+public:
+    Runtime(int* argc, char*** argv);
+    ~Runtime();
+    Runtime(const Runtime&) = delete;
+    Runtime& operator=(const Runtime&) = delete;
+
+    int rank = 0;
+    int world = 1;
+    int local_rank = 0;  // rank within the node (GPU selection)
+    bool mpi = false;    // MPI was initialised
+
+    bool is_main() const { return rank == 0; }
+    void barrier() const;
+    // Ends every process of the job with this exit code (MPI_Abort when distributed).
+    [[noreturn]] void abort_job(int code) const;
+};
+
+// True when the environment shows an MPI launcher (OpenMPI, PMI/PMIx, Slurm srun).
+bool launched_by_mpi();

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian/Ubuntu machine lacks to build and test train_gpt. Idempotent:
+# packages already present are not reinstalled. The CUDA toolkit (nvcc, cuBLASLt, NCCL) is
+# expected at $CUDA_HOME (default /usr/local/cuda); without it, `make` cannot build.
+set -euo pipefail
+pkgs=(openmpi-bin libopenmpi-dev nlohmann-json3-dev catch2 bible-kjv make g++)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+else
+    echo "setup: system packages present"
+fi
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
+    echo "setup: nvcc not found at $CUDA_HOME/bin/nvcc; install the CUDA toolkit (it provides nvcc, cuBLASLt, NCCL)" >&2
+    exit 2
+fi
+# GPT-2 tokenizer files (encoder.json, vocab.bpe) for data preparation and decoded samples
+bash "$(dirname "$0")/get_tokenizer.sh"

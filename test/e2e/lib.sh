@@ -1,0 +1,42 @@
+# Helpers for the end-to-end tests. Each test sources this, works in its own temp folder
+# ($W), and fails (non-zero exit) on the first broken expectation.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+BIN="$ROOT/train_gpt"
+SYNTH="$ROOT/dev/data/synth_shards"
+W=$(mktemp -d /tmp/train_gpt_e2e.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+die() { echo "FAILED: $*" >&2; exit 1; }
+
+# make_data: train and val shards for a 512-token vocabulary under $W/data
+make_data() {
+    mkdir -p "$W/data"
+    "$SYNTH" --out "$W/data/train" --shards 2 --tokens ${1:-20000} --vocab 512 --seed 1 >/dev/null
+    "$SYNTH" --out "$W/data/val" --shards 1 --tokens 5000 --vocab 512 --seed 2 >/dev/null
+}
+
+# tiny_config FILE: a small CPU model on the data of make_data
+tiny_config() {
+    cat > "$1" <<JSON
+{ "device": "cpu", "precision": "fp32",
+  "model": { "n_layer": 2, "n_head": 2, "d_model": 32, "vocab_size": 512, "max_seq_len": 32 },
+  "data": { "train": "$W/data/train_*.bin", "val": "$W/data/val_*.bin" },
+  "train": { "micro_batch": 2, "seq_len": 16, "grad_accum": 2, "steps": 10, "lr": 3e-3, "warmup_steps": 2,
+             "weight_decay": 0.1, "grad_clip": 1.0 },
+  "out_dir": "$W/out" }
+JSON
+}
+
+# losses FILE: the "loss" values of a log.jsonl, one per line, exactly as written
+losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
+
+# expect_fail CODE PATTERN CMD...: the command exits with CODE and stderr matches PATTERN
+expect_fail() {
+    local code=$1 pat=$2; shift 2
+    local err rc=0
+    err=$("$@" 2>&1 >/dev/null) || rc=$?
+    [ "$rc" -eq "$code" ] || die "expected exit $code, got $rc from: $* ; stderr: $err"
+    echo "$err" | grep -qE -- "$pat" || die "stderr of '$*' does not match /$pat/: $err"
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs every test: Catch2 unit tests (CPU), GPU op parity (where a CUDA device is present),
+# and the end-to-end tests in test/e2e/ that drive the train_gpt binary.
+# Ends with one line "N passed, M failed"; exit code 1 when anything failed.
+set -u
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+pass=0
+fail=0
+failed=()
+
+echo "== unit tests (Catch2, CPU backend)"
+out=$(build/test_cpu 2>&1); rc=$?
+echo "$out" | tail -n 25
+# Catch2 v2 summary: "All tests passed (A assertions in N test cases)" or "test cases: N | P passed | F failed"
+if n=$(echo "$out" | sed -n 's/^All tests passed ([0-9]* assertions\{0,1\} in \([0-9]*\) test cases\{0,1\})$/\1/p') && [ -n "$n" ]; then
+    pass=$((pass + n))
+elif line=$(echo "$out" | grep -E '^test cases: ' | tail -n1) && [ -n "$line" ]; then
+    p=$(echo "$line" | sed -n 's/.*| *\([0-9]*\) passed.*/\1/p'); f=$(echo "$line" | sed -n 's/.*| *\([0-9]*\) failed.*/\1/p')
+    pass=$((pass + ${p:-0})); fail=$((fail + ${f:-1})); failed+=("unit tests")
+else
+    fail=$((fail + 1)); failed+=("unit tests (no summary, exit $rc)")
+fi
+[ $rc -ne 0 ] && [ ${#failed[@]} -eq 0 ] && { fail=$((fail + 1)); failed+=("unit tests (exit $rc)"); }
+
+if [ -x build/test_gpu ]; then
+    echo "== GPU tests"
+    out=$(build/test_gpu 2>&1); rc=$?
+    echo "$out" | grep -v '^PASS' | tail -n 40
+    if echo "$out" | grep -q '^GPU tests: skipped (no CUDA device)'; then
+        :
+    elif [ $rc -eq 0 ]; then
+        pass=$((pass + 1))
+    else
+        fail=$((fail + 1)); failed+=("GPU tests")
+    fi
+else
+    echo "GPU tests: skipped (no CUDA device)"
+fi
+
+echo "== end-to-end tests"
+for t in test/e2e/test_*.sh; do
+    name=$(basename "$t" .sh)
+    start=$(date +%s)
+    if log=$(bash "$t" 2>&1); then
+        echo "PASS $name ($(( $(date +%s) - start ))s)"
+        pass=$((pass + 1))
+    else
+        echo "FAIL $name"
+        echo "$log" | tail -n 30 | sed 's/^/    /'
+        fail=$((fail + 1)); failed+=("$name")
+    fi
+done
+
+[ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

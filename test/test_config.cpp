@@ -1,0 +1,388 @@
+// Config: schema defaults, overrides, and one test per class of bad input.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "llmc/common.h"
+#include "llmc/config.h"
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh folder under $TMPDIR (or /tmp) holding two train shards, one val shard and a
+// tokenizer folder; removed at the end of the test. Config loading only globs the
+// shards, so their content does not matter.
+struct TempDir {
+    std::string path;
+    TempDir() {
+        const char* base = std::getenv("TMPDIR");
+        std::string tmpl = std::string(base && *base ? base : "/tmp") + "/test_config_XXXXXX";
+        std::vector<char> buf(tmpl.begin(), tmpl.end());
+        buf.push_back('\0');
+        REQUIRE(mkdtemp(buf.data()) != nullptr);
+        path = buf.data();
+        touch("train_000.bin");
+        touch("train_001.bin");
+        touch("val_000.bin");
+        touch("init.bin");
+        fs::create_directory(path + "/tok");
+        touch("tok/encoder.json");
+        touch("tok/vocab.bpe");
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+    void touch(const std::string& name) const { std::ofstream(path + "/" + name) << "x"; }
+    std::string train_glob() const { return path + "/train_*.bin"; }
+    std::string val_glob() const { return path + "/val_*.bin"; }
+    std::string write(const std::string& name, const std::string& text) const {
+        std::ofstream(path + "/" + name) << text;
+        return path + "/" + name;
+    }
+};
+
+// The message of the UserError thrown by f; fails the test if none is thrown.
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const UserError& e) {
+        return e.what();
+    }
+    FAIL("expected a UserError");
+    return "";
+}
+
+// Runs load_config on {"train_gpt", args...}.
+Config load(const std::vector<std::string>& args, bool* print = nullptr) {
+    std::vector<std::string> all = {"train_gpt"};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& s : all) argv.push_back(&s[0]);
+    argv.push_back(nullptr);
+    bool dummy = false;
+    return load_config(static_cast<int>(all.size()), argv.data(), print ? print : &dummy);
+}
+
+json minimal(const TempDir& t) { return json{{"data", {{"train", t.train_glob()}}}}; }
+
+}  // namespace
+
+TEST_CASE("config: defaults equal the initialisers in config.h", "[config]") {
+    TempDir t;
+    Config c = config_from_json(minimal(t));
+    Config d;
+    CHECK(c.device == d.device);
+    CHECK(c.precision == d.precision);
+    CHECK(c.model.arch == "gpt2");
+    CHECK(c.model.n_layer == d.model.n_layer);
+    CHECK(c.model.n_head == d.model.n_head);
+    CHECK(c.model.d_model == d.model.d_model);
+    CHECK(c.model.vocab_size == d.model.vocab_size);
+    CHECK(c.model.max_seq_len == d.model.max_seq_len);
+    CHECK(c.model.init == "random");
+    CHECK(c.train.micro_batch == d.train.micro_batch);
+    CHECK(c.train.steps == d.train.steps);
+    CHECK(c.train.lr == d.train.lr);
+    CHECK(c.train.lr_schedule == d.train.lr_schedule);
+    CHECK(c.train.beta2 == d.train.beta2);
+    CHECK(c.train.grad_clip == d.train.grad_clip);
+    CHECK(c.train.seed == d.train.seed);
+    CHECK(c.eval.batches == d.eval.batches);
+    CHECK(c.checkpoint.keep == d.checkpoint.keep);
+    CHECK(c.checkpoint.resume == "auto");
+    CHECK(c.tokenizer_dir.empty());
+    CHECK(c.out_dir == d.out_dir);
+    CHECK(c.data.train == t.train_glob());
+    CHECK(c.data.val.empty());
+    CHECK_FALSE(c.data.shuffle);
+
+    // resolved holds every key, nested, with defaults filled
+    const json& r = c.resolved;
+    CHECK(r.at("device") == "auto");
+    CHECK(r.at("model").at("n_layer") == d.model.n_layer);
+    CHECK(r.at("train").at("lr") == d.train.lr);
+    CHECK(r.at("train").at("lr_schedule") == "cosine");
+    CHECK(r.at("data").at("shuffle") == false);
+    CHECK(r.at("log").at("jsonl") == "");
+    CHECK(r.at("checkpoint").at("every") == 0);
+    CHECK(r.at("tokenizer") == "");
+    CHECK(r.at("out_dir") == "out");
+    for (const char* s : {"model", "data", "train", "eval", "log", "checkpoint"}) CHECK(r.at(s).is_object());
+}
+
+TEST_CASE("config: values from a file and overrides of each type", "[config]") {
+    TempDir t;
+    json file = minimal(t);
+    file["train"]["steps"] = 20;
+    file["model"]["n_layer"] = 2;
+    std::string cfg = t.write("cfg.json", file.dump(2));
+    bool print = false;
+    Config c = load({cfg, "train.lr=1e-3",         // number
+                     "train.steps=7",              // int (overrides the file)
+                     "model.d_model=64", "model.n_head=4",
+                     "train.warmup_steps=1e0",     // an integral number is an int
+                     "data.shuffle=true",          // bool
+                     "device=cpu",                 // enum, unquoted
+                     "precision=\"bf16\"",         // enum, quoted JSON string
+                     "out_dir=123",                // string key: the text as is
+                     "data.val=" + t.val_glob(), "eval.every=5", "tokenizer=" + t.path + "/tok",
+                     "model.init=" + t.path + "/init.bin", "--print-config"},
+                    &print);
+    CHECK(print);
+    CHECK(c.train.lr == 1e-3);
+    CHECK(c.train.steps == 7);
+    CHECK(c.model.n_layer == 2);  // from the file
+    CHECK(c.model.d_model == 64);
+    CHECK(c.train.warmup_steps == 1);
+    CHECK(c.data.shuffle);
+    CHECK(c.device == "cpu");
+    CHECK(c.precision == "bf16");
+    CHECK(c.out_dir == "123");
+    CHECK(c.data.val == t.val_glob());
+    CHECK(c.eval.every == 5);
+    CHECK(c.tokenizer_dir == t.path + "/tok");
+    CHECK(c.model.init == t.path + "/init.bin");
+    CHECK(c.resolved.at("out_dir") == "123");
+    CHECK(c.resolved.at("train").at("steps") == 7);
+}
+
+TEST_CASE("config: overrides alone, nested objects created", "[config]") {
+    TempDir t;
+    // no config file: the first argument is an override; "train" and "data" objects are created
+    bool print = true;
+    Config c = load({"data.train=" + t.train_glob(), "train.lr=0.5", "checkpoint.keep=3"}, &print);
+    CHECK_FALSE(print);
+    CHECK(c.train.lr == 0.5);
+    CHECK(c.checkpoint.keep == 3);
+    CHECK(c.data.train == t.train_glob());
+    // "-" as an explicit "no file"
+    Config c2 = load({"-", "data.train=" + t.train_glob(), "--print-config"}, &print);
+    CHECK(print);
+    // a flag first, then overrides
+    Config c3 = load({"--print-config", "data.train=" + t.train_glob()});
+    CHECK(c3.data.train == t.train_glob());
+    // a whole section as a JSON object merges key by key
+    Config c4 = load({"data.train=" + t.train_glob(), "model={\"n_layer\": 3, \"d_model\": 96}", "model.n_head=3"});
+    CHECK(c4.model.n_layer == 3);
+    CHECK(c4.model.d_model == 96);
+    CHECK(c4.model.n_head == 3);
+    CHECK(c4.model.vocab_size == Config().model.vocab_size);
+    // the last override of a key wins
+    Config c5 = load({"data.train=" + t.train_glob(), "train.steps=3", "train.steps=4"});
+    CHECK(c5.train.steps == 4);
+}
+
+TEST_CASE("config: resolved JSON round-trips through config_from_json", "[config]") {
+    TempDir t;
+    Config c = load({"data.train=" + t.train_glob(), "data.val=" + t.val_glob(), "eval.every=2", "train.lr=6e-4",
+                     "train.lr_schedule=wsd", "train.beta1=0.8", "data.shuffle=true", "model.n_layer=3"});
+    Config r = config_from_json(c.resolved);
+    CHECK(r.resolved == c.resolved);
+    CHECK(r.train.lr == 6e-4);
+    CHECK(r.train.lr_schedule == "wsd");
+    CHECK(r.model.n_layer == 3);
+    // and through text, as a checkpoint stores it
+    Config r2 = config_from_json(json::parse(c.resolved.dump()));
+    CHECK(r2.resolved == c.resolved);
+    CHECK(r2.train.beta1 == 0.8);
+}
+
+TEST_CASE("config: unknown keys suggest the nearest valid key", "[config]") {
+    TempDir t;
+    std::string m = error_of([&] { load({"data.train=" + t.train_glob(), "train.lrr=1e-3"}); });
+    CHECK_THAT(m, Catch::Contains("train.lrr") && Catch::Contains("did you mean train.lr?"));
+
+    m = error_of([&] { load({"data.train=" + t.train_glob(), "train.n_layer=4"}); });
+    CHECK_THAT(m, Catch::Contains("train.n_layer") && Catch::Contains("did you mean model.n_layer?"));
+
+    // in a file, including a misspelt section
+    json j = minimal(t);
+    j["trian"] = {{"lr", 1e-3}};
+    m = error_of([&] { config_from_json(j); });
+    CHECK_THAT(m, Catch::Contains("\"trian\"") && Catch::Contains("did you mean train?"));
+
+    j = minimal(t);
+    j["model"]["nlayer"] = 2;
+    m = error_of([&] { config_from_json(j); });
+    CHECK_THAT(m, Catch::Contains("model.nlayer") && Catch::Contains("did you mean model.n_layer?"));
+
+    j = minimal(t);
+    j["steps"] = 5;  // a leaf at the wrong level
+    m = error_of([&] { config_from_json(j); });
+    CHECK_THAT(m, Catch::Contains("did you mean train.steps?"));
+
+    // nothing close: the valid keys of the section are listed
+    m = error_of([&] { load({"data.train=" + t.train_glob(), "train.zzzzzzzzzz=1"}); });
+    CHECK_THAT(m, Catch::Contains("train.zzzzzzzzzz") && Catch::Contains("valid keys in train:") &&
+                      Catch::Contains("micro_batch"));
+}
+
+TEST_CASE("config: wrong types", "[config]") {
+    TempDir t;
+    std::string g = "data.train=" + t.train_glob();
+    std::string m = error_of([&] { load({g, "train.steps=ten"}); });
+    CHECK_THAT(m, Catch::Contains("train.steps: expected an integer, got string \"ten\""));
+
+    m = error_of([&] { load({g, "model.n_layer=3.5"}); });
+    CHECK_THAT(m, Catch::Contains("model.n_layer") && Catch::Contains("expected an integer"));
+
+    m = error_of([&] { load({g, "train.lr=fast"}); });
+    CHECK_THAT(m, Catch::Contains("train.lr: expected a number"));
+
+    m = error_of([&] { load({g, "data.shuffle=1"}); });
+    CHECK_THAT(m, Catch::Contains("data.shuffle: expected a boolean"));
+
+    json j = minimal(t);
+    j["out_dir"] = 5;
+    m = error_of([&] { config_from_json(j); });
+    CHECK_THAT(m, Catch::Contains("out_dir: expected a string, got number 5"));
+
+    j = minimal(t);
+    j["train"]["lr"] = json::array({1, 2});
+    m = error_of([&] { config_from_json(j); });
+    CHECK_THAT(m, Catch::Contains("train.lr: expected a number"));
+
+    j = minimal(t);
+    j["train"] = 3;  // a section must be an object
+    m = error_of([&] { config_from_json(j); });
+    CHECK_THAT(m, Catch::Contains("train: expected an object"));
+
+    m = error_of([&] { load({g, "model=4"}); });
+    CHECK_THAT(m, Catch::Contains("model: is a section"));
+}
+
+TEST_CASE("config: out-of-range values and enums", "[config]") {
+    TempDir t;
+    std::string g = "data.train=" + t.train_glob();
+    struct Case {
+        std::string arg, key, range;
+    };
+    std::vector<Case> cases = {
+        {"train.lr=0", "train.lr", "> 0"},
+        {"train.lr=-1e-3", "train.lr", "> 0"},
+        {"train.steps=0", "train.steps", ">= 1"},
+        {"train.micro_batch=0", "train.micro_batch", ">= 1"},
+        {"train.warmup_steps=-1", "train.warmup_steps", ">= 0"},
+        {"train.beta1=1", "train.beta1", "[0, 1)"},
+        {"train.beta2=-0.1", "train.beta2", "[0, 1)"},
+        {"train.eps=0", "train.eps", "> 0"},
+        {"train.final_lr_frac=1.5", "train.final_lr_frac", "[0, 1]"},
+        {"train.grad_clip=-1", "train.grad_clip", ">= 0"},
+        {"model.n_head=0", "model.n_head", ">= 1"},
+        {"model.vocab_size=65537", "model.vocab_size", "[2, 65536]"},
+        {"model.vocab_size=1", "model.vocab_size", "[2, 65536]"},
+        {"model.max_seq_len=0", "model.max_seq_len", ">= 1"},
+        {"eval.batches=-2", "eval.batches", ">= 0"},
+        {"checkpoint.keep=0", "checkpoint.keep", ">= 1"},
+        {"checkpoint.every=-1", "checkpoint.every", ">= 0"},
+        {"train.steps=1e12", "train.steps", "32-bit"},
+    };
+    for (const Case& c : cases) {
+        INFO(c.arg);
+        std::string m = error_of([&] { load({g, c.arg}); });
+        CHECK_THAT(m, Catch::Contains(c.key + ":") && Catch::Contains("out of range") && Catch::Contains(c.range));
+    }
+    // boundaries that are allowed
+    CHECK(load({g, "model.vocab_size=65536"}).model.vocab_size == 65536);
+    CHECK(load({g, "train.beta1=0"}).train.beta1 == 0.0);
+    CHECK(load({g, "train.final_lr_frac=1"}).train.final_lr_frac == 1.0);
+    CHECK(load({g, "train.grad_clip=0"}).train.grad_clip == 0.0);
+
+    std::string m = error_of([&] { load({g, "device=tpu"}); });
+    CHECK_THAT(m, Catch::Contains("device") && Catch::Contains("auto, cpu, cuda"));
+    m = error_of([&] { load({g, "precision=fp8"}); });
+    CHECK_THAT(m, Catch::Contains("precision") && Catch::Contains("not supported yet") &&
+                      Catch::Contains("fp32, bf16"));
+    m = error_of([&] { load({g, "train.lr_schedule=step"}); });
+    CHECK_THAT(m, Catch::Contains("train.lr_schedule") && Catch::Contains("constant, cosine, linear, wsd"));
+    m = error_of([&] { load({g, "model.arch=llama"}); });
+    CHECK_THAT(m, Catch::Contains("model.arch") && Catch::Contains("gpt2"));
+    m = error_of([&] { load({g, "out_dir="}); });
+    CHECK_THAT(m, Catch::Contains("out_dir: must not be empty"));
+}
+
+TEST_CASE("config: inconsistent values", "[config]") {
+    TempDir t;
+    std::string g = "data.train=" + t.train_glob();
+    std::string m = error_of([&] { load({g, "model.d_model=100", "model.n_head=3"}); });
+    CHECK_THAT(m, Catch::Contains("model.d_model") && Catch::Contains("model.n_head"));
+
+    m = error_of([&] { load({g, "train.seq_len=2048"}); });
+    CHECK_THAT(m, Catch::Contains("train.seq_len") && Catch::Contains("model.max_seq_len"));
+
+    m = error_of([&] { load({g, "train.steps=5", "train.warmup_steps=6"}); });
+    CHECK_THAT(m, Catch::Contains("train.warmup_steps") && Catch::Contains("train.steps"));
+
+    m = error_of([&] { load({"train.steps=5"}); });  // data.train missing
+    CHECK_THAT(m, Catch::Contains("data.train") && Catch::Contains("required"));
+    m = error_of([&] { load({"data.train="}); });  // data.train empty
+    CHECK_THAT(m, Catch::Contains("data.train") && Catch::Contains("required"));
+
+    m = error_of([&] { load({"data.train=" + t.path + "/nothing_*.bin"}); });
+    CHECK_THAT(m, Catch::Contains("data.train") && Catch::Contains("no file matches") &&
+                      Catch::Contains("nothing_*.bin"));
+    m = error_of([&] { load({g, "data.val=" + t.path + "/nothing_*.bin"}); });
+    CHECK_THAT(m, Catch::Contains("data.val") && Catch::Contains("no file matches"));
+
+    m = error_of([&] { load({g, "model.init=" + t.path + "/missing.bin"}); });
+    CHECK_THAT(m, Catch::Contains("model.init") && Catch::Contains("random"));
+
+    m = error_of([&] { load({g, "eval.every=10"}); });
+    CHECK_THAT(m, Catch::Contains("eval.every") && Catch::Contains("data.val"));
+
+    m = error_of([&] { load({g, "checkpoint.resume=" + t.path + "/no_such_ckpt"}); });
+    CHECK_THAT(m, Catch::Contains("checkpoint.resume") && Catch::Contains("auto, never"));
+
+    m = error_of([&] { load({g, "tokenizer=" + t.path}); });  // a folder without the files
+    CHECK_THAT(m, Catch::Contains("tokenizer") && Catch::Contains("encoder.json"));
+
+    // resume values that are fine
+    CHECK(load({g, "checkpoint.resume=never"}).checkpoint.resume == "never");
+    CHECK(load({g, "checkpoint.resume=" + t.path + "/init.bin"}).checkpoint.resume == t.path + "/init.bin");
+}
+
+TEST_CASE("config: bad config files and arguments", "[config]") {
+    TempDir t;
+    std::string m = error_of([&] { load({t.path + "/missing.json"}); });
+    CHECK_THAT(m, Catch::Contains("missing.json") && Catch::Contains("not found"));
+
+    std::string bad = t.write("bad.json", "{\n  \"train\": {\"lr\": 1e-3,}\n}\n");
+    m = error_of([&] { load({bad}); });
+    CHECK_THAT(m, Catch::Contains("bad.json") && Catch::Contains("invalid JSON") && Catch::Contains("line 2"));
+
+    std::string arr = t.write("arr.json", "[1, 2]");
+    m = error_of([&] { load({arr}); });
+    CHECK_THAT(m, Catch::Contains("arr.json") && Catch::Contains("top level must be a JSON object"));
+    m = error_of([&] { config_from_json(json::array()); });
+    CHECK_THAT(m, Catch::Contains("top level must be a JSON object"));
+
+    // comments are allowed in config files
+    std::string commented = t.write("c.json", "// a comment\n{\"data\": {\"train\": \"" + t.train_glob() + "\"}}\n");
+    CHECK(load({commented}).data.train == t.train_glob());
+
+    std::string g = "data.train=" + t.train_glob();
+    m = error_of([&] { load({g, "stray"}); });
+    CHECK_THAT(m, Catch::Contains("\"stray\""));
+    m = error_of([&] { load({g, "--verbose"}); });
+    CHECK_THAT(m, Catch::Contains("--verbose") && Catch::Contains("--print-config"));
+    m = error_of([&] { load({g, "=3"}); });
+    CHECK_THAT(m, Catch::Contains("=3"));
+    m = error_of([&] { load({g, "train..lr=3"}); });
+    CHECK_THAT(m, Catch::Contains("train..lr"));
+}
+
+TEST_CASE("config: usage lists every key with its default", "[config]") {
+    std::string u = config_usage();
+    CHECK_THAT(u, Catch::Contains("--print-config") && Catch::Contains("train.lr") &&
+                      Catch::Contains("model.vocab_size") && Catch::Contains("checkpoint.resume") &&
+                      Catch::Contains("auto|cpu|cuda"));
+}

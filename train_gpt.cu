@@ -1,0 +1,270 @@
+// train_gpt: GPT-2 pretraining, one binary for one CPU core or a cluster of GPUs.
+//
+//   ./train_gpt configs/tiny_cpu.json [key=value ...] [--print-config]
+//   mpirun -np N ./train_gpt config.json
+//
+// Reads top to bottom as the algorithm: config -> runtime -> model -> data -> loop.
+// Every kernel call goes through Ops (llmc/ops.h): the CPU reference backend or CUDA.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llmc/checkpoint.h"
+#include "llmc/common.h"
+#include "llmc/config.h"
+#include "llmc/dataloader.h"
+#include "llmc/logger.h"
+#include "llmc/model.h"
+#include "llmc/model_file.h"
+#include "llmc/ops.h"
+#include "llmc/optimizer.h"
+#include "llmc/rng.h"
+#include "llmc/runtime.h"
+#include "llmc/tokenizer.h"
+
+namespace {
+
+double now_ms() {
+    using namespace std::chrono;
+    return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+void make_dirs(const std::string& path, const char* key) {
+    std::string cur;
+    for (size_t i = 0; i <= path.size(); i++) {
+        if (i == path.size() || path[i] == '/') {
+            if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+                throw UserError(strfmt("%s: cannot create folder %s: %s", key, cur.c_str(), std::strerror(errno)));
+        }
+        if (i < path.size()) cur += path[i];
+    }
+}
+
+std::string human_bytes(double b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024.0 && u < 4) b /= 1024.0, u++;
+    return strfmt("%.1f %s", b, units[u]);
+}
+
+// Mean loss over `batches` micro-batches of the validation set, from its start.
+double evaluate(GPT2& model, DataLoader& val, int batches, std::vector<int32_t>& x, std::vector<int32_t>& y) {
+    val.reset();
+    double sum = 0.0;
+    for (int i = 0; i < batches; i++) {
+        val.next(x.data(), y.data());
+        sum += model.forward(x.data(), y.data(), model.B, model.T, 0.0f);
+    }
+    return sum / batches;
+}
+
+// Samples n tokens after <|endoftext|> at temperature 1, seeded: the same step gives the same text.
+std::vector<int> sample(GPT2& model, int eot, int n, uint64_t seed) {
+    Rng rng(seed, 0x5A3D1E);
+    std::vector<int32_t> ctx = {eot};
+    std::vector<int> out;
+    std::vector<float> logits(model.shape.vocab_size);
+    for (int i = 0; i < n; i++) {
+        const int t = std::min<int>(int(ctx.size()), model.T);
+        model.forward(ctx.data() + ctx.size() - t, nullptr, 1, t, 0.0f);
+        model.get_logits(0, t - 1, logits.data());
+        float mx = logits[0];
+        for (float v : logits) mx = std::max(mx, v);
+        double total = 0.0;
+        for (float& v : logits) total += (v = std::exp(v - mx));
+        double r = rng.uniform() * total, c = 0.0;
+        int next = model.shape.vocab_size - 1;
+        for (int k = 0; k < model.shape.vocab_size; k++)
+            if ((c += logits[k]) > r) {
+                next = k;
+                break;
+            }
+        ctx.push_back(next);
+        out.push_back(next);
+    }
+    return out;
+}
+
+// fp32 weights in llm.c order: the master copy when the model runs in a lower precision.
+std::vector<float> final_weights_llmc(const GPT2& model, const AdamW& opt) {
+    std::vector<float> w(model.num_params);
+    if (!opt.has_master()) {
+        model.get_params_llmc(w.data());
+        return w;
+    }
+    std::vector<float> m, v, master;
+    opt.get_state(m, v, master);
+    for (const ParamSpec& p : model.params)
+        std::memcpy(&w[p.llmc_offset], &master[p.offset], p.numel * sizeof(float));
+    return w;
+}
+
+int train(Runtime& rt, int argc, char** argv) {
+    // ---- config ----
+    bool print_config = false;
+    Config cfg = load_config(argc, argv, &print_config);
+    if (print_config) {
+        if (rt.is_main()) std::printf("%s\n", cfg.resolved.dump(2).c_str());
+        return 0;
+    }
+    if (rt.world != 1)
+        throw UserError(strfmt("launched with %d processes, but this build trains on one process "
+                               "(data/tensor/pipeline parallelism are not available yet)", rt.world));
+
+    // ---- backend ----
+    std::string device = cfg.device;
+    if (device == "auto") device = cuda_device_available() ? "cuda" : "cpu";
+    if (device == "cuda" && !cuda_device_available())
+        throw UserError("device: \"cuda\" was asked for but no CUDA device is usable (use \"cpu\" or \"auto\")");
+    if (device == "cpu" && cfg.precision != "fp32")
+        throw UserError(strfmt("precision: \"%s\" needs device \"cuda\"; the CPU backend trains in \"fp32\"",
+                               cfg.precision.c_str()));
+    std::unique_ptr<Ops> ops = device == "cpu" ? make_cpu_ops() : make_cuda_ops(rt.local_rank);
+    const DType dtype = cfg.precision == "bf16" ? DType::BF16 : DType::F32;
+    Logger log(std::string(), rt.is_main(), false);  // console only until out_dir exists
+
+    // ---- model ----
+    const TrainConfig& tc = cfg.train;
+    const int B = tc.micro_batch, T = tc.seq_len;
+    ModelShape shape{cfg.model.n_layer, cfg.model.n_head,  cfg.model.d_model,
+                     cfg.model.vocab_size, cfg.model.padded_vocab(), cfg.model.max_seq_len};
+    GPT2 model(shape, *ops, dtype, B, T);
+    if (cfg.model.init == "random") {
+        model.init_random(uint64_t(cfg.model.init_seed));
+    } else {
+        std::vector<float> w = model_file_read(cfg.model.init, &shape);
+        model.set_params_llmc(w.data());
+    }
+    AdamW opt(model, 0, model.num_params);
+
+    // ---- data ----
+    DataLoader train_data(cfg.data.train, B, T, rt.rank, rt.world, cfg.data.shuffle, uint64_t(tc.seed),
+                          shape.vocab_size);
+    std::unique_ptr<DataLoader> val_data;
+    if (!cfg.data.val.empty())
+        val_data.reset(new DataLoader(cfg.data.val, B, T, rt.rank, rt.world, false, 0, shape.vocab_size));
+    std::unique_ptr<Tokenizer> tok;
+    if (!cfg.tokenizer_dir.empty()) tok.reset(new Tokenizer(Tokenizer::load(cfg.tokenizer_dir)));
+
+    // ---- resume ----
+    const std::string ckpt_dir = cfg.checkpoint.dir.empty() ? cfg.out_dir + "/checkpoints" : cfg.checkpoint.dir;
+    std::string resume_from;
+    if (cfg.checkpoint.resume == "auto") resume_from = checkpoint_latest(ckpt_dir);
+    else if (cfg.checkpoint.resume != "never") resume_from = cfg.checkpoint.resume;
+    TrainState state;
+    if (!resume_from.empty()) {
+        state = checkpoint_load(resume_from, model, opt);
+        train_data.set_position(state.loader);
+        log.print("resumed from %s at step %d\n", resume_from.c_str(), state.step);
+    }
+
+    // ---- output ----
+    make_dirs(cfg.out_dir, "out_dir");
+    const std::string jsonl = cfg.log.jsonl.empty() ? cfg.out_dir + "/log.jsonl" : cfg.log.jsonl;
+    Logger run_log(jsonl, rt.is_main(), !resume_from.empty());
+
+    const double tokens_per_step = double(B) * T * tc.grad_accum * rt.world;
+    log.print("train_gpt | device %s | precision %s | %d layers, %d heads, d_model %d, vocab %d (padded %d), "
+              "max_seq_len %d\n",
+              device.c_str(), cfg.precision.c_str(), shape.n_layer, shape.n_head, shape.d_model, shape.vocab_size,
+              shape.padded_vocab, shape.max_seq_len);
+    log.print("batch: %d x %d tokens x %d accumulation x %d ranks = %.0f tokens per step; %d steps\n", B, T,
+              tc.grad_accum, rt.world, tokens_per_step, tc.steps);
+    log.print("train data: %zu shard(s), %llu micro-batches per epoch\n", train_data.num_shards(),
+              (unsigned long long)train_data.windows_per_epoch());
+    const size_t param_bytes = model.num_params * dtype_size(dtype);
+    log.print("memory per rank:\n  parameters   %12s  (%zu x %s)\n  gradients    %12s\n  optimizer    %12s  "
+              "(m, v%s fp32)\n  activations  %12s\n  total        %12s\n",
+              human_bytes(double(param_bytes)).c_str(), model.num_params, dtype_name(dtype),
+              human_bytes(double(param_bytes)).c_str(), human_bytes(double(opt.state_bytes())).c_str(),
+              opt.has_master() ? ", master" : "", human_bytes(double(model.activation_bytes)).c_str(),
+              human_bytes(double(2 * param_bytes + opt.state_bytes() + model.activation_bytes)).c_str());
+
+    // ---- the training loop ----
+    std::vector<int32_t> x(size_t(B) * T), y(size_t(B) * T);
+    const float dloss = float(1.0 / (double(B) * T * tc.grad_accum * rt.world));
+    for (int step = state.step; step <= tc.steps; step++) {
+        const bool last = step == tc.steps;
+        if (val_data && cfg.eval.every > 0 && (step % cfg.eval.every == 0 || last)) {
+            double vl = evaluate(model, *val_data, cfg.eval.batches, x, y);
+            log.print("step %d | val loss %.6f\n", step, vl);
+            run_log.record({{"step", step}, {"val_loss", vl}});
+        }
+        if (cfg.eval.sample_every > 0 && (step % cfg.eval.sample_every == 0 || last) && step > 0) {
+            const int eot = tok ? tok->eot() : std::min(50256, shape.vocab_size - 1);
+            std::vector<int> ids = sample(model, eot, cfg.eval.sample_tokens, uint64_t(tc.seed) * 1000003ull + step);
+            if (tok) {
+                log.print("step %d | sample:\n%s\n---\n", step, tok->decode(ids).c_str());
+            } else {
+                std::string s;
+                for (int id : ids) s += strfmt("%d ", id);
+                log.print("step %d | sample (token ids; set \"tokenizer\" to decode): %s\n", step, s.c_str());
+            }
+        }
+        if (last) break;
+
+        const double t0 = now_ms();
+        model.zero_grads();
+        double loss = 0.0;
+        for (int micro = 0; micro < tc.grad_accum; micro++) {
+            train_data.next(x.data(), y.data());
+            loss += model.forward(x.data(), y.data(), B, T, dloss);
+            model.backward();
+        }
+        loss /= tc.grad_accum;
+        const double grad_norm = std::sqrt(grad_sum_squares(model, 0, model.num_params));
+        const float scale = clip_scale(grad_norm, tc.grad_clip);
+        const double lr = lr_at(tc, step);
+        AdamWHyper h{float(lr), float(tc.beta1), float(tc.beta2), float(tc.eps), float(tc.weight_decay)};
+        opt.step(h, step + 1, scale, uint32_t(tc.seed * 2654435761u + step));
+        ops->synchronize();
+        const double ms = now_ms() - t0;
+        const double tok_s = tokens_per_step / (ms / 1000.0);
+        if (!std::isfinite(loss)) throw UserError(strfmt("step %d: loss is %f (diverged); lower train.lr", step + 1, loss));
+        log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n", step + 1, tc.steps, loss,
+                  lr, grad_norm, ms, tok_s);
+        run_log.record({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms},
+                        {"tok_per_s", tok_s}});
+
+        state.step = step + 1;
+        state.loader = train_data.position();
+        if (cfg.checkpoint.every > 0 && state.step % cfg.checkpoint.every == 0 && state.step < tc.steps) {
+            std::string p = checkpoint_save(ckpt_dir, state, model, opt, cfg.resolved, cfg.checkpoint.keep);
+            log.print("checkpoint: %s\n", p.c_str());
+        }
+    }
+
+    // ---- final weights (fp32, llm.c format) and a resumable checkpoint ----
+    if (rt.is_main()) {
+        std::vector<float> w = final_weights_llmc(model, opt);
+        const std::string path = cfg.out_dir + strfmt("/model_%08d.bin", tc.steps);
+        model_file_write(path, shape, w.data(), 3);
+        log.print("wrote %s\n", path.c_str());
+        if (cfg.checkpoint.every > 0) {
+            std::string p = checkpoint_save(ckpt_dir, state, model, opt, cfg.resolved, cfg.checkpoint.keep);
+            log.print("checkpoint: %s\n", p.c_str());
+        }
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Runtime rt(&argc, &argv);
+    try {
+        int rc = train(rt, argc, argv);
+        return rc;
+    } catch (const UserError& e) {
+        std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), e.what());
+        rt.abort_job(2);
+    }
+}
