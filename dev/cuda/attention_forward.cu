@@ -1,0 +1,100 @@
+// Causal attention forward: qkv [B,T,3,NH,HS] -> out [B,T,NH,HS], lse [B,NH,T].
+// ./attention_forward <version> [B T NH HS]
+//   1: naive, one thread per query row, fp32 (baseline)
+//   2: llmc/cuda/attention.cuh flash forward, fp32 FMA tiles
+//   3: llmc/cuda/attention.cuh flash forward, bf16 wmma tiles (the one the trainer uses in bf16)
+#include "dev/cuda/common.h"
+#include "llmc/cuda/attention.cuh"
+
+static void attention_forward_cpu(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) {
+    const float scale = 1.0f / std::sqrt((float)HS);
+    std::vector<float> s(T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float* q = qkv + ((size_t)(b * T + t) * 3 * NH + h) * HS;
+                float mx = -INFINITY;
+                for (int j = 0; j <= t; j++) {
+                    const float* k = qkv + ((size_t)(b * T + j) * 3 * NH + NH + h) * HS;
+                    float d = 0;
+                    for (int i = 0; i < HS; i++) d += q[i] * k[i];
+                    s[j] = d * scale;
+                    mx = std::max(mx, s[j]);
+                }
+                double sum = 0;
+                for (int j = 0; j <= t; j++) sum += std::exp(s[j] - mx);
+                float* o = out + ((size_t)(b * T + t) * NH + h) * HS;
+                for (int i = 0; i < HS; i++) o[i] = 0;
+                for (int j = 0; j <= t; j++) {
+                    float p = (float)(std::exp(s[j] - mx) / sum);
+                    const float* v = qkv + ((size_t)(b * T + j) * 3 * NH + 2 * NH + h) * HS;
+                    for (int i = 0; i < HS; i++) o[i] += p * v[i];
+                }
+                lse[((size_t)b * NH + h) * T + t] = mx + (float)std::log(sum);
+            }
+}
+
+__global__ void attention_forward_naive(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= B * NH * T) return;
+    int t = idx % T, h = (idx / T) % NH, b = idx / (T * NH);
+    const float scale = rsqrtf((float)HS);
+    const float* q = qkv + ((size_t)(b * T + t) * 3 * NH + h) * HS;
+    float mx = -INFINITY, sum = 0;
+    for (int j = 0; j <= t; j++) {
+        const float* k = qkv + ((size_t)(b * T + j) * 3 * NH + NH + h) * HS;
+        float d = 0;
+        for (int i = 0; i < HS; i++) d += q[i] * k[i];
+        d *= scale;
+        float nm = fmaxf(mx, d);
+        sum = sum * expf(mx - nm) + expf(d - nm);
+        mx = nm;
+    }
+    float* o = out + ((size_t)(b * T + t) * NH + h) * HS;
+    for (int i = 0; i < HS; i++) o[i] = 0;
+    for (int j = 0; j <= t; j++) {
+        const float* k = qkv + ((size_t)(b * T + j) * 3 * NH + NH + h) * HS;
+        const float* v = qkv + ((size_t)(b * T + j) * 3 * NH + 2 * NH + h) * HS;
+        float d = 0;
+        for (int i = 0; i < HS; i++) d += q[i] * k[i];
+        float p = expf(d * scale - mx) / sum;
+        for (int i = 0; i < HS; i++) o[i] += p * v[i];
+    }
+    lse[idx] = mx + logf(sum);
+}
+
+int main(int argc, char** argv) {
+    int version = kernel_arg(argc, argv, 3);
+    int B = argc > 5 ? atoi(argv[2]) : 4, T = argc > 5 ? atoi(argv[3]) : 1024;
+    int NH = argc > 5 ? atoi(argv[4]) : 12, HS = argc > 5 ? atoi(argv[5]) : 64;
+    std::printf("attention_forward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);
+    const size_t nqkv = (size_t)B * T * 3 * NH * HS, no = (size_t)B * T * NH * HS, nl = (size_t)B * NH * T;
+    auto qkv = rand_vec(nqkv, 2.0f);
+    if (version == 3) round_bf16(qkv);
+    std::vector<float> out(no), lse(nl);
+    attention_forward_cpu(out.data(), lse.data(), qkv.data(), B, T, NH, HS);
+    std::function<void()> run;
+    bool ok = true;
+    if (version == 1 || version == 2) {
+        float *dqkv = to_dev<float>(qkv), *dout = dev_poisoned<float>(no), *dlse = dev_poisoned<float>(nl);
+        if (version == 1)
+            run = [=] { attention_forward_naive<<<ceil_div(B * NH * T, 128), 128>>>(dout, dlse, dqkv, B, T, NH, HS); };
+        else
+            run = [=] { attn::attention_forward<float>(dout, dlse, dqkv, B, T, NH, HS, 0); };
+        run();
+        ok &= validate("out", to_host(dout, no), out, 1e-4);
+        ok &= validate("lse", to_host(dlse, nl), lse, 1e-4);
+    } else {
+        bf16 *dqkv = to_dev<bf16>(qkv), *dout = dev_poisoned<bf16>(no);
+        float* dlse = dev_poisoned<float>(nl);
+        run = [=] { attn::attention_forward<bf16>(dout, dlse, dqkv, B, T, NH, HS, 0); };
+        run();
+        ok &= validate("out", to_host(dout, no), out, 2e-2);
+        ok &= validate("lse", to_host(dlse, nl), lse, 1e-3);
+    }
+    CUDA_CHECK(cudaGetLastError());
+    float ms = bench_ms(run);
+    double flops = 4.0 * B * NH * HS * (double)T * T / 2;  // causal: half of QK^T and PV
+    std::printf("time %.4f ms, %.1f TFLOP/s (causal)\n", ms, flops / ms * 1e-9);
+    return ok ? 0 : 1;
+}

@@ -1,0 +1,102 @@
+// Shared helpers of the dev/cuda kernel experiments: random data, device buffers with
+// fp32/bf16 conversion, validation against a CPU reference, and a cudaEvent timer.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+#include "llmc/cuda/common.cuh"
+
+inline std::vector<float> rand_vec(size_t n, float scale = 1.0f, unsigned seed = 42) {
+    std::vector<float> v(n);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
+    for (auto& x : v) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        x = scale * ((float)((s >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f);
+    }
+    return v;
+}
+inline void round_bf16(std::vector<float>& v) {
+    for (auto& x : v) x = host_bf16_bits_to_f32(host_f32_to_bf16_bits(x));
+}
+
+// device copy of a host fp32 vector as T
+template <class T>
+T* to_dev(const std::vector<float>& h) {
+    T* d = nullptr;
+    CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
+    if constexpr (std::is_same<T, float>::value) {
+        CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    } else {
+        std::vector<uint16_t> b(h.size());
+        for (size_t i = 0; i < h.size(); i++) b[i] = host_f32_to_bf16_bits(h[i]);
+        CUDA_CHECK(cudaMemcpy(d, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+    }
+    return d;
+}
+template <class T>
+T* dev_poisoned(size_t n) {
+    T* d = nullptr;
+    CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(1, n) * sizeof(T)));
+    CUDA_CHECK(cudaMemset(d, 0xFF, n * sizeof(T)));  // NaN in fp32 and bf16
+    return d;
+}
+template <class T>
+std::vector<float> to_host(const T* d, size_t n) {
+    std::vector<float> h(n);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if constexpr (std::is_same<T, float>::value) {
+        CUDA_CHECK(cudaMemcpy(h.data(), d, n * 4, cudaMemcpyDeviceToHost));
+    } else {
+        std::vector<uint16_t> b(n);
+        CUDA_CHECK(cudaMemcpy(b.data(), d, n * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; i++) h[i] = host_bf16_bits_to_f32(b[i]);
+    }
+    return h;
+}
+
+// norm-relative error; prints and returns whether it is within tol (NaN fails)
+inline bool validate(const char* name, const std::vector<float>& got, const std::vector<float>& ref, double tol) {
+    double num = 0, den = 0, maxabs = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        if (!std::isfinite(got[i])) {
+            if (bad++ < 3) std::printf("  %s[%zu]: got %g ref %g\n", name, i, got[i], ref[i]);
+            continue;
+        }
+        double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+        maxabs = std::max(maxabs, std::fabs(d));
+    }
+    double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    bool ok = bad == 0 && err <= tol;
+    std::printf("  %-10s %s rel_err=%.3e max_abs=%.3e non_finite=%zu (tol %.0e)\n", name, ok ? "OK  " : "FAIL", err,
+                maxabs, bad, tol);
+    return ok;
+}
+
+// median time in ms of fn() over `repeats` runs after `warmup` runs
+inline float bench_ms(const std::function<void()>& fn, int warmup = 3, int repeats = 20) {
+    for (int i = 0; i < warmup; i++) fn();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudaEvent_t a, b;
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    std::vector<float> t(repeats);
+    for (int i = 0; i < repeats; i++) {
+        CUDA_CHECK(cudaEventRecord(a));
+        fn();
+        CUDA_CHECK(cudaEventRecord(b));
+        CUDA_CHECK(cudaEventSynchronize(b));
+        CUDA_CHECK(cudaEventElapsedTime(&t[i], a, b));
+    }
+    CUDA_CHECK(cudaEventDestroy(a));
+    CUDA_CHECK(cudaEventDestroy(b));
+    std::sort(t.begin(), t.end());
+    return t[repeats / 2];
+}
+inline int kernel_arg(int argc, char** argv, int dflt) { return argc > 1 ? std::atoi(argv[1]) : dflt; }

@@ -1,0 +1,410 @@
+// Fused causal flash attention, forward and backward, never materialising T x T.
+//
+// qkv [B, T, 3, NH, HS] -> out [B, T, NH, HS]; lse [B, NH, T] (fp32, log-sum-exp of the
+// scaled scores of each query row). One thread block (4 warps) per (query or key tile,
+// head, batch). All tiles live in shared memory; the tile products are done by
+// block_mm(), which is nvcuda::wmma (bf16 in, fp32 accumulate, tensor cores) for bf16
+// and plain fp32 FMA for fp32 (so fp32 mode matches the CPU to ~1e-6). Softmax
+// statistics, accumulators and the probabilities' normaliser are fp32.
+//
+// Backward (deterministic, no atomics): D_i = rowsum(dO_i * O_i) first; then one kernel
+// computes dK, dV per key tile looping over the query tiles in order, and another
+// computes dQ per query tile looping over the key tiles in order.
+//
+// Requirements: HS a multiple of 16 and <= 128 (checked by the caller); any T >= 1.
+#pragma once
+#include <mma.h>
+
+#include <type_traits>
+
+#include "llmc/cuda/common.cuh"
+
+namespace attn {
+
+constexpr int kThreads = 128;  // 4 warps per block
+
+// padding (elements) of the shared-memory row pitch: 16 bytes, keeps wmma's alignment
+// rules (ldm multiple of 16 bytes; 16-row / 16-column fragment origins 32-byte aligned)
+template <class T> __host__ __device__ constexpr int pad() { return 16 / (int)sizeof(T); }
+
+__host__ __device__ inline size_t align128(size_t x) { return (x + 127) & ~(size_t)127; }
+
+// C[M x N] (fp32, row-major, ldc) = (acc ? C : 0) + op(A)[M x K] * op(B)[K x N]
+// A(m, k) = AT ? A[k*lda + m] : A[m*lda + k];  B(k, n) = BT ? B[n*ldb + k] : B[k*ldb + n].
+// M, N, K multiples of 16. Called by the whole block; no synchronisation inside.
+template <class T, bool AT, bool BT>
+__device__ __forceinline__ void block_mm(float* C, int ldc, const T* A, int lda, const T* B, int ldb, int M, int N,
+                                         int K, bool acc) {
+    if constexpr (std::is_same<T, float>::value) {
+        for (int idx = threadIdx.x; idx < M * N; idx += blockDim.x) {
+            const int i = idx / N, j = idx % N;
+            float s = acc ? C[i * ldc + j] : 0.0f;
+            for (int k = 0; k < K; k++) {
+                const float a = AT ? A[k * lda + i] : A[i * lda + k];
+                const float b = BT ? B[j * ldb + k] : B[k * ldb + j];
+                s = fmaf(a, b, s);
+            }
+            C[i * ldc + j] = s;
+        }
+    } else {
+        using namespace nvcuda;
+        typedef typename std::conditional<AT, wmma::col_major, wmma::row_major>::type LA;
+        typedef typename std::conditional<BT, wmma::col_major, wmma::row_major>::type LB;
+        const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+        const int tn = N / 16, ntiles = (M / 16) * tn;
+        for (int t = warp; t < ntiles; t += nwarps) {
+            const int m0 = (t / tn) * 16, n0 = (t % tn) * 16;
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+            if (acc)
+                wmma::load_matrix_sync(c, C + m0 * ldc + n0, ldc, wmma::mem_row_major);
+            else
+                wmma::fill_fragment(c, 0.0f);
+            for (int k0 = 0; k0 < K; k0 += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LA> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LB> b;
+                wmma::load_matrix_sync(a, AT ? A + k0 * lda + m0 : A + m0 * lda + k0, lda);
+                wmma::load_matrix_sync(b, BT ? B + n0 * ldb + k0 : B + k0 * ldb + n0, ldb);
+                wmma::mma_sync(c, a, b, c);
+            }
+            wmma::store_matrix_sync(C + m0 * ldc + n0, c, ldc, wmma::mem_row_major);
+        }
+    }
+}
+
+// rows [t0, t0 + R) of one head's q (which=0), k (1) or v (2) -> smem [R x HS] (pitch ld),
+// zero rows beyond T
+template <class T>
+__device__ __forceinline__ void load_rows(T* dst, int ld, const T* qkv, int b, int h, int which, int t0, int R,
+                                          int T_, int NH, int HS) {
+    const long long stride = 3LL * NH * HS;
+    const T* base = qkv + (long long)b * T_ * stride + (long long)which * NH * HS + (long long)h * HS;
+    for (int idx = threadIdx.x; idx < R * HS; idx += blockDim.x) {
+        const int r = idx / HS, d = idx % HS, t = t0 + r;
+        dst[r * ld + d] = t < T_ ? base[(long long)t * stride + d] : from_f32<T>(0.0f);
+    }
+}
+// rows of a [B, T, NH, HS] tensor (out / dout) -> smem
+template <class T>
+__device__ __forceinline__ void load_rows_bthd(T* dst, int ld, const T* src, int b, int h, int t0, int R, int T_,
+                                               int NH, int HS) {
+    for (int idx = threadIdx.x; idx < R * HS; idx += blockDim.x) {
+        const int r = idx / HS, d = idx % HS, t = t0 + r;
+        dst[r * ld + d] = t < T_ ? src[(((long long)b * T_ + t) * NH + h) * HS + d] : from_f32<T>(0.0f);
+    }
+}
+
+// ---------------- forward ----------------
+struct FwdLayout {
+    size_t q, k, v, s, p, o, m, l, a, total;
+};
+template <class T, int BR, int BC>
+__host__ __device__ inline FwdLayout fwd_layout(int HS) {
+    const int ldt = HS + pad<T>(), lds = BC + 4, ldp = BC + pad<T>(), ldo = HS + 4;
+    FwdLayout L;
+    size_t off = 0;
+    L.q = off; off = align128(off + (size_t)BR * ldt * sizeof(T));
+    L.k = off; off = align128(off + (size_t)BC * ldt * sizeof(T));
+    L.v = off; off = align128(off + (size_t)BC * ldt * sizeof(T));
+    L.s = off; off = align128(off + (size_t)BR * lds * sizeof(float));
+    L.p = off; off = align128(off + (size_t)BR * ldp * sizeof(T));
+    L.o = off; off = align128(off + (size_t)BR * ldo * sizeof(float));
+    L.m = off; off = align128(off + BR * sizeof(float));
+    L.l = off; off = align128(off + BR * sizeof(float));
+    L.a = off; off = align128(off + BR * sizeof(float));
+    L.total = off;
+    return L;
+}
+
+template <class T, int BR, int BC>
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_kernel(T* out, float* lse, const T* qkv, int T_, int NH, int HS, float scale) {
+    extern __shared__ __align__(128) char smem[];
+    const FwdLayout L = fwd_layout<T, BR, BC>(HS);
+    T* sQ = (T*)(smem + L.q);
+    T* sK = (T*)(smem + L.k);
+    T* sV = (T*)(smem + L.v);
+    float* sS = (float*)(smem + L.s);
+    T* sP = (T*)(smem + L.p);
+    float* sO = (float*)(smem + L.o);
+    float* sM = (float*)(smem + L.m);
+    float* sL = (float*)(smem + L.l);
+    float* sA = (float*)(smem + L.a);
+    const int ldt = HS + pad<T>(), lds = BC + 4, ldp = BC + pad<T>(), ldo = HS + 4;
+
+    const int qt = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query tiles first
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int q0 = qt * BR;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+
+    load_rows(sQ, ldt, qkv, b, h, 0, q0, BR, T_, NH, HS);
+    for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) sO[(idx / HS) * ldo + idx % HS] = 0.0f;
+    for (int r = threadIdx.x; r < BR; r += blockDim.x) {
+        sM[r] = -INFINITY;
+        sL[r] = 0.0f;
+    }
+    const int kv_end = min(T_, q0 + BR);  // keys [0, kv_end) can be seen by this tile
+    for (int k0 = 0; k0 < kv_end; k0 += BC) {
+        load_rows(sK, ldt, qkv, b, h, 1, k0, BC, T_, NH, HS);
+        load_rows(sV, ldt, qkv, b, h, 2, k0, BC, T_, NH, HS);
+        __syncthreads();
+        block_mm<T, false, true>(sS, lds, sQ, ldt, sK, ldt, BR, BC, HS, false);  // S = Q K^T
+        __syncthreads();
+        for (int r = warp; r < BR; r += nwarps) {
+            const int qi = q0 + r;
+            float mx = -INFINITY;
+            for (int c = lane; c < BC; c += 32) {
+                const int kj = k0 + c;
+                if (qi < T_ && kj <= qi) mx = fmaxf(mx, sS[r * lds + c] * scale);
+            }
+            mx = warp_max(mx);
+            const float m_old = sM[r];
+            const float m_new = fmaxf(m_old, mx);
+            float sum = 0.0f;
+            for (int c = lane; c < BC; c += 32) {
+                const int kj = k0 + c;
+                float p = 0.0f;
+                if (qi < T_ && kj <= qi) p = expf(sS[r * lds + c] * scale - m_new);
+                sP[r * ldp + c] = from_f32<T>(p);
+                sum += p;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+                sL[r] = sL[r] * alpha + sum;
+                sM[r] = m_new;
+                sA[r] = alpha;
+            }
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) sO[(idx / HS) * ldo + idx % HS] *= sA[idx / HS];
+        __syncthreads();
+        block_mm<T, false, false>(sO, ldo, sP, ldp, sV, ldt, BR, HS, BC, true);  // O += P V
+        __syncthreads();
+    }
+    for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) {
+        const int r = idx / HS, d = idx % HS, t = q0 + r;
+        if (t < T_) out[(((long long)b * T_ + t) * NH + h) * HS + d] = from_f32<T>(sO[r * ldo + d] / sL[r]);
+    }
+    for (int r = threadIdx.x; r < BR; r += blockDim.x) {
+        const int t = q0 + r;
+        if (t < T_) lse[((long long)b * NH + h) * T_ + t] = sM[r] + logf(sL[r]);
+    }
+}
+
+// ---------------- backward ----------------
+// D[b, h, t] = sum_d dout[b, t, h, d] * out[b, t, h, d]; one warp per (b, t, h)
+template <class T>
+__global__ void attention_backward_d_kernel(float* D, const T* dout, const T* out, int B, int T_, int NH, int HS) {
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= (long long)B * T_ * NH) return;
+    const int h = (int)(row % NH);
+    const long long bt = row / NH;
+    const int t = (int)(bt % T_), b = (int)(bt / T_);
+    float s = 0.0f;
+    for (int d = lane; d < HS; d += 32) s += to_f32(dout[row * HS + d]) * to_f32(out[row * HS + d]);
+    s = warp_sum(s);
+    if (lane == 0) D[((long long)b * NH + h) * T_ + t] = s;
+}
+
+struct BwdLayout {
+    size_t k, v, q, dout, s, dp, p, ds, acc1, acc2, lse, d, total;
+};
+// acc1/acc2: dK/dV (key-tile kernel, BC rows) or dQ (query-tile kernel, BR rows, acc2 unused)
+template <class T, int BR, int BC>
+__host__ __device__ inline BwdLayout bwd_layout(int HS) {
+    const int ldt = HS + pad<T>(), lds = BC + 4, ldp = BC + pad<T>(), ldo = HS + 4;
+    const int RA = BR > BC ? BR : BC;
+    BwdLayout L;
+    size_t off = 0;
+    L.k = off; off = align128(off + (size_t)BC * ldt * sizeof(T));
+    L.v = off; off = align128(off + (size_t)BC * ldt * sizeof(T));
+    L.q = off; off = align128(off + (size_t)BR * ldt * sizeof(T));
+    L.dout = off; off = align128(off + (size_t)BR * ldt * sizeof(T));
+    L.s = off; off = align128(off + (size_t)BR * lds * sizeof(float));
+    L.dp = off; off = align128(off + (size_t)BR * lds * sizeof(float));
+    L.p = off; off = align128(off + (size_t)BR * ldp * sizeof(T));
+    L.ds = off; off = align128(off + (size_t)BR * ldp * sizeof(T));
+    L.acc1 = off; off = align128(off + (size_t)RA * ldo * sizeof(float));
+    L.acc2 = off; off = align128(off + (size_t)RA * ldo * sizeof(float));
+    L.lse = off; off = align128(off + BR * sizeof(float));
+    L.d = off; off = align128(off + BR * sizeof(float));
+    L.total = off;
+    return L;
+}
+
+// For the query tile [q0, q0+BR) x key tile [k0, k0+BC) already in smem: S and dP via mma,
+// then P = exp(scale*S - lse) (causal mask) and dS = P * (dP - D).
+template <class T, int BR, int BC>
+__device__ __forceinline__ void bwd_tile_probs(const BwdLayout& L, char* smem, int HS, int q0, int k0, int T_,
+                                               float scale) {
+    const int ldt = HS + pad<T>(), lds = BC + 4, ldp = BC + pad<T>();
+    T* sK = (T*)(smem + L.k);
+    T* sV = (T*)(smem + L.v);
+    T* sQ = (T*)(smem + L.q);
+    T* sDO = (T*)(smem + L.dout);
+    float* sS = (float*)(smem + L.s);
+    float* sDP = (float*)(smem + L.dp);
+    T* sP = (T*)(smem + L.p);
+    T* sDS = (T*)(smem + L.ds);
+    const float* sLse = (const float*)(smem + L.lse);
+    const float* sD = (const float*)(smem + L.d);
+    block_mm<T, false, true>(sS, lds, sQ, ldt, sK, ldt, BR, BC, HS, false);    // S = Q K^T
+    block_mm<T, false, true>(sDP, lds, sDO, ldt, sV, ldt, BR, BC, HS, false);  // dP = dO V^T
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < BR * BC; idx += blockDim.x) {
+        const int r = idx / BC, c = idx % BC, qi = q0 + r, kj = k0 + c;
+        float p = 0.0f, ds = 0.0f;
+        if (qi < T_ && kj <= qi) {
+            p = expf(sS[r * lds + c] * scale - sLse[r]);
+            ds = p * (sDP[r * lds + c] - sD[r]);
+        }
+        sP[r * ldp + c] = from_f32<T>(p);
+        sDS[r * ldp + c] = from_f32<T>(ds);
+    }
+    __syncthreads();
+}
+
+template <class T, int BR>
+__device__ __forceinline__ void load_lse_d(float* sLse, float* sD, const float* lse, const float* D, int b, int h,
+                                           int q0, int T_, int NH) {
+    for (int r = threadIdx.x; r < BR; r += blockDim.x) {
+        const int t = q0 + r;
+        const long long i = ((long long)b * NH + h) * T_ + t;
+        sLse[r] = t < T_ ? lse[i] : 0.0f;
+        sD[r] = t < T_ ? D[i] : 0.0f;
+    }
+}
+
+// dK, dV for key tile blockIdx.x; loops over query tiles q0 >= k0 in increasing order.
+template <class T, int BR, int BC>
+__global__ void __launch_bounds__(kThreads)
+    attention_backward_dkdv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D, int T_,
+                                   int NH, int HS, float scale) {
+    extern __shared__ __align__(128) char smem[];
+    const BwdLayout L = bwd_layout<T, BR, BC>(HS);
+    const int ldt = HS + pad<T>(), ldp = BC + pad<T>(), ldo = HS + 4;
+    T* sK = (T*)(smem + L.k);
+    T* sV = (T*)(smem + L.v);
+    T* sQ = (T*)(smem + L.q);
+    T* sDO = (T*)(smem + L.dout);
+    T* sP = (T*)(smem + L.p);
+    T* sDS = (T*)(smem + L.ds);
+    float* sDK = (float*)(smem + L.acc1);
+    float* sDV = (float*)(smem + L.acc2);
+    const int kt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int k0 = kt * BC;
+
+    load_rows(sK, ldt, qkv, b, h, 1, k0, BC, T_, NH, HS);
+    load_rows(sV, ldt, qkv, b, h, 2, k0, BC, T_, NH, HS);
+    for (int idx = threadIdx.x; idx < BC * HS; idx += blockDim.x) {
+        sDK[(idx / HS) * ldo + idx % HS] = 0.0f;
+        sDV[(idx / HS) * ldo + idx % HS] = 0.0f;
+    }
+    for (int q0 = (k0 / BR) * BR; q0 < T_; q0 += BR) {
+        load_rows(sQ, ldt, qkv, b, h, 0, q0, BR, T_, NH, HS);
+        load_rows_bthd(sDO, ldt, dout, b, h, q0, BR, T_, NH, HS);
+        load_lse_d<T, BR>((float*)(smem + L.lse), (float*)(smem + L.d), lse, D, b, h, q0, T_, NH);
+        __syncthreads();
+        bwd_tile_probs<T, BR, BC>(L, smem, HS, q0, k0, T_, scale);
+        block_mm<T, true, false>(sDV, ldo, sP, ldp, sDO, ldt, BC, HS, BR, true);  // dV += P^T dO
+        block_mm<T, true, false>(sDK, ldo, sDS, ldp, sQ, ldt, BC, HS, BR, true);  // dK += dS^T Q
+        __syncthreads();
+    }
+    const long long stride = 3LL * NH * HS;
+    T* base = dqkv + (long long)b * T_ * stride + (long long)h * HS;
+    for (int idx = threadIdx.x; idx < BC * HS; idx += blockDim.x) {
+        const int r = idx / HS, d = idx % HS, t = k0 + r;
+        if (t < T_) {
+            base[(long long)t * stride + (long long)NH * HS + d] = from_f32<T>(sDK[r * ldo + d] * scale);
+            base[(long long)t * stride + 2LL * NH * HS + d] = from_f32<T>(sDV[r * ldo + d]);
+        }
+    }
+}
+
+// dQ for query tile blockIdx.x; loops over key tiles k0 <= last query in increasing order.
+template <class T, int BR, int BC>
+__global__ void __launch_bounds__(kThreads)
+    attention_backward_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D, int T_,
+                                 int NH, int HS, float scale) {
+    extern __shared__ __align__(128) char smem[];
+    const BwdLayout L = bwd_layout<T, BR, BC>(HS);
+    const int ldt = HS + pad<T>(), ldp = BC + pad<T>(), ldo = HS + 4;
+    T* sK = (T*)(smem + L.k);
+    T* sQ = (T*)(smem + L.q);
+    T* sDO = (T*)(smem + L.dout);
+    T* sDS = (T*)(smem + L.ds);
+    float* sDQ = (float*)(smem + L.acc1);
+    const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int q0 = qt * BR;
+
+    load_rows(sQ, ldt, qkv, b, h, 0, q0, BR, T_, NH, HS);
+    load_rows_bthd(sDO, ldt, dout, b, h, q0, BR, T_, NH, HS);
+    load_lse_d<T, BR>((float*)(smem + L.lse), (float*)(smem + L.d), lse, D, b, h, q0, T_, NH);
+    for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) sDQ[(idx / HS) * ldo + idx % HS] = 0.0f;
+    const int kv_end = min(T_, q0 + BR);
+    for (int k0 = 0; k0 < kv_end; k0 += BC) {
+        load_rows(sK, ldt, qkv, b, h, 1, k0, BC, T_, NH, HS);
+        load_rows((T*)(smem + L.v), ldt, qkv, b, h, 2, k0, BC, T_, NH, HS);
+        __syncthreads();
+        bwd_tile_probs<T, BR, BC>(L, smem, HS, q0, k0, T_, scale);
+        block_mm<T, false, false>(sDQ, ldo, sDS, ldp, sK, ldt, BR, HS, BC, true);  // dQ += dS K
+        __syncthreads();
+    }
+    const long long stride = 3LL * NH * HS;
+    T* base = dqkv + (long long)b * T_ * stride + (long long)h * HS;
+    for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) {
+        const int r = idx / HS, d = idx % HS, t = q0 + r;
+        if (t < T_) base[(long long)t * stride + d] = from_f32<T>(sDQ[r * ldo + d] * scale);
+    }
+}
+
+// ---------------- host launchers ----------------
+// Tile sizes: forward bf16 64x64, everything else 32x32 (shared memory stays < 128 KiB
+// at HS=128 on both sm_80 and sm_90).
+template <class T> struct FwdTiles { static constexpr int BR = 32, BC = 32; };
+template <> struct FwdTiles<bf16> { static constexpr int BR = 64, BC = 64; };
+constexpr int kBwdBR = 32, kBwdBC = 32;
+
+inline void set_smem(const void* fn, size_t bytes) {
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (bytes > (size_t)optin) {
+        std::fprintf(stderr, "attention: needs %zu bytes of shared memory, device allows %d\n", bytes, optin);
+        std::abort();
+    }
+    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+template <class T>
+void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int NH, int HS, cudaStream_t st) {
+    constexpr int BR = FwdTiles<T>::BR, BC = FwdTiles<T>::BC;
+    const size_t smem = fwd_layout<T, BR, BC>(HS).total;
+    auto fn = attention_forward_kernel<T, BR, BC>;
+    set_smem((const void*)fn, smem);
+    dim3 grid(ceil_div(T_, BR), NH, B);
+    fn<<<grid, kThreads, smem, st>>>(out, lse, qkv, T_, NH, HS, 1.0f / sqrtf((float)HS));
+    CUDA_CHECK_LAUNCH();
+}
+
+// D: scratch of B*NH*T floats
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* D, int B,
+                        int T_, int NH, int HS, cudaStream_t st) {
+    const long long rows = (long long)B * T_ * NH;
+    attention_backward_d_kernel<T><<<ceil_div(rows, 8), 256, 0, st>>>(D, dout, out, B, T_, NH, HS);
+    CUDA_CHECK_LAUNCH();
+    const float scale = 1.0f / sqrtf((float)HS);
+    const size_t smem = bwd_layout<T, kBwdBR, kBwdBC>(HS).total;
+    auto fkv = attention_backward_dkdv_kernel<T, kBwdBR, kBwdBC>;
+    set_smem((const void*)fkv, smem);
+    fkv<<<dim3(ceil_div(T_, kBwdBC), NH, B), kThreads, smem, st>>>(dqkv, dout, qkv, lse, D, T_, NH, HS, scale);
+    CUDA_CHECK_LAUNCH();
+    auto fq = attention_backward_dq_kernel<T, kBwdBR, kBwdBC>;
+    set_smem((const void*)fq, smem);
+    fq<<<dim3(ceil_div(T_, kBwdBR), NH, B), kThreads, smem, st>>>(dqkv, dout, qkv, lse, D, T_, NH, HS, scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace attn

@@ -1,0 +1,110 @@
+// Shared helpers of the CUDA backend: error checks, fp32/bf16 element access, block
+// reductions, stochastic rounding. Everything here is header-only and used by the
+// per-family kernel headers (encoder.cuh, layernorm.cuh, ...) and by dev/cuda/.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+// A failing CUDA/cuBLASLt call inside the backend is a bug (or a broken device): report
+// file, line and the library's message, then abort (same policy as LLMC_ASSERT).
+inline void cuda_check_impl(cudaError_t err, const char* expr, const char* file, int line) {
+    if (err != cudaSuccess) {
+        std::fprintf(stderr, "CUDA error at %s:%d: %s (%s): %s\n", file, line, cudaGetErrorName(err), expr,
+                     cudaGetErrorString(err));
+        std::fflush(stderr);
+        std::abort();
+    }
+}
+inline void cublas_check_impl(cublasStatus_t st, const char* expr, const char* file, int line) {
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        std::fprintf(stderr, "cuBLASLt error at %s:%d: status %d (%s)\n", file, line, (int)st, expr);
+        std::fflush(stderr);
+        std::abort();
+    }
+}
+#define CUDA_CHECK(x) cuda_check_impl((x), #x, __FILE__, __LINE__)
+#define CUBLAS_CHECK(x) cublas_check_impl((x), #x, __FILE__, __LINE__)
+// After a kernel launch: catches launch-configuration errors at once.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+// ---- element access: everything is computed in fp32 ----
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+template <class T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+// ---- host-side conversion (round to nearest even; NaN stays NaN) ----
+inline uint16_t host_f32_to_bf16_bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
+    uint32_t lsb = (u >> 16) & 1u;
+    u += 0x7fffu + lsb;
+    return (uint16_t)(u >> 16);
+}
+inline float host_bf16_bits_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+// ---- warp / block reductions (fixed order: deterministic) ----
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+// `scratch` is >= 32 floats of shared memory; the function syncs before reuse.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float r = lane < nw ? scratch[lane] : 0.0f;
+    return warp_sum(r);
+}
+
+// ---- stochastic rounding fp32 -> bf16 from a counter-based hash of (seed, index) ----
+__device__ __forceinline__ uint32_t hash_u32(uint32_t seed, uint32_t idx) {
+    // a few rounds of a multiply-xorshift mixer (deterministic, no state)
+    uint32_t h = idx * 0x9E3779B1u ^ (seed + 0x7F4A7C15u);
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    h += seed * 0x27D4EB2Fu;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    return h;
+}
+__device__ __forceinline__ bf16 stochastic_round_bf16(float x, uint32_t rnd) {
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7f800000u) == 0x7f800000u) return __float2bfloat16_rn(x);  // inf / NaN unchanged
+    u += (rnd & 0xffffu);  // carries into the kept bits with probability = the dropped fraction
+    return __ushort_as_bfloat16((unsigned short)(u >> 16));
+}

@@ -1,0 +1,404 @@
+// CudaOps: the Ops interface (llmc/ops.h) on one CUDA device, fp32 or bf16 tensors.
+// Every op runs on the backend's stream; the host-facing copies synchronise it.
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "llmc/cuda/adamw.cuh"
+#include "llmc/cuda/attention.cuh"
+#include "llmc/cuda/classifier.cuh"
+#include "llmc/cuda/common.cuh"
+#include "llmc/cuda/encoder.cuh"
+#include "llmc/cuda/layernorm.cuh"
+#include "llmc/cuda/matmul.cuh"
+#include "llmc/ops.h"
+
+namespace {
+
+// Calls f(float{}) or f(bf16{}) according to the dtype (the element type of the kernel).
+template <class F>
+void dispatch(DType dt, F&& f) {
+    switch (dt) {
+        case DType::F32: f(float{}); return;
+        case DType::BF16: f(bf16{}); return;
+        default: LLMC_ASSERT(false, strfmt("CUDA backend: unsupported dtype %s", dtype_name(dt)));
+    }
+}
+
+template <class T> T* P(const Tensor& t) { return static_cast<T*>(t.ptr); }
+
+void same_dtype(std::initializer_list<const Tensor*> ts) {
+    DType d = DType::F32;
+    bool first = true;
+    for (const Tensor* t : ts) {
+        if (!t->ptr) continue;
+        if (first) {
+            d = t->dtype;
+            first = false;
+        }
+        LLMC_ASSERT(t->dtype == d, "CUDA backend: tensors of one op must share the dtype");
+    }
+}
+
+inline int blocks_for(long long n, int threads) { return (int)std::max<long long>(1, (n + threads - 1) / threads); }
+
+class CudaOps : public Ops {
+public:
+    explicit CudaOps(int device) : device_(device) {
+        CUDA_CHECK(cudaSetDevice(device));
+        CUDA_CHECK(cudaStreamCreate(&stream_));
+        lt_.init();
+    }
+    ~CudaOps() override {
+        cudaStreamSynchronize(stream_);
+        for (auto& s : scratch_)
+            if (s.first) cudaFree(s.first);
+        lt_.destroy();
+        cudaStreamDestroy(stream_);
+    }
+    std::string name() const override { return "cuda"; }
+
+    // ---- memory ----
+    void* alloc(size_t bytes) override {
+        if (bytes == 0) return nullptr;
+        void* p = nullptr;
+        cudaError_t err = cudaMalloc(&p, bytes);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            size_t fr = 0, tot = 0;
+            cudaMemGetInfo(&fr, &tot);
+            throw UserError(strfmt("CUDA out of memory: allocating %zu bytes (%.2f GiB free of %.2f GiB)", bytes,
+                                   fr / 1073741824.0, tot / 1073741824.0));
+        }
+        CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        return p;
+    }
+    void release(void* p) override {
+        if (!p) return;
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        CUDA_CHECK(cudaFree(p));
+    }
+    void zero(Tensor t) override {
+        if (t.n) CUDA_CHECK(cudaMemsetAsync(t.ptr, 0, t.bytes(), stream_));
+    }
+    void copy(Tensor dst, Tensor src) override {
+        LLMC_ASSERT(dst.dtype == src.dtype && dst.n == src.n, "copy: dtype/size mismatch");
+        if (dst.n) CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, src.bytes(), cudaMemcpyDeviceToDevice, stream_));
+    }
+    void to_host_f32(float* dst, Tensor src) override {
+        if (!src.n) return;
+        if (src.dtype == DType::F32) {
+            to_host_bytes(dst, src.ptr, src.bytes());
+            return;
+        }
+        LLMC_ASSERT(src.dtype == DType::BF16, "to_host_f32: unsupported dtype");
+        std::vector<uint16_t> tmp(src.n);
+        to_host_bytes(tmp.data(), src.ptr, src.bytes());
+        for (size_t i = 0; i < src.n; i++) dst[i] = host_bf16_bits_to_f32(tmp[i]);
+    }
+    void from_host_f32(Tensor dst, const float* src) override {
+        if (!dst.n) return;
+        if (dst.dtype == DType::F32) {
+            from_host_bytes(dst.ptr, src, dst.bytes());
+            return;
+        }
+        LLMC_ASSERT(dst.dtype == DType::BF16, "from_host_f32: unsupported dtype");
+        std::vector<uint16_t> tmp(dst.n);
+        for (size_t i = 0; i < dst.n; i++) tmp[i] = host_f32_to_bf16_bits(src[i]);
+        from_host_bytes(dst.ptr, tmp.data(), dst.bytes());
+    }
+    void to_host_bytes(void* dst, const void* src, size_t bytes) override {
+        if (!bytes) return;
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    void from_host_bytes(void* dst, const void* src, size_t bytes) override {
+        if (!bytes) return;
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffer may go away after return
+    }
+    void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+    // ---- embedding ----
+    void encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tensor wpe, int B, int T, int C) override {
+        same_dtype({&out, &wte, &wpe});
+        const long long n = (long long)B * T * C;
+        if (!n) return;
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            encoder_forward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(out), tokens, P<T_>(wte),
+                                                                                 P<T_>(wpe), B * T, T, C);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+    void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int B, int T,
+                          int C) override {
+        same_dtype({&dwte, &dwpe, &dout});
+        const int N = B * T;
+        if (!N || !C) return;
+        // bucket-sort the positions by token id on the host (stable: positions ascending)
+        host_tokens_.resize(N);
+        to_host_bytes(host_tokens_.data(), tokens, (size_t)N * sizeof(int32_t));
+        const long long vocab_rows = (long long)(dwte.n / (size_t)C);
+        pairs_.resize(N);
+        for (int i = 0; i < N; i++) {
+            LLMC_ASSERT(host_tokens_[i] >= 0 && host_tokens_[i] < vocab_rows,
+                        strfmt("encoder_backward: token id %d out of range", host_tokens_[i]));
+            pairs_[i] = {host_tokens_[i], i};
+        }
+        std::sort(pairs_.begin(), pairs_.end());  // (id, pos) pairs are distinct: a total order
+        seg_.clear();  // [ids..., starts... (S+1), positions (N)] packed after the loop
+        std::vector<int32_t> ids, starts;
+        for (int i = 0; i < N; i++) {
+            if (i == 0 || pairs_[i].first != pairs_[i - 1].first) {
+                ids.push_back(pairs_[i].first);
+                starts.push_back(i);
+            }
+        }
+        starts.push_back(N);
+        const int S = (int)ids.size();
+        seg_.reserve(S + S + 1 + N);
+        seg_.insert(seg_.end(), ids.begin(), ids.end());
+        seg_.insert(seg_.end(), starts.begin(), starts.end());
+        for (int i = 0; i < N; i++) seg_.push_back(pairs_[i].second);
+        int32_t* d = static_cast<int32_t*>(scratch(0, seg_.size() * sizeof(int32_t)));
+        from_host_bytes(d, seg_.data(), seg_.size() * sizeof(int32_t));
+        dispatch(dout.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            encoder_backward_wpe_kernel<T_><<<blocks_for((long long)T * C, 256), 256, 0, stream_>>>(
+                P<T_>(dwpe), P<T_>(dout), B, T, C);
+            CUDA_CHECK_LAUNCH();
+            dim3 grid(S, ceil_div(C, 128));
+            encoder_backward_wte_kernel<T_><<<grid, 128, 0, stream_>>>(P<T_>(dwte), P<T_>(dout), d, d + S,
+                                                                       d + 2 * S + 1, C);
+            CUDA_CHECK_LAUNCH();
+        });
+    }
+
+    // ---- layernorm ----
+    void layernorm_forward(Tensor out, float* mean, float* rstd, Tensor inp, Tensor w, Tensor b, int N,
+                           int C) override {
+        same_dtype({&out, &inp, &w, &b});
+        if (!N) return;
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            layernorm_forward_kernel<T_><<<ceil_div(N, 8), 256, 0, stream_>>>(
+                P<T_>(out), mean, rstd, nullptr, P<T_>(inp), nullptr, nullptr, P<T_>(w), P<T_>(b), N, C);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+    void fused_residual_layernorm_forward(Tensor residual, Tensor out, float* mean, float* rstd, Tensor a, Tensor b,
+                                          Tensor w, Tensor bias, int N, int C) override {
+        same_dtype({&residual, &out, &a, &b, &w, &bias});
+        if (!N) return;
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            layernorm_forward_kernel<T_><<<ceil_div(N, 8), 256, 0, stream_>>>(
+                P<T_>(out), mean, rstd, P<T_>(residual), P<T_>(residual), P<T_>(a), P<T_>(b), P<T_>(w),
+                P<T_>(bias), N, C);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+    void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, const float* mean,
+                            const float* rstd, int N, int C) override {
+        same_dtype({&dinp, &dw, &db, &dout, &inp, &w});
+        if (!N) return;
+        // the grid depends on N only (same reduction order on any GPU)
+        const int rows_per_block = ceil_div(N, 512);
+        const int G = ceil_div(N, rows_per_block);
+        float* partial = static_cast<float*>(scratch(1, (size_t)G * 2 * C * sizeof(float)));
+        const size_t smem = (size_t)(2 * C + 32) * sizeof(float);
+        LLMC_ASSERT(smem <= 48 * 1024, "layernorm_backward: C too large for shared memory");
+        dispatch(dout.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            layernorm_backward_kernel<T_><<<G, 256, smem, stream_>>>(P<T_>(dinp), partial, P<T_>(dout), P<T_>(inp),
+                                                                     P<T_>(w), mean, rstd, N, C, rows_per_block);
+            CUDA_CHECK_LAUNCH();
+            layernorm_backward_reduce_kernel<T_><<<ceil_div(C, 256), 256, 0, stream_>>>(P<T_>(dw), P<T_>(db),
+                                                                                        partial, G, C);
+            CUDA_CHECK_LAUNCH();
+        });
+    }
+    void residual_forward(Tensor out, Tensor a, Tensor b) override {
+        same_dtype({&out, &a, &b});
+        LLMC_ASSERT(a.n == out.n && b.n == out.n, "residual_forward: size mismatch");
+        if (!out.n) return;
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            residual_forward_kernel<T_><<<blocks_for(out.n, 256), 256, 0, stream_>>>(P<T_>(out), P<T_>(a),
+                                                                                    P<T_>(b), (long long)out.n);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+
+    // ---- matmul ----
+    void matmul_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC,
+                        bool gelu) override {
+        same_dtype({&out, &pre_gelu, &inp, &w, &bias});
+        if (!N || !OC) return;
+        LLMC_ASSERT(!gelu || pre_gelu.ptr, "matmul_forward: gelu needs pre_gelu");
+        const bool bf = out.dtype == DType::BF16;
+        void* dst = gelu ? pre_gelu.ptr : out.ptr;
+        const bool epi = bias.ptr && ((uintptr_t)bias.ptr % 16 == 0);
+        // column-major view: dst^T[OC, N] = w^T-as-stored[IC, OC]^T * inp^T[IC, N]
+        lt_.matmul(dst, w.ptr, inp.ptr, epi ? bias.ptr : nullptr, OC, N, IC, true, false, IC, IC, OC, 0.0f, bf,
+                   stream_);
+        const long long n = (long long)N * OC;
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            if (bias.ptr && !epi) {
+                add_bias_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>((T_*)dst, P<T_>(bias), N, OC);
+                CUDA_CHECK_LAUNCH();
+            }
+            if (gelu) {
+                gelu_forward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(out), P<T_>(pre_gelu), n);
+                CUDA_CHECK_LAUNCH();
+            }
+        });
+    }
+    void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
+                         int N, int IC, int OC) override {
+        same_dtype({&dinp, &dw, &dbias, &dout, &inp, &w, &pre_gelu});
+        if (!N || !OC) return;
+        const bool bf = dout.dtype == DType::BF16;
+        const long long n = (long long)N * OC;
+        dispatch(dout.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            if (pre_gelu.ptr) {
+                gelu_backward_inplace_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(dout),
+                                                                                         P<T_>(pre_gelu), n);
+                CUDA_CHECK_LAUNCH();
+            }
+            if (dbias.ptr) {
+                bias_backward_kernel<T_><<<ceil_div(OC, 32), dim3(32, 32), 0, stream_>>>(P<T_>(dbias), P<T_>(dout),
+                                                                                        N, OC);
+                CUDA_CHECK_LAUNCH();
+            }
+        });
+        // dinp^T[IC, N] = w(as stored: IC x OC col-major) * dout^T[OC, N]
+        if (dinp.ptr) lt_.matmul(dinp.ptr, w.ptr, dout.ptr, nullptr, IC, N, OC, false, false, IC, OC, IC, 0.0f, bf, stream_);
+        // dw(as stored: IC x OC col-major) += inp^T[IC, N] * (dout^T[OC, N])^T
+        lt_.matmul(dw.ptr, inp.ptr, dout.ptr, nullptr, IC, OC, N, false, true, IC, OC, IC, 1.0f, bf, stream_);
+    }
+
+    // ---- attention ----
+    void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int HS) override {
+        same_dtype({&out, &qkv});
+        check_hs(HS);
+        if (!B || !T) return;
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            attn::attention_forward<T_>(P<T_>(out), lse, P<T_>(qkv), B, T, NH, HS, stream_);
+        });
+    }
+    void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B, int T, int NH,
+                            int HS) override {
+        same_dtype({&dqkv, &dout, &qkv, &out});
+        check_hs(HS);
+        if (!B || !T) return;
+        float* D = static_cast<float*>(scratch(2, (size_t)B * NH * T * sizeof(float)));
+        dispatch(dout.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            attn::attention_backward<T_>(P<T_>(dqkv), P<T_>(dout), P<T_>(qkv), P<T_>(out), lse, D, B, T, NH, HS,
+                                         stream_);
+        });
+    }
+
+    // ---- classifier ----
+    void cross_entropy(Tensor logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                       float dloss) override {
+        if (!N) return;
+        LLMC_ASSERT(V <= Vp, "cross_entropy: V > Vp");
+        dispatch(logits.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            cross_entropy_kernel<T_><<<N, 512, 0, stream_>>>(P<T_>(logits), losses, targets, V, Vp, dloss);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+
+    // ---- optimizer ----
+    double sum_squares(Tensor g) override {
+        if (!g.n) return 0.0;
+        const int G = sum_squares_blocks((long long)g.n);
+        double* partial = static_cast<double*>(scratch(3, (size_t)G * sizeof(double)));
+        dispatch(g.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            sum_squares_kernel<T_><<<G, kSumSqThreads, 0, stream_>>>(partial, P<T_>(g), (long long)g.n);
+        });
+        CUDA_CHECK_LAUNCH();
+        std::vector<double> h(G);
+        to_host_bytes(h.data(), partial, (size_t)G * sizeof(double));
+        double s = 0.0;
+        for (int i = 0; i < G; i++) s += h[i];
+        return s;
+    }
+    void adamw(Tensor params, float* master, Tensor grads, float* m, float* v, float lr, float beta1, float beta2,
+               float eps, float weight_decay, float grad_scale, int t, uint32_t seed) override {
+        same_dtype({&params, &grads});
+        LLMC_ASSERT(params.n == grads.n, "adamw: size mismatch");
+        if (!params.n) return;
+        const float bc1 = (float)(1.0 - std::pow((double)beta1, (double)t));
+        const float bc2 = (float)(1.0 - std::pow((double)beta2, (double)t));
+        dispatch(params.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            adamw_kernel<T_><<<blocks_for(params.n, 256), 256, 0, stream_>>>(
+                P<T_>(params), master, P<T_>(grads), m, v, (long long)params.n, lr, beta1, beta2, bc1, bc2, eps,
+                weight_decay, grad_scale, seed);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+
+private:
+    static void check_hs(int HS) {
+        if (HS <= 0 || HS % 16 != 0 || HS > 128)
+            throw UserError(strfmt("CUDA attention supports head sizes that are multiples of 16 up to 128 "
+                                   "(d_model / n_head = %d)",
+                                   HS));
+    }
+    // grow-only scratch buffers, one per slot (0 encoder, 1 layernorm, 2 attention, 3 sum_squares)
+    void* scratch(int slot, size_t bytes) {
+        auto& s = scratch_[slot];
+        if (s.second < bytes) {
+            CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may be in use
+            if (s.first) CUDA_CHECK(cudaFree(s.first));
+            s.first = nullptr;
+            CUDA_CHECK(cudaMalloc(&s.first, bytes));
+            s.second = bytes;
+        }
+        return s.first;
+    }
+
+    int device_;
+    cudaStream_t stream_ = nullptr;
+    LtMatmul lt_;
+    std::pair<void*, size_t> scratch_[4] = {};
+    std::vector<int32_t> host_tokens_, seg_;
+    std::vector<std::pair<int32_t, int32_t>> pairs_;
+};
+
+}  // namespace
+
+bool cuda_device_available() {
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();  // clear the sticky-free error state
+        return false;
+    }
+    return n > 0;
+}
+
+std::unique_ptr<Ops> make_cuda_ops(int device_index) {
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        throw UserError(strfmt("device=cuda: no usable CUDA device (%s)", cudaGetErrorString(err)));
+    }
+    if (n == 0) throw UserError("device=cuda: no CUDA device found");
+    if (device_index < 0 || device_index >= n)
+        throw UserError(strfmt("device=cuda: device index %d out of range (%d devices)", device_index, n));
+    return std::make_unique<CudaOps>(device_index);
+}

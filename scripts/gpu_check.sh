@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# The one command to run on a machine with a CUDA GPU (issue 4, "Proof"):
+#   scripts/gpu_check.sh [--no-bench] [--steps N]
+# 1. builds train_gpt and build/test_gpu for the GPU present (GPU_ARCH from nvidia-smi);
+# 2. runs the GPU op-parity test, the whole test suite (make test) and the dev/cuda
+#    kernel experiments (each validates against its own CPU reference);
+# 3. benchmarks GPT-2 124M and a 1.5B-shaped model (48 layers, 1600 wide) in bf16 on a
+#    random-init model and synthetic shards, ~30 steps each, at the largest micro-batch
+#    that fits (tried from large to small);
+# 4. prints one markdown table (each stage's result, tokens/s, MFU, peak memory) and
+#    appends it with the date, commit and GPU name to dev/bench/RESULTS.md.
+# A failing stage is recorded in the table; the script carries on with the next one and
+# exits 1 at the end if anything failed.
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+BENCH=1
+STEPS=30
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-bench) BENCH=0 ;;
+        --steps) STEPS="$2"; shift ;;
+        *) echo "usage: $0 [--no-bench] [--steps N]"; exit 2 ;;
+    esac
+    shift
+done
+
+WORK=$(mktemp -d /tmp/gpu_check.XXXXXX)
+echo "gpu_check: logs in $WORK"
+ROWS=()
+ANY_FAIL=0
+row() {  # stage result tok_s mfu peak notes
+    ROWS+=("| $1 | $2 | ${3:-} | ${4:-} | ${5:-} | ${6:-} |")
+    case "$2" in FAIL*) ANY_FAIL=1 ;; esac
+    echo "  -> $1: $2 ${6:-}"
+}
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu_check: no NVIDIA GPU visible (nvidia-smi failed); nothing to do"
+    exit 1
+fi
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | sed 's/ *$//')
+GPU_CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d ' .')
+GPU_MEM=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader | head -n1)
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "uncommitted")
+DIRTY=$(git status --porcelain 2>/dev/null | grep -qv '^??' && echo " (+local changes)" || true)
+DATE=$(date -u '+%Y-%m-%d %H:%M UTC')
+JOBS=$(nproc 2>/dev/null || echo 4)
+echo "gpu_check: $GPU_NAME (sm_$GPU_CC, $GPU_MEM), commit $COMMIT$DIRTY"
+
+# ---- 1. build
+echo "== build (GPU_ARCH=$GPU_CC)"
+if make -j"$JOBS" GPU_ARCH="$GPU_CC" train_gpt build/test_gpu build/test_cpu >"$WORK/build.log" 2>&1; then
+    row "build (sm_$GPU_CC)" "PASS"
+else
+    row "build (sm_$GPU_CC)" "FAIL" "" "" "" "see build.log: $(grep -m1 -i error "$WORK/build.log" | cut -c1-80)"
+fi
+make -j"$JOBS" GPU_ARCH="$GPU_CC" all >>"$WORK/build.log" 2>&1 || true  # data tools (synth_shards)
+
+# ---- 2. tests
+echo "== GPU op parity (build/test_gpu)"
+if [ -x build/test_gpu ]; then
+    build/test_gpu >"$WORK/test_gpu.log" 2>&1
+    rc=$?
+    summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$WORK/test_gpu.log" | tail -n1)
+    grep '^FAIL' "$WORK/test_gpu.log" | head -n 20
+    if [ $rc -eq 0 ] && [ -n "$summary" ]; then
+        row "test_gpu (op parity)" "PASS" "" "" "" "$summary"
+    else
+        nf=$(grep -c '^FAIL' "$WORK/test_gpu.log")
+        row "test_gpu (op parity)" "FAIL" "" "" "" "${summary:-no summary, exit $rc}; first: $(grep -m1 '^FAIL' "$WORK/test_gpu.log" | cut -c1-90) ($nf FAIL lines)"
+    fi
+else
+    row "test_gpu (op parity)" "FAIL" "" "" "" "not built"
+fi
+
+echo "== make test (whole suite, GPU parts included)"
+if make GPU_ARCH="$GPU_CC" test >"$WORK/make_test.log" 2>&1; then
+    row "make test" "PASS" "" "" "" "$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$WORK/make_test.log" | tail -n1)"
+else
+    row "make test" "FAIL" "" "" "" "$(grep -E '^failed:|^[0-9]+ passed' "$WORK/make_test.log" | tail -n2 | tr '\n' ' ' | cut -c1-120)"
+fi
+
+echo "== dev/cuda kernel experiments"
+if make -C dev/cuda -j"$JOBS" GPU_ARCH="$GPU_CC" >"$WORK/dev_cuda_build.log" 2>&1; then
+    for spec in "attention_forward 2" "attention_forward 3" "attention_backward 1" "attention_backward 2" \
+                "layernorm 2" "layernorm 3" "classifier 2" "classifier 3" "adamw 1" "adamw 2" "adamw 3"; do
+        set -- $spec
+        log="$WORK/dev_$1_$2.log"
+        # smaller problems for the fp32 versions whose CPU references are slow
+        args=""
+        case "$spec" in
+            "attention_forward 2") args="2 512 12 64" ;;
+            "attention_backward 1"|"attention_backward 2") args="1 512 12 64" ;;
+            "adamw 1"|"adamw 2"|"adamw 3") args="20000000" ;;
+        esac
+        if timeout 600 "dev/cuda/$1" "$2" $args >"$log" 2>&1; then
+            row "dev/cuda $1 v$2" "PASS" "" "" "" "$(grep -m1 '^time' "$log" | cut -c1-60)"
+        else
+            row "dev/cuda $1 v$2" "FAIL" "" "" "" "$(grep -m1 -E 'FAIL|error' "$log" | cut -c1-90)"
+        fi
+    done
+else
+    row "dev/cuda build" "FAIL" "" "" "" "see dev_cuda_build.log"
+fi
+
+# ---- 3. benchmarks
+# parse a log.jsonl: median tok_per_s and mfu over the steps after the first 5
+parse_log() {
+    local f="$1"
+    if command -v python3 >/dev/null 2>&1; then
+        python3 - "$f" <<'PY'
+import json, sys, statistics
+tok, mfu = [], []
+for line in open(sys.argv[1]):
+    try:
+        r = json.loads(line)
+    except Exception:
+        continue
+    if "tok_per_s" in r:
+        tok.append(float(r["tok_per_s"]))
+        if "mfu" in r:
+            mfu.append(float(r["mfu"]))
+tok, mfu = tok[5:] or tok, mfu[5:] or mfu
+t = "%.0f" % statistics.median(tok) if tok else ""
+m = statistics.median(mfu) if mfu else None
+# mfu may be logged as a fraction or a percentage
+ms = "" if m is None else ("%.1f%%" % (m * 100 if m <= 1.0 else m))
+print(t + "\t" + ms)
+PY
+    else
+        local t
+        t=$(grep -o '"tok_per_s": *[0-9.eE+-]*' "$f" | sed 's/.*: *//' | tail -n +6 | sort -g | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]}')
+        local m
+        m=$(grep -o '"mfu": *[0-9.eE+-]*' "$f" | sed 's/.*: *//' | tail -n +6 | sort -g | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]}')
+        printf '%s\t%s\n' "$t" "$m"
+    fi
+}
+
+bench() {  # name config_file fallback_model_json "micro-batches to try"
+    local name="$1" cfg="$2" model_json="$3" mbs="$4"
+    echo "== bench $name"
+    if [ ! -x ./train_gpt ]; then row "bench $name bf16" "FAIL" "" "" "" "train_gpt not built"; return; fi
+    local data="$WORK/synth/train"
+    if ! ls "$data"_*.bin >/dev/null 2>&1; then
+        mkdir -p "$WORK/synth"
+        if [ -x dev/data/synth_shards ]; then
+            dev/data/synth_shards --out "$data" --shards 2 --tokens 20000000 --vocab 50257 >"$WORK/synth.log" 2>&1
+        fi
+    fi
+    if ! ls "$data"_*.bin >/dev/null 2>&1; then row "bench $name bf16" "FAIL" "" "" "" "no synthetic shards"; return; fi
+    if [ ! -f "$cfg" ]; then  # the bench config is not in the repo yet: write one
+        cfg="$WORK/$name.json"
+        cat >"$cfg" <<JSON
+{ "device": "cuda", "precision": "bf16", "model": $model_json,
+  "data": { "train": "$data*.bin" },
+  "train": { "micro_batch": 8, "seq_len": 1024, "grad_accum": 1, "steps": $STEPS, "lr": 3e-4,
+             "lr_schedule": "constant", "weight_decay": 0.1, "grad_clip": 1.0 } }
+JSON
+    fi
+    local mb out log rc
+    for mb in $mbs; do
+        out="$WORK/bench_${name}_B$mb"
+        mkdir -p "$out"
+        log="$out/stdout.log"
+        echo "   trying micro_batch=$mb"
+        timeout 900 ./train_gpt "$cfg" device=cuda precision=bf16 train.steps="$STEPS" train.micro_batch="$mb" \
+            train.seq_len=1024 train.grad_accum=1 data.train="$data*.bin" data.val= eval.every=0 \
+            eval.sample_every=0 tokenizer= checkpoint.every=0 checkpoint.resume=never checkpoint.dir="$out/ckpt" \
+            log.jsonl="$out/log.jsonl" out_dir="$out" >"$log" 2>&1
+        rc=$?
+        if [ $rc -eq 0 ] && [ -s "$out/log.jsonl" ]; then
+            local parsed tok mfu peak
+            parsed=$(parse_log "$out/log.jsonl")
+            tok=$(printf '%s' "$parsed" | cut -f1)
+            mfu=$(printf '%s' "$parsed" | cut -f2)
+            peak=$(grep -i 'peak' "$log" | tail -n1 | sed 's/^[[:space:]]*//' | cut -c1-60)
+            row "bench $name bf16 (B=$mb, T=1024)" "PASS" "$tok" "$mfu" "$peak" "$STEPS steps"
+            return
+        fi
+        # out of memory: try a smaller micro-batch; anything else is a failure
+        if ! grep -qiE 'out of memory|cudaErrorMemoryAllocation' "$log"; then
+            row "bench $name bf16 (B=$mb)" "FAIL" "" "" "" "exit $rc: $(grep -iE 'error' "$log" | tail -n1 | cut -c1-90)"
+            return
+        fi
+    done
+    row "bench $name bf16" "FAIL" "" "" "" "out of memory at every micro-batch tried ($mbs)"
+}
+
+if [ $BENCH -eq 1 ]; then
+    bench gpt2_124m configs/bench_gpt2_124m.json \
+        '{ "arch": "gpt2", "n_layer": 12, "n_head": 12, "d_model": 768, "vocab_size": 50257, "max_seq_len": 1024 }' \
+        "64 32 16 8 4 2 1"
+    bench gpt2_1558m configs/bench_gpt2_1558m.json \
+        '{ "arch": "gpt2", "n_layer": 48, "n_head": 25, "d_model": 1600, "vocab_size": 50257, "max_seq_len": 1024 }' \
+        "32 16 8 4 2 1"
+fi
+
+# ---- 4. the table
+TABLE=$(
+    echo "### $DATE · commit \`$COMMIT\`$DIRTY · $GPU_NAME ($GPU_MEM, sm_$GPU_CC)"
+    echo
+    echo "| stage | result | tokens/s | MFU | peak memory | notes |"
+    echo "|---|---|---|---|---|---|"
+    for r in "${ROWS[@]}"; do echo "$r"; done
+    echo
+)
+echo
+echo "$TABLE"
+mkdir -p dev/bench
+[ -f dev/bench/RESULTS.md ] || printf '# GPU results\n\nAppended by scripts/gpu_check.sh, newest last.\n\n' >dev/bench/RESULTS.md
+echo "$TABLE" >>dev/bench/RESULTS.md
+echo "gpu_check: table appended to dev/bench/RESULTS.md (logs in $WORK)"
+exit $ANY_FAIL

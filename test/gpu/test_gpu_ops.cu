@@ -1,0 +1,581 @@
+// Op-parity test of the CUDA backend against the CPU reference backend (like ggml's
+// test-backend-ops). For every op, forward and backward, fp32 and bf16:
+//  - fresh random inputs (for bf16, rounded to bf16 first, so both backends see the same
+//    values), several shapes including odd ones;
+//  - GPU outputs poisoned (all bytes 0xFF = NaN in fp32 and bf16) before each run, so an
+//    unwritten element fails; accumulate-outputs start from the same random values on
+//    both backends instead;
+//  - the GPU op runs twice and the two results must be bitwise identical (determinism);
+//  - GPU vs CPU: norm-relative error ||gpu - cpu|| / ||cpu|| <= 1e-4 (fp32) / 2e-2 (bf16);
+//    fp32 statistics (mean, rstd, lse, losses, master weights, moments) <= 1e-4 / 1e-3.
+// Prints one line per check and "N passed, M failed"; exit code 1 on any failure.
+// Prints "GPU tests: skipped (no CUDA device)" and exits 0 without a device.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "llmc/common.h"
+#include "llmc/cuda/common.cuh"
+#include "llmc/ops.h"
+#include "llmc/tensor.h"
+
+namespace {
+
+int g_pass = 0, g_fail = 0;
+
+void report(bool ok, const std::string& name, const std::string& shape, const std::string& detail) {
+    std::printf("%s %s %s %s\n", ok ? "PASS" : "FAIL", name.c_str(), shape.c_str(), detail.c_str());
+    std::fflush(stdout);
+    (ok ? g_pass : g_fail)++;
+}
+
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+    uint64_t next() {  // splitmix64
+        uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        return z ^ (z >> 31);
+    }
+    float uniform() { return (float)((next() >> 40) * (1.0 / 16777216.0)); }  // [0, 1)
+    float normal() {
+        float u1 = uniform(), u2 = uniform();
+        if (u1 < 1e-7f) u1 = 1e-7f;
+        return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+    }
+    int below(int n) { return (int)(next() % (uint64_t)n); }
+};
+
+// One tensor on both backends: c = CPU (fp32), g = GPU (the test dtype, or fp32 for statistics).
+struct Pair {
+    Tensor c, g;
+    bool stat = false;
+    size_t n() const { return c.n; }
+};
+
+class H {
+public:
+    Ops& cpu;
+    Ops& gpu;
+    DType dt;
+    Rng rng;
+    H(Ops& c, Ops& g, DType d, uint64_t seed) : cpu(c), gpu(g), dt(d), rng(seed) {}
+    ~H() {
+        for (void* p : cpu_allocs_) cpu.release(p);
+        for (void* p : gpu_allocs_) gpu.release(p);
+    }
+    bool bf() const { return dt == DType::BF16; }
+    double tol(bool stat) const { return bf() ? (stat ? 1e-3 : 2e-2) : 1e-4; }
+
+    Pair make(size_t n, bool stat = false) {
+        Pair p;
+        p.stat = stat;
+        void* pc = cpu.alloc(n * 4);
+        DType gd = stat ? DType::F32 : dt;
+        void* pg = gpu.alloc(n * dtype_size(gd));
+        cpu_allocs_.push_back(pc);
+        gpu_allocs_.push_back(pg);
+        p.c = Tensor(pc, n, DType::F32);
+        p.g = Tensor(pg, n, gd);
+        return p;
+    }
+    // int32 array on both backends
+    std::pair<int32_t*, int32_t*> ints(const std::vector<int32_t>& v) {
+        void* pc = cpu.alloc(v.size() * 4);
+        void* pg = gpu.alloc(v.size() * 4);
+        cpu_allocs_.push_back(pc);
+        gpu_allocs_.push_back(pg);
+        cpu.from_host_bytes(pc, v.data(), v.size() * 4);
+        gpu.from_host_bytes(pg, v.data(), v.size() * 4);
+        return {(int32_t*)pc, (int32_t*)pg};
+    }
+    static float q_bf16(float x) { return host_bf16_bits_to_f32(host_f32_to_bf16_bits(x)); }
+    // random N(0, scale^2) values, rounded to bf16 unless stat or fp32
+    std::vector<float> rnd(size_t n, float scale, bool stat = false) {
+        std::vector<float> v(n);
+        for (auto& x : v) {
+            x = scale * rng.normal();
+            if (bf() && !stat) x = q_bf16(x);
+        }
+        return v;
+    }
+    std::vector<float> rnd_for(const Pair& p, float scale) { return rnd(p.n(), scale, p.stat); }
+    void up(const Pair& p, const std::vector<float>& v) {
+        cpu.from_host_f32(p.c, v.data());
+        gpu.from_host_f32(p.g, v.data());
+    }
+    void up_gpu(const Pair& p, const std::vector<float>& v) { gpu.from_host_f32(p.g, v.data()); }
+    void poison(const Pair& p) {
+        std::vector<uint8_t> ff(p.g.bytes(), 0xFF);
+        gpu.from_host_bytes(p.g.ptr, ff.data(), ff.size());
+    }
+    std::vector<uint8_t> raw(std::initializer_list<Pair> ps) {
+        gpu.synchronize();
+        std::vector<uint8_t> out;
+        for (const Pair& p : ps) {
+            size_t o = out.size();
+            out.resize(o + p.g.bytes());
+            gpu.to_host_bytes(out.data() + o, p.g.ptr, p.g.bytes());
+        }
+        return out;
+    }
+    std::vector<float> get_gpu(const Pair& p) {
+        std::vector<float> v(p.n());
+        gpu.to_host_f32(v.data(), p.g);
+        return v;
+    }
+    std::vector<float> get_cpu(const Pair& p) {
+        std::vector<float> v(p.n());
+        cpu.to_host_f32(v.data(), p.c);
+        return v;
+    }
+    // norm-relative error of gpu vs cpu; NaN anywhere fails
+    void compare(const std::string& name, const std::string& shape, const Pair& p) {
+        std::vector<float> g = get_gpu(p), c = get_cpu(p);
+        compare_vec(name, shape, g, c, tol(p.stat));
+    }
+    static void compare_vec(const std::string& name, const std::string& shape, const std::vector<float>& g,
+                            const std::vector<float>& c, double tol) {
+        double num = 0, den = 0;
+        size_t bad = 0, first_bad = (size_t)-1;
+        for (size_t i = 0; i < g.size(); i++) {
+            if (!std::isfinite(g[i]) || !std::isfinite(c[i])) {
+                bad++;
+                if (first_bad == (size_t)-1) first_bad = i;
+                continue;
+            }
+            double d = (double)g[i] - (double)c[i];
+            num += d * d;
+            den += (double)c[i] * c[i];
+        }
+        double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+        bool ok = bad == 0 && err <= tol;
+        std::string detail = strfmt("err=%.3e tol=%.0e", err, tol);
+        if (bad)
+            detail += strfmt(" non-finite=%zu (first at %zu: gpu=%g cpu=%g)", bad, first_bad, g[first_bad],
+                             c[first_bad]);
+        report(ok, name, shape, detail);
+    }
+    void det(const std::string& name, const std::string& shape, const std::vector<uint8_t>& a,
+             const std::vector<uint8_t>& b) {
+        size_t diff = 0;
+        for (size_t i = 0; i < a.size(); i++) diff += a[i] != b[i];
+        report(a.size() == b.size() && diff == 0, name + ".determinism", shape, strfmt("differing_bytes=%zu", diff));
+    }
+
+private:
+    std::vector<void*> cpu_allocs_, gpu_allocs_;
+};
+
+// ---------------------------------------------------------------- tests
+void test_encoder(H& h, int B, int T, int C, int V) {
+    const std::string sh = strfmt("[%s B=%d T=%d C=%d V=%d]", dtype_name(h.dt), B, T, C, V);
+    std::vector<int32_t> tok(B * T);
+    for (auto& t : tok) t = h.rng.below(V);
+    auto [tc, tg] = h.ints(tok);
+    Pair wte = h.make((size_t)V * C), wpe = h.make((size_t)T * C), out = h.make((size_t)B * T * C);
+    h.up(wte, h.rnd_for(wte, 1.0f));
+    h.up(wpe, h.rnd_for(wpe, 1.0f));
+    h.cpu.encoder_forward(out.c, tc, wte.c, wpe.c, B, T, C);
+    std::vector<uint8_t> r[2];
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(out);
+        h.gpu.encoder_forward(out.g, tg, wte.g, wpe.g, B, T, C);
+        r[rep] = h.raw({out});
+    }
+    h.det("encoder_forward", sh, r[0], r[1]);
+    h.compare("encoder_forward.out", sh, out);
+
+    // backward: dwte/dwpe accumulate onto random initial values
+    Pair dout = h.make((size_t)B * T * C);
+    auto dwte0 = h.rnd_for(wte, 1.0f), dwpe0 = h.rnd_for(wpe, 1.0f);
+    h.up(dout, h.rnd_for(dout, 1.0f));
+    h.up(wte, dwte0);  // reuse as dwte
+    h.up(wpe, dwpe0);
+    h.cpu.encoder_backward(wte.c, wpe.c, dout.c, tc, B, T, C);
+    for (int rep = 0; rep < 2; rep++) {
+        h.up_gpu(wte, dwte0);
+        h.up_gpu(wpe, dwpe0);
+        h.gpu.encoder_backward(wte.g, wpe.g, dout.g, tg, B, T, C);
+        r[rep] = h.raw({wte, wpe});
+    }
+    h.det("encoder_backward", sh, r[0], r[1]);
+    h.compare("encoder_backward.dwte", sh, wte);
+    h.compare("encoder_backward.dwpe", sh, wpe);
+}
+
+void test_layernorm(H& h, int N, int C) {
+    const std::string sh = strfmt("[%s N=%d C=%d]", dtype_name(h.dt), N, C);
+    const size_t n = (size_t)N * C;
+    Pair inp = h.make(n), w = h.make(C), b = h.make(C), out = h.make(n), mean = h.make(N, true),
+         rstd = h.make(N, true);
+    auto vin = h.rnd(n, 1.0f);
+    for (size_t i = 0; i < n; i++) vin[i] = h.bf() ? H::q_bf16(vin[i] + 0.5f) : vin[i] + 0.5f;  // non-zero mean
+    h.up(inp, vin);
+    h.up(w, h.rnd(C, 1.0f));
+    h.up(b, h.rnd(C, 1.0f));
+    h.cpu.layernorm_forward(out.c, mean.c.f32(), rstd.c.f32(), inp.c, w.c, b.c, N, C);
+    std::vector<uint8_t> r[2];
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(out), h.poison(mean), h.poison(rstd);
+        h.gpu.layernorm_forward(out.g, mean.g.f32(), rstd.g.f32(), inp.g, w.g, b.g, N, C);
+        r[rep] = h.raw({out, mean, rstd});
+    }
+    h.det("layernorm_forward", sh, r[0], r[1]);
+    h.compare("layernorm_forward.out", sh, out);
+    h.compare("layernorm_forward.mean", sh, mean);
+    h.compare("layernorm_forward.rstd", sh, rstd);
+
+    // fused residual variant
+    Pair a = h.make(n), res = h.make(n);
+    h.up(a, h.rnd(n, 1.0f));
+    h.cpu.fused_residual_layernorm_forward(res.c, out.c, mean.c.f32(), rstd.c.f32(), a.c, inp.c, w.c, b.c, N, C);
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(res), h.poison(out), h.poison(mean), h.poison(rstd);
+        h.gpu.fused_residual_layernorm_forward(res.g, out.g, mean.g.f32(), rstd.g.f32(), a.g, inp.g, w.g, b.g, N,
+                                               C);
+        r[rep] = h.raw({res, out, mean, rstd});
+    }
+    h.det("fused_residual_layernorm_forward", sh, r[0], r[1]);
+    h.compare("fused_residual_layernorm_forward.residual", sh, res);
+    h.compare("fused_residual_layernorm_forward.out", sh, out);
+    h.compare("fused_residual_layernorm_forward.mean", sh, mean);
+    h.compare("fused_residual_layernorm_forward.rstd", sh, rstd);
+
+    // backward on the (inp, mean, rstd) of the plain forward, computed by the CPU and
+    // given to both backends; dinp/dw/db accumulate onto random values
+    h.cpu.layernorm_forward(out.c, mean.c.f32(), rstd.c.f32(), inp.c, w.c, b.c, N, C);
+    auto vmean = h.get_cpu(mean), vrstd = h.get_cpu(rstd);
+    h.up_gpu(mean, vmean);
+    h.up_gpu(rstd, vrstd);
+    Pair dout = h.make(n), dinp = h.make(n), dw = h.make(C), db = h.make(C);
+    h.up(dout, h.rnd(n, 1.0f));
+    auto dinp0 = h.rnd(n, 1.0f), dw0 = h.rnd(C, 1.0f), db0 = h.rnd(C, 1.0f);
+    h.up(dinp, dinp0), h.up(dw, dw0), h.up(db, db0);
+    h.cpu.layernorm_backward(dinp.c, dw.c, db.c, dout.c, inp.c, w.c, mean.c.f32(), rstd.c.f32(), N, C);
+    for (int rep = 0; rep < 2; rep++) {
+        h.up_gpu(dinp, dinp0), h.up_gpu(dw, dw0), h.up_gpu(db, db0);
+        h.gpu.layernorm_backward(dinp.g, dw.g, db.g, dout.g, inp.g, w.g, mean.g.f32(), rstd.g.f32(), N, C);
+        r[rep] = h.raw({dinp, dw, db});
+    }
+    h.det("layernorm_backward", sh, r[0], r[1]);
+    h.compare("layernorm_backward.dinp", sh, dinp);
+    h.compare("layernorm_backward.dw", sh, dw);
+    h.compare("layernorm_backward.db", sh, db);
+}
+
+void test_residual(H& h, size_t n) {
+    const std::string sh = strfmt("[%s n=%zu]", dtype_name(h.dt), n);
+    Pair a = h.make(n), b = h.make(n), out = h.make(n);
+    h.up(a, h.rnd(n, 1.0f));
+    h.up(b, h.rnd(n, 1.0f));
+    h.cpu.residual_forward(out.c, a.c, b.c);
+    std::vector<uint8_t> r[2];
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(out);
+        h.gpu.residual_forward(out.g, a.g, b.g);
+        r[rep] = h.raw({out});
+    }
+    h.det("residual_forward", sh, r[0], r[1]);
+    h.compare("residual_forward.out", sh, out);
+}
+
+// bias_offset: the bias is a view starting bias_offset elements into its buffer
+// (exercises the unaligned-bias path)
+void test_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, int bias_offset = 0) {
+    const std::string sh = strfmt("[%s N=%d IC=%d OC=%d bias=%d gelu=%d bias_off=%d]", dtype_name(h.dt), N, IC, OC,
+                             (int)has_bias, (int)gelu, bias_offset);
+    const size_t no = (size_t)N * OC, ni = (size_t)N * IC, nw = (size_t)OC * IC;
+    Pair inp = h.make(ni), w = h.make(nw), out = h.make(no), pre = h.make(no);
+    Pair biasbuf = h.make(OC + bias_offset);
+    Pair bias = biasbuf;
+    bias.c = biasbuf.c.slice(bias_offset, OC);
+    bias.g = biasbuf.g.slice(bias_offset, OC);
+    const float ws = 1.0f / std::sqrt((float)IC);
+    h.up(inp, h.rnd(ni, 1.0f));
+    h.up(w, h.rnd(nw, ws));
+    h.up(biasbuf, h.rnd(OC + bias_offset, 0.5f));
+    Tensor bc = has_bias ? bias.c : Tensor(), bg = has_bias ? bias.g : Tensor();
+    Tensor pc = gelu ? pre.c : Tensor(), pg = gelu ? pre.g : Tensor();
+    h.cpu.matmul_forward(out.c, pc, inp.c, w.c, bc, N, IC, OC, gelu);
+    std::vector<uint8_t> r[2];
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(out), h.poison(pre);
+        h.gpu.matmul_forward(out.g, pg, inp.g, w.g, bg, N, IC, OC, gelu);
+        r[rep] = gelu ? h.raw({out, pre}) : h.raw({out});
+    }
+    h.det("matmul_forward", sh, r[0], r[1]);
+    h.compare("matmul_forward.out", sh, out);
+    if (gelu) h.compare("matmul_forward.pre_gelu", sh, pre);
+
+    // backward: dinp overwrite (poisoned), dw/dbias accumulate, dout modified in place with gelu
+    for (int with_dinp = 1; with_dinp >= 0; with_dinp--) {
+        const std::string sh2 = sh.substr(0, sh.size() - 1) + strfmt(" dinp=%d]", with_dinp);
+        Pair dout = h.make(no), dinp = h.make(ni), dw = h.make(nw), dbias = h.make(OC);
+        auto dout0 = h.rnd(no, 1.0f), dw0 = h.rnd(nw, 1.0f), db0 = h.rnd(OC, 1.0f);
+        auto pre0 = h.rnd(no, 1.5f);
+        h.up(pre, pre0);
+        h.up(dout, dout0), h.up(dw, dw0), h.up(dbias, db0);
+        Tensor dbc = has_bias ? dbias.c : Tensor(), dbg = has_bias ? dbias.g : Tensor();
+        Tensor dic = with_dinp ? dinp.c : Tensor(), dig = with_dinp ? dinp.g : Tensor();
+        h.cpu.matmul_backward(dic, dw.c, dbc, dout.c, inp.c, w.c, pc, N, IC, OC);
+        for (int rep = 0; rep < 2; rep++) {
+            h.up_gpu(dout, dout0), h.up_gpu(dw, dw0), h.up_gpu(dbias, db0);
+            h.poison(dinp);
+            h.gpu.matmul_backward(dig, dw.g, dbg, dout.g, inp.g, w.g, pg, N, IC, OC);
+            r[rep] = h.raw({dinp, dw, dbias, dout});
+        }
+        h.det("matmul_backward", sh2, r[0], r[1]);
+        if (with_dinp) h.compare("matmul_backward.dinp", sh2, dinp);
+        h.compare("matmul_backward.dw", sh2, dw);
+        if (has_bias) h.compare("matmul_backward.dbias", sh2, dbias);
+        if (gelu) h.compare("matmul_backward.dout_after_gelu", sh2, dout);
+    }
+}
+
+void test_attention(H& h, int B, int T, int NH, int HS) {
+    const std::string sh = strfmt("[%s B=%d T=%d NH=%d HS=%d]", dtype_name(h.dt), B, T, NH, HS);
+    const size_t nqkv = (size_t)B * T * 3 * NH * HS, no = (size_t)B * T * NH * HS, nl = (size_t)B * NH * T;
+    Pair qkv = h.make(nqkv), out = h.make(no), lse = h.make(nl, true);
+    h.up(qkv, h.rnd(nqkv, 1.0f));
+    h.cpu.attention_forward(out.c, lse.c.f32(), qkv.c, B, T, NH, HS);
+    std::vector<uint8_t> r[2];
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(out), h.poison(lse);
+        h.gpu.attention_forward(out.g, lse.g.f32(), qkv.g, B, T, NH, HS);
+        r[rep] = h.raw({out, lse});
+    }
+    h.det("attention_forward", sh, r[0], r[1]);
+    h.compare("attention_forward.out", sh, out);
+    h.compare("attention_forward.lse", sh, lse);
+
+    // backward: both backends get the CPU forward's out (rounded to bf16 in bf16) and lse
+    auto vout = h.get_cpu(out), vlse = h.get_cpu(lse);
+    if (h.bf())
+        for (auto& x : vout) x = H::q_bf16(x);
+    h.up(out, vout);
+    h.up(lse, vlse);
+    Pair dout = h.make(no), dqkv = h.make(nqkv);
+    h.up(dout, h.rnd(no, 1.0f));
+    h.cpu.attention_backward(dqkv.c, dout.c, qkv.c, out.c, lse.c.f32(), B, T, NH, HS);
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(dqkv);
+        h.gpu.attention_backward(dqkv.g, dout.g, qkv.g, out.g, lse.g.f32(), B, T, NH, HS);
+        r[rep] = h.raw({dqkv});
+    }
+    h.det("attention_backward", sh, r[0], r[1]);
+    h.compare("attention_backward.dqkv", sh, dqkv);
+    // per-slot errors (q, k, v) help localise a bug
+    auto g = h.get_gpu(dqkv), c = h.get_cpu(dqkv);
+    const char* names[3] = {"dq", "dk", "dv"};
+    for (int s = 0; s < 3; s++) {
+        std::vector<float> gs, cs;
+        for (size_t bt = 0; bt < (size_t)B * T; bt++)
+            for (size_t i = 0; i < (size_t)NH * HS; i++) {
+                size_t idx = (bt * 3 + s) * NH * HS + i;
+                gs.push_back(g[idx]);
+                cs.push_back(c[idx]);
+            }
+        H::compare_vec(std::string("attention_backward.") + names[s], sh, gs, cs, h.tol(false));
+    }
+}
+
+void test_cross_entropy(H& h, int N, int V, int Vp, bool backward) {
+    const std::string sh = strfmt("[%s N=%d V=%d Vp=%d dloss=%s]", dtype_name(h.dt), N, V, Vp, backward ? "1/N" : "0");
+    std::vector<int32_t> tgt(N);
+    for (auto& t : tgt) t = h.rng.below(V);
+    auto [tc, tg] = h.ints(tgt);
+    const size_t n = (size_t)N * Vp;
+    Pair logits = h.make(n), losses = h.make(N, true);
+    auto v = h.rnd(n, 2.0f), vg = v;
+    for (int i = 0; i < N; i++)
+        for (int c = V; c < Vp; c++) {
+            v[(size_t)i * Vp + c] = 0.0f;  // CPU: zeros in the padding
+            vg[(size_t)i * Vp + c] = NAN;   // GPU: NaN in the padding (must be ignored and overwritten)
+        }
+    const float dloss = backward ? 1.0f / N : 0.0f;
+    h.cpu.from_host_f32(logits.c, v.data());
+    h.cpu.cross_entropy(logits.c, losses.c.f32(), tc, N, V, Vp, dloss);
+    std::vector<uint8_t> r[2];
+    for (int rep = 0; rep < 2; rep++) {
+        h.up_gpu(logits, vg);
+        h.poison(losses);
+        h.gpu.cross_entropy(logits.g, losses.g.f32(), tg, N, V, Vp, dloss);
+        r[rep] = h.raw({logits, losses});
+    }
+    h.det("cross_entropy", sh, r[0], r[1]);
+    h.compare("cross_entropy.losses", sh, losses);
+    if (backward) {
+        h.compare("cross_entropy.dlogits", sh, logits);
+    } else {  // logits untouched in [0, V)
+        auto g = h.get_gpu(logits);
+        size_t diff = 0;
+        for (int i = 0; i < N; i++)
+            for (int c = 0; c < V; c++) diff += g[(size_t)i * Vp + c] != vg[(size_t)i * Vp + c];
+        report(diff == 0, "cross_entropy.logits_unchanged", sh, strfmt("changed=%zu", diff));
+    }
+}
+
+void test_adamw(H& h, size_t n, bool with_master, int t) {
+    const std::string sh = strfmt("[%s n=%zu master=%d t=%d]", dtype_name(h.dt), n, (int)with_master, t);
+    Pair params = h.make(n), grads = h.make(n), m = h.make(n, true), v = h.make(n, true), master = h.make(n, true);
+    auto p0 = h.rnd(n, 1.0f), m0 = h.rnd(n, 0.01f, true), g0 = h.rnd(n, 0.1f);
+    auto v0 = h.rnd(n, 0.01f, true);
+    for (auto& x : v0) x = x * x;  // non-negative second moment
+    std::vector<float> master0 = h.rnd(n, 1.0f, true);
+    if (with_master && h.bf())
+        for (size_t i = 0; i < n; i++) p0[i] = H::q_bf16(master0[i]);  // params = rounded master
+    if (with_master && !h.bf()) p0 = master0;
+    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+    const uint32_t seed = 1234u + (uint32_t)t;
+    h.up(params, p0), h.up(grads, g0), h.up(m, m0), h.up(v, v0), h.up(master, master0);
+    h.cpu.adamw(params.c, with_master ? master.c.f32() : nullptr, grads.c, m.c.f32(), v.c.f32(), lr, b1, b2, eps, wd,
+                gs, t, seed);
+    std::vector<uint8_t> r[2];
+    for (int rep = 0; rep < 2; rep++) {
+        h.up_gpu(params, p0), h.up_gpu(m, m0), h.up_gpu(v, v0), h.up_gpu(master, master0);
+        h.gpu.adamw(params.g, with_master ? master.g.f32() : nullptr, grads.g, m.g.f32(), v.g.f32(), lr, b1, b2, eps,
+                    wd, gs, t, seed);
+        r[rep] = h.raw({params, m, v, master});
+    }
+    h.det("adamw", sh, r[0], r[1]);
+    h.compare("adamw.params", sh, params);
+    h.compare("adamw.m", sh, m);
+    h.compare("adamw.v", sh, v);
+    if (with_master) h.compare("adamw.master", sh, master);
+    // the update itself (new - old) is small next to the values: check it separately
+    // (not for bf16 params without master: their rounding step is larger than the update)
+    if (with_master || !h.bf()) {
+        auto g = h.get_gpu(with_master ? master : params), c = h.get_cpu(with_master ? master : params);
+        std::vector<float> dg(n), dc(n);
+        const std::vector<float>& base = with_master ? master0 : p0;
+        for (size_t i = 0; i < n; i++) dg[i] = g[i] - base[i], dc[i] = c[i] - base[i];
+        H::compare_vec("adamw.update", sh, dg, dc, 1e-3);
+    }
+    if (h.bf() && with_master) {  // stochastic rounding: each param is one of the two neighbours of master
+        auto g = h.get_gpu(params), mm = h.get_gpu(master);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint16_t lo = host_f32_to_bf16_bits(mm[i]);
+            float a = host_bf16_bits_to_f32(lo);
+            // neighbours: round-to-nearest value and the bf16 on the other side of master
+            float x = g[i];
+            bool ok = x == a;
+            if (!ok) {
+                uint32_t u;
+                std::memcpy(&u, &mm[i], 4);
+                float down = host_bf16_bits_to_f32((uint16_t)(u >> 16));
+                float up = host_bf16_bits_to_f32((uint16_t)((u >> 16) + 1));
+                ok = x == down || x == up;
+            }
+            bad += !ok;
+        }
+        report(bad == 0, "adamw.stochastic_rounding_neighbours", sh, strfmt("bad=%zu", bad));
+    }
+}
+
+void test_sum_squares(H& h, size_t n) {
+    const std::string sh = strfmt("[%s n=%zu]", dtype_name(h.dt), n);
+    Pair g = h.make(n);
+    h.up(g, h.rnd(n, 1.0f));
+    double c = h.cpu.sum_squares(g.c);
+    double a = h.gpu.sum_squares(g.g), b = h.gpu.sum_squares(g.g);
+    report(std::memcmp(&a, &b, sizeof a) == 0, "sum_squares.determinism", sh, strfmt("a=%.17g b=%.17g", a, b));
+    double err = std::fabs(a - c) / std::max(std::fabs(c), 1e-300);
+    report(std::isfinite(a) && err <= 1e-9, "sum_squares", sh, strfmt("err=%.3e gpu=%.17g cpu=%.17g", err, a, c));
+}
+
+void guarded(const std::string& what, const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const std::exception& e) {
+        report(false, what, "", std::string("exception: ") + e.what());
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (!cuda_device_available()) {
+        std::printf("GPU tests: skipped (no CUDA device)\n");
+        return 0;
+    }
+    std::unique_ptr<Ops> cpu = make_cpu_ops();
+    std::unique_ptr<Ops> gpu = make_cuda_ops(0);
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    std::printf("GPU tests on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+    const std::string only = argc > 1 ? argv[1] : "";  // optional filter: encoder, layernorm, ...
+    auto want = [&](const char* s) { return only.empty() || only == s; };
+
+    for (DType dt : {DType::F32, DType::BF16}) {
+        H h(*cpu, *gpu, dt, dt == DType::F32 ? 1 : 2);
+        if (want("encoder"))
+            guarded("encoder", [&] {
+                test_encoder(h, 2, 17, 96, 50);
+                test_encoder(h, 1, 1, 64, 7);
+                test_encoder(h, 4, 64, 200, 1000);
+                test_encoder(h, 2, 257, 128, 3);  // heavy token repetition
+            });
+        if (want("layernorm"))
+            guarded("layernorm", [&] {
+                test_layernorm(h, 1, 64);
+                test_layernorm(h, 17, 96);
+                test_layernorm(h, 100, 200);
+                test_layernorm(h, 1000, 768);
+                test_layernorm(h, 257, 1600);
+            });
+        if (want("residual"))
+            guarded("residual", [&] {
+                test_residual(h, 1);
+                test_residual(h, 12345);
+            });
+        if (want("matmul"))
+            guarded("matmul", [&] {
+                test_matmul(h, 17, 96, 200, true, false);
+                test_matmul(h, 100, 200, 96, true, true);
+                test_matmul(h, 1, 64, 48, true, false);
+                test_matmul(h, 257, 64, 128, false, false);
+                test_matmul(h, 128, 768, 2304, true, false);
+                test_matmul(h, 64, 768, 3072, true, true);
+                test_matmul(h, 7, 24, 40, true, true, 1);  // unaligned bias view
+            });
+        if (want("attention"))
+            guarded("attention", [&] {
+                test_attention(h, 1, 1, 2, 64);
+                test_attention(h, 2, 17, 3, 64);
+                test_attention(h, 1, 64, 4, 64);
+                test_attention(h, 2, 100, 2, 128);
+                test_attention(h, 1, 257, 2, 64);
+                test_attention(h, 1, 257, 1, 128);
+                test_attention(h, 1, 50, 2, 32);
+            });
+        if (want("cross_entropy"))
+            guarded("cross_entropy", [&] {
+                test_cross_entropy(h, 7, 50, 128, true);
+                test_cross_entropy(h, 7, 50, 128, false);
+                test_cross_entropy(h, 17, 1000, 1024, true);
+                test_cross_entropy(h, 4, 50257, 50304, true);
+            });
+        if (want("adamw"))
+            guarded("adamw", [&] {
+                test_adamw(h, 1000, false, 1);
+                test_adamw(h, 100003, true, 1);
+                test_adamw(h, 100003, true, 7);
+            });
+        if (want("sum_squares"))
+            guarded("sum_squares", [&] {
+                test_sum_squares(h, 1);
+                test_sum_squares(h, 1000);
+                test_sum_squares(h, (1u << 20) + 7);
+            });
+    }
+    std::printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}

@@ -1,0 +1,111 @@
+// llm.c model files: write/read round trips (fp32 version 3, bf16 version 5), shape checks,
+// and the mapping between llm.c tensor order and the model's per-layer memory order.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <unistd.h>
+#include <string>
+#include <vector>
+
+#include "llmc/model.h"
+#include "llmc/model_file.h"
+#include "llmc/rng.h"
+
+namespace {
+std::string temp_path(const char* name) {
+    char tmpl[] = "/tmp/llmc_modelfile_XXXXXX";
+    std::string dir = mkdtemp(tmpl);
+    return dir + "/" + name;
+}
+ModelShape tiny_shape() { return ModelShape{2, 2, 8, 100, 128, 16}; }
+std::vector<float> random_params(size_t n, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<float> v(n);
+    for (auto& x : v) x = rng.normal();
+    return v;
+}
+}  // namespace
+
+TEST_CASE("bf16 conversion rounds to nearest even") {
+    CHECK(f32_to_bf16(1.0f) == 0x3F80);
+    // 1 + 2^-8 lies exactly between two bf16 values: ties go to the even mantissa (1.0)
+    CHECK(f32_to_bf16(1.00390625f) == 0x3F80);
+    // 1 + 3*2^-8 is halfway between 1+2^-7 (odd) and 1+2^-6 (even): rounds up to even
+    CHECK(f32_to_bf16(1.01171875f) == 0x3F82);
+    CHECK(f32_to_bf16(-2.0f) == 0xC000);
+    CHECK(bf16_to_f32(0x3F82) == 1.015625f);
+    CHECK(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
+}
+
+TEST_CASE("llm.c model file round trip, version 3 and 5") {
+    const ModelShape s = tiny_shape();
+    const size_t n = gpt2_num_params(s);
+    // 2 layers of 12*C^2 + 13*C, wte, wpe, lnf: the GPT-2 count
+    CHECK(n == size_t(128 * 8 + 16 * 8 + 2 * (12 * 64 + 13 * 8) + 2 * 8));
+    std::vector<float> w = random_params(n, 7);
+    const std::string p3 = temp_path("m3.bin");
+    model_file_write(p3, s, w.data(), 3);
+    int version = 0;
+    CHECK(model_file_shape(p3, &version) == s);
+    CHECK(version == 3);
+    CHECK(model_file_read(p3, &s) == w);
+
+    const std::string p5 = temp_path("m5.bin");
+    model_file_write(p5, s, w.data(), 5);
+    std::vector<float> r = model_file_read(p5, &s);
+    REQUIRE(r.size() == n);
+    for (size_t i = 0; i < n; i++) {
+        CHECK(r[i] == bf16_to_f32(f32_to_bf16(w[i])));
+        REQUIRE(std::fabs(r[i] - w[i]) <= std::fabs(w[i]) * (1.0f / 256));
+    }
+}
+
+TEST_CASE("llm.c model file: shape mismatch and damage are user errors naming the field or file") {
+    const ModelShape s = tiny_shape();
+    std::vector<float> w = random_params(gpt2_num_params(s), 1);
+    const std::string p = temp_path("m.bin");
+    model_file_write(p, s, w.data(), 3);
+    ModelShape other = s;
+    other.n_layer = 3;
+    CHECK_THROWS_WITH(model_file_read(p, &other), Catch::Contains("model.n_layer") && Catch::Contains("m.bin"));
+    other = s;
+    other.d_model = 16;
+    CHECK_THROWS_WITH(model_file_read(p, &other), Catch::Contains("model.d_model"));
+    // truncated
+    std::FILE* f = std::fopen(p.c_str(), "r+b");
+    REQUIRE(f);
+    REQUIRE(ftruncate(fileno(f), 2000) == 0);
+    std::fclose(f);
+    CHECK_THROWS_WITH(model_file_read(p, &s), Catch::Contains("truncated"));
+    // wrong magic
+    f = std::fopen(p.c_str(), "r+b");
+    int32_t bad = 1234;
+    std::fwrite(&bad, 4, 1, f);
+    std::fclose(f);
+    CHECK_THROWS_WITH(model_file_read(p, &s), Catch::Contains("magic"));
+    CHECK_THROWS_AS(model_file_read(temp_path("absent.bin"), &s), UserError);
+}
+
+TEST_CASE("model memory order <-> llm.c order is a permutation that round-trips") {
+    const ModelShape s = tiny_shape();
+    auto ops = make_cpu_ops();
+    GPT2 model(s, *ops, DType::F32, 1, 4);
+    std::vector<float> w = random_params(model.num_params, 3), back(model.num_params);
+    model.set_params_llmc(w.data());
+    model.get_params_llmc(back.data());
+    CHECK(back == w);
+    // llm.c order: all wte, then all wpe, then every layer's ln1w, ...: check two tensors by hand
+    std::vector<float> mem(model.num_params);
+    ops->to_host_f32(mem.data(), model.param_buf);
+    Tensor qkvw1 = model.param(QKVW, 1);
+    const size_t off = (static_cast<float*>(qkvw1.ptr) - static_cast<float*>(model.param_buf.ptr));
+    const size_t C = s.d_model, Vp = s.padded_vocab, T = s.max_seq_len, L = s.n_layer;
+    const size_t llmc_qkvw = Vp * C + T * C + 2 * L * C;  // after wte, wpe, ln1w, ln1b
+    for (size_t i = 0; i < 3 * C * C; i++) REQUIRE(mem[off + i] == w[llmc_qkvw + 3 * C * C + i]);
+    Tensor lnfb = model.param(LNFB);
+    const size_t off_lnfb = static_cast<float*>(lnfb.ptr) - static_cast<float*>(model.param_buf.ptr);
+    for (size_t i = 0; i < C; i++) REQUIRE(mem[off_lnfb + i] == w[model.num_params - C + i]);
+}
