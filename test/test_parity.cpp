@@ -1,0 +1,350 @@
+// Parity of the CPU backend with an independent PyTorch implementation.
+//
+// dev/reference/gpt2_reference.py (float64, Debian's python3-torch) writes
+//   test/data/ref_model.bin  tiny GPT-2 weights, llm.c checkpoint format (version 3, fp32)
+//   test/data/ref_state.bin  the debug state:
+//     int32 header[256]: [0] magic 20241121 [1] version 1 [2] B [3] T [4] V [5] Vp
+//       [6] n_layer [7] n_head [8] d_model [9] max_seq_len [10] num_params [11] n_steps;
+//       slots 16..21 are float32 bit patterns: lr, beta1, beta2, eps, weight_decay, grad_clip
+//     int32 x[B*T], int32 y[B*T], fp32 logits[B*T*V] (real vocab), fp32 loss,
+//     fp32 grads[num_params] (llm.c order, d mean-loss / d params),
+//     fp32 losses[n_steps] (loss before each AdamW update, same batch every step),
+//     fp32 grad_norms[n_steps] (global norm before clipping).
+// Regenerate with: /usr/bin/python3 dev/reference/gpt2_reference.py
+//
+// Metric, per tensor (a = ours, b = reference), both must hold:
+//   norm-relative  ||a - b||_2 / ||b||_2            <= 1e-5
+//   max-relative   max_i |a_i - b_i| / max_i |b_i|  <= 1e-5
+// Losses (and gradient norms): |a - b| <= 1e-5 * |b|.
+//
+// AdamW (as in the script, run twice: directly over Ops::adamw, and through llmc/optimizer.h): global-norm clip coef = min(1, clip / (norm + 1e-6)) applied to
+// the gradients, bias-corrected moments, decoupled weight decay only on the 2-D weights.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "llmc/model.h"
+#include "llmc/ops.h"
+#include "llmc/optimizer.h"
+
+namespace {
+
+constexpr double kTol = 1e-5;
+
+std::string find_data_file(const std::string& name) {
+    std::vector<std::string> dirs;
+    if (const char* env = std::getenv("LLMC_TEST_DATA")) dirs.push_back(env);
+    dirs.push_back("test/data");
+    std::string here = __FILE__;  // .../test/test_parity.cpp
+    size_t slash = here.find_last_of('/');
+    if (slash != std::string::npos) dirs.push_back(here.substr(0, slash) + "/data");
+    dirs.push_back("data");
+    dirs.push_back("../test/data");
+    for (const auto& d : dirs) {
+        std::string p = d + "/" + name;
+        if (FILE* f = std::fopen(p.c_str(), "rb")) {
+            std::fclose(f);
+            return p;
+        }
+    }
+    FAIL("cannot find test data file " << name << " (run from the repository root or set LLMC_TEST_DATA)");
+    return "";
+}
+
+template <typename T>
+void read_exact(FILE* f, T* dst, size_t count, const std::string& what) {
+    size_t got = std::fread(dst, sizeof(T), count, f);
+    if (got != count) FAIL("short read of " << what << ": " << got << " of " << count << " elements");
+}
+
+float slot_f32(const int32_t* hdr, int i) {
+    float f;
+    std::memcpy(&f, &hdr[i], sizeof f);
+    return f;
+}
+
+struct RefData {
+    ModelShape shape;
+    int B = 0, T = 0, n_steps = 0;
+    size_t num_params = 0;
+    float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_clip = 0;
+    std::vector<float> weights;  // llm.c order
+    std::vector<int32_t> x, y;
+    std::vector<float> logits;  // [B*T, V]
+    float loss = 0;
+    std::vector<float> grads;  // llm.c order
+    std::vector<float> losses, grad_norms;
+};
+
+const RefData& ref_data() {
+    static std::unique_ptr<RefData> cached;
+    if (cached) return *cached;
+    auto r = std::make_unique<RefData>();
+
+    // ---- weights (llm.c checkpoint)
+    std::string mpath = find_data_file("ref_model.bin");
+    FILE* f = std::fopen(mpath.c_str(), "rb");
+    REQUIRE(f != nullptr);
+    int32_t mh[256];
+    read_exact(f, mh, 256, "model header");
+    REQUIRE(mh[0] == 20240326);
+    REQUIRE(mh[1] == 3);
+    r->shape.max_seq_len = mh[2];
+    r->shape.vocab_size = mh[3];
+    r->shape.n_layer = mh[4];
+    r->shape.n_head = mh[5];
+    r->shape.d_model = mh[6];
+    r->shape.padded_vocab = mh[7];
+    r->num_params = gpt2_num_params(r->shape);
+    r->weights.resize(r->num_params);
+    read_exact(f, r->weights.data(), r->num_params, "model weights");
+    REQUIRE(std::fgetc(f) == EOF);
+    std::fclose(f);
+
+    // ---- debug state
+    std::string spath = find_data_file("ref_state.bin");
+    f = std::fopen(spath.c_str(), "rb");
+    REQUIRE(f != nullptr);
+    int32_t sh[256];
+    read_exact(f, sh, 256, "state header");
+    REQUIRE(sh[0] == 20241121);
+    REQUIRE(sh[1] == 1);
+    r->B = sh[2];
+    r->T = sh[3];
+    REQUIRE(sh[4] == r->shape.vocab_size);
+    REQUIRE(sh[5] == r->shape.padded_vocab);
+    REQUIRE(sh[6] == r->shape.n_layer);
+    REQUIRE(sh[7] == r->shape.n_head);
+    REQUIRE(sh[8] == r->shape.d_model);
+    REQUIRE(sh[9] == r->shape.max_seq_len);
+    REQUIRE(static_cast<size_t>(sh[10]) == r->num_params);
+    r->n_steps = sh[11];
+    r->lr = slot_f32(sh, 16);
+    r->beta1 = slot_f32(sh, 17);
+    r->beta2 = slot_f32(sh, 18);
+    r->eps = slot_f32(sh, 19);
+    r->weight_decay = slot_f32(sh, 20);
+    r->grad_clip = slot_f32(sh, 21);
+    const size_t N = static_cast<size_t>(r->B) * r->T;
+    r->x.resize(N);
+    r->y.resize(N);
+    r->logits.resize(N * r->shape.vocab_size);
+    r->grads.resize(r->num_params);
+    r->losses.resize(r->n_steps);
+    r->grad_norms.resize(r->n_steps);
+    read_exact(f, r->x.data(), N, "x");
+    read_exact(f, r->y.data(), N, "y");
+    read_exact(f, r->logits.data(), r->logits.size(), "logits");
+    read_exact(f, &r->loss, 1, "loss");
+    read_exact(f, r->grads.data(), r->num_params, "grads");
+    read_exact(f, r->losses.data(), r->losses.size(), "losses");
+    read_exact(f, r->grad_norms.data(), r->grad_norms.size(), "grad norms");
+    REQUIRE(std::fgetc(f) == EOF);
+    std::fclose(f);
+    cached = std::move(r);
+    return *cached;
+}
+
+// The llm.c checkpoint layout, computed here independently of the model's table.
+struct Slice {
+    std::string name;
+    size_t offset, numel;
+};
+
+std::vector<Slice> llmc_slices(const ModelShape& s) {
+    const size_t C = s.d_model, L = s.n_layer, Vp = s.padded_vocab, maxT = s.max_seq_len;
+    struct Kind {
+        const char* name;
+        size_t per_layer;  // 0: not per layer
+        size_t total;
+    };
+    const Kind kinds[] = {{"wte", 0, Vp * C},           {"wpe", 0, maxT * C},
+                          {"ln1w", C, L * C},           {"ln1b", C, L * C},
+                          {"qkvw", 3 * C * C, 0},       {"qkvb", 3 * C, 0},
+                          {"attprojw", C * C, 0},       {"attprojb", C, 0},
+                          {"ln2w", C, 0},               {"ln2b", C, 0},
+                          {"fcw", 4 * C * C, 0},        {"fcb", 4 * C, 0},
+                          {"fcprojw", 4 * C * C, 0},    {"fcprojb", C, 0},
+                          {"lnfw", 0, C},               {"lnfb", 0, C}};
+    std::vector<Slice> out;
+    size_t off = 0;
+    for (const Kind& k : kinds) {
+        if (k.per_layer) {
+            for (size_t l = 0; l < L; l++) {
+                out.push_back({"h." + std::to_string(l) + "." + k.name, off, k.per_layer});
+                off += k.per_layer;
+            }
+        } else {
+            out.push_back({k.name, off, k.total});
+            off += k.total;
+        }
+    }
+    return out;
+}
+
+struct Err {
+    double rel_norm, rel_max;
+};
+
+Err compare(const float* a, const float* b, size_t n) {
+    double d2 = 0, b2 = 0, dmax = 0, bmax = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+        d2 += d * d;
+        b2 += static_cast<double>(b[i]) * b[i];
+        dmax = std::max(dmax, std::fabs(d));
+        bmax = std::max(bmax, std::fabs(static_cast<double>(b[i])));
+    }
+    Err e;
+    // An all-zero reference must be matched exactly (up to denormals).
+    e.rel_norm = b2 > 0 ? std::sqrt(d2 / b2) : (d2 > 1e-60 ? INFINITY : 0.0);
+    e.rel_max = bmax > 0 ? dmax / bmax : (dmax > 1e-30 ? INFINITY : 0.0);
+    return e;
+}
+
+void check_tensor(const std::string& name, const float* ours, const float* ref, size_t n) {
+    Err e = compare(ours, ref, n);
+    INFO("tensor " << name << " (" << n << " elements): norm-relative error " << e.rel_norm
+                   << ", max-abs error / max|ref| " << e.rel_max);
+    CHECK(e.rel_norm <= kTol);
+    CHECK(e.rel_max <= kTol);
+}
+
+bool close_rel(double a, double b) { return std::fabs(a - b) <= kTol * std::fabs(b); }
+
+}  // namespace
+
+TEST_CASE("parity: reference files are consistent", "[parity]") {
+    const RefData& r = ref_data();
+    REQUIRE(r.shape.padded_vocab % 128 == 0);
+    REQUIRE(r.T <= r.shape.max_seq_len);
+    auto slices = llmc_slices(r.shape);
+    REQUIRE(slices.back().offset + slices.back().numel == r.num_params);
+    // padded wte rows are zero in the weights and in the gradients
+    const size_t C = r.shape.d_model;
+    for (size_t i = static_cast<size_t>(r.shape.vocab_size) * C; i < static_cast<size_t>(r.shape.padded_vocab) * C;
+         i++) {
+        REQUIRE(r.weights[i] == 0.0f);
+        REQUIRE(r.grads[i] == 0.0f);
+    }
+    REQUIRE(r.losses[0] == r.loss);
+}
+
+TEST_CASE("parity: model parameter table matches the llm.c layout", "[parity]") {
+    const RefData& r = ref_data();
+    auto ops = make_cpu_ops();
+    GPT2 model(r.shape, *ops, DType::F32, r.B, r.T);
+    REQUIRE(model.num_params == r.num_params);
+    // set_params_llmc / get_params_llmc round-trip exactly
+    model.set_params_llmc(r.weights.data());
+    std::vector<float> back(r.num_params);
+    model.get_params_llmc(back.data());
+    REQUIRE(std::memcmp(back.data(), r.weights.data(), r.num_params * sizeof(float)) == 0);
+    // decay exactly on the 2-D weights
+    for (const ParamSpec& p : model.params) {
+        INFO("param " << p.name);
+        bool want = p.kind == WTE || p.kind == WPE || p.kind == QKVW || p.kind == ATTPROJW || p.kind == FCW ||
+                    p.kind == FCPROJW;
+        CHECK(p.decay == want);
+    }
+}
+
+TEST_CASE("parity: forward logits and loss match the PyTorch reference", "[parity]") {
+    const RefData& r = ref_data();
+    auto ops = make_cpu_ops();
+    GPT2 model(r.shape, *ops, DType::F32, r.B, r.T);
+    model.set_params_llmc(r.weights.data());
+    float loss = model.forward(r.x.data(), r.y.data(), r.B, r.T, 0.0f);
+    INFO("loss " << loss << " reference " << r.loss);
+    CHECK(close_rel(loss, r.loss));
+
+    const int V = r.shape.vocab_size;
+    std::vector<float> logits(static_cast<size_t>(r.B) * r.T * V);
+    for (int b = 0; b < r.B; b++)
+        for (int t = 0; t < r.T; t++) model.get_logits(b, t, &logits[(static_cast<size_t>(b) * r.T + t) * V]);
+    check_tensor("logits", logits.data(), r.logits.data(), logits.size());
+}
+
+TEST_CASE("parity: every parameter gradient matches the PyTorch reference", "[parity]") {
+    const RefData& r = ref_data();
+    auto ops = make_cpu_ops();
+    GPT2 model(r.shape, *ops, DType::F32, r.B, r.T);
+    model.set_params_llmc(r.weights.data());
+    model.zero_grads();
+    float loss = model.forward(r.x.data(), r.y.data(), r.B, r.T, 1.0f / (r.B * r.T));
+    CHECK(close_rel(loss, r.loss));
+    model.backward();
+    std::vector<float> grads(r.num_params);
+    model.get_grads_llmc(grads.data());
+    for (const Slice& s : llmc_slices(r.shape))
+        check_tensor(s.name + " grad", grads.data() + s.offset, r.grads.data() + s.offset, s.numel);
+    check_tensor("all grads", grads.data(), r.grads.data(), r.num_params);
+}
+
+TEST_CASE("parity: 10 AdamW steps match the PyTorch reference losses", "[parity]") {
+    const RefData& r = ref_data();
+    auto ops = make_cpu_ops();
+    GPT2 model(r.shape, *ops, DType::F32, r.B, r.T);
+    model.set_params_llmc(r.weights.data());
+    // The optimizer written directly over Ops (llmc/optimizer.h may replace this loop).
+    float* m = static_cast<float*>(ops->alloc(model.num_params * sizeof(float)));
+    float* v = static_cast<float*>(ops->alloc(model.num_params * sizeof(float)));
+    const float dloss = 1.0f / (r.B * r.T);
+    for (int step = 1; step <= r.n_steps; step++) {
+        model.zero_grads();
+        float loss = model.forward(r.x.data(), r.y.data(), r.B, r.T, dloss);
+        model.backward();
+        double ss = 0;
+        for (const ParamSpec& p : model.params) ss += ops->sum_squares(model.grad_buf.slice(p.offset, p.numel));
+        const double norm = std::sqrt(ss);
+        const float coef = std::min(1.0f, r.grad_clip / (static_cast<float>(norm) + 1e-6f));
+        {
+            INFO("step " << step << ": loss " << loss << " reference " << r.losses[step - 1]);
+            CHECK(close_rel(loss, r.losses[step - 1]));
+        }
+        {
+            INFO("step " << step << ": grad norm " << norm << " reference " << r.grad_norms[step - 1]);
+            CHECK(close_rel(norm, r.grad_norms[step - 1]));
+        }
+        for (const ParamSpec& p : model.params) {
+            ops->adamw(model.param_buf.slice(p.offset, p.numel), nullptr, model.grad_buf.slice(p.offset, p.numel),
+                       m + p.offset, v + p.offset, r.lr, r.beta1, r.beta2, r.eps, p.decay ? r.weight_decay : 0.0f,
+                       coef, step, 0u);
+        }
+    }
+    ops->release(m);
+    ops->release(v);
+}
+
+TEST_CASE("parity: 10 steps of the AdamW optimizer class match the PyTorch reference losses", "[parity]") {
+    const RefData& r = ref_data();
+    auto ops = make_cpu_ops();
+    GPT2 model(r.shape, *ops, DType::F32, r.B, r.T);
+    model.set_params_llmc(r.weights.data());
+    AdamW opt(model, 0, model.num_params);
+    const AdamWHyper h{r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};
+    const float dloss = 1.0f / (r.B * r.T);
+    for (int step = 1; step <= r.n_steps; step++) {
+        model.zero_grads();
+        float loss = model.forward(r.x.data(), r.y.data(), r.B, r.T, dloss);
+        model.backward();
+        const double norm = std::sqrt(grad_sum_squares(model, 0, model.num_params));
+        {
+            INFO("step " << step << ": loss " << loss << " reference " << r.losses[step - 1]);
+            CHECK(close_rel(loss, r.losses[step - 1]));
+        }
+        {
+            INFO("step " << step << ": grad norm " << norm << " reference " << r.grad_norms[step - 1]);
+            CHECK(close_rel(norm, r.grad_norms[step - 1]));
+        }
+        opt.step(h, step, clip_scale(norm, r.grad_clip), 0u);
+    }
+}
