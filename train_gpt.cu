@@ -13,19 +13,23 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "llmc/checkpoint.h"
 #include "llmc/common.h"
+#include "llmc/comm.h"
 #include "llmc/config.h"
+#include "llmc/data_parallel.h"
 #include "llmc/dataloader.h"
 #include "llmc/logger.h"
 #include "llmc/model.h"
 #include "llmc/model_file.h"
 #include "llmc/ops.h"
 #include "llmc/optimizer.h"
+#include "llmc/process_grid.h"
 #include "llmc/rng.h"
 #include "llmc/runtime.h"
 #include "llmc/tokenizer.h"
@@ -55,15 +59,16 @@ std::string human_bytes(double b) {
     return strfmt("%.1f %s", b, units[u]);
 }
 
-// Mean loss over `batches` micro-batches of the validation set, from its start.
-double evaluate(GPT2& model, DataLoader& val, int batches, std::vector<int32_t>& x, std::vector<int32_t>& y) {
+// Mean loss over `batches` micro-batches of the validation set, from its start, averaged over DP ranks.
+double evaluate(GPT2& model, DataLoader& val, int batches, std::vector<int32_t>& x, std::vector<int32_t>& y,
+                DataParallel& dp) {
     val.reset();
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
         val.next(x.data(), y.data());
         sum += model.forward(x.data(), y.data(), model.B, model.T, 0.0f);
     }
-    return sum / batches;
+    return dp.mean(batches > 0 ? sum / batches : 0.0);
 }
 
 // Samples n tokens after <|endoftext|> at temperature 1, seeded: the same step gives the same text.
@@ -93,33 +98,20 @@ std::vector<int> sample(GPT2& model, int eot, int n, uint64_t seed) {
     return out;
 }
 
-// fp32 weights in llm.c order: the master copy when the model runs in a lower precision.
-std::vector<float> final_weights_llmc(const GPT2& model, const AdamW& opt) {
+// fp32 weights in llm.c order: the master copy (whole, memory order) when the model runs in a lower precision.
+std::vector<float> final_weights_llmc(const GPT2& model, const std::vector<float>& master) {
     std::vector<float> w(model.num_params);
-    if (!opt.has_master()) {
+    if (master.empty()) {
         model.get_params_llmc(w.data());
         return w;
     }
-    std::vector<float> m, v, master;
-    opt.get_state(m, v, master);
     for (const ParamSpec& p : model.params)
         std::memcpy(&w[p.llmc_offset], &master[p.offset], p.numel * sizeof(float));
     return w;
 }
 
-int train(Runtime& rt, int argc, char** argv) {
-    // ---- config ----
-    bool print_config = false;
-    Config cfg = load_config(argc, argv, &print_config);
-    if (print_config) {
-        if (rt.is_main()) std::printf("%s\n", cfg.resolved.dump(2).c_str());
-        return 0;
-    }
-    if (rt.world != 1)
-        throw UserError(strfmt("launched with %d processes, but this build trains on one process "
-                               "(data/tensor/pipeline parallelism are not available yet)", rt.world));
-
-    // ---- backend ----
+// The backend and the communicator a config asks for. Throws UserError.
+std::string resolve_device(const Config& cfg) {
     std::string device = cfg.device;
     if (device == "auto") device = cuda_device_available() ? "cuda" : "cpu";
     if (device == "cuda" && !cuda_device_available())
@@ -127,6 +119,63 @@ int train(Runtime& rt, int argc, char** argv) {
     if (device == "cpu" && cfg.precision != "fp32")
         throw UserError(strfmt("precision: \"%s\" needs device \"cuda\"; the CPU backend trains in \"fp32\"",
                                cfg.precision.c_str()));
+    return device;
+}
+std::string resolve_comm(const ParallelConfig& pc, const std::string& device) {
+    if (pc.comm == "nccl" && device != "cuda")
+        throw UserError(strfmt("parallel.comm: \"nccl\" needs device \"cuda\" (this run is on %s; use \"mpi\" or "
+                               "\"auto\")", device.c_str()));
+    if (pc.comm == "nccl")
+        throw UserError("parallel.comm: \"nccl\" is not supported yet (use \"mpi\" or \"auto\": MPI stages device "
+                        "buffers through the host)");
+    return "mpi";  // auto: MPI until the NCCL communicator lands
+}
+
+void print_memory_table(Logger& log, const MemoryPlan& m, size_t num_params, bool master, DType dtype) {
+    auto row = [&](const char* name, size_t bytes, const std::string& note) {
+        log.print("  %-13s %11s  %12zu B%s\n", name, human_bytes(double(bytes)).c_str(), bytes, note.c_str());
+    };
+    log.print("memory per rank (ZeRO-%d over dp %d; %zu parameters padded to %zu):\n", m.zero, m.dp, num_params,
+              m.padded_params);
+    row("parameters", m.params, strfmt("  (%s)", dtype_name(dtype)));
+    row("gradients", m.grads,
+        m.zero >= 2 ? "  (shard: ZeRO-2 formula; this build still accumulates into a full buffer)" : "");
+    row("optimizer", m.optimizer, strfmt("  (m, v%s fp32%s)", master ? ", master" : "", m.zero >= 1 ? ", shard" : ""));
+    row("comm buffers", m.comm_buffers, m.zero == 0 ? "  (1 bucket, fp32)" : "  (2 buckets, fp32)");
+    row("activations", m.activations, "");
+    row("total", m.total(), "");
+}
+
+int train(Runtime& rt, int argc, char** argv) {
+    // ---- config, backend and process grid: every rank decides alike, and they agree before any work ----
+    bool print_config = false;
+    Config cfg;
+    ProcessGrid grid;
+    std::string device, comm_kind, setup_error;
+    try {
+        cfg = load_config(argc, argv, &print_config);
+        grid = make_process_grid(cfg.parallel, rt.world, rt.rank);
+        if (cfg.parallel.zero == 3)
+            throw UserError("parallel.zero: 3 (parameters sharded, gathered per layer) is not supported yet "
+                            "(use 0, 1 or 2)");
+        device = resolve_device(cfg);
+        comm_kind = resolve_comm(cfg.parallel, device);
+    } catch (const UserError& e) {
+        setup_error = e.what();
+    }
+    bool rank0_failed = false;
+    if (rt.any_failed(!setup_error.empty(), &rank0_failed)) {
+        if (!setup_error.empty() && (rt.is_main() || !rank0_failed))
+            std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), setup_error.c_str());
+        return 2;
+    }
+    if (print_config) {
+        if (rt.is_main()) std::printf("%s\n", cfg.resolved.dump(2).c_str());
+        return 0;
+    }
+    ProcessGroups groups = make_process_groups(grid, comm_kind);
+
+    // ---- backend ----
     std::unique_ptr<Ops> ops = device == "cpu" ? make_cpu_ops() : make_cuda_ops(rt.local_rank);
     const DType dtype = cfg.precision == "bf16" ? DType::BF16 : DType::F32;
     Logger log(std::string(), rt.is_main(), false);  // console only until out_dir exists
@@ -136,21 +185,23 @@ int train(Runtime& rt, int argc, char** argv) {
     const int B = tc.micro_batch, T = tc.seq_len;
     ModelShape shape{cfg.model.n_layer, cfg.model.n_head,  cfg.model.d_model,
                      cfg.model.vocab_size, cfg.model.padded_vocab(), cfg.model.max_seq_len};
-    GPT2 model(shape, *ops, dtype, B, T);
+    GPT2 model(shape, *ops, dtype, B, T, DataParallel::pad_multiple(grid.dp));
     if (cfg.model.init == "random") {
         model.init_random(uint64_t(cfg.model.init_seed));
     } else {
         std::vector<float> w = model_file_read(cfg.model.init, &shape);
         model.set_params_llmc(w.data());
     }
-    AdamW opt(model, 0, model.num_params);
+    // data parallelism: the DP group's gradient sync; this rank's optimizer owns its ZeRO range
+    DataParallel dp(model, *groups.dp, cfg.parallel.zero, cfg.parallel.bucket_mb);
+    AdamW opt(model, dp.opt_begin(), dp.opt_end());
 
-    // ---- data ----
-    DataLoader train_data(cfg.data.train, B, T, rt.rank, rt.world, cfg.data.shuffle, uint64_t(tc.seed),
+    // ---- data: each DP rank reads its own windows ----
+    DataLoader train_data(cfg.data.train, B, T, grid.dp_rank, grid.dp, cfg.data.shuffle, uint64_t(tc.seed),
                           shape.vocab_size);
     std::unique_ptr<DataLoader> val_data;
     if (!cfg.data.val.empty())
-        val_data.reset(new DataLoader(cfg.data.val, B, T, rt.rank, rt.world, false, 0, shape.vocab_size));
+        val_data.reset(new DataLoader(cfg.data.val, B, T, grid.dp_rank, grid.dp, false, 0, shape.vocab_size));
     std::unique_ptr<Tokenizer> tok;
     if (!cfg.tokenizer_dir.empty()) tok.reset(new Tokenizer(Tokenizer::load(cfg.tokenizer_dir)));
 
@@ -160,10 +211,16 @@ int train(Runtime& rt, int argc, char** argv) {
     if (cfg.checkpoint.resume == "auto") resume_from = checkpoint_latest(ckpt_dir);
     else if (cfg.checkpoint.resume != "never") resume_from = cfg.checkpoint.resume;
     TrainState state;
+    state.loader_dp = grid.dp;
     if (!resume_from.empty()) {
-        state = checkpoint_load(resume_from, model, opt);
+        // every rank reads the whole checkpoint and keeps its range: any layout resumes any other
+        OptimizerState whole;
+        state = checkpoint_load(resume_from, model, &whole);
+        dp.load_optimizer_state(opt, whole);
+        state.loader = convert_loader_position(state.loader, state.loader_dp, grid.dp, cfg.data.shuffle);
         train_data.set_position(state.loader);
-        log.print("resumed from %s at step %d\n", resume_from.c_str(), state.step);
+        log.print("resumed from %s at step %d (saved at dp %d)\n", resume_from.c_str(), state.step, state.loader_dp);
+        state.loader_dp = grid.dp;
     }
 
     // ---- output ----
@@ -171,34 +228,35 @@ int train(Runtime& rt, int argc, char** argv) {
     const std::string jsonl = cfg.log.jsonl.empty() ? cfg.out_dir + "/log.jsonl" : cfg.log.jsonl;
     Logger run_log(jsonl, rt.is_main(), !resume_from.empty());
 
-    const double tokens_per_step = double(B) * T * tc.grad_accum * rt.world;
+    const double tokens_per_step = double(B) * T * tc.grad_accum * grid.dp;
     log.print("train_gpt | device %s | precision %s | %d layers, %d heads, d_model %d, vocab %d (padded %d), "
               "max_seq_len %d\n",
               device.c_str(), cfg.precision.c_str(), shape.n_layer, shape.n_head, shape.d_model, shape.vocab_size,
               shape.padded_vocab, shape.max_seq_len);
-    log.print("batch: %d x %d tokens x %d accumulation x %d ranks = %.0f tokens per step; %d steps\n", B, T,
-              tc.grad_accum, rt.world, tokens_per_step, tc.steps);
+    log.print("parallel: %d process%s = %s; ZeRO-%d; comm %s; %zu gradient bucket%s of <= %zu elements\n",
+              grid.world, grid.world == 1 ? "" : "es", grid.describe().c_str(), dp.zero(), groups.dp->name().c_str(),
+              dp.buckets().size(), dp.buckets().size() == 1 ? "" : "s", dp.bucket_elems());
+    log.print("batch: %d x %d tokens x %d accumulation x %d DP ranks = %.0f tokens per step; %d steps\n", B, T,
+              tc.grad_accum, grid.dp, tokens_per_step, tc.steps);
     log.print("train data: %zu shard(s), %llu micro-batches per epoch\n", train_data.num_shards(),
               (unsigned long long)train_data.windows_per_epoch());
-    const size_t param_bytes = model.num_params * dtype_size(dtype);
-    log.print("memory per rank:\n  parameters   %12s  (%zu x %s)\n  gradients    %12s\n  optimizer    %12s  "
-              "(m, v%s fp32)\n  activations  %12s\n  total        %12s\n",
-              human_bytes(double(param_bytes)).c_str(), model.num_params, dtype_name(dtype),
-              human_bytes(double(param_bytes)).c_str(), human_bytes(double(opt.state_bytes())).c_str(),
-              opt.has_master() ? ", master" : "", human_bytes(double(model.activation_bytes)).c_str(),
-              human_bytes(double(2 * param_bytes + opt.state_bytes() + model.activation_bytes)).c_str());
+    const MemoryPlan mem = dp.memory_plan(opt.has_master());
+    print_memory_table(log, mem, model.num_params, opt.has_master(), dtype);
+    LLMC_ASSERT(mem.optimizer == opt.state_bytes() && mem.params == model.param_buf.bytes(),
+                "allocations disagree with the memory table");
 
     // ---- the training loop ----
     std::vector<int32_t> x(size_t(B) * T), y(size_t(B) * T);
-    const float dloss = float(1.0 / (double(B) * T * tc.grad_accum * rt.world));
+    const float dloss = float(1.0 / (double(B) * T * tc.grad_accum * grid.dp));
     for (int step = state.step; step <= tc.steps; step++) {
         const bool last = step == tc.steps;
         if (val_data && cfg.eval.every > 0 && (step % cfg.eval.every == 0 || last)) {
-            double vl = evaluate(model, *val_data, cfg.eval.batches, x, y);
+            double vl = evaluate(model, *val_data, cfg.eval.batches, x, y, dp);
             log.print("step %d | val loss %.6f\n", step, vl);
             run_log.record({{"step", step}, {"val_loss", vl}});
         }
-        if (cfg.eval.sample_every > 0 && (step % cfg.eval.sample_every == 0 || last) && step > 0) {
+        // parameters are whole on every rank (ZeRO <= 2): rank 0 samples alone
+        if (rt.is_main() && cfg.eval.sample_every > 0 && (step % cfg.eval.sample_every == 0 || last) && step > 0) {
             const int eot = tok ? tok->eot() : std::min(50256, shape.vocab_size - 1);
             std::vector<int> ids = sample(model, eot, cfg.eval.sample_tokens, uint64_t(tc.seed) * 1000003ull + step);
             if (tok) {
@@ -217,14 +275,19 @@ int train(Runtime& rt, int argc, char** argv) {
         for (int micro = 0; micro < tc.grad_accum; micro++) {
             train_data.next(x.data(), y.data());
             loss += model.forward(x.data(), y.data(), B, T, dloss);
-            model.backward();
+            // gradient buckets go out during the last micro-step's backward, none before
+            const bool last_micro = micro == tc.grad_accum - 1;
+            model.backward(last_micro ? dp.grads_ready() : std::function<void(size_t)>());
+            if (last_micro) fault_point("train_step", step + 1);  // test hook: a rank dies mid-collective
         }
-        loss /= tc.grad_accum;
-        const double grad_norm = std::sqrt(grad_sum_squares(model, 0, model.num_params));
+        dp.finish_grad_sync();
+        loss = dp.mean(loss / tc.grad_accum);
+        const double grad_norm = dp.grad_norm();
         const float scale = clip_scale(grad_norm, tc.grad_clip);
         const double lr = lr_at(tc, step);
         AdamWHyper h{float(lr), float(tc.beta1), float(tc.beta2), float(tc.eps), float(tc.weight_decay)};
         opt.step(h, step + 1, scale, uint32_t(tc.seed * 2654435761u + step));
+        dp.after_update();
         ops->synchronize();
         const double ms = now_ms() - t0;
         const double tok_s = tokens_per_step / (ms / 1000.0);
@@ -237,19 +300,25 @@ int train(Runtime& rt, int argc, char** argv) {
         state.step = step + 1;
         state.loader = train_data.position();
         if (cfg.checkpoint.every > 0 && state.step % cfg.checkpoint.every == 0 && state.step < tc.steps) {
-            std::string p = checkpoint_save(ckpt_dir, state, model, opt, cfg.resolved, cfg.checkpoint.keep);
-            log.print("checkpoint: %s\n", p.c_str());
+            OptimizerState whole = dp.gather_optimizer_state(opt);  // collective: rank 0 gets it all
+            if (rt.is_main()) {
+                std::string p = checkpoint_save(ckpt_dir, state, model, whole, cfg.resolved, cfg.checkpoint.keep);
+                log.print("checkpoint: %s\n", p.c_str());
+            }
         }
     }
 
-    // ---- final weights (fp32, llm.c format) and a resumable checkpoint ----
+    // ---- final weights (fp32, llm.c format) and a resumable checkpoint, written by rank 0 ----
+    dp.check_replicas();
+    OptimizerState whole;
+    if (cfg.checkpoint.every > 0 || opt.has_master()) whole = dp.gather_optimizer_state(opt);
     if (rt.is_main()) {
-        std::vector<float> w = final_weights_llmc(model, opt);
+        std::vector<float> w = final_weights_llmc(model, whole.master);
         const std::string path = cfg.out_dir + strfmt("/model_%08d.bin", tc.steps);
         model_file_write(path, shape, w.data(), 3);
         log.print("wrote %s\n", path.c_str());
         if (cfg.checkpoint.every > 0) {
-            std::string p = checkpoint_save(ckpt_dir, state, model, opt, cfg.resolved, cfg.checkpoint.keep);
+            std::string p = checkpoint_save(ckpt_dir, state, model, whole, cfg.resolved, cfg.checkpoint.keep);
             log.print("checkpoint: %s\n", p.c_str());
         }
     }

@@ -93,12 +93,13 @@ uint64_t file_checksum(const std::string& path) {
 
 // memory order (flat buffer over the whole model) -> llm.c order
 std::vector<float> to_llmc(const GPT2& m, const std::vector<float>& mem) {
+    LLMC_ASSERT(mem.size() == m.padded_params, "optimizer state is not the whole model");
     std::vector<float> out(m.num_params);
     for (const ParamSpec& p : m.params) std::memcpy(&out[p.llmc_offset], &mem[p.offset], p.numel * sizeof(float));
     return out;
 }
 std::vector<float> from_llmc(const GPT2& m, const float* llmc) {
-    std::vector<float> out(m.num_params);
+    std::vector<float> out(m.padded_params, 0.0f);
     for (const ParamSpec& p : m.params) std::memcpy(&out[p.offset], llmc + p.llmc_offset, p.numel * sizeof(float));
     return out;
 }
@@ -108,6 +109,9 @@ std::vector<float> from_llmc(const GPT2& m, const float* llmc) {
 void fault_point(const char* name, int step) {
     const char* f = std::getenv("LLMC_FAULT");
     if (f && (std::strcmp(f, name) == 0 || strfmt("%s_%d", name, step) == f)) {
+        const char* only = std::getenv("LLMC_FAULT_RANK");
+        if (only && std::atoi(only) != std::max(0, log_rank())) return;
+        std::fprintf(stderr, "%sLLMC_FAULT=%s: killing this process (SIGKILL)\n", rank_prefix().c_str(), f);
         std::fflush(stdout);
         std::fflush(stderr);
         ::kill(::getpid(), SIGKILL);
@@ -119,9 +123,8 @@ std::string checkpoint_latest(const std::string& dir) {
     return steps.empty() ? std::string() : steps.back().second;
 }
 
-std::string checkpoint_save(const std::string& dir, const TrainState& st, const GPT2& model, const AdamW& opt,
-                            const nlohmann::json& config, int keep) {
-    LLMC_ASSERT(opt.begin() == 0 && opt.end() == model.num_params, "checkpoint_save needs the whole optimizer state");
+std::string checkpoint_save(const std::string& dir, const TrainState& st, const GPT2& model,
+                            const OptimizerState& opt, const nlohmann::json& config, int keep) {
     mkdirs(dir);
     const std::string final_dir = dir + "/" + strfmt("step_%08d", st.step);
     const std::string tmp_dir = final_dir + ".tmp";
@@ -136,16 +139,15 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
         model_file_write(tmp_dir + "/model.bin", model.shape, params.data(), version);
         fault_point("checkpoint_after_model", st.step);
         // optimizer state in llm.c order
-        std::vector<float> m, v, master;
-        opt.get_state(m, v, master);
-        std::vector<float> m_l = to_llmc(model, m), v_l = to_llmc(model, v), master_l;
-        if (!master.empty()) master_l = to_llmc(model, master);
+        std::vector<float> m_l = to_llmc(model, opt.m), v_l = to_llmc(model, opt.v), master_l;
+        if (!opt.master.empty()) master_l = to_llmc(model, opt.master);
         nlohmann::json meta = {
             {"step", st.step},
             {"loader", {{"epoch", st.loader.epoch}, {"shard", st.loader.shard}, {"window", st.loader.window},
                         {"seed", st.loader.seed}}},
+            {"loader_dp", st.loader_dp},
             {"num_params", model.num_params},
-            {"has_master", !master.empty()},
+            {"has_master", !opt.master.empty()},
             {"model_version", version},
             {"model_checksum", file_checksum(tmp_dir + "/model.bin")},
             {"config", config}};
@@ -192,8 +194,7 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
     return final_dir;
 }
 
-TrainState checkpoint_load(const std::string& path, GPT2& model, AdamW& opt) {
-    LLMC_ASSERT(opt.begin() == 0 && opt.end() == model.num_params, "checkpoint_load needs the whole optimizer state");
+TrainState checkpoint_load(const std::string& path, GPT2& model, OptimizerState* opt) {
     if (!exists(path + "/DONE"))
         throw UserError(strfmt("checkpoint %s: incomplete (no DONE marker) or not a checkpoint folder", path.c_str()));
     const std::string state_path = path + "/state.bin", model_path = path + "/model.bin";
@@ -241,14 +242,13 @@ TrainState checkpoint_load(const std::string& path, GPT2& model, AdamW& opt) {
     if (h != stored) throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", state_path.c_str()));
 
     model.set_params_llmc(params.data());
-    std::vector<float> master_mem;
-    if (has_master) {
-        std::vector<float> tmp = from_llmc(model, master_l.data());
-        master_mem.swap(tmp);
-    }
-    opt.set_state(from_llmc(model, m_l.data()), from_llmc(model, v_l.data()), master_mem);
+    opt->m = from_llmc(model, m_l.data());
+    opt->v = from_llmc(model, v_l.data());
+    opt->master.clear();
+    if (has_master) opt->master = from_llmc(model, master_l.data());
     TrainState st;
     st.step = meta.at("step").get<int>();
+    st.loader_dp = meta.value("loader_dp", 1);
     const auto& L = meta.at("loader");
     st.loader.epoch = L.at("epoch").get<uint64_t>();
     st.loader.shard = L.at("shard").get<uint64_t>();

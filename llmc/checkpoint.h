@@ -11,6 +11,7 @@
 // point leaves the previous checkpoint intact, and only folders with DONE are ever resumed.
 #pragma once
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -21,18 +22,29 @@
 struct TrainState {
     int step = 0;  // steps completed
     LoaderPosition loader;
+    int loader_dp = 1;  // data-parallel ranks the loader position counts window groups of
+};
+
+// The whole optimizer state, fp32, in memory order over the model's padded flat buffer
+// (model.padded_params elements; master empty when the model is fp32). ZeRO shards are
+// gathered into one before saving and cut from one after loading (llmc/data_parallel.h).
+struct OptimizerState {
+    std::vector<float> m, v, master;
 };
 
 // Latest complete checkpoint folder in dir, or "" when there is none.
 std::string checkpoint_latest(const std::string& dir);
 // Saves, then deletes complete checkpoints older than the newest `keep` and stale temporaries.
 // Throws UserError (the previous checkpoints are kept) when writing fails.
-std::string checkpoint_save(const std::string& dir, const TrainState& st, const GPT2& model, const AdamW& opt,
-                            const nlohmann::json& config, int keep);
-// Loads a checkpoint folder into model and optimizer. Throws UserError naming the file
-// when it is incomplete, corrupt, truncated or of another model shape.
-TrainState checkpoint_load(const std::string& path, GPT2& model, AdamW& opt);
+// Called by one process (rank 0) with the full parameters in model and the whole optimizer state.
+std::string checkpoint_save(const std::string& dir, const TrainState& st, const GPT2& model,
+                            const OptimizerState& opt, const nlohmann::json& config, int keep);
+// Loads a checkpoint folder: the parameters into model, the whole optimizer state into *opt.
+// Every rank may call it. Throws UserError naming the file when it is incomplete, corrupt,
+// truncated or of another model shape.
+TrainState checkpoint_load(const std::string& path, GPT2& model, OptimizerState* opt);
 
 // Test hook: when the environment variable LLMC_FAULT equals name (or name_<step>), the
-// process kills itself with SIGKILL: a crash at that point of a checkpoint write.
+// process kills itself with SIGKILL: a crash at that point (of a checkpoint write, of a
+// training step). With LLMC_FAULT_RANK=r set, only world rank r does.
 void fault_point(const char* name, int step);

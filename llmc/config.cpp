@@ -40,6 +40,7 @@ struct Key {
     std::vector<std::string> allowed;  // Enum: accepted values
     std::vector<std::string> planned;  // Enum: recognised values that are not supported yet
     bool nonempty = false;             // String: "" is rejected
+    bool auto_ok = false;              // Int: also accepts the string "auto", stored as 0
     std::string help;
 };
 
@@ -131,6 +132,24 @@ const std::vector<Key>& schema() {
         str_key("checkpoint.dir", FIELD(checkpoint.dir), false, "checkpoint folder (\"\" = <out_dir>/checkpoints)"),
         str_key("checkpoint.resume", FIELD(checkpoint.resume), true,
                 "auto (latest complete checkpoint, else fresh) | never | <path of a checkpoint>"),
+
+        [] {
+            Key k = int_key("parallel.dp", FIELD(parallel.dp), 1, NONE,
+                            "data-parallel ranks, or \"auto\" = world size / (tp * pp)");
+            k.auto_ok = true;
+            return k;
+        }(),
+        int_key("parallel.tp", FIELD(parallel.tp), 1, NONE, "tensor-parallel ranks (only 1 is supported yet)"),
+        int_key("parallel.pp", FIELD(parallel.pp), 1, NONE, "pipeline stages (only 1 is supported yet)"),
+        int_key("parallel.zero", FIELD(parallel.zero), 0, 3,
+                "ZeRO stage over the DP group: 0 replicated, 1 optimizer sharded, 2 + gradients sharded "
+                "(3 = + parameters, not supported yet)"),
+        enum_key("parallel.comm", FIELD(parallel.comm), {"auto", "mpi", "nccl"}, {},
+                 "communicator: auto = mpi (host buffers; nccl once its implementation lands), mpi, nccl (cuda only)"),
+        num_key("parallel.bucket_mb", FIELD(parallel.bucket_mb), 0, true, NONE, false,
+                "gradient bucket size in MiB of fp32 elements"),
+        num_key("parallel.timeout_s", FIELD(parallel.timeout_s), 0, true, NONE, false,
+                "seconds before a stalled collective ends the job (NCCL watchdog)"),
 
         str_key("tokenizer", FIELD(tokenizer_dir), false,
                 "folder with GPT-2's encoder.json + vocab.bpe (\"\" = token ids only)"),
@@ -297,7 +316,7 @@ void check_range(const Key& k, double x, const std::string& shown) {
 
 std::string type_text(const Key& k) {
     switch (k.type) {
-        case KType::Int: return "an integer";
+        case KType::Int: return k.auto_ok ? "an integer or \"auto\"" : "an integer";
         case KType::Number: return "a number";
         case KType::Bool: return "a boolean (true or false)";
         case KType::String: return "a string";
@@ -316,6 +335,10 @@ void assign(const Key& k, const json& v, Config& c) {
     void* dst = k.field(c);
     switch (k.type) {
         case KType::Int: {
+            if (k.auto_ok && v.is_string() && v.get<std::string>() == "auto") {
+                *static_cast<int*>(dst) = 0;
+                break;
+            }
             long long x;
             if (v.is_number_unsigned()) {
                 unsigned long long u = v.get<unsigned long long>();
@@ -383,7 +406,9 @@ void assign(const Key& k, const json& v, Config& c) {
 json read_field(const Key& k, Config& c) {
     void* p = k.field(c);
     switch (k.type) {
-        case KType::Int: return *static_cast<int*>(p);
+        case KType::Int:
+            if (k.auto_ok && *static_cast<int*>(p) == 0) return "auto";
+            return *static_cast<int*>(p);
         case KType::Number: return *static_cast<double*>(p);
         case KType::Bool: return *static_cast<bool*>(p);
         case KType::String:
@@ -598,7 +623,7 @@ std::string config_usage() {
     for (const Key& k : schema()) {
         std::string allowed;
         switch (k.type) {
-            case KType::Int: allowed = "integer"; break;
+            case KType::Int: allowed = k.auto_ok ? "integer|auto" : "integer"; break;
             case KType::Number: allowed = "number"; break;
             case KType::Bool: allowed = "true|false"; break;
             case KType::String: allowed = k.nonempty ? "non-empty string" : "string"; break;

@@ -61,6 +61,17 @@ struct CheckpointConfig {
     std::string resume = "auto";  // auto | never | <path>
 };
 
+// Process layout: world = dp x tp x pp (tp fastest, then dp, then pp; see llmc/process_grid.h).
+struct ParallelConfig {
+    int dp = 0;                 // data-parallel ranks; 0 = "auto" (world / (tp * pp))
+    int tp = 1;                 // tensor-parallel ranks (1 until tensor parallelism exists)
+    int pp = 1;                 // pipeline stages (1 until pipeline parallelism exists)
+    int zero = 0;               // ZeRO stage over the DP group: 0, 1, 2 (3 not supported yet)
+    std::string comm = "auto";  // auto | mpi | nccl
+    double bucket_mb = 25.0;    // gradient bucket size in MiB (fp32 elements)
+    double timeout_s = 300.0;   // collective watchdog (NCCL); MPI jobs end when the launcher sees a rank die
+};
+
 struct Config {
     std::string device = "auto";     // auto | cpu | cuda
     std::string precision = "fp32";  // fp32 | bf16
@@ -70,6 +81,7 @@ struct Config {
     EvalConfig eval;
     LogConfig log;
     CheckpointConfig checkpoint;
+    ParallelConfig parallel;
     std::string tokenizer_dir;  // key "tokenizer": folder with encoder.json + vocab.bpe ("" = ids only)
     std::string out_dir = "out";
 

@@ -82,7 +82,9 @@ struct Carver {
 };
 }  // namespace
 
-GPT2::GPT2(const ModelShape& s, Ops& o, DType dt, int b, int t) : shape(s), ops(o), dtype(dt), B(b), T(t) {
+GPT2::GPT2(const ModelShape& s, Ops& o, DType dt, int b, int t, size_t pad_multiple)
+    : shape(s), ops(o), dtype(dt), B(b), T(t) {
+    LLMC_ASSERT(pad_multiple >= 1, "pad_multiple must be >= 1");
     LLMC_ASSERT(s.d_model % s.n_head == 0, "d_model must divide by n_head");
     LLMC_ASSERT(s.padded_vocab >= s.vocab_size, "padded vocab too small");
     // parameter table: [wte, wpe] [layer 0 kinds] ... [layer L-1 kinds] [lnfw, lnfb]
@@ -112,8 +114,9 @@ GPT2::GPT2(const ModelShape& s, Ops& o, DType dt, int b, int t) : shape(s), ops(
     add(LNFB, -1);
     LLMC_ASSERT(num_params == gpt2_num_params(s), "parameter table size mismatch");
 
-    param_buf = Tensor(ops.alloc(num_params * dtype_size(dt)), num_params, dt);
-    grad_buf = Tensor(ops.alloc(num_params * dtype_size(dt)), num_params, dt);
+    padded_params = (num_params + pad_multiple - 1) / pad_multiple * pad_multiple;
+    param_buf = Tensor(ops.alloc(padded_params * dtype_size(dt)), padded_params, dt);
+    grad_buf = Tensor(ops.alloc(padded_params * dtype_size(dt)), padded_params, dt);
 
     // activations
     const size_t N = size_t(B) * T, C = s.d_model, NH = s.n_head, Vp = s.padded_vocab;
@@ -183,13 +186,13 @@ Tensor GPT2::grad(ParamKind k, int layer) const {
 // host I/O in llm.c order
 
 void GPT2::set_params_llmc(const float* host) {
-    std::vector<float> mem(num_params);
+    std::vector<float> mem(padded_params, 0.0f);
     for (const ParamSpec& p : params) std::memcpy(&mem[p.offset], host + p.llmc_offset, p.numel * sizeof(float));
     ops.from_host_f32(param_buf, mem.data());
 }
 
 static void to_llmc_order(const GPT2& m, Tensor buf, float* host) {
-    std::vector<float> mem(m.num_params);
+    std::vector<float> mem(m.padded_params);
     m.ops.to_host_f32(mem.data(), buf);
     for (const ParamSpec& p : m.params) std::memcpy(host + p.llmc_offset, &mem[p.offset], p.numel * sizeof(float));
 }
@@ -198,7 +201,7 @@ void GPT2::get_params_llmc(float* host) const { to_llmc_order(*this, param_buf, 
 void GPT2::get_grads_llmc(float* host) const { to_llmc_order(*this, grad_buf, host); }
 
 void GPT2::init_random(uint64_t seed) {
-    std::vector<float> mem(num_params, 0.0f);
+    std::vector<float> mem(padded_params, 0.0f);
     const float std_base = 0.02f;
     const float std_resid = 0.02f / std::sqrt(2.0f * shape.n_layer);
     const size_t chunk = 1 << 20;
@@ -273,7 +276,7 @@ float GPT2::forward(const int32_t* tokens, const int32_t* targets, int b, int t,
     return float(sum / double(N));
 }
 
-void GPT2::backward() {
+void GPT2::backward(const std::function<void(size_t)>& grads_ready) {
     LLMC_ASSERT(have_dlogits_, "backward() needs a forward with targets and dloss != 0");
     const int b = cur_b_, t = cur_t_;
     const int C = shape.d_model, NH = shape.n_head, HS = C / NH, Vp = shape.padded_vocab;
@@ -304,9 +307,12 @@ void GPT2::backward() {
                             C, 3 * C);
         ops.layernorm_backward(dres, grad(LN1W, l), grad(LN1B, l), dln, res_in, param(LN1W, l), L.ln1_mean,
                                L.ln1_rstd, N, C);
+        // layer l and everything after it (later layers, lnf) are final; wte still gets the encoder's part
+        if (grads_ready) grads_ready(params[2 + size_t(l) * 12].offset);
     }
     ops.encoder_backward(grad(WTE), grad(WPE), dres, tokens_dev_, b, t, C);
     have_dlogits_ = false;
+    if (grads_ready) grads_ready(0);
 }
 
 void GPT2::get_logits(int b, int t, float* host_row) const {

@@ -8,6 +8,7 @@
 // between the two.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,9 @@ size_t gpt2_num_params(const ModelShape& s);  // including the padded vocab rows
 
 class GPT2 {
 public:
-    GPT2(const ModelShape& shape, Ops& ops, DType dtype, int B, int T);
+    // pad_multiple: the parameter and gradient buffers hold num_params rounded up to a multiple
+    // of it (zeros that belong to no tensor), so that ZeRO shards divide them evenly.
+    GPT2(const ModelShape& shape, Ops& ops, DType dtype, int B, int T, size_t pad_multiple = 1);
     ~GPT2();
     GPT2(const GPT2&) = delete;
     GPT2& operator=(const GPT2&) = delete;
@@ -51,7 +54,8 @@ public:
     const int B, T;     // the activation buffers' size
 
     std::vector<ParamSpec> params;  // memory order
-    size_t num_params = 0;
+    size_t num_params = 0;     // elements of the real tensors
+    size_t padded_params = 0;  // elements of param_buf and grad_buf (num_params + zero padding)
     Tensor param_buf;  // one allocation
     Tensor grad_buf;   // one allocation
     size_t activation_bytes = 0;
@@ -72,7 +76,9 @@ public:
     // classifier leaves d(dloss * sum of token losses)/dlogits for backward().
     float forward(const int32_t* tokens, const int32_t* targets, int b, int t, float dloss);
     // Accumulates parameter gradients for the last forward (which must have had dloss != 0).
-    void backward();
+    // grads_ready (optional) is called as backward proceeds with an element offset o: from here
+    // on no gradient at or above o changes (data parallelism launches its buckets from it).
+    void backward(const std::function<void(size_t)>& grads_ready = {});
     // Row (b, t) of the last forward's logits, vocab_size values (valid only after a forward with dloss == 0).
     void get_logits(int b, int t, float* host_row) const;
 

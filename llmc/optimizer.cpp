@@ -4,7 +4,7 @@
 #include <cmath>
 
 AdamW::AdamW(GPT2& model, size_t begin, size_t end) : model_(model), begin_(begin), end_(end) {
-    LLMC_ASSERT(begin <= end && end <= model.num_params, "optimizer range outside the parameters");
+    LLMC_ASSERT(begin <= end && end <= model.padded_params, "optimizer range outside the parameter buffer");
     const size_t n = end - begin;
     m_ = static_cast<float*>(model.ops.alloc(n * sizeof(float)));
     v_ = static_cast<float*>(model.ops.alloc(n * sizeof(float)));

@@ -1,7 +1,7 @@
 // AdamW over a range of the flat parameter buffer, gradient-norm clipping and the LR schedules.
 //
-// The optimizer owns [begin, end) of the flat buffer (the whole model today; a ZeRO shard
-// later): fp32 moments m and v, and fp32 master weights when the model's dtype is not fp32.
+// The optimizer owns [begin, end) of the flat (padded) buffer: the whole model, or this
+// rank's ZeRO shard (llmc/data_parallel.h): fp32 moments m and v, and fp32 master weights when the model's dtype is not fp32.
 // Weight decay applies per parameter tensor (ParamSpec::decay), so the update walks the
 // parameter table and runs the fused AdamW op on each tensor's intersection with the range.
 #pragma once

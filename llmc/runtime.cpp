@@ -42,6 +42,13 @@ void Runtime::barrier() const {
     if (mpi) MPI_Barrier(MPI_COMM_WORLD);
 }
 
+bool Runtime::any_failed(bool failed, bool* rank0_failed) const {
+    int mine[2] = {failed ? 1 : 0, (failed && rank == 0) ? 1 : 0}, all[2] = {mine[0], mine[1]};
+    if (mpi && world > 1) MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (rank0_failed) *rank0_failed = all[1] != 0;
+    return all[0] != 0;
+}
+
 void Runtime::abort_job(int code) const {
     std::fflush(stdout);
     std::fflush(stderr);

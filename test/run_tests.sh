@@ -9,6 +9,8 @@ pass=0
 fail=0
 failed=()
 
+[ -s data/tokenizer/encoder.json ] || bash scripts/get_tokenizer.sh
+
 echo "== unit tests (Catch2, CPU backend)"
 out=$(build/test_cpu 2>&1); rc=$?
 echo "$out" | tail -n 25

@@ -1,0 +1,116 @@
+// Data parallelism and ZeRO over the DP group: gradient buckets, their all-reduce or
+// reduce-scatter, the optimizer shard, the parameter all-gather, and the memory table.
+//
+// The flat parameter/gradient buffer (memory order, see model.h) is padded to a multiple of
+// dp * kShardAlign elements and cut into dp equal shards: DP rank r owns
+// [r * S, (r + 1) * S), S = padded / dp. Gradients move in buckets of parallel.bucket_mb
+// (fp32 elements), cut from the end of the buffer backwards because backward finishes the
+// last layers first; each bucket crosses the shards it crosses (the v-collectives take per-rank counts).
+//
+// One optimizer step, per ZeRO stage:
+//   stage 0  every bucket is all-reduced; every rank updates the whole model (AdamW over
+//            [0, padded)); replicas stay bitwise identical.
+//   stage 1  every bucket is reduce-scattered: rank r keeps the summed gradient of its shard;
+//            AdamW (m, v, master) exists only for the shard; after the update each bucket
+//            of parameters is all-gathered.
+//   stage 2  as stage 1 (the same collectives, so the same numbers). ZeRO-2 also drops the
+//            full gradient buffer. On this build the model still accumulates micro-steps into
+//            its full gradient buffer, so stage 2 is an approximation in memory only: the
+//            memory table reports ZeRO-2's formula (shard + buckets) and says so.
+//   stage 3  (parameters sharded, gathered per layer) is not supported yet: a config error.
+// Buckets are launched from the backward of the last micro-step, as soon as the model
+// reports (GPT2::backward's grads_ready) that every gradient in them is final; no
+// communication happens in the earlier micro-steps. Over MPI the calls are blocking, so on
+// the CPU this orders the work like an overlapped run without overlapping it; on CUDA the
+// same hook is where a communication stream would take over.
+//
+// The gradient norm is computed on each rank's shard (stage >= 1) or on the replicated full
+// gradient (stage 0) and the squares summed over the group. The loss is averaged over DP.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "llmc/checkpoint.h"
+#include "llmc/comm.h"
+#include "llmc/model.h"
+#include "llmc/optimizer.h"
+
+struct Bucket {
+    size_t begin, end;  // element range of the flat buffer
+};
+
+// Per-rank bytes by category, from ZeRO's formulas for this layout (see memory_table()).
+struct MemoryPlan {
+    size_t padded_params = 0;  // elements, a multiple of dp * kShardAlign
+    int dp = 1, zero = 0;
+    size_t params = 0, grads = 0, optimizer = 0, comm_buffers = 0, activations = 0;
+    size_t total() const { return params + grads + optimizer + comm_buffers + activations; }
+};
+// Psi = padded_params, k = bytes per element of the model dtype, o = 8 (m, v) or 12 (+ master):
+//   params    Psi*k                (every stage below 3)
+//   grads     Psi*k                (stages 0, 1)        Psi/dp*k (stage 2)
+//   optimizer Psi*o                (stage 0)            Psi/dp*o (stages 1, 2)
+//   comm      bucket*4             (stage 0: one staging buffer)
+//             2*bucket*4           (stages 1, 2: send + receive staging buffers)
+MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype_bytes, bool master,
+                            size_t bucket_elems, size_t activation_bytes);
+
+class DataParallel {
+public:
+    static constexpr size_t kShardAlign = 128;  // shard starts stay 512-byte aligned for vector kernels
+    // Elements the model's flat buffer must be a multiple of (GPT2's pad_multiple).
+    static size_t pad_multiple(int dp) { return size_t(dp) * kShardAlign; }
+
+    // zero: 0, 1 or 2. The model must have been built with pad_multiple(dp.size()).
+    DataParallel(GPT2& model, Comm& dp, int zero, double bucket_mb);
+
+    int zero() const { return zero_; }
+    int dp() const { return comm_.size(); }
+    int dp_rank() const { return comm_.rank(); }
+    // The range of the flat buffer this rank's optimizer owns: everything at stage 0.
+    size_t opt_begin() const { return zero_ == 0 ? 0 : size_t(dp_rank()) * shard_; }
+    size_t opt_end() const { return zero_ == 0 ? model_.padded_params : opt_begin() + shard_; }
+    const std::vector<Bucket>& buckets() const { return buckets_; }  // launch order
+
+    // The gradient synchronisation of one step. Pass grads_ready() to the backward of the last
+    // micro-step, then call finish_grad_sync(): afterwards this rank's optimizer range holds
+    // the sum of every rank's gradients.
+    std::function<void(size_t)> grads_ready();
+    void finish_grad_sync();
+    // sqrt of the sum of squares of the summed gradient, identical on every rank.
+    double grad_norm();
+    // After the optimizer step: every rank gets every shard's new parameters (stages 1, 2).
+    void after_update();
+    // Mean of x over the DP group.
+    double mean(double x);
+    // Asserts that the parameter replicas are bitwise identical on every DP rank.
+    void check_replicas();
+
+    // Checkpoints: the whole optimizer state (memory order, padded) on DP rank 0, empty elsewhere;
+    // collective. And the reverse: every rank takes its range from a whole state.
+    OptimizerState gather_optimizer_state(const AdamW& opt);
+    void load_optimizer_state(AdamW& opt, const OptimizerState& whole);
+
+    MemoryPlan memory_plan(bool master) const;
+    size_t bucket_elems() const { return bucket_elems_; }
+
+private:
+    void launch(const Bucket& b);
+    // every DP rank's share of [begin, end): its intersection with that rank's shard, in rank order
+    std::vector<size_t> shard_counts(size_t begin, size_t end) const;
+
+    GPT2& model_;
+    Comm& comm_;
+    int zero_;
+    size_t shard_;         // elements per DP rank
+    size_t bucket_elems_;  // elements per bucket
+    std::vector<Bucket> buckets_;
+    size_t next_bucket_ = 0;  // first bucket of buckets_ not yet launched this step
+    std::vector<float> send_, recv_;  // host staging buffers (comm buffers in the memory table)
+};
+
+// Layout-independent resume: the loader position saved at saved_dp (window groups of saved_dp
+// windows) expressed for dp ranks. Throws UserError when it does not map exactly.
+LoaderPosition convert_loader_position(const LoaderPosition& p, int saved_dp, int dp, bool shuffle);
