@@ -25,6 +25,7 @@
 #include "llmc/data_parallel.h"
 #include "llmc/dataloader.h"
 #include "llmc/logger.h"
+#include "llmc/mfu.h"
 #include "llmc/model.h"
 #include "llmc/model_file.h"
 #include "llmc/ops.h"
@@ -39,17 +40,6 @@ namespace {
 double now_ms() {
     using namespace std::chrono;
     return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
-}
-
-void make_dirs(const std::string& path, const char* key) {
-    std::string cur;
-    for (size_t i = 0; i <= path.size(); i++) {
-        if (i == path.size() || path[i] == '/') {
-            if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-                throw UserError(strfmt("%s: cannot create folder %s: %s", key, cur.c_str(), std::strerror(errno)));
-        }
-        if (i < path.size()) cur += path[i];
-    }
 }
 
 std::string human_bytes(double b) {
@@ -245,6 +235,13 @@ int train(Runtime& rt, int argc, char** argv) {
     LLMC_ASSERT(mem.optimizer == opt.state_bytes() && mem.params == model.param_buf.bytes(),
                 "allocations disagree with the memory table");
 
+    // MFU on GPUs: model FLOPs (6N + 12LCT per token) over the dense peak of this GPU and precision
+    const double peak_flops = device == "cpu" ? 0.0 : gpu_peak_flops(ops->device_name(), cfg.precision);
+    const double model_flops_per_token = flops_per_token(shape, T);
+    if (device != "cpu")
+        log.print("device: %s, dense %s peak %.1f TFLOP/s%s\n", ops->device_name().c_str(), cfg.precision.c_str(),
+                  peak_flops / 1e12, peak_flops > 0 ? "" : " (not in the table: no MFU)");
+
     // ---- the training loop ----
     std::vector<int32_t> x(size_t(B) * T), y(size_t(B) * T);
     const float dloss = float(1.0 / (double(B) * T * tc.grad_accum * grid.dp));
@@ -292,10 +289,18 @@ int train(Runtime& rt, int argc, char** argv) {
         const double ms = now_ms() - t0;
         const double tok_s = tokens_per_step / (ms / 1000.0);
         if (!std::isfinite(loss)) throw UserError(strfmt("step %d: loss is %f (diverged); lower train.lr", step + 1, loss));
-        log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n", step + 1, tc.steps, loss,
-                  lr, grad_norm, ms, tok_s);
-        run_log.record({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms},
-                        {"tok_per_s", tok_s}});
+        nlohmann::json rec = {{"step", step + 1}, {"loss", loss},     {"lr", lr},
+                              {"grad_norm", grad_norm}, {"ms", ms}, {"tok_per_s", tok_s}};
+        std::string mfu_text;
+        if (peak_flops > 0) {
+            // tokens/s is this DP group's; each rank's GPU does 1/dp of the work
+            const double mfu = model_flops_per_token * tok_s / grid.dp / peak_flops;
+            rec["mfu"] = mfu;
+            mfu_text = strfmt(" | MFU %.1f%%", 100.0 * mfu);
+        }
+        log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s\n", step + 1, tc.steps,
+                  loss, lr, grad_norm, ms, tok_s, mfu_text.c_str());
+        run_log.record(rec);
 
         state.step = step + 1;
         state.loader = train_data.position();
@@ -307,6 +312,9 @@ int train(Runtime& rt, int argc, char** argv) {
             }
         }
     }
+
+    if (ops->peak_memory_bytes() > 0)
+        log.print("peak device memory: %s\n", human_bytes(double(ops->peak_memory_bytes())).c_str());
 
     // ---- final weights (fp32, llm.c format) and a resumable checkpoint, written by rank 0 ----
     dp.check_replicas();

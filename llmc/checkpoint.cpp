@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "llmc/model_file.h"
@@ -20,19 +19,6 @@ namespace {
 
 constexpr int32_t STATE_MAGIC = 20241121;
 constexpr int32_t STATE_VERSION = 1;
-
-void mkdirs(const std::string& path) {
-    std::string cur;
-    std::stringstream ss(path);
-    std::string part;
-    if (!path.empty() && path[0] == '/') cur = "/";
-    while (std::getline(ss, part, '/')) {
-        if (part.empty()) continue;
-        cur += part + "/";
-        if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-            throw UserError(strfmt("checkpoint.dir: cannot create %s: %s", cur.c_str(), std::strerror(errno)));
-    }
-}
 
 bool exists(const std::string& p) {
     struct stat st;
@@ -125,7 +111,7 @@ std::string checkpoint_latest(const std::string& dir) {
 
 std::string checkpoint_save(const std::string& dir, const TrainState& st, const GPT2& model,
                             const OptimizerState& opt, const nlohmann::json& config, int keep) {
-    mkdirs(dir);
+    make_dirs(dir, "checkpoint.dir");
     const std::string final_dir = dir + "/" + strfmt("step_%08d", st.step);
     const std::string tmp_dir = final_dir + ".tmp";
     remove_tree(tmp_dir);

@@ -1,6 +1,10 @@
 #include "llmc/common.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdarg>
+#include <cstring>
 #include <vector>
 
 int& log_rank() {
@@ -30,4 +34,14 @@ std::string strfmt(const char* fmt, ...) {
     std::vsnprintf(buf.data(), buf.size(), fmt, ap2);
     va_end(ap2);
     return std::string(buf.data(), n);
+}
+
+void make_dirs(const std::string& path, const char* what) {
+    std::string cur;
+    for (size_t i = 0; i <= path.size(); i++) {
+        if ((i == path.size() || path[i] == '/') && !cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 &&
+            errno != EEXIST)
+            throw UserError(strfmt("%s: cannot create folder %s: %s", what, cur.c_str(), std::strerror(errno)));
+        if (i < path.size()) cur += path[i];
+    }
 }

@@ -27,5 +27,8 @@ std::string rank_prefix();
         if (!(cond)) assert_fail(#cond, __FILE__, __LINE__, (msg));         \
     } while (0)
 
+// mkdir -p. Throws UserError("<what>: cannot create folder ...") on failure.
+void make_dirs(const std::string& path, const char* what);
+
 // printf-style std::string
 std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));

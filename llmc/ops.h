@@ -25,6 +25,10 @@ class Ops {
 public:
     virtual ~Ops() = default;
     virtual std::string name() const = 0;  // "cpu" or "cuda"
+    // What the logs and the MFU table call the device (the GPU's name on CUDA).
+    virtual std::string device_name() const { return name(); }
+    // Most device memory this process has had in use so far, in bytes (0 where not tracked).
+    virtual size_t peak_memory_bytes() const { return 0; }
 
     // ---- memory ----
     virtual void* alloc(size_t bytes) = 0;  // zero-initialised

@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
         return 2;
     }
     try {
+        const size_t slash = out.rfind('/');
+        if (slash != std::string::npos && slash > 0) make_dirs(out.substr(0, slash), "--out");
         Rng rng(uint64_t(seed), 17);
         uint32_t prev = 0;
         std::vector<uint16_t> buf(tokens);

@@ -58,6 +58,12 @@ public:
         cudaStreamDestroy(stream_);
     }
     std::string name() const override { return "cuda"; }
+    std::string device_name() const override {
+        cudaDeviceProp prop;
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+        return prop.name;
+    }
+    size_t peak_memory_bytes() const override { return peak_used_; }
 
     // ---- memory ----
     void* alloc(size_t bytes) override {
@@ -73,6 +79,7 @@ public:
         }
         CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
+        note_memory_in_use();
         return p;
     }
     void release(void* p) override {
@@ -119,7 +126,10 @@ public:
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffer may go away after return
     }
-    void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+    void synchronize() override {
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        note_memory_in_use();
+    }
 
     // ---- embedding ----
     void encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tensor wpe, int B, int T, int C) override {
@@ -371,6 +381,13 @@ private:
     }
 
     int device_;
+    size_t peak_used_ = 0;
+    // device memory in use (by this process and anything else on the GPU), sampled after
+    // allocations and at synchronisation points: a peak measured from the driver's view
+    void note_memory_in_use() {
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) peak_used_ = std::max(peak_used_, tot - fr);
+    }
     cudaStream_t stream_ = nullptr;
     LtMatmul lt_;
     std::pair<void*, size_t> scratch_[4] = {};

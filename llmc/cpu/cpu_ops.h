@@ -1,0 +1,58 @@
+// CpuOps: the fp32 + OpenMP reference backend of the Ops interface (llmc/ops.h).
+// The member functions are thin wrappers (shape and dtype checks) around the templated
+// math in llmc/cpu/kernels.h, instantiated with float. They are defined one file per
+// layer family: cpu_ops.cpp (memory), encoder.cpp, layernorm.cpp, matmul.cpp,
+// attention.cpp, classifier.cpp, adamw.cpp.
+#pragma once
+#include "llmc/ops.h"
+
+class CpuOps : public Ops {
+public:
+    std::string name() const override { return "cpu"; }
+
+    void* alloc(size_t bytes) override;
+    void release(void* p) override;
+    void zero(Tensor t) override;
+    void copy(Tensor dst, Tensor src) override;
+    void to_host_f32(float* dst, Tensor src) override;
+    void from_host_f32(Tensor dst, const float* src) override;
+    void to_host_bytes(void* dst, const void* src, size_t bytes) override;
+    void from_host_bytes(void* dst, const void* src, size_t bytes) override;
+    void synchronize() override {}
+
+    void encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tensor wpe, int B, int T, int C) override;
+    void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int B, int T,
+                          int C) override;
+
+    void layernorm_forward(Tensor out, float* mean, float* rstd, Tensor inp, Tensor w, Tensor b, int N,
+                           int C) override;
+    void fused_residual_layernorm_forward(Tensor residual, Tensor out, float* mean, float* rstd, Tensor a, Tensor b,
+                                          Tensor w, Tensor bias, int N, int C) override;
+    void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, const float* mean,
+                            const float* rstd, int N, int C) override;
+    void residual_forward(Tensor out, Tensor a, Tensor b) override;
+
+    void matmul_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC,
+                        bool gelu) override;
+    void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
+                         int N, int IC, int OC) override;
+
+    void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int HS) override;
+    void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B, int T,
+                            int NH, int HS) override;
+
+    void cross_entropy(Tensor logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                       float dloss) override;
+
+    double sum_squares(Tensor g) override;
+    void adamw(Tensor params, float* master, Tensor grads, float* m, float* v, float lr, float beta1, float beta2,
+               float eps, float weight_decay, float grad_scale, int t, uint32_t seed) override;
+};
+
+// fp32 view of a tensor that must hold at least `need` elements (asserts dtype and size).
+inline float* cpu_f32(Tensor t, size_t need, const char* what) {
+    LLMC_ASSERT(t.dtype == DType::F32, std::string("cpu backend: tensor is not fp32: ") + what);
+    LLMC_ASSERT(t.n >= need && (t.ptr != nullptr || need == 0),
+                std::string("cpu backend: tensor too small: ") + what);
+    return static_cast<float*>(t.ptr);
+}

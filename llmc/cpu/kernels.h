@@ -1,0 +1,566 @@
+// The math of the CPU backend: every GPT-2 kernel as a template over the scalar type T.
+// CpuOps instantiates these with T = float (the trainer's path); the tests instantiate the
+// very same code with T = double for finite-difference gradient checks.
+//
+// Semantics are those documented in llmc/ops.h. All statistics (LayerNorm mean/rstd,
+// attention log-sum-exp, losses) are of type T here; CpuOps passes the fp32 buffers.
+//
+// Determinism: every output element is produced by exactly one thread, in a loop order
+// that does not depend on the number of OpenMP threads. No OpenMP reductions or atomics.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "llmc/cpu/gemm.h"
+
+namespace cpu {
+
+constexpr double kLayerNormEps = 1e-5;
+constexpr int kChanBlock = 16;  // channel block for column-wise (over rows) accumulations
+
+// Below this amount of work (elements or multiply-adds) an op runs on the calling thread:
+// a parallel region costs microseconds, and much more on an oversubscribed machine.
+// (Results never depend on this: see "Determinism" above.)
+constexpr size_t kMinParallelWork = 16384;
+inline bool parallel_worth(size_t work) { return work >= kMinParallelWork; }
+
+// ---------------------------------------------------------------------------------------
+// Scalar helpers
+
+// exp: float uses a vectorisable Cody-Waite + polynomial implementation (about 1 ulp);
+// double uses the C library (the tests' reference precision).
+inline float exp_approx(float x) {
+    // Valid for x <= 88 (every caller passes x <= 0); below -87.3 (where exp is denormal)
+    // the result is flushed to 0.
+    const bool underflow = x < -87.3f;
+    x = std::min(std::max(x, -87.3f), 88.0f);
+    const float log2e = 1.44269504088896341f;
+    const float fn = std::nearbyint(x * log2e);
+    // x - n*ln2 in two parts (Cody-Waite)
+    const float ln2_hi = 0.693359375f;
+    const float ln2_lo = -2.12194440e-4f;
+    float r = std::fma(-fn, ln2_hi, x);
+    r = std::fma(-fn, ln2_lo, r);
+    // exp(r) on |r| <= ln2/2: minimax polynomial (cephes expf coefficients)
+    float p = 1.9875691500e-4f;
+    p = std::fma(p, r, 1.3981999507e-3f);
+    p = std::fma(p, r, 8.3334519073e-3f);
+    p = std::fma(p, r, 4.1665795894e-2f);
+    p = std::fma(p, r, 1.6666665459e-1f);
+    p = std::fma(p, r, 5.0000001201e-1f);
+    p = std::fma(p, r * r, r);
+    p = p + 1.0f;
+    // scale by 2^n via the exponent bits
+    const int n = (int)fn;
+    union {
+        int32_t i;
+        float f;
+    } u;
+    u.i = (n + 127) << 23;
+    return underflow ? 0.0f : p * u.f;
+}
+
+template <class T>
+inline T exp_t(T x) {
+    return std::exp(x);
+}
+template <>
+inline float exp_t<float>(float x) {
+    return exp_approx(x);
+}
+
+// tanh via exp (vectorisable for float): tanh(u) = sign(u) * (1 - e) / (1 + e), e = exp(-2|u|)
+template <class T>
+inline T tanh_t(T u) {
+    return std::tanh(u);
+}
+template <>
+inline float tanh_t<float>(float u) {
+    const float au = std::fabs(u);
+    const float e = exp_approx(-2.0f * au);
+    float t = (1.0f - e) / (1.0f + e);
+    // for small |u| the subtraction above cancels; use the odd Taylor series instead
+    const float u2 = u * u;
+    const float ts = au * (1.0f + u2 * (-1.0f / 3.0f + u2 * (2.0f / 15.0f + u2 * (-17.0f / 315.0f))));
+    t = au < 0.0625f ? ts : t;
+    return std::copysign(t, u);
+}
+
+template <class T>
+constexpr T gelu_k() {
+    return (T)0.7978845608028654;  // sqrt(2/pi)
+}
+
+template <class T>
+inline T gelu(T x) {
+    const T u = gelu_k<T>() * (x + (T)0.044715 * x * x * x);
+    return (T)0.5 * x * ((T)1 + tanh_t(u));
+}
+
+template <class T>
+inline T gelu_grad(T x) {
+    const T x2 = x * x;
+    const T u = gelu_k<T>() * (x + (T)0.044715 * x2 * x);
+    const T th = tanh_t(u);
+    const T sech2 = (T)1 - th * th;
+    return (T)0.5 * ((T)1 + th) + (T)0.5 * x * sech2 * gelu_k<T>() * ((T)1 + (T)3 * (T)0.044715 * x2);
+}
+
+// Dot product with 8 independent partial sums (vectorisable, fixed order).
+template <class T>
+inline T dot(const T* __restrict a, const T* __restrict b, int n) {
+    T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) acc[j] = std::fma(a[i + j], b[i + j], acc[j]);
+    T s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; ++i) s = std::fma(a[i], b[i], s);
+    return s;
+}
+
+// Sum with 8 independent partial sums (fixed order).
+template <class T>
+inline T sum(const T* __restrict a, int n) {
+    T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) acc[j] += a[i + j];
+    T s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; ++i) s += a[i];
+    return s;
+}
+
+// Maximum with 8 independent partial maxima (vectorisable). n >= 1.
+template <class T>
+inline T max_val(const T* __restrict a, int n) {
+    T acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = a[0];
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) acc[j] = acc[j] > a[i + j] ? acc[j] : a[i + j];
+    T m = acc[0];
+    for (int j = 1; j < 8; ++j) m = m > acc[j] ? m : acc[j];
+    for (; i < n; ++i) m = m > a[i] ? m : a[i];
+    return m;
+}
+
+// ---------------------------------------------------------------------------------------
+// Encoder
+
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+template <class T>
+void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int Tn, int C) {
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)B * Tn * C))
+    for (long bt = 0; bt < (long)B * Tn; ++bt) {
+        const int t = (int)(bt % Tn);
+        const T* we = wte + (long)tokens[bt] * C;
+        const T* pe = wpe + (long)t * C;
+        T* o = out + bt * C;
+#pragma omp simd
+        for (int c = 0; c < C; ++c) o[c] = we[c] + pe[c];
+    }
+}
+
+// dwte[tokens[b,t],:] += dout[b,t,:] in (b,t) order; dwpe[t,:] += sum_b dout[b,t,:] in b order.
+// Parallel over channel blocks, so each element has one owner and a fixed summation order.
+template <class T>
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int B, int Tn, int C) {
+    const int nblk = (C + kChanBlock - 1) / kChanBlock;
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)B * Tn * C))
+    for (int blk = 0; blk < nblk; ++blk) {
+        const int c0 = blk * kChanBlock, c1 = std::min(C, c0 + kChanBlock);
+        for (long bt = 0; bt < (long)B * Tn; ++bt) {
+            T* dw = dwte + (long)tokens[bt] * C;
+            const T* d = dout + bt * C;
+            for (int c = c0; c < c1; ++c) dw[c] += d[c];
+        }
+        for (int t = 0; t < Tn; ++t) {
+            T* dp = dwpe + (long)t * C;
+            for (int b = 0; b < B; ++b) {
+                const T* d = dout + ((long)b * Tn + t) * C;
+                for (int c = c0; c < c1; ++c) dp[c] += d[c];
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// LayerNorm
+
+template <class T>
+inline void layernorm_row(T* __restrict o, T* mean, T* rstd, const T* __restrict x, const T* __restrict w,
+                          const T* __restrict b, int C) {
+    const T m = sum(x, C) / (T)C;
+    T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= C; i += 8)
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+            const T d = x[i + j] - m;
+            acc[j] = std::fma(d, d, acc[j]);
+        }
+    T v = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < C; ++i) {
+        const T d = x[i] - m;
+        v = std::fma(d, d, v);
+    }
+    v /= (T)C;
+    const T s = (T)1 / std::sqrt(v + (T)kLayerNormEps);
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * w[c] + b[c];
+    *mean = m;
+    *rstd = s;
+}
+
+template <class T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N, int C) {
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * C))
+    for (long n = 0; n < N; ++n) layernorm_row(out + n * C, mean + n, rstd + n, inp + n * C, w, b, C);
+}
+
+// residual = a + b; out = layernorm(residual)
+template <class T>
+void fused_residual_layernorm_forward(T* residual, T* out, T* mean, T* rstd, const T* a, const T* b, const T* w,
+                                      const T* bias, int N, int C) {
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * C))
+    for (long n = 0; n < N; ++n) {
+        T* r = residual + n * C;
+        const T* an = a + n * C;
+        const T* bn = b + n * C;
+#pragma omp simd
+        for (int c = 0; c < C; ++c) r[c] = an[c] + bn[c];
+        layernorm_row(out + n * C, mean + n, rstd + n, r, w, bias, C);
+    }
+}
+
+// dinp += dLN/dinp (rows in parallel); dw, db += ... (channel blocks in parallel, rows in order).
+template <class T>
+void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean,
+                        const T* rstd, int N, int C) {
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * C))
+    for (long n = 0; n < N; ++n) {
+        const T* d = dout + n * C;
+        const T* x = inp + n * C;
+        T* dx = dinp + n * C;
+        const T m = mean[n], s = rstd[n];
+        // dnorm = d * w; mean(dnorm) and mean(dnorm * norm)
+        T a1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, a2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int i = 0;
+        for (; i + 8 <= C; i += 8)
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; ++j) {
+                const T dn = d[i + j] * w[i + j];
+                const T nm = (x[i + j] - m) * s;
+                a1[j] += dn;
+                a2[j] = std::fma(dn, nm, a2[j]);
+            }
+        T s1 = ((a1[0] + a1[1]) + (a1[2] + a1[3])) + ((a1[4] + a1[5]) + (a1[6] + a1[7]));
+        T s2 = ((a2[0] + a2[1]) + (a2[2] + a2[3])) + ((a2[4] + a2[5]) + (a2[6] + a2[7]));
+        for (; i < C; ++i) {
+            const T dn = d[i] * w[i];
+            const T nm = (x[i] - m) * s;
+            s1 += dn;
+            s2 = std::fma(dn, nm, s2);
+        }
+        const T dnorm_mean = s1 / (T)C;
+        const T dnorm_norm_mean = s2 / (T)C;
+#pragma omp simd
+        for (int c = 0; c < C; ++c) {
+            const T nm = (x[c] - m) * s;
+            const T dn = d[c] * w[c];
+            dx[c] += (dn - dnorm_mean - nm * dnorm_norm_mean) * s;
+        }
+    }
+    const int nblk = (C + kChanBlock - 1) / kChanBlock;
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * C))
+    for (int blk = 0; blk < nblk; ++blk) {
+        const int c0 = blk * kChanBlock, c1 = std::min(C, c0 + kChanBlock);
+        for (long n = 0; n < N; ++n) {
+            const T* d = dout + n * C;
+            const T* x = inp + n * C;
+            const T m = mean[n], s = rstd[n];
+            for (int c = c0; c < c1; ++c) {
+                db[c] += d[c];
+                dw[c] = std::fma((x[c] - m) * s, d[c], dw[c]);
+            }
+        }
+    }
+}
+
+// out = a + b
+template <class T>
+void residual_forward(T* out, const T* a, const T* b, size_t n) {
+#pragma omp parallel for simd schedule(static) if (parallel_worth(n))
+    for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+// ---------------------------------------------------------------------------------------
+// Matmul
+
+// out[N,OC] = inp[N,IC] @ w[OC,IC]^T + bias; with gelu, pre_gelu = that and out = gelu(pre_gelu).
+template <class T>
+void matmul_forward(T* out, T* pre_gelu, const T* inp, const T* w, const T* bias, int N, int IC, int OC,
+                    bool use_gelu) {
+    T* dst = use_gelu ? pre_gelu : out;
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * OC))
+    for (long n = 0; n < N; ++n) {
+        T* o = dst + n * OC;
+        if (bias) {
+#pragma omp simd
+            for (int j = 0; j < OC; ++j) o[j] = bias[j];
+        } else {
+#pragma omp simd
+            for (int j = 0; j < OC; ++j) o[j] = T(0);
+        }
+    }
+    // A = inp (rows n, k = i), B(k = i, j = o) = w[o * IC + i]
+    gemm_acc<T>(dst, OC, inp, IC, 1, w, 1, IC, N, OC, IC);
+    if (use_gelu) {
+        const size_t total = (size_t)N * OC;
+#pragma omp parallel for simd schedule(static) if (parallel_worth((size_t)N * OC))
+        for (size_t i = 0; i < total; ++i) out[i] = gelu(pre_gelu[i]);
+    }
+}
+
+// dout *= gelu'(pre_gelu) when pre_gelu != nullptr; dinp = dout @ w (overwrite, if dinp);
+// dw += dout^T @ inp; dbias += column sums of dout (if dbias).
+template <class T>
+void matmul_backward(T* dinp, T* dw, T* dbias, T* dout, const T* inp, const T* w, const T* pre_gelu, int N,
+                     int IC, int OC) {
+    if (pre_gelu) {
+        const size_t total = (size_t)N * OC;
+#pragma omp parallel for simd schedule(static) if (parallel_worth((size_t)N * OC))
+        for (size_t i = 0; i < total; ++i) dout[i] *= gelu_grad(pre_gelu[i]);
+    }
+    if (dinp) {
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * IC))
+        for (long n = 0; n < N; ++n) {
+            T* d = dinp + n * IC;
+#pragma omp simd
+            for (int i = 0; i < IC; ++i) d[i] = T(0);
+        }
+        // A = dout [N, OC], B(k = o, j = i) = w[o * IC + i]
+        gemm_acc<T>(dinp, IC, dout, OC, 1, w, IC, 1, N, IC, OC);
+    }
+    // dw[OC, IC] += A(o, n) = dout[n * OC + o] times B(n, i) = inp[n * IC + i]
+    gemm_acc<T>(dw, IC, dout, 1, OC, inp, IC, 1, OC, IC, N);
+    if (dbias) {
+        const int nblk = (OC + kChanBlock - 1) / kChanBlock;
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * OC))
+        for (int blk = 0; blk < nblk; ++blk) {
+            const int c0 = blk * kChanBlock, c1 = std::min(OC, c0 + kChanBlock);
+            for (long n = 0; n < N; ++n) {
+                const T* d = dout + n * OC;
+                for (int c = c0; c < c1; ++c) dbias[c] += d[c];
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention (causal, scale 1/sqrt(HS)); qkv [B,T,3,NH,HS], out [B,T,NH,HS], lse [B,NH,T]
+
+template <class T>
+void attention_forward(T* out, T* lse, const T* qkv, int B, int Tn, int NH, int HS) {
+    const int C = NH * HS, C3 = 3 * C;
+    const T scale = (T)1 / std::sqrt((T)HS);
+    const long items = (long)B * NH * Tn;
+#pragma omp parallel if (parallel_worth((size_t)B * NH * Tn * Tn * HS / 2))
+    {
+        std::vector<T> sc(Tn), acc(HS);
+#pragma omp for schedule(dynamic, 8)
+        for (long it = 0; it < items; ++it) {
+            const int t = (int)(it % Tn);
+            const int h = (int)((it / Tn) % NH);
+            const int b = (int)(it / ((long)Tn * NH));
+            const T* q = qkv + ((long)b * Tn + t) * C3 + h * HS;
+            T* scp = sc.data();
+            for (int j = 0; j <= t; ++j) {
+                const T* k = qkv + ((long)b * Tn + j) * C3 + C + h * HS;
+                scp[j] = dot(q, k, HS) * scale;
+            }
+            const T mx = max_val(scp, t + 1);
+            for (int j = 0; j <= t; ++j) scp[j] = exp_t(scp[j] - mx);
+            const T se = sum(scp, t + 1);
+            const T inv = (T)1 / se;
+            std::fill(acc.begin(), acc.end(), T(0));
+            for (int j = 0; j <= t; ++j) {
+                const T p = sc[j] * inv;
+                const T* v = qkv + ((long)b * Tn + j) * C3 + 2 * C + h * HS;
+                T* ac = acc.data();
+#pragma omp simd
+                for (int d = 0; d < HS; ++d) ac[d] = std::fma(p, v[d], ac[d]);
+            }
+            T* o = out + ((long)b * Tn + t) * C + h * HS;
+            for (int d = 0; d < HS; ++d) o[d] = acc[d];
+            lse[((long)b * NH + h) * Tn + t] = mx + std::log(se);
+        }
+    }
+}
+
+// dqkv (overwrite). p_ij = exp(s_ij - lse_i); dp_ij = dout_i . v_j; D_i = dout_i . out_i;
+// ds_ij = p_ij (dp_ij - D_i); dq_i = scale sum_j ds_ij k_j; dk_j = scale sum_i ds_ij q_i;
+// dv_j = sum_i p_ij dout_i. One (b, h) per work item; dk/dv accumulate over i in order.
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int B, int Tn, int NH,
+                        int HS) {
+    const int C = NH * HS, C3 = 3 * C;
+    const T scale = (T)1 / std::sqrt((T)HS);
+    const long items = (long)B * NH;
+#pragma omp parallel if (parallel_worth((size_t)B * NH * Tn * Tn * HS / 2))
+    {
+        std::vector<T> ds(Tn), pr(Tn), dq(HS);
+#pragma omp for schedule(static)
+        for (long it = 0; it < items; ++it) {
+            const int h = (int)(it % NH);
+            const int b = (int)(it / NH);
+            const long base = (long)b * Tn;
+            for (int t = 0; t < Tn; ++t) {
+                T* row = dqkv + (base + t) * C3 + h * HS;
+                for (int d = 0; d < HS; ++d) row[d] = row[C + d] = row[2 * C + d] = T(0);
+            }
+            for (int i = 0; i < Tn; ++i) {
+                const T* q = qkv + (base + i) * C3 + h * HS;
+                const T* go = dout + (base + i) * C + h * HS;
+                const T* o = out + (base + i) * C + h * HS;
+                const T Di = dot(go, o, HS);
+                const T l = lse[((long)b * NH + h) * Tn + i];
+                T* prp = pr.data();
+                T* dsp = ds.data();
+                for (int j = 0; j <= i; ++j) {
+                    const T* k = qkv + (base + j) * C3 + C + h * HS;
+                    const T* v = qkv + (base + j) * C3 + 2 * C + h * HS;
+                    prp[j] = dot(q, k, HS) * scale - l;
+                    dsp[j] = dot(go, v, HS) - Di;
+                }
+                for (int j = 0; j <= i; ++j) {
+                    const T p = exp_t(prp[j]);
+                    prp[j] = p;
+                    dsp[j] = p * dsp[j] * scale;
+                }
+                std::fill(dq.begin(), dq.end(), T(0));
+                T* dqp = dq.data();
+                for (int j = 0; j <= i; ++j) {
+                    const T* k = qkv + (base + j) * C3 + C + h * HS;
+                    T* dk = dqkv + (base + j) * C3 + C + h * HS;
+                    T* dv = dqkv + (base + j) * C3 + 2 * C + h * HS;
+                    const T dsj = ds[j], pj = pr[j];
+#pragma omp simd
+                    for (int d = 0; d < HS; ++d) {
+                        dqp[d] = std::fma(dsj, k[d], dqp[d]);
+                        dk[d] = std::fma(dsj, q[d], dk[d]);
+                        dv[d] = std::fma(pj, go[d], dv[d]);
+                    }
+                }
+                T* dqo = dqkv + (base + i) * C3 + h * HS;
+                for (int d = 0; d < HS; ++d) dqo[d] = dq[d];
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Classifier: cross-entropy over the real vocabulary [0, V) of padded logits [N, Vp]
+
+template <class T>
+void cross_entropy(T* logits, T* losses, const int32_t* targets, int N, int V, int Vp, T dloss) {
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * V))
+    for (long n = 0; n < N; ++n) {
+        T* l = logits + n * Vp;
+        const T mx = max_val(l, V);
+        const T lt = l[targets[n]];
+        T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int j = 0;
+        if (dloss != T(0)) {
+            // store exp(l - max) in place, then normalise
+            for (; j + 8 <= V; j += 8)
+#pragma GCC unroll 8
+                for (int u = 0; u < 8; ++u) {
+                    const T e = exp_t(l[j + u] - mx);
+                    l[j + u] = e;
+                    acc[u] += e;
+                }
+        } else {
+            for (; j + 8 <= V; j += 8)
+#pragma GCC unroll 8
+                for (int u = 0; u < 8; ++u) acc[u] += exp_t(l[j + u] - mx);
+        }
+        T se = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        for (; j < V; ++j) {
+            const T e = exp_t(l[j] - mx);
+            if (dloss != T(0)) l[j] = e;
+            se += e;
+        }
+        const T lse = mx + std::log(se);
+        losses[n] = lse - lt;
+        if (dloss != T(0)) {
+            const T f = dloss / se;
+#pragma omp simd
+            for (int u = 0; u < V; ++u) l[u] *= f;
+            l[targets[n]] -= dloss;
+            for (int u = V; u < Vp; ++u) l[u] = T(0);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Optimizer
+
+constexpr long kSumSquaresBlock = 8192;
+
+// Sum of squares in double: fixed blocks -> per-block partials (fixed lane order) -> sequential sum.
+template <class T>
+double sum_squares(const T* g, size_t n) {
+    const long nblk = (long)((n + kSumSquaresBlock - 1) / kSumSquaresBlock);
+    std::vector<double> part(nblk);
+#pragma omp parallel for schedule(static) if (parallel_worth(n))
+    for (long blk = 0; blk < nblk; ++blk) {
+        const size_t i0 = (size_t)blk * kSumSquaresBlock;
+        const size_t i1 = std::min(n, i0 + (size_t)kSumSquaresBlock);
+        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        size_t i = i0;
+        for (; i + 8 <= i1; i += 8)
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; ++j) {
+                const double x = (double)g[i + j];
+                acc[j] = std::fma(x, x, acc[j]);
+            }
+        double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        for (; i < i1; ++i) s = std::fma((double)g[i], (double)g[i], s);
+        part[blk] = s;
+    }
+    double total = 0;
+    for (long blk = 0; blk < nblk; ++blk) total += part[blk];
+    return total;
+}
+
+// AdamW (see ops.h). master may be null; when given, the update is applied to master and
+// params receives a copy.
+template <class T>
+void adamw(T* params, T* master, const T* grads, T* m, T* v, size_t n, T lr, T beta1, T beta2, T eps, T wd,
+           T grad_scale, int t) {
+    const T bc1 = (T)1 - std::pow(beta1, (T)t);
+    const T bc2 = (T)1 - std::pow(beta2, (T)t);
+#pragma omp parallel for simd schedule(static) if (parallel_worth(n))
+    for (size_t i = 0; i < n; ++i) {
+        const T g = grads[i] * grad_scale;
+        const T mi = beta1 * m[i] + ((T)1 - beta1) * g;
+        const T vi = beta2 * v[i] + ((T)1 - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        const T mhat = mi / bc1;
+        const T vhat = vi / bc2;
+        T p = master ? master[i] : params[i];
+        p -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * p);
+        if (master) master[i] = p;
+        params[i] = p;
+    }
+}
+
+}  // namespace cpu

@@ -1,0 +1,22 @@
+// CpuOps: linear layers (optionally fused with GELU).
+#include "llmc/cpu/cpu_ops.h"
+#include "llmc/cpu/kernels.h"
+
+void CpuOps::matmul_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC,
+                            bool gelu) {
+    const size_t NO = (size_t)N * OC;
+    float* pg = gelu ? cpu_f32(pre_gelu, NO, "pre_gelu") : nullptr;
+    float* bp = bias ? cpu_f32(bias, OC, "bias") : nullptr;
+    cpu::matmul_forward(cpu_f32(out, NO, "matmul out"), pg, cpu_f32(inp, (size_t)N * IC, "matmul inp"),
+                        cpu_f32(w, (size_t)OC * IC, "matmul w"), bp, N, IC, OC, gelu);
+}
+
+void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
+                             Tensor pre_gelu, int N, int IC, int OC) {
+    const size_t NO = (size_t)N * OC, NI = (size_t)N * IC;
+    float* di = dinp ? cpu_f32(dinp, NI, "matmul dinp") : nullptr;
+    float* db = dbias ? cpu_f32(dbias, OC, "matmul dbias") : nullptr;
+    const float* pg = pre_gelu ? cpu_f32(pre_gelu, NO, "pre_gelu") : nullptr;
+    cpu::matmul_backward(di, cpu_f32(dw, (size_t)OC * IC, "matmul dw"), db, cpu_f32(dout, NO, "matmul dout"),
+                         cpu_f32(inp, NI, "matmul inp"), cpu_f32(w, (size_t)OC * IC, "matmul w"), pg, N, IC, OC);
+}
