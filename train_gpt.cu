@@ -90,13 +90,9 @@ std::vector<int> sample(GPT2& model, int eot, int n, uint64_t seed) {
 
 // fp32 weights in llm.c order: the master copy (whole, memory order) when the model runs in a lower precision.
 std::vector<float> final_weights_llmc(const GPT2& model, const std::vector<float>& master) {
+    if (!master.empty()) return model.to_llmc_order(master);
     std::vector<float> w(model.num_params);
-    if (master.empty()) {
-        model.get_params_llmc(w.data());
-        return w;
-    }
-    for (const ParamSpec& p : model.params)
-        std::memcpy(&w[p.llmc_offset], &master[p.offset], p.numel * sizeof(float));
+    model.get_params_llmc(w.data());
     return w;
 }
 

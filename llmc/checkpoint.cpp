@@ -77,19 +77,6 @@ uint64_t file_checksum(const std::string& path) {
     return h;
 }
 
-// memory order (flat buffer over the whole model) -> llm.c order
-std::vector<float> to_llmc(const GPT2& m, const std::vector<float>& mem) {
-    LLMC_ASSERT(mem.size() == m.padded_params, "optimizer state is not the whole model");
-    std::vector<float> out(m.num_params);
-    for (const ParamSpec& p : m.params) std::memcpy(&out[p.llmc_offset], &mem[p.offset], p.numel * sizeof(float));
-    return out;
-}
-std::vector<float> from_llmc(const GPT2& m, const float* llmc) {
-    std::vector<float> out(m.padded_params, 0.0f);
-    for (const ParamSpec& p : m.params) std::memcpy(&out[p.offset], llmc + p.llmc_offset, p.numel * sizeof(float));
-    return out;
-}
-
 }  // namespace
 
 void fault_point(const char* name, int step) {
@@ -125,8 +112,8 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
         model_file_write(tmp_dir + "/model.bin", model.shape, params.data(), version);
         fault_point("checkpoint_after_model", st.step);
         // optimizer state in llm.c order
-        std::vector<float> m_l = to_llmc(model, opt.m), v_l = to_llmc(model, opt.v), master_l;
-        if (!opt.master.empty()) master_l = to_llmc(model, opt.master);
+        std::vector<float> m_l = model.to_llmc_order(opt.m), v_l = model.to_llmc_order(opt.v), master_l;
+        if (!opt.master.empty()) master_l = model.to_llmc_order(opt.master);
         nlohmann::json meta = {
             {"step", st.step},
             {"loader", {{"epoch", st.loader.epoch}, {"shard", st.loader.shard}, {"window", st.loader.window},
@@ -228,10 +215,10 @@ TrainState checkpoint_load(const std::string& path, GPT2& model, OptimizerState*
     if (h != stored) throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", state_path.c_str()));
 
     model.set_params_llmc(params.data());
-    opt->m = from_llmc(model, m_l.data());
-    opt->v = from_llmc(model, v_l.data());
+    opt->m = model.from_llmc_order(m_l.data());
+    opt->v = model.from_llmc_order(v_l.data());
     opt->master.clear();
-    if (has_master) opt->master = from_llmc(model, master_l.data());
+    if (has_master) opt->master = model.from_llmc_order(master_l.data());
     TrainState st;
     st.step = meta.at("step").get<int>();
     st.loader_dp = meta.value("loader_dp", 1);

@@ -185,20 +185,30 @@ Tensor GPT2::grad(ParamKind k, int layer) const {
 // ---------------------------------------------------------------------------------
 // host I/O in llm.c order
 
-void GPT2::set_params_llmc(const float* host) {
-    std::vector<float> mem(padded_params, 0.0f);
-    for (const ParamSpec& p : params) std::memcpy(&mem[p.offset], host + p.llmc_offset, p.numel * sizeof(float));
-    ops.from_host_f32(param_buf, mem.data());
+std::vector<float> GPT2::to_llmc_order(const std::vector<float>& mem) const {
+    LLMC_ASSERT(mem.size() == padded_params, "to_llmc_order needs the whole model in memory order");
+    std::vector<float> out(num_params);
+    for (const ParamSpec& p : params) std::memcpy(&out[p.llmc_offset], &mem[p.offset], p.numel * sizeof(float));
+    return out;
 }
 
-static void to_llmc_order(const GPT2& m, Tensor buf, float* host) {
+std::vector<float> GPT2::from_llmc_order(const float* llmc) const {
+    std::vector<float> out(padded_params, 0.0f);
+    for (const ParamSpec& p : params) std::memcpy(&out[p.offset], llmc + p.llmc_offset, p.numel * sizeof(float));
+    return out;
+}
+
+void GPT2::set_params_llmc(const float* host) { ops.from_host_f32(param_buf, from_llmc_order(host).data()); }
+
+static void buffer_to_llmc(const GPT2& m, Tensor buf, float* host) {
     std::vector<float> mem(m.padded_params);
     m.ops.to_host_f32(mem.data(), buf);
-    for (const ParamSpec& p : m.params) std::memcpy(host + p.llmc_offset, &mem[p.offset], p.numel * sizeof(float));
+    std::vector<float> out = m.to_llmc_order(mem);
+    std::memcpy(host, out.data(), out.size() * sizeof(float));
 }
 
-void GPT2::get_params_llmc(float* host) const { to_llmc_order(*this, param_buf, host); }
-void GPT2::get_grads_llmc(float* host) const { to_llmc_order(*this, grad_buf, host); }
+void GPT2::get_params_llmc(float* host) const { buffer_to_llmc(*this, param_buf, host); }
+void GPT2::get_grads_llmc(float* host) const { buffer_to_llmc(*this, grad_buf, host); }
 
 void GPT2::init_random(uint64_t seed) {
     std::vector<float> mem(padded_params, 0.0f);

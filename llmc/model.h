@@ -66,6 +66,9 @@ public:
     // Host fp32 arrays in llm.c checkpoint order, num_params elements.
     void set_params_llmc(const float* host);
     void get_params_llmc(float* host) const;
+    // Host fp32 arrays: memory order (padded_params elements) <-> llm.c order (num_params).
+    std::vector<float> to_llmc_order(const std::vector<float>& mem) const;
+    std::vector<float> from_llmc_order(const float* llmc) const;
     void get_grads_llmc(float* host) const;
     // N(0, 0.02); residual projections N(0, 0.02/sqrt(2L)); biases 0; LN weights 1; padded rows 0.
     void init_random(uint64_t seed);
