@@ -60,17 +60,11 @@ std::vector<std::pair<int, std::string>> list_steps(const std::string& dir, bool
     return out;
 }
 
-uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
-    const unsigned char* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
-
 uint64_t file_checksum(const std::string& path) {
     FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) throw UserError(strfmt("checkpoint %s: cannot open: %s", path.c_str(), std::strerror(errno)));
     std::vector<char> buf(1 << 20);
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = FNV1A_INIT;
     size_t got;
     while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) h = fnv1a(buf.data(), got, h);
     std::fclose(f);

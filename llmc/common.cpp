@@ -45,3 +45,9 @@ void make_dirs(const std::string& path, const char* what) {
         if (i < path.size()) cur += path[i];
     }
 }
+
+uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}

@@ -6,6 +6,8 @@
 //  - LLMC_ASSERT: an invariant inside the program is broken. It prints file and line
 //    and aborts: that is a bug, not bad input.
 #pragma once
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -29,6 +31,10 @@ std::string rank_prefix();
 
 // mkdir -p. Throws UserError("<what>: cannot create folder ...") on failure.
 void make_dirs(const std::string& path, const char* what);
+
+// FNV-1a 64-bit hash of bytes, chainable through h (checksums, replica comparison).
+constexpr uint64_t FNV1A_INIT = 1469598103934665603ull;
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = FNV1A_INIT);
 
 // printf-style std::string
 std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));

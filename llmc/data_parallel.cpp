@@ -101,9 +101,7 @@ void DataParallel::check_replicas() {
     if (dp() == 1) return;
     std::vector<float> host(model_.padded_params);
     model_.ops.to_host_f32(host.data(), model_.param_buf);
-    uint64_t h = 1469598103934665603ull;
-    const unsigned char* p = reinterpret_cast<const unsigned char*>(host.data());
-    for (size_t i = 0; i < host.size() * sizeof(float); i++) h = (h ^ p[i]) * 1099511628211ull;
+    const uint64_t h = fnv1a(host.data(), host.size() * sizeof(float));
     double v[2] = {double(h >> 12), -double(h >> 12)};  // 52 bits: exact in a double
     comm_.all_reduce(v, 2, ReduceOp::Max);
     LLMC_ASSERT(v[0] == -v[1], "parameter replicas differ between DP ranks");

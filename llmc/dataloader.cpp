@@ -87,7 +87,6 @@ uint64_t DataLoader::windows_per_epoch() const {
     return std::accumulate(groups_.begin(), groups_.end(), uint64_t(0));
 }
 
-const std::string& DataLoader::current_file() const { return files_[cur_file_]; }
 
 void DataLoader::sync() {
     bool new_order = order_epoch_ != pos_.epoch || order_seed_ != pos_.seed;

@@ -53,8 +53,6 @@ public:
     uint64_t shard_windows(size_t i) const { return groups_[i]; }
     // Micro-batches per rank in one epoch.
     uint64_t windows_per_epoch() const;
-    // File the next window comes from.
-    const std::string& current_file() const;
 
 private:
     void sync();  // brings the orders and the open file in line with pos_
