@@ -27,7 +27,7 @@ namespace {
 // The schema
 // ---------------------------------------------------------------------------------------
 
-enum class KType { Int, Number, Bool, String, Enum };
+enum class KType { Int, Number, Bool, String, Enum, IntList };
 
 constexpr double NONE = std::numeric_limits<double>::quiet_NaN();
 
@@ -68,6 +68,11 @@ Key str_key(const char* path, void* (*f)(Config&), bool nonempty, const char* he
     k.path = path, k.type = KType::String, k.field = f, k.nonempty = nonempty, k.help = help;
     return k;
 }
+Key int_list_key(const char* path, void* (*f)(Config&), double lo, const char* help) {
+    Key k;
+    k.path = path, k.type = KType::IntList, k.field = f, k.lo = lo, k.help = help;
+    return k;
+}
 Key enum_key(const char* path, void* (*f)(Config&), std::vector<std::string> allowed,
              std::vector<std::string> planned, const char* help) {
     Key k;
@@ -81,7 +86,8 @@ const std::vector<Key>& schema() {
     static const std::vector<Key> keys = {
         enum_key("device", FIELD(device), {"auto", "cpu", "cuda"}, {},
                  "where to train: auto = cuda when a GPU is present, else cpu"),
-        enum_key("precision", FIELD(precision), {"fp32", "bf16"}, {"fp8"}, "compute precision"),
+        enum_key("precision", FIELD(precision), {"fp32", "bf16", "fp8"}, {},
+                 "compute precision (fp8: the blocks' linear layers in FP8, the rest as bf16; emulated on the CPU)"),
 
         enum_key("model.arch", FIELD(model.arch), {"gpt2"}, {}, "model architecture"),
         int_key("model.n_layer", FIELD(model.n_layer), 1, NONE, "transformer blocks"),
@@ -139,17 +145,33 @@ const std::vector<Key>& schema() {
             k.auto_ok = true;
             return k;
         }(),
-        int_key("parallel.tp", FIELD(parallel.tp), 1, NONE, "tensor-parallel ranks (only 1 is supported yet)"),
-        int_key("parallel.pp", FIELD(parallel.pp), 1, NONE, "pipeline stages (only 1 is supported yet)"),
+        int_key("parallel.tp", FIELD(parallel.tp), 1, NONE,
+                "tensor-parallel ranks (heads, MLP and vocabulary split; must divide n_head)"),
+        bool_key("parallel.sequence_parallel", FIELD(parallel.sequence_parallel),
+                 "shard LayerNorm/residual activations along the tokens over the TP group"),
+        int_key("parallel.pp", FIELD(parallel.pp), 1, NONE, "pipeline stages"),
+        int_list_key("parallel.pp_layers", FIELD(parallel.pp_layers), 1,
+                     "layers per pipeline stage (per chunk, in order, when interleaved); [] = balanced"),
+        enum_key("parallel.pp_schedule", FIELD(parallel.pp_schedule), {"gpipe", "1f1b", "interleaved"}, {},
+                 "pipeline schedule (micro-batches = train.grad_accum)"),
+        int_key("parallel.pp_virtual", FIELD(parallel.pp_virtual), 1, NONE,
+                "model chunks per pipeline rank (interleaved schedule)"),
         int_key("parallel.zero", FIELD(parallel.zero), 0, 3,
-                "ZeRO stage over the DP group: 0 replicated, 1 optimizer sharded, 2 + gradients sharded "
-                "(3 = + parameters, not supported yet)"),
+                "ZeRO stage over the DP group: 0 replicated, 1 optimizer sharded, 2 + gradients sharded, "
+                "3 + parameters sharded"),
         enum_key("parallel.comm", FIELD(parallel.comm), {"auto", "mpi", "nccl"}, {},
                  "communicator: auto = mpi (host buffers; nccl once its implementation lands), mpi, nccl (cuda only)"),
         num_key("parallel.bucket_mb", FIELD(parallel.bucket_mb), 0, true, NONE, false,
                 "gradient bucket size in MiB of fp32 elements"),
         num_key("parallel.timeout_s", FIELD(parallel.timeout_s), 0, true, NONE, false,
                 "seconds before a stalled collective ends the job (NCCL watchdog)"),
+
+        enum_key("fp8.format", FIELD(fp8.format), {"hybrid", "e4m3"}, {},
+                 "hybrid: E4M3 weights/activations, E5M2 gradients; e4m3: E4M3 everywhere"),
+        enum_key("fp8.recipe", FIELD(fp8.recipe), {"delayed", "current"}, {},
+                 "per-tensor scale from an amax history (delayed) or from the tensor itself (current)"),
+        int_key("fp8.amax_history", FIELD(fp8.amax_history), 1, 1024, "steps of amax history (delayed recipe)"),
+        int_key("fp8.margin", FIELD(fp8.margin), 0, 32, "scale = fp8_max / amax / 2^margin"),
 
         str_key("tokenizer", FIELD(tokenizer_dir), false,
                 "folder with GPT-2's encoder.json + vocab.bpe (\"\" = token ids only)"),
@@ -321,6 +343,7 @@ std::string type_text(const Key& k) {
         case KType::Bool: return "a boolean (true or false)";
         case KType::String: return "a string";
         case KType::Enum: return "one of " + join(k.allowed, ", ");
+        case KType::IntList: return "an array of integers";
     }
     return "";
 }
@@ -400,6 +423,19 @@ void assign(const Key& k, const json& v, Config& c) {
             *static_cast<std::string*>(dst) = s;
             break;
         }
+        case KType::IntList: {
+            if (!v.is_array()) wrong_type(k, v);
+            std::vector<int> out;
+            for (const json& e : v) {
+                if (!e.is_number_integer() && !e.is_number_unsigned()) wrong_type(k, v);
+                long long x = e.get<long long>();
+                check_range(k, double(x), e.dump());
+                if (x > INT_MAX) throw UserError(strfmt("%s: %s is out of range", k.path.c_str(), e.dump().c_str()));
+                out.push_back(int(x));
+            }
+            *static_cast<std::vector<int>*>(dst) = out;
+            break;
+        }
     }
 }
 
@@ -413,6 +449,7 @@ json read_field(const Key& k, Config& c) {
         case KType::Bool: return *static_cast<bool*>(p);
         case KType::String:
         case KType::Enum: return *static_cast<std::string*>(p);
+        case KType::IntList: return *static_cast<std::vector<int>*>(p);
     }
     return nullptr;
 }
@@ -628,6 +665,7 @@ std::string config_usage() {
             case KType::Bool: allowed = "true|false"; break;
             case KType::String: allowed = k.nonempty ? "non-empty string" : "string"; break;
             case KType::Enum: allowed = join(k.allowed, "|"); break;
+            case KType::IntList: allowed = "[integer, ...]"; break;
         }
         std::string range = range_text(k);
         if (!range.empty()) allowed += ", " + range.substr(std::strlen("must be "));

@@ -64,17 +64,29 @@ struct CheckpointConfig {
 // Process layout: world = dp x tp x pp (tp fastest, then dp, then pp; see llmc/process_grid.h).
 struct ParallelConfig {
     int dp = 0;                 // data-parallel ranks; 0 = "auto" (world / (tp * pp))
-    int tp = 1;                 // tensor-parallel ranks (1 until tensor parallelism exists)
-    int pp = 1;                 // pipeline stages (1 until pipeline parallelism exists)
-    int zero = 0;               // ZeRO stage over the DP group: 0, 1, 2 (3 not supported yet)
+    int tp = 1;                 // tensor-parallel ranks (Megatron column/row split; n_head % tp == 0)
+    bool sequence_parallel = false;  // LayerNorm/residual regions sharded along the tokens over TP
+    int pp = 1;                 // pipeline stages
+    std::vector<int> pp_layers;      // layers per stage (and per chunk when interleaved); empty = balanced
+    std::string pp_schedule = "1f1b";  // gpipe | 1f1b | interleaved
+    int pp_virtual = 1;         // model chunks per pipeline rank (interleaved)
+    int zero = 0;               // ZeRO stage over the DP group: 0, 1, 2, 3
     std::string comm = "auto";  // auto | mpi | nccl
     double bucket_mb = 25.0;    // gradient bucket size in MiB (fp32 elements)
     double timeout_s = 300.0;   // collective watchdog (NCCL); MPI jobs end when the launcher sees a rank die
 };
 
+// FP8 linear layers (precision "fp8"): formats and per-tensor scaling (see llmc/fp8.h).
+struct Fp8Config {
+    std::string format = "hybrid";  // hybrid (E4M3 forward, E5M2 gradients) | e4m3
+    std::string recipe = "delayed";  // delayed (amax history) | current (this tensor's amax)
+    int amax_history = 16;           // steps of amax history (delayed)
+    int margin = 0;                  // scale = 2^-margin * fp8_max / amax
+};
+
 struct Config {
     std::string device = "auto";     // auto | cpu | cuda
-    std::string precision = "fp32";  // fp32 | bf16
+    std::string precision = "fp32";  // fp32 | bf16 | fp8
     ModelConfig model;
     DataConfig data;
     TrainConfig train;
@@ -82,6 +94,7 @@ struct Config {
     LogConfig log;
     CheckpointConfig checkpoint;
     ParallelConfig parallel;
+    Fp8Config fp8;
     std::string tokenizer_dir;  // key "tokenizer": folder with encoder.json + vocab.bpe ("" = ids only)
     std::string out_dir = "out";
 
