@@ -299,9 +299,15 @@ TEST_CASE("config: out-of-range values and enums", "[config]") {
 
     std::string m = error_of([&] { load({g, "device=tpu"}); });
     CHECK_THAT(m, Catch::Contains("device") && Catch::Contains("auto, cpu, cuda"));
-    m = error_of([&] { load({g, "precision=fp8"}); });
-    CHECK_THAT(m, Catch::Contains("precision") && Catch::Contains("not supported yet") &&
-                      Catch::Contains("fp32, bf16"));
+    m = error_of([&] { load({g, "precision=fp16"}); });
+    CHECK_THAT(m, Catch::Contains("precision") && Catch::Contains("fp32, bf16, fp8"));
+    m = error_of([&] { load({g, "fp8.recipe=dynamic"}); });
+    CHECK_THAT(m, Catch::Contains("fp8.recipe") && Catch::Contains("delayed, current"));
+    m = error_of([&] { load({g, "parallel.pp_layers=[2,0]"}); });
+    CHECK_THAT(m, Catch::Contains("parallel.pp_layers") && Catch::Contains(">= 1"));
+    m = error_of([&] { load({g, "parallel.pp_layers=3"}); });
+    CHECK_THAT(m, Catch::Contains("parallel.pp_layers: expected an array of integers"));
+    CHECK(load({g, "parallel.pp_layers=[1,3]"}).parallel.pp_layers == std::vector<int>{1, 3});
     m = error_of([&] { load({g, "train.lr_schedule=step"}); });
     CHECK_THAT(m, Catch::Contains("train.lr_schedule") && Catch::Contains("constant, cosine, linear, wsd"));
     m = error_of([&] { load({g, "model.arch=llama"}); });
