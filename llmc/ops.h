@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 
+#include "llmc/fp8.h"
 #include "llmc/tensor.h"
 
 class Ops {
@@ -43,12 +44,19 @@ public:
     virtual void synchronize() = 0;
 
     // ---- embedding ----
-    // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
-    virtual void encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tensor wpe, int B, int T,
-                                 int C) = 0;
-    // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:] (accumulate, deterministic order)
-    virtual void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int B, int T,
-                                  int C) = 0;
+    // wte holds the vocabulary rows [vocab_begin, vocab_begin + wte.n / C) (the whole padded
+    // table when vocab_begin = 0 and wte is complete; one rank's slice under tensor parallelism).
+    // out[b,t,:] = wte[tokens[b,t] - vocab_begin,:] for tokens in that range, zeros otherwise,
+    // plus wpe[t,:] when wpe is non-empty (with TP exactly one rank adds wpe, then the group
+    // all-reduces out). Ids past the slice are legal (another rank holds them), so the op
+    // can only check ids >= 0 (where it sees them on the host); the data loader checks < V.
+    virtual void encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tensor wpe, int B, int T, int C,
+                                 int vocab_begin) = 0;
+    // dwte[tokens[b,t] - vocab_begin,:] += dout[b,t,:] for the tokens in dwte's row range
+    // (others are skipped); dwpe[t,:] += sum_b dout[b,t,:] when dwpe is non-empty.
+    // Accumulates, in a deterministic order.
+    virtual void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int B, int T, int C,
+                                  int vocab_begin) = 0;
 
     // ---- layernorm (eps = 1e-5) ----
     // out = (inp - mean) * rstd * w + b; mean/rstd [N] fp32
@@ -92,6 +100,27 @@ public:
     virtual void cross_entropy(Tensor logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                                float dloss) = 0;
 
+    // Vocabulary-parallel cross-entropy (tensor parallelism; the full logits are never
+    // gathered). logits [N, Vl] hold the vocabulary columns [vocab_begin, vocab_begin + Vl) of
+    // this rank; columns whose global index is >= V (the real vocabulary size) are padding and
+    // ignored. targets[i] in [0, V) are global ids. Runs as
+    //   cross_entropy_partial -> combine the stats of all slices (host/collective) -> cross_entropy_finish.
+    // With one slice (vocab_begin 0, Vl = Vp) the pair equals the fused cross_entropy.
+    //
+    // stats [N, 3] fp32 (backend memory), per row i over this slice's real columns:
+    //   stats[3i]   = m = max of the logits (-inf when the slice has no real column)
+    //   stats[3i+1] = s = sum of exp(logit - m) (0 when the slice has no real column)
+    //   stats[3i+2] = the target's logit if targets[i] falls in this slice, else 0
+    // Slices combine as M = max_k m_k, S = sum_k s_k * exp(m_k - M), target = sum_k target_k.
+    virtual void cross_entropy_partial(float* stats, Tensor logits, const int32_t* targets, int N, int Vl,
+                                       int vocab_begin, int V) = 0;
+    // stats [N, 3] fp32 now hold, per row, the combined (M, S, target logit) over the whole
+    // vocabulary: losses[i] = log(S) + M - target logit (fp32). If dloss != 0 the logits are
+    // overwritten by dloss * (softmax - onehot) on this slice's real columns (softmax =
+    // exp(logit - M) / S) and zero in its padding columns; dloss == 0 leaves them untouched.
+    virtual void cross_entropy_finish(Tensor logits, float* losses, const float* stats, const int32_t* targets,
+                                      int N, int Vl, int vocab_begin, int V, float dloss) = 0;
+
     // ---- optimizer ----
     // Sum of squares of a gradient region, in double, with a fixed reduction order.
     virtual double sum_squares(Tensor g) = 0;
@@ -101,6 +130,41 @@ public:
     // stochastic rounding seeded by seed when params is bf16).
     virtual void adamw(Tensor params, float* master, Tensor grads, float* m, float* v, float lr, float beta1,
                        float beta2, float eps, float weight_decay, float grad_scale, int t, uint32_t seed) = 0;
+
+    // ---- fp8 ----
+    // FP8 linear layers (precision "fp8"; formats, scales and the recipes in llmc/fp8.h).
+    // Every operand x is cast with its Fp8Cast c:
+    //   s = c.current ? fp8_scale_from_amax(max|x|, c.format, c.margin, c.scale) : c.scale
+    //   q(x) = fp8_decode(fp8_encode(x * s, c.format), c.format) * (1/s)
+    // and, when c.amax is non-null, *c.amax = max(*c.amax, max|x|) with max|x| of the unscaled
+    // x in the fp8_abs_bits order (NaN > inf > finite: a bad tensor makes its amax non-finite).
+    // The products of the casts accumulate in fp32. The CPU backend computes exactly q() in
+    // fp32 and the fp32 matmul; CUDA casts to e4m3/e5m2 and runs the GEMM on the fp8 tensor
+    // cores (dequantizing the fp32 sum with 1/s), so it agrees up to the accumulation's rounding.
+
+    // Whether this backend runs the fp8 ops; if not, *why (when given) says why.
+    virtual bool fp8_supported(std::string* why) const {
+        if (why) *why = "the " + name() + " backend has no fp8 matmuls";
+        return false;
+    }
+    // N, IC and OC of the fp8 ops must be multiples of this (CUDA: 16, the fp8 GEMM's alignment).
+    virtual int fp8_dim_multiple() const { return 1; }
+    // As matmul_forward with out = q(inp) @ q(w)^T + bias (then the GELU as matmul_forward).
+    // Throws UserError when the backend or the shape is not supported.
+    virtual void matmul_forward_fp8(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC,
+                                    int OC, bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast) {
+        throw UserError("precision fp8: the " + name() + " backend has no fp8 matmuls");
+    }
+    // As matmul_backward: first dout *= gelu'(pre_gelu) in place when pre_gelu is given; dbias +=
+    // column sums of that (unquantized) dout; then dinp = q(dout) @ q(w) (overwrite, skipped when
+    // dinp is empty) and dw += q(dout)^T @ q(inp). The casts of inp and w should repeat the
+    // forward's (same scale; amax may be nullptr, they were recorded in the forward; w is not
+    // cast at all when dinp is empty).
+    virtual void matmul_backward_fp8(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
+                                     Tensor pre_gelu, int N, int IC, int OC, const Fp8Cast& dout_cast,
+                                     const Fp8Cast& inp_cast, const Fp8Cast& w_cast) {
+        throw UserError("precision fp8: the " + name() + " backend has no fp8 matmuls");
+    }
 };
 
 std::unique_ptr<Ops> make_cpu_ops();

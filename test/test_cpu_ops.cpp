@@ -160,13 +160,13 @@ TEST_CASE("cpu fd: encoder backward", "[cpu][fd]") {
     Vec wte = randn((size_t)V * C, 2), wpe = randn((size_t)T * C, 3), G = randn((size_t)B * T * C, 4);
     Vec out((size_t)B * T * C);
     auto loss = [&] {
-        cpu::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+        cpu::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, 0, V);
         return dot_all(out, G);
     };
     // accumulate semantics: start from random gradients and check the increment
     const Vec R1 = randn(wte.size(), 5), R2 = randn(wpe.size(), 6);
     Vec dwte = R1, dwpe = R2;
-    cpu::encoder_backward(dwte.data(), dwpe.data(), G.data(), tokens.data(), B, T, C);
+    cpu::encoder_backward(dwte.data(), dwpe.data(), G.data(), tokens.data(), B, T, C, 0, V);
     check_grad("dwte", wte, sub(dwte, R1), loss);
     check_grad("dwpe", wpe, sub(dwpe, R2), loss);
 }
@@ -336,6 +336,117 @@ TEST_CASE("cpu fd: cross entropy", "[cpu][fd]") {
     check_grad("cross_entropy dlogits", logits, grad, loss);
 }
 
+namespace {
+// ---- vocabulary parallelism (tensor parallelism) helpers ----
+// A split of the padded vocabulary [0, Vp) into slices [cuts[k], cuts[k+1]).
+using Cuts = std::vector<int>;
+
+// Columns [c0, c1) of row-major [N, Vp] logits as a contiguous [N, c1 - c0] block.
+template <class F>
+std::vector<F> take_cols(const std::vector<F>& full, int N, int Vp, int c0, int c1) {
+    std::vector<F> out((size_t)N * (c1 - c0));
+    for (int n = 0; n < N; ++n)
+        for (int j = c0; j < c1; ++j) out[(size_t)n * (c1 - c0) + (j - c0)] = full[(size_t)n * Vp + j];
+    return out;
+}
+template <class F>
+void put_cols(std::vector<F>& full, const std::vector<F>& part, int N, int Vp, int c0, int c1) {
+    for (int n = 0; n < N; ++n)
+        for (int j = c0; j < c1; ++j) full[(size_t)n * Vp + j] = part[(size_t)n * (c1 - c0) + (j - c0)];
+}
+
+// How the test combines the slices' (max, sum-exp, target) statistics, as the model does
+// across the TP group. The wrong modes exist to show that the comparison can fail.
+enum class Combine { Correct, NoRescale, FirstSliceMax, FirstSliceTarget };
+
+// Combines per-slice stats [N, 3] in double: M = max_k m_k, S = sum_k s_k exp(m_k - M),
+// target = sum_k t_k.
+template <class F>
+std::vector<F> combine_stats(const std::vector<std::vector<F>>& parts, int N, Combine mode = Combine::Correct) {
+    std::vector<F> out((size_t)3 * N);
+    for (int n = 0; n < N; ++n) {
+        double M = -INFINITY;
+        for (const auto& p : parts) M = std::max(M, (double)p[3 * n]);
+        double S = 0, tgt = 0;
+        for (size_t k = 0; k < parts.size(); ++k) {
+            const auto& p = parts[k];
+            if (p[3 * n + 1] != 0) S += mode == Combine::NoRescale ? (double)p[3 * n + 1]
+                                                                   : (double)p[3 * n + 1] * std::exp((double)p[3 * n] - M);
+            if (mode != Combine::FirstSliceTarget || k == 0) tgt += (double)p[3 * n + 2];
+        }
+        out[3 * n] = (F)(mode == Combine::FirstSliceMax ? (double)parts[0][3 * n] : M);
+        out[3 * n + 1] = (F)S;
+        out[3 * n + 2] = (F)tgt;
+    }
+    return out;
+}
+
+// Targets that fall in every slice with real columns of every split (its first and last
+// real column), then random ones in [0, V).
+std::vector<int32_t> targets_in_every_slice(const std::vector<Cuts>& splits, int N, int V, uint64_t seed) {
+    std::vector<int32_t> t = rand_tokens(N, V, seed);
+    int i = 0;
+    for (const Cuts& cuts : splits)
+        for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+            const int lo = cuts[k], hi = std::min(cuts[k + 1], V);
+            if (lo >= hi) continue;  // padding only
+            REQUIRE(i + 2 <= N);
+            t[i++] = lo;
+            t[i++] = hi - 1;
+        }
+    return t;
+}
+}  // namespace
+
+TEST_CASE("cpu fd: vocabulary-parallel cross entropy", "[cpu][fd][tp]") {
+    // partial -> host combine -> finish, in double, against finite differences of the losses
+    const int N = 6, V = 13, Vp = 16;
+    const double dloss = 0.37;
+    const Cuts cuts = {0, 5, 10, 13, 16};  // the last slice is padding only
+    Vec logits = randn((size_t)N * Vp, 70, 2.0);
+    for (int n = 0; n < N; ++n)
+        for (int j = V; j < Vp; ++j) logits[(size_t)n * Vp + j] = 100.0;  // padding must not count
+    auto targets = targets_in_every_slice({cuts}, N, V, 71);
+    const int K = (int)cuts.size() - 1;
+    auto stats_of = [&](const Vec& l) {
+        std::vector<Vec> parts(K);
+        for (int k = 0; k < K; ++k) {
+            const int c0 = cuts[k], c1 = cuts[k + 1];
+            const Vec part = take_cols(l, N, Vp, c0, c1);
+            parts[k].assign((size_t)3 * N, 0.0);
+            cpu::cross_entropy_partial(parts[k].data(), part.data(), targets.data(), N, c1 - c0, c0, V);
+        }
+        return combine_stats(parts, N);
+    };
+    Vec losses(N);
+    auto loss = [&] {
+        const Vec st = stats_of(logits);
+        // dloss == 0: no logits needed
+        cpu::cross_entropy_finish<double>(nullptr, losses.data(), st.data(), targets.data(), N, 0, 0, V, 0.0);
+        double s = 0;
+        for (double x : losses) s += x;
+        return dloss * s;
+    };
+    loss();
+    for (int n = 0; n < N; ++n) {  // loss against the direct formula
+        double se = 0;
+        for (int j = 0; j < V; ++j) se += std::exp(logits[(size_t)n * Vp + j]);
+        CHECK(std::fabs(losses[n] - (std::log(se) - logits[(size_t)n * Vp + targets[n]])) < 1e-12);
+    }
+    const Vec st = stats_of(logits);
+    Vec grad(logits.size(), -1.0);
+    for (int k = 0; k < K; ++k) {
+        const int c0 = cuts[k], c1 = cuts[k + 1];
+        Vec part = take_cols(logits, N, Vp, c0, c1), l2(N);
+        cpu::cross_entropy_finish(part.data(), l2.data(), st.data(), targets.data(), N, c1 - c0, c0, V, dloss);
+        CHECK(l2 == losses);
+        put_cols(grad, part, N, Vp, c0, c1);
+    }
+    for (int n = 0; n < N; ++n)
+        for (int j = V; j < Vp; ++j) CHECK(grad[(size_t)n * Vp + j] == 0.0);
+    check_grad("vocab-parallel cross_entropy dlogits", logits, grad, loss);
+}
+
 TEST_CASE("cpu fd: the checker catches wrong gradients", "[cpu][fd]") {
     // A correct layernorm gradient, then three kinds of bugs: a small error in one
     // element, a sign error, and a missing term (the mean of dnorm).
@@ -385,10 +496,10 @@ TEST_CASE("cpu float: encoder matches double", "[cpu][float]") {
     Vec wte = randn((size_t)V * C, 101), wpe = randn((size_t)T * C, 102), G = randn((size_t)B * T * C, 103);
     Vec out((size_t)B * T * C), dwte = randn(wte.size(), 104), dwpe = randn(wpe.size(), 105);
     FVec fwte = to_f(wte), fwpe = to_f(wpe), fG = to_f(G), fout(out.size()), fdwte = to_f(dwte), fdwpe = to_f(dwpe);
-    cpu::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-    cpu::encoder_backward(dwte.data(), dwpe.data(), G.data(), tokens.data(), B, T, C);
-    ops->encoder_forward(T32(fout), tokens.data(), T32(fwte), T32(fwpe), B, T, C);
-    ops->encoder_backward(T32(fdwte), T32(fdwpe), T32(fG), tokens.data(), B, T, C);
+    cpu::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, 0, V);
+    cpu::encoder_backward(dwte.data(), dwpe.data(), G.data(), tokens.data(), B, T, C, 0, V);
+    ops->encoder_forward(T32(fout), tokens.data(), T32(fwte), T32(fwpe), B, T, C, 0);
+    ops->encoder_backward(T32(fdwte), T32(fdwpe), T32(fG), tokens.data(), B, T, C, 0);
     CHECK(rel_err(fout, out) < kFloatTol);
     CHECK(rel_err(fdwte, dwte) < kFloatTol);
     CHECK(rel_err(fdwpe, dwpe) < kFloatTol);
@@ -557,6 +668,216 @@ TEST_CASE("cpu float: exp and tanh approximations", "[cpu][float]") {
 }
 
 // =======================================================================================
+// Tensor parallelism: vocabulary-sliced embedding and cross-entropy (CpuOps, float)
+// =======================================================================================
+
+TEST_CASE("cpu tp: vocabulary-sliced encoder sums to the unsliced op", "[cpu][tp]") {
+    auto ops = make_cpu_ops();
+    const int B = 3, T = 17, C = 40, Vp = 64, N = B * T;
+    auto tokens = rand_tokens(N, Vp, 700);
+    tokens[0] = 0, tokens[1] = Vp - 1, tokens[2] = 31, tokens[3] = 32, tokens[4] = 19, tokens[5] = 20;  // slice edges
+    tokens[6] = tokens[9] = tokens[40] = 33;  // repeats accumulate
+    const FVec wte = to_f(randn((size_t)Vp * C, 701)), wpe = to_f(randn((size_t)T * C, 702)),
+               G = to_f(randn((size_t)N * C, 703));
+    const FVec dwte0 = to_f(randn(wte.size(), 704)), dwpe0 = to_f(randn(wpe.size(), 705));
+
+    // the unsliced op, itself against the direct formula (one addition: exact)
+    FVec wte_ = wte, wpe_ = wpe, G_ = G, out((size_t)N * C), dwte = dwte0, dwpe = dwpe0;
+    ops->encoder_forward(T32(out), tokens.data(), T32(wte_), T32(wpe_), B, T, C, 0);
+    ops->encoder_backward(T32(dwte), T32(dwpe), T32(G_), tokens.data(), B, T, C, 0);
+    size_t bad = 0;
+    for (int n = 0; n < N; ++n)
+        for (int c = 0; c < C; ++c)
+            bad += out[(size_t)n * C + c] != wte[(size_t)tokens[n] * C + c] + wpe[(size_t)(n % T) * C + c];
+    CHECK(bad == 0);
+
+    struct Split {
+        Cuts cuts;
+        int wpe_slice;  // the one slice that adds wpe
+    };
+    const std::vector<Split> splits = {{{0, 32, 64}, 0},
+                                       {{0, 32, 64}, 1},
+                                       {{0, 20, 45, 64}, 1},
+                                       {{0, 20, 45, 64}, 2},
+                                       {{0, 7, 7, 64}, 1}};  // an empty slice adding wpe
+    for (const Split& sp : splits) {
+        INFO("cuts " << sp.cuts.size() - 1 << " slices, second cut " << sp.cuts[1] << ", wpe on slice "
+                     << sp.wpe_slice);
+        const int K = (int)sp.cuts.size() - 1;
+        FVec sum((size_t)N * C, 0.0f), dwte_cat = dwte0, dwpe_s = dwpe0;
+        size_t wrong = 0;
+        for (int k = 0; k < K; ++k) {
+            const int c0 = sp.cuts[k], rows = sp.cuts[k + 1] - c0;
+            const bool has_wpe = k == sp.wpe_slice;
+            Tensor wte_k(wte_.data() + (size_t)c0 * C, (size_t)rows * C, DType::F32);
+            FVec o((size_t)N * C, NAN);  // every element must be written
+            ops->encoder_forward(T32(o), tokens.data(), wte_k, has_wpe ? T32(wpe_) : Tensor(), B, T, C, c0);
+            for (int n = 0; n < N; ++n) {
+                const bool in = tokens[n] >= c0 && tokens[n] < c0 + rows;
+                for (int c = 0; c < C; ++c) {
+                    const float e = in ? wte[(size_t)tokens[n] * C + c] : 0.0f;
+                    const float expect = has_wpe ? (in ? e + wpe[(size_t)(n % T) * C + c] : wpe[(size_t)(n % T) * C + c]) : e;
+                    wrong += !(o[(size_t)n * C + c] == expect);
+                    sum[(size_t)n * C + c] += o[(size_t)n * C + c];
+                }
+            }
+            Tensor dwte_k(dwte_cat.data() + (size_t)c0 * C, (size_t)rows * C, DType::F32);
+            ops->encoder_backward(dwte_k, has_wpe ? T32(dwpe_s) : Tensor(), T32(G_), tokens.data(), B, T, C, c0);
+        }
+        CHECK(wrong == 0);
+        // forward: the all-reduce (sum) of the slices is exactly the unsliced op (sums with zeros)
+        CHECK(bitwise_equal(sum, out));
+        // backward: the slices' dwte side by side, and the one dwpe, are exactly the unsliced op's
+        CHECK(bitwise_equal(dwte_cat, dwte));
+        CHECK(bitwise_equal(dwpe_s, dwpe));
+    }
+    // the double instantiation agrees with the float op on a slice
+    Vec dw = randn((size_t)20 * C, 706), dwr = dw, o((size_t)N * C);
+    const Vec Gd(G.begin(), G.end()), wted(wte.begin() + 20 * C, wte.begin() + 40 * C);
+    cpu::encoder_forward(o.data(), tokens.data(), wted.data(), (const double*)nullptr, B, T, C, 20, 20);
+    cpu::encoder_backward(dw.data(), (double*)nullptr, Gd.data(), tokens.data(), B, T, C, 20, 20);
+    for (int n = 0; n < N; ++n) {
+        const bool in = tokens[n] >= 20 && tokens[n] < 40;
+        for (int c = 0; c < C; ++c) {
+            REQUIRE(o[(size_t)n * C + c] == (in ? wted[(size_t)(tokens[n] - 20) * C + c] : 0.0));
+            if (in) dwr[(size_t)(tokens[n] - 20) * C + c] += Gd[(size_t)n * C + c];
+        }
+    }
+    CHECK(rel_err(dw, dwr) < 1e-15);
+}
+
+namespace {
+// Vocabulary-parallel cross-entropy of `logits` [N, Vp] split at `cuts`: partial on every
+// slice, the host combine, finish on every slice. Returns the losses (checked identical on
+// every slice) and the slices' dlogits put back side by side (dloss != 0) in `grad`.
+FVec vocab_parallel_ce(Ops& ops, const FVec& logits, const std::vector<int32_t>& targets, int N, int V, int Vp,
+                       const Cuts& cuts, float dloss, FVec& grad, Combine mode = Combine::Correct,
+                       std::vector<FVec>* parts_out = nullptr) {
+    const int K = (int)cuts.size() - 1;
+    REQUIRE(cuts.front() == 0);
+    REQUIRE(cuts.back() == Vp);
+    std::vector<FVec> parts(K);
+    for (int k = 0; k < K; ++k) {
+        const int c0 = cuts[k], c1 = cuts[k + 1];
+        FVec part = take_cols(logits, N, Vp, c0, c1);
+        const FVec part0 = part;
+        parts[k].assign((size_t)3 * N, NAN);
+        ops.cross_entropy_partial(parts[k].data(), T32(part), targets.data(), N, c1 - c0, c0, V);
+        REQUIRE(bitwise_equal(part, part0));  // partial reads only
+    }
+    const FVec stats = combine_stats(parts, N, mode);
+    FVec losses;
+    grad.assign(logits.size(), NAN);
+    for (int k = 0; k < K; ++k) {
+        const int c0 = cuts[k], c1 = cuts[k + 1];
+        FVec part = take_cols(logits, N, Vp, c0, c1), lk(N, NAN);
+        const FVec part0 = part;
+        ops.cross_entropy_finish(T32(part), lk.data(), stats.data(), targets.data(), N, c1 - c0, c0, V, dloss);
+        if (dloss == 0.0f) REQUIRE(bitwise_equal(part, part0));
+        put_cols(grad, part, N, Vp, c0, c1);
+        if (k == 0) losses = lk;
+        else REQUIRE(bitwise_equal(lk, losses));  // every rank gets the same losses
+    }
+    if (parts_out) *parts_out = parts;
+    return losses;
+}
+
+Vec to_d(const FVec& v) { return Vec(v.begin(), v.end()); }
+}  // namespace
+
+TEST_CASE("cpu tp: vocabulary-parallel cross entropy equals the fused op", "[cpu][tp]") {
+    auto ops = make_cpu_ops();
+    const int N = 48, V = 300, Vp = 320;
+    const float dloss = 0.01f;
+    const std::vector<Cuts> splits = {{0, 320},                 // one slice: the fused op, bitwise
+                                      {0, 160, 320},            // two
+                                      {0, 107, 214, 320},       // three
+                                      {0, 37, 250, 300, 320},   // uneven, the last one padding only
+                                      {0, 13, 299, 320}};       // a slice with one real column
+    const FVec logits = to_f(randn((size_t)N * Vp, 710, 3.0));
+    FVec lg = logits;
+    for (int n = 0; n < N; ++n)
+        for (int j = V; j < Vp; ++j) lg[(size_t)n * Vp + j] = 100.0f;  // padding must not count
+    const auto targets = targets_in_every_slice(splits, N, V, 711);
+
+    // the fused op
+    FVec fused_grad = lg, fused_losses(N), fused_losses0(N), untouched = lg;
+    ops->cross_entropy(T32(untouched), fused_losses0.data(), targets.data(), N, V, Vp, 0.0f);
+    ops->cross_entropy(T32(fused_grad), fused_losses.data(), targets.data(), N, V, Vp, dloss);
+
+    for (const Cuts& cuts : splits) {
+        const int K = (int)cuts.size() - 1;
+        INFO(K << " slices, first cut " << cuts[1]);
+        FVec grad, grad0;
+        std::vector<FVec> parts;
+        const FVec losses = vocab_parallel_ce(*ops, lg, targets, N, V, Vp, cuts, dloss, grad, Combine::Correct, &parts);
+        const FVec losses0 = vocab_parallel_ce(*ops, lg, targets, N, V, Vp, cuts, 0.0f, grad0);
+        CHECK(bitwise_equal(grad0, lg));  // dloss == 0: logits untouched
+        CHECK(bitwise_equal(losses0, losses));
+
+        // each slice's statistics against a direct double computation
+        size_t wrong = 0;
+        for (int k = 0; k < K; ++k) {
+            const int c0 = cuts[k], c1 = std::min(cuts[k + 1], V);
+            for (int n = 0; n < N; ++n) {
+                const float* st = &parts[k][3 * (size_t)n];
+                if (c0 >= c1) {  // padding only
+                    wrong += !(st[0] == -INFINITY && st[1] == 0.0f && st[2] == 0.0f);
+                    continue;
+                }
+                double m = -INFINITY, s = 0;
+                for (int j = c0; j < c1; ++j) m = std::max(m, (double)lg[(size_t)n * Vp + j]);
+                for (int j = c0; j < c1; ++j) s += std::exp((double)lg[(size_t)n * Vp + j] - m);
+                const double t = targets[n] >= c0 && targets[n] < c1 ? lg[(size_t)n * Vp + targets[n]] : 0.0;
+                wrong += !(st[0] == (float)m && std::fabs(st[1] - s) <= 1e-6 * s && st[2] == (float)t);
+            }
+        }
+        CHECK(wrong == 0);
+
+        if (K == 1) {  // one slice: bitwise the fused op
+            CHECK(bitwise_equal(losses, fused_losses));
+            CHECK(bitwise_equal(losses0, fused_losses0));
+            CHECK(bitwise_equal(grad, fused_grad));
+        }
+        CHECK(rel_err(losses, to_d(fused_losses)) < 1e-6);
+        CHECK(rel_err(losses0, to_d(fused_losses0)) < 1e-6);
+        CHECK(rel_err(grad, to_d(fused_grad)) < 1e-6);
+        size_t pad = 0;
+        for (int n = 0; n < N; ++n)
+            for (int j = V; j < Vp; ++j) pad += grad[(size_t)n * Vp + j] != 0.0f;
+        CHECK(pad == 0);
+    }
+}
+
+TEST_CASE("cpu tp: a wrongly combined cross entropy fails the comparison", "[cpu][tp]") {
+    auto ops = make_cpu_ops();
+    const int N = 24, V = 300, Vp = 320;
+    const float dloss = 0.01f;
+    const Cuts cuts = {0, 107, 214, 320};
+    const FVec lg = to_f(randn((size_t)N * Vp, 720, 3.0));
+    const auto targets = targets_in_every_slice({cuts}, N, V, 721);
+    FVec fused_grad = lg, fused_losses(N);
+    ops->cross_entropy(T32(fused_grad), fused_losses.data(), targets.data(), N, V, Vp, dloss);
+    const Vec ref_losses = to_d(fused_losses), ref_grad = to_d(fused_grad);
+
+    FVec grad;
+    FVec losses = vocab_parallel_ce(*ops, lg, targets, N, V, Vp, cuts, dloss, grad);
+    CHECK(rel_err(losses, ref_losses) < 1e-6);  // the correct combination passes
+    CHECK(rel_err(grad, ref_grad) < 1e-6);
+    // sums of exponentials added without rescaling to the global max
+    losses = vocab_parallel_ce(*ops, lg, targets, N, V, Vp, cuts, dloss, grad, Combine::NoRescale);
+    CHECK(rel_err(losses, ref_losses) > 1e-3);
+    CHECK(rel_err(grad, ref_grad) > 1e-3);
+    // the first slice's max taken as the global one (the sum still relative to the true max)
+    losses = vocab_parallel_ce(*ops, lg, targets, N, V, Vp, cuts, dloss, grad, Combine::FirstSliceMax);
+    CHECK(rel_err(losses, ref_losses) > 1e-3);
+    CHECK(rel_err(grad, ref_grad) > 1e-3);
+    // the target logit of the first slice only
+    losses = vocab_parallel_ce(*ops, lg, targets, N, V, Vp, cuts, dloss, grad, Combine::FirstSliceTarget);
+    CHECK(rel_err(losses, ref_losses) > 1e-3);
+}
+
+// =======================================================================================
 // Optimizer
 // =======================================================================================
 
@@ -627,8 +948,8 @@ TEST_CASE("cpu ops are deterministic across runs and thread counts", "[cpu][dete
         std::vector<FVec> outs;
         FVec enc((size_t)N * C), dwte((size_t)Vp * C), dwpe((size_t)T * C);
         FVec wte_ = wte, wpe_ = wpe, dln_ = dln;
-        ops->encoder_forward(T32(enc), tokens.data(), T32(wte_), T32(wpe_), B, T, C);
-        ops->encoder_backward(T32(dwte), T32(dwpe), T32(dln_), tokens.data(), B, T, C);
+        ops->encoder_forward(T32(enc), tokens.data(), T32(wte_), T32(wpe_), B, T, C, 0);
+        ops->encoder_backward(T32(dwte), T32(dwpe), T32(dln_), tokens.data(), B, T, C, 0);
         outs.insert(outs.end(), {enc, dwte, dwpe});
 
         FVec x_ = x, lnw_ = lnw, lnb_ = lnb, ln((size_t)N * C), mean(N), rstd(N), dx((size_t)N * C), dw(C), db(C);
@@ -656,6 +977,16 @@ TEST_CASE("cpu ops are deterministic across runs and thread counts", "[cpu][dete
         FVec lg = logits0, losses(N);
         ops->cross_entropy(T32(lg), losses.data(), targets.data(), N, V, Vp, 1.0f / N);
         outs.insert(outs.end(), {lg, losses});
+
+        // tensor parallelism: a wte slice without wpe; the cross-entropy over two vocabulary slices
+        FVec enc2((size_t)N * C), dwte2((size_t)(Vp - 200) * C);
+        Tensor wte_hi(wte_.data() + (size_t)200 * C, (size_t)(Vp - 200) * C, DType::F32);
+        ops->encoder_forward(T32(enc2), tokens.data(), wte_hi, Tensor(), B, T, C, 200);
+        ops->encoder_backward(T32(dwte2), Tensor(), T32(dln_), tokens.data(), B, T, C, 200);
+        outs.insert(outs.end(), {enc2, dwte2});
+        FVec vgrad;
+        const FVec vlosses = vocab_parallel_ce(*ops, logits0, targets, N, V, Vp, {0, 200, Vp}, 1.0f / N, vgrad);
+        outs.insert(outs.end(), {vgrad, vlosses});
 
         FVec big_ = big;
         const double ss = ops->sum_squares(T32(big_));

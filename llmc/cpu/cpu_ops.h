@@ -20,9 +20,10 @@ public:
     void from_host_bytes(void* dst, const void* src, size_t bytes) override;
     void synchronize() override {}
 
-    void encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tensor wpe, int B, int T, int C) override;
-    void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int B, int T,
-                          int C) override;
+    void encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tensor wpe, int B, int T, int C,
+                         int vocab_begin) override;
+    void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int B, int T, int C,
+                          int vocab_begin) override;
 
     void layernorm_forward(Tensor out, float* mean, float* rstd, Tensor inp, Tensor w, Tensor b, int N,
                            int C) override;
@@ -43,10 +44,22 @@ public:
 
     void cross_entropy(Tensor logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                        float dloss) override;
+    void cross_entropy_partial(float* stats, Tensor logits, const int32_t* targets, int N, int Vl, int vocab_begin,
+                               int V) override;
+    void cross_entropy_finish(Tensor logits, float* losses, const float* stats, const int32_t* targets, int N, int Vl,
+                              int vocab_begin, int V, float dloss) override;
 
     double sum_squares(Tensor g) override;
     void adamw(Tensor params, float* master, Tensor grads, float* m, float* v, float lr, float beta1, float beta2,
                float eps, float weight_decay, float grad_scale, int t, uint32_t seed) override;
+
+    // fp8 emulation (llmc/cpu/fp8.cpp): exact q() casts into scratch, then the fp32 matmul
+    bool fp8_supported(std::string* why) const override { return true; }
+    void matmul_forward_fp8(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC,
+                            bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast) override;
+    void matmul_backward_fp8(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
+                             int N, int IC, int OC, const Fp8Cast& dout_cast, const Fp8Cast& inp_cast,
+                             const Fp8Cast& w_cast) override;
 };
 
 // fp32 view of a tensor that must hold at least `need` elements (asserts dtype and size).

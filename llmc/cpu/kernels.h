@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "llmc/cpu/gemm.h"
@@ -153,33 +154,54 @@ inline T max_val(const T* __restrict a, int n) {
 // ---------------------------------------------------------------------------------------
 // Encoder
 
-// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+// wte holds the vocabulary rows [vocab_begin, vocab_begin + rows).
+// out[b,t,:] = wte[tokens[b,t] - vocab_begin,:] (zeros for tokens outside the slice)
+//              + wpe[t,:] (when wpe is not null)
 template <class T>
-void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int Tn, int C) {
+void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int Tn, int C,
+                     int vocab_begin, int rows) {
 #pragma omp parallel for schedule(static) if (parallel_worth((size_t)B * Tn * C))
     for (long bt = 0; bt < (long)B * Tn; ++bt) {
         const int t = (int)(bt % Tn);
-        const T* we = wte + (long)tokens[bt] * C;
-        const T* pe = wpe + (long)t * C;
+        const long row = (long)tokens[bt] - vocab_begin;
+        const bool in = row >= 0 && row < rows;
         T* o = out + bt * C;
+        if (in && wpe) {
+            const T* we = wte + row * C;
+            const T* pe = wpe + (long)t * C;
 #pragma omp simd
-        for (int c = 0; c < C; ++c) o[c] = we[c] + pe[c];
+            for (int c = 0; c < C; ++c) o[c] = we[c] + pe[c];
+        } else if (in) {
+            const T* we = wte + row * C;
+            for (int c = 0; c < C; ++c) o[c] = we[c];
+        } else if (wpe) {
+            const T* pe = wpe + (long)t * C;
+            for (int c = 0; c < C; ++c) o[c] = pe[c];
+        } else {
+            for (int c = 0; c < C; ++c) o[c] = T(0);
+        }
     }
 }
 
-// dwte[tokens[b,t],:] += dout[b,t,:] in (b,t) order; dwpe[t,:] += sum_b dout[b,t,:] in b order.
-// Parallel over channel blocks, so each element has one owner and a fixed summation order.
+// dwte[tokens[b,t] - vocab_begin,:] += dout[b,t,:] in (b,t) order, for the tokens in
+// [vocab_begin, vocab_begin + rows); dwpe[t,:] += sum_b dout[b,t,:] in b order (when dwpe
+// is not null). Parallel over channel blocks, so each element has one owner and a fixed
+// summation order.
 template <class T>
-void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int B, int Tn, int C) {
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int B, int Tn, int C,
+                      int vocab_begin, int rows) {
     const int nblk = (C + kChanBlock - 1) / kChanBlock;
 #pragma omp parallel for schedule(static) if (parallel_worth((size_t)B * Tn * C))
     for (int blk = 0; blk < nblk; ++blk) {
         const int c0 = blk * kChanBlock, c1 = std::min(C, c0 + kChanBlock);
         for (long bt = 0; bt < (long)B * Tn; ++bt) {
-            T* dw = dwte + (long)tokens[bt] * C;
+            const long row = (long)tokens[bt] - vocab_begin;
+            if (row < 0 || row >= rows) continue;
+            T* dw = dwte + row * C;
             const T* d = dout + bt * C;
             for (int c = c0; c < c1; ++c) dw[c] += d[c];
         }
+        if (!dwpe) continue;
         for (int t = 0; t < Tn; ++t) {
             T* dp = dwpe + (long)t * C;
             for (int b = 0; b < B; ++b) {
@@ -506,6 +528,75 @@ void cross_entropy(T* logits, T* losses, const int32_t* targets, int N, int V, i
             l[targets[n]] -= dloss;
             for (int u = V; u < Vp; ++u) l[u] = T(0);
         }
+    }
+}
+
+// sum_j exp(l[j] - mx) over j < n, in the summation order of cross_entropy above (8 lanes,
+// then the tail): one vocabulary slice gives bitwise the fused op's statistics.
+template <class T>
+inline T sum_exp_shifted(const T* l, int n, T mx) {
+    T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; ++u) acc[u] += exp_t(l[j + u] - mx);
+    T se = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; j < n; ++j) se += exp_t(l[j] - mx);
+    return se;
+}
+
+// Vocabulary-parallel cross-entropy (llmc/ops.h): logits [N, Vl] hold the global columns
+// [vocab_begin, vocab_begin + Vl); the real ones are the first
+// clamp(V - vocab_begin, 0, Vl). Targets are global ids in [0, V).
+inline int vocab_slice_real_cols(int Vl, int vocab_begin, int V) {
+    return (int)std::min<long>(Vl, std::max<long>(0, (long)V - vocab_begin));
+}
+
+// stats[3n..3n+2] = (max, sum of exp(l - max), target logit or 0) over the slice's real columns
+template <class T>
+void cross_entropy_partial(T* stats, const T* logits, const int32_t* targets, int N, int Vl, int vocab_begin,
+                           int V) {
+    const int nreal = vocab_slice_real_cols(Vl, vocab_begin, V);
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * nreal))
+    for (long n = 0; n < N; ++n) {
+        T* st = stats + 3 * n;
+        const long tl = (long)targets[n] - vocab_begin;  // the target's local column
+        if (nreal == 0) {
+            st[0] = -std::numeric_limits<T>::infinity();
+            st[1] = T(0);
+            st[2] = T(0);
+            continue;
+        }
+        const T* l = logits + n * Vl;
+        const T mx = max_val(l, nreal);
+        st[0] = mx;
+        st[1] = sum_exp_shifted(l, nreal, mx);
+        st[2] = (tl >= 0 && tl < nreal) ? l[tl] : T(0);
+    }
+}
+
+// stats hold the combined (M, S, target logit) of each row over the whole vocabulary:
+// losses[n] = (M + log S) - target logit; with dloss != 0 the slice's logits become
+// dloss * (exp(l - M) / S - onehot) in the real columns and 0 in the padding.
+template <class T>
+void cross_entropy_finish(T* logits, T* losses, const T* stats, const int32_t* targets, int N, int Vl,
+                          int vocab_begin, int V, T dloss) {
+    const int nreal = vocab_slice_real_cols(Vl, vocab_begin, V);
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * (dloss != T(0) ? Vl : 1)))
+    for (long n = 0; n < N; ++n) {
+        const T* st = stats + 3 * n;
+        const T mx = st[0], se = st[1], lt = st[2];
+        const T lse = mx + std::log(se);
+        losses[n] = lse - lt;
+        if (dloss == T(0)) continue;
+        T* l = logits + n * Vl;
+        const T f = dloss / se;
+        for (int u = 0; u < nreal; ++u) l[u] = exp_t(l[u] - mx);
+#pragma omp simd
+        for (int u = 0; u < nreal; ++u) l[u] *= f;
+        const long tl = (long)targets[n] - vocab_begin;
+        if (tl >= 0 && tl < nreal) l[tl] -= dloss;
+        for (int u = nreal; u < Vl; ++u) l[u] = T(0);
     }
 }
 

@@ -10,6 +10,7 @@
 #include "llmc/cuda/classifier.cuh"
 #include "llmc/cuda/common.cuh"
 #include "llmc/cuda/encoder.cuh"
+#include "llmc/cuda/fp8.cuh"
 #include "llmc/cuda/layernorm.cuh"
 #include "llmc/cuda/matmul.cuh"
 #include "llmc/ops.h"
@@ -132,58 +133,69 @@ public:
     }
 
     // ---- embedding ----
-    void encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tensor wpe, int B, int T, int C) override {
+    void encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tensor wpe, int B, int T, int C,
+                         int vocab_begin) override {
         same_dtype({&out, &wte, &wpe});
+        const int rows = slice_rows(wte, C, vocab_begin, "encoder_forward");
+        LLMC_ASSERT(!wpe.n || wpe.n >= (size_t)T * C, "encoder_forward: wpe too small");
         const long long n = (long long)B * T * C;
         if (!n) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            encoder_forward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(out), tokens, P<T_>(wte),
-                                                                                 P<T_>(wpe), B * T, T, C);
+            encoder_forward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(
+                P<T_>(out), tokens, P<T_>(wte), wpe.n ? P<T_>(wpe) : nullptr, B * T, T, C, vocab_begin, rows);
         });
         CUDA_CHECK_LAUNCH();
     }
-    void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int B, int T,
-                          int C) override {
+    void encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int B, int T, int C,
+                          int vocab_begin) override {
         same_dtype({&dwte, &dwpe, &dout});
+        const int rows = slice_rows(dwte, C, vocab_begin, "encoder_backward");
+        LLMC_ASSERT(!dwpe.n || dwpe.n >= (size_t)T * C, "encoder_backward: dwpe too small");
         const int N = B * T;
         if (!N || !C) return;
-        // bucket-sort the positions by token id on the host (stable: positions ascending)
+        // bucket-sort the positions of this slice's tokens by id on the host (stable:
+        // positions ascending); tokens of other slices are dropped
         host_tokens_.resize(N);
         to_host_bytes(host_tokens_.data(), tokens, (size_t)N * sizeof(int32_t));
-        const long long vocab_rows = (long long)(dwte.n / (size_t)C);
-        pairs_.resize(N);
+        pairs_.clear();
         for (int i = 0; i < N; i++) {
-            LLMC_ASSERT(host_tokens_[i] >= 0 && host_tokens_[i] < vocab_rows,
-                        strfmt("encoder_backward: token id %d out of range", host_tokens_[i]));
-            pairs_[i] = {host_tokens_[i], i};
+            const int32_t tok = host_tokens_[i];
+            LLMC_ASSERT(tok >= 0, strfmt("encoder_backward: token id %d out of range", tok));
+            const long long row = (long long)tok - vocab_begin;
+            if (row >= 0 && row < rows) pairs_.push_back({(int32_t)row, i});
         }
-        std::sort(pairs_.begin(), pairs_.end());  // (id, pos) pairs are distinct: a total order
-        seg_.clear();  // [ids..., starts... (S+1), positions (N)] packed after the loop
+        std::sort(pairs_.begin(), pairs_.end());  // (row, pos) pairs are distinct: a total order
+        const int M = (int)pairs_.size();
+        seg_.clear();  // [rows..., starts... (S+1), positions (M)] packed after the loop
         std::vector<int32_t> ids, starts;
-        for (int i = 0; i < N; i++) {
+        for (int i = 0; i < M; i++) {
             if (i == 0 || pairs_[i].first != pairs_[i - 1].first) {
                 ids.push_back(pairs_[i].first);
                 starts.push_back(i);
             }
         }
-        starts.push_back(N);
+        starts.push_back(M);
         const int S = (int)ids.size();
-        seg_.reserve(S + S + 1 + N);
+        seg_.reserve(S + S + 1 + M);
         seg_.insert(seg_.end(), ids.begin(), ids.end());
         seg_.insert(seg_.end(), starts.begin(), starts.end());
-        for (int i = 0; i < N; i++) seg_.push_back(pairs_[i].second);
+        for (int i = 0; i < M; i++) seg_.push_back(pairs_[i].second);
         int32_t* d = static_cast<int32_t*>(scratch(0, seg_.size() * sizeof(int32_t)));
         from_host_bytes(d, seg_.data(), seg_.size() * sizeof(int32_t));
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            encoder_backward_wpe_kernel<T_><<<blocks_for((long long)T * C, 256), 256, 0, stream_>>>(
-                P<T_>(dwpe), P<T_>(dout), B, T, C);
-            CUDA_CHECK_LAUNCH();
-            dim3 grid(S, ceil_div(C, 128));
-            encoder_backward_wte_kernel<T_><<<grid, 128, 0, stream_>>>(P<T_>(dwte), P<T_>(dout), d, d + S,
-                                                                       d + 2 * S + 1, C);
-            CUDA_CHECK_LAUNCH();
+            if (dwpe.n) {
+                encoder_backward_wpe_kernel<T_><<<blocks_for((long long)T * C, 256), 256, 0, stream_>>>(
+                    P<T_>(dwpe), P<T_>(dout), B, T, C);
+                CUDA_CHECK_LAUNCH();
+            }
+            if (S > 0) {
+                dim3 grid(S, ceil_div(C, 128));
+                encoder_backward_wte_kernel<T_><<<grid, 128, 0, stream_>>>(P<T_>(dwte), P<T_>(dout), d, d + S,
+                                                                           d + 2 * S + 1, C);
+                CUDA_CHECK_LAUNCH();
+            }
         });
     }
 
@@ -327,6 +339,31 @@ public:
         });
         CUDA_CHECK_LAUNCH();
     }
+    void cross_entropy_partial(float* stats, Tensor logits, const int32_t* targets, int N, int Vl, int vocab_begin,
+                               int V) override {
+        check_vocab_slice(logits, N, Vl, vocab_begin, V, "cross_entropy_partial");
+        if (!N) return;
+        const int nreal = ce_slice_real_cols(Vl, vocab_begin, V);
+        dispatch(logits.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            // 512 threads, as the fused kernel: one slice gives bitwise its statistics
+            cross_entropy_partial_kernel<T_><<<N, 512, 0, stream_>>>(stats, P<T_>(logits), targets, Vl, nreal,
+                                                                     vocab_begin);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+    void cross_entropy_finish(Tensor logits, float* losses, const float* stats, const int32_t* targets, int N, int Vl,
+                              int vocab_begin, int V, float dloss) override {
+        check_vocab_slice(logits, N, Vl, vocab_begin, V, "cross_entropy_finish");
+        if (!N) return;
+        const int nreal = ce_slice_real_cols(Vl, vocab_begin, V);
+        dispatch(logits.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            cross_entropy_finish_kernel<T_><<<N, 512, 0, stream_>>>(P<T_>(logits), losses, stats, targets, Vl, nreal,
+                                                                    vocab_begin, dloss);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
 
     // ---- optimizer ----
     double sum_squares(Tensor g) override {
@@ -360,7 +397,34 @@ public:
         CUDA_CHECK_LAUNCH();
     }
 
+    // ---- fp8 (llmc/cuda/fp8.cuh) ----
+    bool fp8_supported(std::string* why) const override { return fp8_.supported(device_, why); }
+    int fp8_dim_multiple() const override { return 16; }
+    void matmul_forward_fp8(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC,
+                            bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast) override {
+        fp8_.forward(out, pre_gelu, inp, w, bias, N, IC, OC, gelu, inp_cast, w_cast, device_, stream_);
+    }
+    void matmul_backward_fp8(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
+                             int N, int IC, int OC, const Fp8Cast& dout_cast, const Fp8Cast& inp_cast,
+                             const Fp8Cast& w_cast) override {
+        fp8_.backward(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC, dout_cast, inp_cast, w_cast, device_,
+                      stream_);
+    }
+
 private:
+    // rows of a vocabulary slice [vocab_begin, vocab_begin + rows) of an embedding table
+    static int slice_rows(const Tensor& wte, int C, int vocab_begin, const char* what) {
+        LLMC_ASSERT(C > 0, strfmt("%s: need C > 0", what));
+        LLMC_ASSERT(vocab_begin >= 0, strfmt("%s: negative vocab_begin %d", what, vocab_begin));
+        LLMC_ASSERT(wte.n % (size_t)C == 0, strfmt("%s: wte size is not a multiple of C", what));
+        LLMC_ASSERT(wte.n / (size_t)C <= (size_t)INT32_MAX, strfmt("%s: too many wte rows", what));
+        return (int)(wte.n / (size_t)C);
+    }
+    static void check_vocab_slice(const Tensor& logits, int N, int Vl, int vocab_begin, int V, const char* what) {
+        LLMC_ASSERT(N >= 0 && Vl >= 0 && vocab_begin >= 0 && V > 0,
+                    strfmt("%s: need N >= 0, Vl >= 0, vocab_begin >= 0, V > 0", what));
+        LLMC_ASSERT(logits.n >= (size_t)N * Vl, strfmt("%s: logits too small", what));
+    }
     static void check_hs(int HS) {
         if (HS <= 0 || HS % 16 != 0 || HS > 128)
             throw UserError(strfmt("CUDA attention supports head sizes that are multiples of 16 up to 128 "
@@ -393,6 +457,7 @@ private:
     std::pair<void*, size_t> scratch_[4] = {};
     std::vector<int32_t> host_tokens_, seg_;
     std::vector<std::pair<int32_t, int32_t>> pairs_;
+    mutable fp8::CudaFp8 fp8_;  // fp8 casts, GEMMs and their scratch (mutable: fp8_supported caches its answer)
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 //    fp32 statistics (mean, rstd, lse, losses, master weights, moments) <= 1e-4 / 1e-3.
 // Prints one line per check and "N passed, M failed"; exit code 1 on any failure.
 // Prints "GPU tests: skipped (no CUDA device)" and exits 0 without a device.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -182,11 +183,11 @@ void test_encoder(H& h, int B, int T, int C, int V) {
     Pair wte = h.make((size_t)V * C), wpe = h.make((size_t)T * C), out = h.make((size_t)B * T * C);
     h.up(wte, h.rnd_for(wte, 1.0f));
     h.up(wpe, h.rnd_for(wpe, 1.0f));
-    h.cpu.encoder_forward(out.c, tc, wte.c, wpe.c, B, T, C);
+    h.cpu.encoder_forward(out.c, tc, wte.c, wpe.c, B, T, C, 0);
     std::vector<uint8_t> r[2];
     for (int rep = 0; rep < 2; rep++) {
         h.poison(out);
-        h.gpu.encoder_forward(out.g, tg, wte.g, wpe.g, B, T, C);
+        h.gpu.encoder_forward(out.g, tg, wte.g, wpe.g, B, T, C, 0);
         r[rep] = h.raw({out});
     }
     h.det("encoder_forward", sh, r[0], r[1]);
@@ -198,16 +199,63 @@ void test_encoder(H& h, int B, int T, int C, int V) {
     h.up(dout, h.rnd_for(dout, 1.0f));
     h.up(wte, dwte0);  // reuse as dwte
     h.up(wpe, dwpe0);
-    h.cpu.encoder_backward(wte.c, wpe.c, dout.c, tc, B, T, C);
+    h.cpu.encoder_backward(wte.c, wpe.c, dout.c, tc, B, T, C, 0);
     for (int rep = 0; rep < 2; rep++) {
         h.up_gpu(wte, dwte0);
         h.up_gpu(wpe, dwpe0);
-        h.gpu.encoder_backward(wte.g, wpe.g, dout.g, tg, B, T, C);
+        h.gpu.encoder_backward(wte.g, wpe.g, dout.g, tg, B, T, C, 0);
         r[rep] = h.raw({wte, wpe});
     }
     h.det("encoder_backward", sh, r[0], r[1]);
     h.compare("encoder_backward.dwte", sh, wte);
     h.compare("encoder_backward.dwpe", sh, wpe);
+}
+
+// Vocabulary slice [c0, c1) of a [Vp, C] table (tensor parallelism): the GPU op on the slice
+// against the CPU op on the slice. Tokens span the whole vocabulary (most fall outside the
+// slice); dwte is compared over the whole table (rows outside the slice stay untouched).
+void test_encoder_slice(H& h, int B, int T, int C, int Vp, int c0, int c1, bool with_wpe) {
+    const std::string sh =
+        strfmt("[%s B=%d T=%d C=%d Vp=%d slice=[%d,%d) wpe=%d]", dtype_name(h.dt), B, T, C, Vp, c0, c1, (int)with_wpe);
+    std::vector<int32_t> tok(B * T);
+    for (auto& t : tok) t = h.rng.below(Vp);
+    if (c1 > c0) tok.front() = c0, tok.back() = c1 - 1;  // the slice's edges
+    if (c0 > 0) tok[1] = c0 - 1;
+    if (c1 < Vp) tok[2] = c1;
+    auto [tc, tg] = h.ints(tok);
+    Pair wte = h.make((size_t)Vp * C), wpe = h.make((size_t)T * C), out = h.make((size_t)B * T * C);
+    h.up(wte, h.rnd_for(wte, 1.0f));
+    h.up(wpe, h.rnd_for(wpe, 1.0f));
+    Pair ws = wte;  // the slice's rows
+    ws.c = wte.c.slice((size_t)c0 * C, (size_t)(c1 - c0) * C);
+    ws.g = wte.g.slice((size_t)c0 * C, (size_t)(c1 - c0) * C);
+    const Tensor pc = with_wpe ? wpe.c : Tensor(), pg = with_wpe ? wpe.g : Tensor();
+    h.cpu.encoder_forward(out.c, tc, ws.c, pc, B, T, C, c0);
+    std::vector<uint8_t> r[2];
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(out);
+        h.gpu.encoder_forward(out.g, tg, ws.g, pg, B, T, C, c0);
+        r[rep] = h.raw({out});
+    }
+    h.det("encoder_forward_slice", sh, r[0], r[1]);
+    h.compare("encoder_forward_slice.out", sh, out);
+
+    // backward: dwte (the whole table) and dwpe accumulate onto random initial values
+    Pair dout = h.make((size_t)B * T * C);
+    auto dwte0 = h.rnd_for(wte, 1.0f), dwpe0 = h.rnd_for(wpe, 1.0f);
+    h.up(dout, h.rnd_for(dout, 1.0f));
+    h.up(wte, dwte0);  // reuse as dwte
+    h.up(wpe, dwpe0);
+    h.cpu.encoder_backward(ws.c, pc, dout.c, tc, B, T, C, c0);
+    for (int rep = 0; rep < 2; rep++) {
+        h.up_gpu(wte, dwte0);
+        h.up_gpu(wpe, dwpe0);
+        h.gpu.encoder_backward(ws.g, pg, dout.g, tg, B, T, C, c0);
+        r[rep] = h.raw({wte, wpe});
+    }
+    h.det("encoder_backward_slice", sh, r[0], r[1]);
+    h.compare("encoder_backward_slice.dwte", sh, wte);
+    h.compare("encoder_backward_slice.dwpe", sh, wpe);
 }
 
 void test_layernorm(H& h, int N, int C) {
@@ -422,6 +470,124 @@ void test_cross_entropy(H& h, int N, int V, int Vp, bool backward) {
     }
 }
 
+// Per-row (max, sum-exp, target) statistics of vocabulary slices [N, 3] combined as the
+// model does across the TP group (in double): M = max m_k, S = sum s_k exp(m_k - M),
+// target = sum t_k.
+std::vector<float> combine_ce_stats(const std::vector<std::vector<float>>& parts, int N) {
+    std::vector<float> out((size_t)3 * N);
+    for (int n = 0; n < N; n++) {
+        double M = -INFINITY, S = 0, t = 0;
+        for (const auto& p : parts) M = std::max(M, (double)p[3 * n]);
+        for (const auto& p : parts) {
+            if (p[3 * n + 1] != 0.0f) S += (double)p[3 * n + 1] * std::exp((double)p[3 * n] - M);
+            t += p[3 * n + 2];
+        }
+        out[3 * n] = (float)M, out[3 * n + 1] = (float)S, out[3 * n + 2] = (float)t;
+    }
+    return out;
+}
+
+// Vocabulary-parallel cross-entropy: logits [N, Vp] split at cuts; on every slice the GPU's
+// cross_entropy_partial against the CPU's, then each backend's statistics combined on the
+// host, then cross_entropy_finish on every slice, GPU against CPU. With one slice the GPU
+// pair must equal the GPU's fused cross_entropy bitwise.
+void test_cross_entropy_vocab_parallel(H& h, int N, int V, int Vp, const std::vector<int>& cuts, bool backward) {
+    std::string cs;
+    for (size_t k = 0; k < cuts.size(); k++) cs += strfmt(k ? ",%d" : "%d", cuts[k]);
+    const std::string sh = strfmt("[%s N=%d V=%d Vp=%d cuts=%s dloss=%s]", dtype_name(h.dt), N, V, Vp, cs.c_str(),
+                                  backward ? "1/N" : "0");
+    const int K = (int)cuts.size() - 1;
+    std::vector<int32_t> tgt(N);
+    for (auto& t : tgt) t = h.rng.below(V);
+    for (int k = 0, i = 0; k < K && i < N; k++)  // a target in every slice with real columns
+        if (cuts[k] < V) tgt[i++] = cuts[k];
+    auto [tc, tg] = h.ints(tgt);
+    const size_t n = (size_t)N * Vp;
+    auto v = h.rnd(n, 2.0f), vg = v;
+    for (int i = 0; i < N; i++)
+        for (int c = V; c < Vp; c++) {
+            v[(size_t)i * Vp + c] = 0.0f;  // CPU: zeros in the padding
+            vg[(size_t)i * Vp + c] = NAN;   // GPU: NaN in the padding (must be ignored and overwritten)
+        }
+    auto cols = [&](const std::vector<float>& full, int c0, int c1) {
+        std::vector<float> o((size_t)N * (c1 - c0));
+        for (int i = 0; i < N; i++)
+            for (int c = c0; c < c1; c++) o[(size_t)i * (c1 - c0) + (c - c0)] = full[(size_t)i * Vp + c];
+        return o;
+    };
+    const float dloss = backward ? 1.0f / N : 0.0f;
+    std::vector<Pair> lg(K);
+    std::vector<std::vector<float>> parts_c(K), parts_g(K);
+    std::vector<uint8_t> r[2];
+    for (int k = 0; k < K; k++) {
+        const int c0 = cuts[k], c1 = cuts[k + 1], Vl = c1 - c0;
+        const std::string shk = sh.substr(0, sh.size() - 1) + strfmt(" slice=%d]", k);
+        lg[k] = h.make((size_t)N * Vl);
+        h.cpu.from_host_f32(lg[k].c, cols(v, c0, c1).data());
+        h.up_gpu(lg[k], cols(vg, c0, c1));
+        Pair st = h.make((size_t)3 * N, true);
+        h.cpu.cross_entropy_partial(st.c.f32(), lg[k].c, tc, N, Vl, c0, V);
+        for (int rep = 0; rep < 2; rep++) {
+            h.poison(st);
+            h.gpu.cross_entropy_partial(st.g.f32(), lg[k].g, tg, N, Vl, c0, V);
+            r[rep] = h.raw({st});
+        }
+        h.det("cross_entropy_partial", shk, r[0], r[1]);
+        parts_c[k] = h.get_cpu(st);
+        parts_g[k] = h.get_gpu(st);
+        if (c0 >= V) {  // padding only: exactly (-inf, 0, 0)
+            size_t bad = 0;
+            for (int i = 0; i < N; i++)
+                bad += !(parts_g[k][3 * i] == -INFINITY && parts_g[k][3 * i + 1] == 0.0f &&
+                         parts_g[k][3 * i + 2] == 0.0f);
+            report(bad == 0, "cross_entropy_partial.padding_slice", shk, strfmt("bad_rows=%zu", bad));
+        } else {
+            h.compare("cross_entropy_partial.stats", shk, st);
+        }
+    }
+    // each backend finishes with its own combined statistics
+    Pair stats = h.make((size_t)3 * N, true), losses = h.make(N, true);
+    h.cpu.from_host_f32(stats.c, combine_ce_stats(parts_c, N).data());
+    h.up_gpu(stats, combine_ce_stats(parts_g, N));
+    std::vector<float> first_losses;
+    for (int k = 0; k < K; k++) {
+        const int c0 = cuts[k], c1 = cuts[k + 1], Vl = c1 - c0;
+        const std::string shk = sh.substr(0, sh.size() - 1) + strfmt(" slice=%d]", k);
+        const auto lg0 = cols(vg, c0, c1);
+        h.cpu.cross_entropy_finish(lg[k].c, losses.c.f32(), stats.c.f32(), tc, N, Vl, c0, V, dloss);
+        for (int rep = 0; rep < 2; rep++) {
+            h.up_gpu(lg[k], lg0);
+            h.poison(losses);
+            h.gpu.cross_entropy_finish(lg[k].g, losses.g.f32(), stats.g.f32(), tg, N, Vl, c0, V, dloss);
+            r[rep] = h.raw({lg[k], losses});
+        }
+        h.det("cross_entropy_finish", shk, r[0], r[1]);
+        h.compare("cross_entropy_finish.losses", shk, losses);
+        auto gl = h.get_gpu(losses);
+        if (k == 0) first_losses = gl;
+        else report(std::memcmp(gl.data(), first_losses.data(), N * sizeof(float)) == 0,
+                    "cross_entropy_finish.same_losses_on_every_slice", shk, "");
+        if (backward) {
+            h.compare("cross_entropy_finish.dlogits", shk, lg[k]);
+        } else {  // logits untouched in the real columns
+            auto g = h.get_gpu(lg[k]);
+            const int nreal = std::max(0, std::min(c1, V) - c0);
+            size_t diff = 0;
+            for (int i = 0; i < N; i++)
+                for (int c = 0; c < nreal; c++) diff += g[(size_t)i * Vl + c] != lg0[(size_t)i * Vl + c];
+            report(diff == 0, "cross_entropy_finish.logits_unchanged", shk, strfmt("changed=%zu", diff));
+        }
+    }
+    if (K == 1) {  // one slice: bitwise the fused kernel
+        Pair full = h.make(n), fl = h.make(N, true);
+        h.up_gpu(full, vg);
+        h.poison(fl);
+        h.gpu.cross_entropy(full.g, fl.g.f32(), tg, N, V, Vp, dloss);
+        const auto a = h.raw({full, fl}), b = h.raw({lg[0], losses});
+        h.det("cross_entropy_partial_finish.equals_fused", sh, a, b);
+    }
+}
+
 void test_adamw(H& h, size_t n, bool with_master, int t) {
     const std::string sh = strfmt("[%s n=%zu master=%d t=%d]", dtype_name(h.dt), n, (int)with_master, t);
     Pair params = h.make(n), grads = h.make(n), m = h.make(n, true), v = h.make(n, true), master = h.make(n, true);
@@ -491,6 +657,108 @@ void test_sum_squares(H& h, size_t n) {
     report(std::isfinite(a) && err <= 1e-9, "sum_squares", sh, strfmt("err=%.3e gpu=%.17g cpu=%.17g", err, a, c));
 }
 
+// FP8 matmuls: CUDA (fp8 casts, cuBLASLt fp8 GEMM) against the CPU's exact emulation. Both
+// cast the same values with the same scales, so they differ only by the GEMM's accumulation
+// order and the output rounding, except that a value upstream of a cast that differs in its
+// last bit (bf16 GELU'd dout, or the current recipe's scale from it) can land on the other
+// side of an fp8 rounding boundary: hence tolerances of 5e-3 (fp32) and 5e-2 (bf16). Layout
+// or scale mistakes give errors of order 1. Amaxes are compared exactly where their tensor is
+// the same on both sides.
+void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool current, bool hybrid) {
+    const std::string sh =
+        strfmt("[%s N=%d IC=%d OC=%d bias=%d gelu=%d %s %s]", dtype_name(h.dt), N, IC, OC, (int)has_bias, (int)gelu,
+               current ? "current" : "delayed", hybrid ? "hybrid" : "e4m3");
+    const double tol = h.bf() ? 5e-2 : 5e-3;
+    const size_t no = (size_t)N * OC, ni = (size_t)N * IC, nw = (size_t)OC * IC;
+    Pair inp = h.make(ni), w = h.make(nw), out = h.make(no), pre = h.make(no), bias = h.make(OC);
+    Pair amax = h.make(3, true);
+    const float wsig = 1.0f / std::sqrt((float)IC);
+    h.up(inp, h.rnd(ni, 1.0f));
+    h.up(w, h.rnd(nw, wsig));
+    h.up(bias, h.rnd(OC, 0.5f));
+    const Fp8Format gf = hybrid ? Fp8Format::E5M2 : Fp8Format::E4M3;
+    // delayed: scales that put about 3.5 sigma at the format's max (a few values saturate);
+    // current: fallbacks the ops must not need
+    auto cast = [&](Fp8Format f, float sigma, float* a) {
+        Fp8Cast c;
+        c.format = f;
+        c.scale = current ? 1.0f : fp8_max(f) / (3.5f * sigma);
+        c.current = current;
+        c.margin = current ? 1 : 0;
+        c.amax = a;
+        return c;
+    };
+    const std::vector<float> zeros(3, 0.0f);
+    auto exact = [&](const std::string& name, const std::vector<float>& g, const std::vector<float>& c) {
+        report(g == c, name, sh, strfmt("gpu=%.9g,%.9g,%.9g cpu=%.9g,%.9g,%.9g", g[0], g[1], g[2], c[0], c[1], c[2]));
+    };
+    Tensor bc = has_bias ? bias.c : Tensor(), bg = has_bias ? bias.g : Tensor();
+    Tensor pc = gelu ? pre.c : Tensor(), pg = gelu ? pre.g : Tensor();
+
+    h.up(amax, zeros);
+    h.cpu.matmul_forward_fp8(out.c, pc, inp.c, w.c, bc, N, IC, OC, gelu, cast(Fp8Format::E4M3, 1.0f, amax.c.f32()),
+                             cast(Fp8Format::E4M3, wsig, amax.c.f32() + 1));
+    std::vector<uint8_t> r[2];
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(out), h.poison(pre);
+        h.up_gpu(amax, zeros);
+        h.gpu.matmul_forward_fp8(out.g, pg, inp.g, w.g, bg, N, IC, OC, gelu, cast(Fp8Format::E4M3, 1.0f, amax.g.f32()),
+                                 cast(Fp8Format::E4M3, wsig, amax.g.f32() + 1));
+        r[rep] = gelu ? h.raw({out, pre, amax}) : h.raw({out, amax});
+    }
+    h.det("matmul_forward_fp8", sh, r[0], r[1]);
+    H::compare_vec("matmul_forward_fp8.out", sh, h.get_gpu(out), h.get_cpu(out), tol);
+    if (gelu) H::compare_vec("matmul_forward_fp8.pre_gelu", sh, h.get_gpu(pre), h.get_cpu(pre), tol);
+    exact("matmul_forward_fp8.amax", h.get_gpu(amax), h.get_cpu(amax));
+
+    // backward: dinp overwrite (poisoned), dw/dbias accumulate, dout modified in place with gelu
+    Pair dout = h.make(no), dinp = h.make(ni), dw = h.make(nw), dbias = h.make(OC);
+    auto dout0 = h.rnd(no, 1.0f), dw0 = h.rnd(nw, 1.0f), db0 = h.rnd(OC, 1.0f);
+    h.up(pre, h.rnd(no, 1.5f));
+    h.up(dout, dout0), h.up(dw, dw0), h.up(dbias, db0), h.up(amax, zeros);
+    Tensor dbc = has_bias ? dbias.c : Tensor(), dbg = has_bias ? dbias.g : Tensor();
+    auto bwd_casts = [&](float* a) {
+        return std::vector<Fp8Cast>{cast(gf, 1.0f, a + 2), cast(Fp8Format::E4M3, 1.0f, a),
+                                    cast(Fp8Format::E4M3, wsig, a + 1)};
+    };
+    auto cc = bwd_casts(amax.c.f32());
+    h.cpu.matmul_backward_fp8(dinp.c, dw.c, dbc, dout.c, inp.c, w.c, pc, N, IC, OC, cc[0], cc[1], cc[2]);
+    for (int rep = 0; rep < 2; rep++) {
+        h.up_gpu(dout, dout0), h.up_gpu(dw, dw0), h.up_gpu(dbias, db0), h.up_gpu(amax, zeros);
+        h.poison(dinp);
+        auto cg = bwd_casts(amax.g.f32());
+        h.gpu.matmul_backward_fp8(dinp.g, dw.g, dbg, dout.g, inp.g, w.g, pg, N, IC, OC, cg[0], cg[1], cg[2]);
+        r[rep] = h.raw({dinp, dw, dbias, dout, amax});
+    }
+    h.det("matmul_backward_fp8", sh, r[0], r[1]);
+    H::compare_vec("matmul_backward_fp8.dinp", sh, h.get_gpu(dinp), h.get_cpu(dinp), tol);
+    // dw accumulates onto N(0,1) values: compare the increments, which carry the fp8 GEMM
+    auto dwg = h.get_gpu(dw), dwc = h.get_cpu(dw);
+    for (size_t i = 0; i < nw; i++) dwg[i] -= dw0[i], dwc[i] -= dw0[i];
+    H::compare_vec("matmul_backward_fp8.dw_increment", sh, dwg, dwc, tol);
+    if (has_bias) h.compare("matmul_backward_fp8.dbias", sh, dbias);
+    if (gelu) h.compare("matmul_backward_fp8.dout_after_gelu", sh, dout);
+    auto ag = h.get_gpu(amax), ac = h.get_cpu(amax);
+    if (gelu) {  // dout's amax is of the GELU'd dout, computed in each backend's own precision
+        H::compare_vec("matmul_backward_fp8.amax_dout", sh, {ag[2]}, {ac[2]}, h.bf() ? 1e-2 : 1e-5);
+        ag[2] = ac[2];
+    }
+    exact("matmul_backward_fp8.amax", ag, ac);
+}
+
+// Shapes the fp8 GEMM cannot take are a UserError, not a crash.
+void test_fp8_bad_shape(H& h) {
+    Pair inp = h.make(17 * 32), w = h.make(32 * 32), out = h.make(17 * 32);
+    Fp8Cast c;
+    bool threw = false;
+    try {
+        h.gpu.matmul_forward_fp8(out.g, Tensor(), inp.g, w.g, Tensor(), 17, 32, 32, false, c, c);
+    } catch (const UserError&) {
+        threw = true;
+    }
+    report(threw, "matmul_forward_fp8.rejects_N_not_multiple_of_16", strfmt("[%s]", dtype_name(h.dt)), "");
+}
+
 void guarded(const std::string& what, const std::function<void()>& f) {
     try {
         f();
@@ -522,6 +790,14 @@ int main(int argc, char** argv) {
                 test_encoder(h, 1, 1, 64, 7);
                 test_encoder(h, 4, 64, 200, 1000);
                 test_encoder(h, 2, 257, 128, 3);  // heavy token repetition
+            });
+        if (want("encoder_slice"))
+            guarded("encoder_slice", [&] {
+                test_encoder_slice(h, 2, 17, 96, 64, 0, 32, true);
+                test_encoder_slice(h, 2, 17, 96, 64, 32, 64, false);
+                test_encoder_slice(h, 4, 64, 200, 1024, 300, 700, true);
+                test_encoder_slice(h, 2, 257, 128, 8, 2, 5, false);  // heavy token repetition
+                test_encoder_slice(h, 1, 5, 64, 16, 7, 7, true);     // an empty slice
             });
         if (want("layernorm"))
             guarded("layernorm", [&] {
@@ -563,6 +839,16 @@ int main(int argc, char** argv) {
                 test_cross_entropy(h, 17, 1000, 1024, true);
                 test_cross_entropy(h, 4, 50257, 50304, true);
             });
+        if (want("cross_entropy_vp"))
+            guarded("cross_entropy_vp", [&] {
+                test_cross_entropy_vocab_parallel(h, 7, 50, 128, {0, 128}, true);
+                test_cross_entropy_vocab_parallel(h, 7, 50, 128, {0, 128}, false);
+                test_cross_entropy_vocab_parallel(h, 7, 50, 128, {0, 64, 128}, true);  // a padding-only slice
+                test_cross_entropy_vocab_parallel(h, 17, 1000, 1024, {0, 300, 700, 1024}, true);
+                test_cross_entropy_vocab_parallel(h, 17, 1000, 1024, {0, 300, 700, 1024}, false);
+                test_cross_entropy_vocab_parallel(h, 4, 50257, 50304, {0, 25152, 50304}, true);
+                test_cross_entropy_vocab_parallel(h, 4, 50257, 50304, {0, 12576, 25152, 37728, 50304}, true);
+            });
         if (want("adamw"))
             guarded("adamw", [&] {
                 test_adamw(h, 1000, false, 1);
@@ -575,6 +861,24 @@ int main(int argc, char** argv) {
                 test_sum_squares(h, 1000);
                 test_sum_squares(h, (1u << 20) + 7);
             });
+        if (want("fp8")) {
+            std::string why;
+            if (!gpu->fp8_supported(&why)) {
+                std::printf("SKIP fp8 [%s] %s\n", dtype_name(dt), why.c_str());
+            } else {
+                guarded("fp8", [&] {
+                    for (bool current : {false, true})
+                        for (bool hybrid : {true, false}) {
+                            test_fp8_matmul(h, 32, 64, 48, true, false, current, hybrid);
+                            test_fp8_matmul(h, 64, 96, 384, true, true, current, hybrid);
+                            test_fp8_matmul(h, 48, 32, 16, false, false, current, hybrid);
+                        }
+                    test_fp8_matmul(h, 256, 768, 2304, true, false, false, true);
+                    test_fp8_matmul(h, 128, 768, 3072, true, true, true, true);
+                    test_fp8_bad_shape(h);
+                });
+            }
+        }
     }
     std::printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
