@@ -55,10 +55,14 @@ $(BUILD)/test_cpu: $(TEST_OBJS) $(BUILD)/libllmc.a
 $(BUILD)/test_gpu: $(GPU_TEST_SRCS:%.cu=$(BUILD)/%.o) $(CUDA_OBJS) $(BUILD)/libllmc.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $^ $(LDLIBS)
 
+# NCCL/MPI communicator checks on a GPU machine: mpirun -np 2 dev/comm_check nccl (see the file).
+dev/comm_check: $(BUILD)/dev/comm_check.o $(CUDA_OBJS) $(BUILD)/libllmc.a
+	$(NVCC) $(NVCCFLAGS) -o $@ $^ $(LDLIBS)
+
 test: train_gpt $(TOOLS) $(BUILD)/test_cpu $(if $(GPU_TEST_SRCS),$(BUILD)/test_gpu)
 	bash test/run_tests.sh
 
 clean:
-	rm -rf $(BUILD) train_gpt $(TOOLS)
+	rm -rf $(BUILD) train_gpt $(TOOLS) dev/comm_check
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -10,11 +10,25 @@ std::vector<size_t> count_offsets(const std::vector<size_t>& counts) {
     return off;
 }
 
+std::string count_text(size_t n, const char* unit) { return strfmt("%zu %s%s", n, unit, n == 1 ? "" : "s"); }
+
+std::string exchange_text(const std::vector<CommP2P>& msgs) {
+    std::string t;
+    for (const CommP2P& m : msgs)
+        t += strfmt("%s%s ", t.empty() ? "" : "; ", m.is_send ? "send" : "recv") + count_text(m.n, "float") +
+             strfmt(" %s group rank %d, tag %d", m.is_send ? "to" : "from", m.peer, m.tag);
+    return t;
+}
+
+std::string timeout_text(double timeout_s) {
+    return strfmt("did not complete within parallel.timeout_s = %g s", timeout_s);
+}
+
 namespace {
 
 class SelfComm : public Comm {
 public:
-    explicit SelfComm(int world_rank) : Comm({world_rank}, 0) {}
+    explicit SelfComm(int world_rank) : Comm({world_rank}, 0, "self") {}
     std::string name() const override { return "self"; }
     void all_reduce(float*, size_t, ReduceOp) override {}
     void all_reduce(double*, size_t, ReduceOp) override {}
@@ -29,8 +43,32 @@ public:
         copy(send, recv, counts);
     }
     void broadcast(float*, size_t, int root) override { LLMC_ASSERT(root == 0, "broadcast: root outside the group"); }
-    void send(const float*, size_t, int) override { LLMC_ASSERT(false, "send to self"); }
-    void recv(float*, size_t, int) override { LLMC_ASSERT(false, "recv from self"); }
+    void send(const float*, size_t, int, int) override { LLMC_ASSERT(false, "send to self"); }
+    void recv(float*, size_t, int, int) override { LLMC_ASSERT(false, "recv from self"); }
+    void sendrecv(const float* sendbuf, size_t send_n, int send_peer, float* recvbuf, size_t recv_n, int recv_peer,
+                  int tag) override {
+        LLMC_ASSERT(send_peer == 0 && recv_peer == 0, "sendrecv: peer outside the group");
+        LLMC_ASSERT(send_n == recv_n, "sendrecv with oneself: the sizes differ");
+        LLMC_ASSERT(tag >= 0 && tag <= kMaxCommTag, "sendrecv: tag outside 0..32767");
+        if (sendbuf != recvbuf && send_n) std::memmove(recvbuf, sendbuf, send_n * sizeof(float));
+    }
+    // With oneself: each receive takes the first unmatched send of its tag (MPI's order).
+    void exchange(const std::vector<CommP2P>& msgs) override {
+        std::vector<bool> used(msgs.size(), false);
+        for (const CommP2P& r : msgs) {
+            LLMC_ASSERT(r.peer == 0, "exchange: peer outside the group");
+            LLMC_ASSERT(r.tag >= 0 && r.tag <= kMaxCommTag, "exchange: tag outside 0..32767");
+            if (r.is_send) continue;
+            size_t s = 0;
+            while (s < msgs.size() && (used[s] || !msgs[s].is_send || msgs[s].tag != r.tag)) s++;
+            LLMC_ASSERT(s < msgs.size(), "exchange with oneself: a receive without its send");
+            LLMC_ASSERT(msgs[s].n == r.n, "exchange with oneself: the sizes differ");
+            used[s] = true;
+            if (r.buf != msgs[s].buf && r.n) std::memmove(r.buf, msgs[s].buf, r.n * sizeof(float));
+        }
+        for (size_t s = 0; s < msgs.size(); s++)
+            LLMC_ASSERT(!msgs[s].is_send || used[s], "exchange with oneself: a send without its receive");
+    }
     void barrier() override {}
 
 private:
@@ -43,3 +81,10 @@ private:
 }  // namespace
 
 std::unique_ptr<Comm> make_self_comm(int world_rank) { return std::unique_ptr<Comm>(new SelfComm(world_rank)); }
+
+// Binaries linked without the CUDA objects (the CPU unit tests, the data tools) still link
+// make_process_groups, which names make_nccl_comm; they get this definition. train_gpt and the
+// GPU tests link llmc/cuda/comm_nccl.cu, whose ordinary (strong) definition replaces it.
+__attribute__((weak)) std::unique_ptr<Comm> make_nccl_comm(Comm&, int, double) {
+    throw UserError("parallel.comm: \"nccl\" is not available in this binary (built without the CUDA backend)");
+}

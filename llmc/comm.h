@@ -1,25 +1,58 @@
 // Comm: the collective-communication interface every parallel layout is written over.
 //
 // A Comm is one process group: an ordered set of world ranks; rank() and size() are this
-// process's position in it and its size, and peers/roots are group ranks. Buffers are fp32
-// (and double for a few scalars) in the communicator's memory space: host memory for MPI,
-// device memory for NCCL (on_device()). Callers that hold device tensors and talk to a host
-// communicator stage them through host buffers (llmc/data_parallel.cpp does).
+// process's position in it and its size, and peers/roots are group ranks. group() names the
+// group in messages ("dp", "tp", "pp", "world").
 //
-// Every call is blocking and collective over the group (send/recv: over the pair), and every
-// call must be made in the same order on all members. Results are deterministic for a fixed
-// group and sizes, and every member receives bitwise the same reduction result.
+// Memory: fp32 buffers are in the communicator's memory space: host memory for MPI and SelfComm,
+// device memory for NCCL (on_device()). double buffers (a few scalars: losses, norms) are host
+// memory on every communicator; NCCL copies them through the device itself. Callers that hold
+// device tensors and talk to a host communicator stage them through host buffers.
+//
+// Every call is blocking and collective over the group (send/recv: over the pair; sendrecv:
+// over the two pairs it joins), and every call must be made in the same order on all members.
+// A call returns when its result is in the buffer. On device buffers (NCCL) a call also starts
+// only after all work already launched on the device's blocking streams (CudaOps's stream is
+// one; streams made with cudaStreamNonBlocking are not): the caller need not synchronize first,
+// and work launched after the call, on any stream, sees the result.
+//
+// Results are deterministic for a fixed group, sizes and (NCCL) topology, and every member
+// receives bitwise the same reduction result.
+//
+// Point-to-point (pipeline stages): send/recv/sendrecv/exchange carry a tag in 0..32767. MPI
+// matches messages by tag; NCCL has no tags and matches a pair's messages in posting order, so
+// the messages between two ranks must be posted in the same order on both sides (the blocking
+// calls force that across calls; within one exchange it is the caller's care) and the tag only
+// labels the call. Sizes must match exactly.
+//
+// Watchdog (MPI, NCCL): every blocking call is timed. One that does not complete within
+// timeout_s (parallel.timeout_s) prints which call stalled on which group, e.g.
+//   [rank 1] error: all_reduce on the dp group (2621 floats) did not complete within
+//   parallel.timeout_s = 5 s; ending the job
+// and ends every process of the job with exit code 1: a member that died, hung or took
+// another path never leaves the others waiting forever.
 //
 // Implementations: SelfComm (a group of one: copies, no MPI needed), MPI (comm_mpi.cpp,
-// one MPI_Comm per group). NCCL (llmc/cuda, bootstrapped over the MPI group) implements the
-// same interface with on_device() = true.
+// one MPI_Comm per group), NCCL (llmc/cuda/comm_nccl.cu, one ncclComm per group,
+// bootstrapped over the group's MPI communicator).
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 enum class ReduceOp { Sum, Max };
+
+// One message of Comm::exchange: a send of n elements of buf to group rank peer, or a receive
+// of n elements from it into buf.
+struct CommP2P {
+    bool is_send;
+    float* buf;  // only read by a send
+    size_t n;
+    int peer;
+    int tag;
+};
 
 class Comm {
 public:
@@ -30,10 +63,11 @@ public:
     int rank() const { return rank_; }
     int size() const { return int(members_.size()); }
     const std::vector<int>& members() const { return members_; }  // world ranks, in group order
+    const std::string& group() const { return group_; }
 
     // buf[i] = op over the group of every member's buf[i]
     virtual void all_reduce(float* buf, size_t n, ReduceOp op) = 0;
-    virtual void all_reduce(double* buf, size_t n, ReduceOp op) = 0;
+    virtual void all_reduce(double* buf, size_t n, ReduceOp op) = 0;  // host memory on every Comm
     // send holds sum(counts) elements on every member; recv gets this member's piece
     // (counts[rank()] elements at offset sum(counts[0..rank()))) of their element-wise sum.
     virtual void reduce_scatter(const float* send, float* recv, const std::vector<size_t>& counts) = 0;
@@ -42,23 +76,64 @@ public:
     // as all_gather, but only root's recv is written (others may pass nullptr)
     virtual void gather(const float* send, float* recv, const std::vector<size_t>& counts, int root) = 0;
     virtual void broadcast(float* buf, size_t n, int root) = 0;
-    virtual void send(const float* buf, size_t n, int peer) = 0;
-    virtual void recv(float* buf, size_t n, int peer) = 0;
+    // n elements to / from group rank peer (not this rank: a blocking send to oneself never completes).
+    // The default tag is 0 (overrides do not repeat it: a default argument binds to the static type).
+    virtual void send(const float* buf, size_t n, int peer, int tag = 0) = 0;
+    virtual void recv(float* buf, size_t n, int peer, int tag = 0) = 0;
+    // Posts both halves at once (no deadlock between neighbours that send to each other):
+    // send_n elements to send_peer and recv_n elements from recv_peer, both with tag. The peers
+    // may differ (a pipeline stage receives from the previous one and sends to the next), or
+    // both be this rank (then send_n == recv_n and it is a copy), but not one of them only.
+    virtual void sendrecv(const float* sendbuf, size_t send_n, int send_peer, float* recvbuf, size_t recv_n,
+                          int recv_peer, int tag = 0) = 0;
+    // sendrecv's generalisation (a pipeline action that moves several tensors): posts every
+    // message at once and returns when all are done. Peers may be this rank (a send and a
+    // receive of the same size and tag then pair up, in order). Several messages between the
+    // same two ranks must be posted in the same order on both sides.
+    virtual void exchange(const std::vector<CommP2P>& msgs) = 0;
     virtual void barrier() = 0;
 
 protected:
-    Comm(std::vector<int> members, int rank) : members_(std::move(members)), rank_(rank) {}
+    Comm(std::vector<int> members, int rank, std::string group)
+        : members_(std::move(members)), rank_(rank), group_(std::move(group)) {}
 
 private:
     std::vector<int> members_;
     int rank_;
+    std::string group_;
 };
+
+// The tags every implementation accepts (MPI guarantees at least 0..32767).
+constexpr int kMaxCommTag = 32767;
 
 // A group of one process (no MPI needed): reductions are copies.
 std::unique_ptr<Comm> make_self_comm(int world_rank);
 // A group over MPI (host buffers). Collective over MPI_COMM_WORLD: every world rank calls it
 // with the same list of groups (a partition of the world ranks) and gets the group holding it.
-std::unique_ptr<Comm> make_mpi_comm(const std::vector<std::vector<int>>& partition, int world_rank);
+// group names it in messages; timeout_s (> 0) bounds every blocking call (the watchdog above).
+std::unique_ptr<Comm> make_mpi_comm(const std::vector<std::vector<int>>& partition, int world_rank,
+                                    const std::string& group, double timeout_s);
+// A group over NCCL (device buffers) on CUDA device cuda_device (made current here: call it
+// before any other CUDA work of this process). bootstrap is a host communicator over the same
+// group (make_mpi_comm's): group rank 0 creates the ncclUniqueId and broadcasts it over it; it
+// is not used afterwards. Collective over the group. Defined in llmc/cuda/comm_nccl.cu; a
+// binary built without the CUDA objects gets a definition that throws UserError.
+std::unique_ptr<Comm> make_nccl_comm(Comm& bootstrap, int cuda_device, double timeout_s);
 
 // Prefix sums of counts: offsets[i] = counts[0] + ... + counts[i-1].
 std::vector<size_t> count_offsets(const std::vector<size_t>& counts);
+// "1 float", "2621 floats": call sizes in messages.
+std::string count_text(size_t n, const char* unit);
+// "send 12 floats to group rank 1, tag 3; recv ...": an exchange's messages.
+std::string exchange_text(const std::vector<CommP2P>& msgs);
+
+// For the watchdogs. Prints "<rank prefix>error: <op> on the <group> group (<detail>) <what>;
+// ending the job" to stderr, then ends every process of the job with exit code 1 (MPI_Abort,
+// or _exit where this thread may not call MPI: the launcher then ends the others). Callable
+// from any thread. Defined in comm_mpi.cpp.
+// cleanup runs between the two (NCCL aborts its communicator there), under a 10 s alarm that
+// ends the process should it hang.
+[[noreturn]] void comm_fatal(const std::string& op, const std::string& group, const std::string& detail,
+                             const std::string& what, const std::function<void()>& cleanup = nullptr);
+// The "<what>" of a stall: "did not complete within parallel.timeout_s = T s".
+std::string timeout_text(double timeout_s);

@@ -1,14 +1,50 @@
 // Comm over MPI on host buffers: one MPI_Comm per process group (MPI_Comm_split of the world).
 // Errors use MPI's default handler (MPI_ERRORS_ARE_FATAL): a failed call ends the whole job.
+// A call that never completes (a member died, hung or took another path) is the watchdog's:
+// a helper thread per communicator times every blocking call and ends the job.
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <thread>
 
 #include "llmc/comm.h"
 #include "llmc/common.h"
 
+[[noreturn]] void comm_fatal(const std::string& op, const std::string& group, const std::string& detail,
+                             const std::string& what, const std::function<void()>& cleanup) {
+    std::fprintf(stderr, "%serror: %s on the %s group%s%s%s %s; ending the job\n", rank_prefix().c_str(), op.c_str(),
+                 group.c_str(), detail.empty() ? "" : " (", detail.c_str(), detail.empty() ? "" : ")", what.c_str());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    // Should MPI_Abort hang (its launcher gone, say), SIGALRM's default action still ends this
+    // process, and a launcher ends a job whose rank was killed by a signal.
+    ::alarm(10);
+    if (cleanup) cleanup();
+    // MPI_Abort asks the launcher to end every rank, whatever the launcher, so the rank that
+    // hangs outside MPI goes too. From a helper thread (the MPI watchdog's, while the main thread
+    // sits inside an MPI call) that is legal only at MPI_THREAD_MULTIPLE, which the runtime asks
+    // for; without it, _exit: mpirun ends a job one of whose ranks exits non-zero (srun only with
+    // --kill-on-bad-exit). MPI_Query_thread and MPI_Is_thread_main may be called from any thread.
+    int initialized = 0, finalized = 0, level = MPI_THREAD_SINGLE, is_main = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) {
+        MPI_Query_thread(&level);
+        MPI_Is_thread_main(&is_main);
+        if (level == MPI_THREAD_MULTIPLE || is_main) MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    ::_exit(1);
+}
+
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
 
@@ -26,9 +62,90 @@ std::vector<int> int_counts(const std::vector<size_t>& counts, std::vector<int>*
     return c;
 }
 
+size_t total(const std::vector<size_t>& counts) { return count_offsets(counts).back(); }
+
+// Times one communicator's blocking calls on a helper thread: the main thread arms it before a
+// call and disarms it after. A call still armed at its deadline is reported, and the helper ends
+// the job, since the main thread is stuck inside MPI. The helper never calls MPI otherwise.
+class Watchdog {
+public:
+    Watchdog(std::string group, double timeout_s)
+        : group_(std::move(group)),
+          timeout_s_(timeout_s),
+          timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))) {
+        LLMC_ASSERT(timeout_s > 0, "the communicator watchdog needs timeout_s > 0");
+        thread_ = std::thread([this] { run(); });
+    }
+    ~Watchdog() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+        }
+        cv_.notify_one();
+        thread_.join();
+    }
+    Watchdog(const Watchdog&) = delete;
+    Watchdog& operator=(const Watchdog&) = delete;
+
+    void arm(const char* op, std::string detail) {
+        std::lock_guard<std::mutex> lock(mu_);
+        op_ = op;
+        detail_ = std::move(detail);
+        deadline_ = Clock::now() + timeout_;
+        armed_ = true;
+        // A helper still waiting on the previous call's deadline wakes by itself, before this
+        // (later) one, and waits again; only an idle one needs the wake-up (a system call).
+        if (idle_) cv_.notify_one();
+    }
+    void disarm() {
+        std::lock_guard<std::mutex> lock(mu_);
+        armed_ = false;
+    }
+
+private:
+    void run() {
+        std::unique_lock<std::mutex> lock(mu_);
+        while (!stop_) {
+            if (!armed_) {
+                idle_ = true;
+                cv_.wait(lock);
+                idle_ = false;
+            } else if (Clock::now() >= deadline_) {
+                comm_fatal(op_, group_, detail_, timeout_text(timeout_s_));
+            } else {
+                cv_.wait_until(lock, deadline_);
+            }
+        }
+    }
+
+    const std::string group_;
+    const double timeout_s_;
+    const Clock::duration timeout_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool armed_ = false, idle_ = false, stop_ = false;
+    Clock::time_point deadline_;
+    const char* op_ = "";
+    std::string detail_;
+    std::thread thread_;
+};
+
+// Arms the watchdog for the lifetime of one call.
+class Timed {
+public:
+    Timed(Watchdog& w, const char* op, std::string detail) : w_(w) { w_.arm(op, std::move(detail)); }
+    ~Timed() { w_.disarm(); }
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+
+private:
+    Watchdog& w_;
+};
+
 class MpiComm : public Comm {
 public:
-    MpiComm(std::vector<int> members, int rank, MPI_Comm comm) : Comm(std::move(members), rank), comm_(comm) {}
+    MpiComm(std::vector<int> members, int rank, MPI_Comm comm, const std::string& group, double timeout_s)
+        : Comm(std::move(members), rank, group), comm_(comm), watchdog_(group, timeout_s) {}
     ~MpiComm() override {
         int finalized = 0;
         MPI_Finalized(&finalized);
@@ -36,42 +153,120 @@ public:
     }
     std::string name() const override { return "mpi"; }
 
-    void all_reduce(float* buf, size_t n, ReduceOp op) override { all_reduce_any(buf, n, MPI_FLOAT, op); }
-    void all_reduce(double* buf, size_t n, ReduceOp op) override { all_reduce_any(buf, n, MPI_DOUBLE, op); }
+    void all_reduce(float* buf, size_t n, ReduceOp op) override {
+        Timed t(watchdog_, "all_reduce", count_text(n, "float"));
+        all_reduce_any(buf, n, MPI_FLOAT, op);
+    }
+    void all_reduce(double* buf, size_t n, ReduceOp op) override {
+        Timed t(watchdog_, "all_reduce", count_text(n, "double"));
+        all_reduce_any(buf, n, MPI_DOUBLE, op);
+    }
 
     void reduce_scatter(const float* send, float* recv, const std::vector<size_t>& counts) override {
         check_counts(counts);
         std::vector<int> displs, c = int_counts(counts, &displs);
+        Timed t(watchdog_, "reduce_scatter", count_text(total(counts), "float"));
         MPI_Reduce_scatter(send, recv, c.data(), MPI_FLOAT, MPI_SUM, comm_);
     }
     void all_gather(const float* send, float* recv, const std::vector<size_t>& counts) override {
         check_counts(counts);
         std::vector<int> displs, c = int_counts(counts, &displs);
+        Timed t(watchdog_, "all_gather", count_text(total(counts), "float"));
         MPI_Allgatherv(send, c[rank()], MPI_FLOAT, recv, c.data(), displs.data(), MPI_FLOAT, comm_);
     }
     void gather(const float* send, float* recv, const std::vector<size_t>& counts, int root) override {
         check_counts(counts);
+        check_peer(root, "gather");
         std::vector<int> displs, c = int_counts(counts, &displs);
+        Timed t(watchdog_, "gather", count_text(total(counts), "float") + strfmt(" to group rank %d", root));
         MPI_Gatherv(send, c[rank()], MPI_FLOAT, recv, c.data(), displs.data(), MPI_FLOAT, root, comm_);
     }
     void broadcast(float* buf, size_t n, int root) override {
+        check_peer(root, "broadcast");
+        Timed t(watchdog_, "broadcast", count_text(n, "float") + strfmt(" from group rank %d", root));
         for (size_t off = 0; off < n; off += kChunk)
             MPI_Bcast(buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, root, comm_);
     }
-    void send(const float* buf, size_t n, int peer) override {
+    void send(const float* buf, size_t n, int peer, int tag) override {
+        check_p2p(peer, tag, "send");
+        Timed t(watchdog_, "send", count_text(n, "float") + strfmt(" to group rank %d, tag %d", peer, tag));
         for (size_t off = 0; off < n; off += kChunk)
-            MPI_Send(buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, peer, 0, comm_);
+            MPI_Send(buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, peer, tag, comm_);
     }
-    void recv(float* buf, size_t n, int peer) override {
-        for (size_t off = 0; off < n; off += kChunk)
-            MPI_Recv(buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, peer, 0, comm_, MPI_STATUS_IGNORE);
+    void recv(float* buf, size_t n, int peer, int tag) override {
+        check_p2p(peer, tag, "recv");
+        Timed t(watchdog_, "recv", count_text(n, "float") + strfmt(" from group rank %d, tag %d", peer, tag));
+        for (size_t off = 0; off < n; off += kChunk) {
+            const int want = int(std::min(kChunk, n - off));
+            MPI_Status st;
+            MPI_Recv(buf + off, want, MPI_FLOAT, peer, tag, comm_, &st);
+            check_received(st, want, "recv");
+        }
     }
-    void barrier() override { MPI_Barrier(comm_); }
+    void sendrecv(const float* sendbuf, size_t send_n, int send_peer, float* recvbuf, size_t recv_n, int recv_peer,
+                  int tag) override {
+        check_peer(send_peer, "sendrecv");
+        check_peer(recv_peer, "sendrecv");
+        LLMC_ASSERT((send_peer == rank()) == (recv_peer == rank()),
+                    "sendrecv: a send to oneself needs the receive from oneself in the same call");
+        LLMC_ASSERT(send_peer != rank() || send_n == recv_n, "sendrecv with oneself: the sizes differ");
+        LLMC_ASSERT(tag >= 0 && tag <= kMaxCommTag, "sendrecv: tag outside 0..32767");
+        Timed t(watchdog_, "sendrecv",
+                count_text(send_n, "float") + strfmt(" to group rank %d, ", send_peer) + count_text(recv_n, "float") +
+                    strfmt(" from group rank %d, tag %d", recv_peer, tag));
+        // Chunk i of each direction travels in call i. The side with fewer chunks sits the last
+        // calls out (MPI_PROC_NULL): each direction then carries exactly chunks(n) messages,
+        // which is what its peer, computing from the same n, posts.
+        const size_t calls = std::max(chunks(send_n), chunks(recv_n));
+        for (size_t i = 0; i < calls; i++) {
+            const size_t off = i * kChunk;
+            const bool s = off < send_n, r = off < recv_n;
+            const int sc = s ? int(std::min(kChunk, send_n - off)) : 0, rc = r ? int(std::min(kChunk, recv_n - off)) : 0;
+            MPI_Status st;
+            MPI_Sendrecv(s ? sendbuf + off : nullptr, sc, MPI_FLOAT, s ? send_peer : MPI_PROC_NULL, tag,
+                         r ? recvbuf + off : nullptr, rc, MPI_FLOAT, r ? recv_peer : MPI_PROC_NULL, tag, comm_, &st);
+            if (r) check_received(st, rc, "sendrecv");
+        }
+    }
+    void exchange(const std::vector<CommP2P>& msgs) override {
+        for (const CommP2P& m : msgs) {
+            check_peer(m.peer, "exchange");
+            LLMC_ASSERT(m.tag >= 0 && m.tag <= kMaxCommTag, strfmt("exchange: tag %d outside 0..32767", m.tag));
+        }
+        const std::string detail = exchange_text(msgs);
+        Timed t(watchdog_, "exchange", detail);
+        // Receives first (then a send never waits in the unexpected-message queue); the order of
+        // the sends among themselves, and of the receives, is kept, which is what matches
+        // messages of the same peer and tag, chunk by chunk.
+        std::vector<MPI_Request> reqs;
+        std::vector<int> want;  // per request: elements a receive expects, -1 for a send
+        for (int pass = 0; pass < 2; pass++)
+            for (const CommP2P& m : msgs) {
+                if (m.is_send != (pass == 1)) continue;
+                for (size_t off = 0; off < m.n; off += kChunk) {
+                    const int c = int(std::min(kChunk, m.n - off));
+                    reqs.emplace_back();
+                    if (m.is_send) MPI_Isend(m.buf + off, c, MPI_FLOAT, m.peer, m.tag, comm_, &reqs.back());
+                    else MPI_Irecv(m.buf + off, c, MPI_FLOAT, m.peer, m.tag, comm_, &reqs.back());
+                    want.push_back(m.is_send ? -1 : c);
+                }
+            }
+        std::vector<MPI_Status> st(reqs.size());
+        MPI_Waitall(int(reqs.size()), reqs.data(), st.data());
+        for (size_t i = 0; i < reqs.size(); i++)
+            if (want[i] >= 0) check_received(st[i], want[i], "exchange");
+    }
+    void barrier() override {
+        Timed t(watchdog_, "barrier", "");
+        MPI_Barrier(comm_);
+    }
 
 private:
     static constexpr size_t kChunk = size_t(1) << 30;  // elements per call (MPI counts are int)
     MPI_Comm comm_;
+    Watchdog watchdog_;
 
+    static size_t chunks(size_t n) { return (n + kChunk - 1) / kChunk; }
     template <typename T>
     void all_reduce_any(T* buf, size_t n, MPI_Datatype type, ReduceOp op) {
         for (size_t off = 0; off < n; off += kChunk)
@@ -80,11 +275,28 @@ private:
     void check_counts(const std::vector<size_t>& counts) const {
         LLMC_ASSERT(int(counts.size()) == size(), "counts must have one entry per group member");
     }
+    void check_peer(int peer, const char* op) const {
+        LLMC_ASSERT(peer >= 0 && peer < size(), strfmt("%s: group rank %d outside the %s group", op, peer, group().c_str()));
+    }
+    void check_p2p(int peer, int tag, const char* op) const {
+        check_peer(peer, op);
+        LLMC_ASSERT(peer != rank(), strfmt("%s: a blocking %s with oneself never completes (use sendrecv)", op, op));
+        LLMC_ASSERT(tag >= 0 && tag <= kMaxCommTag, strfmt("%s: tag %d outside 0..32767", op, tag));
+    }
+    // A shorter message than posted would leave the tail of the buffer stale (a longer one is an
+    // MPI truncation error): the two sides disagree on the size.
+    static void check_received(const MPI_Status& st, int want, const char* op) {
+        int got = -1;
+        MPI_Get_count(&st, MPI_FLOAT, &got);
+        LLMC_ASSERT(got == want, strfmt("%s: %d floats arrived, %d expected (the peers disagree on the size)", op,
+                                        got, want));
+    }
 };
 
 }  // namespace
 
-std::unique_ptr<Comm> make_mpi_comm(const std::vector<std::vector<int>>& partition, int world_rank) {
+std::unique_ptr<Comm> make_mpi_comm(const std::vector<std::vector<int>>& partition, int world_rank,
+                                    const std::string& group, double timeout_s) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     LLMC_ASSERT(initialized, "make_mpi_comm needs MPI (launch with mpirun/srun)");
@@ -98,5 +310,5 @@ std::unique_ptr<Comm> make_mpi_comm(const std::vector<std::vector<int>>& partiti
     int r = -1;
     MPI_Comm_rank(comm, &r);
     LLMC_ASSERT(r == key, "MPI_Comm_split ordered the group differently");
-    return std::unique_ptr<Comm>(new MpiComm(partition[color], r, comm));
+    return std::unique_ptr<Comm>(new MpiComm(partition[color], r, comm, group, timeout_s));
 }

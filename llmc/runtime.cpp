@@ -19,18 +19,23 @@ bool launched_by_mpi() {
 
 Runtime::Runtime(int* argc, char*** argv) {
     if (!launched_by_mpi()) return;
-    MPI_Init(argc, argv);
+    // MPI_THREAD_MULTIPLE: the communicators' watchdog threads end a stalled job with MPI_Abort
+    // while the main thread is blocked inside an MPI call (llmc/comm_mpi.cpp). Only the main
+    // thread communicates. Where the library offers less, the watchdog falls back to _exit.
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     mpi = true;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    // local rank: the launcher's variable when present, else an MPI shared-memory split
-    local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("SLURM_LOCALID", env_int("MPI_LOCALRANKID", -1)));
-    if (local_rank < 0) {
-        MPI_Comm node;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, &local_rank);
-        MPI_Comm_free(&node);
-    }
+    // local rank: the launcher's variable when present, else the rank within the node's ranks
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    int node_rank = 0, node_size = 1;
+    MPI_Comm_rank(node, &node_rank);
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+    local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("SLURM_LOCALID", env_int("MPI_LOCALRANKID", node_rank)));
+    MPI_Allreduce(&node_size, &ranks_per_node, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (world > 1) log_rank() = rank;
 }
 

@@ -13,6 +13,9 @@ public:
     int rank = 0;
     int world = 1;
     int local_rank = 0;  // rank within the node (GPU selection)
+    // The most ranks any one node runs (the same on every rank): ranks share GPUs when it exceeds
+    // a node's GPUs, which NCCL cannot do.
+    int ranks_per_node = 1;
     bool mpi = false;    // MPI was initialised
 
     bool is_main() const { return rank == 0; }

@@ -2,7 +2,10 @@
 #  - a layout that does not match the world size, or is not supported, is one clear message from
 #    rank 0 and exit code 2 on every rank, before any work;
 #  - a rank killed mid-run (SIGKILL inside a step, the others waiting in a collective) ends the job
-#    with a non-zero exit and a message naming the rank, and leaves no process behind.
+#    with a non-zero exit and a message naming the rank, and leaves no process behind;
+#  - a rank that hangs mid-run (alive, never reaching the next collective) ends the job once the
+#    others' watchdog passes parallel.timeout_s: non-zero exit, a message naming the stalled call,
+#    its group and the ranks that waited, and no process left behind.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
 make_data
@@ -18,8 +21,8 @@ bad() {  # bad N PATTERN ARGS...: exit code 2, stderr matches, one "error:" line
     [ ! -e "$W/bad" ] || die "out_dir created on a launch error ($*)"
 }
 bad 3 'parallel\.dp.*2 x 1 x 1 = 2.*3 processes' parallel.dp=2
-bad 2 'parallel\.tp > 1 is not supported yet' parallel.tp=2
-bad 2 'parallel\.pp > 1 is not supported yet' parallel.pp=2
+bad 3 'parallel\.tp.*model\.n_head' parallel.tp=3
+bad 3 'model\.n_layer.*pipeline stages' parallel.pp=3
 bad 2 'parallel\.comm.*nccl.*cuda' parallel.comm=nccl
 bad 2 'parallel\.zero: 3.*not supported yet' parallel.zero=3
 bad 2 'parallel\.dp.*auto.*4 processes|parallel.dp' parallel.dp=4
@@ -40,4 +43,25 @@ grep -q 'step     4/50' "$W/kill.out" || die "the run did not get to step 4 befo
 ! grep -q 'step     6/50' "$W/kill.out" || die "the job went on after rank 1 died"
 sleep 1
 left=$(ps -eo stat=,args= | awk -v w="$W/killed" 'index($0, w) && $1 !~ /^Z/' | grep -v awk || true)
+[ -z "$left" ] || die "processes left running: $left"
+
+# rank 1 hangs at step 5 (sleeps forever, alive): with parallel.timeout_s=3 the ranks waiting for it
+# in the data-parallel collective end the job within seconds, not at the 120 s test timeout
+start=$(date +%s.%N)
+rc=0
+LLMC_FAULT=hang:train_step_5 LLMC_FAULT_RANK=1 dp_run 4 "$W/c.json" train.steps=50 parallel.timeout_s=3 \
+    "out_dir=$W/hung" > "$W/hang.out" 2> "$W/hang.err" || rc=$?
+took=$(echo "$(date +%s.%N) - $start" | bc)
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || die "hung rank: expected a non-zero exit before the timeout, got $rc"
+echo "rank 1 hung at step 5: job ended with exit $rc after ${took}s (parallel.timeout_s = 3)"
+[ "$(echo "$took < 30" | bc)" -eq 1 ] || die "hung rank: the job took ${took}s to end (timeout_s = 3)"
+[ "$(echo "$took > 3" | bc)" -eq 1 ] || die "hung rank: the job ended after ${took}s, before timeout_s = 3"
+grep -q '^\[rank 1\] LLMC_FAULT=hang:train_step_5: this process hangs' "$W/hang.err" ||
+    die "rank 1 did not hang at step 5: $(cat "$W/hang.err")"
+grep -qE '^\[rank [023]\] error: all_reduce on the dp group \([0-9]+ (float|double)s?\) did not complete within parallel\.timeout_s = 3 s; ending the job$' \
+    "$W/hang.err" || die "no message naming the stalled collective and the rank: $(cat "$W/hang.err")"
+grep -q 'step     4/50' "$W/hang.out" || die "the run did not get to step 4 before the hang"
+! grep -q 'step     6/50' "$W/hang.out" || die "the job went on after rank 1 hung"
+sleep 1
+left=$(ps -eo stat=,args= | awk -v w="$W/hung" 'index($0, w) && $1 !~ /^Z/' | grep -v awk || true)
 [ -z "$left" ] || die "processes left running: $left"
