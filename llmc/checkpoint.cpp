@@ -73,16 +73,25 @@ uint64_t file_checksum(const std::string& path) {
 
 }  // namespace
 
+// LLMC_FAULT=<point> (or <point>_<step>) kills the process (SIGKILL): a crash at that point.
+// LLMC_FAULT=hang:<point> (or hang:<point>_<step>) makes it stall instead, sleeping forever in
+// place, as a rank stuck in a kernel or a deadlock would: nothing ends it but the other ranks'
+// communicator watchdogs (parallel.timeout_s) or a signal from the launcher.
 void fault_point(const char* name, int step) {
     const char* f = std::getenv("LLMC_FAULT");
-    if (f && (std::strcmp(f, name) == 0 || strfmt("%s_%d", name, step) == f)) {
-        const char* only = std::getenv("LLMC_FAULT_RANK");
-        if (only && std::atoi(only) != std::max(0, log_rank())) return;
-        std::fprintf(stderr, "%sLLMC_FAULT=%s: killing this process (SIGKILL)\n", rank_prefix().c_str(), f);
-        std::fflush(stdout);
-        std::fflush(stderr);
-        ::kill(::getpid(), SIGKILL);
-    }
+    if (!f) return;
+    const bool hang = std::strncmp(f, "hang:", 5) == 0;
+    const char* point = hang ? f + 5 : f;
+    if (std::strcmp(point, name) != 0 && strfmt("%s_%d", name, step) != point) return;
+    const char* only = std::getenv("LLMC_FAULT_RANK");
+    if (only && std::atoi(only) != std::max(0, log_rank())) return;
+    std::fprintf(stderr, "%sLLMC_FAULT=%s: %s\n", rank_prefix().c_str(), f,
+                 hang ? "this process hangs here (sleeps forever)" : "killing this process (SIGKILL)");
+    std::fflush(stdout);
+    std::fflush(stderr);
+    if (hang)
+        for (;;) ::pause();  // returns only after a signal handler ran; sleep on
+    ::kill(::getpid(), SIGKILL);
 }
 
 std::string checkpoint_latest(const std::string& dir) {
@@ -90,8 +99,8 @@ std::string checkpoint_latest(const std::string& dir) {
     return steps.empty() ? std::string() : steps.back().second;
 }
 
-std::string checkpoint_save(const std::string& dir, const TrainState& st, const GPT2& model,
-                            const OptimizerState& opt, const nlohmann::json& config, int keep) {
+std::string checkpoint_save(const std::string& dir, const TrainState& st, const ModelShape& shape, int model_version,
+                            const WholeState& whole, const nlohmann::json& config, int keep) {
     make_dirs(dir, "checkpoint.dir");
     const std::string final_dir = dir + "/" + strfmt("step_%08d", st.step);
     const std::string tmp_dir = final_dir + ".tmp";
@@ -99,36 +108,37 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
     if (::mkdir(tmp_dir.c_str(), 0755) != 0)
         throw UserError(strfmt("checkpoint.dir: cannot create %s: %s", tmp_dir.c_str(), std::strerror(errno)));
     try {
-        // model
-        std::vector<float> params(model.num_params);
-        model.get_params_llmc(params.data());
-        const int version = model.dtype == DType::BF16 ? 5 : 3;
-        model_file_write(tmp_dir + "/model.bin", model.shape, params.data(), version);
+        const size_t num_params = gpt2_num_params(shape);
+        LLMC_ASSERT(whole.params.size() == num_params && whole.m.size() == num_params && whole.v.size() == num_params &&
+                        (whole.master.empty() || whole.master.size() == num_params),
+                    "checkpoint_save: the whole state has the wrong size");
+        model_file_write(tmp_dir + "/model.bin", shape, whole.params.data(), model_version);
         fault_point("checkpoint_after_model", st.step);
-        // optimizer state in llm.c order
-        std::vector<float> m_l = model.to_llmc_order(opt.m), v_l = model.to_llmc_order(opt.v), master_l;
-        if (!opt.master.empty()) master_l = model.to_llmc_order(opt.master);
+        const std::vector<float>&m_l = whole.m, &v_l = whole.v, &master_l = whole.master;
         nlohmann::json meta = {
             {"step", st.step},
             {"loader", {{"epoch", st.loader.epoch}, {"shard", st.loader.shard}, {"window", st.loader.window},
                         {"seed", st.loader.seed}}},
             {"loader_dp", st.loader_dp},
-            {"num_params", model.num_params},
-            {"has_master", !opt.master.empty()},
-            {"model_version", version},
+            {"num_params", num_params},
+            {"has_master", !master_l.empty()},
+            {"fp8_bytes", whole.fp8.size()},  // absent in checkpoints from before fp8: read as 0
+            {"model_version", model_version},
             {"model_checksum", file_checksum(tmp_dir + "/model.bin")},
             {"config", config}};
         const std::string meta_s = meta.dump();
-        const size_t nbytes = model.num_params * sizeof(float);
+        const size_t nbytes = num_params * sizeof(float);
         uint64_t h = fnv1a(meta_s.data(), meta_s.size());
         h = fnv1a(m_l.data(), nbytes, h);
         h = fnv1a(v_l.data(), nbytes, h);
         if (!master_l.empty()) h = fnv1a(master_l.data(), nbytes, h);
+        if (!whole.fp8.empty()) h = fnv1a(whole.fp8.data(), whole.fp8.size(), h);
         int32_t header[8] = {STATE_MAGIC, STATE_VERSION, int32_t(meta_s.size()), 0, 0, 0, 0, 0};
         std::memcpy(&header[4], &h, sizeof(h));
         std::vector<std::pair<const void*, size_t>> parts = {
             {header, sizeof(header)}, {meta_s.data(), meta_s.size()}, {m_l.data(), nbytes}, {v_l.data(), nbytes}};
         if (!master_l.empty()) parts.push_back({master_l.data(), nbytes});
+        if (!whole.fp8.empty()) parts.push_back({whole.fp8.data(), whole.fp8.size()});
         write_file_atomic(tmp_dir + "/state.bin", parts);
         fault_point("checkpoint_after_state", st.step);
     } catch (const UserError&) {
@@ -161,7 +171,7 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
     return final_dir;
 }
 
-TrainState checkpoint_load(const std::string& path, GPT2& model, OptimizerState* opt) {
+TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole) {
     if (!exists(path + "/DONE"))
         throw UserError(strfmt("checkpoint %s: incomplete (no DONE marker) or not a checkpoint folder", path.c_str()));
     const std::string state_path = path + "/state.bin", model_path = path + "/model.bin";
@@ -184,35 +194,44 @@ TrainState checkpoint_load(const std::string& path, GPT2& model, OptimizerState*
         throw UserError(strfmt("checkpoint %s: corrupt metadata", state_path.c_str()));
     }
     // the model: shape must agree with the config
-    std::vector<float> params = model_file_read(model_path, &model.shape);
+    std::vector<float> params = model_file_read(model_path, &shape);
+    const size_t num_params = gpt2_num_params(shape);
     if (file_checksum(model_path) != meta.value("model_checksum", uint64_t(0)))
         throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", model_path.c_str()));
-    if (meta.value("num_params", size_t(0)) != model.num_params)
+    if (meta.value("num_params", size_t(0)) != num_params)
         throw UserError(strfmt("checkpoint %s: holds %zu parameters, the configured model has %zu", state_path.c_str(),
-                               meta.value("num_params", size_t(0)), model.num_params));
+                               meta.value("num_params", size_t(0)), num_params));
     const bool has_master = meta.value("has_master", false);
-    const size_t nbytes = model.num_params * sizeof(float);
-    std::vector<float> m_l(model.num_params), v_l(model.num_params), master_l(has_master ? model.num_params : 0);
+    const size_t nbytes = num_params * sizeof(float);
+    // read before the checksum can vouch for it: bounded like the metadata, so that a corrupt
+    // value fails as "truncated" below instead of as a huge allocation
+    const size_t fp8_bytes = meta.value("fp8_bytes", size_t(0));
+    if (fp8_bytes > (size_t(64) << 20))
+        throw UserError(strfmt("checkpoint %s: corrupt metadata (fp8_bytes %zu)", state_path.c_str(), fp8_bytes));
+    std::vector<float> m_l(num_params), v_l(num_params), master_l(has_master ? num_params : 0);
+    std::vector<uint8_t> fp8(fp8_bytes);
     bool ok = bool(in.read(reinterpret_cast<char*>(m_l.data()), nbytes)) &&
               bool(in.read(reinterpret_cast<char*>(v_l.data()), nbytes)) &&
-              (!has_master || bool(in.read(reinterpret_cast<char*>(master_l.data()), nbytes)));
+              (!has_master || bool(in.read(reinterpret_cast<char*>(master_l.data()), nbytes))) &&
+              (fp8.empty() || bool(in.read(reinterpret_cast<char*>(fp8.data()), std::streamsize(fp8.size()))));
     char extra;
     if (!ok || in.read(&extra, 1))
         throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters", state_path.c_str(),
-                               model.num_params));
+                               num_params));
     uint64_t h = fnv1a(meta_s.data(), meta_s.size());
     h = fnv1a(m_l.data(), nbytes, h);
     h = fnv1a(v_l.data(), nbytes, h);
     if (has_master) h = fnv1a(master_l.data(), nbytes, h);
+    if (!fp8.empty()) h = fnv1a(fp8.data(), fp8.size(), h);
     uint64_t stored;
     std::memcpy(&stored, &header[4], sizeof(stored));
     if (h != stored) throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", state_path.c_str()));
 
-    model.set_params_llmc(params.data());
-    opt->m = model.from_llmc_order(m_l.data());
-    opt->v = model.from_llmc_order(v_l.data());
-    opt->master.clear();
-    if (has_master) opt->master = model.from_llmc_order(master_l.data());
+    whole->params = std::move(params);
+    whole->m = std::move(m_l);
+    whole->v = std::move(v_l);
+    whole->master = std::move(master_l);
+    whole->fp8 = std::move(fp8);
     TrainState st;
     st.step = meta.at("step").get<int>();
     st.loader_dp = meta.value("loader_dp", 1);

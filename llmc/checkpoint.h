@@ -3,8 +3,9 @@
 // A checkpoint is a folder <checkpoint.dir>/step_NNNNNNNN/ holding
 //   model.bin  the model in llm.c's format (version 3 fp32, or 5 bf16 for bf16 runs)
 //   state.bin  optimizer moments m, v and fp32 master weights (when the model is not fp32),
-//              all in llm.c tensor order, plus JSON metadata (step, data-loader position,
-//              seeds, the resolved config) and a checksum of both files
+//              all in llm.c tensor order, then (precision "fp8") the FP8 scaling state as
+//              Fp8State::save() wrote it, plus JSON metadata (step, data-loader position,
+//              seeds, the resolved config, "fp8_bytes") and a checksum of both files
 //   DONE       the completion marker, written last
 // Tensors are stored whole (logical shape), so any later parallel layout can load them.
 // Saving writes step_NNNNNNNN.tmp/, fsyncs, renames it, then writes DONE: a run killed at any
@@ -25,26 +26,36 @@ struct TrainState {
     int loader_dp = 1;  // data-parallel ranks the loader position counts window groups of
 };
 
-// The whole optimizer state, fp32, in memory order over the model's padded flat buffer
+// This rank's whole optimizer state, fp32, in memory order over the model's padded flat buffer
 // (model.padded_params elements; master empty when the model is fp32). ZeRO shards are
 // gathered into one before saving and cut from one after loading (llmc/data_parallel.h).
 struct OptimizerState {
     std::vector<float> m, v, master;
 };
 
+// The whole model's training state in llm.c tensor order (gpt2_num_params elements each):
+// what a checkpoint holds, independent of the layout that wrote it. Assembled from the ranks'
+// pieces by llmc/layout.h; every layout takes its pieces with GPT2::from_llmc_order.
+struct WholeState {
+    std::vector<float> params, m, v, master;  // master empty when the run keeps no master weights
+    // Fp8State::save() of a precision "fp8" run, empty otherwise. After each step's amax
+    // reduction every rank holds the same whole-model state, so it is layout-independent too.
+    std::vector<uint8_t> fp8;
+};
+
 // Latest complete checkpoint folder in dir, or "" when there is none.
 std::string checkpoint_latest(const std::string& dir);
 // Saves, then deletes complete checkpoints older than the newest `keep` and stale temporaries.
 // Throws UserError (the previous checkpoints are kept) when writing fails.
-// Called by one process (rank 0) with the full parameters in model and the whole optimizer state.
-std::string checkpoint_save(const std::string& dir, const TrainState& st, const GPT2& model,
-                            const OptimizerState& opt, const nlohmann::json& config, int keep);
-// Loads a checkpoint folder: the parameters into model, the whole optimizer state into *opt.
-// Every rank may call it. Throws UserError naming the file when it is incomplete, corrupt,
-// truncated or of another model shape.
-TrainState checkpoint_load(const std::string& path, GPT2& model, OptimizerState* opt);
+// Called by one process (rank 0) with the whole state. model_version: 3 (fp32) or 5 (bf16) for model.bin.
+std::string checkpoint_save(const std::string& dir, const TrainState& st, const ModelShape& shape, int model_version,
+                            const WholeState& whole, const nlohmann::json& config, int keep);
+// Loads a checkpoint folder into *whole. Every rank may call it. Throws UserError naming the
+// file when it is incomplete, corrupt, truncated or of another model shape.
+TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole);
 
 // Test hook: when the environment variable LLMC_FAULT equals name (or name_<step>), the
 // process kills itself with SIGKILL: a crash at that point (of a checkpoint write, of a
-// training step). With LLMC_FAULT_RANK=r set, only world rank r does.
+// training step). LLMC_FAULT=hang:name (or hang:name_<step>) makes it sleep forever instead
+// (a hung rank, for the collective watchdog). With LLMC_FAULT_RANK=r set, only world rank r does.
 void fault_point(const char* name, int step);

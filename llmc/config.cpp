@@ -157,14 +157,15 @@ const std::vector<Key>& schema() {
         int_key("parallel.pp_virtual", FIELD(parallel.pp_virtual), 1, NONE,
                 "model chunks per pipeline rank (interleaved schedule)"),
         int_key("parallel.zero", FIELD(parallel.zero), 0, 3,
-                "ZeRO stage over the DP group: 0 replicated, 1 optimizer sharded, 2 + gradients sharded, "
-                "3 + parameters sharded"),
+                "ZeRO stage over the DP group: 0 replicated, 1 optimizer sharded, 2 + gradients sharded "
+                "(3, parameters sharded, is not implemented yet)"),
         enum_key("parallel.comm", FIELD(parallel.comm), {"auto", "mpi", "nccl"}, {},
-                 "communicator: auto = mpi (host buffers; nccl once its implementation lands), mpi, nccl (cuda only)"),
+                 "communicator: auto = mpi (host buffers; several ranks may share a GPU), mpi, nccl (built, not wired "
+                 "into the trainer yet)"),
         num_key("parallel.bucket_mb", FIELD(parallel.bucket_mb), 0, true, NONE, false,
                 "gradient bucket size in MiB of fp32 elements"),
         num_key("parallel.timeout_s", FIELD(parallel.timeout_s), 0, true, NONE, false,
-                "seconds before a stalled collective ends the job (NCCL watchdog)"),
+                "seconds before a blocking collective or send/recv that has not completed ends the job"),
 
         enum_key("fp8.format", FIELD(fp8.format), {"hybrid", "e4m3"}, {},
                  "hybrid: E4M3 weights/activations, E5M2 gradients; e4m3: E4M3 everywhere"),

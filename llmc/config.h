@@ -73,7 +73,7 @@ struct ParallelConfig {
     int zero = 0;               // ZeRO stage over the DP group: 0, 1, 2, 3
     std::string comm = "auto";  // auto | mpi | nccl
     double bucket_mb = 25.0;    // gradient bucket size in MiB (fp32 elements)
-    double timeout_s = 300.0;   // collective watchdog (NCCL); MPI jobs end when the launcher sees a rank die
+    double timeout_s = 300.0;   // a blocking collective or send/recv that takes longer ends the job
 };
 
 // FP8 linear layers (precision "fp8"): formats and per-tensor scaling (see llmc/fp8.h).

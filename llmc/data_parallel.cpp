@@ -74,9 +74,16 @@ void DataParallel::finish_grad_sync() {
     next_bucket_ = 0;
 }
 
-double DataParallel::grad_norm() {
-    double ss = grad_sum_squares(model_, opt_begin(), opt_end());
+double DataParallel::grad_norm(Comm* model_parallel) {
+    // primary copies only: TP replicas and the tied head copy would count twice
+    double ss = 0.0;
+    for (const ParamSpec& p : model_.params) {
+        if (!p.primary) continue;
+        const size_t lo = std::max(opt_begin(), p.offset), hi = std::min(opt_end(), p.offset + p.numel);
+        if (lo < hi) ss += model_.ops.sum_squares(model_.grad_buf.slice(lo, hi - lo));
+    }
     if (zero_ > 0) comm_.all_reduce(&ss, 1, ReduceOp::Sum);
+    if (model_parallel && model_parallel->size() > 1) model_parallel->all_reduce(&ss, 1, ReduceOp::Sum);
     return std::sqrt(ss);
 }
 
@@ -130,6 +137,20 @@ OptimizerState DataParallel::gather_optimizer_state(const AdamW& opt) {
     gather(v, whole.v);
     if (opt.has_master()) gather(master, whole.master);
     return whole;
+}
+
+std::vector<float> DataParallel::gather_gradients() {
+    std::vector<float> g(model_.padded_params), out;
+    model_.ops.to_host_f32(g.data(), model_.grad_buf);
+    if (zero_ == 0) return dp_rank() == 0 ? g : out;
+    if (dp_rank() == 0) out.resize(model_.padded_params);
+    for (const Bucket& b : buckets_) {
+        const std::vector<size_t> counts = shard_counts(b.begin, b.end);
+        const size_t mine = counts[size_t(dp_rank())];
+        comm_.gather(g.data() + (mine ? std::max(b.begin, opt_begin()) : 0), dp_rank() == 0 ? out.data() + b.begin : nullptr,
+                     counts, 0);
+    }
+    return out;
 }
 
 void DataParallel::load_optimizer_state(AdamW& opt, const OptimizerState& whole) {

@@ -79,8 +79,10 @@ public:
     // the sum of every rank's gradients.
     std::function<void(size_t)> grads_ready();
     void finish_grad_sync();
-    // sqrt of the sum of squares of the summed gradient, identical on every rank.
-    double grad_norm();
+    // sqrt of the sum of squares of the summed gradient of the whole model, identical on every
+    // rank: each tensor counted once (primary copies), summed over the model-parallel group
+    // (tp x pp ranks holding the model's pieces; null or size 1 when the rank holds it all).
+    double grad_norm(Comm* model_parallel = nullptr);
     // After the optimizer step: every rank gets every shard's new parameters (stages 1, 2).
     void after_update();
     // Mean of x over the DP group.
@@ -91,6 +93,9 @@ public:
     // Checkpoints: the whole optimizer state (memory order, padded) on DP rank 0, empty elsewhere;
     // collective. And the reverse: every rank takes its range from a whole state.
     OptimizerState gather_optimizer_state(const AdamW& opt);
+    // The summed gradient (after finish_grad_sync) of this rank's whole buffer on DP rank 0, host
+    // memory order; empty elsewhere. Collective (tests and debugging).
+    std::vector<float> gather_gradients();
     void load_optimizer_state(AdamW& opt, const OptimizerState& whole);
 
     MemoryPlan memory_plan(bool master) const;

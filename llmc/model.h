@@ -1,19 +1,37 @@
 // GPT-2: the parameter table, one allocation per category, and the forward/backward
-// of the whole model written once over Ops.
+// of this process's part of the model, written once over Ops (kernels) and TensorParallel
+// (the TP group's collectives).
 //
-// Memory layout of the parameters is per layer ([wte, wpe] [layer 0] ... [layer L-1]
-// [lnf]) so that a layer's parameters are contiguous (what pipeline stages and ZeRO-3
-// gathers want). The llm.c checkpoint order (all wte, all wpe, every layer's ln1w, ...)
-// is a different permutation of the same tensors; set_params_llmc/get_params_llmc map
-// between the two.
+// A ModelLayout says which part a process holds. Tensor parallelism (Megatron's split) cuts
+// every block: the QKV projection and fc are column-parallel (output rows split, heads stay
+// whole), the attention and MLP output projections row-parallel (input columns split, the
+// partial outputs summed over TP), the token embedding and LM head vocabulary-parallel (wte
+// rows split). LayerNorms, wpe and the row-parallel biases are replicated. With sequence
+// parallelism the residual stream and the LayerNorms hold only this rank's 1/tp of the
+// tokens, gathered before each column-parallel block and reduce-scattered after each
+// row-parallel one. Pipeline parallelism gives a process one or more chunks (consecutive
+// layer ranges); the first stage also holds the embedding, the last the final LayerNorm and
+// the head (a copy of wte when the first stage is another process: the tied weight).
+//
+// Memory layout of the local parameters: [wte, wpe] [chunk 0's layers] ... [lnf, (wte copy)],
+// each layer's tensors contiguous. Every ParamSpec maps its local elements to runs of the
+// whole tensor in llm.c's checkpoint order, so checkpoints stay layout-independent.
+//
+// Activations live in slots: a chunk keeps one set per micro-batch in flight (pipeline
+// schedules run several forwards before the matching backwards); the backward's scratch
+// buffers are shared.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "llmc/ops.h"
 #include "llmc/tensor.h"
+
+class TensorParallel;
 
 struct ModelShape {
     int n_layer = 0, n_head = 0, d_model = 0, vocab_size = 0, padded_vocab = 0, max_seq_len = 0;
@@ -27,23 +45,64 @@ struct ModelShape {
 enum ParamKind { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB,
                  NUM_PARAM_KINDS };
 
+// Which part of the model one process holds.
+struct ModelLayout {
+    int tp = 1, tp_rank = 0;
+    bool sequence_parallel = false;
+    std::vector<std::pair<int, int>> chunks;  // [begin, end) layers of each chunk, in order; empty = all, one chunk
+    bool first = true;  // holds the embedding (runs the pipeline's first chunk as its chunk 0)
+    bool last = true;   // holds the final LayerNorm and the head (runs the pipeline's last chunk as its last)
+};
+
 struct ParamSpec {
     std::string name;  // e.g. "h.3.qkvw", "wte"
     ParamKind kind;
-    int layer;          // -1 for wte/wpe/lnf
-    size_t offset;      // element offset in the parameter (and gradient) buffer
-    size_t numel;
-    bool decay;         // weight decay applies (the 2-D weights)
-    size_t llmc_offset; // element offset in llm.c checkpoint order
+    int layer;      // -1 for wte/wpe/lnf
+    size_t offset;  // element offset in the local parameter (and gradient) buffer
+    size_t numel;   // local elements
+    bool decay;     // weight decay applies (the 2-D weights)
+    // This copy is the one that counts: checkpoints are assembled from it and the gradient
+    // norm sums it. False for replicated tensors on tp_rank > 0 and the last stage's copy of wte.
+    bool primary;
+    bool tp_replicated;  // every TP rank holds the whole tensor
+    bool tied_copy;      // the last stage's copy of wte (the LM head)
+    // Where the local elements sit in the whole tensor: rows `rows` (ranges, in local order) x
+    // columns [col_begin, col_end) of a row-major [.., cols] tensor at llmc_offset in llm.c order.
+    size_t llmc_offset;
+    size_t cols;
+    std::vector<std::pair<size_t, size_t>> rows;
+    size_t col_begin, col_end;
 };
 
+// Calls f(local element offset within the tensor, llm.c element offset, count) for every
+// contiguous run of p's local elements.
+template <class F>
+void for_each_run(const ParamSpec& p, F f) {
+    const size_t w = p.col_end - p.col_begin;
+    size_t local = 0;
+    for (const auto& r : p.rows) {
+        if (w == p.cols) {  // whole rows: one run per range
+            f(local, p.llmc_offset + r.first * p.cols, (r.second - r.first) * w);
+            local += (r.second - r.first) * w;
+            continue;
+        }
+        for (size_t row = r.first; row < r.second; row++, local += w) f(local, p.llmc_offset + row * p.cols + p.col_begin, w);
+    }
+}
+
 size_t gpt2_num_params(const ModelShape& s);  // including the padded vocab rows
+// The parameter table of one layout (memory order) and its element count (unpadded).
+std::vector<ParamSpec> gpt2_param_table(const ModelShape& s, const ModelLayout& layout, size_t* num_local);
+// Checks that a layout can split this shape; throws UserError naming the config key.
+void check_model_layout(const ModelShape& s, const ModelLayout& layout, int B, int T);
 
 class GPT2 {
 public:
-    // pad_multiple: the parameter and gradient buffers hold num_params rounded up to a multiple
-    // of it (zeros that belong to no tensor), so that ZeRO shards divide them evenly.
-    GPT2(const ModelShape& shape, Ops& ops, DType dtype, int B, int T, size_t pad_multiple = 1);
+    // pad_multiple: the parameter and gradient buffers hold the local parameters rounded up to a
+    // multiple of it (zeros that belong to no tensor), so that ZeRO shards divide them evenly.
+    // slots: activation sets per chunk (micro-batches in flight). tp: the TP group (null = tp 1).
+    GPT2(const ModelShape& shape, Ops& ops, DType dtype, int B, int T, size_t pad_multiple = 1,
+         const ModelLayout& layout = ModelLayout(), TensorParallel* tp = nullptr, std::vector<int> slots = {});
     ~GPT2();
     GPT2(const GPT2&) = delete;
     GPT2& operator=(const GPT2&) = delete;
@@ -52,45 +111,106 @@ public:
     Ops& ops;
     const DType dtype;  // parameters, gradients and activations
     const int B, T;     // the activation buffers' size
+    const ModelLayout layout;
 
     std::vector<ParamSpec> params;  // memory order
-    size_t num_params = 0;     // elements of the real tensors
+    size_t num_params = 0;     // local elements of the real tensors
     size_t padded_params = 0;  // elements of param_buf and grad_buf (num_params + zero padding)
+    size_t total_params = 0;   // elements of the whole model (gpt2_num_params)
     Tensor param_buf;  // one allocation
     Tensor grad_buf;   // one allocation
     size_t activation_bytes = 0;
+    size_t activation_bytes_without_sp() const;  // the same layout's activations without sequence parallelism
 
+    bool holds(ParamKind k, int layer = -1) const;
+    const ParamSpec& spec(ParamKind k, int layer = -1) const;
     Tensor param(ParamKind k, int layer = -1) const;
     Tensor grad(ParamKind k, int layer = -1) const;
 
-    // Host fp32 arrays in llm.c checkpoint order, num_params elements.
-    void set_params_llmc(const float* host);
-    void get_params_llmc(float* host) const;
-    // Host fp32 arrays: memory order (padded_params elements) <-> llm.c order (num_params).
-    std::vector<float> to_llmc_order(const std::vector<float>& mem) const;
+    // Host fp32 arrays: this rank's memory order (padded_params elements) <-> the whole model
+    // in llm.c order (total_params). from_llmc_order picks this rank's pieces of a whole model;
+    // to_llmc_order needs a layout that holds everything (one process).
     std::vector<float> from_llmc_order(const float* llmc) const;
-    void get_grads_llmc(float* host) const;
+    std::vector<float> to_llmc_order(const std::vector<float>& mem) const;
+    void set_params_llmc(const float* host);  // whole model, llm.c order
+    void get_params_llmc(float* host) const;  // one-process layouts only
+    void get_grads_llmc(float* host) const;   // one-process layouts only
     // N(0, 0.02); residual projections N(0, 0.02/sqrt(2L)); biases 0; LN weights 1; padded rows 0.
+    // Every layout draws the same whole model.
     void init_random(uint64_t seed);
 
     void zero_grads();
-    // tokens/targets: host arrays of b*t ids (b <= B, t <= T). Returns the mean loss over
-    // the b*t tokens (targets may be null: logits only, returns 0). If dloss != 0, the
-    // classifier leaves d(dloss * sum of token losses)/dlogits for backward().
+
+    // ---- one chunk, one micro-batch slot (the pipeline engine's view) ----
+    int num_chunks() const { return int(chunks_.size()); }
+    // Rows of the residual stream this rank holds for a b x t batch (b*t/tp with sequence parallelism).
+    size_t local_rows(int b, int t) const;
+    // Where a received activation goes before forward_chunk (chunks that do not start the model).
+    Tensor chunk_input(int chunk, int slot, int b, int t) const;
+    // The activation forward_chunk left for the next chunk (chunks that do not end the model).
+    Tensor chunk_output(int chunk, int slot, int b, int t) const;
+    // The gradient buffer of the residual stream: before backward_chunk of a chunk that does not
+    // end the model, the received gradient of its output goes here; after backward_chunk of a
+    // chunk that does not start the model, it holds the gradient of its input (to send back).
+    Tensor residual_grad(int b, int t) const;
+    // Forward of one chunk. tokens: host ids, used by the chunk that starts the model; targets:
+    // host ids used by the chunk that ends it (null: logits only). Returns the mean loss of the
+    // b*t tokens when this chunk ends the model and targets are given, else 0. With dloss != 0
+    // the head leaves d(dloss * sum of token losses)/dlogits for backward_chunk.
+    float forward_chunk(int chunk, int slot, const int32_t* tokens, const int32_t* targets, int b, int t, float dloss);
+    // Backward of one chunk for the micro-batch in slot; parameter gradients accumulate.
+    // grads_ready (optional) is called with an element offset o: from here on no gradient at or
+    // above o changes in this backward (data parallelism launches its buckets from it).
+    void backward_chunk(int chunk, int slot, const std::function<void(size_t)>& grads_ready = {});
+
+    // ---- the whole model on this rank (layouts with one chunk that starts and ends it) ----
     float forward(const int32_t* tokens, const int32_t* targets, int b, int t, float dloss);
-    // Accumulates parameter gradients for the last forward (which must have had dloss != 0).
-    // grads_ready (optional) is called as backward proceeds with an element offset o: from here
-    // on no gradient at or above o changes (data parallelism launches its buckets from it).
     void backward(const std::function<void(size_t)>& grads_ready = {});
-    // Row (b, t) of the last forward's logits, vocab_size values (valid only after a forward with dloss == 0).
+    // This rank's slice of row (b, t) of the last forward's logits in slot 0 of the last chunk:
+    // the real vocabulary columns [*vocab_begin, *vocab_begin + returned count). Valid only after
+    // a forward with dloss == 0.
+    int get_logits_slice(int b, int t, float* host_row, int* vocab_begin) const;
+    // All vocab_size logits of row (b, t) (tp == 1).
     void get_logits(int b, int t, float* host_row) const;
 
+    // ---- FP8 linear layers (precision "fp8"; llmc/fp8.h) ----
+    // With a state, the four linears of every block (QKV, attention projection, fc, fc
+    // projection) run through Ops::matmul_forward_fp8 / matmul_backward_fp8 with the state's
+    // casts, on this rank's TP shards; the embedding, attention core, LayerNorms and head keep
+    // the model's dtype. amax: backend memory of state->size() floats, indexed by global layer,
+    // where the casts record this step's amaxes (each pipeline stage and TP shard fills its
+    // part; the trainer zeroes it per step and max-reduces it over the world). The caller owns
+    // both; nullptr turns fp8 off.
+    void set_fp8(const Fp8State* state, float* amax) { fp8_ = state, fp8_amax_ = amax; }
+
 private:
-    struct Acts;
-    Acts* acts_ = nullptr;
+    struct LayerActs;
+    struct SlotActs;
+    struct Scratch;
+    struct Chunk {
+        int begin, end;  // layers
+        bool starts, ends;  // holds the embedding / the head
+        std::vector<SlotActs> slots;
+    };
+    TensorParallel* tp_;
+    std::unique_ptr<TensorParallel> own_tp_;  // a group of one when no TP group is given
+    std::vector<int> lookup_;  // (kind, layer + 1) -> index into params, -1 when not held
+    std::vector<Chunk> chunks_;
+    Scratch* scratch_ = nullptr;
     void* act_mem_ = nullptr;
-    int32_t* tokens_dev_ = nullptr;
-    int32_t* targets_dev_ = nullptr;
-    int cur_b_ = 0, cur_t_ = 0;
-    bool have_dlogits_ = false;
+    int tp_size() const;
+    // Lays the activations out from base (nullptr: only measures); returns the bytes.
+    size_t carve_activations(char* base, bool sequence_parallel, std::vector<Chunk>& chunks, Scratch& s) const;
+
+    void layer_forward(int l, LayerActs& L, Tensor res_in, int b, int t);
+    void layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t);
+    // One of layer l's linears: matmul_forward / matmul_backward, or their fp8 ops (set_fp8).
+    const Fp8State* fp8_ = nullptr;
+    float* fp8_amax_ = nullptr;
+    void linear_forward(int l, Fp8Linear lin, Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N,
+                        int IC, int OC, bool gelu);
+    void linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
+                         Tensor pre_gelu, int N, int IC, int OC);
+    float head_forward(SlotActs& s, Tensor res, const int32_t* targets, int b, int t, float dloss);
+    void head_backward(SlotActs& s, Tensor res, int b, int t);
 };

@@ -17,9 +17,14 @@ TEST_CASE("process grid: Megatron order, tp fastest, then dp, then pp", "[grid]"
     CHECK(g.tp_groups() == std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
     CHECK(g.dp_groups() == std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
     CHECK(g.pp_groups() == std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+    CHECK(g.mp_groups() == std::vector<std::vector<int>>{{0, 1, 4, 5}, {2, 3, 6, 7}});
+    CHECK(g.embed_groups() == std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+    g.pp = 3;  // middle stages sit alone in their embedding group
+    g.dp = 1;
+    CHECK(g.embed_groups() == std::vector<std::vector<int>>{{0, 4}, {2}, {1, 5}, {3}});
 }
 
-TEST_CASE("process grid: dp auto, mismatches and unsupported layouts are user errors", "[grid]") {
+TEST_CASE("process grid: dp auto and mismatches are user errors", "[grid]") {
     ParallelConfig pc;  // dp auto
     ProcessGrid g = make_process_grid(pc, 4, 3);
     CHECK(g.dp == 4);
@@ -27,9 +32,12 @@ TEST_CASE("process grid: dp auto, mismatches and unsupported layouts are user er
     CHECK(g.dp_groups() == std::vector<std::vector<int>>{{0, 1, 2, 3}});
     pc.dp = 2;
     CHECK_THROWS_WITH(make_process_grid(pc, 3, 0), Catch::Contains("3 processes"));
-    pc.dp = 1;
+    pc.dp = 0;
     pc.tp = 2;
-    CHECK_THROWS_WITH(make_process_grid(pc, 2, 0), Catch::Contains("parallel.tp > 1 is not supported yet"));
+    pc.pp = 2;
+    CHECK_THROWS_WITH(make_process_grid(pc, 6, 0), Catch::Contains("parallel.tp * parallel.pp = 4"));
+    g = make_process_grid(pc, 8, 5);
+    CHECK((g.dp == 2 && g.tp_rank == 1 && g.dp_rank == 0 && g.pp_rank == 1));
 }
 
 TEST_CASE("config: parallel.dp takes an integer or \"auto\"", "[grid]") {

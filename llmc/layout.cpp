@@ -1,0 +1,58 @@
+#include "llmc/layout.h"
+
+#include <cstring>
+
+#include "llmc/pipeline_schedule.h"
+
+ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank) {
+    ModelLayout L;
+    L.tp = pc.tp;
+    L.tp_rank = tp_rank;
+    L.sequence_parallel = pc.sequence_parallel && pc.tp > 1;
+    const int pp = pc.pp, v = pc.pp_virtual;
+    const auto stages = pp_layer_split(shape.n_layer, pp, v, pc.pp_layers);
+    L.chunks.clear();
+    for (int c = 0; c < v; c++) L.chunks.push_back(stages[size_t(pp_virtual_stage(pp_rank, c, pp))]);
+    L.first = pp_rank == 0;
+    L.last = pp_rank == pp - 1;
+    return L;
+}
+
+std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple,
+                                  const std::vector<float>& local, Comm& mp) {
+    const int members = mp.size();
+    LLMC_ASSERT(members == pc.tp * pc.pp, "the mp group must hold tp x pp ranks");
+    std::vector<ModelLayout> layouts;
+    std::vector<std::vector<ParamSpec>> tables;
+    std::vector<size_t> counts;
+    for (int i = 0; i < members; i++) {
+        layouts.push_back(model_layout(shape, pc, i % pc.tp, i / pc.tp));
+        size_t n = 0;
+        tables.push_back(gpt2_param_table(shape, layouts.back(), &n));
+        counts.push_back((n + pad_multiple - 1) / pad_multiple * pad_multiple);
+    }
+    LLMC_ASSERT(local.size() == counts[size_t(mp.rank())], "assemble_whole: local buffer of the wrong size");
+    std::vector<float> all;
+    if (mp.rank() == 0) {
+        size_t total = 0;
+        for (size_t c : counts) total += c;
+        all.resize(total);
+    }
+    mp.gather(local.data(), mp.rank() == 0 ? all.data() : nullptr, counts, 0);
+    if (mp.rank() != 0) return {};
+    std::vector<float> whole(gpt2_num_params(shape));
+    std::vector<char> seen(whole.size(), 0);
+    size_t base = 0;
+    for (int i = 0; i < members; i++) {
+        for (const ParamSpec& p : tables[size_t(i)]) {
+            if (!p.primary) continue;
+            for_each_run(p, [&](size_t loc, size_t dst, size_t n) {
+                std::memcpy(&whole[dst], &all[base + p.offset + loc], n * sizeof(float));
+                std::memset(&seen[dst], 1, n);
+            });
+        }
+        base += counts[size_t(i)];
+    }
+    for (char s : seen) LLMC_ASSERT(s, "assemble_whole: the layouts' primary pieces do not cover the model");
+    return whole;
+}

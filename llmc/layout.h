@@ -1,0 +1,23 @@
+// The model's split over the process grid (which chunks of layers and which tensor-parallel
+// slice a rank holds), and the whole model assembled from the ranks' pieces: what makes
+// checkpoints and final weights independent of the layout that trained them.
+//
+// The model-parallel group ("mp") of a rank is every rank with its DP coordinate: tp x pp ranks
+// that together hold one copy of the model, ordered by world rank, i.e. member i has
+// tp_rank = i % tp and pp_rank = i / tp (llmc/process_grid.h).
+#pragma once
+#include <vector>
+
+#include "llmc/comm.h"
+#include "llmc/config.h"
+#include "llmc/model.h"
+
+// The part of the model the rank at (tp_rank, pp_rank) holds under this parallel config.
+ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank);
+
+// Collective over the mp group: every member passes its host copy of a model-sized buffer in its
+// own memory order (GPT2::padded_params elements, built with pad_multiple); member 0 gets the whole
+// model in llm.c order (gpt2_num_params elements), the others an empty vector. Only primary
+// copies are taken (replicas of TP-replicated tensors and the tied head copy are skipped).
+std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple,
+                                  const std::vector<float>& local, Comm& mp);

@@ -1,0 +1,186 @@
+#include "llmc/pipeline.h"
+
+#include <algorithm>
+
+std::vector<int> pipeline_slots(const std::vector<PpAction>& actions, int virtual_chunks) {
+    std::vector<int> live(size_t(virtual_chunks), 0), peak(size_t(virtual_chunks), 1);
+    for (const PpAction& a : actions) {
+        if (a.op == PpOp::Forward) {
+            int& n = live[size_t(a.chunk)];
+            peak[size_t(a.chunk)] = std::max(peak[size_t(a.chunk)], ++n);
+        } else if (a.op == PpOp::Backward) {
+            live[size_t(a.chunk)]--;
+        }
+    }
+    return peak;
+}
+
+PipelineEngine::PipelineEngine(GPT2& model, Comm* pp, Comm* embed, PpSchedule schedule, int micro_batches,
+                               int virtual_chunks)
+    : model_(model), pp_(pp), embed_(embed), schedule_(std::move(schedule)), micro_batches_(micro_batches),
+      vchunks_(virtual_chunks) {
+    LLMC_ASSERT(model.num_chunks() == virtual_chunks, "the model's chunks and the schedule disagree");
+    LLMC_ASSERT(int(schedule_.size()) == stages(), "one action list per pipeline stage");
+    const std::vector<int> slots = pipeline_slots(schedule_[size_t(stage())], vchunks_);
+    slot_of_.resize(size_t(vchunks_));
+    free_slots_.resize(size_t(vchunks_));
+    for (int c = 0; c < vchunks_; c++)
+        for (int s = slots[size_t(c)] - 1; s >= 0; s--) free_slots_[size_t(c)].push_back(s);
+}
+
+int PipelineEngine::take_slot(int chunk, int micro) {
+    auto& fr = free_slots_[size_t(chunk)];
+    LLMC_ASSERT(!fr.empty(), "pipeline: no free activation slot (the model was built for fewer)");
+    const int s = fr.back();
+    fr.pop_back();
+    slot_of_[size_t(chunk)][micro] = s;
+    return s;
+}
+
+void PipelineEngine::transfer(const PpAction& a) {
+    // The boundary of a message from this rank's point of view: a send carries what its chunk
+    // produced (activation: boundary = its stage; gradient: stage - 1), a receive what its chunk
+    // will consume (activation: stage - 1; gradient: its stage).
+    const size_t n = model_.local_rows(cur_b_, cur_t_) * size_t(model_.shape.d_model);
+    std::vector<const float*> sbuf;
+    std::vector<float*> rbuf;
+    std::vector<Key> sent;
+    for (const PpTransfer& x : a.transfers) {
+        const int s = vstage(x.chunk);
+        const int boundary = (x.payload == PpPayload::Activation) == x.is_send ? s : s - 1;
+        const Key k{int(x.payload), x.micro, boundary};
+        if (x.is_send) {
+            auto it = buffers_.find(k);
+            LLMC_ASSERT(it != buffers_.end() && it->second.size() == n, "pipeline: sending a tensor not produced yet");
+            sbuf.push_back(it->second.data());
+            sent.push_back(k);
+        } else {
+            std::vector<float>& b = buffers_[k];
+            b.resize(n);
+            rbuf.push_back(b.data());
+        }
+    }
+    size_t si = 0, ri = 0;
+    std::vector<CommP2P> ops;
+    for (const PpTransfer& x : a.transfers)
+        ops.push_back(x.is_send ? CommP2P{true, const_cast<float*>(sbuf[si++]), n, x.peer, x.tag}
+                                : CommP2P{false, rbuf[ri++], n, x.peer, x.tag});
+    if (ops.size() == 1 && ops[0].is_send) pp_->send(ops[0].buf, n, ops[0].peer, ops[0].tag);
+    else if (ops.size() == 1) pp_->recv(ops[0].buf, n, ops[0].peer, ops[0].tag);
+    else pp_->exchange(ops);
+    for (const Key& k : sent) buffers_.erase(k);
+}
+
+void PipelineEngine::run_forward(int micro, int chunk, const int32_t* x, const int32_t* y, int b, int t, float dloss,
+                                 double* loss) {
+    const int s = vstage(chunk);
+    const int slot = take_slot(chunk, micro);
+    if (s > 0) {  // the activation from stage s - 1: received, or produced by this rank's previous chunk
+        auto it = buffers_.find(Key{int(PpPayload::Activation), micro, s - 1});
+        LLMC_ASSERT(it != buffers_.end(), "pipeline: forward without its input activation");
+        model_.ops.from_host_f32(model_.chunk_input(chunk, slot, b, t), it->second.data());
+        buffers_.erase(it);
+    }
+    const double l = model_.forward_chunk(chunk, slot, x, y, b, t, dloss);
+    if (s == n_virtual() - 1) {
+        *loss += l;
+        return;
+    }
+    std::vector<float>& out = buffers_[Key{int(PpPayload::Activation), micro, s}];
+    out.resize(model_.local_rows(b, t) * size_t(model_.shape.d_model));
+    model_.ops.to_host_f32(out.data(), model_.chunk_output(chunk, slot, b, t));
+}
+
+double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
+                                  const std::vector<std::vector<int32_t>>& y, float dloss,
+                                  const std::function<void(size_t)>& grads_ready) {
+    LLMC_ASSERT(int(x.size()) == micro_batches_ && int(y.size()) == micro_batches_, "one batch per micro-batch");
+    const int b = model_.B, t = model_.T;
+    cur_b_ = b;
+    cur_t_ = t;
+    double loss = 0.0;
+    const std::vector<PpAction>& actions = schedule_[size_t(stage())];
+    int backwards_left = 0;
+    for (const PpAction& a : actions) backwards_left += a.op == PpOp::Backward;
+    for (const PpAction& a : actions) {
+        switch (a.op) {
+            case PpOp::Forward:
+                run_forward(a.micro, a.chunk, x[size_t(a.micro)].data(), y[size_t(a.micro)].data(), b, t, dloss, &loss);
+                break;
+            case PpOp::Backward: {
+                const int s = vstage(a.chunk);
+                auto& slots = slot_of_[size_t(a.chunk)];
+                const int slot = slots.at(a.micro);
+                if (s < n_virtual() - 1) {  // the gradient of this chunk's output, from stage s + 1
+                    auto it = buffers_.find(Key{int(PpPayload::Gradient), a.micro, s});
+                    LLMC_ASSERT(it != buffers_.end(), "pipeline: backward without its output gradient");
+                    model_.ops.from_host_f32(model_.residual_grad(b, t), it->second.data());
+                    buffers_.erase(it);
+                }
+                const bool last = --backwards_left == 0;
+                const bool overlap = last && stages() == 1 && vchunks_ == 1;
+                model_.backward_chunk(a.chunk, slot, overlap ? grads_ready : std::function<void(size_t)>());
+                slots.erase(a.micro);
+                free_slots_[size_t(a.chunk)].push_back(slot);
+                if (s > 0) {
+                    std::vector<float>& g = buffers_[Key{int(PpPayload::Gradient), a.micro, s - 1}];
+                    g.resize(model_.local_rows(b, t) * size_t(model_.shape.d_model));
+                    model_.ops.to_host_f32(g.data(), model_.residual_grad(b, t));
+                }
+                break;
+            }
+            default:
+                transfer(a);
+                break;
+        }
+    }
+    LLMC_ASSERT(buffers_.empty(), "pipeline: tensors left over after the step");
+    // the tied embedding: the first stage's wte and the last stage's head copy get the sum of both gradients
+    if (embed_ && embed_->size() > 1) {
+        const ParamSpec* w = nullptr;
+        for (const ParamSpec& p : model_.params)
+            if (p.kind == WTE) w = &p;
+        LLMC_ASSERT(w, "the first and last stages hold wte");
+        Tensor g = model_.grad_buf.slice(w->offset, w->numel);
+        std::vector<float> h(g.n);
+        model_.ops.to_host_f32(h.data(), g);
+        embed_->all_reduce(h.data(), h.size(), ReduceOp::Sum);
+        model_.ops.from_host_f32(g, h.data());
+    }
+    if (stages() > 1) pp_->all_reduce(&loss, 1, ReduceOp::Sum);  // only the last stage had it
+    return loss / micro_batches_;
+}
+
+double PipelineEngine::forward_only(const int32_t* x, const int32_t* y, int b, int t) {
+    // stage by stage in pipeline order: every transfer is met by its peer's next call
+    cur_b_ = b;
+    cur_t_ = t;
+    const size_t n = model_.local_rows(b, t) * size_t(model_.shape.d_model);
+    std::vector<float> buf(n);
+    double loss = 0.0;
+    for (int s = 0; s < n_virtual(); s++) {
+        const int owner = s % stages(), chunk = s / stages();
+        const int prev = (s - 1 + stages()) % stages(), next = (s + 1) % stages();
+        if (owner != stage()) continue;
+        if (s > 0) {
+            if (prev != stage()) pp_->recv(buf.data(), n, prev, kMaxCommTag);
+            model_.ops.from_host_f32(model_.chunk_input(chunk, 0, b, t), buf.data());
+        }
+        const double l = model_.forward_chunk(chunk, 0, x, y, b, t, 0.0f);
+        if (s == n_virtual() - 1) {
+            loss = l;
+            break;
+        }
+        model_.ops.to_host_f32(buf.data(), model_.chunk_output(chunk, 0, b, t));
+        if (next != stage()) pp_->send(buf.data(), n, next, kMaxCommTag);
+    }
+    if (stages() > 1) pp_->all_reduce(&loss, 1, ReduceOp::Sum);
+    return loss;
+}
+
+double PipelineEngine::broadcast_from_last(double x) {
+    if (stages() == 1) return x;
+    double v = is_last_stage() ? x : 0.0;
+    pp_->all_reduce(&v, 1, ReduceOp::Sum);
+    return v;
+}
