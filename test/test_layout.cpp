@@ -1,0 +1,78 @@
+// The model's split over the process grid: for every layout, the ranks' primary pieces cover
+// each element of the whole model (llm.c order) exactly once (what checkpoint assembly relies
+// on), replicas sit where the split puts them, and the activation slots follow the schedule.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "llmc/layout.h"
+#include "llmc/model.h"
+#include "llmc/pipeline.h"
+#include "llmc/pipeline_schedule.h"
+
+namespace {
+ModelShape small_shape() { return ModelShape{4, 4, 32, 500, 512, 16}; }
+}  // namespace
+
+TEST_CASE("layout: primary pieces tile the whole model once, for every tp x pp x chunks", "[layout]") {
+    const ModelShape s = small_shape();
+    const size_t total = gpt2_num_params(s);
+    struct L {
+        int tp, pp, v;
+        bool sp;
+    };
+    for (L l : {L{1, 1, 1, false}, L{2, 1, 1, false}, L{4, 1, 1, true}, L{1, 2, 1, false}, L{1, 4, 1, false},
+                L{2, 2, 2, false}, L{4, 2, 1, true}}) {
+        INFO("tp " << l.tp << " pp " << l.pp << " v " << l.v);
+        ParallelConfig pc;
+        pc.tp = l.tp;
+        pc.pp = l.pp;
+        pc.pp_virtual = l.v;
+        pc.sequence_parallel = l.sp;
+        std::vector<int> owners(total, 0), holders(total, 0);
+        for (int p = 0; p < l.pp; p++)
+            for (int t = 0; t < l.tp; t++) {
+                const ModelLayout lay = model_layout(s, pc, t, p);
+                size_t n = 0;
+                const std::vector<ParamSpec> table = gpt2_param_table(s, lay, &n);
+                size_t next = 0;
+                for (const ParamSpec& sp : table) {
+                    CHECK(sp.offset == next);  // contiguous, in table order
+                    next += sp.numel;
+                    size_t covered = 0;
+                    for_each_run(sp, [&](size_t local, size_t llmc, size_t cnt) {
+                        CHECK(local == covered);  // runs walk the local elements in order
+                        covered += cnt;
+                        for (size_t i = llmc; i < llmc + cnt; i++) {
+                            holders[i]++;
+                            if (sp.primary) owners[i]++;
+                        }
+                    });
+                    CHECK(covered == sp.numel);
+                }
+                CHECK(next == n);
+            }
+        size_t bad_owner = 0, unheld = 0;
+        for (size_t i = 0; i < total; i++) {
+            bad_owner += owners[i] != 1;
+            unheld += holders[i] < 1;
+        }
+        CHECK(bad_owner == 0);
+        CHECK(unheld == 0);
+        // replicas: LayerNorms etc. on every TP rank, wte on the first and the last stage
+        const size_t C = size_t(s.d_model);
+        CHECK(holders[0] == (l.pp > 1 ? 2 : 1));  // wte[0][0]: TP rank 0's rows, first and last stage
+        const size_t lnfw = total - 2 * C;        // lnfw is the second-to-last tensor in llm.c order
+        CHECK(holders[lnfw] == l.tp);
+    }
+}
+
+TEST_CASE("layout: activation slots per chunk follow the schedule", "[layout]") {
+    // 1F1B on 4 stages x 8 micro-batches: stage r keeps pp - r micro-batches in flight
+    const PpSchedule s = make_pipeline_schedule(PpScheduleKind::OneFOneB, 4, 8, 1);
+    for (int r = 0; r < 4; r++) CHECK(pipeline_slots(s[size_t(r)], 1) == std::vector<int>{4 - r});
+    const PpSchedule g = make_pipeline_schedule(PpScheduleKind::GPipe, 2, 5, 1);
+    CHECK(pipeline_slots(g[0], 1) == std::vector<int>{5});
+    const PpSchedule one = make_pipeline_schedule(PpScheduleKind::OneFOneB, 1, 6, 1);
+    CHECK(pipeline_slots(one[0], 1) == std::vector<int>{1});
+}
