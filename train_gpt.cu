@@ -276,7 +276,8 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const GPT2& model, boo
                                        : std::string());
     if (fp8)  // ==== fp8 ====
         row("fp8 amaxes", fp8->bytes(),
-            strfmt("  (%d layers x 4 linears x 3 operands, fp32; scales and history on the host)", model.shape.n_layer));
+            strfmt("  (%d layers x 4 linears x 3 operands, fp32; scales and history on the host)",
+                   model.shape.n_layer));
     row("total", m.total() + (fp8 ? fp8->bytes() : 0), "");
 }
 
@@ -325,7 +326,8 @@ int train(Runtime& rt, int argc, char** argv) {
     if (device == "cuda" && (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1)) gpus = 1;
     std::unique_ptr<Ops> ops = device == "cpu" ? make_cpu_ops() : make_cuda_ops(rt.local_rank % gpus);
     // fp8 keeps everything but the block linears in bf16 on CUDA and fp32 on the CPU
-    const DType dtype = cfg.precision == "bf16" || (cfg.precision == "fp8" && device == "cuda") ? DType::BF16 : DType::F32;
+    const DType dtype =
+        cfg.precision == "bf16" || (cfg.precision == "fp8" && device == "cuda") ? DType::BF16 : DType::F32;
     Logger log(std::string(), rt.is_main(), false);  // console only until out_dir exists
     // ==== fp8: the scaling state; every rank checks the backend and the shapes, and they agree ====
     std::unique_ptr<Fp8Run> fp8;
@@ -415,8 +417,8 @@ int train(Runtime& rt, int argc, char** argv) {
     const double tokens_per_step = double(B) * T * tc.grad_accum * grid.dp;
     log.print("train_gpt | device %s | precision %s | %d layers, %d heads, d_model %d, vocab %d (padded %d), "
               "max_seq_len %d\n",
-              device.c_str(), (fp8 ? fp8->describe(device, dtype) : cfg.precision).c_str(), shape.n_layer, shape.n_head, shape.d_model, shape.vocab_size,
-              shape.padded_vocab, shape.max_seq_len);
+              device.c_str(), (fp8 ? fp8->describe(device, dtype) : cfg.precision).c_str(),  // ==== fp8 ====
+              shape.n_layer, shape.n_head, shape.d_model, shape.vocab_size, shape.padded_vocab, shape.max_seq_len);
     log.print("parallel: %d process%s = %s; ZeRO-%d; comm %s; %zu gradient bucket%s of <= %zu elements\n",
               grid.world, grid.world == 1 ? "" : "es", grid.describe().c_str(), dp.zero(), groups.dp->name().c_str(),
               dp.buckets().size(), dp.buckets().size() == 1 ? "" : "s", dp.bucket_elems());

@@ -87,7 +87,8 @@ const std::vector<Key>& schema() {
         enum_key("device", FIELD(device), {"auto", "cpu", "cuda"}, {},
                  "where to train: auto = cuda when a GPU is present, else cpu"),
         enum_key("precision", FIELD(precision), {"fp32", "bf16", "fp8"}, {},
-                 "compute precision (fp8: the blocks' linear layers in FP8, the rest as bf16; emulated on the CPU)"),
+                 "compute precision (fp8: the blocks' linear layers in FP8, the rest as bf16 on CUDA; on the CPU "
+                 "FP8 is emulated exactly and the rest stays fp32)"),
 
         enum_key("model.arch", FIELD(model.arch), {"gpt2"}, {}, "model architecture"),
         int_key("model.n_layer", FIELD(model.n_layer), 1, NONE, "transformer blocks"),

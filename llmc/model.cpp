@@ -442,8 +442,8 @@ void GPT2::linear_forward(int l, Fp8Linear lin, Tensor out, Tensor pre_gelu, Ten
                            fp8_->cast(l, lin, Fp8Operand::Weight, fp8_amax_));
 }
 
-void GPT2::linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                           Tensor pre_gelu, int N, int IC, int OC) {
+void GPT2::linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp,
+                           Tensor w, Tensor pre_gelu, int N, int IC, int OC) {
     if (!fp8_) {
         ops.matmul_backward(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC);
         return;

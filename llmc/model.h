@@ -181,7 +181,10 @@ public:
     // where the casts record this step's amaxes (each pipeline stage and TP shard fills its
     // part; the trainer zeroes it per step and max-reduces it over the world). The caller owns
     // both; nullptr turns fp8 off.
-    void set_fp8(const Fp8State* state, float* amax) { fp8_ = state, fp8_amax_ = amax; }
+    void set_fp8(const Fp8State* state, float* amax) {
+        fp8_ = state;
+        fp8_amax_ = amax;
+    }
 
 private:
     struct LayerActs;
