@@ -37,6 +37,47 @@ inline void cublas_check_impl(cublasStatus_t st, const char* expr, const char* f
 
 inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
 
+// A grow-only device scratch buffer: get() reallocates only when asked for more than it holds,
+// after the stream drains (the old buffer may still be in use by queued work).
+struct GrowBuffer {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+    void* get(size_t n, cudaStream_t stream) {
+        if (bytes < n) {
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            if (ptr) CUDA_CHECK(cudaFree(ptr));
+            ptr = nullptr;
+            CUDA_CHECK(cudaMalloc(&ptr, n));
+            bytes = n;
+        }
+        return ptr;
+    }
+    void release() {  // no error checks: called from destructors
+        if (ptr) cudaFree(ptr);
+        ptr = nullptr;
+        bytes = 0;
+    }
+};
+
+// The preference of a cuBLASLt heuristic query: at most `workspace` bytes, reductions only in the
+// compute or output type (no lower-precision split-K), and the operands' alignments in bytes.
+inline cublasLtMatmulPreference_t lt_preference(size_t workspace, uint32_t align_a, uint32_t align_b,
+                                                uint32_t align_d) {
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint32_t red = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, const void* v, size_t n) {
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, v, n));
+    };
+    set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+    set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof(red));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d));
+    return pref;
+}
+
 // ---- element access: everything is computed in fp32 ----
 typedef __nv_bfloat16 bf16;
 

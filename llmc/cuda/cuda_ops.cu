@@ -53,8 +53,7 @@ public:
     }
     ~CudaOps() override {
         cudaStreamSynchronize(stream_);
-        for (auto& s : scratch_)
-            if (s.first) cudaFree(s.first);
+        for (GrowBuffer& b : scratch_) b.release();
         lt_.destroy();
         cudaStreamDestroy(stream_);
     }
@@ -432,17 +431,7 @@ private:
                                    HS));
     }
     // grow-only scratch buffers, one per slot (0 encoder, 1 layernorm, 2 attention, 3 sum_squares)
-    void* scratch(int slot, size_t bytes) {
-        auto& s = scratch_[slot];
-        if (s.second < bytes) {
-            CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may be in use
-            if (s.first) CUDA_CHECK(cudaFree(s.first));
-            s.first = nullptr;
-            CUDA_CHECK(cudaMalloc(&s.first, bytes));
-            s.second = bytes;
-        }
-        return s.first;
-    }
+    void* scratch(int slot, size_t bytes) { return scratch_[slot].get(bytes, stream_); }
 
     int device_;
     size_t peak_used_ = 0;
@@ -454,7 +443,7 @@ private:
     }
     cudaStream_t stream_ = nullptr;
     LtMatmul lt_;
-    std::pair<void*, size_t> scratch_[4] = {};
+    GrowBuffer scratch_[4];
     std::vector<int32_t> host_tokens_, seg_;
     std::vector<std::pair<int32_t, int32_t>> pairs_;
     mutable fp8::CudaFp8 fp8_;  // fp8 casts, GEMMs and their scratch (mutable: fp8_supported caches its answer)

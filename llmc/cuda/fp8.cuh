@@ -146,23 +146,7 @@ public:
         if (it == cache_.end()) {
             cublasLtMatmulHeuristicResult_t res;
             int nres = 0;
-            cublasLtMatmulPreference_t pref;
-            CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-            size_t ws = kWorkspaceBytes;
-            uint32_t red = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-            uint32_t aa = key.alA, ab = key.alB, ad = key.alD;
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                              sizeof(ws)));
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red,
-                                                              sizeof(red)));
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa,
-                                                              sizeof(aa)));
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab,
-                                                              sizeof(ab)));
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad,
-                                                              sizeof(ad)));
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad,
-                                                              sizeof(ad)));
+            cublasLtMatmulPreference_t pref = lt_preference(kWorkspaceBytes, key.alA, key.alB, key.alD);
             // an unsupported combination is an error status here, not a crash: the caller decides
             const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, op, la, lb, ld, ld, pref, 1, &res, &nres);
             cublasLtMatmulPreferenceDestroy(pref);
@@ -210,8 +194,7 @@ public:
     CudaFp8(const CudaFp8&) = delete;
     CudaFp8& operator=(const CudaFp8&) = delete;
     ~CudaFp8() {  // after the owner's stream is gone: cudaFree waits for the device
-        for (auto& s : buf_)
-            if (s.first) cudaFree(s.first);
+        for (GrowBuffer& b : buf_) b.release();
         if (small_) cudaFree(small_);
         gemm_.destroy();
     }
@@ -366,20 +349,10 @@ private:
     }
 
     // grow-only scratch, one per slot: 0 inp casts, 1 weight casts, 2/3 dout casts
-    void* buf(int slot, size_t bytes, cudaStream_t stream) {
-        auto& s = buf_[slot];
-        if (s.second < bytes) {
-            CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may be in use
-            if (s.first) CUDA_CHECK(cudaFree(s.first));
-            s.first = nullptr;
-            CUDA_CHECK(cudaMalloc(&s.first, bytes));
-            s.second = bytes;
-        }
-        return s.first;
-    }
+    void* buf(int slot, size_t bytes, cudaStream_t stream) { return buf_[slot].get(bytes, stream); }
 
     Fp8Gemm gemm_;
-    std::pair<void*, size_t> buf_[4] = {};
+    GrowBuffer buf_[4];
     void* small_ = nullptr;
     int queried_device_ = -1;
     bool supported_ = false;

@@ -105,23 +105,7 @@ public:
 
         auto it = cache_.find(key);
         if (it == cache_.end()) {
-            cublasLtMatmulPreference_t pref;
-            CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-            size_t ws = kWorkspaceBytes;
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                              sizeof(ws)));
-            uint32_t red = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red,
-                                                              sizeof(red)));
-            uint32_t aa = key.alA, ab = key.alB, ad = key.alD;
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa,
-                                                              sizeof(aa)));
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab,
-                                                              sizeof(ab)));
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad,
-                                                              sizeof(ad)));
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad,
-                                                              sizeof(ad)));
+            cublasLtMatmulPreference_t pref = lt_preference(kWorkspaceBytes, key.alA, key.alB, key.alD);
             cublasLtMatmulHeuristicResult_t res;
             int nres = 0;
             CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, op, la, lb, ld, ld, pref, 1, &res, &nres));
