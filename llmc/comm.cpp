@@ -4,6 +4,33 @@
 #include "llmc/comm.h"
 #include "llmc/common.h"
 
+void Comm::check_counts(const std::vector<size_t>& counts) const {
+    LLMC_ASSERT(int(counts.size()) == size(), "counts must have one entry per group member");
+}
+
+void Comm::check_peer(int peer, const char* op) const {
+    LLMC_ASSERT(peer >= 0 && peer < size(), strfmt("%s: group rank %d outside the %s group", op, peer, group().c_str()));
+}
+
+void Comm::check_tag(int tag, const char* op) const {
+    LLMC_ASSERT(tag >= 0 && tag <= kMaxCommTag, strfmt("%s: tag %d outside 0..32767", op, tag));
+}
+
+void Comm::check_p2p(int peer, int tag, const char* op) const {
+    check_peer(peer, op);
+    LLMC_ASSERT(peer != rank(), strfmt("%s: a blocking %s with oneself never completes (use sendrecv)", op, op));
+    check_tag(tag, op);
+}
+
+void Comm::check_sendrecv(size_t send_n, int send_peer, size_t recv_n, int recv_peer, int tag) const {
+    check_peer(send_peer, "sendrecv");
+    check_peer(recv_peer, "sendrecv");
+    LLMC_ASSERT((send_peer == rank()) == (recv_peer == rank()),
+                "sendrecv: a send to oneself needs the receive from oneself in the same call");
+    LLMC_ASSERT(send_peer != rank() || send_n == recv_n, "sendrecv with oneself: the sizes differ");
+    check_tag(tag, "sendrecv");
+}
+
 std::vector<size_t> count_offsets(const std::vector<size_t>& counts) {
     std::vector<size_t> off(counts.size() + 1, 0);
     for (size_t i = 0; i < counts.size(); i++) off[i + 1] = off[i] + counts[i];
@@ -47,17 +74,15 @@ public:
     void recv(float*, size_t, int, int) override { LLMC_ASSERT(false, "recv from self"); }
     void sendrecv(const float* sendbuf, size_t send_n, int send_peer, float* recvbuf, size_t recv_n, int recv_peer,
                   int tag) override {
-        LLMC_ASSERT(send_peer == 0 && recv_peer == 0, "sendrecv: peer outside the group");
-        LLMC_ASSERT(send_n == recv_n, "sendrecv with oneself: the sizes differ");
-        LLMC_ASSERT(tag >= 0 && tag <= kMaxCommTag, "sendrecv: tag outside 0..32767");
+        check_sendrecv(send_n, send_peer, recv_n, recv_peer, tag);
         if (sendbuf != recvbuf && send_n) std::memmove(recvbuf, sendbuf, send_n * sizeof(float));
     }
     // With oneself: each receive takes the first unmatched send of its tag (MPI's order).
     void exchange(const std::vector<CommP2P>& msgs) override {
         std::vector<bool> used(msgs.size(), false);
         for (const CommP2P& r : msgs) {
-            LLMC_ASSERT(r.peer == 0, "exchange: peer outside the group");
-            LLMC_ASSERT(r.tag >= 0 && r.tag <= kMaxCommTag, "exchange: tag outside 0..32767");
+            check_peer(r.peer, "exchange");
+            check_tag(r.tag, "exchange");
             if (r.is_send) continue;
             size_t s = 0;
             while (s < msgs.size() && (used[s] || !msgs[s].is_send || msgs[s].tag != r.tag)) s++;

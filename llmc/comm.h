@@ -97,6 +97,13 @@ protected:
     Comm(std::vector<int> members, int rank, std::string group)
         : members_(std::move(members)), rank_(rank), group_(std::move(group)) {}
 
+    // Argument checks every implementation makes (assertions naming the call and the group).
+    void check_counts(const std::vector<size_t>& counts) const;
+    void check_peer(int peer, const char* op) const;
+    void check_tag(int tag, const char* op) const;
+    void check_p2p(int peer, int tag, const char* op) const;  // send / recv: another member
+    void check_sendrecv(size_t send_n, int send_peer, size_t recv_n, int recv_peer, int tag) const;
+
 private:
     std::vector<int> members_;
     int rank_;

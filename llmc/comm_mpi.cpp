@@ -205,12 +205,7 @@ public:
     }
     void sendrecv(const float* sendbuf, size_t send_n, int send_peer, float* recvbuf, size_t recv_n, int recv_peer,
                   int tag) override {
-        check_peer(send_peer, "sendrecv");
-        check_peer(recv_peer, "sendrecv");
-        LLMC_ASSERT((send_peer == rank()) == (recv_peer == rank()),
-                    "sendrecv: a send to oneself needs the receive from oneself in the same call");
-        LLMC_ASSERT(send_peer != rank() || send_n == recv_n, "sendrecv with oneself: the sizes differ");
-        LLMC_ASSERT(tag >= 0 && tag <= kMaxCommTag, "sendrecv: tag outside 0..32767");
+        check_sendrecv(send_n, send_peer, recv_n, recv_peer, tag);
         Timed t(watchdog_, "sendrecv",
                 count_text(send_n, "float") + strfmt(" to group rank %d, ", send_peer) + count_text(recv_n, "float") +
                     strfmt(" from group rank %d, tag %d", recv_peer, tag));
@@ -231,7 +226,7 @@ public:
     void exchange(const std::vector<CommP2P>& msgs) override {
         for (const CommP2P& m : msgs) {
             check_peer(m.peer, "exchange");
-            LLMC_ASSERT(m.tag >= 0 && m.tag <= kMaxCommTag, strfmt("exchange: tag %d outside 0..32767", m.tag));
+            check_tag(m.tag, "exchange");
         }
         const std::string detail = exchange_text(msgs);
         Timed t(watchdog_, "exchange", detail);
@@ -271,17 +266,6 @@ private:
     void all_reduce_any(T* buf, size_t n, MPI_Datatype type, ReduceOp op) {
         for (size_t off = 0; off < n; off += kChunk)
             MPI_Allreduce(MPI_IN_PLACE, buf + off, int(std::min(kChunk, n - off)), type, mpi_op(op), comm_);
-    }
-    void check_counts(const std::vector<size_t>& counts) const {
-        LLMC_ASSERT(int(counts.size()) == size(), "counts must have one entry per group member");
-    }
-    void check_peer(int peer, const char* op) const {
-        LLMC_ASSERT(peer >= 0 && peer < size(), strfmt("%s: group rank %d outside the %s group", op, peer, group().c_str()));
-    }
-    void check_p2p(int peer, int tag, const char* op) const {
-        check_peer(peer, op);
-        LLMC_ASSERT(peer != rank(), strfmt("%s: a blocking %s with oneself never completes (use sendrecv)", op, op));
-        LLMC_ASSERT(tag >= 0 && tag <= kMaxCommTag, strfmt("%s: tag %d outside 0..32767", op, tag));
     }
     // A shorter message than posted would leave the tail of the buffer stale (a longer one is an
     // MPI truncation error): the two sides disagree on the size.
