@@ -114,6 +114,18 @@ void DataParallel::check_replicas() {
     LLMC_ASSERT(v[0] == -v[1], "parameter replicas differ between DP ranks");
 }
 
+std::vector<float> DataParallel::gather_shards(const float* shard) {
+    // bucket by bucket: every rank sends its shard's intersection with the bucket
+    std::vector<float> out(dp_rank() == 0 ? model_.padded_params : 0);
+    for (const Bucket& b : buckets_) {
+        const std::vector<size_t> counts = shard_counts(b.begin, b.end);
+        const size_t mine = counts[size_t(dp_rank())];
+        const float* src = mine ? shard + (std::max(b.begin, opt_begin()) - opt_begin()) : shard;
+        comm_.gather(src, dp_rank() == 0 ? out.data() + b.begin : nullptr, counts, 0);
+    }
+    return out;
+}
+
 OptimizerState DataParallel::gather_optimizer_state(const AdamW& opt) {
     std::vector<float> m, v, master;
     opt.get_state(m, v, master);
@@ -122,35 +134,17 @@ OptimizerState DataParallel::gather_optimizer_state(const AdamW& opt) {
         if (dp_rank() == 0) whole = {std::move(m), std::move(v), std::move(master)};
         return whole;
     }
-    const bool root = dp_rank() == 0;
-    auto gather = [&](const std::vector<float>& part, std::vector<float>& out) {
-        if (root) out.resize(model_.padded_params);
-        // bucket by bucket: every rank sends its intersection with the bucket
-        for (const Bucket& b : buckets_) {
-            const std::vector<size_t> counts = shard_counts(b.begin, b.end);
-            const size_t mine = counts[size_t(dp_rank())];
-            const float* src = mine ? part.data() + (std::max(b.begin, opt_begin()) - opt_begin()) : part.data();
-            comm_.gather(src, root ? out.data() + b.begin : nullptr, counts, 0);
-        }
-    };
-    gather(m, whole.m);
-    gather(v, whole.v);
-    if (opt.has_master()) gather(master, whole.master);
+    whole.m = gather_shards(m.data());
+    whole.v = gather_shards(v.data());
+    if (opt.has_master()) whole.master = gather_shards(master.data());
     return whole;
 }
 
 std::vector<float> DataParallel::gather_gradients() {
-    std::vector<float> g(model_.padded_params), out;
+    std::vector<float> g(model_.padded_params);
     model_.ops.to_host_f32(g.data(), model_.grad_buf);
-    if (zero_ == 0) return dp_rank() == 0 ? g : out;
-    if (dp_rank() == 0) out.resize(model_.padded_params);
-    for (const Bucket& b : buckets_) {
-        const std::vector<size_t> counts = shard_counts(b.begin, b.end);
-        const size_t mine = counts[size_t(dp_rank())];
-        comm_.gather(g.data() + (mine ? std::max(b.begin, opt_begin()) : 0), dp_rank() == 0 ? out.data() + b.begin : nullptr,
-                     counts, 0);
-    }
-    return out;
+    if (zero_ == 0) return dp_rank() == 0 ? g : std::vector<float>();
+    return gather_shards(g.data() + opt_begin());
 }
 
 void DataParallel::load_optimizer_state(AdamW& opt, const OptimizerState& whole) {

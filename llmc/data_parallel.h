@@ -105,6 +105,8 @@ private:
     void launch(const Bucket& b);
     // every DP rank's share of [begin, end): its intersection with that rank's shard, in rank order
     std::vector<size_t> shard_counts(size_t begin, size_t end) const;
+    // The whole buffer on DP rank 0 (empty elsewhere) from every rank's shard (shard_ elements). Collective.
+    std::vector<float> gather_shards(const float* shard);
 
     GPT2& model_;
     Comm& comm_;
