@@ -302,7 +302,7 @@ int train(Runtime& rt, int argc, char** argv) {
         shape = ModelShape{cfg.model.n_layer, cfg.model.n_head,  cfg.model.d_model,
                            cfg.model.vocab_size, cfg.model.padded_vocab(), cfg.model.max_seq_len};
         layout = model_layout(shape, pc, grid.tp_rank, grid.pp_rank);
-        check_model_layout(shape, layout, cfg.train.micro_batch, cfg.train.seq_len);
+        check_model_layout(shape, layout, cfg.train.seq_len);
         device = resolve_device(cfg);
         comm_kind = resolve_comm(cfg.parallel, device, rt);
     } catch (const UserError& e) {

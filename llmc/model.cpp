@@ -72,7 +72,7 @@ size_t gpt2_num_params(const ModelShape& s) {
     return n;
 }
 
-void check_model_layout(const ModelShape& s, const ModelLayout& L, int B, int T) {
+void check_model_layout(const ModelShape& s, const ModelLayout& L, int T) {
     const int tp = L.tp;
     if (s.n_head % tp != 0)
         throw UserError(strfmt("parallel.tp: %d does not divide model.n_head = %d (attention heads are split "
@@ -83,7 +83,6 @@ void check_model_layout(const ModelShape& s, const ModelLayout& L, int B, int T)
     if (L.sequence_parallel && tp > 1 && T % tp != 0)
         throw UserError(strfmt("parallel.sequence_parallel: train.seq_len = %d must be a multiple of parallel.tp "
                                "= %d (the tokens are split evenly)", T, tp));
-    (void)B;
     for (const auto& c : layout_chunks(s, L))
         LLMC_ASSERT(c.first >= 0 && c.first < c.second && c.second <= s.n_layer, "bad chunk layer range");
 }
@@ -216,7 +215,7 @@ GPT2::GPT2(const ModelShape& s, Ops& o, DType dt, int b, int t, size_t pad_multi
     LLMC_ASSERT(s.padded_vocab >= s.vocab_size, "padded vocab too small");
     LLMC_ASSERT(lay.tp == tp_->size() && lay.tp_rank == tp_->rank(), "layout and TP group disagree");
     LLMC_ASSERT(!lay.sequence_parallel || lay.tp == 1 || tp_->sequence_parallel(), "SP flag mismatch");
-    check_model_layout(s, lay, b, t);
+    check_model_layout(s, lay, t);
     params = gpt2_param_table(s, lay, &num_params);
     total_params = gpt2_num_params(s);
     lookup_.assign(size_t(NUM_PARAM_KINDS) * (s.n_layer + 1), -1);
@@ -318,6 +317,12 @@ bool GPT2::holds(ParamKind k, int layer) const {
 const ParamSpec& GPT2::spec(ParamKind k, int layer) const {
     LLMC_ASSERT(holds(k, layer), strfmt("parameter %s (layer %d) is not held by this rank", kind_name(k), layer));
     return params[size_t(lookup_[size_t(k) * (shape.n_layer + 1) + (layer + 1)])];
+}
+
+const ParamSpec& GPT2::wte_spec() const {
+    if (layout.first) return spec(WTE);
+    LLMC_ASSERT(layout.last && params.back().tied_copy, "this rank holds no wte");
+    return params.back();  // the last stage's copy comes last
 }
 
 Tensor GPT2::param(ParamKind k, int layer) const {
@@ -541,8 +546,7 @@ float GPT2::head_forward(SlotActs& sa, Tensor res, const int32_t* targets, int b
     TensorParallel& tp = *tp_;
     const int C = shape.d_model, V = shape.vocab_size, Vl = shape.padded_vocab / tp_size();
     const size_t N = size_t(b) * t, nl = local_rows(b, t);
-    const ParamSpec& w = layout.first ? spec(WTE) : params.back();  // the tied copy is last
-    LLMC_ASSERT(w.kind == WTE, "head weight lookup");
+    const ParamSpec& w = wte_spec();
     Tensor lnf = sa.lnf.slice(0, nl * C), logits = sa.logits.slice(0, N * size_t(Vl));
     ops.layernorm_forward(lnf, sa.lnf_mean, sa.lnf_rstd, res, param(LNFW), param(LNFB), int(nl), C);
     Tensor x = tp.gather_rows(lnf, scratch_->full.slice(0, N * C));
@@ -571,7 +575,7 @@ void GPT2::head_backward(SlotActs& sa, Tensor res, int b, int t) {
     const int C = shape.d_model, Vl = shape.padded_vocab / tp_size();
     const size_t N = size_t(b) * t, nl = local_rows(b, t);
     Scratch& S = *scratch_;
-    const ParamSpec& w = layout.first ? spec(WTE) : params.back();
+    const ParamSpec& w = wte_spec();
     Tensor dres = S.dresidual.slice(0, nl * C), partial = S.partial.slice(0, N * C);
     Tensor x = tp.gather_rows(sa.lnf.slice(0, nl * C), S.full.slice(0, N * C));
     ops.matmul_backward(partial, grad_buf.slice(w.offset, w.numel), Tensor(), sa.logits.slice(0, N * size_t(Vl)), x,

@@ -94,7 +94,8 @@ size_t gpt2_num_params(const ModelShape& s);  // including the padded vocab rows
 // The parameter table of one layout (memory order) and its element count (unpadded).
 std::vector<ParamSpec> gpt2_param_table(const ModelShape& s, const ModelLayout& layout, size_t* num_local);
 // Checks that a layout can split this shape; throws UserError naming the config key.
-void check_model_layout(const ModelShape& s, const ModelLayout& layout, int B, int T);
+// T: the sequence length (sequence parallelism splits each sequence's tokens evenly).
+void check_model_layout(const ModelShape& s, const ModelLayout& layout, int T);
 
 class GPT2 {
 public:
@@ -124,6 +125,9 @@ public:
 
     bool holds(ParamKind k, int layer = -1) const;
     const ParamSpec& spec(ParamKind k, int layer = -1) const;
+    // The wte this rank holds: the embedding's, else (a last stage without the embedding) the
+    // head's tied copy. The LM head uses it, and the pipeline keeps the two copies in sync.
+    const ParamSpec& wte_spec() const;
     Tensor param(ParamKind k, int layer = -1) const;
     Tensor grad(ParamKind k, int layer = -1) const;
 

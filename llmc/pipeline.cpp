@@ -71,24 +71,32 @@ void PipelineEngine::transfer(const PpAction& a) {
     for (const Key& k : sent) buffers_.erase(k);
 }
 
+void PipelineEngine::take(const Key& k, Tensor dst, const char* what) {
+    auto it = buffers_.find(k);
+    LLMC_ASSERT(it != buffers_.end() && it->second.size() == dst.n, std::string("pipeline: ") + what);
+    model_.ops.from_host_f32(dst, it->second.data());
+    buffers_.erase(it);
+}
+
+void PipelineEngine::put(const Key& k, Tensor src) {
+    std::vector<float>& h = buffers_[k];
+    h.resize(src.n);
+    model_.ops.to_host_f32(h.data(), src);
+}
+
 void PipelineEngine::run_forward(int micro, int chunk, const int32_t* x, const int32_t* y, int b, int t, float dloss,
                                  double* loss) {
     const int s = vstage(chunk);
     const int slot = take_slot(chunk, micro);
-    if (s > 0) {  // the activation from stage s - 1: received, or produced by this rank's previous chunk
-        auto it = buffers_.find(Key{int(PpPayload::Activation), micro, s - 1});
-        LLMC_ASSERT(it != buffers_.end(), "pipeline: forward without its input activation");
-        model_.ops.from_host_f32(model_.chunk_input(chunk, slot, b, t), it->second.data());
-        buffers_.erase(it);
-    }
+    if (s > 0)  // the activation from stage s - 1: received, or produced by this rank's previous chunk
+        take(Key{int(PpPayload::Activation), micro, s - 1}, model_.chunk_input(chunk, slot, b, t),
+             "forward without its input activation");
     const double l = model_.forward_chunk(chunk, slot, x, y, b, t, dloss);
     if (s == n_virtual() - 1) {
         *loss += l;
         return;
     }
-    std::vector<float>& out = buffers_[Key{int(PpPayload::Activation), micro, s}];
-    out.resize(model_.local_rows(b, t) * size_t(model_.shape.d_model));
-    model_.ops.to_host_f32(out.data(), model_.chunk_output(chunk, slot, b, t));
+    put(Key{int(PpPayload::Activation), micro, s}, model_.chunk_output(chunk, slot, b, t));
 }
 
 double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
@@ -111,22 +119,15 @@ double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
                 const int s = vstage(a.chunk);
                 auto& slots = slot_of_[size_t(a.chunk)];
                 const int slot = slots.at(a.micro);
-                if (s < n_virtual() - 1) {  // the gradient of this chunk's output, from stage s + 1
-                    auto it = buffers_.find(Key{int(PpPayload::Gradient), a.micro, s});
-                    LLMC_ASSERT(it != buffers_.end(), "pipeline: backward without its output gradient");
-                    model_.ops.from_host_f32(model_.residual_grad(b, t), it->second.data());
-                    buffers_.erase(it);
-                }
+                if (s < n_virtual() - 1)  // the gradient of this chunk's output, from stage s + 1
+                    take(Key{int(PpPayload::Gradient), a.micro, s}, model_.residual_grad(b, t),
+                         "backward without its output gradient");
                 const bool last = --backwards_left == 0;
                 const bool overlap = last && stages() == 1 && vchunks_ == 1;
                 model_.backward_chunk(a.chunk, slot, overlap ? grads_ready : std::function<void(size_t)>());
                 slots.erase(a.micro);
                 free_slots_[size_t(a.chunk)].push_back(slot);
-                if (s > 0) {
-                    std::vector<float>& g = buffers_[Key{int(PpPayload::Gradient), a.micro, s - 1}];
-                    g.resize(model_.local_rows(b, t) * size_t(model_.shape.d_model));
-                    model_.ops.to_host_f32(g.data(), model_.residual_grad(b, t));
-                }
+                if (s > 0) put(Key{int(PpPayload::Gradient), a.micro, s - 1}, model_.residual_grad(b, t));
                 break;
             }
             default:
@@ -137,11 +138,8 @@ double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
     LLMC_ASSERT(buffers_.empty(), "pipeline: tensors left over after the step");
     // the tied embedding: the first stage's wte and the last stage's head copy get the sum of both gradients
     if (embed_ && embed_->size() > 1) {
-        const ParamSpec* w = nullptr;
-        for (const ParamSpec& p : model_.params)
-            if (p.kind == WTE) w = &p;
-        LLMC_ASSERT(w, "the first and last stages hold wte");
-        Tensor g = model_.grad_buf.slice(w->offset, w->numel);
+        const ParamSpec& w = model_.wte_spec();
+        Tensor g = model_.grad_buf.slice(w.offset, w.numel);
         std::vector<float> h(g.n);
         model_.ops.to_host_f32(h.data(), g);
         embed_->all_reduce(h.data(), h.size(), ReduceOp::Sum);

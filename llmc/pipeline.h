@@ -54,6 +54,10 @@ private:
     void run_forward(int micro, int chunk, const int32_t* x, const int32_t* y, int b, int t, float dloss,
                      double* loss);
     int take_slot(int chunk, int micro);
+    // The host tensor waiting under k, consumed into dst (what: the message if it is missing).
+    void take(const Key& k, Tensor dst, const char* what);
+    // src copied to a host tensor under k, for a Send or this rank's next chunk.
+    void put(const Key& k, Tensor src);
 
     GPT2& model_;
     Comm* pp_;
