@@ -7,20 +7,26 @@
 TensorParallel::TensorParallel(Ops& ops, Comm* comm, bool sequence_parallel)
     : ops_(ops), comm_(comm), sp_(sequence_parallel) {}
 
-namespace {
-bool direct(const Comm* c, Tensor t) { return c->on_device() && t.dtype == DType::F32; }
-}  // namespace
+// Runs f(in, out) on the communicator's memory: the tensors themselves when it takes them (fp32
+// on device for NCCL), else fp32 host copies (one buffer when in and out are the same tensor).
+template <class F>
+void TensorParallel::staged(Tensor in, Tensor out, F f) {
+    if (comm_->on_device() && in.dtype == DType::F32 && out.dtype == DType::F32) {
+        f(in.f32(), out.f32());
+        return;
+    }
+    const bool in_place = in.ptr == out.ptr;
+    host_.resize(in.n);
+    if (!in_place) host2_.resize(out.n);
+    float* o = in_place ? host_.data() : host2_.data();
+    ops_.to_host_f32(host_.data(), in);
+    f(host_.data(), o);
+    ops_.from_host_f32(out, o);
+}
 
 void TensorParallel::all_reduce(Tensor t) {
     if (size() == 1) return;
-    if (direct(comm_, t)) {
-        comm_->all_reduce(t.f32(), t.n, ReduceOp::Sum);
-        return;
-    }
-    host_.resize(t.n);
-    ops_.to_host_f32(host_.data(), t);
-    comm_->all_reduce(host_.data(), t.n, ReduceOp::Sum);
-    ops_.from_host_f32(t, host_.data());
+    staged(t, t, [&](const float*, float* buf) { comm_->all_reduce(buf, t.n, ReduceOp::Sum); });
 }
 
 void TensorParallel::all_gather_rows(Tensor local, Tensor full) {
@@ -30,15 +36,7 @@ void TensorParallel::all_gather_rows(Tensor local, Tensor full) {
         return;
     }
     const std::vector<size_t> counts(size_t(size()), local.n);
-    if (direct(comm_, local)) {
-        comm_->all_gather(local.f32(), full.f32(), counts);
-        return;
-    }
-    host_.resize(local.n);
-    host2_.resize(full.n);
-    ops_.to_host_f32(host_.data(), local);
-    comm_->all_gather(host_.data(), host2_.data(), counts);
-    ops_.from_host_f32(full, host2_.data());
+    staged(local, full, [&](const float* in, float* out) { comm_->all_gather(in, out, counts); });
 }
 
 void TensorParallel::reduce_scatter_rows(Tensor full, Tensor local) {
@@ -48,15 +46,7 @@ void TensorParallel::reduce_scatter_rows(Tensor full, Tensor local) {
         return;
     }
     const std::vector<size_t> counts(size_t(size()), local.n);
-    if (direct(comm_, full)) {
-        comm_->reduce_scatter(full.f32(), local.f32(), counts);
-        return;
-    }
-    host_.resize(full.n);
-    host2_.resize(local.n);
-    ops_.to_host_f32(host_.data(), full);
-    comm_->reduce_scatter(host_.data(), host2_.data(), counts);
-    ops_.from_host_f32(local, host2_.data());
+    staged(full, local, [&](const float* in, float* out) { comm_->reduce_scatter(in, out, counts); });
 }
 
 Tensor TensorParallel::reduce_rows(Tensor partial, Tensor out) {

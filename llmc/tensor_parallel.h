@@ -45,6 +45,9 @@ public:
     Comm* comm() const { return comm_; }
 
 private:
+    template <class F>
+    void staged(Tensor in, Tensor out, F f);
+
     Ops& ops_;
     Comm* comm_;
     bool sp_;
