@@ -306,6 +306,16 @@ TEST_CASE("cpu fd: attention backward", "[cpu][fd]") {
             }
 }
 
+// losses[n] against the direct formula logsumexp(logits[n, :V]) - logits[n, target], in double
+template <class Targets>
+void check_losses_direct(const Vec& losses, const Vec& logits, const Targets& targets, int N, int V, int Vp) {
+    for (int n = 0; n < N; ++n) {
+        double se = 0;
+        for (int j = 0; j < V; ++j) se += std::exp(logits[(size_t)n * Vp + j]);
+        CHECK(std::fabs(losses[n] - (std::log(se) - logits[(size_t)n * Vp + targets[n]])) < 1e-12);
+    }
+}
+
 TEST_CASE("cpu fd: cross entropy", "[cpu][fd]") {
     const int N = 10, V = 13, Vp = 16;
     const double dloss = 0.37;
@@ -323,11 +333,7 @@ TEST_CASE("cpu fd: cross entropy", "[cpu][fd]") {
         return dloss * s;
     };
     loss();
-    for (int n = 0; n < N; ++n) {  // loss against the direct formula
-        double se = 0;
-        for (int j = 0; j < V; ++j) se += std::exp(logits[(size_t)n * Vp + j]);
-        CHECK(std::fabs(losses[n] - (std::log(se) - logits[(size_t)n * Vp + targets[n]])) < 1e-12);
-    }
+    check_losses_direct(losses, logits, targets, N, V, Vp);
     Vec grad = logits, losses2(N);
     cpu::cross_entropy(grad.data(), losses2.data(), targets.data(), N, V, Vp, dloss);
     CHECK(losses2 == losses);
@@ -428,11 +434,7 @@ TEST_CASE("cpu fd: vocabulary-parallel cross entropy", "[cpu][fd][tp]") {
         return dloss * s;
     };
     loss();
-    for (int n = 0; n < N; ++n) {  // loss against the direct formula
-        double se = 0;
-        for (int j = 0; j < V; ++j) se += std::exp(logits[(size_t)n * Vp + j]);
-        CHECK(std::fabs(losses[n] - (std::log(se) - logits[(size_t)n * Vp + targets[n]])) < 1e-12);
-    }
+    check_losses_direct(losses, logits, targets, N, V, Vp);
     const Vec st = stats_of(logits);
     Vec grad(logits.size(), -1.0);
     for (int k = 0; k < K; ++k) {
