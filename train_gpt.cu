@@ -117,11 +117,10 @@ std::vector<int> sample(PipelineEngine& pipeline, TensorParallel& tp, int eot, i
 WholeState gather_whole_state(const GPT2& model, const AdamW& opt, DataParallel& dp, const ParallelConfig& pc,
                               Comm& mp, const ProcessGrid& grid) {
     OptimizerState local = dp.gather_optimizer_state(opt);  // DP rank 0 gets its (tp, pp) piece whole
+    std::vector<float> params = dp.gather_params();
     WholeState whole;
     if (grid.dp_rank != 0) return whole;
     const size_t pad = DataParallel::pad_multiple(grid.dp);
-    std::vector<float> params(model.padded_params);
-    model.ops.to_host_f32(params.data(), model.param_buf);
     whole.params = assemble_whole(model.shape, pc, pad, params, mp);
     whole.m = assemble_whole(model.shape, pc, pad, local.m, mp);
     whole.v = assemble_whole(model.shape, pc, pad, local.v, mp);
@@ -265,11 +264,14 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const GPT2& model, boo
     };
     log.print("memory per rank (ZeRO-%d over dp %d; %zu parameters padded to %zu):\n", m.zero, m.dp, num_params,
               m.padded_params);
-    row("parameters", m.params, strfmt("  (%s%s)", dtype_name(dtype), fp8 ? "; block linears compute in fp8" : ""));
-    row("gradients", m.grads,
-        m.zero >= 2 ? "  (shard: ZeRO-2 formula; this build still accumulates into a full buffer)" : "");
+    row("parameters", m.params, strfmt("  (%s%s%s)", dtype_name(dtype), m.zero >= 3 ? ", shard" : "",
+                                       fp8 ? "; block linears compute in fp8" : ""));
+    row("gradients", m.grads, m.zero >= 2 ? "  (shard)" : "");
     row("optimizer", m.optimizer, strfmt("  (m, v%s fp32%s)", master ? ", master" : "", m.zero >= 1 ? ", shard" : ""));
     row("comm buffers", m.comm_buffers, m.zero == 0 ? "  (1 bucket, fp32)" : "  (2 buckets, fp32)");
+    if (m.zero >= 3)
+        row("unit params", m.unit_params, "  (gathered: the embedding, the head, a layer and the prefetched next)");
+    if (m.zero >= 2) row("unit grads", m.unit_grads, "  (the embedding's and head's for the step, one layer's)");
     row("activations", m.activations,
         model.layout.sequence_parallel ? strfmt("  (sequence parallel; %s without it)",
                                                 human_bytes(double(model.activation_bytes_without_sp())).c_str())
@@ -294,9 +296,6 @@ int train(Runtime& rt, int argc, char** argv) {
         cfg = load_config(argc, argv, &print_config);
         grid = make_process_grid(cfg.parallel, rt.world, rt.rank);
         const ParallelConfig& pc = cfg.parallel;
-        if (pc.zero == 3)
-            throw UserError("parallel.zero: 3 (parameters sharded, gathered per layer) is not supported yet "
-                            "(use 0, 1 or 2)");
         schedule_kind = parse_pp_schedule(pc.pp_schedule);
         validate_pipeline(cfg);
         shape = ModelShape{cfg.model.n_layer, cfg.model.n_head,  cfg.model.d_model,
@@ -353,7 +352,11 @@ int train(Runtime& rt, int argc, char** argv) {
     const PpSchedule schedule = make_pipeline_schedule(schedule_kind, grid.pp, tc.grad_accum, pc.pp_virtual);
     const size_t pad = DataParallel::pad_multiple(grid.dp);
     TensorParallel tp(*ops, groups.tp.get(), pc.sequence_parallel);
-    GPT2 model(shape, *ops, dtype, B, T, pad, layout, &tp, pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual));
+    GPT2 model(shape, *ops, dtype, B, T, pad, layout, &tp, pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual),
+               DataParallel::storage(pc.zero));
+    // data parallelism: the DP group's gradient sync and ZeRO's shards (set up before the parameters:
+    // under ZeRO-3 this rank keeps only its shard of them)
+    DataParallel dp(model, *groups.dp, pc.zero, pc.bucket_mb);
     if (cfg.model.init == "random") {
         model.init_random(uint64_t(cfg.model.init_seed));
     } else {
@@ -362,9 +365,8 @@ int train(Runtime& rt, int argc, char** argv) {
     }
     if (fp8) model.set_fp8(&fp8->state(), fp8->amax());  // ==== fp8 ====
     PipelineEngine pipeline(model, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual);
-    // data parallelism: the DP group's gradient sync; this rank's optimizer owns its ZeRO range
-    DataParallel dp(model, *groups.dp, pc.zero, pc.bucket_mb);
-    AdamW opt(model, dp.opt_begin(), dp.opt_end());
+    // this rank's optimizer owns its ZeRO range
+    AdamW opt(model, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads());
 
     // ---- data: each DP rank reads its own windows (every TP and PP rank of it the same ones) ----
     DataLoader train_data(cfg.data.train, B, T, grid.dp_rank, grid.dp, cfg.data.shuffle, uint64_t(tc.seed),
@@ -440,7 +442,10 @@ int train(Runtime& rt, int argc, char** argv) {
               (unsigned long long)train_data.windows_per_epoch());
     const MemoryPlan mem = dp.memory_plan(opt.has_master());
     print_memory_table(log, mem, model, opt.has_master(), dtype, fp8.get());
-    LLMC_ASSERT(mem.optimizer == opt.state_bytes() && mem.params == model.param_buf.bytes(),
+    const MemoryPlan got = dp.allocated(opt.state_bytes());
+    LLMC_ASSERT(got.params == mem.params && got.grads == mem.grads && got.optimizer == mem.optimizer &&
+                    got.comm_buffers == mem.comm_buffers && got.unit_params == mem.unit_params &&
+                    got.unit_grads == mem.unit_grads && got.activations == mem.activations,
                 "allocations disagree with the memory table");
 
     // MFU on GPUs: model FLOPs (6N + 12LCT per token) over the dense peak of this GPU and precision
@@ -460,8 +465,9 @@ int train(Runtime& rt, int argc, char** argv) {
             log.print("step %d | val loss %.6f\n", step, vl);
             run_log.record({{"step", step}, {"val_loss", vl}});
         }
-        // the model-parallel ranks of DP rank 0 sample together; world rank 0 prints
-        if (grid.dp_rank == 0 && cfg.eval.sample_every > 0 && (step % cfg.eval.sample_every == 0 || last) && step > 0) {
+        // the model-parallel ranks of DP rank 0 sample together (under ZeRO-3 every DP rank, for the
+        // gathers of the parameters); world rank 0 prints
+        if ((grid.dp_rank == 0 || dp.zero() == 3) && cfg.eval.sample_every > 0 && (step % cfg.eval.sample_every == 0 || last) && step > 0) {
             const int eot = tok ? tok->eot() : std::min(50256, shape.vocab_size - 1);
             std::vector<int> ids = sample(pipeline, tp, eot, cfg.eval.sample_tokens,
                                           uint64_t(tc.seed) * 1000003ull + step);

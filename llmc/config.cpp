@@ -158,8 +158,8 @@ const std::vector<Key>& schema() {
         int_key("parallel.pp_virtual", FIELD(parallel.pp_virtual), 1, NONE,
                 "model chunks per pipeline rank (interleaved schedule)"),
         int_key("parallel.zero", FIELD(parallel.zero), 0, 3,
-                "ZeRO stage over the DP group: 0 replicated, 1 optimizer sharded, 2 + gradients sharded "
-                "(3, parameters sharded, is not implemented yet)"),
+                "ZeRO stage over the DP group: 0 replicated, 1 optimizer sharded, 2 + gradients sharded, "
+                "3 + parameters sharded (gathered per layer)"),
         enum_key("parallel.comm", FIELD(parallel.comm), {"auto", "mpi", "nccl"}, {},
                  "communicator: auto = mpi (host buffers; several ranks may share a GPU), mpi, nccl (built, not wired "
                  "into the trainer yet)"),

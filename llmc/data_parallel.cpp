@@ -5,24 +5,33 @@
 #include <cstring>
 
 MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype_bytes, bool master,
-                            size_t bucket_elems, size_t activation_bytes) {
+                            size_t bucket_elems, size_t activation_bytes, const UnitSizes& u) {
     MemoryPlan m;
     m.padded_params = padded_params;
     m.dp = dp;
     m.zero = zero;
     const size_t psi = padded_params, shard = padded_params / size_t(dp), o = master ? 12 : 8;
-    m.params = psi * dtype_bytes;
+    m.params = (zero >= 3 ? shard : psi) * dtype_bytes;
     m.grads = (zero >= 2 ? shard : psi) * dtype_bytes;
     m.optimizer = (zero >= 1 ? shard : psi) * o;
     m.comm_buffers = (zero == 0 ? 1 : 2) * bucket_elems * sizeof(float);
     m.activations = activation_bytes;
+    if (zero >= 3) m.unit_params = (u.embedding + u.head + 2 * u.layer) * dtype_bytes;
+    if (zero >= 2) m.unit_grads = (u.embedding + u.head + u.layer) * dtype_bytes;
     return m;
+}
+
+Tensor DataParallel::alloc(size_t n) {
+    void* p = model_.ops.alloc(n * dtype_size(model_.dtype));
+    allocations_.push_back(p);
+    return Tensor(p, n, model_.dtype);
 }
 
 DataParallel::DataParallel(GPT2& model, Comm& dp, int zero, double bucket_mb)
     : model_(model), comm_(dp), zero_(zero) {
-    LLMC_ASSERT(zero >= 0 && zero <= 2, "ZeRO stage outside 0..2");
+    LLMC_ASSERT(zero >= 0 && zero <= 3, "ZeRO stage outside 0..3");
     LLMC_ASSERT(model.padded_params % pad_multiple(dp.size()) == 0, "model not padded for this dp");
+    LLMC_ASSERT(model.storage() == storage(zero), "model built with the wrong storage for this ZeRO stage");
     shard_ = model.padded_params / size_t(dp.size());
     const size_t want = size_t(std::max(1.0, bucket_mb * 1024.0 * 1024.0 / sizeof(float)));
     bucket_elems_ = std::min(want, model.padded_params);
@@ -34,6 +43,34 @@ DataParallel::DataParallel(GPT2& model, Comm& dp, int zero, double bucket_mb)
     }
     send_.resize(bucket_elems_);
     if (zero_ > 0) recv_.resize(bucket_elems_);
+    if (zero_ < 2) return;
+    unit_sizes_ = {model.max_unit(ParamUnit::Embedding), model.max_unit(ParamUnit::Head),
+                   model.max_unit(ParamUnit::Layer)};
+    const size_t sizes[3] = {unit_sizes_.embedding, unit_sizes_.layer, unit_sizes_.head};  // by ParamUnit::Kind
+    static_assert(ParamUnit::Embedding == 0 && ParamUnit::Layer == 1 && ParamUnit::Head == 2, "kind order");
+    grad_shard_ = alloc(shard_);
+    model_.ops.zero(grad_shard_);
+    for (int k = 0; k < 3; k++)
+        if (sizes[k]) grad_slots_[k].buf = alloc(sizes[k]);
+    if (zero_ == 3) {
+        param_shard_ = alloc(shard_);
+        model_.ops.zero(param_shard_);
+        for (int k = 0; k < 3; k++)
+            for (int i = 0; i < (k == ParamUnit::Layer ? 2 : 1) && sizes[k]; i++) param_slots_[k].push_back({alloc(sizes[k])});
+    }
+    model.set_store(this);
+}
+
+DataParallel::~DataParallel() {
+    for (void* p : allocations_) model_.ops.release(p);
+}
+
+Tensor DataParallel::opt_params() const {
+    return zero_ == 3 ? param_shard_ : model_.param_buf.slice(opt_begin(), opt_end() - opt_begin());
+}
+
+Tensor DataParallel::opt_grads() const {
+    return zero_ >= 2 ? grad_shard_ : model_.grad_buf.slice(opt_begin(), opt_end() - opt_begin());
 }
 
 std::vector<size_t> DataParallel::shard_counts(size_t begin, size_t end) const {
@@ -62,6 +99,7 @@ void DataParallel::launch(const Bucket& b) {
 }
 
 std::function<void(size_t)> DataParallel::grads_ready() {
+    if (zero_ >= 2) return {};  // the units' reduce-scatters go out from release_grads
     next_bucket_ = 0;
     return [this](size_t ready_from) {
         while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].begin >= ready_from)
@@ -70,17 +108,152 @@ std::function<void(size_t)> DataParallel::grads_ready() {
 }
 
 void DataParallel::finish_grad_sync() {
+    if (zero_ >= 2) {  // the step-long units: the embedding, then the head
+        for (int k : {int(ParamUnit::Embedding), int(ParamUnit::Head)}) {
+            Slot& g = grad_slots_[k];
+            if (g.unit >= 0) reduce_scatter_unit(g.unit, g.buf.slice(0, model_.units[size_t(g.unit)].numel()));
+            g.unit = -1;
+        }
+        return;
+    }
     while (next_bucket_ < buckets_.size()) launch(buckets_[next_bucket_++]);
     next_bucket_ = 0;
+}
+
+// ---- stages 2 and 3: the model's units ----
+
+void DataParallel::reduce_scatter_unit(int unit, Tensor grads) {
+    Ops& ops = model_.ops;
+    const ParamUnit& u = model_.units[size_t(unit)];
+    for (size_t b = u.begin; b < u.end; b += bucket_elems_) {
+        const size_t e = std::min(u.end, b + bucket_elems_);
+        const std::vector<size_t> counts = shard_counts(b, e);
+        const size_t mine = counts[size_t(dp_rank())];
+        ops.to_host_f32(send_.data(), grads.slice(b - u.begin, e - b));
+        comm_.reduce_scatter(send_.data(), recv_.data(), counts);
+        if (mine == 0) continue;
+        // accumulate into the shard (micro-steps add up); send_ is free again
+        Tensor dst = grad_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine);
+        ops.to_host_f32(send_.data(), dst);
+        for (size_t i = 0; i < mine; i++) send_[i] += recv_[i];
+        ops.from_host_f32(dst, send_.data());
+    }
+}
+
+void DataParallel::gather_unit(int unit, Tensor dst) {
+    Ops& ops = model_.ops;
+    const ParamUnit& u = model_.units[size_t(unit)];
+    for (size_t b = u.begin; b < u.end; b += bucket_elems_) {
+        const size_t e = std::min(u.end, b + bucket_elems_);
+        const std::vector<size_t> counts = shard_counts(b, e);
+        const size_t mine = counts[size_t(dp_rank())];
+        if (mine > 0) ops.to_host_f32(send_.data(), param_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
+        comm_.all_gather(send_.data(), recv_.data(), counts);
+        ops.from_host_f32(dst.slice(b - u.begin, e - b), recv_.data());
+    }
+}
+
+Tensor DataParallel::acquire_params(int unit) {
+    LLMC_ASSERT(zero_ == 3, "acquire_params: parameters are not sharded");
+    const ParamUnit& u = model_.units[size_t(unit)];
+    std::vector<Slot>& slots = param_slots_[u.kind];
+    Slot* pick = nullptr;
+    for (Slot& s : slots)
+        if (s.unit == unit) pick = &s;  // prefetched
+    if (!pick) {  // a free slot, else one holding an unused prefetch
+        for (Slot& s : slots)
+            if (!pick && s.unit < 0) pick = &s;
+        for (Slot& s : slots)
+            if (!pick && !s.in_use) pick = &s;
+        LLMC_ASSERT(pick, strfmt("ZeRO-3: no free working buffer for unit %d", unit));
+        gather_unit(unit, pick->buf.slice(0, u.numel()));
+        pick->unit = unit;
+    }
+    LLMC_ASSERT(!pick->in_use, "ZeRO-3: unit acquired twice");
+    pick->in_use = true;
+    return pick->buf.slice(0, u.numel());
+}
+
+void DataParallel::release_params(int unit) {
+    for (Slot& s : param_slots_[model_.units[size_t(unit)].kind])
+        if (s.unit == unit && s.in_use) {
+            s.unit = -1;  // freed after use: the next use gathers again
+            s.in_use = false;
+            return;
+        }
+    LLMC_ASSERT(false, "ZeRO-3: release_params of a unit not acquired");
+}
+
+void DataParallel::prefetch_params(int unit) {
+    const ParamUnit& u = model_.units[size_t(unit)];
+    std::vector<Slot>& slots = param_slots_[u.kind];
+    for (Slot& s : slots)
+        if (s.unit == unit) return;
+    for (Slot& s : slots)
+        if (s.unit < 0) {
+            gather_unit(unit, s.buf.slice(0, u.numel()));
+            s.unit = unit;
+            return;
+        }
+    // no free slot: the acquire gathers it
+}
+
+void DataParallel::drop_prefetched() {
+    for (auto& slots : param_slots_)
+        for (Slot& s : slots) {
+            LLMC_ASSERT(!s.in_use, "ZeRO-3: a unit is still acquired");
+            s.unit = -1;
+        }
+}
+
+void DataParallel::load_params(const float* mem) {
+    LLMC_ASSERT(zero_ == 3, "load_params: parameters are not sharded");
+    drop_prefetched();
+    model_.ops.from_host_f32(param_shard_, mem + opt_begin());
+}
+
+Tensor DataParallel::acquire_grads(int unit) {
+    LLMC_ASSERT(zero_ >= 2, "acquire_grads: gradients are not sharded");
+    const ParamUnit& u = model_.units[size_t(unit)];
+    Slot& g = grad_slots_[u.kind];
+    Tensor buf = g.buf.slice(0, u.numel());
+    if (u.kind == ParamUnit::Layer) {  // lives for this layer's backward
+        LLMC_ASSERT(!g.in_use, "ZeRO-2/3: two layers' gradients at once");
+        model_.ops.zero(buf);
+        g.in_use = true;
+    }
+    LLMC_ASSERT(g.unit < 0 || g.unit == unit, "ZeRO-2/3: unit gradient buffer taken");
+    g.unit = unit;  // the embedding and head keep theirs (zeroed per step) until finish_grad_sync
+    return buf;
+}
+
+void DataParallel::release_grads(int unit) {
+    const ParamUnit& u = model_.units[size_t(unit)];
+    if (u.kind != ParamUnit::Layer) return;
+    Slot& g = grad_slots_[u.kind];
+    LLMC_ASSERT(g.in_use && g.unit == unit, "ZeRO-2/3: release_grads of a unit not acquired");
+    reduce_scatter_unit(unit, g.buf.slice(0, u.numel()));
+    g.unit = -1;
+    g.in_use = false;
+}
+
+void DataParallel::zero_grads() {
+    model_.ops.zero(grad_shard_);
+    for (Slot& g : grad_slots_) {
+        if (g.buf.ptr) model_.ops.zero(g.buf);
+        g.unit = -1;
+        g.in_use = false;
+    }
 }
 
 double DataParallel::grad_norm(Comm* model_parallel) {
     // primary copies only: TP replicas and the tied head copy would count twice
     double ss = 0.0;
+    const Tensor g = opt_grads();
     for (const ParamSpec& p : model_.params) {
         if (!p.primary) continue;
         const size_t lo = std::max(opt_begin(), p.offset), hi = std::min(opt_end(), p.offset + p.numel);
-        if (lo < hi) ss += model_.ops.sum_squares(model_.grad_buf.slice(lo, hi - lo));
+        if (lo < hi) ss += model_.ops.sum_squares(g.slice(lo - opt_begin(), hi - lo));
     }
     if (zero_ > 0) comm_.all_reduce(&ss, 1, ReduceOp::Sum);
     if (model_parallel && model_parallel->size() > 1) model_parallel->all_reduce(&ss, 1, ReduceOp::Sum);
@@ -88,7 +261,8 @@ double DataParallel::grad_norm(Comm* model_parallel) {
 }
 
 void DataParallel::after_update() {
-    if (zero_ == 0) return;
+    if (zero_ == 3) drop_prefetched();  // the shards changed: nothing gathered before stays valid
+    if (zero_ == 0 || zero_ == 3) return;
     Ops& ops = model_.ops;
     for (const Bucket& b : buckets_) {
         const std::vector<size_t> counts = shard_counts(b.begin, b.end);
@@ -104,8 +278,19 @@ double DataParallel::mean(double x) {
     return x / dp();
 }
 
+std::vector<float> DataParallel::gather_params() {
+    if (zero_ == 3) {
+        std::vector<float> shard(shard_);
+        model_.ops.to_host_f32(shard.data(), param_shard_);
+        return gather_shards(shard.data());
+    }
+    std::vector<float> whole(dp_rank() == 0 ? model_.padded_params : 0);
+    if (dp_rank() == 0) model_.ops.to_host_f32(whole.data(), model_.param_buf);
+    return whole;
+}
+
 void DataParallel::check_replicas() {
-    if (dp() == 1) return;
+    if (dp() == 1 || zero_ == 3) return;  // ZeRO-3 keeps no replicas
     std::vector<float> host(model_.padded_params);
     model_.ops.to_host_f32(host.data(), model_.param_buf);
     const uint64_t h = fnv1a(host.data(), host.size() * sizeof(float));
@@ -141,10 +326,10 @@ OptimizerState DataParallel::gather_optimizer_state(const AdamW& opt) {
 }
 
 std::vector<float> DataParallel::gather_gradients() {
-    std::vector<float> g(model_.padded_params);
-    model_.ops.to_host_f32(g.data(), model_.grad_buf);
+    std::vector<float> g(opt_end() - opt_begin());
+    model_.ops.to_host_f32(g.data(), opt_grads());
     if (zero_ == 0) return dp_rank() == 0 ? g : std::vector<float>();
-    return gather_shards(g.data() + opt_begin());
+    return gather_shards(g.data());
 }
 
 void DataParallel::load_optimizer_state(AdamW& opt, const OptimizerState& whole) {
@@ -157,8 +342,26 @@ void DataParallel::load_optimizer_state(AdamW& opt, const OptimizerState& whole)
 }
 
 MemoryPlan DataParallel::memory_plan(bool master) const {
+    const UnitSizes u = {model_.max_unit(ParamUnit::Embedding), model_.max_unit(ParamUnit::Head),
+                         model_.max_unit(ParamUnit::Layer)};
     return zero_memory_plan(model_.padded_params, dp(), zero_, dtype_size(model_.dtype), master, bucket_elems_,
-                            model_.activation_bytes);
+                            model_.activation_bytes, u);
+}
+
+MemoryPlan DataParallel::allocated(size_t optimizer_bytes) const {
+    MemoryPlan m;
+    m.padded_params = model_.padded_params;
+    m.dp = dp();
+    m.zero = zero_;
+    m.params = model_.param_buf.bytes() + param_shard_.bytes();
+    m.grads = model_.grad_buf.bytes() + grad_shard_.bytes();
+    m.optimizer = optimizer_bytes;
+    m.comm_buffers = (send_.size() + recv_.size()) * sizeof(float);
+    m.activations = model_.activation_bytes;
+    for (const auto& slots : param_slots_)
+        for (const Slot& s : slots) m.unit_params += s.buf.bytes();
+    for (const Slot& g : grad_slots_) m.unit_grads += g.buf.bytes();
+    return m;
 }
 
 LoaderPosition convert_loader_position(const LoaderPosition& p, int saved_dp, int dp, bool shuffle) {

@@ -13,16 +13,23 @@
 //   stage 1  every bucket is reduce-scattered: rank r keeps the summed gradient of its shard;
 //            AdamW (m, v, master) exists only for the shard; after the update each bucket
 //            of parameters is all-gathered.
-//   stage 2  as stage 1 (the same collectives, so the same numbers). ZeRO-2 also drops the
-//            full gradient buffer. On this build the model still accumulates micro-steps into
-//            its full gradient buffer, so stage 2 is an approximation in memory only: the
-//            memory table reports ZeRO-2's formula (shard + buckets) and says so.
-//   stage 3  (parameters sharded, gathered per layer) is not supported yet: a config error.
-// Buckets are launched from the backward of the last micro-step, as soon as the model
-// reports (GPT2::backward's grads_ready) that every gradient in them is final; no
+//   stage 2  no whole gradient buffer: the model takes its gradients unit by unit from this
+//            class (a ParamStore, llmc/model.h). A layer's gradient buffer lives for that
+//            layer's backward and is reduce-scattered into this rank's shard of the gradient
+//            (accumulating over micro-steps) as soon as the layer is done, in every micro-step.
+//            The embedding's and the head's buffers (wte's gradient comes from both ends of the
+//            backward, and the pipeline syncs the tied copy) live for the whole step and are
+//            reduce-scattered once, in finish_grad_sync. Parameters are all-gathered after the update.
+//   stage 3  as stage 2, and no whole parameter buffer either: rank r keeps its shard of the
+//            parameters, and each unit is all-gathered into a working buffer just before the
+//            model uses it (forward, and again in backward), the next unit's gather issued as
+//            the current one is taken (prefetch), and freed after use. AdamW updates the shard
+//            in place; nothing is gathered after the update.
+// Stages 0 and 1 launch their buckets from the backward of the last micro-step, as soon as the
+// model reports (GPT2::backward's grads_ready) that every gradient in them is final; no
 // communication happens in the earlier micro-steps. Over MPI the calls are blocking, so on
-// the CPU this orders the work like an overlapped run without overlapping it; on CUDA the
-// same hook is where a communication stream would take over.
+// the CPU this orders the work like an overlapped run without overlapping it (the same holds
+// for stage 3's prefetch); on CUDA these hooks are where a communication stream would take over.
 //
 // The gradient norm is computed on each rank's shard (stage >= 1) or on the replicated full
 // gradient (stage 0) and the squares summed over the group. The loss is averaged over DP.
@@ -46,25 +53,41 @@ struct MemoryPlan {
     size_t padded_params = 0;  // elements, a multiple of dp * kShardAlign
     int dp = 1, zero = 0;
     size_t params = 0, grads = 0, optimizer = 0, comm_buffers = 0, activations = 0;
-    size_t total() const { return params + grads + optimizer + comm_buffers + activations; }
+    size_t unit_params = 0, unit_grads = 0;  // ZeRO-3's gathered units, ZeRO-2/3's unit gradient buffers
+    size_t total() const { return params + grads + optimizer + comm_buffers + activations + unit_params + unit_grads; }
 };
-// Psi = padded_params, k = bytes per element of the model dtype, o = 8 (m, v) or 12 (+ master):
-//   params    Psi*k                (every stage below 3)
-//   grads     Psi*k                (stages 0, 1)        Psi/dp*k (stage 2)
-//   optimizer Psi*o                (stage 0)            Psi/dp*o (stages 1, 2)
-//   comm      bucket*4             (stage 0: one staging buffer)
-//             2*bucket*4           (stages 1, 2: send + receive staging buffers)
+// The unit sizes (elements) of this rank's model that ZeRO-2/3's working buffers hold.
+struct UnitSizes {
+    size_t embedding = 0, head = 0, layer = 0;  // the largest of each kind (0: none held)
+};
+// Psi = padded_params, k = bytes per element of the model dtype, o = 8 (m, v) or 12 (+ master),
+// E, H, L = the embedding, head and largest layer unit:
+//   params       Psi*k       (stages 0, 1, 2)     Psi/dp*k (stage 3)
+//   grads        Psi*k       (stages 0, 1)        Psi/dp*k (stages 2, 3)
+//   optimizer    Psi*o       (stage 0)            Psi/dp*o (stages 1, 2, 3)
+//   comm         bucket*4    (stage 0: one staging buffer)
+//                2*bucket*4  (stages 1, 2, 3: send + receive staging buffers)
+//   unit params  (E + H + 2L)*k  (stage 3: the embedding, the head, a layer and the prefetched next)
+//   unit grads   (E + H + L)*k   (stages 2, 3: the step-long embedding and head buffers, one layer's)
 MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype_bytes, bool master,
-                            size_t bucket_elems, size_t activation_bytes);
+                            size_t bucket_elems, size_t activation_bytes, const UnitSizes& units = UnitSizes());
 
-class DataParallel {
+class DataParallel : public ParamStore {
 public:
     static constexpr size_t kShardAlign = 128;  // shard starts stay 512-byte aligned for vector kernels
     // Elements the model's flat buffer must be a multiple of (GPT2's pad_multiple).
     static size_t pad_multiple(int dp) { return size_t(dp) * kShardAlign; }
+    // The buffers a model must be built with for a ZeRO stage (GPT2's storage).
+    static ModelStorage storage(int zero) {
+        return zero >= 3 ? ModelStorage::Sharded : zero == 2 ? ModelStorage::ShardedGrads : ModelStorage::Full;
+    }
 
-    // zero: 0, 1 or 2. The model must have been built with pad_multiple(dp.size()).
+    // zero: 0..3. The model must have been built with pad_multiple(dp.size()) and storage(zero),
+    // and before its parameters are set (stage 3 keeps only this rank's shard of them).
     DataParallel(GPT2& model, Comm& dp, int zero, double bucket_mb);
+    ~DataParallel() override;
+    DataParallel(const DataParallel&) = delete;
+    DataParallel& operator=(const DataParallel&) = delete;
 
     int zero() const { return zero_; }
     int dp() const { return comm_.size(); }
@@ -73,6 +96,9 @@ public:
     size_t opt_begin() const { return zero_ == 0 ? 0 : size_t(dp_rank()) * shard_; }
     size_t opt_end() const { return zero_ == 0 ? model_.padded_params : opt_begin() + shard_; }
     const std::vector<Bucket>& buckets() const { return buckets_; }  // launch order
+    // The optimizer's parameters and gradients over [opt_begin, opt_end) (AdamW's views).
+    Tensor opt_params() const;
+    Tensor opt_grads() const;
 
     // The gradient synchronisation of one step. Pass grads_ready() to the backward of the last
     // micro-step, then call finish_grad_sync(): afterwards this rank's optimizer range holds
@@ -85,9 +111,12 @@ public:
     double grad_norm(Comm* model_parallel = nullptr);
     // After the optimizer step: every rank gets every shard's new parameters (stages 1, 2).
     void after_update();
+    // This rank's whole parameter buffer (host, memory order, padded) on DP rank 0, empty
+    // elsewhere; stage 3 gathers the shards. Collective.
+    std::vector<float> gather_params();
     // Mean of x over the DP group.
     double mean(double x);
-    // Asserts that the parameter replicas are bitwise identical on every DP rank.
+    // Asserts that the parameter replicas are bitwise identical on every DP rank (stages 0-2).
     void check_replicas();
 
     // Checkpoints: the whole optimizer state (memory order, padded) on DP rank 0, empty elsewhere;
@@ -99,10 +128,27 @@ public:
     void load_optimizer_state(AdamW& opt, const OptimizerState& whole);
 
     MemoryPlan memory_plan(bool master) const;
+    // What this class and the model actually allocated, in the plan's categories (the optimizer's
+    // bytes are AdamW::state_bytes(); activations the model's): the trainer checks the two agree.
+    MemoryPlan allocated(size_t optimizer_bytes) const;
     size_t bucket_elems() const { return bucket_elems_; }
+
+    // ---- ParamStore (stages 2 and 3; called by the model) ----
+    Tensor acquire_params(int unit) override;
+    void release_params(int unit) override;
+    void prefetch_params(int unit) override;
+    void load_params(const float* mem) override;
+    Tensor acquire_grads(int unit) override;
+    void release_grads(int unit) override;
+    void zero_grads() override;
 
 private:
     void launch(const Bucket& b);
+    // stages 2 and 3: one unit's gradient reduce-scattered and added to this rank's shard, and
+    // one unit's parameters all-gathered from every shard, in pieces of bucket_elems_
+    void reduce_scatter_unit(int unit, Tensor grads);
+    void gather_unit(int unit, Tensor dst);
+    void drop_prefetched();
     // every DP rank's share of [begin, end): its intersection with that rank's shard, in rank order
     std::vector<size_t> shard_counts(size_t begin, size_t end) const;
     // The whole buffer on DP rank 0 (empty elsewhere) from every rank's shard (shard_ elements). Collective.
@@ -116,6 +162,20 @@ private:
     std::vector<Bucket> buckets_;
     size_t next_bucket_ = 0;  // first bucket of buckets_ not yet launched this step
     std::vector<float> send_, recv_;  // host staging buffers (comm buffers in the memory table)
+    Tensor param_shard_;  // stage 3: this rank's shard of the parameters
+    Tensor grad_shard_;   // stages 2, 3: this rank's shard of the summed gradient
+    // Working buffers by unit kind (ParamUnit::Kind): gathered parameters (stage 3; two layer
+    // slots, the current and the prefetched unit) and unit gradients (stages 2, 3).
+    struct Slot {
+        Tensor buf;
+        int unit = -1;        // the unit it holds, -1 when free
+        bool in_use = false;  // acquired (else prefetched, or free)
+    };
+    std::vector<Slot> param_slots_[3];
+    Slot grad_slots_[3];
+    UnitSizes unit_sizes_;
+    std::vector<void*> allocations_;
+    Tensor alloc(size_t n);
 };
 
 // Layout-independent resume: the loader position saved at saved_dp (window groups of saved_dp

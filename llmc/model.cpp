@@ -204,8 +204,8 @@ struct Carver {
 int GPT2::tp_size() const { return layout.tp; }
 
 GPT2::GPT2(const ModelShape& s, Ops& o, DType dt, int b, int t, size_t pad_multiple, const ModelLayout& lay,
-           TensorParallel* tp, std::vector<int> slots)
-    : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), tp_(tp) {
+           TensorParallel* tp, std::vector<int> slots, ModelStorage storage)
+    : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), tp_(tp), storage_(storage) {
     if (!tp_) {
         own_tp_.reset(new TensorParallel(ops, nullptr, false));
         tp_ = own_tp_.get();
@@ -223,8 +223,36 @@ GPT2::GPT2(const ModelShape& s, Ops& o, DType dt, int b, int t, size_t pad_multi
         if (!params[i].tied_copy) lookup_[size_t(params[i].kind) * (s.n_layer + 1) + (params[i].layer + 1)] = int(i);
 
     padded_params = (num_params + pad_multiple - 1) / pad_multiple * pad_multiple;
-    param_buf = Tensor(ops.alloc(padded_params * dtype_size(dt)), padded_params, dt);
-    grad_buf = Tensor(ops.alloc(padded_params * dtype_size(dt)), padded_params, dt);
+    if (storage != ModelStorage::Sharded) param_buf = Tensor(ops.alloc(padded_params * dtype_size(dt)), padded_params, dt);
+    if (storage == ModelStorage::Full) grad_buf = Tensor(ops.alloc(padded_params * dtype_size(dt)), padded_params, dt);
+
+    // units: the embedding, each layer, the head; consecutive in memory
+    layer_unit_.assign(size_t(s.n_layer), -1);
+    param_unit_.resize(params.size());
+    for (size_t i = 0; i < params.size(); i++) {
+        const ParamSpec& p = params[i];
+        const ParamUnit::Kind k = p.layer >= 0 ? ParamUnit::Layer
+                                  : (p.kind == LNFW || p.kind == LNFB || p.tied_copy) ? ParamUnit::Head
+                                                                                       : ParamUnit::Embedding;
+        if (units.empty() || units.back().kind != k || units.back().layer != p.layer) {
+            units.push_back({k, p.offset, p.offset, p.layer});
+            if (k == ParamUnit::Layer) layer_unit_[size_t(p.layer)] = int(units.size()) - 1;
+            if (k == ParamUnit::Embedding) embed_unit_ = int(units.size()) - 1;
+            if (k == ParamUnit::Head) head_unit_ = int(units.size()) - 1;
+        }
+        LLMC_ASSERT(units.back().end == p.offset, "units must be contiguous");
+        units.back().end = p.offset + p.numel;
+        param_unit_[i] = int(units.size()) - 1;
+    }
+    if (!units.empty()) units.back().end = padded_params;
+    unit_params_.resize(units.size());
+    unit_grads_.resize(units.size());
+    param_refs_.assign(units.size(), 0);
+    grad_refs_.assign(units.size(), 0);
+    for (size_t u = 0; u < units.size(); u++) {
+        if (param_buf.ptr) unit_params_[u] = param_buf.slice(units[u].begin, units[u].numel());
+        if (grad_buf.ptr) unit_grads_[u] = grad_buf.slice(units[u].begin, units[u].numel());
+    }
 
     // chunks and their activation slots
     const auto ranges = layout_chunks(s, lay);
@@ -325,14 +353,74 @@ const ParamSpec& GPT2::wte_spec() const {
     return params.back();  // the last stage's copy comes last
 }
 
-Tensor GPT2::param(ParamKind k, int layer) const {
-    const ParamSpec& p = spec(k, layer);
-    return param_buf.slice(p.offset, p.numel);
+Tensor GPT2::param(ParamKind k, int layer) const { return param_of(spec(k, layer)); }
+Tensor GPT2::grad(ParamKind k, int layer) const { return grad_of(spec(k, layer)); }
+
+Tensor GPT2::param_of(const ParamSpec& p) const {
+    const int u = unit_of(p);
+    const Tensor& base = unit_params_[size_t(u)];
+    LLMC_ASSERT(base.ptr, strfmt("parameters of %s used outside acquire_params", p.name.c_str()));
+    return base.slice(p.offset - units[size_t(u)].begin, p.numel);
 }
 
-Tensor GPT2::grad(ParamKind k, int layer) const {
-    const ParamSpec& p = spec(k, layer);
-    return grad_buf.slice(p.offset, p.numel);
+Tensor GPT2::grad_of(const ParamSpec& p) const {
+    const int u = unit_of(p);
+    const Tensor& base = unit_grads_[size_t(u)];
+    LLMC_ASSERT(base.ptr, strfmt("gradients of %s used outside acquire_grads", p.name.c_str()));
+    return base.slice(p.offset - units[size_t(u)].begin, p.numel);
+}
+
+size_t GPT2::max_unit(ParamUnit::Kind k) const {
+    size_t n = 0;
+    for (const ParamUnit& u : units)
+        if (u.kind == k) n = std::max(n, u.numel());
+    return n;
+}
+
+void GPT2::set_store(ParamStore* store) {
+    LLMC_ASSERT(storage_ != ModelStorage::Full, "a model with whole buffers has no store");
+    store_ = store;
+}
+
+// Reference counts: a unit acquired twice (the head's wte when it sits in the head unit) is
+// released by the second release; units of whole buffers stay in place.
+void GPT2::acquire_params(int u) {
+    if (param_refs_[size_t(u)]++ > 0 || param_buf.ptr) return;
+    LLMC_ASSERT(store_, "sharded parameters need a ParamStore (set_store)");
+    unit_params_[size_t(u)] = store_->acquire_params(u);
+}
+
+void GPT2::release_params(int u) {
+    LLMC_ASSERT(param_refs_[size_t(u)] > 0, "release_params without acquire_params");
+    if (--param_refs_[size_t(u)] > 0 || param_buf.ptr) return;
+    unit_params_[size_t(u)] = Tensor();
+    store_->release_params(u);
+}
+
+void GPT2::prefetch_params(int u) {
+    if (u >= 0 && !param_buf.ptr && param_refs_[size_t(u)] == 0) store_->prefetch_params(u);
+}
+
+void GPT2::acquire_grads(int u) {
+    if (grad_refs_[size_t(u)]++ > 0 || grad_buf.ptr) return;
+    LLMC_ASSERT(store_, "sharded gradients need a ParamStore (set_store)");
+    unit_grads_[size_t(u)] = store_->acquire_grads(u);
+}
+
+void GPT2::release_grads(int u) {
+    LLMC_ASSERT(grad_refs_[size_t(u)] > 0, "release_grads without acquire_grads");
+    if (--grad_refs_[size_t(u)] > 0 || grad_buf.ptr) return;
+    unit_grads_[size_t(u)] = Tensor();
+    store_->release_grads(u);
+}
+
+void GPT2::load_params_mem(const float* mem) {
+    if (param_buf.ptr) {
+        ops.from_host_f32(param_buf, mem);
+        return;
+    }
+    LLMC_ASSERT(store_, "sharded parameters need a ParamStore (set_store)");
+    store_->load_params(mem);
 }
 
 // ---------------------------------------------------------------------------------
@@ -358,9 +446,10 @@ std::vector<float> GPT2::to_llmc_order(const std::vector<float>& mem) const {
     return out;
 }
 
-void GPT2::set_params_llmc(const float* host) { ops.from_host_f32(param_buf, from_llmc_order(host).data()); }
+void GPT2::set_params_llmc(const float* host) { load_params_mem(from_llmc_order(host).data()); }
 
 static void buffer_to_llmc(const GPT2& m, Tensor buf, float* host) {
+    LLMC_ASSERT(buf.ptr, "get_params_llmc / get_grads_llmc need the model's whole buffers (ModelStorage::Full)");
     std::vector<float> mem(m.padded_params);
     m.ops.to_host_f32(mem.data(), buf);
     std::vector<float> out = m.to_llmc_order(mem);
@@ -398,10 +487,13 @@ void GPT2::init_random(uint64_t seed) {
             std::memcpy(&mem[p.offset + local], &whole[src - p.llmc_offset], n * sizeof(float));
         });
     }
-    ops.from_host_f32(param_buf, mem.data());
+    load_params_mem(mem.data());
 }
 
-void GPT2::zero_grads() { ops.zero(grad_buf); }
+void GPT2::zero_grads() {
+    if (grad_buf.ptr) ops.zero(grad_buf);
+    else store_->zero_grads();
+}
 
 // ---------------------------------------------------------------------------------
 // forward / backward
@@ -547,10 +639,15 @@ float GPT2::head_forward(SlotActs& sa, Tensor res, const int32_t* targets, int b
     const int C = shape.d_model, V = shape.vocab_size, Vl = shape.padded_vocab / tp_size();
     const size_t N = size_t(b) * t, nl = local_rows(b, t);
     const ParamSpec& w = wte_spec();
+    const int wu = unit_of(w);
+    acquire_params(head_unit_);
+    acquire_params(wu);
     Tensor lnf = sa.lnf.slice(0, nl * C), logits = sa.logits.slice(0, N * size_t(Vl));
     ops.layernorm_forward(lnf, sa.lnf_mean, sa.lnf_rstd, res, param(LNFW), param(LNFB), int(nl), C);
     Tensor x = tp.gather_rows(lnf, scratch_->full.slice(0, N * C));
-    ops.matmul_forward(logits, Tensor(), x, param_buf.slice(w.offset, w.numel), Tensor(), int(N), C, Vl, false);
+    ops.matmul_forward(logits, Tensor(), x, param_of(w), Tensor(), int(N), C, Vl, false);
+    release_params(wu);
+    release_params(head_unit_);
     sa.have_dlogits = false;
     if (!targets) return 0.0f;
     ops.from_host_bytes(sa.targets, targets, N * sizeof(int32_t));
@@ -576,14 +673,23 @@ void GPT2::head_backward(SlotActs& sa, Tensor res, int b, int t) {
     const size_t N = size_t(b) * t, nl = local_rows(b, t);
     Scratch& S = *scratch_;
     const ParamSpec& w = wte_spec();
+    const int wu = unit_of(w);
+    acquire_params(head_unit_);
+    acquire_params(wu);
+    acquire_grads(head_unit_);
+    acquire_grads(wu);
     Tensor dres = S.dresidual.slice(0, nl * C), partial = S.partial.slice(0, N * C);
     Tensor x = tp.gather_rows(sa.lnf.slice(0, nl * C), S.full.slice(0, N * C));
-    ops.matmul_backward(partial, grad_buf.slice(w.offset, w.numel), Tensor(), sa.logits.slice(0, N * size_t(Vl)), x,
-                        param_buf.slice(w.offset, w.numel), Tensor(), int(N), C, Vl);
+    ops.matmul_backward(partial, grad_of(w), Tensor(), sa.logits.slice(0, N * size_t(Vl)), x, param_of(w), Tensor(),
+                        int(N), C, Vl);
     Tensor dx = tp.reduce_rows(partial, S.rows.slice(0, nl * C));
     ops.zero(dres);
     layernorm_backward_tp(*this, tp, S.ln_grads, dres, grad(LNFW), grad(LNFB), dx, res, param(LNFW), sa.lnf_mean,
                           sa.lnf_rstd, int(nl), C);
+    release_grads(wu);
+    release_grads(head_unit_);
+    release_params(wu);
+    release_params(head_unit_);
 }
 
 float GPT2::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t* targets, int b, int t, float dloss) {
@@ -601,6 +707,7 @@ float GPT2::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t*
         LLMC_ASSERT(tokens, "the first chunk needs tokens");
         ops.from_host_bytes(sa.tokens, tokens, N * sizeof(int32_t));
         const int v0 = vocab_begin_of(shape, layout);
+        acquire_params(embed_unit_);
         Tensor wpe = tp.rank() == 0 ? param(WPE) : Tensor();
         if (tp.sequence_parallel()) {
             Tensor partial = scratch_->partial.slice(0, N * C);
@@ -610,10 +717,15 @@ float GPT2::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t*
             ops.encoder_forward(res, sa.tokens, param(WTE), wpe, b, t, C, v0);
             tp.all_reduce(res);
         }
+        release_params(embed_unit_);
     }
     for (int l = ch.begin; l < ch.end; l++) {
         LayerActs& L = sa.layers[size_t(l - ch.begin)];
+        const int u = layer_unit_[size_t(l)];
+        acquire_params(u);
+        prefetch_params(l + 1 < ch.end ? layer_unit_[size_t(l + 1)] : ch.ends ? head_unit_ : -1);
         layer_forward(l, L, res, b, t);
+        release_params(u);
         res = L.residual3.slice(0, nl * C);
     }
     if (!ch.ends) return 0.0f;
@@ -631,18 +743,27 @@ void GPT2::backward_chunk(int c, int slot, const std::function<void(size_t)>& gr
     };
     if (ch.ends) {
         LLMC_ASSERT(sa.have_dlogits, "backward needs a forward with targets and dloss != 0");
+        prefetch_params(layer_unit_[size_t(ch.end - 1)]);
         head_backward(sa, res_in(ch.end), b, t);
         sa.have_dlogits = false;
     }
     for (int l = ch.end - 1; l >= ch.begin; l--) {
+        const int u = layer_unit_[size_t(l)];
+        acquire_params(u);
+        prefetch_params(l > ch.begin ? layer_unit_[size_t(l - 1)] : -1);  // the encoder's backward reads no parameters
+        acquire_grads(u);
         layer_backward(l, sa.layers[size_t(l - ch.begin)], res_in(l), b, t);
+        release_grads(u);
+        release_params(u);
         // layer l and everything after it in memory are final (wte still gets the encoder's part)
         if (grads_ready) grads_ready(spec(LN1W, l).offset);
     }
     if (ch.starts) {
         Tensor dres = scratch_->dresidual.slice(0, nl * C);
         Tensor d = tp.gather_rows(dres, scratch_->full_grad.slice(0, N * C));
+        acquire_grads(embed_unit_);
         ops.encoder_backward(grad(WTE), grad(WPE), d, sa.tokens, b, t, C, vocab_begin_of(shape, layout));
+        release_grads(embed_unit_);
         if (grads_ready) grads_ready(0);
     }
 }

@@ -93,6 +93,38 @@ void for_each_run(const ParamSpec& p, F f) {
 size_t gpt2_num_params(const ModelShape& s);  // including the padded vocab rows
 // The parameter table of one layout (memory order) and its element count (unpadded).
 std::vector<ParamSpec> gpt2_param_table(const ModelShape& s, const ModelLayout& layout, size_t* num_local);
+// A contiguous range of the flat buffer that ZeRO-3 gathers, and ZeRO-2/3 reduce-scatter, as
+// one: the embedding (wte, wpe), each layer, the head (lnf and the last stage's copy of wte).
+// The padding at the end of the buffer belongs to the last unit.
+struct ParamUnit {
+    enum Kind { Embedding, Layer, Head } kind;
+    size_t begin, end;  // elements of the flat buffer
+    int layer;          // Layer units; -1 otherwise
+    size_t numel() const { return end - begin; }
+};
+
+// Which of the flat buffers the model allocates whole. The others live in a ParamStore (ZeRO:
+// llmc/data_parallel.h) that hands the model one unit at a time.
+enum class ModelStorage { Full, ShardedGrads, Sharded /* parameters and gradients */ };
+
+// What the model asks of a ParamStore, unit by unit, around each use (forward_chunk,
+// backward_chunk). Every rank of the store's group makes the same calls in the same order, so
+// the store may run collectives in them.
+class ParamStore {
+public:
+    virtual ~ParamStore() = default;
+    // ModelStorage::Sharded: a unit's parameters, whole, valid until release_params(unit).
+    virtual Tensor acquire_params(int unit) = 0;
+    virtual void release_params(int unit) = 0;
+    virtual void prefetch_params(int unit) = 0;      // a hint: acquire_params(unit) comes next
+    virtual void load_params(const float* mem) = 0;  // this rank's whole buffer, host, memory order
+    // ModelStorage::ShardedGrads and Sharded: the unit's gradient buffer for this backward
+    // (accumulated into), valid until release_grads(unit): no more of its gradients this backward.
+    virtual Tensor acquire_grads(int unit) = 0;
+    virtual void release_grads(int unit) = 0;
+    virtual void zero_grads() = 0;  // start of an optimizer step
+};
+
 // Checks that a layout can split this shape; throws UserError naming the config key.
 // T: the sequence length (sequence parallelism splits each sequence's tokens evenly).
 void check_model_layout(const ModelShape& s, const ModelLayout& layout, int T);
@@ -103,7 +135,8 @@ public:
     // multiple of it (zeros that belong to no tensor), so that ZeRO shards divide them evenly.
     // slots: activation sets per chunk (micro-batches in flight). tp: the TP group (null = tp 1).
     GPT2(const ModelShape& shape, Ops& ops, DType dtype, int B, int T, size_t pad_multiple = 1,
-         const ModelLayout& layout = ModelLayout(), TensorParallel* tp = nullptr, std::vector<int> slots = {});
+         const ModelLayout& layout = ModelLayout(), TensorParallel* tp = nullptr, std::vector<int> slots = {},
+         ModelStorage storage = ModelStorage::Full);
     ~GPT2();
     GPT2(const GPT2&) = delete;
     GPT2& operator=(const GPT2&) = delete;
@@ -118,8 +151,12 @@ public:
     size_t num_params = 0;     // local elements of the real tensors
     size_t padded_params = 0;  // elements of param_buf and grad_buf (num_params + zero padding)
     size_t total_params = 0;   // elements of the whole model (gpt2_num_params)
-    Tensor param_buf;  // one allocation
-    Tensor grad_buf;   // one allocation
+    Tensor param_buf;  // one allocation; empty with ModelStorage::Sharded
+    Tensor grad_buf;   // one allocation; empty unless ModelStorage::Full
+    std::vector<ParamUnit> units;  // memory order, covering [0, padded_params)
+    int unit_of(const ParamSpec& p) const { return param_unit_[size_t(&p - params.data())]; }
+    // The unit sizes ZeRO's working buffers are made for (elements; 0 when this rank has none).
+    size_t max_unit(ParamUnit::Kind k) const;
     size_t activation_bytes = 0;
     size_t activation_bytes_without_sp() const;  // the same layout's activations without sequence parallelism
 
@@ -128,8 +165,22 @@ public:
     // The wte this rank holds: the embedding's, else (a last stage without the embedding) the
     // head's tied copy. The LM head uses it, and the pipeline keeps the two copies in sync.
     const ParamSpec& wte_spec() const;
+    // A tensor's parameters and gradients. With a ParamStore they exist while their unit is
+    // acquired (forward_chunk and backward_chunk acquire what they use); with ModelStorage::Full always.
     Tensor param(ParamKind k, int layer = -1) const;
     Tensor grad(ParamKind k, int layer = -1) const;
+    Tensor param_of(const ParamSpec& p) const;
+    Tensor grad_of(const ParamSpec& p) const;
+    void acquire_params(int unit);
+    void release_params(int unit);
+    void prefetch_params(int unit);  // unit < 0: nothing
+    void acquire_grads(int unit);
+    void release_grads(int unit);
+    ModelStorage storage() const { return storage_; }
+    // Where the buffers that are not whole live (required before use unless ModelStorage::Full).
+    void set_store(ParamStore* store);
+    // Sets every parameter from this rank's whole buffer (host fp32, memory order, padded_params).
+    void load_params_mem(const float* mem);
 
     // Host fp32 arrays: this rank's memory order (padded_params elements) <-> the whole model
     // in llm.c order (total_params). from_llmc_order picks this rank's pieces of a whole model;
@@ -137,8 +188,8 @@ public:
     std::vector<float> from_llmc_order(const float* llmc) const;
     std::vector<float> to_llmc_order(const std::vector<float>& mem) const;
     void set_params_llmc(const float* host);  // whole model, llm.c order
-    void get_params_llmc(float* host) const;  // one-process layouts only
-    void get_grads_llmc(float* host) const;   // one-process layouts only
+    void get_params_llmc(float* host) const;  // one-process layouts, ModelStorage::Full only
+    void get_grads_llmc(float* host) const;   // one-process layouts, ModelStorage::Full only
     // N(0, 0.02); residual projections N(0, 0.02/sqrt(2L)); biases 0; LN weights 1; padded rows 0.
     // Every layout draws the same whole model.
     void init_random(uint64_t seed);
@@ -200,6 +251,13 @@ private:
         std::vector<SlotActs> slots;
     };
     TensorParallel* tp_;
+    ModelStorage storage_;
+    ParamStore* store_ = nullptr;
+    std::vector<int> param_unit_;  // params index -> unit
+    std::vector<int> layer_unit_;  // layer -> unit, -1 when not held
+    int embed_unit_ = -1, head_unit_ = -1;
+    std::vector<Tensor> unit_params_, unit_grads_;  // a unit's buffers while acquired (always with Full)
+    std::vector<int> param_refs_, grad_refs_;
     std::unique_ptr<TensorParallel> own_tp_;  // a group of one when no TP group is given
     std::vector<int> lookup_;  // (kind, layer + 1) -> index into params, -1 when not held
     std::vector<Chunk> chunks_;

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 
-AdamW::AdamW(GPT2& model, size_t begin, size_t end) : model_(model), begin_(begin), end_(end) {
+AdamW::AdamW(GPT2& model, size_t begin, size_t end, Tensor params, Tensor grads)
+    : model_(model), begin_(begin), end_(end), params_(params), grads_(grads) {
     LLMC_ASSERT(begin <= end && end <= model.padded_params, "optimizer range outside the parameter buffer");
+    LLMC_ASSERT(params.n == end - begin && grads.n == end - begin && params.dtype == model.dtype,
+                "optimizer: parameter and gradient views must cover its range");
     const size_t n = end - begin;
     m_ = static_cast<float*>(model.ops.alloc(n * sizeof(float)));
     v_ = static_cast<float*>(model.ops.alloc(n * sizeof(float)));
@@ -27,7 +30,7 @@ void AdamW::step(const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
         size_t lo = std::max(begin_, p.offset), hi = std::min(end_, p.offset + p.numel);
         if (lo >= hi) continue;
         const size_t n = hi - lo, o = lo - begin_;
-        model_.ops.adamw(model_.param_buf.slice(lo, n), master_ ? master_ + o : nullptr, model_.grad_buf.slice(lo, n),
+        model_.ops.adamw(params_.slice(o, n), master_ ? master_ + o : nullptr, grads_.slice(o, n),
                          m_ + o, v_ + o, h.lr, h.beta1, h.beta2, h.eps, p.decay ? h.weight_decay : 0.0f, grad_scale,
                          t, seed);
     }
@@ -61,12 +64,8 @@ void AdamW::sync_master_from_params() {
     if (!master_) return;
     const size_t n = end_ - begin_;
     std::vector<float> host(n);
-    model_.ops.to_host_f32(host.data(), model_.param_buf.slice(begin_, n));
+    model_.ops.to_host_f32(host.data(), params_);
     model_.ops.from_host_bytes(master_, host.data(), n * sizeof(float));
-}
-
-double grad_sum_squares(GPT2& model, size_t begin, size_t end) {
-    return model.ops.sum_squares(model.grad_buf.slice(begin, end - begin));
 }
 
 float clip_scale(double grad_norm, double clip) {

@@ -2,6 +2,8 @@
 //
 // The optimizer owns [begin, end) of the flat (padded) buffer: the whole model, or this
 // rank's ZeRO shard (llmc/data_parallel.h): fp32 moments m and v, and fp32 master weights when the model's dtype is not fp32.
+// It updates the parameters and reads the gradients of that range where they live: views of
+// the model's whole buffers, or ZeRO's shard buffers (DataParallel::opt_params / opt_grads).
 // Weight decay applies per parameter tensor (ParamSpec::decay), so the update walks the
 // parameter table and runs the fused AdamW op on each tensor's intersection with the range.
 #pragma once
@@ -17,7 +19,8 @@ struct AdamWHyper {
 
 class AdamW {
 public:
-    AdamW(GPT2& model, size_t begin, size_t end);
+    // params, grads: the range's parameters and gradients (end - begin elements each).
+    AdamW(GPT2& model, size_t begin, size_t end, Tensor params, Tensor grads);
     ~AdamW();
     AdamW(const AdamW&) = delete;
     AdamW& operator=(const AdamW&) = delete;
@@ -39,13 +42,12 @@ public:
 private:
     GPT2& model_;
     size_t begin_, end_;
+    Tensor params_, grads_;
     float* m_ = nullptr;
     float* v_ = nullptr;
     float* master_ = nullptr;
 };
 
-// Sum of squares of the gradients in [begin, end) (deterministic), in double.
-double grad_sum_squares(GPT2& model, size_t begin, size_t end);
 // torch's clip_grad_norm_ factor: min(1, clip / (norm + 1e-6)); 1 when clip <= 0.
 float clip_scale(double grad_norm, double clip);
 // Learning rate of step (0-based) under the configured schedule with linear warmup.

@@ -138,12 +138,15 @@ double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
     LLMC_ASSERT(buffers_.empty(), "pipeline: tensors left over after the step");
     // the tied embedding: the first stage's wte and the last stage's head copy get the sum of both gradients
     if (embed_ && embed_->size() > 1) {
+        // (under ZeRO-2/3 before the DP reduce-scatter: the store keeps the wte's unit whole for the step)
         const ParamSpec& w = model_.wte_spec();
-        Tensor g = model_.grad_buf.slice(w.offset, w.numel);
+        model_.acquire_grads(model_.unit_of(w));
+        Tensor g = model_.grad_of(w);
         std::vector<float> h(g.n);
         model_.ops.to_host_f32(h.data(), g);
         embed_->all_reduce(h.data(), h.size(), ReduceOp::Sum);
         model_.ops.from_host_f32(g, h.data());
+        model_.release_grads(model_.unit_of(w));
     }
     if (stages() > 1) pp_->all_reduce(&loss, 1, ReduceOp::Sum);  // only the last stage had it
     return loss / micro_batches_;

@@ -5,6 +5,7 @@
 #include "llmc/comm.h"
 #include "llmc/config.h"
 #include "llmc/data_parallel.h"
+#include "llmc/optimizer.h"
 #include "llmc/process_grid.h"
 
 TEST_CASE("process grid: Megatron order, tp fastest, then dp, then pp", "[grid]") {
@@ -50,18 +51,28 @@ TEST_CASE("config: parallel.dp takes an integer or \"auto\"", "[grid]") {
 
 TEST_CASE("ZeRO memory formulas per rank", "[zero]") {
     const size_t psi = 1024 * 8, bucket = 1000, act = 77;
+    const UnitSizes u{300, 20, 100};
     for (int dp : {1, 2, 4, 8})
-        for (int zero : {0, 1, 2})
+        for (int zero : {0, 1, 2, 3})
             for (bool master : {false, true}) {
                 const size_t k = master ? 2 : 4, o = master ? 12 : 8;
-                MemoryPlan m = zero_memory_plan(psi, dp, zero, k, master, bucket, act);
-                CHECK(m.params == psi * k);
+                MemoryPlan m = zero_memory_plan(psi, dp, zero, k, master, bucket, act, u);
+                CHECK(m.params == (zero >= 3 ? psi / dp : psi) * k);
                 CHECK(m.grads == (zero >= 2 ? psi / dp : psi) * k);
                 CHECK(m.optimizer == (zero >= 1 ? psi / dp : psi) * o);
                 CHECK(m.comm_buffers == (zero == 0 ? 1 : 2) * bucket * 4);
-                CHECK(m.total() == m.params + m.grads + m.optimizer + m.comm_buffers + act);
+                // ZeRO-3 gathers the embedding, the head and two layers (current and prefetched);
+                // ZeRO-2/3 keep the embedding's and head's gradients for the step and one layer's
+                CHECK(m.unit_params == (zero >= 3 ? (300 + 20 + 2 * 100) * k : 0));
+                CHECK(m.unit_grads == (zero >= 2 ? (300 + 20 + 100) * k : 0));
+                CHECK(m.total() ==
+                      m.params + m.grads + m.optimizer + m.comm_buffers + act + m.unit_params + m.unit_grads);
             }
     CHECK(DataParallel::pad_multiple(4) % 4 == 0);
+    CHECK(DataParallel::storage(0) == ModelStorage::Full);
+    CHECK(DataParallel::storage(1) == ModelStorage::Full);
+    CHECK(DataParallel::storage(2) == ModelStorage::ShardedGrads);
+    CHECK(DataParallel::storage(3) == ModelStorage::Sharded);
 }
 
 TEST_CASE("loader positions convert between dp layouts by data position", "[zero]") {
@@ -88,4 +99,77 @@ TEST_CASE("a group of one: collectives are copies", "[comm]") {
     c->all_gather(a, b, {3});
     CHECK(b[0] == 1);
     CHECK(count_offsets({2, 0, 3}) == std::vector<size_t>{0, 2, 2, 5});
+}
+
+TEST_CASE("model units: the embedding, each layer and the head tile the flat buffer", "[zero]") {
+    auto ops = make_cpu_ops();
+    const ModelShape s{4, 4, 32, 500, 512, 16};
+    for (int pp_rank = 0; pp_rank < 3; pp_rank++) {
+        // stage 0 holds layers 0 and 3 (the first and the last chunk), stage 1 layer 1, stage 2 layer 2
+        // and the head (with the tied copy of wte)
+        ModelLayout lay;
+        if (pp_rank == 0) lay.chunks = {{0, 1}, {3, 4}};
+        if (pp_rank == 1) lay.chunks = {{1, 2}}, lay.first = false, lay.last = false;
+        if (pp_rank == 2) lay.chunks = {{2, 3}}, lay.first = false;
+        INFO("stage " << pp_rank);
+        GPT2 m(s, *ops, DType::F32, 1, 16, 256, lay);
+        size_t next = 0;
+        int embeddings = 0, heads = 0, layers = 0;
+        for (const ParamUnit& u : m.units) {
+            CHECK(u.begin == next);
+            next = u.end;
+            embeddings += u.kind == ParamUnit::Embedding;
+            heads += u.kind == ParamUnit::Head;
+            layers += u.kind == ParamUnit::Layer;
+        }
+        CHECK(next == m.padded_params);
+        CHECK(embeddings == (lay.first ? 1 : 0));
+        CHECK(heads == (lay.last ? 1 : 0));
+        int held = 0;
+        for (const auto& c : lay.chunks) held += c.second - c.first;
+        CHECK(layers == held);
+        for (const ParamSpec& p : m.params) {
+            const ParamUnit& u = m.units[size_t(m.unit_of(p))];
+            CHECK((p.offset >= u.begin && p.offset + p.numel <= u.end));
+            CHECK(u.layer == p.layer);
+        }
+    }
+}
+
+// dp = 1 over a group of one: every ZeRO stage trains bitwise like the plain model (one
+// micro-step: the unit reduce-scatters are copies into a zeroed shard, the gathers copies of it),
+// which runs the ParamStore paths (acquire/release per unit, prefetch, the step-long units).
+TEST_CASE("ZeRO stages over one rank train bitwise like the plain model", "[zero]") {
+    auto ops = make_cpu_ops();
+    const ModelShape s{2, 2, 32, 200, 256, 16};
+    const int B = 2, T = 8;
+    std::vector<int32_t> x(B * T), y(B * T);
+    for (int i = 0; i < B * T; i++) x[size_t(i)] = (i * 37) % 200, y[size_t(i)] = (i * 53 + 7) % 200;
+    std::vector<std::vector<float>> finals;
+    std::vector<float> losses;
+    for (int zero = 0; zero <= 3; zero++) {
+        INFO("zero " << zero);
+        std::unique_ptr<Comm> self = make_self_comm(0);
+        GPT2 m(s, *ops, DType::F32, B, T, DataParallel::pad_multiple(1), ModelLayout(), nullptr, {},
+               DataParallel::storage(zero));
+        DataParallel dp(m, *self, zero, 0.001);  // 262-element pieces: units cross several
+        m.init_random(7);
+        AdamW opt(m, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads());
+        for (int step = 1; step <= 3; step++) {
+            m.zero_grads();
+            losses.push_back(m.forward(x.data(), y.data(), B, T, 1.0f / (B * T)));
+            m.backward(dp.grads_ready());
+            dp.finish_grad_sync();
+            const double norm = dp.grad_norm();
+            opt.step(AdamWHyper{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f}, step, clip_scale(norm, 1.0), 0u);
+            dp.after_update();
+        }
+        finals.push_back(dp.gather_params());
+        CHECK(finals.back().size() == m.padded_params);
+    }
+    for (int zero = 1; zero <= 3; zero++) {
+        INFO("zero " << zero);
+        CHECK(finals[size_t(zero)] == finals[0]);
+        for (int i = 0; i < 3; i++) CHECK(losses[size_t(zero * 3 + i)] == losses[size_t(i)]);
+    }
 }

@@ -329,14 +329,15 @@ TEST_CASE("parity: 10 steps of the AdamW optimizer class match the PyTorch refer
     auto ops = make_cpu_ops();
     GPT2 model(r.shape, *ops, DType::F32, r.B, r.T);
     model.set_params_llmc(r.weights.data());
-    AdamW opt(model, 0, model.num_params);
+    AdamW opt(model, 0, model.num_params, model.param_buf.slice(0, model.num_params),
+              model.grad_buf.slice(0, model.num_params));
     const AdamWHyper h{r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};
     const float dloss = 1.0f / (r.B * r.T);
     for (int step = 1; step <= r.n_steps; step++) {
         model.zero_grads();
         float loss = model.forward(r.x.data(), r.y.data(), r.B, r.T, dloss);
         model.backward();
-        const double norm = std::sqrt(grad_sum_squares(model, 0, model.num_params));
+        const double norm = std::sqrt(ops->sum_squares(model.grad_buf.slice(0, model.num_params)));
         {
             INFO("step " << step << ": loss " << loss << " reference " << r.losses[step - 1]);
             CHECK(close_rel(loss, r.losses[step - 1]));

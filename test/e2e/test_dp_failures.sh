@@ -24,7 +24,6 @@ bad 3 'parallel\.dp.*2 x 1 x 1 = 2.*3 processes' parallel.dp=2
 bad 3 'parallel\.tp.*model\.n_head' parallel.tp=3
 bad 3 'model\.n_layer.*pipeline stages' parallel.pp=3
 bad 2 'parallel\.comm.*nccl.*cuda' parallel.comm=nccl
-bad 2 'parallel\.zero: 3.*not supported yet' parallel.zero=3
 bad 2 'parallel\.dp.*auto.*4 processes|parallel.dp' parallel.dp=4
 # a single process asked for dp=2
 expect_fail 2 'parallel\.dp.*1 process' "$BIN" "$W/c.json" parallel.dp=2 "out_dir=$W/bad"

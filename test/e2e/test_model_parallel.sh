@@ -55,6 +55,7 @@ dp2=(parallel.dp=2 parallel.tp=2 parallel.pp=2 train.grad_accum=4 eval.batches=1
 check dp2_tp2_pp2_1f1b 8 "${dp2[@]}" parallel.zero=1
 check dp2_tp2_pp2_interleaved 8 "${dp2[@]}" parallel.zero=1 parallel.pp_schedule=interleaved parallel.pp_virtual=2
 check dp2_tp2_pp2_sp_zero2 8 "${dp2[@]}" parallel.zero=2 parallel.sequence_parallel=true parallel.pp_layers=[1,3]
+check dp2_tp2_pp2_zero3 8 "${dp2[@]}" parallel.zero=3 parallel.pp_schedule=interleaved parallel.pp_virtual=2
 # a layout is deterministic: the same run twice is bitwise the same
 dp_run 4 "$W/c.json" parallel.tp=2 parallel.pp=2 "out_dir=$W/again1" > /dev/null
 dp_run 4 "$W/c.json" parallel.tp=2 parallel.pp=2 "out_dir=$W/again2" > /dev/null
