@@ -155,10 +155,10 @@ std::string resolve_device(const Config& cfg) {
                                cfg.precision.c_str()));
     return device;
 }
-// The communicator: MPI (host buffers) for every layout for now. The NCCL communicator
-// (llmc/cuda/comm_nccl.cu, checked by dev/comm_check on GPU machines) is built, but data
-// parallelism still stages its buckets through host buffers and Comm carries fp32 only, so the
-// trainer does not hand NCCL device buffers yet: "nccl" is refused rather than run wrongly.
+// The communicator of the data-parallel group (and the world's): "nccl" runs DP's collectives on
+// device buffers (llmc/data_parallel.h stages bf16 gradients through fp32 device buffers); the
+// tensor- and pipeline-parallel groups stay on MPI. "auto" is MPI for now: the NCCL path has not
+// yet run on a GPU (scripts/gpu_check.sh checks it), and MPI serves several ranks per GPU.
 std::string resolve_comm(const ParallelConfig& pc, const std::string& device, const Runtime& rt) {
     if (pc.comm == "nccl" && device != "cuda")
         throw UserError(strfmt("parallel.comm: \"nccl\" needs device \"cuda\" (this run is on %s; use \"mpi\" or "
@@ -171,8 +171,7 @@ std::string resolve_comm(const ParallelConfig& pc, const std::string& device, co
                                "(NCCL cannot put two ranks on one GPU); use \"mpi\" or \"auto\", or launch at most "
                                "%d rank%s per node",
                                rt.ranks_per_node, gpus, gpus == 1 ? "" : "s", gpus, gpus == 1 ? "" : "s"));
-    throw UserError("parallel.comm: \"nccl\" is not wired into the trainer yet (data parallelism still moves "
-                    "gradients through host buffers); use \"mpi\" or \"auto\"");
+    return "nccl";
 }
 
 // ==== precision "fp8" (llmc/fp8.h): begin ====
@@ -317,13 +316,13 @@ int train(Runtime& rt, int argc, char** argv) {
         if (rt.is_main()) std::printf("%s\n", cfg.resolved.dump(2).c_str());
         return 0;
     }
-    ProcessGroups groups = make_process_groups(grid, comm_kind, cfg.parallel.timeout_s, -1);  // MPI: no device
-
-    // ---- backend ----
+    // ---- communicators and backend ----
     // ranks share the node's GPUs round-robin (several ranks per GPU under MPI in tests)
     int gpus = 1;
     if (device == "cuda" && (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1)) gpus = 1;
-    std::unique_ptr<Ops> ops = device == "cpu" ? make_cpu_ops() : make_cuda_ops(rt.local_rank % gpus);
+    const int cuda_device = device == "cuda" ? rt.local_rank % gpus : -1;
+    ProcessGroups groups = make_process_groups(grid, comm_kind, cfg.parallel.timeout_s, cuda_device);
+    std::unique_ptr<Ops> ops = device == "cpu" ? make_cpu_ops() : make_cuda_ops(cuda_device);
     // fp8 keeps everything but the block linears in bf16 on CUDA and fp32 on the CPU
     const DType dtype =
         cfg.precision == "bf16" || (cfg.precision == "fp8" && device == "cuda") ? DType::BF16 : DType::F32;

@@ -27,7 +27,7 @@ Tensor DataParallel::alloc(size_t n) {
     return Tensor(p, n, model_.dtype);
 }
 
-DataParallel::DataParallel(GPT2& model, Comm& dp, int zero, double bucket_mb)
+DataParallel::DataParallel(GPT2& model, Comm& dp, int zero, double bucket_mb, bool host_staging)
     : model_(model), comm_(dp), zero_(zero) {
     LLMC_ASSERT(zero >= 0 && zero <= 3, "ZeRO stage outside 0..3");
     LLMC_ASSERT(model.padded_params % pad_multiple(dp.size()) == 0, "model not padded for this dp");
@@ -41,20 +41,27 @@ DataParallel::DataParallel(GPT2& model, Comm& dp, int zero, double bucket_mb)
         buckets_.push_back({begin, end});
         end = begin;
     }
-    send_.resize(bucket_elems_);
-    if (zero_ > 0) recv_.resize(bucket_elems_);
-    if (zero_ < 2) return;
+    LLMC_ASSERT(!(dp.on_device() && model.ops.host_memory()), "a device communicator over a host backend");
+    direct_ = dp.on_device() || (model.ops.host_memory() && !host_staging);
+    for (Staging* s : {&send_, &recv_}) {
+        if (s == &recv_ && zero_ == 0) break;  // stage 0 all-reduces in the send buffer
+        if (!direct_) {
+            s->host.resize(bucket_elems_);
+            continue;
+        }
+        s->dev = Tensor(model.ops.alloc(bucket_elems_ * sizeof(float)), bucket_elems_, DType::F32);
+        allocations_.push_back(s->dev.ptr);
+    }
     unit_sizes_ = {model.max_unit(ParamUnit::Embedding), model.max_unit(ParamUnit::Head),
                    model.max_unit(ParamUnit::Layer)};
+    if (zero_ < 2) return;
     const size_t sizes[3] = {unit_sizes_.embedding, unit_sizes_.layer, unit_sizes_.head};  // by ParamUnit::Kind
     static_assert(ParamUnit::Embedding == 0 && ParamUnit::Layer == 1 && ParamUnit::Head == 2, "kind order");
-    grad_shard_ = alloc(shard_);
-    model_.ops.zero(grad_shard_);
+    grad_shard_ = alloc(shard_);  // alloc zero-initialises
     for (int k = 0; k < 3; k++)
         if (sizes[k]) grad_slots_[k].buf = alloc(sizes[k]);
     if (zero_ == 3) {
         param_shard_ = alloc(shard_);
-        model_.ops.zero(param_shard_);
         for (int k = 0; k < 3; k++)
             for (int i = 0; i < (k == ParamUnit::Layer ? 2 : 1) && sizes[k]; i++) param_slots_[k].push_back({alloc(sizes[k])});
     }
@@ -82,20 +89,49 @@ std::vector<size_t> DataParallel::shard_counts(size_t begin, size_t end) const {
     return c;
 }
 
+void DataParallel::load(Staging& s, Tensor src) {
+    if (direct_) model_.ops.copy(s.dev.slice(0, src.n), src);
+    else model_.ops.to_host_f32(s.host.data(), src);
+}
+
+void DataParallel::store(Tensor dst, Staging& s) {
+    if (direct_) model_.ops.copy(dst, s.dev.slice(0, dst.n));
+    else model_.ops.from_host_f32(dst, s.host.data());
+}
+
+void DataParallel::load_host(Staging& s, const float* src, size_t n) {
+    if (direct_) model_.ops.from_host_bytes(s.dev.ptr, src, n * sizeof(float));
+    else std::memcpy(s.host.data(), src, n * sizeof(float));
+}
+
+void DataParallel::store_host(float* dst, Staging& s, size_t n) {
+    if (direct_) model_.ops.to_host_bytes(dst, s.dev.ptr, n * sizeof(float));
+    else std::memcpy(dst, s.host.data(), n * sizeof(float));
+}
+
+void DataParallel::accumulate(Tensor dst) {
+    load(send_, dst);
+    if (direct_) {
+        Tensor a = send_.dev.slice(0, dst.n);
+        model_.ops.residual_forward(a, a, recv_.dev.slice(0, dst.n));
+    } else {
+        for (size_t i = 0; i < dst.n; i++) send_.host[i] += recv_.host[i];
+    }
+    store(dst, send_);
+}
+
 void DataParallel::launch(const Bucket& b) {
-    Ops& ops = model_.ops;
     const size_t n = b.end - b.begin;
-    ops.to_host_f32(send_.data(), model_.grad_buf.slice(b.begin, n));
+    load(send_, model_.grad_buf.slice(b.begin, n));
     if (zero_ == 0) {
         comm_.all_reduce(send_.data(), n, ReduceOp::Sum);
-        ops.from_host_f32(model_.grad_buf.slice(b.begin, n), send_.data());
+        store(model_.grad_buf.slice(b.begin, n), send_);
         return;
     }
     const std::vector<size_t> counts = shard_counts(b.begin, b.end);
     const size_t mine = counts[size_t(dp_rank())];
     comm_.reduce_scatter(send_.data(), recv_.data(), counts);
-    if (mine > 0)
-        ops.from_host_f32(model_.grad_buf.slice(std::max(b.begin, opt_begin()), mine), recv_.data());
+    if (mine > 0) store(model_.grad_buf.slice(std::max(b.begin, opt_begin()), mine), recv_);
 }
 
 std::function<void(size_t)> DataParallel::grads_ready() {
@@ -123,33 +159,27 @@ void DataParallel::finish_grad_sync() {
 // ---- stages 2 and 3: the model's units ----
 
 void DataParallel::reduce_scatter_unit(int unit, Tensor grads) {
-    Ops& ops = model_.ops;
     const ParamUnit& u = model_.units[size_t(unit)];
     for (size_t b = u.begin; b < u.end; b += bucket_elems_) {
         const size_t e = std::min(u.end, b + bucket_elems_);
         const std::vector<size_t> counts = shard_counts(b, e);
         const size_t mine = counts[size_t(dp_rank())];
-        ops.to_host_f32(send_.data(), grads.slice(b - u.begin, e - b));
+        load(send_, grads.slice(b - u.begin, e - b));
         comm_.reduce_scatter(send_.data(), recv_.data(), counts);
-        if (mine == 0) continue;
-        // accumulate into the shard (micro-steps add up); send_ is free again
-        Tensor dst = grad_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine);
-        ops.to_host_f32(send_.data(), dst);
-        for (size_t i = 0; i < mine; i++) send_[i] += recv_[i];
-        ops.from_host_f32(dst, send_.data());
+        // added to the shard: the micro-steps' sums add up
+        if (mine > 0) accumulate(grad_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
     }
 }
 
 void DataParallel::gather_unit(int unit, Tensor dst) {
-    Ops& ops = model_.ops;
     const ParamUnit& u = model_.units[size_t(unit)];
     for (size_t b = u.begin; b < u.end; b += bucket_elems_) {
         const size_t e = std::min(u.end, b + bucket_elems_);
         const std::vector<size_t> counts = shard_counts(b, e);
         const size_t mine = counts[size_t(dp_rank())];
-        if (mine > 0) ops.to_host_f32(send_.data(), param_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
+        if (mine > 0) load(send_, param_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
         comm_.all_gather(send_.data(), recv_.data(), counts);
-        ops.from_host_f32(dst.slice(b - u.begin, e - b), recv_.data());
+        store(dst.slice(b - u.begin, e - b), recv_);
     }
 }
 
@@ -263,13 +293,12 @@ double DataParallel::grad_norm(Comm* model_parallel) {
 void DataParallel::after_update() {
     if (zero_ == 3) drop_prefetched();  // the shards changed: nothing gathered before stays valid
     if (zero_ == 0 || zero_ == 3) return;
-    Ops& ops = model_.ops;
     for (const Bucket& b : buckets_) {
         const std::vector<size_t> counts = shard_counts(b.begin, b.end);
         const size_t mine = counts[size_t(dp_rank())];
-        if (mine > 0) ops.to_host_f32(send_.data(), model_.param_buf.slice(std::max(b.begin, opt_begin()), mine));
+        if (mine > 0) load(send_, model_.param_buf.slice(std::max(b.begin, opt_begin()), mine));
         comm_.all_gather(send_.data(), recv_.data(), counts);
-        ops.from_host_f32(model_.param_buf.slice(b.begin, b.end - b.begin), recv_.data());
+        store(model_.param_buf.slice(b.begin, b.end - b.begin), recv_);
     }
 }
 
@@ -305,8 +334,9 @@ std::vector<float> DataParallel::gather_shards(const float* shard) {
     for (const Bucket& b : buckets_) {
         const std::vector<size_t> counts = shard_counts(b.begin, b.end);
         const size_t mine = counts[size_t(dp_rank())];
-        const float* src = mine ? shard + (std::max(b.begin, opt_begin()) - opt_begin()) : shard;
-        comm_.gather(src, dp_rank() == 0 ? out.data() + b.begin : nullptr, counts, 0);
+        if (mine > 0) load_host(send_, shard + (std::max(b.begin, opt_begin()) - opt_begin()), mine);
+        comm_.gather(send_.data(), dp_rank() == 0 ? recv_.data() : nullptr, counts, 0);
+        if (dp_rank() == 0) store_host(out.data() + b.begin, recv_, b.end - b.begin);
     }
     return out;
 }
@@ -342,10 +372,8 @@ void DataParallel::load_optimizer_state(AdamW& opt, const OptimizerState& whole)
 }
 
 MemoryPlan DataParallel::memory_plan(bool master) const {
-    const UnitSizes u = {model_.max_unit(ParamUnit::Embedding), model_.max_unit(ParamUnit::Head),
-                         model_.max_unit(ParamUnit::Layer)};
     return zero_memory_plan(model_.padded_params, dp(), zero_, dtype_size(model_.dtype), master, bucket_elems_,
-                            model_.activation_bytes, u);
+                            model_.activation_bytes, unit_sizes_);
 }
 
 MemoryPlan DataParallel::allocated(size_t optimizer_bytes) const {
@@ -356,7 +384,7 @@ MemoryPlan DataParallel::allocated(size_t optimizer_bytes) const {
     m.params = model_.param_buf.bytes() + param_shard_.bytes();
     m.grads = model_.grad_buf.bytes() + grad_shard_.bytes();
     m.optimizer = optimizer_bytes;
-    m.comm_buffers = (send_.size() + recv_.size()) * sizeof(float);
+    m.comm_buffers = send_.bytes() + recv_.bytes();
     m.activations = model_.activation_bytes;
     for (const auto& slots : param_slots_)
         for (const Slot& s : slots) m.unit_params += s.buf.bytes();

@@ -84,7 +84,12 @@ public:
 
     // zero: 0..3. The model must have been built with pad_multiple(dp.size()) and storage(zero),
     // and before its parameters are set (stage 3 keeps only this rank's shard of them).
-    DataParallel(GPT2& model, Comm& dp, int zero, double bucket_mb);
+    // Communication staging: when the communicator reads the backend's memory (NCCL on CUDA;
+    // MPI over the CPU backend, whose memory is host memory) the fp32 staging buffers are
+    // backend tensors and the collectives run on them; otherwise (MPI with CUDA: several ranks
+    // may share a GPU) they are host arrays and every bucket is copied through the host.
+    // host_staging forces the second way (tests compare the two).
+    DataParallel(GPT2& model, Comm& dp, int zero, double bucket_mb, bool host_staging = false);
     ~DataParallel() override;
     DataParallel(const DataParallel&) = delete;
     DataParallel& operator=(const DataParallel&) = delete;
@@ -143,6 +148,18 @@ public:
     void zero_grads() override;
 
 private:
+    // An fp32 buffer of bucket_elems_ in the communicator's memory (see the constructor).
+    struct Staging {
+        std::vector<float> host;
+        Tensor dev;
+        float* data() { return dev.ptr ? dev.f32() : host.data(); }
+        size_t bytes() const { return dev.ptr ? dev.bytes() : host.size() * sizeof(float); }
+    };
+    void load(Staging& s, Tensor src);                     // s[0, src.n) = src as fp32
+    void store(Tensor dst, Staging& s);                    // dst = s[0, dst.n)
+    void load_host(Staging& s, const float* src, size_t n);  // s[0, n) = host src
+    void store_host(float* dst, Staging& s, size_t n);
+    void accumulate(Tensor dst);  // dst += recv_[0, dst.n) (send_ is the scratch)
     void launch(const Bucket& b);
     // stages 2 and 3: one unit's gradient reduce-scattered and added to this rank's shard, and
     // one unit's parameters all-gathered from every shard, in pieces of bucket_elems_
@@ -161,7 +178,8 @@ private:
     size_t bucket_elems_;  // elements per bucket
     std::vector<Bucket> buckets_;
     size_t next_bucket_ = 0;  // first bucket of buckets_ not yet launched this step
-    std::vector<float> send_, recv_;  // host staging buffers (comm buffers in the memory table)
+    bool direct_;            // the staging buffers are backend tensors
+    Staging send_, recv_;    // the comm buffers of the memory table
     Tensor param_shard_;  // stage 3: this rank's shard of the parameters
     Tensor grad_shard_;   // stages 2, 3: this rank's shard of the summed gradient
     // Working buffers by unit kind (ParamUnit::Kind): gathered parameters (stage 3; two layer

@@ -35,7 +35,10 @@ public:
     virtual void* alloc(size_t bytes) = 0;  // zero-initialised
     virtual void release(void* p) = 0;
     virtual void zero(Tensor t) = 0;
-    virtual void copy(Tensor dst, Tensor src) = 0;  // same dtype and size, backend memory
+    // Backend memory, same size; converts between dtypes (fp32 <-> bf16; the CPU holds fp32 only).
+    virtual void copy(Tensor dst, Tensor src) = 0;
+    // Backend memory is host memory (a host communicator may read and write it in place).
+    virtual bool host_memory() const { return false; }
     // host <-> backend, converting between fp32 on the host and the tensor's dtype
     virtual void to_host_f32(float* dst, Tensor src) = 0;
     virtual void from_host_f32(Tensor dst, const float* src) = 0;

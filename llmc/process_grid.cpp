@@ -94,6 +94,8 @@ ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& co
     if (grid.world == 1) {
         pg.world = make_self_comm(0);
         pg.dp = make_self_comm(0);
+        // asked for NCCL: the DP group of one is NCCL as well (its collectives run, on device)
+        if (comm_kind == "nccl") pg.dp = make_nccl_comm(*pg.dp, cuda_device, timeout_s);
         pg.tp = make_self_comm(0);
         pg.pp = make_self_comm(0);
         pg.mp = make_self_comm(0);

@@ -9,6 +9,7 @@
 class CpuOps : public Ops {
 public:
     std::string name() const override { return "cpu"; }
+    bool host_memory() const override { return true; }
 
     void* alloc(size_t bytes) override;
     void release(void* p) override;

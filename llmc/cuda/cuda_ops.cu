@@ -42,6 +42,13 @@ void same_dtype(std::initializer_list<const Tensor*> ts) {
     }
 }
 
+// dst[i] = src[i] between fp32 and bf16 (round to nearest even)
+template <class D, class S>
+__global__ void convert_kernel(D* dst, const S* src, size_t n) {
+    const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = from_f32<D>(to_f32(src[i]));
+}
+
 inline int blocks_for(long long n, int threads) { return (int)std::max<long long>(1, (n + threads - 1) / threads); }
 
 class CudaOps : public Ops {
@@ -91,8 +98,22 @@ public:
         if (t.n) CUDA_CHECK(cudaMemsetAsync(t.ptr, 0, t.bytes(), stream_));
     }
     void copy(Tensor dst, Tensor src) override {
-        LLMC_ASSERT(dst.dtype == src.dtype && dst.n == src.n, "copy: dtype/size mismatch");
-        if (dst.n) CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, src.bytes(), cudaMemcpyDeviceToDevice, stream_));
+        LLMC_ASSERT(dst.n == src.n, "copy: size mismatch");
+        if (!dst.n) return;
+        if (dst.dtype == src.dtype) {
+            CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, src.bytes(), cudaMemcpyDeviceToDevice, stream_));
+            return;
+        }
+        const int threads = 256;
+        dispatch(dst.dtype, [&](auto d) {
+            using D = decltype(d);
+            dispatch(src.dtype, [&](auto s) {
+                using S = decltype(s);
+                convert_kernel<D, S><<<blocks_for((long long)dst.n, threads), threads, 0, stream_>>>(P<D>(dst), P<S>(src),
+                                                                                                 dst.n);
+            });
+        });
+        CUDA_CHECK(cudaGetLastError());
     }
     void to_host_f32(float* dst, Tensor src) override {
         if (!src.n) return;
