@@ -158,29 +158,31 @@ void DataParallel::finish_grad_sync() {
 
 // ---- stages 2 and 3: the model's units ----
 
-void DataParallel::reduce_scatter_unit(int unit, Tensor grads) {
+void DataParallel::for_each_piece(int unit, const std::function<void(size_t, size_t, size_t)>& f) const {
     const ParamUnit& u = model_.units[size_t(unit)];
     for (size_t b = u.begin; b < u.end; b += bucket_elems_) {
         const size_t e = std::min(u.end, b + bucket_elems_);
-        const std::vector<size_t> counts = shard_counts(b, e);
-        const size_t mine = counts[size_t(dp_rank())];
-        load(send_, grads.slice(b - u.begin, e - b));
-        comm_.reduce_scatter(send_.data(), recv_.data(), counts);
-        // added to the shard: the micro-steps' sums add up
-        if (mine > 0) accumulate(grad_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
+        f(b, e, shard_counts(b, e)[size_t(dp_rank())]);
     }
 }
 
+void DataParallel::reduce_scatter_unit(int unit, Tensor grads) {
+    const size_t ub = model_.units[size_t(unit)].begin;
+    for_each_piece(unit, [&](size_t b, size_t e, size_t mine) {
+        load(send_, grads.slice(b - ub, e - b));
+        comm_.reduce_scatter(send_.data(), recv_.data(), shard_counts(b, e));
+        // added to the shard: the micro-steps' sums add up
+        if (mine > 0) accumulate(grad_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
+    });
+}
+
 void DataParallel::gather_unit(int unit, Tensor dst) {
-    const ParamUnit& u = model_.units[size_t(unit)];
-    for (size_t b = u.begin; b < u.end; b += bucket_elems_) {
-        const size_t e = std::min(u.end, b + bucket_elems_);
-        const std::vector<size_t> counts = shard_counts(b, e);
-        const size_t mine = counts[size_t(dp_rank())];
+    const size_t ub = model_.units[size_t(unit)].begin;
+    for_each_piece(unit, [&](size_t b, size_t e, size_t mine) {
         if (mine > 0) load(send_, param_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
-        comm_.all_gather(send_.data(), recv_.data(), counts);
-        store(dst.slice(b - u.begin, e - b), recv_);
-    }
+        comm_.all_gather(send_.data(), recv_.data(), shard_counts(b, e));
+        store(dst.slice(b - ub, e - b), recv_);
+    });
 }
 
 Tensor DataParallel::acquire_params(int unit) {

@@ -383,35 +383,26 @@ void GPT2::set_store(ParamStore* store) {
 }
 
 // Reference counts: a unit acquired twice (the head's wte when it sits in the head unit) is
-// released by the second release; units of whole buffers stay in place.
-void GPT2::acquire_params(int u) {
-    if (param_refs_[size_t(u)]++ > 0 || param_buf.ptr) return;
-    LLMC_ASSERT(store_, "sharded parameters need a ParamStore (set_store)");
-    unit_params_[size_t(u)] = store_->acquire_params(u);
+// released by the second release; units of whole buffers stay in place. One pair for
+// parameters and gradients: the store's calls are picked by `grads`.
+void GPT2::acquire_unit(int u, bool grads) {
+    int& refs = (grads ? grad_refs_ : param_refs_)[size_t(u)];
+    if (refs++ > 0 || (grads ? grad_buf : param_buf).ptr) return;
+    LLMC_ASSERT(store_, "sharded parameters and gradients need a ParamStore (set_store)");
+    (grads ? unit_grads_ : unit_params_)[size_t(u)] = grads ? store_->acquire_grads(u) : store_->acquire_params(u);
 }
 
-void GPT2::release_params(int u) {
-    LLMC_ASSERT(param_refs_[size_t(u)] > 0, "release_params without acquire_params");
-    if (--param_refs_[size_t(u)] > 0 || param_buf.ptr) return;
-    unit_params_[size_t(u)] = Tensor();
-    store_->release_params(u);
+void GPT2::release_unit(int u, bool grads) {
+    int& refs = (grads ? grad_refs_ : param_refs_)[size_t(u)];
+    LLMC_ASSERT(refs > 0, "a unit released more often than acquired");
+    if (--refs > 0 || (grads ? grad_buf : param_buf).ptr) return;
+    (grads ? unit_grads_ : unit_params_)[size_t(u)] = Tensor();
+    if (grads) store_->release_grads(u);
+    else store_->release_params(u);
 }
 
 void GPT2::prefetch_params(int u) {
     if (u >= 0 && !param_buf.ptr && param_refs_[size_t(u)] == 0) store_->prefetch_params(u);
-}
-
-void GPT2::acquire_grads(int u) {
-    if (grad_refs_[size_t(u)]++ > 0 || grad_buf.ptr) return;
-    LLMC_ASSERT(store_, "sharded gradients need a ParamStore (set_store)");
-    unit_grads_[size_t(u)] = store_->acquire_grads(u);
-}
-
-void GPT2::release_grads(int u) {
-    LLMC_ASSERT(grad_refs_[size_t(u)] > 0, "release_grads without acquire_grads");
-    if (--grad_refs_[size_t(u)] > 0 || grad_buf.ptr) return;
-    unit_grads_[size_t(u)] = Tensor();
-    store_->release_grads(u);
 }
 
 void GPT2::load_params_mem(const float* mem) {

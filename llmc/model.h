@@ -171,11 +171,11 @@ public:
     Tensor grad(ParamKind k, int layer = -1) const;
     Tensor param_of(const ParamSpec& p) const;
     Tensor grad_of(const ParamSpec& p) const;
-    void acquire_params(int unit);
-    void release_params(int unit);
+    void acquire_params(int unit) { acquire_unit(unit, false); }
+    void release_params(int unit) { release_unit(unit, false); }
     void prefetch_params(int unit);  // unit < 0: nothing
-    void acquire_grads(int unit);
-    void release_grads(int unit);
+    void acquire_grads(int unit) { acquire_unit(unit, true); }
+    void release_grads(int unit) { release_unit(unit, true); }
     ModelStorage storage() const { return storage_; }
     // Where the buffers that are not whole live (required before use unless ModelStorage::Full).
     void set_store(ParamStore* store);
@@ -258,6 +258,8 @@ private:
     int embed_unit_ = -1, head_unit_ = -1;
     std::vector<Tensor> unit_params_, unit_grads_;  // a unit's buffers while acquired (always with Full)
     std::vector<int> param_refs_, grad_refs_;
+    void acquire_unit(int unit, bool grads);
+    void release_unit(int unit, bool grads);
     std::unique_ptr<TensorParallel> own_tp_;  // a group of one when no TP group is given
     std::vector<int> lookup_;  // (kind, layer + 1) -> index into params, -1 when not held
     std::vector<Chunk> chunks_;
