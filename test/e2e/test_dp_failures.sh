@@ -45,22 +45,26 @@ left=$(ps -eo stat=,args= | awk -v w="$W/killed" 'index($0, w) && $1 !~ /^Z/' | 
 [ -z "$left" ] || die "processes left running: $left"
 
 # rank 1 hangs at step 5 (sleeps forever, alive): with parallel.timeout_s=3 the ranks waiting for it
-# in the data-parallel collective end the job within seconds, not at the 120 s test timeout
-start=$(date +%s.%N)
-rc=0
-LLMC_FAULT=hang:train_step_5 LLMC_FAULT_RANK=1 dp_run 4 "$W/c.json" train.steps=50 parallel.timeout_s=3 \
-    "out_dir=$W/hung" > "$W/hang.out" 2> "$W/hang.err" || rc=$?
-took=$(echo "$(date +%s.%N) - $start" | bc)
-[ $rc -ne 0 ] && [ $rc -ne 124 ] || die "hung rank: expected a non-zero exit before the timeout, got $rc"
-echo "rank 1 hung at step 5: job ended with exit $rc after ${took}s (parallel.timeout_s = 3)"
-[ "$(echo "$took < 30" | bc)" -eq 1 ] || die "hung rank: the job took ${took}s to end (timeout_s = 3)"
-[ "$(echo "$took > 3" | bc)" -eq 1 ] || die "hung rank: the job ended after ${took}s, before timeout_s = 3"
-grep -q '^\[rank 1\] LLMC_FAULT=hang:train_step_5: this process hangs' "$W/hang.err" ||
-    die "rank 1 did not hang at step 5: $(cat "$W/hang.err")"
-grep -qE '^\[rank [023]\] error: all_reduce on the dp group \([0-9]+ (float|double)s?\) did not complete within parallel\.timeout_s = 3 s; ending the job$' \
-    "$W/hang.err" || die "no message naming the stalled collective and the rank: $(cat "$W/hang.err")"
-grep -q 'step     4/50' "$W/hang.out" || die "the run did not get to step 4 before the hang"
-! grep -q 'step     6/50' "$W/hang.out" || die "the job went on after rank 1 hung"
-sleep 1
-left=$(ps -eo stat=,args= | awk -v w="$W/hung" 'index($0, w) && $1 !~ /^Z/' | grep -v awk || true)
-[ -z "$left" ] || die "processes left running: $left"
+# in the data-parallel collective end the job within seconds, not at the 120 s test timeout; under
+# ZeRO-0 they wait in a gradient all-reduce, under ZeRO-3 in the step-long units' reduce-scatter
+for zero in 0 3; do
+    want=all_reduce; [ $zero -eq 3 ] && want=reduce_scatter
+    start=$(date +%s.%N)
+    rc=0
+    LLMC_FAULT=hang:train_step_5 LLMC_FAULT_RANK=1 dp_run 4 "$W/c.json" train.steps=50 parallel.timeout_s=3 \
+        parallel.zero=$zero "out_dir=$W/hung$zero" > "$W/hang.out" 2> "$W/hang.err" || rc=$?
+    took=$(echo "$(date +%s.%N) - $start" | bc)
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] || die "hung rank (zero=$zero): expected a non-zero exit before the timeout, got $rc"
+    echo "rank 1 hung at step 5 (zero=$zero): job ended with exit $rc after ${took}s (parallel.timeout_s = 3)"
+    [ "$(echo "$took < 30" | bc)" -eq 1 ] || die "hung rank: the job took ${took}s to end (timeout_s = 3)"
+    [ "$(echo "$took > 3" | bc)" -eq 1 ] || die "hung rank: the job ended after ${took}s, before timeout_s = 3"
+    grep -q '^\[rank 1\] LLMC_FAULT=hang:train_step_5: this process hangs' "$W/hang.err" ||
+        die "rank 1 did not hang at step 5: $(cat "$W/hang.err")"
+    grep -qE "^\[rank [023]\] error: $want on the dp group \([0-9]+ (float|double)s?\) did not complete within parallel\.timeout_s = 3 s; ending the job\$" \
+        "$W/hang.err" || die "no message naming the stalled collective ($want) and the rank: $(cat "$W/hang.err")"
+    grep -q 'step     4/50' "$W/hang.out" || die "the run did not get to step 4 before the hang"
+    ! grep -q 'step     6/50' "$W/hang.out" || die "the job went on after rank 1 hung"
+    sleep 1
+    left=$(ps -eo stat=,args= | awk -v w="$W/hung$zero" 'index($0, w) && $1 !~ /^Z/' | grep -v awk || true)
+    [ -z "$left" ] || die "processes left running: $left"
+done
