@@ -15,7 +15,9 @@
 //
 // Memory layout of the local parameters: [wte, wpe] [chunk 0's layers] ... [lnf, (wte copy)],
 // each layer's tensors contiguous. Every ParamSpec maps its local elements to runs of the
-// whole tensor in llm.c's checkpoint order, so checkpoints stay layout-independent.
+// whole tensor in llm.c's checkpoint order, so checkpoints stay layout-independent. The same
+// order cut into units (the embedding, each layer, the head) is what ZeRO-2/3 move at once:
+// the model then reaches a tensor only while its unit is acquired from a ParamStore.
 //
 // Activations live in slots: a chunk keeps one set per micro-batch in flight (pipeline
 // schedules run several forwards before the matching backwards); the backward's scratch
