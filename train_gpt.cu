@@ -306,12 +306,7 @@ int train(Runtime& rt, int argc, char** argv) {
     } catch (const UserError& e) {
         setup_error = e.what();
     }
-    bool rank0_failed = false;
-    if (rt.any_failed(!setup_error.empty(), &rank0_failed)) {
-        if (!setup_error.empty() && (rt.is_main() || !rank0_failed))
-            std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), setup_error.c_str());
-        return 2;
-    }
+    if (rt.any_failed(setup_error)) return 2;
     if (print_config) {
         if (rt.is_main()) std::printf("%s\n", cfg.resolved.dump(2).c_str());
         return 0;
@@ -336,12 +331,7 @@ int train(Runtime& rt, int argc, char** argv) {
         } catch (const UserError& e) {
             fp8_error = e.what();
         }
-        bool rank0_failed = false;
-        if (rt.any_failed(!fp8_error.empty(), &rank0_failed)) {
-            if (!fp8_error.empty() && (rt.is_main() || !rank0_failed))
-                std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), fp8_error.c_str());
-            return 2;
-        }
+        if (rt.any_failed(fp8_error)) return 2;
     }
 
     // ---- model: this rank's chunks of layers and tensor-parallel slice ----

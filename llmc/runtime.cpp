@@ -47,10 +47,13 @@ void Runtime::barrier() const {
     if (mpi) MPI_Barrier(MPI_COMM_WORLD);
 }
 
-bool Runtime::any_failed(bool failed, bool* rank0_failed) const {
+bool Runtime::any_failed(const std::string& error) const {
+    const bool failed = !error.empty();
     int mine[2] = {failed ? 1 : 0, (failed && rank == 0) ? 1 : 0}, all[2] = {mine[0], mine[1]};
     if (mpi && world > 1) MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (rank0_failed) *rank0_failed = all[1] != 0;
+    const bool rank0_failed = all[1] != 0;
+    if (failed && (is_main() || !rank0_failed))
+        std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), error.c_str());
     return all[0] != 0;
 }
 

@@ -21,9 +21,10 @@ public:
     bool is_main() const { return rank == 0; }
     void barrier() const;
     // Start-up agreement: every rank calls it once with whether its own set-up failed. Returns
-    // true when any rank failed; *rank0_failed tells whether rank 0 did (so that an error every
-    // rank sees alike is printed once, by rank 0, and one only some ranks see by each of them).
-    bool any_failed(bool failed, bool* rank0_failed) const;
+    // Collective: true when any rank's error is non-empty. Prints "[rank r] error: <error>" to
+    // stderr so that an error every rank sees alike appears once, from rank 0 (when rank 0 has
+    // it, the others stay quiet), and one only some ranks see appears from each of them.
+    bool any_failed(const std::string& error) const;
     // Ends every process of the job with this exit code (MPI_Abort when distributed).
     [[noreturn]] void abort_job(int code) const;
 };
