@@ -158,19 +158,21 @@ void DataParallel::finish_grad_sync() {
 
 // ---- stages 2 and 3: the model's units ----
 
-void DataParallel::for_each_piece(int unit, const std::function<void(size_t, size_t, size_t)>& f) const {
+void DataParallel::for_each_piece(int unit,
+                                  const std::function<void(size_t, size_t, const std::vector<size_t>&)>& f) const {
     const ParamUnit& u = model_.units[size_t(unit)];
     for (size_t b = u.begin; b < u.end; b += bucket_elems_) {
         const size_t e = std::min(u.end, b + bucket_elems_);
-        f(b, e, shard_counts(b, e)[size_t(dp_rank())]);
+        f(b, e, shard_counts(b, e));
     }
 }
 
 void DataParallel::reduce_scatter_unit(int unit, Tensor grads) {
     const size_t ub = model_.units[size_t(unit)].begin;
-    for_each_piece(unit, [&](size_t b, size_t e, size_t mine) {
+    for_each_piece(unit, [&](size_t b, size_t e, const std::vector<size_t>& counts) {
+        const size_t mine = counts[size_t(dp_rank())];
         load(send_, grads.slice(b - ub, e - b));
-        comm_.reduce_scatter(send_.data(), recv_.data(), shard_counts(b, e));
+        comm_.reduce_scatter(send_.data(), recv_.data(), counts);
         // added to the shard: the micro-steps' sums add up
         if (mine > 0) accumulate(grad_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
     });
@@ -178,9 +180,10 @@ void DataParallel::reduce_scatter_unit(int unit, Tensor grads) {
 
 void DataParallel::gather_unit(int unit, Tensor dst) {
     const size_t ub = model_.units[size_t(unit)].begin;
-    for_each_piece(unit, [&](size_t b, size_t e, size_t mine) {
+    for_each_piece(unit, [&](size_t b, size_t e, const std::vector<size_t>& counts) {
+        const size_t mine = counts[size_t(dp_rank())];
         if (mine > 0) load(send_, param_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
-        comm_.all_gather(send_.data(), recv_.data(), shard_counts(b, e));
+        comm_.all_gather(send_.data(), recv_.data(), counts);
         store(dst.slice(b - ub, e - b), recv_);
     });
 }

@@ -164,8 +164,8 @@ private:
     // stages 2 and 3: one unit's gradient reduce-scattered and added to this rank's shard, and
     // one unit's parameters all-gathered from every shard, in pieces of bucket_elems_
     void reduce_scatter_unit(int unit, Tensor grads);
-    // f(begin, end, this rank's share) for each bucket-sized piece of a unit
-    void for_each_piece(int unit, const std::function<void(size_t, size_t, size_t)>& f) const;
+    // f(begin, end, every rank's share: shard_counts) for each bucket-sized piece of a unit
+    void for_each_piece(int unit, const std::function<void(size_t, size_t, const std::vector<size_t>&)>& f) const;
     void gather_unit(int unit, Tensor dst);
     void drop_prefetched();
     // every DP rank's share of [begin, end): its intersection with that rank's shard, in rank order
