@@ -2,90 +2,80 @@
 
 #include "llmc/common.h"
 
-std::vector<std::vector<int>> ProcessGrid::dp_groups() const {
-    std::vector<std::vector<int>> g;
-    for (int p = 0; p < pp; p++)
-        for (int t = 0; t < tp; t++) {
-            g.emplace_back();
-            for (int d = 0; d < dp; d++) g.back().push_back(world_rank_of(d, t, p));
-        }
-    return g;
+const char* axis_name(Axis a) {
+    static const char* names[kNumAxes] = {"pp", "dp", "cp", "tp"};
+    return names[int(a)];
 }
 
-std::vector<std::vector<int>> ProcessGrid::tp_groups() const {
-    std::vector<std::vector<int>> g;
-    for (int p = 0; p < pp; p++)
-        for (int d = 0; d < dp; d++) {
-            g.emplace_back();
-            for (int t = 0; t < tp; t++) g.back().push_back(world_rank_of(d, t, p));
-        }
-    return g;
-}
-
-std::vector<std::vector<int>> ProcessGrid::pp_groups() const {
-    std::vector<std::vector<int>> g;
-    for (int d = 0; d < dp; d++)
-        for (int t = 0; t < tp; t++) {
-            g.emplace_back();
-            for (int p = 0; p < pp; p++) g.back().push_back(world_rank_of(d, t, p));
-        }
-    return g;
-}
-
-std::vector<std::vector<int>> ProcessGrid::mp_groups() const {
-    std::vector<std::vector<int>> g;
-    for (int d = 0; d < dp; d++) {
-        g.emplace_back();
-        for (int p = 0; p < pp; p++)
-            for (int t = 0; t < tp; t++) g.back().push_back(world_rank_of(d, t, p));
+ProcessGrid::ProcessGrid(std::array<int, kNumAxes> sizes, int r) : rank(r), sizes_(sizes) {
+    world = 1;
+    for (int s : sizes) {
+        LLMC_ASSERT(s >= 1, "every axis of the grid has size >= 1");
+        world *= s;
     }
-    return g;
+    LLMC_ASSERT(r >= 0 && r < world, "rank outside the grid");
+    for (int a = kNumAxes - 1, rest = r; a >= 0; a--) {  // the last axis varies fastest
+        coords_[size_t(a)] = rest % sizes[size_t(a)];
+        rest /= sizes[size_t(a)];
+    }
+    pp = size(Axis::pp), dp = size(Axis::dp), cp = size(Axis::cp), tp = size(Axis::tp);
+    pp_rank = coord(Axis::pp), dp_rank = coord(Axis::dp), cp_rank = coord(Axis::cp), tp_rank = coord(Axis::tp);
+}
+
+int ProcessGrid::world_rank_of(std::array<int, kNumAxes> c) const {
+    int r = 0;
+    for (int a = 0; a < kNumAxes; a++) r = r * sizes_[size_t(a)] + c[size_t(a)];
+    return r;
+}
+
+std::vector<std::vector<int>> ProcessGrid::groups(const std::vector<Axis>& axes) const {
+    std::array<bool, kNumAxes> in{};
+    for (Axis a : axes) in[size_t(a)] = true;
+    // Walking the world ranks in order visits each group's members in mesh order; the group
+    // index is the rank's position along the other axes, which also orders the groups.
+    int n_groups = 1;
+    for (int a = 0; a < kNumAxes; a++)
+        if (!in[size_t(a)]) n_groups *= sizes_[size_t(a)];
+    std::vector<std::vector<int>> out(static_cast<size_t>(n_groups));
+    for (int r = 0; r < world; r++) {
+        int g = 0;
+        for (int a = 0, rest = r, div = world; a < kNumAxes; a++) {
+            div /= sizes_[size_t(a)];
+            const int c = rest / div;
+            rest %= div;
+            if (!in[size_t(a)]) g = g * sizes_[size_t(a)] + c;
+        }
+        out[size_t(g)].push_back(r);
+    }
+    return out;
 }
 
 std::vector<std::vector<int>> ProcessGrid::embed_groups() const {
-    std::vector<std::vector<int>> g;
-    for (int d = 0; d < dp; d++)
-        for (int t = 0; t < tp; t++) {
-            if (pp == 1) {
-                g.push_back({world_rank_of(d, t, 0)});
-                continue;
-            }
-            g.push_back({world_rank_of(d, t, 0), world_rank_of(d, t, pp - 1)});
-            for (int p = 1; p < pp - 1; p++) g.push_back({world_rank_of(d, t, p)});
-        }
-    return g;
+    std::vector<std::vector<int>> out;
+    for (const std::vector<int>& stages : groups({Axis::pp})) {
+        out.push_back({stages.front()});
+        if (stages.size() > 1) out.back().push_back(stages.back());
+        for (size_t p = 1; p + 1 < stages.size(); p++) out.push_back({stages[p]});
+    }
+    return out;
 }
 
 std::string ProcessGrid::describe() const {
-    return strfmt("dp %d x tp %d x pp %d", dp, tp, pp);
+    return strfmt("dp %d x %stp %d x pp %d", dp, cp > 1 ? strfmt("cp %d x ", cp).c_str() : "", tp, pp);
 }
 
 ProcessGrid make_process_grid(const ParallelConfig& pc, int world, int rank) {
-    ProcessGrid g;
-    g.world = world;
-    g.rank = rank;
-    g.tp = pc.tp;
-    g.pp = pc.pp;
-    const int model_ranks = g.tp * g.pp;
-    if (pc.dp == 0) {  // auto
-        if (world % model_ranks != 0)
-            throw UserError(strfmt("parallel.dp: \"auto\" needs the world size (%d processes) to be a multiple of "
-                                   "parallel.tp * parallel.pp = %d",
-                                   world, model_ranks));
-        g.dp = world / model_ranks;
-    } else {
-        g.dp = pc.dp;
-    }
-    if (g.dp * model_ranks != world)
+    const int tp = pc.tp, pp = pc.pp, model_ranks = tp * pp;
+    if (pc.dp == 0 && world % model_ranks != 0)  // auto
+        throw UserError(strfmt("parallel.dp: \"auto\" needs the world size (%d processes) to be a multiple of "
+                               "parallel.tp * parallel.pp = %d",
+                               world, model_ranks));
+    const int dp = pc.dp == 0 ? world / model_ranks : pc.dp;
+    if (dp * model_ranks != world)
         throw UserError(strfmt("parallel.dp * parallel.tp * parallel.pp = %d x %d x %d = %d, but the job has %d "
                                "process%s (launch with mpirun -np %d, or set parallel.dp=\"auto\")",
-                               g.dp, g.tp, g.pp, g.dp * model_ranks, world, world == 1 ? "" : "es",
-                               g.dp * model_ranks));
-    g.tp_rank = rank % g.tp;
-    g.dp_rank = (rank / g.tp) % g.dp;
-    g.pp_rank = rank / (g.tp * g.dp);
-    LLMC_ASSERT(g.world_rank_of(g.dp_rank, g.tp_rank, g.pp_rank) == rank, "grid coordinates do not invert");
-    return g;
+                               dp, tp, pp, dp * model_ranks, world, world == 1 ? "" : "es", dp * model_ranks));
+    return ProcessGrid({{pp, dp, 1, tp}}, rank);
 }
 
 ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& comm_kind, double timeout_s,
@@ -113,13 +103,13 @@ ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& co
     std::vector<int> all;
     for (int r = 0; r < grid.world; r++) all.push_back(r);
     pg.world = make({all}, "world");
-    pg.dp = make(grid.dp_groups(), "dp");
+    pg.dp = make(grid.groups({Axis::dp}), "dp");
     // The model-parallel groups stay on MPI (host buffers) under NCCL too: tensor and pipeline
     // parallelism (llmc/tensor_parallel.cpp, llmc/pipeline.cpp) stage their tensors through the
     // host, and the checkpoint assembly and the gradient norm use host buffers.
-    pg.tp = make_mpi_comm(grid.tp_groups(), grid.rank, "tp", timeout_s);
-    pg.pp = make_mpi_comm(grid.pp_groups(), grid.rank, "pp", timeout_s);
-    pg.mp = make_mpi_comm(grid.mp_groups(), grid.rank, "mp", timeout_s);
+    pg.tp = make_mpi_comm(grid.groups({Axis::tp}), grid.rank, "tp", timeout_s);
+    pg.pp = make_mpi_comm(grid.groups({Axis::pp}), grid.rank, "pp", timeout_s);
+    pg.mp = make_mpi_comm(grid.groups({Axis::pp, Axis::tp}), grid.rank, "mp", timeout_s);
     pg.embed = make_mpi_comm(grid.embed_groups(), grid.rank, "embed", timeout_s);
     return pg;
 }

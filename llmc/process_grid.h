@@ -1,9 +1,13 @@
-// The process grid: world = dp x tp x pp, Megatron's order. tp varies fastest (a TP group is
-// tp consecutive world ranks, so it sits inside a node), then dp, then pp:
-//   world_rank = (pp_rank * dp + dp_rank) * tp + tp_rank
-// Each rank belongs to one group of each kind; a group is the ranks that differ only in that
-// coordinate. The groups' communicators live in ProcessGroups.
+// The process grid: a mesh of named axes, slowest to fastest pp, dp, cp, tp (Megatron's order:
+// a TP group is tp consecutive world ranks, so it sits inside a node):
+//   world_rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
+// Any group is a slice of axes: the ranks that differ only in those coordinates. dp is the
+// data-parallel axis, tp tensor (and sequence) parallelism, pp the pipeline stages, cp context
+// parallelism (size 1 until it is built). Expert parallelism will split the dp axis (ep
+// divides dp), so it needs no axis of its own here.
+// The groups' communicators live in ProcessGroups.
 #pragma once
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,29 +15,42 @@
 #include "llmc/comm.h"
 #include "llmc/config.h"
 
-struct ProcessGrid {
-    int world = 1, rank = 0;
-    int dp = 1, tp = 1, pp = 1;
-    int dp_rank = 0, tp_rank = 0, pp_rank = 0;
+enum class Axis { pp, dp, cp, tp };
+constexpr int kNumAxes = 4;
+const char* axis_name(Axis a);
 
-    int world_rank_of(int dp_r, int tp_r, int pp_r) const { return (pp_r * dp + dp_r) * tp + tp_r; }
-    // Every group of one kind (a partition of the world ranks), each in group-rank order.
-    std::vector<std::vector<int>> dp_groups() const;
-    std::vector<std::vector<int>> tp_groups() const;
-    std::vector<std::vector<int>> pp_groups() const;
-    // Model-parallel groups: the tp x pp ranks of one DP coordinate (one copy of the model), by world rank.
-    std::vector<std::vector<int>> mp_groups() const;
-    // The tied embedding's groups: the first and the last stage of each (dp, tp) pipeline; the
-    // middle stages are groups of one.
+struct ProcessGrid {
+    // One process: every axis of size 1.
+    ProcessGrid() = default;
+    // sizes in axis order (pp, dp, cp, tp); rank: this process's world rank
+    ProcessGrid(std::array<int, kNumAxes> sizes, int rank);
+
+    int world = 1, rank = 0;
+    // This rank's sizes and coordinates by name, set by the constructor (read-only by convention).
+    int pp = 1, dp = 1, cp = 1, tp = 1;
+    int pp_rank = 0, dp_rank = 0, cp_rank = 0, tp_rank = 0;
+
+    int size(Axis a) const { return sizes_[size_t(a)]; }
+    int coord(Axis a) const { return coords_[size_t(a)]; }
+    int world_rank_of(std::array<int, kNumAxes> coords) const;
+    // Every group spanning `axes` (a partition of the world ranks). Within a group ranks follow
+    // mesh order (the slower axis first); the groups follow mesh order of the other axes.
+    std::vector<std::vector<int>> groups(const std::vector<Axis>& axes) const;
+    // The tied embedding's groups: the first and the last stage of each pipeline (a slice of
+    // pp); the middle stages are groups of one.
     std::vector<std::vector<int>> embed_groups() const;
-    std::string describe() const;  // "dp 4 x tp 1 x pp 1 (rank 3 = dp 3, tp 0, pp 0)"
+    std::string describe() const;  // "dp 4 x tp 1 x pp 1" (cp named when > 1)
+
+private:
+    std::array<int, kNumAxes> sizes_{{1, 1, 1, 1}}, coords_{{0, 0, 0, 0}};
 };
 
 // Resolves parallel.dp ("auto" = world / (tp * pp)) and checks the layout against the world
 // size. Throws UserError (the same one on every rank) when they disagree.
 ProcessGrid make_process_grid(const ParallelConfig& pc, int world, int rank);
 
-// One communicator per group kind this rank belongs to, plus the world.
+// One communicator per group kind this rank belongs to, plus the world. mp: the model-parallel
+// group (the pp x tp ranks that hold one copy of the model).
 struct ProcessGroups {
     std::unique_ptr<Comm> world, dp, tp, pp, mp, embed;
 };

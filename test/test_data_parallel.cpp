@@ -8,21 +8,41 @@
 #include "llmc/optimizer.h"
 #include "llmc/process_grid.h"
 
-TEST_CASE("process grid: Megatron order, tp fastest, then dp, then pp", "[grid]") {
-    // the layout is computed for tp/pp > 1 even though make_process_grid refuses them for now
-    ProcessGrid g;
-    g.world = 8, g.dp = 2, g.tp = 2, g.pp = 2;
-    CHECK(g.world_rank_of(0, 1, 0) == 1);
-    CHECK(g.world_rank_of(1, 0, 0) == 2);
-    CHECK(g.world_rank_of(0, 0, 1) == 4);
-    CHECK(g.tp_groups() == std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
-    CHECK(g.dp_groups() == std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
-    CHECK(g.pp_groups() == std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
-    CHECK(g.mp_groups() == std::vector<std::vector<int>>{{0, 1, 4, 5}, {2, 3, 6, 7}});
+TEST_CASE("process grid: Megatron order, tp fastest, then cp, dp, pp", "[grid]") {
+    ProcessGrid g({{2, 2, 1, 2}}, 5);  // pp 2 x dp 2 x cp 1 x tp 2, rank 5 = pp 1, dp 0, tp 1
+    CHECK(g.world == 8);
+    CHECK((g.pp_rank == 1 && g.dp_rank == 0 && g.cp_rank == 0 && g.tp_rank == 1));
+    CHECK(g.world_rank_of({{0, 0, 0, 1}}) == 1);
+    CHECK(g.world_rank_of({{0, 1, 0, 0}}) == 2);
+    CHECK(g.world_rank_of({{1, 0, 0, 0}}) == 4);
+    CHECK(g.groups({Axis::tp}) == std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}});
+    CHECK(g.groups({Axis::dp}) == std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}});
+    CHECK(g.groups({Axis::pp}) == std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
+    CHECK(g.groups({Axis::pp, Axis::tp}) == std::vector<std::vector<int>>{{0, 1, 4, 5}, {2, 3, 6, 7}});
+    CHECK(g.groups({Axis::pp, Axis::dp, Axis::cp, Axis::tp}) == std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5, 6, 7}});
+    CHECK(g.groups({}) == std::vector<std::vector<int>>{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}});
     CHECK(g.embed_groups() == std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}});
-    g.pp = 3;  // middle stages sit alone in their embedding group
-    g.dp = 1;
-    CHECK(g.embed_groups() == std::vector<std::vector<int>>{{0, 4}, {2}, {1, 5}, {3}});
+    ProcessGrid g3({{3, 1, 1, 2}}, 0);  // middle stages sit alone in their embedding group
+    CHECK(g3.embed_groups() == std::vector<std::vector<int>>{{0, 4}, {2}, {1, 5}, {3}});
+}
+
+TEST_CASE("process grid: a context-parallel axis sits between dp and tp", "[grid]") {
+    // pp 2 x dp 2 x cp 2 x tp 2 = 16 ranks; rank 13 = 0b1101 = pp 1, dp 1, cp 0, tp 1
+    ProcessGrid g({{2, 2, 2, 2}}, 13);
+    CHECK((g.pp_rank == 1 && g.dp_rank == 1 && g.cp_rank == 0 && g.tp_rank == 1));
+    CHECK(g.groups({Axis::cp})[0] == std::vector<int>{0, 2});
+    CHECK(g.groups({Axis::dp})[0] == std::vector<int>{0, 4});
+    CHECK(g.groups({Axis::dp, Axis::cp})[1] == std::vector<int>{1, 3, 5, 7});  // gradients reduce over dp x cp
+    CHECK(g.groups({Axis::tp}).size() == 8);
+    for (const auto& group : g.groups({Axis::pp, Axis::tp})) CHECK(group.size() == 4);
+    CHECK(g.describe() == "dp 2 x cp 2 x tp 2 x pp 2");
+    // every partition covers each rank once
+    for (auto axes : {std::vector<Axis>{Axis::dp}, {Axis::cp, Axis::tp}, {Axis::pp, Axis::cp}}) {
+        std::vector<int> seen(16, 0);
+        for (const auto& group : g.groups(axes))
+            for (int r : group) seen[size_t(r)]++;
+        CHECK(seen == std::vector<int>(16, 1));
+    }
 }
 
 TEST_CASE("process grid: dp auto and mismatches are user errors", "[grid]") {
@@ -30,7 +50,7 @@ TEST_CASE("process grid: dp auto and mismatches are user errors", "[grid]") {
     ProcessGrid g = make_process_grid(pc, 4, 3);
     CHECK(g.dp == 4);
     CHECK(g.dp_rank == 3);
-    CHECK(g.dp_groups() == std::vector<std::vector<int>>{{0, 1, 2, 3}});
+    CHECK(g.groups({Axis::dp}) == std::vector<std::vector<int>>{{0, 1, 2, 3}});
     pc.dp = 2;
     CHECK_THROWS_WITH(make_process_grid(pc, 3, 0), Catch::Contains("3 processes"));
     pc.dp = 0;
