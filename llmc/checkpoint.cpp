@@ -108,7 +108,7 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
     if (::mkdir(tmp_dir.c_str(), 0755) != 0)
         throw UserError(strfmt("checkpoint.dir: cannot create %s: %s", tmp_dir.c_str(), std::strerror(errno)));
     try {
-        const size_t num_params = gpt2_num_params(shape);
+        const size_t num_params = ::num_params(shape);
         LLMC_ASSERT(whole.params.size() == num_params && whole.m.size() == num_params && whole.v.size() == num_params &&
                         (whole.master.empty() || whole.master.size() == num_params),
                     "checkpoint_save: the whole state has the wrong size");
@@ -195,7 +195,7 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     }
     // the model: shape must agree with the config
     std::vector<float> params = model_file_read(model_path, &shape);
-    const size_t num_params = gpt2_num_params(shape);
+    const size_t num_params = ::num_params(shape);
     if (file_checksum(model_path) != meta.value("model_checksum", uint64_t(0)))
         throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", model_path.c_str()));
     if (meta.value("num_params", size_t(0)) != num_params)

@@ -33,9 +33,9 @@ struct OptimizerState {
     std::vector<float> m, v, master;
 };
 
-// The whole model's training state in llm.c tensor order (gpt2_num_params elements each):
+// The whole model's training state in llm.c tensor order (num_params elements each):
 // what a checkpoint holds, independent of the layout that wrote it. Assembled from the ranks'
-// pieces by llmc/layout.h; every layout takes its pieces with GPT2::from_llmc_order.
+// pieces by llmc/layout.h; every layout takes its pieces with Model::from_file_order.
 struct WholeState {
     std::vector<float> params, m, v, master;  // master empty when the run keeps no master weights
     // Fp8State::save() of a precision "fp8" run, empty otherwise. After each step's amax

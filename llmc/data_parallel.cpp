@@ -27,7 +27,7 @@ Tensor DataParallel::alloc(size_t n) {
     return Tensor(p, n, model_.dtype);
 }
 
-DataParallel::DataParallel(GPT2& model, Comm& dp, int zero, double bucket_mb, bool host_staging)
+DataParallel::DataParallel(Model& model, Comm& dp, int zero, double bucket_mb, bool host_staging)
     : model_(model), comm_(dp), zero_(zero) {
     LLMC_ASSERT(zero >= 0 && zero <= 3, "ZeRO stage outside 0..3");
     LLMC_ASSERT(model.padded_params % pad_multiple(dp.size()) == 0, "model not padded for this dp");

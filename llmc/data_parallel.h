@@ -26,7 +26,7 @@
 //            the current one is taken (prefetch), and freed after use. AdamW updates the shard
 //            in place; nothing is gathered after the update.
 // Stages 0 and 1 launch their buckets from the backward of the last micro-step, as soon as the
-// model reports (GPT2::backward's grads_ready) that every gradient in them is final; no
+// model reports (Model::backward's grads_ready) that every gradient in them is final; no
 // communication happens in the earlier micro-steps. Over MPI the calls are blocking, so on
 // the CPU this orders the work like an overlapped run without overlapping it (the same holds
 // for stage 3's prefetch); on CUDA these hooks are where a communication stream would take over.
@@ -75,9 +75,9 @@ MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype
 class DataParallel : public ParamStore {
 public:
     static constexpr size_t kShardAlign = 128;  // shard starts stay 512-byte aligned for vector kernels
-    // Elements the model's flat buffer must be a multiple of (GPT2's pad_multiple).
+    // Elements the model's flat buffer must be a multiple of (the Model's pad_multiple).
     static size_t pad_multiple(int dp) { return size_t(dp) * kShardAlign; }
-    // The buffers a model must be built with for a ZeRO stage (GPT2's storage).
+    // The buffers a model must be built with for a ZeRO stage (the Model's storage).
     static ModelStorage storage(int zero) {
         return zero >= 3 ? ModelStorage::Sharded : zero == 2 ? ModelStorage::ShardedGrads : ModelStorage::Full;
     }
@@ -89,7 +89,7 @@ public:
     // backend tensors and the collectives run on them; otherwise (MPI with CUDA: several ranks
     // may share a GPU) they are host arrays and every bucket is copied through the host.
     // host_staging forces the second way (tests compare the two).
-    DataParallel(GPT2& model, Comm& dp, int zero, double bucket_mb, bool host_staging = false);
+    DataParallel(Model& model, Comm& dp, int zero, double bucket_mb, bool host_staging = false);
     ~DataParallel() override;
     DataParallel(const DataParallel&) = delete;
     DataParallel& operator=(const DataParallel&) = delete;
@@ -173,7 +173,7 @@ private:
     // The whole buffer on DP rank 0 (empty elsewhere) from every rank's shard (shard_ elements). Collective.
     std::vector<float> gather_shards(const float* shard);
 
-    GPT2& model_;
+    Model& model_;
     Comm& comm_;
     int zero_;
     size_t shard_;         // elements per DP rank

@@ -4,6 +4,25 @@
 
 #include "llmc/pipeline_schedule.h"
 
+ModelShape model_shape(const ModelConfig& m) {
+    ModelShape s;
+    s.n_layer = m.n_layer;
+    s.n_head = m.n_head;
+    s.d_model = m.d_model;
+    s.vocab_size = m.vocab_size;
+    s.padded_vocab = m.padded_vocab();
+    s.max_seq_len = m.max_seq_len;
+    if (m.arch == "llama") {
+        s.arch = Arch::Llama;
+        s.n_kv_head = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+        s.ffn_dim = m.ffn_dim > 0 ? m.ffn_dim : (8 * m.d_model / 3 + 255) / 256 * 256;
+        s.rope_theta = float(m.rope_theta);
+        s.norm_eps = float(m.norm_eps);
+        s.tie_embeddings = m.tie_embeddings;
+    }
+    return s;
+}
+
 ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank) {
     ModelLayout L;
     L.tp = pc.tp;
@@ -28,7 +47,7 @@ std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig&
     for (int i = 0; i < members; i++) {
         layouts.push_back(model_layout(shape, pc, i % pc.tp, i / pc.tp));
         size_t n = 0;
-        tables.push_back(gpt2_param_table(shape, layouts.back(), &n));
+        tables.push_back(param_table(shape, layouts.back(), &n));
         counts.push_back((n + pad_multiple - 1) / pad_multiple * pad_multiple);
     }
     LLMC_ASSERT(local.size() == counts[size_t(mp.rank())], "assemble_whole: local buffer of the wrong size");
@@ -40,7 +59,7 @@ std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig&
     }
     mp.gather(local.data(), mp.rank() == 0 ? all.data() : nullptr, counts, 0);
     if (mp.rank() != 0) return {};
-    std::vector<float> whole(gpt2_num_params(shape));
+    std::vector<float> whole(num_params(shape));
     std::vector<char> seen(whole.size(), 0);
     size_t base = 0;
     for (int i = 0; i < members; i++) {

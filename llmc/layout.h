@@ -12,12 +12,15 @@
 #include "llmc/config.h"
 #include "llmc/model.h"
 
+// The model's shape from its config keys (the family's defaults filled in; padded vocabulary).
+ModelShape model_shape(const ModelConfig& m);
+
 // The part of the model the rank at (tp_rank, pp_rank) holds under this parallel config.
 ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank);
 
 // Collective over the mp group: every member passes its host copy of a model-sized buffer in its
-// own memory order (GPT2::padded_params elements, built with pad_multiple); member 0 gets the whole
-// model in llm.c order (gpt2_num_params elements), the others an empty vector. Only primary
+// own memory order (Model::padded_params elements, built with pad_multiple); member 0 gets the whole
+// model in llm.c order (num_params elements), the others an empty vector. Only primary
 // copies are taken (replicas of TP-replicated tensors and the tied head copy are skipped).
 std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple,
                                   const std::vector<float>& local, Comm& mp);

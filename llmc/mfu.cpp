@@ -5,7 +5,7 @@
 
 double flops_per_token(const ModelShape& s, int seq_len) {
     const double C = s.d_model, L = s.n_layer;
-    const double n = double(gpt2_num_params(s)) - double(s.padded_vocab - s.vocab_size) * C;
+    const double n = double(num_params_unpadded(s));  // the vocabulary padding does no useful work
     return 6.0 * n + 12.0 * L * C * seq_len;
 }
 

@@ -31,79 +31,10 @@
 #include <vector>
 
 #include "llmc/ops.h"
+#include "llmc/param_table.h"
 #include "llmc/tensor.h"
 
 class TensorParallel;
-
-struct ModelShape {
-    int n_layer = 0, n_head = 0, d_model = 0, vocab_size = 0, padded_vocab = 0, max_seq_len = 0;
-    bool operator==(const ModelShape& o) const {
-        return n_layer == o.n_layer && n_head == o.n_head && d_model == o.d_model && vocab_size == o.vocab_size &&
-               padded_vocab == o.padded_vocab && max_seq_len == o.max_seq_len;
-    }
-};
-
-// The 16 parameter kinds of GPT-2, in llm.c checkpoint order.
-enum ParamKind { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB,
-                 NUM_PARAM_KINDS };
-
-// Which part of the model one process holds.
-struct ModelLayout {
-    int tp = 1, tp_rank = 0;
-    bool sequence_parallel = false;
-    std::vector<std::pair<int, int>> chunks;  // [begin, end) layers of each chunk, in order; empty = all, one chunk
-    bool first = true;  // holds the embedding (runs the pipeline's first chunk as its chunk 0)
-    bool last = true;   // holds the final LayerNorm and the head (runs the pipeline's last chunk as its last)
-};
-
-struct ParamSpec {
-    std::string name;  // e.g. "h.3.qkvw", "wte"
-    ParamKind kind;
-    int layer;      // -1 for wte/wpe/lnf
-    size_t offset;  // element offset in the local parameter (and gradient) buffer
-    size_t numel;   // local elements
-    bool decay;     // weight decay applies (the 2-D weights)
-    // This copy is the one that counts: checkpoints are assembled from it and the gradient
-    // norm sums it. False for replicated tensors on tp_rank > 0 and the last stage's copy of wte.
-    bool primary;
-    bool tp_replicated;  // every TP rank holds the whole tensor
-    bool tied_copy;      // the last stage's copy of wte (the LM head)
-    // Where the local elements sit in the whole tensor: rows `rows` (ranges, in local order) x
-    // columns [col_begin, col_end) of a row-major [.., cols] tensor at llmc_offset in llm.c order.
-    size_t llmc_offset;
-    size_t cols;
-    std::vector<std::pair<size_t, size_t>> rows;
-    size_t col_begin, col_end;
-};
-
-// Calls f(local element offset within the tensor, llm.c element offset, count) for every
-// contiguous run of p's local elements.
-template <class F>
-void for_each_run(const ParamSpec& p, F f) {
-    const size_t w = p.col_end - p.col_begin;
-    size_t local = 0;
-    for (const auto& r : p.rows) {
-        if (w == p.cols) {  // whole rows: one run per range
-            f(local, p.llmc_offset + r.first * p.cols, (r.second - r.first) * w);
-            local += (r.second - r.first) * w;
-            continue;
-        }
-        for (size_t row = r.first; row < r.second; row++, local += w) f(local, p.llmc_offset + row * p.cols + p.col_begin, w);
-    }
-}
-
-size_t gpt2_num_params(const ModelShape& s);  // including the padded vocab rows
-// The parameter table of one layout (memory order) and its element count (unpadded).
-std::vector<ParamSpec> gpt2_param_table(const ModelShape& s, const ModelLayout& layout, size_t* num_local);
-// A contiguous range of the flat buffer that ZeRO-3 gathers, and ZeRO-2/3 reduce-scatter, as
-// one: the embedding (wte, wpe), each layer, the head (lnf and the last stage's copy of wte).
-// The padding at the end of the buffer belongs to the last unit.
-struct ParamUnit {
-    enum Kind { Embedding, Layer, Head } kind;
-    size_t begin, end;  // elements of the flat buffer
-    int layer;          // Layer units; -1 otherwise
-    size_t numel() const { return end - begin; }
-};
 
 // Which of the flat buffers the model allocates whole. The others live in a ParamStore (ZeRO:
 // llmc/data_parallel.h) that hands the model one unit at a time.
@@ -127,21 +58,17 @@ public:
     virtual void zero_grads() = 0;  // start of an optimizer step
 };
 
-// Checks that a layout can split this shape; throws UserError naming the config key.
-// T: the sequence length (sequence parallelism splits each sequence's tokens evenly).
-void check_model_layout(const ModelShape& s, const ModelLayout& layout, int T);
-
-class GPT2 {
+class Model {
 public:
     // pad_multiple: the parameter and gradient buffers hold the local parameters rounded up to a
     // multiple of it (zeros that belong to no tensor), so that ZeRO shards divide them evenly.
     // slots: activation sets per chunk (micro-batches in flight). tp: the TP group (null = tp 1).
-    GPT2(const ModelShape& shape, Ops& ops, DType dtype, int B, int T, size_t pad_multiple = 1,
-         const ModelLayout& layout = ModelLayout(), TensorParallel* tp = nullptr, std::vector<int> slots = {},
-         ModelStorage storage = ModelStorage::Full);
-    ~GPT2();
-    GPT2(const GPT2&) = delete;
-    GPT2& operator=(const GPT2&) = delete;
+    Model(const ModelShape& shape, Ops& ops, DType dtype, int B, int T, size_t pad_multiple = 1,
+          const ModelLayout& layout = ModelLayout(), TensorParallel* tp = nullptr, std::vector<int> slots = {},
+          ModelStorage storage = ModelStorage::Full);
+    ~Model();
+    Model(const Model&) = delete;
+    Model& operator=(const Model&) = delete;
 
     const ModelShape shape;
     Ops& ops;
@@ -152,7 +79,7 @@ public:
     std::vector<ParamSpec> params;  // memory order
     size_t num_params = 0;     // local elements of the real tensors
     size_t padded_params = 0;  // elements of param_buf and grad_buf (num_params + zero padding)
-    size_t total_params = 0;   // elements of the whole model (gpt2_num_params)
+    size_t total_params = 0;   // elements of the whole model (num_params)
     Tensor param_buf;  // one allocation; empty with ModelStorage::Sharded
     Tensor grad_buf;   // one allocation; empty unless ModelStorage::Full
     std::vector<ParamUnit> units;  // memory order, covering [0, padded_params)
@@ -162,15 +89,20 @@ public:
     size_t activation_bytes = 0;
     size_t activation_bytes_without_sp() const;  // the same layout's activations without sequence parallelism
 
-    bool holds(ParamKind k, int layer = -1) const;
-    const ParamSpec& spec(ParamKind k, int layer = -1) const;
-    // The wte this rank holds: the embedding's, else (a last stage without the embedding) the
-    // head's tied copy. The LM head uses it, and the pipeline keeps the two copies in sync.
-    const ParamSpec& wte_spec() const;
+    bool holds(Role r, int layer = -1) const;
+    const ParamSpec& spec(Role r, int layer = -1) const;
+    // The LM head's weight on a last stage: the untied head, else the token embedding this rank
+    // holds (the embedding's, or on a last stage without it the tied copy, which the pipeline
+    // keeps in sync with the first stage's).
+    const ParamSpec& head_weight_spec() const;
+    bool tied_head() const { return shape.tie_embeddings; }
     // A tensor's parameters and gradients. With a ParamStore they exist while their unit is
     // acquired (forward_chunk and backward_chunk acquire what they use); with ModelStorage::Full always.
-    Tensor param(ParamKind k, int layer = -1) const;
-    Tensor grad(ParamKind k, int layer = -1) const;
+    Tensor param(Role r, int layer = -1) const;
+    Tensor grad(Role r, int layer = -1) const;
+    // Adjacent tensors first..last of a layer as one (Llama's q, k, v and gate, up: one fused linear).
+    Tensor param_span(Role first, Role last, int layer) const;
+    Tensor grad_span(Role first, Role last, int layer) const;
     Tensor param_of(const ParamSpec& p) const;
     Tensor grad_of(const ParamSpec& p) const;
     void acquire_params(int unit) { acquire_unit(unit, false); }
@@ -185,15 +117,14 @@ public:
     void load_params_mem(const float* mem);
 
     // Host fp32 arrays: this rank's memory order (padded_params elements) <-> the whole model
-    // in llm.c order (total_params). from_llmc_order picks this rank's pieces of a whole model;
-    // to_llmc_order needs a layout that holds everything (one process).
-    std::vector<float> from_llmc_order(const float* llmc) const;
-    std::vector<float> to_llmc_order(const std::vector<float>& mem) const;
-    void set_params_llmc(const float* host);  // whole model, llm.c order
-    void get_params_llmc(float* host) const;  // one-process layouts, ModelStorage::Full only
-    void get_grads_llmc(float* host) const;   // one-process layouts, ModelStorage::Full only
-    // N(0, 0.02); residual projections N(0, 0.02/sqrt(2L)); biases 0; LN weights 1; padded rows 0.
-    // Every layout draws the same whole model.
+    // in file order (total_params; llm.c's order for GPT-2). from_file_order picks this rank's
+    // pieces of a whole model; to_file_order needs a layout that holds everything (one process).
+    std::vector<float> from_file_order(const float* whole) const;
+    std::vector<float> to_file_order(const std::vector<float>& mem) const;
+    void set_params_whole(const float* host);  // whole model, file order
+    void get_params_whole(float* host) const;  // one-process layouts, ModelStorage::Full only
+    void get_grads_whole(float* host) const;   // one-process layouts, ModelStorage::Full only
+    // Each tensor as its declaration says (llmc/families.cpp); every layout draws the same whole model.
     void init_random(uint64_t seed);
 
     void zero_grads();
@@ -244,6 +175,17 @@ public:
     }
 
 private:
+    // What distinguishes a family's block (llmc/model.cpp's layer_forward), from the shape's arch.
+    struct Block {
+        bool layernorm;          // LayerNorm with bias (else RMSNorm)
+        bool biases;             // the linears have biases
+        bool learned_positions;  // a position embedding table (else rotary positions on q and k)
+        bool rope;
+        bool swiglu;             // SiLU-gated MLP over fused [gate | up] (else GELU)
+        Role qkv_first, qkv_last;  // the QKV projection: one fused tensor or adjacent q, k, v
+    };
+    static Block block_of(Arch a);
+    const Block block_;
     struct LayerActs;
     struct SlotActs;
     struct Scratch;
@@ -263,7 +205,7 @@ private:
     void acquire_unit(int unit, bool grads);
     void release_unit(int unit, bool grads);
     std::unique_ptr<TensorParallel> own_tp_;  // a group of one when no TP group is given
-    std::vector<int> lookup_;  // (kind, layer + 1) -> index into params, -1 when not held
+    std::vector<int> lookup_;  // (role, layer + 1) -> index into params, -1 when not held
     std::vector<Chunk> chunks_;
     Scratch* scratch_ = nullptr;
     void* act_mem_ = nullptr;
@@ -282,4 +224,9 @@ private:
                          Tensor pre_gelu, int N, int IC, int OC);
     float head_forward(SlotActs& s, Tensor res, const int32_t* targets, int b, int t, float dloss);
     void head_backward(SlotActs& s, Tensor res, int b, int t);
+    // The family's norm (LayerNorm with bias, or RMSNorm), and its backward with sequence
+    // parallelism's reduction of the weight gradients over TP.
+    void norm_forward(Tensor out, float* mean, float* rstd, Tensor inp, Role w, int layer, int n);
+    void norm_backward(Tensor dinp, Tensor dout, Tensor inp, Role w, int layer, const float* mean, const float* rstd,
+                       int n);
 };

@@ -95,6 +95,36 @@ public:
     virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B,
                                     int T, int NH, int HS) = 0;
 
+    // ---- Llama ops (interface placeholder until the backends implement them) ----
+    virtual void rmsnorm_forward(Tensor out, float* rstd, Tensor inp, Tensor w, int N, int C, float eps) {
+        throw UserError("rmsnorm: not implemented on the " + name() + " backend");
+    }
+    virtual void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, const float* rstd, int N,
+                                  int C) {
+        throw UserError("rmsnorm: not implemented on the " + name() + " backend");
+    }
+    virtual void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta) {
+        throw UserError("rope: not implemented on the " + name() + " backend");
+    }
+    virtual void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta) {
+        throw UserError("rope: not implemented on the " + name() + " backend");
+    }
+    virtual void swiglu_forward(Tensor out, Tensor inp, int N, int F) {
+        throw UserError("swiglu: not implemented on the " + name() + " backend");
+    }
+    virtual void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, int N, int F) {
+        throw UserError("swiglu: not implemented on the " + name() + " backend");
+    }
+    void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int NKV, int HS) {
+        LLMC_ASSERT(NKV == NH, "grouped-query attention not implemented");
+        attention_forward(out, lse, qkv, B, T, NH, HS);
+    }
+    void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B, int T, int NH,
+                            int NKV, int HS) {
+        LLMC_ASSERT(NKV == NH, "grouped-query attention not implemented");
+        attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS);
+    }
+
     // ---- classifier ----
     // logits [N, Vp] with the real vocabulary in columns [0, V). For every row:
     // losses[i] = logsumexp(logits[i, :V]) - logits[i, targets[i]]  (fp32).
@@ -171,6 +201,8 @@ public:
 };
 
 std::unique_ptr<Ops> make_cpu_ops();
-// Defined in the CUDA backend; throws UserError when no CUDA device is usable.
+// Defined in the CUDA backend; throws UserError when no CUDA device is usable. Binaries built
+// without it (make CUDA=0) get llmc/backends.cpp's: no device.
 std::unique_ptr<Ops> make_cuda_ops(int device_index);
 bool cuda_device_available();
+int cuda_device_count();  // 0 when the query fails

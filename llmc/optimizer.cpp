@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-AdamW::AdamW(GPT2& model, size_t begin, size_t end, Tensor params, Tensor grads)
+AdamW::AdamW(Model& model, size_t begin, size_t end, Tensor params, Tensor grads)
     : model_(model), begin_(begin), end_(end), params_(params), grads_(grads) {
     LLMC_ASSERT(begin <= end && end <= model.padded_params, "optimizer range outside the parameter buffer");
     LLMC_ASSERT(params.n == end - begin && grads.n == end - begin && params.dtype == model.dtype,

@@ -20,7 +20,7 @@ struct AdamWHyper {
 class AdamW {
 public:
     // params, grads: the range's parameters and gradients (end - begin elements each).
-    AdamW(GPT2& model, size_t begin, size_t end, Tensor params, Tensor grads);
+    AdamW(Model& model, size_t begin, size_t end, Tensor params, Tensor grads);
     ~AdamW();
     AdamW(const AdamW&) = delete;
     AdamW& operator=(const AdamW&) = delete;
@@ -40,7 +40,7 @@ public:
     void sync_master_from_params();
 
 private:
-    GPT2& model_;
+    Model& model_;
     size_t begin_, end_;
     Tensor params_, grads_;
     float* m_ = nullptr;

@@ -15,7 +15,7 @@ std::vector<int> pipeline_slots(const std::vector<PpAction>& actions, int virtua
     return peak;
 }
 
-PipelineEngine::PipelineEngine(GPT2& model, Comm* pp, Comm* embed, PpSchedule schedule, int micro_batches,
+PipelineEngine::PipelineEngine(Model& model, Comm* pp, Comm* embed, PpSchedule schedule, int micro_batches,
                                int virtual_chunks)
     : model_(model), pp_(pp), embed_(embed), schedule_(std::move(schedule)), micro_batches_(micro_batches),
       vchunks_(virtual_chunks) {
@@ -137,9 +137,9 @@ double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
     }
     LLMC_ASSERT(buffers_.empty(), "pipeline: tensors left over after the step");
     // the tied embedding: the first stage's wte and the last stage's head copy get the sum of both gradients
-    if (embed_ && embed_->size() > 1) {
+    if (embed_ && embed_->size() > 1 && model_.tied_head()) {
         // (under ZeRO-2/3 before the DP reduce-scatter: the store keeps the wte's unit whole for the step)
-        const ParamSpec& w = model_.wte_spec();
+        const ParamSpec& w = model_.head_weight_spec();
         model_.acquire_grads(model_.unit_of(w));
         Tensor g = model_.grad_of(w);
         std::vector<float> h(g.n);

@@ -27,9 +27,9 @@ class PipelineEngine {
 public:
     // pp: the pipeline group (this rank's stage = pp->rank()); null for one stage. embed: the group of
     // the first and the last stage that share the tied embedding (null when pp == 1).
-    PipelineEngine(GPT2& model, Comm* pp, Comm* embed, PpSchedule schedule, int micro_batches, int virtual_chunks);
+    PipelineEngine(Model& model, Comm* pp, Comm* embed, PpSchedule schedule, int micro_batches, int virtual_chunks);
 
-    GPT2& model() { return model_; }
+    Model& model() { return model_; }
     int stages() const { return pp_ ? pp_->size() : 1; }
     int stage() const { return pp_ ? pp_->rank() : 0; }
     bool is_last_stage() const { return stage() == stages() - 1; }
@@ -59,7 +59,7 @@ private:
     // src copied to a host tensor under k, for a Send or this rank's next chunk.
     void put(const Key& k, Tensor src);
 
-    GPT2& model_;
+    Model& model_;
     Comm* pp_;
     Comm* embed_;
     PpSchedule schedule_;

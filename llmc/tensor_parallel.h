@@ -2,7 +2,7 @@
 // the sequence-parallel gather/scatter along the tokens, and the vocabulary-parallel
 // cross-entropy's reduction of per-row statistics. llmc/model.cpp calls these at the points
 // the split defines; the split itself (which rows/columns a rank holds) is in the parameter
-// table (gpt2_param_table).
+// table (param_table).
 //
 // Tensors are backend memory in the model's dtype. A communicator that works on host buffers
 // (MPI) gets them staged through fp32 host copies; an on-device communicator (NCCL) takes fp32

@@ -132,7 +132,7 @@ TEST_CASE("model units: the embedding, each layer and the head tile the flat buf
         if (pp_rank == 1) lay.chunks = {{1, 2}}, lay.first = false, lay.last = false;
         if (pp_rank == 2) lay.chunks = {{2, 3}}, lay.first = false;
         INFO("stage " << pp_rank);
-        GPT2 m(s, *ops, DType::F32, 1, 16, 256, lay);
+        Model m(s, *ops, DType::F32, 1, 16, 256, lay);
         size_t next = 0;
         int embeddings = 0, heads = 0, layers = 0;
         for (const ParamUnit& u : m.units) {
@@ -173,7 +173,7 @@ TEST_CASE("ZeRO stages over one rank train bitwise like the plain model", "[zero
         const bool host_staging = run >= 4;
         INFO("zero " << zero << (host_staging ? ", host staging" : ""));
         std::unique_ptr<Comm> self = make_self_comm(0);
-        GPT2 m(s, *ops, DType::F32, B, T, DataParallel::pad_multiple(1), ModelLayout(), nullptr, {},
+        Model m(s, *ops, DType::F32, B, T, DataParallel::pad_multiple(1), ModelLayout(), nullptr, {},
                DataParallel::storage(zero));
         DataParallel dp(m, *self, zero, 0.001, host_staging);  // 262-element pieces: units cross several
         m.init_random(7);

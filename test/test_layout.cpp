@@ -16,7 +16,7 @@ ModelShape small_shape() { return ModelShape{4, 4, 32, 500, 512, 16}; }
 
 TEST_CASE("layout: primary pieces tile the whole model once, for every tp x pp x chunks", "[layout]") {
     const ModelShape s = small_shape();
-    const size_t total = gpt2_num_params(s);
+    const size_t total = num_params(s);
     struct L {
         int tp, pp, v;
         bool sp;
@@ -34,7 +34,7 @@ TEST_CASE("layout: primary pieces tile the whole model once, for every tp x pp x
             for (int t = 0; t < l.tp; t++) {
                 const ModelLayout lay = model_layout(s, pc, t, p);
                 size_t n = 0;
-                const std::vector<ParamSpec> table = gpt2_param_table(s, lay, &n);
+                const std::vector<ParamSpec> table = param_table(s, lay, &n);
                 size_t next = 0;
                 for (const ParamSpec& sp : table) {
                     CHECK(sp.offset == next);  // contiguous, in table order

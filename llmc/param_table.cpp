@@ -1,0 +1,142 @@
+#include "llmc/param_table.h"
+
+#include "llmc/common.h"
+
+namespace {
+
+size_t decl_numel(const TensorDecl& d) { return d.rows * d.cols; }
+size_t decl_count(const ModelShape& s, const TensorDecl& d) { return d.part == ModelPart::Layer ? size_t(s.n_layer) : 1; }
+
+std::vector<std::pair<int, int>> layout_chunks(const ModelShape& s, const ModelLayout& L) {
+    if (L.chunks.empty()) return {{0, s.n_layer}};
+    return L.chunks;
+}
+
+}  // namespace
+
+size_t num_params(const ModelShape& s) {
+    size_t n = 0;
+    for (const TensorDecl& d : model_tensors(s)) n += decl_numel(d) * decl_count(s, d);
+    return n;
+}
+
+size_t num_params_unpadded(const ModelShape& s) {
+    size_t n = 0;
+    for (const TensorDecl& d : model_tensors(s)) {
+        const size_t rows = d.split == TpSplit::Vocab ? size_t(s.vocab_size) : d.rows;
+        n += rows * d.cols * decl_count(s, d);
+    }
+    return n;
+}
+
+void check_model_layout(const ModelShape& s, const ModelLayout& L, int T) {
+    const int tp = L.tp;
+    if (s.n_head % tp != 0)
+        throw UserError(strfmt("parallel.tp: %d does not divide model.n_head = %d (attention heads are split "
+                               "whole across tensor-parallel ranks)", tp, s.n_head));
+    if (s.kv_heads() % tp != 0)
+        throw UserError(strfmt("parallel.tp: %d does not divide model.n_kv_head = %d (key/value heads are split "
+                               "whole across tensor-parallel ranks)", tp, s.kv_heads()));
+    if (s.ffn() % tp != 0)
+        throw UserError(strfmt("parallel.tp: %d does not divide model.ffn_dim = %d (the MLP is split by columns)",
+                               tp, s.ffn()));
+    if (s.padded_vocab % tp != 0)
+        throw UserError(strfmt("parallel.tp: %d does not divide the padded vocabulary %d (model.vocab_size %d "
+                               "rounded up to a multiple of 128)", tp, s.padded_vocab, s.vocab_size));
+    if (L.sequence_parallel && tp > 1 && T % tp != 0)
+        throw UserError(strfmt("parallel.sequence_parallel: train.seq_len = %d must be a multiple of parallel.tp "
+                               "= %d (the tokens are split evenly)", T, tp));
+    for (const auto& c : layout_chunks(s, L))
+        LLMC_ASSERT(c.first >= 0 && c.first < c.second && c.second <= s.n_layer, "bad chunk layer range");
+}
+
+std::vector<ParamSpec> param_table(const ModelShape& s, const ModelLayout& L, size_t* num_local) {
+    const std::vector<TensorDecl> decls = model_tensors(s);
+    std::vector<size_t> file_base(decls.size());
+    size_t acc = 0;
+    for (size_t i = 0; i < decls.size(); i++) {
+        file_base[i] = acc;
+        acc += decl_numel(decls[i]) * decl_count(s, decls[i]);
+    }
+    const size_t tp = size_t(L.tp), r = size_t(L.tp_rank);
+    std::vector<ParamSpec> table;
+    size_t offset = 0;
+    auto add = [&](size_t i, int layer, bool tied_copy) {
+        const TensorDecl& d = decls[i];
+        ParamSpec p;
+        p.role = d.role;
+        p.decl = int(i);
+        p.part = tied_copy ? ModelPart::Head : d.part;
+        p.layer = layer;
+        p.name = layer >= 0 ? strfmt(d.name.c_str(), layer) : d.name;
+        if (tied_copy) p.name += " (head copy)";
+        p.rows = {{0, d.rows}};
+        p.cols = d.cols;
+        p.col_begin = 0;
+        p.col_end = d.cols;
+        p.tp_replicated = false;
+        switch (d.split) {
+            case TpSplit::Vocab:
+                p.rows = {{r * d.rows / tp, (r + 1) * d.rows / tp}};
+                break;
+            case TpSplit::Column: {  // this rank's rows of each of the stride blocks
+                const size_t blk = d.rows / size_t(d.stride);
+                p.rows.clear();
+                for (size_t k = 0; k < size_t(d.stride); k++)
+                    p.rows.push_back({k * blk + r * blk / tp, k * blk + (r + 1) * blk / tp});
+                break;
+            }
+            case TpSplit::Row:
+                p.col_begin = r * d.cols / tp;
+                p.col_end = (r + 1) * d.cols / tp;
+                break;
+            case TpSplit::Replicated:
+                p.tp_replicated = true;
+                break;
+        }
+        p.numel = 0;
+        for (const auto& rr : p.rows) p.numel += (rr.second - rr.first) * (p.col_end - p.col_begin);
+        p.offset = offset;
+        p.decay = d.decay;
+        p.tied_copy = tied_copy;
+        p.primary = !tied_copy && (!p.tp_replicated || r == 0);
+        p.file_offset = file_base[i] + (layer >= 0 ? size_t(layer) * decl_numel(d) : 0);
+        table.push_back(p);
+        offset += p.numel;
+    };
+    if (L.first)
+        for (size_t i = 0; i < decls.size(); i++)
+            if (decls[i].part == ModelPart::Embedding) add(i, -1, false);
+    for (const auto& c : layout_chunks(s, L))
+        for (int l = c.first; l < c.second; l++)
+            for (size_t i = 0; i < decls.size(); i++)
+                if (decls[i].part == ModelPart::Layer) add(i, l, false);
+    if (L.last) {
+        for (size_t i = 0; i < decls.size(); i++)
+            if (decls[i].part == ModelPart::Head) add(i, -1, false);
+        if (!L.first && s.tie_embeddings)
+            for (size_t i = 0; i < decls.size(); i++)
+                if (decls[i].role == TokEmb) add(i, -1, true);
+    }
+    *num_local = offset;
+    return table;
+}
+
+std::vector<ParamUnit> param_units(const std::vector<ParamSpec>& table, size_t padded_params,
+                                   std::vector<int>* param_unit) {
+    std::vector<ParamUnit> units;
+    param_unit->resize(table.size());
+    for (size_t i = 0; i < table.size(); i++) {
+        const ParamSpec& p = table[i];
+        const ParamUnit::Kind k = p.part == ModelPart::Layer ? ParamUnit::Layer
+                                  : p.part == ModelPart::Head ? ParamUnit::Head
+                                                              : ParamUnit::Embedding;
+        if (units.empty() || units.back().kind != k || units.back().layer != p.layer)
+            units.push_back({k, p.offset, p.offset, p.layer});
+        LLMC_ASSERT(units.back().end == p.offset, "units must be contiguous");
+        units.back().end = p.offset + p.numel;
+        (*param_unit)[i] = int(units.size()) - 1;
+    }
+    if (!units.empty()) units.back().end = padded_params;
+    return units;
+}
