@@ -5,7 +5,6 @@
 //
 // Reads top to bottom as the algorithm: config -> runtime -> model -> data -> loop.
 // Every kernel call goes through Ops (llmc/ops.h): the CPU reference backend or CUDA.
-#include <cuda_runtime.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -26,6 +25,7 @@
 #include "llmc/config.h"
 #include "llmc/data_parallel.h"
 #include "llmc/dataloader.h"
+#include "llmc/hf_format.h"
 #include "llmc/logger.h"
 #include "llmc/mfu.h"
 #include "llmc/model.h"
@@ -71,7 +71,7 @@ double evaluate(PipelineEngine& pipeline, DataLoader& val, int batches, std::vec
 // Collective over the model-parallel group: the last stage's TP ranks gather the logits row and
 // draw alike; the pipeline group hands the token back to the first stage.
 std::vector<int> sample(PipelineEngine& pipeline, TensorParallel& tp, int eot, int n, uint64_t seed) {
-    GPT2& model = pipeline.model();
+    Model& model = pipeline.model();
     const int V = model.shape.vocab_size, Vl = model.shape.padded_vocab / tp.size();
     Rng rng(seed, 0x5A3D1E);
     std::vector<int32_t> ctx = {eot};
@@ -114,7 +114,7 @@ std::vector<int> sample(PipelineEngine& pipeline, TensorParallel& tp, int eot, i
 
 // The whole model and optimizer state in llm.c order on world rank 0 (empty elsewhere): ZeRO
 // shards gathered over DP, then the model-parallel pieces assembled. Collective over every rank.
-WholeState gather_whole_state(const GPT2& model, const AdamW& opt, DataParallel& dp, const ParallelConfig& pc,
+WholeState gather_whole_state(const Model& model, const AdamW& opt, DataParallel& dp, const ParallelConfig& pc,
                               Comm& mp, const ProcessGrid& grid) {
     OptimizerState local = dp.gather_optimizer_state(opt);  // DP rank 0 gets its (tp, pp) piece whole
     std::vector<float> params = dp.gather_params();
@@ -131,7 +131,7 @@ WholeState gather_whole_state(const GPT2& model, const AdamW& opt, DataParallel&
 // Test hook: with LLMC_DUMP_GRADS=<file>, the first step's summed gradient of the whole model is
 // written there (llm.c model format, fp32) before the optimizer uses it, so that layouts can be
 // compared on gradients, before AdamW amplifies rounding differences. Collective.
-void dump_gradients(const GPT2& model, DataParallel& dp, const ParallelConfig& pc, Comm& mp,
+void dump_gradients(const Model& model, DataParallel& dp, const ParallelConfig& pc, Comm& mp,
                     const ProcessGrid& grid) {
     const char* path = std::getenv("LLMC_DUMP_GRADS");
     if (!path || !*path) return;
@@ -164,8 +164,7 @@ std::string resolve_comm(const ParallelConfig& pc, const std::string& device, co
         throw UserError(strfmt("parallel.comm: \"nccl\" needs device \"cuda\" (this run is on %s; use \"mpi\" or "
                                "\"auto\")", device.c_str()));
     if (pc.comm != "nccl") return "mpi";
-    int gpus = 0;
-    if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+    const int gpus = cuda_device_count();
     if (rt.world > 1 && rt.ranks_per_node > gpus)
         throw UserError(strfmt("parallel.comm: \"nccl\" needs a GPU per rank, but a node runs %d ranks on %d GPU%s "
                                "(NCCL cannot put two ranks on one GPU); use \"mpi\" or \"auto\", or launch at most "
@@ -176,7 +175,7 @@ std::string resolve_comm(const ParallelConfig& pc, const std::string& device, co
 
 // ==== precision "fp8" (llmc/fp8.h): begin ====
 // The run's FP8 scaling. Every rank holds the whole model's Fp8State and one backend array of
-// amaxes that the block linears of its own layers and shards record into (GPT2::set_fp8). Once
+// amaxes that the block linears of its own layers and shards record into (Model::set_fp8). Once
 // per optimizer step the arrays of all ranks are max-reduced over the WORLD: data-parallel
 // replicas must cast with identical scales (else their weights drift apart), the TP shards of
 // one tensor each see only part of it, and pipeline stages own different layers. Every rank
@@ -202,9 +201,13 @@ public:
              "train.micro_batch or train.seq_len");
         need(C, "model.d_model", "model.d_model");
         // the local widths of the TP shards: QKV and fc outputs, attention projection input
-        need(3 * Cl, strfmt("3 x model.d_model / parallel.tp = 3 x %ld / %d", C, tp), "model.d_model or parallel.tp");
+        // the local widths of the TP shards: the QKV and up projections' outputs, the attention and
+        // down projections' inputs
+        const ModelShape s = model_shape(cfg.model);
+        const long qkv = long(s.n_head + 2 * s.kv_heads()) * s.head_dim() / tp, F = s.ffn() / tp;
+        need(qkv, strfmt("(n_head + 2 n_kv_head) x head_dim / parallel.tp = %ld", qkv), "model.d_model or parallel.tp");
         need(Cl, strfmt("model.d_model / parallel.tp = %ld / %d", C, tp), "model.d_model or parallel.tp");
-        need(4 * Cl, strfmt("4 x model.d_model / parallel.tp = 4 x %ld / %d", C, tp), "model.d_model or parallel.tp");
+        need(F, strfmt("the MLP width / parallel.tp = %d / %d", s.ffn(), tp), "model.ffn_dim or parallel.tp");
         amax_ = static_cast<float*>(ops.alloc(bytes()));
     }
     ~Fp8Run() { ops_.release(amax_); }
@@ -255,7 +258,7 @@ private:
 };
 // ==== precision "fp8": end ====
 
-void print_memory_table(Logger& log, const MemoryPlan& m, const GPT2& model, bool master, DType dtype,
+void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bool master, DType dtype,
                         const Fp8Run* fp8 = nullptr) {
     const size_t num_params = model.num_params;
     auto row = [&](const char* name, size_t bytes, const std::string& note) {
@@ -297,8 +300,7 @@ int train(Runtime& rt, int argc, char** argv) {
         const ParallelConfig& pc = cfg.parallel;
         schedule_kind = parse_pp_schedule(pc.pp_schedule);
         validate_pipeline(cfg);
-        shape = ModelShape{cfg.model.n_layer, cfg.model.n_head,  cfg.model.d_model,
-                           cfg.model.vocab_size, cfg.model.padded_vocab(), cfg.model.max_seq_len};
+        shape = model_shape(cfg.model);
         layout = model_layout(shape, pc, grid.tp_rank, grid.pp_rank);
         check_model_layout(shape, layout, cfg.train.seq_len);
         device = resolve_device(cfg);
@@ -313,8 +315,7 @@ int train(Runtime& rt, int argc, char** argv) {
     }
     // ---- communicators and backend ----
     // ranks share the node's GPUs round-robin (several ranks per GPU under MPI in tests)
-    int gpus = 1;
-    if (device == "cuda" && (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1)) gpus = 1;
+    const int gpus = device == "cuda" ? std::max(1, cuda_device_count()) : 1;
     const int cuda_device = device == "cuda" ? rt.local_rank % gpus : -1;
     ProcessGroups groups = make_process_groups(grid, comm_kind, cfg.parallel.timeout_s, cuda_device);
     std::unique_ptr<Ops> ops = device == "cpu" ? make_cpu_ops() : make_cuda_ops(cuda_device);
@@ -341,7 +342,7 @@ int train(Runtime& rt, int argc, char** argv) {
     const PpSchedule schedule = make_pipeline_schedule(schedule_kind, grid.pp, tc.grad_accum, pc.pp_virtual);
     const size_t pad = DataParallel::pad_multiple(grid.dp);
     TensorParallel tp(*ops, groups.tp.get(), pc.sequence_parallel);
-    GPT2 model(shape, *ops, dtype, B, T, pad, layout, &tp, pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual),
+    Model model(shape, *ops, dtype, B, T, pad, layout, &tp, pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual),
                DataParallel::storage(pc.zero));
     // data parallelism: the DP group's gradient sync and ZeRO's shards (set up before the parameters:
     // under ZeRO-3 this rank keeps only its shard of them)
@@ -349,8 +350,9 @@ int train(Runtime& rt, int argc, char** argv) {
     if (cfg.model.init == "random") {
         model.init_random(uint64_t(cfg.model.init_seed));
     } else {
-        std::vector<float> w = model_file_read(cfg.model.init, &shape);
-        model.set_params_llmc(w.data());
+        std::vector<float> w = is_safetensors(cfg.model.init) ? hf_read_weights(cfg.model.init, shape)
+                                                              : model_file_read(cfg.model.init, &shape);
+        model.set_params_whole(w.data());
     }
     if (fp8) model.set_fp8(&fp8->state(), fp8->amax());  // ==== fp8 ====
     PipelineEngine pipeline(model, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual);
@@ -377,11 +379,11 @@ int train(Runtime& rt, int argc, char** argv) {
         // every rank reads the whole checkpoint and keeps its pieces: any layout resumes any other
         WholeState whole;
         state = checkpoint_load(resume_from, shape, &whole);
-        model.set_params_llmc(whole.params.data());
+        model.set_params_whole(whole.params.data());
         OptimizerState local;
-        local.m = model.from_llmc_order(whole.m.data());
-        local.v = model.from_llmc_order(whole.v.data());
-        if (!whole.master.empty()) local.master = model.from_llmc_order(whole.master.data());
+        local.m = model.from_file_order(whole.m.data());
+        local.v = model.from_file_order(whole.v.data());
+        if (!whole.master.empty()) local.master = model.from_file_order(whole.master.data());
         dp.load_optimizer_state(opt, local);
         state.loader = convert_loader_position(state.loader, state.loader_dp, grid.dp, cfg.data.shuffle);
         train_data.set_position(state.loader);
@@ -406,10 +408,11 @@ int train(Runtime& rt, int argc, char** argv) {
     Logger run_log(jsonl, rt.is_main(), !resume_from.empty());
 
     const double tokens_per_step = double(B) * T * tc.grad_accum * grid.dp;
-    log.print("train_gpt | device %s | precision %s | %d layers, %d heads, d_model %d, vocab %d (padded %d), "
-              "max_seq_len %d\n",
+    log.print("train_gpt | device %s | precision %s | %s: %d layers, %d heads (%d kv), d_model %d, ffn %d, vocab %d "
+              "(padded %d), max_seq_len %d\n",
               device.c_str(), (fp8 ? fp8->describe(device, dtype) : cfg.precision).c_str(),  // ==== fp8 ====
-              shape.n_layer, shape.n_head, shape.d_model, shape.vocab_size, shape.padded_vocab, shape.max_seq_len);
+              arch_name(shape.arch), shape.n_layer, shape.n_head, shape.kv_heads(), shape.d_model, shape.ffn(),
+              shape.vocab_size, shape.padded_vocab, shape.max_seq_len);
     log.print("parallel: %d process%s = %s; ZeRO-%d; comm %s; %zu gradient bucket%s of <= %zu elements\n",
               grid.world, grid.world == 1 ? "" : "es", grid.describe().c_str(), dp.zero(), groups.dp->name().c_str(),
               dp.buckets().size(), dp.buckets().size() == 1 ? "" : "s", dp.bucket_elems());
@@ -534,6 +537,12 @@ int train(Runtime& rt, int argc, char** argv) {
         const std::string path = cfg.out_dir + strfmt("/model_%08d.bin", tc.steps);
         model_file_write(path, shape, w.data(), 3);
         log.print("wrote %s\n", path.c_str());
+        if (shape.arch == Arch::Llama) {  // transformers' format too: safetensors and config.json
+            const std::string st = cfg.out_dir + strfmt("/model_%08d.safetensors", tc.steps);
+            hf_write_weights(st, shape, w);
+            hf_write_config(cfg.out_dir + "/config.json", shape);
+            log.print("wrote %s and %s/config.json\n", st.c_str(), cfg.out_dir.c_str());
+        }
         if (cfg.checkpoint.every > 0) {
             if (fp8) whole.fp8 = fp8->state().save();  // ==== fp8 ====
             std::string p = checkpoint_save(ckpt_dir, state, shape, dtype == DType::BF16 ? 5 : 3, whole, cfg.resolved,

@@ -90,15 +90,26 @@ const std::vector<Key>& schema() {
                  "compute precision (fp8: the blocks' linear layers in FP8, the rest as bf16 on CUDA; on the CPU "
                  "FP8 is emulated exactly and the rest stays fp32)"),
 
-        enum_key("model.arch", FIELD(model.arch), {"gpt2"}, {}, "model architecture"),
+        enum_key("model.arch", FIELD(model.arch), {"gpt2", "llama"}, {},
+                 "model family: gpt2 (llm.c's GPT-2) or llama (transformers' LlamaForCausalLM)"),
         int_key("model.n_layer", FIELD(model.n_layer), 1, NONE, "transformer blocks"),
         int_key("model.n_head", FIELD(model.n_head), 1, NONE, "attention heads (must divide d_model)"),
         int_key("model.d_model", FIELD(model.d_model), 1, NONE, "embedding width"),
-        int_key("model.vocab_size", FIELD(model.vocab_size), 2, 65536,
-                "vocabulary size (tokens are uint16; padded to a multiple of 128 internally)"),
-        int_key("model.max_seq_len", FIELD(model.max_seq_len), 1, NONE, "positional embedding rows"),
+        int_key("model.vocab_size", FIELD(model.vocab_size), 2, 16777216,
+                "vocabulary size (padded to a multiple of 128 internally; past 65536 the shards need uint32 tokens)"),
+        int_key("model.max_seq_len", FIELD(model.max_seq_len), 1, NONE,
+                "longest sequence (GPT-2: positional embedding rows)"),
+        int_key("model.n_kv_head", FIELD(model.n_kv_head), 0, NONE,
+                "llama: key/value heads, dividing n_head (grouped-query attention); 0 = n_head"),
+        int_key("model.ffn_dim", FIELD(model.ffn_dim), 0, NONE,
+                "llama: MLP width; 0 = 8/3 d_model rounded up to a multiple of 256 (GPT-2: always 4 d_model)"),
+        num_key("model.rope_theta", FIELD(model.rope_theta), 0, true, NONE, false, "llama: rotary embedding base"),
+        num_key("model.norm_eps", FIELD(model.norm_eps), 0, true, NONE, false,
+                "llama: RMSNorm epsilon (GPT-2's LayerNorm uses 1e-5)"),
+        bool_key("model.tie_embeddings", FIELD(model.tie_embeddings),
+                 "llama: the LM head is the token embedding (GPT-2's head is always tied)"),
         str_key("model.init", FIELD(model.init), true,
-                "\"random\" or the path of an llm.c checkpoint to start from"),
+                "\"random\", the path of an llm.c checkpoint, or (llama) a transformers .safetensors file"),
         int_key("model.init_seed", FIELD(model.init_seed), 0, NONE, "seed of the random init"),
 
         str_key("data.train", FIELD(data.train), false, "glob of training shards (required)"),
@@ -318,7 +329,7 @@ std::string describe_value(const json& v) {
     }
 }
 
-std::string fmt_num(double x) { return strfmt("%g", x); }
+std::string fmt_num(double x) { return x == std::floor(x) && std::fabs(x) < 1e15 ? strfmt("%.0f", x) : strfmt("%g", x); }
 
 std::string range_text(const Key& k) {
     bool has_lo = !std::isnan(k.lo), has_hi = !std::isnan(k.hi);
@@ -520,6 +531,18 @@ void check_consistency(const Config& c) {
         throw UserError(strfmt("model.d_model: %d is not divisible by model.n_head = %d (d_model must be a multiple "
                                "of n_head)",
                                m.d_model, m.n_head));
+    if (m.arch == "gpt2" && m.n_kv_head != 0 && m.n_kv_head != m.n_head)
+        throw UserError(strfmt("model.n_kv_head: %d, but model.arch \"gpt2\" has n_kv_head = n_head = %d (grouped-query "
+                               "attention needs model.arch \"llama\")", m.n_kv_head, m.n_head));
+    if (m.arch == "gpt2" && m.ffn_dim != 0 && m.ffn_dim != 4 * m.d_model)
+        throw UserError(strfmt("model.ffn_dim: %d, but model.arch \"gpt2\" has ffn_dim = 4 x d_model = %d", m.ffn_dim,
+                               4 * m.d_model));
+    if (m.arch == "llama" && m.n_kv_head != 0 && m.n_head % m.n_kv_head != 0)
+        throw UserError(strfmt("model.n_kv_head: %d does not divide model.n_head = %d (each key/value head serves "
+                               "n_head / n_kv_head query heads)", m.n_kv_head, m.n_head));
+    if (m.arch == "llama" && (m.d_model / m.n_head) % 2 != 0)
+        throw UserError(strfmt("model.n_head: head dimension d_model / n_head = %d / %d is odd (rotary embeddings "
+                               "rotate pairs of dimensions)", m.d_model, m.n_head));
     if (t.seq_len > m.max_seq_len)
         throw UserError(strfmt("train.seq_len: %d exceeds model.max_seq_len = %d (must be <= model.max_seq_len)",
                                t.seq_len, m.max_seq_len));
@@ -551,6 +574,10 @@ void check_consistency(const Config& c) {
         throw UserError(strfmt("model.init: \"%s\" is neither \"random\" nor an existing file (allowed: random, or "
                                "the path of an llm.c checkpoint)",
                                m.init.c_str()));
+    const std::string st = ".safetensors";
+    if (m.arch != "llama" && m.init.size() > st.size() && m.init.compare(m.init.size() - st.size(), st.size(), st) == 0)
+        throw UserError(strfmt("model.init: \"%s\" is a safetensors file, read for model.arch \"llama\" only (GPT-2 "
+                               "starts from an llm.c .bin checkpoint)", m.init.c_str()));
     const std::string& r = c.checkpoint.resume;
     if (r != "auto" && r != "never" && !path_exists(r))
         throw UserError(strfmt("checkpoint.resume: \"%s\" does not exist (allowed: auto, never, or the path of a "

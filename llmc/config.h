@@ -14,7 +14,13 @@ struct ModelConfig {
     int d_model = 768;
     int vocab_size = 50257;
     int max_seq_len = 1024;
-    std::string init = "random";  // "random" or path of an llm.c checkpoint
+    // Llama (model.arch "llama"; GPT-2 has n_kv_head = n_head, ffn_dim = 4 d_model, a tied head)
+    int n_kv_head = 0;            // 0 = n_head
+    int ffn_dim = 0;              // 0 = the family's default
+    double rope_theta = 10000.0;
+    double norm_eps = 1e-5;
+    bool tie_embeddings = false;
+    std::string init = "random";  // "random", an llm.c checkpoint, or (Llama) a .safetensors file
     int init_seed = 0;
     int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
 };

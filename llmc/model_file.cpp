@@ -53,6 +53,20 @@ ModelShape model_file_shape(const std::string& path, int* version) {
                                "n_head %d, d_model %d, padded_vocab %d)",
                                path.c_str(), s.max_seq_len, s.vocab_size, s.n_layer, s.n_head, s.d_model,
                                s.padded_vocab));
+    if (h[8] == 1) {
+        s.arch = Arch::Llama;
+        s.n_kv_head = h[9];
+        s.ffn_dim = h[10];
+        s.tie_embeddings = h[11] != 0;
+        std::memcpy(&s.rope_theta, &h[12], 4);
+        std::memcpy(&s.norm_eps, &h[13], 4);
+        if (s.n_kv_head <= 0 || s.n_head % s.n_kv_head != 0 || s.ffn_dim <= 0 || !(s.rope_theta > 0) ||
+            !(s.norm_eps > 0))
+            throw UserError(strfmt("model file %s: invalid Llama shape in header (n_kv_head %d, ffn_dim %d)",
+                                   path.c_str(), s.n_kv_head, s.ffn_dim));
+    } else if (h[8] != 0) {
+        throw UserError(strfmt("model file %s: unknown model family %d in header slot 8", path.c_str(), h[8]));
+    }
     if (version) *version = h[1];
     return s;
 }
@@ -65,13 +79,21 @@ std::vector<float> model_file_read(const std::string& path, const ModelShape* ex
             {"model.n_layer", s.n_layer, expect->n_layer},       {"model.n_head", s.n_head, expect->n_head},
             {"model.d_model", s.d_model, expect->d_model},       {"model.vocab_size", s.vocab_size, expect->vocab_size},
             {"model.max_seq_len", s.max_seq_len, expect->max_seq_len},
-            {"padded vocab", s.padded_vocab, expect->padded_vocab}};
+            {"padded vocab", s.padded_vocab, expect->padded_vocab},
+            {"model.arch (0 = gpt2, 1 = llama)", int(s.arch), int(expect->arch)},
+            {"model.n_kv_head", s.kv_heads(), expect->kv_heads()},
+            {"model.ffn_dim", s.ffn(), expect->ffn()},
+            {"model.tie_embeddings", int(s.tie_embeddings), int(expect->tie_embeddings)}};
         for (const auto& f : fields)
             if (f.file != f.cfg)
                 throw UserError(strfmt("model file %s: %s is %d in the file but %d in the config", path.c_str(), f.key,
                                        f.file, f.cfg));
+        if (s.rope_theta != expect->rope_theta || s.norm_eps != expect->norm_eps)
+            throw UserError(strfmt("model file %s: model.rope_theta / model.norm_eps are %g / %g in the file but %g / "
+                                   "%g in the config", path.c_str(), s.rope_theta, s.norm_eps, expect->rope_theta,
+                                   expect->norm_eps));
     }
-    const size_t n = gpt2_num_params(s);
+    const size_t n = num_params(s);
     const size_t elem = version == 3 ? 4 : 2;
     struct stat st;
     if (stat(path.c_str(), &st) != 0) throw UserError(strfmt("model file %s: cannot stat", path.c_str()));
@@ -153,7 +175,15 @@ void model_file_write(const std::string& path, const ModelShape& s, const float*
     h[5] = s.n_head;
     h[6] = s.d_model;
     h[7] = s.padded_vocab;
-    const size_t n = gpt2_num_params(s);
+    if (s.arch == Arch::Llama) {
+        h[8] = 1;
+        h[9] = s.kv_heads();
+        h[10] = s.ffn();
+        h[11] = s.tie_embeddings ? 1 : 0;
+        std::memcpy(&h[12], &s.rope_theta, 4);
+        std::memcpy(&h[13], &s.norm_eps, 4);
+    }
+    const size_t n = num_params(s);
     if (version == 3) {
         write_file_atomic(path, {{h, sizeof(h)}, {params, n * sizeof(float)}});
     } else {

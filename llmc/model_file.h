@@ -1,6 +1,10 @@
 // Model weights in llm.c's checkpoint format: a header of 256 int32
 // [20240326, version, max_seq_len, vocab_size, n_layer, n_head, d_model, padded_vocab, 0...]
 // then every parameter in llm.c order, fp32 (version 3) or bf16 (version 5).
+// Other families (train_gpt's own extension; llm.c reads GPT-2 files only) mark themselves in
+// the unused slots: [8] family (0 = GPT-2, 1 = Llama), [9] n_kv_head, [10] ffn_dim,
+// [11] tie_embeddings, [12] rope_theta and [13] norm_eps as float32 bit patterns; the
+// parameters follow in the family's file order (llmc/param_table.h). GPT-2 files keep 0 there.
 #pragma once
 #include <string>
 #include <vector>

@@ -42,7 +42,7 @@ TEST_CASE("bf16 conversion rounds to nearest even") {
 
 TEST_CASE("llm.c model file round trip, version 3 and 5") {
     const ModelShape s = tiny_shape();
-    const size_t n = gpt2_num_params(s);
+    const size_t n = num_params(s);
     // 2 layers of 12*C^2 + 13*C, wte, wpe, lnf: the GPT-2 count
     CHECK(n == size_t(128 * 8 + 16 * 8 + 2 * (12 * 64 + 13 * 8) + 2 * 8));
     std::vector<float> w = random_params(n, 7);
@@ -65,7 +65,7 @@ TEST_CASE("llm.c model file round trip, version 3 and 5") {
 
 TEST_CASE("llm.c model file: shape mismatch and damage are user errors naming the field or file") {
     const ModelShape s = tiny_shape();
-    std::vector<float> w = random_params(gpt2_num_params(s), 1);
+    std::vector<float> w = random_params(num_params(s), 1);
     const std::string p = temp_path("m.bin");
     model_file_write(p, s, w.data(), 3);
     ModelShape other = s;
@@ -92,20 +92,20 @@ TEST_CASE("llm.c model file: shape mismatch and damage are user errors naming th
 TEST_CASE("model memory order <-> llm.c order is a permutation that round-trips") {
     const ModelShape s = tiny_shape();
     auto ops = make_cpu_ops();
-    GPT2 model(s, *ops, DType::F32, 1, 4);
+    Model model(s, *ops, DType::F32, 1, 4);
     std::vector<float> w = random_params(model.num_params, 3), back(model.num_params);
-    model.set_params_llmc(w.data());
-    model.get_params_llmc(back.data());
+    model.set_params_whole(w.data());
+    model.get_params_whole(back.data());
     CHECK(back == w);
     // llm.c order: all wte, then all wpe, then every layer's ln1w, ...: check two tensors by hand
     std::vector<float> mem(model.num_params);
     ops->to_host_f32(mem.data(), model.param_buf);
-    Tensor qkvw1 = model.param(QKVW, 1);
+    Tensor qkvw1 = model.param(QkvW, 1);
     const size_t off = (static_cast<float*>(qkvw1.ptr) - static_cast<float*>(model.param_buf.ptr));
     const size_t C = s.d_model, Vp = s.padded_vocab, T = s.max_seq_len, L = s.n_layer;
     const size_t llmc_qkvw = Vp * C + T * C + 2 * L * C;  // after wte, wpe, ln1w, ln1b
     for (size_t i = 0; i < 3 * C * C; i++) REQUIRE(mem[off + i] == w[llmc_qkvw + 3 * C * C + i]);
-    Tensor lnfb = model.param(LNFB);
+    Tensor lnfb = model.param(NormFB);
     const size_t off_lnfb = static_cast<float*>(lnfb.ptr) - static_cast<float*>(model.param_buf.ptr);
     for (size_t i = 0; i < C; i++) REQUIRE(mem[off_lnfb + i] == w[model.num_params - C + i]);
 }

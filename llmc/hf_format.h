@@ -1,0 +1,21 @@
+// Hugging Face's format for a model family that has one (Llama: transformers'
+// LlamaForCausalLM): weights as safetensors under the family's declared tensor names, and the
+// transformers config.json. Whole-model vectors are in the file order of llmc/param_table.h
+// (vocabulary padded to shape.padded_vocab with zero rows); files hold the real vocabulary.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "llmc/param_table.h"
+
+// True if path names a safetensors file (by its extension).
+bool is_safetensors(const std::string& path);
+// Reads every declared tensor of shape's family (F32, BF16 or F16) into the whole-model file
+// order. Throws UserError naming the file and tensor for a missing tensor, a wrong shape, or
+// (tied embeddings) an lm_head.weight that would be ignored. Unknown extra tensors are refused
+// too, except rotary inv_freq buffers.
+std::vector<float> hf_read_weights(const std::string& path, const ModelShape& shape);
+// Writes the whole model (file order) as fp32 safetensors, unpadded vocabulary; atomic.
+void hf_write_weights(const std::string& path, const ModelShape& shape, const std::vector<float>& whole);
+// Writes transformers' config.json for shape (Llama only); atomic.
+void hf_write_config(const std::string& path, const ModelShape& shape);
