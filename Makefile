@@ -1,5 +1,7 @@
-# train_gpt build. `make` builds the trainer (nvcc, C++17) with the CPU and CUDA backends;
+# train_gpt build. `make` builds the trainer (C++17) with the CPU and CUDA backends (nvcc);
 # `make test` builds and runs the test suite (GPU tests only where a CUDA device is present).
+# `make CUDA=0 [test]` builds everything but the CUDA backend, on a machine without the toolkit.
+CUDA      ?= 1
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 CXX       ?= g++
@@ -19,11 +21,19 @@ LDLIBS    := -L$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublasLt 
 BUILD     := build
 LIB_SRCS  := $(wildcard llmc/*.cpp llmc/cpu/*.cpp)
 LIB_OBJS  := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
+ifeq ($(CUDA),0)
+CUDA_OBJS :=
+LINK      := $(CXX) $(CXXFLAGS)
+LINK_LIBS := $(MPI_LIBS)
+else
 CUDA_SRCS := $(wildcard llmc/cuda/*.cu)
 CUDA_OBJS := $(CUDA_SRCS:%.cu=$(BUILD)/%.o)
+LINK      := $(NVCC) $(NVCCFLAGS)
+LINK_LIBS := $(LDLIBS)
+endif
 TEST_SRCS := $(wildcard test/test_*.cpp)
 TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
-GPU_TEST_SRCS := $(wildcard test/gpu/*.cu)
+GPU_TEST_SRCS := $(if $(filter 0,$(CUDA)),,$(wildcard test/gpu/*.cu))
 TOOLS     := $(patsubst %.cpp,%,$(wildcard dev/data/*.cpp))
 
 .PHONY: all test clean
@@ -41,8 +51,12 @@ $(BUILD)/libllmc.a: $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	ar rcs $@ $^
 
-train_gpt: $(BUILD)/train_gpt.o $(CUDA_OBJS) $(BUILD)/libllmc.a
-	$(NVCC) $(NVCCFLAGS) -o $@ $^ $(LDLIBS)
+# The binary remembers which CUDA setting built it: switching relinks.
+$(BUILD)/.cuda-$(CUDA):
+	@mkdir -p $(BUILD) && rm -f $(BUILD)/.cuda-* && touch $@
+
+train_gpt: $(BUILD)/train_gpt.o $(CUDA_OBJS) $(BUILD)/libllmc.a $(BUILD)/.cuda-$(CUDA)
+	$(LINK) -o $@ $(filter-out $(BUILD)/.cuda-%,$^) $(LINK_LIBS)
 
 dev/data/%: $(BUILD)/dev/data/%.o $(BUILD)/libllmc.a
 	$(CXX) $(CXXFLAGS) -o $@ $^ $(MPI_LIBS)

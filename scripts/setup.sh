@@ -18,8 +18,13 @@ else
 fi
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
-    echo "setup: nvcc not found at $CUDA_HOME/bin/nvcc; install the CUDA toolkit (it provides nvcc, cuBLASLt, NCCL)" >&2
-    exit 2
+    if [ "${CUDA:-1}" = 0 ]; then
+        echo "setup: no CUDA toolkit at $CUDA_HOME: building with CUDA=0 (the CPU backend only)"
+    else
+        echo "setup: nvcc not found at $CUDA_HOME/bin/nvcc; install the CUDA toolkit (it provides nvcc, cuBLASLt," \
+             "NCCL), or build without the CUDA backend: CUDA=0 bash scripts/setup.sh && make CUDA=0 test" >&2
+        exit 2
+    fi
 fi
 # GPT-2 tokenizer files (encoder.json, vocab.bpe) for data preparation and decoded samples
 bash "$(dirname "$0")/get_tokenizer.sh"

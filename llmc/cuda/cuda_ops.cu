@@ -472,6 +472,15 @@ private:
 
 }  // namespace
 
+int cuda_device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
 bool cuda_device_available() {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
