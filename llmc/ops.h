@@ -88,42 +88,32 @@ public:
                                  Tensor pre_gelu, int N, int IC, int OC) = 0;
 
     // ---- attention ----
-    // qkv [B,T,3,NH,HS] -> out [B,T,NH,HS], causal, softmax scale 1/sqrt(HS);
+    // qkv [B,T,NH+2*NKV,HS] (per token: NH query heads, then NKV key heads, then NKV value
+    // heads; NKV == NH is [B,T,3,NH,HS]) -> out [B,T,NH,HS], causal, softmax scale 1/sqrt(HS);
+    // query head h reads key/value head h / (NH/NKV) (grouped-query attention).
     // lse [B,NH,T] fp32 = log-sum-exp of the scaled scores of each query row.
-    virtual void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int HS) = 0;
+    virtual void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int NKV, int HS) = 0;
     // dqkv (overwrite) from dout, recomputing probabilities from qkv and lse.
     virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B,
-                                    int T, int NH, int HS) = 0;
+                                    int T, int NH, int NKV, int HS) = 0;
+    // Rotary position embeddings (transformers' rotate_half convention), in place on the query
+    // and key heads of qkv [B,T,NH+2*NKV,HS] at positions 0..T-1: with inv_freq[i] =
+    // 1/theta^(2i/HS) and a = t*inv_freq[i] (fp32), x[i], x[i+HS/2] become
+    // x[i]*cos a - x[i+HS/2]*sin a and x[i+HS/2]*cos a + x[i]*sin a. Backward: the transpose,
+    // in place on dqkv.
+    virtual void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta) = 0;
+    virtual void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta) = 0;
 
-    // ---- Llama ops (interface placeholder until the backends implement them) ----
-    virtual void rmsnorm_forward(Tensor out, float* rstd, Tensor inp, Tensor w, int N, int C, float eps) {
-        throw UserError("rmsnorm: not implemented on the " + name() + " backend");
-    }
+    // ---- Llama's norm and MLP activation ----
+    // RMSNorm: rstd[n] = 1/sqrt(mean(inp[n,:]^2) + eps) (fp32), out = inp * rstd * w.
+    virtual void rmsnorm_forward(Tensor out, float* rstd, Tensor inp, Tensor w, int N, int C, float eps) = 0;
+    // dinp += ..., dw += ... (accumulate, like layernorm_backward).
     virtual void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, const float* rstd, int N,
-                                  int C) {
-        throw UserError("rmsnorm: not implemented on the " + name() + " backend");
-    }
-    virtual void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta) {
-        throw UserError("rope: not implemented on the " + name() + " backend");
-    }
-    virtual void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta) {
-        throw UserError("rope: not implemented on the " + name() + " backend");
-    }
-    virtual void swiglu_forward(Tensor out, Tensor inp, int N, int F) {
-        throw UserError("swiglu: not implemented on the " + name() + " backend");
-    }
-    virtual void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, int N, int F) {
-        throw UserError("swiglu: not implemented on the " + name() + " backend");
-    }
-    void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int NKV, int HS) {
-        LLMC_ASSERT(NKV == NH, "grouped-query attention not implemented");
-        attention_forward(out, lse, qkv, B, T, NH, HS);
-    }
-    void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B, int T, int NH,
-                            int NKV, int HS) {
-        LLMC_ASSERT(NKV == NH, "grouped-query attention not implemented");
-        attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS);
-    }
+                                  int C) = 0;
+    // SwiGLU: inp [N, 2F] = [gate | up] per row; out [N, F] = silu(gate) * up.
+    virtual void swiglu_forward(Tensor out, Tensor inp, int N, int F) = 0;
+    // dinp [N, 2F] = [dgate | dup] (overwrite).
+    virtual void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, int N, int F) = 0;
 
     // ---- classifier ----
     // logits [N, Vp] with the real vocabulary in columns [0, V). For every row:

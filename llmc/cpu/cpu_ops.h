@@ -1,8 +1,8 @@
 // CpuOps: the fp32 + OpenMP reference backend of the Ops interface (llmc/ops.h).
 // The member functions are thin wrappers (shape and dtype checks) around the templated
 // math in llmc/cpu/kernels.h, instantiated with float. They are defined one file per
-// layer family: cpu_ops.cpp (memory), encoder.cpp, layernorm.cpp, matmul.cpp,
-// attention.cpp, classifier.cpp, adamw.cpp.
+// layer family: cpu_ops.cpp (memory), encoder.cpp, layernorm.cpp (and RMSNorm),
+// matmul.cpp (and SwiGLU), attention.cpp (and RoPE), classifier.cpp, adamw.cpp.
 #pragma once
 #include "llmc/ops.h"
 
@@ -39,9 +39,17 @@ public:
     void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
                          int N, int IC, int OC) override;
 
-    void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int HS) override;
+    void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int NKV, int HS) override;
     void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B, int T,
-                            int NH, int HS) override;
+                            int NH, int NKV, int HS) override;
+    void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta) override;
+    void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta) override;
+
+    void rmsnorm_forward(Tensor out, float* rstd, Tensor inp, Tensor w, int N, int C, float eps) override;
+    void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, const float* rstd, int N,
+                          int C) override;
+    void swiglu_forward(Tensor out, Tensor inp, int N, int F) override;
+    void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, int N, int F) override;
 
     void cross_entropy(Tensor logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                        float dloss) override;

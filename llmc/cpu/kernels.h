@@ -386,11 +386,12 @@ void matmul_backward(T* dinp, T* dw, T* dbias, T* dout, const T* inp, const T* w
 }
 
 // ---------------------------------------------------------------------------------------
-// Attention (causal, scale 1/sqrt(HS)); qkv [B,T,3,NH,HS], out [B,T,NH,HS], lse [B,NH,T]
+// Attention (causal, scale 1/sqrt(HS)); qkv [B,T,NH+2*NKV,HS] (q heads, k heads, v heads),
+// out [B,T,NH,HS], lse [B,NH,T]. Query head h reads key/value head h / (NH/NKV).
 
 template <class T>
-void attention_forward(T* out, T* lse, const T* qkv, int B, int Tn, int NH, int HS) {
-    const int C = NH * HS, C3 = 3 * C;
+void attention_forward(T* out, T* lse, const T* qkv, int B, int Tn, int NH, int NKV, int HS) {
+    const int C = NH * HS, W = (NH + 2 * NKV) * HS, G = NH / NKV;
     const T scale = (T)1 / std::sqrt((T)HS);
     const long items = (long)B * NH * Tn;
 #pragma omp parallel if (parallel_worth((size_t)B * NH * Tn * Tn * HS / 2))
@@ -401,10 +402,11 @@ void attention_forward(T* out, T* lse, const T* qkv, int B, int Tn, int NH, int 
             const int t = (int)(it % Tn);
             const int h = (int)((it / Tn) % NH);
             const int b = (int)(it / ((long)Tn * NH));
-            const T* q = qkv + ((long)b * Tn + t) * C3 + h * HS;
+            const int koff = C + (h / G) * HS, voff = C + (NKV + h / G) * HS;
+            const T* q = qkv + ((long)b * Tn + t) * W + h * HS;
             T* scp = sc.data();
             for (int j = 0; j <= t; ++j) {
-                const T* k = qkv + ((long)b * Tn + j) * C3 + C + h * HS;
+                const T* k = qkv + ((long)b * Tn + j) * W + koff;
                 scp[j] = dot(q, k, HS) * scale;
             }
             const T mx = max_val(scp, t + 1);
@@ -414,7 +416,7 @@ void attention_forward(T* out, T* lse, const T* qkv, int B, int Tn, int NH, int 
             std::fill(acc.begin(), acc.end(), T(0));
             for (int j = 0; j <= t; ++j) {
                 const T p = sc[j] * inv;
-                const T* v = qkv + ((long)b * Tn + j) * C3 + 2 * C + h * HS;
+                const T* v = qkv + ((long)b * Tn + j) * W + voff;
                 T* ac = acc.data();
 #pragma omp simd
                 for (int d = 0; d < HS; ++d) ac[d] = std::fma(p, v[d], ac[d]);
@@ -428,61 +430,179 @@ void attention_forward(T* out, T* lse, const T* qkv, int B, int Tn, int NH, int 
 
 // dqkv (overwrite). p_ij = exp(s_ij - lse_i); dp_ij = dout_i . v_j; D_i = dout_i . out_i;
 // ds_ij = p_ij (dp_ij - D_i); dq_i = scale sum_j ds_ij k_j; dk_j = scale sum_i ds_ij q_i;
-// dv_j = sum_i p_ij dout_i. One (b, h) per work item; dk/dv accumulate over i in order.
+// dv_j = sum_i p_ij dout_i. One (b, key/value head) per work item: its query heads in order,
+// each over i in order, so dk/dv accumulate in a fixed order.
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int B, int Tn, int NH,
-                        int HS) {
-    const int C = NH * HS, C3 = 3 * C;
+                        int NKV, int HS) {
+    const int C = NH * HS, W = (NH + 2 * NKV) * HS, G = NH / NKV;
     const T scale = (T)1 / std::sqrt((T)HS);
-    const long items = (long)B * NH;
+    const long items = (long)B * NKV;
 #pragma omp parallel if (parallel_worth((size_t)B * NH * Tn * Tn * HS / 2))
     {
         std::vector<T> ds(Tn), pr(Tn), dq(HS);
 #pragma omp for schedule(static)
         for (long it = 0; it < items; ++it) {
-            const int h = (int)(it % NH);
-            const int b = (int)(it / NH);
+            const int g = (int)(it % NKV);
+            const int b = (int)(it / NKV);
             const long base = (long)b * Tn;
+            const int koff = C + g * HS, voff = C + (NKV + g) * HS;
             for (int t = 0; t < Tn; ++t) {
-                T* row = dqkv + (base + t) * C3 + h * HS;
-                for (int d = 0; d < HS; ++d) row[d] = row[C + d] = row[2 * C + d] = T(0);
+                T* row = dqkv + (base + t) * W;
+                for (int d = 0; d < HS; ++d) row[koff + d] = row[voff + d] = T(0);
+                for (int h = g * G; h < (g + 1) * G; ++h)
+                    for (int d = 0; d < HS; ++d) row[h * HS + d] = T(0);
             }
-            for (int i = 0; i < Tn; ++i) {
-                const T* q = qkv + (base + i) * C3 + h * HS;
-                const T* go = dout + (base + i) * C + h * HS;
-                const T* o = out + (base + i) * C + h * HS;
-                const T Di = dot(go, o, HS);
-                const T l = lse[((long)b * NH + h) * Tn + i];
-                T* prp = pr.data();
-                T* dsp = ds.data();
-                for (int j = 0; j <= i; ++j) {
-                    const T* k = qkv + (base + j) * C3 + C + h * HS;
-                    const T* v = qkv + (base + j) * C3 + 2 * C + h * HS;
-                    prp[j] = dot(q, k, HS) * scale - l;
-                    dsp[j] = dot(go, v, HS) - Di;
-                }
-                for (int j = 0; j <= i; ++j) {
-                    const T p = exp_t(prp[j]);
-                    prp[j] = p;
-                    dsp[j] = p * dsp[j] * scale;
-                }
-                std::fill(dq.begin(), dq.end(), T(0));
-                T* dqp = dq.data();
-                for (int j = 0; j <= i; ++j) {
-                    const T* k = qkv + (base + j) * C3 + C + h * HS;
-                    T* dk = dqkv + (base + j) * C3 + C + h * HS;
-                    T* dv = dqkv + (base + j) * C3 + 2 * C + h * HS;
-                    const T dsj = ds[j], pj = pr[j];
-#pragma omp simd
-                    for (int d = 0; d < HS; ++d) {
-                        dqp[d] = std::fma(dsj, k[d], dqp[d]);
-                        dk[d] = std::fma(dsj, q[d], dk[d]);
-                        dv[d] = std::fma(pj, go[d], dv[d]);
+            for (int h = g * G; h < (g + 1) * G; ++h)
+                for (int i = 0; i < Tn; ++i) {
+                    const T* q = qkv + (base + i) * W + h * HS;
+                    const T* go = dout + (base + i) * C + h * HS;
+                    const T* o = out + (base + i) * C + h * HS;
+                    const T Di = dot(go, o, HS);
+                    const T l = lse[((long)b * NH + h) * Tn + i];
+                    T* prp = pr.data();
+                    T* dsp = ds.data();
+                    for (int j = 0; j <= i; ++j) {
+                        const T* k = qkv + (base + j) * W + koff;
+                        const T* v = qkv + (base + j) * W + voff;
+                        prp[j] = dot(q, k, HS) * scale - l;
+                        dsp[j] = dot(go, v, HS) - Di;
                     }
+                    for (int j = 0; j <= i; ++j) {
+                        const T p = exp_t(prp[j]);
+                        prp[j] = p;
+                        dsp[j] = p * dsp[j] * scale;
+                    }
+                    std::fill(dq.begin(), dq.end(), T(0));
+                    T* dqp = dq.data();
+                    for (int j = 0; j <= i; ++j) {
+                        const T* k = qkv + (base + j) * W + koff;
+                        T* dk = dqkv + (base + j) * W + koff;
+                        T* dv = dqkv + (base + j) * W + voff;
+                        const T dsj = ds[j], pj = pr[j];
+#pragma omp simd
+                        for (int d = 0; d < HS; ++d) {
+                            dqp[d] = std::fma(dsj, k[d], dqp[d]);
+                            dk[d] = std::fma(dsj, q[d], dk[d]);
+                            dv[d] = std::fma(pj, go[d], dv[d]);
+                        }
+                    }
+                    T* dqo = dqkv + (base + i) * W + h * HS;
+                    for (int d = 0; d < HS; ++d) dqo[d] = dq[d];
                 }
-                T* dqo = dqkv + (base + i) * C3 + h * HS;
-                for (int d = 0; d < HS; ++d) dqo[d] = dq[d];
+        }
+    }
+}
+
+// Rotary embeddings on the NH + NKV query and key heads of qkv [B,T,NH+2*NKV,HS], in place.
+// inverse: rotate by -angle (the backward of the forward rotation).
+template <class T>
+void rope(T* qkv, int B, int Tn, int NH, int NKV, int HS, T theta, bool inverse) {
+    const int half = HS / 2, W = (NH + 2 * NKV) * HS, heads = NH + NKV;
+    std::vector<T> cs((size_t)Tn * half), sn((size_t)Tn * half);
+    for (int i = 0; i < half; ++i) {
+        const T inv_freq = T(1) / std::pow(theta, T(2 * i) / T(HS));
+        for (int t = 0; t < Tn; ++t) {
+            const T a = T(t) * inv_freq;
+            cs[(size_t)t * half + i] = std::cos(a);
+            sn[(size_t)t * half + i] = inverse ? -std::sin(a) : std::sin(a);
+        }
+    }
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)B * Tn * W))
+    for (long bt = 0; bt < (long)B * Tn; ++bt) {
+        const int t = (int)(bt % Tn);
+        const T* c = cs.data() + (size_t)t * half;
+        const T* s = sn.data() + (size_t)t * half;
+        for (int h = 0; h < heads; ++h) {
+            T* x = qkv + bt * W + h * HS;
+#pragma omp simd
+            for (int i = 0; i < half; ++i) {
+                const T x1 = x[i], x2 = x[i + half];
+                x[i] = x1 * c[i] - x2 * s[i];
+                x[i + half] = x2 * c[i] + x1 * s[i];
             }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// RMSNorm and SwiGLU (Llama)
+
+// rstd[n] = 1/sqrt(mean(inp[n]^2) + eps); out = inp * rstd * w
+template <class T>
+void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int N, int C, T eps) {
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * C))
+    for (long n = 0; n < N; ++n) {
+        const T* x = inp + n * C;
+        T* o = out + n * C;
+        const T s = T(1) / std::sqrt(dot(x, x, C) / T(C) + eps);
+        rstd[n] = s;
+#pragma omp simd
+        for (int c = 0; c < C; ++c) o[c] = x[c] * s * w[c];
+    }
+}
+
+// dinp += rstd * (w*dout - inp * rstd^2 * mean(w*dout*inp)); dw += sum_n dout * inp * rstd
+template <class T>
+void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, const T* rstd, int N, int C) {
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * C))
+    for (long n = 0; n < N; ++n) {
+        const T* d = dout + n * C;
+        const T* x = inp + n * C;
+        T* dx = dinp + n * C;
+        const T s = rstd[n];
+        T acc = 0;
+        for (int c = 0; c < C; ++c) acc = std::fma(d[c] * w[c], x[c], acc);
+        const T k = acc / T(C) * s * s;
+#pragma omp simd
+        for (int c = 0; c < C; ++c) dx[c] += (d[c] * w[c] - x[c] * k) * s;
+    }
+    const int nblk = (C + kChanBlock - 1) / kChanBlock;
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * C))
+    for (int blk = 0; blk < nblk; ++blk) {
+        const int c0 = blk * kChanBlock, c1 = std::min(C, c0 + kChanBlock);
+        for (long n = 0; n < N; ++n) {
+            const T* d = dout + n * C;
+            const T* x = inp + n * C;
+            for (int c = c0; c < c1; ++c) dw[c] = std::fma(x[c] * rstd[n], d[c], dw[c]);
+        }
+    }
+}
+
+// sigmoid without overflow: exp only of non-positive arguments
+template <class T>
+inline T sigmoid(T x) {
+    if (x >= T(0)) return T(1) / (T(1) + exp_t(-x));
+    const T e = exp_t(x);
+    return e / (T(1) + e);
+}
+
+// inp [N, 2F] = [gate | up] per row; out [N, F] = silu(gate) * up
+template <class T>
+void swiglu_forward(T* out, const T* inp, int N, int F) {
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * F))
+    for (long n = 0; n < N; ++n) {
+        const T* g = inp + n * 2 * F;
+        const T* u = g + F;
+        T* o = out + n * F;
+        for (int f = 0; f < F; ++f) o[f] = g[f] * sigmoid(g[f]) * u[f];
+    }
+}
+
+// dinp [N, 2F] = [dout * up * silu'(gate) | dout * silu(gate)] (overwrite)
+template <class T>
+void swiglu_backward(T* dinp, const T* dout, const T* inp, int N, int F) {
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * F))
+    for (long n = 0; n < N; ++n) {
+        const T* g = inp + n * 2 * F;
+        const T* u = g + F;
+        const T* d = dout + n * F;
+        T* dg = dinp + n * 2 * F;
+        T* du = dg + F;
+        for (int f = 0; f < F; ++f) {
+            const T sg = sigmoid(g[f]);
+            du[f] = d[f] * g[f] * sg;
+            dg[f] = d[f] * u[f] * sg * (T(1) + g[f] * (T(1) - sg));
         }
     }
 }

@@ -1,4 +1,4 @@
-// CpuOps: LayerNorm (plain and fused with the residual add) and the residual add.
+// CpuOps: LayerNorm (plain and fused with the residual add), the residual add, and RMSNorm.
 #include "llmc/cpu/cpu_ops.h"
 #include "llmc/cpu/kernels.h"
 
@@ -28,4 +28,18 @@ void CpuOps::residual_forward(Tensor out, Tensor a, Tensor b) {
     LLMC_ASSERT(a.n == out.n && b.n == out.n, "residual_forward: size mismatch");
     cpu::residual_forward(cpu_f32(out, out.n, "residual out"), cpu_f32(a, out.n, "residual a"),
                           cpu_f32(b, out.n, "residual b"), out.n);
+}
+
+void CpuOps::rmsnorm_forward(Tensor out, float* rstd, Tensor inp, Tensor w, int N, int C, float eps) {
+    const size_t NC = (size_t)N * C;
+    cpu::rmsnorm_forward(cpu_f32(out, NC, "rmsnorm out"), rstd, cpu_f32(inp, NC, "rmsnorm inp"),
+                         cpu_f32(w, C, "rmsnorm w"), N, C, eps);
+}
+
+void CpuOps::rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, const float* rstd, int N,
+                              int C) {
+    const size_t NC = (size_t)N * C;
+    cpu::rmsnorm_backward(cpu_f32(dinp, NC, "rmsnorm dinp"), cpu_f32(dw, C, "rmsnorm dw"),
+                          cpu_f32(dout, NC, "rmsnorm dout"), cpu_f32(inp, NC, "rmsnorm inp"),
+                          cpu_f32(w, C, "rmsnorm w"), rstd, N, C);
 }

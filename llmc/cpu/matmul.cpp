@@ -1,4 +1,4 @@
-// CpuOps: linear layers (optionally fused with GELU).
+// CpuOps: linear layers (optionally fused with GELU) and the SwiGLU activation.
 #include "llmc/cpu/cpu_ops.h"
 #include "llmc/cpu/kernels.h"
 
@@ -19,4 +19,13 @@ void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, 
     const float* pg = pre_gelu ? cpu_f32(pre_gelu, NO, "pre_gelu") : nullptr;
     cpu::matmul_backward(di, cpu_f32(dw, (size_t)OC * IC, "matmul dw"), db, cpu_f32(dout, NO, "matmul dout"),
                          cpu_f32(inp, NI, "matmul inp"), cpu_f32(w, (size_t)OC * IC, "matmul w"), pg, N, IC, OC);
+}
+
+void CpuOps::swiglu_forward(Tensor out, Tensor inp, int N, int F) {
+    cpu::swiglu_forward(cpu_f32(out, (size_t)N * F, "swiglu out"), cpu_f32(inp, (size_t)N * 2 * F, "swiglu inp"), N, F);
+}
+
+void CpuOps::swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, int N, int F) {
+    cpu::swiglu_backward(cpu_f32(dinp, (size_t)N * 2 * F, "swiglu dinp"), cpu_f32(dout, (size_t)N * F, "swiglu dout"),
+                         cpu_f32(inp, (size_t)N * 2 * F, "swiglu inp"), N, F);
 }
