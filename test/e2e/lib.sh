@@ -5,7 +5,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BIN="$ROOT/train_gpt"
 SYNTH="$ROOT/dev/data/synth_shards"
 W=$(mktemp -d /tmp/train_gpt_e2e.XXXXXX)
-trap 'rm -rf "$W"' EXIT
+trap '[ -n "${KEEP_E2E:-}" ] || rm -rf "$W"' EXIT  # KEEP_E2E=1 keeps the work folder
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 die() { echo "FAILED: $*" >&2; exit 1; }
