@@ -72,7 +72,7 @@ double evaluate(PipelineEngine& pipeline, DataLoader& val, int batches, std::vec
 // draw alike; the pipeline group hands the token back to the first stage.
 std::vector<int> sample(PipelineEngine& pipeline, TensorParallel& tp, int eot, int n, uint64_t seed) {
     Model& model = pipeline.model();
-    const int V = model.shape.vocab_size, Vl = model.shape.padded_vocab / tp.size();
+    const int V = model.shape.vocab_size, Vl = model.shape.vocab_shard(tp.size());
     Rng rng(seed, 0x5A3D1E);
     std::vector<int32_t> ctx = {eot};
     std::vector<int> out;
@@ -418,7 +418,7 @@ int train(Runtime& rt, int argc, char** argv) {
               dp.buckets().size(), dp.buckets().size() == 1 ? "" : "s", dp.bucket_elems());
     if (grid.tp > 1)
         log.print("tensor parallel: %d ranks, %d heads and %d vocabulary rows each%s\n", grid.tp,
-                  shape.n_head / grid.tp, shape.padded_vocab / grid.tp,
+                  shape.n_head / grid.tp, shape.vocab_shard(grid.tp),
                   layout.sequence_parallel ? "; sequence parallel (1/tp of the tokens outside attention and MLP)" : "");
     if (grid.pp > 1) {
         std::string stages;

@@ -128,7 +128,7 @@ size_t Model::carve_activations(char* base, bool sp, std::vector<Chunk>& chunks,
     const size_t N = size_t(B) * T, C = shape.d_model, NHl = shape.n_head / tpn, Cl = C / tpn;
     const size_t QKVl = size_t(shape.n_head + 2 * shape.kv_heads()) * shape.head_dim() / tpn;
     const size_t Fl = size_t(shape.ffn()) / tpn, PREl = block_.swiglu ? 2 * Fl : Fl;  // the MLP's hidden width
-    const size_t Vl = shape.padded_vocab / tpn, nl = sp && tpn > 1 ? N / tpn : N;
+    const size_t Vl = size_t(shape.vocab_shard(tpn)), nl = sp && tpn > 1 ? N / tpn : N;
     const bool mean = block_.layernorm;  // RMSNorm keeps no mean
     Carver cv{base};
     for (Chunk& ch : chunks) {
@@ -548,12 +548,12 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
 }
 
 namespace {
-int vocab_begin_of(const ModelShape& s, const ModelLayout& L) { return L.tp_rank * (s.padded_vocab / L.tp); }
+int vocab_begin_of(const ModelShape& s, const ModelLayout& L) { return L.tp_rank * s.vocab_shard(L.tp); }
 }  // namespace
 
 float Model::head_forward(SlotActs& sa, Tensor res, const int32_t* targets, int b, int t, float dloss) {
     TensorParallel& tp = *tp_;
-    const int C = shape.d_model, V = shape.vocab_size, Vl = shape.padded_vocab / tp_size();
+    const int C = shape.d_model, V = shape.vocab_size, Vl = shape.vocab_shard(tp_size());
     const size_t N = size_t(b) * t, nl = local_rows(b, t);
     const ParamSpec& w = head_weight_spec();
     const int wu = unit_of(w);
@@ -586,7 +586,7 @@ float Model::head_forward(SlotActs& sa, Tensor res, const int32_t* targets, int 
 
 void Model::head_backward(SlotActs& sa, Tensor res, int b, int t) {
     TensorParallel& tp = *tp_;
-    const int C = shape.d_model, Vl = shape.padded_vocab / tp_size();
+    const int C = shape.d_model, Vl = shape.vocab_shard(tp_size());
     const size_t N = size_t(b) * t, nl = local_rows(b, t);
     Scratch& S = *scratch_;
     const ParamSpec& w = head_weight_spec();
@@ -700,7 +700,7 @@ int Model::get_logits_slice(int b, int t, float* host_row, int* vocab_begin) con
     const SlotActs& sa = ch.slots[0];
     LLMC_ASSERT(!sa.have_dlogits, "logits were overwritten by their gradient");
     LLMC_ASSERT(b < sa.b && t < sa.t, "get_logits: row outside the last forward");
-    const int Vl = shape.padded_vocab / tp_size(), v0 = vocab_begin_of(shape, layout);
+    const int Vl = shape.vocab_shard(tp_size()), v0 = vocab_begin_of(shape, layout);
     const int n = std::max(0, std::min(Vl, shape.vocab_size - v0));
     std::vector<float> row(static_cast<size_t>(Vl));
     ops.to_host_f32(row.data(), sa.logits.slice((size_t(b) * sa.t + t) * Vl, size_t(Vl)));

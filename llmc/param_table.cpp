@@ -1,4 +1,5 @@
 #include "llmc/param_table.h"
+#include <algorithm>
 
 #include "llmc/common.h"
 
@@ -40,9 +41,6 @@ void check_model_layout(const ModelShape& s, const ModelLayout& L, int T) {
     if (s.ffn() % tp != 0)
         throw UserError(strfmt("parallel.tp: %d does not divide model.ffn_dim = %d (the MLP is split by columns)",
                                tp, s.ffn()));
-    if (s.padded_vocab % tp != 0)
-        throw UserError(strfmt("parallel.tp: %d does not divide the padded vocabulary %d (model.vocab_size %d "
-                               "rounded up to a multiple of 128)", tp, s.padded_vocab, s.vocab_size));
     if (L.sequence_parallel && tp > 1 && T % tp != 0)
         throw UserError(strfmt("parallel.sequence_parallel: train.seq_len = %d must be a multiple of parallel.tp "
                                "= %d (the tokens are split evenly)", T, tp));
@@ -75,10 +73,16 @@ std::vector<ParamSpec> param_table(const ModelShape& s, const ModelLayout& L, si
         p.col_begin = 0;
         p.col_end = d.cols;
         p.tp_replicated = false;
+        size_t pad_rows = 0;
         switch (d.split) {
-            case TpSplit::Vocab:
-                p.rows = {{r * d.rows / tp, (r + 1) * d.rows / tp}};
+            case TpSplit::Vocab: {  // rows [r Vl, (r+1) Vl) of the padded vocabulary; those in the file
+                const size_t Vl = size_t(s.vocab_shard(L.tp)), b = std::min(r * Vl, d.rows);
+                const size_t e = std::min((r + 1) * Vl, d.rows);
+                p.rows.clear();
+                if (e > b) p.rows.push_back({b, e});
+                pad_rows = Vl - (e - b);
                 break;
+            }
             case TpSplit::Column: {  // this rank's rows of each of the stride blocks
                 const size_t blk = d.rows / size_t(d.stride);
                 p.rows.clear();
@@ -94,7 +98,7 @@ std::vector<ParamSpec> param_table(const ModelShape& s, const ModelLayout& L, si
                 p.tp_replicated = true;
                 break;
         }
-        p.numel = 0;
+        p.numel = pad_rows * d.cols;  // the memory-only vocabulary rows follow the file's
         for (const auto& rr : p.rows) p.numel += (rr.second - rr.first) * (p.col_end - p.col_begin);
         p.offset = offset;
         p.decay = d.decay;

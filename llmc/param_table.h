@@ -30,6 +30,10 @@ struct ModelShape {
     int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
     int ffn() const { return ffn_dim > 0 ? ffn_dim : 4 * d_model; }
     int head_dim() const { return d_model / n_head; }
+    // Rows of the vocabulary (embedding, LM head, logits) each of tp ranks holds: the vocabulary
+    // padded to a multiple of 128 * tp (Megatron's rule), split evenly. The rows past the file's
+    // padded_vocab exist only in memory, stay zero, and are never written to a file.
+    int vocab_shard(int tp) const { return (vocab_size + 128 * tp - 1) / (128 * tp) * 128; }
     bool operator==(const ModelShape& o) const {
         return n_layer == o.n_layer && n_head == o.n_head && d_model == o.d_model && vocab_size == o.vocab_size &&
                padded_vocab == o.padded_vocab && max_seq_len == o.max_seq_len && arch == o.arch &&
@@ -94,7 +98,7 @@ struct ParamSpec {
     ModelPart part;  // the head for the tied copy
     int layer;      // -1 outside the layers
     size_t offset;  // element offset in the local parameter (and gradient) buffer
-    size_t numel;   // local elements
+    size_t numel;   // local elements (a vocabulary split's memory-only padding rows included, last)
     bool decay;
     // This copy is the one that counts: checkpoints are assembled from it and the gradient
     // norm sums it. False for replicated tensors on tp_rank > 0 and the tied head copy.

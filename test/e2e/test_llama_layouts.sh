@@ -80,6 +80,12 @@ close_weights "$W/base/model_00000010.bin" "$W/resumed/model_00000010.bin" 1e-5 
     die "model.init from the exported safetensors failed: $(tail "$W/from_st.txt")"
 cmp -s "$W/base/model_00000010.bin" "$W/from_st/model_00000001.bin" ||
     die "the exported safetensors did not load back to the same weights"
+# tp=3: 6 heads, 3 key/value heads, a vocabulary of 1003 padded to 1152 in memory (1024 in files)
+tp3=(model.n_head=6 model.n_kv_head=3 model.d_model=48 model.vocab_size=1003)
+baseline base3 "${tp3[@]}"
+check base3 tp3 3 "${tp3[@]}" parallel.tp=3
+cmp -s <(head -c 1024 "$W/base3/model_00000010.safetensors") <(head -c 1024 "$W/tp3/model_00000010.safetensors") ||
+    die "tp=3 exported safetensors differ in their header from one process's"
 # layouts the shape cannot take are refused before any work, naming the key
 rc=0
 dp_run 4 "$W/c.json" parallel.tp=4 "out_dir=$W/bad" > /dev/null 2> "$W/err.txt" || rc=$?
