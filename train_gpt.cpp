@@ -1,9 +1,10 @@
-// train_gpt: GPT-2 pretraining, one binary for one CPU core or a cluster of GPUs.
+// train_gpt: GPT pretraining (GPT-2, Llama), one binary for one CPU core or a cluster of GPUs.
 //
 //   ./train_gpt configs/tiny_cpu.json [key=value ...] [--print-config]
 //   mpirun -np N ./train_gpt config.json
 //
-// Reads top to bottom as the algorithm: config -> runtime -> model -> data -> loop.
+// Reads top to bottom as the algorithm: plan the run (every start-up check, one agreement), build
+// it, initialise or resume, loop (evaluate, step, checkpoint), save.
 // Every kernel call goes through Ops (llmc/ops.h): the CPU reference backend or CUDA.
 #include <sys/stat.h>
 
@@ -23,6 +24,7 @@
 #include "llmc/common.h"
 #include "llmc/comm.h"
 #include "llmc/config.h"
+#include "llmc/converter.h"
 #include "llmc/data_parallel.h"
 #include "llmc/dataloader.h"
 #include "llmc/hf_format.h"
@@ -54,6 +56,8 @@ std::string human_bytes(double b) {
     while (b >= 1024.0 && u < 4) b /= 1024.0, u++;
     return strfmt("%.1f %s", b, units[u]);
 }
+
+using Batches = std::vector<std::vector<int32_t>>;
 
 // Mean loss over `batches` micro-batches of the validation set, from its start, averaged over DP ranks.
 double evaluate(PipelineEngine& pipeline, DataLoader& val, int batches, std::vector<int32_t>& x,
@@ -173,101 +177,17 @@ std::string resolve_comm(const ParallelConfig& pc, const std::string& device, co
     return "nccl";
 }
 
-// ==== precision "fp8" (llmc/fp8.h): begin ====
-// The run's FP8 scaling. Every rank holds the whole model's Fp8State and one backend array of
-// amaxes that the block linears of its own layers and shards record into (Model::set_fp8). Once
-// per optimizer step the arrays of all ranks are max-reduced over the WORLD: data-parallel
-// replicas must cast with identical scales (else their weights drift apart), the TP shards of
-// one tensor each see only part of it, and pipeline stages own different layers. Every rank
-// then advances the same state, so rank 0's copy is the whole state that checkpoints store.
-class Fp8Run {
-public:
-    // Throws UserError when the backend has no fp8 matmuls (why included: a GPU below compute
-    // capability 8.9, say), or when a local linear dimension is not a multiple of what the
-    // backend's fp8 GEMM takes, naming the config keys to change.
-    Fp8Run(const Config& cfg, Ops& ops, int tp, const std::string& device)
-        : ops_(ops), opt_(fp8_options(cfg.fp8)), state_(cfg.model.n_layer, opt_) {
-        std::string why;
-        if (!ops.fp8_supported(&why)) throw UserError("precision: fp8 cannot run on this device: " + why);
-        const long k = ops.fp8_dim_multiple(), C = cfg.model.d_model, Cl = C / tp;
-        auto need = [&](long v, const std::string& what, const char* keys) {
-            if (v % k != 0)
-                throw UserError(strfmt("precision: fp8 on %s needs every linear layer dimension to be a multiple of "
-                                       "%ld, but %s = %ld is not (change %s)",
-                                       device.c_str(), k, what.c_str(), v, keys));
-        };
-        need(long(cfg.train.micro_batch) * cfg.train.seq_len,
-             strfmt("train.micro_batch x train.seq_len = %d x %d", cfg.train.micro_batch, cfg.train.seq_len),
-             "train.micro_batch or train.seq_len");
-        need(C, "model.d_model", "model.d_model");
-        // the local widths of the TP shards: QKV and fc outputs, attention projection input
-        // the local widths of the TP shards: the QKV and up projections' outputs, the attention and
-        // down projections' inputs
-        const ModelShape s = model_shape(cfg.model);
-        const long qkv = long(s.n_head + 2 * s.kv_heads()) * s.head_dim() / tp, F = s.ffn() / tp;
-        need(qkv, strfmt("(n_head + 2 n_kv_head) x head_dim / parallel.tp = %ld", qkv), "model.d_model or parallel.tp");
-        need(Cl, strfmt("model.d_model / parallel.tp = %ld / %d", C, tp), "model.d_model or parallel.tp");
-        need(F, strfmt("the MLP width / parallel.tp = %d / %d", s.ffn(), tp), "model.ffn_dim or parallel.tp");
-        amax_ = static_cast<float*>(ops.alloc(bytes()));
-    }
-    ~Fp8Run() { ops_.release(amax_); }
-    Fp8Run(const Fp8Run&) = delete;
-    Fp8Run& operator=(const Fp8Run&) = delete;
-
-    Fp8State& state() { return state_; }
-    float* amax() { return amax_; }
-    size_t bytes() const { return size_t(state_.size()) * sizeof(float); }
-
-    // What runs in which precision: "fp8: linears fp8 (e4m3/e5m2, delayed, history 16, margin 0),
-    // rest fp32 (fp8 emulated exactly on the CPU)".
-    std::string describe(const std::string& device, DType rest) const {
-        const bool delayed = opt_.recipe == Fp8Recipe::Delayed;
-        return strfmt("fp8: linears fp8 (e4m3/%s, %s%s, margin %d), rest %s%s", opt_.hybrid ? "e5m2" : "e4m3",
-                      delayed ? "delayed" : "current", delayed ? strfmt(", history %d", opt_.amax_history).c_str() : "",
-                      opt_.margin, dtype_name(rest), device == "cpu" ? " (fp8 emulated exactly on the CPU)" : "");
-    }
-
-    // Start of an optimizer step: forget the amaxes of the last one (and of evaluation passes).
-    void begin_step() { ops_.zero(Tensor(amax_, size_t(state_.size()), DType::F32)); }
-
-    // After the step's last backward, on every rank in the same order (a world collective): the
-    // amaxes of all ranks, max-reduced, advance the scales. Returns this update's overflow
-    // events (non-finite amaxes; those scales are kept).
-    int end_step(Comm& world) {
-        const size_t n = size_t(state_.size());
-        std::vector<float> a(n);
-        ops_.to_host_bytes(a.data(), amax_, bytes());
-        // The reduction runs on the float bit patterns, as integers held exactly in doubles
-        // (every Comm reduces doubles in host memory, NCCL included). Non-negative floats order
-        // as their bits do, with inf above every finite value and NaN above inf (fp8_abs_bits,
-        // the order the ops record in), so the maximum is exact, independent of the reduction
-        // order, and a NaN or inf amax on any rank stays non-finite. A float MAX would not
-        // promise that: MPI_MAX compares with NaN false both ways and may drop it.
-        std::vector<double> bits(n);
-        for (size_t i = 0; i < n; i++) bits[i] = double(fp8_abs_bits(a[i]));
-        world.all_reduce(bits.data(), n, ReduceOp::Max);
-        for (size_t i = 0; i < n; i++) a[i] = fp8_bits_to_float(uint32_t(bits[i]));
-        return state_.update(a.data());
-    }
-
-private:
-    Ops& ops_;
-    Fp8Options opt_;
-    Fp8State state_;
-    float* amax_ = nullptr;
-};
-// ==== precision "fp8": end ====
 
 void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bool master, DType dtype,
-                        const Fp8Run* fp8 = nullptr) {
+                        const ModelConverter& conv) {
     const size_t num_params = model.num_params;
     auto row = [&](const char* name, size_t bytes, const std::string& note) {
         log.print("  %-13s %11s  %12zu B%s\n", name, human_bytes(double(bytes)).c_str(), bytes, note.c_str());
     };
     log.print("memory per rank (ZeRO-%d over dp %d; %zu parameters padded to %zu):\n", m.zero, m.dp, num_params,
               m.padded_params);
-    row("parameters", m.params, strfmt("  (%s%s%s)", dtype_name(dtype), m.zero >= 3 ? ", shard" : "",
-                                       fp8 ? "; block linears compute in fp8" : ""));
+    row("parameters", m.params,
+        strfmt("  (%s%s%s)", dtype_name(dtype), m.zero >= 3 ? ", shard" : "", conv.params_note().c_str()));
     row("gradients", m.grads, m.zero >= 2 ? "  (shard)" : "");
     row("optimizer", m.optimizer, strfmt("  (m, v%s fp32%s)", master ? ", master" : "", m.zero >= 1 ? ", shard" : ""));
     row("comm buffers", m.comm_buffers, m.zero == 0 ? "  (1 bucket, fp32)" : "  (2 buckets, fp32)");
@@ -278,278 +198,305 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
         model.layout.sequence_parallel ? strfmt("  (sequence parallel; %s without it)",
                                                 human_bytes(double(model.activation_bytes_without_sp())).c_str())
                                        : std::string());
-    if (fp8)  // ==== fp8 ====
-        row("fp8 amaxes", fp8->bytes(),
-            strfmt("  (%d layers x 4 linears x 3 operands, fp32; scales and history on the host)",
-                   model.shape.n_layer));
-    row("total", m.total() + (fp8 ? fp8->bytes() : 0), "");
+    size_t total = m.total();
+    for (const MemoryRow& r : conv.memory_rows()) {
+        row(r.name.c_str(), r.bytes, r.note);
+        total += r.bytes;
+    }
+    row("total", total, "");
 }
 
-int train(Runtime& rt, int argc, char** argv) {
-    // ---- config, backend and process grid: every rank decides alike, and they agree before any work ----
-    bool print_config = false;
+// ---- plan: every start-up check, on every rank alike, before any work ----
+struct Plan {
     Config cfg;
+    bool print_config = false;
     ProcessGrid grid;
     ModelShape shape;
     ModelLayout layout;
-    PpScheduleKind schedule_kind = PpScheduleKind::OneFOneB;
-    std::string device, comm_kind, setup_error;
-    try {
-        cfg = load_config(argc, argv, &print_config);
-        grid = make_process_grid(cfg.parallel, rt.world, rt.rank);
-        const ParallelConfig& pc = cfg.parallel;
-        schedule_kind = parse_pp_schedule(pc.pp_schedule);
-        validate_pipeline(cfg);
-        shape = model_shape(cfg.model);
-        layout = model_layout(shape, pc, grid.tp_rank, grid.pp_rank);
-        check_model_layout(shape, layout, cfg.train.seq_len);
-        device = resolve_device(cfg);
-        comm_kind = resolve_comm(cfg.parallel, device, rt);
-    } catch (const UserError& e) {
-        setup_error = e.what();
-    }
-    if (rt.any_failed(setup_error)) return 2;
-    if (print_config) {
-        if (rt.is_main()) std::printf("%s\n", cfg.resolved.dump(2).c_str());
-        return 0;
-    }
-    // ---- communicators and backend ----
-    // ranks share the node's GPUs round-robin (several ranks per GPU under MPI in tests)
-    const int gpus = device == "cuda" ? std::max(1, cuda_device_count()) : 1;
-    const int cuda_device = device == "cuda" ? rt.local_rank % gpus : -1;
-    ProcessGroups groups = make_process_groups(grid, comm_kind, cfg.parallel.timeout_s, cuda_device);
-    std::unique_ptr<Ops> ops = device == "cpu" ? make_cpu_ops() : make_cuda_ops(cuda_device);
-    // fp8 keeps everything but the block linears in bf16 on CUDA and fp32 on the CPU
-    const DType dtype =
-        cfg.precision == "bf16" || (cfg.precision == "fp8" && device == "cuda") ? DType::BF16 : DType::F32;
-    Logger log(std::string(), rt.is_main(), false);  // console only until out_dir exists
-    // ==== fp8: the scaling state; every rank checks the backend and the shapes, and they agree ====
-    std::unique_ptr<Fp8Run> fp8;
-    if (cfg.precision == "fp8") {
-        std::string fp8_error;
-        try {
-            fp8.reset(new Fp8Run(cfg, *ops, grid.tp, device));
-        } catch (const UserError& e) {
-            fp8_error = e.what();
-        }
-        if (rt.any_failed(fp8_error)) return 2;
-    }
+    PpScheduleKind schedule = PpScheduleKind::OneFOneB;
+    std::string device, comm;
+};
 
-    // ---- model: this rank's chunks of layers and tensor-parallel slice ----
-    const TrainConfig& tc = cfg.train;
-    const ParallelConfig& pc = cfg.parallel;
-    const int B = tc.micro_batch, T = tc.seq_len;
-    const PpSchedule schedule = make_pipeline_schedule(schedule_kind, grid.pp, tc.grad_accum, pc.pp_virtual);
-    const size_t pad = DataParallel::pad_multiple(grid.dp);
-    TensorParallel tp(*ops, groups.tp.get(), pc.sequence_parallel);
-    Model model(shape, *ops, dtype, B, T, pad, layout, &tp, pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual),
-               DataParallel::storage(pc.zero));
-    // data parallelism: the DP group's gradient sync and ZeRO's shards (set up before the parameters:
-    // under ZeRO-3 this rank keeps only its shard of them)
-    DataParallel dp(model, *groups.dp, pc.zero, pc.bucket_mb);
-    if (cfg.model.init == "random") {
-        model.init_random(uint64_t(cfg.model.init_seed));
-    } else {
-        std::vector<float> w = is_safetensors(cfg.model.init) ? hf_read_weights(cfg.model.init, shape)
-                                                              : model_file_read(cfg.model.init, &shape);
-        model.set_params_whole(w.data());
-    }
-    if (fp8) model.set_fp8(&fp8->state(), fp8->amax());  // ==== fp8 ====
-    PipelineEngine pipeline(model, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual);
-    // this rank's optimizer owns its ZeRO range
-    AdamW opt(model, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads());
+Plan plan_run(const Runtime& rt, int argc, char** argv) {
+    Plan p;
+    p.cfg = load_config(argc, argv, &p.print_config);
+    const ParallelConfig& pc = p.cfg.parallel;
+    p.grid = make_process_grid(pc, rt.world, rt.rank);
+    p.schedule = parse_pp_schedule(pc.pp_schedule);
+    validate_pipeline(p.cfg);
+    p.shape = model_shape(p.cfg.model);
+    p.layout = model_layout(p.shape, pc, p.grid.tp_rank, p.grid.pp_rank);
+    check_model_layout(p.shape, p.layout, p.cfg.train.seq_len);
+    p.device = resolve_device(p.cfg);
+    p.comm = resolve_comm(pc, p.device, rt);
+    return p;
+}
 
-    // ---- data: each DP rank reads its own windows (every TP and PP rank of it the same ones) ----
-    DataLoader train_data(cfg.data.train, B, T, grid.dp_rank, grid.dp, cfg.data.shuffle, uint64_t(tc.seed),
-                          shape.vocab_size);
+// ---- the run: built in dependency order from the plan ----
+struct Run {
+    Run(Runtime& rt_, const Plan& p)
+        : rt(rt_), cfg(p.cfg), tc(cfg.train), pc(cfg.parallel), grid(p.grid), shape(p.shape), device(p.device),
+          // ranks share the node's GPUs round-robin (several ranks per GPU under MPI in tests)
+          cuda_device(device == "cuda" ? rt.local_rank % std::max(1, cuda_device_count()) : -1),
+          groups(make_process_groups(grid, p.comm, pc.timeout_s, cuda_device)),
+          ops(device == "cpu" ? make_cpu_ops() : make_cuda_ops(cuda_device)),
+          // fp8 keeps everything but the block linears in bf16 on CUDA and fp32 on the CPU
+          dtype(cfg.precision == "bf16" || (cfg.precision == "fp8" && device == "cuda") ? DType::BF16 : DType::F32),
+          log(std::string(), rt.is_main(), false),
+          schedule(make_pipeline_schedule(p.schedule, grid.pp, tc.grad_accum, pc.pp_virtual)),
+          tp(*ops, groups.tp.get(), pc.sequence_parallel),
+          model(shape, *ops, dtype, tc.micro_batch, tc.seq_len, DataParallel::pad_multiple(grid.dp), p.layout, &tp,
+                pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), DataParallel::storage(pc.zero)),
+          // the DP group's gradient sync and ZeRO's shards, set up before the parameters: under
+          // ZeRO-3 this rank keeps only its shard of them
+          dp(model, *groups.dp, pc.zero, pc.bucket_mb),
+          pipeline(model, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual),
+          opt(model, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads()),  // this rank's ZeRO range
+          // each DP rank reads its own windows (every TP and PP rank of it the same ones)
+          train_data(cfg.data.train, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, cfg.data.shuffle,
+                     uint64_t(tc.seed), shape.vocab_size),
+          ckpt_dir(cfg.checkpoint.dir.empty() ? cfg.out_dir + "/checkpoints" : cfg.checkpoint.dir) {
+        if (!cfg.data.val.empty())
+            val_data.reset(new DataLoader(cfg.data.val, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, false, 0,
+                                          shape.vocab_size));
+        if (!cfg.tokenizer_dir.empty()) tok.reset(new Tokenizer(Tokenizer::load(cfg.tokenizer_dir)));
+    }
+    Runtime& rt;
+    const Config cfg;
+    const TrainConfig& tc;
+    const ParallelConfig& pc;
+    const ProcessGrid grid;
+    const ModelShape shape;
+    const std::string device;
+    const int cuda_device;
+    ProcessGroups groups;
+    std::unique_ptr<Ops> ops;
+    const DType dtype;
+    Logger log;  // console only until out_dir exists
+    const PpSchedule schedule;
+    TensorParallel tp;
+    Model model;
+    DataParallel dp;
+    PipelineEngine pipeline;
+    AdamW opt;
+    DataLoader train_data;
     std::unique_ptr<DataLoader> val_data;
-    if (!cfg.data.val.empty())
-        val_data.reset(new DataLoader(cfg.data.val, B, T, grid.dp_rank, grid.dp, false, 0, shape.vocab_size));
     std::unique_ptr<Tokenizer> tok;
-    if (!cfg.tokenizer_dir.empty()) tok.reset(new Tokenizer(Tokenizer::load(cfg.tokenizer_dir)));
-
-    // ---- resume ----
-    const std::string ckpt_dir = cfg.checkpoint.dir.empty() ? cfg.out_dir + "/checkpoints" : cfg.checkpoint.dir;
-    std::string resume_from;
-    if (cfg.checkpoint.resume == "auto") resume_from = checkpoint_latest(ckpt_dir);
-    else if (cfg.checkpoint.resume != "never") resume_from = cfg.checkpoint.resume;
+    std::unique_ptr<ModelConverter> conv;
+    std::unique_ptr<Logger> run_log;
+    const std::string ckpt_dir;
     TrainState state;
-    state.loader_dp = grid.dp;
-    if (!resume_from.empty()) {
-        // every rank reads the whole checkpoint and keeps its pieces: any layout resumes any other
-        WholeState whole;
-        state = checkpoint_load(resume_from, shape, &whole);
-        model.set_params_whole(whole.params.data());
-        OptimizerState local;
-        local.m = model.from_file_order(whole.m.data());
-        local.v = model.from_file_order(whole.v.data());
-        if (!whole.master.empty()) local.master = model.from_file_order(whole.master.data());
-        dp.load_optimizer_state(opt, local);
-        state.loader = convert_loader_position(state.loader, state.loader_dp, grid.dp, cfg.data.shuffle);
-        train_data.set_position(state.loader);
-        // ==== fp8: the scaling state resumes with the weights (bit-exact). A checkpoint of another
-        // precision continues with a fresh state (fp32/bf16 -> fp8) or without one (fp8 -> other),
-        // with a note; other fp8.* settings than the checkpoint's are an error (Fp8State::load).
-        if (fp8 && !whole.fp8.empty())
-            fp8->state().load(whole.fp8, resume_from + "/state.bin");
-        else if (fp8)
-            log.print("note: %s holds no fp8 scaling state (saved with another precision): fp8 starts with fresh "
-                      "scales\n", resume_from.c_str());
-        else if (!whole.fp8.empty())
-            log.print("note: %s holds an fp8 scaling state; precision \"%s\" does not use it\n", resume_from.c_str(),
-                      cfg.precision.c_str());
-        log.print("resumed from %s at step %d (saved at dp %d)\n", resume_from.c_str(), state.step, state.loader_dp);
-        state.loader_dp = grid.dp;
+};
+
+double tokens_per_step(const Run& r) {
+    return double(r.tc.micro_batch) * r.tc.seq_len * r.tc.grad_accum * r.grid.dp;
+}
+
+// The initial weights (random or a file), or a checkpoint to continue from: every rank reads the
+// whole checkpoint and keeps its pieces, so any layout resumes any other.
+void init_or_resume(Run& r) {
+    const Config& cfg = r.cfg;
+    if (cfg.model.init == "random") {
+        r.model.init_random(uint64_t(cfg.model.init_seed));
+    } else {
+        std::vector<float> w = is_safetensors(cfg.model.init) ? hf_read_weights(cfg.model.init, r.shape)
+                                                              : model_file_read(cfg.model.init, &r.shape);
+        r.model.set_params_whole(w.data());
     }
-
-    // ---- output ----
+    r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
+    std::string from;
+    if (cfg.checkpoint.resume == "auto") from = checkpoint_latest(r.ckpt_dir);
+    else if (cfg.checkpoint.resume != "never") from = cfg.checkpoint.resume;
+    r.state.loader_dp = r.grid.dp;
+    if (!from.empty()) {
+        WholeState whole;
+        r.state = checkpoint_load(from, r.shape, &whole);
+        r.model.set_params_whole(whole.params.data());
+        OptimizerState local;
+        local.m = r.model.from_file_order(whole.m.data());
+        local.v = r.model.from_file_order(whole.v.data());
+        if (!whole.master.empty()) local.master = r.model.from_file_order(whole.master.data());
+        r.dp.load_optimizer_state(r.opt, local);
+        r.state.loader = convert_loader_position(r.state.loader, r.state.loader_dp, r.grid.dp, cfg.data.shuffle);
+        r.train_data.set_position(r.state.loader);
+        r.conv->load(whole, from, r.log);
+        r.log.print("resumed from %s at step %d (saved at dp %d)\n", from.c_str(), r.state.step, r.state.loader_dp);
+        r.state.loader_dp = r.grid.dp;
+    }
     make_dirs(cfg.out_dir, "out_dir");
-    const std::string jsonl = cfg.log.jsonl.empty() ? cfg.out_dir + "/log.jsonl" : cfg.log.jsonl;
-    Logger run_log(jsonl, rt.is_main(), !resume_from.empty());
+    r.run_log.reset(new Logger(cfg.log.jsonl.empty() ? cfg.out_dir + "/log.jsonl" : cfg.log.jsonl, r.rt.is_main(),
+                               !from.empty()));
+}
 
-    const double tokens_per_step = double(B) * T * tc.grad_accum * grid.dp;
+void print_banner(Run& r, const Plan& p) {
+    const ModelShape& s = r.shape;
+    const ProcessGrid& g = r.grid;
+    Logger& log = r.log;
     log.print("train_gpt | device %s | precision %s | %s: %d layers, %d heads (%d kv), d_model %d, ffn %d, vocab %d "
               "(padded %d), max_seq_len %d\n",
-              device.c_str(), (fp8 ? fp8->describe(device, dtype) : cfg.precision).c_str(),  // ==== fp8 ====
-              arch_name(shape.arch), shape.n_layer, shape.n_head, shape.kv_heads(), shape.d_model, shape.ffn(),
-              shape.vocab_size, shape.padded_vocab, shape.max_seq_len);
-    log.print("parallel: %d process%s = %s; ZeRO-%d; comm %s; %zu gradient bucket%s of <= %zu elements\n",
-              grid.world, grid.world == 1 ? "" : "es", grid.describe().c_str(), dp.zero(), groups.dp->name().c_str(),
-              dp.buckets().size(), dp.buckets().size() == 1 ? "" : "s", dp.bucket_elems());
-    if (grid.tp > 1)
-        log.print("tensor parallel: %d ranks, %d heads and %d vocabulary rows each%s\n", grid.tp,
-                  shape.n_head / grid.tp, shape.vocab_shard(grid.tp),
-                  layout.sequence_parallel ? "; sequence parallel (1/tp of the tokens outside attention and MLP)" : "");
-    if (grid.pp > 1) {
+              r.device.c_str(), r.conv->describe().c_str(), arch_name(s.arch), s.n_layer, s.n_head, s.kv_heads(),
+              s.d_model, s.ffn(), s.vocab_size, s.padded_vocab, s.max_seq_len);
+    log.print("parallel: %d process%s = %s; ZeRO-%d; comm %s; %zu gradient bucket%s of <= %zu elements\n", g.world,
+              g.world == 1 ? "" : "es", g.describe().c_str(), r.dp.zero(), r.groups.dp->name().c_str(),
+              r.dp.buckets().size(), r.dp.buckets().size() == 1 ? "" : "s", r.dp.bucket_elems());
+    if (g.tp > 1)
+        log.print("tensor parallel: %d ranks, %d heads and %d vocabulary rows each%s\n", g.tp, s.n_head / g.tp,
+                  s.vocab_shard(g.tp),
+                  p.layout.sequence_parallel ? "; sequence parallel (1/tp of the tokens outside attention and MLP)" : "");
+    if (g.pp > 1) {
         std::string stages;
-        const auto split = pp_layer_split(shape.n_layer, grid.pp, pc.pp_virtual, pc.pp_layers);
-        for (size_t s = 0; s < split.size(); s++)
-            stages += strfmt("%s[%d, %d)", s ? " " : "", split[s].first, split[s].second);
+        const auto split = pp_layer_split(s.n_layer, g.pp, r.pc.pp_virtual, r.pc.pp_layers);
+        for (size_t i = 0; i < split.size(); i++) stages += strfmt("%s[%d, %d)", i ? " " : "", split[i].first, split[i].second);
         log.print("pipeline: layers per virtual stage %s\n", stages.c_str());
-        log.print("pipeline: %s\n", describe_pipeline(schedule_kind, grid.pp, tc.grad_accum, pc.pp_virtual).c_str());
+        log.print("pipeline: %s\n", describe_pipeline(p.schedule, g.pp, r.tc.grad_accum, r.pc.pp_virtual).c_str());
     }
-    log.print("batch: %d x %d tokens x %d accumulation x %d DP ranks = %.0f tokens per step; %d steps\n", B, T,
-              tc.grad_accum, grid.dp, tokens_per_step, tc.steps);
-    log.print("train data: %zu shard(s), %llu micro-batches per epoch\n", train_data.num_shards(),
-              (unsigned long long)train_data.windows_per_epoch());
-    const MemoryPlan mem = dp.memory_plan(opt.has_master());
-    print_memory_table(log, mem, model, opt.has_master(), dtype, fp8.get());
-    const MemoryPlan got = dp.allocated(opt.state_bytes());
+    log.print("batch: %d x %d tokens x %d accumulation x %d DP ranks = %.0f tokens per step; %d steps\n",
+              r.tc.micro_batch, r.tc.seq_len, r.tc.grad_accum, g.dp, tokens_per_step(r), r.tc.steps);
+    log.print("train data: %zu shard(s), %llu micro-batches per epoch\n", r.train_data.num_shards(),
+              (unsigned long long)r.train_data.windows_per_epoch());
+    const MemoryPlan mem = r.dp.memory_plan(r.opt.has_master());
+    print_memory_table(log, mem, r.model, r.opt.has_master(), r.dtype, *r.conv);
+    const MemoryPlan got = r.dp.allocated(r.opt.state_bytes());
     LLMC_ASSERT(got.params == mem.params && got.grads == mem.grads && got.optimizer == mem.optimizer &&
                     got.comm_buffers == mem.comm_buffers && got.unit_params == mem.unit_params &&
                     got.unit_grads == mem.unit_grads && got.activations == mem.activations,
                 "allocations disagree with the memory table");
+}
 
-    // MFU on GPUs: model FLOPs (6N + 12LCT per token) over the dense peak of this GPU and precision
-    const double peak_flops = device == "cpu" ? 0.0 : gpu_peak_flops(ops->device_name(), cfg.precision);
-    const double model_flops_per_token = flops_per_token(shape, T);
-    if (device != "cpu")
-        log.print("device: %s, dense %s peak %.1f TFLOP/s%s\n", ops->device_name().c_str(), cfg.precision.c_str(),
-                  peak_flops / 1e12, peak_flops > 0 ? "" : " (not in the table: no MFU)");
-
-    // ---- the training loop ----
-    std::vector<std::vector<int32_t>> x(size_t(tc.grad_accum), std::vector<int32_t>(size_t(B) * T)), y = x;
-    const float dloss = float(1.0 / (double(B) * T * tc.grad_accum * grid.dp));
-    for (int step = state.step; step <= tc.steps; step++) {
-        const bool last = step == tc.steps;
-        if (val_data && cfg.eval.every > 0 && (step % cfg.eval.every == 0 || last)) {
-            double vl = evaluate(pipeline, *val_data, cfg.eval.batches, x[0], y[0], dp);
-            log.print("step %d | val loss %.6f\n", step, vl);
-            run_log.record({{"step", step}, {"val_loss", vl}});
-        }
-        // the model-parallel ranks of DP rank 0 sample together (under ZeRO-3 every DP rank, for the
-        // gathers of the parameters); world rank 0 prints
-        if ((grid.dp_rank == 0 || dp.zero() == 3) && cfg.eval.sample_every > 0 && (step % cfg.eval.sample_every == 0 || last) && step > 0) {
-            const int eot = tok ? tok->eot() : std::min(50256, shape.vocab_size - 1);
-            std::vector<int> ids = sample(pipeline, tp, eot, cfg.eval.sample_tokens,
-                                          uint64_t(tc.seed) * 1000003ull + step);
-            if (tok) {
-                log.print("step %d | sample:\n%s\n---\n", step, tok->decode(ids).c_str());
-            } else {
-                std::string text;
-                for (int id : ids) text += strfmt("%d ", id);
-                log.print("step %d | sample (token ids; set \"tokenizer\" to decode): %s\n", step, text.c_str());
-            }
-        }
-        if (last) break;
-
-        const double t0 = now_ms();
-        model.zero_grads();
-        if (fp8) fp8->begin_step();  // ==== fp8 ====
-        for (int micro = 0; micro < tc.grad_accum; micro++) train_data.next(x[size_t(micro)].data(), y[size_t(micro)].data());
-        // gradient buckets go out during the last micro-step's backward, none before
-        double loss = pipeline.train_step(x, y, dloss, dp.grads_ready());
-        fault_point("train_step", step + 1);  // test hook: a rank dies mid-collective
-        dp.finish_grad_sync();
-        const int fp8_overflows = fp8 ? fp8->end_step(*groups.world) : 0;  // ==== fp8: next step's scales ====
-        if (step == state.step) dump_gradients(model, dp, pc, *groups.mp, grid);
-        loss = dp.mean(loss);
-        const double grad_norm = dp.grad_norm(groups.mp.get());
-        const float scale = clip_scale(grad_norm, tc.grad_clip);
-        const double lr = lr_at(tc, step);
-        AdamWHyper h{float(lr), float(tc.beta1), float(tc.beta2), float(tc.eps), float(tc.weight_decay)};
-        opt.step(h, step + 1, scale, uint32_t(tc.seed * 2654435761u + step));
-        dp.after_update();
-        ops->synchronize();
-        const double ms = now_ms() - t0;
-        const double tok_s = tokens_per_step / (ms / 1000.0);
-        if (!std::isfinite(loss)) throw UserError(strfmt("step %d: loss is %f (diverged); lower train.lr", step + 1, loss));
-        nlohmann::json rec = {{"step", step + 1}, {"loss", loss},     {"lr", lr},
-                              {"grad_norm", grad_norm}, {"ms", ms}, {"tok_per_s", tok_s}};
-        std::string mfu_text;
-        if (peak_flops > 0) {
-            // tokens/s is the whole job's; each GPU does 1/world of the work
-            const double mfu = model_flops_per_token * tok_s / grid.world / peak_flops;
-            rec["mfu"] = mfu;
-            mfu_text = strfmt(" | MFU %.1f%%", 100.0 * mfu);
-        }
-        if (fp8) {  // ==== fp8: the step line names the linears' precision and any overflow events ====
-            rec["fp8_overflows"] = fp8_overflows;
-            mfu_text += fp8_overflows ? strfmt(" | fp8 linears: %d overflow event%s (non-finite amax, scale kept)",
-                                               fp8_overflows, fp8_overflows == 1 ? "" : "s")
-                                      : std::string(" | fp8 linears");
-        }
-        log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s\n", step + 1, tc.steps,
-                  loss, lr, grad_norm, ms, tok_s, mfu_text.c_str());
-        run_log.record(rec);
-
-        state.step = step + 1;
-        state.loader = train_data.position();
-        if (cfg.checkpoint.every > 0 && state.step % cfg.checkpoint.every == 0 && state.step < tc.steps) {
-            WholeState whole = gather_whole_state(model, opt, dp, pc, *groups.mp, grid);  // world rank 0 gets it
-            if (rt.is_main()) {
-                if (fp8) whole.fp8 = fp8->state().save();  // ==== fp8 ====
-                std::string p = checkpoint_save(ckpt_dir, state, shape, dtype == DType::BF16 ? 5 : 3, whole,
-                                                cfg.resolved, cfg.checkpoint.keep);
-                log.print("checkpoint: %s\n", p.c_str());
-            }
-        }
-    }
-
-    if (ops->peak_memory_bytes() > 0)
-        log.print("peak device memory: %s\n", human_bytes(double(ops->peak_memory_bytes())).c_str());
-
-    // ---- final weights (fp32, llm.c format) and a resumable checkpoint, written by rank 0 ----
-    dp.check_replicas();
-    WholeState whole = gather_whole_state(model, opt, dp, pc, *groups.mp, grid);
-    if (rt.is_main()) {
+// Checkpoint (collective: the state is gathered to world rank 0, which writes it). The final
+// one also writes the weights as out_dir/model_<steps>.bin (fp32, llm.c's format), and for a
+// family with a Hugging Face format as .safetensors with transformers' config.json.
+void save(Run& r, bool final) {
+    WholeState whole = gather_whole_state(r.model, r.opt, r.dp, r.pc, *r.groups.mp, r.grid);
+    if (!r.rt.is_main()) return;
+    if (final) {
         const std::vector<float>& w = whole.master.empty() ? whole.params : whole.master;
-        const std::string path = cfg.out_dir + strfmt("/model_%08d.bin", tc.steps);
-        model_file_write(path, shape, w.data(), 3);
-        log.print("wrote %s\n", path.c_str());
-        if (shape.arch == Arch::Llama) {  // transformers' format too: safetensors and config.json
-            const std::string st = cfg.out_dir + strfmt("/model_%08d.safetensors", tc.steps);
-            hf_write_weights(st, shape, w);
-            hf_write_config(cfg.out_dir + "/config.json", shape);
-            log.print("wrote %s and %s/config.json\n", st.c_str(), cfg.out_dir.c_str());
+        const std::string path = r.cfg.out_dir + strfmt("/model_%08d.bin", r.tc.steps);
+        model_file_write(path, r.shape, w.data(), 3);
+        r.log.print("wrote %s\n", path.c_str());
+        if (r.shape.arch == Arch::Llama) {
+            const std::string st = r.cfg.out_dir + strfmt("/model_%08d.safetensors", r.tc.steps);
+            hf_write_weights(st, r.shape, w);
+            hf_write_config(r.cfg.out_dir + "/config.json", r.shape);
+            r.log.print("wrote %s and %s/config.json\n", st.c_str(), r.cfg.out_dir.c_str());
         }
-        if (cfg.checkpoint.every > 0) {
-            if (fp8) whole.fp8 = fp8->state().save();  // ==== fp8 ====
-            std::string p = checkpoint_save(ckpt_dir, state, shape, dtype == DType::BF16 ? 5 : 3, whole, cfg.resolved,
-                                            cfg.checkpoint.keep);
-            log.print("checkpoint: %s\n", p.c_str());
-        }
+        if (r.cfg.checkpoint.every <= 0) return;
     }
+    r.conv->save(whole);
+    const std::string p = checkpoint_save(r.ckpt_dir, r.state, r.shape, r.dtype == DType::BF16 ? 5 : 3, whole,
+                                          r.cfg.resolved, r.cfg.checkpoint.keep);
+    r.log.print("checkpoint: %s\n", p.c_str());
+}
+
+// Validation loss and a sample, at their intervals and at the end.
+void evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<int32_t>& y) {
+    const Config& cfg = r.cfg;
+    const bool last = step == r.tc.steps;
+    if (r.val_data && cfg.eval.every > 0 && (step % cfg.eval.every == 0 || last)) {
+        const double vl = evaluate(r.pipeline, *r.val_data, cfg.eval.batches, x, y, r.dp);
+        r.log.print("step %d | val loss %.6f\n", step, vl);
+        r.run_log->record({{"step", step}, {"val_loss", vl}});
+    }
+    // the model-parallel ranks of DP rank 0 sample together (under ZeRO-3 every DP rank, for the
+    // gathers of the parameters); world rank 0 prints
+    if ((r.grid.dp_rank != 0 && r.dp.zero() != 3) || cfg.eval.sample_every <= 0 || step == 0 ||
+        (step % cfg.eval.sample_every != 0 && !last))
+        return;
+    const int eot = r.tok ? r.tok->eot() : std::min(50256, r.shape.vocab_size - 1);
+    const std::vector<int> ids =
+        sample(r.pipeline, r.tp, eot, cfg.eval.sample_tokens, uint64_t(r.tc.seed) * 1000003ull + step);
+    if (r.tok) {
+        r.log.print("step %d | sample:\n%s\n---\n", step, r.tok->decode(ids).c_str());
+    } else {
+        std::string text;
+        for (int id : ids) text += strfmt("%d ", id);
+        r.log.print("step %d | sample (token ids; set \"tokenizer\" to decode): %s\n", step, text.c_str());
+    }
+}
+
+// One optimizer step: grad_accum micro-batches through the pipeline, the gradient sync, clipping
+// and AdamW; logs the step.
+void train_step(Run& r, int step, Batches& x, Batches& y) {
+    const TrainConfig& tc = r.tc;
+    const double t0 = now_ms();
+    r.model.zero_grads();
+    r.conv->begin_step();
+    for (int micro = 0; micro < tc.grad_accum; micro++) r.train_data.next(x[size_t(micro)].data(), y[size_t(micro)].data());
+    const float dloss = float(1.0 / tokens_per_step(r));
+    // gradient buckets go out during the last micro-step's backward, none before
+    double loss = r.pipeline.train_step(x, y, dloss, r.dp.grads_ready());
+    fault_point("train_step", step + 1);  // test hook: a rank dies mid-collective
+    r.dp.finish_grad_sync();
+    nlohmann::json rec = {{"step", step + 1}};
+    std::string extra;
+    r.conv->end_step(*r.groups.world, rec, extra);
+    if (step == r.state.step) dump_gradients(r.model, r.dp, r.pc, *r.groups.mp, r.grid);
+    loss = r.dp.mean(loss);
+    const double grad_norm = r.dp.grad_norm(r.groups.mp.get());
+    const double lr = lr_at(tc, step);
+    const AdamWHyper h{float(lr), float(tc.beta1), float(tc.beta2), float(tc.eps), float(tc.weight_decay)};
+    r.opt.step(h, step + 1, clip_scale(grad_norm, tc.grad_clip), uint32_t(tc.seed * 2654435761u + step));
+    r.dp.after_update();
+    r.ops->synchronize();
+    const double ms = now_ms() - t0, tok_s = tokens_per_step(r) / (ms / 1000.0);
+    if (!std::isfinite(loss)) throw UserError(strfmt("step %d: loss is %f (diverged); lower train.lr", step + 1, loss));
+    rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"tok_per_s", tok_s}});
+    // MFU on GPUs: model FLOPs (6N + 12LCT per token) over the dense peak of this GPU and precision;
+    // tokens/s is the whole job's, each GPU does 1/world of the work
+    const double peak = r.device == "cpu" ? 0.0 : gpu_peak_flops(r.ops->device_name(), r.cfg.precision);
+    if (peak > 0) {
+        const double mfu = flops_per_token(r.shape, tc.seq_len) * tok_s / r.grid.world / peak;
+        rec["mfu"] = mfu;
+        extra = strfmt(" | MFU %.1f%%", 100.0 * mfu) + extra;
+    }
+    r.log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s\n", step + 1, tc.steps, loss,
+                lr, grad_norm, ms, tok_s, extra.c_str());
+    r.run_log->record(rec);
+    r.state.step = step + 1;
+    r.state.loader = r.train_data.position();
+}
+
+int train(Runtime& rt, int argc, char** argv) {
+    Plan plan;
+    std::string error;
+    try {
+        plan = plan_run(rt, argc, argv);
+    } catch (const UserError& e) {
+        error = e.what();
+    }
+    if (rt.any_failed(error)) return 2;  // every rank agrees before any work
+    if (plan.print_config) {
+        if (rt.is_main()) std::printf("%s\n", plan.cfg.resolved.dump(2).c_str());
+        return 0;
+    }
+    Run r(rt, plan);
+    try {  // the converter checks the backend and the shapes on every rank, and they agree
+        r.conv = make_model_converter(r.cfg, *r.ops, r.grid.tp, r.device, r.dtype);
+    } catch (const UserError& e) {
+        error = e.what();
+    }
+    if (rt.any_failed(error)) return 2;
+    init_or_resume(r);
+    r.conv->apply(r.model);
+    print_banner(r, plan);
+    if (r.device != "cpu")
+        r.log.print("device: %s, dense %s peak %.1f TFLOP/s%s\n", r.ops->device_name().c_str(),
+                    r.cfg.precision.c_str(), gpu_peak_flops(r.ops->device_name(), r.cfg.precision) / 1e12,
+                    gpu_peak_flops(r.ops->device_name(), r.cfg.precision) > 0 ? "" : " (not in the table: no MFU)");
+
+    const TrainConfig& tc = r.tc;
+    Batches x(size_t(tc.grad_accum), std::vector<int32_t>(size_t(tc.micro_batch) * tc.seq_len)), y = x;
+    for (int step = r.state.step;; step++) {
+        evaluate_and_sample(r, step, x[0], y[0]);
+        if (step == tc.steps) break;
+        train_step(r, step, x, y);
+        if (r.cfg.checkpoint.every > 0 && r.state.step % r.cfg.checkpoint.every == 0 && r.state.step < tc.steps)
+            save(r, false);
+    }
+    if (r.ops->peak_memory_bytes() > 0)
+        r.log.print("peak device memory: %s\n", human_bytes(double(r.ops->peak_memory_bytes())).c_str());
+    r.dp.check_replicas();
+    save(r, true);
     return 0;
 }
 
