@@ -70,14 +70,17 @@ DataLoader::DataLoader(const std::string& glob, int B, int T, int rank, int worl
     if (files_.empty()) throw UserError(strfmt("data: no file matches '%s'", glob.c_str()));
     const uint64_t group_tokens = uint64_t(world) * B_ * T_;
     for (const std::string& f : files_) {
-        uint64_t ntok = shard_read_header(f);
+        const ShardInfo info = shard_info(f);
+        const uint64_t ntok = info.tokens;
         if (ntok < group_tokens + 1)
             throw UserError(strfmt("shard %s: %llu tokens, too few for one batch: needs at least %llu "
                                    "(world %d x micro_batch %d x seq_len %d + 1)",
                                    f.c_str(), (unsigned long long)ntok, (unsigned long long)(group_tokens + 1),
                                    world, B, T));
         groups_.push_back((ntok - 1) / group_tokens);
+        token_bytes_.push_back(info.token_bytes);
     }
+    raw_.resize((B_ * T_ + 1) * sizeof(uint32_t));
     buf_.resize(B_ * T_ + 1);
     pos_.seed = seed;
     sync();
@@ -121,10 +124,11 @@ void DataLoader::next(int32_t* inputs, int32_t* targets) {
     const uint64_t group = shuffle_ ? window_order_[pos_.window] : pos_.window;
     const uint64_t start = (group * world_ + rank_) * B_ * T_;  // first token of the window
     const size_t n = B_ * T_ + 1;
-    char* dst = reinterpret_cast<char*>(buf_.data());
-    size_t want = n * sizeof(uint16_t), got = 0;
+    const size_t width = token_bytes_[cur_file_];
+    unsigned char* dst = raw_.data();
+    size_t want = n * width, got = 0;
     while (got < want) {
-        ssize_t r = ::pread(fd_.fd, dst + got, want - got, off_t(SHARD_HEADER_BYTES + start * 2 + got));
+        ssize_t r = ::pread(fd_.fd, dst + got, want - got, off_t(SHARD_HEADER_BYTES + start * width + got));
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0)
             throw UserError(strfmt("shard %s: read of tokens [%llu, %llu) failed: %s", path.c_str(),
@@ -133,14 +137,21 @@ void DataLoader::next(int32_t* inputs, int32_t* targets) {
                                                                    "since the loader opened it?)"));
         got += size_t(r);
     }
-    for (size_t i = 0; i < n; i++) {
-        if (buf_[i] >= vocab_)
-            throw UserError(strfmt("shard %s: token id %d at token offset %llu is >= vocab_size %d", path.c_str(),
-                                   int(buf_[i]), (unsigned long long)(start + i), vocab_));
+    for (size_t i = 0; i < n; i++) {  // tokens in the host's byte order (little-endian, as llm.c's)
+        if (width == sizeof(uint16_t)) {
+            uint16_t t;
+            std::memcpy(&t, dst + i * width, sizeof(t));
+            buf_[i] = t;
+        } else {
+            std::memcpy(&buf_[i], dst + i * width, sizeof(uint32_t));
+        }
+        if (buf_[i] >= uint32_t(vocab_))
+            throw UserError(strfmt("shard %s: token id %u at token offset %llu is >= vocab_size %d", path.c_str(),
+                                   buf_[i], (unsigned long long)(start + i), vocab_));
     }
     for (size_t i = 0; i + 1 < n; i++) {
-        inputs[i] = buf_[i];
-        targets[i] = buf_[i + 1];
+        inputs[i] = int32_t(buf_[i]);
+        targets[i] = int32_t(buf_[i + 1]);
     }
     // advance to the next window, shard, epoch
     if (++pos_.window == groups_[cur_file_]) {

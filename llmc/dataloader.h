@@ -1,4 +1,6 @@
-// Streaming, distributed, optionally shuffled reader of llm.c token shards.
+// Streaming, distributed, optionally shuffled reader of llm.c token shards (llmc/shard.h):
+// uint16 shards (version 1) and uint32 shards (version 7), mixed freely within one glob; a
+// window's position is counted in tokens, so the order is the same whatever the token width.
 //
 // Each shard of ntok tokens is cut into W = (ntok - 1) / (world*B*T) window groups.
 // Group g holds one window per rank: rank r reads the B*T+1 tokens starting at token
@@ -59,6 +61,7 @@ private:
 
     std::vector<std::string> files_;
     std::vector<uint64_t> groups_;  // window groups per file
+    std::vector<size_t> token_bytes_;  // 2 or 4 per file
     size_t B_, T_;
     int rank_, world_, vocab_;
     bool shuffle_;
@@ -78,5 +81,6 @@ private:
         ~Fd();
     } fd_;
     size_t fd_file_ = SIZE_MAX;  // file open on fd_
-    std::vector<uint16_t> buf_;
+    std::vector<unsigned char> raw_;  // a window as stored
+    std::vector<uint32_t> buf_;       // a window's tokens
 };

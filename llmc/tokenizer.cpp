@@ -308,9 +308,6 @@ Tokenizer Tokenizer::load(const std::string& dir) {
     std::string enc_text = read_file(enc_path);
     auto entries = VocabJsonParser(enc_path, enc_text).parse();
     if (entries.empty()) throw UserError(strfmt("tokenizer file %s: empty vocabulary", enc_path.c_str()));
-    if (entries.size() > 65536)
-        throw UserError(strfmt("tokenizer file %s: %zu tokens do not fit uint16 token shards", enc_path.c_str(),
-                               entries.size()));
     std::unordered_map<std::string, int> sym_to_id;
     t.token_bytes_.assign(entries.size(), std::string());
     std::vector<bool> seen(entries.size(), false);

@@ -413,3 +413,189 @@ TEST_CASE("dataloader: bad data is a UserError naming the file", "[dataloader]")
         CHECK(contains(error_of([&] { DataLoader dl(glob, 0, T, 0, 1, false, 0, VOCAB); }), "micro_batch"));
     }
 }
+
+// ---------------------------------------------------------------- uint32 shards (version 7)
+
+namespace {
+
+// A shard built byte by byte from the documented format, without llmc/shard: 256 int32 (magic,
+// version, token count, zeros), then `tokens` as uint32, or as uint16 when token_bytes == 2.
+void write_hand_built(const std::string& path, int32_t magic, int32_t version, int32_t count,
+                      const std::vector<uint32_t>& tokens, int token_bytes = 4) {
+    std::vector<unsigned char> bytes(1024, 0);
+    auto put = [&](size_t at, uint32_t v, int n) {
+        for (int b = 0; b < n; b++) bytes[at + b] = (unsigned char)(v >> (8 * b));  // little-endian
+    };
+    put(0, uint32_t(magic), 4);
+    put(4, uint32_t(version), 4);
+    put(8, uint32_t(count), 4);
+    for (uint32_t t : tokens) {
+        bytes.resize(bytes.size() + token_bytes);
+        put(bytes.size() - token_bytes, t, token_bytes);
+    }
+    FILE* f = std::fopen(path.c_str(), "wb");
+    REQUIRE(f);
+    REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
+    std::fclose(f);
+}
+
+std::vector<unsigned char> file_bytes(const std::string& path) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    REQUIRE(f);
+    std::vector<unsigned char> out;
+    int c;
+    while ((c = std::fgetc(f)) != EOF) out.push_back((unsigned char)c);
+    std::fclose(f);
+    return out;
+}
+
+// The tokens of write_shards' shard k (k*10000 + i), for the same shards in uint32.
+std::vector<uint32_t> shard_tokens(size_t k, size_t n) {
+    std::vector<uint32_t> t(n);
+    for (size_t i = 0; i < n; i++) t[i] = uint32_t(k * SHARD_STRIDE + i);
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("shards: the writers produce the documented bytes", "[dataloader][shard]") {
+    TempDir d;
+    const std::vector<uint32_t> big = {0, 1, 65535, 65536, 70000, 16777215, 4294967295u};
+    shard_write(d.file("w32.bin"), big.data(), big.size());
+    write_hand_built(d.file("h32.bin"), 20240801, 7, int32_t(big.size()), big);
+    CHECK(file_bytes(d.file("w32.bin")) == file_bytes(d.file("h32.bin")));
+    ShardInfo i32 = shard_info(d.file("w32.bin"));
+    CHECK(i32.tokens == big.size());
+    CHECK(i32.token_bytes == 4);
+
+    const std::vector<uint16_t> small = {0, 1, 50256, 65535};
+    shard_write(d.file("w16.bin"), small.data(), small.size());
+    write_hand_built(d.file("h16.bin"), 20240520, 1, int32_t(small.size()), {0, 1, 50256, 65535}, 2);
+    CHECK(file_bytes(d.file("w16.bin")) == file_bytes(d.file("h16.bin")));
+    ShardInfo i16 = shard_info(d.file("w16.bin"));
+    CHECK(i16.tokens == small.size());
+    CHECK(i16.token_bytes == 2);
+}
+
+TEST_CASE("dataloader: uint32 shards deliver tokens past 65535 intact", "[dataloader]") {
+    TempDir d;
+    const int B = 2, T = 8;  // windows of 17 tokens, 16 apart
+    std::vector<uint32_t> toks(100);
+    for (size_t i = 0; i < toks.size(); i++) toks[i] = uint32_t(65530 + 1009 * i);  // 65530 .. 165421
+    toks[40] = 16777215;  // the largest id model.vocab_size allows
+    toks[41] = 65536;
+    write_hand_built(d.file("train_000000.bin"), 20240801, 7, 100, toks);
+    DataLoader dl(d.file("train_*.bin"), B, T, 0, 1, false, 0, 16777216);
+    REQUIRE(dl.shard_windows(0) == 6);  // (100 - 1) / 16
+    std::vector<int32_t> x(B * T), y(B * T);
+    for (size_t w = 0; w < 6 + 2; w++) {  // past the end: wraps to window 0
+        dl.next(x.data(), y.data());
+        size_t start = (w % 6) * 16;
+        for (int i = 0; i < B * T; i++) {
+            REQUIRE(x[i] == int32_t(toks[start + i]));
+            REQUIRE(y[i] == int32_t(toks[start + i + 1]));
+        }
+    }
+}
+
+TEST_CASE("dataloader: uint16 and uint32 shards of the same tokens, mixed in one glob, give the same batches",
+          "[dataloader]") {
+    TempDir d16, dmix;
+    const int B = 2, T = 8;
+    const std::vector<size_t> sizes = {1000, 700, 333, 1500, 257};
+    write_shards(d16, sizes);
+    // the same tokens, shards 1 and 3 stored as uint32
+    write_shards(dmix, sizes);
+    for (size_t k : {size_t(1), size_t(3)}) {
+        char name[64];
+        std::snprintf(name, sizeof(name), "train_%06zu.bin", k);
+        write_hand_built(dmix.file(name), 20240801, 7, int32_t(sizes[k]), shard_tokens(k, sizes[k]));
+        REQUIRE(shard_info(dmix.file(name)).token_bytes == 4);
+    }
+    const std::string g16 = d16.file("train_*.bin"), gmix = dmix.file("train_*.bin");
+    for (bool shuffle : {false, true}) {
+        for (int world : {1, 2}) {
+            for (int rank = 0; rank < world; rank++) {
+                DataLoader a(g16, B, T, rank, world, shuffle, 5, VOCAB), b(gmix, B, T, rank, world, shuffle, 5, VOCAB);
+                REQUIRE(a.windows_per_epoch() == b.windows_per_epoch());
+                const size_t steps = 2 * a.windows_per_epoch() + 3;
+                std::vector<Window> wa = run(a, B, T, steps), wb = run(b, B, T, steps);
+                REQUIRE(wa == wb);
+                if (!shuffle) REQUIRE(wb == llmc_reference(sizes, B, T, rank, world, steps));
+                REQUIRE(a.position() == b.position());
+                // resume on the mixed glob from the uint16 loader's position
+                DataLoader c(gmix, B, T, rank, world, shuffle, 5, VOCAB);
+                c.set_position(a.position());
+                REQUIRE(run(c, B, T, 40) == run(a, B, T, 40));
+            }
+        }
+    }
+}
+
+TEST_CASE("dataloader: bad uint32 shards are UserErrors naming the file", "[dataloader]") {
+    TempDir d;
+    const int B = 2, T = 8;
+    write_shards(d, {100, 100});  // train_000000 (uint16); tests write train_000001
+    const std::string glob = d.file("train_*.bin");
+    const std::string bad = d.file("train_000001.bin");
+    std::vector<uint32_t> toks(100);
+    for (size_t i = 0; i < toks.size(); i++) toks[i] = uint32_t(69900 + i);  // the last is 69999
+    auto open = [&](int vocab) { DataLoader dl(glob, B, T, 0, 1, false, 0, vocab); };
+
+    SECTION("token id >= vocab_size, found in the window that holds it") {
+        toks[75] = 70000;  // window 4 covers tokens [64, 80]
+        write_hand_built(bad, 20240801, 7, 100, toks);
+        DataLoader dl(glob, B, T, 0, 1, false, 0, 70000);
+        dl.set_position({0, 1, 0, 0});
+        std::vector<int32_t> x(B * T), y(B * T);
+        for (int i = 0; i < 4; i++) dl.next(x.data(), y.data());  // windows 0-3 are fine
+        REQUIRE(x[0] == 69900 + 48);
+        LoaderPosition before = dl.position();
+        std::string msg = error_of([&] { dl.next(x.data(), y.data()); });
+        CHECK(contains(msg, bad));
+        CHECK(contains(msg, "token id 70000"));
+        CHECK(contains(msg, "offset 75"));
+        CHECK(contains(msg, "vocab_size 70000"));
+        CHECK(dl.position() == before);
+    }
+    SECTION("a token id past 2^31 is reported unsigned") {
+        toks[3] = 4294967295u;
+        write_hand_built(bad, 20240801, 7, 100, toks);
+        DataLoader dl(glob, B, T, 0, 1, false, 0, 16777216);
+        dl.set_position({0, 1, 0, 0});
+        std::vector<int32_t> x(B * T), y(B * T);
+        std::string msg = error_of([&] { dl.next(x.data(), y.data()); });
+        CHECK(contains(msg, bad));
+        CHECK(contains(msg, "token id 4294967295"));
+    }
+    SECTION("unknown versions and magics") {
+        for (auto [magic, version] : std::vector<std::pair<int, int>>{{20240801, 1}, {20240801, 2}, {20240520, 7},
+                                                                     {20240520, 2}}) {
+            write_hand_built(bad, magic, version, 100, toks);
+            std::string msg = error_of([&] { open(70000); });
+            INFO(msg);
+            CHECK(contains(msg, bad));
+            CHECK(contains(msg, "unsupported version " + std::to_string(version)));
+        }
+        write_hand_built(bad, 20240802, 7, 100, toks);
+        std::string msg = error_of([&] { open(70000); });
+        CHECK(contains(msg, bad));
+        CHECK(contains(msg, "bad magic 20240802"));
+    }
+    SECTION("truncated: uint16-sized tokens under a uint32 header, or one byte short") {
+        write_hand_built(bad, 20240801, 7, 100, toks, 2);
+        std::string msg = error_of([&] { open(70000); });
+        CHECK(contains(msg, bad));
+        CHECK(contains(msg, "uint32"));
+        CHECK(contains(msg, "truncated"));
+        write_hand_built(bad, 20240801, 7, 100, toks);
+        fs::resize_file(bad, 1024 + 4 * 100 - 1);
+        msg = error_of([&] { open(70000); });
+        CHECK(contains(msg, bad));
+        CHECK(contains(msg, "truncated"));
+        // and the intact file opens
+        write_hand_built(bad, 20240801, 7, 100, toks);
+        DataLoader ok(glob, B, T, 0, 1, false, 0, 70000);
+        CHECK(ok.shard_windows(1) == 6);
+    }
+}

@@ -330,3 +330,91 @@ TEST_CASE("prepare_text: text files to train/val shards", "[tokenizer][prepare_t
         CHECK(glob_files(d.path + "/q_*").empty());
     }
 }
+
+namespace {
+
+// A shard's header ints and tokens, read from its bytes as the format documents them
+// (llmc/shard.h), without the code under test. token_bytes: 2 or 4.
+struct RawShard {
+    int32_t magic = 0, version = 0, count = 0;
+    std::vector<uint32_t> tokens;
+};
+RawShard read_raw_shard(const std::string& path, int token_bytes) {
+    std::string b = read_all(path);
+    REQUIRE(b.size() >= 1024);
+    auto le = [&](size_t at, int n) {
+        uint32_t v = 0;
+        for (int k = 0; k < n; k++) v |= uint32_t(static_cast<unsigned char>(b[at + k])) << (8 * k);
+        return v;
+    };
+    RawShard s;
+    s.magic = int32_t(le(0, 4));
+    s.version = int32_t(le(4, 4));
+    s.count = int32_t(le(8, 4));
+    REQUIRE(b.size() == 1024 + size_t(s.count) * token_bytes);
+    for (size_t at = 1024; at < b.size(); at += token_bytes) s.tokens.push_back(le(at, token_bytes));
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("prepare_text: a vocabulary past 65536 writes uint32 shards", "[tokenizer][prepare_text]") {
+    const Tokenizer& gpt2 = tokenizer();
+    if (!file_exists(kPrepare)) FAIL(kPrepare << " is not built: run make first");
+    TempDir d;
+    // GPT-2's tokenizer grown to 70001 tokens: ids 50256..69999 are new symbols "<|fill_N|>" that
+    // no merge makes, and <|endoftext|> moves to 70000. Text encodes as with GPT-2; only the
+    // end-of-text id differs, and it needs more than 16 bits.
+    std::string enc = read_all(std::string(kTokDir) + "/encoder.json");
+    const std::string eot_entry = "\"<|endoftext|>\": 50256";
+    size_t at = enc.find(eot_entry);
+    REQUIRE(at != std::string::npos);
+    std::string grown;
+    for (int id = 50256; id < 70000; id++) grown += strfmt("\"<|fill_%d|>\": %d, ", id, id);
+    grown += "\"<|endoftext|>\": 70000";
+    enc.replace(at, eot_entry.size(), grown);
+    REQUIRE(mkdir((d.path + "/tok").c_str(), 0755) == 0);
+    write_all(d.path + "/tok/encoder.json", enc);
+    write_all(d.path + "/tok/vocab.bpe", read_all(std::string(kTokDir) + "/vocab.bpe"));
+    Tokenizer big = Tokenizer::load(d.path + "/tok");
+    REQUIRE(big.vocab_size() == 70001);
+    REQUIRE(big.eot() == 70000);
+
+    const std::string a = "In the beginning God created the heaven and the earth.\n";
+    const std::string b = "And the earth was without form, and void.\n";
+    write_all(d.path + "/a.txt", a);
+    write_all(d.path + "/b.txt", b);
+    std::vector<uint32_t> want;
+    for (const std::string& s : {a, b}) {
+        want.push_back(70000);
+        for (int id : gpt2.encode(s)) want.push_back(uint32_t(id));
+    }
+
+    std::string out;
+    std::string cmd = strfmt("%s --tokenizer %s/tok --out %s/big --val-frac 0 --shard-tokens 7 %s/a.txt %s/b.txt",
+                             kPrepare, d.path.c_str(), d.path.c_str(), d.path.c_str(), d.path.c_str());
+    INFO(cmd);
+    REQUIRE(run_cmd(cmd, &out) == 0);
+    INFO(out);
+    std::vector<uint32_t> got;
+    auto files = glob_files(d.path + "/big_train_*.bin");
+    REQUIRE(files.size() == (want.size() + 6) / 7);
+    for (const auto& f : files) {
+        RawShard s = read_raw_shard(f, 4);
+        CHECK(s.magic == 20240801);
+        CHECK(s.version == 7);
+        got.insert(got.end(), s.tokens.begin(), s.tokens.end());
+    }
+    CHECK(got == want);
+
+    // GPT-2's own vocabulary (50257) still gives uint16 shards, version 1
+    out.clear();
+    REQUIRE(run_cmd(strfmt("%s --tokenizer %s --out %s/small --val-frac 0 %s/a.txt", kPrepare, kTokDir,
+                           d.path.c_str(), d.path.c_str()),
+                    &out) == 0);
+    RawShard s = read_raw_shard(d.path + "/small_train_000000.bin", 2);
+    CHECK(s.magic == 20240520);
+    CHECK(s.version == 1);
+    CHECK(s.tokens.size() == 1 + gpt2.encode(a).size());
+    CHECK(s.tokens[0] == 50256);
+}

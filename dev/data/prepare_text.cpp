@@ -1,4 +1,4 @@
-// prepare_text: UTF-8 text files -> GPT-2 token shards in llm.c's format (train and val).
+// prepare_text: UTF-8 text files -> GPT-2-style BPE token shards in llm.c's formats (train and val).
 // Run with --help for usage. Exit codes: 0 done, 2 bad input or usage (message names the file).
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,13 +22,15 @@ namespace {
 
 const char* kUsage = R"(usage: prepare_text --out PREFIX [options] FILE...
 
-Tokenizes UTF-8 text files with GPT-2's BPE and writes token shards in llm.c's format
-(1024-byte header: magic 20240520, version 1, token count; then uint16 tokens):
+Tokenizes UTF-8 text files with GPT-2's BPE (or another byte-level BPE in the same files) and
+writes token shards in llm.c's format (1024-byte header: magic 20240520, version 1, token
+count; then uint16 tokens), or, when the tokenizer has more than 65536 tokens, llm.c's uint32
+format (magic 20240801, version 7, token count; then uint32 tokens):
     PREFIX_train_000000.bin, PREFIX_train_000001.bin, ...
     PREFIX_val_000000.bin, ...
-Every document is preceded by the end-of-text token (50256), as llm.c does; a shard is filled
-to --shard-tokens and the rest spills into the next one. Shards of an earlier run with the
-same PREFIX beyond the ones written now are removed.
+Every document is preceded by the end-of-text token (50256 in GPT-2), as llm.c does; a shard
+is filled to --shard-tokens and the rest spills into the next one. Shards of an earlier run
+with the same PREFIX beyond the ones written now are removed.
 
 options:
   --out PREFIX          output path prefix (folders are created)            [required]
@@ -159,11 +161,11 @@ std::vector<std::pair<size_t, size_t>> split_docs(const std::string& text, bool 
     return docs;
 }
 
-// Accumulates one split's tokens and writes full shards as they fill.
+// Accumulates one split's tokens and writes full shards (uint16 or uint32 tokens) as they fill.
 class ShardWriter {
 public:
-    ShardWriter(std::string prefix, std::string split, size_t shard_tokens)
-        : prefix_(std::move(prefix)), split_(std::move(split)), shard_tokens_(shard_tokens) {}
+    ShardWriter(std::string prefix, std::string split, size_t shard_tokens, bool u32)
+        : prefix_(std::move(prefix)), split_(std::move(split)), shard_tokens_(shard_tokens), u32_(u32) {}
 
     void add(const std::vector<int>& ids) {
         buf_.insert(buf_.end(), ids.begin(), ids.end());
@@ -190,14 +192,20 @@ public:
     const std::vector<std::string>& written() const { return written_; }
 
 private:
-    void write(const uint16_t* t, size_t n) {
+    void write(const uint32_t* t, size_t n) {
         std::string path = strfmt("%s_%s_%06zu.bin", prefix_.c_str(), split_.c_str(), written_.size());
-        shard_write(path, t, n);
+        if (u32_) {
+            shard_write(path, t, n);
+        } else {
+            std::vector<uint16_t> t16(t, t + n);
+            shard_write(path, t16.data(), n);
+        }
         written_.push_back(path);
     }
     std::string prefix_, split_;
     size_t shard_tokens_;
-    std::vector<uint16_t> buf_;
+    bool u32_;
+    std::vector<uint32_t> buf_;
     size_t tokens_ = 0;
     std::vector<std::string> written_;
 };
@@ -251,7 +259,8 @@ int run(const Options& o) {
         if (ec) throw UserError(strfmt("--out %s: cannot create folder %s: %s", o.out.c_str(), dir.c_str(),
                                        ec.message().c_str()));
     }
-    ShardWriter train(o.out, "train", o.shard_tokens), val(o.out, "val", o.shard_tokens);
+    const bool u32 = tok.vocab_size() > SHARD_U16_MAX_VOCAB;
+    ShardWriter train(o.out, "train", o.shard_tokens, u32), val(o.out, "val", o.shard_tokens, u32);
     size_t train_docs = 0, val_doc_count = 0, bytes_done = 0, doc_index = 0;
 
     const bool tty = isatty(fileno(stderr));
@@ -293,8 +302,9 @@ int run(const Options& o) {
     if (!o.quiet) report(true);
 
     double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::fprintf(stderr, "prepare_text: done in %.1f s: %zu files, %s bytes, %zu documents\n", secs, inputs.size(),
-                 human(total_bytes).c_str(), train_docs + val_doc_count);
+    std::fprintf(stderr, "prepare_text: done in %.1f s: %zu files, %s bytes, %zu documents, %s tokens (vocabulary %d)\n",
+                 secs, inputs.size(), human(total_bytes).c_str(), train_docs + val_doc_count, u32 ? "uint32" : "uint16",
+                 tok.vocab_size());
     auto summary = [](const char* name, const ShardWriter& w, size_t docs) {
         std::fprintf(stderr, "  %-5s %zu documents, %zu tokens in %zu shard(s)%s%s\n", name, docs, w.tokens(),
                      w.written().size(), w.written().empty() ? "" : ": ",

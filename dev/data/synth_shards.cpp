@@ -1,11 +1,13 @@
-// Writes synthetic token shards in llm.c's format, for tests and benchmarks.
+// Writes synthetic token shards in llm.c's formats (llmc/shard.h), for tests and benchmarks.
 //
 //   dev/data/synth_shards --out PREFIX [--shards 1] [--tokens 100000] [--vocab 50257]
-//                         [--seed 0] [--noise 0.1] [--period 64]
+//                         [--seed 0] [--noise 0.1] [--period 64] [--u32]
 //
 // Tokens follow a learnable process: mostly next = (prev * 5 + 3) % period, with a
 // fraction `noise` of tokens drawn uniformly from the whole vocabulary, so a model's
 // loss visibly falls within a few dozen steps.
+// Shards hold uint16 tokens (version 1) for a vocabulary of at most 65536, else uint32 tokens
+// (version 7); --u32 writes uint32 shards for any vocabulary. The tokens are the same either way.
 // Files: PREFIX_000000.bin, PREFIX_000001.bin, ...
 #include <cstdio>
 #include <cstdlib>
@@ -20,13 +22,15 @@
 
 static void usage() {
     std::fprintf(stderr,
-                 "usage: synth_shards --out PREFIX [--shards N] [--tokens N] [--vocab V] [--seed S] [--noise F] [--period P]\n");
+                 "usage: synth_shards --out PREFIX [--shards N] [--tokens N] [--vocab V] [--seed S] [--noise F] [--period P] [--u32]\n"
+                 "  V in [2, 16777216]; V > 65536 or --u32 writes uint32 shards\n");
 }
 
 int main(int argc, char** argv) {
     std::string out;
     long shards = 1, tokens = 100000, vocab = 50257, seed = 0, period = 64;
     double noise = 0.1;
+    bool u32 = false;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         auto val = [&](const char* name) -> const char* {
@@ -43,6 +47,7 @@ int main(int argc, char** argv) {
         else if (a == "--seed") seed = std::atol(val("--seed"));
         else if (a == "--period") period = std::atol(val("--period"));
         else if (a == "--noise") noise = std::atof(val("--noise"));
+        else if (a == "--u32") u32 = true;
         else if (a == "--help" || a == "-h") { usage(); return 0; }
         else {
             std::fprintf(stderr, "synth_shards: unknown argument %s\n", a.c_str());
@@ -50,7 +55,7 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    if (out.empty() || shards < 1 || tokens < 2 || vocab < 2 || vocab > 65536 || noise < 0 || noise > 1 || period < 1) {
+    if (out.empty() || shards < 1 || tokens < 2 || vocab < 2 || vocab > 16777216 || noise < 0 || noise > 1 || period < 1) {
         usage();
         return 2;
     }
@@ -59,15 +64,22 @@ int main(int argc, char** argv) {
         if (slash != std::string::npos && slash > 0) make_dirs(out.substr(0, slash), "--out");
         Rng rng(uint64_t(seed), 17);
         uint32_t prev = 0;
-        std::vector<uint16_t> buf(tokens);
+        u32 = u32 || vocab > SHARD_U16_MAX_VOCAB;
+        std::vector<uint32_t> buf(tokens);
+        std::vector<uint16_t> buf16(u32 ? 0 : tokens);
         for (long s = 0; s < shards; s++) {
             for (long i = 0; i < tokens; i++) {
                 prev = rng.uniform() < noise ? uint32_t(rng.below(uint64_t(vocab))) : (prev * 5u + 3u) % uint32_t(std::min(period, vocab));
-                buf[i] = uint16_t(prev);
+                buf[i] = prev;
             }
             std::string path = out + strfmt("_%06ld.bin", s);
-            shard_write(path, buf.data(), buf.size());
-            std::printf("wrote %s (%ld tokens)\n", path.c_str(), tokens);
+            if (u32) {
+                shard_write(path, buf.data(), buf.size());
+            } else {
+                std::copy(buf.begin(), buf.end(), buf16.begin());
+                shard_write(path, buf16.data(), buf16.size());
+            }
+            std::printf("wrote %s (%ld %s tokens)\n", path.c_str(), tokens, u32 ? "uint32" : "uint16");
         }
     } catch (const UserError& e) {
         std::fprintf(stderr, "synth_shards: %s\n", e.what());
