@@ -88,42 +88,35 @@ public:
                                  Tensor pre_gelu, int N, int IC, int OC) = 0;
 
     // ---- attention ----
-    // qkv [B,T,3,NH,HS] -> out [B,T,NH,HS], causal, softmax scale 1/sqrt(HS);
+    // Grouped-query attention: qkv [B, T, NH + 2*NKV, HS] holds per token the NH query heads,
+    // then the NKV key heads, then the NKV value heads (NH a multiple of NKV; NKV == NH is
+    // the [B,T,3,NH,HS] layout of multi-head attention). Query head h attends with key/value
+    // head h / (NH/NKV). out [B,T,NH,HS], causal, softmax scale 1/sqrt(HS);
     // lse [B,NH,T] fp32 = log-sum-exp of the scaled scores of each query row.
-    virtual void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int HS) = 0;
-    // dqkv (overwrite) from dout, recomputing probabilities from qkv and lse.
+    virtual void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int NKV, int HS) = 0;
+    // dqkv (overwrite) from dout, recomputing probabilities from qkv and lse; the gradient of a
+    // key/value head sums over the query heads of its group.
     virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B,
-                                    int T, int NH, int HS) = 0;
+                                    int T, int NH, int NKV, int HS) = 0;
 
-    // ---- Llama ops (interface placeholder until the backends implement them) ----
-    virtual void rmsnorm_forward(Tensor out, float* rstd, Tensor inp, Tensor w, int N, int C, float eps) {
-        throw UserError("rmsnorm: not implemented on the " + name() + " backend");
-    }
+    // ---- Llama ops ----
+    // RMSNorm (transformers' LlamaRMSNorm): rstd[n] = 1/sqrt(mean_c(inp[n,c]^2) + eps) (fp32 [N]);
+    // out[n,c] = inp[n,c] * rstd[n] * w[c] (normalised in fp32, then scaled by the weight).
+    virtual void rmsnorm_forward(Tensor out, float* rstd, Tensor inp, Tensor w, int N, int C, float eps) = 0;
+    // dinp += d/dinp; dw += sum_n dout * inp * rstd (both accumulate).
     virtual void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, const float* rstd, int N,
-                                  int C) {
-        throw UserError("rmsnorm: not implemented on the " + name() + " backend");
-    }
-    virtual void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta) {
-        throw UserError("rope: not implemented on the " + name() + " backend");
-    }
-    virtual void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta) {
-        throw UserError("rope: not implemented on the " + name() + " backend");
-    }
-    virtual void swiglu_forward(Tensor out, Tensor inp, int N, int F) {
-        throw UserError("swiglu: not implemented on the " + name() + " backend");
-    }
-    virtual void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, int N, int F) {
-        throw UserError("swiglu: not implemented on the " + name() + " backend");
-    }
-    void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int NKV, int HS) {
-        LLMC_ASSERT(NKV == NH, "grouped-query attention not implemented");
-        attention_forward(out, lse, qkv, B, T, NH, HS);
-    }
-    void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B, int T, int NH,
-                            int NKV, int HS) {
-        LLMC_ASSERT(NKV == NH, "grouped-query attention not implemented");
-        attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS);
-    }
+                                  int C) = 0;
+    // Rotary embedding in place on qkv [B, T, NH + 2*NKV, HS]: the NH query and NKV key heads
+    // (not the values) of the token at position t, transformers' rotate_half convention: for
+    // i < HS/2, inv_freq[i] = 1 / theta^(2i/HS) and angle = t * inv_freq[i] (both fp32),
+    //   out[i] = x[i] cos - x[i + HS/2] sin;  out[i + HS/2] = x[i + HS/2] cos + x[i] sin.
+    virtual void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta) = 0;
+    // In place on dqkv: the transposed rotation of the query and key heads' gradients.
+    virtual void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta) = 0;
+    // inp [N, 2F] = [gate | up] per row; out [N, F] = silu(gate) * up, silu(x) = x / (1 + exp(-x)).
+    virtual void swiglu_forward(Tensor out, Tensor inp, int N, int F) = 0;
+    // dinp [N, 2F] = [dgate | dup] (overwrite).
+    virtual void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, int N, int F) = 0;
 
     // ---- classifier ----
     // logits [N, Vp] with the real vocabulary in columns [0, V). For every row:

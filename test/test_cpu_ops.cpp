@@ -624,8 +624,8 @@ TEST_CASE("cpu float: attention matches double", "[cpu][float]") {
     cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, HS);
     cpu::attention_backward(dqkv.data(), G.data(), qkv.data(), out.data(), lse.data(), B, T, NH, HS);
     FVec fqkv = to_f(qkv), fG = to_f(G), fout(out.size()), flse(lse.size()), fdqkv(qkv.size(), 7.0f);
-    ops->attention_forward(T32(fout), flse.data(), T32(fqkv), B, T, NH, HS);
-    ops->attention_backward(T32(fdqkv), T32(fG), T32(fqkv), T32(fout), flse.data(), B, T, NH, HS);
+    ops->attention_forward(T32(fout), flse.data(), T32(fqkv), B, T, NH, NH, HS);
+    ops->attention_backward(T32(fdqkv), T32(fG), T32(fqkv), T32(fout), flse.data(), B, T, NH, NH, HS);
     CHECK(rel_err(fout, out) < kFloatTol);
     CHECK(rel_err(flse, lse) < kFloatTol);
     CHECK(rel_err(fdqkv, dqkv) < kFloatTol);
@@ -972,8 +972,8 @@ TEST_CASE("cpu ops are deterministic across runs and thread counts", "[cpu][dete
         outs.insert(outs.end(), {lgh, dlnf, dwv});
 
         FVec qkv_ = qkv, ao((size_t)N * C), lse((size_t)B * NH * T), dq((size_t)N * 3 * C), dao = dqkvo;
-        ops->attention_forward(T32(ao), lse.data(), T32(qkv_), B, T, NH, HS);
-        ops->attention_backward(T32(dq), T32(dao), T32(qkv_), T32(ao), lse.data(), B, T, NH, HS);
+        ops->attention_forward(T32(ao), lse.data(), T32(qkv_), B, T, NH, NH, HS);
+        ops->attention_backward(T32(dq), T32(dao), T32(qkv_), T32(ao), lse.data(), B, T, NH, NH, HS);
         outs.insert(outs.end(), {ao, lse, dq});
 
         FVec lg = logits0, losses(N);

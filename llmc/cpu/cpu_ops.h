@@ -39,9 +39,39 @@ public:
     void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
                          int N, int IC, int OC) override;
 
-    void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int HS) override;
+    void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int HS);
     void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B, int T,
-                            int NH, int HS) override;
+                            int NH, int HS);
+    // CPU twin: lead (grouped-query attention; until then only NKV == NH)
+    void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int NKV, int HS) override {
+        if (NKV != NH) throw UserError("grouped-query attention: not implemented on the cpu backend");
+        attention_forward(out, lse, qkv, B, T, NH, HS);
+    }
+    void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B, int T, int NH,
+                            int NKV, int HS) override {
+        if (NKV != NH) throw UserError("grouped-query attention: not implemented on the cpu backend");
+        attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS);
+    }
+    // CPU twin: lead
+    void rmsnorm_forward(Tensor out, float* rstd, Tensor inp, Tensor w, int N, int C, float eps) override {
+        throw UserError("rmsnorm: not implemented on the cpu backend");
+    }
+    void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, const float* rstd, int N,
+                          int C) override {
+        throw UserError("rmsnorm: not implemented on the cpu backend");
+    }
+    void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta) override {
+        throw UserError("rope: not implemented on the cpu backend");
+    }
+    void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta) override {
+        throw UserError("rope: not implemented on the cpu backend");
+    }
+    void swiglu_forward(Tensor out, Tensor inp, int N, int F) override {
+        throw UserError("swiglu: not implemented on the cpu backend");
+    }
+    void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, int N, int F) override {
+        throw UserError("swiglu: not implemented on the cpu backend");
+    }
 
     void cross_entropy(Tensor logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                        float dloss) override;
