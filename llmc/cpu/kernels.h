@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "llmc/cpu/gemm.h"
+#include "llmc/rope.h"
 
 namespace cpu {
 
@@ -494,6 +495,17 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
     }
 }
 
+// inv_freq[i] = 1/theta^(2i/HS): in float the backends' shared fp32 rounding (llmc/rope.h), in
+// double exact (the tests' reference precision).
+template <class T>
+inline T rope_inv_freq_t(int i, int HS, T theta) {
+    return T(1) / std::pow(theta, T(2 * i) / T(HS));
+}
+template <>
+inline float rope_inv_freq_t<float>(int i, int HS, float theta) {
+    return rope_inv_freq(i, HS, theta);
+}
+
 // Rotary embeddings on the NH + NKV query and key heads of qkv [B,T,NH+2*NKV,HS], in place.
 // inverse: rotate by -angle (the backward of the forward rotation).
 template <class T>
@@ -501,7 +513,7 @@ void rope(T* qkv, int B, int Tn, int NH, int NKV, int HS, T theta, bool inverse)
     const int half = HS / 2, W = (NH + 2 * NKV) * HS, heads = NH + NKV;
     std::vector<T> cs((size_t)Tn * half), sn((size_t)Tn * half);
     for (int i = 0; i < half; ++i) {
-        const T inv_freq = T(1) / std::pow(theta, T(2 * i) / T(HS));
+        const T inv_freq = rope_inv_freq_t<T>(i, HS, theta);
         for (int t = 0; t < Tn; ++t) {
             const T a = T(t) * inv_freq;
             cs[(size_t)t * half + i] = std::cos(a);

@@ -1,6 +1,8 @@
 // Fused causal flash attention, forward and backward, never materialising T x T.
 //
-// qkv [B, T, 3, NH, HS] -> out [B, T, NH, HS]; lse [B, NH, T] (fp32, log-sum-exp of the
+// qkv [B, T, NH + 2*NKV, HS] (per token: NH query heads, NKV key heads, NKV value heads;
+// query head h reads key/value head h / (NH/NKV), grouped-query attention; NKV == NH is
+// [B, T, 3, NH, HS]) -> out [B, T, NH, HS]; lse [B, NH, T] (fp32, log-sum-exp of the
 // scaled scores of each query row). One thread block (4 warps) per (query or key tile,
 // head, batch). All tiles live in shared memory; the tile products are done by
 // block_mm(), which is nvcuda::wmma (bf16 in, fp32 accumulate, tensor cores) for bf16
@@ -8,8 +10,9 @@
 // statistics, accumulators and the probabilities' normaliser are fp32.
 //
 // Backward (deterministic, no atomics): D_i = rowsum(dO_i * O_i) first; then one kernel
-// computes dK, dV per key tile looping over the query tiles in order, and another
-// computes dQ per query tile looping over the key tiles in order.
+// computes dK, dV per key tile of a key/value head, looping over the query heads of its
+// group and, for each, over the query tiles, in order; another computes dQ per query tile
+// looping over the key tiles in order.
 //
 // Requirements: HS a multiple of 16 and <= 128 (checked by the caller); any T >= 1.
 #pragma once
@@ -71,13 +74,14 @@ __device__ __forceinline__ void block_mm(float* C, int ldc, const T* A, int lda,
     }
 }
 
-// rows [t0, t0 + R) of one head's q (which=0), k (1) or v (2) -> smem [R x HS] (pitch ld),
-// zero rows beyond T
+// rows [t0, t0 + R) of head slot `head` of qkv (NQKV = NH + 2*NKV slots per token: query
+// head h is slot h, key head j slot NH + j, value head j slot NH + NKV + j) -> smem [R x HS]
+// (pitch ld), zero rows beyond T
 template <class T>
-__device__ __forceinline__ void load_rows(T* dst, int ld, const T* qkv, int b, int h, int which, int t0, int R,
-                                          int T_, int NH, int HS) {
-    const long long stride = 3LL * NH * HS;
-    const T* base = qkv + (long long)b * T_ * stride + (long long)which * NH * HS + (long long)h * HS;
+__device__ __forceinline__ void load_rows(T* dst, int ld, const T* qkv, int b, int head, int t0, int R, int T_,
+                                          int NQKV, int HS) {
+    const long long stride = (long long)NQKV * HS;
+    const T* base = qkv + (long long)b * T_ * stride + (long long)head * HS;
     for (int idx = threadIdx.x; idx < R * HS; idx += blockDim.x) {
         const int r = idx / HS, d = idx % HS, t = t0 + r;
         dst[r * ld + d] = t < T_ ? base[(long long)t * stride + d] : from_f32<T>(0.0f);
@@ -117,7 +121,7 @@ __host__ __device__ inline FwdLayout fwd_layout(int HS) {
 
 template <class T, int BR, int BC>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(T* out, float* lse, const T* qkv, int T_, int NH, int HS, float scale) {
+    attention_forward_kernel(T* out, float* lse, const T* qkv, int T_, int NH, int NKV, int HS, float scale) {
     extern __shared__ __align__(128) char smem[];
     const FwdLayout L = fwd_layout<T, BR, BC>(HS);
     T* sQ = (T*)(smem + L.q);
@@ -133,10 +137,11 @@ __global__ void __launch_bounds__(kThreads)
 
     const int qt = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query tiles first
     const int h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (NH / NKV), NQKV = NH + 2 * NKV;
     const int q0 = qt * BR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
 
-    load_rows(sQ, ldt, qkv, b, h, 0, q0, BR, T_, NH, HS);
+    load_rows(sQ, ldt, qkv, b, h, q0, BR, T_, NQKV, HS);
     for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) sO[(idx / HS) * ldo + idx % HS] = 0.0f;
     for (int r = threadIdx.x; r < BR; r += blockDim.x) {
         sM[r] = -INFINITY;
@@ -144,8 +149,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     const int kv_end = min(T_, q0 + BR);  // keys [0, kv_end) can be seen by this tile
     for (int k0 = 0; k0 < kv_end; k0 += BC) {
-        load_rows(sK, ldt, qkv, b, h, 1, k0, BC, T_, NH, HS);
-        load_rows(sV, ldt, qkv, b, h, 2, k0, BC, T_, NH, HS);
+        load_rows(sK, ldt, qkv, b, NH + kvh, k0, BC, T_, NQKV, HS);
+        load_rows(sV, ldt, qkv, b, NH + NKV + kvh, k0, BC, T_, NQKV, HS);
         __syncthreads();
         block_mm<T, false, true>(sS, lds, sQ, ldt, sK, ldt, BR, BC, HS, false);  // S = Q K^T
         __syncthreads();
@@ -276,11 +281,12 @@ __device__ __forceinline__ void load_lse_d(float* sLse, float* sD, const float* 
     }
 }
 
-// dK, dV for key tile blockIdx.x; loops over query tiles q0 >= k0 in increasing order.
+// dK, dV for key tile blockIdx.x of key/value head blockIdx.y: sums over the query heads of
+// its group in increasing order and, for each, over the query tiles q0 >= k0 in increasing order.
 template <class T, int BR, int BC>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_dkdv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D, int T_,
-                                   int NH, int HS, float scale) {
+                                   int NH, int NKV, int HS, float scale) {
     extern __shared__ __align__(128) char smem[];
     const BwdLayout L = bwd_layout<T, BR, BC>(HS);
     const int ldt = HS + pad<T>(), ldp = BC + pad<T>(), ldo = HS + 4;
@@ -292,41 +298,46 @@ __global__ void __launch_bounds__(kThreads)
     T* sDS = (T*)(smem + L.ds);
     float* sDK = (float*)(smem + L.acc1);
     float* sDV = (float*)(smem + L.acc2);
-    const int kt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int kt = gridDim.x - 1 - blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int group = NH / NKV, NQKV = NH + 2 * NKV;
     const int k0 = kt * BC;
 
-    load_rows(sK, ldt, qkv, b, h, 1, k0, BC, T_, NH, HS);
-    load_rows(sV, ldt, qkv, b, h, 2, k0, BC, T_, NH, HS);
+    load_rows(sK, ldt, qkv, b, NH + kvh, k0, BC, T_, NQKV, HS);
+    load_rows(sV, ldt, qkv, b, NH + NKV + kvh, k0, BC, T_, NQKV, HS);
     for (int idx = threadIdx.x; idx < BC * HS; idx += blockDim.x) {
         sDK[(idx / HS) * ldo + idx % HS] = 0.0f;
         sDV[(idx / HS) * ldo + idx % HS] = 0.0f;
     }
-    for (int q0 = (k0 / BR) * BR; q0 < T_; q0 += BR) {
-        load_rows(sQ, ldt, qkv, b, h, 0, q0, BR, T_, NH, HS);
-        load_rows_bthd(sDO, ldt, dout, b, h, q0, BR, T_, NH, HS);
-        load_lse_d<T, BR>((float*)(smem + L.lse), (float*)(smem + L.d), lse, D, b, h, q0, T_, NH);
-        __syncthreads();
-        bwd_tile_probs<T, BR, BC>(L, smem, HS, q0, k0, T_, scale);
-        block_mm<T, true, false>(sDV, ldo, sP, ldp, sDO, ldt, BC, HS, BR, true);  // dV += P^T dO
-        block_mm<T, true, false>(sDK, ldo, sDS, ldp, sQ, ldt, BC, HS, BR, true);  // dK += dS^T Q
-        __syncthreads();
+    for (int h = kvh * group; h < (kvh + 1) * group; h++) {
+        for (int q0 = (k0 / BR) * BR; q0 < T_; q0 += BR) {
+            load_rows(sQ, ldt, qkv, b, h, q0, BR, T_, NQKV, HS);
+            load_rows_bthd(sDO, ldt, dout, b, h, q0, BR, T_, NH, HS);
+            load_lse_d<T, BR>((float*)(smem + L.lse), (float*)(smem + L.d), lse, D, b, h, q0, T_, NH);
+            __syncthreads();
+            bwd_tile_probs<T, BR, BC>(L, smem, HS, q0, k0, T_, scale);
+            block_mm<T, true, false>(sDV, ldo, sP, ldp, sDO, ldt, BC, HS, BR, true);  // dV += P^T dO
+            block_mm<T, true, false>(sDK, ldo, sDS, ldp, sQ, ldt, BC, HS, BR, true);  // dK += dS^T Q
+            __syncthreads();
+        }
     }
-    const long long stride = 3LL * NH * HS;
-    T* base = dqkv + (long long)b * T_ * stride + (long long)h * HS;
+    const long long stride = (long long)NQKV * HS;
+    T* dk = dqkv + (long long)b * T_ * stride + (long long)(NH + kvh) * HS;
+    T* dv = dqkv + (long long)b * T_ * stride + (long long)(NH + NKV + kvh) * HS;
     for (int idx = threadIdx.x; idx < BC * HS; idx += blockDim.x) {
         const int r = idx / HS, d = idx % HS, t = k0 + r;
         if (t < T_) {
-            base[(long long)t * stride + (long long)NH * HS + d] = from_f32<T>(sDK[r * ldo + d] * scale);
-            base[(long long)t * stride + 2LL * NH * HS + d] = from_f32<T>(sDV[r * ldo + d]);
+            dk[(long long)t * stride + d] = from_f32<T>(sDK[r * ldo + d] * scale);
+            dv[(long long)t * stride + d] = from_f32<T>(sDV[r * ldo + d]);
         }
     }
 }
 
-// dQ for query tile blockIdx.x; loops over key tiles k0 <= last query in increasing order.
+// dQ for query tile blockIdx.x of query head blockIdx.y; loops over key tiles k0 <= last
+// query in increasing order.
 template <class T, int BR, int BC>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D, int T_,
-                                 int NH, int HS, float scale) {
+                                 int NH, int NKV, int HS, float scale) {
     extern __shared__ __align__(128) char smem[];
     const BwdLayout L = bwd_layout<T, BR, BC>(HS);
     const int ldt = HS + pad<T>(), ldp = BC + pad<T>(), ldo = HS + 4;
@@ -336,26 +347,27 @@ __global__ void __launch_bounds__(kThreads)
     T* sDS = (T*)(smem + L.ds);
     float* sDQ = (float*)(smem + L.acc1);
     const int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (NH / NKV), NQKV = NH + 2 * NKV;
     const int q0 = qt * BR;
 
-    load_rows(sQ, ldt, qkv, b, h, 0, q0, BR, T_, NH, HS);
+    load_rows(sQ, ldt, qkv, b, h, q0, BR, T_, NQKV, HS);
     load_rows_bthd(sDO, ldt, dout, b, h, q0, BR, T_, NH, HS);
     load_lse_d<T, BR>((float*)(smem + L.lse), (float*)(smem + L.d), lse, D, b, h, q0, T_, NH);
     for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) sDQ[(idx / HS) * ldo + idx % HS] = 0.0f;
     const int kv_end = min(T_, q0 + BR);
     for (int k0 = 0; k0 < kv_end; k0 += BC) {
-        load_rows(sK, ldt, qkv, b, h, 1, k0, BC, T_, NH, HS);
-        load_rows((T*)(smem + L.v), ldt, qkv, b, h, 2, k0, BC, T_, NH, HS);
+        load_rows(sK, ldt, qkv, b, NH + kvh, k0, BC, T_, NQKV, HS);
+        load_rows((T*)(smem + L.v), ldt, qkv, b, NH + NKV + kvh, k0, BC, T_, NQKV, HS);
         __syncthreads();
         bwd_tile_probs<T, BR, BC>(L, smem, HS, q0, k0, T_, scale);
         block_mm<T, false, false>(sDQ, ldo, sDS, ldp, sK, ldt, BR, HS, BC, true);  // dQ += dS K
         __syncthreads();
     }
-    const long long stride = 3LL * NH * HS;
-    T* base = dqkv + (long long)b * T_ * stride + (long long)h * HS;
+    const long long stride = (long long)NQKV * HS;
+    T* dq = dqkv + (long long)b * T_ * stride + (long long)h * HS;
     for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) {
         const int r = idx / HS, d = idx % HS, t = q0 + r;
-        if (t < T_) base[(long long)t * stride + d] = from_f32<T>(sDQ[r * ldo + d] * scale);
+        if (t < T_) dq[(long long)t * stride + d] = from_f32<T>(sDQ[r * ldo + d] * scale);
     }
 }
 
@@ -378,20 +390,20 @@ inline void set_smem(const void* fn, size_t bytes) {
 }
 
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int NH, int HS, cudaStream_t st) {
+void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int NH, int NKV, int HS, cudaStream_t st) {
     constexpr int BR = FwdTiles<T>::BR, BC = FwdTiles<T>::BC;
     const size_t smem = fwd_layout<T, BR, BC>(HS).total;
     auto fn = attention_forward_kernel<T, BR, BC>;
     set_smem((const void*)fn, smem);
     dim3 grid(ceil_div(T_, BR), NH, B);
-    fn<<<grid, kThreads, smem, st>>>(out, lse, qkv, T_, NH, HS, 1.0f / sqrtf((float)HS));
+    fn<<<grid, kThreads, smem, st>>>(out, lse, qkv, T_, NH, NKV, HS, 1.0f / sqrtf((float)HS));
     CUDA_CHECK_LAUNCH();
 }
 
 // D: scratch of B*NH*T floats
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* D, int B,
-                        int T_, int NH, int HS, cudaStream_t st) {
+                        int T_, int NH, int NKV, int HS, cudaStream_t st) {
     const long long rows = (long long)B * T_ * NH;
     attention_backward_d_kernel<T><<<ceil_div(rows, 8), 256, 0, st>>>(D, dout, out, B, T_, NH, HS);
     CUDA_CHECK_LAUNCH();
@@ -399,11 +411,12 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
     const size_t smem = bwd_layout<T, kBwdBR, kBwdBC>(HS).total;
     auto fkv = attention_backward_dkdv_kernel<T, kBwdBR, kBwdBC>;
     set_smem((const void*)fkv, smem);
-    fkv<<<dim3(ceil_div(T_, kBwdBC), NH, B), kThreads, smem, st>>>(dqkv, dout, qkv, lse, D, T_, NH, HS, scale);
+    fkv<<<dim3(ceil_div(T_, kBwdBC), NKV, B), kThreads, smem, st>>>(dqkv, dout, qkv, lse, D, T_, NH, NKV, HS,
+                                                                     scale);
     CUDA_CHECK_LAUNCH();
     auto fq = attention_backward_dq_kernel<T, kBwdBR, kBwdBC>;
     set_smem((const void*)fq, smem);
-    fq<<<dim3(ceil_div(T_, kBwdBR), NH, B), kThreads, smem, st>>>(dqkv, dout, qkv, lse, D, T_, NH, HS, scale);
+    fq<<<dim3(ceil_div(T_, kBwdBR), NH, B), kThreads, smem, st>>>(dqkv, dout, qkv, lse, D, T_, NH, NKV, HS, scale);
     CUDA_CHECK_LAUNCH();
 }
 

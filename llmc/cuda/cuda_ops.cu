@@ -12,8 +12,10 @@
 #include "llmc/cuda/encoder.cuh"
 #include "llmc/cuda/fp8.cuh"
 #include "llmc/cuda/layernorm.cuh"
+#include "llmc/cuda/llama.cuh"
 #include "llmc/cuda/matmul.cuh"
 #include "llmc/ops.h"
+#include "llmc/rope.h"
 
 namespace {
 
@@ -326,26 +328,89 @@ public:
     }
 
     // ---- attention ----
-    void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int HS) override {
+    void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int NKV, int HS) override {
         same_dtype({&out, &qkv});
         check_hs(HS);
+        check_heads(NH, NKV, "attention_forward");
         if (!B || !T) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            attn::attention_forward<T_>(P<T_>(out), lse, P<T_>(qkv), B, T, NH, HS, stream_);
+            attn::attention_forward<T_>(P<T_>(out), lse, P<T_>(qkv), B, T, NH, NKV, HS, stream_);
         });
     }
     void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B, int T, int NH,
-                            int HS) override {
+                            int NKV, int HS) override {
         same_dtype({&dqkv, &dout, &qkv, &out});
         check_hs(HS);
+        check_heads(NH, NKV, "attention_backward");
         if (!B || !T) return;
         float* D = static_cast<float*>(scratch(2, (size_t)B * NH * T * sizeof(float)));
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            attn::attention_backward<T_>(P<T_>(dqkv), P<T_>(dout), P<T_>(qkv), P<T_>(out), lse, D, B, T, NH, HS,
+            attn::attention_backward<T_>(P<T_>(dqkv), P<T_>(dout), P<T_>(qkv), P<T_>(out), lse, D, B, T, NH, NKV, HS,
                                          stream_);
         });
+    }
+
+    // ---- Llama ops (llmc/cuda/llama.cuh) ----
+    void rmsnorm_forward(Tensor out, float* rstd, Tensor inp, Tensor w, int N, int C, float eps) override {
+        same_dtype({&out, &inp, &w});
+        if (!N) return;
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            rmsnorm_forward_kernel<T_><<<ceil_div(N, 8), 256, 0, stream_>>>(P<T_>(out), rstd, P<T_>(inp), P<T_>(w), N,
+                                                                          C, eps);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+    void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, const float* rstd, int N,
+                          int C) override {
+        same_dtype({&dinp, &dw, &dout, &inp, &w});
+        if (!N) return;
+        // the grid depends on N only (same reduction order on any GPU), as layernorm_backward
+        const int rows_per_block = ceil_div(N, 512);
+        const int G = ceil_div(N, rows_per_block);
+        float* partial = static_cast<float*>(scratch(1, (size_t)G * C * sizeof(float)));
+        const size_t smem = (size_t)(C + 32) * sizeof(float);
+        LLMC_ASSERT(smem <= 48 * 1024, "rmsnorm_backward: C too large for shared memory");
+        dispatch(dout.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            rmsnorm_backward_kernel<T_><<<G, 256, smem, stream_>>>(P<T_>(dinp), partial, P<T_>(dout), P<T_>(inp),
+                                                                   P<T_>(w), rstd, N, C, rows_per_block);
+            CUDA_CHECK_LAUNCH();
+            rmsnorm_backward_reduce_kernel<T_><<<ceil_div(C, 256), 256, 0, stream_>>>(P<T_>(dw), partial, G, C);
+            CUDA_CHECK_LAUNCH();
+        });
+    }
+    void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta) override {
+        rope(qkv, B, T, NH, NKV, HS, theta, 1.0f, "rope_forward");
+    }
+    void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta) override {
+        rope(dqkv, B, T, NH, NKV, HS, theta, -1.0f, "rope_backward");
+    }
+    void swiglu_forward(Tensor out, Tensor inp, int N, int F) override {
+        same_dtype({&out, &inp});
+        const long long n = (long long)N * F;
+        LLMC_ASSERT(out.n >= (size_t)n && inp.n >= 2 * (size_t)n, "swiglu_forward: tensor too small");
+        if (!n) return;
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            swiglu_forward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(out), P<T_>(inp), F, n);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+    void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, int N, int F) override {
+        same_dtype({&dinp, &dout, &inp});
+        const long long n = (long long)N * F;
+        LLMC_ASSERT(dout.n >= (size_t)n && inp.n >= 2 * (size_t)n && dinp.n >= 2 * (size_t)n,
+                    "swiglu_backward: tensor too small");
+        if (!n) return;
+        dispatch(dout.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            swiglu_backward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(dinp), P<T_>(dout),
+                                                                               P<T_>(inp), F, n);
+        });
+        CUDA_CHECK_LAUNCH();
     }
 
     // ---- classifier ----
@@ -451,7 +516,27 @@ private:
                                    "(d_model / n_head = %d)",
                                    HS));
     }
-    // grow-only scratch buffers, one per slot (0 encoder, 1 layernorm, 2 attention, 3 sum_squares)
+    static void check_heads(int NH, int NKV, const char* what) {
+        LLMC_ASSERT(NH > 0 && NKV > 0 && NH % NKV == 0,
+                    strfmt("%s: n_head %d is not a positive multiple of n_kv_head %d", what, NH, NKV));
+    }
+    // rotary embedding of the query and key heads of qkv [B, T, NH + 2*NKV, HS]; sign +1 forward, -1 backward
+    void rope(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, float sign, const char* what) {
+        check_hs(HS);
+        check_heads(NH, NKV, what);
+        const long long pairs = (long long)B * T * (NH + NKV) * (HS / 2);
+        LLMC_ASSERT(qkv.n >= (size_t)B * T * (NH + 2 * NKV) * HS, strfmt("%s: qkv too small", what));
+        if (!pairs) return;
+        RopeFreqs f{};
+        for (int i = 0; i < HS / 2; i++) f.inv_freq[i] = rope_inv_freq(i, HS, theta);
+        dispatch(qkv.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            rope_kernel<T_><<<blocks_for(pairs, 256), 256, 0, stream_>>>(P<T_>(qkv), T, NH + 2 * NKV, NH + NKV, HS,
+                                                                        f, sign, pairs);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+    // grow-only scratch buffers, one per slot (0 encoder, 1 layernorm / rmsnorm, 2 attention, 3 sum_squares)
     void* scratch(int slot, size_t bytes) { return scratch_[slot].get(bytes, stream_); }
 
     int device_;

@@ -387,51 +387,200 @@ void test_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, int bias
     }
 }
 
-void test_attention(H& h, int B, int T, int NH, int HS) {
-    const std::string sh = strfmt("[%s B=%d T=%d NH=%d HS=%d]", dtype_name(h.dt), B, T, NH, HS);
-    const size_t nqkv = (size_t)B * T * 3 * NH * HS, no = (size_t)B * T * NH * HS, nl = (size_t)B * NH * T;
+// qkv [BT, NH + 2*NKV, HS] -> [BT, 3, NH, HS] with every key/value head repeated for the query
+// heads of its group: multi-head attention on it is grouped-query attention on qkv.
+std::vector<float> expand_kv(const std::vector<float>& qkv, size_t BT, int NH, int NKV, int HS) {
+    const int G = NH / NKV, NQ = NH + 2 * NKV;
+    std::vector<float> e(BT * 3 * NH * HS);
+    for (size_t bt = 0; bt < BT; bt++)
+        for (int s = 0; s < 3; s++)
+            for (int hd = 0; hd < NH; hd++) {
+                const int src = s == 0 ? hd : NH + (s - 1) * NKV + hd / G;
+                std::copy_n(&qkv[(bt * NQ + src) * HS], HS, &e[((bt * 3 + s) * NH + hd) * HS]);
+            }
+    return e;
+}
+// the gradient through expand_kv: the repeated heads' gradients summed over each group (in double)
+std::vector<float> reduce_kv(const std::vector<float>& de, size_t BT, int NH, int NKV, int HS) {
+    const int G = NH / NKV, NQ = NH + 2 * NKV;
+    std::vector<double> acc(BT * NQ * HS, 0.0);
+    for (size_t bt = 0; bt < BT; bt++)
+        for (int s = 0; s < 3; s++)
+            for (int hd = 0; hd < NH; hd++) {
+                const int dst = s == 0 ? hd : NH + (s - 1) * NKV + hd / G;
+                for (int d = 0; d < HS; d++) acc[(bt * NQ + dst) * HS + d] += de[((bt * 3 + s) * NH + hd) * HS + d];
+            }
+    return std::vector<float>(acc.begin(), acc.end());
+}
+
+// Attention with NKV key/value heads (NKV == NH: multi-head). The reference is the CPU's
+// multi-head attention on the expanded qkv (expand_kv), its dqkv reduced over the groups;
+// with NKV < NH the CPU's grouped-query attention is compared as well (last: it may be missing).
+void test_attention(H& h, int B, int T, int NH, int NKV, int HS) {
+    const std::string sh = strfmt("[%s B=%d T=%d NH=%d NKV=%d HS=%d]", dtype_name(h.dt), B, T, NH, NKV, HS);
+    const int NQ = NH + 2 * NKV;
+    const size_t BT = (size_t)B * T, nqkv = BT * NQ * HS, no = BT * NH * HS, nl = (size_t)B * NH * T;
     Pair qkv = h.make(nqkv), out = h.make(no), lse = h.make(nl, true);
-    h.up(qkv, h.rnd(nqkv, 1.0f));
-    h.cpu.attention_forward(out.c, lse.c.f32(), qkv.c, B, T, NH, HS);
+    const std::vector<float> vqkv = h.rnd(nqkv, 1.0f);
+    h.up(qkv, vqkv);
     std::vector<uint8_t> r[2];
     for (int rep = 0; rep < 2; rep++) {
         h.poison(out), h.poison(lse);
-        h.gpu.attention_forward(out.g, lse.g.f32(), qkv.g, B, T, NH, HS);
+        h.gpu.attention_forward(out.g, lse.g.f32(), qkv.g, B, T, NH, NKV, HS);
         r[rep] = h.raw({out, lse});
     }
     h.det("attention_forward", sh, r[0], r[1]);
-    h.compare("attention_forward.out", sh, out);
-    h.compare("attention_forward.lse", sh, lse);
+    const std::vector<float> gout = h.get_gpu(out), glse = h.get_gpu(lse);
+    std::vector<float> eqkv = expand_kv(vqkv, BT, NH, NKV, HS), rout(no), rlse(nl);
+    const Tensor teqkv(eqkv.data(), eqkv.size(), DType::F32);
+    h.cpu.attention_forward(Tensor(rout.data(), no, DType::F32), rlse.data(), teqkv, B, T, NH, NH, HS);
+    H::compare_vec("attention_forward.out", sh, gout, rout, h.tol(false));
+    H::compare_vec("attention_forward.lse", sh, glse, rlse, h.tol(true));
 
-    // backward: both backends get the CPU forward's out (rounded to bf16 in bf16) and lse
-    auto vout = h.get_cpu(out), vlse = h.get_cpu(lse);
+    // backward: both sides get the reference forward's out (rounded to bf16 in bf16) and lse
+    std::vector<float> vout = rout;
     if (h.bf())
         for (auto& x : vout) x = H::q_bf16(x);
     h.up(out, vout);
-    h.up(lse, vlse);
+    h.up(lse, rlse);
     Pair dout = h.make(no), dqkv = h.make(nqkv);
-    h.up(dout, h.rnd(no, 1.0f));
-    h.cpu.attention_backward(dqkv.c, dout.c, qkv.c, out.c, lse.c.f32(), B, T, NH, HS);
+    const std::vector<float> vdout = h.rnd(no, 1.0f);
+    h.up(dout, vdout);
     for (int rep = 0; rep < 2; rep++) {
         h.poison(dqkv);
-        h.gpu.attention_backward(dqkv.g, dout.g, qkv.g, out.g, lse.g.f32(), B, T, NH, HS);
+        h.gpu.attention_backward(dqkv.g, dout.g, qkv.g, out.g, lse.g.f32(), B, T, NH, NKV, HS);
         r[rep] = h.raw({dqkv});
     }
     h.det("attention_backward", sh, r[0], r[1]);
-    h.compare("attention_backward.dqkv", sh, dqkv);
-    // per-slot errors (q, k, v) help localise a bug
-    auto g = h.get_gpu(dqkv), c = h.get_cpu(dqkv);
+    const std::vector<float> gdqkv = h.get_gpu(dqkv);
+    std::vector<float> edqkv(eqkv.size()), edout = vdout;
+    h.cpu.attention_backward(Tensor(edqkv.data(), edqkv.size(), DType::F32), Tensor(edout.data(), no, DType::F32),
+                             teqkv, Tensor(vout.data(), no, DType::F32), rlse.data(), B, T, NH, NH, HS);
+    const std::vector<float> ref = reduce_kv(edqkv, BT, NH, NKV, HS);
+    // whole dqkv, then per slot (q, k, v) to help localise a bug
+    H::compare_vec("attention_backward.dqkv", sh, gdqkv, ref, h.tol(false));
     const char* names[3] = {"dq", "dk", "dv"};
+    const int first[4] = {0, NH, NH + NKV, NQ};
     for (int s = 0; s < 3; s++) {
         std::vector<float> gs, cs;
-        for (size_t bt = 0; bt < (size_t)B * T; bt++)
-            for (size_t i = 0; i < (size_t)NH * HS; i++) {
-                size_t idx = (bt * 3 + s) * NH * HS + i;
-                gs.push_back(g[idx]);
-                cs.push_back(c[idx]);
+        for (size_t bt = 0; bt < BT; bt++)
+            for (size_t i = (size_t)first[s] * HS; i < (size_t)first[s + 1] * HS; i++) {
+                gs.push_back(gdqkv[bt * NQ * HS + i]);
+                cs.push_back(ref[bt * NQ * HS + i]);
             }
         H::compare_vec(std::string("attention_backward.") + names[s], sh, gs, cs, h.tol(false));
     }
+
+    if (NKV == NH) return;
+    // the CPU backend's grouped-query attention on the same inputs
+    h.cpu.attention_forward(out.c, lse.c.f32(), qkv.c, B, T, NH, NKV, HS);
+    H::compare_vec("attention_forward_cpu_gqa.out", sh, gout, h.get_cpu(out), h.tol(false));
+    H::compare_vec("attention_forward_cpu_gqa.lse", sh, glse, h.get_cpu(lse), h.tol(true));
+    h.up(out, vout);
+    h.up(lse, rlse);
+    h.cpu.attention_backward(dqkv.c, dout.c, qkv.c, out.c, lse.c.f32(), B, T, NH, NKV, HS);
+    H::compare_vec("attention_backward_cpu_gqa.dqkv", sh, gdqkv, h.get_cpu(dqkv), h.tol(false));
+}
+
+// RMSNorm: forward (out, rstd), then the backward on the CPU forward's rstd (given to both);
+// dinp and dw accumulate onto random values.
+void test_rmsnorm(H& h, int N, int C, float eps) {
+    const std::string sh = strfmt("[%s N=%d C=%d eps=%g]", dtype_name(h.dt), N, C, eps);
+    const size_t n = (size_t)N * C;
+    Pair inp = h.make(n), w = h.make(C), out = h.make(n), rstd = h.make(N, true);
+    auto vin = h.rnd(n, 1.0f);
+    for (size_t i = 0; i < n; i++) vin[i] = h.bf() ? H::q_bf16(vin[i] + 0.5f) : vin[i] + 0.5f;  // non-zero mean
+    h.up(inp, vin);
+    h.up(w, h.rnd(C, 1.0f));
+    h.cpu.rmsnorm_forward(out.c, rstd.c.f32(), inp.c, w.c, N, C, eps);
+    std::vector<uint8_t> r[2];
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(out), h.poison(rstd);
+        h.gpu.rmsnorm_forward(out.g, rstd.g.f32(), inp.g, w.g, N, C, eps);
+        r[rep] = h.raw({out, rstd});
+    }
+    h.det("rmsnorm_forward", sh, r[0], r[1]);
+    h.compare("rmsnorm_forward.out", sh, out);
+    h.compare("rmsnorm_forward.rstd", sh, rstd);
+
+    h.up_gpu(rstd, h.get_cpu(rstd));
+    Pair dout = h.make(n), dinp = h.make(n), dw = h.make(C);
+    h.up(dout, h.rnd(n, 1.0f));
+    auto dinp0 = h.rnd(n, 1.0f), dw0 = h.rnd(C, 1.0f);
+    h.up(dinp, dinp0), h.up(dw, dw0);
+    h.cpu.rmsnorm_backward(dinp.c, dw.c, dout.c, inp.c, w.c, rstd.c.f32(), N, C);
+    for (int rep = 0; rep < 2; rep++) {
+        h.up_gpu(dinp, dinp0), h.up_gpu(dw, dw0);
+        h.gpu.rmsnorm_backward(dinp.g, dw.g, dout.g, inp.g, w.g, rstd.g.f32(), N, C);
+        r[rep] = h.raw({dinp, dw});
+    }
+    h.det("rmsnorm_backward", sh, r[0], r[1]);
+    h.compare("rmsnorm_backward.dinp", sh, dinp);
+    h.compare("rmsnorm_backward.dw", sh, dw);
+}
+
+// RoPE in place on qkv [B, T, NH + 2*NKV, HS]: forward and backward against the CPU (the value
+// heads must come out unchanged, which the comparison covers), and on the GPU alone
+// backward(forward(x)) == x (the backward is the inverse rotation).
+void test_rope(H& h, int B, int T, int NH, int NKV, int HS, float theta) {
+    const std::string sh =
+        strfmt("[%s B=%d T=%d NH=%d NKV=%d HS=%d theta=%g]", dtype_name(h.dt), B, T, NH, NKV, HS, theta);
+    const size_t n = (size_t)B * T * (NH + 2 * NKV) * HS;
+    Pair x = h.make(n);
+    const std::vector<float> x0 = h.rnd(n, 1.0f);
+    for (int backward = 0; backward <= 1; backward++) {
+        const std::string name = backward ? "rope_backward" : "rope_forward";
+        h.up(x, x0);
+        if (backward)
+            h.cpu.rope_backward(x.c, B, T, NH, NKV, HS, theta);
+        else
+            h.cpu.rope_forward(x.c, B, T, NH, NKV, HS, theta);
+        std::vector<uint8_t> r[2];
+        for (int rep = 0; rep < 2; rep++) {
+            h.up_gpu(x, x0);
+            if (backward)
+                h.gpu.rope_backward(x.g, B, T, NH, NKV, HS, theta);
+            else
+                h.gpu.rope_forward(x.g, B, T, NH, NKV, HS, theta);
+            r[rep] = h.raw({x});
+        }
+        h.det(name, sh, r[0], r[1]);
+        h.compare(name + ".out", sh, x);
+    }
+    if (!h.bf()) {  // in bf16 the intermediate rounding dominates
+        h.up_gpu(x, x0);
+        h.gpu.rope_forward(x.g, B, T, NH, NKV, HS, theta);
+        h.gpu.rope_backward(x.g, B, T, NH, NKV, HS, theta);
+        H::compare_vec("rope_backward_inverts_forward", sh, h.get_gpu(x), x0, 1e-5);
+    }
+}
+
+// SwiGLU: forward out [N, F] from [gate | up], backward dinp [N, 2F] (overwrite, poisoned).
+void test_swiglu(H& h, int N, int F) {
+    const std::string sh = strfmt("[%s N=%d F=%d]", dtype_name(h.dt), N, F);
+    const size_t n = (size_t)N * F;
+    Pair inp = h.make(2 * n), out = h.make(n);
+    h.up(inp, h.rnd(2 * n, 3.0f));  // gates well into both tails of the sigmoid
+    h.cpu.swiglu_forward(out.c, inp.c, N, F);
+    std::vector<uint8_t> r[2];
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(out);
+        h.gpu.swiglu_forward(out.g, inp.g, N, F);
+        r[rep] = h.raw({out});
+    }
+    h.det("swiglu_forward", sh, r[0], r[1]);
+    h.compare("swiglu_forward.out", sh, out);
+
+    Pair dout = h.make(n), dinp = h.make(2 * n);
+    h.up(dout, h.rnd(n, 1.0f));
+    h.cpu.swiglu_backward(dinp.c, dout.c, inp.c, N, F);
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(dinp);
+        h.gpu.swiglu_backward(dinp.g, dout.g, inp.g, N, F);
+        r[rep] = h.raw({dinp});
+    }
+    h.det("swiglu_backward", sh, r[0], r[1]);
+    h.compare("swiglu_backward.dinp", sh, dinp);
 }
 
 void test_cross_entropy(H& h, int N, int V, int Vp, bool backward) {
@@ -779,7 +928,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("GPU tests on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
-    const std::string only = argc > 1 ? argv[1] : "";  // optional filter: encoder, layernorm, ...
+    const std::string only = argc > 1 ? argv[1] : "";  // optional filter: encoder, layernorm, rope, ...
     auto want = [&](const char* s) { return only.empty() || only == s; };
 
     for (DType dt : {DType::F32, DType::BF16}) {
@@ -824,13 +973,48 @@ int main(int argc, char** argv) {
             });
         if (want("attention"))
             guarded("attention", [&] {
-                test_attention(h, 1, 1, 2, 64);
-                test_attention(h, 2, 17, 3, 64);
-                test_attention(h, 1, 64, 4, 64);
-                test_attention(h, 2, 100, 2, 128);
-                test_attention(h, 1, 257, 2, 64);
-                test_attention(h, 1, 257, 1, 128);
-                test_attention(h, 1, 50, 2, 32);
+                test_attention(h, 1, 1, 2, 2, 64);
+                test_attention(h, 2, 17, 3, 3, 64);
+                test_attention(h, 1, 64, 4, 4, 64);
+                test_attention(h, 2, 100, 2, 2, 128);
+                test_attention(h, 1, 257, 2, 2, 64);
+                test_attention(h, 1, 257, 1, 1, 128);
+                test_attention(h, 1, 50, 2, 2, 32);
+            });
+        if (want("attention_gqa"))
+            guarded("attention_gqa", [&] {
+                test_attention(h, 1, 1, 4, 2, 64);
+                test_attention(h, 2, 17, 4, 2, 64);
+                test_attention(h, 1, 64, 4, 1, 64);
+                test_attention(h, 2, 100, 4, 2, 128);
+                test_attention(h, 1, 257, 4, 1, 64);
+                test_attention(h, 1, 129, 8, 2, 128);
+                test_attention(h, 2, 50, 6, 3, 32);
+            });
+        if (want("rmsnorm"))
+            guarded("rmsnorm", [&] {
+                test_rmsnorm(h, 1, 64, 1e-5f);
+                test_rmsnorm(h, 17, 96, 1e-6f);
+                test_rmsnorm(h, 100, 200, 1e-5f);
+                test_rmsnorm(h, 1000, 768, 1e-5f);
+                test_rmsnorm(h, 257, 1600, 1e-6f);
+                test_rmsnorm(h, 33, 4096, 1e-5f);
+            });
+        if (want("rope"))
+            guarded("rope", [&] {
+                test_rope(h, 1, 1, 2, 2, 64, 10000.0f);
+                test_rope(h, 2, 17, 4, 2, 64, 10000.0f);
+                test_rope(h, 1, 100, 3, 3, 32, 10000.0f);
+                test_rope(h, 2, 257, 4, 1, 128, 500000.0f);
+                test_rope(h, 1, 2048, 2, 1, 64, 10000.0f);  // large angles
+            });
+        if (want("swiglu"))
+            guarded("swiglu", [&] {
+                test_swiglu(h, 1, 1);
+                test_swiglu(h, 17, 96);
+                test_swiglu(h, 100, 200);
+                test_swiglu(h, 1000, 768);
+                test_swiglu(h, 7, 1377);
             });
         if (want("cross_entropy"))
             guarded("cross_entropy", [&] {

@@ -1,0 +1,123 @@
+// The Llama family's elementwise and normalisation ops: RMSNorm (forward and a deterministic
+// backward), rotary embedding (in place on qkv, forward and the transposed rotation for the
+// backward) and SwiGLU. All arithmetic is fp32; tensors are stored in T (fp32 or bf16) and
+// rounded once per stored value.
+#pragma once
+#include "llmc/cuda/common.cuh"
+
+// ---------------- RMSNorm ----------------
+// One warp per row: rstd = 1/sqrt(mean(x^2) + eps); out = x * rstd * w.
+template <class T>
+__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const T* w, int N, int C, float eps) {
+    const int lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const long long off = (long long)row * C;
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        const float x = to_f32(inp[off + c]);
+        s += x * x;
+    }
+    const float r = 1.0f / sqrtf(warp_sum(s) / (float)C + eps);
+    for (int c = lane; c < C; c += 32) out[off + c] = from_f32<T>(to_f32(inp[off + c]) * r * to_f32(w[c]));
+    if (lane == 0) rstd[row] = r;
+}
+
+// Backward, pass 1 (the layout of layernorm_backward_kernel). Block g handles rows
+// [g*rpb, min(N, (g+1)*rpb)) in order, the whole block on one row at a time. With
+// n = x * rstd and dn = w * dout: dinp += rstd * (dn - n * mean(dn * n)) (accumulate);
+// the block's partial sums of dw (= dout * n) go to partial[g*C .. g*C+C).
+// dynamic smem: C floats + 32.
+template <class T>
+__global__ void rmsnorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w,
+                                        const float* rstd, int N, int C, int rows_per_block) {
+    extern __shared__ float rms_smem[];
+    float* s_dw = rms_smem;
+    float* scratch = rms_smem + C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) s_dw[c] = 0.0f;
+    const int r0 = blockIdx.x * rows_per_block;
+    const int r1 = min(N, r0 + rows_per_block);
+    for (int row = r0; row < r1; row++) {
+        const long long off = (long long)row * C;
+        const float rs = rstd[row];
+        float sum_dn_n = 0.0f;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            const float n = to_f32(inp[off + c]) * rs;
+            sum_dn_n += to_f32(w[c]) * to_f32(dout[off + c]) * n;
+        }
+        const float mean_dn_n = block_sum(sum_dn_n, scratch) / (float)C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            const float n = to_f32(inp[off + c]) * rs;
+            const float d = to_f32(dout[off + c]);
+            const float g = rs * (to_f32(w[c]) * d - n * mean_dn_n);
+            dinp[off + c] = from_f32<T>(to_f32(dinp[off + c]) + g);
+            s_dw[c] += d * n;
+        }
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) partial[(long long)blockIdx.x * C + c] = s_dw[c];
+}
+
+// Backward, pass 2: dw[c] += sum_g partial[g][c], g in increasing order.
+template <class T>
+__global__ void rmsnorm_backward_reduce_kernel(T* dw, const float* partial, int G, int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float s = 0.0f;
+    for (int g = 0; g < G; g++) s += partial[(long long)g * C + c];
+    dw[c] = from_f32<T>(to_f32(dw[c]) + s);
+}
+
+// ---------------- rotary embedding ----------------
+constexpr int kRopeMaxHalf = 64;  // HS <= 128 (the attention kernels' limit)
+// inv_freq[i], i < HS/2, computed on the host (llmc/rope.h) and passed by value
+struct RopeFreqs {
+    float inv_freq[kRopeMaxHalf];
+};
+
+// In place on qkv [B, T, NQKV, HS]: the first NROT head slots of every token (the query and key
+// heads) are rotated by t * inv_freq[i] on the pairs (i, i + HS/2). sign = +1 rotates (forward),
+// -1 applies the transposed rotation (backward). One thread per pair.
+template <class T>
+__global__ void rope_kernel(T* qkv, int T_, int NQKV, int NROT, int HS, RopeFreqs f, float sign, long long pairs) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= pairs) return;
+    const int half = HS / 2;
+    const int i = (int)(idx % half);
+    const long long rest = idx / half;
+    const int head = (int)(rest % NROT);
+    const long long bt = rest / NROT;
+    const int t = (int)(bt % T_);
+    const float angle = __fmul_rn((float)t, f.inv_freq[i]);  // one fp32 rounding, as transformers
+    const float c = cosf(angle), s = sign * sinf(angle);
+    T* x = qkv + (bt * NQKV + head) * HS;
+    const float x1 = to_f32(x[i]), x2 = to_f32(x[i + half]);
+    x[i] = from_f32<T>(x1 * c - x2 * s);
+    x[i + half] = from_f32<T>(x2 * c + x1 * s);
+}
+
+// ---------------- SwiGLU ----------------
+// inp [N, 2F] = [gate | up]; out[n, f] = silu(gate) * up, silu(g) = g / (1 + exp(-g))
+template <class T>
+__global__ void swiglu_forward_kernel(T* out, const T* inp, int F, long long n) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n) return;
+    const long long row = idx / F;
+    const int f = (int)(idx % F);
+    const float g = to_f32(inp[row * 2 * F + f]), u = to_f32(inp[row * 2 * F + F + f]);
+    out[idx] = from_f32<T>(g / (1.0f + expf(-g)) * u);
+}
+
+// dinp [N, 2F] (overwrite): dgate = dout * up * silu'(gate), dup = dout * silu(gate), with
+// silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g)))
+template <class T>
+__global__ void swiglu_backward_kernel(T* dinp, const T* dout, const T* inp, int F, long long n) {
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n) return;
+    const long long row = idx / F;
+    const int f = (int)(idx % F);
+    const float g = to_f32(inp[row * 2 * F + f]), u = to_f32(inp[row * 2 * F + F + f]);
+    const float d = to_f32(dout[idx]);
+    const float e = 1.0f + expf(-g), sig = 1.0f / e;
+    dinp[row * 2 * F + f] = from_f32<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
+    dinp[row * 2 * F + F + f] = from_f32<T>(d * (g / e));
+}
