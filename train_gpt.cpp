@@ -24,6 +24,7 @@
 #include "llmc/comm.h"
 #include "llmc/config.h"
 #include "llmc/data_parallel.h"
+#include "llmc/exit_codes.h"
 #include "llmc/dataloader.h"
 #include "llmc/hf_format.h"
 #include "llmc/logger.h"
@@ -31,6 +32,7 @@
 #include "llmc/model.h"
 #include "llmc/model_file.h"
 #include "llmc/ops.h"
+#include "llmc/preempt.h"
 #include "llmc/layout.h"
 #include "llmc/optimizer.h"
 #include "llmc/pipeline.h"
@@ -447,6 +449,16 @@ int train(Runtime& rt, int argc, char** argv) {
         log.print("device: %s, dense %s peak %.1f TFLOP/s%s\n", ops->device_name().c_str(), cfg.precision.c_str(),
                   peak_flops / 1e12, peak_flops > 0 ? "" : " (not in the table: no MFU)");
 
+    // the state after state.step steps, saved by world rank 0; collective
+    auto save_checkpoint = [&] {
+        WholeState whole = gather_whole_state(model, opt, dp, pc, *groups.mp, grid);  // world rank 0 gets it
+        if (!rt.is_main()) return;
+        if (fp8) whole.fp8 = fp8->state().save();  // ==== fp8 ====
+        std::string p = checkpoint_save(ckpt_dir, state, shape, dtype == DType::BF16 ? 5 : 3, whole, cfg.resolved,
+                                        cfg.checkpoint.keep);
+        log.print("checkpoint: %s\n", p.c_str());
+    };
+
     // ---- the training loop ----
     std::vector<std::vector<int32_t>> x(size_t(tc.grad_accum), std::vector<int32_t>(size_t(B) * T)), y = x;
     const float dloss = float(1.0 / (double(B) * T * tc.grad_accum * grid.dp));
@@ -515,14 +527,15 @@ int train(Runtime& rt, int argc, char** argv) {
 
         state.step = step + 1;
         state.loader = train_data.position();
-        if (cfg.checkpoint.every > 0 && state.step % cfg.checkpoint.every == 0 && state.step < tc.steps) {
-            WholeState whole = gather_whole_state(model, opt, dp, pc, *groups.mp, grid);  // world rank 0 gets it
-            if (rt.is_main()) {
-                if (fp8) whole.fp8 = fp8->state().save();  // ==== fp8 ====
-                std::string p = checkpoint_save(ckpt_dir, state, shape, dtype == DType::BF16 ? 5 : 3, whole,
-                                                cfg.resolved, cfg.checkpoint.keep);
-                log.print("checkpoint: %s\n", p.c_str());
-            }
+        const bool due = cfg.checkpoint.every > 0 && state.step % cfg.checkpoint.every == 0 && state.step < tc.steps;
+        if (due) save_checkpoint();
+        // a stop signal on any rank (llmc/preempt.h) stops every rank here: save, exit "resume me"
+        if (const int sig = state.step < tc.steps ? preempt_agreed(*groups.world) : 0) {
+            if (!due) save_checkpoint();
+            log.print("%s: stopped after step %d, checkpoint saved; exit code %d (resume with checkpoint.resume=auto)\n",
+                      signal_name(sig).c_str(), state.step, int(kExitPreempted));
+            rt.barrier();  // no rank leaves (and makes its launcher end the job) before the save is done
+            return kExitPreempted;
         }
     }
 
@@ -557,6 +570,7 @@ int train(Runtime& rt, int argc, char** argv) {
 
 int main(int argc, char** argv) {
     Runtime rt(&argc, &argv);
+    preempt_install();
     try {
         int rc = train(rt, argc, argv);
         return rc;

@@ -77,21 +77,33 @@ uint64_t file_checksum(const std::string& path) {
 // LLMC_FAULT=hang:<point> (or hang:<point>_<step>) makes it stall instead, sleeping forever in
 // place, as a rank stuck in a kernel or a deadlock would: nothing ends it but the other ranks'
 // communicator watchdogs (parallel.timeout_s) or a signal from the launcher.
+// LLMC_FAULT=usr1:<point>, term:<point> or int:<point> sends the process that signal and carries
+// on, as a launcher's SIGUSR1, SIGTERM or a Ctrl-C arriving there would (llmc/preempt.h).
 void fault_point(const char* name, int step) {
     const char* f = std::getenv("LLMC_FAULT");
     if (!f) return;
-    const bool hang = std::strncmp(f, "hang:", 5) == 0;
-    const char* point = hang ? f + 5 : f;
+    struct Mode {
+        const char* prefix;
+        int signal;  // 0: hang
+        const char* what;
+    };
+    static const Mode modes[] = {{"hang:", 0, "this process hangs here (sleeps forever)"},
+                                 {"usr1:", SIGUSR1, "sending this process SIGUSR1"},
+                                 {"term:", SIGTERM, "sending this process SIGTERM"},
+                                 {"int:", SIGINT, "sending this process SIGINT"},
+                                 {"", SIGKILL, "killing this process (SIGKILL)"}};
+    const Mode* mode = modes;
+    while (std::strncmp(f, mode->prefix, std::strlen(mode->prefix)) != 0) mode++;  // "" matches last
+    const char* point = f + std::strlen(mode->prefix);
     if (std::strcmp(point, name) != 0 && strfmt("%s_%d", name, step) != point) return;
     const char* only = std::getenv("LLMC_FAULT_RANK");
     if (only && std::atoi(only) != std::max(0, log_rank())) return;
-    std::fprintf(stderr, "%sLLMC_FAULT=%s: %s\n", rank_prefix().c_str(), f,
-                 hang ? "this process hangs here (sleeps forever)" : "killing this process (SIGKILL)");
+    std::fprintf(stderr, "%sLLMC_FAULT=%s: %s\n", rank_prefix().c_str(), f, mode->what);
     std::fflush(stdout);
     std::fflush(stderr);
-    if (hang)
+    if (mode->signal == 0)
         for (;;) ::pause();  // returns only after a signal handler ran; sleep on
-    ::kill(::getpid(), SIGKILL);
+    ::kill(::getpid(), mode->signal);
 }
 
 std::string checkpoint_latest(const std::string& dir) {
