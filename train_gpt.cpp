@@ -462,6 +462,7 @@ int train(Runtime& rt, int argc, char** argv) {
     // ---- the training loop ----
     std::vector<std::vector<int32_t>> x(size_t(tc.grad_accum), std::vector<int32_t>(size_t(B) * T)), y = x;
     const float dloss = float(1.0 / (double(B) * T * tc.grad_accum * grid.dp));
+    int skipped = 0, bad_in_row = 0;  // steps skipped for a non-finite loss or gradient norm: in all, in a row
     for (int step = state.step; step <= tc.steps; step++) {
         const bool last = step == tc.steps;
         if (val_data && cfg.eval.every > 0 && (step % cfg.eval.every == 0 || last)) {
@@ -489,8 +490,9 @@ int train(Runtime& rt, int argc, char** argv) {
         model.zero_grads();
         if (fp8) fp8->begin_step();  // ==== fp8 ====
         for (int micro = 0; micro < tc.grad_accum; micro++) train_data.next(x[size_t(micro)].data(), y[size_t(micro)].data());
-        // gradient buckets go out during the last micro-step's backward, none before
-        double loss = pipeline.train_step(x, y, dloss, dp.grads_ready());
+        // gradient buckets go out during the last micro-step's backward, none before. Test hook:
+        // LLMC_FAULT=nan:grad_<n> (LLMC_FAULT_RANK on a last pipeline stage) makes step n's gradients NaN
+        double loss = pipeline.train_step(x, y, fault_point("grad", step + 1) ? NAN : dloss, dp.grads_ready());
         fault_point("train_step", step + 1);  // test hook: a rank dies mid-collective
         dp.finish_grad_sync();
         const int fp8_overflows = fp8 ? fp8->end_step(*groups.world) : 0;  // ==== fp8: next step's scales ====
@@ -500,12 +502,16 @@ int train(Runtime& rt, int argc, char** argv) {
         const float scale = clip_scale(grad_norm, tc.grad_clip);
         const double lr = lr_at(tc, step);
         AdamWHyper h{float(lr), float(tc.beta1), float(tc.beta2), float(tc.eps), float(tc.weight_decay)};
-        opt.step(h, step + 1, scale, uint32_t(tc.seed * 2654435761u + step));
+        // a non-finite loss or gradient norm (alike on every rank: both are reduced over all) skips
+        // the update: weights and optimizer moments stay as they were
+        const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
+        bad_in_row = finite ? 0 : bad_in_row + 1;
+        skipped += !finite;
+        if (finite) opt.step(h, step + 1, scale, uint32_t(tc.seed * 2654435761u + step));
         dp.after_update();
         ops->synchronize();
         const double ms = now_ms() - t0;
         const double tok_s = tokens_per_step / (ms / 1000.0);
-        if (!std::isfinite(loss)) throw UserError(strfmt("step %d: loss is %f (diverged); lower train.lr", step + 1, loss));
         nlohmann::json rec = {{"step", step + 1}, {"loss", loss},     {"lr", lr},
                               {"grad_norm", grad_norm}, {"ms", ms}, {"tok_per_s", tok_s}};
         std::string mfu_text;
@@ -521,9 +527,20 @@ int train(Runtime& rt, int argc, char** argv) {
                                                fp8_overflows, fp8_overflows == 1 ? "" : "s")
                                       : std::string(" | fp8 linears");
         }
+        if (!finite) {
+            rec["skipped"] = "nonfinite";
+            rec["skipped_steps"] = skipped;
+            mfu_text += strfmt(" | skipped (non-finite): no update; %d skipped so far, %d in a row", skipped, bad_in_row);
+        }
         log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s\n", step + 1, tc.steps,
                   loss, lr, grad_norm, ms, tok_s, mfu_text.c_str());
         run_log.record(rec);
+        if (bad_in_row >= tc.max_bad_steps) {
+            log.print("error: %d consecutive steps (%d to %d) had a non-finite loss or gradient norm "
+                      "(train.max_bad_steps = %d): stopping; the checkpoints are as they were; exit code %d\n",
+                      bad_in_row, step + 2 - bad_in_row, step + 1, tc.max_bad_steps, int(kExitBadSteps));
+            return kExitBadSteps;
+        }
 
         state.step = step + 1;
         state.loader = train_data.position();

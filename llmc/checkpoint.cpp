@@ -79,15 +79,17 @@ uint64_t file_checksum(const std::string& path) {
 // communicator watchdogs (parallel.timeout_s) or a signal from the launcher.
 // LLMC_FAULT=usr1:<point>, term:<point> or int:<point> sends the process that signal and carries
 // on, as a launcher's SIGUSR1, SIGTERM or a Ctrl-C arriving there would (llmc/preempt.h).
-void fault_point(const char* name, int step) {
+// LLMC_FAULT=nan:<point> returns true there: the caller puts a NaN in (train_gpt: a gradient).
+bool fault_point(const char* name, int step) {
     const char* f = std::getenv("LLMC_FAULT");
-    if (!f) return;
+    if (!f) return false;
     struct Mode {
         const char* prefix;
-        int signal;  // 0: hang
+        int signal;  // 0: hang, -1: return true
         const char* what;
     };
     static const Mode modes[] = {{"hang:", 0, "this process hangs here (sleeps forever)"},
+                                 {"nan:", -1, "injecting a NaN here"},
                                  {"usr1:", SIGUSR1, "sending this process SIGUSR1"},
                                  {"term:", SIGTERM, "sending this process SIGTERM"},
                                  {"int:", SIGINT, "sending this process SIGINT"},
@@ -95,15 +97,17 @@ void fault_point(const char* name, int step) {
     const Mode* mode = modes;
     while (std::strncmp(f, mode->prefix, std::strlen(mode->prefix)) != 0) mode++;  // "" matches last
     const char* point = f + std::strlen(mode->prefix);
-    if (std::strcmp(point, name) != 0 && strfmt("%s_%d", name, step) != point) return;
+    if (std::strcmp(point, name) != 0 && strfmt("%s_%d", name, step) != point) return false;
     const char* only = std::getenv("LLMC_FAULT_RANK");
-    if (only && std::atoi(only) != std::max(0, log_rank())) return;
+    if (only && std::atoi(only) != std::max(0, log_rank())) return false;
     std::fprintf(stderr, "%sLLMC_FAULT=%s: %s\n", rank_prefix().c_str(), f, mode->what);
     std::fflush(stdout);
     std::fflush(stderr);
+    if (mode->signal == -1) return true;
     if (mode->signal == 0)
         for (;;) ::pause();  // returns only after a signal handler ran; sleep on
     ::kill(::getpid(), mode->signal);
+    return false;
 }
 
 std::string checkpoint_latest(const std::string& dir) {
