@@ -9,9 +9,11 @@
 
 namespace {
 
-volatile sig_atomic_t g_signal = 0;  // the last stop signal this process received (0: none)
+volatile sig_atomic_t g_signal = 0;  // the first stop signal this process received (0: none)
 
-void on_stop_signal(int sig) { g_signal = sig; }
+void on_stop_signal(int sig) {
+    if (g_signal == 0) g_signal = sig;
+}
 
 }  // namespace
 

@@ -16,7 +16,8 @@ class Comm;
 // Installs the handlers for SIGUSR1, SIGTERM and SIGINT (once per process; before the loop).
 void preempt_install();
 // Collective over world, called by every rank at every step boundary: 0 when no rank has
-// received a stop signal since preempt_install(), else the highest signal number any rank got.
+// received a stop signal since preempt_install(), else the highest number among the first
+// signals the ranks got.
 int preempt_agreed(Comm& world);
 // "SIGUSR1", "SIGTERM", "SIGINT" for the numbers above.
 std::string signal_name(int sig);
