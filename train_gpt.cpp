@@ -26,6 +26,7 @@
 #include "llmc/config.h"
 #include "llmc/converter.h"
 #include "llmc/data_parallel.h"
+#include "llmc/exit_codes.h"
 #include "llmc/dataloader.h"
 #include "llmc/hf_format.h"
 #include "llmc/logger.h"
@@ -33,6 +34,7 @@
 #include "llmc/model.h"
 #include "llmc/model_file.h"
 #include "llmc/ops.h"
+#include "llmc/preempt.h"
 #include "llmc/layout.h"
 #include "llmc/optimizer.h"
 #include "llmc/pipeline.h"
@@ -286,6 +288,7 @@ struct Run {
     std::unique_ptr<Logger> run_log;
     const std::string ckpt_dir;
     TrainState state;
+    int skipped = 0, bad_in_row = 0;  // steps skipped for a non-finite loss or gradient norm: in all, in a row
 };
 
 double tokens_per_step(const Run& r) {
@@ -423,8 +426,9 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     r.conv->begin_step();
     for (int micro = 0; micro < tc.grad_accum; micro++) r.train_data.next(x[size_t(micro)].data(), y[size_t(micro)].data());
     const float dloss = float(1.0 / tokens_per_step(r));
-    // gradient buckets go out during the last micro-step's backward, none before
-    double loss = r.pipeline.train_step(x, y, dloss, r.dp.grads_ready());
+    // gradient buckets go out during the last micro-step's backward, none before. Test hook:
+    // LLMC_FAULT=nan:grad_<n> (LLMC_FAULT_RANK on a last pipeline stage) makes step n's gradients NaN
+    double loss = r.pipeline.train_step(x, y, fault_point("grad", step + 1) ? NAN : dloss, r.dp.grads_ready());
     fault_point("train_step", step + 1);  // test hook: a rank dies mid-collective
     r.dp.finish_grad_sync();
     nlohmann::json rec = {{"step", step + 1}};
@@ -435,11 +439,15 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     const double grad_norm = r.dp.grad_norm(r.groups.mp.get());
     const double lr = lr_at(tc, step);
     const AdamWHyper h{float(lr), float(tc.beta1), float(tc.beta2), float(tc.eps), float(tc.weight_decay)};
-    r.opt.step(h, step + 1, clip_scale(grad_norm, tc.grad_clip), uint32_t(tc.seed * 2654435761u + step));
+    // a non-finite loss or gradient norm (alike on every rank: both are reduced over all) skips
+    // the update: weights and optimizer moments stay as they were
+    const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
+    r.bad_in_row = finite ? 0 : r.bad_in_row + 1;
+    r.skipped += !finite;
+    if (finite) r.opt.step(h, step + 1, clip_scale(grad_norm, tc.grad_clip), uint32_t(tc.seed * 2654435761u + step));
     r.dp.after_update();
     r.ops->synchronize();
     const double ms = now_ms() - t0, tok_s = tokens_per_step(r) / (ms / 1000.0);
-    if (!std::isfinite(loss)) throw UserError(strfmt("step %d: loss is %f (diverged); lower train.lr", step + 1, loss));
     rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"tok_per_s", tok_s}});
     // MFU on GPUs: model FLOPs (6N + 12LCT per token) over the dense peak of this GPU and precision;
     // tokens/s is the whole job's, each GPU does 1/world of the work
@@ -448,6 +456,11 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
         const double mfu = flops_per_token(r.shape, tc.seq_len) * tok_s / r.grid.world / peak;
         rec["mfu"] = mfu;
         extra = strfmt(" | MFU %.1f%%", 100.0 * mfu) + extra;
+    }
+    if (!finite) {
+        rec["skipped"] = "nonfinite";
+        rec["skipped_steps"] = r.skipped;
+        extra += strfmt(" | skipped (non-finite): no update; %d skipped so far, %d in a row", r.skipped, r.bad_in_row);
     }
     r.log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s\n", step + 1, tc.steps, loss,
                 lr, grad_norm, ms, tok_s, extra.c_str());
@@ -490,8 +503,23 @@ int train(Runtime& rt, int argc, char** argv) {
         evaluate_and_sample(r, step, x[0], y[0]);
         if (step == tc.steps) break;
         train_step(r, step, x, y);
-        if (r.cfg.checkpoint.every > 0 && r.state.step % r.cfg.checkpoint.every == 0 && r.state.step < tc.steps)
-            save(r, false);
+        if (r.bad_in_row >= tc.max_bad_steps) {
+            r.log.print("error: %d consecutive steps (%d to %d) had a non-finite loss or gradient norm "
+                        "(train.max_bad_steps = %d): stopping; the checkpoints are as they were; exit code %d\n",
+                        r.bad_in_row, step + 2 - r.bad_in_row, step + 1, tc.max_bad_steps, int(kExitBadSteps));
+            return kExitBadSteps;
+        }
+        const bool due =
+            r.cfg.checkpoint.every > 0 && r.state.step % r.cfg.checkpoint.every == 0 && r.state.step < tc.steps;
+        if (due) save(r, false);
+        // a stop signal on any rank (llmc/preempt.h) stops every rank here: save, exit "resume me"
+        if (const int sig = r.state.step < tc.steps ? preempt_agreed(*r.groups.world) : 0) {
+            if (!due) save(r, false);
+            r.log.print("%s: stopped after step %d, checkpoint saved; exit code %d (resume with checkpoint.resume=auto)\n",
+                        signal_name(sig).c_str(), r.state.step, int(kExitPreempted));
+            rt.barrier();  // no rank leaves (and makes its launcher end the job) before the save is done
+            return kExitPreempted;
+        }
     }
     if (r.ops->peak_memory_bytes() > 0)
         r.log.print("peak device memory: %s\n", human_bytes(double(r.ops->peak_memory_bytes())).c_str());
@@ -504,6 +532,7 @@ int train(Runtime& rt, int argc, char** argv) {
 
 int main(int argc, char** argv) {
     Runtime rt(&argc, &argv);
+    preempt_install();
     try {
         int rc = train(rt, argc, argv);
         return rc;

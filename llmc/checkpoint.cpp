@@ -77,21 +77,37 @@ uint64_t file_checksum(const std::string& path) {
 // LLMC_FAULT=hang:<point> (or hang:<point>_<step>) makes it stall instead, sleeping forever in
 // place, as a rank stuck in a kernel or a deadlock would: nothing ends it but the other ranks'
 // communicator watchdogs (parallel.timeout_s) or a signal from the launcher.
-void fault_point(const char* name, int step) {
+// LLMC_FAULT=usr1:<point>, term:<point> or int:<point> sends the process that signal and carries
+// on, as a launcher's SIGUSR1, SIGTERM or a Ctrl-C arriving there would (llmc/preempt.h).
+// LLMC_FAULT=nan:<point> returns true there: the caller puts a NaN in (train_gpt: a gradient).
+bool fault_point(const char* name, int step) {
     const char* f = std::getenv("LLMC_FAULT");
-    if (!f) return;
-    const bool hang = std::strncmp(f, "hang:", 5) == 0;
-    const char* point = hang ? f + 5 : f;
-    if (std::strcmp(point, name) != 0 && strfmt("%s_%d", name, step) != point) return;
+    if (!f) return false;
+    struct Mode {
+        const char* prefix;
+        int signal;  // 0: hang, -1: return true
+        const char* what;
+    };
+    static const Mode modes[] = {{"hang:", 0, "this process hangs here (sleeps forever)"},
+                                 {"nan:", -1, "injecting a NaN here"},
+                                 {"usr1:", SIGUSR1, "sending this process SIGUSR1"},
+                                 {"term:", SIGTERM, "sending this process SIGTERM"},
+                                 {"int:", SIGINT, "sending this process SIGINT"},
+                                 {"", SIGKILL, "killing this process (SIGKILL)"}};
+    const Mode* mode = modes;
+    while (std::strncmp(f, mode->prefix, std::strlen(mode->prefix)) != 0) mode++;  // "" matches last
+    const char* point = f + std::strlen(mode->prefix);
+    if (std::strcmp(point, name) != 0 && strfmt("%s_%d", name, step) != point) return false;
     const char* only = std::getenv("LLMC_FAULT_RANK");
-    if (only && std::atoi(only) != std::max(0, log_rank())) return;
-    std::fprintf(stderr, "%sLLMC_FAULT=%s: %s\n", rank_prefix().c_str(), f,
-                 hang ? "this process hangs here (sleeps forever)" : "killing this process (SIGKILL)");
+    if (only && std::atoi(only) != std::max(0, log_rank())) return false;
+    std::fprintf(stderr, "%sLLMC_FAULT=%s: %s\n", rank_prefix().c_str(), f, mode->what);
     std::fflush(stdout);
     std::fflush(stderr);
-    if (hang)
+    if (mode->signal == -1) return true;
+    if (mode->signal == 0)
         for (;;) ::pause();  // returns only after a signal handler ran; sleep on
-    ::kill(::getpid(), SIGKILL);
+    ::kill(::getpid(), mode->signal);
+    return false;
 }
 
 std::string checkpoint_latest(const std::string& dir) {

@@ -57,5 +57,8 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
 // Test hook: when the environment variable LLMC_FAULT equals name (or name_<step>), the
 // process kills itself with SIGKILL: a crash at that point (of a checkpoint write, of a
 // training step). LLMC_FAULT=hang:name (or hang:name_<step>) makes it sleep forever instead
-// (a hung rank, for the collective watchdog). With LLMC_FAULT_RANK=r set, only world rank r does.
-void fault_point(const char* name, int step);
+// (a hung rank, for the collective watchdog). LLMC_FAULT=usr1:name (term:, int:) sends the
+// process that signal and returns (preemption, llmc/preempt.h). LLMC_FAULT=nan:name makes it
+// return true: the caller injects a NaN there. With LLMC_FAULT_RANK=r set, only world rank r
+// does any of these. Returns false otherwise.
+bool fault_point(const char* name, int step);

@@ -136,6 +136,9 @@ const std::vector<Key>& schema() {
         num_key("train.grad_clip", FIELD(train.grad_clip), 0, false, NONE, false,
                 "global gradient-norm clip (0 = off)"),
         int_key("train.seed", FIELD(train.seed), 0, NONE, "seed of data shuffling and sampling"),
+        int_key("train.max_bad_steps", FIELD(train.max_bad_steps), 1, NONE,
+                "consecutive steps with a non-finite loss or gradient norm (each skipped) that end the run "
+                "(exit code 4)"),
 
         int_key("eval.every", FIELD(eval.every), 0, NONE, "validation every N steps (0 = off)"),
         int_key("eval.batches", FIELD(eval.batches), 0, NONE, "micro-batches per validation"),

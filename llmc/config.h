@@ -47,6 +47,7 @@ struct TrainConfig {
     double weight_decay = 0.0;
     double grad_clip = 1.0;  // 0 = off
     int seed = 1337;
+    int max_bad_steps = 8;  // consecutive non-finite (skipped) steps that end the run
 };
 
 struct EvalConfig {

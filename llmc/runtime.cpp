@@ -2,23 +2,58 @@
 
 #include <mpi.h>
 
+#include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 
 #include "llmc/common.h"
+#include "llmc/exit_codes.h"
 
-static int env_int(const char* name, int fallback) {
+namespace {
+
+// The integer value of environment variable name, within [lo, hi]; fallback when unset.
+int env_int(const char* name, int lo, int hi, int fallback) {
     const char* v = std::getenv(name);
-    return v ? std::atoi(v) : fallback;
+    if (!v) return fallback;
+    char* end = nullptr;
+    errno = 0;
+    const long x = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || errno != 0 || x < lo || x > hi)
+        throw UserError(strfmt("environment variable %s=\"%s\": expected an integer in [%d, %d] (set by the launcher)",
+                               name, v, lo, hi));
+    return int(x);
 }
 
-bool launched_by_mpi() {
-    return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK") ||
-           (std::getenv("SLURM_PROCID") && std::getenv("SLURM_NTASKS") && env_int("SLURM_NTASKS", 1) > 1);
+}  // namespace
+
+LaunchEnv launch_env() {
+    LaunchEnv e;
+    const char *rank = nullptr, *local = nullptr, *size = nullptr;
+    if (std::getenv("OMPI_COMM_WORLD_SIZE")) {
+        e.launcher = "mpirun";
+        rank = "OMPI_COMM_WORLD_RANK", local = "OMPI_COMM_WORLD_LOCAL_RANK", size = "OMPI_COMM_WORLD_SIZE";
+    } else if (std::getenv("SLURM_STEP_ID") && std::getenv("SLURM_PROCID")) {
+        e.launcher = "srun";
+        rank = "SLURM_PROCID", local = "SLURM_LOCALID", size = "SLURM_NTASKS";
+    } else {
+        return e;
+    }
+    e.world = env_int(size, 1, INT_MAX, 1);
+    e.rank = env_int(rank, 0, e.world - 1, 0);
+    e.local_rank = env_int(local, 0, e.world - 1, 0);
+    return e;
 }
 
 Runtime::Runtime(int* argc, char*** argv) {
-    if (!launched_by_mpi()) return;
+    LaunchEnv env;
+    try {
+        env = launch_env();
+    } catch (const UserError& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        std::exit(kExitUserError);
+    }
+    if (env.world == 1 && !std::getenv("PMI_SIZE") && !std::getenv("PMIX_RANK")) return;
     // MPI_THREAD_MULTIPLE: the communicators' watchdog threads end a stalled job with MPI_Abort
     // while the main thread is blocked inside an MPI call (llmc/comm_mpi.cpp). Only the main
     // thread communicates. Where the library offers less, the watchdog falls back to _exit.
@@ -27,16 +62,22 @@ Runtime::Runtime(int* argc, char*** argv) {
     mpi = true;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world);
-    // local rank: the launcher's variable when present, else the rank within the node's ranks
+    if (world > 1) log_rank() = rank;
+    // what the launcher said must be what MPI found (it is, unless the environment was tampered with)
+    if (!env.launcher.empty() && (env.rank != rank || env.world != world)) {
+        std::fprintf(stderr, "%serror: %s's environment says rank %d of %d, MPI says rank %d of %d\n",
+                     rank_prefix().c_str(), env.launcher.c_str(), env.rank, env.world, rank, world);
+        abort_job(kExitUserError);
+    }
+    // local rank: the launcher's, else the rank within the node's ranks
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
     int node_rank = 0, node_size = 1;
     MPI_Comm_rank(node, &node_rank);
     MPI_Comm_size(node, &node_size);
     MPI_Comm_free(&node);
-    local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("SLURM_LOCALID", env_int("MPI_LOCALRANKID", node_rank)));
+    local_rank = env.launcher.empty() ? node_rank : env.local_rank;
     MPI_Allreduce(&node_size, &ranks_per_node, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (world > 1) log_rank() = rank;
 }
 
 Runtime::~Runtime() {

@@ -96,6 +96,7 @@ TEST_CASE("config: defaults equal the initialisers in config.h", "[config]") {
     CHECK(c.train.beta2 == d.train.beta2);
     CHECK(c.train.grad_clip == d.train.grad_clip);
     CHECK(c.train.seed == d.train.seed);
+    CHECK(c.train.max_bad_steps == 8);
     CHECK(c.eval.batches == d.eval.batches);
     CHECK(c.checkpoint.keep == d.checkpoint.keep);
     CHECK(c.checkpoint.resume == "auto");
@@ -277,6 +278,7 @@ TEST_CASE("config: out-of-range values and enums", "[config]") {
         {"train.eps=0", "train.eps", "> 0"},
         {"train.final_lr_frac=1.5", "train.final_lr_frac", "[0, 1]"},
         {"train.grad_clip=-1", "train.grad_clip", ">= 0"},
+        {"train.max_bad_steps=0", "train.max_bad_steps", ">= 1"},
         {"model.n_head=0", "model.n_head", ">= 1"},
         {"model.vocab_size=16777217", "model.vocab_size", "[2, 16777216]"},
         {"model.vocab_size=1", "model.vocab_size", "[2, 16777216]"},
