@@ -264,47 +264,7 @@ TEST_CASE("cpu fd: matmul backward", "[cpu][fd]") {
     SECTION("bias, gelu") { matmul_fd(true, true); }
 }
 
-TEST_CASE("cpu fd: attention backward", "[cpu][fd]") {
-    const int B = 2, T = 5, NH = 2, HS = 9;  // HS > 8 exercises the lane loop and the tail
-    const int C = NH * HS;
-    Vec qkv = randn((size_t)B * T * 3 * C, 40), G = randn((size_t)B * T * C, 41);
-    Vec out((size_t)B * T * C), lse((size_t)B * NH * T);
-    auto loss = [&] {
-        cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
-        return dot_all(out, G);
-    };
-    loss();
-    Vec dqkv = randn(qkv.size(), 42);  // overwritten
-    cpu::attention_backward(dqkv.data(), G.data(), qkv.data(), out.data(), lse.data(), B, T, NH, NH, HS);
-    check_grad("attention dqkv", qkv, dqkv, loss);
-
-    // forward against a direct softmax (q at 0, k at C, v at 2C in a row of 3C)
-    loss();
-    const double scale = 1.0 / std::sqrt((double)HS);
-    for (int b = 0; b < B; ++b)
-        for (int h = 0; h < NH; ++h)
-            for (int t = 0; t < T; ++t) {
-                std::vector<double> s(t + 1);
-                double mx = -1e300;
-                for (int j = 0; j <= t; ++j) {
-                    double d = 0;
-                    for (int e = 0; e < HS; ++e)
-                        d += qkv[((size_t)b * T + t) * 3 * C + h * HS + e] *
-                             qkv[((size_t)b * T + j) * 3 * C + C + h * HS + e];
-                    s[j] = d * scale;
-                    mx = std::max(mx, s[j]);
-                }
-                double se = 0;
-                for (int j = 0; j <= t; ++j) se += std::exp(s[j] - mx);
-                CHECK(std::fabs(lse[((size_t)b * NH + h) * T + t] - (mx + std::log(se))) < 1e-12);
-                for (int e = 0; e < HS; ++e) {
-                    double o = 0;
-                    for (int j = 0; j <= t; ++j)
-                        o += std::exp(s[j] - mx) / se * qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * HS + e];
-                    CHECK(std::fabs(out[((size_t)b * T + t) * C + h * HS + e] - o) < 1e-12);
-                }
-            }
-}
+// attention (multi-head and grouped-query): test/test_llama_ops.cpp, from the op-case table
 
 // losses[n] against the direct formula logsumexp(logits[n, :V]) - logits[n, target], in double
 template <class Targets>
@@ -614,21 +574,6 @@ TEST_CASE("cpu float: matmul matches double and a naive reference", "[cpu][float
     naive_matmul(ref, inp2, w2, nullptr, N2, IC2, OC2);
     ops->matmul_forward(T32(fout2), Tensor(), T32(finp2), T32(fw2), Tensor(), N2, IC2, OC2, false);
     CHECK(rel_err(fout2, ref) < kFloatTol);
-}
-
-TEST_CASE("cpu float: attention matches double", "[cpu][float]") {
-    auto ops = make_cpu_ops();
-    const int B = 2, T = 33, NH = 3, HS = 16, C = NH * HS;
-    Vec qkv = randn((size_t)B * T * 3 * C, 130), G = randn((size_t)B * T * C, 131);
-    Vec out((size_t)B * T * C), lse((size_t)B * NH * T), dqkv(qkv.size());
-    cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
-    cpu::attention_backward(dqkv.data(), G.data(), qkv.data(), out.data(), lse.data(), B, T, NH, NH, HS);
-    FVec fqkv = to_f(qkv), fG = to_f(G), fout(out.size()), flse(lse.size()), fdqkv(qkv.size(), 7.0f);
-    ops->attention_forward(T32(fout), flse.data(), T32(fqkv), B, T, NH, NH, HS);
-    ops->attention_backward(T32(fdqkv), T32(fG), T32(fqkv), T32(fout), flse.data(), B, T, NH, NH, HS);
-    CHECK(rel_err(fout, out) < kFloatTol);
-    CHECK(rel_err(flse, lse) < kFloatTol);
-    CHECK(rel_err(fdqkv, dqkv) < kFloatTol);
 }
 
 TEST_CASE("cpu float: cross entropy matches double", "[cpu][float]") {

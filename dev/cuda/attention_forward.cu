@@ -6,33 +6,6 @@
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
 
-static void attention_forward_cpu(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) {
-    const float scale = 1.0f / std::sqrt((float)HS);
-    std::vector<float> s(T);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
-            for (int t = 0; t < T; t++) {
-                const float* q = qkv + ((size_t)(b * T + t) * 3 * NH + h) * HS;
-                float mx = -INFINITY;
-                for (int j = 0; j <= t; j++) {
-                    const float* k = qkv + ((size_t)(b * T + j) * 3 * NH + NH + h) * HS;
-                    float d = 0;
-                    for (int i = 0; i < HS; i++) d += q[i] * k[i];
-                    s[j] = d * scale;
-                    mx = std::max(mx, s[j]);
-                }
-                double sum = 0;
-                for (int j = 0; j <= t; j++) sum += std::exp(s[j] - mx);
-                float* o = out + ((size_t)(b * T + t) * NH + h) * HS;
-                for (int i = 0; i < HS; i++) o[i] = 0;
-                for (int j = 0; j <= t; j++) {
-                    float p = (float)(std::exp(s[j] - mx) / sum);
-                    const float* v = qkv + ((size_t)(b * T + j) * 3 * NH + 2 * NH + h) * HS;
-                    for (int i = 0; i < HS; i++) o[i] += p * v[i];
-                }
-                lse[((size_t)b * NH + h) * T + t] = mx + (float)std::log(sum);
-            }
-}
 
 __global__ void attention_forward_naive(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
@@ -65,14 +38,14 @@ __global__ void attention_forward_naive(float* out, float* lse, const float* qkv
 
 int main(int argc, char** argv) {
     int version = kernel_arg(argc, argv, 3);
-    int B = argc > 5 ? atoi(argv[2]) : 4, T = argc > 5 ? atoi(argv[3]) : 1024;
-    int NH = argc > 5 ? atoi(argv[4]) : 12, HS = argc > 5 ? atoi(argv[5]) : 64;
+    const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
+    int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_forward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);
     const size_t nqkv = (size_t)B * T * 3 * NH * HS, no = (size_t)B * T * NH * HS, nl = (size_t)B * NH * T;
     auto qkv = rand_vec(nqkv, 2.0f);
     if (version == 3) round_bf16(qkv);
     std::vector<float> out(no), lse(nl);
-    attention_forward_cpu(out.data(), lse.data(), qkv.data(), B, T, NH, HS);
+    cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
     std::function<void()> run;
     bool ok = true;
     if (version == 1 || version == 2) {

@@ -6,19 +6,6 @@
 #include "dev/cuda/common.h"
 #include "llmc/cuda/classifier.cuh"
 
-static void ce_cpu(float* logits, float* losses, const int* tgt, int N, int V, int Vp, float dloss) {
-    for (int n = 0; n < N; n++) {
-        float* x = logits + (size_t)n * Vp;
-        float mx = -INFINITY;
-        for (int c = 0; c < V; c++) mx = std::max(mx, x[c]);
-        double s = 0;
-        for (int c = 0; c < V; c++) s += std::exp((double)x[c] - mx);
-        float lse = mx + (float)std::log(s);
-        losses[n] = lse - x[tgt[n]];
-        for (int c = 0; c < Vp; c++) x[c] = c < V ? (std::exp(x[c] - lse) - (c == tgt[n])) * dloss : 0.0f;
-    }
-}
-
 __global__ void ce_naive(float* logits, float* losses, const int* tgt, int N, int V, int Vp, float dloss) {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
@@ -34,8 +21,8 @@ __global__ void ce_naive(float* logits, float* losses, const int* tgt, int N, in
 
 int main(int argc, char** argv) {
     int version = kernel_arg(argc, argv, 2);
-    int N = argc > 4 ? atoi(argv[2]) : 8 * 1024, V = argc > 4 ? atoi(argv[3]) : 50257,
-        Vp = argc > 4 ? atoi(argv[4]) : 50304;
+    const std::vector<int> d = bench_case("cross_entropy", argc, argv, 3);
+    int N = d[0], V = d[1], Vp = d[2];
     std::printf("classifier v%d N=%d V=%d Vp=%d\n", version, N, V, Vp);
     auto logits = rand_vec((size_t)N * Vp, 4.0f, 1);
     if (version == 3) round_bf16(logits);
@@ -43,7 +30,7 @@ int main(int argc, char** argv) {
     for (int n = 0; n < N; n++) tgt[n] = (int)((n * 2654435761u) % (unsigned)V);
     const float dloss = 1.0f / N;
     std::vector<float> ref = logits, losses(N);
-    ce_cpu(ref.data(), losses.data(), tgt.data(), N, V, Vp, dloss);
+    cpu::cross_entropy<float>(ref.data(), losses.data(), tgt.data(), N, V, Vp, dloss);
     int* gt = nullptr;
     CUDA_CHECK(cudaMalloc(&gt, N * 4));
     CUDA_CHECK(cudaMemcpy(gt, tgt.data(), N * 4, cudaMemcpyHostToDevice));

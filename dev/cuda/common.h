@@ -1,5 +1,6 @@
 // Shared helpers of the dev/cuda kernel experiments: random data, device buffers with
-// fp32/bf16 conversion, validation against a CPU reference, and a cudaEvent timer.
+// fp32/bf16 conversion, validation against the CPU backend's templates (llmc/cpu/kernels.h), default
+// shapes from the op-case table, and a cudaEvent timer.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -8,7 +9,9 @@
 #include <functional>
 #include <vector>
 
+#include "llmc/cpu/kernels.h"  // the CPU references: the very templates the CPU backend runs
 #include "llmc/cuda/common.cuh"
+#include "test/op_cases.h"
 
 inline std::vector<float> rand_vec(size_t n, float scale = 1.0f, unsigned seed = 42) {
     std::vector<float> v(n);
@@ -100,3 +103,13 @@ inline float bench_ms(const std::function<void()>& fn, int warmup = 3, int repea
     return t[repeats / 2];
 }
 inline int kernel_arg(int argc, char** argv, int dflt) { return argc > 1 ? std::atoi(argv[1]) : dflt; }
+// The shape: n numbers after the version on the command line, else the op's Bench case of the
+// op-case table (test/op_cases.h), the shape the GPU parity tests and the CPU tests share a table with.
+inline std::vector<int> bench_case(const char* op, int argc, char** argv, int n) {
+    if (argc > n + 1) {
+        std::vector<int> d;
+        for (int i = 2; i < 2 + n; i++) d.push_back(std::atoi(argv[i]));
+        return d;
+    }
+    return op_cases::of(op, op_cases::Bench).at(0).dims;
+}

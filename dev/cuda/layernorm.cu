@@ -6,37 +6,6 @@
 #include "dev/cuda/common.h"
 #include "llmc/cuda/layernorm.cuh"
 
-static void ln_cpu(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N, int C) {
-    for (int n = 0; n < N; n++) {
-        const float* r = x + (size_t)n * C;
-        double m = 0, v = 0;
-        for (int c = 0; c < C; c++) m += r[c];
-        m /= C;
-        for (int c = 0; c < C; c++) v += (r[c] - m) * (r[c] - m);
-        v /= C;
-        float rs = 1.0f / std::sqrt((float)v + 1e-5f);
-        for (int c = 0; c < C; c++) out[(size_t)n * C + c] = (float)(r[c] - m) * rs * w[c] + b[c];
-        mean[n] = (float)m, rstd[n] = rs;
-    }
-}
-static void ln_bwd_cpu(float* dx, float* dw, float* db, const float* dout, const float* x, const float* w,
-                       const float* mean, const float* rstd, int N, int C) {
-    for (int n = 0; n < N; n++) {
-        const float *r = x + (size_t)n * C, *d = dout + (size_t)n * C;
-        double a = 0, bsum = 0;
-        for (int c = 0; c < C; c++) {
-            float nr = (r[c] - mean[n]) * rstd[n];
-            a += w[c] * d[c], bsum += w[c] * d[c] * nr;
-        }
-        a /= C, bsum /= C;
-        for (int c = 0; c < C; c++) {
-            float nr = (r[c] - mean[n]) * rstd[n];
-            dx[(size_t)n * C + c] += rstd[n] * (float)(w[c] * d[c] - a - nr * bsum);
-            dw[c] += d[c] * nr, db[c] += d[c];
-        }
-    }
-}
-
 __global__ void ln_naive(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
                          int C) {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
@@ -55,11 +24,11 @@ template <class T>
 static bool run_llmc(int N, int C, const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& b,
                      const std::vector<float>& dout, double tol) {
     std::vector<float> out((size_t)N * C), mean(N), rstd(N);
-    ln_cpu(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    cpu::layernorm_forward<float>(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
     auto dx0 = rand_vec((size_t)N * C, 1.0f, 5), dw0 = rand_vec(C, 1.0f, 6), db0 = rand_vec(C, 1.0f, 7);
     if (std::is_same<T, bf16>::value) round_bf16(dx0), round_bf16(dw0), round_bf16(db0);
     auto dx = dx0, dw = dw0, db = db0;
-    ln_bwd_cpu(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+    cpu::layernorm_backward<float>(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
     T *gx = to_dev<T>(x), *gw = to_dev<T>(w), *gb = to_dev<T>(b), *go = dev_poisoned<T>((size_t)N * C);
     float *gm = dev_poisoned<float>(N), *gr = dev_poisoned<float>(N);
     auto fwd = [=] {
@@ -90,14 +59,15 @@ static bool run_llmc(int N, int C, const std::vector<float>& x, const std::vecto
 
 int main(int argc, char** argv) {
     int version = kernel_arg(argc, argv, 2);
-    int N = argc > 3 ? atoi(argv[2]) : 8 * 1024, C = argc > 3 ? atoi(argv[3]) : 768;
+    const std::vector<int> d = bench_case("layernorm", argc, argv, 2);
+    int N = d[0], C = d[1];
     std::printf("layernorm v%d N=%d C=%d\n", version, N, C);
     auto x = rand_vec((size_t)N * C, 2.0f, 1), w = rand_vec(C, 1.0f, 2), b = rand_vec(C, 1.0f, 3),
          dout = rand_vec((size_t)N * C, 1.0f, 4);
     bool ok = true;
     if (version == 1) {
         std::vector<float> out((size_t)N * C), mean(N), rstd(N);
-        ln_cpu(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+        cpu::layernorm_forward<float>(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
         float *gx = to_dev<float>(x), *gw = to_dev<float>(w), *gb = to_dev<float>(b);
         float *go = dev_poisoned<float>((size_t)N * C), *gm = dev_poisoned<float>(N), *gr = dev_poisoned<float>(N);
         auto fwd = [=] { ln_naive<<<ceil_div(N, 128), 128>>>(go, gm, gr, gx, gw, gb, N, C); };

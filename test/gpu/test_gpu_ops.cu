@@ -24,6 +24,7 @@
 #include "llmc/cuda/common.cuh"
 #include "llmc/ops.h"
 #include "llmc/tensor.h"
+#include "test/op_cases.h"
 
 namespace {
 
@@ -933,118 +934,41 @@ int main(int argc, char** argv) {
 
     for (DType dt : {DType::F32, DType::BF16}) {
         H h(*cpu, *gpu, dt, dt == DType::F32 ? 1 : 2);
-        if (want("encoder"))
-            guarded("encoder", [&] {
-                test_encoder(h, 2, 17, 96, 50);
-                test_encoder(h, 1, 1, 64, 7);
-                test_encoder(h, 4, 64, 200, 1000);
-                test_encoder(h, 2, 257, 128, 3);  // heavy token repetition
+        // every case of the op-case table marked Gpu (test/op_cases.h)
+        auto run = [&](const char* op, const char* filter, const std::function<void(const op_cases::Case&)>& f) {
+            if (!want(filter)) return;
+            guarded(filter, [&] {
+                for (const op_cases::Case& c : op_cases::of(op, op_cases::Gpu)) f(c);
             });
-        if (want("encoder_slice"))
-            guarded("encoder_slice", [&] {
-                test_encoder_slice(h, 2, 17, 96, 64, 0, 32, true);
-                test_encoder_slice(h, 2, 17, 96, 64, 32, 64, false);
-                test_encoder_slice(h, 4, 64, 200, 1024, 300, 700, true);
-                test_encoder_slice(h, 2, 257, 128, 8, 2, 5, false);  // heavy token repetition
-                test_encoder_slice(h, 1, 5, 64, 16, 7, 7, true);     // an empty slice
-            });
-        if (want("layernorm"))
-            guarded("layernorm", [&] {
-                test_layernorm(h, 1, 64);
-                test_layernorm(h, 17, 96);
-                test_layernorm(h, 100, 200);
-                test_layernorm(h, 1000, 768);
-                test_layernorm(h, 257, 1600);
-            });
-        if (want("residual"))
-            guarded("residual", [&] {
-                test_residual(h, 1);
-                test_residual(h, 12345);
-            });
-        if (want("matmul"))
-            guarded("matmul", [&] {
-                test_matmul(h, 17, 96, 200, true, false);
-                test_matmul(h, 100, 200, 96, true, true);
-                test_matmul(h, 1, 64, 48, true, false);
-                test_matmul(h, 257, 64, 128, false, false);
-                test_matmul(h, 128, 768, 2304, true, false);
-                test_matmul(h, 64, 768, 3072, true, true);
-                test_matmul(h, 7, 24, 40, true, true, 1);  // unaligned bias view
-            });
-        if (want("attention"))
-            guarded("attention", [&] {
-                test_attention(h, 1, 1, 2, 2, 64);
-                test_attention(h, 2, 17, 3, 3, 64);
-                test_attention(h, 1, 64, 4, 4, 64);
-                test_attention(h, 2, 100, 2, 2, 128);
-                test_attention(h, 1, 257, 2, 2, 64);
-                test_attention(h, 1, 257, 1, 1, 128);
-                test_attention(h, 1, 50, 2, 2, 32);
-            });
-        if (want("attention_gqa"))
-            guarded("attention_gqa", [&] {
-                test_attention(h, 1, 1, 4, 2, 64);
-                test_attention(h, 2, 17, 4, 2, 64);
-                test_attention(h, 1, 64, 4, 1, 64);
-                test_attention(h, 2, 100, 4, 2, 128);
-                test_attention(h, 1, 257, 4, 1, 64);
-                test_attention(h, 1, 129, 8, 2, 128);
-                test_attention(h, 2, 50, 6, 3, 32);
-            });
-        if (want("rmsnorm"))
-            guarded("rmsnorm", [&] {
-                test_rmsnorm(h, 1, 64, 1e-5f);
-                test_rmsnorm(h, 17, 96, 1e-6f);
-                test_rmsnorm(h, 100, 200, 1e-5f);
-                test_rmsnorm(h, 1000, 768, 1e-5f);
-                test_rmsnorm(h, 257, 1600, 1e-6f);
-                test_rmsnorm(h, 33, 4096, 1e-5f);
-            });
-        if (want("rope"))
-            guarded("rope", [&] {
-                test_rope(h, 1, 1, 2, 2, 64, 10000.0f);
-                test_rope(h, 2, 17, 4, 2, 64, 10000.0f);
-                test_rope(h, 1, 100, 3, 3, 32, 10000.0f);
-                test_rope(h, 2, 257, 4, 1, 128, 500000.0f);
-                test_rope(h, 1, 2048, 2, 1, 64, 10000.0f);  // large angles
-            });
-        if (want("swiglu"))
-            guarded("swiglu", [&] {
-                test_swiglu(h, 1, 1);
-                test_swiglu(h, 17, 96);
-                test_swiglu(h, 100, 200);
-                test_swiglu(h, 1000, 768);
-                test_swiglu(h, 7, 1377);
-            });
-        if (want("cross_entropy"))
-            guarded("cross_entropy", [&] {
-                test_cross_entropy(h, 7, 50, 128, true);
-                test_cross_entropy(h, 7, 50, 128, false);
-                test_cross_entropy(h, 17, 1000, 1024, true);
-                test_cross_entropy(h, 4, 50257, 50304, true);
-            });
-        if (want("cross_entropy_vp"))
-            guarded("cross_entropy_vp", [&] {
-                test_cross_entropy_vocab_parallel(h, 7, 50, 128, {0, 128}, true);
-                test_cross_entropy_vocab_parallel(h, 7, 50, 128, {0, 128}, false);
-                test_cross_entropy_vocab_parallel(h, 7, 50, 128, {0, 64, 128}, true);  // a padding-only slice
-                test_cross_entropy_vocab_parallel(h, 17, 1000, 1024, {0, 300, 700, 1024}, true);
-                test_cross_entropy_vocab_parallel(h, 17, 1000, 1024, {0, 300, 700, 1024}, false);
-                test_cross_entropy_vocab_parallel(h, 4, 50257, 50304, {0, 25152, 50304}, true);
-                test_cross_entropy_vocab_parallel(h, 4, 50257, 50304, {0, 12576, 25152, 37728, 50304}, true);
-            });
-        if (want("adamw"))
-            guarded("adamw", [&] {
-                test_adamw(h, 1000, false, 1);
-                test_adamw(h, 100003, true, 1);
-                test_adamw(h, 100003, true, 7);
-            });
-        if (want("sum_squares"))
-            guarded("sum_squares", [&] {
-                test_sum_squares(h, 1);
-                test_sum_squares(h, 1000);
-                test_sum_squares(h, (1u << 20) + 7);
-            });
+        };
+        using C = op_cases::Case;
+        run("encoder", "encoder", [&](const C& c) { test_encoder(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3]); });
+        run("encoder_slice", "encoder_slice", [&](const C& c) {
+            test_encoder_slice(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5], c.dims[6] != 0);
+        });
+        run("layernorm", "layernorm", [&](const C& c) { test_layernorm(h, c.dims[0], c.dims[1]); });
+        run("residual", "residual", [&](const C& c) { test_residual(h, size_t(c.dims[0])); });
+        run("matmul", "matmul", [&](const C& c) {
+            test_matmul(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3] != 0, c.dims[4] != 0, c.dims[5]);
+        });
+        // "attention" runs the multi-head cases, "attention_gqa" the grouped-query ones
+        run("attention", "attention", [&](const C& c) {
+            if (c.dims[2] == c.dims[3]) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
+        });
+        run("attention", "attention_gqa", [&](const C& c) {
+            if (c.dims[2] != c.dims[3]) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
+        });
+        run("rmsnorm", "rmsnorm", [&](const C& c) { test_rmsnorm(h, c.dims[0], c.dims[1], c.x); });
+        run("rope", "rope", [&](const C& c) { test_rope(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.x); });
+        run("swiglu", "swiglu", [&](const C& c) { test_swiglu(h, c.dims[0], c.dims[1]); });
+        run("cross_entropy", "cross_entropy",
+            [&](const C& c) { test_cross_entropy(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3] != 0); });
+        run("cross_entropy_vp", "cross_entropy_vp", [&](const C& c) {
+            test_cross_entropy_vocab_parallel(h, c.dims[0], c.dims[1], c.dims[2],
+                                              std::vector<int>(c.dims.begin() + 4, c.dims.end()), c.dims[3] != 0);
+        });
+        run("adamw", "adamw", [&](const C& c) { test_adamw(h, size_t(c.dims[0]), c.dims[1] != 0, c.dims[2]); });
+        run("sum_squares", "sum_squares", [&](const C& c) { test_sum_squares(h, size_t(c.dims[0])); });
         if (want("fp8")) {
             std::string why;
             if (!gpu->fp8_supported(&why)) {
