@@ -246,7 +246,8 @@ struct Run {
           schedule(make_pipeline_schedule(p.schedule, grid.pp, tc.grad_accum, pc.pp_virtual)),
           tp(*ops, groups.tp.get(), pc.sequence_parallel),
           model(shape, *ops, dtype, tc.micro_batch, tc.seq_len, DataParallel::pad_multiple(grid.dp), p.layout, &tp,
-                pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), DataParallel::storage(pc.zero)),
+                pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), DataParallel::storage(pc.zero),
+                parse_recompute(tc.recompute)),
           // the DP group's gradient sync and ZeRO's shards, set up before the parameters: under
           // ZeRO-3 this rank keeps only its shard of them
           dp(model, *groups.dp, pc.zero, pc.bucket_mb),

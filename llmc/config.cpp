@@ -136,6 +136,10 @@ const std::vector<Key>& schema() {
         num_key("train.grad_clip", FIELD(train.grad_clip), 0, false, NONE, false,
                 "global gradient-norm clip (0 = off)"),
         int_key("train.seed", FIELD(train.seed), 0, NONE, "seed of data shuffling and sampling"),
+        enum_key("train.recompute", FIELD(train.recompute), {"none", "selective", "full"}, {},
+                 "activation recomputation: none; selective = keep the linear layers' inputs, recompute the "
+                 "attention core and the MLP activation in backward; full = keep each layer's input, recompute the "
+                 "layer in backward (bitwise the same training, less activation memory)"),
 
         int_key("eval.every", FIELD(eval.every), 0, NONE, "validation every N steps (0 = off)"),
         int_key("eval.batches", FIELD(eval.batches), 0, NONE, "micro-batches per validation"),
@@ -185,6 +189,14 @@ const std::vector<Key>& schema() {
                  "per-tensor scale from an amax history (delayed) or from the tensor itself (current)"),
         int_key("fp8.amax_history", FIELD(fp8.amax_history), 1, 1024, "steps of amax history (delayed recipe)"),
         int_key("fp8.margin", FIELD(fp8.margin), 0, 32, "scale = fp8_max / amax / 2^margin"),
+
+        [] {
+            Key k = int_key("plan.world", FIELD(plan.world), 1, NONE,
+                            "--plan: processes to plan for; \"auto\" = dp x tp x pp when parallel.dp is a "
+                            "number, else 1");
+            k.auto_ok = true;
+            return k;
+        }(),
 
         str_key("tokenizer", FIELD(tokenizer_dir), false,
                 "folder with GPT-2's encoder.json + vocab.bpe (\"\" = token ids only)"),

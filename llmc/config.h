@@ -47,6 +47,7 @@ struct TrainConfig {
     double weight_decay = 0.0;
     double grad_clip = 1.0;  // 0 = off
     int seed = 1337;
+    std::string recompute = "none";  // none | selective | full: activations recomputed in backward
 };
 
 struct EvalConfig {
@@ -90,6 +91,11 @@ struct Fp8Config {
     int margin = 0;                  // scale = 2^-margin * fp8_max / amax
 };
 
+// The planner (train_gpt --plan): the cluster it plans for.
+struct PlanConfig {
+    int world = 0;  // processes; 0 = "auto" (dp x tp x pp when parallel.dp is a number, else 1)
+};
+
 struct Config {
     std::string device = "auto";     // auto | cpu | cuda
     std::string precision = "fp32";  // fp32 | bf16 | fp8
@@ -101,6 +107,7 @@ struct Config {
     CheckpointConfig checkpoint;
     ParallelConfig parallel;
     Fp8Config fp8;
+    PlanConfig plan;
     std::string tokenizer_dir;  // key "tokenizer": folder with encoder.json + vocab.bpe ("" = ids only)
     std::string out_dir = "out";
 
