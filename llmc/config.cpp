@@ -685,13 +685,15 @@ Config config_from_json(const json& j) {
 
 std::string config_usage() {
     std::string u =
-        "usage: train_gpt [CONFIG.json | -] [key=value ...] [--print-config] [--help]\n"
+        "usage: train_gpt [CONFIG.json | -] [key=value ...] [--print-config] [--plan[=json]] [--help]\n"
         "\n"
         "  CONFIG.json      JSON config (first argument; omit it or give \"-\" to use defaults + overrides)\n"
         "  key=value        override any key by its dotted path, e.g. train.lr=3e-4 model.n_layer=4\n"
         "                   data.train=\"data/train_*.bin\"; the value is JSON when it parses as JSON,\n"
         "                   else plain text (string keys always take the text as is)\n"
         "  --print-config   print the fully resolved config (defaults filled) and exit\n"
+        "  --plan[=json]    print what every kind of rank of the layout allocates (plan.world processes;\n"
+        "                   no mpirun, nothing allocated) and the model FLOPs per step, and exit\n"
         "  --help           print this help and exit\n"
         "\n"
         "keys (default; allowed values):\n";
@@ -716,8 +718,9 @@ std::string config_usage() {
     return u;
 }
 
-Config load_config(int argc, char** argv, bool* print_config) {
+Config load_config(int argc, char** argv, bool* print_config, std::string* plan) {
     if (print_config) *print_config = false;
+    if (plan) plan->clear();
     json root = json::object();
     int i = 1;
     if (argc > 1) {
@@ -736,12 +739,17 @@ Config load_config(int argc, char** argv, bool* print_config) {
         std::string a = argv[i];
         if (a == "--print-config") {
             if (print_config) *print_config = true;
+        } else if (a == "--plan" || a == "--plan=json") {
+            if (plan) *plan = a == "--plan" ? "text" : "json";
+        } else if (a.rfind("--plan=", 0) == 0) {
+            throw UserError(strfmt("flag \"%s\": --plan prints text, --plan=json one JSON object (no other form)",
+                                   a.c_str()));
         } else if (a == "--help" || a == "-h") {
             std::fputs(config_usage().c_str(), stdout);
             std::fflush(stdout);
             std::exit(0);
         } else if (a.rfind("-", 0) == 0) {
-            throw UserError(strfmt("unknown flag \"%s\" (flags: --print-config, --help; overrides are written "
+            throw UserError(strfmt("unknown flag \"%s\" (flags: --print-config, --plan, --plan=json, --help; overrides are written "
                                    "key=value without dashes, e.g. train.lr=3e-4)",
                                    a.c_str()));
         } else if (a.find('=') != std::string::npos) {

@@ -117,10 +117,10 @@ struct Config {
 // Parses argv: argv[1] = config path (or "-" for none; it may also be omitted when the first
 // argument is an override or a flag), then key=value overrides and flags. An override's value
 // is JSON when it parses as JSON, else plain text; dotted paths create nested objects.
-// Recognised flags: --print-config (sets *print_config; may be null), --help / -h (prints
-// config_usage() to stdout and exits with code 0). Throws UserError on any bad input.
-// Reads files only (config, globs); writes nothing.
-Config load_config(int argc, char** argv, bool* print_config);
+// Recognised flags: --print-config (sets *print_config; may be null), --plan / --plan=json (sets
+// *plan to "text" or "json"; may be null), --help / -h (prints config_usage() to stdout and exits
+// with code 0). Throws UserError on any bad input. Reads files only (config, globs); writes nothing.
+Config load_config(int argc, char** argv, bool* print_config, std::string* plan = nullptr);
 
 // The command-line help: usage line, flags, and every config key with its default and
 // allowed values (generated from the schema table in config.cpp).

@@ -271,13 +271,6 @@ Tensor Model::grad_of(const ParamSpec& p) const {
     return base.slice(p.offset - units[size_t(u)].begin, p.numel);
 }
 
-size_t Model::max_unit(ParamUnit::Kind k) const {
-    size_t n = 0;
-    for (const ParamUnit& u : units)
-        if (u.kind == k) n = std::max(n, u.numel());
-    return n;
-}
-
 void Model::set_store(ParamStore* store) {
     LLMC_ASSERT(storage_ != ModelStorage::Full, "a model with whole buffers has no store");
     store_ = store;

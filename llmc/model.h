@@ -105,8 +105,6 @@ public:
     Tensor grad_buf;   // one allocation; empty unless ModelStorage::Full
     std::vector<ParamUnit> units;  // memory order, covering [0, padded_params)
     int unit_of(const ParamSpec& p) const { return param_unit_[size_t(&p - params.data())]; }
-    // The unit sizes ZeRO's working buffers are made for (elements; 0 when this rank has none).
-    size_t max_unit(ParamUnit::Kind k) const;
     size_t activation_bytes = 0;
     size_t activation_bytes_without_sp() const;  // the same layout's activations without sequence parallelism
 
