@@ -1,6 +1,6 @@
 // train_gpt: GPT pretraining (GPT-2, Llama), one binary for one CPU core or a cluster of GPUs.
 //
-//   ./train_gpt configs/tiny_cpu.json [key=value ...] [--print-config]
+//   ./train_gpt configs/tiny_cpu.json [key=value ...] [--print-config] [--plan[=json]]
 //   mpirun -np N ./train_gpt config.json
 //
 // Reads top to bottom as the algorithm: plan the run (every start-up check, one agreement), build
@@ -39,6 +39,7 @@
 #include "llmc/optimizer.h"
 #include "llmc/pipeline.h"
 #include "llmc/pipeline_schedule.h"
+#include "llmc/planner.h"
 #include "llmc/process_grid.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/rng.h"
@@ -50,13 +51,6 @@ namespace {
 double now_ms() {
     using namespace std::chrono;
     return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
-}
-
-std::string human_bytes(double b) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (b >= 1024.0 && u < 4) b /= 1024.0, u++;
-    return strfmt("%.1f %s", b, units[u]);
 }
 
 using Batches = std::vector<std::vector<int32_t>>;
@@ -212,6 +206,7 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
 struct Plan {
     Config cfg;
     bool print_config = false;
+    std::string plan_mode;  // --plan: "text" or "json"; the grid is then plan.world's, rank 0's
     ProcessGrid grid;
     ModelShape shape;
     ModelLayout layout;
@@ -221,14 +216,16 @@ struct Plan {
 
 Plan plan_run(const Runtime& rt, int argc, char** argv) {
     Plan p;
-    p.cfg = load_config(argc, argv, &p.print_config);
+    p.cfg = load_config(argc, argv, &p.print_config, &p.plan_mode);
     const ParallelConfig& pc = p.cfg.parallel;
-    p.grid = make_process_grid(pc, rt.world, rt.rank);
+    const bool planning = !p.plan_mode.empty();
+    p.grid = planning ? make_process_grid(pc, plan_world(p.cfg), 0) : make_process_grid(pc, rt.world, rt.rank);
     p.schedule = parse_pp_schedule(pc.pp_schedule);
     validate_pipeline(p.cfg);
     p.shape = model_shape(p.cfg.model);
     p.layout = model_layout(p.shape, pc, p.grid.tp_rank, p.grid.pp_rank);
     check_model_layout(p.shape, p.layout, p.cfg.train.seq_len);
+    if (planning) return p;  // a plan needs no device and no communicator
     p.device = resolve_device(p.cfg);
     p.comm = resolve_comm(pc, p.device, rt);
     return p;
@@ -242,13 +239,13 @@ struct Run {
           cuda_device(device == "cuda" ? rt.local_rank % std::max(1, cuda_device_count()) : -1),
           groups(make_process_groups(grid, p.comm, pc.timeout_s, cuda_device)),
           ops(device == "cpu" ? make_cpu_ops() : make_cuda_ops(cuda_device)),
-          // fp8 keeps everything but the block linears in bf16 on CUDA and fp32 on the CPU
-          dtype(cfg.precision == "bf16" || (cfg.precision == "fp8" && device == "cuda") ? DType::BF16 : DType::F32),
+          dtype(run_dtype(cfg.precision, device)),
           log(std::string(), rt.is_main(), false),
           schedule(make_pipeline_schedule(p.schedule, grid.pp, tc.grad_accum, pc.pp_virtual)),
           tp(*ops, groups.tp.get(), pc.sequence_parallel),
           model(shape, *ops, dtype, tc.micro_batch, tc.seq_len, DataParallel::pad_multiple(grid.dp), p.layout, &tp,
-                pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), DataParallel::storage(pc.zero)),
+                pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), DataParallel::storage(pc.zero),
+                parse_recompute(tc.recompute)),
           // the DP group's gradient sync and ZeRO's shards, set up before the parameters: under
           // ZeRO-3 this rank keeps only its shard of them
           dp(model, *groups.dp, pc.zero, pc.bucket_mb),
@@ -364,6 +361,8 @@ void print_banner(Run& r, const Plan& p) {
                     got.comm_buffers == mem.comm_buffers && got.unit_params == mem.unit_params &&
                     got.unit_grads == mem.unit_grads && got.activations == mem.activations,
                 "allocations disagree with the memory table");
+    // the first record of log.jsonl: what each rank position allocated (--plan=json's "memory")
+    r.run_log->record({{"memory", gather_memory_json(got, *r.groups.mp, r.grid.tp)}});
 }
 
 // Checkpoint (collective: the state is gathered to world rank 0, which writes it). The final
@@ -480,6 +479,12 @@ int train(Runtime& rt, int argc, char** argv) {
     if (rt.any_failed(error)) return 2;  // every rank agrees before any work
     if (plan.print_config) {
         if (rt.is_main()) std::printf("%s\n", plan.cfg.resolved.dump(2).c_str());
+        return 0;
+    }
+    if (!plan.plan_mode.empty()) {  // the plan of a GPU run unless device is "cpu"
+        const DType dt = run_dtype(plan.cfg.precision, plan.cfg.device == "cpu" ? "cpu" : "cuda");
+        if (rt.is_main() && plan.plan_mode == "json") std::printf("%s\n", plan_json(plan.cfg, plan.shape, plan.grid, dt).dump().c_str());
+        if (rt.is_main() && plan.plan_mode == "text") std::fputs(plan_text(plan.cfg, plan.shape, plan.grid, dt).c_str(), stdout);
         return 0;
     }
     Run r(rt, plan);

@@ -51,3 +51,10 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
     return h;
 }
+
+std::string human_bytes(double b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024.0 && u < 4) b /= 1024.0, u++;
+    return strfmt("%.1f %s", b, units[u]);
+}

@@ -38,3 +38,4 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h = FNV1A_INIT);
 
 // printf-style std::string
 std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string human_bytes(double bytes);  // e.g. 1.5 MiB

@@ -139,6 +139,10 @@ const std::vector<Key>& schema() {
         int_key("train.max_bad_steps", FIELD(train.max_bad_steps), 1, NONE,
                 "consecutive steps with a non-finite loss or gradient norm (each skipped) that end the run "
                 "(exit code 4)"),
+        enum_key("train.recompute", FIELD(train.recompute), {"none", "selective", "full"}, {},
+                 "activation recomputation: none; selective = keep the linear layers' inputs, recompute the "
+                 "attention core and the MLP activation in backward; full = keep each layer's input, recompute the "
+                 "layer in backward (bitwise the same training, less activation memory)"),
 
         int_key("eval.every", FIELD(eval.every), 0, NONE, "validation every N steps (0 = off)"),
         int_key("eval.batches", FIELD(eval.batches), 0, NONE, "micro-batches per validation"),
@@ -188,6 +192,14 @@ const std::vector<Key>& schema() {
                  "per-tensor scale from an amax history (delayed) or from the tensor itself (current)"),
         int_key("fp8.amax_history", FIELD(fp8.amax_history), 1, 1024, "steps of amax history (delayed recipe)"),
         int_key("fp8.margin", FIELD(fp8.margin), 0, 32, "scale = fp8_max / amax / 2^margin"),
+
+        [] {
+            Key k = int_key("plan.world", FIELD(plan.world), 1, NONE,
+                            "--plan: processes to plan for; \"auto\" = dp x tp x pp when parallel.dp is a "
+                            "number, else 1");
+            k.auto_ok = true;
+            return k;
+        }(),
 
         str_key("tokenizer", FIELD(tokenizer_dir), false,
                 "folder with GPT-2's encoder.json + vocab.bpe (\"\" = token ids only)"),
@@ -676,13 +688,15 @@ Config config_from_json(const json& j) {
 
 std::string config_usage() {
     std::string u =
-        "usage: train_gpt [CONFIG.json | -] [key=value ...] [--print-config] [--help]\n"
+        "usage: train_gpt [CONFIG.json | -] [key=value ...] [--print-config] [--plan[=json]] [--help]\n"
         "\n"
         "  CONFIG.json      JSON config (first argument; omit it or give \"-\" to use defaults + overrides)\n"
         "  key=value        override any key by its dotted path, e.g. train.lr=3e-4 model.n_layer=4\n"
         "                   data.train=\"data/train_*.bin\"; the value is JSON when it parses as JSON,\n"
         "                   else plain text (string keys always take the text as is)\n"
         "  --print-config   print the fully resolved config (defaults filled) and exit\n"
+        "  --plan[=json]    print what every kind of rank of the layout allocates (plan.world processes;\n"
+        "                   no mpirun, nothing allocated) and the model FLOPs per step, and exit\n"
         "  --help           print this help and exit\n"
         "\n"
         "keys (default; allowed values):\n";
@@ -707,8 +721,9 @@ std::string config_usage() {
     return u;
 }
 
-Config load_config(int argc, char** argv, bool* print_config) {
+Config load_config(int argc, char** argv, bool* print_config, std::string* plan) {
     if (print_config) *print_config = false;
+    if (plan) plan->clear();
     json root = json::object();
     int i = 1;
     if (argc > 1) {
@@ -727,12 +742,17 @@ Config load_config(int argc, char** argv, bool* print_config) {
         std::string a = argv[i];
         if (a == "--print-config") {
             if (print_config) *print_config = true;
+        } else if (a == "--plan" || a == "--plan=json") {
+            if (plan) *plan = a == "--plan" ? "text" : "json";
+        } else if (a.rfind("--plan=", 0) == 0) {
+            throw UserError(strfmt("flag \"%s\": --plan prints text, --plan=json one JSON object (no other form)",
+                                   a.c_str()));
         } else if (a == "--help" || a == "-h") {
             std::fputs(config_usage().c_str(), stdout);
             std::fflush(stdout);
             std::exit(0);
         } else if (a.rfind("-", 0) == 0) {
-            throw UserError(strfmt("unknown flag \"%s\" (flags: --print-config, --help; overrides are written "
+            throw UserError(strfmt("unknown flag \"%s\" (flags: --print-config, --plan, --plan=json, --help; overrides are written "
                                    "key=value without dashes, e.g. train.lr=3e-4)",
                                    a.c_str()));
         } else if (a.find('=') != std::string::npos) {

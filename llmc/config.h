@@ -48,6 +48,7 @@ struct TrainConfig {
     double grad_clip = 1.0;  // 0 = off
     int seed = 1337;
     int max_bad_steps = 8;  // consecutive non-finite (skipped) steps that end the run
+    std::string recompute = "none";  // none | selective | full: activations recomputed in backward
 };
 
 struct EvalConfig {
@@ -91,6 +92,11 @@ struct Fp8Config {
     int margin = 0;                  // scale = 2^-margin * fp8_max / amax
 };
 
+// The planner (train_gpt --plan): the cluster it plans for.
+struct PlanConfig {
+    int world = 0;  // processes; 0 = "auto" (dp x tp x pp when parallel.dp is a number, else 1)
+};
+
 struct Config {
     std::string device = "auto";     // auto | cpu | cuda
     std::string precision = "fp32";  // fp32 | bf16 | fp8
@@ -102,6 +108,7 @@ struct Config {
     CheckpointConfig checkpoint;
     ParallelConfig parallel;
     Fp8Config fp8;
+    PlanConfig plan;
     std::string tokenizer_dir;  // key "tokenizer": folder with encoder.json + vocab.bpe ("" = ids only)
     std::string out_dir = "out";
 
@@ -111,10 +118,10 @@ struct Config {
 // Parses argv: argv[1] = config path (or "-" for none; it may also be omitted when the first
 // argument is an override or a flag), then key=value overrides and flags. An override's value
 // is JSON when it parses as JSON, else plain text; dotted paths create nested objects.
-// Recognised flags: --print-config (sets *print_config; may be null), --help / -h (prints
-// config_usage() to stdout and exits with code 0). Throws UserError on any bad input.
-// Reads files only (config, globs); writes nothing.
-Config load_config(int argc, char** argv, bool* print_config);
+// Recognised flags: --print-config (sets *print_config; may be null), --plan / --plan=json (sets
+// *plan to "text" or "json"; may be null), --help / -h (prints config_usage() to stdout and exits
+// with code 0). Throws UserError on any bad input. Reads files only (config, globs); writes nothing.
+Config load_config(int argc, char** argv, bool* print_config, std::string* plan = nullptr);
 
 // The command-line help: usage line, flags, and every config key with its default and
 // allowed values (generated from the schema table in config.cpp).

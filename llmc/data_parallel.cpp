@@ -21,6 +21,20 @@ MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype
     return m;
 }
 
+UnitSizes unit_sizes(const std::vector<ParamUnit>& units) {
+    UnitSizes s;
+    for (const ParamUnit& u : units) {
+        size_t& m = u.kind == ParamUnit::Embedding ? s.embedding : u.kind == ParamUnit::Head ? s.head : s.layer;
+        m = std::max(m, u.numel());
+    }
+    return s;
+}
+
+size_t DataParallel::bucket_elems_for(double bucket_mb, size_t padded_params) {
+    const size_t want = size_t(std::max(1.0, bucket_mb * 1024.0 * 1024.0 / sizeof(float)));
+    return std::min(want, padded_params);
+}
+
 Tensor DataParallel::alloc(size_t n) {
     void* p = model_.ops.alloc(n * dtype_size(model_.dtype));
     allocations_.push_back(p);
@@ -33,8 +47,7 @@ DataParallel::DataParallel(Model& model, Comm& dp, int zero, double bucket_mb, b
     LLMC_ASSERT(model.padded_params % pad_multiple(dp.size()) == 0, "model not padded for this dp");
     LLMC_ASSERT(model.storage() == storage(zero), "model built with the wrong storage for this ZeRO stage");
     shard_ = model.padded_params / size_t(dp.size());
-    const size_t want = size_t(std::max(1.0, bucket_mb * 1024.0 * 1024.0 / sizeof(float)));
-    bucket_elems_ = std::min(want, model.padded_params);
+    bucket_elems_ = bucket_elems_for(bucket_mb, model.padded_params);
     // buckets from the end backwards: the order in which backward finishes the gradients
     for (size_t end = model.padded_params; end > 0;) {
         const size_t begin = end > bucket_elems_ ? end - bucket_elems_ : 0;
@@ -52,8 +65,7 @@ DataParallel::DataParallel(Model& model, Comm& dp, int zero, double bucket_mb, b
         s->dev = Tensor(model.ops.alloc(bucket_elems_ * sizeof(float)), bucket_elems_, DType::F32);
         allocations_.push_back(s->dev.ptr);
     }
-    unit_sizes_ = {model.max_unit(ParamUnit::Embedding), model.max_unit(ParamUnit::Head),
-                   model.max_unit(ParamUnit::Layer)};
+    unit_sizes_ = unit_sizes(model.units);
     if (zero_ < 2) return;
     const size_t sizes[3] = {unit_sizes_.embedding, unit_sizes_.layer, unit_sizes_.head};  // by ParamUnit::Kind
     static_assert(ParamUnit::Embedding == 0 && ParamUnit::Layer == 1 && ParamUnit::Head == 2, "kind order");

@@ -60,6 +60,7 @@ struct MemoryPlan {
 struct UnitSizes {
     size_t embedding = 0, head = 0, layer = 0;  // the largest of each kind (0: none held)
 };
+UnitSizes unit_sizes(const std::vector<ParamUnit>& units);
 // Psi = padded_params, k = bytes per element of the model dtype, o = 8 (m, v) or 12 (+ master),
 // E, H, L = the embedding, head and largest layer unit:
 //   params       Psi*k       (stages 0, 1, 2)     Psi/dp*k (stage 3)
@@ -77,6 +78,8 @@ public:
     static constexpr size_t kShardAlign = 128;  // shard starts stay 512-byte aligned for vector kernels
     // Elements the model's flat buffer must be a multiple of (the Model's pad_multiple).
     static size_t pad_multiple(int dp) { return size_t(dp) * kShardAlign; }
+    // Elements per gradient bucket for parallel.bucket_mb over a buffer of padded_params.
+    static size_t bucket_elems_for(double bucket_mb, size_t padded_params);
     // The buffers a model must be built with for a ZeRO stage (the Model's storage).
     static ModelStorage storage(int zero) {
         return zero >= 3 ? ModelStorage::Sharded : zero == 2 ? ModelStorage::ShardedGrads : ModelStorage::Full;

@@ -14,7 +14,7 @@
 // rank holds (N, or N/tp with sequence parallelism); the TP-split ones hold N rows of 1/tp width.
 struct Model::LayerActs {
     Tensor ln1, qkv, atty, residual2, ln2, fch_pre, fch_gelu, residual3;
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *att_lse;
+    float *ln1_mean = nullptr, *ln1_rstd = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr, *att_lse = nullptr;
 };
 
 // A chunk's activations for one micro-batch in flight.
@@ -38,6 +38,9 @@ struct Model::Scratch {
     Tensor dpre;             // [N, 2F/tp]: the gradient of the gated MLP's input (SwiGLU)
     Tensor ln_grads;         // [2C]: one LayerNorm's weight and bias gradients before the TP reduction (SP)
     float* stats = nullptr;  // [N, 3]: vocabulary-parallel cross-entropy statistics
+    // Recompute: the buffers of a layer's activations that every layer shares (the attention core's
+    // and the activation's outputs with Selective; a whole set with Full), empty otherwise.
+    LayerActs recomputed{};
 };
 
 namespace {
@@ -62,9 +65,17 @@ Model::Block Model::block_of(Arch a) {
 
 int Model::tp_size() const { return layout.tp; }
 
+Recompute parse_recompute(const std::string& name) {
+    if (name == "selective") return Recompute::Selective;
+    if (name == "full") return Recompute::Full;
+    LLMC_ASSERT(name == "none", strfmt("unknown recompute mode \"%s\"", name.c_str()));
+    return Recompute::None;
+}
+
 Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, size_t pad_multiple, const ModelLayout& lay,
-           TensorParallel* tp, std::vector<int> slots, ModelStorage storage)
-    : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), block_(block_of(s.arch)), tp_(tp), storage_(storage) {
+           TensorParallel* tp, std::vector<int> slots, ModelStorage storage, Recompute rc)
+    : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), recompute(rc), block_(block_of(s.arch)), tp_(tp),
+      storage_(storage) {
     if (!tp_) {
         own_tp_.reset(new TensorParallel(ops, nullptr, false));
         tp_ = own_tp_.get();
@@ -81,7 +92,7 @@ Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, size_t pad_mul
     for (size_t i = 0; i < params.size(); i++)
         if (!params[i].tied_copy) lookup_[size_t(params[i].role) * (s.n_layer + 1) + (params[i].layer + 1)] = int(i);
 
-    padded_params = (num_params + pad_multiple - 1) / pad_multiple * pad_multiple;
+    padded_params = padded_param_count(num_params, pad_multiple);
     if (storage != ModelStorage::Sharded) param_buf = Tensor(ops.alloc(padded_params * dtype_size(dt)), padded_params, dt);
     if (storage == ModelStorage::Full) grad_buf = Tensor(ops.alloc(padded_params * dtype_size(dt)), padded_params, dt);
 
@@ -102,10 +113,18 @@ Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, size_t pad_mul
         if (grad_buf.ptr) unit_grads_[u] = grad_buf.slice(units[u].begin, units[u].numel());
     }
 
-    // chunks and their activation slots
+    chunks_ = make_chunks(s, lay, std::move(slots));
+    scratch_ = new Scratch();
+    activation_bytes = carve_activations(nullptr, s, dt, b, t, lay, lay.sequence_parallel, rc, chunks_, *scratch_);
+    act_mem_ = ops.alloc(activation_bytes);
+    carve_activations(static_cast<char*>(act_mem_), s, dt, b, t, lay, lay.sequence_parallel, rc, chunks_, *scratch_);
+}
+
+std::vector<Model::Chunk> Model::make_chunks(const ModelShape& s, const ModelLayout& lay, std::vector<int> slots) {
     const auto ranges = lay.chunks.empty() ? std::vector<std::pair<int, int>>{{0, s.n_layer}} : lay.chunks;
     if (slots.empty()) slots.assign(ranges.size(), 1);
     LLMC_ASSERT(slots.size() == ranges.size(), "one slot count per chunk");
+    std::vector<Chunk> chunks;
     for (size_t c = 0; c < ranges.size(); c++) {
         Chunk ch;
         ch.begin = ranges[c].first;
@@ -113,42 +132,59 @@ Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, size_t pad_mul
         ch.starts = lay.first && c == 0;
         ch.ends = lay.last && c + 1 == ranges.size();
         ch.slots.resize(size_t(std::max(1, slots[c])));
-        chunks_.push_back(ch);
+        chunks.push_back(ch);
     }
-    scratch_ = new Scratch();
-
-    activation_bytes = carve_activations(nullptr, layout.sequence_parallel, chunks_, *scratch_);
-    act_mem_ = ops.alloc(activation_bytes);
-    carve_activations(static_cast<char*>(act_mem_), layout.sequence_parallel, chunks_, *scratch_);
+    return chunks;
 }
 
-size_t Model::carve_activations(char* base, bool sp, std::vector<Chunk>& chunks, Scratch& S) const {
+size_t Model::activation_bytes_of(const ModelShape& s, DType dt, int b, int t, const ModelLayout& lay,
+                                  const std::vector<int>& slots, Recompute rc) {
+    std::vector<Chunk> chunks = make_chunks(s, lay, slots);
+    Scratch scratch;
+    return carve_activations(nullptr, s, dt, b, t, lay, lay.sequence_parallel, rc, chunks, scratch);
+}
+
+size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, int B, int T, const ModelLayout& layout,
+                                bool sp, Recompute rc, std::vector<Chunk>& chunks, Scratch& S) {
+    const Block block = block_of(shape.arch);
     const size_t tpn = size_t(layout.tp);
-    const DType dt = dtype;
     const size_t N = size_t(B) * T, C = shape.d_model, NHl = shape.n_head / tpn, Cl = C / tpn;
     const size_t QKVl = size_t(shape.n_head + 2 * shape.kv_heads()) * shape.head_dim() / tpn;
-    const size_t Fl = size_t(shape.ffn()) / tpn, PREl = block_.swiglu ? 2 * Fl : Fl;  // the MLP's hidden width
+    const size_t Fl = size_t(shape.ffn()) / tpn, PREl = block.swiglu ? 2 * Fl : Fl;  // the MLP's hidden width
     const size_t Vl = size_t(shape.vocab_shard(tpn)), nl = sp && tpn > 1 ? N / tpn : N;
-    const bool mean = block_.layernorm;  // RMSNorm keeps no mean
+    const bool mean = block.layernorm;  // RMSNorm keeps no mean
     Carver cv{base};
+    // A layer's buffers; with core = false the attention core's and the activation's outputs are
+    // left as they are (the shared ones of Selective).
+    auto carve_layer = [&](LayerActs& L, bool core) {
+        L.ln1 = cv.take(nl * C, dt);
+        L.ln1_mean = mean ? cv.take_f32(nl) : nullptr;
+        L.ln1_rstd = cv.take_f32(nl);
+        L.qkv = cv.take(N * QKVl, dt);
+        if (core) L.atty = cv.take(N * Cl, dt);
+        if (core) L.att_lse = cv.take_f32(N * NHl);
+        L.residual2 = cv.take(nl * C, dt);
+        L.ln2 = cv.take(nl * C, dt);
+        L.ln2_mean = mean ? cv.take_f32(nl) : nullptr;
+        L.ln2_rstd = cv.take_f32(nl);
+        L.fch_pre = cv.take(N * PREl, dt);
+        if (core) L.fch_gelu = cv.take(N * Fl, dt);
+        L.residual3 = cv.take(nl * C, dt);
+    };
+    LayerActs& shared = S.recomputed;
+    if (rc == Recompute::Full) carve_layer(shared, true);
+    if (rc == Recompute::Selective) {
+        shared.atty = cv.take(N * Cl, dt);
+        shared.att_lse = cv.take_f32(N * NHl);
+        shared.fch_gelu = cv.take(N * Fl, dt);
+    }
     for (Chunk& ch : chunks) {
         for (SlotActs& sa : ch.slots) {
             sa.input = cv.take(nl * C, dt);
-            sa.layers.resize(size_t(ch.end - ch.begin));
+            sa.layers.assign(size_t(ch.end - ch.begin), shared);
             for (LayerActs& L : sa.layers) {
-                L.ln1 = cv.take(nl * C, dt);
-                L.ln1_mean = mean ? cv.take_f32(nl) : nullptr;
-                L.ln1_rstd = cv.take_f32(nl);
-                L.qkv = cv.take(N * QKVl, dt);
-                L.atty = cv.take(N * Cl, dt);
-                L.att_lse = cv.take_f32(N * NHl);
-                L.residual2 = cv.take(nl * C, dt);
-                L.ln2 = cv.take(nl * C, dt);
-                L.ln2_mean = mean ? cv.take_f32(nl) : nullptr;
-                L.ln2_rstd = cv.take_f32(nl);
-                L.fch_pre = cv.take(N * PREl, dt);
-                L.fch_gelu = cv.take(N * Fl, dt);
-                L.residual3 = cv.take(nl * C, dt);
+                if (rc == Recompute::Full) L.residual3 = cv.take(nl * C, dt);  // the next layer's input
+                else carve_layer(L, rc == Recompute::None);
             }
             if (ch.ends) {
                 sa.lnf = cv.take(nl * C, dt);
@@ -170,7 +206,7 @@ size_t Model::carve_activations(char* base, bool sp, std::vector<Chunk>& chunks,
     S.dqkv = cv.take(N * QKVl, dt);
     S.datty = cv.take(N * Cl, dt);
     S.dfch = cv.take(N * Fl, dt);
-    if (block_.swiglu) S.dpre = cv.take(N * PREl, dt);
+    if (block.swiglu) S.dpre = cv.take(N * PREl, dt);
     S.ln_grads = cv.take(2 * C, dt);
     S.stats = cv.take_f32(3 * N);
     return cv.used;
@@ -179,7 +215,7 @@ size_t Model::carve_activations(char* base, bool sp, std::vector<Chunk>& chunks,
 size_t Model::activation_bytes_without_sp() const {
     std::vector<Chunk> chunks = chunks_;
     Scratch s;
-    return carve_activations(nullptr, false, chunks, s);
+    return carve_activations(nullptr, shape, dtype, B, T, layout, false, recompute, chunks, s);
 }
 
 Model::~Model() {
@@ -233,13 +269,6 @@ Tensor Model::grad_of(const ParamSpec& p) const {
     const Tensor& base = unit_grads_[size_t(u)];
     LLMC_ASSERT(base.ptr, strfmt("gradients of %s used outside acquire_grads", p.name.c_str()));
     return base.slice(p.offset - units[size_t(u)].begin, p.numel);
-}
-
-size_t Model::max_unit(ParamUnit::Kind k) const {
-    size_t n = 0;
-    for (const ParamUnit& u : units)
-        if (u.kind == k) n = std::max(n, u.numel());
-    return n;
 }
 
 void Model::set_store(ParamStore* store) {
@@ -515,6 +544,11 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
     Tensor full = S.full.slice(0, nC), full_grad = S.full_grad.slice(0, nC), partial = S.partial.slice(0, nC);
     Tensor dact = S.dfch.slice(0, N * Fl), dqkv = S.dqkv.slice(0, N * QKVl), datty = S.datty.slice(0, N * Cl);
     Tensor pre = L.fch_pre.slice(0, N * (k.swiglu ? 2 : 1) * Fl), act = L.fch_gelu.slice(0, N * Fl);
+    if (recompute == Recompute::Selective) {  // the attention core and the activation again, into the shared buffers
+        ops.attention_forward(L.atty.slice(0, N * Cl), L.att_lse, L.qkv.slice(0, N * QKVl), b, t, NHl, NKVl, HS);
+        if (k.swiglu) ops.swiglu_forward(act, pre, int(N), Fl);
+        else ops.gelu_forward(act, pre);
+    }
 
     // MLP
     Tensor dy = tp.gather_rows(dres, full_grad);
@@ -668,7 +702,11 @@ void Model::backward_chunk(int c, int slot, const std::function<void(size_t)>& g
         acquire_params(u);
         prefetch_params(l > ch.begin ? layer_unit_[size_t(l - 1)] : -1);  // the encoder's backward reads no parameters
         acquire_grads(u);
-        layer_backward(l, sa.layers[size_t(l - ch.begin)], res_in(l), b, t);
+        // Full recompute: the layer forward again from its kept input, into the shared buffers
+        // (its output too: the kept one is the next layer's input, already used)
+        if (recompute == Recompute::Full) layer_forward(l, scratch_->recomputed, res_in(l), b, t);
+        layer_backward(l, recompute == Recompute::Full ? scratch_->recomputed : sa.layers[size_t(l - ch.begin)],
+                       res_in(l), b, t);
         release_grads(u);
         release_params(u);
         // layer l and everything after it in memory are final (wte still gets the encoder's part)

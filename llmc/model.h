@@ -21,7 +21,9 @@
 //
 // Activations live in slots: a chunk keeps one set per micro-batch in flight (pipeline
 // schedules run several forwards before the matching backwards); the backward's scratch
-// buffers are shared.
+// buffers are shared. Recomputation (train.recompute) keeps fewer of them per layer and
+// recomputes the rest in backward into buffers every layer shares; the kernels are
+// deterministic, so the recomputed values, and the whole run, are bitwise those of no recompute.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -58,14 +60,32 @@ public:
     virtual void zero_grads() = 0;  // start of an optimizer step
 };
 
+// Which activations a layer keeps for its backward (train.recompute).
+enum class Recompute {
+    None,       // everything its backward reads
+    Selective,  // all but the attention core's output and statistics and the MLP activation's output
+                // (recomputed from the kept QKV and pre-activation)
+    Full,       // only its output (the next layer's input): the layer runs forward again in backward
+};
+// "none" | "selective" | "full" (the config's values; validated there).
+Recompute parse_recompute(const std::string& name);
+
+// Elements of a local parameter buffer of num_params real elements padded to pad_multiple.
+inline size_t padded_param_count(size_t num_params, size_t pad_multiple) {
+    return (num_params + pad_multiple - 1) / pad_multiple * pad_multiple;
+}
+
 class Model {
 public:
     // pad_multiple: the parameter and gradient buffers hold the local parameters rounded up to a
     // multiple of it (zeros that belong to no tensor), so that ZeRO shards divide them evenly.
-    // slots: activation sets per chunk (micro-batches in flight). tp: the TP group (null = tp 1).
+    // slots: activation sets per chunk (micro-batches in flight; empty = one each). tp: the TP group (null = tp 1).
     Model(const ModelShape& shape, Ops& ops, DType dtype, int B, int T, size_t pad_multiple = 1,
           const ModelLayout& layout = ModelLayout(), TensorParallel* tp = nullptr, std::vector<int> slots = {},
-          ModelStorage storage = ModelStorage::Full);
+          ModelStorage storage = ModelStorage::Full, Recompute recompute = Recompute::None);
+    // The bytes of activations such a model allocates (activation_bytes), without building it.
+    static size_t activation_bytes_of(const ModelShape& shape, DType dtype, int B, int T, const ModelLayout& layout,
+                                      const std::vector<int>& slots, Recompute recompute);
     ~Model();
     Model(const Model&) = delete;
     Model& operator=(const Model&) = delete;
@@ -75,6 +95,7 @@ public:
     const DType dtype;  // parameters, gradients and activations
     const int B, T;     // the activation buffers' size
     const ModelLayout layout;
+    const Recompute recompute;
 
     std::vector<ParamSpec> params;  // memory order
     size_t num_params = 0;     // local elements of the real tensors
@@ -84,8 +105,6 @@ public:
     Tensor grad_buf;   // one allocation; empty unless ModelStorage::Full
     std::vector<ParamUnit> units;  // memory order, covering [0, padded_params)
     int unit_of(const ParamSpec& p) const { return param_unit_[size_t(&p - params.data())]; }
-    // The unit sizes ZeRO's working buffers are made for (elements; 0 when this rank has none).
-    size_t max_unit(ParamUnit::Kind k) const;
     size_t activation_bytes = 0;
     size_t activation_bytes_without_sp() const;  // the same layout's activations without sequence parallelism
 
@@ -210,8 +229,13 @@ private:
     Scratch* scratch_ = nullptr;
     void* act_mem_ = nullptr;
     int tp_size() const;
-    // Lays the activations out from base (nullptr: only measures); returns the bytes.
-    size_t carve_activations(char* base, bool sequence_parallel, std::vector<Chunk>& chunks, Scratch& s) const;
+    // The layout's chunks with their activation slots (not yet carved).
+    static std::vector<Chunk> make_chunks(const ModelShape& shape, const ModelLayout& layout, std::vector<int> slots);
+    // Lays the activations of chunks out from base (nullptr: only measures); returns the bytes.
+    // sequence_parallel: the layout's, or false to measure the same layout without it.
+    static size_t carve_activations(char* base, const ModelShape& shape, DType dtype, int B, int T,
+                                    const ModelLayout& layout, bool sequence_parallel, Recompute recompute,
+                                    std::vector<Chunk>& chunks, Scratch& s);
 
     void layer_forward(int l, LayerActs& L, Tensor res_in, int b, int t);
     void layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t);

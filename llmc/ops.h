@@ -86,6 +86,9 @@ public:
     // dw += dout^T @ inp; dbias += column sums of dout (skipped when dbias is empty).
     virtual void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
                                  Tensor pre_gelu, int N, int IC, int OC) = 0;
+    // out = gelu_tanh(inp) elementwise (inp.n elements), bitwise what matmul_forward's gelu writes
+    // (activation recomputation).
+    virtual void gelu_forward(Tensor out, Tensor inp) = 0;
 
     // ---- attention ----
     // qkv [B,T,NH+2*NKV,HS] (per token: NH query heads, then NKV key heads, then NKV value

@@ -11,7 +11,7 @@ AdamW::AdamW(Model& model, size_t begin, size_t end, Tensor params, Tensor grads
     const size_t n = end - begin;
     m_ = static_cast<float*>(model.ops.alloc(n * sizeof(float)));
     v_ = static_cast<float*>(model.ops.alloc(n * sizeof(float)));
-    if (model.dtype != DType::F32) {
+    if (keeps_master(model.dtype)) {
         master_ = static_cast<float*>(model.ops.alloc(n * sizeof(float)));
         sync_master_from_params();
     }

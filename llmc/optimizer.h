@@ -21,6 +21,8 @@ class AdamW {
 public:
     // params, grads: the range's parameters and gradients (end - begin elements each).
     AdamW(Model& model, size_t begin, size_t end, Tensor params, Tensor grads);
+    // fp32 master weights are kept for a model in any other dtype.
+    static bool keeps_master(DType model_dtype) { return model_dtype != DType::F32; }
     ~AdamW();
     AdamW(const AdamW&) = delete;
     AdamW& operator=(const AdamW&) = delete;

@@ -394,3 +394,32 @@ TEST_CASE("config: usage lists every key with its default", "[config]") {
                       Catch::Contains("model.vocab_size") && Catch::Contains("checkpoint.resume") &&
                       Catch::Contains("auto|cpu|cuda"));
 }
+
+TEST_CASE("config: train.recompute, plan.world and the --plan flags", "[config]") {
+    TempDir t;
+    const std::string g = "data.train=" + t.train_glob();
+    CHECK(load({g}).train.recompute == "none");
+    CHECK(load({g, "train.recompute=full"}).train.recompute == "full");
+    std::string m = error_of([&] { load({g, "train.recompute=some"}); });
+    CHECK_THAT(m, Catch::Contains("train.recompute") && Catch::Contains("none, selective, full"));
+    CHECK(load({g}).plan.world == 0);  // "auto"
+    CHECK(load({g, "plan.world=auto"}).plan.world == 0);
+    CHECK(load({g, "plan.world=1024"}).plan.world == 1024);
+    m = error_of([&] { load({g, "plan.world=0"}); });
+    CHECK_THAT(m, Catch::Contains("plan.world"));
+
+    auto plan_of = [&](const std::vector<std::string>& args) {
+        std::vector<std::string> all = {"train_gpt"};
+        all.insert(all.end(), args.begin(), args.end());
+        std::vector<char*> argv;
+        for (std::string& s : all) argv.push_back(&s[0]);
+        std::string plan = "unset";
+        load_config(int(all.size()), argv.data(), nullptr, &plan);
+        return plan;
+    };
+    CHECK(plan_of({g}).empty());
+    CHECK(plan_of({g, "--plan"}) == "text");
+    CHECK(plan_of({g, "--plan=json"}) == "json");
+    m = error_of([&] { plan_of({g, "--plan=yaml"}); });
+    CHECK_THAT(m, Catch::Contains("--plan=yaml") && Catch::Contains("--plan=json"));
+}

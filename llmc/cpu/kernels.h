@@ -326,6 +326,13 @@ void residual_forward(T* out, const T* a, const T* b, size_t n) {
 // ---------------------------------------------------------------------------------------
 // Matmul
 
+// out = gelu(inp), n elements
+template <class T>
+void gelu_forward(T* out, const T* inp, size_t n) {
+#pragma omp parallel for simd schedule(static) if (parallel_worth(n))
+    for (size_t i = 0; i < n; ++i) out[i] = gelu(inp[i]);
+}
+
 // out[N,OC] = inp[N,IC] @ w[OC,IC]^T + bias; with gelu, pre_gelu = that and out = gelu(pre_gelu).
 template <class T>
 void matmul_forward(T* out, T* pre_gelu, const T* inp, const T* w, const T* bias, int N, int IC, int OC,
@@ -344,11 +351,7 @@ void matmul_forward(T* out, T* pre_gelu, const T* inp, const T* w, const T* bias
     }
     // A = inp (rows n, k = i), B(k = i, j = o) = w[o * IC + i]
     gemm_acc<T>(dst, OC, inp, IC, 1, w, 1, IC, N, OC, IC);
-    if (use_gelu) {
-        const size_t total = (size_t)N * OC;
-#pragma omp parallel for simd schedule(static) if (parallel_worth((size_t)N * OC))
-        for (size_t i = 0; i < total; ++i) out[i] = gelu(pre_gelu[i]);
-    }
+    if (use_gelu) gelu_forward(out, pre_gelu, (size_t)N * OC);
 }
 
 // dout *= gelu'(pre_gelu) when pre_gelu != nullptr; dinp = dout @ w (overwrite, if dinp);

@@ -302,6 +302,16 @@ public:
             }
         });
     }
+    void gelu_forward(Tensor out, Tensor inp) override {
+        same_dtype({&out, &inp});
+        const long long n = (long long)inp.n;
+        if (!n) return;
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            gelu_forward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(out), P<T_>(inp), n);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
     void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
                          int N, int IC, int OC) override {
         same_dtype({&dinp, &dw, &dbias, &dout, &inp, &w, &pre_gelu});

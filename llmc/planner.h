@@ -1,0 +1,50 @@
+// The planner (train_gpt --plan): what every kind of rank of a layout will allocate, from the
+// config alone, with nothing allocated and no process started. It calls the very functions the
+// run sizes its buffers with (param_table and param_units, padded_param_count,
+// Model::activation_bytes_of, DataParallel::bucket_elems_for, zero_memory_plan), so the plan is
+// the run's allocation, byte for byte; a run logs what it allocated as the first record of
+// log.jsonl ({"memory": memory_json(...)}) and test/e2e/test_plan.sh compares the two.
+//
+// Not in the plan: the FP8 converter's scales and amax histories (its memory rows), host buffers
+// (pipeline messages, staging of MPI over CUDA), the backend's own workspaces (cuBLAS), and the
+// allocator's rounding and fragmentation.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "llmc/comm.h"
+#include "llmc/config.h"
+#include "llmc/data_parallel.h"
+#include "llmc/process_grid.h"
+
+// The dtype of parameters, gradients and activations for a precision on a device ("cpu"/"cuda").
+DType run_dtype(const std::string& precision, const std::string& device);
+
+// plan.world, "auto" resolved: dp x tp x pp when parallel.dp is a number, else 1.
+int plan_world(const Config& cfg);
+
+// One rank position of a layout (DP ranks of a position allocate alike) and its memory.
+struct RankMemory {
+    int pp_rank = 0, tp_rank = 0;
+    MemoryPlan mem;
+};
+
+// What the rank at (pp_rank, tp_rank) allocates under cfg, over grid.dp DP ranks, in dtype.
+MemoryPlan plan_rank_memory(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype,
+                            int pp_rank, int tp_rank);
+
+// Every (pp_rank, tp_rank) of the grid, pipeline stage-major.
+std::vector<RankMemory> plan_memory(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype);
+
+// The kinds of rank: positions with equal bytes in every category grouped, in order of first
+// appearance: [{"ranks": [[pp_rank, tp_rank], ...], "params": bytes, ..., "total": bytes}, ...].
+nlohmann::json memory_json(const std::vector<RankMemory>& ranks);
+// memory_json of what the members of a model-parallel group (mp, tp x pp ranks, llmc/layout.h)
+// allocated, each passing its own; collective over mp, every member gets the result.
+nlohmann::json gather_memory_json(const MemoryPlan& mine, Comm& mp, int tp);
+
+// The whole plan (kinds of rank, model FLOPs per step), as text or as one JSON object.
+std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype);
+nlohmann::json plan_json(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype);

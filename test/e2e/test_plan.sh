@@ -1,0 +1,64 @@
+# The planner is exact: `train_gpt CONFIG --plan=json` (one process, no mpirun, nothing allocated)
+# gives for every kind of rank the bytes of each category that the real run then allocates, which
+# the run logs as the first record of log.jsonl ({"memory": ...}); the two must be the same JSON,
+# byte for byte, for GPT-2 and Llama over data parallelism at ZeRO 0-3, tensor parallelism with
+# sequence parallelism, a pipeline, and dp2 x tp2 x pp2 (interleaved, with recomputation). A plan
+# of a different micro-batch must differ from the run (the comparison can fail), and the text plan
+# prints one block per kind of rank.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/dp_lib.sh"
+make_data
+config() {  # config FILE MODEL_JSON
+    cat > "$1" <<JSON
+{ "device": "cpu", "precision": "fp32",
+  "model": $2,
+  "data": { "train": "$W/data/train_*.bin" },
+  "train": { "micro_batch": 2, "seq_len": 16, "grad_accum": 4, "steps": 1 },
+  "out_dir": "$W/out" }
+JSON
+}
+config "$W/gpt2.json" '{ "n_layer": 4, "n_head": 4, "d_model": 32, "vocab_size": 512, "max_seq_len": 32 }'
+config "$W/llama.json" '{ "arch": "llama", "n_layer": 4, "n_head": 4, "n_kv_head": 2, "d_model": 32, "ffn_dim": 48,
+                          "vocab_size": 512, "max_seq_len": 32 }'
+
+check() {  # check FAMILY NAME NPROC ARGS...: the plan equals the run's allocation
+    local fam=$1 name=$2 n=$3; shift 3
+    local out="$W/$fam.$name"
+    "$BIN" "$W/$fam.json" "$@" --plan=json > "$out.plan.json" 2> "$out.plan.err" ||
+        die "$fam $name: --plan=json failed: $(cat "$out.plan.err")"
+    if [ "$n" -eq 1 ]; then "$BIN" "$W/$fam.json" "$@" "out_dir=$out" > "$out.txt" 2>&1 || die "$fam $name failed"
+    else dp_run "$n" "$W/$fam.json" "$@" "out_dir=$out" > "$out.txt" 2>&1 || die "$fam $name failed: $(tail "$out.txt")"; fi
+    local plan run
+    plan=$(jq -cS .memory "$out.plan.json")
+    run=$(head -n 1 "$out/log.jsonl" | jq -cS .memory)
+    [ "$run" != null ] || die "$fam $name: the first record of log.jsonl is not the memory record"
+    [ "$plan" = "$run" ] || die "$fam $name: plan $plan differs from the run's allocation $run"
+    echo "$fam $name: $(jq '.memory | length' "$out.plan.json") kind(s) of rank, totals $(jq -c '[.memory[].total]' "$out.plan.json") B"
+}
+dp2x2x2=(parallel.dp=2 parallel.tp=2 parallel.pp=2 parallel.zero=1 parallel.pp_schedule=interleaved parallel.pp_virtual=2)
+for fam in gpt2 llama; do
+    check "$fam" one 1 train.recompute=full
+    for z in 0 1 2 3; do check "$fam" "dp2_zero$z" 2 parallel.dp=2 parallel.zero=$z; done
+    check "$fam" tp2_sp 2 parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true
+    check "$fam" pp2 2 parallel.dp=1 parallel.pp=2
+    check "$fam" dp2_tp2_pp2 8 "${dp2x2x2[@]}" train.recompute=selective
+done
+
+# the comparison can fail: a plan for another micro-batch does not match the run
+other=$("$BIN" "$W/gpt2.json" parallel.dp=1 parallel.pp=2 train.micro_batch=4 --plan=json | jq -cS .memory)
+[ "$other" != "$(head -n 1 "$W/gpt2.pp2/log.jsonl" | jq -cS .memory)" ] || die "plans of different micro-batches agree"
+
+# the text plan: a block per kind of rank with every category and the total; FLOPs per step
+"$BIN" "$W/gpt2.json" "${dp2x2x2[@]}" --plan > "$W/plan.txt" || die "--plan failed"
+[ "$(grep -c '^rank kind' "$W/plan.txt")" -eq "$(jq '.memory | length' "$W/gpt2.dp2_tp2_pp2.plan.json")" ] ||
+    die "the text plan's kinds of rank differ from the JSON's: $(cat "$W/plan.txt")"
+for row in parameters gradients optimizer 'comm buffers' 'unit params' 'unit grads' activations total; do
+    grep -q "^  $row " "$W/plan.txt" || die "the text plan has no $row row"
+done
+grep -q 'world 8 = dp 2 x tp 2 x pp 2' "$W/plan.txt" || die "the text plan does not plan 8 processes"
+grep -q 'model FLOPs per step' "$W/plan.txt" || die "the text plan has no FLOPs"
+# plan.world: the world to plan; with parallel.dp "auto" it defaults to 1, which a pipeline does not fit
+expect_fail 2 "parallel.dp: .auto. needs the world size" "$BIN" "$W/gpt2.json" parallel.pp=2 --plan
+"$BIN" "$W/gpt2.json" parallel.pp=2 plan.world=4 --plan | grep -q "world 4 = dp 2 x tp 1 x pp 2" || die "plan.world=4 not planned"
+expect_fail 2 'parallel' "$BIN" "$W/gpt2.json" parallel.dp=2 plan.world=3 --plan
+echo "plans equal the runs' allocations"
