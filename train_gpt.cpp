@@ -364,21 +364,22 @@ void print_banner(Run& r, const Plan& p) {
 }
 
 // Checkpoint (collective: the state is gathered to world rank 0, which writes it). The final
-// one also writes the weights as out_dir/model_<steps>.bin (fp32, llm.c's format), and for a
-// family with a Hugging Face format as .safetensors with transformers' config.json.
+// one also writes the weights in the formats of out.format: out_dir/model_<steps>.bin (fp32,
+// llm.c's format) and/or model_<steps>.safetensors with transformers' config.json.
 void save(Run& r, bool final) {
     WholeState whole = gather_whole_state(r.model, r.opt, r.dp, r.pc, *r.groups.mp, r.grid);
     if (!r.rt.is_main()) return;
     if (final) {
         const std::vector<float>& w = whole.master.empty() ? whole.params : whole.master;
-        const std::string path = r.cfg.out_dir + strfmt("/model_%08d.bin", r.tc.steps);
-        model_file_write(path, r.shape, w.data(), 3);
-        r.log.print("wrote %s\n", path.c_str());
-        if (r.shape.arch == Arch::Llama) {
-            const std::string st = r.cfg.out_dir + strfmt("/model_%08d.safetensors", r.tc.steps);
-            hf_write_weights(st, r.shape, w);
+        const std::string stem = r.cfg.out_dir + strfmt("/model_%08d", r.tc.steps), fmt = r.cfg.out.format;
+        if (fmt != "hf") {
+            model_file_write(stem + ".bin", r.shape, w.data(), 3);
+            r.log.print("wrote %s.bin\n", stem.c_str());
+        }
+        if (fmt != "llmc") {
+            hf_write_weights(stem + ".safetensors", r.shape, w);
             hf_write_config(r.cfg.out_dir + "/config.json", r.shape);
-            r.log.print("wrote %s and %s/config.json\n", st.c_str(), r.cfg.out_dir.c_str());
+            r.log.print("wrote %s.safetensors and %s/config.json\n", stem.c_str(), r.cfg.out_dir.c_str());
         }
         if (r.cfg.checkpoint.every <= 0) return;
     }
