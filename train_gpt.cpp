@@ -38,6 +38,7 @@
 #include "llmc/pipeline.h"
 #include "llmc/pipeline_schedule.h"
 #include "llmc/process_grid.h"
+#include "llmc/progress.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/rng.h"
 #include "llmc/runtime.h"
@@ -255,7 +256,8 @@ struct Run {
           // each DP rank reads its own windows (every TP and PP rank of it the same ones)
           train_data(cfg.data.train, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, cfg.data.shuffle,
                      uint64_t(tc.seed), shape.vocab_size),
-          ckpt_dir(cfg.checkpoint.dir.empty() ? cfg.out_dir + "/checkpoints" : cfg.checkpoint.dir) {
+          ckpt_dir(cfg.checkpoint.dir.empty() ? cfg.out_dir + "/checkpoints" : cfg.checkpoint.dir),
+          progress(tc.steps, double(tc.micro_batch) * tc.seq_len * tc.grad_accum * grid.dp) {
         if (!cfg.data.val.empty())
             val_data.reset(new DataLoader(cfg.data.val, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, false, 0,
                                           shape.vocab_size));
@@ -286,6 +288,7 @@ struct Run {
     std::unique_ptr<Logger> run_log;
     const std::string ckpt_dir;
     TrainState state;
+    Progress progress;
 };
 
 double tokens_per_step(const Run& r) {
@@ -374,12 +377,12 @@ void save(Run& r, bool final) {
         const std::string stem = r.cfg.out_dir + strfmt("/model_%08d", r.tc.steps), fmt = r.cfg.out.format;
         if (fmt != "hf") {
             model_file_write(stem + ".bin", r.shape, w.data(), 3);
-            r.log.print("wrote %s.bin\n", stem.c_str());
+            r.progress.wrote_weights(stem + ".bin");
         }
         if (fmt != "llmc") {
             hf_write_weights(stem + ".safetensors", r.shape, w);
             hf_write_config(r.cfg.out_dir + "/config.json", r.shape);
-            r.log.print("wrote %s.safetensors and %s/config.json\n", stem.c_str(), r.cfg.out_dir.c_str());
+            r.progress.wrote_weights(stem + ".safetensors (transformers; " + r.cfg.out_dir + "/config.json)");
         }
         if (r.cfg.checkpoint.every <= 0) return;
     }
@@ -387,6 +390,7 @@ void save(Run& r, bool final) {
     const std::string p = checkpoint_save(r.ckpt_dir, r.state, r.shape, r.dtype == DType::BF16 ? 5 : 3, whole,
                                           r.cfg.resolved, r.cfg.checkpoint.keep);
     r.log.print("checkpoint: %s\n", p.c_str());
+    r.progress.wrote_checkpoint(p);
 }
 
 // Validation loss and a sample, at their intervals and at the end.
@@ -397,6 +401,7 @@ void evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<
         const double vl = evaluate(r.pipeline, *r.val_data, cfg.eval.batches, x, y, r.dp);
         r.log.print("step %d | val loss %.6f\n", step, vl);
         r.run_log->record({{"step", step}, {"val_loss", vl}});
+        r.progress.val_loss(step, vl);
     }
     // the model-parallel ranks of DP rank 0 sample together (under ZeRO-3 every DP rank, for the
     // gathers of the parameters); world rank 0 prints
@@ -441,7 +446,9 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     r.ops->synchronize();
     const double ms = now_ms() - t0, tok_s = tokens_per_step(r) / (ms / 1000.0);
     if (!std::isfinite(loss)) throw UserError(strfmt("step %d: loss is %f (diverged); lower train.lr", step + 1, loss));
-    rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"tok_per_s", tok_s}});
+    r.progress.step_done(ms);
+    rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"tok_per_s", tok_s},
+                {"tokens", r.progress.tokens()}});
     // MFU on GPUs: model FLOPs (6N + 12LCT per token) over the dense peak of this GPU and precision;
     // tokens/s is the whole job's, each GPU does 1/world of the work
     const double peak = r.device == "cpu" ? 0.0 : gpu_peak_flops(r.ops->device_name(), r.cfg.precision);
@@ -450,8 +457,8 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
         rec["mfu"] = mfu;
         extra = strfmt(" | MFU %.1f%%", 100.0 * mfu) + extra;
     }
-    r.log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s\n", step + 1, tc.steps, loss,
-                lr, grad_norm, ms, tok_s, extra.c_str());
+    r.log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s%s\n", step + 1, tc.steps,
+                loss, lr, grad_norm, ms, tok_s, r.progress.step_suffix().c_str(), extra.c_str());
     r.run_log->record(rec);
     r.state.step = step + 1;
     r.state.loader = r.train_data.position();
@@ -487,6 +494,7 @@ int train(Runtime& rt, int argc, char** argv) {
 
     const TrainConfig& tc = r.tc;
     Batches x(size_t(tc.grad_accum), std::vector<int32_t>(size_t(tc.micro_batch) * tc.seq_len)), y = x;
+    r.progress.start(r.state.step, now_ms());
     for (int step = r.state.step;; step++) {
         evaluate_and_sample(r, step, x[0], y[0]);
         if (step == tc.steps) break;
@@ -498,6 +506,7 @@ int train(Runtime& rt, int argc, char** argv) {
         r.log.print("peak device memory: %s\n", human_bytes(double(r.ops->peak_memory_bytes())).c_str());
     r.dp.check_replicas();
     save(r, true);
+    r.log.print("%s", r.progress.summary(now_ms(), r.ckpt_dir).c_str());
     return 0;
 }
 
