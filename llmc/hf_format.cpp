@@ -65,7 +65,16 @@ std::vector<float> hf_read_weights(const std::string& path, const ModelShape& sh
     const SafetensorsReader r(path);
     const char* p = path.c_str();
     std::vector<float> whole(num_params(shape), 0.0f);
-    const auto tensors = hf_tensors(shape);
+    std::vector<HfTensor> tensors = hf_tensors(shape);
+    // A file saved from transformers' base model (GPT2Model, LlamaModel; the Hub's gpt2 is one)
+    // names the tensors without the base model's prefix: the first component of the token
+    // embedding's name ("transformer.", "model.").
+    const std::string& emb = tensors[0].name;
+    LLMC_ASSERT(tensors[0].role == TokEmb, "hf_read_weights: the token embedding comes first");
+    const std::string prefix = emb.substr(0, emb.find('.') + 1);
+    if (!prefix.empty() && !r.has(emb) && r.has(emb.substr(prefix.size())))
+        for (HfTensor& t : tensors)
+            if (t.name.compare(0, prefix.size(), prefix) == 0) t.name.erase(0, prefix.size());
     const HfTensor* tok_emb = nullptr;
     for (const HfTensor& t : tensors) {
         if (!r.has(t.name)) throw UserError(strfmt("safetensors file %s: has no tensor %s (model.arch \"%s\")", p,

@@ -169,7 +169,7 @@ TEST_CASE("gpt2 hf: export names, shapes and transposed Conv1D weights at hand-c
     rmdir(dir.c_str());
 }
 
-TEST_CASE("gpt2 hf: the reader accepts a tied lm_head and buffers, refuses wrong files naming the tensor",
+TEST_CASE("gpt2 hf: the reader accepts a tied lm_head, buffers and base-model names, refuses wrong files naming the tensor",
           "[gpt2_hf]") {
     const ModelShape s = tiny_shape();
     const std::vector<float> whole = tiny_whole();
@@ -183,6 +183,21 @@ TEST_CASE("gpt2 hf: the reader accepts a tied lm_head and buffers, refuses wrong
                  {"transformer.h.0.attn.bias", {1, 1, 3, 3}, {1, 0, 0, 1, 1, 0, 1, 1, 1}},
                  {"transformer.h.1.attn.masked_bias", {}, {-1e4f}}});
     std::vector<float> back = hf_read_weights(extras, s);
+    CHECK(std::memcmp(back.data(), whole.data(), whole.size() * sizeof(float)) == 0);
+
+    // the base model's names (GPT2Model, as the Hub's gpt2 stores them): no "transformer." prefix
+    {
+        const SafetensorsReader r(base);
+        SafetensorsWriter w;
+        for (const auto& kv : r.entries()) {
+            REQUIRE(kv.first.rfind("transformer.", 0) == 0);
+            const std::vector<float> v = r.read(kv.first);
+            w.add(kv.first.substr(12), kv.second.shape, v.data());
+        }
+        w.add("h.0.attn.bias", {1, 1, 3, 3}, std::vector<float>(9, 1.0f).data());
+        w.write(dir + "/bare.safetensors");
+    }
+    back = hf_read_weights(dir + "/bare.safetensors", s);
     CHECK(std::memcmp(back.data(), whole.data(), whole.size() * sizeof(float)) == 0);
 
     std::vector<float> other = wte;
@@ -213,7 +228,7 @@ TEST_CASE("gpt2 hf: the reader accepts a tied lm_head and buffers, refuses wrong
     e = error_of([&] { hf_read_weights(base, wider); });
     CHECK_THAT(e, Catch::Contains("transformer.wpe.weight") && Catch::Contains("[3, 4]") && Catch::Contains("[4, 4]"));
 
-    for (const char* f : {"base", "extras", "head", "untr", "missing", "more"})
+    for (const char* f : {"base", "extras", "bare", "head", "untr", "missing", "more"})
         std::remove((dir + "/" + f + ".safetensors").c_str());
     rmdir(dir.c_str());
 }
