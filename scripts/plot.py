@@ -18,7 +18,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FormatStrFormatter  # noqa: E402
+from matplotlib.ticker import LogFormatter  # noqa: E402
 
 WIDTH_IN, HEIGHT_IN, DPI = 12, 8, 100
 
@@ -103,8 +103,9 @@ def main():
     ax_lr.set(title="learning rate", xlabel="step", ylabel="lr")
     ax_norm.set(title="gradient norm (before clipping)", xlabel="step", ylabel="global L2 norm", yscale="log")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
-    ax_norm.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-    ax_norm.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    # plain numbers; minor ticks labelled only where the axis spans little more than a decade
+    ax_norm.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+    ax_norm.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1.5, 0.5)))
     for ax in (ax_step, ax_tok, ax_lr, ax_norm):
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

@@ -28,10 +28,10 @@ namespace {
 
 const char* kUsage = R"(usage: prepare_text --out PREFIX [options] FILE|FOLDER...
 
-Tokenizes UTF-8 text and JSON lines files with GPT-2's BPE (or another byte-level BPE in the same files) and
-writes token shards in llm.c's format (1024-byte header: magic 20240520, version 1, token
-count; then uint16 tokens), or, when the tokenizer has more than 65536 tokens, llm.c's uint32
-format (magic 20240801, version 7, token count; then uint32 tokens):
+Tokenizes UTF-8 text and JSON lines with GPT-2's BPE (or another byte-level BPE in the same
+files) and writes token shards in llm.c's format (1024-byte header: magic 20240520, version 1,
+token count; then uint16 tokens), or, when the tokenizer has more than 65536 tokens, llm.c's
+uint32 format (magic 20240801, version 7, token count; then uint32 tokens):
     PREFIX_train_000000.bin, PREFIX_train_000001.bin, ...
     PREFIX_val_000000.bin, ...
 Every document is preceded by the end-of-text token (50256 in GPT-2), as llm.c does; a shard
@@ -47,8 +47,8 @@ The documents keep the order of the inputs whatever --jobs is: the shards are th
 options:
   --out PREFIX          output path prefix (folders are created)            [required]
   --tokenizer DIR       folder with encoder.json and vocab.bpe       [data/tokenizer]
-  --val FILE            a validation file (repeatable); the FILE... arguments are then
-                        all training data
+  --val FILE|FOLDER     validation data (repeatable); the FILE|FOLDER... arguments are
+                        then all training data
   --val-frac F          without --val: the last F of the documents (in input order,
                         at least one, at most all but one) go to val; 0 = no val   [0.1]
   --shard-tokens N      tokens per shard                                  [100000000]
@@ -63,7 +63,7 @@ options:
 
 examples:
   dev/data/prepare_text --out data/kjv/kjv --val data/kjv/val/66_Revelation.txt data/kjv/train/*.txt
-  dev/data/prepare_text --out data/fineweb10B/fineweb --val-frac 0.001 --jobs 16 data/fineweb_jsonl/
+  dev/data/prepare_text --out data/fineweb10B/fineweb --val-frac 0.01 --jobs 16 data/fineweb_jsonl/
   (scripts/get_data.md: FineWeb, TinyStories and other corpora)
 )";
 
