@@ -41,6 +41,7 @@
 #include "llmc/pipeline_schedule.h"
 #include "llmc/planner.h"
 #include "llmc/process_grid.h"
+#include "llmc/progress.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/rng.h"
 #include "llmc/runtime.h"
@@ -254,7 +255,8 @@ struct Run {
           // each DP rank reads its own windows (every TP and PP rank of it the same ones)
           train_data(cfg.data.train, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, cfg.data.shuffle,
                      uint64_t(tc.seed), shape.vocab_size),
-          ckpt_dir(cfg.checkpoint.dir.empty() ? cfg.out_dir + "/checkpoints" : cfg.checkpoint.dir) {
+          ckpt_dir(cfg.checkpoint.dir.empty() ? cfg.out_dir + "/checkpoints" : cfg.checkpoint.dir),
+          progress(tc.steps, double(tc.micro_batch) * tc.seq_len * tc.grad_accum * grid.dp) {
         if (!cfg.data.val.empty())
             val_data.reset(new DataLoader(cfg.data.val, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, false, 0,
                                           shape.vocab_size));
@@ -286,6 +288,7 @@ struct Run {
     const std::string ckpt_dir;
     TrainState state;
     int skipped = 0, bad_in_row = 0;  // steps skipped for a non-finite loss or gradient norm: in all, in a row
+    Progress progress;
 };
 
 double tokens_per_step(const Run& r) {
@@ -366,21 +369,22 @@ void print_banner(Run& r, const Plan& p) {
 }
 
 // Checkpoint (collective: the state is gathered to world rank 0, which writes it). The final
-// one also writes the weights as out_dir/model_<steps>.bin (fp32, llm.c's format), and for a
-// family with a Hugging Face format as .safetensors with transformers' config.json.
+// one also writes the weights in the formats of out.format: out_dir/model_<steps>.bin (fp32,
+// llm.c's format) and/or model_<steps>.safetensors with transformers' config.json.
 void save(Run& r, bool final) {
     WholeState whole = gather_whole_state(r.model, r.opt, r.dp, r.pc, *r.groups.mp, r.grid);
     if (!r.rt.is_main()) return;
     if (final) {
         const std::vector<float>& w = whole.master.empty() ? whole.params : whole.master;
-        const std::string path = r.cfg.out_dir + strfmt("/model_%08d.bin", r.tc.steps);
-        model_file_write(path, r.shape, w.data(), 3);
-        r.log.print("wrote %s\n", path.c_str());
-        if (r.shape.arch == Arch::Llama) {
-            const std::string st = r.cfg.out_dir + strfmt("/model_%08d.safetensors", r.tc.steps);
-            hf_write_weights(st, r.shape, w);
+        const std::string stem = r.cfg.out_dir + strfmt("/model_%08d", r.tc.steps), fmt = r.cfg.out.format;
+        if (fmt != "hf") {
+            model_file_write(stem + ".bin", r.shape, w.data(), 3);
+            r.progress.wrote_weights(stem + ".bin");
+        }
+        if (fmt != "llmc") {
+            hf_write_weights(stem + ".safetensors", r.shape, w);
             hf_write_config(r.cfg.out_dir + "/config.json", r.shape);
-            r.log.print("wrote %s and %s/config.json\n", st.c_str(), r.cfg.out_dir.c_str());
+            r.progress.wrote_weights(stem + ".safetensors (transformers; " + r.cfg.out_dir + "/config.json)");
         }
         if (r.cfg.checkpoint.every <= 0) return;
     }
@@ -388,6 +392,7 @@ void save(Run& r, bool final) {
     const std::string p = checkpoint_save(r.ckpt_dir, r.state, r.shape, r.dtype == DType::BF16 ? 5 : 3, whole,
                                           r.cfg.resolved, r.cfg.checkpoint.keep);
     r.log.print("checkpoint: %s\n", p.c_str());
+    r.progress.wrote_checkpoint(p);
 }
 
 // Validation loss and a sample, at their intervals and at the end.
@@ -398,6 +403,7 @@ void evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<
         const double vl = evaluate(r.pipeline, *r.val_data, cfg.eval.batches, x, y, r.dp);
         r.log.print("step %d | val loss %.6f\n", step, vl);
         r.run_log->record({{"step", step}, {"val_loss", vl}});
+        r.progress.val_loss(step, vl);
     }
     // the model-parallel ranks of DP rank 0 sample together (under ZeRO-3 every DP rank, for the
     // gathers of the parameters); world rank 0 prints
@@ -447,7 +453,9 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     r.dp.after_update();
     r.ops->synchronize();
     const double ms = now_ms() - t0, tok_s = tokens_per_step(r) / (ms / 1000.0);
-    rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"tok_per_s", tok_s}});
+    r.progress.step_done(ms);
+    rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"tok_per_s", tok_s},
+                {"tokens", r.progress.tokens()}});
     // MFU on GPUs: model FLOPs (6N + 12LCT per token) over the dense peak of this GPU and precision;
     // tokens/s is the whole job's, each GPU does 1/world of the work
     const double peak = r.device == "cpu" ? 0.0 : gpu_peak_flops(r.ops->device_name(), r.cfg.precision);
@@ -461,8 +469,8 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
         rec["skipped_steps"] = r.skipped;
         extra += strfmt(" | skipped (non-finite): no update; %d skipped so far, %d in a row", r.skipped, r.bad_in_row);
     }
-    r.log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s\n", step + 1, tc.steps, loss,
-                lr, grad_norm, ms, tok_s, extra.c_str());
+    r.log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s%s\n", step + 1, tc.steps,
+                loss, lr, grad_norm, ms, tok_s, r.progress.step_suffix().c_str(), extra.c_str());
     r.run_log->record(rec);
     r.state.step = step + 1;
     r.state.loader = r.train_data.position();
@@ -504,6 +512,7 @@ int train(Runtime& rt, int argc, char** argv) {
 
     const TrainConfig& tc = r.tc;
     Batches x(size_t(tc.grad_accum), std::vector<int32_t>(size_t(tc.micro_batch) * tc.seq_len)), y = x;
+    r.progress.start(r.state.step, now_ms());
     for (int step = r.state.step;; step++) {
         evaluate_and_sample(r, step, x[0], y[0]);
         if (step == tc.steps) break;
@@ -530,6 +539,7 @@ int train(Runtime& rt, int argc, char** argv) {
         r.log.print("peak device memory: %s\n", human_bytes(double(r.ops->peak_memory_bytes())).c_str());
     r.dp.check_replicas();
     save(r, true);
+    r.log.print("%s", r.progress.summary(now_ms(), r.ckpt_dir).c_str());
     return 0;
 }
 

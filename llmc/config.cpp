@@ -109,7 +109,8 @@ const std::vector<Key>& schema() {
         bool_key("model.tie_embeddings", FIELD(model.tie_embeddings),
                  "llama: the LM head is the token embedding (GPT-2's head is always tied)"),
         str_key("model.init", FIELD(model.init), true,
-                "\"random\", the path of an llm.c checkpoint, or (llama) a transformers .safetensors file"),
+                "\"random\", the path of an llm.c checkpoint, or a transformers .safetensors file (GPT2LMHeadModel, "
+                "LlamaForCausalLM)"),
         int_key("model.init_seed", FIELD(model.init_seed), 0, NONE, "seed of the random init"),
 
         str_key("data.train", FIELD(data.train), false, "glob of training shards (required)"),
@@ -204,6 +205,9 @@ const std::vector<Key>& schema() {
         str_key("tokenizer", FIELD(tokenizer_dir), false,
                 "folder with GPT-2's encoder.json + vocab.bpe (\"\" = token ids only)"),
         str_key("out_dir", FIELD(out_dir), true, "output folder"),
+        enum_key("out.format", FIELD(out.format), {"llmc", "hf", "both"}, {},
+                 "final weights: llmc = <out_dir>/model_<steps>.bin (llm.c), hf = model_<steps>.safetensors + "
+                 "config.json (transformers), both"),
     };
     return keys;
 }
@@ -587,12 +591,8 @@ void check_consistency(const Config& c) {
     bool is_dir = false;
     if (m.init != "random" && (!path_exists(m.init, &is_dir) || is_dir))
         throw UserError(strfmt("model.init: \"%s\" is neither \"random\" nor an existing file (allowed: random, or "
-                               "the path of an llm.c checkpoint)",
+                               "the path of an llm.c checkpoint or of a transformers .safetensors file)",
                                m.init.c_str()));
-    const std::string st = ".safetensors";
-    if (m.arch != "llama" && m.init.size() > st.size() && m.init.compare(m.init.size() - st.size(), st.size(), st) == 0)
-        throw UserError(strfmt("model.init: \"%s\" is a safetensors file, read for model.arch \"llama\" only (GPT-2 "
-                               "starts from an llm.c .bin checkpoint)", m.init.c_str()));
     const std::string& r = c.checkpoint.resume;
     if (r != "auto" && r != "never" && !path_exists(r))
         throw UserError(strfmt("checkpoint.resume: \"%s\" does not exist (allowed: auto, never, or the path of a "

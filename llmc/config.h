@@ -20,7 +20,7 @@ struct ModelConfig {
     double rope_theta = 10000.0;
     double norm_eps = 1e-5;
     bool tie_embeddings = false;
-    std::string init = "random";  // "random", an llm.c checkpoint, or (Llama) a .safetensors file
+    std::string init = "random";  // "random", an llm.c checkpoint, or a transformers .safetensors file
     int init_seed = 0;
     int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
 };
@@ -60,6 +60,12 @@ struct EvalConfig {
 
 struct LogConfig {
     std::string jsonl;  // "" = <out_dir>/log.jsonl
+};
+
+// The final weights' formats: llm.c's model_<steps>.bin, transformers' model_<steps>.safetensors
+// with config.json, or both.
+struct OutConfig {
+    std::string format = "both";  // llmc | hf | both
 };
 
 struct CheckpointConfig {
@@ -105,6 +111,7 @@ struct Config {
     TrainConfig train;
     EvalConfig eval;
     LogConfig log;
+    OutConfig out;
     CheckpointConfig checkpoint;
     ParallelConfig parallel;
     Fp8Config fp8;

@@ -10,34 +10,47 @@ namespace {
 
 TensorDecl decl(Role role, const char* name, ModelPart part, size_t rows, size_t cols, TpSplit split, bool decay,
                 float init_std, float init_value = 0.0f, int stride = 1) {
-    return TensorDecl{role, name, part, rows, cols, split, stride, decay, init_std, init_value, rows};
+    return TensorDecl{role, name, part, rows, cols, split, stride, decay, init_std, init_value, rows, "", false};
 }
 
 // GPT-2 as llm.c lays it out: learned positions, LayerNorms with biases, a fused QKV projection,
 // a GELU MLP of width 4C, the LM head tied to wte. Init: N(0, 0.02), the residual projections
-// N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1, padded vocabulary rows 0.
+// N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1, padded vocabulary rows 0. In Hugging Face's
+// format the names are GPT2LMHeadModel's and its Conv1D weights (c_attn, c_proj, c_fc) are
+// stored transposed.
 std::vector<TensorDecl> gpt2_tensors(const ModelShape& s) {
     using P = ModelPart;
     using S = TpSplit;
     const size_t C = size_t(s.d_model), Vp = size_t(s.padded_vocab);
     const float sd = 0.02f, sd_resid = 0.02f / std::sqrt(2.0f * float(s.n_layer));
+    auto hf = [](TensorDecl d, const char* hf_name, bool transposed = false) {
+        d.hf_name = hf_name;
+        d.hf_transposed = transposed;
+        return d;
+    };
     std::vector<TensorDecl> t = {
-        decl(TokEmb, "wte", P::Embedding, Vp, C, S::Vocab, true, sd),
-        decl(PosEmb, "wpe", P::Embedding, size_t(s.max_seq_len), C, S::Replicated, true, sd),
-        decl(Norm1W, "h.%d.ln1w", P::Layer, C, 1, S::Replicated, false, 0.0f, 1.0f),
-        decl(Norm1B, "h.%d.ln1b", P::Layer, C, 1, S::Replicated, false, 0.0f),
-        decl(QkvW, "h.%d.qkvw", P::Layer, 3 * C, C, S::Column, true, sd, 0.0f, 3),
-        decl(QkvB, "h.%d.qkvb", P::Layer, 3 * C, 1, S::Column, false, 0.0f, 0.0f, 3),
-        decl(AttnOutW, "h.%d.attprojw", P::Layer, C, C, S::Row, true, sd_resid),
-        decl(AttnOutB, "h.%d.attprojb", P::Layer, C, 1, S::Replicated, false, 0.0f),
-        decl(Norm2W, "h.%d.ln2w", P::Layer, C, 1, S::Replicated, false, 0.0f, 1.0f),
-        decl(Norm2B, "h.%d.ln2b", P::Layer, C, 1, S::Replicated, false, 0.0f),
-        decl(FcW, "h.%d.fcw", P::Layer, 4 * C, C, S::Column, true, sd),
-        decl(FcB, "h.%d.fcb", P::Layer, 4 * C, 1, S::Column, false, 0.0f),
-        decl(FcOutW, "h.%d.fcprojw", P::Layer, C, 4 * C, S::Row, true, sd_resid),
-        decl(FcOutB, "h.%d.fcprojb", P::Layer, C, 1, S::Replicated, false, 0.0f),
-        decl(NormFW, "lnfw", P::Head, C, 1, S::Replicated, false, 0.0f, 1.0f),
-        decl(NormFB, "lnfb", P::Head, C, 1, S::Replicated, false, 0.0f),
+        hf(decl(TokEmb, "wte", P::Embedding, Vp, C, S::Vocab, true, sd), "transformer.wte.weight"),
+        hf(decl(PosEmb, "wpe", P::Embedding, size_t(s.max_seq_len), C, S::Replicated, true, sd),
+           "transformer.wpe.weight"),
+        hf(decl(Norm1W, "h.%d.ln1w", P::Layer, C, 1, S::Replicated, false, 0.0f, 1.0f), "transformer.h.%d.ln_1.weight"),
+        hf(decl(Norm1B, "h.%d.ln1b", P::Layer, C, 1, S::Replicated, false, 0.0f), "transformer.h.%d.ln_1.bias"),
+        hf(decl(QkvW, "h.%d.qkvw", P::Layer, 3 * C, C, S::Column, true, sd, 0.0f, 3),
+           "transformer.h.%d.attn.c_attn.weight", true),
+        hf(decl(QkvB, "h.%d.qkvb", P::Layer, 3 * C, 1, S::Column, false, 0.0f, 0.0f, 3),
+           "transformer.h.%d.attn.c_attn.bias"),
+        hf(decl(AttnOutW, "h.%d.attprojw", P::Layer, C, C, S::Row, true, sd_resid),
+           "transformer.h.%d.attn.c_proj.weight", true),
+        hf(decl(AttnOutB, "h.%d.attprojb", P::Layer, C, 1, S::Replicated, false, 0.0f),
+           "transformer.h.%d.attn.c_proj.bias"),
+        hf(decl(Norm2W, "h.%d.ln2w", P::Layer, C, 1, S::Replicated, false, 0.0f, 1.0f), "transformer.h.%d.ln_2.weight"),
+        hf(decl(Norm2B, "h.%d.ln2b", P::Layer, C, 1, S::Replicated, false, 0.0f), "transformer.h.%d.ln_2.bias"),
+        hf(decl(FcW, "h.%d.fcw", P::Layer, 4 * C, C, S::Column, true, sd), "transformer.h.%d.mlp.c_fc.weight", true),
+        hf(decl(FcB, "h.%d.fcb", P::Layer, 4 * C, 1, S::Column, false, 0.0f), "transformer.h.%d.mlp.c_fc.bias"),
+        hf(decl(FcOutW, "h.%d.fcprojw", P::Layer, C, 4 * C, S::Row, true, sd_resid),
+           "transformer.h.%d.mlp.c_proj.weight", true),
+        hf(decl(FcOutB, "h.%d.fcprojb", P::Layer, C, 1, S::Replicated, false, 0.0f), "transformer.h.%d.mlp.c_proj.bias"),
+        hf(decl(NormFW, "lnfw", P::Head, C, 1, S::Replicated, false, 0.0f, 1.0f), "transformer.ln_f.weight"),
+        hf(decl(NormFB, "lnfb", P::Head, C, 1, S::Replicated, false, 0.0f), "transformer.ln_f.bias"),
     };
     t[0].init_rows = size_t(s.vocab_size);
     return t;

@@ -73,6 +73,11 @@ struct TensorDecl {
     float init_std;     // > 0: N(0, init_std); else every element is init_value
     float init_value;
     size_t init_rows;   // rows initialised (the rest stay zero: vocabulary padding)
+    // The tensor in Hugging Face's format (llmc/hf_format.h): its name there, a pattern like
+    // `name` ("" = `name` itself), and whether it is stored transposed, [cols, rows] (GPT-2's
+    // Conv1D weights are [in, out] in transformers, [out, in] here).
+    std::string hf_name;
+    bool hf_transposed = false;
 };
 
 // The whole-model declarations of a shape's family, in file order.

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs what a fresh Debian/Ubuntu machine lacks to build and test train_gpt. Idempotent:
+# Installs what a fresh Debian/Ubuntu machine lacks to build and test train_gpt (and to plot its
+# curves: python3-matplotlib for scripts/plot.py). Idempotent:
 # packages already present are not reinstalled. The CUDA toolkit (nvcc, cuBLASLt, NCCL) is
 # expected at $CUDA_HOME (default /usr/local/cuda); without it, `make` cannot build.
 set -euo pipefail
-pkgs=(openmpi-bin libopenmpi-dev nlohmann-json3-dev catch2 bible-kjv make g++ jq slurm-wlm munge)  # slurm: test/e2e/test_slurm.sh; jq: test_plan.sh
+pkgs=(openmpi-bin libopenmpi-dev nlohmann-json3-dev catch2 bible-kjv make g++ jq python3-matplotlib slurm-wlm munge)  # slurm: test/e2e/test_slurm.sh; jq: test_plan.sh; matplotlib: scripts/plot.py
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -39,28 +39,11 @@
 #include "llmc/optimizer.h"
 #include "llmc/safetensors.h"
 
+#include "test/test_data_files.h"
+
 namespace {
 
 constexpr double kTol = 1e-5;
-
-std::string find_data_file(const std::string& name) {
-    std::vector<std::string> dirs;
-    if (const char* env = std::getenv("LLMC_TEST_DATA")) dirs.push_back(env);
-    dirs.push_back("test/data");
-    std::string here = __FILE__;  // .../test/test_llama_parity.cpp
-    size_t slash = here.find_last_of('/');
-    if (slash != std::string::npos) dirs.push_back(here.substr(0, slash) + "/data");
-    dirs.push_back("../test/data");
-    for (const auto& d : dirs) {
-        std::string p = d + "/" + name;
-        if (FILE* f = std::fopen(p.c_str(), "rb")) {
-            std::fclose(f);
-            return p;
-        }
-    }
-    FAIL("cannot find test data file " << name << " (run from the repository root or set LLMC_TEST_DATA)");
-    return "";
-}
 
 const std::string& meta(const SafetensorsReader& r, const std::string& key) {
     auto it = r.metadata().find(key);

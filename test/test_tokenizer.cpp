@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "llmc/common.h"
 #include "llmc/shard.h"
 #include "llmc/tokenizer.h"
@@ -417,4 +419,118 @@ TEST_CASE("prepare_text: a vocabulary past 65536 writes uint32 shards", "[tokeni
     CHECK(s.version == 1);
     CHECK(s.tokens.size() == 1 + gpt2.encode(a).size());
     CHECK(s.tokens[0] == 50256);
+}
+
+TEST_CASE("prepare_text: JSONL, JSON arrays and folders; every --jobs writes the same bytes", "[tokenizer][prepare_text]") {
+    const Tokenizer& tok = tokenizer();
+    if (!file_exists(kPrepare)) FAIL(kPrepare << " is not built: run make first");
+    TempDir d;
+    auto doc = [&](const std::string& s) {
+        std::vector<int> v{tok.eot()};
+        for (int id : tok.encode(s)) v.push_back(id);
+        return v;
+    };
+    auto cat = [](std::vector<int> a, const std::vector<int>& b) {
+        a.insert(a.end(), b.begin(), b.end());
+        return a;
+    };
+    auto shard_concat = [&](const std::string& pattern) {
+        std::vector<int> all;
+        for (const auto& f : glob_files(pattern))
+            for (uint16_t t : read_shard_tokens(f)) all.push_back(t);
+        return all;
+    };
+    auto run = [&](const std::string& args, std::string* out) {
+        out->clear();
+        const std::string cmd = strfmt("%s --tokenizer %s --quiet %s", kPrepare, kTokDir, args.c_str());
+        INFO(cmd);
+        return run_cmd(cmd, out);
+    };
+    std::string out;
+    REQUIRE(mkdir((d.path + "/corpus").c_str(), 0755) == 0);
+    REQUIRE(mkdir((d.path + "/corpus/sub").c_str(), 0755) == 0);
+
+    SECTION("a folder of JSONL and text files, in path order; --field; JSON escapes decoded") {
+        // records: text with a JSON escape (\u00e9 = é, \n), a blank line, an empty text (no
+        // document), a record with other fields too
+        write_all(d.path + "/corpus/a.jsonl",
+                  "{\"text\": \"Caf\\u00e9 au lait.\\nSecond line.\", \"id\": 1}\n\n{\"text\": \"\"}\n"
+                  "{\"id\": 3, \"text\": \"It's  done.\", \"meta\": {\"x\": [1, 2]}}\n");
+        write_all(d.path + "/corpus/sub/c.txt", "Plain text in a sub-folder.\n");
+        write_all(d.path + "/corpus/.hidden.txt", "not read\n");
+        write_all(d.path + "/corpus/notes.md", "not read either\n");
+        REQUIRE(run("--out " + d.path + "/f --val-frac 0 " + d.path + "/corpus", &out) == 0);
+        INFO(out);
+        const std::vector<int> want =
+            cat(cat(doc("Caf\xc3\xa9 au lait.\nSecond line."), doc("It's  done.")), doc("Plain text in a sub-folder.\n"));
+        CHECK(shard_concat(d.path + "/f_train_*.bin") == want);
+        CHECK(glob_files(d.path + "/f_val_*.bin").empty());
+
+        // another field, and TinyStories' layout: a .json file holding an array of records
+        write_all(d.path + "/stories.json", "[{\"story\": \"Once upon a time.\"}, {\"story\": \"The end.\", \"n\": 2}]");
+        write_all(d.path + "/s.jsonl", "{\"story\": \"A line.\"}\n");
+        REQUIRE(run("--out " + d.path + "/s --field story --val " + d.path + "/s.jsonl " + d.path + "/stories.json",
+                    &out) == 0);
+        CHECK(shard_concat(d.path + "/s_train_*.bin") == cat(doc("Once upon a time."), doc("The end.")));
+        CHECK(shard_concat(d.path + "/s_val_*.bin") == doc("A line."));
+        // --format jsonl reads a file of another name as JSON lines
+        write_all(d.path + "/lines.data", "{\"text\": \"x y\"}\n");
+        REQUIRE(run("--out " + d.path + "/l --val-frac 0 --format jsonl " + d.path + "/lines.data", &out) == 0);
+        CHECK(shard_concat(d.path + "/l_train_*.bin") == doc("x y"));
+    }
+    SECTION("1, 2 and 3 jobs give byte-identical shards") {
+        // 400 documents of varied lengths over 3 files, 97-token shards: many shards, val by fraction
+        std::string first_text;
+        for (int f = 0; f < 3; f++) {
+            std::string lines;
+            for (int i = 0; i < 400 / 3 + 1; i++) {
+                nlohmann::json rec = {{"text", strfmt("Record %d.%d: the quick brown fox %s jumps over %d lazy dogs. "
+                                                      "Caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 %s\n",
+                                                      f, i, std::string(size_t(i % 13), 'z').c_str(), i * 7919 % 1000,
+                                                      std::string(size_t(i % 5) * 20, 'a' + char(i % 26)).c_str())}};
+                lines += rec.dump() + "\n";
+                if (f == 0 && i == 0) first_text = rec["text"];
+            }
+            write_all(d.path + strfmt("/corpus/part_%d.jsonl", f), lines);
+        }
+        std::vector<std::string> files1;
+        for (int jobs : {1, 2, 3}) {
+            const std::string prefix = d.path + strfmt("/j%d", jobs);
+            REQUIRE(run(strfmt("--out %s --jobs %d --shard-tokens 97 --val-frac 0.05 %s/corpus", prefix.c_str(), jobs,
+                               d.path.c_str()),
+                        &out) == 0);
+            std::vector<std::string> files = glob_files(prefix + "_*.bin");
+            REQUIRE(files.size() > 20);
+            if (jobs == 1) {
+                files1 = files;
+                continue;
+            }
+            REQUIRE(files.size() == files1.size());
+            for (size_t i = 0; i < files.size(); i++) {
+                INFO(files[i] << " vs " << files1[i]);
+                CHECK(read_all(files[i]) == read_all(files1[i]));
+            }
+        }
+        // and the tokens start with the first record
+        const std::vector<int> train = shard_concat(d.path + "/j1_train_*.bin");
+        const std::vector<int> first = doc(first_text);
+        REQUIRE(train.size() > first.size());
+        CHECK(std::vector<int>(train.begin(), train.begin() + long(first.size())) == first);
+    }
+    SECTION("bad JSON input: exit code 2 naming the file and line") {
+        write_all(d.path + "/corpus/a.jsonl", "{\"text\": \"fine\"}\n{\"body\": \"no text field\"}\n");
+        CHECK(run("--out " + d.path + "/q " + d.path + "/corpus/a.jsonl", &out) == 2);
+        CHECK_THAT(out, Catch::Contains(d.path + "/corpus/a.jsonl:2") && Catch::Contains("--field"));
+        write_all(d.path + "/corpus/a.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"cut\n");
+        CHECK(run("--out " + d.path + "/q " + d.path + "/corpus/a.jsonl", &out) == 2);
+        CHECK_THAT(out, Catch::Contains(d.path + "/corpus/a.jsonl:2") && Catch::Contains("JSON"));
+        write_all(d.path + "/corpus/a.jsonl", "{\"text\": 5}\n");
+        CHECK(run("--out " + d.path + "/q " + d.path + "/corpus/a.jsonl", &out) == 2);
+        CHECK_THAT(out, Catch::Contains("a.jsonl:1") && Catch::Contains("not a string"));
+        CHECK(run("--out " + d.path + "/q " + d.path + "/corpus/sub", &out) == 2);
+        CHECK_THAT(out, Catch::Contains(d.path + "/corpus/sub") && Catch::Contains("folder"));
+        CHECK(run("--out " + d.path + "/q --jobs 0 " + d.path + "/corpus", &out) == 2);
+        CHECK_THAT(out, Catch::Contains("--jobs"));
+        CHECK(glob_files(d.path + "/q_*").empty());
+    }
 }
