@@ -191,10 +191,14 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
     if (m.zero >= 3)
         row("unit params", m.unit_params, "  (gathered: the embedding, the head, a layer and the prefetched next)");
     if (m.zero >= 2) row("unit grads", m.unit_grads, "  (the embedding's and head's for the step, one layer's)");
-    row("activations", m.activations,
-        model.layout.sequence_parallel ? strfmt("  (sequence parallel; %s without it)",
-                                                human_bytes(double(model.activation_bytes_without_sp())).c_str())
-                                       : std::string());
+    std::string act = model.layout.sequence_parallel
+                          ? strfmt("sequence parallel; %s without it",
+                                   human_bytes(double(model.activation_bytes_without_sp())).c_str())
+                          : std::string();
+    if (model.recompute != Recompute::None)
+        act += std::string(act.empty() ? "" : "; ") +
+               (model.recompute == Recompute::Full ? "full recompute" : "selective recompute");
+    row("activations", m.activations, act.empty() ? act : "  (" + act + ")");
     size_t total = m.total();
     for (const MemoryRow& r : conv.memory_rows()) {
         row(r.name.c_str(), r.bytes, r.note);

@@ -15,6 +15,7 @@
 
 #include "llmc/comm.h"
 #include "llmc/common.h"
+#include "llmc/exit_codes.h"
 
 [[noreturn]] void comm_fatal(const std::string& op, const std::string& group, const std::string& detail,
                              const std::string& what, const std::function<void()>& cleanup) {
@@ -37,9 +38,9 @@
     if (initialized && !finalized) {
         MPI_Query_thread(&level);
         MPI_Is_thread_main(&is_main);
-        if (level == MPI_THREAD_MULTIPLE || is_main) MPI_Abort(MPI_COMM_WORLD, 1);
+        if (level == MPI_THREAD_MULTIPLE || is_main) MPI_Abort(MPI_COMM_WORLD, kExitCommFailure);
     }
-    ::_exit(1);
+    ::_exit(kExitCommFailure);
 }
 
 namespace {

@@ -543,7 +543,7 @@ bool path_exists(const std::string& p, bool* is_dir = nullptr) {
     return true;
 }
 
-void check_consistency(const Config& c) {
+void check_consistency(const Config& c, bool check_files) {
     const ModelConfig& m = c.model;
     const TrainConfig& t = c.train;
     if (m.d_model % m.n_head != 0)
@@ -576,10 +576,10 @@ void check_consistency(const Config& c) {
 
     if (c.data.train.empty())
         throw UserError("data.train: required: a glob of training shards (e.g. data.train=\"data/train_*.bin\")");
-    if (glob_files(c.data.train).empty())
+    if (check_files && glob_files(c.data.train).empty())
         throw UserError(strfmt("data.train: no file matches \"%s\" (must be a glob matching at least one shard)",
                                c.data.train.c_str()));
-    if (!c.data.val.empty() && glob_files(c.data.val).empty())
+    if (check_files && !c.data.val.empty() && glob_files(c.data.val).empty())
         throw UserError(strfmt("data.val: no file matches \"%s\" (must be a glob matching at least one shard, or "
                                "\"\" for no validation)",
                                c.data.val.c_str()));
@@ -673,14 +673,14 @@ json read_config_file(const std::string& path) {
 // Public interface
 // ---------------------------------------------------------------------------------------
 
-Config config_from_json(const json& j) {
+Config config_from_json(const json& j, bool check_files) {
     if (!j.is_object())
         throw UserError(strfmt("config: the top level must be a JSON object, got %s", describe_value(j).c_str()));
     check_keys(j, "");
     Config c;
     for (const Key& k : schema())
         if (const json* v = lookup(j, k.path)) assign(k, *v, c);
-    check_consistency(c);
+    check_consistency(c, check_files);
     c.resolved = json::object();
     for (const Key& k : schema()) set_path(c.resolved, k.path, read_field(k, c));
     return c;
@@ -763,5 +763,5 @@ Config load_config(int argc, char** argv, bool* print_config, std::string* plan)
                                    a.c_str()));
         }
     }
-    return config_from_json(root);
+    return config_from_json(root, !(plan && !plan->empty()));  // a plan reads no data: its files need not exist
 }

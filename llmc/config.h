@@ -135,5 +135,6 @@ Config load_config(int argc, char** argv, bool* print_config, std::string* plan 
 std::string config_usage();
 
 // Validates a JSON object against the schema and builds the Config (also used by tests
-// and by checkpoint resume to read the stored config). Throws UserError.
-Config config_from_json(const nlohmann::json& j);
+// and by checkpoint resume to read the stored config). Throws UserError. check_files: the data
+// globs must match files (false for --plan, which reads no data).
+Config config_from_json(const nlohmann::json& j, bool check_files = true);

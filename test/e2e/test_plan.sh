@@ -61,4 +61,8 @@ grep -q 'model FLOPs per step' "$W/plan.txt" || die "the text plan has no FLOPs"
 expect_fail 2 "parallel.dp: .auto. needs the world size" "$BIN" "$W/gpt2.json" parallel.pp=2 --plan
 "$BIN" "$W/gpt2.json" parallel.pp=2 plan.world=4 --plan | grep -q "world 4 = dp 2 x tp 1 x pp 2" || die "plan.world=4 not planned"
 expect_fail 2 'parallel' "$BIN" "$W/gpt2.json" parallel.dp=2 plan.world=3 --plan
+# a plan reads no data: a cluster's data paths need not exist here (a run still refuses them)
+"$BIN" "$W/gpt2.json" "data.train=/nonexistent/train_*.bin" "data.val=/nonexistent/val_*.bin" --plan > /dev/null ||
+    die "--plan needed the data files"
+expect_fail 2 "data.train: no file matches" "$BIN" "$W/gpt2.json" "data.train=/nonexistent/train_*.bin" "out_dir=$W/nodata"
 echo "plans equal the runs' allocations"
