@@ -17,19 +17,11 @@
 
 #include "llmc/cpu/cpu_ops.h"
 #include "llmc/cpu/kernels.h"
+#include "test/cpu_test_util.h"
 
 namespace {
 
-using Vec = std::vector<double>;
-using FVec = std::vector<float>;
-
-Vec randn(size_t n, uint64_t seed, double scale = 1.0) {
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<double> nd(0.0, 1.0);
-    Vec v(n);
-    for (auto& x : v) x = nd(rng) * scale;
-    return v;
-}
+using namespace cpu_test;
 
 std::vector<int32_t> rand_tokens(size_t n, int V, uint64_t seed) {
     std::mt19937_64 rng(seed);
@@ -37,20 +29,6 @@ std::vector<int32_t> rand_tokens(size_t n, int V, uint64_t seed) {
     std::vector<int32_t> t(n);
     for (auto& x : t) x = ud(rng);
     return t;
-}
-
-FVec to_f(const Vec& v) { return FVec(v.begin(), v.end()); }
-
-double dot_all(const Vec& a, const Vec& b) {
-    double s = 0;
-    for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-    return s;
-}
-
-Vec sub(const Vec& a, const Vec& b) {
-    Vec r(a.size());
-    for (size_t i = 0; i < a.size(); ++i) r[i] = a[i] - b[i];
-    return r;
 }
 
 // Result of comparing an analytic gradient with a numeric one.
@@ -104,23 +82,11 @@ void check_grad(const char* what, Vec& x, const Vec& analytic, const std::functi
     CHECK(e.worst < kGradTol);
 }
 
-// Norm-wise relative error max|f - d| / max|d|.
-template <class F>
-double rel_err(const F* f, const double* d, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; ++i) {
-        num = std::max(num, std::fabs((double)f[i] - d[i]));
-        den = std::max(den, std::fabs(d[i]));
-    }
-    return den > 0 ? num / den : num;
-}
 template <class F>
 double rel_err(const std::vector<F>& f, const Vec& d) {
     REQUIRE(f.size() == d.size());
-    return rel_err(f.data(), d.data(), d.size());
+    return cpu_test::rel_err(f.data(), d.data(), d.size());
 }
-
-Tensor T32(FVec& v) { return Tensor(v.data(), v.size(), DType::F32); }
 
 // Runs fn with the given number of OpenMP threads, then restores the previous setting.
 template <class Fn>

@@ -12,36 +12,12 @@
 
 #include "llmc/cpu/cpu_ops.h"
 #include "llmc/cpu/kernels.h"
+#include "test/cpu_test_util.h"
 #include "test/op_cases.h"
 
 namespace {
 
-using Vec = std::vector<double>;
-using FVec = std::vector<float>;
-
-Vec randn(size_t n, uint64_t seed, double scale = 1.0) {
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<double> nd(0.0, 1.0);
-    Vec v(n);
-    for (auto& x : v) x = nd(rng) * scale;
-    return v;
-}
-FVec to_f(const Vec& v) {
-    return FVec(v.begin(), v.end());
-}
-Tensor T32(FVec& v) {
-    return Tensor(v.data(), v.size(), DType::F32);
-}
-double dot_all(const Vec& a, const Vec& b) {
-    double s = 0;
-    for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-    return s;
-}
-Vec sub(const Vec& a, const Vec& b) {
-    Vec r(a.size());
-    for (size_t i = 0; i < a.size(); ++i) r[i] = a[i] - b[i];
-    return r;
-}
+using namespace cpu_test;
 
 // max |analytic - numeric| / max|numeric| over central differences of loss() w.r.t. x
 double fd_err(Vec& x, const Vec& analytic, const std::function<double()>& loss, double* scale) {
@@ -71,12 +47,7 @@ void check_fd(const char* what, Vec& x, const Vec& analytic, const std::function
 }
 template <class F>
 double rel_err(const std::vector<F>& f, const Vec& d) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < d.size(); ++i) {
-        num = std::max(num, std::fabs((double)f[i] - d[i]));
-        den = std::max(den, std::fabs(d[i]));
-    }
-    return num / den;
+    return cpu_test::rel_err(f.data(), d.data(), d.size());
 }
 constexpr double kFloatTol = 1e-5;
 

@@ -29,6 +29,19 @@ constexpr int kChanBlock = 16;  // channel block for column-wise (over rows) acc
 constexpr size_t kMinParallelWork = 16384;
 inline bool parallel_worth(size_t work) { return work >= kMinParallelWork; }
 
+// Column sums over rows (bias and norm-weight gradients): f(n, c0, c1) for every row n in order,
+// within each block [c0, c1) of kChanBlock channels; blocks run in parallel. Each output column
+// belongs to one block, so the result does not depend on the thread count.
+template <class F>
+inline void over_channel_blocks(long N, int C, F f) {
+    const int nblk = (C + kChanBlock - 1) / kChanBlock;
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * C))
+    for (int blk = 0; blk < nblk; ++blk) {
+        const int c0 = blk * kChanBlock, c1 = std::min(C, c0 + kChanBlock);
+        for (long n = 0; n < N; ++n) f(n, c0, c1);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Scalar helpers
 
@@ -300,20 +313,15 @@ void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, cons
             dx[c] += (dn - dnorm_mean - nm * dnorm_norm_mean) * s;
         }
     }
-    const int nblk = (C + kChanBlock - 1) / kChanBlock;
-#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * C))
-    for (int blk = 0; blk < nblk; ++blk) {
-        const int c0 = blk * kChanBlock, c1 = std::min(C, c0 + kChanBlock);
-        for (long n = 0; n < N; ++n) {
-            const T* d = dout + n * C;
-            const T* x = inp + n * C;
-            const T m = mean[n], s = rstd[n];
-            for (int c = c0; c < c1; ++c) {
-                db[c] += d[c];
-                dw[c] = std::fma((x[c] - m) * s, d[c], dw[c]);
-            }
+    over_channel_blocks(N, C, [&](long n, int c0, int c1) {
+        const T* d = dout + n * C;
+        const T* x = inp + n * C;
+        const T m = mean[n], s = rstd[n];
+        for (int c = c0; c < c1; ++c) {
+            db[c] += d[c];
+            dw[c] = std::fma((x[c] - m) * s, d[c], dw[c]);
         }
-    }
+    });
 }
 
 // out = a + b
@@ -376,17 +384,11 @@ void matmul_backward(T* dinp, T* dw, T* dbias, T* dout, const T* inp, const T* w
     }
     // dw[OC, IC] += A(o, n) = dout[n * OC + o] times B(n, i) = inp[n * IC + i]
     gemm_acc<T>(dw, IC, dout, 1, OC, inp, IC, 1, OC, IC, N);
-    if (dbias) {
-        const int nblk = (OC + kChanBlock - 1) / kChanBlock;
-#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * OC))
-        for (int blk = 0; blk < nblk; ++blk) {
-            const int c0 = blk * kChanBlock, c1 = std::min(OC, c0 + kChanBlock);
-            for (long n = 0; n < N; ++n) {
-                const T* d = dout + n * OC;
-                for (int c = c0; c < c1; ++c) dbias[c] += d[c];
-            }
-        }
-    }
+    if (dbias)
+        over_channel_blocks(N, OC, [&](long n, int c0, int c1) {
+            const T* d = dout + n * OC;
+            for (int c = c0; c < c1; ++c) dbias[c] += d[c];
+        });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -572,16 +574,11 @@ void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, c
 #pragma omp simd
         for (int c = 0; c < C; ++c) dx[c] += (d[c] * w[c] - x[c] * k) * s;
     }
-    const int nblk = (C + kChanBlock - 1) / kChanBlock;
-#pragma omp parallel for schedule(static) if (parallel_worth((size_t)N * C))
-    for (int blk = 0; blk < nblk; ++blk) {
-        const int c0 = blk * kChanBlock, c1 = std::min(C, c0 + kChanBlock);
-        for (long n = 0; n < N; ++n) {
-            const T* d = dout + n * C;
-            const T* x = inp + n * C;
-            for (int c = c0; c < c1; ++c) dw[c] = std::fma(x[c] * rstd[n], d[c], dw[c]);
-        }
-    }
+    over_channel_blocks(N, C, [&](long n, int c0, int c1) {
+        const T* d = dout + n * C;
+        const T* x = inp + n * C;
+        for (int c = c0; c < c1; ++c) dw[c] = std::fma(x[c] * rstd[n], d[c], dw[c]);
+    });
 }
 
 // sigmoid without overflow: exp only of non-positive arguments

@@ -1,0 +1,47 @@
+// Helpers shared by the CPU op tests (test_cpu_ops.cpp, test_llama_ops.cpp): seeded normal
+// data in double, float copies, fp32 tensor views, and the norm-wise relative error.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "llmc/tensor.h"
+
+namespace cpu_test {
+
+using Vec = std::vector<double>;
+using FVec = std::vector<float>;
+
+inline Vec randn(size_t n, uint64_t seed, double scale = 1.0) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> nd(0.0, 1.0);
+    Vec v(n);
+    for (auto& x : v) x = nd(rng) * scale;
+    return v;
+}
+inline FVec to_f(const Vec& v) { return FVec(v.begin(), v.end()); }
+inline Tensor T32(FVec& v) { return Tensor(v.data(), v.size(), DType::F32); }
+inline double dot_all(const Vec& a, const Vec& b) {
+    double s = 0;
+    for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+    return s;
+}
+inline Vec sub(const Vec& a, const Vec& b) {
+    Vec r(a.size());
+    for (size_t i = 0; i < a.size(); ++i) r[i] = a[i] - b[i];
+    return r;
+}
+// Norm-wise relative error max|f - d| / max|d|.
+template <class F>
+double rel_err(const F* f, const double* d, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; ++i) {
+        num = std::max(num, std::fabs((double)f[i] - d[i]));
+        den = std::max(den, std::fabs(d[i]));
+    }
+    return den > 0 ? num / den : num;
+}
+
+}  // namespace cpu_test
