@@ -65,4 +65,20 @@ expect_fail 2 'parallel' "$BIN" "$W/gpt2.json" parallel.dp=2 plan.world=3 --plan
 "$BIN" "$W/gpt2.json" "data.train=/nonexistent/train_*.bin" "data.val=/nonexistent/val_*.bin" --plan > /dev/null ||
     die "--plan needed the data files"
 expect_fail 2 "data.train: no file matches" "$BIN" "$W/gpt2.json" "data.train=/nonexistent/train_*.bin" "out_dir=$W/nodata"
+# ZeRO's published memory per GPU (Rajbhandari et al., Figure 1: mixed precision, K = 12 bytes of
+# fp32 master weights and Adam moments per parameter) for a 7B GPT on 64 GPUs, byte for byte:
+# parameters + gradients + optimizer = 16P at stage 0, 4P + 12P/N at 1, 2P + 14P/N at 2, 16P/N at 3
+# (P = the parameters of the planned buffer: the model's, padded to split evenly over N = 64)
+g7b=(model.n_layer=32 model.d_model=4096 model.n_head=32 model.vocab_size=50257 model.max_seq_len=2048
+     train.seq_len=2048 train.micro_batch=1 device=cuda precision=bf16 parallel.dp=64 plan.world=64)
+P=$("$BIN" "$W/gpt2.json" "${g7b[@]}" parallel.zero=0 --plan=json | jq '.memory[0].params / 2')
+[ "$P" -gt 6000000000 ] || die "the 7B plan holds $P parameters"
+for z in 0 1 2 3; do
+    got=$("$BIN" "$W/gpt2.json" "${g7b[@]}" parallel.zero=$z --plan=json | jq '.memory[0] | .params + .grads + .optimizer')
+    want=$(echo "$z $P" | awk '{ z = $1; p = $2; n = 64
+        w = z == 0 ? 16 * p : z == 1 ? 4 * p + 12 * p / n : z == 2 ? 2 * p + 14 * p / n : 16 * p / n
+        printf "%.0f\n", w }')
+    [ "$got" = "$want" ] || die "ZeRO-$z: params + grads + optimizer = $got B, ZeRO's formula says $want B (P = $P)"
+    echo "7B on 64 GPUs, ZeRO-$z: $got B per GPU = ZeRO's formula"
+done
 echo "plans equal the runs' allocations"
