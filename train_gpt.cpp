@@ -261,6 +261,9 @@ struct Run {
                      uint64_t(tc.seed), shape.vocab_size),
           ckpt_dir(cfg.checkpoint.dir.empty() ? cfg.out_dir + "/checkpoints" : cfg.checkpoint.dir),
           progress(tc.steps, double(tc.micro_batch) * tc.seq_len * tc.grad_accum * grid.dp) {
+        for (Comm* c : {groups.world.get(), groups.dp.get(), groups.tp.get(), groups.pp.get(), groups.mp.get(),
+                        groups.embed.get()})
+            if (c) c->set_compute_stream(ops->compute_stream());  // device communicators wait for the ops' stream
         if (!cfg.data.val.empty())
             val_data.reset(new DataLoader(cfg.data.val, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, false, 0,
                                           shape.vocab_size));

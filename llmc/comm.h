@@ -59,6 +59,9 @@ public:
     virtual ~Comm() = default;
     virtual std::string name() const = 0;  // "self", "mpi", "nccl"
     virtual bool on_device() const { return false; }
+    // A device communicator's calls wait for the work already queued on this stream (the ops'
+    // compute stream, Ops::compute_stream); host communicators need none.
+    virtual void set_compute_stream(void* stream) {}
 
     int rank() const { return rank_; }
     int size() const { return int(members_.size()); }

@@ -30,6 +30,9 @@ public:
     virtual std::string device_name() const { return name(); }
     // Most device memory this process has had in use so far, in bytes (0 where not tracked).
     virtual size_t peak_memory_bytes() const { return 0; }
+    // The stream the ops run on (a cudaStream_t on CUDA; null on the CPU): a device communicator
+    // orders its calls after the work already queued there (Comm::set_compute_stream).
+    virtual void* compute_stream() const { return nullptr; }
 
     // ---- memory ----
     virtual void* alloc(size_t bytes) = 0;  // zero-initialised

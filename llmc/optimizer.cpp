@@ -30,9 +30,12 @@ void AdamW::step(const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
         size_t lo = std::max(begin_, p.offset), hi = std::min(end_, p.offset + p.numel);
         if (lo >= hi) continue;
         const size_t n = hi - lo, o = lo - begin_;
+        // bf16 stochastic rounding hashes (seed, index within the call): a seed of its own per
+        // tensor (from its offset in the buffer) keeps tensors from sharing random bits at equal offsets
+        const uint32_t tensor_seed = seed ^ uint32_t((uint64_t(lo) * 0x9E3779B97F4A7C15ull) >> 32);
         model_.ops.adamw(params_.slice(o, n), master_ ? master_ + o : nullptr, grads_.slice(o, n),
                          m_ + o, v_ + o, h.lr, h.beta1, h.beta2, h.eps, p.decay ? h.weight_decay : 0.0f, grad_scale,
-                         t, seed);
+                         t, tensor_seed);
     }
 }
 

@@ -95,6 +95,7 @@ public:
     }
     std::string name() const override { return "nccl"; }
     bool on_device() const override { return true; }
+    void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
 
     void all_reduce(float* buf, size_t n, ReduceOp op) override {
         if (n == 0) return;
@@ -274,6 +275,7 @@ private:
     double timeout_s_;
     ncclComm_t comm_ = nullptr;
     cudaStream_t stream_ = nullptr;
+    cudaStream_t compute_ = nullptr;  // the ops' stream (set_compute_stream)
     cudaEvent_t ready_ = nullptr;
     float* barrier_word_ = nullptr;
     double* scratch_dev_ = nullptr;   // the double all-reduce's buffers
@@ -289,11 +291,11 @@ private:
         else std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
 
-    // Orders this call after all work already launched on the device's blocking streams (the
-    // compute stream that wrote the buffers): an event recorded on the legacy default stream
-    // completes only after them, and this communicator's stream waits for it on the device.
+    // Orders this call after all work already queued on the compute stream that wrote the
+    // buffers: an event recorded there, which this communicator's stream waits for on the device.
+    // (Until set_compute_stream, the legacy default stream, which waits for every blocking stream.)
     void start() {
-        CUDA_CHECK(cudaEventRecord(ready_, cudaStreamLegacy));
+        CUDA_CHECK(cudaEventRecord(ready_, compute_ ? compute_ : cudaStreamLegacy));
         CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     }
 

@@ -59,13 +59,15 @@ struct GrowBuffer {
     }
 };
 
-// The preference of a cuBLASLt heuristic query: at most `workspace` bytes, reductions only in the
-// compute or output type (no lower-precision split-K), and the operands' alignments in bytes.
+// The preference of a cuBLASLt heuristic query: at most `workspace` bytes, and the operands'
+// alignments in bytes. Every split-K reduction scheme is allowed (in place in the output with
+// counters that fix its order, or in the compute or output type in the workspace): all are
+// deterministic, and a mask that excluded some could leave a shape with no algorithm at all.
 inline cublasLtMatmulPreference_t lt_preference(size_t workspace, uint32_t align_a, uint32_t align_b,
                                                 uint32_t align_d) {
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint32_t red = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    const uint32_t red = CUBLASLT_REDUCTION_SCHEME_MASK;
     auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, const void* v, size_t n) {
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, v, n));
     };

@@ -73,6 +73,7 @@ public:
         return prop.name;
     }
     size_t peak_memory_bytes() const override { return peak_used_; }
+    void* compute_stream() const override { return stream_; }
 
     // ---- memory ----
     void* alloc(size_t bytes) override {

@@ -53,8 +53,7 @@ __global__ void bias_backward_kernel(T* dbias, const T* dout, int N, int OC) {
 // ---- cuBLASLt ----
 // One handle and one workspace; the chosen algorithm is cached per problem so that the
 // same problem always runs the same algorithm (cuBLASLt is then bitwise reproducible).
-// Split-K reductions that accumulate in place in the output are excluded; the
-// workspace-based ones have a fixed order. The caller passes a bias pointer only when it
+// Split-K reductions of every scheme have a fixed order (lt_preference). The caller passes a bias pointer only when it
 // is 16-byte aligned (else it adds the bias with its own kernel).
 class LtMatmul {
 public:
