@@ -42,6 +42,8 @@ GPU_TEST_SRCS := $(if $(filter 0,$(CUDA)),,$(wildcard test/gpu/*.cu))
 TOOLS     := $(patsubst %.cpp,$(BIN)%,$(wildcard dev/data/*.cpp))
 
 .PHONY: all test clean bundle
+# the data tools' objects stay (make would delete them as intermediates and rebuild them each time)
+.PRECIOUS: $(BUILD)/dev/data/%.o
 all: $(BIN)train_gpt $(TOOLS)
 
 $(BUILD)/%.o: %.cpp
