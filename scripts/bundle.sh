@@ -39,6 +39,8 @@ cp "$B/dev/data/synth_shards" "$B/dev/data/prepare_text" "$DIST/dev/data/"
 cp "$B/test_cpu" "$DIST/build/"
 [ "$CUDA" = 0 ] || cp "$B/test_gpu" "$DIST/build/"
 cp scripts/gpu_check.sh "$DIST/scripts/"
+# the commit it was built from, for gpu_check.sh's tables (the bundle is no git checkout)
+echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git status --porcelain 2>/dev/null | grep -qv '^??' && echo ' (+local changes)')" > "$DIST/COMMIT"
 
 # the launcher (mpirun and orterun are the same program), the daemon, plugins, help files, config
 for p in orterun orted; do cp "$BINDIR/$p" "$M/$(rel "$BINDIR")/"; done

@@ -47,8 +47,13 @@ fi
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | sed 's/ *$//')
 GPU_CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d ' .')
 GPU_MEM=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader | head -n1)
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "uncommitted")
-DIRTY=$(git status --porcelain 2>/dev/null | grep -qv '^??' && echo " (+local changes)" || true)
+if git rev-parse --git-dir >/dev/null 2>&1; then
+    COMMIT=$(git rev-parse --short HEAD)
+    DIRTY=$(git status --porcelain | grep -qv '^??' && echo " (+local changes)" || true)
+else  # the offline bundle: the commit scripts/bundle.sh built it from
+    COMMIT=$(cat COMMIT 2>/dev/null || echo unknown)
+    DIRTY=""
+fi
 JOBS=$(nproc 2>/dev/null || echo 4)
 if ! command -v mpirun >/dev/null 2>&1; then
     for e in env.sh dist/env.sh; do [ -f "$e" ] && { source "$e"; echo "gpu_check: OpenMPI from $e"; break; }; done
@@ -497,6 +502,8 @@ finish() {
         [ -f dev/bench/RESULTS.md ] || printf '# GPU results\n\nAppended by scripts/gpu_check.sh, newest last.\n\n' >dev/bench/RESULTS.md
         echo "$table" >>dev/bench/RESULTS.md
         echo "gpu_check: stage $1 appended to dev/bench/RESULTS.md"
+    else
+        echo "gpu_check: no dev/bench/RESULTS.md here (the bundle): use --out DIR and add DIR/$1/table.md to it"
     fi
     if [ -n "$OUT" ]; then
         mkdir -p "$OUT/$1"
