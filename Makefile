@@ -10,7 +10,9 @@ GPU_ARCH  ?= 80 90
 MPI_CFLAGS := $(shell mpicxx --showme:compile 2>/dev/null) -DOMPI_SKIP_MPICXX
 MPI_LIBS   := $(shell mpicxx --showme:link 2>/dev/null)
 
-CXXFLAGS  ?= -O3 -march=native
+# CPU_ARCH: the bundle (scripts/bundle.sh) builds with portable flags, e.g. -march=x86-64-v2.
+CPU_ARCH  ?= -march=native
+CXXFLAGS  ?= -O3 $(CPU_ARCH)
 CXXFLAGS  += -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_CFLAGS) -MMD -MP
 NVCCFLAGS ?= -O3
 NVCCFLAGS += -std=c++17 -I. $(MPI_CFLAGS) -Xcompiler -fopenmp,-Wall -MMD -MP \
@@ -18,7 +20,10 @@ NVCCFLAGS += -std=c++17 -I. $(MPI_CFLAGS) -Xcompiler -fopenmp,-Wall -MMD -MP \
 LDLIBS    := -L$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart \
              $(MPI_LIBS) -lgomp -lpthread
 
-BUILD     := build
+# BUILD holds objects and tests; BIN prefixes train_gpt and the data tools (empty: the repository root).
+# scripts/bundle.sh builds with BUILD=build-dist BIN=build-dist/ so that it leaves the usual build alone.
+BUILD     ?= build
+BIN       ?=
 LIB_SRCS  := $(wildcard llmc/*.cpp llmc/cpu/*.cpp)
 LIB_OBJS  := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
 ifeq ($(CUDA),0)
@@ -34,10 +39,12 @@ endif
 TEST_SRCS := $(wildcard test/test_*.cpp)
 TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
 GPU_TEST_SRCS := $(if $(filter 0,$(CUDA)),,$(wildcard test/gpu/*.cu))
-TOOLS     := $(patsubst %.cpp,%,$(wildcard dev/data/*.cpp))
+TOOLS     := $(patsubst %.cpp,$(BIN)%,$(wildcard dev/data/*.cpp))
 
-.PHONY: all test clean
-all: train_gpt $(TOOLS)
+.PHONY: all test clean bundle
+# the data tools' objects stay (make would delete them as intermediates and rebuild them each time)
+.PRECIOUS: $(BUILD)/dev/data/%.o
+all: $(BIN)train_gpt $(TOOLS)
 
 $(BUILD)/%.o: %.cpp
 	@mkdir -p $(dir $@)
@@ -55,10 +62,10 @@ $(BUILD)/libllmc.a: $(LIB_OBJS)
 $(BUILD)/.cuda-$(CUDA):
 	@mkdir -p $(BUILD) && rm -f $(BUILD)/.cuda-* && touch $@
 
-train_gpt: $(BUILD)/train_gpt.o $(CUDA_OBJS) $(BUILD)/libllmc.a $(BUILD)/.cuda-$(CUDA)
+$(BIN)train_gpt: $(BUILD)/train_gpt.o $(CUDA_OBJS) $(BUILD)/libllmc.a $(BUILD)/.cuda-$(CUDA)
 	$(LINK) -o $@ $(filter-out $(BUILD)/.cuda-%,$^) $(LINK_LIBS)
 
-dev/data/%: $(BUILD)/dev/data/%.o $(BUILD)/libllmc.a
+$(BIN)dev/data/%: $(BUILD)/dev/data/%.o $(BUILD)/libllmc.a
 	$(CXX) $(CXXFLAGS) -o $@ $^ $(MPI_LIBS)
 
 # CPU tests: Catch2 v2, no CUDA needed.
@@ -73,10 +80,14 @@ $(BUILD)/test_gpu: $(GPU_TEST_SRCS:%.cu=$(BUILD)/%.o) $(CUDA_OBJS) $(BUILD)/libl
 dev/comm_check: $(BUILD)/dev/comm_check.o $(CUDA_OBJS) $(BUILD)/libllmc.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $^ $(LDLIBS)
 
-test: train_gpt $(TOOLS) $(BUILD)/test_cpu $(if $(GPU_TEST_SRCS),$(BUILD)/test_gpu)
+test: $(BIN)train_gpt $(TOOLS) $(BUILD)/test_cpu $(if $(GPU_TEST_SRCS),$(BUILD)/test_gpu)
 	bash test/run_tests.sh
 
+# A relocatable folder dist/ with the binaries and the OpenMPI runtime, for a machine without OpenMPI.
+bundle:
+	CUDA=$(CUDA) GPU_ARCH="$(GPU_ARCH)" bash scripts/bundle.sh
+
 clean:
-	rm -rf $(BUILD) train_gpt $(TOOLS) dev/comm_check
+	rm -rf $(BUILD) $(BIN)train_gpt $(TOOLS) dev/comm_check
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
