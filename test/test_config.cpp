@@ -267,8 +267,9 @@ TEST_CASE("config: out-of-range values and enums", "[config]") {
         std::string arg, key, range;
     };
     std::vector<Case> cases = {
-        {"train.lr=0", "train.lr", "> 0"},
-        {"train.lr=-1e-3", "train.lr", "> 0"},
+        {"train.lr=0", "train.lr", "(0, 3.40282e+38]"},
+        {"train.lr=-1e-3", "train.lr", "(0, 3.40282e+38]"},
+        {"train.lr=1e300", "train.lr", "(0, 3.40282e+38]"},  // beyond fp32, where the optimizer computes
         {"train.steps=0", "train.steps", ">= 1"},
         {"train.micro_batch=0", "train.micro_batch", ">= 1"},
         {"train.warmup_steps=-1", "train.warmup_steps", ">= 0"},
@@ -391,4 +392,18 @@ TEST_CASE("config: usage lists every key with its default", "[config]") {
     CHECK_THAT(u, Catch::Contains("--print-config") && Catch::Contains("train.lr") &&
                       Catch::Contains("model.vocab_size") && Catch::Contains("checkpoint.resume") &&
                       Catch::Contains("auto|cpu|cuda"));
+}
+
+TEST_CASE("config: a key twice in one object, or a NUL byte, is refused naming the file", "[config]") {
+    TempDir t;
+    const std::string dup = t.write("dup.json", "{ \"train\": { \"lr\": 0.1, \"steps\": 3, \"lr\": 0.2 } }");
+    const std::string msg = error_of([&] { load({dup}); });
+    CHECK_THAT(msg, Catch::Contains("dup.json") && Catch::Contains("\"train.lr\" appears twice"));
+    // the same key in two objects is no duplicate
+    const std::string two = t.write("two.json", "{ \"eval\": { \"every\": 0 }, \"checkpoint\": { \"every\": 0 } }");
+    CHECK_NOTHROW(load({two, "data.train=" + t.train_glob()}));
+    const std::string text = std::string("{ \"train\": { \"steps\": 3 } }") + '\0' + "junk";
+    std::ofstream(t.path + "/nul.json", std::ios::binary) << text;
+    CHECK_THAT(error_of([&] { load({t.path + "/nul.json"}); }),
+               Catch::Contains("nul.json") && Catch::Contains("NUL byte at byte " + std::to_string(text.find('\0'))));
 }
