@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #include "llmc/converter.h"
 #include "llmc/data_parallel.h"
 #include "llmc/dataloader.h"
+#include "llmc/exit_codes.h"
 #include "llmc/hf_format.h"
 #include "llmc/logger.h"
 #include "llmc/mfu.h"
@@ -40,6 +42,7 @@
 #include "llmc/process_grid.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/rng.h"
+#include "llmc/run_dir.h"
 #include "llmc/runtime.h"
 #include "llmc/tokenizer.h"
 
@@ -225,6 +228,7 @@ Plan plan_run(const Runtime& rt, int argc, char** argv) {
     p.schedule = parse_pp_schedule(pc.pp_schedule);
     validate_pipeline(p.cfg);
     p.shape = model_shape(p.cfg.model);
+    check_fits_host_memory(p.shape);
     p.layout = model_layout(p.shape, pc, p.grid.tp_rank, p.grid.pp_rank);
     check_model_layout(p.shape, p.layout, p.cfg.train.seq_len);
     p.device = resolve_device(p.cfg);
@@ -311,6 +315,7 @@ void init_or_resume(Run& r) {
     if (!from.empty()) {
         WholeState whole;
         r.state = checkpoint_load(from, r.shape, &whole);
+        check_resume_within(r.state, r.tc.steps, from);
         r.model.set_params_whole(whole.params.data());
         OptimizerState local;
         local.m = r.model.from_file_order(whole.m.data());
@@ -323,7 +328,12 @@ void init_or_resume(Run& r) {
         r.log.print("resumed from %s at step %d (saved at dp %d)\n", from.c_str(), r.state.step, r.state.loader_dp);
         r.state.loader_dp = r.grid.dp;
     }
-    make_dirs(cfg.out_dir, "out_dir");
+    if (r.rt.is_main()) {
+        prepare_run_dirs(cfg, r.ckpt_dir);  // lock out_dir, check that it is writable and free
+        if (!from.empty() && cfg.checkpoint.resume != "auto")  // rolling back: the later branch goes aside
+            for (const std::string& a : set_aside_later_checkpoints(r.ckpt_dir, r.state.step))
+                r.log.print("set aside %s (a later checkpoint of the branch this run rolls back)\n", a.c_str());
+    }
     r.run_log.reset(new Logger(cfg.log.jsonl.empty() ? cfg.out_dir + "/log.jsonl" : cfg.log.jsonl, r.rt.is_main(),
                                !from.empty()));
 }
@@ -363,29 +373,35 @@ void print_banner(Run& r, const Plan& p) {
                 "allocations disagree with the memory table");
 }
 
-// Checkpoint (collective: the state is gathered to world rank 0, which writes it). The final
-// one also writes the weights as out_dir/model_<steps>.bin (fp32, llm.c's format), and for a
-// family with a Hugging Face format as .safetensors with transformers' config.json.
+// Checkpoint (collective: the state is gathered to world rank 0, which writes it while the others
+// wait on the untimed save group). The final one also writes the weights as
+// out_dir/model_<steps>.bin (fp32, llm.c's format), and for a family with a Hugging Face format as
+// .safetensors with transformers' config.json: after the checkpoint, so that a failure there
+// loses no training. Nothing non-finite is written.
+void write_state(Run& r, WholeState& whole, bool final) {
+    check_finite_state(whole, r.state.step);
+    if (!final || r.cfg.checkpoint.every > 0) {
+        r.conv->save(whole);
+        const std::string p = checkpoint_save(r.ckpt_dir, r.state, r.shape, r.dtype == DType::BF16 ? 5 : 3, whole,
+                                              r.cfg.resolved, r.cfg.checkpoint.keep);
+        r.log.print("checkpoint: %s\n", p.c_str());
+    }
+    if (!final) return;
+    const std::vector<float>& w = whole.master.empty() ? whole.params : whole.master;
+    const std::string path = r.cfg.out_dir + strfmt("/model_%08d.bin", r.tc.steps);
+    model_file_write(path, r.shape, w.data(), 3);
+    r.log.print("wrote %s\n", path.c_str());
+    if (r.shape.arch == Arch::Llama) {
+        const std::string st = r.cfg.out_dir + strfmt("/model_%08d.safetensors", r.tc.steps);
+        hf_write_weights(st, r.shape, w);
+        hf_write_config(r.cfg.out_dir + "/config.json", r.shape);
+        r.log.print("wrote %s and %s/config.json\n", st.c_str(), r.cfg.out_dir.c_str());
+    }
+}
 void save(Run& r, bool final) {
     WholeState whole = gather_whole_state(r.model, r.opt, r.dp, r.pc, *r.groups.mp, r.grid);
-    if (!r.rt.is_main()) return;
-    if (final) {
-        const std::vector<float>& w = whole.master.empty() ? whole.params : whole.master;
-        const std::string path = r.cfg.out_dir + strfmt("/model_%08d.bin", r.tc.steps);
-        model_file_write(path, r.shape, w.data(), 3);
-        r.log.print("wrote %s\n", path.c_str());
-        if (r.shape.arch == Arch::Llama) {
-            const std::string st = r.cfg.out_dir + strfmt("/model_%08d.safetensors", r.tc.steps);
-            hf_write_weights(st, r.shape, w);
-            hf_write_config(r.cfg.out_dir + "/config.json", r.shape);
-            r.log.print("wrote %s and %s/config.json\n", st.c_str(), r.cfg.out_dir.c_str());
-        }
-        if (r.cfg.checkpoint.every <= 0) return;
-    }
-    r.conv->save(whole);
-    const std::string p = checkpoint_save(r.ckpt_dir, r.state, r.shape, r.dtype == DType::BF16 ? 5 : 3, whole,
-                                          r.cfg.resolved, r.cfg.checkpoint.keep);
-    r.log.print("checkpoint: %s\n", p.c_str());
+    if (r.rt.is_main()) write_state(r, whole, final);
+    r.groups.save->barrier();  // saving does not count against parallel.timeout_s
 }
 
 // Validation loss and a sample, at their intervals and at the end.
@@ -509,6 +525,14 @@ int main(int argc, char** argv) {
         return rc;
     } catch (const UserError& e) {
         std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), e.what());
+        rt.abort_job(2);
+    } catch (const NonFiniteState& e) {
+        std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), e.what());
+        rt.abort_job(kExitBadSteps);
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "%serror: out of host memory: the model, its optimizer state and buffers do not fit in "
+                     "this machine's memory (lower model.n_layer, model.d_model or train.micro_batch)\n",
+                     rank_prefix().c_str());
         rt.abort_job(2);
     }
 }
