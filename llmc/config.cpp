@@ -18,6 +18,7 @@
 
 #include "llmc/common.h"
 #include "llmc/shard.h"
+#include "llmc/tokenizer.h"
 
 using nlohmann::json;
 
@@ -320,7 +321,8 @@ std::string describe_value(const json& v) {
     switch (v.type()) {
         case json::value_t::null: return "null";
         case json::value_t::boolean: return std::string("boolean ") + (v.get<bool>() ? "true" : "false");
-        case json::value_t::string: return "string " + v.dump();
+        case json::value_t::string:  // (a command-line value may hold any bytes: shown, not thrown)
+            return "string " + v.dump(-1, ' ', false, json::error_handler_t::replace);
         case json::value_t::number_integer:
         case json::value_t::number_unsigned:
         case json::value_t::number_float: return "number " + v.dump();
@@ -678,6 +680,25 @@ json read_config_file(const std::string& path) {
     }
 }
 
+// Every key and string of the config is UTF-8: JSON cannot hold other bytes (nlohmann throws
+// when such a string is written out: in messages, the resolved config, a checkpoint).
+void check_utf8(const json& j, const std::string& path) {
+    const auto check = [&](const std::string& s, const char* what) {
+        const size_t at = utf8_invalid_at(s);
+        if (at != std::string::npos)
+            throw UserError(strfmt("%s: %s is not valid UTF-8 (byte %zu)", path.empty() ? "config" : path.c_str(), what,
+                                   at));
+    };
+    if (j.is_string()) check(j.get_ref<const std::string&>(), "the value");
+    if (j.is_array())
+        for (const json& e : j) check_utf8(e, path);
+    if (j.is_object())
+        for (auto it = j.begin(); it != j.end(); ++it) {
+            check(it.key(), "a key");
+            check_utf8(it.value(), path.empty() ? it.key() : path + "." + it.key());
+        }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -687,6 +708,7 @@ json read_config_file(const std::string& path) {
 Config config_from_json(const json& j) {
     if (!j.is_object())
         throw UserError(strfmt("config: the top level must be a JSON object, got %s", describe_value(j).c_str()));
+    check_utf8(j, "");
     check_keys(j, "");
     Config c;
     for (const Key& k : schema())

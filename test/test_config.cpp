@@ -407,3 +407,11 @@ TEST_CASE("config: a key twice in one object, or a NUL byte, is refused naming t
     CHECK_THAT(error_of([&] { load({t.path + "/nul.json"}); }),
                Catch::Contains("nul.json") && Catch::Contains("NUL byte at byte " + std::to_string(text.find('\0'))));
 }
+
+TEST_CASE("config: bytes that are not UTF-8 are refused naming the key (found by fuzz_config)", "[config]") {
+    TempDir t;
+    const std::string g = "data.train=" + t.train_glob();
+    CHECK_THAT(error_of([&] { load({g, "out_dir=ab\xB1"}); }), Catch::Contains("out_dir: the value is not valid UTF-8 (byte 2)"));
+    CHECK_THAT(error_of([&] { load({g, "train.steps=\xB1"}); }), Catch::Contains("train.steps"));
+    CHECK_THAT(error_of([&] { load({g, "train={\"st\xB1\": 1}"}); }), Catch::Contains("train"));
+}
