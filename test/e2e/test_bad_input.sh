@@ -114,4 +114,21 @@ LLMC_FAULT=slow:checkpoint_after_model_2 timeout 120 mpirun --oversubscribe -np 
     die "a slow save ended the job: $(tail -n 5 "$W/slow.txt")"
 grep -q 'sleeping 5 s' "$W/slow.txt" || die "the slow-save fault did not fire: $(tail -n 5 "$W/slow.txt")"
 [ -f "$W/slow/model_00000003.bin" ] || die "slow save: no final model"
+
+# a token >= vocab_size near the end of a shard fails at start-up (the shard's first open), not
+# in the step that reads it (here: never, in 10 steps)
+mkdir -p "$W/badtok"
+cp "$W"/data/train_*.bin "$W/badtok/"
+python3 - "$W/badtok/train_000000.bin" <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+ntok = struct.unpack("<3i", f.read(12))[2]
+f.seek(1024 + 2 * (ntok - 3))
+f.write(struct.pack("<H", 600))
+PY
+rc=0
+"$BIN" "$W/c.json" train.steps=10 "data.train=$W/badtok/train_*.bin" "out_dir=$W/badtok_out" > "$W/badtok.txt" 2>&1 || rc=$?
+[ $rc -eq 2 ] || die "a bad token late in a shard: expected exit 2, got $rc"
+grep -q 'train_000000\.bin: token id 600 at token offset 19997 is >= vocab_size 512' "$W/badtok.txt" || die "bad token: $(tail -n 3 "$W/badtok.txt")"
+! grep -q 'step .*loss' "$W/badtok.txt" || die "bad token: trained before finding it"
 echo "bad-input sweep: all refused as expected"
