@@ -36,7 +36,7 @@ TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
 GPU_TEST_SRCS := $(if $(filter 0,$(CUDA)),,$(wildcard test/gpu/*.cu))
 TOOLS     := $(patsubst %.cpp,%,$(wildcard dev/data/*.cpp))
 
-.PHONY: all test clean
+.PHONY: all test clean fuzz
 all: train_gpt $(TOOLS)
 
 $(BUILD)/%.o: %.cpp
@@ -75,6 +75,29 @@ dev/comm_check: $(BUILD)/dev/comm_check.o $(CUDA_OBJS) $(BUILD)/libllmc.a
 
 test: train_gpt $(TOOLS) $(BUILD)/test_cpu $(if $(GPU_TEST_SRCS),$(BUILD)/test_gpu)
 	bash test/run_tests.sh
+
+# Fuzzing (libFuzzer, clang; no CUDA): `make fuzz FUZZ_SECONDS=N` builds test/fuzz/fuzz_*.cpp with
+# ASan and UBSan and runs each target for N seconds from its seeds (test/fuzz/corpus/<target>/);
+# see test/fuzz/README.md.
+FUZZ_CXX      ?= clang++
+FUZZ_SECONDS  ?= 60
+FUZZ_FLAGS    := -O1 -g -std=c++17 -fopenmp -I. $(MPI_CFLAGS) -fsanitize=address,undefined \
+                 -fno-sanitize-recover=undefined -fno-omit-frame-pointer -MMD -MP
+FUZZ_LIB_SRCS := llmc/common.cpp llmc/config.cpp llmc/shard.cpp llmc/dataloader.cpp llmc/checkpoint.cpp \
+                 llmc/model_file.cpp llmc/param_table.cpp llmc/families.cpp llmc/safetensors.cpp llmc/tokenizer.cpp
+FUZZ_BINS     := $(patsubst test/fuzz/%.cpp,$(BUILD)/fuzz/bin/%,$(wildcard test/fuzz/fuzz_*.cpp))
+
+.PRECIOUS: $(BUILD)/fuzz/obj/%.o
+$(BUILD)/fuzz/obj/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(BUILD)/fuzz/bin/%: $(BUILD)/fuzz/obj/test/fuzz/%.o $(FUZZ_LIB_SRCS:%.cpp=$(BUILD)/fuzz/obj/%.o)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(MPI_LIBS)
+
+fuzz: $(FUZZ_BINS)
+	bash test/fuzz/run.sh $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD) train_gpt $(TOOLS) dev/comm_check
