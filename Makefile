@@ -41,7 +41,7 @@ TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
 GPU_TEST_SRCS := $(if $(filter 0,$(CUDA)),,$(wildcard test/gpu/*.cu))
 TOOLS     := $(patsubst %.cpp,$(BIN)%,$(wildcard dev/data/*.cpp))
 
-.PHONY: all test clean bundle
+.PHONY: all test clean bundle fuzz
 # the data tools' objects stay (make would delete them as intermediates and rebuild them each time)
 .PRECIOUS: $(BUILD)/dev/data/%.o
 all: $(BIN)train_gpt $(TOOLS)
@@ -86,6 +86,29 @@ test: $(BIN)train_gpt $(TOOLS) $(BUILD)/test_cpu $(if $(GPU_TEST_SRCS),$(BUILD)/
 # A relocatable folder dist/ with the binaries and the OpenMPI runtime, for a machine without OpenMPI.
 bundle:
 	CUDA=$(CUDA) GPU_ARCH="$(GPU_ARCH)" bash scripts/bundle.sh
+
+# Fuzzing (libFuzzer, clang; no CUDA): `make fuzz FUZZ_SECONDS=N` builds test/fuzz/fuzz_*.cpp with
+# ASan and UBSan and runs each target for N seconds from its seeds (test/fuzz/corpus/<target>/);
+# see test/fuzz/README.md.
+FUZZ_CXX      ?= clang++
+FUZZ_SECONDS  ?= 60
+FUZZ_FLAGS    := -O1 -g -std=c++17 -fopenmp -I. $(MPI_CFLAGS) -fsanitize=address,undefined \
+                 -fno-sanitize-recover=undefined -fno-omit-frame-pointer -MMD -MP
+FUZZ_LIB_SRCS := llmc/common.cpp llmc/config.cpp llmc/shard.cpp llmc/dataloader.cpp llmc/checkpoint.cpp \
+                 llmc/model_file.cpp llmc/param_table.cpp llmc/families.cpp llmc/safetensors.cpp llmc/tokenizer.cpp
+FUZZ_BINS     := $(patsubst test/fuzz/%.cpp,$(BUILD)/fuzz/bin/%,$(wildcard test/fuzz/fuzz_*.cpp))
+
+.PRECIOUS: $(BUILD)/fuzz/obj/%.o
+$(BUILD)/fuzz/obj/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(BUILD)/fuzz/bin/%: $(BUILD)/fuzz/obj/test/fuzz/%.o $(FUZZ_LIB_SRCS:%.cpp=$(BUILD)/fuzz/obj/%.o)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(MPI_LIBS)
+
+fuzz: $(FUZZ_BINS)
+	bash test/fuzz/run.sh $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD) $(BIN)train_gpt $(TOOLS) dev/comm_check

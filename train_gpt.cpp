@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "llmc/data_parallel.h"
 #include "llmc/exit_codes.h"
 #include "llmc/dataloader.h"
+#include "llmc/exit_codes.h"
 #include "llmc/hf_format.h"
 #include "llmc/logger.h"
 #include "llmc/mfu.h"
@@ -44,6 +46,7 @@
 #include "llmc/progress.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/rng.h"
+#include "llmc/run_dir.h"
 #include "llmc/runtime.h"
 #include "llmc/tokenizer.h"
 
@@ -228,6 +231,7 @@ Plan plan_run(const Runtime& rt, int argc, char** argv) {
     p.schedule = parse_pp_schedule(pc.pp_schedule);
     validate_pipeline(p.cfg);
     p.shape = model_shape(p.cfg.model);
+    check_fits_host_memory(p.shape);
     p.layout = model_layout(p.shape, pc, p.grid.tp_rank, p.grid.pp_rank);
     check_model_layout(p.shape, p.layout, p.cfg.train.seq_len);
     if (planning) return p;  // a plan needs no device and no communicator
@@ -321,6 +325,7 @@ void init_or_resume(Run& r) {
     if (!from.empty()) {
         WholeState whole;
         r.state = checkpoint_load(from, r.shape, &whole);
+        check_resume_within(r.state, r.tc.steps, from);
         r.model.set_params_whole(whole.params.data());
         OptimizerState local;
         local.m = r.model.from_file_order(whole.m.data());
@@ -333,7 +338,12 @@ void init_or_resume(Run& r) {
         r.log.print("resumed from %s at step %d (saved at dp %d)\n", from.c_str(), r.state.step, r.state.loader_dp);
         r.state.loader_dp = r.grid.dp;
     }
-    make_dirs(cfg.out_dir, "out_dir");
+    if (r.rt.is_main()) {
+        prepare_run_dirs(cfg, r.ckpt_dir);  // lock out_dir, check that it is writable and free
+        if (!from.empty() && cfg.checkpoint.resume != "auto")  // rolling back: the later branch goes aside
+            for (const std::string& a : set_aside_later_checkpoints(r.ckpt_dir, r.state.step))
+                r.log.print("set aside %s (a later checkpoint of the branch this run rolls back)\n", a.c_str());
+    }
     r.run_log.reset(new Logger(cfg.log.jsonl.empty() ? cfg.out_dir + "/log.jsonl" : cfg.log.jsonl, r.rt.is_main(),
                                !from.empty()));
 }
@@ -375,31 +385,37 @@ void print_banner(Run& r, const Plan& p) {
     r.run_log->record({{"memory", gather_memory_json(got, *r.groups.mp, r.grid.tp)}});
 }
 
-// Checkpoint (collective: the state is gathered to world rank 0, which writes it). The final
-// one also writes the weights in the formats of out.format: out_dir/model_<steps>.bin (fp32,
-// llm.c's format) and/or model_<steps>.safetensors with transformers' config.json.
+// Checkpoint (collective: the state is gathered to world rank 0, which writes it while the others
+// wait on the untimed save group). The final one also writes the weights in the formats of
+// out.format: out_dir/model_<steps>.bin (fp32, llm.c's format) and/or model_<steps>.safetensors
+// with transformers' config.json: after the checkpoint, so that a failure there loses no
+// training. Nothing non-finite is written.
+void write_state(Run& r, WholeState& whole, bool final) {
+    check_finite_state(whole, r.state.step);
+    if (!final || r.cfg.checkpoint.every > 0) {
+        r.conv->save(whole);
+        const std::string p = checkpoint_save(r.ckpt_dir, r.state, r.shape, r.dtype == DType::BF16 ? 5 : 3, whole,
+                                              r.cfg.resolved, r.cfg.checkpoint.keep);
+        r.log.print("checkpoint: %s\n", p.c_str());
+        r.progress.wrote_checkpoint(p);
+    }
+    if (!final) return;
+    const std::vector<float>& w = whole.master.empty() ? whole.params : whole.master;
+    const std::string stem = r.cfg.out_dir + strfmt("/model_%08d", r.tc.steps), fmt = r.cfg.out.format;
+    if (fmt != "hf") {
+        model_file_write(stem + ".bin", r.shape, w.data(), 3);
+        r.progress.wrote_weights(stem + ".bin");
+    }
+    if (fmt != "llmc") {
+        hf_write_weights(stem + ".safetensors", r.shape, w);
+        hf_write_config(r.cfg.out_dir + "/config.json", r.shape);
+        r.progress.wrote_weights(stem + ".safetensors (transformers; " + r.cfg.out_dir + "/config.json)");
+    }
+}
 void save(Run& r, bool final) {
     WholeState whole = gather_whole_state(r.model, r.opt, r.dp, r.pc, *r.groups.mp, r.grid);
-    if (!r.rt.is_main()) return;
-    if (final) {
-        const std::vector<float>& w = whole.master.empty() ? whole.params : whole.master;
-        const std::string stem = r.cfg.out_dir + strfmt("/model_%08d", r.tc.steps), fmt = r.cfg.out.format;
-        if (fmt != "hf") {
-            model_file_write(stem + ".bin", r.shape, w.data(), 3);
-            r.progress.wrote_weights(stem + ".bin");
-        }
-        if (fmt != "llmc") {
-            hf_write_weights(stem + ".safetensors", r.shape, w);
-            hf_write_config(r.cfg.out_dir + "/config.json", r.shape);
-            r.progress.wrote_weights(stem + ".safetensors (transformers; " + r.cfg.out_dir + "/config.json)");
-        }
-        if (r.cfg.checkpoint.every <= 0) return;
-    }
-    r.conv->save(whole);
-    const std::string p = checkpoint_save(r.ckpt_dir, r.state, r.shape, r.dtype == DType::BF16 ? 5 : 3, whole,
-                                          r.cfg.resolved, r.cfg.checkpoint.keep);
-    r.log.print("checkpoint: %s\n", p.c_str());
-    r.progress.wrote_checkpoint(p);
+    if (r.rt.is_main()) write_state(r, whole, final);
+    r.groups.save->barrier();  // saving does not count against parallel.timeout_s
 }
 
 // Validation loss and a sample, at their intervals and at the end.
@@ -560,6 +576,14 @@ int main(int argc, char** argv) {
         return rc;
     } catch (const UserError& e) {
         std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), e.what());
+        rt.abort_job(2);
+    } catch (const NonFiniteState& e) {
+        std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), e.what());
+        rt.abort_job(kExitBadSteps);
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "%serror: out of host memory: the model, its optimizer state and buffers do not fit in "
+                     "this machine's memory (lower model.n_layer, model.d_model or train.micro_batch)\n",
+                     rank_prefix().c_str());
         rt.abort_job(2);
     }
 }

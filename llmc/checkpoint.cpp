@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -80,16 +82,18 @@ uint64_t file_checksum(const std::string& path) {
 // LLMC_FAULT=usr1:<point>, term:<point> or int:<point> sends the process that signal and carries
 // on, as a launcher's SIGUSR1, SIGTERM or a Ctrl-C arriving there would (llmc/preempt.h).
 // LLMC_FAULT=nan:<point> returns true there: the caller puts a NaN in (train_gpt: a gradient).
+// LLMC_FAULT=slow:<point> sleeps 5 s there and goes on (a slow disk).
 bool fault_point(const char* name, int step) {
     const char* f = std::getenv("LLMC_FAULT");
     if (!f) return false;
     struct Mode {
         const char* prefix;
-        int signal;  // 0: hang, -1: return true
+        int signal;  // 0: hang, -1: return true, -2: sleep 5 s
         const char* what;
     };
     static const Mode modes[] = {{"hang:", 0, "this process hangs here (sleeps forever)"},
                                  {"nan:", -1, "injecting a NaN here"},
+                                 {"slow:", -2, "sleeping 5 s"},
                                  {"usr1:", SIGUSR1, "sending this process SIGUSR1"},
                                  {"term:", SIGTERM, "sending this process SIGTERM"},
                                  {"int:", SIGINT, "sending this process SIGINT"},
@@ -104,10 +108,38 @@ bool fault_point(const char* name, int step) {
     std::fflush(stdout);
     std::fflush(stderr);
     if (mode->signal == -1) return true;
+    if (mode->signal == -2) {
+        ::sleep(5);
+        return false;
+    }
     if (mode->signal == 0)
         for (;;) ::pause();  // returns only after a signal handler ran; sleep on
     ::kill(::getpid(), mode->signal);
     return false;
+}
+
+void check_resume_within(const TrainState& st, int steps, const std::string& from) {
+    if (st.step > steps)
+        throw UserError(strfmt("checkpoint.resume: %s was saved at step %d, past train.steps = %d; raise train.steps "
+                               "to at least %d, or resume an earlier checkpoint",
+                               from.c_str(), st.step, steps, st.step));
+}
+
+void check_finite_state(const WholeState& whole, int step) {
+    const std::pair<const char*, const std::vector<float>*> parts[] = {
+        {"weights", &whole.params}, {"Adam m", &whole.m}, {"Adam v", &whole.v}, {"master weights", &whole.master}};
+    for (const auto& part : parts) {
+        const std::vector<float>& x = *part.second;
+        size_t bad = 0;  // count them all: no early exit, so the loop vectorises
+        for (size_t i = 0; i < x.size(); i++) bad += !std::isfinite(x[i]);
+        if (bad == 0) continue;
+        size_t first = 0;
+        while (std::isfinite(x[first])) first++;
+        throw NonFiniteState(strfmt("step %d: %zu of %zu %s are not finite (the first at index %zu, %g); not "
+                                    "saving: the checkpoints already written are kept (lower train.lr or check the "
+                                    "data, then resume from the last one)",
+                                    step, bad, x.size(), part.first, first, double(x[first])));
+    }
 }
 
 std::string checkpoint_latest(const std::string& dir) {
@@ -117,6 +149,7 @@ std::string checkpoint_latest(const std::string& dir) {
 
 std::string checkpoint_save(const std::string& dir, const TrainState& st, const ModelShape& shape, int model_version,
                             const WholeState& whole, const nlohmann::json& config, int keep) {
+    check_finite_state(whole, st.step);
     make_dirs(dir, "checkpoint.dir");
     const std::string final_dir = dir + "/" + strfmt("step_%08d", st.step);
     const std::string tmp_dir = final_dir + ".tmp";
@@ -187,74 +220,108 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
     return final_dir;
 }
 
+namespace {
+
+// A field of a checkpoint's metadata, checked for its type and range: UserError naming the file
+// and the field otherwise (never nlohmann's exceptions, never a silently wrapped value).
+int64_t meta_int(const nlohmann::json& obj, const char* key, const std::string& file, const std::string& prefix,
+                 int64_t lo, int64_t hi) {
+    const auto it = obj.find(key);
+    if (it == obj.end())
+        throw UserError(strfmt("checkpoint %s: metadata lacks \"%s%s\"", file.c_str(), prefix.c_str(), key));
+    if (!it->is_number_integer() || (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX)) ||
+        it->get<int64_t>() < lo || it->get<int64_t>() > hi)
+        throw UserError(strfmt("checkpoint %s: metadata \"%s%s\" is %s, not an integer in [%lld, %lld]", file.c_str(),
+                               prefix.c_str(), key, it->dump().c_str(), (long long)lo, (long long)hi));
+    return it->get<int64_t>();
+}
+uint64_t meta_u64(const nlohmann::json& obj, const char* key, const std::string& file, const std::string& prefix) {
+    const auto it = obj.find(key);
+    if (it == obj.end())
+        throw UserError(strfmt("checkpoint %s: metadata lacks \"%s%s\"", file.c_str(), prefix.c_str(), key));
+    if (!it->is_number_unsigned())
+        throw UserError(strfmt("checkpoint %s: metadata \"%s%s\" is %s, not a non-negative integer", file.c_str(),
+                               prefix.c_str(), key, it->dump().c_str()));
+    return it->get<uint64_t>();
+}
+
+}  // namespace
+
 TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole) {
     if (!exists(path + "/DONE"))
         throw UserError(strfmt("checkpoint %s: incomplete (no DONE marker) or not a checkpoint folder", path.c_str()));
     const std::string state_path = path + "/state.bin", model_path = path + "/model.bin";
-    // state header + metadata
+    const char* sp = state_path.c_str();
+    // header, then the checksum over everything after it, before any of it is believed
     std::ifstream in(state_path, std::ios::binary);
-    if (!in) throw UserError(strfmt("checkpoint %s: cannot open", state_path.c_str()));
+    if (!in) throw UserError(strfmt("checkpoint %s: cannot open", sp));
     int32_t header[8];
     if (!in.read(reinterpret_cast<char*>(header), sizeof(header)) || header[0] != STATE_MAGIC)
-        throw UserError(strfmt("checkpoint %s: not a train_gpt state file (bad magic)", state_path.c_str()));
-    if (header[1] != STATE_VERSION)
-        throw UserError(strfmt("checkpoint %s: unsupported version %d", state_path.c_str(), header[1]));
-    if (header[2] <= 0 || header[2] > (64 << 20))
-        throw UserError(strfmt("checkpoint %s: corrupt header", state_path.c_str()));
+        throw UserError(strfmt("checkpoint %s: not a train_gpt state file (bad magic)", sp));
+    if (header[1] != STATE_VERSION) throw UserError(strfmt("checkpoint %s: unsupported version %d", sp, header[1]));
+    if (header[2] <= 0 || header[2] > (64 << 20)) throw UserError(strfmt("checkpoint %s: corrupt header", sp));
+    uint64_t stored;
+    std::memcpy(&stored, &header[4], sizeof(stored));
+    {
+        std::vector<char> buf(1 << 20);
+        uint64_t h = FNV1A_INIT;
+        while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0)
+            h = fnv1a(buf.data(), size_t(in.gcount()), h);
+        if (h != stored) throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", sp));
+        in.clear();
+        in.seekg(sizeof(header));
+    }
     std::string meta_s(size_t(header[2]), '\0');
-    if (!in.read(&meta_s[0], meta_s.size())) throw UserError(strfmt("checkpoint %s: truncated", state_path.c_str()));
+    if (!in.read(&meta_s[0], std::streamsize(meta_s.size()))) throw UserError(strfmt("checkpoint %s: truncated", sp));
     nlohmann::json meta;
     try {
         meta = nlohmann::json::parse(meta_s);
     } catch (const std::exception& e) {
-        throw UserError(strfmt("checkpoint %s: corrupt metadata", state_path.c_str()));
+        throw UserError(strfmt("checkpoint %s: corrupt metadata", sp));
     }
-    // the model: shape must agree with the config
+    if (!meta.is_object()) throw UserError(strfmt("checkpoint %s: metadata is not a JSON object", sp));
+    // the model: its shape must agree with the config (model_file_read validates what it reads)
     std::vector<float> params = model_file_read(model_path, &shape);
-    const size_t num_params = ::num_params(shape);
-    if (file_checksum(model_path) != meta.value("model_checksum", uint64_t(0)))
+    if (file_checksum(model_path) != meta_u64(meta, "model_checksum", state_path, ""))
         throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", model_path.c_str()));
-    if (meta.value("num_params", size_t(0)) != num_params)
-        throw UserError(strfmt("checkpoint %s: holds %zu parameters, the configured model has %zu", state_path.c_str(),
-                               meta.value("num_params", size_t(0)), num_params));
-    const bool has_master = meta.value("has_master", false);
-    const size_t nbytes = num_params * sizeof(float);
-    // read before the checksum can vouch for it: bounded like the metadata, so that a corrupt
-    // value fails as "truncated" below instead of as a huge allocation
-    const size_t fp8_bytes = meta.value("fp8_bytes", size_t(0));
+    TrainState st;
+    st.step = int(meta_int(meta, "step", state_path, "", 0, INT_MAX));
+    st.loader_dp = int(meta_int(meta, "loader_dp", state_path, "", 1, INT_MAX));
+    const auto L = meta.find("loader");
+    if (L == meta.end() || !L->is_object())
+        throw UserError(strfmt("checkpoint %s: metadata \"loader\" is missing or not an object", sp));
+    st.loader.epoch = meta_u64(*L, "epoch", state_path, "loader.");
+    st.loader.shard = meta_u64(*L, "shard", state_path, "loader.");
+    st.loader.window = meta_u64(*L, "window", state_path, "loader.");
+    st.loader.seed = meta_u64(*L, "seed", state_path, "loader.");
+    const size_t num_params = ::num_params(shape);
+    const uint64_t saved_params = meta_u64(meta, "num_params", state_path, "");
+    if (saved_params != num_params)
+        throw UserError(strfmt("checkpoint %s: holds %llu parameters, the configured model has %zu", sp,
+                               (unsigned long long)saved_params, num_params));
+    const auto master_it = meta.find("has_master");
+    if (master_it == meta.end() || !master_it->is_boolean())
+        throw UserError(strfmt("checkpoint %s: metadata \"has_master\" is missing or not true/false", sp));
+    const bool has_master = master_it->get<bool>();
+    // absent in checkpoints from before fp8: 0
+    const size_t fp8_bytes = meta.contains("fp8_bytes") ? meta_u64(meta, "fp8_bytes", state_path, "") : 0;
     if (fp8_bytes > (size_t(64) << 20))
-        throw UserError(strfmt("checkpoint %s: corrupt metadata (fp8_bytes %zu)", state_path.c_str(), fp8_bytes));
+        throw UserError(strfmt("checkpoint %s: corrupt metadata (fp8_bytes %zu)", sp, fp8_bytes));
+    const size_t nbytes = num_params * sizeof(float);
     std::vector<float> m_l(num_params), v_l(num_params), master_l(has_master ? num_params : 0);
     std::vector<uint8_t> fp8(fp8_bytes);
-    bool ok = bool(in.read(reinterpret_cast<char*>(m_l.data()), nbytes)) &&
-              bool(in.read(reinterpret_cast<char*>(v_l.data()), nbytes)) &&
-              (!has_master || bool(in.read(reinterpret_cast<char*>(master_l.data()), nbytes))) &&
+    bool ok = bool(in.read(reinterpret_cast<char*>(m_l.data()), std::streamsize(nbytes))) &&
+              bool(in.read(reinterpret_cast<char*>(v_l.data()), std::streamsize(nbytes))) &&
+              (!has_master || bool(in.read(reinterpret_cast<char*>(master_l.data()), std::streamsize(nbytes)))) &&
               (fp8.empty() || bool(in.read(reinterpret_cast<char*>(fp8.data()), std::streamsize(fp8.size()))));
     char extra;
     if (!ok || in.read(&extra, 1))
-        throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters", state_path.c_str(),
-                               num_params));
-    uint64_t h = fnv1a(meta_s.data(), meta_s.size());
-    h = fnv1a(m_l.data(), nbytes, h);
-    h = fnv1a(v_l.data(), nbytes, h);
-    if (has_master) h = fnv1a(master_l.data(), nbytes, h);
-    if (!fp8.empty()) h = fnv1a(fp8.data(), fp8.size(), h);
-    uint64_t stored;
-    std::memcpy(&stored, &header[4], sizeof(stored));
-    if (h != stored) throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", state_path.c_str()));
+        throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters", sp, num_params));
 
     whole->params = std::move(params);
     whole->m = std::move(m_l);
     whole->v = std::move(v_l);
     whole->master = std::move(master_l);
     whole->fp8 = std::move(fp8);
-    TrainState st;
-    st.step = meta.at("step").get<int>();
-    st.loader_dp = meta.value("loader_dp", 1);
-    const auto& L = meta.at("loader");
-    st.loader.epoch = L.at("epoch").get<uint64_t>();
-    st.loader.shard = L.at("shard").get<uint64_t>();
-    st.loader.window = L.at("window").get<uint64_t>();
-    st.loader.seed = L.at("seed").get<uint64_t>();
     return st;
 }

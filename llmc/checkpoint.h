@@ -11,6 +11,7 @@
 // Saving writes step_NNNNNNNN.tmp/, fsyncs, renames it, then writes DONE: a run killed at any
 // point leaves the previous checkpoint intact, and only folders with DONE are ever resumed.
 #pragma once
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,15 @@ struct WholeState {
     std::vector<uint8_t> fp8;
 };
 
+// Training state that is not finite (NaN or infinite weights or moments): never written over a
+// good checkpoint. main ends the run with kExitBadSteps (llmc/exit_codes.h).
+struct NonFiniteState : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+// Throws NonFiniteState naming the first non-finite tensor element (by llm.c order index) and
+// the step, so that nothing non-finite is ever saved (a checkpoint or the final model).
+void check_finite_state(const WholeState& whole, int step);
+
 // Latest complete checkpoint folder in dir, or "" when there is none.
 std::string checkpoint_latest(const std::string& dir);
 // Saves, then deletes complete checkpoints older than the newest `keep` and stale temporaries.
@@ -54,11 +64,17 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
 // file when it is incomplete, corrupt, truncated or of another model shape.
 TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole);
 
+// Throws UserError, naming train.steps and the checkpoint's step, when the checkpoint at `from`
+// (loaded as st) is past the end of a run of `steps` steps: its weights are not those of any
+// step of this run.
+void check_resume_within(const TrainState& st, int steps, const std::string& from);
+
 // Test hook: when the environment variable LLMC_FAULT equals name (or name_<step>), the
 // process kills itself with SIGKILL: a crash at that point (of a checkpoint write, of a
 // training step). LLMC_FAULT=hang:name (or hang:name_<step>) makes it sleep forever instead
 // (a hung rank, for the collective watchdog). LLMC_FAULT=usr1:name (term:, int:) sends the
 // process that signal and returns (preemption, llmc/preempt.h). LLMC_FAULT=nan:name makes it
-// return true: the caller injects a NaN there. With LLMC_FAULT_RANK=r set, only world rank r
+// return true: the caller injects a NaN there. LLMC_FAULT=slow:name sleeps 5 s there and goes on
+// (a slow disk). With LLMC_FAULT_RANK=r set, only world rank r
 // does any of these. Returns false otherwise.
 bool fault_point(const char* name, int step);

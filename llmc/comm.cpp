@@ -1,4 +1,5 @@
 // The group of one (no MPI) and helpers shared by every Comm implementation.
+#include <algorithm>
 #include <cstring>
 
 #include "llmc/comm.h"
@@ -49,6 +50,12 @@ std::string exchange_text(const std::vector<CommP2P>& msgs) {
 
 std::string timeout_text(double timeout_s) {
     return strfmt("did not complete within parallel.timeout_s = %g s", timeout_s);
+}
+
+std::chrono::steady_clock::time_point comm_deadline(double timeout_s) {
+    using Clock = std::chrono::steady_clock;
+    const double s = std::min(timeout_s, kCommTimeoutCapS);  // also turns +inf into the cap
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
 namespace {

@@ -36,6 +36,7 @@
 // one MPI_Comm per group), NCCL (llmc/cuda/comm_nccl.cu, one ncclComm per group,
 // bootstrapped over the group's MPI communicator).
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -147,3 +148,8 @@ std::string exchange_text(const std::vector<CommP2P>& msgs);
                              const std::string& what, const std::function<void()>& cleanup = nullptr);
 // The "<what>" of a stall: "did not complete within parallel.timeout_s = T s".
 std::string timeout_text(double timeout_s);
+// The watchdogs' deadline for a call starting now: now + timeout_s, capped at now + kCommTimeoutCapS
+// so that it cannot overflow the clock's int64 nanoseconds. A larger timeout_s (1e10, 1e300)
+// therefore means "practically never" (about 30 years).
+constexpr double kCommTimeoutCapS = 1e9;
+std::chrono::steady_clock::time_point comm_deadline(double timeout_s);

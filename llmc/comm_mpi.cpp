@@ -72,8 +72,7 @@ class Watchdog {
 public:
     Watchdog(std::string group, double timeout_s)
         : group_(std::move(group)),
-          timeout_s_(timeout_s),
-          timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))) {
+          timeout_s_(timeout_s) {
         LLMC_ASSERT(timeout_s > 0, "the communicator watchdog needs timeout_s > 0");
         thread_ = std::thread([this] { run(); });
     }
@@ -92,7 +91,7 @@ public:
         std::lock_guard<std::mutex> lock(mu_);
         op_ = op;
         detail_ = std::move(detail);
-        deadline_ = Clock::now() + timeout_;
+        deadline_ = comm_deadline(timeout_s_);
         armed_ = true;
         // A helper still waiting on the previous call's deadline wakes by itself, before this
         // (later) one, and waits again; only an idle one needs the wake-up (a system call).
@@ -121,7 +120,6 @@ private:
 
     const std::string group_;
     const double timeout_s_;
-    const Clock::duration timeout_;
     std::mutex mu_;
     std::condition_variable cv_;
     bool armed_ = false, idle_ = false, stop_ = false;

@@ -18,6 +18,7 @@
 
 #include "llmc/common.h"
 #include "llmc/shard.h"
+#include "llmc/tokenizer.h"
 
 using nlohmann::json;
 
@@ -121,7 +122,8 @@ const std::vector<Key>& schema() {
         int_key("train.seq_len", FIELD(train.seq_len), 1, NONE, "tokens per sequence (T), <= model.max_seq_len"),
         int_key("train.grad_accum", FIELD(train.grad_accum), 1, NONE, "micro-batches per optimizer step"),
         int_key("train.steps", FIELD(train.steps), 1, NONE, "optimizer steps"),
-        num_key("train.lr", FIELD(train.lr), 0, true, NONE, false, "peak learning rate"),
+        num_key("train.lr", FIELD(train.lr), 0, true, std::numeric_limits<float>::max(), false,
+                "peak learning rate (the optimizer computes in fp32)"),
         enum_key("train.lr_schedule", FIELD(train.lr_schedule), {"constant", "cosine", "linear", "wsd"}, {},
                  "decay after warmup"),
         int_key("train.warmup_steps", FIELD(train.warmup_steps), 0, NONE, "linear warmup steps (<= train.steps)"),
@@ -338,7 +340,8 @@ std::string describe_value(const json& v) {
     switch (v.type()) {
         case json::value_t::null: return "null";
         case json::value_t::boolean: return std::string("boolean ") + (v.get<bool>() ? "true" : "false");
-        case json::value_t::string: return "string " + v.dump();
+        case json::value_t::string:  // (a command-line value may hold any bytes: shown, not thrown)
+            return "string " + v.dump(-1, ' ', false, json::error_handler_t::replace);
         case json::value_t::number_integer:
         case json::value_t::number_unsigned:
         case json::value_t::number_float: return "number " + v.dump();
@@ -657,14 +660,58 @@ json read_config_file(const std::string& path) {
     std::stringstream ss;
     ss << in.rdbuf();
     std::string text = ss.str();
+    const size_t nul = text.find('\0');
+    if (nul != std::string::npos)
+        throw UserError(strfmt("config file \"%s\": a NUL byte at byte %zu (not a text file?)", path.c_str(), nul));
+    // nlohmann keeps the last of two equal keys silently: refuse the file instead
+    std::vector<std::set<std::string>> seen;  // keys of each open object
+    std::vector<std::string> at;              // the last key of each open object
+    std::string dup;
+    const json::parser_callback_t check_dup = [&](int, json::parse_event_t ev, json& parsed) {
+        if (ev == json::parse_event_t::object_start) {
+            seen.emplace_back();
+            at.emplace_back();
+        } else if (ev == json::parse_event_t::object_end) {
+            seen.pop_back();
+            at.pop_back();
+        } else if (ev == json::parse_event_t::key) {
+            at.back() = parsed.get<std::string>();
+            if (!seen.back().insert(at.back()).second && dup.empty()) dup = join(at, ".");
+        }
+        return true;
+    };
     try {
-        return json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+        json j = json::parse(text, check_dup, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+        if (!dup.empty())
+            throw UserError(strfmt("config file \"%s\": key \"%s\" appears twice in one object (JSON keeps the "
+                                   "last silently); keep one",
+                                   path.c_str(), dup.c_str()));
+        return j;
     } catch (const json::parse_error& e) {
         std::string msg = e.what();
         size_t close = msg.find("] ");
         if (msg.rfind("[json.exception", 0) == 0 && close != std::string::npos) msg = msg.substr(close + 2);
         throw UserError(strfmt("config file \"%s\": invalid JSON (byte %zu): %s", path.c_str(), e.byte, msg.c_str()));
     }
+}
+
+// Every key and string of the config is UTF-8: JSON cannot hold other bytes (nlohmann throws
+// when such a string is written out: in messages, the resolved config, a checkpoint).
+void check_utf8(const json& j, const std::string& path) {
+    const auto check = [&](const std::string& s, const char* what) {
+        const size_t at = utf8_invalid_at(s);
+        if (at != std::string::npos)
+            throw UserError(strfmt("%s: %s is not valid UTF-8 (byte %zu)", path.empty() ? "config" : path.c_str(), what,
+                                   at));
+    };
+    if (j.is_string()) check(j.get_ref<const std::string&>(), "the value");
+    if (j.is_array())
+        for (const json& e : j) check_utf8(e, path);
+    if (j.is_object())
+        for (auto it = j.begin(); it != j.end(); ++it) {
+            check(it.key(), "a key");
+            check_utf8(it.value(), path.empty() ? it.key() : path + "." + it.key());
+        }
 }
 
 }  // namespace
@@ -676,6 +723,7 @@ json read_config_file(const std::string& path) {
 Config config_from_json(const json& j, bool check_files) {
     if (!j.is_object())
         throw UserError(strfmt("config: the top level must be a JSON object, got %s", describe_value(j).c_str()));
+    check_utf8(j, "");
     check_keys(j, "");
     Config c;
     for (const Key& k : schema())
@@ -738,6 +786,7 @@ Config load_config(int argc, char** argv, bool* print_config, std::string* plan)
             i = 2;
         }
     }
+    std::set<std::string> overridden;
     for (; i < argc; i++) {
         std::string a = argv[i];
         if (a == "--print-config") {
@@ -756,6 +805,10 @@ Config load_config(int argc, char** argv, bool* print_config, std::string* plan)
                                    "key=value without dashes, e.g. train.lr=3e-4)",
                                    a.c_str()));
         } else if (a.find('=') != std::string::npos) {
+            const std::string key = a.substr(0, a.find('='));
+            if (!overridden.insert(key).second && log_rank() <= 0)
+                std::fprintf(stderr, "warning: %s is given twice on the command line; the last (%s) wins\n",
+                             key.c_str(), a.c_str());
             apply_override(root, a);
         } else {
             throw UserError(strfmt("unexpected argument \"%s\": neither key=value nor a known flag (the config file "

@@ -416,6 +416,10 @@ LoaderPosition convert_loader_position(const LoaderPosition& p, int saved_dp, in
         throw UserError(strfmt("checkpoint: saved at parallel.dp=%d with data.shuffle=true; the shuffled window "
                                "order depends on dp, so it resumes only at dp=%d (or start with data.shuffle=false)",
                                saved_dp, saved_dp));
+    if (p.window > UINT64_MAX / uint64_t(saved_dp))
+        throw UserError(strfmt("checkpoint: the data position (window %llu at dp %d) is out of range (corrupt "
+                               "checkpoint?)",
+                               (unsigned long long)p.window, saved_dp));
     const uint64_t windows = p.window * uint64_t(saved_dp);
     if (windows % uint64_t(dp) != 0)
         throw UserError(strfmt("checkpoint: the data position (%llu windows into the shard) does not divide "

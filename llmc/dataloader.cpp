@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <numeric>
@@ -80,6 +81,7 @@ DataLoader::DataLoader(const std::string& glob, int B, int T, int rank, int worl
         groups_.push_back((ntok - 1) / group_tokens);
         token_bytes_.push_back(info.token_bytes);
     }
+    checked_.assign(files_.size(), false);
     raw_.resize((B_ * T_ + 1) * sizeof(uint32_t));
     buf_.resize(B_ * T_ + 1);
     pos_.seed = seed;
@@ -113,9 +115,47 @@ void DataLoader::sync() {
         f.fd = ::open(files_[cur_file_].c_str(), O_RDONLY | O_CLOEXEC);
         if (f.fd < 0)
             throw UserError(strfmt("shard %s: cannot open: %s", files_[cur_file_].c_str(), std::strerror(errno)));
+        if (!checked_[cur_file_]) check_tokens(f.fd);
         fd_ = std::move(f);
         fd_file_ = cur_file_;
     }
+}
+
+// One sequential pass over the tokens of shard cur_file_ (open on fd): a token >= vocab_size fails when the shard is
+// first opened, not in whichever step reads its window.
+void DataLoader::check_tokens(int fd) {
+    const std::string& path = files_[cur_file_];
+    const size_t width = token_bytes_[cur_file_];
+    const uint64_t tokens = shard_info(path).tokens;
+    std::vector<unsigned char> chunk(size_t(1) << 20);
+    for (uint64_t first = 0; first < tokens;) {
+        const size_t n = size_t(std::min<uint64_t>(tokens - first, chunk.size() / width));
+        size_t got = 0;
+        while (got < n * width) {
+            const ssize_t r = ::pread(fd, chunk.data() + got, n * width - got,
+                                      off_t(SHARD_HEADER_BYTES + first * width + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0)
+                throw UserError(strfmt("shard %s: read failed: %s", path.c_str(),
+                                       r < 0 ? std::strerror(errno) : "file shorter than its header says"));
+            got += size_t(r);
+        }
+        for (size_t i = 0; i < n; i++) {
+            uint32_t t = 0;
+            if (width == sizeof(uint16_t)) {
+                uint16_t t16;
+                std::memcpy(&t16, chunk.data() + i * width, sizeof(t16));
+                t = t16;
+            } else {
+                std::memcpy(&t, chunk.data() + i * width, sizeof(t));
+            }
+            if (t >= uint32_t(vocab_))
+                throw UserError(strfmt("shard %s: token id %u at token offset %llu is >= vocab_size %d", path.c_str(), t,
+                                       (unsigned long long)(first + i), vocab_));
+        }
+        first += n;
+    }
+    checked_[cur_file_] = true;
 }
 
 void DataLoader::next(int32_t* inputs, int32_t* targets) {
@@ -171,7 +211,13 @@ void DataLoader::set_position(const LoaderPosition& p) {
                                (unsigned long long)p.shard, files_.size()));
     LoaderPosition old = pos_;
     pos_ = p;
-    sync();
+    try {
+        sync();  // may open a shard that fails its check
+    } catch (const UserError&) {
+        pos_ = old;
+        sync();
+        throw;
+    }
     if (p.window >= groups_[cur_file_]) {
         std::string file = files_[cur_file_];
         uint64_t have = groups_[cur_file_];

@@ -40,8 +40,9 @@ public:
     DataLoader(DataLoader&&) = default;  // movable, not copyable (owns an open file)
     DataLoader& operator=(DataLoader&&) = default;
 
-    // Reads the next window into inputs and targets (B*T int32 each) and advances.
-    // Throws UserError naming the file on a token id >= vocab_size or a failed read.
+    // Reads the next window into inputs and targets (B*T int32 each) and advances. Each shard's
+    // tokens are all checked against vocab_size when it is first opened (the first in the
+    // constructor). Throws UserError naming the file on a token id >= vocab_size or a failed read.
     void next(int32_t* inputs, int32_t* targets);
 
     LoaderPosition position() const { return pos_; }
@@ -58,6 +59,7 @@ public:
 
 private:
     void sync();  // brings the orders and the open file in line with pos_
+    void check_tokens(int fd);  // every token of shard cur_file_ < vocab_size, or UserError naming it
 
     std::vector<std::string> files_;
     std::vector<uint64_t> groups_;  // window groups per file
@@ -81,6 +83,7 @@ private:
         ~Fd();
     } fd_;
     size_t fd_file_ = SIZE_MAX;  // file open on fd_
+    std::vector<bool> checked_;  // per file: check_tokens() passed
     std::vector<unsigned char> raw_;  // a window as stored
     std::vector<uint32_t> buf_;       // a window's tokens
 };

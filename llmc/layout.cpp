@@ -1,5 +1,7 @@
 #include "llmc/layout.h"
 
+#include <unistd.h>
+
 #include <cstring>
 
 #include "llmc/pipeline_schedule.h"
@@ -21,6 +23,18 @@ ModelShape model_shape(const ModelConfig& m) {
         s.tie_embeddings = m.tie_embeddings;
     }
     return s;
+}
+
+void check_fits_host_memory(const ModelShape& s) {
+    double n = 0;  // in double: a hostile shape must not wrap the count
+    for (const TensorDecl& d : model_tensors(s))
+        n += double(d.rows) * double(d.cols) * (d.part == ModelPart::Layer ? double(s.n_layer) : 1.0);
+    const double have = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
+    if (4.0 * n > have)
+        throw UserError(strfmt("model: %.3g parameters (model.n_layer = %d, model.d_model = %d) need %.3g GiB as fp32, "
+                               "more than this machine's %.3g GiB of host memory: the model does not fit in host "
+                               "memory (lower model.n_layer or model.d_model)",
+                               n, s.n_layer, s.d_model, 4.0 * n / (1 << 30), have / (1 << 30)));
 }
 
 ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank) {

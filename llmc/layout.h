@@ -15,6 +15,11 @@
 // The model's shape from its config keys (the family's defaults filled in; padded vocabulary).
 ModelShape model_shape(const ModelConfig& m);
 
+// Throws UserError naming model.n_layer and model.d_model when the whole model's fp32 weights
+// exceed this machine's physical memory: every rank reads the whole model when it resumes, and
+// world rank 0 assembles it (with its optimizer moments) for every checkpoint.
+void check_fits_host_memory(const ModelShape& shape);
+
 // The part of the model the rank at (tp_rank, pp_rank) holds under this parallel config.
 ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank);
 

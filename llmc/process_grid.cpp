@@ -90,6 +90,7 @@ ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& co
         pg.pp = make_self_comm(0);
         pg.mp = make_self_comm(0);
         pg.embed = make_self_comm(0);
+        pg.save = make_self_comm(0);
         return pg;
     }
     LLMC_ASSERT(comm_kind == "mpi" || comm_kind == "nccl", "unknown communicator " + comm_kind);
@@ -111,5 +112,6 @@ ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& co
     pg.pp = make_mpi_comm(grid.groups({Axis::pp}), grid.rank, "pp", timeout_s);
     pg.mp = make_mpi_comm(grid.groups({Axis::pp, Axis::tp}), grid.rank, "mp", timeout_s);
     pg.embed = make_mpi_comm(grid.embed_groups(), grid.rank, "embed", timeout_s);
+    pg.save = make_mpi_comm({all}, grid.rank, "save", kCommTimeoutCapS);
     return pg;
 }

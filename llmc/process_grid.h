@@ -53,6 +53,10 @@ ProcessGrid make_process_grid(const ParallelConfig& pc, int world, int rank);
 // group (the pp x tp ranks that hold one copy of the model).
 struct ProcessGroups {
     std::unique_ptr<Comm> world, dp, tp, pp, mp, embed;
+    // The world again, on MPI, whose watchdog practically never fires (kCommTimeoutCapS): the
+    // ranks wait on it while world rank 0 writes a checkpoint, so that a save longer than
+    // parallel.timeout_s does not end the job (a rank that dies still does, through the launcher).
+    std::unique_ptr<Comm> save;
 };
 // comm_kind: "mpi" or "nccl" (every group is "self" when the world is one process); timeout_s:
 // parallel.timeout_s, the watchdog of every blocking call; cuda_device: this rank's GPU (nccl).

@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -250,6 +251,17 @@ TEST_CASE("comm worker: every call of the MPI communicator on 3 ranks", "[.comm_
             if (x != 3.0) FAIL_CHECK("all_reduce under the short timeout");
         }
         quick->barrier();
+    }
+
+    // a huge timeout_s means "practically never", not a deadline that overflows the clock and has
+    // passed before the call starts (1e10 s is 1e19 ns, beyond int64; infinity likewise)
+    for (double huge : {1e10, 1e300, double(INFINITY)}) {
+        std::unique_ptr<Comm> patient = make_mpi_comm({{0, 1, 2}}, me, "world", huge);
+        if (me == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        double x = 1.0;
+        patient->all_reduce(&x, 1, ReduceOp::Sum);
+        CHECK(x == 3.0);
+        patient->barrier();
     }
 }
 

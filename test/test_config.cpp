@@ -268,8 +268,9 @@ TEST_CASE("config: out-of-range values and enums", "[config]") {
         std::string arg, key, range;
     };
     std::vector<Case> cases = {
-        {"train.lr=0", "train.lr", "> 0"},
-        {"train.lr=-1e-3", "train.lr", "> 0"},
+        {"train.lr=0", "train.lr", "(0, 3.40282e+38]"},
+        {"train.lr=-1e-3", "train.lr", "(0, 3.40282e+38]"},
+        {"train.lr=1e300", "train.lr", "(0, 3.40282e+38]"},  // beyond fp32, where the optimizer computes
         {"train.steps=0", "train.steps", ">= 1"},
         {"train.micro_batch=0", "train.micro_batch", ">= 1"},
         {"train.warmup_steps=-1", "train.warmup_steps", ">= 0"},
@@ -422,4 +423,26 @@ TEST_CASE("config: train.recompute, plan.world and the --plan flags", "[config]"
     CHECK(plan_of({g, "--plan=json"}) == "json");
     m = error_of([&] { plan_of({g, "--plan=yaml"}); });
     CHECK_THAT(m, Catch::Contains("--plan=yaml") && Catch::Contains("--plan=json"));
+}
+
+TEST_CASE("config: a key twice in one object, or a NUL byte, is refused naming the file", "[config]") {
+    TempDir t;
+    const std::string dup = t.write("dup.json", "{ \"train\": { \"lr\": 0.1, \"steps\": 3, \"lr\": 0.2 } }");
+    const std::string msg = error_of([&] { load({dup}); });
+    CHECK_THAT(msg, Catch::Contains("dup.json") && Catch::Contains("\"train.lr\" appears twice"));
+    // the same key in two objects is no duplicate
+    const std::string two = t.write("two.json", "{ \"eval\": { \"every\": 0 }, \"checkpoint\": { \"every\": 0 } }");
+    CHECK_NOTHROW(load({two, "data.train=" + t.train_glob()}));
+    const std::string text = std::string("{ \"train\": { \"steps\": 3 } }") + '\0' + "junk";
+    std::ofstream(t.path + "/nul.json", std::ios::binary) << text;
+    CHECK_THAT(error_of([&] { load({t.path + "/nul.json"}); }),
+               Catch::Contains("nul.json") && Catch::Contains("NUL byte at byte " + std::to_string(text.find('\0'))));
+}
+
+TEST_CASE("config: bytes that are not UTF-8 are refused naming the key (found by fuzz_config)", "[config]") {
+    TempDir t;
+    const std::string g = "data.train=" + t.train_glob();
+    CHECK_THAT(error_of([&] { load({g, "out_dir=ab\xB1"}); }), Catch::Contains("out_dir: the value is not valid UTF-8 (byte 2)"));
+    CHECK_THAT(error_of([&] { load({g, "train.steps=\xB1"}); }), Catch::Contains("train.steps"));
+    CHECK_THAT(error_of([&] { load({g, "train={\"st\xB1\": 1}"}); }), Catch::Contains("train"));
 }

@@ -575,6 +575,13 @@ TEST_CASE("cpu float: exp and tanh approximations", "[cpu][float]") {
     CHECK(worst_tanh < 5e-7);
     CHECK(cpu::exp_approx(-1000.0f) == 0.0f);
     CHECK(cpu::exp_approx(0.0f) == 1.0f);
+    // defined for every input (UBSan: no out-of-range conversion or shift): NaN in, NaN out
+    CHECK(std::isnan(cpu::exp_approx(NAN)));
+    CHECK(std::isnan(cpu::exp_approx(-NAN)));
+    CHECK(cpu::exp_approx(1e30f) == INFINITY);
+    CHECK(cpu::exp_approx(INFINITY) == INFINITY);
+    CHECK(cpu::exp_approx(-INFINITY) == 0.0f);
+    CHECK(cpu::exp_approx(88.0f) == Approx(std::exp(88.0)).epsilon(1e-6));
     CHECK(cpu::tanh_t(0.0f) == 0.0f);
     CHECK(cpu::tanh_t(50.0f) == 1.0f);
     CHECK(cpu::tanh_t(-50.0f) == -1.0f);

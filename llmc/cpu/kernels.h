@@ -48,16 +48,17 @@ inline void over_channel_blocks(long N, int C, F f) {
 // exp: float uses a vectorisable Cody-Waite + polynomial implementation (about 1 ulp);
 // double uses the C library (the tests' reference precision).
 inline float exp_approx(float x) {
-    // Valid for x <= 88 (every caller passes x <= 0); below -87.3 (where exp is denormal)
-    // the result is flushed to 0.
-    const bool underflow = x < -87.3f;
-    x = std::min(std::max(x, -87.3f), 88.0f);
+    // Below -87.3 (where exp is denormal) the result is flushed to 0, above 88 it is +inf, and
+    // NaN stays NaN. Comparisons with NaN are false, so the clamp maps NaN to -87.3 and the
+    // conversion to int below stays defined; the selects at the end restore it (branch-free).
+    const bool underflow = x < -87.3f, overflow = x > 88.0f, nan = x != x;
+    const float xc = x > -87.3f ? (x < 88.0f ? x : 88.0f) : -87.3f;
     const float log2e = 1.44269504088896341f;
-    const float fn = std::nearbyint(x * log2e);
+    const float fn = std::nearbyint(xc * log2e);
     // x - n*ln2 in two parts (Cody-Waite)
     const float ln2_hi = 0.693359375f;
     const float ln2_lo = -2.12194440e-4f;
-    float r = std::fma(-fn, ln2_hi, x);
+    float r = std::fma(-fn, ln2_hi, xc);
     r = std::fma(-fn, ln2_lo, r);
     // exp(r) on |r| <= ln2/2: minimax polynomial (cephes expf coefficients)
     float p = 1.9875691500e-4f;
@@ -69,13 +70,14 @@ inline float exp_approx(float x) {
     p = std::fma(p, r * r, r);
     p = p + 1.0f;
     // scale by 2^n via the exponent bits
-    const int n = (int)fn;
+    const int n = (int)fn;  // in [-126, 127]
     union {
         int32_t i;
         float f;
     } u;
     u.i = (n + 127) << 23;
-    return underflow ? 0.0f : p * u.f;
+    const float e = underflow ? 0.0f : p * u.f;
+    return nan ? x : overflow ? INFINITY : e;
 }
 
 template <class T>

@@ -282,9 +282,7 @@ private:
     double* scratch_host_ = nullptr;  // (pinned)
     size_t scratch_n_ = 0;
 
-    Clock::time_point deadline_from_now() const {
-        return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s_));
-    }
+    Clock::time_point deadline_from_now() const { return comm_deadline(timeout_s_); }
     // Spins briefly (a small collective ends in microseconds), then sleeps between polls.
     static void pause(int polls) {
         if (polls < 1000) std::this_thread::yield();

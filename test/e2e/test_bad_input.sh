@@ -1,0 +1,134 @@
+# The bad-input sweep (issue 13): hostile values, files and folders end with a clear message and
+# exit code 2 (or the documented code), and never damage what was written before.
+source "$(dirname "$0")/lib.sh"
+make_data
+tiny_config "$W/c.json"
+
+# a huge parallel.timeout_s means "practically never", not a deadline that overflowed and has passed
+timeout 120 mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$BIN" "$W/c.json" train.steps=2 parallel.timeout_s=1e10 \
+    "out_dir=$W/patient" > "$W/patient.txt" 2>&1 || die "parallel.timeout_s=1e10 under mpirun: $(tail -n 5 "$W/patient.txt")"
+[ -f "$W/patient/model_00000002.bin" ] || die "parallel.timeout_s=1e10: no final model"
+
+# an lr beyond fp32 is refused by name; a model beyond host memory too (no std::bad_alloc abort)
+expect_fail 2 'train\.lr' "$BIN" "$W/c.json" train.lr=1e300 "out_dir=$W/lr"
+expect_fail 2 'host memory.*model\.n_layer|model\.n_layer.*host memory' "$BIN" "$W/c.json" model.n_layer=100000000 \
+    "out_dir=$W/huge"
+
+# a run with checkpoints at steps 2 and 4
+"$BIN" "$W/c.json" train.steps=4 checkpoint.every=2 checkpoint.keep=5 "out_dir=$W/base" > /dev/null
+ck="$W/base/checkpoints/step_00000004"
+[ -f "$ck/DONE" ] || die "no step-4 checkpoint"
+
+# resuming step 4 in a 3-step run is refused, naming train.steps and the step
+expect_fail 2 'step 4.*train\.steps = 3' "$BIN" "$W/c.json" train.steps=3 "checkpoint.resume=$ck" "out_dir=$W/short"
+[ ! -e "$W/short/model_00000003.bin" ] || die "a 3-step model was written from step-4 weights"
+
+# state.bin with a valid checksum but hostile metadata: every field is checked, naming the file
+# and the field (forge.py rewrites the metadata and the checksum)
+cat > "$W/forge.py" <<'PY'
+import json, struct, sys
+path, edit = sys.argv[1], sys.argv[2]
+data = open(path, "rb").read()
+head = list(struct.unpack("<8i", data[:32]))
+ns = {"m": json.loads(data[32:32 + head[2]])}
+exec(edit, ns)
+meta = ns["m"] if isinstance(ns["m"], bytes) else json.dumps(ns["m"]).encode()
+rest = data[32 + head[2]:]
+h = 1469598103934665603
+for b in meta + rest:
+    h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+head[2] = len(meta)
+head[4], head[5] = struct.unpack("<2i", struct.pack("<Q", h))
+open(path, "wb").write(struct.pack("<8i", *head) + meta + rest)
+PY
+n=0
+forged() {  # forged PATTERN EDIT: a copy of the step-4 checkpoint with EDIT applied to its metadata m
+    n=$((n + 1))
+    cp -r "$ck" "$W/forged$n"
+    python3 "$W/forge.py" "$W/forged$n/state.bin" "$2"
+    expect_fail 2 "forged$n/state\.bin.*$1" "$BIN" "$W/c.json" train.steps=8 "checkpoint.resume=$W/forged$n" \
+        "out_dir=$W/forged_out$n"
+}
+forged '"step" is "4"'          'm["step"] = "4"'
+forged 'lacks "step"'           'del m["step"]'
+forged '"step" is -50'          'm["step"] = -50'
+forged '"step" is 1099511627776' 'm["step"] = 2**40'
+forged '"loader_dp" is 0'       'm["loader_dp"] = 0'
+forged '"loader" is missing'    'del m["loader"]'
+forged '"loader\.window" is -1' 'm["loader"]["window"] = -1'
+forged 'lacks "loader\.seed"'   'del m["loader"]["seed"]'
+forged '"has_master"'           'm["has_master"] = 1'
+forged '"num_params"'           'm["num_params"] = "many"'
+forged 'not a JSON object'      'm = [1, 2]'
+forged 'corrupt metadata'       'm = b"{not json"'
+# a changed metadata byte without a new checksum: refused before the metadata is believed
+cp -r "$ck" "$W/tampered"
+sed -i 's/"step":4/"step":5/' "$W/tampered/state.bin"
+expect_fail 2 'tampered/state\.bin.*checksum' "$BIN" "$W/c.json" train.steps=8 "checkpoint.resume=$W/tampered" \
+    "out_dir=$W/tampered_out"
+
+# a fresh run (resume "never") in a folder that holds another run is refused, naming the folder
+# and the ways out; the old run's checkpoints are untouched
+expect_fail 2 "never.*$W/base.*checkpoint\.resume=auto" "$BIN" "$W/c.json" train.steps=4 checkpoint.every=2 \
+    checkpoint.resume=never "out_dir=$W/base"
+[ -f "$W/base/checkpoints/step_00000002/DONE" ] && [ -f "$ck/DONE" ] || die "the refused run touched the old checkpoints"
+
+# rolling back to step 2, then crashing: "auto" continues the rolled-back branch, not step 4
+cp -r "$W/base" "$W/rollback"
+rc=0
+LLMC_FAULT=train_step_3 "$BIN" "$W/c.json" train.steps=4 checkpoint.every=2 checkpoint.keep=5 \
+    "checkpoint.resume=$W/rollback/checkpoints/step_00000002" "out_dir=$W/rollback" > /dev/null 2>&1 || rc=$?
+[ $rc -eq 137 ] || die "rollback: expected the fault's SIGKILL (137), got $rc"
+[ -f "$W/rollback/checkpoints/abandoned_step_00000004/DONE" ] || die "rollback: step 4 was not set aside"
+"$BIN" "$W/c.json" train.steps=4 checkpoint.every=2 checkpoint.keep=5 "out_dir=$W/rollback" > "$W/rollback.txt"
+grep -q 'resumed from .*step_00000002 ' "$W/rollback.txt" || die "rollback: auto resumed the abandoned branch: $(grep resumed "$W/rollback.txt")"
+
+# two trainers on one out_dir: the second stops at once naming the first one's pid; the lock
+# goes with the process that held it
+LLMC_FAULT=hang:train_step_1 "$BIN" "$W/c.json" train.steps=4 "out_dir=$W/shared" > /dev/null 2>&1 &
+holder=$!
+for _ in $(seq 100); do [ -s "$W/shared/train_gpt.lock" ] && break; sleep 0.1; done
+expect_fail 2 "out_dir.*$W/shared.*pid $holder" "$BIN" "$W/c.json" train.steps=4 "out_dir=$W/shared"
+kill -9 $holder
+wait $holder || true
+"$BIN" "$W/c.json" train.steps=2 "out_dir=$W/shared" > /dev/null || die "the lock outlived its holder"
+
+# unusable folders are found at start-up, before any training
+touch "$W/afile"
+expect_fail 2 "out_dir.*$W/afile" "$BIN" "$W/c.json" "out_dir=$W/afile"
+expect_fail 2 "checkpoint\.dir.*$W/afile/ck" "$BIN" "$W/c.json" "checkpoint.dir=$W/afile/ck" "out_dir=$W/ckbad"
+[ ! -e "$W/ckbad/log.jsonl" ] || ! grep -q '"loss"' "$W/ckbad/log.jsonl" || die "trained before finding checkpoint.dir unusable"
+
+# the final checkpoint is written before the final model: a model path that cannot be written
+# loses no training
+mkdir -p "$W/final/model_00000004.bin"
+rc=0
+"$BIN" "$W/c.json" train.steps=4 checkpoint.every=3 "out_dir=$W/final" > /dev/null 2> "$W/final.err" || rc=$?
+[ $rc -eq 2 ] || die "unwritable final model: expected exit 2, got $rc: $(cat "$W/final.err")"
+[ -f "$W/final/checkpoints/step_00000004/DONE" ] || die "unwritable final model: the final checkpoint was not written first"
+
+# a save longer than parallel.timeout_s does not end the job: the other rank waits for rank 0's
+# write outside the collective timeout (rank 0 sleeps 5 s inside its step-2 save; timeout 2 s)
+LLMC_FAULT=slow:checkpoint_after_model_2 timeout 120 mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 -x LLMC_FAULT \
+    "$BIN" "$W/c.json" train.steps=3 checkpoint.every=2 parallel.timeout_s=2 "out_dir=$W/slow" > "$W/slow.txt" 2>&1 ||
+    die "a slow save ended the job: $(tail -n 5 "$W/slow.txt")"
+grep -q 'sleeping 5 s' "$W/slow.txt" || die "the slow-save fault did not fire: $(tail -n 5 "$W/slow.txt")"
+[ -f "$W/slow/model_00000003.bin" ] || die "slow save: no final model"
+
+# a token >= vocab_size near the end of a shard fails at start-up (the shard's first open), not
+# in the step that reads it (here: never, in 10 steps)
+mkdir -p "$W/badtok"
+cp "$W"/data/train_*.bin "$W/badtok/"
+python3 - "$W/badtok/train_000000.bin" <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+ntok = struct.unpack("<3i", f.read(12))[2]
+f.seek(1024 + 2 * (ntok - 3))
+f.write(struct.pack("<H", 600))
+PY
+rc=0
+"$BIN" "$W/c.json" train.steps=10 "data.train=$W/badtok/train_*.bin" "out_dir=$W/badtok_out" > "$W/badtok.txt" 2>&1 || rc=$?
+[ $rc -eq 2 ] || die "a bad token late in a shard: expected exit 2, got $rc"
+grep -q 'train_000000\.bin: token id 600 at token offset 19997 is >= vocab_size 512' "$W/badtok.txt" || die "bad token: $(tail -n 3 "$W/badtok.txt")"
+! grep -q 'step .*loss' "$W/badtok.txt" || die "bad token: trained before finding it"
+echo "bad-input sweep: all refused as expected"
