@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 STAGES=(env ops parity bench layouts fp8)
 describe() {
     case "$1" in
-        env) echo "what the machine has (GPU, driver, toolkit, NCCL, cuDNN, PyTorch) and a dp=2 smoke run" ;;
+        env) echo "what the machine has (GPU, driver, toolkit, NCCL, cuDNN, PyTorch), a dp=2 smoke run, transformers loading our exports" ;;
         ops) echo "build/test_gpu (op parity with the CPU backend), then under compute-sanitizer" ;;
         parity) echo "the whole model on the GPU (fp32, bf16) against the CPU backend (fp32); two processes bitwise equal" ;;
         bench) echo "GPT-2 124M and a 1.5B shape in bf16 at T=1024 (tokens/s, MFU, peak memory); dev/cuda kernels" ;;
@@ -240,6 +240,26 @@ stage_env() {
     else
         loss_row "smoke: 1 process vs dp=2" "$L/smoke1/log.jsonl" "$L/smoke2/log.jsonl"
     fi
+    # our Hugging Face exports, loaded by transformers as a user would (from_pretrained), give the
+    # validation loss the trainer logged for the same weights (dev/reference/check_export.py)
+    if ! python3 -c 'import transformers' >/dev/null 2>&1; then
+        row "transformers loads our exports" "SKIP" "" "" "" "transformers not importable"
+        return 0
+    fi
+    dev/data/synth_shards --out "$L/val" --shards 1 --tokens 20000 --vocab 512 >/dev/null 2>&1
+    local arch out msg
+    for arch in gpt2 llama; do
+        out="$L/hf_$arch"
+        msg=""
+        if timeout 300 ./train_gpt "$L/c.json" device=cpu model.arch=$arch train.steps=3 "data.val=$L/val_*.bin" \
+                eval.every=3 eval.batches=2 out.format=both "out_dir=$out" >"$out.txt" 2>&1 &&
+            msg=$(python3 dev/reference/check_export.py "$out" "$L/val_000000.bin" --batch 4 --seq 64 --batches 2 \
+                --engine transformers 2>&1); then
+            row "transformers loads our $arch export" "PASS" "" "" "" "$(echo "$msg" | tail -n1 | cut -c1-120)"
+        else
+            row "transformers loads our $arch export" "FAIL" "" "" "" "$(echo "${msg:-$(tail -n1 "$out.txt")}" | tail -n1 | cut -c1-120)"
+        fi
+    done
 }
 
 stage_ops() {
