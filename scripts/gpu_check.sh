@@ -302,6 +302,7 @@ stage_ops() {
 # close_models A B TOL: two llm.c model files hold the same weights to TOL (norm of the difference
 # relative to the norm of A); prints the ratio
 close_models() {
+    [ -s "$1" ] && [ -s "$2" ] || { echo "no final model ($1, $2)"; return 1; }
     cmp -s -n 1024 "$1" "$2" || { echo "model headers differ"; return 1; }
     paste <(od -An -v -f -w4 -j1024 "$1") <(od -An -v -f -w4 -j1024 "$2") | awk -v tol="$3" '
         { d = $1 - $2; sd += d * d; sa += $1 * $1; n++ }
