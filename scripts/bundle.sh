@@ -8,7 +8,8 @@
 # (found with ldd). libc, libm, libstdc++, libgcc_s, libpthread, libdl, librt, the loader and the
 # CUDA libraries come from the target. Source dist/env.sh there.
 # The binaries are built with portable CPU flags (CPU_ARCH, default -march=x86-64-v2) into
-# build-dist/, leaving the usual build alone.
+# build-dist/, leaving the usual build alone. REUSE_BUILD=1 packages this checkout's usual build
+# instead (built already; not portable): what test/e2e/test_bundle.sh does, in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CUDA=${CUDA:-1}
@@ -18,9 +19,17 @@ JOBS=${JOBS:-1}
 DIST=${DIST:-dist}
 B=build-dist
 
-bins=("$B/train_gpt" "$B/dev/data/synth_shards" "$B/dev/data/prepare_text" "$B/test_cpu")
-[ "$CUDA" = 0 ] || bins+=("$B/test_gpu")
-make -j"$JOBS" CUDA="$CUDA" GPU_ARCH="$GPU_ARCH" CPU_ARCH="$CPU_ARCH" BUILD=$B BIN=$B/ "${bins[@]}"
+if [ "${REUSE_BUILD:-0}" = 1 ]; then
+    # package what `make` already built in this checkout (for tests on this machine: its CPU
+    # flags are this machine's, not portable); test_gpu when it was built
+    EXE=train_gpt; TOOLS_DIR=dev/data; TESTS_DIR=build
+    [ -x build/test_gpu ] || CUDA=0
+else
+    bins=("$B/train_gpt" "$B/dev/data/synth_shards" "$B/dev/data/prepare_text" "$B/test_cpu")
+    [ "$CUDA" = 0 ] || bins+=("$B/test_gpu")
+    make -j"$JOBS" CUDA="$CUDA" GPU_ARCH="$GPU_ARCH" CPU_ARCH="$CPU_ARCH" BUILD=$B BIN=$B/ "${bins[@]}"
+    EXE=$B/train_gpt; TOOLS_DIR=$B/dev/data; TESTS_DIR=$B
+fi
 
 # OpenMPI's own paths, from ompi_info: everything below is placed relative to its prefix
 path() { ompi_info --path "$1" --parsable | sed -n "s/^path:$1:\(.*\)/\1/p"; }
@@ -34,10 +43,10 @@ rel() { echo "${1#"$PREFIX"/}"; }
 rm -rf "$DIST"
 M="$DIST/mpi"
 mkdir -p "$DIST/build" "$DIST/dev/data" "$DIST/scripts" "$M/$(rel "$BINDIR")" "$M/$(rel "$LIBDIR")" "$M/etc"
-cp "$B/train_gpt" "$DIST/"
-cp "$B/dev/data/synth_shards" "$B/dev/data/prepare_text" "$DIST/dev/data/"
-cp "$B/test_cpu" "$DIST/build/"
-[ "$CUDA" = 0 ] || cp "$B/test_gpu" "$DIST/build/"
+cp "$EXE" "$DIST/"
+cp "$TOOLS_DIR/synth_shards" "$TOOLS_DIR/prepare_text" "$DIST/dev/data/"
+cp "$TESTS_DIR/test_cpu" "$DIST/build/"
+[ "$CUDA" = 0 ] || cp "$TESTS_DIR/test_gpu" "$DIST/build/"
 cp scripts/gpu_check.sh "$DIST/scripts/"
 # the commit it was built from, for gpu_check.sh's tables (the bundle is no git checkout)
 echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git status --porcelain 2>/dev/null | grep -qv '^??' && echo ' (+local changes)')" > "$DIST/COMMIT"

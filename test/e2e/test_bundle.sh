@@ -4,9 +4,9 @@
 # the bundle's mpirun runs train_gpt on 2 ranks (dp=2) with the losses and final weights of one
 # process, and the bundle's build/test_cpu passes. The same run from a copy of the bundle that
 # lacks one library (libhwloc, needed by libopen-pal) fails.
-# Bundle: $BUNDLE when set (e.g. dist/ from `make bundle`), else one built here with CUDA=0 into
-# the work folder (objects cached in build-dist/: the first build compiles everything, minutes at
-# -j1; later ones link and copy, seconds). Needs root (unshare --mount); skipped otherwise.
+# Bundle: $BUNDLE when set (e.g. dist/ from `make bundle`), else one packaged here from the
+# binaries `make test` built (REUSE_BUILD=1: this machine's CPU flags; `make bundle` builds the
+# portable one). Needs root (unshare --mount); skipped otherwise.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
 if [ "$(id -u)" -ne 0 ] || ! unshare --mount --propagation private true 2>/dev/null; then
@@ -16,7 +16,7 @@ if [ -n "${BUNDLE:-}" ]; then
     D=$(cd "$BUNDLE" && pwd)
 else
     D="$W/dist"
-    CUDA=0 DIST="$D" bash "$ROOT/scripts/bundle.sh" > "$W/bundle.log" 2>&1 || die "bundle.sh failed: $(tail -n 20 "$W/bundle.log")"
+    REUSE_BUILD=1 DIST="$D" bash "$ROOT/scripts/bundle.sh" > "$W/bundle.log" 2>&1 || die "bundle.sh failed: $(tail -n 20 "$W/bundle.log")"
 fi
 [ -f "$D/env.sh" ] && [ -x "$D/train_gpt" ] && [ -x "$D/build/test_cpu" ] || die "$D is not a bundle"
 size=$(du -sm "$D" | cut -f1)
