@@ -144,9 +144,9 @@ const std::vector<Key>& schema() {
         int_key("train.seed", FIELD(train.seed), 0, NONE, "seed of data shuffling and sampling"),
 
         int_key("eval.every", FIELD(eval.every), 0, NONE, "validation every N steps (0 = off)"),
-        int_key("eval.batches", FIELD(eval.batches), 0, NONE, "micro-batches per validation"),
+        int_key("eval.batches", FIELD(eval.batches), 0, 1e6, "micro-batches per validation"),
         int_key("eval.sample_every", FIELD(eval.sample_every), 0, NONE, "text sample every N steps (0 = off)"),
-        int_key("eval.sample_tokens", FIELD(eval.sample_tokens), 0, NONE, "tokens per text sample"),
+        int_key("eval.sample_tokens", FIELD(eval.sample_tokens), 0, 65536, "tokens per text sample"),
 
         str_key("log.jsonl", FIELD(log.jsonl), false, "JSONL log path (\"\" = <out_dir>/log.jsonl)"),
 

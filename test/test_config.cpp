@@ -282,7 +282,9 @@ TEST_CASE("config: out-of-range values and enums", "[config]") {
         {"model.vocab_size=16777217", "model.vocab_size", "[2, 16777216]"},
         {"model.vocab_size=1", "model.vocab_size", "[2, 16777216]"},
         {"model.max_seq_len=0", "model.max_seq_len", "[1, 67108864]"},
-        {"eval.batches=-2", "eval.batches", ">= 0"},
+        {"eval.batches=1e9", "eval.batches", "[0, 1000000]"},  // a typo would stall every evaluation
+        {"eval.sample_tokens=1e9", "eval.sample_tokens", "[0, 65536]"},
+        {"eval.batches=-2", "eval.batches", "[0, 1000000]"},
         {"checkpoint.keep=0", "checkpoint.keep", ">= 1"},
         {"checkpoint.every=-1", "checkpoint.every", ">= 0"},
         {"train.steps=1e12", "train.steps", "32-bit"},
