@@ -344,8 +344,9 @@ void init_or_resume(Run& r) {
             for (const std::string& a : set_aside_later_checkpoints(r.ckpt_dir, r.state.step))
                 r.log.print("set aside %s (a later checkpoint of the branch this run rolls back)\n", a.c_str());
     }
-    r.run_log.reset(new Logger(cfg.log.jsonl.empty() ? cfg.out_dir + "/log.jsonl" : cfg.log.jsonl, r.rt.is_main(),
-                               !from.empty()));
+    const std::string log_path = cfg.log.jsonl.empty() ? cfg.out_dir + "/log.jsonl" : cfg.log.jsonl;
+    if (r.rt.is_main() && !from.empty()) trim_run_log(log_path, r.state.step);  // the log reads as one run
+    r.run_log.reset(new Logger(log_path, r.rt.is_main(), !from.empty()));
 }
 
 void print_banner(Run& r, const Plan& p) {

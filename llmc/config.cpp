@@ -45,6 +45,10 @@ struct Key {
     std::string help;
 };
 
+// The largest value of any one model dimension: keeps the shape arithmetic (4 d_model, 8/3 d_model,
+// parameter counts) defined; far past any model that fits a machine.
+constexpr double kMaxModelDim = 1 << 26;
+
 #define FIELD(expr) [](Config& c) -> void* { return static_cast<void*>(&c.expr); }
 
 Key int_key(const char* path, void* (*f)(Config&), double lo, double hi, const char* help) {
@@ -93,16 +97,16 @@ const std::vector<Key>& schema() {
 
         enum_key("model.arch", FIELD(model.arch), {"gpt2", "llama"}, {},
                  "model family: gpt2 (llm.c's GPT-2) or llama (transformers' LlamaForCausalLM)"),
-        int_key("model.n_layer", FIELD(model.n_layer), 1, NONE, "transformer blocks"),
-        int_key("model.n_head", FIELD(model.n_head), 1, NONE, "attention heads (must divide d_model)"),
-        int_key("model.d_model", FIELD(model.d_model), 1, NONE, "embedding width"),
+        int_key("model.n_layer", FIELD(model.n_layer), 1, kMaxModelDim, "transformer blocks"),
+        int_key("model.n_head", FIELD(model.n_head), 1, kMaxModelDim, "attention heads (must divide d_model)"),
+        int_key("model.d_model", FIELD(model.d_model), 1, kMaxModelDim, "embedding width"),
         int_key("model.vocab_size", FIELD(model.vocab_size), 2, 16777216,
                 "vocabulary size (padded to a multiple of 128 internally; past 65536 the shards need uint32 tokens)"),
-        int_key("model.max_seq_len", FIELD(model.max_seq_len), 1, NONE,
+        int_key("model.max_seq_len", FIELD(model.max_seq_len), 1, kMaxModelDim,
                 "longest sequence (GPT-2: positional embedding rows)"),
-        int_key("model.n_kv_head", FIELD(model.n_kv_head), 0, NONE,
+        int_key("model.n_kv_head", FIELD(model.n_kv_head), 0, kMaxModelDim,
                 "llama: key/value heads, dividing n_head (grouped-query attention); 0 = n_head"),
-        int_key("model.ffn_dim", FIELD(model.ffn_dim), 0, NONE,
+        int_key("model.ffn_dim", FIELD(model.ffn_dim), 0, kMaxModelDim,
                 "llama: MLP width; 0 = 8/3 d_model rounded up to a multiple of 256 (GPT-2: always 4 d_model)"),
         num_key("model.rope_theta", FIELD(model.rope_theta), 0, true, NONE, false, "llama: rotary embedding base"),
         num_key("model.norm_eps", FIELD(model.norm_eps), 0, true, NONE, false,
@@ -148,9 +152,9 @@ const std::vector<Key>& schema() {
                  "layer in backward (bitwise the same training, less activation memory)"),
 
         int_key("eval.every", FIELD(eval.every), 0, NONE, "validation every N steps (0 = off)"),
-        int_key("eval.batches", FIELD(eval.batches), 0, NONE, "micro-batches per validation"),
+        int_key("eval.batches", FIELD(eval.batches), 0, 1e6, "micro-batches per validation"),
         int_key("eval.sample_every", FIELD(eval.sample_every), 0, NONE, "text sample every N steps (0 = off)"),
-        int_key("eval.sample_tokens", FIELD(eval.sample_tokens), 0, NONE, "tokens per text sample"),
+        int_key("eval.sample_tokens", FIELD(eval.sample_tokens), 0, 65536, "tokens per text sample"),
 
         str_key("log.jsonl", FIELD(log.jsonl), false, "JSONL log path (\"\" = <out_dir>/log.jsonl)"),
 
@@ -692,6 +696,8 @@ json read_config_file(const std::string& path) {
         size_t close = msg.find("] ");
         if (msg.rfind("[json.exception", 0) == 0 && close != std::string::npos) msg = msg.substr(close + 2);
         throw UserError(strfmt("config file \"%s\": invalid JSON (byte %zu): %s", path.c_str(), e.byte, msg.c_str()));
+    } catch (const json::out_of_range& e) {  // a number beyond double (1e400): nlohmann's 406
+        throw UserError(strfmt("config file \"%s\": invalid JSON: a number out of range (%s)", path.c_str(), e.what()));
     }
 }
 

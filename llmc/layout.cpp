@@ -26,9 +26,7 @@ ModelShape model_shape(const ModelConfig& m) {
 }
 
 void check_fits_host_memory(const ModelShape& s) {
-    double n = 0;  // in double: a hostile shape must not wrap the count
-    for (const TensorDecl& d : model_tensors(s))
-        n += double(d.rows) * double(d.cols) * (d.part == ModelPart::Layer ? double(s.n_layer) : 1.0);
+    const double n = num_params_double(s);
     const double have = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
     if (4.0 * n > have)
         throw UserError(strfmt("model: %.3g parameters (model.n_layer = %d, model.d_model = %d) need %.3g GiB as fp32, "

@@ -5,6 +5,11 @@
 
 #include <nlohmann/json.hpp>
 
+// Resuming at `step`: drops from the log.jsonl at path the records the resumed run writes again
+// (steps after `step`, logged after the checkpoint was saved, and the evaluation at `step`), so
+// that the log reads as one run. Rewrites the file atomically; a missing file is left missing.
+void trim_run_log(const std::string& path, int step);
+
 class Logger {
 public:
     // path "" = no file. append: keep earlier records (resume).

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -47,8 +48,10 @@ ModelShape model_file_shape(const std::string& path, int* version) {
     s.n_head = h[5];
     s.d_model = h[6];
     s.padded_vocab = h[7];
+    const int big = 1 << 26;  // config.cpp's kMaxModelDim: keeps the shape arithmetic defined
     if (s.max_seq_len <= 0 || s.vocab_size <= 0 || s.n_layer <= 0 || s.n_head <= 0 || s.d_model <= 0 ||
-        s.padded_vocab < s.vocab_size || s.d_model % s.n_head != 0)
+        s.padded_vocab < s.vocab_size || s.d_model % s.n_head != 0 || s.max_seq_len > big || s.vocab_size > big ||
+        s.padded_vocab > big || s.n_layer > big || s.d_model > big)
         throw UserError(strfmt("model file %s: invalid shape in header (max_seq_len %d, vocab_size %d, n_layer %d, "
                                "n_head %d, d_model %d, padded_vocab %d)",
                                path.c_str(), s.max_seq_len, s.vocab_size, s.n_layer, s.n_head, s.d_model,
@@ -60,7 +63,7 @@ ModelShape model_file_shape(const std::string& path, int* version) {
         s.tie_embeddings = h[11] != 0;
         std::memcpy(&s.rope_theta, &h[12], 4);
         std::memcpy(&s.norm_eps, &h[13], 4);
-        if (s.n_kv_head <= 0 || s.n_head % s.n_kv_head != 0 || s.ffn_dim <= 0 || !(s.rope_theta > 0) ||
+        if (s.n_kv_head <= 0 || s.n_head % s.n_kv_head != 0 || s.ffn_dim <= 0 || s.ffn_dim > big || !(s.rope_theta > 0) ||
             !(s.norm_eps > 0))
             throw UserError(strfmt("model file %s: invalid Llama shape in header (n_kv_head %d, ffn_dim %d)",
                                    path.c_str(), s.n_kv_head, s.ffn_dim));
@@ -93,10 +96,14 @@ std::vector<float> model_file_read(const std::string& path, const ModelShape* ex
                                    "%g in the config", path.c_str(), s.rope_theta, s.norm_eps, expect->rope_theta,
                                    expect->norm_eps));
     }
-    const size_t n = num_params(s);
     const size_t elem = version == 3 ? 4 : 2;
     struct stat st;
     if (stat(path.c_str(), &st) != 0) throw UserError(strfmt("model file %s: cannot stat", path.c_str()));
+    if (1024.0 + num_params_double(s) * double(elem) != double(st.st_size))  // before a count that could wrap
+        throw UserError(strfmt("model file %s: %lld bytes, but its header describes %.6g parameters (truncated or "
+                               "corrupt)",
+                               path.c_str(), (long long)st.st_size, num_params_double(s)));
+    const size_t n = num_params(s);
     const size_t want = 1024 + n * elem;
     if (size_t(st.st_size) != want)
         throw UserError(strfmt("model file %s: %lld bytes, but its header describes %zu parameters = %zu bytes "
@@ -116,6 +123,15 @@ std::vector<float> model_file_read(const std::string& path, const ModelShape* ex
     }
     std::fclose(f);
     if (!ok) throw UserError(strfmt("model file %s: read failed", path.c_str()));
+    size_t bad = 0;  // counted without an early exit: the loop vectorises
+    for (size_t i = 0; i < n; i++) bad += !std::isfinite(out[i]);
+    if (bad > 0) {
+        size_t first = 0;
+        while (std::isfinite(out[first])) first++;
+        throw UserError(strfmt("model file %s: %zu of %zu parameters are not finite (the first at index %zu, %g): "
+                               "not a usable model",
+                               path.c_str(), bad, n, first, double(out[first])));
+    }
     return out;
 }
 

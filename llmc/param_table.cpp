@@ -21,6 +21,12 @@ size_t num_params(const ModelShape& s) {
     return n;
 }
 
+double num_params_double(const ModelShape& s) {
+    double n = 0;
+    for (const TensorDecl& d : model_tensors(s)) n += double(d.rows) * double(d.cols) * double(decl_count(s, d));
+    return n;
+}
+
 size_t num_params_unpadded(const ModelShape& s) {
     size_t n = 0;
     for (const TensorDecl& d : model_tensors(s)) {

@@ -85,6 +85,8 @@ std::vector<TensorDecl> model_tensors(const ModelShape& s);
 // Elements of the whole model (padded vocabulary rows included), and of its real tensors only.
 size_t num_params(const ModelShape& s);
 size_t num_params_unpadded(const ModelShape& s);
+// num_params in double: never wraps, whatever the shape (for checks before trusting a shape).
+double num_params_double(const ModelShape& s);
 
 // Which part of the model one process holds.
 struct ModelLayout {

@@ -10,6 +10,9 @@
 #include "llmc/common.h"
 
 ShardInfo shard_info(const std::string& path) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+        throw UserError(strfmt("shard %s: is a folder, not a token shard", path.c_str()));
     FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) throw UserError(strfmt("shard %s: cannot open: %s", path.c_str(), std::strerror(errno)));
     int32_t header[256];
@@ -28,7 +31,6 @@ ShardInfo shard_info(const std::string& path) {
                                header[0], version));
     if (header[2] < 0) throw UserError(strfmt("shard %s: negative token count %d", path.c_str(), header[2]));
     ShardInfo info{static_cast<uint32_t>(header[2]), u32 ? sizeof(uint32_t) : sizeof(uint16_t)};
-    struct stat st;
     if (stat(path.c_str(), &st) != 0) throw UserError(strfmt("shard %s: cannot stat", path.c_str()));
     size_t expect = SHARD_HEADER_BYTES + info.tokens * info.token_bytes;
     if (static_cast<size_t>(st.st_size) != expect)

@@ -280,11 +280,13 @@ TEST_CASE("config: out-of-range values and enums", "[config]") {
         {"train.final_lr_frac=1.5", "train.final_lr_frac", "[0, 1]"},
         {"train.grad_clip=-1", "train.grad_clip", ">= 0"},
         {"train.max_bad_steps=0", "train.max_bad_steps", ">= 1"},
-        {"model.n_head=0", "model.n_head", ">= 1"},
+        {"model.n_head=0", "model.n_head", "[1, 67108864]"},
         {"model.vocab_size=16777217", "model.vocab_size", "[2, 16777216]"},
         {"model.vocab_size=1", "model.vocab_size", "[2, 16777216]"},
-        {"model.max_seq_len=0", "model.max_seq_len", ">= 1"},
-        {"eval.batches=-2", "eval.batches", ">= 0"},
+        {"model.max_seq_len=0", "model.max_seq_len", "[1, 67108864]"},
+        {"eval.batches=1e9", "eval.batches", "[0, 1000000]"},  // a typo would stall every evaluation
+        {"eval.sample_tokens=1e9", "eval.sample_tokens", "[0, 65536]"},
+        {"eval.batches=-2", "eval.batches", "[0, 1000000]"},
         {"checkpoint.keep=0", "checkpoint.keep", ">= 1"},
         {"checkpoint.every=-1", "checkpoint.every", ">= 0"},
         {"train.steps=1e12", "train.steps", "32-bit"},
@@ -445,4 +447,15 @@ TEST_CASE("config: bytes that are not UTF-8 are refused naming the key (found by
     CHECK_THAT(error_of([&] { load({g, "out_dir=ab\xB1"}); }), Catch::Contains("out_dir: the value is not valid UTF-8 (byte 2)"));
     CHECK_THAT(error_of([&] { load({g, "train.steps=\xB1"}); }), Catch::Contains("train.steps"));
     CHECK_THAT(error_of([&] { load({g, "train={\"st\xB1\": 1}"}); }), Catch::Contains("train"));
+}
+
+TEST_CASE("config: a number beyond double, and model dimensions beyond 2^26, are refused (found by fuzzing)",
+          "[config]") {
+    TempDir t;
+    const std::string g = "data.train=" + t.train_glob();
+    const std::string big = t.write("big.json", "{ \"train\": { \"lr\": 1e400 } }");
+    CHECK_THAT(error_of([&] { load({big, g}); }), Catch::Contains("big.json") && Catch::Contains("out of range"));
+    for (const char* key : {"model.n_layer", "model.n_head", "model.d_model", "model.max_seq_len", "model.ffn_dim"})
+        CHECK_THAT(error_of([&] { load({g, std::string(key) + "=1073741832"}); }),
+                   Catch::Contains(key) && Catch::Contains("67108864"));
 }

@@ -364,6 +364,13 @@ TEST_CASE("dataloader: bad data is a UserError naming the file", "[dataloader]")
         CHECK(contains(msg, bad));
         CHECK(contains(msg, "truncated"));
     }
+    SECTION("a folder the glob matches") {
+        fs::remove(bad);
+        fs::create_directory(bad);
+        std::string msg = error_of([&] { open(); });
+        CHECK(contains(msg, bad));
+        CHECK(contains(msg, "is a folder"));
+    }
     SECTION("truncated tokens") {
         fs::resize_file(bad, SHARD_HEADER_BYTES + 2 * 99);
         CHECK(contains(error_of([&] { open(); }), bad));

@@ -109,3 +109,38 @@ TEST_CASE("model memory order <-> llm.c order is a permutation that round-trips"
     const size_t off_lnfb = static_cast<float*>(lnfb.ptr) - static_cast<float*>(model.param_buf.ptr);
     for (size_t i = 0; i < C; i++) REQUIRE(mem[off_lnfb + i] == w[model.num_params - C + i]);
 }
+
+TEST_CASE("llm.c model file: header dimensions whose arithmetic would overflow are refused (found by fuzzing)") {
+    const ModelShape s = tiny_shape();
+    std::vector<float> w = random_params(num_params(s), 1);
+    const std::string p = temp_path("huge.bin");
+    model_file_write(p, s, w.data(), 3);
+    // d_model (header slot 6) = 2^30 + 8: 4 d_model overflows int; n_head 2 divides it
+    std::FILE* f = std::fopen(p.c_str(), "r+b");
+    REQUIRE(f);
+    const int32_t d = 1073741832;
+    std::fseek(f, 6 * 4, SEEK_SET);
+    std::fwrite(&d, 4, 1, f);
+    std::fclose(f);
+    CHECK_THROWS_WITH(model_file_read(p, nullptr), Catch::Contains("huge.bin") && Catch::Contains("invalid shape"));
+    // within the limits, a header describing far more parameters than the file holds
+    const int32_t layers = 1 << 26;
+    f = std::fopen(p.c_str(), "r+b");
+    std::fseek(f, 6 * 4, SEEK_SET);
+    std::fwrite(&s.d_model, 4, 1, f);
+    std::fseek(f, 4 * 4, SEEK_SET);
+    std::fwrite(&layers, 4, 1, f);
+    std::fclose(f);
+    CHECK_THROWS_WITH(model_file_read(p, nullptr), Catch::Contains("truncated or corrupt"));
+}
+
+TEST_CASE("llm.c model file: non-finite weights are refused naming the file") {
+    const ModelShape s = tiny_shape();
+    std::vector<float> w = random_params(num_params(s), 1);
+    w[5] = NAN;
+    w[9] = INFINITY;
+    const std::string p = temp_path("nan.bin");
+    model_file_write(p, s, w.data(), 3);
+    CHECK_THROWS_WITH(model_file_read(p, &s), Catch::Contains("nan.bin") && Catch::Contains("2 of") &&
+                                                  Catch::Contains("index 5"));
+}

@@ -11,7 +11,7 @@ timeout 120 mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS=1 "$BIN" "$W/c.json"
 
 # an lr beyond fp32 is refused by name; a model beyond host memory too (no std::bad_alloc abort)
 expect_fail 2 'train\.lr' "$BIN" "$W/c.json" train.lr=1e300 "out_dir=$W/lr"
-expect_fail 2 'host memory.*model\.n_layer|model\.n_layer.*host memory' "$BIN" "$W/c.json" model.n_layer=100000000 \
+expect_fail 2 'host memory.*model\.n_layer|model\.n_layer.*host memory' "$BIN" "$W/c.json" model.n_layer=60000000 \
     "out_dir=$W/huge"
 
 # a run with checkpoints at steps 2 and 4
@@ -131,4 +131,17 @@ rc=0
 [ $rc -eq 2 ] || die "a bad token late in a shard: expected exit 2, got $rc"
 grep -q 'train_000000\.bin: token id 600 at token offset 19997 is >= vocab_size 512' "$W/badtok.txt" || die "bad token: $(tail -n 3 "$W/badtok.txt")"
 ! grep -q 'step .*loss' "$W/badtok.txt" || die "bad token: trained before finding it"
+
+# after a crash and a resume, log.jsonl reads as one run: the records written after the
+# checkpoint (step 5) and its evaluation at step 4 are not repeated
+common=(train.steps=6 checkpoint.every=4 eval.every=2)
+"$BIN" "$W/c.json" "${common[@]}" "out_dir=$W/onelog_full" > /dev/null
+rc=0
+LLMC_FAULT=train_step_6 "$BIN" "$W/c.json" "${common[@]}" "out_dir=$W/onelog" > /dev/null 2>&1 || rc=$?
+[ $rc -eq 137 ] || die "one log: expected the fault's SIGKILL (137), got $rc"
+grep -q '"step":5,' "$W/onelog/log.jsonl" || die "one log: step 5 was not logged before the crash"
+"$BIN" "$W/c.json" "${common[@]}" "out_dir=$W/onelog" > /dev/null
+diff <(grep -o '"step":[0-9]*' "$W/onelog_full/log.jsonl") <(grep -o '"step":[0-9]*' "$W/onelog/log.jsonl") ||
+    die "one log: the resumed run's log.jsonl has other records than one run's"
+diff <(losses "$W/onelog_full/log.jsonl") <(losses "$W/onelog/log.jsonl") || die "one log: losses differ"
 echo "bad-input sweep: all refused as expected"
