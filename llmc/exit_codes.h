@@ -7,6 +7,7 @@ enum ExitCode : int {
     kExitInternal = 1,     // a bug: a broken invariant (LLMC_ASSERT) or an unexpected crash
     kExitUserError = 2,    // bad input: config, command line, shard, checkpoint, tokenizer; nothing was damaged
     kExitPreempted = 3,    // a signal (SIGUSR1, SIGTERM, SIGINT) asked the job to stop: a checkpoint was saved, resume me
-    kExitBadSteps = 4,     // train.max_bad_steps consecutive non-finite steps: stopped, checkpoints untouched
+    kExitBadSteps = 4,     // non-finite training: train.max_bad_steps consecutive non-finite steps, or non-finite
+                           // weights at a save (never written); stopped, checkpoints untouched
     kExitCommFailure = 5,  // a rank died or a collective stalled past parallel.timeout_s
 };

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -78,8 +79,20 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
         SafetensorsEntry e;
         try {
             e.dtype = v.at("dtype").get<std::string>();
-            e.shape = v.at("shape").get<std::vector<int64_t>>();
-            auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
+            // integers only: nlohmann would convert a float such as 1e127 to an integer (undefined)
+            const auto ints = [](const nlohmann::json& a) {
+                std::vector<uint64_t> out;
+                for (const nlohmann::json& x : a) {
+                    if (!x.is_number_unsigned()) throw UserError("");
+                    out.push_back(x.get<uint64_t>());
+                }
+                return out;
+            };
+            for (uint64_t d : ints(v.at("shape"))) {
+                if (d > uint64_t(INT64_MAX)) throw UserError("");
+                e.shape.push_back(int64_t(d));
+            }
+            auto off = ints(v.at("data_offsets"));
             if (off.size() != 2) throw UserError("");
             e.begin = off[0];
             e.end = off[1];
@@ -89,7 +102,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
         }
         uint64_t count = 1;
         for (int64_t d : e.shape) {
-            if (d < 0) throw UserError(strfmt("safetensors file %s: tensor %s: negative dimension", p, name.c_str()));
+            if (d > 0 && count > (uint64_t(1) << 40) / uint64_t(d))  // 2^40 elements: no wrap in count * bytes
+                throw UserError(strfmt("safetensors file %s: tensor %s: shape too large", p, name.c_str()));
             count *= uint64_t(d);
         }
         const size_t b = dtype_bytes(e.dtype);

@@ -145,6 +145,21 @@ TEST_CASE("safetensors: broken files and bad requests are UserErrors naming the 
         const std::string m = error_of([&] { SafetensorsReader r(p); });
         CHECK_THAT(m, Catch::Contains(p) && Catch::Contains("tensor x") && Catch::Contains("[8, 24)"));
     }
+    SECTION("numbers that are not non-negative integers, and shapes whose count would wrap (found by fuzzing)") {
+        for (const char* h : {"{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,2.465e127]}}",
+                              "{\"x\":{\"dtype\":\"F32\",\"shape\":[4.5],\"data_offsets\":[0,16]}}",
+                              "{\"x\":{\"dtype\":\"F32\",\"shape\":[-4],\"data_offsets\":[0,16]}}"}) {
+            const std::string p = write_bytes(dir + "/num.safetensors", file_bytes(h, std::vector<uint8_t>(16)));
+            const std::string m = error_of([&] { SafetensorsReader r(p); });
+            CHECK_THAT(m, Catch::Contains(p) && Catch::Contains("tensor x") && Catch::Contains("integers"));
+        }
+        // 2^33 x 2^31 x 4 elements: 2^66 wraps to 0 in uint64, as would the data_offsets [0, 0)
+        const std::string h =
+            "{\"x\":{\"dtype\":\"F32\",\"shape\":[8589934592,2147483648,4],\"data_offsets\":[0,0]}}";
+        const std::string p = write_bytes(dir + "/wrap.safetensors", file_bytes(h, {}));
+        const std::string m = error_of([&] { SafetensorsReader r(p); });
+        CHECK_THAT(m, Catch::Contains(p) && Catch::Contains("tensor x") && Catch::Contains("too large"));
+    }
     SECTION("data_offsets that do not match the shape") {
         const std::string h = "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,12]}}";
         const std::string p = write_bytes(dir + "/size.safetensors", file_bytes(h, std::vector<uint8_t>(16)));
