@@ -1,5 +1,6 @@
 // Helpers shared by the CPU op tests (test_cpu_ops.cpp, test_llama_ops.cpp): seeded normal
-// data in double, float copies, fp32 tensor views, and the norm-wise relative error.
+// data in double, float copies, fp32 tensor views, central finite differences, and the norm-wise
+// relative error.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -32,6 +33,21 @@ inline Vec sub(const Vec& a, const Vec& b) {
     Vec r(a.size());
     for (size_t i = 0; i < a.size(); ++i) r[i] = a[i] - b[i];
     return r;
+}
+// Central finite differences of loss() with respect to every element of x (restored after).
+template <class Loss>
+Vec numeric_grad(Vec& x, const Loss& loss, double h = 1e-5) {
+    Vec g(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        const double x0 = x[i];
+        x[i] = x0 + h;
+        const double lp = loss();
+        x[i] = x0 - h;
+        const double lm = loss();
+        x[i] = x0;
+        g[i] = (lp - lm) / (2 * h);
+    }
+    return g;
 }
 // Norm-wise relative error max|f - d| / max|d|.
 template <class F>

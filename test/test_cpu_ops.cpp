@@ -38,21 +38,6 @@ struct GradErr {
     size_t worst_i = 0;
 };
 
-// Central finite differences of loss() with respect to every element of x (restored after).
-Vec numeric_grad(Vec& x, const std::function<double()>& loss, double h = 1e-5) {
-    Vec g(x.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-        const double x0 = x[i];
-        x[i] = x0 + h;
-        const double lp = loss();
-        x[i] = x0 - h;
-        const double lm = loss();
-        x[i] = x0;
-        g[i] = (lp - lm) / (2 * h);
-    }
-    return g;
-}
-
 // Element-wise relative error, with a floor of 1e-3 * max|n| so that elements that are
 // (numerically) zero are judged on an absolute scale.
 GradErr compare_grad(const Vec& analytic, const Vec& numeric) {

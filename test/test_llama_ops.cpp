@@ -19,28 +19,16 @@ namespace {
 
 using namespace cpu_test;
 
-// max |analytic - numeric| / max|numeric| over central differences of loss() w.r.t. x
-double fd_err(Vec& x, const Vec& analytic, const std::function<double()>& loss, double* scale) {
-    const double h = 1e-5;
-    double num_max = 0, err = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-        const double x0 = x[i];
-        x[i] = x0 + h;
-        const double lp = loss();
-        x[i] = x0 - h;
-        const double lm = loss();
-        x[i] = x0;
-        const double g = (lp - lm) / (2 * h);
-        num_max = std::max(num_max, std::fabs(g));
-        err = std::max(err, std::fabs(g - analytic[i]));
-    }
-    *scale = num_max;
-    return num_max > 0 ? err / num_max : err;
-}
 void check_fd(const char* what, Vec& x, const Vec& analytic, const std::function<double()>& loss) {
     REQUIRE(x.size() == analytic.size());
-    double scale = 0;
-    const double e = fd_err(x, analytic, loss, &scale);
+    // max |analytic - numeric| / max|numeric|
+    const Vec num = numeric_grad(x, loss);
+    double scale = 0, err = 0;
+    for (size_t i = 0; i < num.size(); ++i) {
+        scale = std::max(scale, std::fabs(num[i]));
+        err = std::max(err, std::fabs(num[i] - analytic[i]));
+    }
+    const double e = scale > 0 ? err / scale : err;
     INFO(what << ": rel err " << e << ", max|grad| " << scale);
     CHECK(scale > 1e-3);
     CHECK(e < 1e-7);
