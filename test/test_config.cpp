@@ -11,6 +11,7 @@
 
 #include "llmc/common.h"
 #include "llmc/config.h"
+#include "test/user_error.h"
 
 using nlohmann::json;
 namespace fs = std::filesystem;
@@ -49,17 +50,6 @@ struct TempDir {
         return path + "/" + name;
     }
 };
-
-// The message of the UserError thrown by f; fails the test if none is thrown.
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const UserError& e) {
-        return e.what();
-    }
-    FAIL("expected a UserError");
-    return "";
-}
 
 // Runs load_config on {"train_gpt", args...}.
 Config load(const std::vector<std::string>& args, bool* print = nullptr) {

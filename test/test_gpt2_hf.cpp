@@ -27,6 +27,7 @@
 #include "llmc/ops.h"
 #include "llmc/safetensors.h"
 #include "test/test_data_files.h"
+#include "test/user_error.h"
 
 namespace {
 
@@ -35,17 +36,6 @@ std::string temp_dir() {
     const char* d = mkdtemp(tmpl);
     REQUIRE(d != nullptr);
     return d;
-}
-
-template <class F>
-std::string error_of(F f) {
-    try {
-        f();
-    } catch (const UserError& e) {
-        return e.what();
-    }
-    FAIL("no UserError thrown");
-    return "";
 }
 
 // L=2, NH=2, C=4, vocabulary 5 (padded to 128), 3 positions. The whole vector in llm.c's order

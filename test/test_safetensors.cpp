@@ -14,6 +14,7 @@
 
 #include "llmc/common.h"
 #include "llmc/safetensors.h"
+#include "test/user_error.h"
 
 namespace {
 
@@ -51,17 +52,6 @@ std::string write_bytes(const std::string& path, const std::vector<uint8_t>& b) 
     REQUIRE(std::fwrite(b.data(), 1, b.size(), f) == b.size());
     std::fclose(f);
     return path;
-}
-
-template <class F>
-std::string error_of(F f) {
-    try {
-        f();
-    } catch (const UserError& e) {
-        return e.what();
-    }
-    FAIL("no UserError thrown");
-    return "";
 }
 
 // a: F32 [2, 2], b: BF16 [4], c: F16 [6], d: I32 [1], and metadata.
