@@ -264,7 +264,7 @@ struct Run {
           train_data(cfg.data.train, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, cfg.data.shuffle,
                      uint64_t(tc.seed), shape.vocab_size),
           ckpt_dir(cfg.checkpoint.dir.empty() ? cfg.out_dir + "/checkpoints" : cfg.checkpoint.dir),
-          progress(tc.steps, double(tc.micro_batch) * tc.seq_len * tc.grad_accum * grid.dp) {
+          progress(tc.steps, tokens_per_step(cfg, grid)) {
         for (Comm* c : {groups.world.get(), groups.dp.get(), groups.tp.get(), groups.pp.get(), groups.mp.get(),
                         groups.embed.get()})
             if (c) c->set_compute_stream(ops->compute_stream());  // device communicators wait for the ops' stream
@@ -302,9 +302,7 @@ struct Run {
     Progress progress;
 };
 
-double tokens_per_step(const Run& r) {
-    return double(r.tc.micro_batch) * r.tc.seq_len * r.tc.grad_accum * r.grid.dp;
-}
+double tokens_per_step(const Run& r) { return tokens_per_step(r.cfg, r.grid); }
 
 // The initial weights (random or a file), or a checkpoint to continue from: every rank reads the
 // whole checkpoint and keeps its pieces, so any layout resumes any other.

@@ -113,11 +113,9 @@ json gather_memory_json(const MemoryPlan& mine, Comm& mp, int tp) {
     return memory_json(ranks);
 }
 
-namespace {
 double tokens_per_step(const Config& cfg, const ProcessGrid& grid) {
     return double(cfg.train.micro_batch) * cfg.train.seq_len * cfg.train.grad_accum * grid.dp;
 }
-}  // namespace
 
 json plan_json(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype) {
     const ParallelConfig& pc = cfg.parallel;

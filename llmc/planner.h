@@ -24,6 +24,8 @@ DType run_dtype(const std::string& precision, const std::string& device);
 
 // plan.world, "auto" resolved: dp x tp x pp when parallel.dp is a number, else 1.
 int plan_world(const Config& cfg);
+// Tokens of one optimizer step over the job: micro_batch x seq_len x grad_accum x dp.
+double tokens_per_step(const Config& cfg, const ProcessGrid& grid);
 
 // One rank position of a layout (DP ranks of a position allocate alike) and its memory.
 struct RankMemory {
