@@ -264,6 +264,8 @@ struct Run {
           train_data(cfg.data.train, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, cfg.data.shuffle,
                      uint64_t(tc.seed), shape.vocab_size),
           ckpt_dir(cfg.checkpoint.dir.empty() ? cfg.out_dir + "/checkpoints" : cfg.checkpoint.dir),
+          // MFU: the dense peak of this GPU and precision (0: the CPU, or a GPU not in the table)
+          peak_flops(device == "cpu" ? 0.0 : gpu_peak_flops(ops->device_name(), cfg.precision)),
           progress(tc.steps, tokens_per_step(cfg, grid)) {
         for (Comm* c : {groups.world.get(), groups.dp.get(), groups.tp.get(), groups.pp.get(), groups.mp.get(),
                         groups.embed.get()})
@@ -297,6 +299,7 @@ struct Run {
     std::unique_ptr<ModelConverter> conv;
     std::unique_ptr<Logger> run_log;
     const std::string ckpt_dir;
+    const double peak_flops;
     TrainState state;
     int skipped = 0, bad_in_row = 0;  // steps skipped for a non-finite loss or gradient norm: in all, in a row
     Progress progress;
@@ -480,9 +483,8 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
                 {"tokens", r.progress.tokens()}});
     // MFU on GPUs: model FLOPs (6N + 12LCT per token) over the dense peak of this GPU and precision;
     // tokens/s is the whole job's, each GPU does 1/world of the work
-    const double peak = r.device == "cpu" ? 0.0 : gpu_peak_flops(r.ops->device_name(), r.cfg.precision);
-    if (peak > 0) {
-        const double mfu = flops_per_token(r.shape, tc.seq_len) * tok_s / r.grid.world / peak;
+    if (r.peak_flops > 0) {
+        const double mfu = flops_per_token(r.shape, tc.seq_len) * tok_s / r.grid.world / r.peak_flops;
         rec["mfu"] = mfu;
         extra = strfmt(" | MFU %.1f%%", 100.0 * mfu) + extra;
     }
@@ -529,8 +531,7 @@ int train(Runtime& rt, int argc, char** argv) {
     print_banner(r, plan);
     if (r.device != "cpu")
         r.log.print("device: %s, dense %s peak %.1f TFLOP/s%s\n", r.ops->device_name().c_str(),
-                    r.cfg.precision.c_str(), gpu_peak_flops(r.ops->device_name(), r.cfg.precision) / 1e12,
-                    gpu_peak_flops(r.ops->device_name(), r.cfg.precision) > 0 ? "" : " (not in the table: no MFU)");
+                    r.cfg.precision.c_str(), r.peak_flops / 1e12, r.peak_flops > 0 ? "" : " (not in the table: no MFU)");
 
     const TrainConfig& tc = r.tc;
     Batches x(size_t(tc.grad_accum), std::vector<int32_t>(size_t(tc.micro_batch) * tc.seq_len)), y = x;
