@@ -139,14 +139,21 @@ echo "  LAUNCHER=mpirun: losses and weights == mpirun outside Slurm"
 # preemption: a run long enough to be caught mid-way
 long=(train.steps=300 train.warmup_steps=2)
 dp_run 2 "$W/c.json" "${long[@]}" "out_dir=$W/long" > /dev/null || die "mpirun 300-step baseline failed"
+# The stop must land mid-run however fast the machine is: every rank sleeps 5 s in step 30
+# (LLMC_FAULT=slow:, no effect on the numbers), and the stop is sent once 29 steps are logged.
+mid_run_fault=slow:train_step_30
+wait_mid_run() {  # wait_mid_run NAME: until the job has logged the 29 steps before the pause
+    for _ in $(seq 600); do [ "$(losses "$W/$1/log.jsonl" 2> /dev/null | wc -l)" -ge 29 ] && return 0; sleep 0.05; done
+    die "$1: the job did not reach step 29"
+}
 # stop_mid_run NAME COMMAND...: submits a 300-step job, runs COMMAND (with the job id appended)
-# once 20 steps are logged, and checks the job ran twice: stopped with a checkpoint, resumed from
-# it, and ended bit-identical to the uninterrupted run
+# during its pause at step 30, and checks the job ran twice: stopped with a checkpoint, resumed
+# from it, and ended bit-identical to the uninterrupted run
 stop_mid_run() {
     local name=$1; shift
     local id step
-    id=$(submit "$name" -n 2 -- "${long[@]}")
-    for _ in $(seq 600); do [ "$(losses "$W/$name/log.jsonl" 2> /dev/null | wc -l)" -ge 20 ] && break; sleep 0.05; done
+    id=$(LLMC_FAULT=$mid_run_fault submit "$name" -n 2 -- "${long[@]}")
+    wait_mid_run "$name"
     "$@" "$id"
     release_requeued "$id"
     job_wait "$id" COMPLETED
@@ -170,8 +177,8 @@ grep -q 'SIGUSR1: stopped after step [0-9]*, checkpoint saved; exit code 3' "$W/
     grep -q 'time limit near): requeueing job' "$W/usr1.out" || die "usr1: the script did not requeue the job"
 
 echo "scancel mid-run: the ranks save and exit 3, the job stays cancelled"
-id=$(submit cancel -n 2 -- "${long[@]}")
-for _ in $(seq 600); do [ "$(losses "$W/cancel/log.jsonl" 2> /dev/null | wc -l)" -ge 20 ] && break; sleep 0.05; done
+id=$(LLMC_FAULT=$mid_run_fault submit cancel -n 2 -- "${long[@]}")
+wait_mid_run cancel
 scancel "$id"
 job_wait "$id" CANCELLED
 for _ in $(seq 100); do grep -q '^== .*Slurm decides' "$W/cancel.out" && break; sleep 0.1; done
