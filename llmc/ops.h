@@ -121,6 +121,43 @@ public:
     // dinp [N, 2F] = [dgate | dup] (overwrite).
     virtual void swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, int N, int F) = 0;
 
+    // ---- mixture of experts (model.moe; the routing rules and the row plan: llmc/moe.h) ----
+    // Router, per token row n: probs[n,:] = softmax(logits[n,:]) (fp32); expert[n,:] = the K
+    // largest probabilities in descending order, ties to the lower index; gate[n,j] =
+    // probs[n,expert[n,j]] / sum of the K chosen (fp32). expert is int32 backend memory.
+    virtual void moe_router_forward(float* probs, int32_t* expert, float* gate, Tensor logits, int N, int E, int K) {
+        throw UserError(moe_unsupported());
+    }
+    // dlogits [N,E] (overwrite) from dgate [N,K] and daux [E] (nullable; d loss / d probs[n,e],
+    // the same for every row): through the renormalisation over the chosen K and the softmax.
+    virtual void moe_router_backward(Tensor dlogits, const float* dgate, const float* daux, const float* probs,
+                                     const int32_t* expert, const float* gate, int N, int E, int K) {
+        throw UserError(moe_unsupported());
+    }
+    // row_of [N*K] int32: the permuted row of each (token, slot) pair, -1 = dropped.
+    // out[row_of[n*K+j],:] = inp[n,:] for the kept pairs (rows of no pair are left as they are).
+    virtual void moe_permute(Tensor out, Tensor inp, const int32_t* row_of, int N, int K, int C) {
+        throw UserError(moe_unsupported());
+    }
+    // dinp[n,:] += sum over kept slots, in slot order, of dout[row_of[n*K+j],:] (accumulates).
+    virtual void moe_permute_backward(Tensor dinp, Tensor dout, const int32_t* row_of, int N, int K, int C) {
+        throw UserError(moe_unsupported());
+    }
+    // out[n,:] = sum over kept slots, in slot order, of gate[n,j] * y[row_of[n*K+j],:] (overwrite).
+    virtual void moe_combine(Tensor out, Tensor y, const float* gate, const int32_t* row_of, int N, int K, int C) {
+        throw UserError(moe_unsupported());
+    }
+    // dy[row_of[n*K+j],:] = gate[n,j] * dout[n,:]; dgate[n,j] = dot(dout[n,:], y[row_of[n*K+j],:]),
+    // 0 for a dropped pair (both overwrite).
+    virtual void moe_combine_backward(Tensor dy, float* dgate, Tensor dout, Tensor y, const float* gate,
+                                      const int32_t* row_of, int N, int K, int C) {
+        throw UserError(moe_unsupported());
+    }
+    std::string moe_unsupported() const {
+        return "model.moe: the " + name() + " backend has no mixture-of-experts ops yet (use the cpu backend, or "
+               "remove model.moe)";
+    }
+
     // ---- classifier ----
     // logits [N, Vp] with the real vocabulary in columns [0, V). For every row:
     // losses[i] = logsumexp(logits[i, :V]) - logits[i, targets[i]]  (fp32).

@@ -100,6 +100,12 @@ inline const std::vector<Case>& all() {
         {"swiglu", {100, 200}, 0, Gpu},
         {"swiglu", {1000, 768}, 0, Gpu},
         {"swiglu", {7, 1377}, 0, Gpu},
+        // moe (router, permutation, combine; llmc/moe.h): N, E, K, C, capacity (0 = dropless)
+        {"moe", {7, 4, 2, 5, 0}, 0, Fd},
+        {"moe", {9, 4, 2, 5, 4}, 0, Fd},  // 18 pairs for 16 places: drops
+        {"moe", {6, 5, 1, 3, 2}, 0, Fd},
+        {"moe", {64, 8, 2, 48, 0}, 0, Cpu},
+        {"moe", {64, 8, 2, 48, 12}, 0, Cpu},
         // cross_entropy: N, V, Vp, backward
         {"cross_entropy", {7, 50, 128, 1}, 0, Gpu},
         {"cross_entropy", {7, 50, 128, 0}, 0, Gpu},

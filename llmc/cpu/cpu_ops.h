@@ -59,6 +59,16 @@ public:
     void cross_entropy_finish(Tensor logits, float* losses, const float* stats, const int32_t* targets, int N, int Vl,
                               int vocab_begin, int V, float dloss) override;
 
+    // mixture of experts (llmc/cpu/moe.cpp)
+    void moe_router_forward(float* probs, int32_t* expert, float* gate, Tensor logits, int N, int E, int K) override;
+    void moe_router_backward(Tensor dlogits, const float* dgate, const float* daux, const float* probs,
+                             const int32_t* expert, const float* gate, int N, int E, int K) override;
+    void moe_permute(Tensor out, Tensor inp, const int32_t* row_of, int N, int K, int C) override;
+    void moe_permute_backward(Tensor dinp, Tensor dout, const int32_t* row_of, int N, int K, int C) override;
+    void moe_combine(Tensor out, Tensor y, const float* gate, const int32_t* row_of, int N, int K, int C) override;
+    void moe_combine_backward(Tensor dy, float* dgate, Tensor dout, Tensor y, const float* gate, const int32_t* row_of,
+                              int N, int K, int C) override;
+
     double sum_squares(Tensor g) override;
     void adamw(Tensor params, float* master, Tensor grads, float* m, float* v, float lr, float beta1, float beta2,
                float eps, float weight_decay, float grad_scale, int t, uint32_t seed) override;

@@ -1,0 +1,49 @@
+#include "llmc/moe.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "llmc/common.h"
+
+int moe_capacity(const MoeShape& m, int N) {
+    const long long all = (long long)N * m.top_k;
+    if (m.capacity_factor <= 0.0f) return int(all);
+    // in double: capacity_factor * N * k / E exactly as written, then the ceiling
+    const double c = std::ceil(double(m.capacity_factor) * double(N) * double(m.top_k) / double(m.num_experts));
+    return int(std::min<double>(c, double(all)));
+}
+
+MoePlan moe_plan(const int32_t* expert, int N, int E, int k, int capacity) {
+    MoePlan p;
+    p.row_of.assign(size_t(N) * k, -1);
+    p.count.assign(size_t(E), 0);
+    p.offset.assign(size_t(E), 0);
+    p.routed.assign(size_t(E), 0);
+    std::vector<int> place(size_t(N) * k, -1);  // the pair's place within its expert
+    for (size_t i = 0; i < size_t(N) * k; i++) {  // token order, then slot order
+        const int e = expert[i];
+        LLMC_ASSERT(e >= 0 && e < E, "moe_plan: expert index out of range");
+        p.routed[size_t(e)]++;
+        if (p.count[size_t(e)] < capacity) place[i] = p.count[size_t(e)]++;
+        else p.dropped++;
+    }
+    for (int e = 1; e < E; e++) p.offset[size_t(e)] = p.offset[size_t(e - 1)] + p.count[size_t(e - 1)];
+    p.rows = p.offset[size_t(E - 1)] + p.count[size_t(E - 1)];
+    for (size_t i = 0; i < size_t(N) * k; i++)
+        if (place[i] >= 0) p.row_of[i] = p.offset[size_t(expert[i])] + place[i];
+    return p;
+}
+
+double moe_aux_loss(const float* probs, const MoePlan& plan, int N, int E, int k, std::vector<float>* daux) {
+    std::vector<double> P(size_t(E), 0.0);
+    for (int n = 0; n < N; n++)  // token order, in double
+        for (int e = 0; e < E; e++) P[size_t(e)] += probs[size_t(n) * E + e];
+    double aux = 0.0;
+    if (daux) daux->assign(size_t(E), 0.0f);
+    for (int e = 0; e < E; e++) {
+        const double f = double(plan.routed[size_t(e)]) / (double(N) * k);
+        aux += f * (P[size_t(e)] / N);
+        if (daux) (*daux)[size_t(e)] = float(double(E) * f / N);
+    }
+    return double(E) * aux;
+}

@@ -1,0 +1,57 @@
+// Mixture of experts (model.moe): the routing decisions that run on the host, shared by every
+// backend. The math on the tokens (router softmax/top-k, permutation, combine) is in Ops
+// (llmc/ops.h); this file decides where each routed (token, slot) goes and computes the
+// load-balancing loss.
+//
+// Definitions (one MoE layer, one micro-batch of N tokens on one process, E experts, top-k):
+//  - router: logits = x @ Wr^T (no bias), p[n,:] = softmax(logits[n,:]); the k experts of token
+//    n are the k largest p[n,e] in descending order, ties broken by the lower index; slot j of
+//    token n has gate g[n,j] = p[n,e_j] / sum_m p[n,e_m] (renormalised over the chosen k).
+//  - capacity: capacity_factor 0 = dropless; else C = ceil(capacity_factor * N * k / E). The
+//    (token, slot) pairs claim places in token order (n = 0..N-1, within a token slot order
+//    j = 0..k-1); a pair whose expert already has C places is dropped: it contributes nothing
+//    to the token's output (the token keeps its other slots; a token with every slot dropped
+//    passes through the residual only). Gates are not renormalised after drops.
+//  - rows: the kept pairs of expert e form rows [offset_e, offset_e + count_e) of the permuted
+//    buffer, in token order; row_of[n*k + j] is the row of pair (n, j), -1 when dropped.
+//  - load-balancing loss (Switch Transformer, with top-k): aux = E * sum_e f_e * P_e with
+//    f_e = (pairs routed to e, before capacity drops) / (N * k), P_e = mean_n p[n,e]; 1 when the
+//    load is uniform. For one layer this is transformers' Mixtral load_balancing_loss_func
+//    divided by top_k. f is a constant of the routing (no gradient): d aux / d p[n,e] = E f_e / N.
+//    The trained objective adds aux_loss_coef * aux for every MoE layer (a sum over layers).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+struct MoeShape {
+    int num_experts = 0;  // 0 = no MoE layers
+    int top_k = 0;
+    int expert_ffn_dim = 0;
+    int every = 1;                // layers l with l % every == every - 1 are MoE (every 1: all, 2: 1, 3, 5, ...)
+    float aux_loss_coef = 0.0f;
+    float capacity_factor = 0.0f;  // 0 = dropless
+    bool enabled() const { return num_experts > 0; }
+    bool is_moe_layer(int l) const { return enabled() && l % every == every - 1; }
+    bool operator==(const MoeShape& o) const {
+        return num_experts == o.num_experts && top_k == o.top_k && expert_ffn_dim == o.expert_ffn_dim &&
+               every == o.every && aux_loss_coef == o.aux_loss_coef && capacity_factor == o.capacity_factor;
+    }
+};
+
+// Places per expert for N tokens (N * k when dropless: nothing is dropped).
+int moe_capacity(const MoeShape& m, int N);
+
+struct MoePlan {
+    std::vector<int32_t> row_of;  // [N * k]: the pair's row in the permuted buffer, -1 = dropped
+    std::vector<int> count;       // [E] rows of each expert
+    std::vector<int> offset;      // [E] first row of each expert
+    std::vector<int> routed;      // [E] pairs routed to each expert before capacity
+    int rows = 0;                 // kept pairs
+    int dropped = 0;              // pairs past capacity
+};
+// expert [N * k]: the router's choices (host copy).
+MoePlan moe_plan(const int32_t* expert, int N, int E, int k, int capacity);
+
+// The load-balancing loss of one layer from the router's probabilities p [N, E] (host copy)
+// and the plan; daux[e] = d aux / d p[n, e] (the same for every n).
+double moe_aux_loss(const float* probs, const MoePlan& plan, int N, int E, int k, std::vector<float>* daux);

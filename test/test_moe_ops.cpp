@@ -1,0 +1,217 @@
+// Proof of the mixture-of-experts pieces: the host routing plan and load-balancing loss
+// (llmc/moe.h) against hand-worked examples, the CPU ops (llmc/cpu/moe_kernels.h) forward
+// against formulas written here, backward against central finite differences in double, and
+// CpuOps (float) against double. Shapes: the op-case table's "moe" rows (test/op_cases.h).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <vector>
+
+#include "llmc/cpu/cpu_ops.h"
+#include "llmc/cpu/moe_kernels.h"
+#include "llmc/moe.h"
+#include "test/cpu_test_util.h"
+#include "test/op_cases.h"
+
+namespace {
+
+using namespace cpu_test;
+
+void check_fd(const char* what, Vec& x, const Vec& analytic, const std::function<double()>& loss) {
+    REQUIRE(x.size() == analytic.size());
+    const Vec num = numeric_grad(x, loss);
+    double scale = 0, err = 0;
+    for (size_t i = 0; i < num.size(); ++i) {
+        scale = std::max(scale, std::fabs(num[i]));
+        err = std::max(err, std::fabs(num[i] - analytic[i]));
+    }
+    const double e = scale > 0 ? err / scale : err;
+    INFO(what << ": rel err " << e << ", max|grad| " << scale);
+    CHECK(scale > 1e-3);
+    CHECK(e < 1e-7);
+}
+
+// The router's choices computed here independently: sort the experts by (prob descending, index ascending).
+std::vector<int32_t> topk_reference(const Vec& probs, int N, int E, int K) {
+    std::vector<int32_t> out;
+    for (int n = 0; n < N; ++n) {
+        std::vector<int> idx(E);
+        std::iota(idx.begin(), idx.end(), 0);
+        std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return probs[n * E + a] > probs[n * E + b]; });
+        for (int j = 0; j < K; ++j) out.push_back(idx[j]);
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("moe plan: capacity, token-order drops, rows per expert", "[moe]") {
+    MoeShape m;
+    m.num_experts = 3;
+    m.top_k = 2;
+    CHECK(moe_capacity(m, 5) == 10);  // dropless: every pair
+    m.capacity_factor = 1.0f;
+    CHECK(moe_capacity(m, 5) == 4);  // ceil(1.0 * 5 * 2 / 3)
+    m.capacity_factor = 0.5f;
+    CHECK(moe_capacity(m, 5) == 2);  // ceil(1.67)
+    m.capacity_factor = 100.0f;
+    CHECK(moe_capacity(m, 5) == 10);  // never more than the pairs
+    // 4 tokens, top-2; capacity 2: expert 0 is chosen by tokens 0, 1, 2 (slot 0) and 3 (slot 1)
+    const std::vector<int32_t> ex = {0, 1, 0, 2, 0, 1, 2, 0};
+    const MoePlan p = moe_plan(ex.data(), 4, 3, 2, 2);
+    CHECK(p.routed == std::vector<int>({4, 2, 2}));
+    CHECK(p.count == std::vector<int>({2, 2, 2}));
+    CHECK(p.offset == std::vector<int>({0, 2, 4}));
+    CHECK(p.rows == 6);
+    CHECK(p.dropped == 2);
+    // expert 0: rows 0, 1 for tokens 0, 1; token 2's and token 3's pairs dropped
+    CHECK(p.row_of == std::vector<int32_t>({0, 2, 1, 4, -1, 3, 5, -1}));
+    const MoePlan all = moe_plan(ex.data(), 4, 3, 2, 8);
+    CHECK(all.dropped == 0);
+    CHECK(all.row_of == std::vector<int32_t>({0, 4, 1, 6, 2, 5, 7, 3}));
+}
+
+TEST_CASE("moe aux loss: Switch's E * sum f_e P_e, its gradient in p", "[moe]") {
+    // 2 tokens, 2 experts, top-1: token 0 -> expert 0, token 1 -> expert 0
+    const std::vector<float> probs = {0.75f, 0.25f, 0.625f, 0.375f};
+    const std::vector<int32_t> ex = {0, 0};
+    const MoePlan p = moe_plan(ex.data(), 2, 2, 1, 2);
+    std::vector<float> daux;
+    const double aux = moe_aux_loss(probs.data(), p, 2, 2, 1, &daux);
+    // f = (1, 0), P = (0.6875, 0.3125): aux = 2 * 0.6875
+    CHECK(aux == Approx(1.375).epsilon(1e-12));
+    CHECK(daux[0] == Approx(2.0 * 1.0 / 2));
+    CHECK(daux[1] == 0.0f);
+    // uniform routing and probabilities: 1
+    const std::vector<float> u = {0.5f, 0.5f, 0.5f, 0.5f};
+    const std::vector<int32_t> ex2 = {0, 1};
+    CHECK(moe_aux_loss(u.data(), moe_plan(ex2.data(), 2, 2, 1, 2), 2, 2, 1, nullptr) == Approx(1.0));
+}
+
+TEST_CASE("cpu moe router: softmax, top-k with ties to the lower index, renormalised gates", "[moe]") {
+    // ties: experts 1 and 3 equal and largest, then 0 and 2 equal
+    const int E = 4, K = 3;
+    const Vec logits = {0.5, 1.0, 0.5, 1.0};
+    Vec probs(E), gate(K);
+    std::vector<int32_t> ex(K);
+    cpu::moe_router_forward(probs.data(), ex.data(), gate.data(), logits.data(), 1, E, K);
+    CHECK(ex == std::vector<int32_t>({1, 3, 0}));
+    const double s = 2 * std::exp(1.0) + std::exp(0.5);
+    CHECK(gate[0] == Approx(std::exp(1.0) / s).epsilon(1e-14));
+    CHECK(gate[2] == Approx(std::exp(0.5) / s).epsilon(1e-14));
+}
+
+TEST_CASE("cpu fd: moe router, permutation and combine", "[moe][fd]") {
+    for (const op_cases::Case& c : op_cases::of("moe", op_cases::Fd)) {
+        const int N = c.dims[0], E = c.dims[1], K = c.dims[2], C = c.dims[3], cap = c.dims[4] ? c.dims[4] : N * K;
+        INFO("N E K C capacity " << N << " " << E << " " << K << " " << C << " " << cap);
+        Vec logits = randn((size_t)N * E, 70 + N, 2.0);
+        Vec probs((size_t)N * E), gate((size_t)N * K);
+        std::vector<int32_t> ex((size_t)N * K);
+        cpu::moe_router_forward(probs.data(), ex.data(), gate.data(), logits.data(), N, E, K);
+        // forward against softmax and the sorted choice written here
+        double worst = 0;
+        for (int n = 0; n < N; ++n) {
+            double mx = -1e300, se = 0;
+            for (int e = 0; e < E; ++e) mx = std::max(mx, logits[n * E + e]);
+            for (int e = 0; e < E; ++e) se += std::exp(logits[n * E + e] - mx);
+            for (int e = 0; e < E; ++e)
+                worst = std::max(worst, std::fabs(probs[n * E + e] - std::exp(logits[n * E + e] - mx) / se));
+        }
+        CHECK(worst < 1e-15);
+        CHECK(ex == topk_reference(probs, N, E, K));
+        const MoePlan plan = moe_plan(ex.data(), N, E, K, cap);
+        if (c.dims[4]) CHECK(plan.dropped > 0);
+        const int R = plan.rows;
+
+        // router: loss = sum gate * G + sum_n sum_e probs[n,e] * A[e]
+        const Vec G = randn((size_t)N * K, 71), A = randn(E, 72);
+        auto router_loss = [&] {
+            std::vector<int32_t> ex2((size_t)N * K);
+            cpu::moe_router_forward(probs.data(), ex2.data(), gate.data(), logits.data(), N, E, K);
+            REQUIRE(ex2 == ex);  // the perturbation must not change the choice
+            double l = dot_all(gate, G);
+            for (int n = 0; n < N; ++n)
+                for (int e = 0; e < E; ++e) l += probs[n * E + e] * A[e];
+            return l;
+        };
+        router_loss();
+        Vec dlogits((size_t)N * E);
+        cpu::moe_router_backward(dlogits.data(), G.data(), A.data(), probs.data(), ex.data(), gate.data(), N, E, K);
+        check_fd("moe router dlogits", logits, dlogits, router_loss);
+
+        // permute: loss = sum out * D (out: R rows)
+        Vec x = randn((size_t)N * C, 73), D = randn((size_t)R * C, 74), out((size_t)R * C);
+        auto perm_loss = [&] {
+            cpu::moe_permute(out.data(), x.data(), plan.row_of.data(), N, K, C);
+            return dot_all(out, D);
+        };
+        perm_loss();
+        for (int n = 0; n < N; ++n)  // every row is its token's input
+            for (int j = 0; j < K; ++j)
+                if (plan.row_of[n * K + j] >= 0)
+                    CHECK(out[(size_t)plan.row_of[n * K + j] * C] == x[(size_t)n * C]);
+        Vec dx((size_t)N * C, 0.0);
+        cpu::moe_permute_backward(dx.data(), D.data(), plan.row_of.data(), N, K, C);
+        check_fd("moe permute dinp", x, dx, perm_loss);
+
+        // combine: loss = sum out * D2 (out: N rows)
+        Vec y = randn((size_t)R * C, 75), D2 = randn((size_t)N * C, 76), o((size_t)N * C);
+        Vec g = randn((size_t)N * K, 77);
+        auto comb_loss = [&] {
+            cpu::moe_combine(o.data(), y.data(), g.data(), plan.row_of.data(), N, K, C);
+            return dot_all(o, D2);
+        };
+        comb_loss();
+        Vec dy((size_t)R * C), dg((size_t)N * K);
+        cpu::moe_combine_backward(dy.data(), dg.data(), D2.data(), y.data(), g.data(), plan.row_of.data(), N, K, C);
+        check_fd("moe combine dy", y, dy, comb_loss);
+        check_fd("moe combine dgate", g, dg, comb_loss);
+    }
+}
+
+TEST_CASE("cpu moe ops: float CpuOps equal the double templates", "[moe]") {
+    CpuOps ops;
+    for (const op_cases::Case& c : op_cases::of("moe", op_cases::Cpu)) {
+        const int N = c.dims[0], E = c.dims[1], K = c.dims[2], C = c.dims[3], cap = c.dims[4] ? c.dims[4] : N * K;
+        INFO("N E K C capacity " << N << " " << E << " " << K << " " << C << " " << cap);
+        const Vec logits = randn((size_t)N * E, 80);
+        Vec probs((size_t)N * E), gate((size_t)N * K);
+        std::vector<int32_t> ex((size_t)N * K), exf((size_t)N * K);
+        cpu::moe_router_forward(probs.data(), ex.data(), gate.data(), logits.data(), N, E, K);
+        FVec lf = to_f(logits), pf((size_t)N * E), gf((size_t)N * K);
+        ops.moe_router_forward(pf.data(), exf.data(), gf.data(), T32(lf), N, E, K);
+        REQUIRE(exf == ex);
+        CHECK(rel_err(pf.data(), probs.data(), probs.size()) < 1e-5);
+        CHECK(rel_err(gf.data(), gate.data(), gate.size()) < 1e-5);
+        const Vec G = randn((size_t)N * K, 81), A = randn(E, 82);
+        Vec dl((size_t)N * E);
+        cpu::moe_router_backward(dl.data(), G.data(), A.data(), probs.data(), ex.data(), gate.data(), N, E, K);
+        FVec Gf = to_f(G), Af = to_f(A), dlf((size_t)N * E);
+        ops.moe_router_backward(T32(dlf), Gf.data(), Af.data(), pf.data(), exf.data(), gf.data(), N, E, K);
+        CHECK(rel_err(dlf.data(), dl.data(), dl.size()) < 1e-5);
+
+        const MoePlan plan = moe_plan(ex.data(), N, E, K, cap);
+        const int R = plan.rows;
+        const Vec x = randn((size_t)N * C, 83);
+        Vec xp((size_t)R * C), o((size_t)N * C), dy((size_t)R * C), dg((size_t)N * K), dx((size_t)N * C, 0.0);
+        FVec xf = to_f(x), xpf((size_t)R * C), of((size_t)N * C), dyf((size_t)R * C), dgf((size_t)N * K),
+            dxf((size_t)N * C, 0.0f);
+        cpu::moe_permute(xp.data(), x.data(), plan.row_of.data(), N, K, C);
+        ops.moe_permute(T32(xpf), T32(xf), plan.row_of.data(), N, K, C);
+        CHECK(rel_err(xpf.data(), xp.data(), xp.size()) < 1e-7);  // a copy: only the input's rounding
+        cpu::moe_combine(o.data(), xp.data(), gate.data(), plan.row_of.data(), N, K, C);
+        ops.moe_combine(T32(of), T32(xpf), gf.data(), plan.row_of.data(), N, K, C);
+        CHECK(rel_err(of.data(), o.data(), o.size()) < 1e-5);
+        cpu::moe_combine_backward(dy.data(), dg.data(), x.data(), xp.data(), gate.data(), plan.row_of.data(), N, K, C);
+        ops.moe_combine_backward(T32(dyf), dgf.data(), T32(xf), T32(xpf), gf.data(), plan.row_of.data(), N, K, C);
+        CHECK(rel_err(dyf.data(), dy.data(), dy.size()) < 1e-5);
+        CHECK(rel_err(dgf.data(), dg.data(), dg.size()) < 1e-5);
+        cpu::moe_permute_backward(dx.data(), dy.data(), plan.row_of.data(), N, K, C);
+        ops.moe_permute_backward(T32(dxf), T32(dyf), plan.row_of.data(), N, K, C);
+        CHECK(rel_err(dxf.data(), dx.data(), dx.size()) < 1e-5);
+    }
+}
