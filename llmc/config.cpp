@@ -113,6 +113,18 @@ const std::vector<Key>& schema() {
                 "llama: RMSNorm epsilon (GPT-2's LayerNorm uses 1e-5)"),
         bool_key("model.tie_embeddings", FIELD(model.tie_embeddings),
                  "llama: the LM head is the token embedding (GPT-2's head is always tied)"),
+        int_key("model.moe.num_experts", FIELD(model.moe.num_experts), 0, 4096,
+                "mixture of experts: experts per MoE layer (0 = no MoE layers; >= 2 with MoE)"),
+        int_key("model.moe.top_k", FIELD(model.moe.top_k), 1, 4096, "experts each token is routed to (<= num_experts)"),
+        int_key("model.moe.expert_ffn_dim", FIELD(model.moe.expert_ffn_dim), 0, kMaxModelDim,
+                "each expert's MLP width; 0 = the family's MLP width (model.ffn_dim)"),
+        int_key("model.moe.every", FIELD(model.moe.every), 1, kMaxModelDim,
+                "which layers are MoE: layers every-1, 2 every-1, ... (1 = all, 2 = every second layer)"),
+        num_key("model.moe.aux_loss_coef", FIELD(model.moe.aux_loss_coef), 0, false, NONE, false,
+                "weight of each MoE layer's load-balancing loss (Switch: num_experts * sum_e f_e P_e) in the loss"),
+        num_key("model.moe.capacity_factor", FIELD(model.moe.capacity_factor), 0, false, NONE, false,
+                "0 = dropless; else each expert takes ceil(capacity_factor * tokens * top_k / num_experts) "
+                "(token, slot) pairs of a micro-batch, in token order; the rest pass through the residual only"),
         str_key("model.init", FIELD(model.init), true,
                 "\"random\", the path of an llm.c checkpoint, or a transformers .safetensors file (GPT2LMHeadModel, "
                 "LlamaForCausalLM)"),
@@ -231,10 +243,10 @@ const std::vector<std::string>& sections() {
     static const std::vector<std::string> secs = [] {
         std::vector<std::string> out;
         for (const Key& k : schema()) {
-            size_t dot = k.path.find('.');
-            if (dot == std::string::npos) continue;
-            std::string s = k.path.substr(0, dot);
-            if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+            for (size_t dot = k.path.find('.'); dot != std::string::npos; dot = k.path.find('.', dot + 1)) {
+                std::string s = k.path.substr(0, dot);  // every enclosing section ("model", "model.moe")
+                if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+            }
         }
         return out;
     }();
@@ -569,6 +581,19 @@ void check_consistency(const Config& c, bool check_files) {
     if (m.arch == "llama" && (m.d_model / m.n_head) % 2 != 0)
         throw UserError(strfmt("model.n_head: head dimension d_model / n_head = %d / %d is odd (rotary embeddings "
                                "rotate pairs of dimensions)", m.d_model, m.n_head));
+    if (m.moe.num_experts == 1)
+        throw UserError("model.moe.num_experts: 1 (a mixture needs >= 2 experts; 0 = no MoE layers)");
+    if (m.moe.num_experts > 0 && m.moe.top_k > m.moe.num_experts)
+        throw UserError(strfmt("model.moe.top_k: %d exceeds model.moe.num_experts = %d", m.moe.top_k,
+                               m.moe.num_experts));
+    if (m.moe.num_experts > 0 && m.moe.every > m.n_layer)
+        throw UserError(strfmt("model.moe.every: %d exceeds model.n_layer = %d (no layer would be MoE)", m.moe.every,
+                               m.n_layer));
+    if (m.moe.num_experts > 0 && t.recompute != "none")
+        throw UserError(strfmt("train.recompute: \"%s\" with model.moe: MoE layers support only \"none\" for now",
+                               t.recompute.c_str()));
+    if (m.moe.num_experts > 0 && c.precision == "fp8")
+        throw UserError("precision: fp8 with model.moe: the experts' linears have no fp8 path yet (use fp32 or bf16)");
     if (t.seq_len > m.max_seq_len)
         throw UserError(strfmt("train.seq_len: %d exceeds model.max_seq_len = %d (must be <= model.max_seq_len)",
                                t.seq_len, m.max_seq_len));

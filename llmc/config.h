@@ -7,6 +7,16 @@
 
 #include <nlohmann/json.hpp>
 
+// Mixture of experts (llmc/moe.h has the exact definitions).
+struct MoeConfig {
+    int num_experts = 0;  // 0 = no MoE layers
+    int top_k = 2;
+    int expert_ffn_dim = 0;  // 0 = the family's MLP width
+    int every = 1;
+    double aux_loss_coef = 0.01;
+    double capacity_factor = 0.0;  // 0 = dropless
+};
+
 struct ModelConfig {
     std::string arch = "gpt2";
     int n_layer = 12;
@@ -20,6 +30,7 @@ struct ModelConfig {
     double rope_theta = 10000.0;
     double norm_eps = 1e-5;
     bool tie_embeddings = false;
+    MoeConfig moe;
     std::string init = "random";  // "random", an llm.c checkpoint, or a transformers .safetensors file
     int init_seed = 0;
     int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }

@@ -13,6 +13,18 @@ TensorDecl decl(Role role, const char* name, ModelPart part, size_t rows, size_t
     return TensorDecl{role, name, part, rows, cols, split, stride, decay, init_std, init_value, rows, "", false};
 }
 
+// Places a per-layer declaration in the dense layers only (the MoE layers' experts replace it).
+TensorDecl dense(TensorDecl d) {
+    d.layers = LayerSet::Dense;
+    return d;
+}
+// A declaration of the MoE layers: the router (per_expert false) or one of each expert's tensors.
+TensorDecl moe(TensorDecl d, bool per_expert) {
+    d.layers = LayerSet::Moe;
+    d.per_expert = per_expert;
+    return d;
+}
+
 // GPT-2 as llm.c lays it out: learned positions, LayerNorms with biases, a fused QKV projection,
 // a GELU MLP of width 4C, the LM head tied to wte. Init: N(0, 0.02), the residual projections
 // N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1, padded vocabulary rows 0. In Hugging Face's
@@ -44,14 +56,25 @@ std::vector<TensorDecl> gpt2_tensors(const ModelShape& s) {
            "transformer.h.%d.attn.c_proj.bias"),
         hf(decl(Norm2W, "h.%d.ln2w", P::Layer, C, 1, S::Replicated, false, 0.0f, 1.0f), "transformer.h.%d.ln_2.weight"),
         hf(decl(Norm2B, "h.%d.ln2b", P::Layer, C, 1, S::Replicated, false, 0.0f), "transformer.h.%d.ln_2.bias"),
-        hf(decl(FcW, "h.%d.fcw", P::Layer, 4 * C, C, S::Column, true, sd), "transformer.h.%d.mlp.c_fc.weight", true),
-        hf(decl(FcB, "h.%d.fcb", P::Layer, 4 * C, 1, S::Column, false, 0.0f), "transformer.h.%d.mlp.c_fc.bias"),
-        hf(decl(FcOutW, "h.%d.fcprojw", P::Layer, C, 4 * C, S::Row, true, sd_resid),
-           "transformer.h.%d.mlp.c_proj.weight", true),
-        hf(decl(FcOutB, "h.%d.fcprojb", P::Layer, C, 1, S::Replicated, false, 0.0f), "transformer.h.%d.mlp.c_proj.bias"),
-        hf(decl(NormFW, "lnfw", P::Head, C, 1, S::Replicated, false, 0.0f, 1.0f), "transformer.ln_f.weight"),
-        hf(decl(NormFB, "lnfb", P::Head, C, 1, S::Replicated, false, 0.0f), "transformer.ln_f.bias"),
+        dense(hf(decl(FcW, "h.%d.fcw", P::Layer, 4 * C, C, S::Column, true, sd), "transformer.h.%d.mlp.c_fc.weight", true)),
+        dense(hf(decl(FcB, "h.%d.fcb", P::Layer, 4 * C, 1, S::Column, false, 0.0f), "transformer.h.%d.mlp.c_fc.bias")),
+        dense(hf(decl(FcOutW, "h.%d.fcprojw", P::Layer, C, 4 * C, S::Row, true, sd_resid),
+                 "transformer.h.%d.mlp.c_proj.weight", true)),
+        dense(hf(decl(FcOutB, "h.%d.fcprojb", P::Layer, C, 1, S::Replicated, false, 0.0f),
+                 "transformer.h.%d.mlp.c_proj.bias")),
     };
+    // MoE layers (model.moe): a router and experts that are the MLP above at width expert_ffn_dim
+    // (no transformers names: stored under these names in safetensors too)
+    if (s.moe.enabled()) {
+        const size_t E = size_t(s.moe.num_experts), Fe = size_t(s.moe.expert_ffn_dim);
+        t.push_back(moe(decl(RouterW, "h.%d.moe.router", P::Layer, E, C, S::Replicated, true, sd), false));
+        t.push_back(moe(decl(FcW, "h.%d.moe.e%d.fcw", P::Layer, Fe, C, S::Column, true, sd), true));
+        t.push_back(moe(decl(FcB, "h.%d.moe.e%d.fcb", P::Layer, Fe, 1, S::Column, false, 0.0f), true));
+        t.push_back(moe(decl(FcOutW, "h.%d.moe.e%d.fcprojw", P::Layer, C, Fe, S::Row, true, sd_resid), true));
+        t.push_back(moe(decl(FcOutB, "h.%d.moe.e%d.fcprojb", P::Layer, C, 1, S::Replicated, false, 0.0f), true));
+    }
+    t.push_back(hf(decl(NormFW, "lnfw", P::Head, C, 1, S::Replicated, false, 0.0f, 1.0f), "transformer.ln_f.weight"));
+    t.push_back(hf(decl(NormFB, "lnfb", P::Head, C, 1, S::Replicated, false, 0.0f), "transformer.ln_f.bias"));
     t[0].init_rows = size_t(s.vocab_size);
     return t;
 }
@@ -76,11 +99,21 @@ std::vector<TensorDecl> llama_tensors(const ModelShape& s) {
         decl(AttnOutW, "model.layers.%d.self_attn.o_proj.weight", P::Layer, C, Q, S::Row, true, sd),
         decl(Norm2W, "model.layers.%d.post_attention_layernorm.weight", P::Layer, C, 1, S::Replicated, false, 0.0f,
              1.0f),
-        decl(GateW, "model.layers.%d.mlp.gate_proj.weight", P::Layer, F, C, S::Column, true, sd),
-        decl(UpW, "model.layers.%d.mlp.up_proj.weight", P::Layer, F, C, S::Column, true, sd),
-        decl(FcOutW, "model.layers.%d.mlp.down_proj.weight", P::Layer, C, F, S::Row, true, sd),
-        decl(NormFW, "model.norm.weight", P::Head, C, 1, S::Replicated, false, 0.0f, 1.0f),
+        dense(decl(GateW, "model.layers.%d.mlp.gate_proj.weight", P::Layer, F, C, S::Column, true, sd)),
+        dense(decl(UpW, "model.layers.%d.mlp.up_proj.weight", P::Layer, F, C, S::Column, true, sd)),
+        dense(decl(FcOutW, "model.layers.%d.mlp.down_proj.weight", P::Layer, C, F, S::Row, true, sd)),
     };
+    // MoE layers (model.moe) as transformers' MixtralForCausalLM names them: the router `gate`,
+    // and per expert w1 (gate), w3 (up), w2 (down) of width expert_ffn_dim
+    if (s.moe.enabled()) {
+        const size_t E = size_t(s.moe.num_experts), Fe = size_t(s.moe.expert_ffn_dim);
+        const std::string x = "model.layers.%d.block_sparse_moe.";
+        t.push_back(moe(decl(RouterW, (x + "gate.weight").c_str(), P::Layer, E, C, S::Replicated, true, sd), false));
+        t.push_back(moe(decl(GateW, (x + "experts.%d.w1.weight").c_str(), P::Layer, Fe, C, S::Column, true, sd), true));
+        t.push_back(moe(decl(UpW, (x + "experts.%d.w3.weight").c_str(), P::Layer, Fe, C, S::Column, true, sd), true));
+        t.push_back(moe(decl(FcOutW, (x + "experts.%d.w2.weight").c_str(), P::Layer, C, Fe, S::Row, true, sd), true));
+    }
+    t.push_back(decl(NormFW, "model.norm.weight", P::Head, C, 1, S::Replicated, false, 0.0f, 1.0f));
     t[0].init_rows = size_t(s.vocab_size);
     if (!s.tie_embeddings) {
         t.push_back(decl(HeadW, "lm_head.weight", P::Head, Vp, C, S::Vocab, true, sd));

@@ -27,13 +27,14 @@ std::vector<HfTensor> hf_tensors(const ModelShape& s) {
     std::vector<HfTensor> out;
     size_t off = 0;
     for (const TensorDecl& d : model_tensors(s)) {
-        const int n = d.part == ModelPart::Layer ? s.n_layer : 1;
         const size_t file_rows = d.split == TpSplit::Vocab ? size_t(s.vocab_size) : d.rows;
         const std::string& pattern = d.hf_name.empty() ? d.name : d.hf_name;
         LLMC_ASSERT(!d.hf_transposed || d.split != TpSplit::Vocab, "hf_tensors: a vocabulary tensor is not transposed");
-        for (int l = 0; l < n; l++, off += d.rows * d.cols)
-            out.push_back({d.part == ModelPart::Layer ? strfmt(pattern.c_str(), l) : pattern, d.rows, d.cols, file_rows,
-                           off, d.hf_transposed && d.cols > 1, d.role});
+        for (const auto& at : decl_instances(s, d)) {
+            out.push_back({instance_name(pattern, at.first, at.second), d.rows, d.cols, file_rows, off,
+                           d.hf_transposed && d.cols > 1, d.role});
+            off += d.rows * d.cols;
+        }
     }
     LLMC_ASSERT(off == num_params(s), "hf_tensors: the declarations do not cover the model");
     return out;

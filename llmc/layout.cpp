@@ -22,6 +22,14 @@ ModelShape model_shape(const ModelConfig& m) {
         s.norm_eps = float(m.norm_eps);
         s.tie_embeddings = m.tie_embeddings;
     }
+    if (m.moe.num_experts > 0) {
+        s.moe.num_experts = m.moe.num_experts;
+        s.moe.top_k = m.moe.top_k;
+        s.moe.expert_ffn_dim = m.moe.expert_ffn_dim > 0 ? m.moe.expert_ffn_dim : s.ffn();
+        s.moe.every = m.moe.every;
+        s.moe.aux_loss_coef = float(m.moe.aux_loss_coef);
+        s.moe.capacity_factor = float(m.moe.capacity_factor);
+    }
     return s;
 }
 

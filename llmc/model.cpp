@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "llmc/moe.h"
 #include "llmc/rng.h"
 #include "llmc/tensor_parallel.h"
 
@@ -15,6 +16,13 @@
 struct Model::LayerActs {
     Tensor ln1, qkv, atty, residual2, ln2, fch_pre, fch_gelu, residual3;
     float *ln1_mean = nullptr, *ln1_rstd = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr, *att_lse = nullptr;
+    // MoE layers (model.moe): fch_pre and fch_gelu hold the permuted rows (up to N * top_k),
+    // expert by expert; xperm and yperm the experts' inputs and outputs in the same rows.
+    Tensor router_logits, xperm, yperm;
+    float *probs = nullptr, *gate = nullptr;           // [N, E], [N, K]
+    int32_t *expert = nullptr, *row_of = nullptr;      // [N, K] (backend memory)
+    std::vector<int> count, offset;                    // the last forward's plan (host)
+    std::vector<float> daux;                           // d (coef * aux * dloss * N) / d probs[n, e]
 };
 
 // A chunk's activations for one micro-batch in flight.
@@ -37,6 +45,10 @@ struct Model::Scratch {
     Tensor dqkv, datty, dfch;
     Tensor dpre;             // [N, 2F/tp]: the gradient of the gated MLP's input (SwiGLU)
     Tensor ln_grads;         // [2C]: one LayerNorm's weight and bias gradients before the TP reduction (SP)
+    // MoE layers: the permuted rows' gradients [N K, C], the router logits' [N, E], the gates'
+    // [N K] and the load-balancing loss's d/dprobs [E]
+    Tensor dperm, drouter;
+    float *dgate = nullptr, *daux = nullptr;
     float* stats = nullptr;  // [N, 3]: vocabulary-parallel cross-entropy statistics
     // Recompute: the buffers of a layer's activations that every layer shares (the attention core's
     // and the activation's outputs with Selective; a whole set with Full), empty otherwise.
@@ -86,11 +98,12 @@ Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, size_t pad_mul
     LLMC_ASSERT(lay.tp == tp_->size() && lay.tp_rank == tp_->rank(), "layout and TP group disagree");
     LLMC_ASSERT(!lay.sequence_parallel || lay.tp == 1 || tp_->sequence_parallel(), "SP flag mismatch");
     check_model_layout(s, lay, t);
+    LLMC_ASSERT(!s.moe.enabled() || rc == Recompute::None, "MoE layers run without recomputation (config refuses it)");
     params = param_table(s, lay, &num_params);
     total_params = ::num_params(s);
-    lookup_.assign(size_t(NUM_ROLES) * (s.n_layer + 1), -1);
+    lookup_.assign(size_t(NUM_ROLES) * (s.n_layer + 1) * size_t(s.moe.num_experts + 1), -1);
     for (size_t i = 0; i < params.size(); i++)
-        if (!params[i].tied_copy) lookup_[size_t(params[i].role) * (s.n_layer + 1) + (params[i].layer + 1)] = int(i);
+        if (!params[i].tied_copy) lookup_[lookup_index(params[i].role, params[i].layer, params[i].expert)] = int(i);
 
     padded_params = padded_param_count(num_params, pad_multiple);
     if (storage != ModelStorage::Sharded) param_buf = Tensor(ops.alloc(padded_params * dtype_size(dt)), padded_params, dt);
@@ -153,10 +166,14 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
     const size_t Fl = size_t(shape.ffn()) / tpn, PREl = block.swiglu ? 2 * Fl : Fl;  // the MLP's hidden width
     const size_t Vl = size_t(shape.vocab_shard(tpn)), nl = sp && tpn > 1 ? N / tpn : N;
     const bool mean = block.layernorm;  // RMSNorm keeps no mean
+    const MoeShape& moe = shape.moe;
+    const size_t NK = N * size_t(moe.top_k), E = size_t(moe.num_experts), Fe = size_t(moe.expert_ffn_dim);
+    const size_t PREe = block.swiglu ? 2 * Fe : Fe;
     Carver cv{base};
     // A layer's buffers; with core = false the attention core's and the activation's outputs are
-    // left as they are (the shared ones of Selective).
-    auto carve_layer = [&](LayerActs& L, bool core) {
+    // left as they are (the shared ones of Selective). An MoE layer's MLP buffers hold its
+    // permuted rows (recompute is refused with MoE: core is true).
+    auto carve_layer = [&](LayerActs& L, bool core, bool moe_layer) {
         L.ln1 = cv.take(nl * C, dt);
         L.ln1_mean = mean ? cv.take_f32(nl) : nullptr;
         L.ln1_rstd = cv.take_f32(nl);
@@ -167,12 +184,24 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
         L.ln2 = cv.take(nl * C, dt);
         L.ln2_mean = mean ? cv.take_f32(nl) : nullptr;
         L.ln2_rstd = cv.take_f32(nl);
-        L.fch_pre = cv.take(N * PREl, dt);
-        if (core) L.fch_gelu = cv.take(N * Fl, dt);
+        if (moe_layer) {
+            L.router_logits = cv.take(N * E, dt);
+            L.probs = cv.take_f32(N * E);
+            L.gate = cv.take_f32(NK);
+            L.expert = static_cast<int32_t*>(cv.take(NK, DType::F32).ptr);  // int32
+            L.row_of = static_cast<int32_t*>(cv.take(NK, DType::F32).ptr);
+            L.xperm = cv.take(NK * C, dt);
+            L.fch_pre = cv.take(NK * PREe, dt);
+            L.fch_gelu = cv.take(NK * Fe, dt);
+            L.yperm = cv.take(NK * C, dt);
+        } else {
+            L.fch_pre = cv.take(N * PREl, dt);
+            if (core) L.fch_gelu = cv.take(N * Fl, dt);
+        }
         L.residual3 = cv.take(nl * C, dt);
     };
     LayerActs& shared = S.recomputed;
-    if (rc == Recompute::Full) carve_layer(shared, true);
+    if (rc == Recompute::Full) carve_layer(shared, true, false);
     if (rc == Recompute::Selective) {
         shared.atty = cv.take(N * Cl, dt);
         shared.att_lse = cv.take_f32(N * NHl);
@@ -182,9 +211,10 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
         for (SlotActs& sa : ch.slots) {
             sa.input = cv.take(nl * C, dt);
             sa.layers.assign(size_t(ch.end - ch.begin), shared);
-            for (LayerActs& L : sa.layers) {
+            for (size_t i = 0; i < sa.layers.size(); i++) {
+                LayerActs& L = sa.layers[i];
                 if (rc == Recompute::Full) L.residual3 = cv.take(nl * C, dt);  // the next layer's input
-                else carve_layer(L, rc == Recompute::None);
+                else carve_layer(L, rc == Recompute::None, moe.is_moe_layer(ch.begin + int(i)));
             }
             if (ch.ends) {
                 sa.lnf = cv.take(nl * C, dt);
@@ -205,8 +235,14 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
     S.dresidual = cv.take(nl * C, dt);
     S.dqkv = cv.take(N * QKVl, dt);
     S.datty = cv.take(N * Cl, dt);
-    S.dfch = cv.take(N * Fl, dt);
-    if (block.swiglu) S.dpre = cv.take(N * PREl, dt);
+    S.dfch = cv.take(std::max(N * Fl, NK * Fe), dt);
+    if (block.swiglu) S.dpre = cv.take(std::max(N * PREl, NK * PREe), dt);
+    if (moe.enabled()) {
+        S.dperm = cv.take(NK * C, dt);
+        S.drouter = cv.take(N * E, dt);
+        S.dgate = cv.take_f32(NK);
+        S.daux = cv.take_f32(E);
+    }
     S.ln_grads = cv.take(2 * C, dt);
     S.stats = cv.take_f32(3 * N);
     return cv.used;
@@ -225,14 +261,19 @@ Model::~Model() {
     delete scratch_;
 }
 
-bool Model::holds(Role r, int layer) const {
-    if (layer < -1 || layer >= shape.n_layer) return false;
-    return lookup_[size_t(r) * (shape.n_layer + 1) + (layer + 1)] >= 0;
+size_t Model::lookup_index(Role r, int layer, int expert) const {
+    return (size_t(r) * (shape.n_layer + 1) + size_t(layer + 1)) * size_t(shape.moe.num_experts + 1) + size_t(expert + 1);
 }
 
-const ParamSpec& Model::spec(Role r, int layer) const {
-    LLMC_ASSERT(holds(r, layer), strfmt("parameter of role %d (layer %d) is not held by this rank", int(r), layer));
-    return params[size_t(lookup_[size_t(r) * (shape.n_layer + 1) + (layer + 1)])];
+bool Model::holds(Role r, int layer, int expert) const {
+    if (layer < -1 || layer >= shape.n_layer || expert < -1 || expert >= shape.moe.num_experts) return false;
+    return lookup_[lookup_index(r, layer, expert)] >= 0;
+}
+
+const ParamSpec& Model::spec(Role r, int layer, int expert) const {
+    LLMC_ASSERT(holds(r, layer, expert), strfmt("parameter of role %d (layer %d, expert %d) is not held by this rank",
+                                                int(r), layer, expert));
+    return params[size_t(lookup_[lookup_index(r, layer, expert)])];
 }
 
 const ParamSpec& Model::head_weight_spec() const {
@@ -242,19 +283,19 @@ const ParamSpec& Model::head_weight_spec() const {
     return params.back();  // the last stage's copy comes last
 }
 
-Tensor Model::param(Role r, int layer) const { return param_of(spec(r, layer)); }
-Tensor Model::grad(Role r, int layer) const { return grad_of(spec(r, layer)); }
+Tensor Model::param(Role r, int layer, int expert) const { return param_of(spec(r, layer, expert)); }
+Tensor Model::grad(Role r, int layer, int expert) const { return grad_of(spec(r, layer, expert)); }
 
 // The tensors first..last of a layer are adjacent in memory (declared so): one view over them.
 static Tensor span_of(const Model& m, Tensor first, const ParamSpec& a, const ParamSpec& b) {
     LLMC_ASSERT(a.offset <= b.offset, "param_span: roles out of memory order");
     return Tensor(first.ptr, b.offset + b.numel - a.offset, first.dtype);
 }
-Tensor Model::param_span(Role first, Role last, int layer) const {
-    return span_of(*this, param(first, layer), spec(first, layer), spec(last, layer));
+Tensor Model::param_span(Role first, Role last, int layer, int expert) const {
+    return span_of(*this, param(first, layer, expert), spec(first, layer, expert), spec(last, layer, expert));
 }
-Tensor Model::grad_span(Role first, Role last, int layer) const {
-    return span_of(*this, grad(first, layer), spec(first, layer), spec(last, layer));
+Tensor Model::grad_span(Role first, Role last, int layer, int expert) const {
+    return span_of(*this, grad(first, layer, expert), spec(first, layer, expert), spec(last, layer, expert));
 }
 
 Tensor Model::param_of(const ParamSpec& p) const {
@@ -357,7 +398,8 @@ static uint64_t init_stream(const std::vector<TensorDecl>& decls, const ParamSpe
     }
     if (part == ModelPart::Head) before += per_layer * size_t(n_layer);
     if (part == ModelPart::Layer) before += per_layer * size_t(p.layer);
-    return uint64_t(before + within);
+    // an expert's tensors: streams of their own, past every other tensor's
+    return uint64_t(before + within) + (p.expert >= 0 ? (uint64_t(p.expert) + 1) << 32 : 0);
 }
 
 void Model::init_random(uint64_t seed) {
@@ -488,7 +530,7 @@ void Model::norm_backward(Tensor dinp, Tensor dout, Tensor inp, Role w, int laye
 //   res3 = res2 + down(act(up(norm2(res2))))      act: GELU (GPT-2) or SwiGLU on [gate | up] (Llama)
 // qkv and up are column-parallel (the SP gather before them), out_proj and down row-parallel
 // (their bias added once, on TP rank 0, before the reduction or the SP reduce-scatter).
-void Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t) {
+float Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t, float dloss) {
     TensorParallel& tp = *tp_;
     const int tpn = tp_size();
     const int C = shape.d_model, HS = shape.head_dim(), NHl = shape.n_head / tpn, NKVl = shape.kv_heads() / tpn;
@@ -499,7 +541,9 @@ void Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t) {
     const bool bias_here = k.biases && tp.rank() == 0;  // a row-parallel bias is added once, before the reduction
     Tensor ln1 = L.ln1.slice(0, nl * C), qkv = L.qkv.slice(0, N * QKVl), atty = L.atty.slice(0, N * Cl);
     Tensor res2 = L.residual2.slice(0, nl * C), ln2 = L.ln2.slice(0, nl * C), res3 = L.residual3.slice(0, nl * C);
-    Tensor pre = L.fch_pre.slice(0, N * (k.swiglu ? 2 : 1) * Fl), act = L.fch_gelu.slice(0, N * Fl);
+    const bool dense_mlp = !shape.moe.is_moe_layer(l);  // an MoE layer's buffers hold its permuted rows
+    Tensor pre = dense_mlp ? L.fch_pre.slice(0, N * (k.swiglu ? 2 : 1) * Fl) : Tensor();
+    Tensor act = dense_mlp ? L.fch_gelu.slice(0, N * Fl) : Tensor();
     Tensor full = S.full.slice(0, nC), partial = S.partial.slice(0, nC), rows = S.rows.slice(0, nl * C);
 
     norm_forward(ln1, L.ln1_mean, L.ln1_rstd, res, Norm1W, l, int(nl));
@@ -519,6 +563,11 @@ void Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t) {
         norm_forward(ln2, L.ln2_mean, L.ln2_rstd, res2, Norm2W, l, int(nl));
     }
     x = tp.gather_rows(ln2, full);
+    if (shape.moe.is_moe_layer(l)) {  // the experts in place of the MLP (tp 1: no reduction)
+        const float aux = moe_forward(l, L, partial, x, int(N), dloss);
+        ops.residual_forward(res3, res2, partial);
+        return aux;
+    }
     if (k.swiglu) {
         linear_forward(l, Fp8Linear::Fc, pre, Tensor(), x, param_span(GateW, UpW, l), Tensor(), int(N), C, 2 * Fl,
                        false);
@@ -530,6 +579,96 @@ void Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t) {
                    bias_here ? param(FcOutB, l) : Tensor(), int(N), Fl, C, false);
     y = tp.reduce_rows(partial, rows);
     ops.residual_forward(res3, res2, y);
+    return 0.0f;
+}
+
+// An MoE layer (llmc/moe.h): route, permute the tokens into per-expert rows, run each expert's
+// MLP on its rows, combine each token's slots weighted by the gates. The plan (rows per expert,
+// drops) is made on the host from the router's choices: the expert loop needs the row counts.
+float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float dloss) {
+    const MoeShape& m = shape.moe;
+    const int C = shape.d_model, E = m.num_experts, K = m.top_k, Fe = m.expert_ffn_dim;
+    const int PRE = block_.swiglu ? 2 * Fe : Fe;
+    const size_t NK = size_t(N) * K;
+    Tensor logits = L.router_logits.slice(0, size_t(N) * E);
+    ops.matmul_forward(logits, Tensor(), x, param(RouterW, l), Tensor(), N, C, E, false);
+    ops.moe_router_forward(L.probs, L.expert, L.gate, logits, N, E, K);
+    std::vector<int32_t> expert(NK);
+    ops.to_host_bytes(expert.data(), L.expert, NK * sizeof(int32_t));
+    const MoePlan plan = moe_plan(expert.data(), N, E, K, moe_capacity(m, N));
+    ops.from_host_bytes(L.row_of, plan.row_of.data(), NK * sizeof(int32_t));
+    L.count = plan.count;
+    L.offset = plan.offset;
+    ops.moe_permute(L.xperm, x, L.row_of, N, K, C);
+    for (int e = 0; e < E; e++) {
+        const size_t n = size_t(plan.count[size_t(e)]), r0 = size_t(plan.offset[size_t(e)]);
+        if (n == 0) continue;
+        Tensor xin = L.xperm.slice(r0 * C, n * C), pre = L.fch_pre.slice(r0 * PRE, n * PRE);
+        Tensor act = L.fch_gelu.slice(r0 * Fe, n * Fe), y = L.yperm.slice(r0 * C, n * C);
+        if (block_.swiglu) {
+            ops.matmul_forward(pre, Tensor(), xin, param_span(GateW, UpW, l, e), Tensor(), int(n), C, 2 * Fe, false);
+            ops.swiglu_forward(act, pre, int(n), Fe);
+        } else {
+            ops.matmul_forward(act, pre, xin, param(FcW, l, e), param(FcB, l, e), int(n), C, Fe, true);
+        }
+        ops.matmul_forward(y, Tensor(), act, param(FcOutW, l, e), block_.biases ? param(FcOutB, l, e) : Tensor(),
+                           int(n), Fe, C, false);
+    }
+    ops.moe_combine(out, L.yperm, L.gate, L.row_of, N, K, C);
+    L.daux.assign(size_t(E), 0.0f);
+    if (dloss == 0.0f) return 0.0f;  // evaluation: no statistics, no gradient
+    std::vector<float> probs(size_t(N) * E), daux;
+    ops.to_host_bytes(probs.data(), L.probs, probs.size() * sizeof(float));
+    const double aux = moe_aux_loss(probs.data(), plan, N, E, K, &daux);
+    // the objective is dloss * (sum of token losses + N * coef * aux): N * coef * aux is this
+    // micro-batch's mean loss term weighted like its tokens
+    const double scale = double(m.aux_loss_coef) * double(dloss) * N;
+    for (int e = 0; e < E; e++) L.daux[size_t(e)] = float(double(daux[size_t(e)]) * scale);
+    MoeStats& st = moe_stats_;
+    st.aux_sum += aux;
+    st.aux_terms++;
+    for (int e = 0; e < E; e++) {
+        const double f = double(plan.routed[size_t(e)]) / double(NK);
+        st.load_min = std::min(st.load_min, f);
+        st.load_max = std::max(st.load_max, f);
+    }
+    st.dropped += plan.dropped;
+    st.pairs += (long long)NK;
+    return float(double(m.aux_loss_coef) * aux);
+}
+
+// dx (overwrite) from dy through the combine, the experts (their weight gradients accumulate
+// row by row in token order), the router (the gates' and the load-balancing loss's gradients)
+// and the permutation.
+void Model::moe_backward(int l, LayerActs& L, Tensor dx, Tensor dy, Tensor x, int N) {
+    const MoeShape& m = shape.moe;
+    const int C = shape.d_model, E = m.num_experts, K = m.top_k, Fe = m.expert_ffn_dim;
+    const int PRE = block_.swiglu ? 2 * Fe : Fe;
+    Scratch& S = *scratch_;
+    ops.moe_combine_backward(S.dperm, S.dgate, dy, L.yperm, L.gate, L.row_of, N, K, C);
+    for (int e = 0; e < E; e++) {
+        const size_t n = size_t(L.count[size_t(e)]), r0 = size_t(L.offset[size_t(e)]);
+        if (n == 0) continue;
+        Tensor xin = L.xperm.slice(r0 * C, n * C), pre = L.fch_pre.slice(r0 * PRE, n * PRE);
+        Tensor act = L.fch_gelu.slice(r0 * Fe, n * Fe), dperm = S.dperm.slice(r0 * C, n * C);
+        Tensor dact = S.dfch.slice(r0 * Fe, n * Fe);
+        ops.matmul_backward(dact, grad(FcOutW, l, e), block_.biases ? grad(FcOutB, l, e) : Tensor(), dperm, act,
+                            param(FcOutW, l, e), Tensor(), int(n), Fe, C);
+        if (block_.swiglu) {  // the rows' input gradients overwrite their output gradients, already used
+            Tensor dpre = S.dpre.slice(r0 * PRE, n * PRE);
+            ops.swiglu_backward(dpre, dact, pre, int(n), Fe);
+            ops.matmul_backward(dperm, grad_span(GateW, UpW, l, e), Tensor(), dpre, xin, param_span(GateW, UpW, l, e),
+                                Tensor(), int(n), C, 2 * Fe);
+        } else {
+            ops.matmul_backward(dperm, grad(FcW, l, e), grad(FcB, l, e), dact, xin, param(FcW, l, e), pre, int(n), C,
+                                Fe);
+        }
+    }
+    ops.from_host_bytes(S.daux, L.daux.data(), size_t(E) * sizeof(float));
+    Tensor drouter = S.drouter.slice(0, size_t(N) * E);
+    ops.moe_router_backward(drouter, S.dgate, S.daux, L.probs, L.expert, L.gate, N, E, K);
+    ops.matmul_backward(dx, grad(RouterW, l), Tensor(), drouter, x, param(RouterW, l), Tensor(), N, C, E);
+    ops.moe_permute_backward(dx, S.dperm, L.row_of, N, K, C);
 }
 
 void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
@@ -543,7 +682,9 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
     Tensor dres = S.dresidual.slice(0, nl * C), rows = S.rows.slice(0, nl * C);
     Tensor full = S.full.slice(0, nC), full_grad = S.full_grad.slice(0, nC), partial = S.partial.slice(0, nC);
     Tensor dact = S.dfch.slice(0, N * Fl), dqkv = S.dqkv.slice(0, N * QKVl), datty = S.datty.slice(0, N * Cl);
-    Tensor pre = L.fch_pre.slice(0, N * (k.swiglu ? 2 : 1) * Fl), act = L.fch_gelu.slice(0, N * Fl);
+    const bool dense_mlp = !shape.moe.is_moe_layer(l);  // an MoE layer's buffers hold its permuted rows
+    Tensor pre = dense_mlp ? L.fch_pre.slice(0, N * (k.swiglu ? 2 : 1) * Fl) : Tensor();
+    Tensor act = dense_mlp ? L.fch_gelu.slice(0, N * Fl) : Tensor();
     if (recompute == Recompute::Selective) {  // the attention core and the activation again, into the shared buffers
         ops.attention_forward(L.atty.slice(0, N * Cl), L.att_lse, L.qkv.slice(0, N * QKVl), b, t, NHl, NKVl, HS);
         if (k.swiglu) ops.swiglu_forward(act, pre, int(N), Fl);
@@ -552,15 +693,19 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
 
     // MLP
     Tensor dy = tp.gather_rows(dres, full_grad);
-    linear_backward(l, Fp8Linear::FcProj, dact, grad(FcOutW, l), k.biases ? grad(FcOutB, l) : Tensor(), dy, act,
-                    param(FcOutW, l), Tensor(), int(N), Fl, C);
     Tensor x = tp.gather_rows(L.ln2.slice(0, nl * C), full);  // SP: gathered again rather than kept
-    if (k.swiglu) {
+    if (shape.moe.is_moe_layer(l)) {
+        moe_backward(l, L, partial, dy, x, int(N));
+    } else if (k.swiglu) {
+        linear_backward(l, Fp8Linear::FcProj, dact, grad(FcOutW, l), Tensor(), dy, act, param(FcOutW, l), Tensor(),
+                        int(N), Fl, C);
         Tensor dpre = S.dpre.slice(0, N * 2 * Fl);
         ops.swiglu_backward(dpre, dact, pre, int(N), Fl);
         linear_backward(l, Fp8Linear::Fc, partial, grad_span(GateW, UpW, l), Tensor(), dpre, x,
                         param_span(GateW, UpW, l), Tensor(), int(N), C, 2 * Fl);
     } else {  // the GELU's backward runs inside (dact becomes the pre-activation's gradient)
+        linear_backward(l, Fp8Linear::FcProj, dact, grad(FcOutW, l), k.biases ? grad(FcOutB, l) : Tensor(), dy, act,
+                        param(FcOutW, l), Tensor(), int(N), Fl, C);
         linear_backward(l, Fp8Linear::Fc, partial, grad(FcW, l), grad(FcB, l), dact, x, param(FcW, l), pre, int(N), C,
                         Fl);
     }
@@ -669,17 +814,18 @@ float Model::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t
         }
         release_params(embed_unit_);
     }
+    float aux = 0.0f;  // the MoE layers' load-balancing losses (training forwards only)
     for (int l = ch.begin; l < ch.end; l++) {
         LayerActs& L = sa.layers[size_t(l - ch.begin)];
         const int u = layer_unit_[size_t(l)];
         acquire_params(u);
         prefetch_params(l + 1 < ch.end ? layer_unit_[size_t(l + 1)] : ch.ends ? head_unit_ : -1);
-        layer_forward(l, L, res, b, t);
+        aux += layer_forward(l, L, res, b, t, dloss);
         release_params(u);
         res = L.residual3.slice(0, nl * C);
     }
-    if (!ch.ends) return 0.0f;
-    return head_forward(sa, res, targets, b, t, dloss);
+    if (!ch.ends) return aux;
+    return head_forward(sa, res, targets, b, t, dloss) + aux;
 }
 
 void Model::backward_chunk(int c, int slot, const std::function<void(size_t)>& grads_ready) {
@@ -704,7 +850,7 @@ void Model::backward_chunk(int c, int slot, const std::function<void(size_t)>& g
         acquire_grads(u);
         // Full recompute: the layer forward again from its kept input, into the shared buffers
         // (its output too: the kept one is the next layer's input, already used)
-        if (recompute == Recompute::Full) layer_forward(l, scratch_->recomputed, res_in(l), b, t);
+        if (recompute == Recompute::Full) layer_forward(l, scratch_->recomputed, res_in(l), b, t, 0.0f);
         layer_backward(l, recompute == Recompute::Full ? scratch_->recomputed : sa.layers[size_t(l - ch.begin)],
                        res_in(l), b, t);
         release_grads(u);

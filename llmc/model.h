@@ -108,8 +108,9 @@ public:
     size_t activation_bytes = 0;
     size_t activation_bytes_without_sp() const;  // the same layout's activations without sequence parallelism
 
-    bool holds(Role r, int layer = -1) const;
-    const ParamSpec& spec(Role r, int layer = -1) const;
+    // expert: one expert's tensor of an MoE layer (-1: the layer's own)
+    bool holds(Role r, int layer = -1, int expert = -1) const;
+    const ParamSpec& spec(Role r, int layer = -1, int expert = -1) const;
     // The LM head's weight on a last stage: the untied head, else the token embedding this rank
     // holds (the embedding's, or on a last stage without it the tied copy, which the pipeline
     // keeps in sync with the first stage's).
@@ -117,11 +118,11 @@ public:
     bool tied_head() const { return shape.tie_embeddings; }
     // A tensor's parameters and gradients. With a ParamStore they exist while their unit is
     // acquired (forward_chunk and backward_chunk acquire what they use); with ModelStorage::Full always.
-    Tensor param(Role r, int layer = -1) const;
-    Tensor grad(Role r, int layer = -1) const;
+    Tensor param(Role r, int layer = -1, int expert = -1) const;
+    Tensor grad(Role r, int layer = -1, int expert = -1) const;
     // Adjacent tensors first..last of a layer as one (Llama's q, k, v and gate, up: one fused linear).
-    Tensor param_span(Role first, Role last, int layer) const;
-    Tensor grad_span(Role first, Role last, int layer) const;
+    Tensor param_span(Role first, Role last, int layer, int expert = -1) const;
+    Tensor grad_span(Role first, Role last, int layer, int expert = -1) const;
     Tensor param_of(const ParamSpec& p) const;
     Tensor grad_of(const ParamSpec& p) const;
     void acquire_params(int unit) { acquire_unit(unit, false); }
@@ -164,6 +165,8 @@ public:
     // host ids used by the chunk that ends it (null: logits only). Returns the mean loss of the
     // b*t tokens when this chunk ends the model and targets are given, else 0. With dloss != 0
     // the head leaves d(dloss * sum of token losses)/dlogits for backward_chunk.
+    // With dloss != 0 the MoE layers' load-balancing losses (times aux_loss_coef) are added to the
+    // returned loss, also on chunks that do not end the model.
     float forward_chunk(int chunk, int slot, const int32_t* tokens, const int32_t* targets, int b, int t, float dloss);
     // Backward of one chunk for the micro-batch in slot; parameter gradients accumulate.
     // grads_ready (optional) is called with an element offset o: from here on no gradient at or
@@ -188,6 +191,24 @@ public:
     // where the casts record this step's amaxes (each pipeline stage and TP shard fills its
     // part; the trainer zeroes it per step and max-reduces it over the world). The caller owns
     // both; nullptr turns fp8 off.
+    // ---- mixture of experts (model.moe; llmc/moe.h) ----
+    // What the MoE layers saw in the forwards with dloss != 0 since the last take_moe_stats():
+    // the sum of their load-balancing losses (without aux_loss_coef; one per layer and
+    // micro-batch), the smallest and largest fraction of (token, slot) pairs routed to one expert,
+    // and the pairs dropped past capacity. The loss forward_chunk returns with dloss != 0
+    // includes aux_loss_coef times this chunk's load-balancing losses.
+    struct MoeStats {
+        double aux_sum = 0.0;
+        int aux_terms = 0;  // layers x micro-batches
+        double load_min = 1.0, load_max = 0.0;
+        long long dropped = 0, pairs = 0;
+    };
+    MoeStats take_moe_stats() {
+        MoeStats s = moe_stats_;
+        moe_stats_ = MoeStats();
+        return s;
+    }
+
     void set_fp8(const Fp8State* state, float* amax) {
         fp8_ = state;
         fp8_amax_ = amax;
@@ -224,7 +245,9 @@ private:
     void acquire_unit(int unit, bool grads);
     void release_unit(int unit, bool grads);
     std::unique_ptr<TensorParallel> own_tp_;  // a group of one when no TP group is given
-    std::vector<int> lookup_;  // (role, layer + 1) -> index into params, -1 when not held
+    std::vector<int> lookup_;  // (role, layer + 1, expert + 1) -> index into params, -1 when not held
+    size_t lookup_index(Role r, int layer, int expert) const;
+    MoeStats moe_stats_;
     std::vector<Chunk> chunks_;
     Scratch* scratch_ = nullptr;
     void* act_mem_ = nullptr;
@@ -237,7 +260,12 @@ private:
                                     const ModelLayout& layout, bool sequence_parallel, Recompute recompute,
                                     std::vector<Chunk>& chunks, Scratch& s);
 
-    void layer_forward(int l, LayerActs& L, Tensor res_in, int b, int t);
+    // Returns the layer's part of the loss (an MoE layer's aux_loss_coef * load-balancing loss when dloss != 0).
+    float layer_forward(int l, LayerActs& L, Tensor res_in, int b, int t, float dloss);
+    // An MoE layer's experts in place of the MLP: out (N x C) from x (N x C); forward_chunk's dloss
+    // scales the load-balancing loss's gradient (0: no statistics, no gradient)
+    float moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float dloss);
+    void moe_backward(int l, LayerActs& L, Tensor dx, Tensor dy, Tensor x, int N);
     void layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t);
     // One of layer l's linears: matmul_forward / matmul_backward, or their fp8 ops (set_fp8).
     const Fp8State* fp8_ = nullptr;

@@ -70,6 +70,15 @@ ModelShape model_file_shape(const std::string& path, int* version) {
     } else if (h[8] != 0) {
         throw UserError(strfmt("model file %s: unknown model family %d in header slot 8", path.c_str(), h[8]));
     }
+    if (h[14] != 0) {
+        s.moe.num_experts = h[14];
+        s.moe.top_k = h[15];
+        s.moe.expert_ffn_dim = h[16];
+        s.moe.every = h[17];
+        if (h[14] < 2 || h[15] < 1 || h[15] > h[14] || h[16] <= 0 || h[16] > big || h[17] < 1 || h[17] > s.n_layer)
+            throw UserError(strfmt("model file %s: invalid mixture-of-experts shape in header (num_experts %d, top_k "
+                                   "%d, expert_ffn_dim %d, every %d)", path.c_str(), h[14], h[15], h[16], h[17]));
+    }
     if (version) *version = h[1];
     return s;
 }
@@ -86,7 +95,11 @@ std::vector<float> model_file_read(const std::string& path, const ModelShape* ex
             {"model.arch (0 = gpt2, 1 = llama)", int(s.arch), int(expect->arch)},
             {"model.n_kv_head", s.kv_heads(), expect->kv_heads()},
             {"model.ffn_dim", s.ffn(), expect->ffn()},
-            {"model.tie_embeddings", int(s.tie_embeddings), int(expect->tie_embeddings)}};
+            {"model.tie_embeddings", int(s.tie_embeddings), int(expect->tie_embeddings)},
+            {"model.moe.num_experts", s.moe.num_experts, expect->moe.num_experts},
+            {"model.moe.top_k", s.moe.top_k, expect->moe.top_k},
+            {"model.moe.expert_ffn_dim", s.moe.expert_ffn_dim, expect->moe.expert_ffn_dim},
+            {"model.moe.every", s.moe.every, expect->moe.every}};
         for (const auto& f : fields)
             if (f.file != f.cfg)
                 throw UserError(strfmt("model file %s: %s is %d in the file but %d in the config", path.c_str(), f.key,
@@ -198,6 +211,12 @@ void model_file_write(const std::string& path, const ModelShape& s, const float*
         h[11] = s.tie_embeddings ? 1 : 0;
         std::memcpy(&h[12], &s.rope_theta, 4);
         std::memcpy(&h[13], &s.norm_eps, 4);
+    }
+    if (s.moe.enabled()) {
+        h[14] = s.moe.num_experts;
+        h[15] = s.moe.top_k;
+        h[16] = s.moe.expert_ffn_dim;
+        h[17] = s.moe.every;
     }
     const size_t n = num_params(s);
     if (version == 3) {

@@ -5,6 +5,8 @@
 // the unused slots: [8] family (0 = GPT-2, 1 = Llama), [9] n_kv_head, [10] ffn_dim,
 // [11] tie_embeddings, [12] rope_theta and [13] norm_eps as float32 bit patterns; the
 // parameters follow in the family's file order (llmc/param_table.h). GPT-2 files keep 0 there.
+// Mixture-of-experts models (either family) add [14] num_experts, [15] top_k, [16]
+// expert_ffn_dim, [17] every; 0 in [14] = no MoE layers.
 #pragma once
 #include <string>
 #include <vector>

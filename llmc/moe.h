@@ -32,9 +32,10 @@ struct MoeShape {
     float capacity_factor = 0.0f;  // 0 = dropless
     bool enabled() const { return num_experts > 0; }
     bool is_moe_layer(int l) const { return enabled() && l % every == every - 1; }
+    // The same weights (the loss coefficient and the capacity are training settings, not the model's).
     bool operator==(const MoeShape& o) const {
         return num_experts == o.num_experts && top_k == o.top_k && expert_ffn_dim == o.expert_ffn_dim &&
-               every == o.every && aux_loss_coef == o.aux_loss_coef && capacity_factor == o.capacity_factor;
+               every == o.every;
     }
 };
 

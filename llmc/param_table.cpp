@@ -6,7 +6,15 @@
 namespace {
 
 size_t decl_numel(const TensorDecl& d) { return d.rows * d.cols; }
-size_t decl_count(const ModelShape& s, const TensorDecl& d) { return d.part == ModelPart::Layer ? size_t(s.n_layer) : 1; }
+bool in_set(const ModelShape& s, LayerSet k, int l) { return k == LayerSet::All || (k == LayerSet::Moe) == s.moe.is_moe_layer(l); }
+int experts_of(const ModelShape& s, const TensorDecl& d) { return d.per_expert ? s.moe.num_experts : 1; }
+size_t decl_count(const ModelShape& s, const TensorDecl& d) { return decl_instances(s, d).size(); }
+// Layer l's place among the layers of its set (the MoE layers are every-1, 2 every-1, ...).
+size_t rank_in_set(const ModelShape& s, LayerSet k, int l) {
+    if (k == LayerSet::All || !s.moe.enabled()) return size_t(l);
+    const int moe_before = l / s.moe.every;
+    return size_t(k == LayerSet::Moe ? moe_before : l - moe_before);
+}
 
 std::vector<std::pair<int, int>> layout_chunks(const ModelShape& s, const ModelLayout& L) {
     if (L.chunks.empty()) return {{0, s.n_layer}};
@@ -14,6 +22,23 @@ std::vector<std::pair<int, int>> layout_chunks(const ModelShape& s, const ModelL
 }
 
 }  // namespace
+
+std::vector<std::pair<int, int>> decl_instances(const ModelShape& s, const TensorDecl& d) {
+    if (d.part != ModelPart::Layer) return {{-1, -1}};
+    std::vector<std::pair<int, int>> out;
+    for (int l = 0; l < s.n_layer; l++) {
+        if (!in_set(s, d.layers, l)) continue;
+        if (!d.per_expert) out.push_back({l, -1});
+        else
+            for (int e = 0; e < s.moe.num_experts; e++) out.push_back({l, e});
+    }
+    return out;
+}
+
+std::string instance_name(const std::string& pattern, int layer, int expert) {
+    if (layer < 0) return pattern;
+    return expert < 0 ? strfmt(pattern.c_str(), layer) : strfmt(pattern.c_str(), layer, expert);
+}
 
 size_t num_params(const ModelShape& s) {
     size_t n = 0;
@@ -47,6 +72,9 @@ void check_model_layout(const ModelShape& s, const ModelLayout& L, int T) {
     if (s.ffn() % tp != 0)
         throw UserError(strfmt("parallel.tp: %d does not divide model.ffn_dim = %d (the MLP is split by columns)",
                                tp, s.ffn()));
+    if (s.moe.enabled() && tp > 1)
+        throw UserError(strfmt("parallel.tp: %d with model.moe: mixture-of-experts layers run without tensor "
+                               "parallelism for now (set parallel.tp = 1)", tp));
     if (L.sequence_parallel && tp > 1 && T % tp != 0)
         throw UserError(strfmt("parallel.sequence_parallel: train.seq_len = %d must be a multiple of parallel.tp "
                                "= %d (the tokens are split evenly)", T, tp));
@@ -65,14 +93,15 @@ std::vector<ParamSpec> param_table(const ModelShape& s, const ModelLayout& L, si
     const size_t tp = size_t(L.tp), r = size_t(L.tp_rank);
     std::vector<ParamSpec> table;
     size_t offset = 0;
-    auto add = [&](size_t i, int layer, bool tied_copy) {
+    auto add = [&](size_t i, int layer, int expert, bool tied_copy) {
         const TensorDecl& d = decls[i];
         ParamSpec p;
         p.role = d.role;
         p.decl = int(i);
         p.part = tied_copy ? ModelPart::Head : d.part;
         p.layer = layer;
-        p.name = layer >= 0 ? strfmt(d.name.c_str(), layer) : d.name;
+        p.expert = expert;
+        p.name = instance_name(d.name, layer, expert);
         if (tied_copy) p.name += " (head copy)";
         p.rows = {{0, d.rows}};
         p.cols = d.cols;
@@ -110,23 +139,35 @@ std::vector<ParamSpec> param_table(const ModelShape& s, const ModelLayout& L, si
         p.decay = d.decay;
         p.tied_copy = tied_copy;
         p.primary = !tied_copy && (!p.tp_replicated || r == 0);
-        p.file_offset = file_base[i] + (layer >= 0 ? size_t(layer) * decl_numel(d) : 0);
+        const size_t instance = layer >= 0 ? rank_in_set(s, d.layers, layer) * experts_of(s, d) + size_t(std::max(expert, 0)) : 0;
+        p.file_offset = file_base[i] + instance * decl_numel(d);
         table.push_back(p);
         offset += p.numel;
     };
     if (L.first)
         for (size_t i = 0; i < decls.size(); i++)
-            if (decls[i].part == ModelPart::Embedding) add(i, -1, false);
+            if (decls[i].part == ModelPart::Embedding) add(i, -1, -1, false);
     for (const auto& c : layout_chunks(s, L))
         for (int l = c.first; l < c.second; l++)
-            for (size_t i = 0; i < decls.size(); i++)
-                if (decls[i].part == ModelPart::Layer) add(i, l, false);
+            for (size_t i = 0; i < decls.size(); i++) {
+                if (decls[i].part != ModelPart::Layer || !in_set(s, decls[i].layers, l)) continue;
+                if (!decls[i].per_expert) {
+                    add(i, l, -1, false);
+                    continue;
+                }
+                size_t j = i;  // the run of per-expert declarations [i, j), expert by expert
+                while (j < decls.size() && decls[j].part == ModelPart::Layer && decls[j].per_expert) j++;
+                for (int e = 0; e < s.moe.num_experts; e++)
+                    for (size_t k = i; k < j; k++)
+                        if (in_set(s, decls[k].layers, l)) add(k, l, e, false);
+                i = j - 1;
+            }
     if (L.last) {
         for (size_t i = 0; i < decls.size(); i++)
-            if (decls[i].part == ModelPart::Head) add(i, -1, false);
+            if (decls[i].part == ModelPart::Head) add(i, -1, -1, false);
         if (!L.first && s.tie_embeddings)
             for (size_t i = 0; i < decls.size(); i++)
-                if (decls[i].role == TokEmb) add(i, -1, true);
+                if (decls[i].role == TokEmb) add(i, -1, -1, true);
     }
     *num_local = offset;
     return table;

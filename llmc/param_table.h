@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "llmc/moe.h"
+
 enum class Arch { GPT2, Llama };
 const char* arch_name(Arch a);
 
@@ -27,6 +29,7 @@ struct ModelShape {
     float rope_theta = 10000.0f;  // Llama's rotary base
     float norm_eps = 1e-5f;       // RMSNorm's eps (GPT-2's LayerNorm eps is 1e-5)
     bool tie_embeddings = true;   // the LM head is the token embedding (GPT-2 always)
+    MoeShape moe{};               // mixture-of-experts layers (model.moe; none by default)
     int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
     int ffn() const { return ffn_dim > 0 ? ffn_dim : 4 * d_model; }
     int head_dim() const { return d_model / n_head; }
@@ -38,7 +41,7 @@ struct ModelShape {
         return n_layer == o.n_layer && n_head == o.n_head && d_model == o.d_model && vocab_size == o.vocab_size &&
                padded_vocab == o.padded_vocab && max_seq_len == o.max_seq_len && arch == o.arch &&
                kv_heads() == o.kv_heads() && ffn() == o.ffn() && rope_theta == o.rope_theta &&
-               norm_eps == o.norm_eps && tie_embeddings == o.tie_embeddings;
+               norm_eps == o.norm_eps && tie_embeddings == o.tie_embeddings && moe == o.moe;
     }
     bool operator!=(const ModelShape& o) const { return !(*this == o); }
 };
@@ -48,7 +51,8 @@ enum Role {
     TokEmb, PosEmb,                                    // embedding part
     Norm1W, Norm1B, QkvW, QkvB, QW, KW, VW,            // attention (QkvW fused, or QW, KW, VW adjacent)
     AttnOutW, AttnOutB, Norm2W, Norm2B,
-    FcW, FcB, GateW, UpW, FcOutW, FcOutB,              // MLP (FcW, or GateW, UpW adjacent)
+    FcW, FcB, GateW, UpW, FcOutW, FcOutB,              // MLP (FcW, or GateW, UpW adjacent); an expert's MLP too
+    RouterW,                                           // a mixture-of-experts layer's router
     NormFW, NormFB, HeadW,                             // head part (HeadW: an untied LM head)
     NUM_ROLES
 };
@@ -61,6 +65,8 @@ enum class TpSplit {
     Vocab,       // vocabulary rows split in tp blocks (embedding, LM head)
 };
 enum class ModelPart { Embedding, Layer, Head };
+// Which layers a per-layer tensor exists in (model.moe: an MoE layer's experts replace the MLP).
+enum class LayerSet { All, Dense, Moe };
 
 struct TensorDecl {
     Role role;
@@ -78,10 +84,20 @@ struct TensorDecl {
     // Conv1D weights are [in, out] in transformers, [out, in] here).
     std::string hf_name;
     bool hf_transposed = false;
+    LayerSet layers = LayerSet::All;  // per-layer tensors: the layers that hold one
+    // One per expert of each layer in `layers`: the name patterns take the layer, then the
+    // expert ("h.%d.moe.e%d.fcw"). File order: layer-major, then expert. Memory order: within a
+    // layer, a run of consecutive per-expert declarations is laid out expert by expert (expert
+    // 0's tensors of the run, then expert 1's, ...), so one expert's tensors are adjacent.
+    bool per_expert = false;
 };
 
 // The whole-model declarations of a shape's family, in file order.
 std::vector<TensorDecl> model_tensors(const ModelShape& s);
+// The instances of a declaration in file order: (layer, expert), -1 where not per layer / per expert.
+std::vector<std::pair<int, int>> decl_instances(const ModelShape& s, const TensorDecl& d);
+// An instance's name from a declaration's pattern (its name or hf_name).
+std::string instance_name(const std::string& pattern, int layer, int expert);
 // Elements of the whole model (padded vocabulary rows included), and of its real tensors only.
 size_t num_params(const ModelShape& s);
 size_t num_params_unpadded(const ModelShape& s);
@@ -104,6 +120,7 @@ struct ParamSpec {
     int decl;       // index into model_tensors()
     ModelPart part;  // the head for the tied copy
     int layer;      // -1 outside the layers
+    int expert;     // -1 unless one expert's tensor (TensorDecl::per_expert)
     size_t offset;  // element offset in the local parameter (and gradient) buffer
     size_t numel;   // local elements (a vocabulary split's memory-only padding rows included, last)
     bool decay;

@@ -91,11 +91,9 @@ void PipelineEngine::run_forward(int micro, int chunk, const int32_t* x, const i
     if (s > 0)  // the activation from stage s - 1: received, or produced by this rank's previous chunk
         take(Key{int(PpPayload::Activation), micro, s - 1}, model_.chunk_input(chunk, slot, b, t),
              "forward without its input activation");
-    const double l = model_.forward_chunk(chunk, slot, x, y, b, t, dloss);
-    if (s == n_virtual() - 1) {
-        *loss += l;
-        return;
-    }
+    // the last stage's mean cross-entropy, and every stage's MoE load-balancing losses
+    *loss += model_.forward_chunk(chunk, slot, x, y, b, t, dloss);
+    if (s == n_virtual() - 1) return;
     put(Key{int(PpPayload::Activation), micro, s}, model_.chunk_output(chunk, slot, b, t));
 }
 
