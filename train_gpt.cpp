@@ -157,6 +157,9 @@ std::string resolve_device(const Config& cfg) {
         throw UserError(strfmt("precision: \"%s\" needs device \"cuda\"; the CPU backend trains in \"fp32\" "
                                "(or \"fp8\", emulated)",
                                cfg.precision.c_str()));
+    if (device == "cuda" && cfg.model.moe.num_experts > 0)
+        throw UserError("model.moe.num_experts: the cuda backend has no mixture-of-experts kernels yet (use device "
+                        "\"cpu\", or model.moe.num_experts=0)");
     return device;
 }
 // The communicator of the data-parallel group (and the world's): "nccl" runs DP's collectives on
@@ -447,6 +450,25 @@ void evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<
     }
 }
 
+// The MoE layers' statistics of this step over all ranks (llmc/moe.h): the load-balancing loss
+// (the sum over the MoE layers, without aux_loss_coef, averaged over micro-batches and DP ranks;
+// the logged loss includes aux_loss_coef times it), the least and most loaded expert's fraction
+// of the routed (token, slot) pairs in any layer and micro-batch, the fraction dropped past capacity.
+void log_moe(Run& r, nlohmann::json& rec, std::string& extra) {
+    const Model::MoeStats st = r.model.take_moe_stats();
+    double sums[4] = {st.aux_sum, double(st.aux_terms), double(st.dropped), double(st.pairs)};
+    double maxes[2] = {-st.load_min, st.load_max};
+    r.groups.world->all_reduce(sums, 4, ReduceOp::Sum);
+    r.groups.world->all_reduce(maxes, 2, ReduceOp::Max);
+    const int moe_layers = r.shape.n_layer / r.shape.moe.every;
+    const double aux = sums[1] > 0 ? sums[0] / sums[1] * moe_layers : 0.0, dropped = sums[3] > 0 ? sums[2] / sums[3] : 0.0;
+    rec["moe_aux"] = aux;
+    rec["moe_load_min"] = -maxes[0];
+    rec["moe_load_max"] = maxes[1];
+    rec["moe_dropped"] = dropped;
+    extra += strfmt(" | moe aux %.4f load %.3f-%.3f dropped %.1f%%", aux, -maxes[0], maxes[1], 100.0 * dropped);
+}
+
 // One optimizer step: grad_accum micro-batches through the pipeline, the gradient sync, clipping
 // and AdamW; logs the step.
 void train_step(Run& r, int step, Batches& x, Batches& y) {
@@ -466,6 +488,7 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     r.conv->end_step(*r.groups.world, rec, extra);
     if (step == r.state.step) dump_gradients(r.model, r.dp, r.pc, *r.groups.mp, r.grid);
     loss = r.dp.mean(loss);
+    if (r.shape.moe.enabled()) log_moe(r, rec, extra);
     const double grad_norm = r.dp.grad_norm(r.groups.mp.get());
     const double lr = lr_at(tc, step);
     const AdamWHyper h{float(lr), float(tc.beta1), float(tc.beta2), float(tc.eps), float(tc.weight_decay)};

@@ -65,15 +65,15 @@ CASES = [
     # every layer MoE, dropless
     dict(name="moe_gpt2", arch="gpt2", seed=1601, n_layer=2, n_head=2, d_model=16, vocab_size=61, max_seq_len=16,
          num_experts=4, top_k=2, expert_ffn_dim=24, every=1, aux_loss_coef=0.05, capacity_factor=0.0,
-         B=2, T=8, grad_clip=1.0),
+         B=2, T=8, grad_clip=1.5),
     # layer 1 MoE (every 2), layer 0 dense; capacity factor 1.0: drops
     dict(name="moe_llama_cap", arch="llama", seed=1602, n_layer=2, n_head=4, n_kv_head=2, d_model=16, ffn_dim=32,
          vocab_size=61, max_seq_len=16, rope_theta=10000.0, norm_eps=1e-5, num_experts=4, top_k=2,
-         expert_ffn_dim=20, every=2, aux_loss_coef=0.05, capacity_factor=1.0, B=2, T=8, grad_clip=1.0),
+         expert_ffn_dim=20, every=2, aux_loss_coef=0.05, capacity_factor=1.0, B=2, T=8, grad_clip=1.8),
 ]
 N_STEPS = 10
-LR, BETA1, BETA2, ADAM_EPS, WD = 1e-3, 0.9, 0.95, 1e-8, 0.1
-MIN_GAP = 1e-4
+LR, BETA1, BETA2, ADAM_EPS, WD = 1e-3, 0.9, 0.95, 1e-6, 0.1
+MIN_GAP = 2e-5
 
 
 class Case:
@@ -168,7 +168,7 @@ def moe_layer(c, x, router, expert, info):
     topv, topi = torch.topk(probs, K, dim=-1)
     gates = topv / topv.sum(-1, keepdim=True)
     cap, used = capacity(c, N), [0] * E
-    keep = torch.zeros(N, K, dtype=torch.float64)
+    keep = torch.zeros(N, K, dtype=x.dtype)
     for n in range(N):
         for j in range(K):
             e = int(topi[n, j])
@@ -179,9 +179,9 @@ def moe_layer(c, x, router, expert, info):
     out = torch.zeros_like(x)
     for e in range(E):
         y = expert(e, x)  # every token through every expert; the mask picks
-        w = ((topi == e).double() * keep * gates).sum(-1)
+        w = ((topi == e).to(x.dtype) * keep * gates).sum(-1)
         out = out + w[:, None] * y
-    f = torch.stack([(topi == e).double().sum() for e in range(E)]) / (N * K)
+    f = torch.stack([(topi == e).to(x.dtype).sum() for e in range(E)]) / (N * K)
     aux = E * (f * probs.mean(0)).sum()
     info["aux"] = info.get("aux", 0.0) + aux
     info.setdefault("routes", []).append(topi.clone())
@@ -244,7 +244,8 @@ def forward(c, p, x, y, info):
         inv_freq = 1.0 / c.rope_theta ** (torch.arange(0, HS, 2, dtype=torch.float64) / HS)
         ang = torch.outer(torch.arange(Tq, dtype=torch.float64), inv_freq)
         emb = torch.cat([ang, ang], dim=-1)
-        cos, sin = emb.cos(), emb.sin()
+        dt = p["model.embed_tokens.weight"].dtype
+        cos, sin = emb.cos().to(dt), emb.sin().to(dt)
         h = p["model.embed_tokens.weight"][x]
         for l in range(c.n_layer):
             w = lambda n: p[f"model.layers.{l}.{n}.weight"]
@@ -312,6 +313,17 @@ def rel_errors(a, b):
     return float((a - b).norm() / b.norm()), float((a - b).abs().max() / b.abs().max())
 
 
+def comparable(c, name, a, b):
+    """(a, b) without the elements whose trained value is rounding noise: GPT-2's key bias (rows
+    [C, 2C) of c_attn.bias) has a zero gradient in exact arithmetic (the softmax is invariant to
+    q . b_k, the same for every key), so AdamW turns the rounding noise of its gradient into
+    steps of about lr. Used for the weights after training only."""
+    if name.endswith("attn.c_attn.bias"):
+        C = c.d_model
+        return torch.cat([a[:C], a[2 * C:]]), torch.cat([b[:C], b[2 * C:]])
+    return a, b
+
+
 def self_check(c, p, x, y, logits, loss, grads, losses, norms, final, routes):
     # 1. autograd against central finite differences on a few entries of the MoE tensors
     #    (f_e is piecewise constant: the probes keep the routing, asserted)
@@ -337,8 +349,8 @@ def self_check(c, p, x, y, logits, loss, grads, losses, norms, final, routes):
     assert all(torch.equal(a, b) for a, b in zip(routes, routes32)), f"{c.name}: float32 routes differently"
     worst = max([max(rel_errors(lg32, logits))] + [max(rel_errors(g32[k], grads[k])) for k in grads] +
                 [abs(a - b) / abs(b) for a, b in zip(l32 + n32, losses + norms)] +
-                [max(rel_errors(f32[k], final[k])) for k in final])
-    assert worst < 2e-6, f"{c.name}: a float32 run differs from float64 by {worst} (relative)"
+                [max(rel_errors(*comparable(c, k, f32[k], final[k]))) for k in final])
+    assert worst < 3e-6, f"{c.name}: a float32 run differs from float64 by {worst} (relative)"
     print(f"{c.name}: self-check ok: finite differences, float32 routes identically and is within {worst:.1e}")
 
 
