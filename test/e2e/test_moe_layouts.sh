@@ -1,0 +1,77 @@
+# Mixture of experts (model.moe) in the layouts that need no expert parallelism: ZeRO-1 and
+# ZeRO-3 over dp=2 and a 2-stage pipeline (alone and with dp=2) equal one process with the same
+# global batch: losses (which include the load-balancing term) and validation losses to 1e-5,
+# step-1 gradients and final weights to 1e-5 in norm (as test_llama_layouts.sh), and the MoE
+# statistics of every step agree: the same load-balancing loss, the same expert loads and the
+# same fraction of (token, slot) pairs dropped past capacity (capacity is per micro-batch, and
+# every layout runs the same micro-batches). A GPT-2 with MoE in layers 1 and 3 (every 2) and a
+# Llama with MoE in every layer. Then the refusals: tensor parallelism, recomputation, fp8.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/dp_lib.sh"
+make_data
+config() {  # config FILE ARCH_JSON
+    cat > "$1" <<JSON
+{ "device": "cpu", "precision": "fp32",
+  "model": { $2, "n_layer": 4, "n_head": 2, "d_model": 32, "vocab_size": 512, "max_seq_len": 32 },
+  "data": { "train": "$W/data/train_*.bin", "val": "$W/data/val_*.bin" },
+  "train": { "micro_batch": 2, "seq_len": 16, "grad_accum": 4, "steps": 6, "lr": 3e-3, "warmup_steps": 2,
+             "weight_decay": 0.1, "grad_clip": 1.0 },
+  "eval": { "every": 3, "batches": 2 },
+  "out_dir": "$W/out" }
+JSON
+}
+config "$W/gpt2.json" '"arch": "gpt2", "moe": { "num_experts": 4, "top_k": 2, "expert_ffn_dim": 48, "every": 2,
+    "aux_loss_coef": 0.05, "capacity_factor": 1.0 }'
+config "$W/llama.json" '"arch": "llama", "ffn_dim": 48, "moe": { "num_experts": 3, "top_k": 2, "every": 1,
+    "aux_loss_coef": 0.02, "capacity_factor": 0.8 }'
+
+close_val() {
+    paste <(grep -o '"val_loss":[^,}]*' "$1" | cut -d: -f2) <(grep -o '"val_loss":[^,}]*' "$2" | cut -d: -f2) |
+        awk 'NF != 2 { bad++ } { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++ } END { exit bad > 0 || NR == 0 }' ||
+        die "validation losses of $2 differ from $1"
+}
+# moe_stats FILE: each step's moe_aux moe_load_min moe_load_max moe_dropped
+moe_stats() { grep '"moe_aux"' "$1" | sed 's/.*"moe_aux":\([^,]*\).*"moe_dropped":\([^,]*\).*"moe_load_max":\([^,]*\).*"moe_load_min":\([^,}]*\).*/\1 \4 \3 \2/'; }
+close_moe() {
+    [ "$(moe_stats "$1" | wc -l)" -eq 6 ] || die "$1: no MoE statistics in 6 steps"
+    paste <(moe_stats "$1") <(moe_stats "$2") | awk '
+        NF != 8 { bad++ }
+        { for (i = 1; i <= 4; i++) { d = $i - $(i + 4); if (d < 0) d = -d; if (d > 1e-5 * ($i < 0 ? -$i : $i) + 1e-12) bad++ } }
+        END { exit bad > 0 || NR == 0 }' || die "MoE statistics of $2 differ from $1"
+}
+baseline() {  # baseline CONFIG NAME ARGS...
+    local c=$1 name=$2; shift 2
+    LLMC_DUMP_GRADS="$W/$name.grads.bin" OMP_NUM_THREADS=1 "$BIN" "$c" "$@" "out_dir=$W/$name" > "$W/$name.txt" 2>&1 ||
+        die "one-process baseline $name failed: $(tail -n 20 "$W/$name.txt")"
+    grep -q 'moe aux .* load .* dropped' "$W/$name.txt" || die "$name: no MoE statistics on the step line"
+}
+check() {  # check CONFIG BASE NAME NPROC ARGS...
+    local c=$1 base=$2 name=$3 n=$4; shift 4
+    local out="$W/$name"
+    LLMC_DUMP_GRADS="$out.grads.bin" dp_run "$n" "$c" "$@" "out_dir=$out" > "$out.txt" 2>&1 ||
+        die "$name failed: $(tail -n 20 "$out.txt")"
+    echo "$name ($*)"
+    close_weights "$W/$base.grads.bin" "$out.grads.bin" 1e-5 1e-4
+    close_losses "$W/$base/log.jsonl" "$out/log.jsonl"
+    close_val "$W/$base/log.jsonl" "$out/log.jsonl"
+    close_moe "$W/$base/log.jsonl" "$out/log.jsonl"
+    close_weights "$W/$base/model_00000006.bin" "$out/model_00000006.bin" 1e-5 1e-4
+}
+for arch in gpt2 llama; do
+    baseline "$W/$arch.json" "${arch}_base"
+    # capacity drops happen (capacity_factor < top_k's share), and are logged
+    moe_stats "$W/${arch}_base/log.jsonl" | awk '$4 > 0 { d++ } END { exit !(d > 0) }' ||
+        die "$arch: no (token, slot) pair was dropped; the capacity path is not exercised"
+    check "$W/$arch.json" "${arch}_base" "${arch}_dp2_zero1" 2 parallel.dp=2 train.grad_accum=2 eval.batches=1 parallel.zero=1
+    check "$W/$arch.json" "${arch}_base" "${arch}_pp2" 2 parallel.pp=2
+done
+check "$W/gpt2.json" gpt2_base gpt2_dp2_zero3 2 parallel.dp=2 train.grad_accum=2 eval.batches=1 parallel.zero=3
+check "$W/llama.json" llama_base llama_dp2_pp2_zero2 4 parallel.dp=2 parallel.pp=2 train.grad_accum=2 eval.batches=1 \
+    parallel.zero=2
+
+# refusals: clear messages naming the key, exit 2
+expect_fail 2 'parallel.tp: 2 with model.moe' dp_run 2 "$W/gpt2.json" parallel.tp=2 "out_dir=$W/x"
+expect_fail 2 'train.recompute: "full" with model.moe' "$BIN" "$W/gpt2.json" train.recompute=full "out_dir=$W/x"
+expect_fail 2 'model.moe.top_k: 5 exceeds model.moe.num_experts = 4' "$BIN" "$W/gpt2.json" model.moe.top_k=5 "out_dir=$W/x"
+expect_fail 2 'model.moe.num_experts: 1' "$BIN" "$W/gpt2.json" model.moe.num_experts=1 "out_dir=$W/x"
+echo "PASS: test_moe_layouts"
