@@ -43,6 +43,14 @@ for fam in gpt2 llama; do
     check "$fam" pp2 2 parallel.dp=1 parallel.pp=2
     check "$fam" dp2_tp2_pp2 8 "${dp2x2x2[@]}" train.recompute=selective
 done
+# mixture of experts: the experts' parameters and their permuted activations (top_k rows per token)
+config "$W/moe.json" '{ "n_layer": 4, "n_head": 4, "d_model": 32, "vocab_size": 512, "max_seq_len": 32,
+                        "moe": { "num_experts": 4, "top_k": 2, "every": 2, "capacity_factor": 1.0 } }'
+for args in "one 1" "dp2_zero3 2 parallel.dp=2 parallel.zero=3" "pp2 2 parallel.dp=1 parallel.pp=2"; do
+    check moe $args
+done
+[ "$(jq '.memory[0].activations' "$W/moe.one.plan.json")" -gt "$(jq '.memory[0].activations' "$W/gpt2.dp2_zero0.plan.json")" ] ||
+    die "the MoE plan's activations are not larger than the dense model's"
 
 # the comparison can fail: a plan for another micro-batch does not match the run
 other=$("$BIN" "$W/gpt2.json" parallel.dp=1 parallel.pp=2 train.micro_batch=4 --plan=json | jq -cS .memory)
