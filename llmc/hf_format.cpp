@@ -180,6 +180,24 @@ void hf_write_config(const std::string& path, const ModelShape& s) {
             {"torch_dtype", "float32"},
         };
     }
+    const MoeShape& m = s.moe;
+    if (m.enabled() && s.arch == Arch::Llama && m.every == 1) {
+        // every layer MoE: transformers' MixtralForCausalLM (the tensor names are its own). Its
+        // router_aux_loss_coef weighs another normalisation of the same loss (top_k times ours,
+        // over all layers' tokens at once; llmc/moe.h), so it is written as the config's value only.
+        j["architectures"] = {"MixtralForCausalLM"};
+        j["model_type"] = "mixtral";
+        j["intermediate_size"] = m.expert_ffn_dim;
+        j["num_local_experts"] = m.num_experts;
+        j["num_experts_per_tok"] = m.top_k;
+        j["router_aux_loss_coef"] = std::stod(strfmt("%g", double(m.aux_loss_coef)));
+        j["sliding_window"] = nullptr;
+        j.erase("mlp_bias");
+    } else if (m.enabled()) {
+        // no transformers class has these layers: the shape is recorded for train_gpt (model.moe)
+        j["train_gpt_moe"] = {{"num_experts", m.num_experts}, {"top_k", m.top_k},
+                              {"expert_ffn_dim", m.expert_ffn_dim}, {"every", m.every}};
+    }
     const std::string text = j.dump(2) + "\n";
     write_file_atomic(path, {{text.data(), text.size()}});
 }

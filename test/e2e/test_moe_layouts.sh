@@ -69,6 +69,19 @@ check "$W/gpt2.json" gpt2_base gpt2_dp2_zero3 2 parallel.dp=2 train.grad_accum=2
 check "$W/llama.json" llama_base llama_dp2_pp2_zero2 4 parallel.dp=2 parallel.pp=2 train.grad_accum=2 eval.batches=1 \
     parallel.zero=2
 
+# the Llama with MoE in every layer exports as transformers' MixtralForCausalLM
+jq -e '.architectures == ["MixtralForCausalLM"] and .num_local_experts == 3 and .num_experts_per_tok == 2' \
+    "$W/llama_base/config.json" > /dev/null || die "config.json does not describe a Mixtral: $(cat "$W/llama_base/config.json")"
+# layout-independent checkpoints: saved at pp=2, resumed at dp=2
+dp_run 2 "$W/gpt2.json" parallel.pp=2 checkpoint.every=3 "out_dir=$W/ck" > "$W/ck.txt" 2>&1 ||
+    die "pp=2 run with checkpoints failed: $(tail "$W/ck.txt")"
+dp_run 2 "$W/gpt2.json" parallel.dp=2 train.grad_accum=2 eval.batches=1 "checkpoint.resume=$W/ck/checkpoints/step_00000003" \
+    "out_dir=$W/resumed" > "$W/resumed.txt" 2>&1 || die "resume at dp=2 failed: $(tail -n 20 "$W/resumed.txt")"
+grep -q 'resumed from .*step_00000003 at step 3' "$W/resumed.txt" || die "dp=2 did not resume"
+grep '"loss"' "$W/gpt2_base/log.jsonl" | tail -n 3 > "$W/base_tail.jsonl"
+close_losses "$W/base_tail.jsonl" "$W/resumed/log.jsonl"
+close_weights "$W/gpt2_base/model_00000006.bin" "$W/resumed/model_00000006.bin" 1e-5 1e-4
+
 # refusals: clear messages naming the key, exit 2
 expect_fail 2 'parallel.tp: 2 with model.moe' dp_run 2 "$W/gpt2.json" parallel.tp=2 "out_dir=$W/x"
 expect_fail 2 'train.recompute: "full" with model.moe' "$BIN" "$W/gpt2.json" train.recompute=full "out_dir=$W/x"
