@@ -167,7 +167,7 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
     const size_t Vl = size_t(shape.vocab_shard(tpn)), nl = sp && tpn > 1 ? N / tpn : N;
     const bool mean = block.layernorm;  // RMSNorm keeps no mean
     const MoeShape& moe = shape.moe;
-    const size_t NK = N * size_t(moe.top_k), E = size_t(moe.num_experts), Fe = size_t(moe.expert_ffn_dim);
+    const size_t NK = N * size_t(moe.top_k), E = size_t(moe.num_experts), Fe = size_t(moe.expert_ffn_dim) / tpn;
     const size_t PREe = block.swiglu ? 2 * Fe : Fe;
     Carver cv{base};
     // A layer's buffers; with core = false the attention core's and the activation's outputs are
@@ -563,9 +563,10 @@ float Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t, float 
         norm_forward(ln2, L.ln2_mean, L.ln2_rstd, res2, Norm2W, l, int(nl));
     }
     x = tp.gather_rows(ln2, full);
-    if (shape.moe.is_moe_layer(l)) {  // the experts in place of the MLP (tp 1: no reduction)
+    if (shape.moe.is_moe_layer(l)) {  // the experts in place of the MLP, split like it
         const float aux = moe_forward(l, L, partial, x, int(N), dloss);
-        ops.residual_forward(res3, res2, partial);
+        y = tp.reduce_rows(partial, rows);
+        ops.residual_forward(res3, res2, y);
         return aux;
     }
     if (k.swiglu) {
@@ -585,9 +586,13 @@ float Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t, float 
 // An MoE layer (llmc/moe.h): route, permute the tokens into per-expert rows, run each expert's
 // MLP on its rows, combine each token's slots weighted by the gates. The plan (rows per expert,
 // drops) is made on the host from the router's choices: the expert loop needs the row counts.
+// Tensor parallelism splits each expert like the dense MLP (fc column-parallel, the projection
+// row-parallel, its bias added on TP rank 0): every rank routes the same gathered x with the
+// replicated router alike, and out is this rank's partial sum, reduced by the caller.
 float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float dloss) {
     const MoeShape& m = shape.moe;
-    const int C = shape.d_model, E = m.num_experts, K = m.top_k, Fe = m.expert_ffn_dim;
+    const int C = shape.d_model, E = m.num_experts, K = m.top_k, Fe = m.expert_ffn_dim / tp_size();
+    const bool bias_here = block_.biases && tp_->rank() == 0;
     const int PRE = block_.swiglu ? 2 * Fe : Fe;
     const size_t NK = size_t(N) * K;
     Tensor logits = L.router_logits.slice(0, size_t(N) * E);
@@ -611,7 +616,7 @@ float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float
         } else {
             ops.matmul_forward(act, pre, xin, param(FcW, l, e), param(FcB, l, e), int(n), C, Fe, true);
         }
-        ops.matmul_forward(y, Tensor(), act, param(FcOutW, l, e), block_.biases ? param(FcOutB, l, e) : Tensor(),
+        ops.matmul_forward(y, Tensor(), act, param(FcOutW, l, e), bias_here ? param(FcOutB, l, e) : Tensor(),
                            int(n), Fe, C, false);
     }
     ops.moe_combine(out, L.yperm, L.gate, L.row_of, N, K, C);
@@ -639,13 +644,17 @@ float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float
 
 // dx (overwrite) from dy through the combine, the experts (their weight gradients accumulate
 // row by row in token order), the router (the gates' and the load-balancing loss's gradients)
-// and the permutation.
+// and the permutation. With tensor parallelism dx is this rank's partial sum (the caller
+// reduces it): the experts' column-parallel input gradients, plus the router's on TP rank 0;
+// the gates' gradients (dot products with this rank's partial outputs) are summed over TP first,
+// so every rank computes the same, whole router gradients.
 void Model::moe_backward(int l, LayerActs& L, Tensor dx, Tensor dy, Tensor x, int N) {
     const MoeShape& m = shape.moe;
-    const int C = shape.d_model, E = m.num_experts, K = m.top_k, Fe = m.expert_ffn_dim;
+    const int C = shape.d_model, E = m.num_experts, K = m.top_k, Fe = m.expert_ffn_dim / tp_size();
     const int PRE = block_.swiglu ? 2 * Fe : Fe;
     Scratch& S = *scratch_;
     ops.moe_combine_backward(S.dperm, S.dgate, dy, L.yperm, L.gate, L.row_of, N, K, C);
+    tp_->all_reduce(Tensor(S.dgate, size_t(N) * K, DType::F32));
     for (int e = 0; e < E; e++) {
         const size_t n = size_t(L.count[size_t(e)]), r0 = size_t(L.offset[size_t(e)]);
         if (n == 0) continue;
@@ -667,7 +676,10 @@ void Model::moe_backward(int l, LayerActs& L, Tensor dx, Tensor dy, Tensor x, in
     ops.from_host_bytes(S.daux, L.daux.data(), size_t(E) * sizeof(float));
     Tensor drouter = S.drouter.slice(0, size_t(N) * E);
     ops.moe_router_backward(drouter, S.dgate, S.daux, L.probs, L.expert, L.gate, N, E, K);
-    ops.matmul_backward(dx, grad(RouterW, l), Tensor(), drouter, x, param(RouterW, l), Tensor(), N, C, E);
+    const bool router_dx = tp_->rank() == 0;  // once in the TP group's sum
+    if (!router_dx) ops.zero(dx);
+    ops.matmul_backward(router_dx ? dx : Tensor(), grad(RouterW, l), Tensor(), drouter, x, param(RouterW, l), Tensor(),
+                        N, C, E);
     ops.moe_permute_backward(dx, S.dperm, L.row_of, N, K, C);
 }
 

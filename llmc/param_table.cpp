@@ -72,9 +72,9 @@ void check_model_layout(const ModelShape& s, const ModelLayout& L, int T) {
     if (s.ffn() % tp != 0)
         throw UserError(strfmt("parallel.tp: %d does not divide model.ffn_dim = %d (the MLP is split by columns)",
                                tp, s.ffn()));
-    if (s.moe.enabled() && tp > 1)
-        throw UserError(strfmt("parallel.tp: %d with model.moe: mixture-of-experts layers run without tensor "
-                               "parallelism for now (set parallel.tp = 1)", tp));
+    if (s.moe.enabled() && s.moe.expert_ffn_dim % tp != 0)
+        throw UserError(strfmt("parallel.tp: %d does not divide model.moe.expert_ffn_dim = %d (each expert's MLP is "
+                               "split by columns)", tp, s.moe.expert_ffn_dim));
     if (L.sequence_parallel && tp > 1 && T % tp != 0)
         throw UserError(strfmt("parallel.sequence_parallel: train.seq_len = %d must be a multiple of parallel.tp "
                                "= %d (the tokens are split evenly)", T, tp));

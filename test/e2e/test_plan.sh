@@ -46,7 +46,8 @@ done
 # mixture of experts: the experts' parameters and their permuted activations (top_k rows per token)
 config "$W/moe.json" '{ "n_layer": 4, "n_head": 4, "d_model": 32, "vocab_size": 512, "max_seq_len": 32,
                         "moe": { "num_experts": 4, "top_k": 2, "every": 2, "capacity_factor": 1.0 } }'
-for args in "one 1" "dp2_zero3 2 parallel.dp=2 parallel.zero=3" "pp2 2 parallel.dp=1 parallel.pp=2"; do
+for args in "one 1" "dp2_zero3 2 parallel.dp=2 parallel.zero=3" "pp2 2 parallel.dp=1 parallel.pp=2" \
+            "tp2_sp 2 parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true"; do
     check moe $args
 done
 [ "$(jq '.memory[0].activations' "$W/moe.one.plan.json")" -gt "$(jq '.memory[0].activations' "$W/gpt2.dp2_zero0.plan.json")" ] ||
