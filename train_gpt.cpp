@@ -157,9 +157,6 @@ std::string resolve_device(const Config& cfg) {
         throw UserError(strfmt("precision: \"%s\" needs device \"cuda\"; the CPU backend trains in \"fp32\" "
                                "(or \"fp8\", emulated)",
                                cfg.precision.c_str()));
-    if (device == "cuda" && cfg.model.moe.num_experts > 0)
-        throw UserError("model.moe.num_experts: the cuda backend has no mixture-of-experts kernels yet (use device "
-                        "\"cpu\", or model.moe.num_experts=0)");
     return device;
 }
 // The communicator of the data-parallel group (and the world's): "nccl" runs DP's collectives on

@@ -104,8 +104,10 @@ inline const std::vector<Case>& all() {
         {"moe", {7, 4, 2, 5, 0}, 0, Fd},
         {"moe", {9, 4, 2, 5, 4}, 0, Fd},  // 18 pairs for 16 places: drops
         {"moe", {6, 5, 1, 3, 2}, 0, Fd},
-        {"moe", {64, 8, 2, 48, 0}, 0, Cpu},
-        {"moe", {64, 8, 2, 48, 12}, 0, Cpu},
+        {"moe", {64, 8, 2, 48, 0}, 0, Cpu | Gpu},
+        {"moe", {64, 8, 2, 48, 12}, 0, Cpu | Gpu},
+        {"moe", {1000, 16, 4, 256, 200}, 0, Gpu},
+        {"moe", {3, 2, 1, 7, 1}, 0, Gpu},
         // cross_entropy: N, V, Vp, backward
         {"cross_entropy", {7, 50, 128, 1}, 0, Gpu},
         {"cross_entropy", {7, 50, 128, 0}, 0, Gpu},

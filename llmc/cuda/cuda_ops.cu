@@ -14,6 +14,7 @@
 #include "llmc/cuda/layernorm.cuh"
 #include "llmc/cuda/llama.cuh"
 #include "llmc/cuda/matmul.cuh"
+#include "llmc/cuda/moe.cuh"
 #include "llmc/ops.h"
 #include "llmc/rope.h"
 
@@ -420,6 +421,78 @@ public:
             using T_ = decltype(tag);
             swiglu_backward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(dinp), P<T_>(dout),
                                                                                P<T_>(inp), F, n);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+
+    // ---- mixture of experts (llmc/cuda/moe.cuh) ----
+    void moe_router_forward(float* probs, int32_t* expert, float* gate, Tensor logits, int N, int E, int K) override {
+        LLMC_ASSERT(K >= 1 && K <= E && logits.n >= (size_t)N * E, "moe_router_forward: bad shape");
+        if (!N) return;
+        dispatch(logits.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            moe_router_forward_kernel<T_><<<blocks_for(N, 128), 128, 0, stream_>>>(probs, expert, gate, P<T_>(logits),
+                                                                                   N, E, K);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+    void moe_router_backward(Tensor dlogits, const float* dgate, const float* daux, const float* probs,
+                             const int32_t* expert, const float* gate, int N, int E, int K) override {
+        LLMC_ASSERT(dlogits.n >= (size_t)N * E, "moe_router_backward: dlogits too small");
+        if (!N) return;
+        dispatch(dlogits.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            moe_router_backward_kernel<T_><<<blocks_for(N, 128), 128, 0, stream_>>>(P<T_>(dlogits), dgate, daux, probs,
+                                                                                    expert, gate, N, E, K);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+    void moe_permute(Tensor out, Tensor inp, const int32_t* row_of, int N, int K, int C) override {
+        same_dtype({&out, &inp});
+        const long long n = (long long)N * K * C;
+        LLMC_ASSERT(inp.n >= (size_t)N * C, "moe_permute: inp too small");
+        if (!n) return;
+        dispatch(inp.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            moe_permute_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(out), P<T_>(inp), row_of, K, C, n);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+    void moe_permute_backward(Tensor dinp, Tensor dout, const int32_t* row_of, int N, int K, int C) override {
+        same_dtype({&dinp, &dout});
+        const long long n = (long long)N * C;
+        LLMC_ASSERT(dinp.n >= (size_t)n, "moe_permute_backward: dinp too small");
+        if (!n) return;
+        dispatch(dinp.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            moe_permute_backward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(dinp), P<T_>(dout), row_of,
+                                                                                     K, C, n);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+    void moe_combine(Tensor out, Tensor y, const float* gate, const int32_t* row_of, int N, int K, int C) override {
+        same_dtype({&out, &y});
+        const long long n = (long long)N * C;
+        LLMC_ASSERT(out.n >= (size_t)n, "moe_combine: out too small");
+        if (!n) return;
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            moe_combine_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(out), P<T_>(y), gate, row_of, K, C, n);
+        });
+        CUDA_CHECK_LAUNCH();
+    }
+    void moe_combine_backward(Tensor dy, float* dgate, Tensor dout, Tensor y, const float* gate, const int32_t* row_of,
+                              int N, int K, int C) override {
+        same_dtype({&dy, &dout, &y});
+        const long long pairs = (long long)N * K, n = pairs * C;
+        LLMC_ASSERT(dout.n >= (size_t)N * C, "moe_combine_backward: dout too small");
+        if (!n) return;
+        dispatch(dout.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            moe_combine_backward_dy_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(dy), P<T_>(dout), gate,
+                                                                                        row_of, K, C, n);
+            moe_combine_backward_dgate_kernel<T_><<<blocks_for(pairs, 128), 128, 0, stream_>>>(
+                dgate, P<T_>(dout), P<T_>(y), row_of, K, C, pairs);
         });
         CUDA_CHECK_LAUNCH();
     }

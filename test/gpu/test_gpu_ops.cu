@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "llmc/common.h"
+#include "llmc/moe.h"
 #include "llmc/cuda/common.cuh"
 #include "llmc/ops.h"
 #include "llmc/tensor.h"
@@ -584,6 +585,101 @@ void test_swiglu(H& h, int N, int F) {
     h.compare("swiglu_backward.dinp", sh, dinp);
 }
 
+// Mixture of experts (llmc/moe.h): the router forward (probabilities, choices, gates) and backward,
+// the permutation and its backward (accumulating onto random values), the combine and its
+// backward. Each op after the router takes the CPU's routing on both backends.
+void test_moe(H& h, int N, int E, int K, int C, int cap) {
+    const std::string sh = strfmt("[%s N=%d E=%d K=%d C=%d capacity=%d]", dtype_name(h.dt), N, E, K, C, cap);
+    const size_t NK = (size_t)N * K;
+    std::vector<uint8_t> r[2];
+    Pair logits = h.make((size_t)N * E), probs = h.make((size_t)N * E, true), gate = h.make(NK, true);
+    h.up(logits, h.rnd_for(logits, 2.0f));
+    auto [ex_c, ex_g] = h.ints(std::vector<int32_t>(NK, -1));
+    h.cpu.moe_router_forward(probs.c.f32(), ex_c, gate.c.f32(), logits.c, N, E, K);
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(probs);
+        h.poison(gate);
+        h.gpu.moe_router_forward(probs.g.f32(), ex_g, gate.g.f32(), logits.g, N, E, K);
+        r[rep] = h.raw({probs, gate});
+    }
+    h.det("moe_router_forward", sh, r[0], r[1]);
+    h.compare("moe_router_forward.probs", sh, probs);
+    h.compare("moe_router_forward.gate", sh, gate);
+    std::vector<int32_t> ex(NK), ex_gpu(NK);
+    h.cpu.to_host_bytes(ex.data(), ex_c, NK * 4);
+    h.gpu.to_host_bytes(ex_gpu.data(), ex_g, NK * 4);
+    report(ex == ex_gpu, "moe_router_forward.expert", sh, "the same choices");
+    // from here on both backends take the CPU's routing
+    const MoePlan plan = moe_plan(ex.data(), N, E, K, cap);
+    auto [row_c, row_g] = h.ints(plan.row_of);
+    h.gpu.from_host_bytes(ex_g, ex.data(), NK * 4);
+    const std::vector<float> pv = h.get_cpu(probs), gv = h.get_cpu(gate);
+    h.up(probs, pv);
+    h.up(gate, gv);
+    const size_t R = (size_t)std::max(plan.rows, 1);
+
+    Pair dgate = h.make(NK, true), daux = h.make((size_t)E, true), dlogits = h.make((size_t)N * E);
+    h.up(dgate, h.rnd(NK, 1.0f, true));
+    h.up(daux, h.rnd((size_t)E, 0.1f, true));
+    h.cpu.moe_router_backward(dlogits.c, dgate.c.f32(), daux.c.f32(), probs.c.f32(), ex_c, gate.c.f32(), N, E, K);
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(dlogits);
+        h.gpu.moe_router_backward(dlogits.g, dgate.g.f32(), daux.g.f32(), probs.g.f32(), ex_g, gate.g.f32(), N, E, K);
+        r[rep] = h.raw({dlogits});
+    }
+    h.det("moe_router_backward", sh, r[0], r[1]);
+    h.compare("moe_router_backward.dlogits", sh, dlogits);
+
+    Pair x = h.make((size_t)N * C), xp = h.make(R * C);
+    h.up(x, h.rnd_for(x, 1.0f));
+    h.up(xp, std::vector<float>(R * C, 0.0f));
+    h.cpu.moe_permute(xp.c, x.c, row_c, N, K, C);
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(xp);
+        h.gpu.moe_permute(xp.g, x.g, row_g, N, K, C);
+        r[rep] = h.raw({xp});
+    }
+    h.det("moe_permute", sh, r[0], r[1]);
+    if (plan.rows) h.compare("moe_permute.out", sh, xp);
+
+    Pair y = h.make(R * C), out = h.make((size_t)N * C);
+    h.up(y, h.rnd_for(y, 1.0f));
+    h.cpu.moe_combine(out.c, y.c, gate.c.f32(), row_c, N, K, C);
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(out);
+        h.gpu.moe_combine(out.g, y.g, gate.g.f32(), row_g, N, K, C);
+        r[rep] = h.raw({out});
+    }
+    h.det("moe_combine", sh, r[0], r[1]);
+    h.compare("moe_combine.out", sh, out);
+
+    Pair dout = h.make((size_t)N * C), dy = h.make(R * C), dg = h.make(NK, true);
+    h.up(dout, h.rnd_for(dout, 1.0f));
+    h.up(dy, std::vector<float>(R * C, 0.0f));
+    h.cpu.moe_combine_backward(dy.c, dg.c.f32(), dout.c, y.c, gate.c.f32(), row_c, N, K, C);
+    for (int rep = 0; rep < 2; rep++) {
+        h.poison(dy);
+        h.poison(dg);
+        h.gpu.moe_combine_backward(dy.g, dg.g.f32(), dout.g, y.g, gate.g.f32(), row_g, N, K, C);
+        r[rep] = h.raw({dy, dg});
+    }
+    h.det("moe_combine_backward", sh, r[0], r[1]);
+    if (plan.rows) h.compare("moe_combine_backward.dy", sh, dy);
+    h.compare("moe_combine_backward.dgate", sh, dg);
+
+    Pair dx = h.make((size_t)N * C);
+    const std::vector<float> dx0 = h.rnd_for(dx, 1.0f);
+    h.cpu.from_host_f32(dx.c, dx0.data());
+    h.cpu.moe_permute_backward(dx.c, dy.c, row_c, N, K, C);
+    for (int rep = 0; rep < 2; rep++) {
+        h.up_gpu(dx, dx0);
+        h.gpu.moe_permute_backward(dx.g, dy.g, row_g, N, K, C);
+        r[rep] = h.raw({dx});
+    }
+    h.det("moe_permute_backward", sh, r[0], r[1]);
+    h.compare("moe_permute_backward.dinp", sh, dx);
+}
+
 void test_cross_entropy(H& h, int N, int V, int Vp, bool backward) {
     const std::string sh = strfmt("[%s N=%d V=%d Vp=%d dloss=%s]", dtype_name(h.dt), N, V, Vp, backward ? "1/N" : "0");
     std::vector<int32_t> tgt(N);
@@ -961,6 +1057,9 @@ int main(int argc, char** argv) {
         run("rmsnorm", "rmsnorm", [&](const C& c) { test_rmsnorm(h, c.dims[0], c.dims[1], c.x); });
         run("rope", "rope", [&](const C& c) { test_rope(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.x); });
         run("swiglu", "swiglu", [&](const C& c) { test_swiglu(h, c.dims[0], c.dims[1]); });
+        run("moe", "moe", [&](const C& c) {
+            test_moe(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4] ? c.dims[4] : c.dims[0] * c.dims[2]);
+        });
         run("cross_entropy", "cross_entropy",
             [&](const C& c) { test_cross_entropy(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3] != 0); });
         run("cross_entropy_vp", "cross_entropy_vp", [&](const C& c) {
