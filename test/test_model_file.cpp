@@ -144,3 +144,50 @@ TEST_CASE("llm.c model file: non-finite weights are refused naming the file") {
     CHECK_THROWS_WITH(model_file_read(p, &s), Catch::Contains("nan.bin") && Catch::Contains("2 of") &&
                                                   Catch::Contains("index 5"));
 }
+
+TEST_CASE("mixture of experts: model file header, mismatch names the key, expert tensors' file and memory order",
+          "[moe]") {
+    ModelShape s = tiny_shape();  // C 8, 2 layers
+    s.moe.num_experts = 3;
+    s.moe.top_k = 2;
+    s.moe.expert_ffn_dim = 4;
+    s.moe.every = 2;  // layer 1 is MoE, layer 0 dense
+    const size_t C = 8, Fe = 4, E = 3, L = 2, Vp = 128, T = 16;
+    // layer 1's dense MLP (8C^2 + 5C) is replaced by the router (E C) and E experts (2 Fe C + Fe + C)
+    CHECK(num_params(s) == num_params(tiny_shape()) - (8 * C * C + 5 * C) + E * C + E * (2 * Fe * C + Fe + C));
+    std::vector<float> w = random_params(num_params(s), 5);
+    const std::string p = temp_path("moe.bin");
+    model_file_write(p, s, w.data(), 3);
+    CHECK(model_file_shape(p) == s);
+    CHECK(model_file_read(p, &s) == w);
+    ModelShape other = s;
+    other.moe.num_experts = 4;
+    CHECK_THROWS_WITH(model_file_read(p, &other), Catch::Contains("model.moe.num_experts"));
+    const ModelShape dense = tiny_shape();
+    CHECK_THROWS_WITH(model_file_read(p, &dense), Catch::Contains("model.moe"));
+
+    auto ops = make_cpu_ops();
+    Model model(s, *ops, DType::F32, 1, 4);
+    CHECK_FALSE(model.holds(FcW, 1));
+    CHECK(model.holds(FcW, 0));
+    CHECK(model.holds(FcW, 1, 2));
+    CHECK_FALSE(model.holds(FcW, 0, 0));
+    CHECK(model.holds(RouterW, 1));
+    CHECK_FALSE(model.holds(RouterW, 0));
+    // file order: the declarations in order, each over its layers (and experts, layer-major)
+    const ParamSpec& e1 = model.spec(FcW, 1, 1);
+    CHECK(e1.name == "h.1.moe.e1.fcw");
+    const size_t attn_and_norms = L * (C + C + 3 * C * C + 3 * C + C * C + C + C + C);
+    const size_t dense_mlp = 4 * C * C + 4 * C + 4 * C * C + C;  // layer 0's fcw, fcb, fcprojw, fcprojb
+    CHECK(e1.file_offset == Vp * C + T * C + attn_and_norms + dense_mlp + E * C + 1 * Fe * C);
+    // memory order: one expert's tensors adjacent, expert after expert
+    for (size_t e = 0; e < E; e++) {
+        const ParamSpec &fcw = model.spec(FcW, 1, int(e)), &out_b = model.spec(FcOutB, 1, int(e));
+        CHECK(model.spec(FcB, 1, int(e)).offset == fcw.offset + fcw.numel);
+        if (e + 1 < E) CHECK(model.spec(FcW, 1, int(e) + 1).offset == out_b.offset + out_b.numel);
+    }
+    std::vector<float> back(model.num_params);
+    model.set_params_whole(w.data());
+    model.get_params_whole(back.data());
+    CHECK(back == w);
+}
