@@ -329,11 +329,14 @@ std::string keys_in(const std::string& section) {
     if (section.empty()) {
         for (const Key& k : schema())
             if (k.path.find('.') == std::string::npos) names.push_back(k.path);
-        for (const std::string& s : sections()) names.push_back(s);
+        for (const std::string& s : sections())
+            if (s.find('.') == std::string::npos) names.push_back(s);
         return "valid top-level keys: " + join(names, ", ");
     }
     for (const Key& k : schema())
         if (section_of(k.path) == section) names.push_back(leaf_of(k.path));
+    for (const std::string& s : sections())  // sub-sections ("moe" in model)
+        if (section_of(s) == section) names.push_back(leaf_of(s) + " (a section)");
     return "valid keys in " + section + ": " + join(names, ", ");
 }
 

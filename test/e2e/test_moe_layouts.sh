@@ -91,4 +91,6 @@ expect_fail 2 'parallel.tp: 4 does not divide model.moe.expert_ffn_dim = 6' dp_r
 expect_fail 2 'train.recompute: "full" with model.moe' "$BIN" "$W/gpt2.json" train.recompute=full "out_dir=$W/x"
 expect_fail 2 'model.moe.top_k: 5 exceeds model.moe.num_experts = 4' "$BIN" "$W/gpt2.json" model.moe.top_k=5 "out_dir=$W/x"
 expect_fail 2 'model.moe.num_experts: 1' "$BIN" "$W/gpt2.json" model.moe.num_experts=1 "out_dir=$W/x"
+expect_fail 2 'model.moe.num_experts\?' "$BIN" "$W/gpt2.json" model.moe.num_expert=4 "out_dir=$W/x"
+expect_fail 2 'model.moe: is a section.*num_experts' "$BIN" "$W/gpt2.json" model.moe=4 "out_dir=$W/x"
 echo "PASS: test_moe_layouts"
