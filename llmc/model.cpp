@@ -98,7 +98,7 @@ Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, size_t pad_mul
     LLMC_ASSERT(lay.tp == tp_->size() && lay.tp_rank == tp_->rank(), "layout and TP group disagree");
     LLMC_ASSERT(!lay.sequence_parallel || lay.tp == 1 || tp_->sequence_parallel(), "SP flag mismatch");
     check_model_layout(s, lay, t);
-    LLMC_ASSERT(!s.moe.enabled() || rc == Recompute::None, "MoE layers run without recomputation (config refuses it)");
+    LLMC_ASSERT(!s.moe.enabled() || rc != Recompute::Full, "MoE layers run without full recomputation (config refuses it)");
     params = param_table(s, lay, &num_params);
     total_params = ::num_params(s);
     lookup_.assign(size_t(NUM_ROLES) * (s.n_layer + 1) * size_t(s.moe.num_experts + 1), -1);
@@ -172,7 +172,7 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
     Carver cv{base};
     // A layer's buffers; with core = false the attention core's and the activation's outputs are
     // left as they are (the shared ones of Selective). An MoE layer's MLP buffers hold its
-    // permuted rows (recompute is refused with MoE: core is true).
+    // permuted rows, all kept (Selective recomputes only its attention core; Full is refused).
     auto carve_layer = [&](LayerActs& L, bool core, bool moe_layer) {
         L.ln1 = cv.take(nl * C, dt);
         L.ln1_mean = mean ? cv.take_f32(nl) : nullptr;
@@ -699,8 +699,8 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
     Tensor act = dense_mlp ? L.fch_gelu.slice(0, N * Fl) : Tensor();
     if (recompute == Recompute::Selective) {  // the attention core and the activation again, into the shared buffers
         ops.attention_forward(L.atty.slice(0, N * Cl), L.att_lse, L.qkv.slice(0, N * QKVl), b, t, NHl, NKVl, HS);
-        if (k.swiglu) ops.swiglu_forward(act, pre, int(N), Fl);
-        else ops.gelu_forward(act, pre);
+        if (dense_mlp && k.swiglu) ops.swiglu_forward(act, pre, int(N), Fl);
+        else if (dense_mlp) ops.gelu_forward(act, pre);  // (an MoE layer keeps its experts' activations)
     }
 
     // MLP

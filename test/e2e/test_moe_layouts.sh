@@ -68,6 +68,7 @@ for arch in gpt2 llama; do
     check "$W/$arch.json" "${arch}_base" "${arch}_tp2" 2 parallel.tp=2
 done
 check "$W/gpt2.json" gpt2_base gpt2_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true
+check "$W/llama.json" llama_base llama_pp2_selective 2 parallel.pp=2 train.recompute=selective
 check "$W/gpt2.json" gpt2_base gpt2_dp2_zero3 2 parallel.dp=2 train.grad_accum=2 eval.batches=1 parallel.zero=3
 check "$W/llama.json" llama_base llama_dp2_pp2_zero2 4 parallel.dp=2 parallel.pp=2 train.grad_accum=2 eval.batches=1 \
     parallel.zero=2
