@@ -592,9 +592,6 @@ void check_consistency(const Config& c, bool check_files) {
     if (m.moe.num_experts > 0 && m.moe.every > m.n_layer)
         throw UserError(strfmt("model.moe.every: %d exceeds model.n_layer = %d (no layer would be MoE)", m.moe.every,
                                m.n_layer));
-    if (m.moe.num_experts > 0 && t.recompute == "full")
-        throw UserError("train.recompute: \"full\" with model.moe: MoE layers support \"none\" and \"selective\" "
-                        "(which recomputes their attention core and keeps the experts' activations) for now");
     if (m.moe.num_experts > 0 && c.precision == "fp8")
         throw UserError("precision: fp8 with model.moe: the experts' linears have no fp8 path yet (use fp32 or bf16)");
     if (t.seq_len > m.max_seq_len)

@@ -33,6 +33,7 @@ struct Model::SlotActs {
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
     int32_t *tokens = nullptr, *targets = nullptr;  // backend copies of this micro-batch's ids
     int b = 0, t = 0;
+    float dloss = 0.0f;  // the forward's (Full recompute repeats MoE layers with it)
     bool have_dlogits = false;
 };
 
@@ -98,7 +99,6 @@ Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, size_t pad_mul
     LLMC_ASSERT(lay.tp == tp_->size() && lay.tp_rank == tp_->rank(), "layout and TP group disagree");
     LLMC_ASSERT(!lay.sequence_parallel || lay.tp == 1 || tp_->sequence_parallel(), "SP flag mismatch");
     check_model_layout(s, lay, t);
-    LLMC_ASSERT(!s.moe.enabled() || rc != Recompute::Full, "MoE layers run without full recomputation (config refuses it)");
     params = param_table(s, lay, &num_params);
     total_params = ::num_params(s);
     lookup_.assign(size_t(NUM_ROLES) * (s.n_layer + 1) * size_t(s.moe.num_experts + 1), -1);
@@ -172,8 +172,9 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
     Carver cv{base};
     // A layer's buffers; with core = false the attention core's and the activation's outputs are
     // left as they are (the shared ones of Selective). An MoE layer's MLP buffers hold its
-    // permuted rows, all kept (Selective recomputes only its attention core; Full is refused).
-    auto carve_layer = [&](LayerActs& L, bool core, bool moe_layer) {
+    // permuted rows, all kept (Selective recomputes only its attention core). Full recompute's
+    // shared set serves dense and MoE layers (dense_mlp and moe_mlp: the larger of each buffer).
+    auto carve_layer = [&](LayerActs& L, bool core, bool dense_mlp, bool moe_mlp) {
         L.ln1 = cv.take(nl * C, dt);
         L.ln1_mean = mean ? cv.take_f32(nl) : nullptr;
         L.ln1_rstd = cv.take_f32(nl);
@@ -184,24 +185,24 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
         L.ln2 = cv.take(nl * C, dt);
         L.ln2_mean = mean ? cv.take_f32(nl) : nullptr;
         L.ln2_rstd = cv.take_f32(nl);
-        if (moe_layer) {
+        size_t pre = dense_mlp ? N * PREl : 0, act = dense_mlp && core ? N * Fl : 0;
+        if (moe_mlp) {
             L.router_logits = cv.take(N * E, dt);
             L.probs = cv.take_f32(N * E);
             L.gate = cv.take_f32(NK);
             L.expert = static_cast<int32_t*>(cv.take(NK, DType::F32).ptr);  // int32
             L.row_of = static_cast<int32_t*>(cv.take(NK, DType::F32).ptr);
             L.xperm = cv.take(NK * C, dt);
-            L.fch_pre = cv.take(NK * PREe, dt);
-            L.fch_gelu = cv.take(NK * Fe, dt);
             L.yperm = cv.take(NK * C, dt);
-        } else {
-            L.fch_pre = cv.take(N * PREl, dt);
-            if (core) L.fch_gelu = cv.take(N * Fl, dt);
+            pre = std::max(pre, NK * PREe);
+            act = std::max(act, NK * Fe);
         }
+        L.fch_pre = cv.take(pre, dt);
+        if (act) L.fch_gelu = cv.take(act, dt);
         L.residual3 = cv.take(nl * C, dt);
     };
     LayerActs& shared = S.recomputed;
-    if (rc == Recompute::Full) carve_layer(shared, true, false);
+    if (rc == Recompute::Full) carve_layer(shared, true, true, moe.enabled());
     if (rc == Recompute::Selective) {
         shared.atty = cv.take(N * Cl, dt);
         shared.att_lse = cv.take_f32(N * NHl);
@@ -214,7 +215,8 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
             for (size_t i = 0; i < sa.layers.size(); i++) {
                 LayerActs& L = sa.layers[i];
                 if (rc == Recompute::Full) L.residual3 = cv.take(nl * C, dt);  // the next layer's input
-                else carve_layer(L, rc == Recompute::None, moe.is_moe_layer(ch.begin + int(i)));
+                else carve_layer(L, rc == Recompute::None, !moe.is_moe_layer(ch.begin + int(i)),
+                                 moe.is_moe_layer(ch.begin + int(i)));
             }
             if (ch.ends) {
                 sa.lnf = cv.take(nl * C, dt);
@@ -629,6 +631,7 @@ float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float
     // micro-batch's mean loss term weighted like its tokens
     const double scale = double(m.aux_loss_coef) * double(dloss) * N;
     for (int e = 0; e < E; e++) L.daux[size_t(e)] = float(double(daux[size_t(e)]) * scale);
+    if (recomputing_) return 0.0f;
     MoeStats& st = moe_stats_;
     st.aux_sum += aux;
     st.aux_terms++;
@@ -808,6 +811,7 @@ float Model::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t
     const size_t N = size_t(b) * t, nl = local_rows(b, t);
     sa.b = b;
     sa.t = t;
+    sa.dloss = dloss;
     sa.have_dlogits = false;
     Tensor res = sa.input.slice(0, nl * C);
     if (ch.starts) {  // vocabulary-parallel embedding: each rank looks up its rows, the TP group sums
@@ -862,7 +866,11 @@ void Model::backward_chunk(int c, int slot, const std::function<void(size_t)>& g
         acquire_grads(u);
         // Full recompute: the layer forward again from its kept input, into the shared buffers
         // (its output too: the kept one is the next layer's input, already used)
-        if (recompute == Recompute::Full) layer_forward(l, scratch_->recomputed, res_in(l), b, t, 0.0f);
+        if (recompute == Recompute::Full) {
+            recomputing_ = true;  // the same routing and gradients; statistics counted once
+            layer_forward(l, scratch_->recomputed, res_in(l), b, t, sa.dloss);
+            recomputing_ = false;
+        }
         layer_backward(l, recompute == Recompute::Full ? scratch_->recomputed : sa.layers[size_t(l - ch.begin)],
                        res_in(l), b, t);
         release_grads(u);

@@ -248,6 +248,7 @@ private:
     std::vector<int> lookup_;  // (role, layer + 1, expert + 1) -> index into params, -1 when not held
     size_t lookup_index(Role r, int layer, int expert) const;
     MoeStats moe_stats_;
+    bool recomputing_ = false;  // Full recompute's second forward of a layer
     std::vector<Chunk> chunks_;
     Scratch* scratch_ = nullptr;
     void* act_mem_ = nullptr;

@@ -5,8 +5,8 @@
 # step-1 gradients and final weights to 1e-5 in norm (as test_llama_layouts.sh), and the MoE
 # statistics of every step agree: the same load-balancing loss, the same expert loads and the
 # same fraction of (token, slot) pairs dropped past capacity (capacity is per micro-batch, and
-# every layout runs the same micro-batches). A GPT-2 with MoE in layers 1 and 3 (every 2) and a
-# Llama with MoE in every layer. Then the refusals (an expert width tp does not divide, recomputation, bad keys).
+# every layout runs the same micro-batches). Recomputation (selective, full) too. A GPT-2 with MoE in layers 1 and 3 (every 2) and a
+# Llama with MoE in every layer. Then the refusals (an expert width tp does not divide, fp8, bad keys).
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
 make_data
@@ -69,6 +69,8 @@ for arch in gpt2 llama; do
 done
 check "$W/gpt2.json" gpt2_base gpt2_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true
 check "$W/llama.json" llama_base llama_pp2_selective 2 parallel.pp=2 train.recompute=selective
+check "$W/gpt2.json" gpt2_base gpt2_dp2_full 2 parallel.dp=2 train.grad_accum=2 eval.batches=1 train.recompute=full
+check "$W/llama.json" llama_base llama_full 1 train.recompute=full
 check "$W/gpt2.json" gpt2_base gpt2_dp2_zero3 2 parallel.dp=2 train.grad_accum=2 eval.batches=1 parallel.zero=3
 check "$W/llama.json" llama_base llama_dp2_pp2_zero2 4 parallel.dp=2 parallel.pp=2 train.grad_accum=2 eval.batches=1 \
     parallel.zero=2
@@ -89,7 +91,7 @@ close_weights "$W/gpt2_base/model_00000006.bin" "$W/resumed/model_00000006.bin" 
 # refusals: clear messages naming the key, exit 2
 expect_fail 2 'parallel.tp: 4 does not divide model.moe.expert_ffn_dim = 6' dp_run 4 "$W/gpt2.json" parallel.tp=4 \
     model.n_head=4 model.moe.expert_ffn_dim=6 "out_dir=$W/x"
-expect_fail 2 'train.recompute: "full" with model.moe' "$BIN" "$W/gpt2.json" train.recompute=full "out_dir=$W/x"
+expect_fail 2 'precision: fp8 with model.moe' "$BIN" "$W/gpt2.json" precision=fp8 "out_dir=$W/x"
 expect_fail 2 'model.moe.top_k: 5 exceeds model.moe.num_experts = 4' "$BIN" "$W/gpt2.json" model.moe.top_k=5 "out_dir=$W/x"
 expect_fail 2 'model.moe.num_experts: 1' "$BIN" "$W/gpt2.json" model.moe.num_experts=1 "out_dir=$W/x"
 expect_fail 2 'model.moe.num_experts\?' "$BIN" "$W/gpt2.json" model.moe.num_expert=4 "out_dir=$W/x"
