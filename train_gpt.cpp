@@ -358,6 +358,7 @@ void print_banner(Run& r, const Plan& p) {
               "(padded %d), max_seq_len %d\n",
               r.device.c_str(), r.conv->describe().c_str(), arch_name(s.arch), s.n_layer, s.n_head, s.kv_heads(),
               s.d_model, s.ffn(), s.vocab_size, s.padded_vocab, s.max_seq_len);
+    if (s.moe.enabled()) log.print("%s\n", moe_describe(s.moe, s.n_layer).c_str());
     log.print("parallel: %d process%s = %s; ZeRO-%d; comm %s; %zu gradient bucket%s of <= %zu elements\n", g.world,
               g.world == 1 ? "" : "es", g.describe().c_str(), r.dp.zero(), r.groups.dp->name().c_str(),
               r.dp.buckets().size(), r.dp.buckets().size() == 1 ? "" : "s", r.dp.bucket_elems());

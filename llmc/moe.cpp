@@ -5,6 +5,16 @@
 
 #include "llmc/common.h"
 
+std::string moe_describe(const MoeShape& m, int n_layer) {
+    std::string layers = m.every == 1 ? "every layer" : n_layer / m.every > 1 ? "layers" : "layer";
+    for (int l = m.every - 1, k = 0; m.every > 1 && l < n_layer; l += m.every, k++)
+        layers += k == 3 ? ", ..." : k > 3 ? "" : strfmt("%s %d", k ? "," : "", l);
+    if (m.every > 1) layers += strfmt(" (%d of %d)", n_layer / m.every, n_layer);
+    const std::string cap = m.capacity_factor > 0 ? strfmt("capacity factor %g", double(m.capacity_factor)) : "dropless";
+    return strfmt("mixture of experts: %d experts, top-%d, width %d, in %s; aux_loss_coef %g; %s", m.num_experts,
+                  m.top_k, m.expert_ffn_dim, layers.c_str(), double(m.aux_loss_coef), cap.c_str());
+}
+
 int moe_capacity(const MoeShape& m, int N) {
     const long long all = (long long)N * m.top_k;
     if (m.capacity_factor <= 0.0f) return int(all);

@@ -21,6 +21,7 @@
 //    The trained objective adds aux_loss_coef * aux for every MoE layer (a sum over layers).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 struct MoeShape {
@@ -38,6 +39,9 @@ struct MoeShape {
                every == o.every;
     }
 };
+
+// One line for the logs: "mixture of experts: 4 experts, top-2, width 48, every 2nd layer (2 of 4), ..."
+std::string moe_describe(const MoeShape& m, int n_layer);
 
 // Places per expert for N tokens (N * k when dropless: nothing is dropped).
 int moe_capacity(const MoeShape& m, int N);

@@ -142,6 +142,7 @@ std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessG
     std::string s = strfmt("plan: %s, %d layers, d_model %d, %d heads (%d kv), ffn %d, vocab %d; %s\n",
                            arch_name(shape.arch), shape.n_layer, shape.d_model, shape.n_head, shape.kv_heads(),
                            shape.ffn(), shape.vocab_size, dtype_name(dtype));
+    if (shape.moe.enabled()) s += "  " + moe_describe(shape.moe, shape.n_layer) + "\n";
     s += strfmt("  world %d = %s; ZeRO-%d%s; %s over %d micro-batches%s; recompute %s\n", grid.world,
                 grid.describe().c_str(), pc.zero, plan["sequence_parallel"].get<bool>() ? "; sequence parallel" : "",
                 pc.pp_schedule.c_str(), tc.grad_accum,

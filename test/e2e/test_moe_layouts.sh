@@ -45,6 +45,7 @@ baseline() {  # baseline CONFIG NAME ARGS...
     LLMC_DUMP_GRADS="$W/$name.grads.bin" OMP_NUM_THREADS=1 "$BIN" "$c" "$@" "out_dir=$W/$name" > "$W/$name.txt" 2>&1 ||
         die "one-process baseline $name failed: $(tail -n 20 "$W/$name.txt")"
     grep -q 'moe aux .* load .* dropped' "$W/$name.txt" || die "$name: no MoE statistics on the step line"
+    grep -q '^mixture of experts: .* experts, top-2' "$W/$name.txt" || die "$name: the banner does not describe the MoE"
 }
 check() {  # check CONFIG BASE NAME NPROC ARGS...
     local c=$1 base=$2 name=$3 n=$4; shift 4
