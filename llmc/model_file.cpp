@@ -75,7 +75,8 @@ ModelShape model_file_shape(const std::string& path, int* version) {
         s.moe.top_k = h[15];
         s.moe.expert_ffn_dim = h[16];
         s.moe.every = h[17];
-        if (h[14] < 2 || h[15] < 1 || h[15] > h[14] || h[16] <= 0 || h[16] > big || h[17] < 1 || h[17] > s.n_layer)
+        if (h[14] < 2 || h[14] > 4096 || h[15] < 1 || h[15] > h[14] || h[16] <= 0 || h[16] > big || h[17] < 1 ||
+            h[17] > s.n_layer)  // (4096: config.cpp's bound on model.moe.num_experts)
             throw UserError(strfmt("model file %s: invalid mixture-of-experts shape in header (num_experts %d, top_k "
                                    "%d, expert_ffn_dim %d, every %d)", path.c_str(), h[14], h[15], h[16], h[17]));
     }

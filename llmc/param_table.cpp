@@ -8,7 +8,15 @@ namespace {
 size_t decl_numel(const TensorDecl& d) { return d.rows * d.cols; }
 bool in_set(const ModelShape& s, LayerSet k, int l) { return k == LayerSet::All || (k == LayerSet::Moe) == s.moe.is_moe_layer(l); }
 int experts_of(const ModelShape& s, const TensorDecl& d) { return d.per_expert ? s.moe.num_experts : 1; }
-size_t decl_count(const ModelShape& s, const TensorDecl& d) { return decl_instances(s, d).size(); }
+// Instances of a declaration, counted without listing them (a file header's shape is checked with it)
+size_t decl_count(const ModelShape& s, const TensorDecl& d) {
+    if (d.part != ModelPart::Layer) return 1;
+    const size_t moe_layers = s.moe.enabled() ? size_t(s.n_layer / s.moe.every) : 0;
+    const size_t layers = d.layers == LayerSet::All   ? size_t(s.n_layer)
+                          : d.layers == LayerSet::Moe ? moe_layers
+                                                      : size_t(s.n_layer) - moe_layers;
+    return layers * size_t(experts_of(s, d));
+}
 // Layer l's place among the layers of its set (the MoE layers are every-1, 2 every-1, ...).
 size_t rank_in_set(const ModelShape& s, LayerSet k, int l) {
     if (k == LayerSet::All || !s.moe.enabled()) return size_t(l);

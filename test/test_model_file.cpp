@@ -165,6 +165,18 @@ TEST_CASE("mixture of experts: model file header, mismatch names the key, expert
     CHECK_THROWS_WITH(model_file_read(p, &other), Catch::Contains("model.moe.num_experts"));
     const ModelShape dense = tiny_shape();
     CHECK_THROWS_WITH(model_file_read(p, &dense), Catch::Contains("model.moe"));
+    // a header at the limits (2^26 layers of 4096 experts): refused by size, without listing the tensors
+    std::FILE* f = std::fopen(p.c_str(), "r+b");
+    REQUIRE(f);
+    const int32_t layers = 1 << 26, experts = 4096, width = 1 << 26;
+    std::fseek(f, 4 * 4, SEEK_SET);
+    std::fwrite(&layers, 4, 1, f);
+    std::fseek(f, 14 * 4, SEEK_SET);
+    std::fwrite(&experts, 4, 1, f);
+    std::fseek(f, 16 * 4, SEEK_SET);
+    std::fwrite(&width, 4, 1, f);
+    std::fclose(f);
+    CHECK_THROWS_WITH(model_file_read(p, nullptr), Catch::Contains("truncated or corrupt"));
 
     auto ops = make_cpu_ops();
     Model model(s, *ops, DType::F32, 1, 4);
