@@ -60,13 +60,13 @@ double now_ms() {
 using Batches = std::vector<std::vector<int32_t>>;
 
 // Mean loss over `batches` micro-batches of the validation set, from its start, averaged over DP ranks.
-double evaluate(PipelineEngine& pipeline, DataLoader& val, int batches, std::vector<int32_t>& x,
+double evaluate(PipelineEngine& pipeline, DataLoader& val, int batches, int b, int t, std::vector<int32_t>& x,
                 std::vector<int32_t>& y, DataParallel& dp) {
     val.reset();
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
         val.next(x.data(), y.data());
-        sum += pipeline.forward_only(x.data(), y.data(), pipeline.model().B, pipeline.model().T);
+        sum += pipeline.forward_only(x.data(), y.data(), b, t);
     }
     return dp.mean(batches > 0 ? sum / batches : 0.0);
 }
@@ -74,8 +74,8 @@ double evaluate(PipelineEngine& pipeline, DataLoader& val, int batches, std::vec
 // Samples n tokens after <|endoftext|> at temperature 1, seeded: the same step gives the same text.
 // Collective over the model-parallel group: the last stage's TP ranks gather the logits row and
 // draw alike; the pipeline group hands the token back to the first stage.
-std::vector<int> sample(PipelineEngine& pipeline, TensorParallel& tp, int eot, int n, uint64_t seed) {
-    Model& model = pipeline.model();
+std::vector<int> sample(PipelineEngine& pipeline, const Model& model, TensorParallel& tp, int eot, int n,
+                        uint64_t seed) {
     const int V = model.shape.vocab_size, Vl = model.shape.vocab_shard(tp.size());
     Rng rng(seed, 0x5A3D1E);
     std::vector<int32_t> ctx = {eot};
@@ -180,7 +180,7 @@ std::string resolve_comm(const ParallelConfig& pc, const std::string& device, co
 
 void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bool master, DType dtype,
                         const ModelConverter& conv) {
-    const size_t num_params = model.num_params;
+    const size_t num_params = model.params.num_params;
     auto row = [&](const char* name, size_t bytes, const std::string& note) {
         log.print("  %-13s %11s  %12zu B%s\n", name, human_bytes(double(bytes)).c_str(), bytes, note.c_str());
     };
@@ -252,14 +252,14 @@ struct Run {
           log(std::string(), rt.is_main(), false),
           schedule(make_pipeline_schedule(p.schedule, grid.pp, tc.grad_accum, pc.pp_virtual)),
           tp(*ops, groups.tp.get(), pc.sequence_parallel),
-          model(shape, *ops, dtype, tc.micro_batch, tc.seq_len, DataParallel::pad_multiple(grid.dp), p.layout, &tp,
-                pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), DataParallel::storage(pc.zero),
-                parse_recompute(tc.recompute)),
-          // the DP group's gradient sync and ZeRO's shards, set up before the parameters: under
-          // ZeRO-3 this rank keeps only its shard of them
-          dp(model, *groups.dp, pc.zero, pc.bucket_mb),
-          pipeline(model, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual),
-          opt(model, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads()),  // this rank's ZeRO range
+          params(param_layout(shape, p.layout, DataParallel::pad_multiple(grid.dp))),
+          // where the parameters live (whole buffers, or ZeRO's shards: under ZeRO-3 this rank
+          // keeps only its shard of them), and the DP group's gradient sync: before the model
+          dp(params, *ops, dtype, *groups.dp, pc.zero, pc.bucket_mb),
+          model(shape, *ops, dtype, tc.micro_batch, tc.seq_len, dp.param_store(), p.layout, &tp,
+                pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), parse_recompute(tc.recompute)),
+          pipeline(model, *ops, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual),
+          opt(params, *ops, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads()),  // this rank's ZeRO range
           // each DP rank reads its own windows (every TP and PP rank of it the same ones)
           train_data(cfg.data.train, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, cfg.data.shuffle,
                      uint64_t(tc.seed), shape.vocab_size),
@@ -289,8 +289,9 @@ struct Run {
     Logger log;  // console only until out_dir exists
     const PpSchedule schedule;
     TensorParallel tp;
-    Model model;
+    const ParamLayout params;  // this rank's parameters in memory order
     DataParallel dp;
+    Model model;
     PipelineEngine pipeline;
     AdamW opt;
     DataLoader train_data;
@@ -376,9 +377,9 @@ void print_banner(Run& r, const Plan& p) {
               r.tc.micro_batch, r.tc.seq_len, r.tc.grad_accum, g.dp, tokens_per_step(r), r.tc.steps);
     log.print("train data: %zu shard(s), %llu micro-batches per epoch\n", r.train_data.num_shards(),
               (unsigned long long)r.train_data.windows_per_epoch());
-    const MemoryPlan mem = r.dp.memory_plan(r.opt.has_master());
+    const MemoryPlan mem = r.dp.memory_plan(r.opt.has_master(), r.model.activation_bytes);
     print_memory_table(log, mem, r.model, r.opt.has_master(), r.dtype, *r.conv);
-    const MemoryPlan got = r.dp.allocated(r.opt.state_bytes());
+    const MemoryPlan got = r.dp.allocated(r.opt.state_bytes(), r.model.activation_bytes);
     LLMC_ASSERT(got.params == mem.params && got.grads == mem.grads && got.optimizer == mem.optimizer &&
                     got.comm_buffers == mem.comm_buffers && got.unit_params == mem.unit_params &&
                     got.unit_grads == mem.unit_grads && got.activations == mem.activations,
@@ -425,7 +426,8 @@ void evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<
     const Config& cfg = r.cfg;
     const bool last = step == r.tc.steps;
     if (r.val_data && cfg.eval.every > 0 && (step % cfg.eval.every == 0 || last)) {
-        const double vl = evaluate(r.pipeline, *r.val_data, cfg.eval.batches, x, y, r.dp);
+        const double vl =
+            evaluate(r.pipeline, *r.val_data, cfg.eval.batches, r.tc.micro_batch, r.tc.seq_len, x, y, r.dp);
         r.log.print("step %d | val loss %.6f\n", step, vl);
         r.run_log->record({{"step", step}, {"val_loss", vl}});
         r.progress.val_loss(step, vl);
@@ -437,7 +439,7 @@ void evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<
         return;
     const int eot = r.tok ? r.tok->eot() : std::min(50256, r.shape.vocab_size - 1);
     const std::vector<int> ids =
-        sample(r.pipeline, r.tp, eot, cfg.eval.sample_tokens, uint64_t(r.tc.seed) * 1000003ull + step);
+        sample(r.pipeline, r.model, r.tp, eot, cfg.eval.sample_tokens, uint64_t(r.tc.seed) * 1000003ull + step);
     if (r.tok) {
         r.log.print("step %d | sample:\n%s\n---\n", step, r.tok->decode(ids).c_str());
     } else {
@@ -458,7 +460,8 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     const float dloss = float(1.0 / tokens_per_step(r));
     // gradient buckets go out during the last micro-step's backward, none before. Test hook:
     // LLMC_FAULT=nan:grad_<n> (LLMC_FAULT_RANK on a last pipeline stage) makes step n's gradients NaN
-    double loss = r.pipeline.train_step(x, y, fault_point("grad", step + 1) ? NAN : dloss, r.dp.grads_ready());
+    double loss = r.pipeline.train_step(x, y, tc.micro_batch, tc.seq_len, fault_point("grad", step + 1) ? NAN : dloss,
+                                        r.dp.grads_ready());
     fault_point("train_step", step + 1);  // test hook: a rank dies mid-collective
     r.dp.finish_grad_sync();
     nlohmann::json rec = {{"step", step + 1}};

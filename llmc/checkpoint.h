@@ -28,7 +28,7 @@ struct TrainState {
 };
 
 // This rank's whole optimizer state, fp32, in memory order over the model's padded flat buffer
-// (model.padded_params elements; master empty when the model is fp32). ZeRO shards are
+// (ParamLayout::padded_params elements; master empty when the model is fp32). ZeRO shards are
 // gathered into one before saving and cut from one after loading (llmc/data_parallel.h).
 struct OptimizerState {
     std::vector<float> m, v, master;

@@ -3,37 +3,37 @@
 #include <algorithm>
 #include <cmath>
 
-AdamW::AdamW(Model& model, size_t begin, size_t end, Tensor params, Tensor grads)
-    : model_(model), begin_(begin), end_(end), params_(params), grads_(grads) {
-    LLMC_ASSERT(begin <= end && end <= model.padded_params, "optimizer range outside the parameter buffer");
-    LLMC_ASSERT(params.n == end - begin && grads.n == end - begin && params.dtype == model.dtype,
+AdamW::AdamW(const ParamLayout& layout, Ops& ops, size_t begin, size_t end, Tensor params, Tensor grads)
+    : layout_(layout), ops_(ops), begin_(begin), end_(end), params_(params), grads_(grads) {
+    LLMC_ASSERT(begin <= end && end <= layout.padded_params, "optimizer range outside the parameter buffer");
+    LLMC_ASSERT(params.n == end - begin && grads.n == end - begin && params.dtype == grads.dtype,
                 "optimizer: parameter and gradient views must cover its range");
     const size_t n = end - begin;
-    m_ = static_cast<float*>(model.ops.alloc(n * sizeof(float)));
-    v_ = static_cast<float*>(model.ops.alloc(n * sizeof(float)));
-    if (keeps_master(model.dtype)) {
-        master_ = static_cast<float*>(model.ops.alloc(n * sizeof(float)));
+    m_ = static_cast<float*>(ops.alloc(n * sizeof(float)));
+    v_ = static_cast<float*>(ops.alloc(n * sizeof(float)));
+    if (keeps_master(params.dtype)) {
+        master_ = static_cast<float*>(ops.alloc(n * sizeof(float)));
         sync_master_from_params();
     }
 }
 
 AdamW::~AdamW() {
-    model_.ops.release(m_);
-    model_.ops.release(v_);
-    if (master_) model_.ops.release(master_);
+    ops_.release(m_);
+    ops_.release(v_);
+    if (master_) ops_.release(master_);
 }
 
 size_t AdamW::state_bytes() const { return (end_ - begin_) * sizeof(float) * (master_ ? 3 : 2); }
 
 void AdamW::step(const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
-    for (const ParamSpec& p : model_.params) {
+    for (const ParamSpec& p : layout_.specs) {
         size_t lo = std::max(begin_, p.offset), hi = std::min(end_, p.offset + p.numel);
         if (lo >= hi) continue;
         const size_t n = hi - lo, o = lo - begin_;
         // bf16 stochastic rounding hashes (seed, index within the call): a seed of its own per
         // tensor (from its offset in the buffer) keeps tensors from sharing random bits at equal offsets
         const uint32_t tensor_seed = seed ^ uint32_t((uint64_t(lo) * 0x9E3779B97F4A7C15ull) >> 32);
-        model_.ops.adamw(params_.slice(o, n), master_ ? master_ + o : nullptr, grads_.slice(o, n),
+        ops_.adamw(params_.slice(o, n), master_ ? master_ + o : nullptr, grads_.slice(o, n),
                          m_ + o, v_ + o, h.lr, h.beta1, h.beta2, h.eps, p.decay ? h.weight_decay : 0.0f, grad_scale,
                          t, tensor_seed);
     }
@@ -43,22 +43,22 @@ void AdamW::get_state(std::vector<float>& m, std::vector<float>& v, std::vector<
     const size_t n = end_ - begin_;
     m.resize(n);
     v.resize(n);
-    model_.ops.to_host_bytes(m.data(), m_, n * sizeof(float));
-    model_.ops.to_host_bytes(v.data(), v_, n * sizeof(float));
+    ops_.to_host_bytes(m.data(), m_, n * sizeof(float));
+    ops_.to_host_bytes(v.data(), v_, n * sizeof(float));
     master.clear();
     if (master_) {
         master.resize(n);
-        model_.ops.to_host_bytes(master.data(), master_, n * sizeof(float));
+        ops_.to_host_bytes(master.data(), master_, n * sizeof(float));
     }
 }
 
 void AdamW::set_state(const std::vector<float>& m, const std::vector<float>& v, const std::vector<float>& master) {
     const size_t n = end_ - begin_;
     LLMC_ASSERT(m.size() == n && v.size() == n, "optimizer state size mismatch");
-    model_.ops.from_host_bytes(m_, m.data(), n * sizeof(float));
-    model_.ops.from_host_bytes(v_, v.data(), n * sizeof(float));
+    ops_.from_host_bytes(m_, m.data(), n * sizeof(float));
+    ops_.from_host_bytes(v_, v.data(), n * sizeof(float));
     if (master_) {
-        if (master.size() == n) model_.ops.from_host_bytes(master_, master.data(), n * sizeof(float));
+        if (master.size() == n) ops_.from_host_bytes(master_, master.data(), n * sizeof(float));
         else sync_master_from_params();
     }
 }
@@ -67,8 +67,8 @@ void AdamW::sync_master_from_params() {
     if (!master_) return;
     const size_t n = end_ - begin_;
     std::vector<float> host(n);
-    model_.ops.to_host_f32(host.data(), params_);
-    model_.ops.from_host_bytes(master_, host.data(), n * sizeof(float));
+    ops_.to_host_f32(host.data(), params_);
+    ops_.from_host_bytes(master_, host.data(), n * sizeof(float));
 }
 
 float clip_scale(double grad_norm, double clip) {

@@ -3,7 +3,7 @@
 // The optimizer owns [begin, end) of the flat (padded) buffer: the whole model, or this
 // rank's ZeRO shard (llmc/data_parallel.h): fp32 moments m and v, and fp32 master weights when the model's dtype is not fp32.
 // It updates the parameters and reads the gradients of that range where they live: views of
-// the model's whole buffers, or ZeRO's shard buffers (DataParallel::opt_params / opt_grads).
+// the whole buffers (llmc/param_store.h), or ZeRO's shard buffers (DataParallel::opt_params / opt_grads).
 // Weight decay applies per parameter tensor (ParamSpec::decay), so the update walks the
 // parameter table and runs the fused AdamW op on each tensor's intersection with the range.
 #pragma once
@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "llmc/config.h"
-#include "llmc/model.h"
+#include "llmc/ops.h"
+#include "llmc/param_table.h"
 
 struct AdamWHyper {
     float lr, beta1, beta2, eps, weight_decay;
@@ -19,8 +20,9 @@ struct AdamWHyper {
 
 class AdamW {
 public:
-    // params, grads: the range's parameters and gradients (end - begin elements each).
-    AdamW(Model& model, size_t begin, size_t end, Tensor params, Tensor grads);
+    // layout: the flat buffers' tensors; params, grads: the range's parameters and gradients
+    // (end - begin elements each, in the model's dtype).
+    AdamW(const ParamLayout& layout, Ops& ops, size_t begin, size_t end, Tensor params, Tensor grads);
     // fp32 master weights are kept for a model in any other dtype.
     static bool keeps_master(DType model_dtype) { return model_dtype != DType::F32; }
     ~AdamW();
@@ -42,7 +44,8 @@ public:
     void sync_master_from_params();
 
 private:
-    Model& model_;
+    const ParamLayout& layout_;
+    Ops& ops_;
     size_t begin_, end_;
     Tensor params_, grads_;
     float* m_ = nullptr;

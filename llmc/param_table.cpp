@@ -150,3 +150,13 @@ std::vector<ParamUnit> param_units(const std::vector<ParamSpec>& table, size_t p
     if (!units.empty()) units.back().end = padded_params;
     return units;
 }
+
+ParamLayout param_layout(const ModelShape& s, const ModelLayout& layout, size_t pad_multiple) {
+    LLMC_ASSERT(pad_multiple >= 1, "pad_multiple must be >= 1");
+    ParamLayout p;
+    p.specs = param_table(s, layout, &p.num_params);
+    p.padded_params = padded_param_count(p.num_params, pad_multiple);
+    p.total_params = num_params(s);
+    p.units = param_units(p.specs, p.padded_params, &p.spec_unit);
+    return p;
+}

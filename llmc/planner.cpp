@@ -2,6 +2,7 @@
 
 #include "llmc/layout.h"
 #include "llmc/mfu.h"
+#include "llmc/model.h"
 #include "llmc/optimizer.h"
 #include "llmc/pipeline.h"
 #include "llmc/pipeline_schedule.h"
@@ -62,11 +63,9 @@ MemoryPlan plan_rank_memory(const Config& cfg, const ModelShape& shape, const Pr
     const ParallelConfig& pc = cfg.parallel;
     const TrainConfig& tc = cfg.train;
     const ModelLayout layout = model_layout(shape, pc, tp_rank, pp_rank);
-    size_t num = 0;
-    const std::vector<ParamSpec> table = param_table(shape, layout, &num);
-    const size_t padded = padded_param_count(num, DataParallel::pad_multiple(grid.dp));
-    std::vector<int> unit_of;
-    const UnitSizes units = unit_sizes(param_units(table, padded, &unit_of));
+    const ParamLayout params = param_layout(shape, layout, DataParallel::pad_multiple(grid.dp));
+    const size_t padded = params.padded_params;
+    const UnitSizes units = unit_sizes(params.units);
     const size_t activations = Model::activation_bytes_of(shape, dtype, tc.micro_batch, tc.seq_len, layout,
                                                           slots_of(cfg, grid, pp_rank), parse_recompute(tc.recompute));
     return zero_memory_plan(padded, grid.dp, pc.zero, dtype_size(dtype), AdamW::keeps_master(dtype),

@@ -1,7 +1,7 @@
 // The planner (train_gpt --plan): what every kind of rank of a layout will allocate, from the
 // config alone, with nothing allocated and no process started. It calls the very functions the
-// run sizes its buffers with (param_table and param_units, padded_param_count,
-// Model::activation_bytes_of, DataParallel::bucket_elems_for, zero_memory_plan), so the plan is
+// run sizes its buffers with (param_layout, Model::activation_bytes_of, DataParallel::bucket_elems_for,
+// zero_memory_plan), so the plan is
 // the run's allocation, byte for byte; a run logs what it allocated as the first record of
 // log.jsonl ({"memory": memory_json(...)}) and test/e2e/test_plan.sh compares the two.
 //

@@ -5,6 +5,7 @@
 #include "llmc/comm.h"
 #include "llmc/config.h"
 #include "llmc/data_parallel.h"
+#include "llmc/model.h"
 #include "llmc/optimizer.h"
 #include "llmc/process_grid.h"
 
@@ -89,10 +90,6 @@ TEST_CASE("ZeRO memory formulas per rank", "[zero]") {
                       m.params + m.grads + m.optimizer + m.comm_buffers + act + m.unit_params + m.unit_grads);
             }
     CHECK(DataParallel::pad_multiple(4) % 4 == 0);
-    CHECK(DataParallel::storage(0) == ModelStorage::Full);
-    CHECK(DataParallel::storage(1) == ModelStorage::Full);
-    CHECK(DataParallel::storage(2) == ModelStorage::ShardedGrads);
-    CHECK(DataParallel::storage(3) == ModelStorage::Sharded);
 }
 
 TEST_CASE("loader positions convert between dp layouts by data position", "[zero]") {
@@ -122,7 +119,6 @@ TEST_CASE("a group of one: collectives are copies", "[comm]") {
 }
 
 TEST_CASE("model units: the embedding, each layer and the head tile the flat buffer", "[zero]") {
-    auto ops = make_cpu_ops();
     const ModelShape s{4, 4, 32, 500, 512, 16};
     for (int pp_rank = 0; pp_rank < 3; pp_rank++) {
         // stage 0 holds layers 0 and 3 (the first and the last chunk), stage 1 layer 1, stage 2 layer 2
@@ -132,7 +128,7 @@ TEST_CASE("model units: the embedding, each layer and the head tile the flat buf
         if (pp_rank == 1) lay.chunks = {{1, 2}}, lay.first = false, lay.last = false;
         if (pp_rank == 2) lay.chunks = {{2, 3}}, lay.first = false;
         INFO("stage " << pp_rank);
-        Model m(s, *ops, DType::F32, 1, 16, 256, lay);
+        const ParamLayout m = param_layout(s, lay, 256);
         size_t next = 0;
         int embeddings = 0, heads = 0, layers = 0;
         for (const ParamUnit& u : m.units) {
@@ -148,7 +144,7 @@ TEST_CASE("model units: the embedding, each layer and the head tile the flat buf
         int held = 0;
         for (const auto& c : lay.chunks) held += c.second - c.first;
         CHECK(layers == held);
-        for (const ParamSpec& p : m.params) {
+        for (const ParamSpec& p : m.specs) {
             const ParamUnit& u = m.units[size_t(m.unit_of(p))];
             CHECK((p.offset >= u.begin && p.offset + p.numel <= u.end));
             CHECK(u.layer == p.layer);
@@ -173,11 +169,12 @@ TEST_CASE("ZeRO stages over one rank train bitwise like the plain model", "[zero
         const bool host_staging = run >= 4;
         INFO("zero " << zero << (host_staging ? ", host staging" : ""));
         std::unique_ptr<Comm> self = make_self_comm(0);
-        Model m(s, *ops, DType::F32, B, T, DataParallel::pad_multiple(1), ModelLayout(), nullptr, {},
-               DataParallel::storage(zero));
-        DataParallel dp(m, *self, zero, 0.001, host_staging);  // 262-element pieces: units cross several
+        const ParamLayout params = param_layout(s, ModelLayout(), DataParallel::pad_multiple(1));
+        // 262-element pieces: units cross several
+        DataParallel dp(params, *ops, DType::F32, *self, zero, 0.001, host_staging);
+        Model m(s, *ops, DType::F32, B, T, dp.param_store());
         m.init_random(7);
-        AdamW opt(m, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads());
+        AdamW opt(params, *ops, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads());
         for (int step = 1; step <= 3; step++) {
             m.zero_grads();
             losses.push_back(m.forward(x.data(), y.data(), B, T, 1.0f / (B * T)));
@@ -188,7 +185,7 @@ TEST_CASE("ZeRO stages over one rank train bitwise like the plain model", "[zero
             dp.after_update();
         }
         finals.push_back(dp.gather_params());
-        CHECK(finals.back().size() == m.padded_params);
+        CHECK(finals.back().size() == params.padded_params);
     }
     for (int run = 1; run < 8; run++) {
         INFO("run " << run);
