@@ -386,6 +386,9 @@ void print_banner(Run& r, const Plan& p) {
                 "allocations disagree with the memory table");
     // the first record of log.jsonl: what each rank position allocated (--plan=json's "memory")
     r.run_log->record({{"memory", gather_memory_json(got, *r.groups.mp, r.grid.tp)}});
+    if (r.device != "cpu")
+        log.print("device: %s, dense %s peak %.1f TFLOP/s%s\n", r.ops->device_name().c_str(), r.cfg.precision.c_str(),
+                  r.peak_flops / 1e12, r.peak_flops > 0 ? "" : " (not in the table: no MFU)");
 }
 
 // Checkpoint (collective: the state is gathered to world rank 0, which writes it while the others
@@ -503,6 +506,28 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     r.state.loader = r.train_data.position();
 }
 
+// After a step: a checkpoint when one is due, and the run's stop policy. Returns the exit code
+// to stop with (too many non-finite steps in a row; a stop signal, after a checkpoint), else 0.
+int checkpoint_or_stop(Run& r) {
+    const int step = r.state.step, steps = r.tc.steps, max_bad = r.tc.max_bad_steps;
+    if (r.bad_in_row >= max_bad) {
+        r.log.print("error: %d consecutive steps (%d to %d) had a non-finite loss or gradient norm "
+                    "(train.max_bad_steps = %d): stopping; the checkpoints are as they were; exit code %d\n",
+                    r.bad_in_row, step + 1 - r.bad_in_row, step, max_bad, int(kExitBadSteps));
+        return kExitBadSteps;
+    }
+    const bool due = r.cfg.checkpoint.every > 0 && step % r.cfg.checkpoint.every == 0 && step < steps;
+    if (due) save(r, false);
+    // a stop signal on any rank (llmc/preempt.h) stops every rank here: save, exit "resume me"
+    const int sig = step < steps ? preempt_agreed(*r.groups.world) : 0;
+    if (!sig) return 0;
+    if (!due) save(r, false);
+    r.log.print("%s: stopped after step %d, checkpoint saved; exit code %d (resume with checkpoint.resume=auto)\n",
+                signal_name(sig).c_str(), step, int(kExitPreempted));
+    r.rt.barrier();  // no rank leaves (and makes its launcher end the job) before the save is done
+    return kExitPreempted;
+}
+
 int train(Runtime& rt, int argc, char** argv) {
     Plan plan;
     std::string error;
@@ -532,9 +557,6 @@ int train(Runtime& rt, int argc, char** argv) {
     init_or_resume(r);
     r.conv->apply(r.model);
     print_banner(r, plan);
-    if (r.device != "cpu")
-        r.log.print("device: %s, dense %s peak %.1f TFLOP/s%s\n", r.ops->device_name().c_str(),
-                    r.cfg.precision.c_str(), r.peak_flops / 1e12, r.peak_flops > 0 ? "" : " (not in the table: no MFU)");
 
     const TrainConfig& tc = r.tc;
     Batches x(size_t(tc.grad_accum), std::vector<int32_t>(size_t(tc.micro_batch) * tc.seq_len)), y = x;
@@ -543,23 +565,7 @@ int train(Runtime& rt, int argc, char** argv) {
         evaluate_and_sample(r, step, x[0], y[0]);
         if (step == tc.steps) break;
         train_step(r, step, x, y);
-        if (r.bad_in_row >= tc.max_bad_steps) {
-            r.log.print("error: %d consecutive steps (%d to %d) had a non-finite loss or gradient norm "
-                        "(train.max_bad_steps = %d): stopping; the checkpoints are as they were; exit code %d\n",
-                        r.bad_in_row, step + 2 - r.bad_in_row, step + 1, tc.max_bad_steps, int(kExitBadSteps));
-            return kExitBadSteps;
-        }
-        const bool due =
-            r.cfg.checkpoint.every > 0 && r.state.step % r.cfg.checkpoint.every == 0 && r.state.step < tc.steps;
-        if (due) save(r, false);
-        // a stop signal on any rank (llmc/preempt.h) stops every rank here: save, exit "resume me"
-        if (const int sig = r.state.step < tc.steps ? preempt_agreed(*r.groups.world) : 0) {
-            if (!due) save(r, false);
-            r.log.print("%s: stopped after step %d, checkpoint saved; exit code %d (resume with checkpoint.resume=auto)\n",
-                        signal_name(sig).c_str(), r.state.step, int(kExitPreempted));
-            rt.barrier();  // no rank leaves (and makes its launcher end the job) before the save is done
-            return kExitPreempted;
-        }
+        if (const int code = checkpoint_or_stop(r)) return code;
     }
     if (r.ops->peak_memory_bytes() > 0)
         r.log.print("peak device memory: %s\n", human_bytes(double(r.ops->peak_memory_bytes())).c_str());
