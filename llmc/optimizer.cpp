@@ -22,7 +22,7 @@ AdamW::AdamW(Model& model, size_t begin, size_t end, Tensor params, Tensor grads
         LLMC_ASSERT(model.dtype == DType::F32 || model.dtype == DType::BF16, "optimizer offload: fp32 or bf16 models");
         offload_.piece = offload_piece(n, offload_.piece);
         const size_t k = dtype_size(model.dtype);
-        for (int s = 0; s < 2; s++) {
+        for (int s = 0; s < kStageSlots; s++) {
             stage_grads_[s] = ops.alloc_host(offload_.piece * k);
             stage_params_[s] = ops.alloc_host(offload_.piece * k);
         }
@@ -38,7 +38,7 @@ AdamW::~AdamW() {
         if (offload_.enabled) ops.release_host(p);
         else ops.release(p);
     }
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < kStageSlots; s++) {
         ops.release_host(stage_grads_[s]);
         ops.release_host(stage_params_[s]);
     }
@@ -71,16 +71,17 @@ void AdamW::step(const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
     }
 }
 
-// Two staging slots: piece k downloads into slot k % 2 while the host updates piece k - 1 in the
-// other; a slot is downloaded into again only once its previous piece's upload is done.
+// Staging slots in turn: piece i + 1 downloads into its slot while the host updates piece i and
+// piece i - 1 uploads from theirs; a slot is downloaded into again only once its previous piece's
+// upload is done.
 void AdamW::step_offloaded(const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
     Ops& ops = model_.ops;
     const size_t n = end_ - begin_, piece = offload_.piece, k = dtype_size(model_.dtype);
     if (n == 0) return;
     const size_t pieces = (n + piece - 1) / piece;
-    uint64_t down[2] = {0, 0}, up[2] = {0, 0};
+    uint64_t down[kStageSlots] = {}, up[kStageSlots] = {};
     auto fetch = [&](size_t i) {
-        const int s = int(i % 2);
+        const int s = int(i % kStageSlots);
         const size_t o = i * piece, len = std::min(piece, n - o);
         ops.wait_copy(up[s]);
         down[s] = ops.copy_to_host_async(stage_grads_[s], grads_.slice(o, len).ptr, len * k);
@@ -91,14 +92,13 @@ void AdamW::step_offloaded(const AdamWHyper& h, int t, float grad_scale, uint32_
     fetch(0);
     for (size_t i = 0; i < pieces; i++) {
         if (i + 1 < pieces) fetch(i + 1);
-        const int s = int(i % 2);
+        const int s = int(i % kStageSlots);
         const size_t o = i * piece, len = std::min(piece, n - o);
         ops.wait_copy(down[s]);
         update_piece(o, len, s, h, t, grad_scale, seed);
         up[s] = ops.copy_from_host_async(params_.slice(o, len).ptr, stage_params_[s], len * k);
     }
-    ops.wait_copy(up[0]);
-    ops.wait_copy(up[1]);
+    for (uint64_t id : up) ops.wait_copy(id);
 }
 
 void AdamW::update_piece(size_t o, size_t n, int s, const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
@@ -113,6 +113,7 @@ void AdamW::update_piece(size_t o, size_t n, int s, const AdamWHyper& h, int t, 
         const float* g = static_cast<const float*>(stage_grads_[s]) + j;
         if (bf16) {
             const uint16_t* gb = static_cast<const uint16_t*>(stage_grads_[s]) + j;
+#pragma omp parallel for simd schedule(static) if (cpu::parallel_worth(cnt))
             for (size_t i = 0; i < cnt; i++) grads_f32_[i] = bf16_bits_to_f32(gb[i]);
             g = grads_f32_;
         }

@@ -9,11 +9,11 @@
 //
 // Optimizer offload (train.offload_optimizer): m, v and the master weights live in host memory
 // (Ops::alloc_host: pinned on CUDA) and the update runs on the host, by the CPU backend's AdamW
-// kernel (llmc/cpu/kernels.h, OpenMP and SIMD). The range streams through two host staging slots
-// in pieces: a piece's gradients (and, without master weights, its parameters) go down, the host
-// updates it, its new parameters go up (bf16 from the master by the CUDA kernel's stochastic
-// rounding, llmc/bf16.h); the next piece's download overlaps the update where the backend copies
-// asynchronously (CUDA: a copy stream per direction). On the CPU backend the same path runs with
+// kernel (llmc/cpu/kernels.h, OpenMP and SIMD). The range streams through three host staging
+// slots in pieces: a piece's gradients (and, without master weights, its parameters) go down, the
+// host updates it, its new parameters go up (bf16 from the master by the CUDA kernel's stochastic
+// rounding, llmc/bf16.h); where the backend copies asynchronously (CUDA: a copy stream per
+// direction) the next piece's download and the previous piece's upload overlap the update. On the CPU backend the same path runs with
 // host memory on both sides and is bitwise the update without offload; on CUDA the two differ
 // only by the float rounding of the device kernel against the host's.
 #pragma once
@@ -41,10 +41,11 @@ public:
     // The elements of one streamed piece over a range of n elements.
     static size_t offload_piece(size_t n, size_t piece) { return piece == 0 || piece > n ? n : piece; }
     // Host bytes of an offloaded optimizer over n elements streamed in pieces of `piece` (after
-    // offload_piece): m, v (and master) fp32, two staging slots of a piece's gradients and
+    // offload_piece): m, v (and master) fp32, kStageSlots staging slots of a piece's gradients and
     // parameters in the model's dtype, and a piece of fp32 gradients when that dtype is not fp32.
+    static constexpr int kStageSlots = 3;  // the piece downloading, the one updated, the one uploading
     static size_t offload_host_bytes(size_t n, size_t piece, size_t dtype_bytes, bool master) {
-        return n * sizeof(float) * (master ? 3 : 2) + 2 * 2 * piece * dtype_bytes +
+        return n * sizeof(float) * (master ? 3 : 2) + kStageSlots * 2 * piece * dtype_bytes +
                (dtype_bytes == sizeof(float) ? 0 : piece * sizeof(float));
     }
     ~AdamW();
@@ -85,8 +86,8 @@ private:
     float* master_ = nullptr;
     // offload: per staging slot a piece of gradients and of parameters (model dtype), and a piece
     // of fp32 gradients (bf16 models)
-    void* stage_grads_[2] = {nullptr, nullptr};
-    void* stage_params_[2] = {nullptr, nullptr};
+    void* stage_grads_[kStageSlots] = {};
+    void* stage_params_[kStageSlots] = {};
     float* grads_f32_ = nullptr;
 };
 

@@ -4,7 +4,7 @@
 # ZeRO-1 and ZeRO-3, and a pipeline (GPT-2) or tensor parallelism (Llama), train.offload_optimizer
 # =true trains 3 steps with exactly the losses, final weights and checkpointed optimizer state
 # (state.bin) of offload off. The memory table moves the optimizer to the host row, the plan
-# equals the run's allocation, and the host bytes are the state plus two staging pieces. A run
+# equals the run's allocation, and the host bytes are the state plus three staging pieces. A run
 # saved with offload resumes without it and vice versa, bitwise.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
@@ -75,9 +75,9 @@ check gpt2 pp2 2 parallel.dp=1 parallel.pp=2
 check llama tp2 2 parallel.dp=1 parallel.tp=2
 
 # the host bytes by hand: m and v (8 B per element of the optimizer's range: the whole padded
-# model, or a ZeRO shard of it) and two staging slots of a piece of gradients and parameters
-# (fp32: 16 B per piece element); with bf16 (a GPU plan) also the master (12 B per element),
-# the slots in bf16 (8 B) and a piece of fp32 gradients (4 B). A piece is a gradient bucket
+# model, or a ZeRO shard of it) and three staging slots of a piece of gradients and parameters
+# (fp32: 24 B per piece element); with bf16 (a GPU plan) also the master (12 B per element),
+# the slots in bf16 (12 B) and a piece of fp32 gradients (4 B). A piece is a gradient bucket
 # (parallel.bucket_mb in fp32 elements) capped at the range.
 host_want() {  # host_want RANGE BUCKET BYTES_PER_ELEMENT BYTES_PER_PIECE_ELEMENT
     awk -v n="$1" -v b="$2" -v e="$3" -v p="$4" 'BEGIN { pc = b < n ? b : n; printf "%.0f\n", n * e + pc * p }'
@@ -85,7 +85,7 @@ host_want() {  # host_want RANGE BUCKET BYTES_PER_ELEMENT BYTES_PER_PIECE_ELEMEN
 P=$(jq '.memory[0].params / 4' <("$BIN" "$W/gpt2.json" --plan=json))  # the padded parameters at dp 1
 P2=$(jq '.memory[0].params / 4' <("$BIN" "$W/gpt2.json" parallel.dp=2 --plan=json))  # padded for dp 2
 bucket=$(awk 'BEGIN { printf "%d\n", 0.01 * 1024 * 1024 / 4 }')
-for spec in "1 0 $P 8 16" "2 1 $((P2 / 2)) 8 16" "2 3 $((P2 / 2)) 8 16"; do
+for spec in "1 0 $P 8 24" "2 1 $((P2 / 2)) 8 24" "2 3 $((P2 / 2)) 8 24"; do
     read -r dp z range e pe <<<"$spec"
     got=$("$BIN" "$W/gpt2.json" train.offload_optimizer=true parallel.dp=$dp parallel.zero=$z plan.world=$dp --plan=json |
           jq '.memory[0].host')
@@ -94,7 +94,7 @@ for spec in "1 0 $P 8 16" "2 1 $((P2 / 2)) 8 16" "2 3 $((P2 / 2)) 8 16"; do
 done
 got=$("$BIN" "$W/gpt2.json" train.offload_optimizer=true device=cuda precision=bf16 parallel.bucket_mb=1 --plan=json |
       jq '.memory[0] | [.optimizer, .host] | @tsv' -r)
-[ "$got" = "0	$(host_want "$P" 262144 12 12)" ] || die "bf16 plan: optimizer, host $got; want 0, $(host_want "$P" 262144 12 12)"
+[ "$got" = "0	$(host_want "$P" 262144 12 16)" ] || die "bf16 plan: optimizer, host $got; want 0, $(host_want "$P" 262144 12 16)"
 
 # resume across offload on and off: 3 steps straight equal 2 steps, stop, resume for the third
 for first in false true; do
