@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "llmc/bf16.h"
 #include "llmc/cpu/kernels.h"
@@ -19,6 +18,7 @@ AdamW::AdamW(Model& model, size_t begin, size_t end, Tensor params, Tensor grads
     v_ = static_cast<float*>(alloc(n * sizeof(float)));
     if (keeps_master(model.dtype)) master_ = static_cast<float*>(alloc(n * sizeof(float)));
     if (offload_.enabled) {
+        // master weights exactly for bf16 (keeps_master): the host update rounds them to bf16
         LLMC_ASSERT(model.dtype == DType::F32 || model.dtype == DType::BF16, "optimizer offload: fp32 or bf16 models");
         offload_.piece = offload_piece(n, offload_.piece);
         const size_t k = dtype_size(model.dtype);
@@ -27,6 +27,20 @@ AdamW::AdamW(Model& model, size_t begin, size_t end, Tensor params, Tensor grads
             stage_params_[s] = ops.alloc_host(offload_.piece * k);
         }
         if (model.dtype != DType::F32) grads_f32_ = static_cast<float*>(ops.alloc_host(offload_.piece * sizeof(float)));
+        if (master_) {
+            std::vector<std::pair<size_t, size_t>> covered;
+            for (const ParamSpec& p : model.params) {
+                const size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+                if (lo < hi) covered.push_back({lo - begin, hi - begin});
+            }
+            std::sort(covered.begin(), covered.end());
+            size_t at = 0;
+            for (const auto& c : covered) {
+                if (c.first > at) gaps_.push_back({at, c.first});
+                at = std::max(at, c.second);
+            }
+            if (at < n) gaps_.push_back({at, n});
+        }
     }
     sync_master_from_params();
 }
@@ -127,9 +141,12 @@ void AdamW::update_piece(size_t o, size_t n, int s, const AdamWHyper& h, int t, 
 #pragma omp parallel for schedule(static) if (cpu::parallel_worth(cnt))
             for (size_t i = 0; i < cnt; i++)
                 pb[i] = f32_to_bf16_stochastic(master_[r + i], hash_u32(ts, uint32_t(a - lo + i)));
-        } else if (master_) {
-            std::memcpy(static_cast<float*>(stage_params_[s]) + j, master_ + r, cnt * sizeof(float));
         }
+    }
+    // the padding's parameters go back as they were (the master holds them exactly: synced from them)
+    for (const auto& gap : gaps_) {
+        const size_t a = std::max(gap.first, o), b = std::min(gap.second, o + n);
+        for (size_t r = a; r < b; r++) static_cast<uint16_t*>(stage_params_[s])[r - o] = f32_to_bf16_bits(master_[r]);
     }
 }
 

@@ -13,11 +13,12 @@
 // slots in pieces: a piece's gradients (and, without master weights, its parameters) go down, the
 // host updates it, its new parameters go up (bf16 from the master by the CUDA kernel's stochastic
 // rounding, llmc/bf16.h); where the backend copies asynchronously (CUDA: a copy stream per
-// direction) the next piece's download and the previous piece's upload overlap the update. On the CPU backend the same path runs with
-// host memory on both sides and is bitwise the update without offload; on CUDA the two differ
-// only by the float rounding of the device kernel against the host's.
+// direction) the next piece's download and the previous piece's upload overlap the update. On the
+// CPU backend the same path runs with host memory on both sides and is bitwise the update without
+// offload; on CUDA the two differ only by the float rounding of the device kernel against the host's.
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "llmc/config.h"
@@ -89,6 +90,9 @@ private:
     void* stage_grads_[kStageSlots] = {};
     void* stage_params_[kStageSlots] = {};
     float* grads_f32_ = nullptr;
+    // offload with master weights: the stretches [first, second) of the range (offsets) that no
+    // tensor covers (padding); the uploads write their never-updated parameters back from the master
+    std::vector<std::pair<size_t, size_t>> gaps_;
 };
 
 // torch's clip_grad_norm_ factor: min(1, clip / (norm + 1e-6)); 1 when clip <= 0.

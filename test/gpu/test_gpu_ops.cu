@@ -917,8 +917,9 @@ void test_fp8_bad_shape(H& h) {
 // kernel rounds differently from the device's (FMA contraction; the bias corrections' pow in fp32
 // there, fp64 here), so moments and master agree to float rounding (norm-relative 1e-5); bf16
 // parameters share the stochastic rounding's random bits (llmc/bf16.h), so they are bitwise equal
-// except where the two masters straddle a rounding step (at most 1% of them). First the
-// asynchronous copies: a round trip through pinned memory, and a copy ordered after queued ops.
+// except where the two masters straddle a rounding step (at most 1% of them), and the padding
+// past the tensors stays zero. First the asynchronous copies: a round trip through pinned memory,
+// and a copy ordered after queued ops.
 void test_offload(Ops& gpu, DType dt) {
     const std::string sh = strfmt("[%s]", dtype_name(dt));
     {
@@ -944,7 +945,7 @@ void test_offload(Ops& gpu, DType dt) {
         gpu.release_host(pin);
     }
     const ModelShape s{2, 2, 32, 200, 256, 16};
-    Model a(s, gpu, dt, 2, 8, 128), b(s, gpu, dt, 2, 8, 128);
+    Model a(s, gpu, dt, 2, 8, 1024), b(s, gpu, dt, 2, 8, 1024);  // 34176 parameters padded to 34816
     a.init_random(7);
     b.init_random(7);
     const size_t n = a.padded_params;
@@ -976,6 +977,10 @@ void test_offload(Ops& gpu, DType dt) {
         report(differ <= n / 100, "offload.params_bitwise_but_rounding_straddles", sh,
                strfmt("differing=%zu of %zu", differ, n));
     }
+    size_t padding = 0;  // the buffer past the tensors stays zero
+    for (size_t i = b.num_params; i < n; i++) padding += pb[i] != 0.0f;
+    report(n > b.num_params && padding == 0, "offload.padding_untouched", sh,
+           strfmt("nonzero=%zu of %zu", padding, n - b.num_params));
 }
 
 void guarded(const std::string& what, const std::function<void()>& f) {
