@@ -18,7 +18,7 @@ describe() {
         ops) echo "build/test_gpu (op parity with the CPU backend), then under compute-sanitizer" ;;
         parity) echo "the whole model on the GPU (fp32, bf16) against the CPU backend (fp32); optimizer offload against the GPU optimizer; two processes bitwise equal" ;;
         bench) echo "GPT-2 124M and a 1.5B shape in bf16 at T=1024 (tokens/s, MFU, peak memory); 124M with optimizer offload; dev/cuda kernels" ;;
-        layouts) echo "dp, tp, pp, ZeRO-2/3, SP on the one GPU over MPI against one process; parallel.comm=nccl against mpi" ;;
+        layouts) echo "dp, tp, pp, ZeRO-2/3, SP, optimizer offload with ZeRO-1/3 on the one GPU over MPI against one process; parallel.comm=nccl against mpi" ;;
         fp8) echo "FP8 against bf16 on the 124M shape (300 steps, within 1%); FP8/bf16 tokens/s at the 1.5B shape" ;;
     esac
 }
@@ -432,12 +432,15 @@ stage_layouts() {
         export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
         ./train_gpt "$L/c.json" out_dir="$L/base" >"$L/base.txt" 2>&1
         # ZeRO-3 (parameters sharded too, gathered unit by unit) also on 4 ranks: the same global
-        # batch as the one process (grad_accum 4 / dp)
+        # batch as the one process (grad_accum 4 / dp); optimizer offload with ZeRO-1 and ZeRO-3
+        # (each rank's shard updated on the host)
         for spec in "2 dp2 parallel.dp=2 train.grad_accum=2" "2 tp2 parallel.tp=2" "2 pp2 parallel.pp=2" \
                     "2 dp2_zero2 parallel.dp=2 parallel.zero=2 train.grad_accum=2" \
                     "2 tp2_sp parallel.tp=2 parallel.sequence_parallel=true" \
                     "2 dp2_zero3 parallel.dp=2 parallel.zero=3 train.grad_accum=2" \
-                    "4 dp4_zero3 parallel.dp=4 parallel.zero=3 train.grad_accum=1"; do
+                    "4 dp4_zero3 parallel.dp=4 parallel.zero=3 train.grad_accum=1" \
+                    "2 dp2_zero1_offload parallel.dp=2 parallel.zero=1 train.grad_accum=2 train.offload_optimizer=true" \
+                    "2 dp2_zero3_offload parallel.dp=2 parallel.zero=3 train.grad_accum=2 train.offload_optimizer=true"; do
             read -r -a args <<<"$spec"
             np=${args[0]}; name=${args[1]}
             if timeout 300 mpirun --oversubscribe -np "$np" ./train_gpt "$L/c.json" "${args[@]:2}" out_dir="$L/$name" \
