@@ -210,7 +210,9 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
     }
     row("total", total, "");
     if (m.host)
-        row("host memory", m.host, "  (not in the total: offloaded optimizer, " + opt_note + ", and 3 staging pieces)");
+        row("host memory", m.host,
+            strfmt("  (not in the total: offloaded optimizer, %s, and %d staging pieces)", opt_note.c_str(),
+                   AdamW::kStageSlots));
 }
 
 // ---- plan: every start-up check, on every rank alike, before any work ----
