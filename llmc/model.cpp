@@ -506,7 +506,7 @@ void Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t) {
     Tensor x = tp.gather_rows(ln1, full);
     linear_forward(l, Fp8Linear::Qkv, qkv, Tensor(), x, param_span(k.qkv_first, k.qkv_last, l),
                    k.biases ? param(QkvB, l) : Tensor(), int(N), C, QKVl, false);
-    if (k.rope) ops.rope_forward(qkv, b, t, NHl, NKVl, HS, shape.rope_theta);
+    if (k.rope) ops.rope_forward(qkv, b, t, NHl, NKVl, HS, shape.rope_theta, SeqPositions());
     ops.attention_forward(atty, L.att_lse, qkv, b, t, NHl, NKVl, HS);
     linear_forward(l, Fp8Linear::AttnProj, partial, Tensor(), atty, param(AttnOutW, l),
                    bias_here ? param(AttnOutB, l) : Tensor(), int(N), Cl, C, false);
@@ -572,7 +572,7 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
                     L.atty.slice(0, N * Cl), param(AttnOutW, l), Tensor(), int(N), Cl, C);
     ops.attention_backward(dqkv, datty, L.qkv.slice(0, N * QKVl), L.atty.slice(0, N * Cl), L.att_lse, b, t, NHl, NKVl,
                            HS);
-    if (k.rope) ops.rope_backward(dqkv, b, t, NHl, NKVl, HS, shape.rope_theta);
+    if (k.rope) ops.rope_backward(dqkv, b, t, NHl, NKVl, HS, shape.rope_theta, SeqPositions());
     x = tp.gather_rows(L.ln1.slice(0, nl * C), full);
     linear_backward(l, Fp8Linear::Qkv, partial, grad_span(k.qkv_first, k.qkv_last, l),
                     k.biases ? grad(QkvB, l) : Tensor(), dqkv, x, param_span(k.qkv_first, k.qkv_last, l), Tensor(),

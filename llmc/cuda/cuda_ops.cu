@@ -393,11 +393,11 @@ public:
             CUDA_CHECK_LAUNCH();
         });
     }
-    void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta) override {
-        rope(qkv, B, T, NH, NKV, HS, theta, 1.0f, "rope_forward");
+    void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos) override {
+        rope(qkv, B, T, NH, NKV, HS, theta, pos, 1.0f, "rope_forward");
     }
-    void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta) override {
-        rope(dqkv, B, T, NH, NKV, HS, theta, -1.0f, "rope_backward");
+    void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos) override {
+        rope(dqkv, B, T, NH, NKV, HS, theta, pos, -1.0f, "rope_backward");
     }
     void swiglu_forward(Tensor out, Tensor inp, int N, int F) override {
         same_dtype({&out, &inp});
@@ -532,7 +532,8 @@ private:
                     strfmt("%s: n_head %d is not a positive multiple of n_kv_head %d", what, NH, NKV));
     }
     // rotary embedding of the query and key heads of qkv [B, T, NH + 2*NKV, HS]; sign +1 forward, -1 backward
-    void rope(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, float sign, const char* what) {
+    void rope(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos, float sign,
+              const char* what) {
         check_hs(HS);
         check_heads(NH, NKV, what);
         const long long pairs = (long long)B * T * (NH + NKV) * (HS / 2);
@@ -543,7 +544,7 @@ private:
         dispatch(qkv.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             rope_kernel<T_><<<blocks_for(pairs, 256), 256, 0, stream_>>>(P<T_>(qkv), T, NH + 2 * NKV, NH + NKV, HS,
-                                                                        f, sign, pairs);
+                                                                        f, pos, sign, pairs);
         });
         CUDA_CHECK_LAUNCH();
     }

@@ -533,16 +533,16 @@ void test_rope(H& h, int B, int T, int NH, int NKV, int HS, float theta) {
         const std::string name = backward ? "rope_backward" : "rope_forward";
         h.up(x, x0);
         if (backward)
-            h.cpu.rope_backward(x.c, B, T, NH, NKV, HS, theta);
+            h.cpu.rope_backward(x.c, B, T, NH, NKV, HS, theta, SeqPositions());
         else
-            h.cpu.rope_forward(x.c, B, T, NH, NKV, HS, theta);
+            h.cpu.rope_forward(x.c, B, T, NH, NKV, HS, theta, SeqPositions());
         std::vector<uint8_t> r[2];
         for (int rep = 0; rep < 2; rep++) {
             h.up_gpu(x, x0);
             if (backward)
-                h.gpu.rope_backward(x.g, B, T, NH, NKV, HS, theta);
+                h.gpu.rope_backward(x.g, B, T, NH, NKV, HS, theta, SeqPositions());
             else
-                h.gpu.rope_forward(x.g, B, T, NH, NKV, HS, theta);
+                h.gpu.rope_forward(x.g, B, T, NH, NKV, HS, theta, SeqPositions());
             r[rep] = h.raw({x});
         }
         h.det(name, sh, r[0], r[1]);
@@ -550,8 +550,8 @@ void test_rope(H& h, int B, int T, int NH, int NKV, int HS, float theta) {
     }
     if (!h.bf()) {  // in bf16 the intermediate rounding dominates
         h.up_gpu(x, x0);
-        h.gpu.rope_forward(x.g, B, T, NH, NKV, HS, theta);
-        h.gpu.rope_backward(x.g, B, T, NH, NKV, HS, theta);
+        h.gpu.rope_forward(x.g, B, T, NH, NKV, HS, theta, SeqPositions());
+        h.gpu.rope_backward(x.g, B, T, NH, NKV, HS, theta, SeqPositions());
         H::compare_vec("rope_backward_inverts_forward", sh, h.get_gpu(x), x0, 1e-5);
     }
 }
