@@ -53,6 +53,7 @@ public:
 
     int size() const { return comm_ ? comm_->size() : 1; }
     int rank() const { return comm_ ? comm_->rank() : 0; }
+    Comm* comm() const { return comm_; }
     // This rank's positions for t local rows (SeqPositions() with one rank).
     SeqPositions positions(int t) const { return cp_positions(t, size(), rank()); }
 
