@@ -230,6 +230,10 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
                           ? strfmt("sequence parallel; %s without it",
                                    human_bytes(double(model.activation_bytes_without_sp())).c_str())
                           : std::string();
+    if (model.layout.cp > 1)
+        act += std::string(act.empty() ? "" : "; ") +
+               strfmt("context parallel: %d tokens of each sequence, ring buffers; %s at cp 1", model.T,
+                      human_bytes(double(model.activation_bytes_without_cp())).c_str());
     if (model.recompute != Recompute::None)
         act += std::string(act.empty() ? "" : "; ") +
                (model.recompute == Recompute::Full ? "full recompute" : "selective recompute");

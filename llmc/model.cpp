@@ -238,6 +238,15 @@ size_t Model::activation_bytes_without_sp() const {
     return carve_activations(nullptr, shape, dtype, B, T, layout, false, recompute, chunks, s);
 }
 
+size_t Model::activation_bytes_without_cp() const {
+    std::vector<Chunk> chunks = chunks_;
+    ModelLayout whole = layout;
+    whole.cp = 1;
+    Scratch s;
+    return carve_activations(nullptr, shape, dtype, B, T * layout.cp, whole, layout.sequence_parallel, recompute,
+                             chunks, s);
+}
+
 Model::~Model() {
     ops.release(act_mem_);
     ops.release(grad_buf.ptr);

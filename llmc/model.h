@@ -111,6 +111,7 @@ public:
     int unit_of(const ParamSpec& p) const { return param_unit_[size_t(&p - params.data())]; }
     size_t activation_bytes = 0;
     size_t activation_bytes_without_sp() const;  // the same layout's activations without sequence parallelism
+    size_t activation_bytes_without_cp() const;  // ... without context parallelism (whole sequences, no ring)
 
     bool holds(Role r, int layer = -1) const;
     const ParamSpec& spec(Role r, int layer = -1) const;
