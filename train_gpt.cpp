@@ -216,8 +216,8 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
     auto row = [&](const char* name, size_t bytes, const std::string& note) {
         log.print("  %-13s %11s  %12zu B%s\n", name, human_bytes(double(bytes)).c_str(), bytes, note.c_str());
     };
-    log.print("memory per rank (ZeRO-%d over dp %d; %zu parameters padded to %zu):\n", m.zero, m.dp, num_params,
-              m.padded_params);
+    log.print("memory per rank (ZeRO-%d over dp %s%d; %zu parameters padded to %zu):\n", m.zero,
+              model.layout.cp > 1 ? "x cp " : "", m.dp, num_params, m.padded_params);
     row("parameters", m.params,
         strfmt("  (%s%s%s)", dtype_name(dtype), m.zero >= 3 ? ", shard" : "", conv.params_note().c_str()));
     row("gradients", m.grads, m.zero >= 2 ? "  (shard)" : "");
