@@ -68,13 +68,17 @@ ProcessGrid make_process_grid(const ParallelConfig& pc, int world, int rank) {
     const int tp = pc.tp, pp = pc.pp, cp = pc.cp, model_ranks = tp * pp * cp;
     if (pc.dp == 0 && world % model_ranks != 0)  // auto
         throw UserError(strfmt("parallel.dp: \"auto\" needs the world size (%d processes) to be a multiple of "
-                               "parallel.tp * parallel.pp * parallel.cp = %d",
-                               world, model_ranks));
+                               "parallel.tp * parallel.pp%s = %d",
+                               world, cp > 1 ? " * parallel.cp" : "", model_ranks));
     const int dp = pc.dp == 0 ? world / model_ranks : pc.dp;
-    if (dp * model_ranks != world)
-        throw UserError(strfmt("parallel.dp * parallel.cp * parallel.tp * parallel.pp = %d x %d x %d x %d = %d, but the "
-                               "job has %d process%s (launch with mpirun -np %d, or set parallel.dp=\"auto\")",
-                               dp, cp, tp, pp, dp * model_ranks, world, world == 1 ? "" : "es", dp * model_ranks));
+    if (dp * model_ranks != world) {  // cp named when it is in use
+        const std::string product = cp > 1 ? strfmt("parallel.dp * parallel.cp * parallel.tp * parallel.pp = %d x %d x %d x %d",
+                                                    dp, cp, tp, pp)
+                                           : strfmt("parallel.dp * parallel.tp * parallel.pp = %d x %d x %d", dp, tp, pp);
+        throw UserError(strfmt("%s = %d, but the job has %d process%s (launch with mpirun -np %d, or set "
+                               "parallel.dp=\"auto\")",
+                               product.c_str(), dp * model_ranks, world, world == 1 ? "" : "es", dp * model_ranks));
+    }
     return ProcessGrid({{pp, dp, cp, tp}}, rank);
 }
 

@@ -56,7 +56,7 @@ TEST_CASE("process grid: dp auto and mismatches are user errors", "[grid]") {
     pc.dp = 0;
     pc.tp = 2;
     pc.pp = 2;
-    CHECK_THROWS_WITH(make_process_grid(pc, 6, 0), Catch::Contains("parallel.tp * parallel.pp * parallel.cp = 4"));
+    CHECK_THROWS_WITH(make_process_grid(pc, 6, 0), Catch::Contains("parallel.tp * parallel.pp = 4"));
     g = make_process_grid(pc, 8, 5);
     CHECK((g.dp == 2 && g.tp_rank == 1 && g.dp_rank == 0 && g.pp_rank == 1));
     // context parallelism: dp auto leaves world / (tp * pp * cp); gradients reduce over dp x cp
