@@ -273,8 +273,9 @@ Plan plan_run(const Runtime& rt, int argc, char** argv) {
     if (planning) return p;  // a plan needs no device and no communicator
     p.device = resolve_device(p.cfg);
     if (pc.cp > 1 && p.device != "cpu")
-        throw UserError(strfmt("parallel.cp: %d needs device \"cpu\" (the ring attention has no CUDA kernels yet; "
-                               "device resolved to \"%s\")",
+        throw UserError(strfmt("parallel.cp: %d needs device \"cpu\" for now (device resolved to \"%s\"): the ring's "
+                               "CUDA kernels have not yet run on a GPU (test_gpu's attention_ring cases) and its "
+                               "messages are not staged from device memory",
                                pc.cp, p.device.c_str()));
     p.comm = resolve_comm(pc, p.device, rt);
     return p;

@@ -363,6 +363,44 @@ public:
         });
     }
 
+    // context parallelism's ring: the block form of the same kernels (llmc/cuda/attention.cuh)
+    void attention_block_forward(Tensor out, float* lse, Tensor qkv_q, Tensor qkv_kv, int B, int Tq, int Tk, int NH,
+                                 int NKV, int HS, SeqPositions qp, SeqPositions kp) override {
+        same_dtype({&out, &qkv_q, &qkv_kv});
+        check_hs(HS);
+        check_heads(NH, NKV, "attention_block_forward");
+        if (!B || !Tq) return;
+        LLMC_ASSERT(Tk >= 1, "attention_block_forward: an empty key block");
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            attn::attention_block_forward<T_>(P<T_>(out), lse, P<T_>(qkv_q), P<T_>(qkv_kv), B, Tq, Tk, NH, NKV, HS, qp,
+                                              kp, stream_);
+        });
+    }
+    void attention_merge(Tensor out, float* lse, Tensor blk_out, const float* blk_lse, int B, int T, int NH,
+                         int HS) override {
+        same_dtype({&out, &blk_out});
+        if (!B || !T) return;
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            attn::attention_merge<T_>(P<T_>(out), lse, P<T_>(blk_out), blk_lse, B, T, NH, HS, stream_);
+        });
+    }
+    void attention_block_backward(Tensor dq, Tensor dkv, Tensor dout, Tensor qkv_q, Tensor qkv_kv, Tensor out,
+                                  const float* lse, int B, int Tq, int Tk, int NH, int NKV, int HS, SeqPositions qp,
+                                  SeqPositions kp) override {
+        same_dtype({&dq, &dkv, &dout, &qkv_q, &qkv_kv, &out});
+        check_hs(HS);
+        check_heads(NH, NKV, "attention_block_backward");
+        if (!B || !Tq || !Tk) return;
+        float* D = static_cast<float*>(scratch(2, (size_t)B * NH * Tq * sizeof(float)));
+        dispatch(dout.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            attn::attention_block_backward<T_>(P<T_>(dq), P<T_>(dkv), P<T_>(dout), P<T_>(qkv_q), P<T_>(qkv_kv),
+                                               P<T_>(out), lse, D, B, Tq, Tk, NH, NKV, HS, qp, kp, true, stream_);
+        });
+    }
+
     // ---- Llama ops (llmc/cuda/llama.cuh) ----
     void rmsnorm_forward(Tensor out, float* rstd, Tensor inp, Tensor w, int N, int C, float eps) override {
         same_dtype({&out, &inp, &w});
