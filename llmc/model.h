@@ -11,7 +11,10 @@
 // tokens, gathered before each column-parallel block and reduce-scattered after each
 // row-parallel one. Pipeline parallelism gives a process one or more chunks (consecutive
 // layer ranges); the first stage also holds the embedding, the last the final LayerNorm and
-// the head (a copy of wte when the first stage is another process: the tied weight).
+// the head (a copy of wte when the first stage is another process: the tied weight). Context
+// parallelism (llmc/context_parallel.h) gives a rank T of each sequence's tokens (two chunks):
+// only the attention core (a ring over the CP group) and the positions (wpe rows, RoPE angles at
+// the tokens' global indices) know it.
 //
 // Memory layout of the local parameters: [wte, wpe] [chunk 0's layers] ... [lnf, (wte copy)],
 // each layer's tensors contiguous. Every ParamSpec maps its local elements to runs of the
