@@ -55,6 +55,12 @@ for fam in gpt2 llama; do
     check $fam cp2_tp2_sp 4 parallel.cp=2 parallel.tp=2 parallel.sequence_parallel=true
     check $fam cp2_pp2 4 parallel.cp=2 parallel.pp=2
 done
+# the ring merges its blocks in a fixed order: a second run is the same, bit for bit
+dp_run 4 "$W/gpt2.json" parallel.cp=4 "out_dir=$W/gpt2.cp4_again" > "$W/gpt2.cp4_again.txt" 2>&1 || die "cp4 again failed"
+cmp -s "$W/gpt2.cp4/model_00000010.bin" "$W/gpt2.cp4_again/model_00000010.bin" &&
+    [ "$(losses "$W/gpt2.cp4/log.jsonl")" = "$(losses "$W/gpt2.cp4_again/log.jsonl")" ] ||
+    die "two cp4 runs differ"
+echo "gpt2 cp4 twice: bitwise the same"
 check gpt2 cp2_tp2_recompute_full 4 parallel.cp=2 parallel.tp=2 train.recompute=full
 check llama dp2_cp2_zero3_selective 4 parallel.dp=2 parallel.cp=2 train.grad_accum=1 eval.batches=1 parallel.zero=3 \
     train.recompute=selective
@@ -82,6 +88,7 @@ resume cp2_to_cp1 2 parallel.cp=2 -- 1 parallel.cp=1
 resume cp1_to_cp2 1 parallel.cp=1 -- 2 parallel.cp=2
 
 # bad layouts: exit 2 naming the key
+expect_fail 2 "parallel.cp" "$BIN" "$W/gpt2.json" parallel.cp=0 --plan
 expect_fail 2 "parallel.cp: train.seq_len = 16 must be a multiple of 2 x parallel.cp = 6" \
     "$BIN" "$W/gpt2.json" parallel.cp=3 plan.world=3 --plan
 expect_fail 2 "parallel.sequence_parallel: train.seq_len / parallel.cp = 8 must be a multiple of parallel.tp = 16" \
