@@ -257,7 +257,8 @@ __global__ void attention_merge_kernel(T* out, float* lse, const T* blk_out, con
         wa = expf(la - L);
         wb = expf(lb - L);
     }
-    for (int d = lane; d < HS; d += 32) o[d] = from_f32<T>(wa * to_f32(o[d]) + wb * to_f32(ob[d]));
+    for (int d = lane; d < HS; d += 32)  // a running row without keys so far takes the block's as it is
+        o[d] = la == -INFINITY ? ob[d] : from_f32<T>(wa * to_f32(o[d]) + wb * to_f32(ob[d]));
     __syncwarp();  // every lane has read la before lane 0 overwrites it
     if (lane == 0) lse[li] = L;
 }
