@@ -171,7 +171,7 @@ const std::vector<Key>& schema() {
 
         [] {
             Key k = int_key("parallel.dp", FIELD(parallel.dp), 1, NONE,
-                            "data-parallel ranks, or \"auto\" = world size / (tp * pp)");
+                            "data-parallel ranks, or \"auto\" = world size / (tp * pp * cp)");
             k.auto_ok = true;
             return k;
         }(),
@@ -180,6 +180,9 @@ const std::vector<Key>& schema() {
         bool_key("parallel.sequence_parallel", FIELD(parallel.sequence_parallel),
                  "shard LayerNorm/residual activations along the tokens over the TP group"),
         int_key("parallel.pp", FIELD(parallel.pp), 1, NONE, "pipeline stages"),
+        int_key("parallel.cp", FIELD(parallel.cp), 1, NONE,
+                "context-parallel ranks: each sequence's tokens split over them, attention as a ring (train.seq_len "
+                "must divide by 2 x cp; device cpu)"),
         int_list_key("parallel.pp_layers", FIELD(parallel.pp_layers), 1,
                      "layers per pipeline stage (per chunk, in order, when interleaved); [] = balanced"),
         enum_key("parallel.pp_schedule", FIELD(parallel.pp_schedule), {"gpipe", "1f1b", "interleaved"}, {},
@@ -206,7 +209,7 @@ const std::vector<Key>& schema() {
 
         [] {
             Key k = int_key("plan.world", FIELD(plan.world), 1, NONE,
-                            "--plan: processes to plan for; \"auto\" = dp x tp x pp when parallel.dp is a "
+                            "--plan: processes to plan for; \"auto\" = dp x cp x tp x pp when parallel.dp is a "
                             "number, else 1");
             k.auto_ok = true;
             return k;

@@ -16,7 +16,7 @@ DType run_dtype(const std::string& precision, const std::string& device) {
 int plan_world(const Config& cfg) {
     const ParallelConfig& pc = cfg.parallel;
     if (cfg.plan.world > 0) return cfg.plan.world;
-    return pc.dp > 0 ? pc.dp * pc.tp * pc.pp : 1;
+    return pc.dp > 0 ? pc.dp * pc.cp * pc.tp * pc.pp : 1;
 }
 
 namespace {
@@ -65,12 +65,12 @@ MemoryPlan plan_rank_memory(const Config& cfg, const ModelShape& shape, const Pr
     const ModelLayout layout = model_layout(shape, pc, tp_rank, pp_rank);
     size_t num = 0;
     const std::vector<ParamSpec> table = param_table(shape, layout, &num);
-    const size_t padded = padded_param_count(num, DataParallel::pad_multiple(grid.dp));
+    const size_t padded = padded_param_count(num, DataParallel::pad_multiple(grid.dp_cp()));
     std::vector<int> unit_of;
     const UnitSizes units = unit_sizes(param_units(table, padded, &unit_of));
-    const size_t activations = Model::activation_bytes_of(shape, dtype, tc.micro_batch, tc.seq_len, layout,
+    const size_t activations = Model::activation_bytes_of(shape, dtype, tc.micro_batch, tc.seq_len / grid.cp, layout,
                                                           slots_of(cfg, grid, pp_rank), parse_recompute(tc.recompute));
-    return zero_memory_plan(padded, grid.dp, pc.zero, dtype_size(dtype), AdamW::keeps_master(dtype),
+    return zero_memory_plan(padded, grid.dp_cp(), pc.zero, dtype_size(dtype), AdamW::keeps_master(dtype),
                             DataParallel::bucket_elems_for(pc.bucket_mb, padded), activations, units,
                             tc.offload_optimizer);
 }
@@ -124,6 +124,7 @@ json plan_json(const Config& cfg, const ModelShape& shape, const ProcessGrid& gr
     const double tokens = tokens_per_step(cfg, grid);
     return {{"world", grid.world},
             {"dp", grid.dp},
+            {"cp", grid.cp},
             {"tp", grid.tp},
             {"pp", grid.pp},
             {"zero", pc.zero},
@@ -161,8 +162,8 @@ std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessG
         const int p0 = kind["ranks"][0][0];
         std::string in_flight;
         for (int n : slots_of(cfg, grid, p0)) in_flight += strfmt("%s%d", in_flight.empty() ? "" : ", ", std::max(1, n));
-        s += strfmt("rank kind %zu of %zu, each on %d DP rank%s: %s\n", k + 1, kinds.size(), grid.dp,
-                    grid.dp == 1 ? "" : "s", where.c_str());
+        s += strfmt("rank kind %zu of %zu, each on %d DP%s rank%s: %s\n", k + 1, kinds.size(), grid.dp_cp(),
+                    grid.cp > 1 ? " x CP" : "", grid.dp_cp() == 1 ? "" : "s", where.c_str());
         for (const Category& c : kCategories) {
             if (c.bytes == &MemoryPlan::host) continue;  // after the total
             const size_t b = kind[c.key];

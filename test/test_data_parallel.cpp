@@ -59,6 +59,16 @@ TEST_CASE("process grid: dp auto and mismatches are user errors", "[grid]") {
     CHECK_THROWS_WITH(make_process_grid(pc, 6, 0), Catch::Contains("parallel.tp * parallel.pp = 4"));
     g = make_process_grid(pc, 8, 5);
     CHECK((g.dp == 2 && g.tp_rank == 1 && g.dp_rank == 0 && g.pp_rank == 1));
+    // context parallelism: dp auto leaves world / (tp * pp * cp); gradients reduce over dp x cp
+    pc.pp = 1;
+    pc.cp = 2;
+    g = make_process_grid(pc, 8, 6);  // rank 6 = dp 1, cp 1, tp 0
+    CHECK((g.dp == 2 && g.cp == 2 && g.dp_rank == 1 && g.cp_rank == 1 && g.tp_rank == 0));
+    CHECK((g.dp_cp() == 4 && g.dp_cp_rank() == 3));
+    CHECK_THROWS_WITH(make_process_grid(pc, 6, 0), Catch::Contains("parallel.tp * parallel.pp * parallel.cp = 4"));
+    pc.dp = 1;
+    CHECK_THROWS_WITH(make_process_grid(pc, 8, 0),
+                      Catch::Contains("parallel.dp * parallel.cp * parallel.tp * parallel.pp = 1 x 2 x 2 x 1 = 4"));
 }
 
 TEST_CASE("config: parallel.dp takes an integer or \"auto\"", "[grid]") {

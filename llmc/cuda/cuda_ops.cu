@@ -401,6 +401,44 @@ public:
         });
     }
 
+    // context parallelism's ring: the block form of the same kernels (llmc/cuda/attention.cuh)
+    void attention_block_forward(Tensor out, float* lse, Tensor qkv_q, Tensor qkv_kv, int B, int Tq, int Tk, int NH,
+                                 int NKV, int HS, SeqPositions qp, SeqPositions kp) override {
+        same_dtype({&out, &qkv_q, &qkv_kv});
+        check_hs(HS);
+        check_heads(NH, NKV, "attention_block_forward");
+        if (!B || !Tq) return;
+        LLMC_ASSERT(Tk >= 1, "attention_block_forward: an empty key block");
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            attn::attention_block_forward<T_>(P<T_>(out), lse, P<T_>(qkv_q), P<T_>(qkv_kv), B, Tq, Tk, NH, NKV, HS, qp,
+                                              kp, stream_);
+        });
+    }
+    void attention_merge(Tensor out, float* lse, Tensor blk_out, const float* blk_lse, int B, int T, int NH,
+                         int HS) override {
+        same_dtype({&out, &blk_out});
+        if (!B || !T) return;
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            attn::attention_merge<T_>(P<T_>(out), lse, P<T_>(blk_out), blk_lse, B, T, NH, HS, stream_);
+        });
+    }
+    void attention_block_backward(Tensor dq, Tensor dkv, Tensor dout, Tensor qkv_q, Tensor qkv_kv, Tensor out,
+                                  const float* lse, int B, int Tq, int Tk, int NH, int NKV, int HS, SeqPositions qp,
+                                  SeqPositions kp) override {
+        same_dtype({&dq, &dkv, &dout, &qkv_q, &qkv_kv, &out});
+        check_hs(HS);
+        check_heads(NH, NKV, "attention_block_backward");
+        if (!B || !Tq || !Tk) return;
+        float* D = static_cast<float*>(scratch(2, (size_t)B * NH * Tq * sizeof(float)));
+        dispatch(dout.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            attn::attention_block_backward<T_>(P<T_>(dq), P<T_>(dkv), P<T_>(dout), P<T_>(qkv_q), P<T_>(qkv_kv),
+                                               P<T_>(out), lse, D, B, Tq, Tk, NH, NKV, HS, qp, kp, true, stream_);
+        });
+    }
+
     // ---- Llama ops (llmc/cuda/llama.cuh) ----
     void rmsnorm_forward(Tensor out, float* rstd, Tensor inp, Tensor w, int N, int C, float eps) override {
         same_dtype({&out, &inp, &w});
@@ -431,11 +469,11 @@ public:
             CUDA_CHECK_LAUNCH();
         });
     }
-    void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta) override {
-        rope(qkv, B, T, NH, NKV, HS, theta, 1.0f, "rope_forward");
+    void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos) override {
+        rope(qkv, B, T, NH, NKV, HS, theta, pos, 1.0f, "rope_forward");
     }
-    void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta) override {
-        rope(dqkv, B, T, NH, NKV, HS, theta, -1.0f, "rope_backward");
+    void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos) override {
+        rope(dqkv, B, T, NH, NKV, HS, theta, pos, -1.0f, "rope_backward");
     }
     void swiglu_forward(Tensor out, Tensor inp, int N, int F) override {
         same_dtype({&out, &inp});
@@ -570,7 +608,8 @@ private:
                     strfmt("%s: n_head %d is not a positive multiple of n_kv_head %d", what, NH, NKV));
     }
     // rotary embedding of the query and key heads of qkv [B, T, NH + 2*NKV, HS]; sign +1 forward, -1 backward
-    void rope(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, float sign, const char* what) {
+    void rope(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos, float sign,
+              const char* what) {
         check_hs(HS);
         check_heads(NH, NKV, what);
         const long long pairs = (long long)B * T * (NH + NKV) * (HS / 2);
@@ -581,7 +620,7 @@ private:
         dispatch(qkv.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             rope_kernel<T_><<<blocks_for(pairs, 256), 256, 0, stream_>>>(P<T_>(qkv), T, NH + 2 * NKV, NH + NKV, HS,
-                                                                        f, sign, pairs);
+                                                                        f, pos, sign, pairs);
         });
         CUDA_CHECK_LAUNCH();
     }
