@@ -150,6 +150,10 @@ const std::vector<Key>& schema() {
                  "activation recomputation: none; selective = keep the linear layers' inputs, recompute the "
                  "attention core and the MLP activation in backward; full = keep each layer's input, recompute the "
                  "layer in backward (bitwise the same training, less activation memory)"),
+        bool_key("train.offload_optimizer", FIELD(train.offload_optimizer),
+                 "AdamW's moments and master weights in host memory (pinned on CUDA), the update on the host "
+                 "(every ZeRO stage: each rank its shard); gradients stream down and parameters up in pieces of "
+                 "parallel.bucket_mb"),
 
         int_key("eval.every", FIELD(eval.every), 0, NONE, "validation every N steps (0 = off)"),
         int_key("eval.batches", FIELD(eval.batches), 0, 1e6, "micro-batches per validation"),
@@ -167,7 +171,7 @@ const std::vector<Key>& schema() {
 
         [] {
             Key k = int_key("parallel.dp", FIELD(parallel.dp), 1, NONE,
-                            "data-parallel ranks, or \"auto\" = world size / (tp * pp)");
+                            "data-parallel ranks, or \"auto\" = world size / (tp * pp * cp)");
             k.auto_ok = true;
             return k;
         }(),
@@ -176,6 +180,9 @@ const std::vector<Key>& schema() {
         bool_key("parallel.sequence_parallel", FIELD(parallel.sequence_parallel),
                  "shard LayerNorm/residual activations along the tokens over the TP group"),
         int_key("parallel.pp", FIELD(parallel.pp), 1, NONE, "pipeline stages"),
+        int_key("parallel.cp", FIELD(parallel.cp), 1, NONE,
+                "context-parallel ranks: each sequence's tokens split over them, attention as a ring (train.seq_len "
+                "must divide by 2 x cp; device cpu)"),
         int_list_key("parallel.pp_layers", FIELD(parallel.pp_layers), 1,
                      "layers per pipeline stage (per chunk, in order, when interleaved); [] = balanced"),
         enum_key("parallel.pp_schedule", FIELD(parallel.pp_schedule), {"gpipe", "1f1b", "interleaved"}, {},
@@ -202,7 +209,7 @@ const std::vector<Key>& schema() {
 
         [] {
             Key k = int_key("plan.world", FIELD(plan.world), 1, NONE,
-                            "--plan: processes to plan for; \"auto\" = dp x tp x pp when parallel.dp is a "
+                            "--plan: processes to plan for; \"auto\" = dp x cp x tp x pp when parallel.dp is a "
                             "number, else 1");
             k.auto_ok = true;
             return k;

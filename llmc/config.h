@@ -49,6 +49,7 @@ struct TrainConfig {
     int seed = 1337;
     int max_bad_steps = 8;  // consecutive non-finite (skipped) steps that end the run
     std::string recompute = "none";  // none | selective | full: activations recomputed in backward
+    bool offload_optimizer = false;  // AdamW's state and update on the host (llmc/optimizer.h)
 };
 
 struct EvalConfig {
@@ -77,10 +78,11 @@ struct CheckpointConfig {
 
 // Process layout: world = dp x tp x pp (tp fastest, then dp, then pp; see llmc/process_grid.h).
 struct ParallelConfig {
-    int dp = 0;                 // data-parallel ranks; 0 = "auto" (world / (tp * pp))
+    int dp = 0;                 // data-parallel ranks; 0 = "auto" (world / (tp * pp * cp))
     int tp = 1;                 // tensor-parallel ranks (Megatron column/row split; n_head % tp == 0)
     bool sequence_parallel = false;  // LayerNorm/residual regions sharded along the tokens over TP
     int pp = 1;                 // pipeline stages
+    int cp = 1;                 // context-parallel ranks (every sequence split over them; ring attention)
     std::vector<int> pp_layers;      // layers per stage (and per chunk when interleaved); empty = balanced
     std::string pp_schedule = "1f1b";  // gpipe | 1f1b | interleaved
     int pp_virtual = 1;         // model chunks per pipeline rank (interleaved)

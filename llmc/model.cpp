@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "llmc/context_parallel.h"
 #include "llmc/rng.h"
 #include "llmc/tensor_parallel.h"
 
@@ -38,6 +39,10 @@ struct Model::Scratch {
     Tensor dpre;             // [N, 2F/tp]: the gradient of the gated MLP's input (SwiGLU)
     Tensor ln_grads;         // [2C]: one LayerNorm's weight and bias gradients before the TP reduction (SP)
     float* stats = nullptr;  // [N, 3]: vocabulary-parallel cross-entropy statistics
+    // Context parallelism (cp > 1): the ring's blocks in flight, and this rank's rows of the
+    // position table and of its gradient ([T, C]: learned positions only).
+    RingBuffers ring;
+    Tensor wpe, dwpe;
     // Recompute: the buffers of a layer's activations that every layer shares (the attention core's
     // and the activation's outputs with Selective; a whole set with Full), empty otherwise.
     LayerActs recomputed{};
@@ -73,18 +78,23 @@ Recompute parse_recompute(const std::string& name) {
 }
 
 Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, ParamStore& store, const ModelLayout& lay,
-           TensorParallel* tp, std::vector<int> slots, Recompute rc)
+           TensorParallel* tp, std::vector<int> slots, Recompute rc, ContextParallel* cp)
     : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), recompute(rc), params(store.layout()),
-      block_(block_of(s.arch)), tp_(tp), store_(store) {
+      block_(block_of(s.arch)), tp_(tp), store_(store), cp_(cp) {
     if (!tp_) {
         own_tp_.reset(new TensorParallel(ops, nullptr, false));
         tp_ = own_tp_.get();
     }
+    if (!cp_) {
+        own_cp_.reset(new ContextParallel(ops, nullptr));
+        cp_ = own_cp_.get();
+    }
+    LLMC_ASSERT(lay.cp == cp_->size(), "layout and CP group disagree");
     LLMC_ASSERT(s.d_model % s.n_head == 0, "d_model must divide by n_head");
     LLMC_ASSERT(s.padded_vocab >= s.vocab_size, "padded vocab too small");
     LLMC_ASSERT(lay.tp == tp_->size() && lay.tp_rank == tp_->rank(), "layout and TP group disagree");
     LLMC_ASSERT(!lay.sequence_parallel || lay.tp == 1 || tp_->sequence_parallel(), "SP flag mismatch");
-    check_model_layout(s, lay, t);
+    check_model_layout(s, lay, t * lay.cp);
     size_t local = 0;
     LLMC_ASSERT(param_table(s, lay, &local).size() == params.specs.size() && local == params.num_params,
                 "the store's parameter layout is not this shape's under this layout");
@@ -203,6 +213,16 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
     if (block.swiglu) S.dpre = cv.take(N * PREl, dt);
     S.ln_grads = cv.take(2 * C, dt);
     S.stats = cv.take_f32(3 * N);
+    if (layout.cp > 1) {
+        for (int i = 0; i < 2; i++) S.ring.kv[i] = cv.take(N * QKVl, dt);
+        for (int i = 0; i < 2; i++) S.ring.dkv[i] = cv.take(N * QKVl, dt);
+        S.ring.blk_out = cv.take(N * Cl, dt);
+        S.ring.blk_lse = cv.take_f32(N * NHl);
+        if (block.learned_positions) {
+            S.wpe = cv.take(size_t(T) * C, dt);
+            S.dwpe = cv.take(size_t(T) * C, dt);
+        }
+    }
     return cv.used;
 }
 
@@ -210,6 +230,15 @@ size_t Model::activation_bytes_without_sp() const {
     std::vector<Chunk> chunks = chunks_;
     Scratch s;
     return carve_activations(nullptr, shape, dtype, B, T, layout, false, recompute, chunks, s);
+}
+
+size_t Model::activation_bytes_without_cp() const {
+    std::vector<Chunk> chunks = chunks_;
+    ModelLayout whole = layout;
+    whole.cp = 1;
+    Scratch s;
+    return carve_activations(nullptr, shape, dtype, B, T * layout.cp, whole, layout.sequence_parallel, recompute,
+                             chunks, s);
 }
 
 Model::~Model() {
@@ -494,8 +523,8 @@ void Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t) {
     Tensor x = tp.gather_rows(ln1, full);
     linear_forward(l, Fp8Linear::Qkv, qkv, Tensor(), x, param_span(k.qkv_first, k.qkv_last, l),
                    k.biases ? param(QkvB, l) : Tensor(), int(N), C, QKVl, false);
-    if (k.rope) ops.rope_forward(qkv, b, t, NHl, NKVl, HS, shape.rope_theta);
-    ops.attention_forward(atty, L.att_lse, qkv, b, t, NHl, NKVl, HS);
+    if (k.rope) ops.rope_forward(qkv, b, t, NHl, NKVl, HS, shape.rope_theta, cp_->positions(t));
+    cp_->attention_forward(atty, L.att_lse, qkv, b, t, NHl, NKVl, HS, S.ring);
     linear_forward(l, Fp8Linear::AttnProj, partial, Tensor(), atty, param(AttnOutW, l),
                    bias_here ? param(AttnOutB, l) : Tensor(), int(N), Cl, C, false);
     Tensor y = tp.reduce_rows(partial, rows);
@@ -533,7 +562,8 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
     Tensor dact = S.dfch.slice(0, N * Fl), dqkv = S.dqkv.slice(0, N * QKVl), datty = S.datty.slice(0, N * Cl);
     Tensor pre = L.fch_pre.slice(0, N * (k.swiglu ? 2 : 1) * Fl), act = L.fch_gelu.slice(0, N * Fl);
     if (recompute == Recompute::Selective) {  // the attention core and the activation again, into the shared buffers
-        ops.attention_forward(L.atty.slice(0, N * Cl), L.att_lse, L.qkv.slice(0, N * QKVl), b, t, NHl, NKVl, HS);
+        cp_->attention_forward(L.atty.slice(0, N * Cl), L.att_lse, L.qkv.slice(0, N * QKVl), b, t, NHl, NKVl, HS,
+                               S.ring);
         if (k.swiglu) ops.swiglu_forward(act, pre, int(N), Fl);
         else ops.gelu_forward(act, pre);
     }
@@ -558,9 +588,9 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
     dy = tp.gather_rows(dres, full_grad);
     linear_backward(l, Fp8Linear::AttnProj, datty, grad(AttnOutW, l), k.biases ? grad(AttnOutB, l) : Tensor(), dy,
                     L.atty.slice(0, N * Cl), param(AttnOutW, l), Tensor(), int(N), Cl, C);
-    ops.attention_backward(dqkv, datty, L.qkv.slice(0, N * QKVl), L.atty.slice(0, N * Cl), L.att_lse, b, t, NHl, NKVl,
-                           HS);
-    if (k.rope) ops.rope_backward(dqkv, b, t, NHl, NKVl, HS, shape.rope_theta);
+    cp_->attention_backward(dqkv, datty, L.qkv.slice(0, N * QKVl), L.atty.slice(0, N * Cl), L.att_lse, b, t, NHl,
+                            NKVl, HS, S.ring);
+    if (k.rope) ops.rope_backward(dqkv, b, t, NHl, NKVl, HS, shape.rope_theta, cp_->positions(t));
     x = tp.gather_rows(L.ln1.slice(0, nl * C), full);
     linear_backward(l, Fp8Linear::Qkv, partial, grad_span(k.qkv_first, k.qkv_last, l),
                     k.biases ? grad(QkvB, l) : Tensor(), dqkv, x, param_span(k.qkv_first, k.qkv_last, l), Tensor(),
@@ -630,6 +660,27 @@ void Model::head_backward(SlotActs& sa, Tensor res, int b, int t) {
     release_params(head_unit_);
 }
 
+// Context parallelism: this rank's t rows of wpe (its two chunks' positions) in one table.
+Tensor Model::positions_table(int t) {
+    if (cp_->size() == 1) return param(PosEmb);
+    const SeqPositions p = cp_->positions(t);
+    const size_t C = shape.d_model, half = size_t(t) / 2;
+    Tensor wpe = param(PosEmb), rows = scratch_->wpe.slice(0, size_t(t) * C);
+    ops.copy(rows.slice(0, half * C), wpe.slice(size_t(p.start0) * C, half * C));
+    ops.copy(rows.slice(half * C, half * C), wpe.slice(size_t(p.start1) * C, half * C));
+    return rows;
+}
+
+// Adds the gradient of this rank's rows of wpe (positions_table) to wpe's gradient.
+void Model::scatter_positions_grad(Tensor drows, int t) {
+    const SeqPositions p = cp_->positions(t);
+    const size_t C = shape.d_model, half = size_t(t) / 2;
+    for (int k = 0; k < 2; k++) {
+        Tensor g = grad(PosEmb).slice(size_t(k == 0 ? p.start0 : p.start1) * C, half * C);
+        ops.residual_forward(g, g, drows.slice(size_t(k) * half * C, half * C));
+    }
+}
+
 float Model::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t* targets, int b, int t, float dloss) {
     LLMC_ASSERT(b >= 1 && b <= B && t >= 1 && t <= T, "forward: batch larger than the activation buffers");
     TensorParallel& tp = *tp_;
@@ -646,7 +697,7 @@ float Model::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t
         ops.from_host_bytes(sa.tokens, tokens, N * sizeof(int32_t));
         const int v0 = vocab_begin_of(shape, layout);
         acquire_params(embed_unit_);
-        Tensor wpe = block_.learned_positions && tp.rank() == 0 ? param(PosEmb) : Tensor();
+        Tensor wpe = block_.learned_positions && tp.rank() == 0 ? positions_table(t) : Tensor();
         if (tp.sequence_parallel()) {
             Tensor partial = scratch_->partial.slice(0, N * C);
             ops.encoder_forward(partial, sa.tokens, param(TokEmb), wpe, b, t, C, v0);
@@ -704,7 +755,11 @@ void Model::backward_chunk(int c, int slot, const std::function<void(size_t)>& g
         Tensor dres = scratch_->dresidual.slice(0, nl * C);
         Tensor d = tp.gather_rows(dres, scratch_->full_grad.slice(0, N * C));
         acquire_grads(embed_unit_);
-        ops.encoder_backward(grad(TokEmb), block_.learned_positions ? grad(PosEmb) : Tensor(), d, sa.tokens, b, t, C, vocab_begin_of(shape, layout));
+        const bool rows = block_.learned_positions && cp_->size() > 1;  // this rank's rows of wpe, gathered
+        Tensor dwpe = !block_.learned_positions ? Tensor() : rows ? scratch_->dwpe.slice(0, size_t(t) * C) : grad(PosEmb);
+        if (rows) ops.zero(dwpe);
+        ops.encoder_backward(grad(TokEmb), dwpe, d, sa.tokens, b, t, C, vocab_begin_of(shape, layout));
+        if (rows) scatter_positions_grad(dwpe, t);
         release_grads(embed_unit_);
         if (grads_ready) grads_ready(0);
     }

@@ -11,7 +11,10 @@
 // tokens, gathered before each column-parallel block and reduce-scattered after each
 // row-parallel one. Pipeline parallelism gives a process one or more chunks (consecutive
 // layer ranges); the first stage also holds the embedding, the last the final LayerNorm and
-// the head (a copy of wte when the first stage is another process: the tied weight).
+// the head (a copy of wte when the first stage is another process: the tied weight). Context
+// parallelism (llmc/context_parallel.h) gives a rank T of each sequence's tokens (two chunks):
+// only the attention core (a ring over the CP group) and the positions (wpe rows, RoPE angles at
+// the tokens' global indices) know it.
 //
 // Memory layout of the local parameters: [wte, wpe] [chunk 0's layers] ... [lnf, (wte copy)],
 // each layer's tensors contiguous. Every ParamSpec maps its local elements to runs of the
@@ -40,6 +43,7 @@
 #include "llmc/tensor.h"
 
 class TensorParallel;
+class ContextParallel;
 
 // Which activations a layer keeps for its backward (train.recompute).
 enum class Recompute {
@@ -55,10 +59,12 @@ class Model : public PipelineStage {
 public:
     // store: where the parameters and gradients live; its layout must be this shape's under
     // `layout` (param_layout). slots: activation sets per chunk (micro-batches in flight; empty =
-    // one each). tp: the TP group (null = tp 1).
+    // one each). tp: the TP group (null = tp 1). cp: the context-parallel group (null = cp 1); T is
+    // then this rank's T / cp tokens of each sequence (llmc/context_parallel.h: two chunks, at
+    // their global positions).
     Model(const ModelShape& shape, Ops& ops, DType dtype, int B, int T, ParamStore& store,
           const ModelLayout& layout = ModelLayout(), TensorParallel* tp = nullptr, std::vector<int> slots = {},
-          Recompute recompute = Recompute::None);
+          Recompute recompute = Recompute::None, ContextParallel* cp = nullptr);
     // The bytes of activations such a model allocates (activation_bytes), without building it.
     static size_t activation_bytes_of(const ModelShape& shape, DType dtype, int B, int T, const ModelLayout& layout,
                                       const std::vector<int>& slots, Recompute recompute);
@@ -76,6 +82,7 @@ public:
     const ParamLayout& params;  // the store's: this rank's tensors in memory order, its units
     size_t activation_bytes = 0;
     size_t activation_bytes_without_sp() const;  // the same layout's activations without sequence parallelism
+    size_t activation_bytes_without_cp() const;  // ... without context parallelism (whole sequences, no ring)
 
     bool holds(Role r, int layer = -1) const;
     const ParamSpec& spec(Role r, int layer = -1) const;
@@ -175,6 +182,7 @@ private:
     };
     TensorParallel* tp_;
     ParamStore& store_;
+    ContextParallel* cp_;
     std::vector<int> layer_unit_;  // layer -> unit, -1 when not held
     int embed_unit_ = -1, head_unit_ = -1;
     std::vector<Tensor> unit_params_, unit_grads_;  // a unit's buffers while acquired
@@ -183,6 +191,7 @@ private:
     void release_unit(int unit, bool grads);
     void units_to_whole(bool grads, float* host);
     std::unique_ptr<TensorParallel> own_tp_;  // a group of one when no TP group is given
+    std::unique_ptr<ContextParallel> own_cp_;  // likewise for CP
     std::vector<int> lookup_;  // (role, layer + 1) -> index into params, -1 when not held
     std::vector<Chunk> chunks_;
     Scratch* scratch_ = nullptr;
@@ -196,6 +205,8 @@ private:
                                     const ModelLayout& layout, bool sequence_parallel, Recompute recompute,
                                     std::vector<Chunk>& chunks, Scratch& s);
 
+    Tensor positions_table(int t);                   // this rank's rows of wpe (context parallelism)
+    void scatter_positions_grad(Tensor drows, int t);  // and their gradient into wpe's
     void layer_forward(int l, LayerActs& L, Tensor res_in, int b, int t);
     void layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t);
     // One of layer l's linears: matmul_forward / matmul_backward, or their fp8 ops (set_fp8).

@@ -47,9 +47,12 @@ void check_model_layout(const ModelShape& s, const ModelLayout& L, int T) {
     if (s.ffn() % tp != 0)
         throw UserError(strfmt("parallel.tp: %d does not divide model.ffn_dim = %d (the MLP is split by columns)",
                                tp, s.ffn()));
-    if (L.sequence_parallel && tp > 1 && T % tp != 0)
-        throw UserError(strfmt("parallel.sequence_parallel: train.seq_len = %d must be a multiple of parallel.tp "
-                               "= %d (the tokens are split evenly)", T, tp));
+    if (L.cp > 1 && T % (2 * L.cp) != 0)
+        throw UserError(strfmt("parallel.cp: train.seq_len = %d must be a multiple of 2 x parallel.cp = %d (each "
+                               "context-parallel rank holds two equal chunks of every sequence)", T, 2 * L.cp));
+    if (L.sequence_parallel && tp > 1 && (T / L.cp) % tp != 0)
+        throw UserError(strfmt("parallel.sequence_parallel: train.seq_len / parallel.cp = %d must be a multiple of "
+                               "parallel.tp = %d (the tokens are split evenly)", T / L.cp, tp));
     for (const auto& c : layout_chunks(s, L))
         LLMC_ASSERT(c.first >= 0 && c.first < c.second && c.second <= s.n_layer, "bad chunk layer range");
 }

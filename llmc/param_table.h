@@ -92,6 +92,7 @@ double num_params_double(const ModelShape& s);
 struct ModelLayout {
     int tp = 1, tp_rank = 0;
     bool sequence_parallel = false;
+    int cp = 1;  // context-parallel ranks: the activations hold T / cp tokens of each sequence
     std::vector<std::pair<int, int>> chunks;  // [begin, end) layers of each chunk, in order; empty = all, one chunk
     bool first = true;  // holds the embedding (runs the pipeline's first chunk as its chunk 0)
     bool last = true;   // holds the final norm and the head (runs the pipeline's last chunk as its last)
@@ -174,5 +175,6 @@ struct ParamLayout {
 ParamLayout param_layout(const ModelShape& s, const ModelLayout& layout, size_t pad_multiple);
 
 // Checks that a layout can split this shape; throws UserError naming the config key.
-// T: the sequence length (sequence parallelism splits each sequence's tokens evenly).
+// T: the whole sequence length (context parallelism cuts it into 2 x cp chunks, then sequence
+// parallelism splits each rank's T / cp tokens evenly over TP).
 void check_model_layout(const ModelShape& s, const ModelLayout& layout, int T);

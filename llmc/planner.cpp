@@ -17,7 +17,7 @@ DType run_dtype(const std::string& precision, const std::string& device) {
 int plan_world(const Config& cfg) {
     const ParallelConfig& pc = cfg.parallel;
     if (cfg.plan.world > 0) return cfg.plan.world;
-    return pc.dp > 0 ? pc.dp * pc.tp * pc.pp : 1;
+    return pc.dp > 0 ? pc.dp * pc.cp * pc.tp * pc.pp : 1;
 }
 
 namespace {
@@ -44,6 +44,7 @@ const Category kCategories[] = {
     {"unit_params", "unit params", &MemoryPlan::unit_params},
     {"unit_grads", "unit grads", &MemoryPlan::unit_grads},
     {"activations", "activations", &MemoryPlan::activations},
+    {"host", "host memory", &MemoryPlan::host},  // last: not in the total
 };
 
 bool same_bytes(const MemoryPlan& a, const MemoryPlan& b) {
@@ -63,13 +64,14 @@ MemoryPlan plan_rank_memory(const Config& cfg, const ModelShape& shape, const Pr
     const ParallelConfig& pc = cfg.parallel;
     const TrainConfig& tc = cfg.train;
     const ModelLayout layout = model_layout(shape, pc, tp_rank, pp_rank);
-    const ParamLayout params = param_layout(shape, layout, DataParallel::pad_multiple(grid.dp));
+    const ParamLayout params = param_layout(shape, layout, DataParallel::pad_multiple(grid.dp_cp()));
     const size_t padded = params.padded_params;
     const UnitSizes units = unit_sizes(params.units);
-    const size_t activations = Model::activation_bytes_of(shape, dtype, tc.micro_batch, tc.seq_len, layout,
+    const size_t activations = Model::activation_bytes_of(shape, dtype, tc.micro_batch, tc.seq_len / grid.cp, layout,
                                                           slots_of(cfg, grid, pp_rank), parse_recompute(tc.recompute));
-    return zero_memory_plan(padded, grid.dp, pc.zero, dtype_size(dtype), AdamW::keeps_master(dtype),
-                            DataParallel::bucket_elems_for(pc.bucket_mb, padded), activations, units);
+    return zero_memory_plan(padded, grid.dp_cp(), pc.zero, dtype_size(dtype), AdamW::keeps_master(dtype),
+                            DataParallel::bucket_elems_for(pc.bucket_mb, padded), activations, units,
+                            tc.offload_optimizer);
 }
 
 std::vector<RankMemory> plan_memory(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype) {
@@ -121,6 +123,7 @@ json plan_json(const Config& cfg, const ModelShape& shape, const ProcessGrid& gr
     const double tokens = tokens_per_step(cfg, grid);
     return {{"world", grid.world},
             {"dp", grid.dp},
+            {"cp", grid.cp},
             {"tp", grid.tp},
             {"pp", grid.pp},
             {"zero", pc.zero},
@@ -158,9 +161,10 @@ std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessG
         const int p0 = kind["ranks"][0][0];
         std::string in_flight;
         for (int n : slots_of(cfg, grid, p0)) in_flight += strfmt("%s%d", in_flight.empty() ? "" : ", ", std::max(1, n));
-        s += strfmt("rank kind %zu of %zu, each on %d DP rank%s: %s\n", k + 1, kinds.size(), grid.dp,
-                    grid.dp == 1 ? "" : "s", where.c_str());
+        s += strfmt("rank kind %zu of %zu, each on %d DP%s rank%s: %s\n", k + 1, kinds.size(), grid.dp_cp(),
+                    grid.cp > 1 ? " x CP" : "", grid.dp_cp() == 1 ? "" : "s", where.c_str());
         for (const Category& c : kCategories) {
+            if (c.bytes == &MemoryPlan::host) continue;  // after the total
             const size_t b = kind[c.key];
             std::string note;
             if (std::string(c.key) == "activations")
@@ -169,6 +173,9 @@ std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessG
         }
         const size_t total = kind["total"];
         s += strfmt("  %-13s %11s  %14zu B\n", "total", human_bytes(double(total)).c_str(), total);
+        const size_t host = kind["host"];
+        s += strfmt("  %-13s %11s  %14zu B%s\n", "host memory", human_bytes(double(host)).c_str(), host,
+                    tc.offload_optimizer ? "  (not in the total: the offloaded optimizer and its staging)" : "");
     }
     return s;
 }

@@ -5,9 +5,11 @@
 // the run's allocation, byte for byte; a run logs what it allocated as the first record of
 // log.jsonl ({"memory": memory_json(...)}) and test/e2e/test_plan.sh compares the two.
 //
-// Not in the plan: the FP8 converter's scales and amax histories (its memory rows), host buffers
-// (pipeline messages, staging of MPI over CUDA), the backend's own workspaces (cuBLAS), and the
-// allocator's rounding and fragmentation.
+// Host memory: the plan's "host" category is the offloaded optimizer (train.offload_optimizer) and
+// its staging, outside the total (the backend's memory).
+// Not in the plan: the FP8 converter's scales and amax histories (its memory rows), other host
+// buffers (pipeline messages, staging of MPI over CUDA), the backend's own workspaces (cuBLAS), and
+// the allocator's rounding and fragmentation.
 #pragma once
 #include <string>
 #include <vector>
@@ -24,7 +26,8 @@ DType run_dtype(const std::string& precision, const std::string& device);
 
 // plan.world, "auto" resolved: dp x tp x pp when parallel.dp is a number, else 1.
 int plan_world(const Config& cfg);
-// Tokens of one optimizer step over the job: micro_batch x seq_len x grad_accum x dp.
+// Tokens of one optimizer step over the job: micro_batch x seq_len x grad_accum x dp (the cp
+// ranks of a DP rank share its sequences).
 double tokens_per_step(const Config& cfg, const ProcessGrid& grid);
 
 // One rank position of a layout (DP ranks of a position allocate alike) and its memory.
@@ -33,7 +36,8 @@ struct RankMemory {
     MemoryPlan mem;
 };
 
-// What the rank at (pp_rank, tp_rank) allocates under cfg, over grid.dp DP ranks, in dtype.
+// What the rank at (pp_rank, tp_rank) allocates under cfg, over grid.dp x grid.cp ranks (ZeRO's
+// group; each holding seq_len / cp tokens of every sequence), in dtype.
 MemoryPlan plan_rank_memory(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype,
                             int pp_rank, int tp_rank);
 

@@ -42,7 +42,20 @@ for fam in gpt2 llama; do
     check "$fam" tp2_sp 2 parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true
     check "$fam" pp2 2 parallel.dp=1 parallel.pp=2
     check "$fam" dp2_tp2_pp2 8 "${dp2x2x2[@]}" train.recompute=selective
+    check "$fam" dp2_cp2_zero2 4 parallel.dp=2 parallel.cp=2 parallel.zero=2
+    check "$fam" cp2_tp2_sp_pp2 8 parallel.dp=1 parallel.cp=2 parallel.tp=2 parallel.sequence_parallel=true parallel.pp=2
 done
+# context parallelism holds seq_len / cp tokens of each sequence: fewer activation bytes per rank
+# than the same layout at cp 1, and the memory table says how many at cp 1
+act() { "$BIN" "$W/llama.json" "$@" --plan=json | jq '.memory[0].activations'; }
+a1=$(act parallel.dp=2 parallel.zero=2 plan.world=2)
+a2=$(act parallel.dp=2 parallel.cp=2 parallel.zero=2 plan.world=4)
+a4=$(act parallel.dp=2 parallel.cp=4 parallel.zero=2 plan.world=8)
+[ "$a4" -lt "$a2" ] && [ "$a2" -lt "$a1" ] || die "activations at cp 1, 2, 4: $a1 $a2 $a4 B do not shrink"
+"$BIN" "$W/gpt2.json" parallel.dp=2 parallel.cp=2 plan.world=4 --plan | grep -q 'world 4 = dp 2 x cp 2 x tp 1 x pp 1' ||
+    die "the text plan does not name cp"
+grep -q 'activations .*(context parallel: 8 tokens of each sequence, ring buffers; .* at cp 1' "$W/llama.dp2_cp2_zero2.txt" ||
+    die "the memory table does not show context parallelism's activations"
 
 # the comparison can fail: a plan for another micro-batch does not match the run
 other=$("$BIN" "$W/gpt2.json" parallel.dp=1 parallel.pp=2 train.micro_batch=4 --plan=json | jq -cS .memory)
