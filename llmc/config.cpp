@@ -235,6 +235,9 @@ const std::vector<Key>& schema() {
                 "--plan: NVLink latency per step of a ring collective, microseconds (0 = plan.gpu's)"),
         num_key("plan.ib_latency_us", FIELD(plan.ib_latency_us), 0, false, NONE, false,
                 "--plan: InfiniBand latency per step of a ring collective, microseconds (0 = plan.gpu's)"),
+        bool_key("plan.tp_overlap", FIELD(plan.tp_overlap),
+                 "--plan: assume the tensor-parallel collectives overlap the GEMMs (Megatron's --tp-comm-overlap; "
+                 "this trainer runs them in line)"),
 
         str_key("tokenizer", FIELD(tokenizer_dir), false,
                 "folder with GPT-2's encoder.json + vocab.bpe (\"\" = token ids only)"),

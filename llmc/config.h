@@ -112,6 +112,7 @@ struct PlanConfig {
     double nvlink_gb_s = 0;    // NVLink bandwidth per GPU, one direction, GB/s
     double ib_gb_s = 0;        // InfiniBand bandwidth per GPU, one direction, GB/s
     double nvlink_latency_us = 0, ib_latency_us = 0;  // per step of a ring collective, microseconds
+    bool tp_overlap = false;   // tensor-parallel collectives overlapped with the GEMMs (Megatron's, not ours)
 };
 
 struct Config {

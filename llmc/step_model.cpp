@@ -26,10 +26,10 @@ struct DeviceRow {
 // Datasheets: A100 SXM4 40/80 GB (NVLink 3: 600 GB/s both ways; DGX A100: 8 x HDR 200 Gb/s), H100
 // SXM5 (NVLink 4: 900 GB/s both ways; DGX H100: 8 x NDR 400 Gb/s), H200 SXM (H100's links).
 const DeviceRow kDevices[] = {
-    {"h100", "NVIDIA H100 80GB HBM3", 3350, 81559, 450, 50, 3, 8},
-    {"h200", "NVIDIA H200", 4800, 143771, 450, 50, 3, 8},
-    {"a100-80", "NVIDIA A100-SXM4-80GB", 2039, 81920, 300, 25, 3, 8},
-    {"a100-40", "NVIDIA A100-SXM4-40GB", 1555, 40960, 300, 25, 3, 8},
+    {"h100", "NVIDIA H100 80GB HBM3", 3350, 81559, 450, 50, 1, 5},
+    {"h200", "NVIDIA H200", 4800, 143771, 450, 50, 1, 5},
+    {"a100-80", "NVIDIA A100-SXM4-80GB", 2039, 81920, 300, 25, 1, 5},
+    {"a100-40", "NVIDIA A100-SXM4-40GB", 1555, 40960, 300, 25, 1, 5},
 };
 
 // A group of n ranks whose members are `stride` world ranks apart: inside one node when its
@@ -39,9 +39,12 @@ bool intra_node(int stride, int n, int gpus_per_node) { return double(stride) * 
 struct Link {
     double bytes_s, latency_s;
 };
+// A ring over nodes crosses each node's boundary once per channel; NCCL runs a channel per NIC,
+// so a group with k members in each node moves min(NVLink, k x InfiniBand) per member.
 Link link_of(const DeviceSpec& d, int stride, int n) {
-    return intra_node(stride, n, d.gpus_per_node) ? Link{d.nvlink_bytes_s, d.nvlink_latency_s}
-                                                  : Link{d.ib_bytes_s, d.ib_latency_s};
+    if (intra_node(stride, n, d.gpus_per_node)) return {d.nvlink_bytes_s, d.nvlink_latency_s};
+    const int per_node = std::max(1, d.gpus_per_node / stride);
+    return {std::min(d.nvlink_bytes_s, per_node * d.ib_bytes_s), d.ib_latency_s};
 }
 
 // Parameters of one transformer layer and of everything else, without the vocabulary padding.
@@ -166,6 +169,8 @@ StepTime estimate_step(const Config& cfg, const ModelShape& s, const ProcessGrid
             rank[size_t(p)].compute += sc.compute, rank[size_t(p)].tp_comm += sc.tp_comm;
             p2p[size_t(p)] += (vs < stages - 1 ? send : 0) + (vs > 0 ? send : 0);  // forward and backward sends
         }
+        if (cfg.plan.tp_overlap)  // the collectives run beside the GEMMs: only what outlasts them shows
+            rank[size_t(p)].tp_comm = std::max(0.0, rank[size_t(p)].tp_comm - rank[size_t(p)].compute);
         t.rank_seconds.push_back(rank[size_t(p)].total() + p2p[size_t(p)]);
         if (t.rank_seconds.back() > t.rank_seconds[size_t(slow)]) slow = p;
     }
@@ -194,18 +199,21 @@ StepTime estimate_step(const Config& cfg, const ModelShape& s, const ProcessGrid
     }
     const double grads = most * dt;
     const double bwd = 2.0 / 3.0 * rank[size_t(slow)].compute;  // one micro-batch's backward
+    const double fwd = bwd / 2;
     const int n = g.dp;
     double dp_exposed = 0;
     if (n > 1) {
+        // every bucket (ZeRO 0-1) or unit (ZeRO 2-3) is a collective of its own: a ring latency each
         const double buckets = std::max(1.0, std::ceil(most * 4.0 / (pc.bucket_mb * (1 << 20))));
         const double units = most_layers + 2;
-        const double rs = ring_gather_s(grads, n, dpl.bytes_s, 0), ag = rs;
-        if (pc.zero == 0) dp_exposed = std::max(0.0, ring_all_reduce_s(grads, n, dpl.bytes_s, 0) - bwd) +
-                                       2.0 * (n - 1) * dpl.latency_s * buckets;
-        if (pc.zero == 1) dp_exposed = std::max(0.0, rs - bwd) + ag + 2.0 * (n - 1) * dpl.latency_s * buckets;
-        if (pc.zero == 2) dp_exposed = m * std::max(0.0, rs - bwd) + ag + (m + 1) * (n - 1) * dpl.latency_s * units;
-        if (pc.zero == 3)
-            dp_exposed = m * std::max(0.0, 2 * ag + rs - 1.5 * bwd) + 3 * m * (n - 1) * dpl.latency_s * units;
+        const double lat = (n - 1) * dpl.latency_s;
+        const double ar = ring_all_reduce_s(grads, n, dpl.bytes_s, 0) + 2 * lat * buckets;
+        const double rs = ring_gather_s(grads, n, dpl.bytes_s, 0), ag = rs;  // the whole rank's
+        const auto hidden = [](double comm, double window) { return std::max(0.0, comm - window); };
+        if (pc.zero == 0) dp_exposed = hidden(ar, bwd);
+        if (pc.zero == 1) dp_exposed = hidden(rs + lat * buckets, bwd) + hidden(ag + lat * buckets, fwd);
+        if (pc.zero == 2) dp_exposed = m * hidden(rs + lat * units, bwd) + hidden(ag + lat * units, fwd);
+        if (pc.zero == 3) dp_exposed = m * hidden(2 * ag + rs + 3 * lat * units, fwd + bwd);
     }
     t.dp_comm = dp_exposed;
     // the update: optimizer state (moments, master or fp32 parameters) read and written, the

@@ -11,18 +11,25 @@
 //   the embedding and the head's loss pass are HBM-bound (bytes / HBM bandwidth).
 // - Tensor parallelism: per layer and micro-batch two ring all-reduces of the activations in
 //   forward and two in backward (with sequence parallelism an all-gather and a reduce-scatter
-//   each: the same bytes), none overlapped with compute.
+//   each: the same bytes), not overlapped with compute (the trainer's), or with plan.tp_overlap
+//   hidden behind the layers' GEMMs where they last longer (Megatron's --tp-comm-overlap).
 // - Pipeline: each stage sends its output forward and receives the gradient back, per
 //   micro-batch and chunk (one message each way, not overlapped); the bubble of gpipe and 1f1b
 //   is the sum of the other stages' times per micro-batch (= (p-1) x t when balanced), of the
 //   interleaved schedule that over the chunks per rank (v).
-// - Data parallelism: the gradients' ring reduction (all-reduce; reduce-scatter at ZeRO >= 1)
-//   overlaps the backward of the last micro-batch, the rest is exposed; ZeRO 1-2 gather the
-//   updated parameters after the step (exposed); ZeRO-3 gathers every unit in forward and in
-//   backward per micro-batch, overlapped with that micro-batch's compute.
+// - Data parallelism (llmc/data_parallel.h), over the rank with the most parameters: ZeRO 0
+//   all-reduces and ZeRO-1 reduce-scatters the gradients during the last micro-batch's backward
+//   (what outlasts that backward is exposed); ZeRO-2 reduce-scatters each layer's gradient in
+//   every micro-batch's backward (likewise); ZeRO 1-2 all-gather the updated parameters behind
+//   the next step's first forward (Megatron's --overlap-param-gather); ZeRO-3 gathers every unit in forward and again in backward and reduce-scatters
+//   its gradient, per micro-batch, overlapped with that micro-batch's compute. Each collective
+//   (bucket, unit) pays the ring's latency. This is the overlap of a communication stream
+//   (Megatron's --overlap-grad-reduce); the trainer's own collectives are blocking today, so
+//   for this trainer the dp term is a lower bound.
 // - Placement: ranks are numbered tp fastest, then cp, dp, pp (llmc/process_grid.h); a group
-//   whose ranks lie within one node of plan.gpus_per_node uses NVLink, else InfiniBand (a NIC
-//   per GPU, so each GPU moves its ring's share at the per-GPU InfiniBand bandwidth).
+//   whose ranks lie within one node of plan.gpus_per_node uses NVLink; one spanning nodes with k
+//   members per node moves min(NVLink, k x InfiniBand per GPU) per member (a ring crosses each
+//   node once per channel, and NCCL runs a channel per NIC, one NIC per GPU).
 // - The optimizer's update is HBM-bound: reading and writing the rank's optimizer state,
 //   parameters and gradients once.
 #pragma once
