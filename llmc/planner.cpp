@@ -1,7 +1,9 @@
 #include "llmc/planner.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <map>
 
 #include "llmc/layout.h"
 #include "llmc/mfu.h"
@@ -61,21 +63,34 @@ const char* stage_role(int pp_rank, int pp) {
 }  // namespace
 
 namespace {
-// plan_rank_memory with the rank's in-flight micro-batches per chunk given (slots_of).
+// What a rank's memory is built from, before the ZeRO stage and the recomputation pick from it.
+struct RankParts {
+    ModelLayout layout;
+    size_t padded = 0;  // parameter elements, padded for the DP shards
+    UnitSizes units;
+};
+RankParts rank_parts(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, int pp_rank, int tp_rank) {
+    RankParts r;
+    r.layout = model_layout(shape, cfg.parallel, tp_rank, pp_rank);
+    size_t num = 0;
+    const std::vector<ParamSpec> table = param_table(shape, r.layout, &num);
+    r.padded = padded_param_count(num, DataParallel::pad_multiple(grid.dp));
+    std::vector<int> unit_of;
+    r.units = unit_sizes(param_units(table, r.padded, &unit_of));
+    return r;
+}
+// slots: the rank's in-flight micro-batches per chunk (slots_of)
+MemoryPlan memory_of(const RankParts& r, const Config& cfg, const ModelShape& shape, const ProcessGrid& grid,
+                     DType dtype, const std::vector<int>& slots, int zero, Recompute rc) {
+    const size_t activations =
+        Model::activation_bytes_of(shape, dtype, cfg.train.micro_batch, cfg.train.seq_len, r.layout, slots, rc);
+    return zero_memory_plan(r.padded, grid.dp, zero, dtype_size(dtype), AdamW::keeps_master(dtype),
+                            DataParallel::bucket_elems_for(cfg.parallel.bucket_mb, r.padded), activations, r.units);
+}
 MemoryPlan rank_memory(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype, int pp_rank,
                        int tp_rank, const std::vector<int>& slots) {
-    const ParallelConfig& pc = cfg.parallel;
-    const TrainConfig& tc = cfg.train;
-    const ModelLayout layout = model_layout(shape, pc, tp_rank, pp_rank);
-    size_t num = 0;
-    const std::vector<ParamSpec> table = param_table(shape, layout, &num);
-    const size_t padded = padded_param_count(num, DataParallel::pad_multiple(grid.dp));
-    std::vector<int> unit_of;
-    const UnitSizes units = unit_sizes(param_units(table, padded, &unit_of));
-    const size_t activations = Model::activation_bytes_of(shape, dtype, tc.micro_batch, tc.seq_len, layout, slots,
-                                                          parse_recompute(tc.recompute));
-    return zero_memory_plan(padded, grid.dp, pc.zero, dtype_size(dtype), AdamW::keeps_master(dtype),
-                            DataParallel::bucket_elems_for(pc.bucket_mb, padded), activations, units);
+    return memory_of(rank_parts(cfg, shape, grid, pp_rank, tp_rank), cfg, shape, grid, dtype, slots, cfg.parallel.zero,
+                     parse_recompute(cfg.train.recompute));
 }
 }  // namespace
 
@@ -295,21 +310,56 @@ std::vector<int> divisors(int n, int most) {
     return out;
 }
 
-// The largest planned total over the ranks that can hold the most: every pipeline rank, tp rank 0
-// (the tp ranks of a stage hold equal shares); all_ranks: every (pp, tp) position.
-size_t largest_rank(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype, bool all_ranks) {
-    if (all_ranks) {
-        size_t most = 0;
-        for (const RankMemory& r : plan_memory(cfg, shape, grid, dtype)) most = std::max(most, r.mem.total());
-        return most;
-    }
+// The largest planned total over every (pp, tp) position of cfg's layout.
+size_t largest_rank(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype) {
+    size_t most = 0;
+    for (const RankMemory& r : plan_memory(cfg, shape, grid, dtype)) most = std::max(most, r.mem.total());
+    return most;
+}
+
+// The largest planned total over the pipeline ranks at tp rank 0 (the tp ranks of a stage hold
+// equal shares), the ranks' parameter tables kept in `parts` by (tp, pp, chunks, dp, pp rank):
+// what differs between the candidates of a search is mostly not the tables.
+size_t largest_rank0(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype,
+                     std::map<std::array<int, 5>, RankParts>& parts) {
     const PpSchedule schedule = schedule_of(cfg, grid);
     size_t most = 0;
     for (int p = 0; p < grid.pp; p++) {
+        const std::array<int, 5> key = {grid.tp, grid.pp, cfg.parallel.pp_virtual, grid.dp, p};
+        auto it = parts.find(key);
+        if (it == parts.end()) it = parts.emplace(key, rank_parts(cfg, shape, grid, p, 0)).first;
+        RankParts r = it->second;
+        r.layout.sequence_parallel = cfg.parallel.sequence_parallel && grid.tp > 1;
         const std::vector<int> slots = pipeline_slots(schedule[size_t(p)], cfg.parallel.pp_virtual);
-        most = std::max(most, rank_memory(cfg, shape, grid, dtype, p, 0, slots).total());
+        most = std::max(most, memory_of(r, cfg, shape, grid, dtype, slots, cfg.parallel.zero,
+                                        parse_recompute(cfg.train.recompute))
+                                  .total());
     }
     return most;
+}
+
+// Whether cfg's layout fits `budget` on every pipeline rank (tp rank 0: the tp ranks of a stage
+// hold equal shares) at some ZeRO stage up to max_zero and some recomputation: neither knob
+// orders memory alone (ZeRO-3's unit buffers can outweigh what it saves over ZeRO-2 on few DP
+// ranks; a whole layer recomputed can outweigh selective's buffers on one-layer stages).
+bool some_stage_fits(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype, int max_zero,
+                     double budget) {
+    const PpSchedule schedule = schedule_of(cfg, grid);
+    const Recompute modes[] = {Recompute::None, Recompute::Selective, Recompute::Full};
+    std::array<std::array<size_t, 3>, 4> most{};  // [zero][recompute]: the largest rank
+    for (int p = 0; p < grid.pp; p++) {
+        const RankParts parts = rank_parts(cfg, shape, grid, p, 0);
+        const std::vector<int> slots = pipeline_slots(schedule[size_t(p)], cfg.parallel.pp_virtual);
+        for (size_t m = 0; m < 3; m++)
+            for (int z = 0; z <= max_zero; z++) {
+                const size_t total = memory_of(parts, cfg, shape, grid, dtype, slots, z, modes[m]).total();
+                most[size_t(z)][m] = std::max(most[size_t(z)][m], total);
+            }
+    }
+    for (int z = 0; z <= max_zero; z++)
+        for (size_t m = 0; m < 3; m++)
+            if (double(most[size_t(z)][m]) <= budget) return true;
+    return false;
 }
 }  // namespace
 
@@ -322,9 +372,9 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
     Config proto = base;
     proto.resolved = json();  // not needed by the plan; copied for every candidate otherwise
     std::vector<LayoutChoice> all;
-    struct Group {  // candidates alike but for the memory knobs: the least-memory one is checked first
+    struct Group {  // candidates alike but for the ZeRO stage, the recomputation and SP
         size_t begin, end;
-        Config least;
+        Config least;  // the smallest micro-batch, with SP
     };
     std::vector<Group> groups;
     for (int tp : divisors(world, base.plan.gpus_per_node)) {
@@ -342,7 +392,6 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
             for (const Sched& sc : scheds) {
                 if (shape.n_layer < pp * sc.v) continue;
                 Group grp{all.size(), 0, {}};
-                size_t least_score = SIZE_MAX;
                 for (int mb : divisors(per_rank, 64)) {
                     const int ga = per_rank / mb;
                     if (sc.v > 1 && ga % pp) continue;
@@ -360,9 +409,8 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
                                 resolve_pp_layers(c.cfg, shape);
                                 const ProcessGrid g = make_process_grid(pc, world, 0);
                                 c.time = estimate_step(c.cfg, shape, g, dtype);
-                                // the least memory: most sharding, most recompute, smallest micro-batch
-                                const size_t score = size_t(3 - zero) * 1000000 + size_t(std::string(rc) == "full" ? 0 : std::string(rc) == "selective" ? 1 : 2) * 100000 + size_t(mb) * 2 + size_t(1 - sp);
-                                if (score < least_score) least_score = score, grp.least = c.cfg;
+                                if (grp.begin == all.size() || (mb == grp.least.train.micro_batch && sp))
+                                    grp.least = c.cfg;
                                 all.push_back(std::move(c));
                             }
                 }
@@ -372,11 +420,12 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
         }
     }
     if (examined) *examined = all.size();
-    // a group whose least-memory member does not fit has no member that does
+    // a group none of whose ZeRO stages and recomputations fits at its smallest micro-batch with SP
+    // has no member that fits (smaller micro-batches and SP only take less)
     std::vector<char> possible(all.size(), 1);
     for (const Group& grp : groups) {
         const ProcessGrid g = make_process_grid(grp.least.parallel, world, 0);
-        if (double(largest_rank(grp.least, shape, g, dtype, false)) > budget)
+        if (!some_stage_fits(grp.least, shape, g, dtype, g.dp > 1 ? 3 : 0, budget))
             std::fill(possible.begin() + long(grp.begin), possible.begin() + long(grp.end), 0);
     }
     std::vector<size_t> order;
@@ -385,10 +434,12 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
     std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return all[a].time.tokens_per_s > all[b].time.tokens_per_s; });
     std::vector<LayoutChoice> out;
+    std::map<std::array<int, 5>, RankParts> parts;
     for (size_t i : order) {
         LayoutChoice& c = all[i];
         const ProcessGrid g = make_process_grid(c.cfg.parallel, world, 0);
-        c.max_bytes = largest_rank(c.cfg, shape, g, dtype, true);
+        if (double(largest_rank0(c.cfg, shape, g, dtype, parts)) > budget) continue;
+        c.max_bytes = largest_rank(c.cfg, shape, g, dtype);  // every position: what is printed is exact
         if (double(c.max_bytes) > budget) continue;
         out.push_back(std::move(c));
         if (out.size() == top) break;

@@ -70,8 +70,8 @@ std::vector<ActivationTerm> activation_terms(const ModelShape& shape, DType dtyp
 
 // --plan=search: layouts of plan.world GPUs (dp, tp, pp, schedule, chunks per rank, ZeRO stage,
 // recompute, micro-batch, sequence parallelism) at cfg's global batch (micro_batch x grad_accum x
-// dp sequences) whose every rank's planned memory fits plan.gpu, fastest first (ties: least
-// memory, then the order of enumeration). Deterministic.
+// dp sequences) whose every rank's planned memory fits plan.gpu, fastest first (ties in the order
+// of enumeration). Deterministic.
 struct LayoutChoice {
     Config cfg;          // cfg with the layout's keys set
     StepTime time;
