@@ -2,7 +2,9 @@
 // against Megatron's published formula (Korthikanti et al. 2022).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 
 #include "llmc/layout.h"
@@ -337,4 +339,42 @@ TEST_CASE("step time against published H100 throughput: every row within 15%", "
         INFO("ours " << ours << " tokens/s per GPU, published " << published);
         CHECK(std::fabs(ours / published - 1) <= 0.15);
     }
+}
+
+TEST_CASE("--plan=search misses no layout that fits (all dp layouts of a tiny model, checked one by one)", "[plan]") {
+    // 2 GPUs, 8 sequences per step; ZeRO-3's unit buffers make it larger than ZeRO-2 on 2 DP ranks,
+    // so a budget between the two must keep ZeRO-2 layouts that a prune by "ZeRO-3 takes least" would drop
+    const json base = {{"device", "cpu"}, {"precision", "fp32"}, {"parallel", {{"dp", 2}}},
+                       {"train", {{"micro_batch", 4}}}, {"plan", {{"world", 2}}}};
+    Config cfg = gpt_config(4, 32, 4, 512, 16, base);
+    const ModelShape shape = model_shape(cfg.model);
+    const ProcessGrid g = make_process_grid(cfg.parallel, 2, 0);
+    const auto largest = [&](const Config& c) {
+        size_t most = 0;
+        for (const RankMemory& r : plan_memory(c, shape, g, DType::F32)) most = std::max(most, r.mem.total());
+        return most;
+    };
+    Config z2 = cfg, z3 = cfg;
+    z2.parallel.zero = 2, z3.parallel.zero = 3;
+    z2.train.micro_batch = z3.train.micro_batch = 1, z2.train.grad_accum = z3.train.grad_accum = 4;
+    z2.train.recompute = z3.train.recompute = "full";  // the least memory of each stage
+    REQUIRE(largest(z3) > largest(z2));
+    cfg.plan.gpu_mem_gib = double(largest(z2)) / double(1ull << 30);
+    const auto found = search_layouts(cfg, shape, DType::F32, SIZE_MAX);
+    std::vector<std::string> got;
+    for (const LayoutChoice& c : found) got.push_back(c.overrides());
+    int fitting = 0;
+    for (int zero = 0; zero <= 3; zero++)
+        for (const char* rc : {"none", "selective", "full"})
+            for (int mb : {1, 2, 4}) {
+                LayoutChoice c;
+                c.cfg = cfg;
+                c.cfg.parallel.zero = zero, c.cfg.train.recompute = rc;
+                c.cfg.train.micro_batch = mb, c.cfg.train.grad_accum = 4 / mb;
+                if (double(largest(c.cfg)) > plan_device(cfg).mem_bytes) continue;
+                fitting++;
+                INFO(c.overrides());
+                CHECK(std::find(got.begin(), got.end(), c.overrides()) != got.end());
+            }
+    CHECK(fitting > 0);
 }
