@@ -21,11 +21,12 @@
 //   all-reduces and ZeRO-1 reduce-scatters the gradients during the last micro-batch's backward
 //   (what outlasts that backward is exposed); ZeRO-2 reduce-scatters each layer's gradient in
 //   every micro-batch's backward (likewise); ZeRO 1-2 all-gather the updated parameters behind
-//   the next step's first forward (Megatron's --overlap-param-gather); ZeRO-3 gathers every unit in forward and again in backward and reduce-scatters
-//   its gradient, per micro-batch, overlapped with that micro-batch's compute. Each collective
-//   (bucket, unit) pays the ring's latency. This is the overlap of a communication stream
-//   (Megatron's --overlap-grad-reduce); the trainer's own collectives are blocking today, so
-//   for this trainer the dp term is a lower bound.
+//   the next step's first forward (Megatron's --overlap-param-gather); ZeRO-3 gathers every unit
+//   in forward and again in backward and reduce-scatters its gradient, per micro-batch,
+//   overlapped with that micro-batch's compute. Each collective (bucket, unit) pays the ring's
+//   latency. This is the overlap of a communication stream (Megatron's --overlap-grad-reduce);
+//   the trainer's own collectives are blocking today, so for this trainer the dp term is a
+//   lower bound.
 // - Placement: ranks are numbered tp fastest, then cp, dp, pp (llmc/process_grid.h); a group
 //   whose ranks lie within one node of plan.gpus_per_node uses NVLink; one spanning nodes with k
 //   members per node moves min(NVLink, k x InfiniBand per GPU) per member (a ring crosses each
