@@ -189,7 +189,8 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
     row("parameters", m.params,
         strfmt("  (%s%s%s)", dtype_name(dtype), m.zero >= 3 ? ", shard" : "", conv.params_note().c_str()));
     row("gradients", m.grads, m.zero >= 2 ? "  (shard)" : "");
-    row("optimizer", m.optimizer, strfmt("  (m, v%s fp32%s)", master ? ", master" : "", m.zero >= 1 ? ", shard" : ""));
+    const std::string opt_note = strfmt("m, v%s fp32%s", master ? ", master" : "", m.zero >= 1 ? ", shard" : "");
+    row("optimizer", m.optimizer, m.host ? "  (offloaded to the host)" : "  (" + opt_note + ")");
     row("comm buffers", m.comm_buffers, m.zero == 0 ? "  (1 bucket, fp32)" : "  (2 buckets, fp32)");
     if (m.zero >= 3)
         row("unit params", m.unit_params, "  (gathered: the embedding, the head, a layer and the prefetched next)");
@@ -208,6 +209,10 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
         total += r.bytes;
     }
     row("total", total, "");
+    if (m.host)
+        row("host memory", m.host,
+            strfmt("  (not in the total: offloaded optimizer, %s, and %d staging pieces)", opt_note.c_str(),
+                   AdamW::kStageSlots));
 }
 
 // ---- plan: every start-up check, on every rank alike, before any work ----
@@ -260,7 +265,9 @@ struct Run {
           // ZeRO-3 this rank keeps only its shard of them
           dp(model, *groups.dp, pc.zero, pc.bucket_mb),
           pipeline(model, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual),
-          opt(model, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads()),  // this rank's ZeRO range
+          // this rank's ZeRO range; offloaded: streamed in pieces of a gradient bucket
+          opt(model, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads(),
+              OptimizerOffload{tc.offload_optimizer, dp.bucket_elems()}),
           // each DP rank reads its own windows (every TP and PP rank of it the same ones)
           train_data(cfg.data.train, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, cfg.data.shuffle,
                      uint64_t(tc.seed), shape.vocab_size),
@@ -377,12 +384,12 @@ void print_banner(Run& r, const Plan& p) {
               r.tc.micro_batch, r.tc.seq_len, r.tc.grad_accum, g.dp, tokens_per_step(r), r.tc.steps);
     log.print("train data: %zu shard(s), %llu micro-batches per epoch\n", r.train_data.num_shards(),
               (unsigned long long)r.train_data.windows_per_epoch());
-    const MemoryPlan mem = r.dp.memory_plan(r.opt.has_master());
+    const MemoryPlan mem = r.dp.memory_plan(r.opt.has_master(), r.opt.offloaded());
     print_memory_table(log, mem, r.model, r.opt.has_master(), r.dtype, *r.conv);
-    const MemoryPlan got = r.dp.allocated(r.opt.state_bytes());
+    const MemoryPlan got = r.dp.allocated(r.opt.device_bytes(), r.opt.host_bytes());
     LLMC_ASSERT(got.params == mem.params && got.grads == mem.grads && got.optimizer == mem.optimizer &&
                     got.comm_buffers == mem.comm_buffers && got.unit_params == mem.unit_params &&
-                    got.unit_grads == mem.unit_grads && got.activations == mem.activations,
+                    got.unit_grads == mem.unit_grads && got.activations == mem.activations && got.host == mem.host,
                 "allocations disagree with the memory table");
     // the first record of log.jsonl: what each rank position allocated (--plan=json's "memory")
     r.run_log->record({{"memory", gather_memory_json(got, *r.groups.mp, r.grid.tp)}});

@@ -151,6 +151,10 @@ const std::vector<Key>& schema() {
                  "activation recomputation: none; selective = keep the linear layers' inputs, recompute the "
                  "attention core and the MLP activation in backward; full = keep each layer's input, recompute the "
                  "layer in backward (bitwise the same training, less activation memory)"),
+        bool_key("train.offload_optimizer", FIELD(train.offload_optimizer),
+                 "AdamW's moments and master weights in host memory (pinned on CUDA), the update on the host "
+                 "(every ZeRO stage: each rank its shard); gradients stream down and parameters up in pieces of "
+                 "parallel.bucket_mb"),
 
         int_key("eval.every", FIELD(eval.every), 0, NONE, "validation every N steps (0 = off)"),
         int_key("eval.batches", FIELD(eval.batches), 0, 1e6, "micro-batches per validation"),

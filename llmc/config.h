@@ -49,6 +49,7 @@ struct TrainConfig {
     int seed = 1337;
     int max_bad_steps = 8;  // consecutive non-finite (skipped) steps that end the run
     std::string recompute = "none";  // none | selective | full: activations recomputed in backward
+    bool offload_optimizer = false;  // AdamW's state and update on the host (llmc/optimizer.h)
 };
 
 struct EvalConfig {

@@ -5,7 +5,7 @@
 #include <cstring>
 
 MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype_bytes, bool master,
-                            size_t bucket_elems, size_t activation_bytes, const UnitSizes& u) {
+                            size_t bucket_elems, size_t activation_bytes, const UnitSizes& u, bool offload_optimizer) {
     MemoryPlan m;
     m.padded_params = padded_params;
     m.dp = dp;
@@ -13,7 +13,12 @@ MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype
     const size_t psi = padded_params, shard = padded_params / size_t(dp), o = master ? 12 : 8;
     m.params = (zero >= 3 ? shard : psi) * dtype_bytes;
     m.grads = (zero >= 2 ? shard : psi) * dtype_bytes;
-    m.optimizer = (zero >= 1 ? shard : psi) * o;
+    const size_t range = zero >= 1 ? shard : psi;  // the optimizer's
+    m.optimizer = range * o;
+    if (offload_optimizer) {
+        m.optimizer = 0;
+        m.host = AdamW::offload_host_bytes(range, AdamW::offload_piece(range, bucket_elems), dtype_bytes, master);
+    }
     m.comm_buffers = (zero == 0 ? 1 : 2) * bucket_elems * sizeof(float);
     m.activations = activation_bytes;
     if (zero >= 3) m.unit_params = (u.embedding + u.head + 2 * u.layer) * dtype_bytes;
@@ -388,12 +393,12 @@ void DataParallel::load_optimizer_state(AdamW& opt, const OptimizerState& whole)
     opt.set_state(slice(whole.m), slice(whole.v), slice(whole.master));
 }
 
-MemoryPlan DataParallel::memory_plan(bool master) const {
+MemoryPlan DataParallel::memory_plan(bool master, bool offload_optimizer) const {
     return zero_memory_plan(model_.padded_params, dp(), zero_, dtype_size(model_.dtype), master, bucket_elems_,
-                            model_.activation_bytes, unit_sizes_);
+                            model_.activation_bytes, unit_sizes_, offload_optimizer);
 }
 
-MemoryPlan DataParallel::allocated(size_t optimizer_bytes) const {
+MemoryPlan DataParallel::allocated(size_t optimizer_bytes, size_t host_bytes) const {
     MemoryPlan m;
     m.padded_params = model_.padded_params;
     m.dp = dp();
@@ -401,6 +406,7 @@ MemoryPlan DataParallel::allocated(size_t optimizer_bytes) const {
     m.params = model_.param_buf.bytes() + param_shard_.bytes();
     m.grads = model_.grad_buf.bytes() + grad_shard_.bytes();
     m.optimizer = optimizer_bytes;
+    m.host = host_bytes;
     m.comm_buffers = send_.bytes() + recv_.bytes();
     m.activations = model_.activation_bytes;
     for (const auto& slots : param_slots_)

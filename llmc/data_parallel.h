@@ -54,6 +54,8 @@ struct MemoryPlan {
     int dp = 1, zero = 0;
     size_t params = 0, grads = 0, optimizer = 0, comm_buffers = 0, activations = 0;
     size_t unit_params = 0, unit_grads = 0;  // ZeRO-3's gathered units, ZeRO-2/3's unit gradient buffers
+    size_t host = 0;  // host memory: the offloaded optimizer (train.offload_optimizer); not in total()
+    // the backend's memory (on the CPU backend host memory too; host is then the offload's extra)
     size_t total() const { return params + grads + optimizer + comm_buffers + activations + unit_params + unit_grads; }
 };
 // The unit sizes (elements) of this rank's model that ZeRO-2/3's working buffers hold.
@@ -70,8 +72,11 @@ UnitSizes unit_sizes(const std::vector<ParamUnit>& units);
 //                2*bucket*4  (stages 1, 2, 3: send + receive staging buffers)
 //   unit params  (E + H + 2L)*k  (stage 3: the embedding, the head, a layer and the prefetched next)
 //   unit grads   (E + H + L)*k   (stages 2, 3: the step-long embedding and head buffers, one layer's)
+// With offload_optimizer the optimizer row is 0 and host holds AdamW::offload_host_bytes of the
+// optimizer's range (Psi or Psi/dp elements) streamed in pieces of a bucket.
 MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype_bytes, bool master,
-                            size_t bucket_elems, size_t activation_bytes, const UnitSizes& units = UnitSizes());
+                            size_t bucket_elems, size_t activation_bytes, const UnitSizes& units = UnitSizes(),
+                            bool offload_optimizer = false);
 
 class DataParallel : public ParamStore {
 public:
@@ -135,10 +140,11 @@ public:
     std::vector<float> gather_gradients();
     void load_optimizer_state(AdamW& opt, const OptimizerState& whole);
 
-    MemoryPlan memory_plan(bool master) const;
+    MemoryPlan memory_plan(bool master, bool offload_optimizer = false) const;
     // What this class and the model actually allocated, in the plan's categories (the optimizer's
-    // bytes are AdamW::state_bytes(); activations the model's): the trainer checks the two agree.
-    MemoryPlan allocated(size_t optimizer_bytes) const;
+    // bytes are AdamW::device_bytes() and host_bytes(); activations the model's): the trainer
+    // checks the two agree.
+    MemoryPlan allocated(size_t optimizer_bytes, size_t host_bytes = 0) const;
     size_t bucket_elems() const { return bucket_elems_; }
 
     // ---- ParamStore (stages 2 and 3; called by the model) ----

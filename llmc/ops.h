@@ -49,6 +49,25 @@ public:
     virtual void from_host_bytes(void* dst, const void* src, size_t bytes) = 0;
     virtual void synchronize() = 0;
 
+    // ---- host memory and asynchronous copies (optimizer offload, llmc/optimizer.h) ----
+    // Host memory the asynchronous copies read and write (pinned on CUDA), zero-initialised.
+    virtual void* alloc_host(size_t bytes);
+    virtual void release_host(void* p);
+    // Start copying between backend memory and host memory from alloc_host, ordered after the ops
+    // queued so far; returns an id for wait_copy. The backend's ops must not use the backend side
+    // of the copy, nor the caller the host side, until the copy is waited for. The default (host
+    // backends) copies at once.
+    virtual uint64_t copy_to_host_async(void* dst, const void* src, size_t bytes) {
+        to_host_bytes(dst, src, bytes);
+        return 0;
+    }
+    virtual uint64_t copy_from_host_async(void* dst, const void* src, size_t bytes) {
+        from_host_bytes(dst, src, bytes);
+        return 0;
+    }
+    // Blocks until the copy with this id is done.
+    virtual void wait_copy(uint64_t id) { (void)id; }
+
     // ---- embedding ----
     // wte holds the vocabulary rows [vocab_begin, vocab_begin + wte.n / C) (the whole padded
     // table when vocab_begin = 0 and wte is complete; one rank's slice under tensor parallelism).

@@ -48,6 +48,7 @@ const Category kCategories[] = {
     {"unit_params", "unit params", &MemoryPlan::unit_params},
     {"unit_grads", "unit grads", &MemoryPlan::unit_grads},
     {"activations", "activations", &MemoryPlan::activations},
+    {"host", "host memory", &MemoryPlan::host},  // last: not in the total
 };
 
 bool same_bytes(const MemoryPlan& a, const MemoryPlan& b) {
@@ -85,7 +86,8 @@ MemoryPlan memory_of(const RankParts& r, const Config& cfg, const ModelShape& sh
     const size_t activations =
         Model::activation_bytes_of(shape, dtype, cfg.train.micro_batch, cfg.train.seq_len, r.layout, slots, rc);
     return zero_memory_plan(r.padded, grid.dp, zero, dtype_size(dtype), AdamW::keeps_master(dtype),
-                            DataParallel::bucket_elems_for(cfg.parallel.bucket_mb, r.padded), activations, r.units);
+                            DataParallel::bucket_elems_for(cfg.parallel.bucket_mb, r.padded), activations, r.units,
+                            cfg.train.offload_optimizer);
 }
 MemoryPlan rank_memory(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype, int pp_rank,
                        int tp_rank, const std::vector<int>& slots) {
@@ -245,6 +247,7 @@ std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessG
         s += strfmt("rank kind %zu of %zu, each on %d DP rank%s: %s\n", k + 1, kinds.size(), grid.dp,
                     grid.dp == 1 ? "" : "s", where.c_str());
         for (const Category& c : kCategories) {
+            if (c.bytes == &MemoryPlan::host) continue;  // after the total
             const size_t b = kind[c.key];
             std::string note;
             if (std::string(c.key) == "activations")
@@ -253,6 +256,9 @@ std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessG
         }
         const size_t total = kind["total"];
         s += strfmt("  %-13s %11s  %14zu B\n", "total", human_bytes(double(total)).c_str(), total);
+        const size_t host = kind["host"];
+        s += strfmt("  %-13s %11s  %14zu B%s\n", "host memory", human_bytes(double(host)).c_str(), host,
+                    tc.offload_optimizer ? "  (not in the total: the offloaded optimizer and its staging)" : "");
     }
     return s;
 }

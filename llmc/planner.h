@@ -5,9 +5,11 @@
 // the run's allocation, byte for byte; a run logs what it allocated as the first record of
 // log.jsonl ({"memory": memory_json(...)}) and test/e2e/test_plan.sh compares the two.
 //
-// Not in the plan: the FP8 converter's scales and amax histories (its memory rows), host buffers
-// (pipeline messages, staging of MPI over CUDA), the backend's own workspaces (cuBLAS), and the
-// allocator's rounding and fragmentation.
+// Host memory: the plan's "host" category is the offloaded optimizer (train.offload_optimizer) and
+// its staging, outside the total (the backend's memory).
+// Not in the plan: the FP8 converter's scales and amax histories (its memory rows), other host
+// buffers (pipeline messages, staging of MPI over CUDA), the backend's own workspaces (cuBLAS), and
+// the allocator's rounding and fragmentation.
 #pragma once
 #include <string>
 #include <vector>

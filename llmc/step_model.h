@@ -32,7 +32,8 @@
 //   members per node moves min(NVLink, k x InfiniBand per GPU) per member (a ring crosses each
 //   node once per channel, and NCCL runs a channel per NIC, one NIC per GPU).
 // - The optimizer's update is HBM-bound: reading and writing the rank's optimizer state,
-//   parameters and gradients once.
+//   parameters and gradients once. train.offload_optimizer (the update on the host, streamed over
+//   PCIe) is not modelled: its step time is this one's.
 #pragma once
 #include <string>
 #include <vector>

@@ -87,6 +87,15 @@ TEST_CASE("ZeRO memory formulas per rank", "[zero]") {
                 CHECK(m.unit_grads == (zero >= 2 ? (300 + 20 + 100) * k : 0));
                 CHECK(m.total() ==
                       m.params + m.grads + m.optimizer + m.comm_buffers + act + m.unit_params + m.unit_grads);
+                CHECK(m.host == 0);
+                // offloaded: no optimizer on the device; on the host the state and three staging
+                // slots of a piece (a bucket, at most the range) of gradients and parameters in the
+                // model's dtype, plus a piece of fp32 gradients for bf16
+                const size_t range = zero >= 1 ? psi / dp : psi, piece = std::min(range, bucket);
+                MemoryPlan off = zero_memory_plan(psi, dp, zero, k, master, bucket, act, u, true);
+                CHECK(off.optimizer == 0);
+                CHECK(off.host == range * o + 3 * 2 * piece * k + (master ? piece * 4 : 0));
+                CHECK(off.total() == m.total() - m.optimizer);
             }
     CHECK(DataParallel::pad_multiple(4) % 4 == 0);
     CHECK(DataParallel::storage(0) == ModelStorage::Full);
@@ -159,25 +168,31 @@ TEST_CASE("model units: the embedding, each layer and the head tile the flat buf
 // dp = 1 over a group of one: every ZeRO stage trains bitwise like the plain model (one
 // micro-step: the unit reduce-scatters are copies into a zeroed shard, the gathers copies of it),
 // which runs the ParamStore paths (acquire/release per unit, prefetch, the step-long units),
-// with the staging buffers in backend memory and through host arrays alike.
+// with the staging buffers in backend memory and through host arrays alike, and with the
+// optimizer offloaded (streamed in pieces of 97 elements: pieces cut through tensors, the last
+// one short), its moments bitwise those of the optimizer on the backend.
 TEST_CASE("ZeRO stages over one rank train bitwise like the plain model", "[zero]") {
     auto ops = make_cpu_ops();
     const ModelShape s{2, 2, 32, 200, 256, 16};
     const int B = 2, T = 8;
     std::vector<int32_t> x(B * T), y(B * T);
     for (int i = 0; i < B * T; i++) x[size_t(i)] = (i * 37) % 200, y[size_t(i)] = (i * 53 + 7) % 200;
-    std::vector<std::vector<float>> finals;
+    std::vector<std::vector<float>> finals, moments;
     std::vector<float> losses;
-    for (int run = 0; run < 8; run++) {
+    const int runs = 12;
+    for (int run = 0; run < runs; run++) {
         const int zero = run % 4;
-        const bool host_staging = run >= 4;
-        INFO("zero " << zero << (host_staging ? ", host staging" : ""));
+        const bool host_staging = run / 4 == 1, offload = run / 4 == 2;
+        INFO("zero " << zero << (host_staging ? ", host staging" : "") << (offload ? ", optimizer offload" : ""));
         std::unique_ptr<Comm> self = make_self_comm(0);
         Model m(s, *ops, DType::F32, B, T, DataParallel::pad_multiple(1), ModelLayout(), nullptr, {},
                DataParallel::storage(zero));
         DataParallel dp(m, *self, zero, 0.001, host_staging);  // 262-element pieces: units cross several
         m.init_random(7);
-        AdamW opt(m, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads());
+        AdamW opt(m, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads(), OptimizerOffload{offload, 97});
+        CHECK(opt.offloaded() == offload);
+        CHECK(opt.device_bytes() == (offload ? 0 : m.padded_params * 8));
+        CHECK(opt.host_bytes() == (offload ? m.padded_params * 8 + 3 * 2 * 97 * 4 : 0));
         for (int step = 1; step <= 3; step++) {
             m.zero_grads();
             losses.push_back(m.forward(x.data(), y.data(), B, T, 1.0f / (B * T)));
@@ -189,10 +204,14 @@ TEST_CASE("ZeRO stages over one rank train bitwise like the plain model", "[zero
         }
         finals.push_back(dp.gather_params());
         CHECK(finals.back().size() == m.padded_params);
+        OptimizerState st = dp.gather_optimizer_state(opt);
+        st.m.insert(st.m.end(), st.v.begin(), st.v.end());
+        moments.push_back(st.m);
     }
-    for (int run = 1; run < 8; run++) {
+    for (int run = 1; run < runs; run++) {
         INFO("run " << run);
         CHECK(finals[size_t(run)] == finals[0]);
+        CHECK(moments[size_t(run)] == moments[0]);
         for (int i = 0; i < 3; i++) CHECK(losses[size_t(run * 3 + i)] == losses[size_t(i)]);
     }
 }

@@ -62,6 +62,11 @@ public:
     }
     ~CudaOps() override {
         cudaStreamSynchronize(stream_);
+        for (cudaStream_t& s : copy_streams_)
+            if (s) cudaStreamSynchronize(s), cudaStreamDestroy(s);
+        for (cudaEvent_t& e : copy_events_)
+            if (e) cudaEventDestroy(e);
+        if (queued_) cudaEventDestroy(queued_);
         for (GrowBuffer& b : scratch_) b.release();
         lt_.destroy();
         cudaStreamDestroy(stream_);
@@ -153,6 +158,39 @@ public:
     void synchronize() override {
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         note_memory_in_use();
+    }
+
+    // ---- pinned host memory, copies on two copy streams (one per direction) ----
+    void* alloc_host(size_t bytes) override {
+        if (bytes == 0) return nullptr;
+        void* p = nullptr;
+        if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            throw UserError(strfmt("out of pinned host memory allocating %zu bytes", bytes));
+        }
+        std::memset(p, 0, bytes);
+        return p;
+    }
+    void release_host(void* p) override {
+        if (!p) return;
+        for (cudaStream_t s : copy_streams_)
+            if (s) CUDA_CHECK(cudaStreamSynchronize(s));
+        CUDA_CHECK(cudaFreeHost(p));
+    }
+    uint64_t copy_to_host_async(void* dst, const void* src, size_t bytes) override {
+        return copy_async(0, dst, src, bytes, cudaMemcpyDeviceToHost);
+    }
+    uint64_t copy_from_host_async(void* dst, const void* src, size_t bytes) override {
+        return copy_async(1, dst, src, bytes, cudaMemcpyHostToDevice);
+    }
+    void wait_copy(uint64_t id) override {
+        if (id == 0) return;
+        if (id + kCopyEvents <= copies_) {  // its event was recorded again since: wait for everything
+            for (cudaStream_t s : copy_streams_)
+                if (s) CUDA_CHECK(cudaStreamSynchronize(s));
+            return;
+        }
+        CUDA_CHECK(cudaEventSynchronize(copy_events_[id % kCopyEvents]));
     }
 
     // ---- embedding ----
@@ -559,6 +597,25 @@ private:
         if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) peak_used_ = std::max(peak_used_, tot - fr);
     }
     cudaStream_t stream_ = nullptr;
+    // asynchronous copies (copy_*_async): stream 0 device to host, 1 host to device; each waits
+    // for the ops queued on stream_ so far (the event queued_); copy id i records copy_events_[i % n]
+    static constexpr uint64_t kCopyEvents = 64;
+    cudaStream_t copy_streams_[2] = {nullptr, nullptr};
+    cudaEvent_t copy_events_[kCopyEvents] = {};
+    cudaEvent_t queued_ = nullptr;
+    uint64_t copies_ = 0;  // ids handed out (ids start at 1; 0 means no copy)
+    uint64_t copy_async(int dir, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+        if (!copy_streams_[dir]) CUDA_CHECK(cudaStreamCreateWithFlags(&copy_streams_[dir], cudaStreamNonBlocking));
+        if (!queued_) CUDA_CHECK(cudaEventCreateWithFlags(&queued_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventRecord(queued_, stream_));
+        CUDA_CHECK(cudaStreamWaitEvent(copy_streams_[dir], queued_, 0));
+        if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, copy_streams_[dir]));
+        const uint64_t id = ++copies_;
+        cudaEvent_t& e = copy_events_[id % kCopyEvents];
+        if (!e) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventRecord(e, copy_streams_[dir]));
+        return id;
+    }
     LtMatmul lt_;
     GrowBuffer scratch_[4];
     std::vector<int32_t> host_tokens_, seg_;

@@ -8,6 +8,7 @@
 //  - the GPU op runs twice and the two results must be bitwise identical (determinism);
 //  - GPU vs CPU: norm-relative error ||gpu - cpu|| / ||cpu|| <= 1e-4 (fp32) / 2e-2 (bf16);
 //    fp32 statistics (mean, rstd, lse, losses, master weights, moments) <= 1e-4 / 1e-3.
+// Also optimizer offload: AdamW on the host (llmc/optimizer.h) against AdamW on the GPU (test_offload).
 // Prints one line per check and "N passed, M failed"; exit code 1 on any failure.
 // Prints "GPU tests: skipped (no CUDA device)" and exits 0 without a device.
 #include <algorithm>
@@ -22,7 +23,9 @@
 
 #include "llmc/common.h"
 #include "llmc/cuda/common.cuh"
+#include "llmc/model.h"
 #include "llmc/ops.h"
+#include "llmc/optimizer.h"
 #include "llmc/tensor.h"
 #include "test/op_cases.h"
 
@@ -909,6 +912,77 @@ void test_fp8_bad_shape(H& h) {
     report(threw, "matmul_forward_fp8.rejects_N_not_multiple_of_16", strfmt("[%s]", dtype_name(h.dt)), "");
 }
 
+// Optimizer offload (llmc/optimizer.h) against AdamW on the GPU, from the same state: 3 steps over
+// a small model's whole buffer, streamed in pieces of 1000 elements (the last one short). The host
+// kernel rounds differently from the device's (FMA contraction; the bias corrections' pow in fp32
+// there, fp64 here), so moments and master agree to float rounding (norm-relative 1e-5); bf16
+// parameters share the stochastic rounding's random bits (llmc/bf16.h), so they are bitwise equal
+// except where the two masters straddle a rounding step (at most 1% of them), and the padding
+// past the tensors stays zero. First the asynchronous copies: a round trip through pinned memory,
+// and a copy ordered after queued ops.
+void test_offload(Ops& gpu, DType dt) {
+    const std::string sh = strfmt("[%s]", dtype_name(dt));
+    {
+        const size_t n = 4099;
+        std::vector<float> src(n);
+        for (size_t i = 0; i < n; i++) src[i] = float(i) * 0.5f + 1.0f;
+        float* pin = static_cast<float*>(gpu.alloc_host(n * 4));
+        void* dev = gpu.alloc(n * 4);
+        std::memcpy(pin, src.data(), n * 4);
+        const uint64_t up = gpu.copy_from_host_async(dev, pin, n * 4);
+        gpu.wait_copy(up);
+        std::memset(pin, 0, n * 4);
+        const uint64_t down = gpu.copy_to_host_async(pin, dev, n * 4);
+        gpu.wait_copy(down);
+        report(std::memcmp(pin, src.data(), n * 4) == 0 && up != 0 && down != up, "offload.async_copy_round_trip", sh,
+               "");
+        gpu.zero(Tensor(dev, n, DType::F32));                    // queued on the compute stream
+        gpu.wait_copy(gpu.copy_to_host_async(pin, dev, n * 4));  // runs after it
+        size_t nonzero = 0;
+        for (size_t i = 0; i < n; i++) nonzero += pin[i] != 0.0f;
+        report(nonzero == 0, "offload.async_copy_after_queued_ops", sh, strfmt("nonzero=%zu", nonzero));
+        gpu.release(dev);
+        gpu.release_host(pin);
+    }
+    const ModelShape s{2, 2, 32, 200, 256, 16};
+    Model a(s, gpu, dt, 2, 8, 1024), b(s, gpu, dt, 2, 8, 1024);  // 34176 parameters padded to 34816
+    a.init_random(7);
+    b.init_random(7);
+    const size_t n = a.padded_params;
+    AdamW on_gpu(a, 0, n, a.param_buf, a.grad_buf);
+    AdamW offloaded(b, 0, n, b.param_buf, b.grad_buf, OptimizerOffload{true, 1000});
+    const AdamWHyper hyp{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+    Rng rng(11);
+    for (int step = 1; step <= 3; step++) {
+        std::vector<float> g(n);
+        for (float& x : g) x = 0.1f * rng.normal();
+        gpu.from_host_f32(a.grad_buf, g.data());
+        gpu.from_host_f32(b.grad_buf, g.data());
+        on_gpu.step(hyp, step, 0.5f, 42u + uint32_t(step));
+        offloaded.step(hyp, step, 0.5f, 42u + uint32_t(step));
+    }
+    std::vector<float> ma, va, wa, mb, vb, wb;
+    on_gpu.get_state(ma, va, wa);
+    offloaded.get_state(mb, vb, wb);
+    H::compare_vec("offload.m", sh, mb, ma, 1e-5);
+    H::compare_vec("offload.v", sh, vb, va, 1e-5);
+    if (dt == DType::BF16) H::compare_vec("offload.master", sh, wb, wa, 1e-5);
+    std::vector<float> pa(n), pb(n);
+    gpu.to_host_f32(pa.data(), a.param_buf);
+    gpu.to_host_f32(pb.data(), b.param_buf);
+    H::compare_vec("offload.params", sh, pb, pa, dt == DType::F32 ? 1e-5 : 1e-2);
+    if (dt == DType::BF16) {
+        size_t differ = 0;
+        for (size_t i = 0; i < n; i++) differ += pa[i] != pb[i];
+        report(differ <= n / 100, "offload.params_bitwise_but_rounding_straddles", sh,
+               strfmt("differing=%zu of %zu", differ, n));
+    }
+    size_t padding = 0;  // the buffer past the tensors stays zero
+    for (size_t i = b.num_params; i < n; i++) padding += pb[i] != 0.0f;
+    report(n > b.num_params && padding == 0, "offload.padding_untouched", sh,
+           strfmt("nonzero=%zu of %zu", padding, n - b.num_params));
+}
+
 void guarded(const std::string& what, const std::function<void()>& f) {
     try {
         f();
@@ -969,6 +1043,7 @@ int main(int argc, char** argv) {
         });
         run("adamw", "adamw", [&](const C& c) { test_adamw(h, size_t(c.dims[0]), c.dims[1] != 0, c.dims[2]); });
         run("sum_squares", "sum_squares", [&](const C& c) { test_sum_squares(h, size_t(c.dims[0])); });
+        if (want("offload")) guarded("offload", [&] { test_offload(*gpu, dt); });
         if (want("fp8")) {
             std::string why;
             if (!gpu->fp8_supported(&why)) {
