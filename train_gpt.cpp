@@ -253,7 +253,7 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
 struct Plan {
     Config cfg;
     bool print_config = false;
-    std::string plan_mode;  // --plan: "text" or "json"; the grid is then plan.world's, rank 0's
+    std::string plan_mode;  // --plan: "text", "json" or "search"; the grid is then plan.world's, rank 0's
     ProcessGrid grid;
     ModelShape shape;
     ModelLayout layout;
@@ -268,8 +268,9 @@ Plan plan_run(const Runtime& rt, int argc, char** argv) {
     const bool planning = !p.plan_mode.empty();
     p.grid = planning ? make_process_grid(pc, plan_world(p.cfg), 0) : make_process_grid(pc, rt.world, rt.rank);
     p.schedule = parse_pp_schedule(pc.pp_schedule);
-    validate_pipeline(p.cfg);
     p.shape = model_shape(p.cfg.model);
+    resolve_pp_layers(p.cfg, p.shape);  // "auto": the same split on every rank
+    validate_pipeline(p.cfg);
     if (!planning) check_fits_host_memory(p.shape);  // a plan is for machines other than this one
     p.layout = model_layout(p.shape, pc, p.grid.tp_rank, p.grid.pp_rank);
     check_model_layout(p.shape, p.layout, p.cfg.train.seq_len);
@@ -597,6 +598,7 @@ int train(Runtime& rt, int argc, char** argv) {
         const DType dt = run_dtype(plan.cfg.precision, plan.cfg.device == "cpu" ? "cpu" : "cuda");
         if (rt.is_main() && plan.plan_mode == "json") std::printf("%s\n", plan_json(plan.cfg, plan.shape, plan.grid, dt).dump().c_str());
         if (rt.is_main() && plan.plan_mode == "text") std::fputs(plan_text(plan.cfg, plan.shape, plan.grid, dt).c_str(), stdout);
+        if (rt.is_main() && plan.plan_mode == "search") std::fputs(search_text(plan.cfg, plan.shape, dt).c_str(), stdout);
         return 0;
     }
     Run r(rt, plan);

@@ -19,7 +19,9 @@
 #include "llmc/comm.h"
 #include "llmc/config.h"
 #include "llmc/data_parallel.h"
+#include "llmc/model.h"
 #include "llmc/process_grid.h"
+#include "llmc/step_model.h"
 
 // The dtype of parameters, gradients and activations for a precision on a device ("cpu"/"cuda").
 DType run_dtype(const std::string& precision, const std::string& device);
@@ -51,6 +53,39 @@ nlohmann::json memory_json(const std::vector<RankMemory>& ranks);
 // allocated, each passing its own; collective over mp, every member gets the result.
 nlohmann::json gather_memory_json(const MemoryPlan& mine, Comm& mp, int tp);
 
-// The whole plan (kinds of rank, model FLOPs per step), as text or as one JSON object.
+// parallel.pp_layers "auto": replaced by balance_pp_layers' split (llmc/step_model.h); else unchanged.
+// Every rank resolves it alike before the layout is built.
+void resolve_pp_layers(Config& cfg, const ModelShape& shape);
+
+// Megatron's per-layer activation memory (Korthikanti et al. 2022, "Reducing Activation
+// Recomputation in Large Transformer Models", section 4: 16-bit activations, dropout masks of a
+// byte, s·b·h·(34 + 5·a·s/h) per layer, all divided by t with tensor and sequence parallelism)
+// term by term next to what a layer of ours keeps (Model::activation_bytes_of): bytes per layer
+// for one micro-batch of b sequences of s tokens in dtype, over tp ranks. A paper term we do not
+// hold has ours = 0 (flash-style attention keeps no a·s² scores; no dropout), a term only ours has
+// paper = 0 (the norms' fp32 statistics, the attention's log-sum-exp). The paper's terms follow
+// its recompute mode too: selective drops the three a·s² terms, full keeps only the layer's input.
+struct ActivationTerm {
+    std::string name;
+    double ours = 0, paper = 0;
+};
+std::vector<ActivationTerm> activation_terms(const ModelShape& shape, DType dtype, int b, int s, int tp, bool sp,
+                                             Recompute rc);
+
+// --plan=search: layouts of plan.world GPUs (dp, tp, pp, schedule, chunks per rank, ZeRO stage,
+// recompute, micro-batch, sequence parallelism) at cfg's global batch (micro_batch x grad_accum x
+// dp sequences) whose every rank's planned memory fits plan.gpu, fastest first (ties in the order
+// of enumeration). Deterministic.
+struct LayoutChoice {
+    Config cfg;          // cfg with the layout's keys set
+    StepTime time;
+    size_t max_bytes = 0;  // the largest rank's planned total
+    std::string overrides() const;  // "parallel.dp=... train.micro_batch=..."
+};
+std::vector<LayoutChoice> search_layouts(const Config& cfg, const ModelShape& shape, DType dtype, size_t top,
+                                         size_t* examined = nullptr);
+std::string search_text(const Config& cfg, const ModelShape& shape, DType dtype);
+
+// The whole plan (kinds of rank, model FLOPs per step, step time), as text or as one JSON object.
 std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype);
 nlohmann::json plan_json(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype);

@@ -45,6 +45,7 @@ for fam in gpt2 llama; do
     check "$fam" dp2_cp2_zero2 4 parallel.dp=2 parallel.cp=2 parallel.zero=2
     check "$fam" cp2_tp2_sp_pp2 8 parallel.dp=1 parallel.cp=2 parallel.tp=2 parallel.sequence_parallel=true parallel.pp=2
 done
+check gpt2 pp2_auto 2 parallel.dp=1 parallel.pp=2 parallel.pp_layers=auto  # the split resolved alike
 # context parallelism holds seq_len / cp tokens of each sequence: fewer activation bytes per rank
 # than the same layout at cp 1, and the memory table says how many at cp 1
 act() { "$BIN" "$W/llama.json" "$@" --plan=json | jq '.memory[0].activations'; }
@@ -70,6 +71,21 @@ for row in parameters gradients optimizer 'comm buffers' 'unit params' 'unit gra
 done
 grep -q 'world 8 = dp 2 x tp 2 x pp 2' "$W/plan.txt" || die "the text plan does not plan 8 processes"
 grep -q 'model FLOPs per step' "$W/plan.txt" || die "the text plan has no FLOPs"
+grep -q '^step time on 8 x h100 ' "$W/plan.txt" || die "the text plan has no step time"
+grep -q 'exposed communication .* pipeline bubble' "$W/plan.txt" || die "the text plan does not split the step time"
+[ "$(jq '.step_time.total_s > 0 and .step_time.bubble_s > 0 and .device.gpu == "h100"' "$W/gpt2.dp2_tp2_pp2.plan.json")" = true ] ||
+    die "--plan=json has no step time"
+expect_fail 2 'plan.efficiency' "$BIN" "$W/gpt2.json" plan.efficiency=0 --plan
+expect_fail 2 'plan.gpu' "$BIN" "$W/gpt2.json" plan.gpu=v100 --plan
+# --plan=search prints key=value overrides; the best one, planned, fits plan.gpu's memory
+"$BIN" "$W/gpt2.json" parallel.dp=auto plan.world=8 plan.gpu_mem_gib=0.001 --plan=search > "$W/search.txt" ||
+    die "--plan=search failed"
+best=$(sed -n 3p "$W/search.txt")
+echo "$best" | grep -q '^   parallel.dp=' || die "--plan=search printed no overrides: $(cat "$W/search.txt")"
+# shellcheck disable=SC2086  # the overrides are words
+most=$("$BIN" "$W/gpt2.json" $best plan.world=8 --plan=json | jq '[.memory[].total] | max')
+[ "$most" -le $((1024 * 1024)) ] || die "the searched layout needs $most B, more than plan.gpu_mem_gib=0.001"
+echo "search: $best ($most B)"
 # plan.world: the world to plan; with parallel.dp "auto" it defaults to 1, which a pipeline does not fit
 expect_fail 2 "parallel.dp: .auto. needs the world size" "$BIN" "$W/gpt2.json" parallel.pp=2 --plan
 "$BIN" "$W/gpt2.json" parallel.pp=2 plan.world=4 --plan | grep -q "world 4 = dp 2 x tp 1 x pp 2" || die "plan.world=4 not planned"
