@@ -135,10 +135,13 @@ bool in_list(const std::string& key, std::initializer_list<const char*> list) {
     return false;
 }
 
-// How a run is laid out, evaluated, logged and saved: changing it leaves the training the same.
+// How a run is laid out, computed, evaluated, logged and saved: changing it leaves the training
+// recipe the same. (precision changes the arithmetic as a layout changes the order of sums; the
+// fp8 converter has its own rule for fp8.*: other settings than the checkpoint's are refused.)
 bool harmless_key(const std::string& key) {
-    return in_list(key, {"eval.", "log.", "out.", "checkpoint.", "parallel.", "plan.", "device", "out_dir", "tokenizer",
-                         "data.val", "model.init", "model.init_seed", "train.recompute", "train.max_bad_steps"});
+    return in_list(key, {"eval.", "log.", "out.", "checkpoint.", "parallel.", "plan.", "device", "precision", "fp8.",
+                         "out_dir", "tokenizer", "data.val", "model.init", "model.init_seed", "train.recompute",
+                         "train.max_bad_steps"});
 }
 // Keys judged by their effect (below) rather than by their value.
 bool schedule_key(const std::string& key) {
