@@ -308,49 +308,44 @@ struct Run {
 double tokens_per_step(const Run& r) { return tokens_per_step(r.cfg, r.grid); }
 
 // The initial weights (random or a file), or a checkpoint to continue from: every rank reads the
-// whole checkpoint and keeps its pieces, so any layout resumes any other. A bad file or a resume
-// that cannot continue ends every rank (false), said once: by rank 0 when it sees it too.
-bool init_or_resume(Run& r) {
+// whole checkpoint and keeps its pieces, so any layout resumes any other. No collective: train()
+// agrees on its UserErrors, so that one every rank finds is said once, by rank 0.
+void init_or_resume(Run& r) {
     const Config& cfg = r.cfg;
-    std::string from, error;
+    if (cfg.model.init == "random") {
+        r.model.init_random(uint64_t(cfg.model.init_seed));
+    } else {
+        const bool hf = is_safetensors(cfg.model.init);  // model_file_read checks that every weight is finite
+        std::vector<float> w = hf ? hf_read_weights(cfg.model.init, r.shape) : model_file_read(cfg.model.init, &r.shape);
+        if (hf) check_finite_weights(w, r.shape, cfg.model.init);
+        r.model.set_params_whole(w.data());
+    }
+    r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
+    std::string from;
     if (cfg.checkpoint.resume == "auto") from = checkpoint_latest(r.ckpt_dir);
     else if (cfg.checkpoint.resume != "never") from = cfg.checkpoint.resume;
     r.state.loader_dp = r.grid.dp;
     r.state.train_shards = shard_list(r.train_data.files());
-    try {
-        if (cfg.model.init == "random") {
-            r.model.init_random(uint64_t(cfg.model.init_seed));
-        } else {
-            const bool hf = is_safetensors(cfg.model.init);  // model_file_read checks that every weight is finite
-            std::vector<float> w = hf ? hf_read_weights(cfg.model.init, r.shape) : model_file_read(cfg.model.init, &r.shape);
-            if (hf) check_finite_weights(w, r.shape, cfg.model.init);
-            r.model.set_params_whole(w.data());
-        }
-        r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
-        if (!from.empty()) {
-            WholeState whole;
-            r.state = checkpoint_load(from, r.shape, &whole);
-            check_resume_within(r.state, r.tc.steps, from);
-            const std::string changes = check_resume_changes(
-                resume_changes(r.state, cfg, r.grid.dp, shard_list(r.train_data.files())), cfg, from);
-            r.model.set_params_whole(whole.params.data());
-            OptimizerState local;
-            local.m = r.model.from_file_order(whole.m.data());
-            local.v = r.model.from_file_order(whole.v.data());
-            if (!whole.master.empty()) local.master = r.model.from_file_order(whole.master.data());
-            r.dp.load_optimizer_state(r.opt, local);
-            r.state.loader = convert_loader_position(r.state.loader, r.state.loader_dp, r.grid.dp, cfg.data.shuffle);
-            r.train_data.set_position(r.state.loader);
-            r.conv->load(whole, from, r.log);
-            r.log.print("%sresumed from %s at step %d (saved at dp %d)\n", changes.c_str(), from.c_str(),
-                        r.state.step, r.state.loader_dp);
-            r.state.loader_dp = r.grid.dp;
-            r.state.train_shards = shard_list(r.train_data.files());
-        }
-    } catch (const UserError& e) {
-        error = e.what();
+    if (!from.empty()) {
+        WholeState whole;
+        r.state = checkpoint_load(from, r.shape, &whole);
+        check_resume_within(r.state, r.tc.steps, from);
+        const std::string changes =  // refused unless checkpoint.allow_changes when they break exactness
+            check_resume_changes(resume_changes(r.state, cfg, r.grid.dp, shard_list(r.train_data.files())), cfg, from);
+        r.model.set_params_whole(whole.params.data());
+        OptimizerState local;
+        local.m = r.model.from_file_order(whole.m.data());
+        local.v = r.model.from_file_order(whole.v.data());
+        if (!whole.master.empty()) local.master = r.model.from_file_order(whole.master.data());
+        r.dp.load_optimizer_state(r.opt, local);
+        r.state.loader = convert_loader_position(r.state.loader, r.state.loader_dp, r.grid.dp, cfg.data.shuffle);
+        r.train_data.set_position(r.state.loader);
+        r.conv->load(whole, from, r.log);
+        r.log.print("%sresumed from %s at step %d (saved at dp %d)\n", changes.c_str(), from.c_str(), r.state.step,
+                    r.state.loader_dp);
+        r.state.loader_dp = r.grid.dp;
+        r.state.train_shards = shard_list(r.train_data.files());
     }
-    if (r.rt.any_failed(error)) return false;
     if (r.rt.is_main()) {
         prepare_run_dirs(cfg, r.ckpt_dir);  // lock out_dir, check that it is writable and free
         if (!from.empty() && cfg.checkpoint.resume != "auto")  // rolling back: the later branch goes aside
@@ -360,7 +355,6 @@ bool init_or_resume(Run& r) {
     const std::string log_path = cfg.log.jsonl.empty() ? cfg.out_dir + "/log.jsonl" : cfg.log.jsonl;
     if (r.rt.is_main() && !from.empty()) trim_run_log(log_path, r.state.step);  // the log reads as one run
     r.run_log.reset(new Logger(log_path, r.rt.is_main(), !from.empty()));
-    return true;
 }
 
 void print_banner(Run& r, const Plan& p) {
@@ -539,7 +533,12 @@ int train(Runtime& rt, int argc, char** argv) {
         error = e.what();
     }
     if (rt.any_failed(error)) return 2;
-    if (!init_or_resume(r)) return 2;
+    try {
+        init_or_resume(r);
+    } catch (const UserError& e) {
+        error = e.what();
+    }
+    if (rt.any_failed(error)) return 2;
     r.conv->apply(r.model);
     print_banner(r, plan);
     if (r.device != "cpu")
