@@ -91,10 +91,12 @@ std::string exchange_reports(const std::string& mine, double grace_s) {
     int me = 0, n = 1;
     MPI_Comm_rank(g_reports, &me);
     MPI_Comm_size(g_reports, &n);
-    std::vector<MPI_Request> sent(size_t(n), MPI_REQUEST_NULL);  // never completed: the job ends
+    // the sends are never completed (the job ends): their buffer and requests outlive this call
+    static const std::string report = mine;
+    static std::vector<MPI_Request> sent(size_t(n), MPI_REQUEST_NULL);
     for (int r = 0; r < n; r++)
         if (r != me)
-            MPI_Isend(mine.data(), int(mine.size()), MPI_CHAR, r, kReportTag, g_reports, &sent[size_t(r)]);
+            MPI_Isend(report.data(), int(report.size()), MPI_CHAR, r, kReportTag, g_reports, &sent[size_t(r)]);
     std::vector<std::string> got(static_cast<size_t>(n));
     got[size_t(me)] = mine;
     int have = 1;
