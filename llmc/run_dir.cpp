@@ -225,8 +225,9 @@ std::vector<ResumeChange> resume_changes(const TrainState& saved, const Config& 
     flatten(cfg.resolved, "", &b);
     for (const auto& kv : a) {
         const auto it = b.find(kv.first);
-        if (it == b.end() || it->second == kv.second) continue;
         const std::string& k = kv.first;
+        if (it == b.end() || it->second == kv.second) continue;
+        if (k == "checkpoint.resume" || k == "checkpoint.allow_changes") continue;  // how to resume, not what
         const bool breaks = schedule_key(k)       ? lr_differs
                             : k == "data.train"    ? !shards_known
                             : k == "train.grad_accum" ? false  // the tokens per step say it

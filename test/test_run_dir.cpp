@@ -177,8 +177,9 @@ TEST_CASE("resume: every change is named; those that break an exact resume are r
     CHECK(check_resume_changes({}, base, "ck").empty());
 
     // harmless: evaluation, saving, the layout at the same tokens per step (grad_accum 2 x dp 2 =
-    // 4 x 1), the same shards found through another glob
-    Config c = config_of({{"eval", {{"batches", 3}}}, {"checkpoint", {{"every", 7}}},
+    // 4 x 1), the same shards found through another glob; how to resume is not listed at all
+    Config c = config_of({{"eval", {{"batches", 3}}},
+                          {"checkpoint", {{"every", 7}, {"resume", "never"}, {"allow_changes", true}}},
                           {"train", {{"grad_accum", 4}}}, {"data", {{"train", "/data/b/train_*.bin"}}}});
     std::vector<ResumeChange> ch = resume_changes(st, c, 1, shards);
     CHECK(keys(ch, false) == Keys{"checkpoint.every", "data.train", "eval.batches", "train.grad_accum"});
