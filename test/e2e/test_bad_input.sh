@@ -122,8 +122,11 @@ grep -q 'resumed from .*step_00000002 ' "$W/rollback.txt" || die "rollback: auto
 # goes with the process that held it
 LLMC_FAULT=hang:train_step_1 "$BIN" "$W/c.json" train.steps=4 "out_dir=$W/shared" > /dev/null 2>&1 &
 holder=$!
-for _ in $(seq 100); do [ -s "$W/shared/train_gpt.lock" ] && break; sleep 0.1; done
+for _ in $(seq 100); do [ -s "$W/shared/train_gpt.lock" ] && [ -s "$W/shared/checkpoints/train_gpt.lock" ] && break; sleep 0.1; done
 expect_fail 2 "out_dir.*$W/shared.*pid $holder" "$BIN" "$W/c.json" train.steps=4 "out_dir=$W/shared"
+# ... and on its checkpoint folder, from a run with another out_dir
+expect_fail 2 "checkpoint\.dir: $W/shared/checkpoints is in use .*pid $holder" "$BIN" "$W/c.json" train.steps=4 \
+    "checkpoint.dir=$W/shared/checkpoints" "out_dir=$W/other"
 kill -9 $holder
 wait $holder || true
 "$BIN" "$W/c.json" train.steps=2 "out_dir=$W/shared" > /dev/null || die "the lock outlived its holder"
