@@ -25,6 +25,7 @@
 #include "llmc/common.h"
 #include "llmc/comm.h"
 #include "llmc/config.h"
+#include "llmc/context_parallel.h"
 #include "llmc/converter.h"
 #include "llmc/data_parallel.h"
 #include "llmc/exit_codes.h"
@@ -59,48 +60,76 @@ double now_ms() {
 
 using Batches = std::vector<std::vector<int32_t>>;
 
-// Mean loss over `batches` micro-batches of the validation set, from its start, averaged over DP ranks.
-double evaluate(PipelineEngine& pipeline, DataLoader& val, int batches, std::vector<int32_t>& x,
-                std::vector<int32_t>& y, DataParallel& dp) {
+// The next micro-batch of this rank: the loader reads its DP rank's B sequences of T = t * cp
+// tokens (x and y hold B*T); with context parallelism x and y then begin with this CP rank's
+// B*t rows of them (llmc/context_parallel.h), inputs and targets alike.
+void next_batch(DataLoader& loader, const ContextParallel& cp, int B, int t, std::vector<int32_t>& x,
+                std::vector<int32_t>& y) {
+    loader.next(x.data(), y.data());
+    if (cp.size() == 1) return;
+    std::vector<int32_t> rows(size_t(B) * t);
+    for (std::vector<int32_t>* v : {&x, &y}) {
+        cp_take_rows(v->data(), rows.data(), B, t * cp.size(), cp.size(), cp.rank());
+        std::copy(rows.begin(), rows.end(), v->begin());
+    }
+}
+
+// Mean loss over `batches` micro-batches of the validation set, from its start, averaged over
+// the DP (x CP) ranks.
+double evaluate(PipelineEngine& pipeline, DataLoader& val, const ContextParallel& cp, int batches, int B, int t,
+                std::vector<int32_t>& x, std::vector<int32_t>& y, DataParallel& dp) {
     val.reset();
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
-        val.next(x.data(), y.data());
-        sum += pipeline.forward_only(x.data(), y.data(), pipeline.model().B, pipeline.model().T);
+        next_batch(val, cp, B, t, x, y);
+        sum += pipeline.forward_only(x.data(), y.data(), B, t);
     }
     return dp.mean(batches > 0 ? sum / batches : 0.0);
 }
 
 // Samples n tokens after <|endoftext|> at temperature 1, seeded: the same step gives the same text.
-// Collective over the model-parallel group: the last stage's TP ranks gather the logits row and
-// draw alike; the pipeline group hands the token back to the first stage.
-std::vector<int> sample(PipelineEngine& pipeline, TensorParallel& tp, int eot, int n, uint64_t seed) {
-    Model& model = pipeline.model();
+// Collective over the model-parallel and CP groups: the last stage's TP ranks of the CP rank
+// holding the last position gather the logits row and draw alike; the CP group, then the
+// pipeline group, hand the token to the others.
+std::vector<int> sample(PipelineEngine& pipeline, const Model& model, TensorParallel& tp, ContextParallel& cp, int eot,
+                        int n, uint64_t seed) {
     const int V = model.shape.vocab_size, Vl = model.shape.vocab_shard(tp.size());
     Rng rng(seed, 0x5A3D1E);
     std::vector<int32_t> ctx = {eot};
     std::vector<int> out;
     std::vector<float> slice(size_t(Vl), -INFINITY), logits(size_t(Vl) * tp.size());
     for (int i = 0; i < n; i++) {
-        const int t = std::min<int>(int(ctx.size()), model.T);
-        // sequence parallelism splits the tokens evenly: pad the window at its end (causal
-        // attention keeps the padding out of position t - 1)
-        const int tp_pad = model.layout.sequence_parallel ? (t + tp.size() - 1) / tp.size() * tp.size() : t;
+        const int ncp = cp.size(), t = std::min<int>(int(ctx.size()), model.T * ncp);
+        // sequence parallelism splits a rank's tokens evenly over TP, context parallelism a
+        // sequence into 2 x cp equal chunks: pad the window at its end (causal attention keeps
+        // the padding out of position t - 1); the padded length still fits (train.seq_len is
+        // such a multiple)
+        const int sp = model.layout.sequence_parallel ? tp.size() : 1;
+        const int unit = ncp == 1 ? sp : ncp * (sp % 2 == 0 ? sp : 2 * sp);
+        const int padded = (t + unit - 1) / unit * unit, tl = padded / ncp;
         std::vector<int32_t> window(ctx.end() - t, ctx.end());
-        window.resize(size_t(tp_pad), eot);
-        pipeline.forward_only(window.data(), nullptr, 1, tp_pad);
+        std::vector<int32_t> rows = std::vector<int32_t>(size_t(tl));
+        window.resize(size_t(padded), eot);
+        cp_take_rows(window.data(), rows.data(), 1, padded, ncp, cp.rank());
+        pipeline.forward_only(rows.data(), nullptr, 1, tl);
+        // the CP rank holding position t - 1, and its row there
+        int holder = 0, row = t - 1;
+        for (int r = 0; r < ncp; r++)
+            for (int i = 0; i < tl; i++)
+                if (cp_global_row(i, tl, ncp, r) == t - 1) holder = r, row = i;
         float next = 0.0f;
-        if (pipeline.is_last_stage()) {
+        const double u = rng.uniform();  // drawn on every rank: the generators stay in step whichever rank picks
+        if (pipeline.is_last_stage() && cp.rank() == holder) {
             int v0 = 0;
             std::fill(slice.begin(), slice.end(), -INFINITY);
-            model.get_logits_slice(0, t - 1, slice.data(), &v0);
+            model.get_logits_slice(0, row, slice.data(), &v0);
             if (tp.size() > 1) tp.comm()->all_gather(slice.data(), logits.data(), std::vector<size_t>(size_t(tp.size()), size_t(Vl)));
             else logits = slice;
             float mx = logits[0];
             for (int k = 0; k < V; k++) mx = std::max(mx, logits[size_t(k)]);
             double total = 0.0;
             for (int k = 0; k < V; k++) total += (logits[size_t(k)] = std::exp(logits[size_t(k)] - mx));
-            double r = rng.uniform() * total, c = 0.0;
+            double r = u * total, c = 0.0;
             int pick = V - 1;
             for (int k = 0; k < V; k++)
                 if ((c += logits[size_t(k)]) > r) {
@@ -109,6 +138,7 @@ std::vector<int> sample(PipelineEngine& pipeline, TensorParallel& tp, int eot, i
                 }
             next = float(pick);
         }
+        if (ncp > 1 && pipeline.is_last_stage()) cp.comm()->broadcast(&next, 1, holder);
         next = float(pipeline.broadcast_from_last(next));
         ctx.push_back(int32_t(next));
         out.push_back(int(next));
@@ -123,8 +153,8 @@ WholeState gather_whole_state(const Model& model, const AdamW& opt, DataParallel
     OptimizerState local = dp.gather_optimizer_state(opt);  // DP rank 0 gets its (tp, pp) piece whole
     std::vector<float> params = dp.gather_params();
     WholeState whole;
-    if (grid.dp_rank != 0) return whole;
-    const size_t pad = DataParallel::pad_multiple(grid.dp);
+    if (grid.dp_cp_rank() != 0) return whole;
+    const size_t pad = DataParallel::pad_multiple(grid.dp_cp());
     whole.params = assemble_whole(model.shape, pc, pad, params, mp);
     whole.m = assemble_whole(model.shape, pc, pad, local.m, mp);
     whole.v = assemble_whole(model.shape, pc, pad, local.v, mp);
@@ -141,8 +171,8 @@ void dump_gradients(const Model& model, DataParallel& dp, const ParallelConfig& 
     if (!path || !*path) return;
     // with ZeRO >= 1 each DP rank holds the sum for its shard only: gather them like optimizer state
     std::vector<float> local = dp.gather_gradients();
-    if (grid.dp_rank != 0) return;
-    std::vector<float> whole = assemble_whole(model.shape, pc, DataParallel::pad_multiple(grid.dp), local, mp);
+    if (grid.dp_cp_rank() != 0) return;
+    std::vector<float> whole = assemble_whole(model.shape, pc, DataParallel::pad_multiple(grid.dp_cp()), local, mp);
     if (grid.rank == 0) model_file_write(path, model.shape, whole.data(), 3);
 }
 
@@ -180,16 +210,17 @@ std::string resolve_comm(const ParallelConfig& pc, const std::string& device, co
 
 void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bool master, DType dtype,
                         const ModelConverter& conv) {
-    const size_t num_params = model.num_params;
+    const size_t num_params = model.params.num_params;
     auto row = [&](const char* name, size_t bytes, const std::string& note) {
         log.print("  %-13s %11s  %12zu B%s\n", name, human_bytes(double(bytes)).c_str(), bytes, note.c_str());
     };
-    log.print("memory per rank (ZeRO-%d over dp %d; %zu parameters padded to %zu):\n", m.zero, m.dp, num_params,
-              m.padded_params);
+    log.print("memory per rank (ZeRO-%d over dp %s%d; %zu parameters padded to %zu):\n", m.zero,
+              model.layout.cp > 1 ? "x cp " : "", m.dp, num_params, m.padded_params);
     row("parameters", m.params,
         strfmt("  (%s%s%s)", dtype_name(dtype), m.zero >= 3 ? ", shard" : "", conv.params_note().c_str()));
     row("gradients", m.grads, m.zero >= 2 ? "  (shard)" : "");
-    row("optimizer", m.optimizer, strfmt("  (m, v%s fp32%s)", master ? ", master" : "", m.zero >= 1 ? ", shard" : ""));
+    const std::string opt_note = strfmt("m, v%s fp32%s", master ? ", master" : "", m.zero >= 1 ? ", shard" : "");
+    row("optimizer", m.optimizer, m.host ? "  (offloaded to the host)" : "  (" + opt_note + ")");
     row("comm buffers", m.comm_buffers, m.zero == 0 ? "  (1 bucket, fp32)" : "  (2 buckets, fp32)");
     if (m.zero >= 3)
         row("unit params", m.unit_params, "  (gathered: the embedding, the head, a layer and the prefetched next)");
@@ -198,6 +229,10 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
                           ? strfmt("sequence parallel; %s without it",
                                    human_bytes(double(model.activation_bytes_without_sp())).c_str())
                           : std::string();
+    if (model.layout.cp > 1)
+        act += std::string(act.empty() ? "" : "; ") +
+               strfmt("context parallel: %d tokens of each sequence, ring buffers; %s at cp 1", model.T,
+                      human_bytes(double(model.activation_bytes_without_cp())).c_str());
     if (model.recompute != Recompute::None)
         act += std::string(act.empty() ? "" : "; ") +
                (model.recompute == Recompute::Full ? "full recompute" : "selective recompute");
@@ -208,13 +243,17 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
         total += r.bytes;
     }
     row("total", total, "");
+    if (m.host)
+        row("host memory", m.host,
+            strfmt("  (not in the total: offloaded optimizer, %s, and %d staging pieces)", opt_note.c_str(),
+                   AdamW::kStageSlots));
 }
 
 // ---- plan: every start-up check, on every rank alike, before any work ----
 struct Plan {
     Config cfg;
     bool print_config = false;
-    std::string plan_mode;  // --plan: "text" or "json"; the grid is then plan.world's, rank 0's
+    std::string plan_mode;  // --plan: "text", "json" or "search"; the grid is then plan.world's, rank 0's
     ProcessGrid grid;
     ModelShape shape;
     ModelLayout layout;
@@ -229,13 +268,19 @@ Plan plan_run(const Runtime& rt, int argc, char** argv) {
     const bool planning = !p.plan_mode.empty();
     p.grid = planning ? make_process_grid(pc, plan_world(p.cfg), 0) : make_process_grid(pc, rt.world, rt.rank);
     p.schedule = parse_pp_schedule(pc.pp_schedule);
-    validate_pipeline(p.cfg);
     p.shape = model_shape(p.cfg.model);
+    resolve_pp_layers(p.cfg, p.shape);  // "auto": the same split on every rank
+    validate_pipeline(p.cfg);
     if (!planning) check_fits_host_memory(p.shape);  // a plan is for machines other than this one
     p.layout = model_layout(p.shape, pc, p.grid.tp_rank, p.grid.pp_rank);
     check_model_layout(p.shape, p.layout, p.cfg.train.seq_len);
     if (planning) return p;  // a plan needs no device and no communicator
     p.device = resolve_device(p.cfg);
+    if (pc.cp > 1 && p.device != "cpu")
+        throw UserError(strfmt("parallel.cp: %d needs device \"cpu\" for now (device resolved to \"%s\"): the ring's "
+                               "CUDA kernels have not yet run on a GPU (test_gpu's attention_ring cases) and its "
+                               "messages are not staged from device memory",
+                               pc.cp, p.device.c_str()));
     p.comm = resolve_comm(pc, p.device, rt);
     return p;
 }
@@ -252,15 +297,19 @@ struct Run {
           log(std::string(), rt.is_main(), false),
           schedule(make_pipeline_schedule(p.schedule, grid.pp, tc.grad_accum, pc.pp_virtual)),
           tp(*ops, groups.tp.get(), pc.sequence_parallel),
-          model(shape, *ops, dtype, tc.micro_batch, tc.seq_len, DataParallel::pad_multiple(grid.dp), p.layout, &tp,
-                pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), DataParallel::storage(pc.zero),
-                parse_recompute(tc.recompute)),
-          // the DP group's gradient sync and ZeRO's shards, set up before the parameters: under
-          // ZeRO-3 this rank keeps only its shard of them
-          dp(model, *groups.dp, pc.zero, pc.bucket_mb),
-          pipeline(model, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual),
-          opt(model, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads()),  // this rank's ZeRO range
-          // each DP rank reads its own windows (every TP and PP rank of it the same ones)
+          cp(*ops, grid.cp > 1 ? groups.cp.get() : nullptr),
+          params(param_layout(shape, p.layout, DataParallel::pad_multiple(grid.dp_cp()))),
+          // where the parameters live (whole buffers, or ZeRO's shards: under ZeRO-3 this rank
+          // keeps only its shard of them), and the DP (x CP) group's gradient sync: before the model
+          dp(params, *ops, dtype, *groups.dp, pc.zero, pc.bucket_mb),
+          // with context parallelism the activations hold this rank's seq_len / cp tokens of each sequence
+          model(shape, *ops, dtype, tc.micro_batch, tc.seq_len / grid.cp, dp.param_store(), p.layout, &tp,
+                pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), parse_recompute(tc.recompute), &cp),
+          pipeline(model, *ops, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual),
+          // this rank's ZeRO range; offloaded: streamed in pieces of a gradient bucket
+          opt(params, *ops, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads(),
+              OptimizerOffload{tc.offload_optimizer, dp.bucket_elems()}),
+          // each DP rank reads its own windows (every CP, TP and PP rank of it the same ones)
           train_data(cfg.data.train, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, cfg.data.shuffle,
                      uint64_t(tc.seed), shape.vocab_size),
           ckpt_dir(cfg.checkpoint.dir.empty() ? cfg.out_dir + "/checkpoints" : cfg.checkpoint.dir),
@@ -289,8 +338,10 @@ struct Run {
     Logger log;  // console only until out_dir exists
     const PpSchedule schedule;
     TensorParallel tp;
-    Model model;
+    ContextParallel cp;
+    const ParamLayout params;  // this rank's parameters in memory order
     DataParallel dp;
+    Model model;
     PipelineEngine pipeline;
     AdamW opt;
     DataLoader train_data;
@@ -301,21 +352,23 @@ struct Run {
     const std::string ckpt_dir;
     const double peak_flops;
     TrainState state;
-    int skipped = 0, bad_in_row = 0;  // steps skipped for a non-finite loss or gradient norm: in all, in a row
+    int bad_in_row = 0;  // steps skipped in a row for a non-finite loss or gradient norm (in all: state.skipped)
     Progress progress;
 };
 
 double tokens_per_step(const Run& r) { return tokens_per_step(r.cfg, r.grid); }
 
 // The initial weights (random or a file), or a checkpoint to continue from: every rank reads the
-// whole checkpoint and keeps its pieces, so any layout resumes any other.
+// whole checkpoint and keeps its pieces, so any layout resumes any other. No collective: train()
+// agrees on its UserErrors, so that one every rank finds is said once, by rank 0.
 void init_or_resume(Run& r) {
     const Config& cfg = r.cfg;
     if (cfg.model.init == "random") {
         r.model.init_random(uint64_t(cfg.model.init_seed));
     } else {
-        std::vector<float> w = is_safetensors(cfg.model.init) ? hf_read_weights(cfg.model.init, r.shape)
-                                                              : model_file_read(cfg.model.init, &r.shape);
+        const bool hf = is_safetensors(cfg.model.init);  // model_file_read checks that every weight is finite
+        std::vector<float> w = hf ? hf_read_weights(cfg.model.init, r.shape) : model_file_read(cfg.model.init, &r.shape);
+        if (hf) check_finite_weights(w, r.shape, cfg.model.init);
         r.model.set_params_whole(w.data());
     }
     r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
@@ -323,10 +376,13 @@ void init_or_resume(Run& r) {
     if (cfg.checkpoint.resume == "auto") from = checkpoint_latest(r.ckpt_dir);
     else if (cfg.checkpoint.resume != "never") from = cfg.checkpoint.resume;
     r.state.loader_dp = r.grid.dp;
+    r.state.train_shards = shard_list(r.train_data.files());
     if (!from.empty()) {
         WholeState whole;
         r.state = checkpoint_load(from, r.shape, &whole);
         check_resume_within(r.state, r.tc.steps, from);
+        const std::string changes =  // refused unless checkpoint.allow_changes when they break exactness
+            check_resume_changes(resume_changes(r.state, cfg, r.grid.dp, shard_list(r.train_data.files())), cfg, from);
         r.model.set_params_whole(whole.params.data());
         OptimizerState local;
         local.m = r.model.from_file_order(whole.m.data());
@@ -336,8 +392,10 @@ void init_or_resume(Run& r) {
         r.state.loader = convert_loader_position(r.state.loader, r.state.loader_dp, r.grid.dp, cfg.data.shuffle);
         r.train_data.set_position(r.state.loader);
         r.conv->load(whole, from, r.log);
-        r.log.print("resumed from %s at step %d (saved at dp %d)\n", from.c_str(), r.state.step, r.state.loader_dp);
+        r.log.print("%sresumed from %s at step %d (saved at dp %d)\n", changes.c_str(), from.c_str(), r.state.step,
+                    r.state.loader_dp);
         r.state.loader_dp = r.grid.dp;
+        r.state.train_shards = shard_list(r.train_data.files());
     }
     if (r.rt.is_main()) {
         prepare_run_dirs(cfg, r.ckpt_dir);  // lock out_dir, check that it is writable and free
@@ -366,6 +424,9 @@ void print_banner(Run& r, const Plan& p) {
         log.print("tensor parallel: %d ranks, %d heads and %d vocabulary rows each%s\n", g.tp, s.n_head / g.tp,
                   s.vocab_shard(g.tp),
                   p.layout.sequence_parallel ? "; sequence parallel (1/tp of the tokens outside attention and MLP)" : "");
+    if (g.cp > 1)
+        log.print("context parallel: %d ranks, %d of each sequence's %d tokens each (chunks of %d, ring attention)\n",
+                  g.cp, r.model.T, r.tc.seq_len, r.model.T / 2);
     if (g.pp > 1) {
         std::string stages;
         const auto split = pp_layer_split(s.n_layer, g.pp, r.pc.pp_virtual, r.pc.pp_layers);
@@ -377,15 +438,18 @@ void print_banner(Run& r, const Plan& p) {
               r.tc.micro_batch, r.tc.seq_len, r.tc.grad_accum, g.dp, tokens_per_step(r), r.tc.steps);
     log.print("train data: %zu shard(s), %llu micro-batches per epoch\n", r.train_data.num_shards(),
               (unsigned long long)r.train_data.windows_per_epoch());
-    const MemoryPlan mem = r.dp.memory_plan(r.opt.has_master());
+    const MemoryPlan mem = r.dp.memory_plan(r.opt.has_master(), r.model.activation_bytes, r.opt.offloaded());
     print_memory_table(log, mem, r.model, r.opt.has_master(), r.dtype, *r.conv);
-    const MemoryPlan got = r.dp.allocated(r.opt.state_bytes());
+    const MemoryPlan got = r.dp.allocated(r.opt.device_bytes(), r.opt.host_bytes(), r.model.activation_bytes);
     LLMC_ASSERT(got.params == mem.params && got.grads == mem.grads && got.optimizer == mem.optimizer &&
                     got.comm_buffers == mem.comm_buffers && got.unit_params == mem.unit_params &&
-                    got.unit_grads == mem.unit_grads && got.activations == mem.activations,
+                    got.unit_grads == mem.unit_grads && got.activations == mem.activations && got.host == mem.host,
                 "allocations disagree with the memory table");
     // the first record of log.jsonl: what each rank position allocated (--plan=json's "memory")
     r.run_log->record({{"memory", gather_memory_json(got, *r.groups.mp, r.grid.tp)}});
+    if (r.device != "cpu")
+        log.print("device: %s, dense %s peak %.1f TFLOP/s%s\n", r.ops->device_name().c_str(), r.cfg.precision.c_str(),
+                  r.peak_flops / 1e12, r.peak_flops > 0 ? "" : " (not in the table: no MFU)");
 }
 
 // Checkpoint (collective: the state is gathered to world rank 0, which writes it while the others
@@ -426,7 +490,7 @@ void evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<
     const Config& cfg = r.cfg;
     const bool last = step == r.tc.steps;
     if (r.val_data && cfg.eval.every > 0 && (step % cfg.eval.every == 0 || last)) {
-        const double vl = evaluate(r.pipeline, *r.val_data, cfg.eval.batches, x, y, r.dp);
+        const double vl = evaluate(r.pipeline, *r.val_data, r.cp, cfg.eval.batches, r.model.B, r.model.T, x, y, r.dp);
         r.log.print("step %d | val loss %.6f\n", step, vl);
         r.run_log->record({{"step", step}, {"val_loss", vl}});
         r.progress.val_loss(step, vl);
@@ -438,7 +502,7 @@ void evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<
         return;
     const int eot = r.tok ? r.tok->eot() : std::min(50256, r.shape.vocab_size - 1);
     const std::vector<int> ids =
-        sample(r.pipeline, r.tp, eot, cfg.eval.sample_tokens, uint64_t(r.tc.seed) * 1000003ull + step);
+        sample(r.pipeline, r.model, r.tp, r.cp, eot, cfg.eval.sample_tokens, uint64_t(r.tc.seed) * 1000003ull + step);
     if (r.tok) {
         r.log.print("step %d | sample:\n%s\n---\n", step, r.tok->decode(ids).c_str());
     } else {
@@ -474,11 +538,13 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     const double t0 = now_ms();
     r.model.zero_grads();
     r.conv->begin_step();
-    for (int micro = 0; micro < tc.grad_accum; micro++) r.train_data.next(x[size_t(micro)].data(), y[size_t(micro)].data());
+    for (int micro = 0; micro < tc.grad_accum; micro++)
+        next_batch(r.train_data, r.cp, r.model.B, r.model.T, x[size_t(micro)], y[size_t(micro)]);
     const float dloss = float(1.0 / tokens_per_step(r));
     // gradient buckets go out during the last micro-step's backward, none before. Test hook:
     // LLMC_FAULT=nan:grad_<n> (LLMC_FAULT_RANK on a last pipeline stage) makes step n's gradients NaN
-    double loss = r.pipeline.train_step(x, y, fault_point("grad", step + 1) ? NAN : dloss, r.dp.grads_ready());
+    double loss = r.pipeline.train_step(x, y, r.model.B, r.model.T, fault_point("grad", step + 1) ? NAN : dloss,
+                                        r.dp.grads_ready());
     fault_point("train_step", step + 1);  // test hook: a rank dies mid-collective
     r.dp.finish_grad_sync();
     nlohmann::json rec = {{"step", step + 1}};
@@ -494,7 +560,7 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     // the update: weights and optimizer moments stay as they were
     const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
     r.bad_in_row = finite ? 0 : r.bad_in_row + 1;
-    r.skipped += !finite;
+    r.state.skipped += !finite;
     if (finite) r.opt.step(h, step + 1, clip_scale(grad_norm, tc.grad_clip), uint32_t(tc.seed * 2654435761u + step));
     r.dp.after_update();
     r.ops->synchronize();
@@ -511,14 +577,36 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     }
     if (!finite) {
         rec["skipped"] = "nonfinite";
-        rec["skipped_steps"] = r.skipped;
-        extra += strfmt(" | skipped (non-finite): no update; %d skipped so far, %d in a row", r.skipped, r.bad_in_row);
+        rec["skipped_steps"] = r.state.skipped;
+        extra += strfmt(" | skipped (non-finite): no update; %d skipped so far, %d in a row", r.state.skipped, r.bad_in_row);
     }
     r.log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s%s\n", step + 1, tc.steps,
                 loss, lr, grad_norm, ms, tok_s, r.progress.step_suffix().c_str(), extra.c_str());
     r.run_log->record(rec);
     r.state.step = step + 1;
     r.state.loader = r.train_data.position();
+}
+
+// After a step: a checkpoint when one is due, and the run's stop policy. Returns the exit code
+// to stop with (too many non-finite steps in a row; a stop signal, after a checkpoint), else 0.
+int checkpoint_or_stop(Run& r) {
+    const int step = r.state.step, steps = r.tc.steps, max_bad = r.tc.max_bad_steps;
+    if (r.bad_in_row >= max_bad) {
+        r.log.print("error: %d consecutive steps (%d to %d) had a non-finite loss or gradient norm "
+                    "(train.max_bad_steps = %d): stopping; the checkpoints are as they were; exit code %d\n",
+                    r.bad_in_row, step + 1 - r.bad_in_row, step, max_bad, int(kExitBadSteps));
+        return kExitBadSteps;
+    }
+    const bool due = r.cfg.checkpoint.every > 0 && step % r.cfg.checkpoint.every == 0 && step < steps;
+    if (due) save(r, false);
+    // a stop signal on any rank (llmc/preempt.h) stops every rank here: save, exit "resume me"
+    const int sig = step < steps ? preempt_agreed(*r.groups.world) : 0;
+    if (!sig) return 0;
+    if (!due) save(r, false);
+    r.log.print("%s: stopped after step %d, checkpoint saved; exit code %d (resume with checkpoint.resume=auto)\n",
+                signal_name(sig).c_str(), step, int(kExitPreempted));
+    r.rt.barrier();  // no rank leaves (and makes its launcher end the job) before the save is done
+    return kExitPreempted;
 }
 
 int train(Runtime& rt, int argc, char** argv) {
@@ -538,6 +626,7 @@ int train(Runtime& rt, int argc, char** argv) {
         const DType dt = run_dtype(plan.cfg.precision, plan.cfg.device == "cpu" ? "cpu" : "cuda");
         if (rt.is_main() && plan.plan_mode == "json") std::printf("%s\n", plan_json(plan.cfg, plan.shape, plan.grid, dt).dump().c_str());
         if (rt.is_main() && plan.plan_mode == "text") std::fputs(plan_text(plan.cfg, plan.shape, plan.grid, dt).c_str(), stdout);
+        if (rt.is_main() && plan.plan_mode == "search") std::fputs(search_text(plan.cfg, plan.shape, dt).c_str(), stdout);
         return 0;
     }
     Run r(rt, plan);
@@ -547,12 +636,14 @@ int train(Runtime& rt, int argc, char** argv) {
         error = e.what();
     }
     if (rt.any_failed(error)) return 2;
-    init_or_resume(r);
+    try {
+        init_or_resume(r);
+    } catch (const UserError& e) {
+        error = e.what();
+    }
+    if (rt.any_failed(error)) return 2;
     r.conv->apply(r.model);
     print_banner(r, plan);
-    if (r.device != "cpu")
-        r.log.print("device: %s, dense %s peak %.1f TFLOP/s%s\n", r.ops->device_name().c_str(),
-                    r.cfg.precision.c_str(), r.peak_flops / 1e12, r.peak_flops > 0 ? "" : " (not in the table: no MFU)");
 
     const TrainConfig& tc = r.tc;
     Batches x(size_t(tc.grad_accum), std::vector<int32_t>(size_t(tc.micro_batch) * tc.seq_len)), y = x;
@@ -561,23 +652,7 @@ int train(Runtime& rt, int argc, char** argv) {
         evaluate_and_sample(r, step, x[0], y[0]);
         if (step == tc.steps) break;
         train_step(r, step, x, y);
-        if (r.bad_in_row >= tc.max_bad_steps) {
-            r.log.print("error: %d consecutive steps (%d to %d) had a non-finite loss or gradient norm "
-                        "(train.max_bad_steps = %d): stopping; the checkpoints are as they were; exit code %d\n",
-                        r.bad_in_row, step + 2 - r.bad_in_row, step + 1, tc.max_bad_steps, int(kExitBadSteps));
-            return kExitBadSteps;
-        }
-        const bool due =
-            r.cfg.checkpoint.every > 0 && r.state.step % r.cfg.checkpoint.every == 0 && r.state.step < tc.steps;
-        if (due) save(r, false);
-        // a stop signal on any rank (llmc/preempt.h) stops every rank here: save, exit "resume me"
-        if (const int sig = r.state.step < tc.steps ? preempt_agreed(*r.groups.world) : 0) {
-            if (!due) save(r, false);
-            r.log.print("%s: stopped after step %d, checkpoint saved; exit code %d (resume with checkpoint.resume=auto)\n",
-                        signal_name(sig).c_str(), r.state.step, int(kExitPreempted));
-            rt.barrier();  // no rank leaves (and makes its launcher end the job) before the save is done
-            return kExitPreempted;
-        }
+        if (const int code = checkpoint_or_stop(r)) return code;
     }
     if (r.ops->peak_memory_bytes() > 0)
         r.log.print("peak device memory: %s\n", human_bytes(double(r.ops->peak_memory_bytes())).c_str());

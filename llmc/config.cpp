@@ -42,6 +42,7 @@ struct Key {
     std::vector<std::string> planned;  // Enum: recognised values that are not supported yet
     bool nonempty = false;             // String: "" is rejected
     bool auto_ok = false;              // Int: also accepts the string "auto", stored as 0
+    bool* (*auto_flag)(Config&) = nullptr;  // IntList: also accepts "auto", stored as [] and this flag
     std::string help;
 };
 
@@ -162,6 +163,10 @@ const std::vector<Key>& schema() {
                  "activation recomputation: none; selective = keep the linear layers' inputs, recompute the "
                  "attention core and the MLP activation in backward; full = keep each layer's input, recompute the "
                  "layer in backward (bitwise the same training, less activation memory)"),
+        bool_key("train.offload_optimizer", FIELD(train.offload_optimizer),
+                 "AdamW's moments and master weights in host memory (pinned on CUDA), the update on the host "
+                 "(every ZeRO stage: each rank its shard); gradients stream down and parameters up in pieces of "
+                 "parallel.bucket_mb"),
 
         int_key("eval.every", FIELD(eval.every), 0, NONE, "validation every N steps (0 = off)"),
         int_key("eval.batches", FIELD(eval.batches), 0, 1e6, "micro-batches per validation"),
@@ -176,10 +181,13 @@ const std::vector<Key>& schema() {
         str_key("checkpoint.dir", FIELD(checkpoint.dir), false, "checkpoint folder (\"\" = <out_dir>/checkpoints)"),
         str_key("checkpoint.resume", FIELD(checkpoint.resume), true,
                 "auto (latest complete checkpoint, else fresh) | never | <path of a checkpoint>"),
+        bool_key("checkpoint.allow_changes", FIELD(checkpoint.allow_changes),
+                 "resume even when the data, the batch, the lr schedule or the optimizer differ from the "
+                 "checkpoint's run (each change is printed; false refuses them, exit code 2)"),
 
         [] {
             Key k = int_key("parallel.dp", FIELD(parallel.dp), 1, NONE,
-                            "data-parallel ranks, or \"auto\" = world size / (tp * pp)");
+                            "data-parallel ranks, or \"auto\" = world size / (tp * pp * cp)");
             k.auto_ok = true;
             return k;
         }(),
@@ -188,8 +196,17 @@ const std::vector<Key>& schema() {
         bool_key("parallel.sequence_parallel", FIELD(parallel.sequence_parallel),
                  "shard LayerNorm/residual activations along the tokens over the TP group"),
         int_key("parallel.pp", FIELD(parallel.pp), 1, NONE, "pipeline stages"),
-        int_list_key("parallel.pp_layers", FIELD(parallel.pp_layers), 1,
-                     "layers per pipeline stage (per chunk, in order, when interleaved); [] = balanced"),
+        int_key("parallel.cp", FIELD(parallel.cp), 1, NONE,
+                "context-parallel ranks: each sequence's tokens split over them, attention as a ring (train.seq_len "
+                "must divide by 2 x cp; device cpu)"),
+        [] {
+            Key k = int_list_key("parallel.pp_layers", FIELD(parallel.pp_layers), 1,
+                                 "layers per pipeline stage (per chunk, in order, when interleaved); [] = as many "
+                                 "each; \"auto\" = balanced by the planner's cost model (the embedding counted on the "
+                                 "first stage, the head on the last; plan.gpu's device)");
+            k.auto_flag = [](Config& c) { return &c.parallel.pp_layers_auto; };
+            return k;
+        }(),
         enum_key("parallel.pp_schedule", FIELD(parallel.pp_schedule), {"gpipe", "1f1b", "interleaved"}, {},
                  "pipeline schedule (micro-batches = train.grad_accum)"),
         int_key("parallel.pp_virtual", FIELD(parallel.pp_virtual), 1, NONE,
@@ -214,11 +231,35 @@ const std::vector<Key>& schema() {
 
         [] {
             Key k = int_key("plan.world", FIELD(plan.world), 1, NONE,
-                            "--plan: processes to plan for; \"auto\" = dp x tp x pp when parallel.dp is a "
+                            "--plan: processes to plan for; \"auto\" = dp x cp x tp x pp when parallel.dp is a "
                             "number, else 1");
             k.auto_ok = true;
             return k;
         }(),
+        enum_key("plan.gpu", FIELD(plan.gpu), {"h100", "h200", "a100-80", "a100-40"}, {},
+                 "--plan: the device of the step-time model and of --plan=search's memory (H100 SXM, H200 SXM, "
+                 "A100 SXM 80 GB or 40 GB; peaks, HBM and links in dev/bench/PLANNER.md)"),
+        int_key("plan.gpus_per_node", FIELD(plan.gpus_per_node), 1, NONE,
+                "--plan: GPUs per node (NVLink inside, InfiniBand between nodes)"),
+        num_key("plan.efficiency", FIELD(plan.efficiency), 0, true, 1, false,
+                "--plan: achieved fraction of the dense peak FLOP/s while computing"),
+        num_key("plan.peak_tflops", FIELD(plan.peak_tflops), 0, false, NONE, false,
+                "--plan: dense peak TFLOP/s of the run's precision (0 = plan.gpu's)"),
+        num_key("plan.hbm_gb_s", FIELD(plan.hbm_gb_s), 0, false, NONE, false,
+                "--plan: HBM bandwidth in GB/s (0 = plan.gpu's)"),
+        num_key("plan.gpu_mem_gib", FIELD(plan.gpu_mem_gib), 0, false, NONE, false,
+                "--plan: memory per GPU in GiB (0 = plan.gpu's)"),
+        num_key("plan.nvlink_gb_s", FIELD(plan.nvlink_gb_s), 0, false, NONE, false,
+                "--plan: NVLink bandwidth per GPU, one direction, GB/s (0 = plan.gpu's)"),
+        num_key("plan.ib_gb_s", FIELD(plan.ib_gb_s), 0, false, NONE, false,
+                "--plan: InfiniBand bandwidth per GPU, one direction, GB/s (0 = plan.gpu's)"),
+        num_key("plan.nvlink_latency_us", FIELD(plan.nvlink_latency_us), 0, false, NONE, false,
+                "--plan: NVLink latency per step of a ring collective, microseconds (0 = plan.gpu's)"),
+        num_key("plan.ib_latency_us", FIELD(plan.ib_latency_us), 0, false, NONE, false,
+                "--plan: InfiniBand latency per step of a ring collective, microseconds (0 = plan.gpu's)"),
+        bool_key("plan.tp_overlap", FIELD(plan.tp_overlap),
+                 "--plan: assume the tensor-parallel collectives overlap the GEMMs (Megatron's --tp-comm-overlap; "
+                 "this trainer runs them in line)"),
 
         str_key("tokenizer", FIELD(tokenizer_dir), false,
                 "folder with GPT-2's encoder.json + vocab.bpe (\"\" = token ids only)"),
@@ -397,7 +438,7 @@ std::string type_text(const Key& k) {
         case KType::Bool: return "a boolean (true or false)";
         case KType::String: return "a string";
         case KType::Enum: return "one of " + join(k.allowed, ", ");
-        case KType::IntList: return "an array of integers";
+        case KType::IntList: return k.auto_flag ? "an array of integers or \"auto\"" : "an array of integers";
     }
     return "";
 }
@@ -478,6 +519,12 @@ void assign(const Key& k, const json& v, Config& c) {
             break;
         }
         case KType::IntList: {
+            if (k.auto_flag) *k.auto_flag(c) = false;
+            if (k.auto_flag && v.is_string() && v.get<std::string>() == "auto") {
+                *k.auto_flag(c) = true;
+                static_cast<std::vector<int>*>(dst)->clear();
+                break;
+            }
             if (!v.is_array()) wrong_type(k, v);
             std::vector<int> out;
             for (const json& e : v) {
@@ -503,7 +550,9 @@ json read_field(const Key& k, Config& c) {
         case KType::Bool: return *static_cast<bool*>(p);
         case KType::String:
         case KType::Enum: return *static_cast<std::string*>(p);
-        case KType::IntList: return *static_cast<std::vector<int>*>(p);
+        case KType::IntList:
+            if (k.auto_flag && *k.auto_flag(c)) return "auto";
+            return *static_cast<std::vector<int>*>(p);
     }
     return nullptr;
 }
@@ -767,7 +816,7 @@ Config config_from_json(const json& j, bool check_files) {
 
 std::string config_usage() {
     std::string u =
-        "usage: train_gpt [CONFIG.json | -] [key=value ...] [--print-config] [--plan[=json]] [--help]\n"
+        "usage: train_gpt [CONFIG.json | -] [key=value ...] [--print-config] [--plan[=json|=search]] [--help]\n"
         "\n"
         "  CONFIG.json      JSON config (first argument; omit it or give \"-\" to use defaults + overrides)\n"
         "  key=value        override any key by its dotted path, e.g. train.lr=3e-4 model.n_layer=4\n"
@@ -775,7 +824,10 @@ std::string config_usage() {
         "                   else plain text (string keys always take the text as is)\n"
         "  --print-config   print the fully resolved config (defaults filled) and exit\n"
         "  --plan[=json]    print what every kind of rank of the layout allocates (plan.world processes;\n"
-        "                   no mpirun, nothing allocated) and the model FLOPs per step, and exit\n"
+        "                   no mpirun, nothing allocated), the model FLOPs per step and the estimated step\n"
+        "                   time on plan.gpu, and exit\n"
+        "  --plan=search    rank the layouts of plan.world GPUs that fit plan.gpu's memory by estimated\n"
+        "                   tokens/s and print the best as key=value overrides, and exit\n"
         "  --help           print this help and exit\n"
         "\n"
         "keys (default; allowed values):\n";
@@ -790,7 +842,7 @@ std::string config_usage() {
             case KType::Bool: allowed = "true|false"; break;
             case KType::String: allowed = k.nonempty ? "non-empty string" : "string"; break;
             case KType::Enum: allowed = join(k.allowed, "|"); break;
-            case KType::IntList: allowed = "[integer, ...]"; break;
+            case KType::IntList: allowed = k.auto_flag ? "[integer, ...]|auto" : "[integer, ...]"; break;
         }
         std::string range = range_text(k);
         if (!range.empty()) allowed += ", " + range.substr(std::strlen("must be "));
@@ -822,17 +874,18 @@ Config load_config(int argc, char** argv, bool* print_config, std::string* plan)
         std::string a = argv[i];
         if (a == "--print-config") {
             if (print_config) *print_config = true;
-        } else if (a == "--plan" || a == "--plan=json") {
-            if (plan) *plan = a == "--plan" ? "text" : "json";
+        } else if (a == "--plan" || a == "--plan=json" || a == "--plan=search") {
+            if (plan) *plan = a == "--plan" ? "text" : a.substr(std::strlen("--plan="));
         } else if (a.rfind("--plan=", 0) == 0) {
-            throw UserError(strfmt("flag \"%s\": --plan prints text, --plan=json one JSON object (no other form)",
+            throw UserError(strfmt("flag \"%s\": --plan prints text, --plan=json one JSON object, --plan=search the "
+                                   "fastest layouts that fit (no other form)",
                                    a.c_str()));
         } else if (a == "--help" || a == "-h") {
             std::fputs(config_usage().c_str(), stdout);
             std::fflush(stdout);
             std::exit(0);
         } else if (a.rfind("-", 0) == 0) {
-            throw UserError(strfmt("unknown flag \"%s\" (flags: --print-config, --plan, --plan=json, --help; overrides are written "
+            throw UserError(strfmt("unknown flag \"%s\" (flags: --print-config, --plan, --plan=json, --plan=search, --help; overrides are written "
                                    "key=value without dashes, e.g. train.lr=3e-4)",
                                    a.c_str()));
         } else if (a.find('=') != std::string::npos) {

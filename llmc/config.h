@@ -60,6 +60,7 @@ struct TrainConfig {
     int seed = 1337;
     int max_bad_steps = 8;  // consecutive non-finite (skipped) steps that end the run
     std::string recompute = "none";  // none | selective | full: activations recomputed in backward
+    bool offload_optimizer = false;  // AdamW's state and update on the host (llmc/optimizer.h)
 };
 
 struct EvalConfig {
@@ -84,15 +85,19 @@ struct CheckpointConfig {
     int keep = 2;            // last K complete checkpoints kept
     std::string dir;         // "" = <out_dir>/checkpoints
     std::string resume = "auto";  // auto | never | <path>
+    // resuming with changes that break an exact continuation (llmc/run_dir.h): false refuses them
+    bool allow_changes = false;
 };
 
 // Process layout: world = dp x tp x pp (tp fastest, then dp, then pp; see llmc/process_grid.h).
 struct ParallelConfig {
-    int dp = 0;                 // data-parallel ranks; 0 = "auto" (world / (tp * pp))
+    int dp = 0;                 // data-parallel ranks; 0 = "auto" (world / (tp * pp * cp))
     int tp = 1;                 // tensor-parallel ranks (Megatron column/row split; n_head % tp == 0)
     bool sequence_parallel = false;  // LayerNorm/residual regions sharded along the tokens over TP
     int pp = 1;                 // pipeline stages
+    int cp = 1;                 // context-parallel ranks (every sequence split over them; ring attention)
     std::vector<int> pp_layers;      // layers per stage (and per chunk when interleaved); empty = balanced
+    bool pp_layers_auto = false;     // "auto": balanced by the planner's cost model (resolve_pp_layers)
     std::string pp_schedule = "1f1b";  // gpipe | 1f1b | interleaved
     int pp_virtual = 1;         // model chunks per pipeline rank (interleaved)
     int zero = 0;               // ZeRO stage over the DP group: 0, 1, 2, 3
@@ -110,8 +115,19 @@ struct Fp8Config {
 };
 
 // The planner (train_gpt --plan): the cluster it plans for.
+// The device and link numbers are the table's (llmc/step_model.cpp) for plan.gpu where 0.
 struct PlanConfig {
     int world = 0;  // processes; 0 = "auto" (dp x tp x pp when parallel.dp is a number, else 1)
+    std::string gpu = "h100";  // h100 | h200 | a100-80 | a100-40: the device table's row
+    int gpus_per_node = 8;     // GPUs joined by NVLink; groups spanning nodes use InfiniBand
+    double efficiency = 0.5;   // achieved fraction of the dense peak while computing
+    double peak_tflops = 0;    // dense peak of the run's precision, TFLOP/s
+    double hbm_gb_s = 0;       // HBM bandwidth, GB/s
+    double gpu_mem_gib = 0;    // memory per GPU, GiB
+    double nvlink_gb_s = 0;    // NVLink bandwidth per GPU, one direction, GB/s
+    double ib_gb_s = 0;        // InfiniBand bandwidth per GPU, one direction, GB/s
+    double nvlink_latency_us = 0, ib_latency_us = 0;  // per step of a ring collective, microseconds
+    bool tp_overlap = false;   // tensor-parallel collectives overlapped with the GEMMs (Megatron's, not ours)
 };
 
 struct Config {

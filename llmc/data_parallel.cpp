@@ -5,7 +5,7 @@
 #include <cstring>
 
 MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype_bytes, bool master,
-                            size_t bucket_elems, size_t activation_bytes, const UnitSizes& u) {
+                            size_t bucket_elems, size_t activation_bytes, const UnitSizes& u, bool offload_optimizer) {
     MemoryPlan m;
     m.padded_params = padded_params;
     m.dp = dp;
@@ -13,7 +13,12 @@ MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype
     const size_t psi = padded_params, shard = padded_params / size_t(dp), o = master ? 12 : 8;
     m.params = (zero >= 3 ? shard : psi) * dtype_bytes;
     m.grads = (zero >= 2 ? shard : psi) * dtype_bytes;
-    m.optimizer = (zero >= 1 ? shard : psi) * o;
+    const size_t range = zero >= 1 ? shard : psi;  // the optimizer's
+    m.optimizer = range * o;
+    if (offload_optimizer) {
+        m.optimizer = 0;
+        m.host = AdamW::offload_host_bytes(range, AdamW::offload_piece(range, bucket_elems), dtype_bytes, master);
+    }
     m.comm_buffers = (zero == 0 ? 1 : 2) * bucket_elems * sizeof(float);
     m.activations = activation_bytes;
     if (zero >= 3) m.unit_params = (u.embedding + u.head + 2 * u.layer) * dtype_bytes;
@@ -36,36 +41,41 @@ size_t DataParallel::bucket_elems_for(double bucket_mb, size_t padded_params) {
 }
 
 Tensor DataParallel::alloc(size_t n) {
-    void* p = model_.ops.alloc(n * dtype_size(model_.dtype));
+    void* p = ops_.alloc(n * dtype_size(dtype_));
     allocations_.push_back(p);
-    return Tensor(p, n, model_.dtype);
+    return Tensor(p, n, dtype_);
 }
 
-DataParallel::DataParallel(Model& model, Comm& dp, int zero, double bucket_mb, bool host_staging)
-    : model_(model), comm_(dp), zero_(zero) {
+DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, DType dtype, Comm& dp, int zero, double bucket_mb,
+                           bool host_staging)
+    : layout_(layout), ops_(ops), dtype_(dtype), comm_(dp), zero_(zero) {
     LLMC_ASSERT(zero >= 0 && zero <= 3, "ZeRO stage outside 0..3");
-    LLMC_ASSERT(model.padded_params % pad_multiple(dp.size()) == 0, "model not padded for this dp");
-    LLMC_ASSERT(model.storage() == storage(zero), "model built with the wrong storage for this ZeRO stage");
-    shard_ = model.padded_params / size_t(dp.size());
-    bucket_elems_ = bucket_elems_for(bucket_mb, model.padded_params);
+    LLMC_ASSERT(layout.padded_params % pad_multiple(dp.size()) == 0, "parameters not padded for this dp");
+    if (zero < 3) {
+        whole_.reset(new WholeStore(ops, layout, dtype, zero < 2));
+        param_buf_ = whole_->params;
+        grad_buf_ = whole_->grads;
+    }
+    shard_ = layout.padded_params / size_t(dp.size());
+    bucket_elems_ = bucket_elems_for(bucket_mb, layout.padded_params);
     // buckets from the end backwards: the order in which backward finishes the gradients
-    for (size_t end = model.padded_params; end > 0;) {
+    for (size_t end = layout.padded_params; end > 0;) {
         const size_t begin = end > bucket_elems_ ? end - bucket_elems_ : 0;
         buckets_.push_back({begin, end});
         end = begin;
     }
-    LLMC_ASSERT(!(dp.on_device() && model.ops.host_memory()), "a device communicator over a host backend");
-    direct_ = dp.on_device() || (model.ops.host_memory() && !host_staging);
+    LLMC_ASSERT(!(dp.on_device() && ops.host_memory()), "a device communicator over a host backend");
+    direct_ = dp.on_device() || (ops.host_memory() && !host_staging);
     for (Staging* s : {&send_, &recv_}) {
         if (s == &recv_ && zero_ == 0) break;  // stage 0 all-reduces in the send buffer
         if (!direct_) {
             s->host.resize(bucket_elems_);
             continue;
         }
-        s->dev = Tensor(model.ops.alloc(bucket_elems_ * sizeof(float)), bucket_elems_, DType::F32);
+        s->dev = Tensor(ops.alloc(bucket_elems_ * sizeof(float)), bucket_elems_, DType::F32);
         allocations_.push_back(s->dev.ptr);
     }
-    unit_sizes_ = unit_sizes(model.units);
+    unit_sizes_ = unit_sizes(layout.units);
     if (zero_ < 2) return;
     const size_t sizes[3] = {unit_sizes_.embedding, unit_sizes_.layer, unit_sizes_.head};  // by ParamUnit::Kind
     static_assert(ParamUnit::Embedding == 0 && ParamUnit::Layer == 1 && ParamUnit::Head == 2, "kind order");
@@ -77,19 +87,23 @@ DataParallel::DataParallel(Model& model, Comm& dp, int zero, double bucket_mb, b
         for (int k = 0; k < 3; k++)
             for (int i = 0; i < (k == ParamUnit::Layer ? 2 : 1) && sizes[k]; i++) param_slots_[k].push_back({alloc(sizes[k])});
     }
-    model.set_store(this);
 }
 
 DataParallel::~DataParallel() {
-    for (void* p : allocations_) model_.ops.release(p);
+    for (void* p : allocations_) ops_.release(p);
+}
+
+ParamStore& DataParallel::param_store() {
+    if (zero_ < 2) return *whole_;
+    return *this;
 }
 
 Tensor DataParallel::opt_params() const {
-    return zero_ == 3 ? param_shard_ : model_.param_buf.slice(opt_begin(), opt_end() - opt_begin());
+    return zero_ == 3 ? param_shard_ : param_buf_.slice(opt_begin(), opt_end() - opt_begin());
 }
 
 Tensor DataParallel::opt_grads() const {
-    return zero_ >= 2 ? grad_shard_ : model_.grad_buf.slice(opt_begin(), opt_end() - opt_begin());
+    return zero_ >= 2 ? grad_shard_ : grad_buf_.slice(opt_begin(), opt_end() - opt_begin());
 }
 
 std::vector<size_t> DataParallel::shard_counts(size_t begin, size_t end) const {
@@ -102,22 +116,22 @@ std::vector<size_t> DataParallel::shard_counts(size_t begin, size_t end) const {
 }
 
 void DataParallel::load(Staging& s, Tensor src) {
-    if (direct_) model_.ops.copy(s.dev.slice(0, src.n), src);
-    else model_.ops.to_host_f32(s.host.data(), src);
+    if (direct_) ops_.copy(s.dev.slice(0, src.n), src);
+    else ops_.to_host_f32(s.host.data(), src);
 }
 
 void DataParallel::store(Tensor dst, Staging& s) {
-    if (direct_) model_.ops.copy(dst, s.dev.slice(0, dst.n));
-    else model_.ops.from_host_f32(dst, s.host.data());
+    if (direct_) ops_.copy(dst, s.dev.slice(0, dst.n));
+    else ops_.from_host_f32(dst, s.host.data());
 }
 
 void DataParallel::load_host(Staging& s, const float* src, size_t n) {
-    if (direct_) model_.ops.from_host_bytes(s.dev.ptr, src, n * sizeof(float));
+    if (direct_) ops_.from_host_bytes(s.dev.ptr, src, n * sizeof(float));
     else std::memcpy(s.host.data(), src, n * sizeof(float));
 }
 
 void DataParallel::store_host(float* dst, Staging& s, size_t n) {
-    if (direct_) model_.ops.to_host_bytes(dst, s.dev.ptr, n * sizeof(float));
+    if (direct_) ops_.to_host_bytes(dst, s.dev.ptr, n * sizeof(float));
     else std::memcpy(dst, s.host.data(), n * sizeof(float));
 }
 
@@ -125,7 +139,7 @@ void DataParallel::accumulate(Tensor dst) {
     load(send_, dst);
     if (direct_) {
         Tensor a = send_.dev.slice(0, dst.n);
-        model_.ops.residual_forward(a, a, recv_.dev.slice(0, dst.n));
+        ops_.residual_forward(a, a, recv_.dev.slice(0, dst.n));
     } else {
         for (size_t i = 0; i < dst.n; i++) send_.host[i] += recv_.host[i];
     }
@@ -134,16 +148,16 @@ void DataParallel::accumulate(Tensor dst) {
 
 void DataParallel::launch(const Bucket& b) {
     const size_t n = b.end - b.begin;
-    load(send_, model_.grad_buf.slice(b.begin, n));
+    load(send_, grad_buf_.slice(b.begin, n));
     if (zero_ == 0) {
         comm_.all_reduce(send_.data(), n, ReduceOp::Sum);
-        store(model_.grad_buf.slice(b.begin, n), send_);
+        store(grad_buf_.slice(b.begin, n), send_);
         return;
     }
     const std::vector<size_t> counts = shard_counts(b.begin, b.end);
     const size_t mine = counts[size_t(dp_rank())];
     comm_.reduce_scatter(send_.data(), recv_.data(), counts);
-    if (mine > 0) store(model_.grad_buf.slice(std::max(b.begin, opt_begin()), mine), recv_);
+    if (mine > 0) store(grad_buf_.slice(std::max(b.begin, opt_begin()), mine), recv_);
 }
 
 std::function<void(size_t)> DataParallel::grads_ready() {
@@ -159,7 +173,7 @@ void DataParallel::finish_grad_sync() {
     if (zero_ >= 2) {  // the step-long units: the embedding, then the head
         for (int k : {int(ParamUnit::Embedding), int(ParamUnit::Head)}) {
             Slot& g = grad_slots_[k];
-            if (g.unit >= 0) reduce_scatter_unit(g.unit, g.buf.slice(0, model_.units[size_t(g.unit)].numel()));
+            if (g.unit >= 0) reduce_scatter_unit(g.unit, g.buf.slice(0, layout_.units[size_t(g.unit)].numel()));
             g.unit = -1;
         }
         return;
@@ -172,7 +186,7 @@ void DataParallel::finish_grad_sync() {
 
 void DataParallel::for_each_piece(int unit,
                                   const std::function<void(size_t, size_t, const std::vector<size_t>&)>& f) const {
-    const ParamUnit& u = model_.units[size_t(unit)];
+    const ParamUnit& u = layout_.units[size_t(unit)];
     for (size_t b = u.begin; b < u.end; b += bucket_elems_) {
         const size_t e = std::min(u.end, b + bucket_elems_);
         f(b, e, shard_counts(b, e));
@@ -180,7 +194,7 @@ void DataParallel::for_each_piece(int unit,
 }
 
 void DataParallel::reduce_scatter_unit(int unit, Tensor grads) {
-    const size_t ub = model_.units[size_t(unit)].begin;
+    const size_t ub = layout_.units[size_t(unit)].begin;
     for_each_piece(unit, [&](size_t b, size_t e, const std::vector<size_t>& counts) {
         const size_t mine = counts[size_t(dp_rank())];
         load(send_, grads.slice(b - ub, e - b));
@@ -191,7 +205,7 @@ void DataParallel::reduce_scatter_unit(int unit, Tensor grads) {
 }
 
 void DataParallel::gather_unit(int unit, Tensor dst) {
-    const size_t ub = model_.units[size_t(unit)].begin;
+    const size_t ub = layout_.units[size_t(unit)].begin;
     for_each_piece(unit, [&](size_t b, size_t e, const std::vector<size_t>& counts) {
         const size_t mine = counts[size_t(dp_rank())];
         if (mine > 0) load(send_, param_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
@@ -201,8 +215,8 @@ void DataParallel::gather_unit(int unit, Tensor dst) {
 }
 
 Tensor DataParallel::acquire_params(int unit) {
-    LLMC_ASSERT(zero_ == 3, "acquire_params: parameters are not sharded");
-    const ParamUnit& u = model_.units[size_t(unit)];
+    if (zero_ < 3) return whole_->acquire_params(unit);
+    const ParamUnit& u = layout_.units[size_t(unit)];
     std::vector<Slot>& slots = param_slots_[u.kind];
     Slot* pick = nullptr;
     for (Slot& s : slots)
@@ -222,7 +236,8 @@ Tensor DataParallel::acquire_params(int unit) {
 }
 
 void DataParallel::release_params(int unit) {
-    for (Slot& s : param_slots_[model_.units[size_t(unit)].kind])
+    if (zero_ < 3) return whole_->release_params(unit);
+    for (Slot& s : param_slots_[layout_.units[size_t(unit)].kind])
         if (s.unit == unit && s.in_use) {
             s.unit = -1;  // freed after use: the next use gathers again
             s.in_use = false;
@@ -232,7 +247,8 @@ void DataParallel::release_params(int unit) {
 }
 
 void DataParallel::prefetch_params(int unit) {
-    const ParamUnit& u = model_.units[size_t(unit)];
+    if (zero_ < 3) return whole_->prefetch_params(unit);
+    const ParamUnit& u = layout_.units[size_t(unit)];
     std::vector<Slot>& slots = param_slots_[u.kind];
     for (Slot& s : slots)
         if (s.unit == unit) return;
@@ -254,19 +270,19 @@ void DataParallel::drop_prefetched() {
 }
 
 void DataParallel::load_params(const float* mem) {
-    LLMC_ASSERT(zero_ == 3, "load_params: parameters are not sharded");
+    if (zero_ < 3) return whole_->load_params(mem);
     drop_prefetched();
-    model_.ops.from_host_f32(param_shard_, mem + opt_begin());
+    ops_.from_host_f32(param_shard_, mem + opt_begin());
 }
 
 Tensor DataParallel::acquire_grads(int unit) {
     LLMC_ASSERT(zero_ >= 2, "acquire_grads: gradients are not sharded");
-    const ParamUnit& u = model_.units[size_t(unit)];
+    const ParamUnit& u = layout_.units[size_t(unit)];
     Slot& g = grad_slots_[u.kind];
     Tensor buf = g.buf.slice(0, u.numel());
     if (u.kind == ParamUnit::Layer) {  // lives for this layer's backward
         LLMC_ASSERT(!g.in_use, "ZeRO-2/3: two layers' gradients at once");
-        model_.ops.zero(buf);
+        ops_.zero(buf);
         g.in_use = true;
     }
     LLMC_ASSERT(g.unit < 0 || g.unit == unit, "ZeRO-2/3: unit gradient buffer taken");
@@ -275,7 +291,7 @@ Tensor DataParallel::acquire_grads(int unit) {
 }
 
 void DataParallel::release_grads(int unit) {
-    const ParamUnit& u = model_.units[size_t(unit)];
+    const ParamUnit& u = layout_.units[size_t(unit)];
     if (u.kind != ParamUnit::Layer) return;
     Slot& g = grad_slots_[u.kind];
     LLMC_ASSERT(g.in_use && g.unit == unit, "ZeRO-2/3: release_grads of a unit not acquired");
@@ -285,9 +301,9 @@ void DataParallel::release_grads(int unit) {
 }
 
 void DataParallel::zero_grads() {
-    model_.ops.zero(grad_shard_);
+    ops_.zero(grad_shard_);
     for (Slot& g : grad_slots_) {
-        if (g.buf.ptr) model_.ops.zero(g.buf);
+        if (g.buf.ptr) ops_.zero(g.buf);
         g.unit = -1;
         g.in_use = false;
     }
@@ -297,10 +313,10 @@ double DataParallel::grad_norm(Comm* model_parallel) {
     // primary copies only: TP replicas and the tied head copy would count twice
     double ss = 0.0;
     const Tensor g = opt_grads();
-    for (const ParamSpec& p : model_.params) {
+    for (const ParamSpec& p : layout_.specs) {
         if (!p.primary) continue;
         const size_t lo = std::max(opt_begin(), p.offset), hi = std::min(opt_end(), p.offset + p.numel);
-        if (lo < hi) ss += model_.ops.sum_squares(g.slice(lo - opt_begin(), hi - lo));
+        if (lo < hi) ss += ops_.sum_squares(g.slice(lo - opt_begin(), hi - lo));
     }
     if (zero_ > 0) comm_.all_reduce(&ss, 1, ReduceOp::Sum);
     if (model_parallel && model_parallel->size() > 1) model_parallel->all_reduce(&ss, 1, ReduceOp::Sum);
@@ -313,9 +329,9 @@ void DataParallel::after_update() {
     for (const Bucket& b : buckets_) {
         const std::vector<size_t> counts = shard_counts(b.begin, b.end);
         const size_t mine = counts[size_t(dp_rank())];
-        if (mine > 0) load(send_, model_.param_buf.slice(std::max(b.begin, opt_begin()), mine));
+        if (mine > 0) load(send_, param_buf_.slice(std::max(b.begin, opt_begin()), mine));
         comm_.all_gather(send_.data(), recv_.data(), counts);
-        store(model_.param_buf.slice(b.begin, b.end - b.begin), recv_);
+        store(param_buf_.slice(b.begin, b.end - b.begin), recv_);
     }
 }
 
@@ -327,18 +343,18 @@ double DataParallel::mean(double x) {
 std::vector<float> DataParallel::gather_params() {
     if (zero_ == 3) {
         std::vector<float> shard(shard_);
-        model_.ops.to_host_f32(shard.data(), param_shard_);
+        ops_.to_host_f32(shard.data(), param_shard_);
         return gather_shards(shard.data());
     }
-    std::vector<float> whole(dp_rank() == 0 ? model_.padded_params : 0);
-    if (dp_rank() == 0) model_.ops.to_host_f32(whole.data(), model_.param_buf);
+    std::vector<float> whole(dp_rank() == 0 ? layout_.padded_params : 0);
+    if (dp_rank() == 0) ops_.to_host_f32(whole.data(), param_buf_);
     return whole;
 }
 
 void DataParallel::check_replicas() {
     if (dp() == 1 || zero_ == 3) return;  // ZeRO-3 keeps no replicas
-    std::vector<float> host(model_.padded_params);
-    model_.ops.to_host_f32(host.data(), model_.param_buf);
+    std::vector<float> host(layout_.padded_params);
+    ops_.to_host_f32(host.data(), param_buf_);
     const uint64_t h = fnv1a(host.data(), host.size() * sizeof(float));
     double v[2] = {double(h >> 12), -double(h >> 12)};  // 52 bits: exact in a double
     comm_.all_reduce(v, 2, ReduceOp::Max);
@@ -347,7 +363,7 @@ void DataParallel::check_replicas() {
 
 std::vector<float> DataParallel::gather_shards(const float* shard) {
     // bucket by bucket: every rank sends its shard's intersection with the bucket
-    std::vector<float> out(dp_rank() == 0 ? model_.padded_params : 0);
+    std::vector<float> out(dp_rank() == 0 ? layout_.padded_params : 0);
     for (const Bucket& b : buckets_) {
         const std::vector<size_t> counts = shard_counts(b.begin, b.end);
         const size_t mine = counts[size_t(dp_rank())];
@@ -374,13 +390,13 @@ OptimizerState DataParallel::gather_optimizer_state(const AdamW& opt) {
 
 std::vector<float> DataParallel::gather_gradients() {
     std::vector<float> g(opt_end() - opt_begin());
-    model_.ops.to_host_f32(g.data(), opt_grads());
+    ops_.to_host_f32(g.data(), opt_grads());
     if (zero_ == 0) return dp_rank() == 0 ? g : std::vector<float>();
     return gather_shards(g.data());
 }
 
 void DataParallel::load_optimizer_state(AdamW& opt, const OptimizerState& whole) {
-    LLMC_ASSERT(whole.m.size() == model_.padded_params, "optimizer state is not the whole model");
+    LLMC_ASSERT(whole.m.size() == layout_.padded_params, "optimizer state is not the whole model");
     const size_t b = opt.begin(), e = opt.end();
     auto slice = [&](const std::vector<float>& x) {
         return x.empty() ? std::vector<float>() : std::vector<float>(x.begin() + long(b), x.begin() + long(e));
@@ -388,21 +404,22 @@ void DataParallel::load_optimizer_state(AdamW& opt, const OptimizerState& whole)
     opt.set_state(slice(whole.m), slice(whole.v), slice(whole.master));
 }
 
-MemoryPlan DataParallel::memory_plan(bool master) const {
-    return zero_memory_plan(model_.padded_params, dp(), zero_, dtype_size(model_.dtype), master, bucket_elems_,
-                            model_.activation_bytes, unit_sizes_);
+MemoryPlan DataParallel::memory_plan(bool master, size_t activation_bytes, bool offload_optimizer) const {
+    return zero_memory_plan(layout_.padded_params, dp(), zero_, dtype_size(dtype_), master, bucket_elems_,
+                            activation_bytes, unit_sizes_, offload_optimizer);
 }
 
-MemoryPlan DataParallel::allocated(size_t optimizer_bytes) const {
+MemoryPlan DataParallel::allocated(size_t optimizer_bytes, size_t host_bytes, size_t activation_bytes) const {
     MemoryPlan m;
-    m.padded_params = model_.padded_params;
+    m.padded_params = layout_.padded_params;
     m.dp = dp();
     m.zero = zero_;
-    m.params = model_.param_buf.bytes() + param_shard_.bytes();
-    m.grads = model_.grad_buf.bytes() + grad_shard_.bytes();
+    m.params = param_buf_.bytes() + param_shard_.bytes();
+    m.grads = grad_buf_.bytes() + grad_shard_.bytes();
     m.optimizer = optimizer_bytes;
+    m.host = host_bytes;
     m.comm_buffers = send_.bytes() + recv_.bytes();
-    m.activations = model_.activation_bytes;
+    m.activations = activation_bytes;
     for (const auto& slots : param_slots_)
         for (const Slot& s : slots) m.unit_params += s.buf.bytes();
     for (const Slot& g : grad_slots_) m.unit_grads += g.buf.bytes();

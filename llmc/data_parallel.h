@@ -1,5 +1,7 @@
-// Data parallelism and ZeRO over the DP group: gradient buckets, their all-reduce or
-// reduce-scatter, the optimizer shard, the parameter all-gather, and the memory table.
+// Data parallelism and ZeRO over the DP group: where the parameters and gradients live (the
+// model's ParamStore), gradient buckets, their all-reduce or reduce-scatter, the optimizer
+// shard, the parameter all-gather, and the memory table. It works on the parameter layout
+// (llmc/param_table.h), never on the model.
 //
 // The flat parameter/gradient buffer (memory order, see model.h) is padded to a multiple of
 // dp * kShardAlign elements and cut into dp equal shards: DP rank r owns
@@ -7,14 +9,15 @@
 // (fp32 elements), cut from the end of the buffer backwards because backward finishes the
 // last layers first; each bucket crosses the shards it crosses (the v-collectives take per-rank counts).
 //
-// One optimizer step, per ZeRO stage:
+// One optimizer step, per ZeRO stage (stages 0 and 1 keep whole buffers: their store is a
+// WholeStore, llmc/param_store.h; stages 2 and 3 hand the model this class as its store):
 //   stage 0  every bucket is all-reduced; every rank updates the whole model (AdamW over
 //            [0, padded)); replicas stay bitwise identical.
 //   stage 1  every bucket is reduce-scattered: rank r keeps the summed gradient of its shard;
 //            AdamW (m, v, master) exists only for the shard; after the update each bucket
 //            of parameters is all-gathered.
 //   stage 2  no whole gradient buffer: the model takes its gradients unit by unit from this
-//            class (a ParamStore, llmc/model.h). A layer's gradient buffer lives for that
+//            class (a ParamStore, llmc/param_store.h). A layer's gradient buffer lives for that
 //            layer's backward and is reduce-scattered into this rank's shard of the gradient
 //            (accumulating over micro-steps) as soon as the layer is done, in every micro-step.
 //            The embedding's and the head's buffers (wte's gradient comes from both ends of the
@@ -36,13 +39,14 @@
 #pragma once
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "llmc/checkpoint.h"
 #include "llmc/comm.h"
-#include "llmc/model.h"
 #include "llmc/optimizer.h"
+#include "llmc/param_store.h"
 
 struct Bucket {
     size_t begin, end;  // element range of the flat buffer
@@ -54,6 +58,8 @@ struct MemoryPlan {
     int dp = 1, zero = 0;
     size_t params = 0, grads = 0, optimizer = 0, comm_buffers = 0, activations = 0;
     size_t unit_params = 0, unit_grads = 0;  // ZeRO-3's gathered units, ZeRO-2/3's unit gradient buffers
+    size_t host = 0;  // host memory: the offloaded optimizer (train.offload_optimizer); not in total()
+    // the backend's memory (on the CPU backend host memory too; host is then the offload's extra)
     size_t total() const { return params + grads + optimizer + comm_buffers + activations + unit_params + unit_grads; }
 };
 // The unit sizes (elements) of this rank's model that ZeRO-2/3's working buffers hold.
@@ -70,39 +76,41 @@ UnitSizes unit_sizes(const std::vector<ParamUnit>& units);
 //                2*bucket*4  (stages 1, 2, 3: send + receive staging buffers)
 //   unit params  (E + H + 2L)*k  (stage 3: the embedding, the head, a layer and the prefetched next)
 //   unit grads   (E + H + L)*k   (stages 2, 3: the step-long embedding and head buffers, one layer's)
+// With offload_optimizer the optimizer row is 0 and host holds AdamW::offload_host_bytes of the
+// optimizer's range (Psi or Psi/dp elements) streamed in pieces of a bucket.
 MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype_bytes, bool master,
-                            size_t bucket_elems, size_t activation_bytes, const UnitSizes& units = UnitSizes());
+                            size_t bucket_elems, size_t activation_bytes, const UnitSizes& units = UnitSizes(),
+                            bool offload_optimizer = false);
 
 class DataParallel : public ParamStore {
 public:
     static constexpr size_t kShardAlign = 128;  // shard starts stay 512-byte aligned for vector kernels
-    // Elements the model's flat buffer must be a multiple of (the Model's pad_multiple).
+    // Elements the flat buffers must be a multiple of (param_layout's pad_multiple).
     static size_t pad_multiple(int dp) { return size_t(dp) * kShardAlign; }
     // Elements per gradient bucket for parallel.bucket_mb over a buffer of padded_params.
     static size_t bucket_elems_for(double bucket_mb, size_t padded_params);
-    // The buffers a model must be built with for a ZeRO stage (the Model's storage).
-    static ModelStorage storage(int zero) {
-        return zero >= 3 ? ModelStorage::Sharded : zero == 2 ? ModelStorage::ShardedGrads : ModelStorage::Full;
-    }
 
-    // zero: 0..3. The model must have been built with pad_multiple(dp.size()) and storage(zero),
-    // and before its parameters are set (stage 3 keeps only this rank's shard of them).
+    // zero: 0..3. layout: this rank's parameters, padded to pad_multiple(dp.size()); dtype: the
+    // model's. Built before the model, which is built on param_store().
     // Communication staging: when the communicator reads the backend's memory (NCCL on CUDA;
     // MPI over the CPU backend, whose memory is host memory) the fp32 staging buffers are
     // backend tensors and the collectives run on them; otherwise (MPI with CUDA: several ranks
     // may share a GPU) they are host arrays and every bucket is copied through the host.
     // host_staging forces the second way (tests compare the two).
-    DataParallel(Model& model, Comm& dp, int zero, double bucket_mb, bool host_staging = false);
+    DataParallel(const ParamLayout& layout, Ops& ops, DType dtype, Comm& dp, int zero, double bucket_mb,
+                 bool host_staging = false);
     ~DataParallel() override;
     DataParallel(const DataParallel&) = delete;
     DataParallel& operator=(const DataParallel&) = delete;
 
+    // Where the model's parameters and gradients live: whole buffers (stages 0, 1), or this class.
+    ParamStore& param_store();
     int zero() const { return zero_; }
     int dp() const { return comm_.size(); }
     int dp_rank() const { return comm_.rank(); }
     // The range of the flat buffer this rank's optimizer owns: everything at stage 0.
     size_t opt_begin() const { return zero_ == 0 ? 0 : size_t(dp_rank()) * shard_; }
-    size_t opt_end() const { return zero_ == 0 ? model_.padded_params : opt_begin() + shard_; }
+    size_t opt_end() const { return zero_ == 0 ? layout_.padded_params : opt_begin() + shard_; }
     const std::vector<Bucket>& buckets() const { return buckets_; }  // launch order
     // The optimizer's parameters and gradients over [opt_begin, opt_end) (AdamW's views).
     Tensor opt_params() const;
@@ -135,13 +143,16 @@ public:
     std::vector<float> gather_gradients();
     void load_optimizer_state(AdamW& opt, const OptimizerState& whole);
 
-    MemoryPlan memory_plan(bool master) const;
-    // What this class and the model actually allocated, in the plan's categories (the optimizer's
-    // bytes are AdamW::state_bytes(); activations the model's): the trainer checks the two agree.
-    MemoryPlan allocated(size_t optimizer_bytes) const;
+    // activation_bytes: the model's (Model::activation_bytes).
+    MemoryPlan memory_plan(bool master, size_t activation_bytes, bool offload_optimizer = false) const;
+    // What this class actually allocated, in the plan's categories, with the optimizer's bytes
+    // (AdamW::device_bytes() and host_bytes()) and the model's activations: the trainer checks the
+    // two agree.
+    MemoryPlan allocated(size_t optimizer_bytes, size_t host_bytes, size_t activation_bytes) const;
     size_t bucket_elems() const { return bucket_elems_; }
 
-    // ---- ParamStore (stages 2 and 3; called by the model) ----
+    // ---- ParamStore (stages 2 and 3; called by the model; stage 2's parameters are whole) ----
+    const ParamLayout& layout() const override { return layout_; }
     Tensor acquire_params(int unit) override;
     void release_params(int unit) override;
     void prefetch_params(int unit) override;
@@ -176,9 +187,13 @@ private:
     // The whole buffer on DP rank 0 (empty elsewhere) from every rank's shard (shard_ elements). Collective.
     std::vector<float> gather_shards(const float* shard);
 
-    Model& model_;
+    const ParamLayout& layout_;
+    Ops& ops_;
+    const DType dtype_;
     Comm& comm_;
     int zero_;
+    std::unique_ptr<WholeStore> whole_;  // stages 0-2: the whole parameters (and gradients, stages 0, 1)
+    Tensor param_buf_, grad_buf_;        // its buffers (empty where sharded)
     size_t shard_;         // elements per DP rank
     size_t bucket_elems_;  // elements per bucket
     std::vector<Bucket> buckets_;

@@ -48,6 +48,7 @@ ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int 
     L.tp = pc.tp;
     L.tp_rank = tp_rank;
     L.sequence_parallel = pc.sequence_parallel && pc.tp > 1;
+    L.cp = pc.cp;
     const int pp = pc.pp, v = pc.pp_virtual;
     const auto stages = pp_layer_split(shape.n_layer, pp, v, pc.pp_layers);
     L.chunks.clear();

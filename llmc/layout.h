@@ -24,7 +24,7 @@ void check_fits_host_memory(const ModelShape& shape);
 ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank);
 
 // Collective over the mp group: every member passes its host copy of a model-sized buffer in its
-// own memory order (Model::padded_params elements, built with pad_multiple); member 0 gets the whole
+// own memory order (ParamLayout::padded_params elements, built with pad_multiple); member 0 gets the whole
 // model in llm.c order (num_params elements), the others an empty vector. Only primary
 // copies are taken (replicas of TP-replicated tensors and the tied head copy are skipped).
 std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple,

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "llmc/context_parallel.h"
 #include "llmc/moe.h"
 #include "llmc/rng.h"
 #include "llmc/tensor_parallel.h"
@@ -51,6 +52,10 @@ struct Model::Scratch {
     Tensor dperm, drouter;
     float *dgate = nullptr, *daux = nullptr;
     float* stats = nullptr;  // [N, 3]: vocabulary-parallel cross-entropy statistics
+    // Context parallelism (cp > 1): the ring's blocks in flight, and this rank's rows of the
+    // position table and of its gradient ([T, C]: learned positions only).
+    RingBuffers ring;
+    Tensor wpe, dwpe;
     // Recompute: the buffers of a layer's activations that every layer shares (the attention core's
     // and the activation's outputs with Selective; a whole set with Full), empty otherwise.
     LayerActs recomputed{};
@@ -85,32 +90,35 @@ Recompute parse_recompute(const std::string& name) {
     return Recompute::None;
 }
 
-Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, size_t pad_multiple, const ModelLayout& lay,
-           TensorParallel* tp, std::vector<int> slots, ModelStorage storage, Recompute rc)
-    : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), recompute(rc), block_(block_of(s.arch)), tp_(tp),
-      storage_(storage) {
+Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, ParamStore& store, const ModelLayout& lay,
+           TensorParallel* tp, std::vector<int> slots, Recompute rc, ContextParallel* cp)
+    : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), recompute(rc), params(store.layout()),
+      block_(block_of(s.arch)), tp_(tp), store_(store), cp_(cp) {
     if (!tp_) {
         own_tp_.reset(new TensorParallel(ops, nullptr, false));
         tp_ = own_tp_.get();
     }
-    LLMC_ASSERT(pad_multiple >= 1, "pad_multiple must be >= 1");
+    if (!cp_) {
+        own_cp_.reset(new ContextParallel(ops, nullptr));
+        cp_ = own_cp_.get();
+    }
+    LLMC_ASSERT(lay.cp == cp_->size(), "layout and CP group disagree");
     LLMC_ASSERT(s.d_model % s.n_head == 0, "d_model must divide by n_head");
     LLMC_ASSERT(s.padded_vocab >= s.vocab_size, "padded vocab too small");
     LLMC_ASSERT(lay.tp == tp_->size() && lay.tp_rank == tp_->rank(), "layout and TP group disagree");
     LLMC_ASSERT(!lay.sequence_parallel || lay.tp == 1 || tp_->sequence_parallel(), "SP flag mismatch");
-    check_model_layout(s, lay, t);
-    params = param_table(s, lay, &num_params);
-    total_params = ::num_params(s);
+    check_model_layout(s, lay, t * lay.cp);
+    size_t local = 0;
+    LLMC_ASSERT(param_table(s, lay, &local).size() == params.specs.size() && local == params.num_params,
+                "the store's parameter layout is not this shape's under this layout");
     lookup_.assign(size_t(NUM_ROLES) * (s.n_layer + 1) * size_t(s.moe.num_experts + 1), -1);
-    for (size_t i = 0; i < params.size(); i++)
-        if (!params[i].tied_copy) lookup_[lookup_index(params[i].role, params[i].layer, params[i].expert)] = int(i);
-
-    padded_params = padded_param_count(num_params, pad_multiple);
-    if (storage != ModelStorage::Sharded) param_buf = Tensor(ops.alloc(padded_params * dtype_size(dt)), padded_params, dt);
-    if (storage == ModelStorage::Full) grad_buf = Tensor(ops.alloc(padded_params * dtype_size(dt)), padded_params, dt);
+    for (size_t i = 0; i < params.specs.size(); i++) {
+        const ParamSpec& p = params.specs[i];
+        if (!p.tied_copy) lookup_[lookup_index(p.role, p.layer, p.expert)] = int(i);
+    }
 
     // units: the embedding, each layer, the head; consecutive in memory
-    units = param_units(params, padded_params, &param_unit_);
+    const std::vector<ParamUnit>& units = params.units;
     layer_unit_.assign(size_t(s.n_layer), -1);
     for (size_t u = 0; u < units.size(); u++) {
         if (units[u].kind == ParamUnit::Layer) layer_unit_[size_t(units[u].layer)] = int(u);
@@ -121,10 +129,6 @@ Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, size_t pad_mul
     unit_grads_.resize(units.size());
     param_refs_.assign(units.size(), 0);
     grad_refs_.assign(units.size(), 0);
-    for (size_t u = 0; u < units.size(); u++) {
-        if (param_buf.ptr) unit_params_[u] = param_buf.slice(units[u].begin, units[u].numel());
-        if (grad_buf.ptr) unit_grads_[u] = grad_buf.slice(units[u].begin, units[u].numel());
-    }
 
     chunks_ = make_chunks(s, lay, std::move(slots));
     scratch_ = new Scratch();
@@ -247,6 +251,16 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
     }
     S.ln_grads = cv.take(2 * C, dt);
     S.stats = cv.take_f32(3 * N);
+    if (layout.cp > 1) {
+        for (int i = 0; i < 2; i++) S.ring.kv[i] = cv.take(N * QKVl, dt);
+        for (int i = 0; i < 2; i++) S.ring.dkv[i] = cv.take(N * QKVl, dt);
+        S.ring.blk_out = cv.take(N * Cl, dt);
+        S.ring.blk_lse = cv.take_f32(N * NHl);
+        if (block.learned_positions) {
+            S.wpe = cv.take(size_t(T) * C, dt);
+            S.dwpe = cv.take(size_t(T) * C, dt);
+        }
+    }
     return cv.used;
 }
 
@@ -256,10 +270,17 @@ size_t Model::activation_bytes_without_sp() const {
     return carve_activations(nullptr, shape, dtype, B, T, layout, false, recompute, chunks, s);
 }
 
+size_t Model::activation_bytes_without_cp() const {
+    std::vector<Chunk> chunks = chunks_;
+    ModelLayout whole = layout;
+    whole.cp = 1;
+    Scratch s;
+    return carve_activations(nullptr, shape, dtype, B, T * layout.cp, whole, layout.sequence_parallel, recompute,
+                             chunks, s);
+}
+
 Model::~Model() {
     ops.release(act_mem_);
-    ops.release(grad_buf.ptr);
-    ops.release(param_buf.ptr);
     delete scratch_;
 }
 
@@ -275,14 +296,14 @@ bool Model::holds(Role r, int layer, int expert) const {
 const ParamSpec& Model::spec(Role r, int layer, int expert) const {
     LLMC_ASSERT(holds(r, layer, expert), strfmt("parameter of role %d (layer %d, expert %d) is not held by this rank",
                                                 int(r), layer, expert));
-    return params[size_t(lookup_[lookup_index(r, layer, expert)])];
+    return params.specs[size_t(lookup_[lookup_index(r, layer, expert)])];
 }
 
 const ParamSpec& Model::head_weight_spec() const {
     if (!tied_head()) return spec(HeadW);
     if (layout.first) return spec(TokEmb);
-    LLMC_ASSERT(layout.last && params.back().tied_copy, "this rank holds no token embedding");
-    return params.back();  // the last stage's copy comes last
+    LLMC_ASSERT(layout.last && params.specs.back().tied_copy, "this rank holds no token embedding");
+    return params.specs.back();  // the last stage's copy comes last
 }
 
 Tensor Model::param(Role r, int layer, int expert) const { return param_of(spec(r, layer, expert)); }
@@ -301,62 +322,58 @@ Tensor Model::grad_span(Role first, Role last, int layer, int expert) const {
 }
 
 Tensor Model::param_of(const ParamSpec& p) const {
-    const int u = unit_of(p);
+    const int u = params.unit_of(p);
     const Tensor& base = unit_params_[size_t(u)];
     LLMC_ASSERT(base.ptr, strfmt("parameters of %s used outside acquire_params", p.name.c_str()));
-    return base.slice(p.offset - units[size_t(u)].begin, p.numel);
+    return base.slice(p.offset - params.units[size_t(u)].begin, p.numel);
 }
 
 Tensor Model::grad_of(const ParamSpec& p) const {
-    const int u = unit_of(p);
+    const int u = params.unit_of(p);
     const Tensor& base = unit_grads_[size_t(u)];
     LLMC_ASSERT(base.ptr, strfmt("gradients of %s used outside acquire_grads", p.name.c_str()));
-    return base.slice(p.offset - units[size_t(u)].begin, p.numel);
-}
-
-void Model::set_store(ParamStore* store) {
-    LLMC_ASSERT(storage_ != ModelStorage::Full, "a model with whole buffers has no store");
-    store_ = store;
+    return base.slice(p.offset - params.units[size_t(u)].begin, p.numel);
 }
 
 // Reference counts: a unit acquired twice (the head's wte when it sits in the head unit) is
-// released by the second release; units of whole buffers stay in place. One pair for
-// parameters and gradients: the store's calls are picked by `grads`.
+// released by the second release. One pair for parameters and gradients: the store's calls
+// are picked by `grads`.
 void Model::acquire_unit(int u, bool grads) {
     int& refs = (grads ? grad_refs_ : param_refs_)[size_t(u)];
-    if (refs++ > 0 || (grads ? grad_buf : param_buf).ptr) return;
-    LLMC_ASSERT(store_, "sharded parameters and gradients need a ParamStore (set_store)");
-    (grads ? unit_grads_ : unit_params_)[size_t(u)] = grads ? store_->acquire_grads(u) : store_->acquire_params(u);
+    if (refs++ > 0) return;
+    (grads ? unit_grads_ : unit_params_)[size_t(u)] = grads ? store_.acquire_grads(u) : store_.acquire_params(u);
 }
 
 void Model::release_unit(int u, bool grads) {
     int& refs = (grads ? grad_refs_ : param_refs_)[size_t(u)];
     LLMC_ASSERT(refs > 0, "a unit released more often than acquired");
-    if (--refs > 0 || (grads ? grad_buf : param_buf).ptr) return;
+    if (--refs > 0) return;
     (grads ? unit_grads_ : unit_params_)[size_t(u)] = Tensor();
-    if (grads) store_->release_grads(u);
-    else store_->release_params(u);
+    if (grads) store_.release_grads(u);
+    else store_.release_params(u);
 }
 
 void Model::prefetch_params(int u) {
-    if (u >= 0 && !param_buf.ptr && param_refs_[size_t(u)] == 0) store_->prefetch_params(u);
+    if (u >= 0 && param_refs_[size_t(u)] == 0) store_.prefetch_params(u);
 }
 
-void Model::load_params_mem(const float* mem) {
-    if (param_buf.ptr) {
-        ops.from_host_f32(param_buf, mem);
-        return;
-    }
-    LLMC_ASSERT(store_, "sharded parameters need a ParamStore (set_store)");
-    store_->load_params(mem);
+void Model::load_params_mem(const float* mem) { store_.load_params(mem); }
+
+// The tied weight's gradient, for the pipeline's sum over the first and the last stage (under
+// ZeRO-2/3 before the DP reduce-scatter: the store keeps the wte's unit whole for the step).
+void Model::update_head_weight_grad(const std::function<void(Tensor)>& f) {
+    const ParamSpec& w = head_weight_spec();
+    acquire_grads(params.unit_of(w));
+    f(grad_of(w));
+    release_grads(params.unit_of(w));
 }
 
 // ---------------------------------------------------------------------------------
 // host I/O in llm.c order
 
 std::vector<float> Model::from_file_order(const float* whole) const {
-    std::vector<float> out(padded_params, 0.0f);
-    for (const ParamSpec& p : params)
+    std::vector<float> out(params.padded_params, 0.0f);
+    for (const ParamSpec& p : params.specs)
         for_each_run(p, [&](size_t local, size_t src, size_t n) {
             std::memcpy(&out[p.offset + local], whole + src, n * sizeof(float));
         });
@@ -364,10 +381,10 @@ std::vector<float> Model::from_file_order(const float* whole) const {
 }
 
 std::vector<float> Model::to_file_order(const std::vector<float>& mem) const {
-    LLMC_ASSERT(mem.size() == padded_params, "to_file_order needs this rank's whole buffer in memory order");
-    LLMC_ASSERT(num_params == total_params, "to_file_order needs a layout that holds the whole model");
-    std::vector<float> out(total_params);
-    for (const ParamSpec& p : params)
+    LLMC_ASSERT(mem.size() == params.padded_params, "to_file_order needs this rank's whole buffer in memory order");
+    LLMC_ASSERT(params.num_params == params.total_params, "to_file_order needs a layout that holds the whole model");
+    std::vector<float> out(params.total_params);
+    for (const ParamSpec& p : params.specs)
         for_each_run(p, [&](size_t local, size_t dst, size_t n) {
             std::memcpy(&out[dst], &mem[p.offset + local], n * sizeof(float));
         });
@@ -376,16 +393,19 @@ std::vector<float> Model::to_file_order(const std::vector<float>& mem) const {
 
 void Model::set_params_whole(const float* host) { load_params_mem(from_file_order(host).data()); }
 
-static void buffer_to_whole(const Model& m, Tensor buf, float* host) {
-    LLMC_ASSERT(buf.ptr, "get_params_whole / get_grads_whole need the model's whole buffers (ModelStorage::Full)");
-    std::vector<float> mem(m.padded_params);
-    m.ops.to_host_f32(mem.data(), buf);
-    std::vector<float> out = m.to_file_order(mem);
+void Model::units_to_whole(bool grads, float* host) {
+    std::vector<float> mem(params.padded_params);
+    for (size_t u = 0; u < params.units.size(); u++) {
+        acquire_unit(int(u), grads);
+        ops.to_host_f32(mem.data() + params.units[u].begin, (grads ? unit_grads_ : unit_params_)[u]);
+        release_unit(int(u), grads);
+    }
+    std::vector<float> out = to_file_order(mem);
     std::memcpy(host, out.data(), out.size() * sizeof(float));
 }
 
-void Model::get_params_whole(float* host) const { buffer_to_whole(*this, param_buf, host); }
-void Model::get_grads_whole(float* host) const { buffer_to_whole(*this, grad_buf, host); }
+void Model::get_params_whole(float* host) { units_to_whole(false, host); }
+void Model::get_grads_whole(float* host) { units_to_whole(true, host); }
 
 // The random stream of a tensor: its index in the one-process memory order (the embedding's
 // tensors, then each layer's, then the head's); the tied copy draws its original's stream.
@@ -408,9 +428,9 @@ void Model::init_random(uint64_t seed) {
     // Each tensor is drawn whole from streams named by its identity, then this rank keeps its
     // pieces: every layout starts from the same model.
     const std::vector<TensorDecl> decls = model_tensors(shape);
-    std::vector<float> mem(padded_params, 0.0f), whole;
+    std::vector<float> mem(params.padded_params, 0.0f), whole;
     const size_t chunk = 1 << 20;
-    for (const ParamSpec& p : params) {
+    for (const ParamSpec& p : params.specs) {
         const TensorDecl& d = decls[size_t(p.decl)];
         whole.assign(d.rows * d.cols, 0.0f);
         const size_t n = d.init_rows * d.cols;  // rows past init_rows (vocabulary padding) stay 0
@@ -434,10 +454,7 @@ void Model::init_random(uint64_t seed) {
     load_params_mem(mem.data());
 }
 
-void Model::zero_grads() {
-    if (grad_buf.ptr) ops.zero(grad_buf);
-    else store_->zero_grads();
-}
+void Model::zero_grads() { store_.zero_grads(); }
 
 // ---------------------------------------------------------------------------------
 // forward / backward
@@ -552,8 +569,8 @@ float Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t, float 
     Tensor x = tp.gather_rows(ln1, full);
     linear_forward(l, Fp8Linear::Qkv, qkv, Tensor(), x, param_span(k.qkv_first, k.qkv_last, l),
                    k.biases ? param(QkvB, l) : Tensor(), int(N), C, QKVl, false);
-    if (k.rope) ops.rope_forward(qkv, b, t, NHl, NKVl, HS, shape.rope_theta);
-    ops.attention_forward(atty, L.att_lse, qkv, b, t, NHl, NKVl, HS);
+    if (k.rope) ops.rope_forward(qkv, b, t, NHl, NKVl, HS, shape.rope_theta, cp_->positions(t));
+    cp_->attention_forward(atty, L.att_lse, qkv, b, t, NHl, NKVl, HS, S.ring);
     linear_forward(l, Fp8Linear::AttnProj, partial, Tensor(), atty, param(AttnOutW, l),
                    bias_here ? param(AttnOutB, l) : Tensor(), int(N), Cl, C, false);
     Tensor y = tp.reduce_rows(partial, rows);
@@ -701,7 +718,8 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
     Tensor pre = dense_mlp ? L.fch_pre.slice(0, N * (k.swiglu ? 2 : 1) * Fl) : Tensor();
     Tensor act = dense_mlp ? L.fch_gelu.slice(0, N * Fl) : Tensor();
     if (recompute == Recompute::Selective) {  // the attention core and the activation again, into the shared buffers
-        ops.attention_forward(L.atty.slice(0, N * Cl), L.att_lse, L.qkv.slice(0, N * QKVl), b, t, NHl, NKVl, HS);
+        cp_->attention_forward(L.atty.slice(0, N * Cl), L.att_lse, L.qkv.slice(0, N * QKVl), b, t, NHl, NKVl, HS,
+                               S.ring);
         if (dense_mlp && k.swiglu) ops.swiglu_forward(act, pre, int(N), Fl);
         else if (dense_mlp) ops.gelu_forward(act, pre);  // (an MoE layer keeps its experts' activations)
     }
@@ -730,9 +748,9 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
     dy = tp.gather_rows(dres, full_grad);
     linear_backward(l, Fp8Linear::AttnProj, datty, grad(AttnOutW, l), k.biases ? grad(AttnOutB, l) : Tensor(), dy,
                     L.atty.slice(0, N * Cl), param(AttnOutW, l), Tensor(), int(N), Cl, C);
-    ops.attention_backward(dqkv, datty, L.qkv.slice(0, N * QKVl), L.atty.slice(0, N * Cl), L.att_lse, b, t, NHl, NKVl,
-                           HS);
-    if (k.rope) ops.rope_backward(dqkv, b, t, NHl, NKVl, HS, shape.rope_theta);
+    cp_->attention_backward(dqkv, datty, L.qkv.slice(0, N * QKVl), L.atty.slice(0, N * Cl), L.att_lse, b, t, NHl,
+                            NKVl, HS, S.ring);
+    if (k.rope) ops.rope_backward(dqkv, b, t, NHl, NKVl, HS, shape.rope_theta, cp_->positions(t));
     x = tp.gather_rows(L.ln1.slice(0, nl * C), full);
     linear_backward(l, Fp8Linear::Qkv, partial, grad_span(k.qkv_first, k.qkv_last, l),
                     k.biases ? grad(QkvB, l) : Tensor(), dqkv, x, param_span(k.qkv_first, k.qkv_last, l), Tensor(),
@@ -750,7 +768,7 @@ float Model::head_forward(SlotActs& sa, Tensor res, const int32_t* targets, int 
     const int C = shape.d_model, V = shape.vocab_size, Vl = shape.vocab_shard(tp_size());
     const size_t N = size_t(b) * t, nl = local_rows(b, t);
     const ParamSpec& w = head_weight_spec();
-    const int wu = unit_of(w);
+    const int wu = params.unit_of(w);
     acquire_params(head_unit_);
     acquire_params(wu);
     Tensor lnf = sa.lnf.slice(0, nl * C), logits = sa.logits.slice(0, N * size_t(Vl));
@@ -784,7 +802,7 @@ void Model::head_backward(SlotActs& sa, Tensor res, int b, int t) {
     const size_t N = size_t(b) * t, nl = local_rows(b, t);
     Scratch& S = *scratch_;
     const ParamSpec& w = head_weight_spec();
-    const int wu = unit_of(w);
+    const int wu = params.unit_of(w);
     acquire_params(head_unit_);
     acquire_params(wu);
     acquire_grads(head_unit_);
@@ -800,6 +818,27 @@ void Model::head_backward(SlotActs& sa, Tensor res, int b, int t) {
     release_grads(head_unit_);
     release_params(wu);
     release_params(head_unit_);
+}
+
+// Context parallelism: this rank's t rows of wpe (its two chunks' positions) in one table.
+Tensor Model::positions_table(int t) {
+    if (cp_->size() == 1) return param(PosEmb);
+    const SeqPositions p = cp_->positions(t);
+    const size_t C = shape.d_model, half = size_t(t) / 2;
+    Tensor wpe = param(PosEmb), rows = scratch_->wpe.slice(0, size_t(t) * C);
+    ops.copy(rows.slice(0, half * C), wpe.slice(size_t(p.start0) * C, half * C));
+    ops.copy(rows.slice(half * C, half * C), wpe.slice(size_t(p.start1) * C, half * C));
+    return rows;
+}
+
+// Adds the gradient of this rank's rows of wpe (positions_table) to wpe's gradient.
+void Model::scatter_positions_grad(Tensor drows, int t) {
+    const SeqPositions p = cp_->positions(t);
+    const size_t C = shape.d_model, half = size_t(t) / 2;
+    for (int k = 0; k < 2; k++) {
+        Tensor g = grad(PosEmb).slice(size_t(k == 0 ? p.start0 : p.start1) * C, half * C);
+        ops.residual_forward(g, g, drows.slice(size_t(k) * half * C, half * C));
+    }
 }
 
 float Model::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t* targets, int b, int t, float dloss) {
@@ -819,7 +858,7 @@ float Model::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t
         ops.from_host_bytes(sa.tokens, tokens, N * sizeof(int32_t));
         const int v0 = vocab_begin_of(shape, layout);
         acquire_params(embed_unit_);
-        Tensor wpe = block_.learned_positions && tp.rank() == 0 ? param(PosEmb) : Tensor();
+        Tensor wpe = block_.learned_positions && tp.rank() == 0 ? positions_table(t) : Tensor();
         if (tp.sequence_parallel()) {
             Tensor partial = scratch_->partial.slice(0, N * C);
             ops.encoder_forward(partial, sa.tokens, param(TokEmb), wpe, b, t, C, v0);
@@ -876,13 +915,17 @@ void Model::backward_chunk(int c, int slot, const std::function<void(size_t)>& g
         release_grads(u);
         release_params(u);
         // layer l and everything after it in memory are final (wte still gets the encoder's part)
-        if (grads_ready) grads_ready(units[size_t(u)].begin);
+        if (grads_ready) grads_ready(params.units[size_t(u)].begin);
     }
     if (ch.starts) {
         Tensor dres = scratch_->dresidual.slice(0, nl * C);
         Tensor d = tp.gather_rows(dres, scratch_->full_grad.slice(0, N * C));
         acquire_grads(embed_unit_);
-        ops.encoder_backward(grad(TokEmb), block_.learned_positions ? grad(PosEmb) : Tensor(), d, sa.tokens, b, t, C, vocab_begin_of(shape, layout));
+        const bool rows = block_.learned_positions && cp_->size() > 1;  // this rank's rows of wpe, gathered
+        Tensor dwpe = !block_.learned_positions ? Tensor() : rows ? scratch_->dwpe.slice(0, size_t(t) * C) : grad(PosEmb);
+        if (rows) ops.zero(dwpe);
+        ops.encoder_backward(grad(TokEmb), dwpe, d, sa.tokens, b, t, C, vocab_begin_of(shape, layout));
+        if (rows) scatter_positions_grad(dwpe, t);
         release_grads(embed_unit_);
         if (grads_ready) grads_ready(0);
     }

@@ -11,13 +11,17 @@
 // tokens, gathered before each column-parallel block and reduce-scattered after each
 // row-parallel one. Pipeline parallelism gives a process one or more chunks (consecutive
 // layer ranges); the first stage also holds the embedding, the last the final LayerNorm and
-// the head (a copy of wte when the first stage is another process: the tied weight).
+// the head (a copy of wte when the first stage is another process: the tied weight). Context
+// parallelism (llmc/context_parallel.h) gives a rank T of each sequence's tokens (two chunks):
+// only the attention core (a ring over the CP group) and the positions (wpe rows, RoPE angles at
+// the tokens' global indices) know it.
 //
 // Memory layout of the local parameters: [wte, wpe] [chunk 0's layers] ... [lnf, (wte copy)],
 // each layer's tensors contiguous. Every ParamSpec maps its local elements to runs of the
 // whole tensor in llm.c's checkpoint order, so checkpoints stay layout-independent. The same
-// order cut into units (the embedding, each layer, the head) is what ZeRO-2/3 move at once:
-// the model then reaches a tensor only while its unit is acquired from a ParamStore.
+// order cut into units (the embedding, each layer, the head) is what ZeRO-2/3 move at once.
+// The buffers live in a ParamStore built before the model (llmc/param_store.h): the model
+// reaches a tensor only while its unit is acquired from it, whatever the store.
 //
 // Activations live in slots: a chunk keeps one set per micro-batch in flight (pipeline
 // schedules run several forwards before the matching backwards); the backward's scratch
@@ -33,32 +37,13 @@
 #include <vector>
 
 #include "llmc/ops.h"
+#include "llmc/param_store.h"
 #include "llmc/param_table.h"
+#include "llmc/pipeline.h"
 #include "llmc/tensor.h"
 
 class TensorParallel;
-
-// Which of the flat buffers the model allocates whole. The others live in a ParamStore (ZeRO:
-// llmc/data_parallel.h) that hands the model one unit at a time.
-enum class ModelStorage { Full, ShardedGrads, Sharded /* parameters and gradients */ };
-
-// What the model asks of a ParamStore, unit by unit, around each use (forward_chunk,
-// backward_chunk). Every rank of the store's group makes the same calls in the same order, so
-// the store may run collectives in them.
-class ParamStore {
-public:
-    virtual ~ParamStore() = default;
-    // ModelStorage::Sharded: a unit's parameters, whole, valid until release_params(unit).
-    virtual Tensor acquire_params(int unit) = 0;
-    virtual void release_params(int unit) = 0;
-    virtual void prefetch_params(int unit) = 0;      // a hint: acquire_params(unit) comes next
-    virtual void load_params(const float* mem) = 0;  // this rank's whole buffer, host, memory order
-    // ModelStorage::ShardedGrads and Sharded: the unit's gradient buffer for this backward
-    // (accumulated into), valid until release_grads(unit): no more of its gradients this backward.
-    virtual Tensor acquire_grads(int unit) = 0;
-    virtual void release_grads(int unit) = 0;
-    virtual void zero_grads() = 0;  // start of an optimizer step
-};
+class ContextParallel;
 
 // Which activations a layer keeps for its backward (train.recompute).
 enum class Recompute {
@@ -70,23 +55,20 @@ enum class Recompute {
 // "none" | "selective" | "full" (the config's values; validated there).
 Recompute parse_recompute(const std::string& name);
 
-// Elements of a local parameter buffer of num_params real elements padded to pad_multiple.
-inline size_t padded_param_count(size_t num_params, size_t pad_multiple) {
-    return (num_params + pad_multiple - 1) / pad_multiple * pad_multiple;
-}
-
-class Model {
+class Model : public PipelineStage {
 public:
-    // pad_multiple: the parameter and gradient buffers hold the local parameters rounded up to a
-    // multiple of it (zeros that belong to no tensor), so that ZeRO shards divide them evenly.
-    // slots: activation sets per chunk (micro-batches in flight; empty = one each). tp: the TP group (null = tp 1).
-    Model(const ModelShape& shape, Ops& ops, DType dtype, int B, int T, size_t pad_multiple = 1,
+    // store: where the parameters and gradients live; its layout must be this shape's under
+    // `layout` (param_layout). slots: activation sets per chunk (micro-batches in flight; empty =
+    // one each). tp: the TP group (null = tp 1). cp: the context-parallel group (null = cp 1); T is
+    // then this rank's T / cp tokens of each sequence (llmc/context_parallel.h: two chunks, at
+    // their global positions).
+    Model(const ModelShape& shape, Ops& ops, DType dtype, int B, int T, ParamStore& store,
           const ModelLayout& layout = ModelLayout(), TensorParallel* tp = nullptr, std::vector<int> slots = {},
-          ModelStorage storage = ModelStorage::Full, Recompute recompute = Recompute::None);
+          Recompute recompute = Recompute::None, ContextParallel* cp = nullptr);
     // The bytes of activations such a model allocates (activation_bytes), without building it.
     static size_t activation_bytes_of(const ModelShape& shape, DType dtype, int B, int T, const ModelLayout& layout,
                                       const std::vector<int>& slots, Recompute recompute);
-    ~Model();
+    ~Model() override;
     Model(const Model&) = delete;
     Model& operator=(const Model&) = delete;
 
@@ -97,16 +79,10 @@ public:
     const ModelLayout layout;
     const Recompute recompute;
 
-    std::vector<ParamSpec> params;  // memory order
-    size_t num_params = 0;     // local elements of the real tensors
-    size_t padded_params = 0;  // elements of param_buf and grad_buf (num_params + zero padding)
-    size_t total_params = 0;   // elements of the whole model (num_params)
-    Tensor param_buf;  // one allocation; empty with ModelStorage::Sharded
-    Tensor grad_buf;   // one allocation; empty unless ModelStorage::Full
-    std::vector<ParamUnit> units;  // memory order, covering [0, padded_params)
-    int unit_of(const ParamSpec& p) const { return param_unit_[size_t(&p - params.data())]; }
+    const ParamLayout& params;  // the store's: this rank's tensors in memory order, its units
     size_t activation_bytes = 0;
     size_t activation_bytes_without_sp() const;  // the same layout's activations without sequence parallelism
+    size_t activation_bytes_without_cp() const;  // ... without context parallelism (whole sequences, no ring)
 
     // expert: one expert's tensor of an MoE layer (-1: the layer's own)
     bool holds(Role r, int layer = -1, int expert = -1) const;
@@ -115,9 +91,9 @@ public:
     // holds (the embedding's, or on a last stage without it the tied copy, which the pipeline
     // keeps in sync with the first stage's).
     const ParamSpec& head_weight_spec() const;
-    bool tied_head() const { return shape.tie_embeddings; }
-    // A tensor's parameters and gradients. With a ParamStore they exist while their unit is
-    // acquired (forward_chunk and backward_chunk acquire what they use); with ModelStorage::Full always.
+    bool tied_head() const override { return shape.tie_embeddings; }
+    // A tensor's parameters and gradients: they exist while their unit is acquired
+    // (forward_chunk and backward_chunk acquire what they use). expert: an MoE layer's expert.
     Tensor param(Role r, int layer = -1, int expert = -1) const;
     Tensor grad(Role r, int layer = -1, int expert = -1) const;
     // Adjacent tensors first..last of a layer as one (Llama's q, k, v and gate, up: one fused linear).
@@ -130,9 +106,6 @@ public:
     void prefetch_params(int unit);  // unit < 0: nothing
     void acquire_grads(int unit) { acquire_unit(unit, true); }
     void release_grads(int unit) { release_unit(unit, true); }
-    ModelStorage storage() const { return storage_; }
-    // Where the buffers that are not whole live (required before use unless ModelStorage::Full).
-    void set_store(ParamStore* store);
     // Sets every parameter from this rank's whole buffer (host fp32, memory order, padded_params).
     void load_params_mem(const float* mem);
 
@@ -142,36 +115,30 @@ public:
     std::vector<float> from_file_order(const float* whole) const;
     std::vector<float> to_file_order(const std::vector<float>& mem) const;
     void set_params_whole(const float* host);  // whole model, file order
-    void get_params_whole(float* host) const;  // one-process layouts, ModelStorage::Full only
-    void get_grads_whole(float* host) const;   // one-process layouts, ModelStorage::Full only
+    // One-process layouts, unit by unit from the store (a WholeStore for the gradients: ZeRO-2/3's
+    // acquire_grads starts a unit's gradient afresh).
+    void get_params_whole(float* host);
+    void get_grads_whole(float* host);
     // Each tensor as its declaration says (llmc/families.cpp); every layout draws the same whole model.
     void init_random(uint64_t seed);
 
     void zero_grads();
 
-    // ---- one chunk, one micro-batch slot (the pipeline engine's view) ----
-    int num_chunks() const { return int(chunks_.size()); }
+    // ---- one chunk, one micro-batch slot (PipelineStage: the pipeline engine's view) ----
+    int num_chunks() const override { return int(chunks_.size()); }
     // Rows of the residual stream this rank holds for a b x t batch (b*t/tp with sequence parallelism).
     size_t local_rows(int b, int t) const;
-    // Where a received activation goes before forward_chunk (chunks that do not start the model).
-    Tensor chunk_input(int chunk, int slot, int b, int t) const;
-    // The activation forward_chunk left for the next chunk (chunks that do not end the model).
-    Tensor chunk_output(int chunk, int slot, int b, int t) const;
-    // The gradient buffer of the residual stream: before backward_chunk of a chunk that does not
-    // end the model, the received gradient of its output goes here; after backward_chunk of a
-    // chunk that does not start the model, it holds the gradient of its input (to send back).
-    Tensor residual_grad(int b, int t) const;
-    // Forward of one chunk. tokens: host ids, used by the chunk that starts the model; targets:
-    // host ids used by the chunk that ends it (null: logits only). Returns the mean loss of the
-    // b*t tokens when this chunk ends the model and targets are given, else 0. With dloss != 0
-    // the head leaves d(dloss * sum of token losses)/dlogits for backward_chunk.
+    size_t boundary_numel(int b, int t) const override { return local_rows(b, t) * size_t(shape.d_model); }
+    Tensor chunk_input(int chunk, int slot, int b, int t) const override;
+    Tensor chunk_output(int chunk, int slot, int b, int t) const override;
+    // The gradient buffer of the residual stream (PipelineStage::residual_grad).
+    Tensor residual_grad(int b, int t) const override;
     // With dloss != 0 the MoE layers' load-balancing losses (times aux_loss_coef) are added to the
     // returned loss, also on chunks that do not end the model.
-    float forward_chunk(int chunk, int slot, const int32_t* tokens, const int32_t* targets, int b, int t, float dloss);
-    // Backward of one chunk for the micro-batch in slot; parameter gradients accumulate.
-    // grads_ready (optional) is called with an element offset o: from here on no gradient at or
-    // above o changes in this backward (data parallelism launches its buckets from it).
-    void backward_chunk(int chunk, int slot, const std::function<void(size_t)>& grads_ready = {});
+    float forward_chunk(int chunk, int slot, const int32_t* tokens, const int32_t* targets, int b, int t,
+                        float dloss) override;
+    void backward_chunk(int chunk, int slot, const std::function<void(size_t)>& grads_ready = {}) override;
+    void update_head_weight_grad(const std::function<void(Tensor)>& f) override;
 
     // ---- the whole model on this rank (layouts with one chunk that starts and ends it) ----
     float forward(const int32_t* tokens, const int32_t* targets, int b, int t, float dloss);
@@ -235,16 +202,17 @@ private:
         std::vector<SlotActs> slots;
     };
     TensorParallel* tp_;
-    ModelStorage storage_;
-    ParamStore* store_ = nullptr;
-    std::vector<int> param_unit_;  // params index -> unit
+    ParamStore& store_;
+    ContextParallel* cp_;
     std::vector<int> layer_unit_;  // layer -> unit, -1 when not held
     int embed_unit_ = -1, head_unit_ = -1;
-    std::vector<Tensor> unit_params_, unit_grads_;  // a unit's buffers while acquired (always with Full)
+    std::vector<Tensor> unit_params_, unit_grads_;  // a unit's buffers while acquired
     std::vector<int> param_refs_, grad_refs_;
     void acquire_unit(int unit, bool grads);
     void release_unit(int unit, bool grads);
+    void units_to_whole(bool grads, float* host);
     std::unique_ptr<TensorParallel> own_tp_;  // a group of one when no TP group is given
+    std::unique_ptr<ContextParallel> own_cp_;  // likewise for CP
     std::vector<int> lookup_;  // (role, layer + 1, expert + 1) -> index into params, -1 when not held
     size_t lookup_index(Role r, int layer, int expert) const;
     MoeStats moe_stats_;
@@ -261,6 +229,8 @@ private:
                                     const ModelLayout& layout, bool sequence_parallel, Recompute recompute,
                                     std::vector<Chunk>& chunks, Scratch& s);
 
+    Tensor positions_table(int t);                   // this rank's rows of wpe (context parallelism)
+    void scatter_positions_grad(Tensor drows, int t);  // and their gradient into wpe's
     // Returns the layer's part of the loss (an MoE layer's aux_loss_coef * load-balancing loss when dloss != 0).
     float layer_forward(int l, LayerActs& L, Tensor res_in, int b, int t, float dloss);
     // An MoE layer's experts in place of the MLP: out (N x C) from x (N x C); forward_chunk's dloss

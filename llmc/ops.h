@@ -20,6 +20,7 @@
 #include <string>
 
 #include "llmc/fp8.h"
+#include "llmc/positions.h"
 #include "llmc/tensor.h"
 
 class Ops {
@@ -48,6 +49,25 @@ public:
     virtual void to_host_bytes(void* dst, const void* src, size_t bytes) = 0;
     virtual void from_host_bytes(void* dst, const void* src, size_t bytes) = 0;
     virtual void synchronize() = 0;
+
+    // ---- host memory and asynchronous copies (optimizer offload, llmc/optimizer.h) ----
+    // Host memory the asynchronous copies read and write (pinned on CUDA), zero-initialised.
+    virtual void* alloc_host(size_t bytes);
+    virtual void release_host(void* p);
+    // Start copying between backend memory and host memory from alloc_host, ordered after the ops
+    // queued so far; returns an id for wait_copy. The backend's ops must not use the backend side
+    // of the copy, nor the caller the host side, until the copy is waited for. The default (host
+    // backends) copies at once.
+    virtual uint64_t copy_to_host_async(void* dst, const void* src, size_t bytes) {
+        to_host_bytes(dst, src, bytes);
+        return 0;
+    }
+    virtual uint64_t copy_from_host_async(void* dst, const void* src, size_t bytes) {
+        from_host_bytes(dst, src, bytes);
+        return 0;
+    }
+    // Blocks until the copy with this id is done.
+    virtual void wait_copy(uint64_t id) { (void)id; }
 
     // ---- embedding ----
     // wte holds the vocabulary rows [vocab_begin, vocab_begin + wte.n / C) (the whole padded
@@ -102,13 +122,39 @@ public:
     // dqkv (overwrite) from dout, recomputing probabilities from qkv and lse.
     virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B,
                                     int T, int NH, int NKV, int HS) = 0;
+    // Context parallelism's ring (llmc/context_parallel.h): the queries of qkv_q [B,Tq,NH+2*NKV,HS]
+    // against the keys and values of qkv_kv [B,Tk,...] (another block of the same sequences; only
+    // its k and v heads are read). Query row i sits at global position qp.at(i), key row j at
+    // kp.at(j); i sees j when kp.at(j) <= qp.at(i). out [B,Tq,NH,HS] and lse [B,NH,Tq] are the
+    // attention over the visible keys of this block alone (a row that sees none: out 0, lse -inf).
+    // attention_forward is this op of a sequence with itself at positions 0..T-1.
+    virtual void attention_block_forward(Tensor out, float* lse, Tensor qkv_q, Tensor qkv_kv, int B, int Tq, int Tk,
+                                         int NH, int NKV, int HS, SeqPositions qp, SeqPositions kp) {
+        throw UserError("parallel.cp > 1: the " + name() + " backend has no ring attention ops (use device \"cpu\")");
+    }
+    // out, lse (the running result over the blocks so far) merged with a block's by log-sum-exp:
+    // L = log(e^lse + e^blk_lse), out = e^(lse-L) out + e^(blk_lse-L) blk_out, lse = L (rows
+    // whose blk_lse is -inf unchanged). Shapes as attention_block_forward's with Tq = T.
+    virtual void attention_merge(Tensor out, float* lse, Tensor blk_out, const float* blk_lse, int B, int T, int NH,
+                                 int HS) {
+        throw UserError("parallel.cp > 1: the " + name() + " backend has no ring attention ops (use device \"cpu\")");
+    }
+    // Backward of attention_block_forward given the whole attention's out and lse over every
+    // block (probabilities recomputed as exp(s - lse)): ACCUMULATES the queries' gradient into the
+    // q heads of dq [B,Tq,...] and the keys' and values' into the k and v heads of dkv [B,Tk,...]
+    // (their other heads untouched; dq and dkv may be one tensor).
+    virtual void attention_block_backward(Tensor dq, Tensor dkv, Tensor dout, Tensor qkv_q, Tensor qkv_kv, Tensor out,
+                                          const float* lse, int B, int Tq, int Tk, int NH, int NKV, int HS,
+                                          SeqPositions qp, SeqPositions kp) {
+        throw UserError("parallel.cp > 1: the " + name() + " backend has no ring attention ops (use device \"cpu\")");
+    }
     // Rotary position embeddings (transformers' rotate_half convention), in place on the query
-    // and key heads of qkv [B,T,NH+2*NKV,HS] at positions 0..T-1: with inv_freq[i] =
-    // 1/theta^(2i/HS) and a = t*inv_freq[i] (fp32), x[i], x[i+HS/2] become
-    // x[i]*cos a - x[i+HS/2]*sin a and x[i+HS/2]*cos a + x[i]*sin a. Backward: the transpose,
-    // in place on dqkv.
-    virtual void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta) = 0;
-    virtual void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta) = 0;
+    // and key heads of qkv [B,T,NH+2*NKV,HS], row t of each sequence at position p = pos.at(t)
+    // (SeqPositions(): 0..T-1): with inv_freq[i] = 1/theta^(2i/HS) and a = p*inv_freq[i] (fp32),
+    // x[i], x[i+HS/2] become x[i]*cos a - x[i+HS/2]*sin a and x[i+HS/2]*cos a + x[i]*sin a.
+    // Backward: the transpose, in place on dqkv.
+    virtual void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos) = 0;
+    virtual void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos) = 0;
 
     // ---- Llama's norm and MLP activation ----
     // RMSNorm: rstd[n] = 1/sqrt(mean(inp[n,:]^2) + eps) (fp32), out = inp * rstd * w.

@@ -3,72 +3,191 @@
 #include <algorithm>
 #include <cmath>
 
-AdamW::AdamW(Model& model, size_t begin, size_t end, Tensor params, Tensor grads)
-    : model_(model), begin_(begin), end_(end), params_(params), grads_(grads) {
-    LLMC_ASSERT(begin <= end && end <= model.padded_params, "optimizer range outside the parameter buffer");
-    LLMC_ASSERT(params.n == end - begin && grads.n == end - begin && params.dtype == model.dtype,
+#include "llmc/bf16.h"
+#include "llmc/cpu/kernels.h"
+
+AdamW::AdamW(const ParamLayout& layout, Ops& ops, size_t begin, size_t end, Tensor params, Tensor grads,
+             OptimizerOffload offload)
+    : layout_(layout), ops_(ops), begin_(begin), end_(end), params_(params), grads_(grads), offload_(offload) {
+    LLMC_ASSERT(begin <= end && end <= layout.padded_params, "optimizer range outside the parameter buffer");
+    LLMC_ASSERT(params.n == end - begin && grads.n == end - begin && grads.dtype == params.dtype,
                 "optimizer: parameter and gradient views must cover its range");
     const size_t n = end - begin;
-    m_ = static_cast<float*>(model.ops.alloc(n * sizeof(float)));
-    v_ = static_cast<float*>(model.ops.alloc(n * sizeof(float)));
-    if (keeps_master(model.dtype)) {
-        master_ = static_cast<float*>(model.ops.alloc(n * sizeof(float)));
-        sync_master_from_params();
+    auto alloc = [&](size_t bytes) { return offload_.enabled ? ops.alloc_host(bytes) : ops.alloc(bytes); };
+    m_ = static_cast<float*>(alloc(n * sizeof(float)));
+    v_ = static_cast<float*>(alloc(n * sizeof(float)));
+    if (keeps_master(params.dtype)) master_ = static_cast<float*>(alloc(n * sizeof(float)));
+    if (offload_.enabled) {
+        // master weights exactly for bf16 (keeps_master): the host update rounds them to bf16
+        LLMC_ASSERT(params.dtype == DType::F32 || params.dtype == DType::BF16, "optimizer offload: fp32 or bf16 models");
+        offload_.piece = offload_piece(n, offload_.piece);
+        const size_t k = dtype_size(params.dtype);
+        for (int s = 0; s < kStageSlots; s++) {
+            stage_grads_[s] = ops.alloc_host(offload_.piece * k);
+            stage_params_[s] = ops.alloc_host(offload_.piece * k);
+        }
+        if (params.dtype != DType::F32) grads_f32_ = static_cast<float*>(ops.alloc_host(offload_.piece * sizeof(float)));
+        if (master_) {
+            std::vector<std::pair<size_t, size_t>> covered;
+            for (const ParamSpec& p : layout.specs) {
+                const size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+                if (lo < hi) covered.push_back({lo - begin, hi - begin});
+            }
+            std::sort(covered.begin(), covered.end());
+            size_t at = 0;
+            for (const auto& c : covered) {
+                if (c.first > at) gaps_.push_back({at, c.first});
+                at = std::max(at, c.second);
+            }
+            if (at < n) gaps_.push_back({at, n});
+        }
     }
+    sync_master_from_params();
 }
 
 AdamW::~AdamW() {
-    model_.ops.release(m_);
-    model_.ops.release(v_);
-    if (master_) model_.ops.release(master_);
+    Ops& ops = ops_;
+    for (float* p : {m_, v_, master_}) {
+        if (!p) continue;
+        if (offload_.enabled) ops.release_host(p);
+        else ops.release(p);
+    }
+    for (int s = 0; s < kStageSlots; s++) {
+        ops.release_host(stage_grads_[s]);
+        ops.release_host(stage_params_[s]);
+    }
+    ops.release_host(grads_f32_);
 }
 
-size_t AdamW::state_bytes() const { return (end_ - begin_) * sizeof(float) * (master_ ? 3 : 2); }
+size_t AdamW::device_bytes() const {
+    return offload_.enabled ? 0 : (end_ - begin_) * sizeof(float) * (master_ ? 3 : 2);
+}
+
+size_t AdamW::host_bytes() const {
+    return offload_.enabled ? offload_host_bytes(end_ - begin_, offload_.piece, dtype_size(params_.dtype), master_)
+                            : 0;
+}
 
 void AdamW::step(const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
-    for (const ParamSpec& p : model_.params) {
+    if (offload_.enabled) {
+        step_offloaded(h, t, grad_scale, seed);
+        return;
+    }
+    for (const ParamSpec& p : layout_.specs) {
         size_t lo = std::max(begin_, p.offset), hi = std::min(end_, p.offset + p.numel);
         if (lo >= hi) continue;
         const size_t n = hi - lo, o = lo - begin_;
         // bf16 stochastic rounding hashes (seed, index within the call): a seed of its own per
         // tensor (from its offset in the buffer) keeps tensors from sharing random bits at equal offsets
-        const uint32_t tensor_seed = seed ^ uint32_t((uint64_t(lo) * 0x9E3779B97F4A7C15ull) >> 32);
-        model_.ops.adamw(params_.slice(o, n), master_ ? master_ + o : nullptr, grads_.slice(o, n),
+        ops_.adamw(params_.slice(o, n), master_ ? master_ + o : nullptr, grads_.slice(o, n),
                          m_ + o, v_ + o, h.lr, h.beta1, h.beta2, h.eps, p.decay ? h.weight_decay : 0.0f, grad_scale,
-                         t, tensor_seed);
+                         t, tensor_seed(seed, lo));
+    }
+}
+
+// Staging slots in turn: piece i + 1 downloads into its slot while the host updates piece i and
+// piece i - 1 uploads from theirs; a slot is downloaded into again only once its previous piece's
+// upload is done.
+void AdamW::step_offloaded(const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
+    Ops& ops = ops_;
+    const size_t n = end_ - begin_, piece = offload_.piece, k = dtype_size(params_.dtype);
+    if (n == 0) return;
+    const size_t pieces = (n + piece - 1) / piece;
+    uint64_t down[kStageSlots] = {}, up[kStageSlots] = {};
+    auto fetch = [&](size_t i) {
+        const int s = int(i % kStageSlots);
+        const size_t o = i * piece, len = std::min(piece, n - o);
+        ops.wait_copy(up[s]);
+        down[s] = ops.copy_to_host_async(stage_grads_[s], grads_.slice(o, len).ptr, len * k);
+        // without master weights the update reads the parameters (same copy stream: waiting for
+        // this copy waits for the gradients' too)
+        if (!master_) down[s] = ops.copy_to_host_async(stage_params_[s], params_.slice(o, len).ptr, len * k);
+    };
+    fetch(0);
+    for (size_t i = 0; i < pieces; i++) {
+        if (i + 1 < pieces) fetch(i + 1);
+        const int s = int(i % kStageSlots);
+        const size_t o = i * piece, len = std::min(piece, n - o);
+        ops.wait_copy(down[s]);
+        update_piece(o, len, s, h, t, grad_scale, seed);
+        up[s] = ops.copy_from_host_async(params_.slice(o, len).ptr, stage_params_[s], len * k);
+    }
+    for (uint64_t id : up) ops.wait_copy(id);
+}
+
+void AdamW::update_piece(size_t o, size_t n, int s, const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
+    const bool bf16 = params_.dtype == DType::BF16;
+    const size_t a0 = begin_ + o, b0 = a0 + n;  // the piece in the flat buffer
+    for (const ParamSpec& p : layout_.specs) {
+        // the tensor's intersection with the range (as step's), then with the piece
+        const size_t lo = std::max(begin_, p.offset), hi = std::min(end_, p.offset + p.numel);
+        const size_t a = std::max(lo, a0), b = std::min(hi, b0);
+        if (a >= b) continue;
+        const size_t cnt = b - a, r = a - begin_, j = a - a0;  // offsets in the range and in the piece
+        const float* g = static_cast<const float*>(stage_grads_[s]) + j;
+        if (bf16) {
+            const uint16_t* gb = static_cast<const uint16_t*>(stage_grads_[s]) + j;
+#pragma omp parallel for simd schedule(static) if (cpu::parallel_worth(cnt))
+            for (size_t i = 0; i < cnt; i++) grads_f32_[i] = bf16_bits_to_f32(gb[i]);
+            g = grads_f32_;
+        }
+        // with master weights the kernel's parameter output is the master itself
+        float* params = master_ ? master_ + r : static_cast<float*>(stage_params_[s]) + j;
+        cpu::adamw(params, master_ ? master_ + r : nullptr, g, m_ + r, v_ + r, cnt, h.lr, h.beta1, h.beta2, h.eps,
+                   p.decay ? h.weight_decay : 0.0f, grad_scale, t);
+        if (bf16) {  // the CUDA kernel's rounding: hash of (the tensor's seed, the index within the tensor's call)
+            const uint32_t ts = tensor_seed(seed, lo);
+            uint16_t* pb = static_cast<uint16_t*>(stage_params_[s]) + j;
+#pragma omp parallel for schedule(static) if (cpu::parallel_worth(cnt))
+            for (size_t i = 0; i < cnt; i++)
+                pb[i] = f32_to_bf16_stochastic(master_[r + i], hash_u32(ts, uint32_t(a - lo + i)));
+        }
+    }
+    // the padding's parameters go back as they were (the master holds them exactly: synced from them)
+    for (const auto& gap : gaps_) {
+        const size_t a = std::max(gap.first, o), b = std::min(gap.second, o + n);
+        for (size_t r = a; r < b; r++) static_cast<uint16_t*>(stage_params_[s])[r - o] = f32_to_bf16_bits(master_[r]);
     }
 }
 
 void AdamW::get_state(std::vector<float>& m, std::vector<float>& v, std::vector<float>& master) const {
     const size_t n = end_ - begin_;
-    m.resize(n);
-    v.resize(n);
-    model_.ops.to_host_bytes(m.data(), m_, n * sizeof(float));
-    model_.ops.to_host_bytes(v.data(), v_, n * sizeof(float));
+    auto get = [&](std::vector<float>& dst, const float* src) {
+        dst.resize(n);
+        if (offload_.enabled) std::copy(src, src + n, dst.begin());
+        else ops_.to_host_bytes(dst.data(), src, n * sizeof(float));
+    };
+    get(m, m_);
+    get(v, v_);
     master.clear();
-    if (master_) {
-        master.resize(n);
-        model_.ops.to_host_bytes(master.data(), master_, n * sizeof(float));
-    }
+    if (master_) get(master, master_);
 }
 
 void AdamW::set_state(const std::vector<float>& m, const std::vector<float>& v, const std::vector<float>& master) {
     const size_t n = end_ - begin_;
     LLMC_ASSERT(m.size() == n && v.size() == n, "optimizer state size mismatch");
-    model_.ops.from_host_bytes(m_, m.data(), n * sizeof(float));
-    model_.ops.from_host_bytes(v_, v.data(), n * sizeof(float));
+    auto set = [&](float* dst, const std::vector<float>& src) {
+        if (offload_.enabled) std::copy(src.begin(), src.end(), dst);
+        else ops_.from_host_bytes(dst, src.data(), n * sizeof(float));
+    };
+    set(m_, m);
+    set(v_, v);
     if (master_) {
-        if (master.size() == n) model_.ops.from_host_bytes(master_, master.data(), n * sizeof(float));
+        if (master.size() == n) set(master_, master);
         else sync_master_from_params();
     }
 }
 
 void AdamW::sync_master_from_params() {
     if (!master_) return;
+    if (offload_.enabled) {
+        ops_.to_host_f32(master_, params_);
+        return;
+    }
     const size_t n = end_ - begin_;
     std::vector<float> host(n);
-    model_.ops.to_host_f32(host.data(), params_);
-    model_.ops.from_host_bytes(master_, host.data(), n * sizeof(float));
+    ops_.to_host_f32(host.data(), params_);
+    ops_.from_host_bytes(master_, host.data(), n * sizeof(float));
 }
 
 float clip_scale(double grad_norm, double clip) {

@@ -3,26 +3,55 @@
 // The optimizer owns [begin, end) of the flat (padded) buffer: the whole model, or this
 // rank's ZeRO shard (llmc/data_parallel.h): fp32 moments m and v, and fp32 master weights when the model's dtype is not fp32.
 // It updates the parameters and reads the gradients of that range where they live: views of
-// the model's whole buffers, or ZeRO's shard buffers (DataParallel::opt_params / opt_grads).
+// the whole buffers (llmc/param_store.h), or ZeRO's shard buffers (DataParallel::opt_params / opt_grads).
 // Weight decay applies per parameter tensor (ParamSpec::decay), so the update walks the
 // parameter table and runs the fused AdamW op on each tensor's intersection with the range.
+//
+// Optimizer offload (train.offload_optimizer): m, v and the master weights live in host memory
+// (Ops::alloc_host: pinned on CUDA) and the update runs on the host, by the CPU backend's AdamW
+// kernel (llmc/cpu/kernels.h, OpenMP and SIMD). The range streams through three host staging
+// slots in pieces: a piece's gradients (and, without master weights, its parameters) go down, the
+// host updates it, its new parameters go up (bf16 from the master by the CUDA kernel's stochastic
+// rounding, llmc/bf16.h); where the backend copies asynchronously (CUDA: a copy stream per
+// direction) the next piece's download and the previous piece's upload overlap the update. On the
+// CPU backend the same path runs with host memory on both sides and is bitwise the update without
+// offload; on CUDA the two differ only by the float rounding of the device kernel against the host's.
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "llmc/config.h"
-#include "llmc/model.h"
+#include "llmc/ops.h"
+#include "llmc/param_table.h"
 
 struct AdamWHyper {
     float lr, beta1, beta2, eps, weight_decay;
 };
 
+struct OptimizerOffload {
+    bool enabled = false;
+    size_t piece = 0;  // elements streamed per piece (capped at the range; 0: the whole range)
+};
+
 class AdamW {
 public:
-    // params, grads: the range's parameters and gradients (end - begin elements each).
-    AdamW(Model& model, size_t begin, size_t end, Tensor params, Tensor grads);
+    // layout: the flat buffers' tensors; params, grads: the range's parameters and gradients
+    // (end - begin elements each, in the model's dtype).
+    AdamW(const ParamLayout& layout, Ops& ops, size_t begin, size_t end, Tensor params, Tensor grads,
+          OptimizerOffload offload = {});
     // fp32 master weights are kept for a model in any other dtype.
     static bool keeps_master(DType model_dtype) { return model_dtype != DType::F32; }
+    // The elements of one streamed piece over a range of n elements.
+    static size_t offload_piece(size_t n, size_t piece) { return piece == 0 || piece > n ? n : piece; }
+    // Host bytes of an offloaded optimizer over n elements streamed in pieces of `piece` (after
+    // offload_piece): m, v (and master) fp32, kStageSlots staging slots of a piece's gradients and
+    // parameters in the model's dtype, and a piece of fp32 gradients when that dtype is not fp32.
+    static constexpr int kStageSlots = 3;  // the piece downloading, the one updated, the one uploading
+    static size_t offload_host_bytes(size_t n, size_t piece, size_t dtype_bytes, bool master) {
+        return n * sizeof(float) * (master ? 3 : 2) + kStageSlots * 2 * piece * dtype_bytes +
+               (dtype_bytes == sizeof(float) ? 0 : piece * sizeof(float));
+    }
     ~AdamW();
     AdamW(const AdamW&) = delete;
     AdamW& operator=(const AdamW&) = delete;
@@ -32,8 +61,10 @@ public:
 
     size_t begin() const { return begin_; }
     size_t end() const { return end_; }
-    size_t state_bytes() const;  // m, v and master
+    size_t device_bytes() const;  // m, v and master in backend memory (0 when offloaded)
+    size_t host_bytes() const;    // the offloaded state and its staging in host memory (0 when not)
     bool has_master() const { return master_ != nullptr; }
+    bool offloaded() const { return offload_.enabled; }
 
     // Host fp32 copies of the state over [begin, end), for checkpoints.
     void get_state(std::vector<float>& m, std::vector<float>& v, std::vector<float>& master) const;
@@ -42,12 +73,30 @@ public:
     void sync_master_from_params();
 
 private:
-    Model& model_;
+    void step_offloaded(const AdamWHyper& h, int t, float grad_scale, uint32_t seed);
+    // the host update of the piece [o, o + n) of the range, staged in slot s
+    void update_piece(size_t o, size_t n, int s, const AdamWHyper& h, int t, float grad_scale, uint32_t seed);
+    // bf16 stochastic rounding seeds each tensor from its first element in the range
+    static uint32_t tensor_seed(uint32_t seed, size_t lo) {
+        return seed ^ uint32_t((uint64_t(lo) * 0x9E3779B97F4A7C15ull) >> 32);
+    }
+
+    const ParamLayout& layout_;
+    Ops& ops_;
     size_t begin_, end_;
     Tensor params_, grads_;
-    float* m_ = nullptr;
+    OptimizerOffload offload_;
+    float* m_ = nullptr;  // backend memory, or host memory when offloaded
     float* v_ = nullptr;
     float* master_ = nullptr;
+    // offload: per staging slot a piece of gradients and of parameters (model dtype), and a piece
+    // of fp32 gradients (bf16 models)
+    void* stage_grads_[kStageSlots] = {};
+    void* stage_params_[kStageSlots] = {};
+    float* grads_f32_ = nullptr;
+    // offload with master weights: the stretches [first, second) of the range (offsets) that no
+    // tensor covers (padding); the uploads write their never-updated parameters back from the master
+    std::vector<std::pair<size_t, size_t>> gaps_;
 };
 
 // torch's clip_grad_norm_ factor: min(1, clip / (norm + 1e-6)); 1 when clip <= 0.

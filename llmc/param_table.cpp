@@ -83,9 +83,16 @@ void check_model_layout(const ModelShape& s, const ModelLayout& L, int T) {
     if (s.moe.enabled() && s.moe.expert_ffn_dim % tp != 0)
         throw UserError(strfmt("parallel.tp: %d does not divide model.moe.expert_ffn_dim = %d (each expert's MLP is "
                                "split by columns)", tp, s.moe.expert_ffn_dim));
-    if (L.sequence_parallel && tp > 1 && T % tp != 0)
-        throw UserError(strfmt("parallel.sequence_parallel: train.seq_len = %d must be a multiple of parallel.tp "
-                               "= %d (the tokens are split evenly)", T, tp));
+    if (s.moe.enabled() && L.cp > 1)
+        throw UserError(strfmt("parallel.cp: %d with model.moe: MoE layers route and count capacity over a micro-batch's "
+                               "tokens on one rank; context parallelism is not supported with them yet (set "
+                               "parallel.cp = 1)", L.cp));
+    if (L.cp > 1 && T % (2 * L.cp) != 0)
+        throw UserError(strfmt("parallel.cp: train.seq_len = %d must be a multiple of 2 x parallel.cp = %d (each "
+                               "context-parallel rank holds two equal chunks of every sequence)", T, 2 * L.cp));
+    if (L.sequence_parallel && tp > 1 && (T / L.cp) % tp != 0)
+        throw UserError(strfmt("parallel.sequence_parallel: train.seq_len / parallel.cp = %d must be a multiple of "
+                               "parallel.tp = %d (the tokens are split evenly)", T / L.cp, tp));
     for (const auto& c : layout_chunks(s, L))
         LLMC_ASSERT(c.first >= 0 && c.first < c.second && c.second <= s.n_layer, "bad chunk layer range");
 }
@@ -198,4 +205,14 @@ std::vector<ParamUnit> param_units(const std::vector<ParamSpec>& table, size_t p
     }
     if (!units.empty()) units.back().end = padded_params;
     return units;
+}
+
+ParamLayout param_layout(const ModelShape& s, const ModelLayout& layout, size_t pad_multiple) {
+    LLMC_ASSERT(pad_multiple >= 1, "pad_multiple must be >= 1");
+    ParamLayout p;
+    p.specs = param_table(s, layout, &p.num_params);
+    p.padded_params = padded_param_count(p.num_params, pad_multiple);
+    p.total_params = num_params(s);
+    p.units = param_units(p.specs, p.padded_params, &p.spec_unit);
+    return p;
 }

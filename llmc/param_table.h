@@ -108,6 +108,7 @@ double num_params_double(const ModelShape& s);
 struct ModelLayout {
     int tp = 1, tp_rank = 0;
     bool sequence_parallel = false;
+    int cp = 1;  // context-parallel ranks: the activations hold T / cp tokens of each sequence
     std::vector<std::pair<int, int>> chunks;  // [begin, end) layers of each chunk, in order; empty = all, one chunk
     bool first = true;  // holds the embedding (runs the pipeline's first chunk as its chunk 0)
     bool last = true;   // holds the final norm and the head (runs the pipeline's last chunk as its last)
@@ -169,6 +170,28 @@ struct ParamUnit {
 std::vector<ParamUnit> param_units(const std::vector<ParamSpec>& table, size_t padded_params,
                                    std::vector<int>* param_unit);
 
+// Elements of a local parameter buffer of num_params real elements padded to pad_multiple.
+inline size_t padded_param_count(size_t num_params, size_t pad_multiple) {
+    return (num_params + pad_multiple - 1) / pad_multiple * pad_multiple;
+}
+
+// This rank's parameters as its flat buffers hold them: the table (memory order), padded to a
+// multiple of pad_multiple (zeros that belong to no tensor, so that ZeRO shards divide the
+// buffers evenly) and cut into units. It sizes the parameter store (llmc/param_store.h); the
+// model finds its tensors in it, DataParallel cuts it into buckets and shards, AdamW walks it,
+// and the planner computes the same for every rank without building anything.
+struct ParamLayout {
+    std::vector<ParamSpec> specs;  // memory order
+    size_t num_params = 0;         // local elements of the real tensors
+    size_t padded_params = 0;      // elements of the flat buffers (num_params + zero padding)
+    size_t total_params = 0;       // elements of the whole model (num_params(shape))
+    std::vector<ParamUnit> units;  // memory order, covering [0, padded_params)
+    std::vector<int> spec_unit;    // specs index -> unit
+    int unit_of(const ParamSpec& p) const { return spec_unit[size_t(&p - specs.data())]; }
+};
+ParamLayout param_layout(const ModelShape& s, const ModelLayout& layout, size_t pad_multiple);
+
 // Checks that a layout can split this shape; throws UserError naming the config key.
-// T: the sequence length (sequence parallelism splits each sequence's tokens evenly).
+// T: the whole sequence length (context parallelism cuts it into 2 x cp chunks, then sequence
+// parallelism splits each rank's T / cp tokens evenly over TP).
 void check_model_layout(const ModelShape& s, const ModelLayout& layout, int T);

@@ -15,11 +15,11 @@ std::vector<int> pipeline_slots(const std::vector<PpAction>& actions, int virtua
     return peak;
 }
 
-PipelineEngine::PipelineEngine(Model& model, Comm* pp, Comm* embed, PpSchedule schedule, int micro_batches,
-                               int virtual_chunks)
-    : model_(model), pp_(pp), embed_(embed), schedule_(std::move(schedule)), micro_batches_(micro_batches),
+PipelineEngine::PipelineEngine(PipelineStage& chunks, Ops& ops, Comm* pp, Comm* embed, PpSchedule schedule,
+                               int micro_batches, int virtual_chunks)
+    : stage_(chunks), ops_(ops), pp_(pp), embed_(embed), schedule_(std::move(schedule)), micro_batches_(micro_batches),
       vchunks_(virtual_chunks) {
-    LLMC_ASSERT(model.num_chunks() == virtual_chunks, "the model's chunks and the schedule disagree");
+    LLMC_ASSERT(chunks.num_chunks() == virtual_chunks, "the model's chunks and the schedule disagree");
     LLMC_ASSERT(int(schedule_.size()) == stages(), "one action list per pipeline stage");
     const std::vector<int> slots = pipeline_slots(schedule_[size_t(stage())], vchunks_);
     slot_of_.resize(size_t(vchunks_));
@@ -41,7 +41,7 @@ void PipelineEngine::transfer(const PpAction& a) {
     // The boundary of a message from this rank's point of view: a send carries what its chunk
     // produced (activation: boundary = its stage; gradient: stage - 1), a receive what its chunk
     // will consume (activation: stage - 1; gradient: its stage).
-    const size_t n = model_.local_rows(cur_b_, cur_t_) * size_t(model_.shape.d_model);
+    const size_t n = stage_.boundary_numel(cur_b_, cur_t_);
     std::vector<const float*> sbuf;
     std::vector<float*> rbuf;
     std::vector<Key> sent;
@@ -74,14 +74,14 @@ void PipelineEngine::transfer(const PpAction& a) {
 void PipelineEngine::take(const Key& k, Tensor dst, const char* what) {
     auto it = buffers_.find(k);
     LLMC_ASSERT(it != buffers_.end() && it->second.size() == dst.n, std::string("pipeline: ") + what);
-    model_.ops.from_host_f32(dst, it->second.data());
+    ops_.from_host_f32(dst, it->second.data());
     buffers_.erase(it);
 }
 
 void PipelineEngine::put(const Key& k, Tensor src) {
     std::vector<float>& h = buffers_[k];
     h.resize(src.n);
-    model_.ops.to_host_f32(h.data(), src);
+    ops_.to_host_f32(h.data(), src);
 }
 
 void PipelineEngine::run_forward(int micro, int chunk, const int32_t* x, const int32_t* y, int b, int t, float dloss,
@@ -89,19 +89,18 @@ void PipelineEngine::run_forward(int micro, int chunk, const int32_t* x, const i
     const int s = vstage(chunk);
     const int slot = take_slot(chunk, micro);
     if (s > 0)  // the activation from stage s - 1: received, or produced by this rank's previous chunk
-        take(Key{int(PpPayload::Activation), micro, s - 1}, model_.chunk_input(chunk, slot, b, t),
+        take(Key{int(PpPayload::Activation), micro, s - 1}, stage_.chunk_input(chunk, slot, b, t),
              "forward without its input activation");
     // the last stage's mean cross-entropy, and every stage's MoE load-balancing losses
-    *loss += model_.forward_chunk(chunk, slot, x, y, b, t, dloss);
+    *loss += stage_.forward_chunk(chunk, slot, x, y, b, t, dloss);
     if (s == n_virtual() - 1) return;
-    put(Key{int(PpPayload::Activation), micro, s}, model_.chunk_output(chunk, slot, b, t));
+    put(Key{int(PpPayload::Activation), micro, s}, stage_.chunk_output(chunk, slot, b, t));
 }
 
 double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
-                                  const std::vector<std::vector<int32_t>>& y, float dloss,
+                                  const std::vector<std::vector<int32_t>>& y, int b, int t, float dloss,
                                   const std::function<void(size_t)>& grads_ready) {
     LLMC_ASSERT(int(x.size()) == micro_batches_ && int(y.size()) == micro_batches_, "one batch per micro-batch");
-    const int b = model_.B, t = model_.T;
     cur_b_ = b;
     cur_t_ = t;
     double loss = 0.0;
@@ -118,14 +117,14 @@ double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
                 auto& slots = slot_of_[size_t(a.chunk)];
                 const int slot = slots.at(a.micro);
                 if (s < n_virtual() - 1)  // the gradient of this chunk's output, from stage s + 1
-                    take(Key{int(PpPayload::Gradient), a.micro, s}, model_.residual_grad(b, t),
+                    take(Key{int(PpPayload::Gradient), a.micro, s}, stage_.residual_grad(b, t),
                          "backward without its output gradient");
                 const bool last = --backwards_left == 0;
                 const bool overlap = last && stages() == 1 && vchunks_ == 1;
-                model_.backward_chunk(a.chunk, slot, overlap ? grads_ready : std::function<void(size_t)>());
+                stage_.backward_chunk(a.chunk, slot, overlap ? grads_ready : std::function<void(size_t)>());
                 slots.erase(a.micro);
                 free_slots_[size_t(a.chunk)].push_back(slot);
-                if (s > 0) put(Key{int(PpPayload::Gradient), a.micro, s - 1}, model_.residual_grad(b, t));
+                if (s > 0) put(Key{int(PpPayload::Gradient), a.micro, s - 1}, stage_.residual_grad(b, t));
                 break;
             }
             default:
@@ -135,16 +134,13 @@ double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
     }
     LLMC_ASSERT(buffers_.empty(), "pipeline: tensors left over after the step");
     // the tied embedding: the first stage's wte and the last stage's head copy get the sum of both gradients
-    if (embed_ && embed_->size() > 1 && model_.tied_head()) {
-        // (under ZeRO-2/3 before the DP reduce-scatter: the store keeps the wte's unit whole for the step)
-        const ParamSpec& w = model_.head_weight_spec();
-        model_.acquire_grads(model_.unit_of(w));
-        Tensor g = model_.grad_of(w);
-        std::vector<float> h(g.n);
-        model_.ops.to_host_f32(h.data(), g);
-        embed_->all_reduce(h.data(), h.size(), ReduceOp::Sum);
-        model_.ops.from_host_f32(g, h.data());
-        model_.release_grads(model_.unit_of(w));
+    if (embed_ && embed_->size() > 1 && stage_.tied_head()) {
+        stage_.update_head_weight_grad([&](Tensor g) {
+            std::vector<float> h(g.n);
+            ops_.to_host_f32(h.data(), g);
+            embed_->all_reduce(h.data(), h.size(), ReduceOp::Sum);
+            ops_.from_host_f32(g, h.data());
+        });
     }
     if (stages() > 1) pp_->all_reduce(&loss, 1, ReduceOp::Sum);  // only the last stage had it
     return loss / micro_batches_;
@@ -154,7 +150,7 @@ double PipelineEngine::forward_only(const int32_t* x, const int32_t* y, int b, i
     // stage by stage in pipeline order: every transfer is met by its peer's next call
     cur_b_ = b;
     cur_t_ = t;
-    const size_t n = model_.local_rows(b, t) * size_t(model_.shape.d_model);
+    const size_t n = stage_.boundary_numel(b, t);
     std::vector<float> buf(n);
     double loss = 0.0;
     for (int s = 0; s < n_virtual(); s++) {
@@ -163,14 +159,14 @@ double PipelineEngine::forward_only(const int32_t* x, const int32_t* y, int b, i
         if (owner != stage()) continue;
         if (s > 0) {
             if (prev != stage()) pp_->recv(buf.data(), n, prev, kMaxCommTag);
-            model_.ops.from_host_f32(model_.chunk_input(chunk, 0, b, t), buf.data());
+            ops_.from_host_f32(stage_.chunk_input(chunk, 0, b, t), buf.data());
         }
-        const double l = model_.forward_chunk(chunk, 0, x, y, b, t, 0.0f);
+        const double l = stage_.forward_chunk(chunk, 0, x, y, b, t, 0.0f);
         if (s == n_virtual() - 1) {
             loss = l;
             break;
         }
-        model_.ops.to_host_f32(buf.data(), model_.chunk_output(chunk, 0, b, t));
+        ops_.to_host_f32(buf.data(), stage_.chunk_output(chunk, 0, b, t));
         if (next != stage()) pp_->send(buf.data(), n, next, kMaxCommTag);
     }
     if (stages() > 1) pp_->all_reduce(&loss, 1, ReduceOp::Sum);

@@ -1,5 +1,6 @@
 // Pipeline parallelism: the engine that executes a schedule's action lists
-// (llmc/pipeline_schedule.h) on this rank's chunks of the model, moving activations and their
+// (llmc/pipeline_schedule.h) on this rank's chunks of the model (a PipelineStage: the Model
+// implements it), moving activations and their
 // gradients between neighbouring stages, and the forward-only passes of evaluation and sampling.
 //
 // Messages are keyed by (payload, micro-batch, boundary): the boundary e between virtual stages
@@ -16,8 +17,42 @@
 #include <vector>
 
 #include "llmc/comm.h"
-#include "llmc/model.h"
+#include "llmc/ops.h"
 #include "llmc/pipeline_schedule.h"
+#include "llmc/tensor.h"
+
+// What the engine asks of this rank's part of the model: its chunks (consecutive layer ranges),
+// each run forward or backward for the micro-batch in one of its activation slots, and the
+// tensors that cross a chunk boundary.
+class PipelineStage {
+public:
+    virtual ~PipelineStage() = default;
+    virtual int num_chunks() const = 0;
+    // Elements of the activation (and of its gradient) that crosses a chunk boundary for a b x t batch.
+    virtual size_t boundary_numel(int b, int t) const = 0;
+    // Where a received activation goes before forward_chunk (chunks that do not start the model).
+    virtual Tensor chunk_input(int chunk, int slot, int b, int t) const = 0;
+    // The activation forward_chunk left for the next chunk (chunks that do not end the model).
+    virtual Tensor chunk_output(int chunk, int slot, int b, int t) const = 0;
+    // The gradient buffer of the residual stream: before backward_chunk of a chunk that does not
+    // end the model, the received gradient of its output goes here; after backward_chunk of a
+    // chunk that does not start the model, it holds the gradient of its input (to send back).
+    virtual Tensor residual_grad(int b, int t) const = 0;
+    // Forward of one chunk. tokens: host ids, used by the chunk that starts the model; targets:
+    // host ids used by the chunk that ends it (null: logits only). Returns the mean loss of the
+    // b*t tokens when this chunk ends the model and targets are given, else 0. With dloss != 0
+    // the head leaves d(dloss * sum of token losses)/dlogits for backward_chunk.
+    virtual float forward_chunk(int chunk, int slot, const int32_t* tokens, const int32_t* targets, int b, int t,
+                                float dloss) = 0;
+    // Backward of one chunk for the micro-batch in slot; parameter gradients accumulate.
+    // grads_ready (optional) is called with an element offset o: from here on no gradient at or
+    // above o changes in this backward (data parallelism launches its buckets from it).
+    virtual void backward_chunk(int chunk, int slot, const std::function<void(size_t)>& grads_ready) = 0;
+    // The LM head is the token embedding; then f gets the gradient of the copy this stage holds
+    // (the first stage's embedding, the last stage's head copy) and may change it.
+    virtual bool tied_head() const = 0;
+    virtual void update_head_weight_grad(const std::function<void(Tensor)>& f) = 0;
+};
 
 // Activation slots each of a rank's chunks needs under a schedule: the most micro-batches whose
 // forward through that chunk is done and whose backward is not.
@@ -26,21 +61,22 @@ std::vector<int> pipeline_slots(const std::vector<PpAction>& actions, int virtua
 class PipelineEngine {
 public:
     // pp: the pipeline group (this rank's stage = pp->rank()); null for one stage. embed: the group of
-    // the first and the last stage that share the tied embedding (null when pp == 1).
-    PipelineEngine(Model& model, Comm* pp, Comm* embed, PpSchedule schedule, int micro_batches, int virtual_chunks);
+    // the first and the last stage that share the tied embedding (null when pp == 1). ops: the
+    // backend of the stage's tensors (host copies of what crosses a boundary).
+    PipelineEngine(PipelineStage& stage, Ops& ops, Comm* pp, Comm* embed, PpSchedule schedule, int micro_batches,
+                   int virtual_chunks);
 
-    Model& model() { return model_; }
     int stages() const { return pp_ ? pp_->size() : 1; }
     int stage() const { return pp_ ? pp_->rank() : 0; }
     bool is_last_stage() const { return stage() == stages() - 1; }
 
-    // One optimizer step's forwards and backwards: x[m], y[m] hold micro-batch m's B*T ids (every
+    // One optimizer step's forwards and backwards: x[m], y[m] hold micro-batch m's b*t ids (every
     // stage reads the same data; each uses what it needs). Gradients accumulate; the tied
     // embedding's gradient is summed over the first and last stage at the end. grads_ready goes to
     // the last backward when the model is one chunk on one stage (data parallelism's overlap).
     // Returns the mean loss over the micro-batches, on every stage.
-    double train_step(const std::vector<std::vector<int32_t>>& x, const std::vector<std::vector<int32_t>>& y,
-                      float dloss, const std::function<void(size_t)>& grads_ready);
+    double train_step(const std::vector<std::vector<int32_t>>& x, const std::vector<std::vector<int32_t>>& y, int b,
+                      int t, float dloss, const std::function<void(size_t)>& grads_ready);
     // Forward only; returns the mean loss of the b*t tokens on every stage (y null: logits only, returns 0).
     double forward_only(const int32_t* x, const int32_t* y, int b, int t);
     // The last stage's x, on every stage.
@@ -59,7 +95,8 @@ private:
     // src copied to a host tensor under k, for a Send or this rank's next chunk.
     void put(const Key& k, Tensor src);
 
-    Model& model_;
+    PipelineStage& stage_;
+    Ops& ops_;
     Comm* pp_;
     Comm* embed_;
     PpSchedule schedule_;

@@ -65,17 +65,21 @@ std::string ProcessGrid::describe() const {
 }
 
 ProcessGrid make_process_grid(const ParallelConfig& pc, int world, int rank) {
-    const int tp = pc.tp, pp = pc.pp, model_ranks = tp * pp;
+    const int tp = pc.tp, pp = pc.pp, cp = pc.cp, model_ranks = tp * pp * cp;
     if (pc.dp == 0 && world % model_ranks != 0)  // auto
         throw UserError(strfmt("parallel.dp: \"auto\" needs the world size (%d processes) to be a multiple of "
-                               "parallel.tp * parallel.pp = %d",
-                               world, model_ranks));
+                               "parallel.tp * parallel.pp%s = %d",
+                               world, cp > 1 ? " * parallel.cp" : "", model_ranks));
     const int dp = pc.dp == 0 ? world / model_ranks : pc.dp;
-    if (dp * model_ranks != world)
-        throw UserError(strfmt("parallel.dp * parallel.tp * parallel.pp = %d x %d x %d = %d, but the job has %d "
-                               "process%s (launch with mpirun -np %d, or set parallel.dp=\"auto\")",
-                               dp, tp, pp, dp * model_ranks, world, world == 1 ? "" : "es", dp * model_ranks));
-    return ProcessGrid({{pp, dp, 1, tp}}, rank);
+    if (dp * model_ranks != world) {  // cp named when it is in use
+        const std::string product = cp > 1 ? strfmt("parallel.dp * parallel.cp * parallel.tp * parallel.pp = %d x %d x %d x %d",
+                                                    dp, cp, tp, pp)
+                                           : strfmt("parallel.dp * parallel.tp * parallel.pp = %d x %d x %d", dp, tp, pp);
+        throw UserError(strfmt("%s = %d, but the job has %d process%s (launch with mpirun -np %d, or set "
+                               "parallel.dp=\"auto\")",
+                               product.c_str(), dp * model_ranks, world, world == 1 ? "" : "es", dp * model_ranks));
+    }
+    return ProcessGrid({{pp, dp, cp, tp}}, rank);
 }
 
 ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& comm_kind, double timeout_s,
@@ -86,6 +90,7 @@ ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& co
         pg.dp = make_self_comm(0);
         // asked for NCCL: the DP group of one is NCCL as well (its collectives run, on device)
         if (comm_kind == "nccl") pg.dp = make_nccl_comm(*pg.dp, cuda_device, timeout_s);
+        pg.cp = make_self_comm(0);
         pg.tp = make_self_comm(0);
         pg.pp = make_self_comm(0);
         pg.mp = make_self_comm(0);
@@ -104,10 +109,12 @@ ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& co
     std::vector<int> all;
     for (int r = 0; r < grid.world; r++) all.push_back(r);
     pg.world = make({all}, "world");
-    pg.dp = make(grid.groups({Axis::dp}), "dp");
+    pg.dp = make(grid.groups({Axis::dp, Axis::cp}), grid.cp > 1 ? "dp x cp" : "dp");
     // The model-parallel groups stay on MPI (host buffers) under NCCL too: tensor and pipeline
     // parallelism (llmc/tensor_parallel.cpp, llmc/pipeline.cpp) stage their tensors through the
-    // host, and the checkpoint assembly and the gradient norm use host buffers.
+    // host, and the checkpoint assembly and the gradient norm use host buffers. So does the cp
+    // ring (llmc/context_parallel.cpp), which runs on the CPU backend.
+    pg.cp = make_mpi_comm(grid.groups({Axis::cp}), grid.rank, "cp", timeout_s);
     pg.tp = make_mpi_comm(grid.groups({Axis::tp}), grid.rank, "tp", timeout_s);
     pg.pp = make_mpi_comm(grid.groups({Axis::pp}), grid.rank, "pp", timeout_s);
     pg.mp = make_mpi_comm(grid.groups({Axis::pp, Axis::tp}), grid.rank, "mp", timeout_s);

@@ -3,7 +3,10 @@
 //   world_rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
 // Any group is a slice of axes: the ranks that differ only in those coordinates. dp is the
 // data-parallel axis, tp tensor (and sequence) parallelism, pp the pipeline stages, cp context
-// parallelism (size 1 until it is built). Expert parallelism will split the dp axis (ep
+// parallelism (each sequence split over the cp ranks: llmc/context_parallel.h). The cp ranks of
+// one dp rank hold the same parameters and see different tokens of the same sequences, so
+// gradients are reduced, and ZeRO shards taken, over dp x cp: the "dp" group below is that
+// slice (dp_cp ranks; of size dp when cp is 1). Expert parallelism will split the dp axis (ep
 // divides dp), so it needs no axis of its own here.
 // The groups' communicators live in ProcessGroups.
 #pragma once
@@ -29,6 +32,9 @@ struct ProcessGrid {
     // This rank's sizes and coordinates by name, set by the constructor (read-only by convention).
     int pp = 1, dp = 1, cp = 1, tp = 1;
     int pp_rank = 0, dp_rank = 0, cp_rank = 0, tp_rank = 0;
+    // The gradient-reduction (and ZeRO) group: dp x cp ranks; this rank's position in it.
+    int dp_cp() const { return dp * cp; }
+    int dp_cp_rank() const { return dp_rank * cp + cp_rank; }
 
     int size(Axis a) const { return sizes_[size_t(a)]; }
     int coord(Axis a) const { return coords_[size_t(a)]; }
@@ -45,14 +51,15 @@ private:
     std::array<int, kNumAxes> sizes_{{1, 1, 1, 1}}, coords_{{0, 0, 0, 0}};
 };
 
-// Resolves parallel.dp ("auto" = world / (tp * pp)) and checks the layout against the world
+// Resolves parallel.dp ("auto" = world / (tp * pp * cp)) and checks the layout against the world
 // size. Throws UserError (the same one on every rank) when they disagree.
 ProcessGrid make_process_grid(const ParallelConfig& pc, int world, int rank);
 
-// One communicator per group kind this rank belongs to, plus the world. mp: the model-parallel
-// group (the pp x tp ranks that hold one copy of the model).
+// One communicator per group kind this rank belongs to, plus the world. dp: the dp x cp ranks
+// (gradient reduction, ZeRO); cp: the context-parallel ring; mp: the model-parallel group (the
+// pp x tp ranks that hold one copy of the model).
 struct ProcessGroups {
-    std::unique_ptr<Comm> world, dp, tp, pp, mp, embed;
+    std::unique_ptr<Comm> world, dp, cp, tp, pp, mp, embed;
     // The world again, on MPI, whose watchdog practically never fires (kCommTimeoutCapS): the
     // ranks wait on it while world rank 0 writes a checkpoint, so that a save longer than
     // parallel.timeout_s does not end the job (a rank that dies still does, through the launcher).

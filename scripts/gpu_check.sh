@@ -16,9 +16,9 @@ describe() {
     case "$1" in
         env) echo "what the machine has (GPU, driver, toolkit, NCCL, cuDNN, PyTorch), a dp=2 smoke run, transformers loading our exports" ;;
         ops) echo "build/test_gpu (op parity with the CPU backend), then under compute-sanitizer" ;;
-        parity) echo "the whole model on the GPU (fp32, bf16) against the CPU backend (fp32); two processes bitwise equal" ;;
-        bench) echo "GPT-2 124M and a 1.5B shape in bf16 at T=1024 (tokens/s, MFU, peak memory); dev/cuda kernels" ;;
-        layouts) echo "dp, tp, pp, ZeRO-2/3, SP on the one GPU over MPI against one process; parallel.comm=nccl against mpi" ;;
+        parity) echo "the whole model on the GPU (fp32, bf16) against the CPU backend (fp32); optimizer offload against the GPU optimizer; two processes bitwise equal" ;;
+        bench) echo "GPT-2 124M and a 1.5B shape in bf16 at T=1024 (tokens/s, MFU, peak memory); 124M with optimizer offload; dev/cuda kernels" ;;
+        layouts) echo "dp, tp, pp, ZeRO-2/3, SP, optimizer offload with ZeRO-1/3 on the one GPU over MPI against one process; parallel.comm=nccl against mpi" ;;
         fp8) echo "FP8 against bf16 on the 124M shape (300 steps, within 1%); FP8/bf16 tokens/s at the 1.5B shape" ;;
     esac
 }
@@ -129,6 +129,24 @@ loss_row() {
     fi
 }
 
+# loss_tol_row NAME BASE_LOG LOG TOL: a table row, PASS when the per-step losses agree to TOL relative
+loss_tol_row() {
+    local res
+    if ! res=$(loss_rel_diff "$2" "$3"); then
+        row "$1" "FAIL" "" "" "" "$res"
+    elif awk -v m="${res% *}" -v t="$4" 'BEGIN { exit !(m + 0 <= t) }'; then
+        row "$1" "PASS" "" "" "" "max relative difference ${res% *} over ${res#* } steps (limit $4)"
+    else
+        row "$1" "FAIL" "" "" "" "max relative difference ${res% *} > $4"
+    fi
+}
+
+# the "memory" value of the JSON object on the first line of stdin, keys sorted (empty when none)
+memory_json() {
+    python3 -c 'import json, sys; print(json.dumps(json.loads(sys.stdin.readline())["memory"], sort_keys=True))' \
+        2>/dev/null
+}
+
 # parse a log.jsonl: median tok_per_s and mfu over the steps after the first 5
 parse_log() {
     local f="$1"
@@ -161,8 +179,8 @@ PY
     fi
 }
 
-bench() {  # name config_file fallback_model_json "micro-batches to try" [precision]
-    local name="$1" cfg="$2" model_json="$3" mbs="$4" prec="${5:-bf16}"
+bench() {  # name config_file fallback_model_json "micro-batches to try" [precision] [extra key=value]
+    local name="$1" cfg="$2" model_json="$3" mbs="$4" prec="${5:-bf16}" extra="${6:-}"
     echo "== bench $name"
     if [ ! -x ./train_gpt ]; then row "bench $name bf16" "FAIL" "" "" "" "train_gpt not built"; return; fi
     local data="$WORK/synth/train"
@@ -191,7 +209,7 @@ JSON
         timeout 900 ./train_gpt "$cfg" device=cuda precision="$prec" train.steps="$STEPS" train.micro_batch="$mb" \
             train.seq_len=1024 train.grad_accum=1 data.train="$data*.bin" data.val= eval.every=0 \
             eval.sample_every=0 tokenizer= checkpoint.every=0 checkpoint.resume=never checkpoint.dir="$out/ckpt" \
-            log.jsonl="$out/log.jsonl" out_dir="$out" >"$log" 2>&1
+            log.jsonl="$out/log.jsonl" out_dir="$out" $extra >"$log" 2>&1
         rc=$?
         if [ $rc -eq 0 ] && [ -s "$out/log.jsonl" ]; then
             local parsed tok mfu peak
@@ -320,18 +338,39 @@ stage_parity() {
     done
     for prec in fp32 bf16; do
         tol=1e-4; [ $prec = bf16 ] && tol=2e-2
-        if ! res=$(loss_rel_diff "$L/parity_cpu_fp32/log.jsonl" "$L/parity_cuda_$prec/log.jsonl"); then
-            row "parity $prec: losses GPU vs CPU" "FAIL" "" "" "" "$res"
-        elif awk -v m="${res% *}" -v t=$tol 'BEGIN { exit !(m + 0 <= t) }'; then
-            row "parity $prec: losses GPU vs CPU" "PASS" "" "" "" "max relative difference ${res% *} over ${res#* } steps (limit $tol)"
-        else
-            row "parity $prec: losses GPU vs CPU" "FAIL" "" "" "" "max relative difference ${res% *} > $tol"
-        fi
+        loss_tol_row "parity $prec: losses GPU vs CPU" "$L/parity_cpu_fp32/log.jsonl" "$L/parity_cuda_$prec/log.jsonl" $tol
     done
     if res=$(close_models "$L/parity_cpu_fp32/model_00000010.bin" "$L/parity_cuda_fp32/model_00000010.bin" 1e-4); then
         row "parity fp32: final weights GPU vs CPU" "PASS" "" "" "" "$res (limit 1e-4)"
     else
         row "parity fp32: final weights GPU vs CPU" "FAIL" "" "" "" "$res (limit 1e-4)"
+    fi
+    # optimizer offload (train.offload_optimizer): AdamW on the host (the CPU backend's kernel, m, v
+    # and master in pinned memory) against AdamW on the GPU. Not bitwise: the two kernels round
+    # differently (FMA contraction; the bias corrections' pow in fp32 on the host, fp64 on the GPU),
+    # so the states differ by float rounding; bf16 parameters share the stochastic rounding's random
+    # bits (llmc/bf16.h), so they differ only where the masters straddle a rounding boundary. The
+    # plan (--plan=json) must equal the offloaded run's allocation record, the host bytes included.
+    for prec in fp32 bf16; do
+        timeout 420 ./train_gpt "$L/c.json" device=cuda precision=$prec train.offload_optimizer=true \
+            out_dir="$L/offload_$prec" >"$L/offload_$prec.txt" 2>&1 ||
+            row "offload $prec run" "FAIL" "" "" "" "$(grep -m1 -i error "$L/offload_$prec.txt" | cut -c1-90)"
+        tol=1e-5; [ $prec = bf16 ] && tol=1e-3
+        loss_tol_row "offload $prec: losses vs the GPU optimizer" "$L/parity_cuda_$prec/log.jsonl" \
+            "$L/offload_$prec/log.jsonl" $tol
+        plan=$(./train_gpt "$L/c.json" device=cuda precision=$prec train.offload_optimizer=true --plan=json 2>/dev/null |
+               memory_json)
+        rec=$(head -n 1 "$L/offload_$prec/log.jsonl" 2>/dev/null | memory_json)
+        if [ -n "$plan" ] && [ "$plan" = "$rec" ]; then
+            row "offload $prec: plan = allocation" "PASS" "" "" "" "$rec"
+        else
+            row "offload $prec: plan = allocation" "FAIL" "" "" "" "plan ${plan:-none} vs record ${rec:-none}"
+        fi
+    done
+    if res=$(close_models "$L/parity_cuda_fp32/model_00000010.bin" "$L/offload_fp32/model_00000010.bin" 1e-5); then
+        row "offload fp32: final weights vs the GPU optimizer" "PASS" "" "" "" "$res (limit 1e-5)"
+    else
+        row "offload fp32: final weights vs the GPU optimizer" "FAIL" "" "" "" "$res (limit 1e-5)"
     fi
     # determinism: a second process gives bitwise the same run
     for prec in fp32 bf16; do
@@ -350,6 +389,12 @@ stage_bench() {
     build train_gpt dev/data/synth_shards
     bench gpt2_124m configs/bench_gpt2_124m.json "$MODEL_124M" "64 32 16 8 4 2 1"
     bench gpt2_1558m configs/bench_gpt2_1558m.json "$MODEL_1558M" "32 16 8 4 2 1"
+    # optimizer offload: the 124M run with AdamW on the host; its tokens/s against the GPU optimizer's
+    bench gpt2_124m_offload configs/bench_gpt2_124m.json "$MODEL_124M" "64 32 16 8 4 2 1" bf16 train.offload_optimizer=true
+    if [ -n "${TOK_gpt2_124m_bf16:-}" ] && [ -n "${TOK_gpt2_124m_offload_bf16:-}" ]; then
+        row "offload/GPU optimizer tokens/s (124M bf16)" "INFO" "" "" "" \
+            "$(awk -v a="$TOK_gpt2_124m_offload_bf16" -v b="$TOK_gpt2_124m_bf16" 'BEGIN { printf "%.3f", a / b }')"
+    fi
     if [ -f dev/bench/torch_gpt2.py ]; then
         row "PyTorch peer" "FAIL" "" "" "" "dev/bench/torch_gpt2.py exists but this stage does not run it yet"
     else
@@ -387,12 +432,15 @@ stage_layouts() {
         export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
         ./train_gpt "$L/c.json" out_dir="$L/base" >"$L/base.txt" 2>&1
         # ZeRO-3 (parameters sharded too, gathered unit by unit) also on 4 ranks: the same global
-        # batch as the one process (grad_accum 4 / dp)
+        # batch as the one process (grad_accum 4 / dp); optimizer offload with ZeRO-1 and ZeRO-3
+        # (each rank's shard updated on the host)
         for spec in "2 dp2 parallel.dp=2 train.grad_accum=2" "2 tp2 parallel.tp=2" "2 pp2 parallel.pp=2" \
                     "2 dp2_zero2 parallel.dp=2 parallel.zero=2 train.grad_accum=2" \
                     "2 tp2_sp parallel.tp=2 parallel.sequence_parallel=true" \
                     "2 dp2_zero3 parallel.dp=2 parallel.zero=3 train.grad_accum=2" \
-                    "4 dp4_zero3 parallel.dp=4 parallel.zero=3 train.grad_accum=1"; do
+                    "4 dp4_zero3 parallel.dp=4 parallel.zero=3 train.grad_accum=1" \
+                    "2 dp2_zero1_offload parallel.dp=2 parallel.zero=1 train.grad_accum=2 train.offload_optimizer=true" \
+                    "2 dp2_zero3_offload parallel.dp=2 parallel.zero=3 train.grad_accum=2 train.offload_optimizer=true"; do
             read -r -a args <<<"$spec"
             np=${args[0]}; name=${args[1]}
             if timeout 300 mpirun --oversubscribe -np "$np" ./train_gpt "$L/c.json" "${args[@]:2}" out_dir="$L/$name" \

@@ -75,6 +75,16 @@ inline const std::vector<Case>& all() {
         {"attention", {1, 129, 8, 2, 128}, 0, Gpu},
         {"attention", {2, 50, 6, 3, 32}, 0, Gpu},
         {"attention", {4, 1024, 12, 12, 64}, 0, Bench},  // GPT-2 124M
+        // attention_ring (context parallelism: block attention, merge, block backward as a ring over
+        // cp blocks, llmc/context_parallel.h): B, T, NH, NKV, HS, cp
+        {"attention_ring", {1, 8, 2, 2, 5, 2}, 0, Fd},
+        {"attention_ring", {2, 8, 4, 2, 3, 2}, 0, Fd},
+        {"attention_ring", {1, 16, 4, 1, 3, 4}, 0, Fd},
+        {"attention_ring", {2, 32, 4, 2, 16, 2}, 0, Cpu},
+        {"attention_ring", {2, 32, 4, 2, 16, 4}, 0, Cpu},
+        {"attention_ring", {1, 48, 3, 3, 16, 4}, 0, Cpu},
+        {"attention_ring", {2, 36, 4, 2, 64, 2}, 0, Gpu},
+        {"attention_ring", {1, 256, 8, 2, 64, 4}, 0, Gpu},
         // rmsnorm: N, C (x = eps)
         {"rmsnorm", {7, 13}, 1e-5f, Fd},
         {"rmsnorm", {66, 64}, 1e-6f, Cpu},

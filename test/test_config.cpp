@@ -413,8 +413,9 @@ TEST_CASE("config: train.recompute, plan.world and the --plan flags", "[config]"
     CHECK(plan_of({g}).empty());
     CHECK(plan_of({g, "--plan"}) == "text");
     CHECK(plan_of({g, "--plan=json"}) == "json");
+    CHECK(plan_of({g, "--plan=search"}) == "search");
     m = error_of([&] { plan_of({g, "--plan=yaml"}); });
-    CHECK_THAT(m, Catch::Contains("--plan=yaml") && Catch::Contains("--plan=json"));
+    CHECK_THAT(m, Catch::Contains("--plan=yaml") && Catch::Contains("--plan=json") && Catch::Contains("--plan=search"));
 }
 
 TEST_CASE("config: a key twice in one object, or a NUL byte, is refused naming the file", "[config]") {

@@ -5,6 +5,7 @@
 #include "llmc/comm.h"
 #include "llmc/config.h"
 #include "llmc/data_parallel.h"
+#include "llmc/model.h"
 #include "llmc/optimizer.h"
 #include "llmc/process_grid.h"
 
@@ -59,6 +60,16 @@ TEST_CASE("process grid: dp auto and mismatches are user errors", "[grid]") {
     CHECK_THROWS_WITH(make_process_grid(pc, 6, 0), Catch::Contains("parallel.tp * parallel.pp = 4"));
     g = make_process_grid(pc, 8, 5);
     CHECK((g.dp == 2 && g.tp_rank == 1 && g.dp_rank == 0 && g.pp_rank == 1));
+    // context parallelism: dp auto leaves world / (tp * pp * cp); gradients reduce over dp x cp
+    pc.pp = 1;
+    pc.cp = 2;
+    g = make_process_grid(pc, 8, 6);  // rank 6 = dp 1, cp 1, tp 0
+    CHECK((g.dp == 2 && g.cp == 2 && g.dp_rank == 1 && g.cp_rank == 1 && g.tp_rank == 0));
+    CHECK((g.dp_cp() == 4 && g.dp_cp_rank() == 3));
+    CHECK_THROWS_WITH(make_process_grid(pc, 6, 0), Catch::Contains("parallel.tp * parallel.pp * parallel.cp = 4"));
+    pc.dp = 1;
+    CHECK_THROWS_WITH(make_process_grid(pc, 8, 0),
+                      Catch::Contains("parallel.dp * parallel.cp * parallel.tp * parallel.pp = 1 x 2 x 2 x 1 = 4"));
 }
 
 TEST_CASE("config: parallel.dp takes an integer or \"auto\"", "[grid]") {
@@ -87,12 +98,17 @@ TEST_CASE("ZeRO memory formulas per rank", "[zero]") {
                 CHECK(m.unit_grads == (zero >= 2 ? (300 + 20 + 100) * k : 0));
                 CHECK(m.total() ==
                       m.params + m.grads + m.optimizer + m.comm_buffers + act + m.unit_params + m.unit_grads);
+                CHECK(m.host == 0);
+                // offloaded: no optimizer on the device; on the host the state and three staging
+                // slots of a piece (a bucket, at most the range) of gradients and parameters in the
+                // model's dtype, plus a piece of fp32 gradients for bf16
+                const size_t range = zero >= 1 ? psi / dp : psi, piece = std::min(range, bucket);
+                MemoryPlan off = zero_memory_plan(psi, dp, zero, k, master, bucket, act, u, true);
+                CHECK(off.optimizer == 0);
+                CHECK(off.host == range * o + 3 * 2 * piece * k + (master ? piece * 4 : 0));
+                CHECK(off.total() == m.total() - m.optimizer);
             }
     CHECK(DataParallel::pad_multiple(4) % 4 == 0);
-    CHECK(DataParallel::storage(0) == ModelStorage::Full);
-    CHECK(DataParallel::storage(1) == ModelStorage::Full);
-    CHECK(DataParallel::storage(2) == ModelStorage::ShardedGrads);
-    CHECK(DataParallel::storage(3) == ModelStorage::Sharded);
 }
 
 TEST_CASE("loader positions convert between dp layouts by data position", "[zero]") {
@@ -122,7 +138,6 @@ TEST_CASE("a group of one: collectives are copies", "[comm]") {
 }
 
 TEST_CASE("model units: the embedding, each layer and the head tile the flat buffer", "[zero]") {
-    auto ops = make_cpu_ops();
     const ModelShape s{4, 4, 32, 500, 512, 16};
     for (int pp_rank = 0; pp_rank < 3; pp_rank++) {
         // stage 0 holds layers 0 and 3 (the first and the last chunk), stage 1 layer 1, stage 2 layer 2
@@ -132,7 +147,7 @@ TEST_CASE("model units: the embedding, each layer and the head tile the flat buf
         if (pp_rank == 1) lay.chunks = {{1, 2}}, lay.first = false, lay.last = false;
         if (pp_rank == 2) lay.chunks = {{2, 3}}, lay.first = false;
         INFO("stage " << pp_rank);
-        Model m(s, *ops, DType::F32, 1, 16, 256, lay);
+        const ParamLayout m = param_layout(s, lay, 256);
         size_t next = 0;
         int embeddings = 0, heads = 0, layers = 0;
         for (const ParamUnit& u : m.units) {
@@ -148,7 +163,7 @@ TEST_CASE("model units: the embedding, each layer and the head tile the flat buf
         int held = 0;
         for (const auto& c : lay.chunks) held += c.second - c.first;
         CHECK(layers == held);
-        for (const ParamSpec& p : m.params) {
+        for (const ParamSpec& p : m.specs) {
             const ParamUnit& u = m.units[size_t(m.unit_of(p))];
             CHECK((p.offset >= u.begin && p.offset + p.numel <= u.end));
             CHECK(u.layer == p.layer);
@@ -159,25 +174,32 @@ TEST_CASE("model units: the embedding, each layer and the head tile the flat buf
 // dp = 1 over a group of one: every ZeRO stage trains bitwise like the plain model (one
 // micro-step: the unit reduce-scatters are copies into a zeroed shard, the gathers copies of it),
 // which runs the ParamStore paths (acquire/release per unit, prefetch, the step-long units),
-// with the staging buffers in backend memory and through host arrays alike.
+// with the staging buffers in backend memory and through host arrays alike, and with the
+// optimizer offloaded (streamed in pieces of 97 elements: pieces cut through tensors, the last
+// one short), its moments bitwise those of the optimizer on the backend.
 TEST_CASE("ZeRO stages over one rank train bitwise like the plain model", "[zero]") {
     auto ops = make_cpu_ops();
     const ModelShape s{2, 2, 32, 200, 256, 16};
     const int B = 2, T = 8;
     std::vector<int32_t> x(B * T), y(B * T);
     for (int i = 0; i < B * T; i++) x[size_t(i)] = (i * 37) % 200, y[size_t(i)] = (i * 53 + 7) % 200;
-    std::vector<std::vector<float>> finals;
+    std::vector<std::vector<float>> finals, moments;
     std::vector<float> losses;
-    for (int run = 0; run < 8; run++) {
+    const int runs = 12;
+    for (int run = 0; run < runs; run++) {
         const int zero = run % 4;
-        const bool host_staging = run >= 4;
-        INFO("zero " << zero << (host_staging ? ", host staging" : ""));
+        const bool host_staging = run / 4 == 1, offload = run / 4 == 2;
+        INFO("zero " << zero << (host_staging ? ", host staging" : "") << (offload ? ", optimizer offload" : ""));
         std::unique_ptr<Comm> self = make_self_comm(0);
-        Model m(s, *ops, DType::F32, B, T, DataParallel::pad_multiple(1), ModelLayout(), nullptr, {},
-               DataParallel::storage(zero));
-        DataParallel dp(m, *self, zero, 0.001, host_staging);  // 262-element pieces: units cross several
+        const ParamLayout params = param_layout(s, ModelLayout(), DataParallel::pad_multiple(1));
+        // 262-element pieces: units cross several
+        DataParallel dp(params, *ops, DType::F32, *self, zero, 0.001, host_staging);
+        Model m(s, *ops, DType::F32, B, T, dp.param_store());
         m.init_random(7);
-        AdamW opt(m, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads());
+        AdamW opt(params, *ops, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads(), OptimizerOffload{offload, 97});
+        CHECK(opt.offloaded() == offload);
+        CHECK(opt.device_bytes() == (offload ? 0 : params.padded_params * 8));
+        CHECK(opt.host_bytes() == (offload ? params.padded_params * 8 + 3 * 2 * 97 * 4 : 0));
         for (int step = 1; step <= 3; step++) {
             m.zero_grads();
             losses.push_back(m.forward(x.data(), y.data(), B, T, 1.0f / (B * T)));
@@ -188,11 +210,83 @@ TEST_CASE("ZeRO stages over one rank train bitwise like the plain model", "[zero
             dp.after_update();
         }
         finals.push_back(dp.gather_params());
-        CHECK(finals.back().size() == m.padded_params);
+        CHECK(finals.back().size() == params.padded_params);
+        OptimizerState st = dp.gather_optimizer_state(opt);
+        st.m.insert(st.m.end(), st.v.begin(), st.v.end());
+        moments.push_back(st.m);
     }
-    for (int run = 1; run < 8; run++) {
+    for (int run = 1; run < runs; run++) {
         INFO("run " << run);
         CHECK(finals[size_t(run)] == finals[0]);
+        CHECK(moments[size_t(run)] == moments[0]);
         for (int i = 0; i < 3; i++) CHECK(losses[size_t(run * 3 + i)] == losses[size_t(i)]);
     }
+}
+
+namespace {
+// Views of whole buffers, like WholeStore, that check the model's calls: a unit is acquired
+// before use and released after, once at a time (the model counts its own nested uses).
+struct CheckingStore : ParamStore {
+    CheckingStore(Ops& ops, const ParamLayout& layout)
+        : whole(ops, layout, DType::F32), held(2, std::vector<int>(layout.units.size(), 0)) {}
+    WholeStore whole;
+    std::vector<std::vector<int>> held;  // [params, grads][unit]: 1 while acquired
+    int acquires = 0, releases = 0;
+    const ParamLayout& layout() const override { return whole.layout(); }
+    Tensor acquire_params(int u) override { return take(0, u), whole.acquire_params(u); }
+    void release_params(int u) override { give(0, u); }
+    void prefetch_params(int) override {}
+    void load_params(const float* mem) override { whole.load_params(mem); }
+    Tensor acquire_grads(int u) override { return take(1, u), whole.acquire_grads(u); }
+    void release_grads(int u) override { give(1, u); }
+    void zero_grads() override { whole.zero_grads(); }
+    void take(int k, int u) {
+        CHECK(held[size_t(k)][size_t(u)]++ == 0);
+        acquires++;
+    }
+    void give(int k, int u) {
+        CHECK(held[size_t(k)][size_t(u)]-- == 1);
+        releases++;
+    }
+    bool idle() const {
+        for (const auto& h : held)
+            for (int n : h)
+                if (n != 0) return false;
+        return true;
+    }
+};
+}  // namespace
+
+// The model never asks where its parameters live: built on any store it reaches every tensor
+// through acquire/release of its unit, holds nothing between passes, and trains bitwise alike.
+TEST_CASE("the model reaches parameters and gradients only through its store", "[zero]") {
+    auto ops = make_cpu_ops();
+    const ModelShape s{2, 2, 32, 200, 256, 16};
+    const int B = 2, T = 8;
+    std::vector<int32_t> x(B * T), y(B * T);
+    for (int i = 0; i < B * T; i++) x[size_t(i)] = (i * 37) % 200, y[size_t(i)] = (i * 53 + 7) % 200;
+    const ParamLayout layout = param_layout(s, ModelLayout(), 1);
+    WholeStore plain(*ops, layout, DType::F32);
+    CheckingStore checking(*ops, layout);
+    Model a(s, *ops, DType::F32, B, T, plain), b(s, *ops, DType::F32, B, T, checking);
+    a.init_random(7);
+    b.init_random(7);
+    for (int step = 0; step < 2; step++) {
+        a.zero_grads();
+        b.zero_grads();
+        const float la = a.forward(x.data(), y.data(), B, T, 1.0f / (B * T));
+        CHECK(b.forward(x.data(), y.data(), B, T, 1.0f / (B * T)) == la);
+        CHECK(checking.idle());
+        a.backward();
+        b.backward();
+        CHECK(checking.idle());
+    }
+    // per step, forward: the embedding, 2 layers, the head and its tied weight (5); backward: the
+    // head's and the tied weight's parameters and gradients, each layer's, the embedding's gradient (9)
+    CHECK(checking.acquires == 2 * (5 + 9));
+    CHECK(checking.releases == checking.acquires);
+    std::vector<float> ga(layout.total_params), gb(layout.total_params);
+    a.get_grads_whole(ga.data());
+    b.get_grads_whole(gb.data());
+    CHECK(ga == gb);
 }

@@ -28,6 +28,7 @@
 #include "llmc/safetensors.h"
 #include "test/test_data_files.h"
 #include "test/user_error.h"
+#include "test/whole_model.h"
 
 namespace {
 
@@ -266,7 +267,8 @@ TEST_CASE("gpt2 hf: a GPT2LMHeadModel file loads and gives the PyTorch reference
 
     const std::vector<float> whole = hf_read_weights(model_path, s);  // model.init's path
     auto ops = make_cpu_ops();
-    Model model(s, *ops, DType::F32, B, T);
+    WholeModel wm(s, *ops, B, T);
+    Model& model = wm.model;
     model.set_params_whole(whole.data());
     auto ids = [&](const char* name) {
         const std::vector<float> f = st.read(name);
@@ -293,7 +295,7 @@ TEST_CASE("gpt2 hf: a GPT2LMHeadModel file loads and gives the PyTorch reference
     CHECK(dmax <= 1e-5 * rmax);
 
     // our export of the loaded model holds the file's tensors bit for bit (and no extras)
-    std::vector<float> out(model.num_params);
+    std::vector<float> out(model.params.num_params);
     model.get_params_whole(out.data());
     const std::string dir = temp_dir(), path = dir + "/export.safetensors";
     hf_write_weights(path, s, out);

@@ -40,6 +40,7 @@
 #include "llmc/safetensors.h"
 
 #include "test/test_data_files.h"
+#include "test/whole_model.h"
 
 namespace {
 
@@ -269,10 +270,11 @@ TEST_CASE("llama parity: the model's parameter table and weight decay", "[llama]
     const LlamaRef& r = ref_case(name);
     INFO("case " << name);
     auto ops = make_cpu_ops();
-    Model model(r.shape, *ops, DType::F32, r.B, r.T);
-    REQUIRE(model.num_params == r.whole.size());
-    REQUIRE(model.params.size() == r.slices.size());
-    for (const ParamSpec& p : model.params) {
+    WholeModel wm(r.shape, *ops, r.B, r.T);
+    Model& model = wm.model;
+    REQUIRE(model.params.num_params == r.whole.size());
+    REQUIRE(model.params.specs.size() == r.slices.size());
+    for (const ParamSpec& p : model.params.specs) {
         INFO("param " << p.name);
         auto it = std::find_if(r.slices.begin(), r.slices.end(), [&](const Slice& sl) { return sl.name == p.name; });
         REQUIRE(it != r.slices.end());
@@ -292,9 +294,10 @@ TEST_CASE("llama parity: export of the loaded model round-trips bit for bit", "[
     const LlamaRef& r = ref_case(name);
     INFO("case " << name);
     auto ops = make_cpu_ops();
-    Model model(r.shape, *ops, DType::F32, r.B, r.T);
+    WholeModel wm(r.shape, *ops, r.B, r.T);
+    Model& model = wm.model;
     model.set_params_whole(r.whole.data());
-    std::vector<float> out(model.num_params);
+    std::vector<float> out(model.params.num_params);
     model.get_params_whole(out.data());
     const std::string path = dir + "/" + name + ".safetensors";
     hf_write_weights(path, r.shape, out);
@@ -319,7 +322,8 @@ TEST_CASE("llama parity: forward logits and loss match the PyTorch reference", "
     const LlamaRef& r = ref_case(name);
     INFO("case " << name);
     auto ops = make_cpu_ops();
-    Model model(r.shape, *ops, DType::F32, r.B, r.T);
+    WholeModel wm(r.shape, *ops, r.B, r.T);
+    Model& model = wm.model;
     model.set_params_whole(r.whole.data());
     const float loss = model.forward(r.x.data(), r.y.data(), r.B, r.T, 0.0f);
     INFO("loss " << loss << " reference " << r.loss);
@@ -336,13 +340,14 @@ TEST_CASE("llama parity: every parameter gradient matches the PyTorch reference"
     const LlamaRef& r = ref_case(name);
     INFO("case " << name);
     auto ops = make_cpu_ops();
-    Model model(r.shape, *ops, DType::F32, r.B, r.T);
+    WholeModel wm(r.shape, *ops, r.B, r.T);
+    Model& model = wm.model;
     model.set_params_whole(r.whole.data());
     model.zero_grads();
     const float loss = model.forward(r.x.data(), r.y.data(), r.B, r.T, 1.0f / float(r.B * r.T));
     CHECK(close_rel(loss, r.loss));
     model.backward();
-    std::vector<float> grads(model.num_params);
+    std::vector<float> grads(model.params.num_params);
     model.get_grads_whole(grads.data());
     check_whole("gradient", r, grads, "grad.");
 }
@@ -352,17 +357,18 @@ TEST_CASE("llama parity: 10 AdamW steps match the PyTorch reference (losses, nor
     const LlamaRef& r = ref_case(name);
     INFO("case " << name);
     auto ops = make_cpu_ops();
-    Model model(r.shape, *ops, DType::F32, r.B, r.T);
+    WholeModel wm(r.shape, *ops, r.B, r.T);
+    Model& model = wm.model;
     model.set_params_whole(r.whole.data());
-    AdamW opt(model, 0, model.num_params, model.param_buf.slice(0, model.num_params),
-              model.grad_buf.slice(0, model.num_params));
+    AdamW opt(wm.layout, *ops, 0, model.params.num_params, wm.store.params.slice(0, model.params.num_params),
+              wm.store.grads.slice(0, model.params.num_params));
     const AdamWHyper h{r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};
     const float dloss = 1.0f / float(r.B * r.T);
     for (int step = 1; step <= r.n_steps; step++) {
         model.zero_grads();
         const float loss = model.forward(r.x.data(), r.y.data(), r.B, r.T, dloss);
         model.backward();
-        const double norm = std::sqrt(ops->sum_squares(model.grad_buf.slice(0, model.num_params)));
+        const double norm = std::sqrt(ops->sum_squares(wm.store.grads.slice(0, model.params.num_params)));
         {
             INFO("step " << step << ": loss " << loss << " reference " << r.losses[step - 1]);
             CHECK(close_rel(loss, r.losses[step - 1]));
@@ -373,7 +379,7 @@ TEST_CASE("llama parity: 10 AdamW steps match the PyTorch reference (losses, nor
         }
         opt.step(h, step, clip_scale(norm, r.grad_clip), 0u);
     }
-    std::vector<float> final_w(model.num_params);
+    std::vector<float> final_w(model.params.num_params);
     model.get_params_whole(final_w.data());
     check_whole("weights after the steps", r, final_w, "final.");
 }

@@ -13,6 +13,7 @@
 #include "llmc/model.h"
 #include "llmc/model_file.h"
 #include "llmc/rng.h"
+#include "test/whole_model.h"
 
 namespace {
 std::string temp_path(const char* name) {
@@ -92,22 +93,21 @@ TEST_CASE("llm.c model file: shape mismatch and damage are user errors naming th
 TEST_CASE("model memory order <-> llm.c order is a permutation that round-trips") {
     const ModelShape s = tiny_shape();
     auto ops = make_cpu_ops();
-    Model model(s, *ops, DType::F32, 1, 4);
-    std::vector<float> w = random_params(model.num_params, 3), back(model.num_params);
+    WholeModel wm(s, *ops, 1, 4);
+    Model& model = wm.model;
+    std::vector<float> w = random_params(model.params.num_params, 3), back(model.params.num_params);
     model.set_params_whole(w.data());
     model.get_params_whole(back.data());
     CHECK(back == w);
     // llm.c order: all wte, then all wpe, then every layer's ln1w, ...: check two tensors by hand
-    std::vector<float> mem(model.num_params);
-    ops->to_host_f32(mem.data(), model.param_buf);
-    Tensor qkvw1 = model.param(QkvW, 1);
-    const size_t off = (static_cast<float*>(qkvw1.ptr) - static_cast<float*>(model.param_buf.ptr));
+    std::vector<float> mem(model.params.num_params);
+    ops->to_host_f32(mem.data(), wm.store.params);
+    const size_t off = model.spec(QkvW, 1).offset;
     const size_t C = s.d_model, Vp = s.padded_vocab, T = s.max_seq_len, L = s.n_layer;
     const size_t llmc_qkvw = Vp * C + T * C + 2 * L * C;  // after wte, wpe, ln1w, ln1b
     for (size_t i = 0; i < 3 * C * C; i++) REQUIRE(mem[off + i] == w[llmc_qkvw + 3 * C * C + i]);
-    Tensor lnfb = model.param(NormFB);
-    const size_t off_lnfb = static_cast<float*>(lnfb.ptr) - static_cast<float*>(model.param_buf.ptr);
-    for (size_t i = 0; i < C; i++) REQUIRE(mem[off_lnfb + i] == w[model.num_params - C + i]);
+    const size_t off_lnfb = model.spec(NormFB).offset;
+    for (size_t i = 0; i < C; i++) REQUIRE(mem[off_lnfb + i] == w[model.params.num_params - C + i]);
 }
 
 TEST_CASE("llm.c model file: header dimensions whose arithmetic would overflow are refused (found by fuzzing)") {
@@ -142,7 +142,7 @@ TEST_CASE("llm.c model file: non-finite weights are refused naming the file") {
     const std::string p = temp_path("nan.bin");
     model_file_write(p, s, w.data(), 3);
     CHECK_THROWS_WITH(model_file_read(p, &s), Catch::Contains("nan.bin") && Catch::Contains("2 of") &&
-                                                  Catch::Contains("index 5"));
+                                                  Catch::Contains("tensor wte element 5"));
 }
 
 TEST_CASE("mixture of experts: model file header, mismatch names the key, expert tensors' file and memory order",
@@ -179,7 +179,8 @@ TEST_CASE("mixture of experts: model file header, mismatch names the key, expert
     CHECK_THROWS_WITH(model_file_read(p, nullptr), Catch::Contains("truncated or corrupt"));
 
     auto ops = make_cpu_ops();
-    Model model(s, *ops, DType::F32, 1, 4);
+    WholeModel wm(s, *ops, 1, 4);
+    Model& model = wm.model;
     CHECK_FALSE(model.holds(FcW, 1));
     CHECK(model.holds(FcW, 0));
     CHECK(model.holds(FcW, 1, 2));
@@ -198,7 +199,7 @@ TEST_CASE("mixture of experts: model file header, mismatch names the key, expert
         CHECK(model.spec(FcB, 1, int(e)).offset == fcw.offset + fcw.numel);
         if (e + 1 < E) CHECK(model.spec(FcW, 1, int(e) + 1).offset == out_b.offset + out_b.numel);
     }
-    std::vector<float> back(model.num_params);
+    std::vector<float> back(model.params.num_params);
     model.set_params_whole(w.data());
     model.get_params_whole(back.data());
     CHECK(back == w);

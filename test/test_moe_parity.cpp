@@ -34,6 +34,7 @@
 #include "llmc/safetensors.h"
 
 #include "test/test_data_files.h"
+#include "test/whole_model.h"
 
 namespace {
 
@@ -192,10 +193,11 @@ TEST_CASE("moe parity: parameter table, names and weight decay", "[moe]") {
     const std::string name = GENERATE(as<std::string>{}, kCases[0], kCases[1]);
     const MoeRef r = load(name);
     auto ops = make_cpu_ops();
-    Model model(r.shape, *ops, DType::F32, r.B, r.T);
-    REQUIRE(model.num_params == r.whole.size());
+    WholeModel wm(r.shape, *ops, r.B, r.T);
+    Model& model = wm.model;
+    REQUIRE(model.params.num_params == r.whole.size());
     int experts = 0, routers = 0;
-    for (const ParamSpec& p : model.params) {
+    for (const ParamSpec& p : model.params.specs) {
         INFO("param " << p.name);
         CHECK(p.decay == (p.cols > 1));  // every 2-D weight decays (the reference's rule), no vector
         experts += p.expert >= 0;
@@ -218,7 +220,8 @@ TEST_CASE("moe parity: logits, loss with the load-balancing term, drops, every g
     const std::string name = GENERATE(as<std::string>{}, kCases[0], kCases[1]);
     const MoeRef r = load(name);
     auto ops = make_cpu_ops();
-    Model model(r.shape, *ops, DType::F32, r.B, r.T);
+    WholeModel wm(r.shape, *ops, r.B, r.T);
+    Model& model = wm.model;
     model.set_params_whole(r.whole.data());
     // logits (an evaluation forward: dloss 0, no load-balancing statistics)
     model.forward(r.x.data(), r.y.data(), r.B, r.T, 0.0f);
@@ -241,7 +244,7 @@ TEST_CASE("moe parity: logits, loss with the load-balancing term, drops, every g
     CHECK(st.dropped == (long long)r.state->read("dropped")[0]);
     CHECK((st.dropped > 0) == (r.shape.moe.capacity_factor > 0));
     model.backward();
-    std::vector<float> grads(model.num_params);
+    std::vector<float> grads(model.params.num_params);
     model.get_grads_whole(grads.data());
     Worst wg;
     check_whole(r, "gradient", grads, "grad.", false, &wg);
@@ -254,10 +257,11 @@ TEST_CASE("moe parity: 10 AdamW steps (losses, norms, weights)", "[moe]") {
     const std::string name = GENERATE(as<std::string>{}, kCases[0], kCases[1]);
     const MoeRef r = load(name);
     auto ops = make_cpu_ops();
-    Model model(r.shape, *ops, DType::F32, r.B, r.T);
+    WholeModel wm(r.shape, *ops, r.B, r.T);
+    Model& model = wm.model;
     model.set_params_whole(r.whole.data());
-    AdamW opt(model, 0, model.num_params, model.param_buf.slice(0, model.num_params),
-              model.grad_buf.slice(0, model.num_params));
+    const size_t n = model.params.num_params;
+    AdamW opt(wm.layout, *ops, 0, n, wm.store.params.slice(0, n), wm.store.grads.slice(0, n));
     const AdamWHyper h{r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};
     const std::vector<float> losses = r.state->read("losses"), norms = r.state->read("grad_norms");
     REQUIRE(losses.size() == size_t(r.n_steps));
@@ -266,7 +270,7 @@ TEST_CASE("moe parity: 10 AdamW steps (losses, norms, weights)", "[moe]") {
         model.zero_grads();
         const float loss = model.forward(r.x.data(), r.y.data(), r.B, r.T, 1.0f / float(r.B * r.T));
         model.backward();
-        const double norm = std::sqrt(ops->sum_squares(model.grad_buf.slice(0, model.num_params)));
+        const double norm = std::sqrt(ops->sum_squares(wm.store.grads.slice(0, n)));
         INFO("step " << step << ": loss " << loss << " / " << losses[size_t(step - 1)] << ", norm " << norm << " / "
                      << norms[size_t(step - 1)]);
         CHECK(close_rel(loss, losses[size_t(step - 1)]));
@@ -274,7 +278,7 @@ TEST_CASE("moe parity: 10 AdamW steps (losses, norms, weights)", "[moe]") {
         worst_loss = std::max(worst_loss, std::fabs(double(loss) - losses[size_t(step - 1)]));
         opt.step(h, step, clip_scale(norm, r.grad_clip), 0u);
     }
-    std::vector<float> w(model.num_params);
+    std::vector<float> w(n);
     model.get_params_whole(w.data());
     Worst ww;
     check_whole(r, "weights after the steps", w, "final.", true, &ww);

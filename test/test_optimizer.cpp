@@ -1,9 +1,11 @@
 // LR schedules (warmup, constant, cosine, linear, wsd) and the clipping factor, against
-// closed forms written out here.
+// closed forms written out here; the host's bf16 stochastic rounding (optimizer offload).
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 
+#include "llmc/bf16.h"
 #include "llmc/optimizer.h"
 
 namespace {
@@ -54,4 +56,31 @@ TEST_CASE("clip factor follows torch's clip_grad_norm_") {
     CHECK(clip_scale(0.5, 1.0) == 1.0f);
     CHECK(clip_scale(4.0, 1.0) == Approx(1.0 / (4.0 + 1e-6)));
     CHECK(clip_scale(100.0, 0.0) == 1.0f);  // clipping off
+}
+
+// The bf16 stochastic rounding the host update of optimizer offload shares with the CUDA kernel:
+// over all 2^16 values of the random bits, x rounds up (away from zero, to the next bf16) for
+// exactly as many as x's dropped low 16 bits, else it truncates; exact bf16 values, infinities and
+// NaN are kept.
+TEST_CASE("bf16 stochastic rounding on the host rounds up with the dropped fraction's probability") {
+    for (float x : {1.0f + 1.0f / 1024, -3.14159f, 1e-30f, -65504.5f, 0.3f}) {
+        uint32_t u;
+        std::memcpy(&u, &x, 4);
+        const uint16_t down = uint16_t(u >> 16), up = uint16_t(down + 1);
+        uint32_t ups = 0, others = 0;
+        for (uint32_t r = 0; r < 65536; r++) {
+            const uint16_t b = f32_to_bf16_stochastic(x, r | 0xabcd0000u);  // the high bits do not matter
+            ups += b == up;
+            others += b != up && b != down;
+        }
+        INFO("x = " << x);
+        CHECK(others == 0);
+        CHECK(ups == (u & 0xffffu));
+    }
+    CHECK(f32_to_bf16_stochastic(1.5f, 0xffffu) == 0x3fc0);  // exact in bf16: kept
+    CHECK(f32_to_bf16_stochastic(INFINITY, 0xffffu) == 0x7f80);
+    CHECK(f32_to_bf16_stochastic(-INFINITY, 0xffffu) == 0xff80);
+    CHECK(std::isnan(bf16_bits_to_f32(f32_to_bf16_stochastic(NAN, 0xffffu))));
+    CHECK(hash_u32(1, 2) != hash_u32(1, 3));
+    CHECK(hash_u32(1, 2) != hash_u32(2, 2));
 }

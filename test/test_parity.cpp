@@ -36,6 +36,7 @@
 #include "llmc/optimizer.h"
 
 #include "test/test_data_files.h"
+#include "test/whole_model.h"
 
 namespace {
 
@@ -223,15 +224,16 @@ TEST_CASE("parity: reference files are consistent", "[parity]") {
 TEST_CASE("parity: model parameter table matches the llm.c layout", "[parity]") {
     const RefData& r = ref_data();
     auto ops = make_cpu_ops();
-    Model model(r.shape, *ops, DType::F32, r.B, r.T);
-    REQUIRE(model.num_params == r.num_params);
+    WholeModel wm(r.shape, *ops, r.B, r.T);
+    Model& model = wm.model;
+    REQUIRE(model.params.num_params == r.num_params);
     // set_params_whole / get_params_whole round-trip exactly
     model.set_params_whole(r.weights.data());
     std::vector<float> back(r.num_params);
     model.get_params_whole(back.data());
     REQUIRE(std::memcmp(back.data(), r.weights.data(), r.num_params * sizeof(float)) == 0);
     // decay exactly on the 2-D weights
-    for (const ParamSpec& p : model.params) {
+    for (const ParamSpec& p : model.params.specs) {
         INFO("param " << p.name);
         bool want = p.role == TokEmb || p.role == PosEmb || p.role == QkvW || p.role == AttnOutW || p.role == FcW ||
                     p.role == FcOutW;
@@ -242,7 +244,8 @@ TEST_CASE("parity: model parameter table matches the llm.c layout", "[parity]") 
 TEST_CASE("parity: forward logits and loss match the PyTorch reference", "[parity]") {
     const RefData& r = ref_data();
     auto ops = make_cpu_ops();
-    Model model(r.shape, *ops, DType::F32, r.B, r.T);
+    WholeModel wm(r.shape, *ops, r.B, r.T);
+    Model& model = wm.model;
     model.set_params_whole(r.weights.data());
     float loss = model.forward(r.x.data(), r.y.data(), r.B, r.T, 0.0f);
     INFO("loss " << loss << " reference " << r.loss);
@@ -258,7 +261,8 @@ TEST_CASE("parity: forward logits and loss match the PyTorch reference", "[parit
 TEST_CASE("parity: every parameter gradient matches the PyTorch reference", "[parity]") {
     const RefData& r = ref_data();
     auto ops = make_cpu_ops();
-    Model model(r.shape, *ops, DType::F32, r.B, r.T);
+    WholeModel wm(r.shape, *ops, r.B, r.T);
+    Model& model = wm.model;
     model.set_params_whole(r.weights.data());
     model.zero_grads();
     float loss = model.forward(r.x.data(), r.y.data(), r.B, r.T, 1.0f / (r.B * r.T));
@@ -274,18 +278,19 @@ TEST_CASE("parity: every parameter gradient matches the PyTorch reference", "[pa
 TEST_CASE("parity: 10 AdamW steps match the PyTorch reference losses", "[parity]") {
     const RefData& r = ref_data();
     auto ops = make_cpu_ops();
-    Model model(r.shape, *ops, DType::F32, r.B, r.T);
+    WholeModel wm(r.shape, *ops, r.B, r.T);
+    Model& model = wm.model;
     model.set_params_whole(r.weights.data());
     // The optimizer written directly over Ops (llmc/optimizer.h may replace this loop).
-    float* m = static_cast<float*>(ops->alloc(model.num_params * sizeof(float)));
-    float* v = static_cast<float*>(ops->alloc(model.num_params * sizeof(float)));
+    float* m = static_cast<float*>(ops->alloc(model.params.num_params * sizeof(float)));
+    float* v = static_cast<float*>(ops->alloc(model.params.num_params * sizeof(float)));
     const float dloss = 1.0f / (r.B * r.T);
     for (int step = 1; step <= r.n_steps; step++) {
         model.zero_grads();
         float loss = model.forward(r.x.data(), r.y.data(), r.B, r.T, dloss);
         model.backward();
         double ss = 0;
-        for (const ParamSpec& p : model.params) ss += ops->sum_squares(model.grad_buf.slice(p.offset, p.numel));
+        for (const ParamSpec& p : model.params.specs) ss += ops->sum_squares(wm.store.grads.slice(p.offset, p.numel));
         const double norm = std::sqrt(ss);
         const float coef = std::min(1.0f, r.grad_clip / (static_cast<float>(norm) + 1e-6f));
         {
@@ -296,8 +301,8 @@ TEST_CASE("parity: 10 AdamW steps match the PyTorch reference losses", "[parity]
             INFO("step " << step << ": grad norm " << norm << " reference " << r.grad_norms[step - 1]);
             CHECK(close_rel(norm, r.grad_norms[step - 1]));
         }
-        for (const ParamSpec& p : model.params) {
-            ops->adamw(model.param_buf.slice(p.offset, p.numel), nullptr, model.grad_buf.slice(p.offset, p.numel),
+        for (const ParamSpec& p : model.params.specs) {
+            ops->adamw(wm.store.params.slice(p.offset, p.numel), nullptr, wm.store.grads.slice(p.offset, p.numel),
                        m + p.offset, v + p.offset, r.lr, r.beta1, r.beta2, r.eps, p.decay ? r.weight_decay : 0.0f,
                        coef, step, 0u);
         }
@@ -309,17 +314,18 @@ TEST_CASE("parity: 10 AdamW steps match the PyTorch reference losses", "[parity]
 TEST_CASE("parity: 10 steps of the AdamW optimizer class match the PyTorch reference losses", "[parity]") {
     const RefData& r = ref_data();
     auto ops = make_cpu_ops();
-    Model model(r.shape, *ops, DType::F32, r.B, r.T);
+    WholeModel wm(r.shape, *ops, r.B, r.T);
+    Model& model = wm.model;
     model.set_params_whole(r.weights.data());
-    AdamW opt(model, 0, model.num_params, model.param_buf.slice(0, model.num_params),
-              model.grad_buf.slice(0, model.num_params));
+    AdamW opt(wm.layout, *ops, 0, model.params.num_params, wm.store.params.slice(0, model.params.num_params),
+              wm.store.grads.slice(0, model.params.num_params));
     const AdamWHyper h{r.lr, r.beta1, r.beta2, r.eps, r.weight_decay};
     const float dloss = 1.0f / (r.B * r.T);
     for (int step = 1; step <= r.n_steps; step++) {
         model.zero_grads();
         float loss = model.forward(r.x.data(), r.y.data(), r.B, r.T, dloss);
         model.backward();
-        const double norm = std::sqrt(ops->sum_squares(model.grad_buf.slice(0, model.num_params)));
+        const double norm = std::sqrt(ops->sum_squares(wm.store.grads.slice(0, model.params.num_params)));
         {
             INFO("step " << step << ": loss " << loss << " reference " << r.losses[step - 1]);
             CHECK(close_rel(loss, r.losses[step - 1]));

@@ -4,25 +4,18 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "llmc/bf16.h"
+
 namespace {
 constexpr size_t kAlign = 64;
-
-inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even; NaN stays NaN
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 }  // namespace
 
-void* CpuOps::alloc(size_t bytes) {
+void* CpuOps::alloc(size_t bytes) { return Ops::alloc_host(bytes); }
+
+void CpuOps::release(void* p) { Ops::release_host(p); }
+
+// The host memory of the base class: aligned for the vector kernels (every backend's host side).
+void* Ops::alloc_host(size_t bytes) {
     const size_t sz = ((bytes + kAlign - 1) / kAlign) * kAlign;
     if (sz == 0) return nullptr;
     void* p = std::aligned_alloc(kAlign, sz);
@@ -31,7 +24,7 @@ void* CpuOps::alloc(size_t bytes) {
     return p;
 }
 
-void CpuOps::release(void* p) { std::free(p); }
+void Ops::release_host(void* p) { std::free(p); }
 
 void CpuOps::zero(Tensor t) {
     if (t.ptr) std::memset(t.ptr, 0, t.bytes());
@@ -47,7 +40,7 @@ void CpuOps::to_host_f32(float* dst, Tensor src) {
         if (src.n) std::memcpy(dst, src.ptr, src.bytes());
     } else if (src.dtype == DType::BF16) {
         const uint16_t* s = static_cast<const uint16_t*>(src.ptr);
-        for (size_t i = 0; i < src.n; ++i) dst[i] = bf16_to_f32(s[i]);
+        for (size_t i = 0; i < src.n; ++i) dst[i] = bf16_bits_to_f32(s[i]);
     } else {
         LLMC_ASSERT(false, std::string("to_host_f32: unsupported dtype on the cpu backend: ") + dtype_name(src.dtype));
     }
@@ -58,7 +51,7 @@ void CpuOps::from_host_f32(Tensor dst, const float* src) {
         if (dst.n) std::memcpy(dst.ptr, src, dst.bytes());
     } else if (dst.dtype == DType::BF16) {
         uint16_t* d = static_cast<uint16_t*>(dst.ptr);
-        for (size_t i = 0; i < dst.n; ++i) d[i] = f32_to_bf16(src[i]);
+        for (size_t i = 0; i < dst.n; ++i) d[i] = f32_to_bf16_bits(src[i]);
     } else {
         LLMC_ASSERT(false,
                     std::string("from_host_f32: unsupported dtype on the cpu backend: ") + dtype_name(dst.dtype));

@@ -43,8 +43,15 @@ public:
     void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int T, int NH, int NKV, int HS) override;
     void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B, int T,
                             int NH, int NKV, int HS) override;
-    void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta) override;
-    void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta) override;
+    void attention_block_forward(Tensor out, float* lse, Tensor qkv_q, Tensor qkv_kv, int B, int Tq, int Tk, int NH,
+                                 int NKV, int HS, SeqPositions qp, SeqPositions kp) override;
+    void attention_merge(Tensor out, float* lse, Tensor blk_out, const float* blk_lse, int B, int T, int NH,
+                         int HS) override;
+    void attention_block_backward(Tensor dq, Tensor dkv, Tensor dout, Tensor qkv_q, Tensor qkv_kv, Tensor out,
+                                  const float* lse, int B, int Tq, int Tk, int NH, int NKV, int HS, SeqPositions qp,
+                                  SeqPositions kp) override;
+    void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos) override;
+    void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos) override;
 
     void rmsnorm_forward(Tensor out, float* rstd, Tensor inp, Tensor w, int N, int C, float eps) override;
     void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, const float* rstd, int N,

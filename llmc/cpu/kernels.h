@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "llmc/cpu/gemm.h"
+#include "llmc/positions.h"
 #include "llmc/rope.h"
 
 namespace cpu {
@@ -396,98 +397,154 @@ void matmul_backward(T* dinp, T* dw, T* dbias, T* dout, const T* inp, const T* w
 // ---------------------------------------------------------------------------------------
 // Attention (causal, scale 1/sqrt(HS)); qkv [B,T,NH+2*NKV,HS] (q heads, k heads, v heads),
 // out [B,T,NH,HS], lse [B,NH,T]. Query head h reads key/value head h / (NH/NKV).
+//
+// The block form (context parallelism's ring): the queries of qkv_q [B,Tq,W] against the keys
+// and values of qkv_kv [B,Tk,W] (only their q / k,v columns are read), query row i at global
+// position qp.at(i) seeing key row j at kp.at(j) when kp.at(j) <= qp.at(i). A row that sees no
+// key gets out 0 and lse -inf. The whole causal attention is the block of a sequence with
+// itself at the default positions.
 
 template <class T>
-void attention_forward(T* out, T* lse, const T* qkv, int B, int Tn, int NH, int NKV, int HS) {
+void attention_block_forward(T* out, T* lse, const T* qkv_q, const T* qkv_kv, int B, int Tq, int Tk, int NH, int NKV,
+                             int HS, SeqPositions qp, SeqPositions kp) {
     const int C = NH * HS, W = (NH + 2 * NKV) * HS, G = NH / NKV;
     const T scale = (T)1 / std::sqrt((T)HS);
-    const long items = (long)B * NH * Tn;
-#pragma omp parallel if (parallel_worth((size_t)B * NH * Tn * Tn * HS / 2))
+    const long items = (long)B * NH * Tq;
+#pragma omp parallel if (parallel_worth((size_t)B * NH * Tq * Tk * HS / 2))
     {
-        std::vector<T> sc(Tn), acc(HS);
+        std::vector<T> sc(Tk), acc(HS);
+        std::vector<int> vis(Tk);
 #pragma omp for schedule(dynamic, 8)
         for (long it = 0; it < items; ++it) {
-            const int t = (int)(it % Tn);
-            const int h = (int)((it / Tn) % NH);
-            const int b = (int)(it / ((long)Tn * NH));
+            const int t = (int)(it % Tq);
+            const int h = (int)((it / Tq) % NH);
+            const int b = (int)(it / ((long)Tq * NH));
             const int koff = C + (h / G) * HS, voff = C + (NKV + h / G) * HS;
-            const T* q = qkv + ((long)b * Tn + t) * W + h * HS;
-            T* scp = sc.data();
-            for (int j = 0; j <= t; ++j) {
-                const T* k = qkv + ((long)b * Tn + j) * W + koff;
-                scp[j] = dot(q, k, HS) * scale;
+            const T* q = qkv_q + ((long)b * Tq + t) * W + h * HS;
+            const int pos = qp.at(t);
+            int n = 0;  // the visible keys, in row order
+            for (int j = 0; j < Tk; ++j)
+                if (kp.at(j) <= pos) vis[n++] = j;
+            T* o = out + ((long)b * Tq + t) * C + h * HS;
+            T& l = lse[((long)b * NH + h) * Tq + t];
+            if (n == 0) {
+                std::fill(o, o + HS, T(0));
+                l = -std::numeric_limits<T>::infinity();
+                continue;
             }
-            const T mx = max_val(scp, t + 1);
-            for (int j = 0; j <= t; ++j) scp[j] = exp_t(scp[j] - mx);
-            const T se = sum(scp, t + 1);
+            T* scp = sc.data();
+            for (int m = 0; m < n; ++m) {
+                const T* k = qkv_kv + ((long)b * Tk + vis[m]) * W + koff;
+                scp[m] = dot(q, k, HS) * scale;
+            }
+            const T mx = max_val(scp, n);
+            for (int m = 0; m < n; ++m) scp[m] = exp_t(scp[m] - mx);
+            const T se = sum(scp, n);
             const T inv = (T)1 / se;
             std::fill(acc.begin(), acc.end(), T(0));
-            for (int j = 0; j <= t; ++j) {
-                const T p = sc[j] * inv;
-                const T* v = qkv + ((long)b * Tn + j) * W + voff;
+            for (int m = 0; m < n; ++m) {
+                const T p = sc[m] * inv;
+                const T* v = qkv_kv + ((long)b * Tk + vis[m]) * W + voff;
                 T* ac = acc.data();
 #pragma omp simd
                 for (int d = 0; d < HS; ++d) ac[d] = std::fma(p, v[d], ac[d]);
             }
-            T* o = out + ((long)b * Tn + t) * C + h * HS;
             for (int d = 0; d < HS; ++d) o[d] = acc[d];
-            lse[((long)b * NH + h) * Tn + t] = mx + std::log(se);
+            l = mx + std::log(se);
         }
     }
 }
 
-// dqkv (overwrite). p_ij = exp(s_ij - lse_i); dp_ij = dout_i . v_j; D_i = dout_i . out_i;
-// ds_ij = p_ij (dp_ij - D_i); dq_i = scale sum_j ds_ij k_j; dk_j = scale sum_i ds_ij q_i;
-// dv_j = sum_i p_ij dout_i. One (b, key/value head) per work item: its query heads in order,
-// each over i in order, so dk/dv accumulate in a fixed order.
 template <class T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int B, int Tn, int NH,
-                        int NKV, int HS) {
+void attention_forward(T* out, T* lse, const T* qkv, int B, int Tn, int NH, int NKV, int HS) {
+    attention_block_forward(out, lse, qkv, qkv, B, Tn, Tn, NH, NKV, HS, SeqPositions(), SeqPositions());
+}
+
+// Merges a block's (out, lse) into a running one over the same query rows: out [B,T,NH,HS],
+// lse [B,NH,T]. L = log(e^lse + e^blk_lse); out = e^(lse-L) out + e^(blk_lse-L) blk_out. A block
+// row with lse -inf (no visible key) leaves the row as it is; a running row with lse -inf
+// takes the block's.
+template <class T>
+void attention_merge(T* out, T* lse, const T* blk_out, const T* blk_lse, int B, int Tn, int NH, int HS) {
+    const long items = (long)B * NH * Tn;
+    const T ninf = -std::numeric_limits<T>::infinity();
+#pragma omp parallel for schedule(static) if (parallel_worth((size_t)items * HS))
+    for (long it = 0; it < items; ++it) {  // it = (b * NH + h) * T + t: lse's order
+        const int t = (int)(it % Tn);
+        const int h = (int)((it / Tn) % NH);
+        const int b = (int)(it / ((long)Tn * NH));
+        const T lb = blk_lse[it], la = lse[it];
+        if (lb == ninf) continue;
+        T* o = out + ((long)b * Tn + t) * NH * HS + h * HS;
+        const T* ob = blk_out + ((long)b * Tn + t) * NH * HS + h * HS;
+        if (la == ninf) {
+            for (int d = 0; d < HS; ++d) o[d] = ob[d];
+            lse[it] = lb;
+            continue;
+        }
+        const T mx = std::max(la, lb);
+        const T L = mx + std::log(exp_t(la - mx) + exp_t(lb - mx));
+        const T wa = exp_t(la - L), wb = exp_t(lb - L);
+        for (int d = 0; d < HS; ++d) o[d] = wa * o[d] + wb * ob[d];
+        lse[it] = L;
+    }
+}
+
+// Backward of a block given the whole attention's out and lse (of the query rows over every
+// block): p_ij = exp(s_ij - lse_i); dp_ij = dout_i . v_j; D_i = dout_i . out_i;
+// ds_ij = p_ij (dp_ij - D_i); dq_i += scale sum_j ds_ij k_j (the q columns of dq_dst [B,Tq,W]);
+// dk_j += scale sum_i ds_ij q_i, dv_j += sum_i p_ij dout_i (the k, v columns of dkv_dst
+// [B,Tk,W]). Accumulates; dq_dst and dkv_dst may be one buffer. One (b, key/value head) per work
+// item: its query heads in order, each over i in order, so the sums run in a fixed order.
+template <class T>
+void attention_block_backward(T* dq_dst, T* dkv_dst, const T* dout, const T* qkv_q, const T* qkv_kv, const T* out,
+                              const T* lse, int B, int Tq, int Tk, int NH, int NKV, int HS, SeqPositions qp,
+                              SeqPositions kp) {
     const int C = NH * HS, W = (NH + 2 * NKV) * HS, G = NH / NKV;
     const T scale = (T)1 / std::sqrt((T)HS);
     const long items = (long)B * NKV;
-#pragma omp parallel if (parallel_worth((size_t)B * NH * Tn * Tn * HS / 2))
+#pragma omp parallel if (parallel_worth((size_t)B * NH * Tq * Tk * HS / 2))
     {
-        std::vector<T> ds(Tn), pr(Tn), dq(HS);
+        std::vector<T> ds(Tk), pr(Tk), dq(HS);
+        std::vector<int> vis(Tk);
 #pragma omp for schedule(static)
         for (long it = 0; it < items; ++it) {
             const int g = (int)(it % NKV);
             const int b = (int)(it / NKV);
-            const long base = (long)b * Tn;
             const int koff = C + g * HS, voff = C + (NKV + g) * HS;
-            for (int t = 0; t < Tn; ++t) {
-                T* row = dqkv + (base + t) * W;
-                for (int d = 0; d < HS; ++d) row[koff + d] = row[voff + d] = T(0);
-                for (int h = g * G; h < (g + 1) * G; ++h)
-                    for (int d = 0; d < HS; ++d) row[h * HS + d] = T(0);
-            }
             for (int h = g * G; h < (g + 1) * G; ++h)
-                for (int i = 0; i < Tn; ++i) {
-                    const T* q = qkv + (base + i) * W + h * HS;
-                    const T* go = dout + (base + i) * C + h * HS;
-                    const T* o = out + (base + i) * C + h * HS;
+                for (int i = 0; i < Tq; ++i) {
+                    const long qrow = (long)b * Tq + i;
+                    const int pos = qp.at(i);
+                    int n = 0;
+                    for (int j = 0; j < Tk; ++j)
+                        if (kp.at(j) <= pos) vis[n++] = j;
+                    if (n == 0) continue;
+                    const T* q = qkv_q + qrow * W + h * HS;
+                    const T* go = dout + qrow * C + h * HS;
+                    const T* o = out + qrow * C + h * HS;
                     const T Di = dot(go, o, HS);
-                    const T l = lse[((long)b * NH + h) * Tn + i];
+                    const T l = lse[((long)b * NH + h) * Tq + i];
                     T* prp = pr.data();
                     T* dsp = ds.data();
-                    for (int j = 0; j <= i; ++j) {
-                        const T* k = qkv + (base + j) * W + koff;
-                        const T* v = qkv + (base + j) * W + voff;
-                        prp[j] = dot(q, k, HS) * scale - l;
-                        dsp[j] = dot(go, v, HS) - Di;
+                    for (int m = 0; m < n; ++m) {
+                        const long krow = (long)b * Tk + vis[m];
+                        prp[m] = dot(q, qkv_kv + krow * W + koff, HS) * scale - l;
+                        dsp[m] = dot(go, qkv_kv + krow * W + voff, HS) - Di;
                     }
-                    for (int j = 0; j <= i; ++j) {
-                        const T p = exp_t(prp[j]);
-                        prp[j] = p;
-                        dsp[j] = p * dsp[j] * scale;
+                    for (int m = 0; m < n; ++m) {
+                        const T p = exp_t(prp[m]);
+                        prp[m] = p;
+                        dsp[m] = p * dsp[m] * scale;
                     }
                     std::fill(dq.begin(), dq.end(), T(0));
                     T* dqp = dq.data();
-                    for (int j = 0; j <= i; ++j) {
-                        const T* k = qkv + (base + j) * W + koff;
-                        T* dk = dqkv + (base + j) * W + koff;
-                        T* dv = dqkv + (base + j) * W + voff;
-                        const T dsj = ds[j], pj = pr[j];
+                    for (int m = 0; m < n; ++m) {
+                        const long krow = (long)b * Tk + vis[m];
+                        const T* k = qkv_kv + krow * W + koff;
+                        T* dk = dkv_dst + krow * W + koff;
+                        T* dv = dkv_dst + krow * W + voff;
+                        const T dsj = ds[m], pj = pr[m];
 #pragma omp simd
                         for (int d = 0; d < HS; ++d) {
                             dqp[d] = std::fma(dsj, k[d], dqp[d]);
@@ -495,11 +552,20 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
                             dv[d] = std::fma(pj, go[d], dv[d]);
                         }
                     }
-                    T* dqo = dqkv + (base + i) * W + h * HS;
-                    for (int d = 0; d < HS; ++d) dqo[d] = dq[d];
+                    T* dqo = dq_dst + qrow * W + h * HS;
+                    for (int d = 0; d < HS; ++d) dqo[d] += dq[d];
                 }
         }
     }
+}
+
+// dqkv (overwrite): the block backward of a sequence with itself.
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse, int B, int Tn, int NH,
+                        int NKV, int HS) {
+    std::fill(dqkv, dqkv + (size_t)B * Tn * (NH + 2 * NKV) * HS, T(0));
+    attention_block_backward(dqkv, dqkv, dout, qkv, qkv, out, lse, B, Tn, Tn, NH, NKV, HS, SeqPositions(),
+                             SeqPositions());
 }
 
 // inv_freq[i] = 1/theta^(2i/HS): in float the backends' shared fp32 rounding (llmc/rope.h), in
@@ -513,16 +579,16 @@ inline float rope_inv_freq_t<float>(int i, int HS, float theta) {
     return rope_inv_freq(i, HS, theta);
 }
 
-// Rotary embeddings on the NH + NKV query and key heads of qkv [B,T,NH+2*NKV,HS], in place.
-// inverse: rotate by -angle (the backward of the forward rotation).
+// Rotary embeddings on the NH + NKV query and key heads of qkv [B,T,NH+2*NKV,HS], in place, row
+// t of each sequence at position pos.at(t). inverse: rotate by -angle (the backward of the forward rotation).
 template <class T>
-void rope(T* qkv, int B, int Tn, int NH, int NKV, int HS, T theta, bool inverse) {
+void rope(T* qkv, int B, int Tn, int NH, int NKV, int HS, T theta, bool inverse, SeqPositions pos = SeqPositions()) {
     const int half = HS / 2, W = (NH + 2 * NKV) * HS, heads = NH + NKV;
     std::vector<T> cs((size_t)Tn * half), sn((size_t)Tn * half);
     for (int i = 0; i < half; ++i) {
         const T inv_freq = rope_inv_freq_t<T>(i, HS, theta);
         for (int t = 0; t < Tn; ++t) {
-            const T a = T(t) * inv_freq;
+            const T a = T(pos.at(t)) * inv_freq;
             cs[(size_t)t * half + i] = std::cos(a);
             sn[(size_t)t * half + i] = inverse ? -std::sin(a) : std::sin(a);
         }

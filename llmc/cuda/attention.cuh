@@ -14,6 +14,16 @@
 // group and, for each, over the query tiles, in order; another computes dQ per query tile
 // looping over the key tiles in order.
 //
+// The block form (context parallelism's ring, llmc/ops.h's attention_block_*): the queries of
+// qkv_q [B, Tq, ...] against the keys/values of qkv_kv [B, Tk, ...], query row i at position
+// qp.at(i) seeing key row j at kp.at(j) <= qp.at(i). Positions increase with the row (a
+// SeqPositions' second run starts after its first ends), so the keys a query row sees are a
+// prefix of the block and the query rows that see a key row a suffix: the tile loops stop and
+// start at binary-searched rows, as the causal loops do at the diagonal. A row that sees no key
+// gets out 0 and lse -inf. The whole attention is the block of a sequence with itself at
+// positions 0..T-1 (the same loops, bitwise). The block backward accumulates (+=) into dQ and
+// dK/dV; the whole one overwrites.
+//
 // Requirements: HS a multiple of 16 and <= 128 (checked by the caller); any T >= 1.
 #pragma once
 #include <mma.h>
@@ -21,8 +31,31 @@
 #include <type_traits>
 
 #include "llmc/cuda/common.cuh"
+#include "llmc/positions.h"
 
 namespace attn {
+
+// The number of key rows j in [0, Tk) with kp.at(j) <= pos (a prefix: positions increase).
+__device__ __forceinline__ int visible_keys(SeqPositions kp, int Tk, int pos) {
+    int lo = 0, hi = Tk;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (kp.at(mid) <= pos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+// The first query row i in [0, Tq) with qp.at(i) >= pos (Tq if none): the rows that see a key
+// at pos begin there.
+__device__ __forceinline__ int first_query_at(SeqPositions qp, int Tq, int pos) {
+    int lo = 0, hi = Tq;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (qp.at(mid) < pos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
 
 constexpr int kThreads = 128;  // 4 warps per block
 
@@ -121,7 +154,8 @@ __host__ __device__ inline FwdLayout fwd_layout(int HS) {
 
 template <class T, int BR, int BC>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(T* out, float* lse, const T* qkv, int T_, int NH, int NKV, int HS, float scale) {
+    attention_forward_kernel(T* out, float* lse, const T* qkv_q, const T* qkv_kv, int T_, int Tk, int NH, int NKV,
+                             int HS, float scale, SeqPositions qp, SeqPositions kp) {
     extern __shared__ __align__(128) char smem[];
     const FwdLayout L = fwd_layout<T, BR, BC>(HS);
     T* sQ = (T*)(smem + L.q);
@@ -141,25 +175,27 @@ __global__ void __launch_bounds__(kThreads)
     const int q0 = qt * BR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
 
-    load_rows(sQ, ldt, qkv, b, h, q0, BR, T_, NQKV, HS);
+    load_rows(sQ, ldt, qkv_q, b, h, q0, BR, T_, NQKV, HS);
     for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) sO[(idx / HS) * ldo + idx % HS] = 0.0f;
     for (int r = threadIdx.x; r < BR; r += blockDim.x) {
         sM[r] = -INFINITY;
         sL[r] = 0.0f;
     }
-    const int kv_end = min(T_, q0 + BR);  // keys [0, kv_end) can be seen by this tile
+    // keys [0, kv_end) can be seen by this tile (its last row sees the most)
+    const int kv_end = visible_keys(kp, Tk, qp.at(min(T_, q0 + BR) - 1));
     for (int k0 = 0; k0 < kv_end; k0 += BC) {
-        load_rows(sK, ldt, qkv, b, NH + kvh, k0, BC, T_, NQKV, HS);
-        load_rows(sV, ldt, qkv, b, NH + NKV + kvh, k0, BC, T_, NQKV, HS);
+        load_rows(sK, ldt, qkv_kv, b, NH + kvh, k0, BC, Tk, NQKV, HS);
+        load_rows(sV, ldt, qkv_kv, b, NH + NKV + kvh, k0, BC, Tk, NQKV, HS);
         __syncthreads();
         block_mm<T, false, true>(sS, lds, sQ, ldt, sK, ldt, BR, BC, HS, false);  // S = Q K^T
         __syncthreads();
         for (int r = warp; r < BR; r += nwarps) {
             const int qi = q0 + r;
+            const int seen = qi < T_ ? visible_keys(kp, kv_end, qp.at(qi)) : 0;  // keys [0, seen) visible
             float mx = -INFINITY;
             for (int c = lane; c < BC; c += 32) {
                 const int kj = k0 + c;
-                if (qi < T_ && kj <= qi) mx = fmaxf(mx, sS[r * lds + c] * scale);
+                if (kj < seen) mx = fmaxf(mx, sS[r * lds + c] * scale);
             }
             mx = warp_max(mx);
             const float m_old = sM[r];
@@ -168,7 +204,7 @@ __global__ void __launch_bounds__(kThreads)
             for (int c = lane; c < BC; c += 32) {
                 const int kj = k0 + c;
                 float p = 0.0f;
-                if (qi < T_ && kj <= qi) p = expf(sS[r * lds + c] * scale - m_new);
+                if (kj < seen) p = expf(sS[r * lds + c] * scale - m_new);
                 sP[r * ldp + c] = from_f32<T>(p);
                 sum += p;
             }
@@ -186,14 +222,45 @@ __global__ void __launch_bounds__(kThreads)
         block_mm<T, false, false>(sO, ldo, sP, ldp, sV, ldt, BR, HS, BC, true);  // O += P V
         __syncthreads();
     }
+    // a row that saw no key (sL 0: only in the block form): out 0, lse -inf
     for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) {
         const int r = idx / HS, d = idx % HS, t = q0 + r;
-        if (t < T_) out[(((long long)b * T_ + t) * NH + h) * HS + d] = from_f32<T>(sO[r * ldo + d] / sL[r]);
+        if (t < T_)
+            out[(((long long)b * T_ + t) * NH + h) * HS + d] = from_f32<T>(sL[r] > 0.0f ? sO[r * ldo + d] / sL[r] : 0.0f);
     }
     for (int r = threadIdx.x; r < BR; r += blockDim.x) {
         const int t = q0 + r;
-        if (t < T_) lse[((long long)b * NH + h) * T_ + t] = sM[r] + logf(sL[r]);
+        if (t < T_) lse[((long long)b * NH + h) * T_ + t] = sL[r] > 0.0f ? sM[r] + logf(sL[r]) : -INFINITY;
     }
+}
+
+// Merge of a block's (blk_out, blk_lse) into the running (out, lse) by log-sum-exp; one warp
+// per (b, t, h) row. Rows whose blk_lse is -inf are left as they are.
+template <class T>
+__global__ void attention_merge_kernel(T* out, float* lse, const T* blk_out, const float* blk_lse, int B, int T_,
+                                       int NH, int HS) {
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);  // (b, t, h)
+    const int lane = threadIdx.x & 31;
+    if (row >= (long long)B * T_ * NH) return;
+    const int h = (int)(row % NH);
+    const long long bt = row / NH;
+    const int t = (int)(bt % T_), b = (int)(bt / T_);
+    const long long li = ((long long)b * NH + h) * T_ + t;
+    const float la = lse[li], lb = blk_lse[li];
+    if (lb == -INFINITY) return;
+    T* o = out + row * HS;
+    const T* ob = blk_out + row * HS;
+    float wa = 0.0f, wb = 1.0f, L = lb;
+    if (la != -INFINITY) {
+        const float mx = fmaxf(la, lb);
+        L = mx + logf(expf(la - mx) + expf(lb - mx));
+        wa = expf(la - L);
+        wb = expf(lb - L);
+    }
+    for (int d = lane; d < HS; d += 32)  // a running row without keys so far takes the block's as it is
+        o[d] = la == -INFINITY ? ob[d] : from_f32<T>(wa * to_f32(o[d]) + wb * to_f32(ob[d]));
+    __syncwarp();  // every lane has read la before lane 0 overwrites it
+    if (lane == 0) lse[li] = L;
 }
 
 // ---------------- backward ----------------
@@ -242,7 +309,7 @@ __host__ __device__ inline BwdLayout bwd_layout(int HS) {
 // then P = exp(scale*S - lse) (causal mask) and dS = P * (dP - D).
 template <class T, int BR, int BC>
 __device__ __forceinline__ void bwd_tile_probs(const BwdLayout& L, char* smem, int HS, int q0, int k0, int T_,
-                                               float scale) {
+                                               int Tk, float scale, SeqPositions qp, SeqPositions kp) {
     const int ldt = HS + pad<T>(), lds = BC + 4, ldp = BC + pad<T>();
     T* sK = (T*)(smem + L.k);
     T* sV = (T*)(smem + L.v);
@@ -260,7 +327,7 @@ __device__ __forceinline__ void bwd_tile_probs(const BwdLayout& L, char* smem, i
     for (int idx = threadIdx.x; idx < BR * BC; idx += blockDim.x) {
         const int r = idx / BC, c = idx % BC, qi = q0 + r, kj = k0 + c;
         float p = 0.0f, ds = 0.0f;
-        if (qi < T_ && kj <= qi) {
+        if (qi < T_ && kj < Tk && kp.at(kj) <= qp.at(qi)) {
             p = expf(sS[r * lds + c] * scale - sLse[r]);
             ds = p * (sDP[r * lds + c] - sD[r]);
         }
@@ -285,8 +352,9 @@ __device__ __forceinline__ void load_lse_d(float* sLse, float* sD, const float* 
 // its group in increasing order and, for each, over the query tiles q0 >= k0 in increasing order.
 template <class T, int BR, int BC>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dkdv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D, int T_,
-                                   int NH, int NKV, int HS, float scale) {
+    attention_backward_dkdv_kernel(T* dkv, const T* dout, const T* qkv_q, const T* qkv_kv, const float* lse,
+                                   const float* D, int T_, int Tk, int NH, int NKV, int HS, float scale,
+                                   SeqPositions qp, SeqPositions kp, bool accumulate) {
     extern __shared__ __align__(128) char smem[];
     const BwdLayout L = bwd_layout<T, BR, BC>(HS);
     const int ldt = HS + pad<T>(), ldp = BC + pad<T>(), ldo = HS + 4;
@@ -302,32 +370,37 @@ __global__ void __launch_bounds__(kThreads)
     const int group = NH / NKV, NQKV = NH + 2 * NKV;
     const int k0 = kt * BC;
 
-    load_rows(sK, ldt, qkv, b, NH + kvh, k0, BC, T_, NQKV, HS);
-    load_rows(sV, ldt, qkv, b, NH + NKV + kvh, k0, BC, T_, NQKV, HS);
+    load_rows(sK, ldt, qkv_kv, b, NH + kvh, k0, BC, Tk, NQKV, HS);
+    load_rows(sV, ldt, qkv_kv, b, NH + NKV + kvh, k0, BC, Tk, NQKV, HS);
     for (int idx = threadIdx.x; idx < BC * HS; idx += blockDim.x) {
         sDK[(idx / HS) * ldo + idx % HS] = 0.0f;
         sDV[(idx / HS) * ldo + idx % HS] = 0.0f;
     }
+    // the query rows that see key row k0 (and so any row of the tile) and all after them: the
+    // first tile holding the first of them onwards
+    const int first_q = first_query_at(qp, T_, kp.at(k0));
     for (int h = kvh * group; h < (kvh + 1) * group; h++) {
-        for (int q0 = (k0 / BR) * BR; q0 < T_; q0 += BR) {
-            load_rows(sQ, ldt, qkv, b, h, q0, BR, T_, NQKV, HS);
+        for (int q0 = (first_q / BR) * BR; q0 < T_; q0 += BR) {
+            load_rows(sQ, ldt, qkv_q, b, h, q0, BR, T_, NQKV, HS);
             load_rows_bthd(sDO, ldt, dout, b, h, q0, BR, T_, NH, HS);
             load_lse_d<T, BR>((float*)(smem + L.lse), (float*)(smem + L.d), lse, D, b, h, q0, T_, NH);
             __syncthreads();
-            bwd_tile_probs<T, BR, BC>(L, smem, HS, q0, k0, T_, scale);
+            bwd_tile_probs<T, BR, BC>(L, smem, HS, q0, k0, T_, Tk, scale, qp, kp);
             block_mm<T, true, false>(sDV, ldo, sP, ldp, sDO, ldt, BC, HS, BR, true);  // dV += P^T dO
             block_mm<T, true, false>(sDK, ldo, sDS, ldp, sQ, ldt, BC, HS, BR, true);  // dK += dS^T Q
             __syncthreads();
         }
     }
     const long long stride = (long long)NQKV * HS;
-    T* dk = dqkv + (long long)b * T_ * stride + (long long)(NH + kvh) * HS;
-    T* dv = dqkv + (long long)b * T_ * stride + (long long)(NH + NKV + kvh) * HS;
+    T* dk = dkv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
+    T* dv = dkv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
     for (int idx = threadIdx.x; idx < BC * HS; idx += blockDim.x) {
         const int r = idx / HS, d = idx % HS, t = k0 + r;
-        if (t < T_) {
-            dk[(long long)t * stride + d] = from_f32<T>(sDK[r * ldo + d] * scale);
-            dv[(long long)t * stride + d] = from_f32<T>(sDV[r * ldo + d]);
+        if (t < Tk) {
+            const long long i = (long long)t * stride + d;
+            const float gk = sDK[r * ldo + d] * scale, gv = sDV[r * ldo + d];
+            dk[i] = from_f32<T>(accumulate ? to_f32(dk[i]) + gk : gk);
+            dv[i] = from_f32<T>(accumulate ? to_f32(dv[i]) + gv : gv);
         }
     }
 }
@@ -336,8 +409,9 @@ __global__ void __launch_bounds__(kThreads)
 // query in increasing order.
 template <class T, int BR, int BC>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* D, int T_,
-                                 int NH, int NKV, int HS, float scale) {
+    attention_backward_dq_kernel(T* dq_dst, const T* dout, const T* qkv_q, const T* qkv_kv, const float* lse,
+                                 const float* D, int T_, int Tk, int NH, int NKV, int HS, float scale,
+                                 SeqPositions qp, SeqPositions kp, bool accumulate) {
     extern __shared__ __align__(128) char smem[];
     const BwdLayout L = bwd_layout<T, BR, BC>(HS);
     const int ldt = HS + pad<T>(), ldp = BC + pad<T>(), ldo = HS + 4;
@@ -350,24 +424,28 @@ __global__ void __launch_bounds__(kThreads)
     const int kvh = h / (NH / NKV), NQKV = NH + 2 * NKV;
     const int q0 = qt * BR;
 
-    load_rows(sQ, ldt, qkv, b, h, q0, BR, T_, NQKV, HS);
+    load_rows(sQ, ldt, qkv_q, b, h, q0, BR, T_, NQKV, HS);
     load_rows_bthd(sDO, ldt, dout, b, h, q0, BR, T_, NH, HS);
     load_lse_d<T, BR>((float*)(smem + L.lse), (float*)(smem + L.d), lse, D, b, h, q0, T_, NH);
     for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) sDQ[(idx / HS) * ldo + idx % HS] = 0.0f;
-    const int kv_end = min(T_, q0 + BR);
+    const int kv_end = visible_keys(kp, Tk, qp.at(min(T_, q0 + BR) - 1));
     for (int k0 = 0; k0 < kv_end; k0 += BC) {
-        load_rows(sK, ldt, qkv, b, NH + kvh, k0, BC, T_, NQKV, HS);
-        load_rows((T*)(smem + L.v), ldt, qkv, b, NH + NKV + kvh, k0, BC, T_, NQKV, HS);
+        load_rows(sK, ldt, qkv_kv, b, NH + kvh, k0, BC, Tk, NQKV, HS);
+        load_rows((T*)(smem + L.v), ldt, qkv_kv, b, NH + NKV + kvh, k0, BC, Tk, NQKV, HS);
         __syncthreads();
-        bwd_tile_probs<T, BR, BC>(L, smem, HS, q0, k0, T_, scale);
+        bwd_tile_probs<T, BR, BC>(L, smem, HS, q0, k0, T_, Tk, scale, qp, kp);
         block_mm<T, false, false>(sDQ, ldo, sDS, ldp, sK, ldt, BR, HS, BC, true);  // dQ += dS K
         __syncthreads();
     }
     const long long stride = (long long)NQKV * HS;
-    T* dq = dqkv + (long long)b * T_ * stride + (long long)h * HS;
+    T* dq = dq_dst + (long long)b * T_ * stride + (long long)h * HS;
     for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) {
         const int r = idx / HS, d = idx % HS, t = q0 + r;
-        if (t < T_) dq[(long long)t * stride + d] = from_f32<T>(sDQ[r * ldo + d] * scale);
+        if (t < T_) {
+            const long long i = (long long)t * stride + d;
+            const float g = sDQ[r * ldo + d] * scale;
+            dq[i] = from_f32<T>(accumulate ? to_f32(dq[i]) + g : g);
+        }
     }
 }
 
@@ -389,35 +467,60 @@ inline void set_smem(const void* fn, size_t bytes) {
     CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+// Tq query rows of qkv_q against Tk key rows of qkv_kv (the whole attention: qkv_q == qkv_kv,
+// Tq == Tk, default positions)
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int NH, int NKV, int HS, cudaStream_t st) {
+void attention_block_forward(T* out, float* lse, const T* qkv_q, const T* qkv_kv, int B, int Tq, int Tk, int NH,
+                             int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
     constexpr int BR = FwdTiles<T>::BR, BC = FwdTiles<T>::BC;
     const size_t smem = fwd_layout<T, BR, BC>(HS).total;
     auto fn = attention_forward_kernel<T, BR, BC>;
     set_smem((const void*)fn, smem);
-    dim3 grid(ceil_div(T_, BR), NH, B);
-    fn<<<grid, kThreads, smem, st>>>(out, lse, qkv, T_, NH, NKV, HS, 1.0f / sqrtf((float)HS));
+    dim3 grid(ceil_div(Tq, BR), NH, B);
+    fn<<<grid, kThreads, smem, st>>>(out, lse, qkv_q, qkv_kv, Tq, Tk, NH, NKV, HS, 1.0f / sqrtf((float)HS), qp, kp);
     CUDA_CHECK_LAUNCH();
 }
 
-// D: scratch of B*NH*T floats
 template <class T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* D, int B,
-                        int T_, int NH, int NKV, int HS, cudaStream_t st) {
+void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int NH, int NKV, int HS, cudaStream_t st) {
+    attention_block_forward(out, lse, qkv, qkv, B, T_, T_, NH, NKV, HS, SeqPositions(), SeqPositions(), st);
+}
+
+template <class T>
+void attention_merge(T* out, float* lse, const T* blk_out, const float* blk_lse, int B, int T_, int NH, int HS,
+                     cudaStream_t st) {
     const long long rows = (long long)B * T_ * NH;
-    attention_backward_d_kernel<T><<<ceil_div(rows, 8), 256, 0, st>>>(D, dout, out, B, T_, NH, HS);
+    attention_merge_kernel<T><<<ceil_div(rows, 8), 256, 0, st>>>(out, lse, blk_out, blk_lse, B, T_, NH, HS);
+    CUDA_CHECK_LAUNCH();
+}
+
+// D: scratch of B*NH*Tq floats. accumulate: += into dq_dst's q heads and dkv's k, v heads (else =).
+template <class T>
+void attention_block_backward(T* dq_dst, T* dkv, const T* dout, const T* qkv_q, const T* qkv_kv, const T* out,
+                              const float* lse, float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
+                              SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st) {
+    const long long rows = (long long)B * Tq * NH;
+    attention_backward_d_kernel<T><<<ceil_div(rows, 8), 256, 0, st>>>(D, dout, out, B, Tq, NH, HS);
     CUDA_CHECK_LAUNCH();
     const float scale = 1.0f / sqrtf((float)HS);
     const size_t smem = bwd_layout<T, kBwdBR, kBwdBC>(HS).total;
     auto fkv = attention_backward_dkdv_kernel<T, kBwdBR, kBwdBC>;
     set_smem((const void*)fkv, smem);
-    fkv<<<dim3(ceil_div(T_, kBwdBC), NKV, B), kThreads, smem, st>>>(dqkv, dout, qkv, lse, D, T_, NH, NKV, HS,
-                                                                     scale);
+    fkv<<<dim3(ceil_div(Tk, kBwdBC), NKV, B), kThreads, smem, st>>>(dkv, dout, qkv_q, qkv_kv, lse, D, Tq, Tk, NH,
+                                                                     NKV, HS, scale, qp, kp, accumulate);
     CUDA_CHECK_LAUNCH();
     auto fq = attention_backward_dq_kernel<T, kBwdBR, kBwdBC>;
     set_smem((const void*)fq, smem);
-    fq<<<dim3(ceil_div(T_, kBwdBR), NH, B), kThreads, smem, st>>>(dqkv, dout, qkv, lse, D, T_, NH, NKV, HS, scale);
+    fq<<<dim3(ceil_div(Tq, kBwdBR), NH, B), kThreads, smem, st>>>(dq_dst, dout, qkv_q, qkv_kv, lse, D, Tq, Tk, NH, NKV,
+                                                                   HS, scale, qp, kp, accumulate);
     CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* D, int B,
+                        int T_, int NH, int NKV, int HS, cudaStream_t st) {
+    attention_block_backward(dqkv, dqkv, dout, qkv, qkv, out, lse, D, B, T_, T_, NH, NKV, HS, SeqPositions(),
+                             SeqPositions(), false, st);
 }
 
 }  // namespace attn

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "llmc/bf16.h"
+
 // A failing CUDA/cuBLASLt call inside the backend is a bug (or a broken device): report
 // file, line and the library's message, then abort (same policy as LLMC_ASSERT).
 inline void cuda_check_impl(cudaError_t err, const char* expr, const char* file, int line) {
@@ -131,23 +133,9 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 }
 
 // ---- stochastic rounding fp32 -> bf16 from a counter-based hash of (seed, index) ----
-__device__ __forceinline__ uint32_t hash_u32(uint32_t seed, uint32_t idx) {
-    // a few rounds of a multiply-xorshift mixer (deterministic, no state)
-    uint32_t h = idx * 0x9E3779B1u ^ (seed + 0x7F4A7C15u);
-    h ^= h >> 16;
-    h *= 0x85EBCA6Bu;
-    h ^= h >> 13;
-    h *= 0xC2B2AE35u;
-    h ^= h >> 16;
-    h += seed * 0x27D4EB2Fu;
-    h ^= h >> 15;
-    h *= 0x2C1B3C6Du;
-    h ^= h >> 12;
-    return h;
-}
+// (hash_u32 and bf16_stochastic_bits: llmc/bf16.h, shared with the host update of optimizer offload)
 __device__ __forceinline__ bf16 stochastic_round_bf16(float x, uint32_t rnd) {
     uint32_t u = __float_as_uint(x);
     if ((u & 0x7f800000u) == 0x7f800000u) return __float2bfloat16_rn(x);  // inf / NaN unchanged
-    u += (rnd & 0xffffu);  // carries into the kept bits with probability = the dropped fraction
-    return __ushort_as_bfloat16((unsigned short)(u >> 16));
+    return __ushort_as_bfloat16((unsigned short)bf16_stochastic_bits(u, rnd));
 }

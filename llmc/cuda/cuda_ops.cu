@@ -63,6 +63,11 @@ public:
     }
     ~CudaOps() override {
         cudaStreamSynchronize(stream_);
+        for (cudaStream_t& s : copy_streams_)
+            if (s) cudaStreamSynchronize(s), cudaStreamDestroy(s);
+        for (cudaEvent_t& e : copy_events_)
+            if (e) cudaEventDestroy(e);
+        if (queued_) cudaEventDestroy(queued_);
         for (GrowBuffer& b : scratch_) b.release();
         lt_.destroy();
         cudaStreamDestroy(stream_);
@@ -154,6 +159,39 @@ public:
     void synchronize() override {
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         note_memory_in_use();
+    }
+
+    // ---- pinned host memory, copies on two copy streams (one per direction) ----
+    void* alloc_host(size_t bytes) override {
+        if (bytes == 0) return nullptr;
+        void* p = nullptr;
+        if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            throw UserError(strfmt("out of pinned host memory allocating %zu bytes", bytes));
+        }
+        std::memset(p, 0, bytes);
+        return p;
+    }
+    void release_host(void* p) override {
+        if (!p) return;
+        for (cudaStream_t s : copy_streams_)
+            if (s) CUDA_CHECK(cudaStreamSynchronize(s));
+        CUDA_CHECK(cudaFreeHost(p));
+    }
+    uint64_t copy_to_host_async(void* dst, const void* src, size_t bytes) override {
+        return copy_async(0, dst, src, bytes, cudaMemcpyDeviceToHost);
+    }
+    uint64_t copy_from_host_async(void* dst, const void* src, size_t bytes) override {
+        return copy_async(1, dst, src, bytes, cudaMemcpyHostToDevice);
+    }
+    void wait_copy(uint64_t id) override {
+        if (id == 0) return;
+        if (id + kCopyEvents <= copies_) {  // its event was recorded again since: wait for everything
+            for (cudaStream_t s : copy_streams_)
+                if (s) CUDA_CHECK(cudaStreamSynchronize(s));
+            return;
+        }
+        CUDA_CHECK(cudaEventSynchronize(copy_events_[id % kCopyEvents]));
     }
 
     // ---- embedding ----
@@ -364,6 +402,44 @@ public:
         });
     }
 
+    // context parallelism's ring: the block form of the same kernels (llmc/cuda/attention.cuh)
+    void attention_block_forward(Tensor out, float* lse, Tensor qkv_q, Tensor qkv_kv, int B, int Tq, int Tk, int NH,
+                                 int NKV, int HS, SeqPositions qp, SeqPositions kp) override {
+        same_dtype({&out, &qkv_q, &qkv_kv});
+        check_hs(HS);
+        check_heads(NH, NKV, "attention_block_forward");
+        if (!B || !Tq) return;
+        LLMC_ASSERT(Tk >= 1, "attention_block_forward: an empty key block");
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            attn::attention_block_forward<T_>(P<T_>(out), lse, P<T_>(qkv_q), P<T_>(qkv_kv), B, Tq, Tk, NH, NKV, HS, qp,
+                                              kp, stream_);
+        });
+    }
+    void attention_merge(Tensor out, float* lse, Tensor blk_out, const float* blk_lse, int B, int T, int NH,
+                         int HS) override {
+        same_dtype({&out, &blk_out});
+        if (!B || !T) return;
+        dispatch(out.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            attn::attention_merge<T_>(P<T_>(out), lse, P<T_>(blk_out), blk_lse, B, T, NH, HS, stream_);
+        });
+    }
+    void attention_block_backward(Tensor dq, Tensor dkv, Tensor dout, Tensor qkv_q, Tensor qkv_kv, Tensor out,
+                                  const float* lse, int B, int Tq, int Tk, int NH, int NKV, int HS, SeqPositions qp,
+                                  SeqPositions kp) override {
+        same_dtype({&dq, &dkv, &dout, &qkv_q, &qkv_kv, &out});
+        check_hs(HS);
+        check_heads(NH, NKV, "attention_block_backward");
+        if (!B || !Tq || !Tk) return;
+        float* D = static_cast<float*>(scratch(2, (size_t)B * NH * Tq * sizeof(float)));
+        dispatch(dout.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            attn::attention_block_backward<T_>(P<T_>(dq), P<T_>(dkv), P<T_>(dout), P<T_>(qkv_q), P<T_>(qkv_kv),
+                                               P<T_>(out), lse, D, B, Tq, Tk, NH, NKV, HS, qp, kp, true, stream_);
+        });
+    }
+
     // ---- Llama ops (llmc/cuda/llama.cuh) ----
     void rmsnorm_forward(Tensor out, float* rstd, Tensor inp, Tensor w, int N, int C, float eps) override {
         same_dtype({&out, &inp, &w});
@@ -394,11 +470,11 @@ public:
             CUDA_CHECK_LAUNCH();
         });
     }
-    void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta) override {
-        rope(qkv, B, T, NH, NKV, HS, theta, 1.0f, "rope_forward");
+    void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos) override {
+        rope(qkv, B, T, NH, NKV, HS, theta, pos, 1.0f, "rope_forward");
     }
-    void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta) override {
-        rope(dqkv, B, T, NH, NKV, HS, theta, -1.0f, "rope_backward");
+    void rope_backward(Tensor dqkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos) override {
+        rope(dqkv, B, T, NH, NKV, HS, theta, pos, -1.0f, "rope_backward");
     }
     void swiglu_forward(Tensor out, Tensor inp, int N, int F) override {
         same_dtype({&out, &inp});
@@ -605,7 +681,8 @@ private:
                     strfmt("%s: n_head %d is not a positive multiple of n_kv_head %d", what, NH, NKV));
     }
     // rotary embedding of the query and key heads of qkv [B, T, NH + 2*NKV, HS]; sign +1 forward, -1 backward
-    void rope(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, float sign, const char* what) {
+    void rope(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos, float sign,
+              const char* what) {
         check_hs(HS);
         check_heads(NH, NKV, what);
         const long long pairs = (long long)B * T * (NH + NKV) * (HS / 2);
@@ -616,7 +693,7 @@ private:
         dispatch(qkv.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             rope_kernel<T_><<<blocks_for(pairs, 256), 256, 0, stream_>>>(P<T_>(qkv), T, NH + 2 * NKV, NH + NKV, HS,
-                                                                        f, sign, pairs);
+                                                                        f, pos, sign, pairs);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -632,6 +709,25 @@ private:
         if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) peak_used_ = std::max(peak_used_, tot - fr);
     }
     cudaStream_t stream_ = nullptr;
+    // asynchronous copies (copy_*_async): stream 0 device to host, 1 host to device; each waits
+    // for the ops queued on stream_ so far (the event queued_); copy id i records copy_events_[i % n]
+    static constexpr uint64_t kCopyEvents = 64;
+    cudaStream_t copy_streams_[2] = {nullptr, nullptr};
+    cudaEvent_t copy_events_[kCopyEvents] = {};
+    cudaEvent_t queued_ = nullptr;
+    uint64_t copies_ = 0;  // ids handed out (ids start at 1; 0 means no copy)
+    uint64_t copy_async(int dir, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+        if (!copy_streams_[dir]) CUDA_CHECK(cudaStreamCreateWithFlags(&copy_streams_[dir], cudaStreamNonBlocking));
+        if (!queued_) CUDA_CHECK(cudaEventCreateWithFlags(&queued_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventRecord(queued_, stream_));
+        CUDA_CHECK(cudaStreamWaitEvent(copy_streams_[dir], queued_, 0));
+        if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, copy_streams_[dir]));
+        const uint64_t id = ++copies_;
+        cudaEvent_t& e = copy_events_[id % kCopyEvents];
+        if (!e) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventRecord(e, copy_streams_[dir]));
+        return id;
+    }
     LtMatmul lt_;
     GrowBuffer scratch_[4];
     std::vector<int32_t> host_tokens_, seg_;

@@ -4,6 +4,7 @@
 // rounded once per stored value.
 #pragma once
 #include "llmc/cuda/common.cuh"
+#include "llmc/positions.h"
 
 // ---------------- RMSNorm ----------------
 // One warp per row: rstd = 1/sqrt(mean(x^2) + eps); out = x * rstd * w.
@@ -75,10 +76,11 @@ struct RopeFreqs {
 };
 
 // In place on qkv [B, T, NQKV, HS]: the first NROT head slots of every token (the query and key
-// heads) are rotated by t * inv_freq[i] on the pairs (i, i + HS/2). sign = +1 rotates (forward),
+// heads) are rotated by pos.at(t) * inv_freq[i] on the pairs (i, i + HS/2). sign = +1 rotates (forward),
 // -1 applies the transposed rotation (backward). One thread per pair.
 template <class T>
-__global__ void rope_kernel(T* qkv, int T_, int NQKV, int NROT, int HS, RopeFreqs f, float sign, long long pairs) {
+__global__ void rope_kernel(T* qkv, int T_, int NQKV, int NROT, int HS, RopeFreqs f, SeqPositions pos, float sign,
+                            long long pairs) {
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= pairs) return;
     const int half = HS / 2;
@@ -86,7 +88,7 @@ __global__ void rope_kernel(T* qkv, int T_, int NQKV, int NROT, int HS, RopeFreq
     const long long rest = idx / half;
     const int head = (int)(rest % NROT);
     const long long bt = rest / NROT;
-    const int t = (int)(bt % T_);
+    const int t = pos.at((int)(bt % T_));
     const float angle = __fmul_rn((float)t, f.inv_freq[i]);  // one fp32 rounding, as transformers
     const float c = cosf(angle), s = sign * sinf(angle);
     T* x = qkv + (bt * NQKV + head) * HS;

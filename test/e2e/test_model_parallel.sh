@@ -50,6 +50,10 @@ check pp2_1f1b 2 parallel.pp=2 parallel.pp_schedule=1f1b
 check pp2_interleaved 2 parallel.pp=2 parallel.pp_schedule=interleaved parallel.pp_virtual=2
 check pp4_1f1b 4 parallel.pp=4 parallel.pp_schedule=1f1b
 grep -q 'idle fraction 0.273' "$W/pp4_1f1b.txt" || die "pp=4 x 8 micro-batches: expected the 1F1B idle fraction 3/11"
+# parallel.pp_layers "auto": the step-time model gives the last stage, which also holds the head, fewer layers
+"$BIN" "$W/c.json" parallel.dp=1 parallel.pp=2 parallel.pp_layers=auto --plan |
+    grep -q 'layers per pipeline stage: \[3, 1\] (auto' || die "pp_layers auto: the plan does not report the split [3, 1]"
+check pp2_auto 2 parallel.pp=2 parallel.pp_layers=auto
 # dp=2: each DP rank evaluates 1 batch of its own (windows 0 and 1 = the baseline's 2 batches)
 dp2=(parallel.dp=2 parallel.tp=2 parallel.pp=2 train.grad_accum=4 eval.batches=1)
 check dp2_tp2_pp2_1f1b 8 "${dp2[@]}" parallel.zero=1

@@ -92,6 +92,7 @@ close_weights "$W/gpt2_base/model_00000006.bin" "$W/resumed/model_00000006.bin" 
 # refusals: clear messages naming the key, exit 2
 expect_fail 2 'parallel.tp: 4 does not divide model.moe.expert_ffn_dim = 6' dp_run 4 "$W/gpt2.json" parallel.tp=4 \
     model.n_head=4 model.moe.expert_ffn_dim=6 "out_dir=$W/x"
+expect_fail 2 'parallel.cp: 2 with model.moe' dp_run 2 "$W/gpt2.json" parallel.cp=2 "out_dir=$W/x"
 expect_fail 2 'precision: fp8 with model.moe' "$BIN" "$W/gpt2.json" precision=fp8 "out_dir=$W/x"
 expect_fail 2 'model.moe.top_k: 5 exceeds model.moe.num_experts = 4' "$BIN" "$W/gpt2.json" model.moe.top_k=5 "out_dir=$W/x"
 expect_fail 2 'model.moe.num_experts: 1' "$BIN" "$W/gpt2.json" model.moe.num_experts=1 "out_dir=$W/x"

@@ -42,6 +42,8 @@ for fam in gpt2 llama; do
     check "$fam" tp2_sp 2 parallel.dp=1 parallel.tp=2 parallel.sequence_parallel=true
     check "$fam" pp2 2 parallel.dp=1 parallel.pp=2
     check "$fam" dp2_tp2_pp2 8 "${dp2x2x2[@]}" train.recompute=selective
+    check "$fam" dp2_cp2_zero2 4 parallel.dp=2 parallel.cp=2 parallel.zero=2
+    check "$fam" cp2_tp2_sp_pp2 8 parallel.dp=1 parallel.cp=2 parallel.tp=2 parallel.sequence_parallel=true parallel.pp=2
 done
 # mixture of experts: the experts' parameters and their permuted activations (top_k rows per token)
 config "$W/moe.json" '{ "n_layer": 4, "n_head": 4, "d_model": 32, "vocab_size": 512, "max_seq_len": 32,
@@ -52,6 +54,18 @@ for args in "one 1" "dp2_zero3 2 parallel.dp=2 parallel.zero=3" "pp2 2 parallel.
 done
 [ "$(jq '.memory[0].activations' "$W/moe.one.plan.json")" -gt "$(jq '.memory[0].activations' "$W/gpt2.dp2_zero0.plan.json")" ] ||
     die "the MoE plan's activations are not larger than the dense model's"
+check gpt2 pp2_auto 2 parallel.dp=1 parallel.pp=2 parallel.pp_layers=auto  # the split resolved alike
+# context parallelism holds seq_len / cp tokens of each sequence: fewer activation bytes per rank
+# than the same layout at cp 1, and the memory table says how many at cp 1
+act() { "$BIN" "$W/llama.json" "$@" --plan=json | jq '.memory[0].activations'; }
+a1=$(act parallel.dp=2 parallel.zero=2 plan.world=2)
+a2=$(act parallel.dp=2 parallel.cp=2 parallel.zero=2 plan.world=4)
+a4=$(act parallel.dp=2 parallel.cp=4 parallel.zero=2 plan.world=8)
+[ "$a4" -lt "$a2" ] && [ "$a2" -lt "$a1" ] || die "activations at cp 1, 2, 4: $a1 $a2 $a4 B do not shrink"
+"$BIN" "$W/gpt2.json" parallel.dp=2 parallel.cp=2 plan.world=4 --plan | grep -q 'world 4 = dp 2 x cp 2 x tp 1 x pp 1' ||
+    die "the text plan does not name cp"
+grep -q 'activations .*(context parallel: 8 tokens of each sequence, ring buffers; .* at cp 1' "$W/llama.dp2_cp2_zero2.txt" ||
+    die "the memory table does not show context parallelism's activations"
 
 # the comparison can fail: a plan for another micro-batch does not match the run
 other=$("$BIN" "$W/gpt2.json" parallel.dp=1 parallel.pp=2 train.micro_batch=4 --plan=json | jq -cS .memory)
@@ -66,6 +80,21 @@ for row in parameters gradients optimizer 'comm buffers' 'unit params' 'unit gra
 done
 grep -q 'world 8 = dp 2 x tp 2 x pp 2' "$W/plan.txt" || die "the text plan does not plan 8 processes"
 grep -q 'model FLOPs per step' "$W/plan.txt" || die "the text plan has no FLOPs"
+grep -q '^step time on 8 x h100 ' "$W/plan.txt" || die "the text plan has no step time"
+grep -q 'exposed communication .* pipeline bubble' "$W/plan.txt" || die "the text plan does not split the step time"
+[ "$(jq '.step_time.total_s > 0 and .step_time.bubble_s > 0 and .device.gpu == "h100"' "$W/gpt2.dp2_tp2_pp2.plan.json")" = true ] ||
+    die "--plan=json has no step time"
+expect_fail 2 'plan.efficiency' "$BIN" "$W/gpt2.json" plan.efficiency=0 --plan
+expect_fail 2 'plan.gpu' "$BIN" "$W/gpt2.json" plan.gpu=v100 --plan
+# --plan=search prints key=value overrides; the best one, planned, fits plan.gpu's memory
+"$BIN" "$W/gpt2.json" parallel.dp=auto plan.world=8 plan.gpu_mem_gib=0.001 --plan=search > "$W/search.txt" ||
+    die "--plan=search failed"
+best=$(sed -n 3p "$W/search.txt")
+echo "$best" | grep -q '^   parallel.dp=' || die "--plan=search printed no overrides: $(cat "$W/search.txt")"
+# shellcheck disable=SC2086  # the overrides are words
+most=$("$BIN" "$W/gpt2.json" $best plan.world=8 --plan=json | jq '[.memory[].total] | max')
+[ "$most" -le $((1024 * 1024)) ] || die "the searched layout needs $most B, more than plan.gpu_mem_gib=0.001"
+echo "search: $best ($most B)"
 # plan.world: the world to plan; with parallel.dp "auto" it defaults to 1, which a pipeline does not fit
 expect_fail 2 "parallel.dp: .auto. needs the world size" "$BIN" "$W/gpt2.json" parallel.pp=2 --plan
 "$BIN" "$W/gpt2.json" parallel.pp=2 plan.world=4 --plan | grep -q "world 4 = dp 2 x tp 1 x pp 2" || die "plan.world=4 not planned"

@@ -8,6 +8,7 @@
 //  - the GPU op runs twice and the two results must be bitwise identical (determinism);
 //  - GPU vs CPU: norm-relative error ||gpu - cpu|| / ||cpu|| <= 1e-4 (fp32) / 2e-2 (bf16);
 //    fp32 statistics (mean, rstd, lse, losses, master weights, moments) <= 1e-4 / 1e-3.
+// Also optimizer offload: AdamW on the host (llmc/optimizer.h) against AdamW on the GPU (test_offload).
 // Prints one line per check and "N passed, M failed"; exit code 1 on any failure.
 // Prints "GPU tests: skipped (no CUDA device)" and exits 0 without a device.
 #include <algorithm>
@@ -22,8 +23,11 @@
 
 #include "llmc/common.h"
 #include "llmc/moe.h"
+#include "llmc/context_parallel.h"
 #include "llmc/cuda/common.cuh"
+#include "llmc/model.h"
 #include "llmc/ops.h"
+#include "llmc/optimizer.h"
 #include "llmc/tensor.h"
 #include "test/op_cases.h"
 
@@ -484,6 +488,101 @@ void test_attention(H& h, int B, int T, int NH, int NKV, int HS) {
     H::compare_vec("attention_backward_cpu_gqa.dqkv", sh, gdqkv, h.get_cpu(dqkv), h.tol(false));
 }
 
+// Context parallelism's ring ops (attention_block_forward, attention_merge,
+// attention_block_backward) on the blocks of the load-balanced split of B sequences of T tokens
+// over cp ranks: every (rank, block) pair in the ring's order, each op on the same inputs on both
+// backends (the CPU's results of the previous op, rounded to bf16 in bf16). Rows that see no key
+// of a block must have lse -inf on both (and out 0).
+void test_attention_ring(H& h, int B, int T, int NH, int NKV, int HS, int cp) {
+    const std::string sh =
+        strfmt("[%s B=%d T=%d NH=%d NKV=%d HS=%d cp=%d]", dtype_name(h.dt), B, T, NH, NKV, HS, cp);
+    const int NQ = NH + 2 * NKV, t = T / cp;
+    const size_t W = (size_t)NQ * HS, nq = (size_t)B * t * W, no = (size_t)B * t * NH * HS, nl = (size_t)B * NH * t;
+    const std::vector<float> whole = h.rnd((size_t)B * T * W, 1.0f);
+    std::vector<std::vector<float>> blk(cp, std::vector<float>(nq));
+    for (int r = 0; r < cp; r++) {
+        const SeqPositions p = cp_positions(t, cp, r);
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < t; i++)
+                std::copy_n(whole.begin() + ((size_t)b * T + p.at(i)) * W, W, blk[r].begin() + ((size_t)b * t + i) * W);
+    }
+    auto round = [&](std::vector<float> v) {
+        if (h.bf())
+            for (auto& x : v) x = H::q_bf16(x);
+        return v;
+    };
+    // lse with -inf rows: the same rows on both sides, compared without them
+    auto compare_lse = [&](const std::string& name, std::vector<float> g, std::vector<float> c) {
+        size_t mismatch = 0;
+        for (size_t i = 0; i < g.size(); i++)
+            if (std::isinf(g[i]) || std::isinf(c[i])) {
+                mismatch += !(g[i] == -INFINITY && c[i] == -INFINITY);
+                g[i] = c[i] = 0.0f;
+            }
+        report(mismatch == 0, name + ".no_key_rows", sh, strfmt("mismatched=%zu", mismatch));
+        H::compare_vec(name, sh, g, c, h.tol(true));
+    };
+    Pair q = h.make(nq), kv = h.make(nq), out = h.make(no), lse = h.make(nl, true), bo = h.make(no),
+         bl = h.make(nl, true), dout = h.make(no), dq = h.make(nq), dkv = h.make(nq);
+    std::vector<uint8_t> r2[2];
+    for (int r = 0; r < cp; r++) {
+        const SeqPositions qp = cp_positions(t, cp, r);
+        h.up(q, blk[r]);
+        std::vector<float> run_out, run_lse;  // the CPU's running result
+        for (int s = 0; s < cp; s++) {
+            const int o = (r + cp - s) % cp;
+            const SeqPositions kp = cp_positions(t, cp, o);
+            h.up(kv, blk[o]);
+            h.cpu.attention_block_forward(bo.c, bl.c.f32(), q.c, kv.c, B, t, t, NH, NKV, HS, qp, kp);
+            for (int rep = 0; rep < 2; rep++) {
+                h.poison(bo), h.poison(bl);
+                h.gpu.attention_block_forward(bo.g, bl.g.f32(), q.g, kv.g, B, t, t, NH, NKV, HS, qp, kp);
+                r2[rep] = h.raw({bo, bl});
+            }
+            h.det("attention_block_forward", sh, r2[0], r2[1]);
+            h.compare("attention_block_forward.out", sh, bo);
+            compare_lse("attention_block_forward.lse", h.get_gpu(bl), h.get_cpu(bl));
+            if (s == 0) {
+                run_out = h.get_cpu(bo), run_lse = h.get_cpu(bl);
+                continue;
+            }
+            // merge: the CPU's running result and block on both sides
+            const std::vector<float> vbo = round(h.get_cpu(bo)), vbl = h.get_cpu(bl), vout = round(run_out);
+            h.up(bo, vbo), h.up(bl, vbl), h.up(out, vout), h.up(lse, run_lse);
+            h.cpu.attention_merge(out.c, lse.c.f32(), bo.c, bl.c.f32(), B, t, NH, HS);
+            for (int rep = 0; rep < 2; rep++) {
+                h.up_gpu(out, vout), h.up_gpu(lse, run_lse);
+                h.gpu.attention_merge(out.g, lse.g.f32(), bo.g, bl.g.f32(), B, t, NH, HS);
+                r2[rep] = h.raw({out, lse});
+            }
+            h.det("attention_merge", sh, r2[0], r2[1]);
+            h.compare("attention_merge.out", sh, out);
+            compare_lse("attention_merge.lse", h.get_gpu(lse), h.get_cpu(lse));
+            run_out = h.get_cpu(out), run_lse = h.get_cpu(lse);
+        }
+        // backward of each block, from the whole (merged) out and lse, accumulating onto random values
+        h.up(out, round(run_out)), h.up(lse, run_lse);
+        h.up(dout, h.rnd(no, 1.0f));
+        for (int o = 0; o < cp; o++) {
+            const SeqPositions kp = cp_positions(t, cp, o);
+            h.up(kv, blk[o]);
+            const std::vector<float> dq0 = h.rnd(nq, 1.0f), dkv0 = h.rnd(nq, 1.0f);
+            h.up(dq, dq0), h.up(dkv, dkv0);
+            h.cpu.attention_block_backward(dq.c, dkv.c, dout.c, q.c, kv.c, out.c, lse.c.f32(), B, t, t, NH, NKV, HS, qp,
+                                           kp);
+            for (int rep = 0; rep < 2; rep++) {
+                h.up_gpu(dq, dq0), h.up_gpu(dkv, dkv0);
+                h.gpu.attention_block_backward(dq.g, dkv.g, dout.g, q.g, kv.g, out.g, lse.g.f32(), B, t, t, NH, NKV, HS,
+                                               qp, kp);
+                r2[rep] = h.raw({dq, dkv});
+            }
+            h.det("attention_block_backward", sh, r2[0], r2[1]);
+            h.compare("attention_block_backward.dq", sh, dq);
+            h.compare("attention_block_backward.dkv", sh, dkv);
+        }
+    }
+}
+
 // RMSNorm: forward (out, rstd), then the backward on the CPU forward's rstd (given to both);
 // dinp and dw accumulate onto random values.
 void test_rmsnorm(H& h, int N, int C, float eps) {
@@ -524,9 +623,10 @@ void test_rmsnorm(H& h, int N, int C, float eps) {
 // RoPE in place on qkv [B, T, NH + 2*NKV, HS]: forward and backward against the CPU (the value
 // heads must come out unchanged, which the comparison covers), and on the GPU alone
 // backward(forward(x)) == x (the backward is the inverse rotation).
-void test_rope(H& h, int B, int T, int NH, int NKV, int HS, float theta) {
-    const std::string sh =
-        strfmt("[%s B=%d T=%d NH=%d NKV=%d HS=%d theta=%g]", dtype_name(h.dt), B, T, NH, NKV, HS, theta);
+void test_rope(H& h, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos) {
+    const std::string sh = strfmt("[%s B=%d T=%d NH=%d NKV=%d HS=%d theta=%g positions %d, %d from %d]",
+                                  dtype_name(h.dt), B, T, NH, NKV, HS, theta, pos.start0, pos.start1,
+                                  std::min(pos.split, T));
     const size_t n = (size_t)B * T * (NH + 2 * NKV) * HS;
     Pair x = h.make(n);
     const std::vector<float> x0 = h.rnd(n, 1.0f);
@@ -534,16 +634,16 @@ void test_rope(H& h, int B, int T, int NH, int NKV, int HS, float theta) {
         const std::string name = backward ? "rope_backward" : "rope_forward";
         h.up(x, x0);
         if (backward)
-            h.cpu.rope_backward(x.c, B, T, NH, NKV, HS, theta);
+            h.cpu.rope_backward(x.c, B, T, NH, NKV, HS, theta, pos);
         else
-            h.cpu.rope_forward(x.c, B, T, NH, NKV, HS, theta);
+            h.cpu.rope_forward(x.c, B, T, NH, NKV, HS, theta, pos);
         std::vector<uint8_t> r[2];
         for (int rep = 0; rep < 2; rep++) {
             h.up_gpu(x, x0);
             if (backward)
-                h.gpu.rope_backward(x.g, B, T, NH, NKV, HS, theta);
+                h.gpu.rope_backward(x.g, B, T, NH, NKV, HS, theta, pos);
             else
-                h.gpu.rope_forward(x.g, B, T, NH, NKV, HS, theta);
+                h.gpu.rope_forward(x.g, B, T, NH, NKV, HS, theta, pos);
             r[rep] = h.raw({x});
         }
         h.det(name, sh, r[0], r[1]);
@@ -551,8 +651,8 @@ void test_rope(H& h, int B, int T, int NH, int NKV, int HS, float theta) {
     }
     if (!h.bf()) {  // in bf16 the intermediate rounding dominates
         h.up_gpu(x, x0);
-        h.gpu.rope_forward(x.g, B, T, NH, NKV, HS, theta);
-        h.gpu.rope_backward(x.g, B, T, NH, NKV, HS, theta);
+        h.gpu.rope_forward(x.g, B, T, NH, NKV, HS, theta, pos);
+        h.gpu.rope_backward(x.g, B, T, NH, NKV, HS, theta, pos);
         H::compare_vec("rope_backward_inverts_forward", sh, h.get_gpu(x), x0, 1e-5);
     }
 }
@@ -1005,6 +1105,77 @@ void test_fp8_bad_shape(H& h) {
     report(threw, "matmul_forward_fp8.rejects_N_not_multiple_of_16", strfmt("[%s]", dtype_name(h.dt)), "");
 }
 
+// Optimizer offload (llmc/optimizer.h) against AdamW on the GPU, from the same state: 3 steps over
+// a small model's whole buffer, streamed in pieces of 1000 elements (the last one short). The host
+// kernel rounds differently from the device's (FMA contraction; the bias corrections' pow in fp32
+// there, fp64 here), so moments and master agree to float rounding (norm-relative 1e-5); bf16
+// parameters share the stochastic rounding's random bits (llmc/bf16.h), so they are bitwise equal
+// except where the two masters straddle a rounding step (at most 1% of them), and the padding
+// past the tensors stays zero. First the asynchronous copies: a round trip through pinned memory,
+// and a copy ordered after queued ops.
+void test_offload(Ops& gpu, DType dt) {
+    const std::string sh = strfmt("[%s]", dtype_name(dt));
+    {
+        const size_t n = 4099;
+        std::vector<float> src(n);
+        for (size_t i = 0; i < n; i++) src[i] = float(i) * 0.5f + 1.0f;
+        float* pin = static_cast<float*>(gpu.alloc_host(n * 4));
+        void* dev = gpu.alloc(n * 4);
+        std::memcpy(pin, src.data(), n * 4);
+        const uint64_t up = gpu.copy_from_host_async(dev, pin, n * 4);
+        gpu.wait_copy(up);
+        std::memset(pin, 0, n * 4);
+        const uint64_t down = gpu.copy_to_host_async(pin, dev, n * 4);
+        gpu.wait_copy(down);
+        report(std::memcmp(pin, src.data(), n * 4) == 0 && up != 0 && down != up, "offload.async_copy_round_trip", sh,
+               "");
+        gpu.zero(Tensor(dev, n, DType::F32));                    // queued on the compute stream
+        gpu.wait_copy(gpu.copy_to_host_async(pin, dev, n * 4));  // runs after it
+        size_t nonzero = 0;
+        for (size_t i = 0; i < n; i++) nonzero += pin[i] != 0.0f;
+        report(nonzero == 0, "offload.async_copy_after_queued_ops", sh, strfmt("nonzero=%zu", nonzero));
+        gpu.release(dev);
+        gpu.release_host(pin);
+    }
+    const ModelShape s{2, 2, 32, 200, 256, 16};
+    Model a(s, gpu, dt, 2, 8, 1024), b(s, gpu, dt, 2, 8, 1024);  // 34176 parameters padded to 34816
+    a.init_random(7);
+    b.init_random(7);
+    const size_t n = a.padded_params;
+    AdamW on_gpu(a, 0, n, a.param_buf, a.grad_buf);
+    AdamW offloaded(b, 0, n, b.param_buf, b.grad_buf, OptimizerOffload{true, 1000});
+    const AdamWHyper hyp{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+    Rng rng(11);
+    for (int step = 1; step <= 3; step++) {
+        std::vector<float> g(n);
+        for (float& x : g) x = 0.1f * rng.normal();
+        gpu.from_host_f32(a.grad_buf, g.data());
+        gpu.from_host_f32(b.grad_buf, g.data());
+        on_gpu.step(hyp, step, 0.5f, 42u + uint32_t(step));
+        offloaded.step(hyp, step, 0.5f, 42u + uint32_t(step));
+    }
+    std::vector<float> ma, va, wa, mb, vb, wb;
+    on_gpu.get_state(ma, va, wa);
+    offloaded.get_state(mb, vb, wb);
+    H::compare_vec("offload.m", sh, mb, ma, 1e-5);
+    H::compare_vec("offload.v", sh, vb, va, 1e-5);
+    if (dt == DType::BF16) H::compare_vec("offload.master", sh, wb, wa, 1e-5);
+    std::vector<float> pa(n), pb(n);
+    gpu.to_host_f32(pa.data(), a.param_buf);
+    gpu.to_host_f32(pb.data(), b.param_buf);
+    H::compare_vec("offload.params", sh, pb, pa, dt == DType::F32 ? 1e-5 : 1e-2);
+    if (dt == DType::BF16) {
+        size_t differ = 0;
+        for (size_t i = 0; i < n; i++) differ += pa[i] != pb[i];
+        report(differ <= n / 100, "offload.params_bitwise_but_rounding_straddles", sh,
+               strfmt("differing=%zu of %zu", differ, n));
+    }
+    size_t padding = 0;  // the buffer past the tensors stays zero
+    for (size_t i = b.num_params; i < n; i++) padding += pb[i] != 0.0f;
+    report(n > b.num_params && padding == 0, "offload.padding_untouched", sh,
+           strfmt("nonzero=%zu of %zu", padding, n - b.num_params));
+}
+
 void guarded(const std::string& what, const std::function<void()>& f) {
     try {
         f();
@@ -1055,7 +1226,15 @@ int main(int argc, char** argv) {
             if (c.dims[2] != c.dims[3]) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
         });
         run("rmsnorm", "rmsnorm", [&](const C& c) { test_rmsnorm(h, c.dims[0], c.dims[1], c.x); });
-        run("rope", "rope", [&](const C& c) { test_rope(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.x); });
+        run("rope", "rope", [&](const C& c) {
+            test_rope(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.x, SeqPositions());
+            // two runs of positions (a context-parallel rank's rows)
+            test_rope(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.x,
+                      SeqPositions{7, 3 * c.dims[1] + 1, c.dims[1] / 2});
+        });
+        run("attention_ring", "attention_ring", [&](const C& c) {
+            test_attention_ring(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5]);
+        });
         run("swiglu", "swiglu", [&](const C& c) { test_swiglu(h, c.dims[0], c.dims[1]); });
         run("moe", "moe", [&](const C& c) {
             test_moe(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4] ? c.dims[4] : c.dims[0] * c.dims[2]);
@@ -1068,6 +1247,7 @@ int main(int argc, char** argv) {
         });
         run("adamw", "adamw", [&](const C& c) { test_adamw(h, size_t(c.dims[0]), c.dims[1] != 0, c.dims[2]); });
         run("sum_squares", "sum_squares", [&](const C& c) { test_sum_squares(h, size_t(c.dims[0])); });
+        if (want("offload")) guarded("offload", [&] { test_offload(*gpu, dt); });
         if (want("fp8")) {
             std::string why;
             if (!gpu->fp8_supported(&why)) {

@@ -1,0 +1,85 @@
+#include "llmc/context_parallel.h"
+
+#include <cstring>
+
+#include "llmc/common.h"
+
+SeqPositions cp_positions(int t, int cp, int r) {
+    if (cp == 1) return SeqPositions();
+    LLMC_ASSERT(t % 2 == 0 && r >= 0 && r < cp, "context parallelism: odd local length or rank outside the group");
+    const int chunk = t / 2;
+    return SeqPositions{r * chunk, (2 * cp - 1 - r) * chunk, chunk};
+}
+
+void cp_take_rows(const int32_t* seq, int32_t* local, int B, int T, int cp, int r) {
+    if (cp == 1) {
+        std::memcpy(local, seq, size_t(B) * T * sizeof(int32_t));
+        return;
+    }
+    LLMC_ASSERT(T % (2 * cp) == 0, "context parallelism: T must divide by 2 * cp");
+    const int t = T / cp;
+    const SeqPositions p = cp_positions(t, cp, r);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < t; i++) local[size_t(b) * t + i] = seq[size_t(b) * T + p.at(i)];
+}
+
+ContextParallel::ContextParallel(Ops& ops, Comm* comm) : ops_(ops), comm_(comm) {}
+
+void ContextParallel::pass_on(Tensor send, Tensor recv, int tag) {
+    LLMC_ASSERT(ops_.host_memory() && send.dtype == DType::F32 && recv.dtype == DType::F32,
+                "context parallelism's ring needs fp32 host memory (the CPU backend)");
+    const int n = size(), r = rank();
+    comm_->sendrecv(static_cast<const float*>(send.ptr), send.n, (r + 1) % n, static_cast<float*>(recv.ptr), recv.n,
+                    (r + n - 1) % n, tag);
+}
+
+void ContextParallel::attention_forward(Tensor out, float* lse, Tensor qkv, int B, int t, int NH, int NKV, int HS,
+                                        const RingBuffers& buf) {
+    if (size() == 1) {
+        ops_.attention_forward(out, lse, qkv, B, t, NH, NKV, HS);
+        return;
+    }
+    const int n = size(), r = rank();
+    const size_t nqkv = size_t(B) * t * (NH + 2 * NKV) * HS, nout = size_t(B) * t * NH * HS;
+    const SeqPositions qp = positions(t);
+    ops_.attention_block_forward(out, lse, qkv, qkv, B, t, t, NH, NKV, HS, qp, qp);  // the own block
+    Tensor held = qkv.slice(0, nqkv);
+    for (int s = 1; s < n; s++) {
+        Tensor next = buf.kv[s % 2].slice(0, nqkv);
+        pass_on(held, next, s);
+        held = next;
+        const int origin = (r + n - s) % n;
+        ops_.attention_block_forward(buf.blk_out.slice(0, nout), buf.blk_lse, qkv, held, B, t, t, NH, NKV, HS, qp,
+                                     cp_positions(t, n, origin));
+        ops_.attention_merge(out, lse, buf.blk_out.slice(0, nout), buf.blk_lse, B, t, NH, HS);
+    }
+}
+
+void ContextParallel::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B,
+                                         int t, int NH, int NKV, int HS, const RingBuffers& buf) {
+    if (size() == 1) {
+        ops_.attention_backward(dqkv, dout, qkv, out, lse, B, t, NH, NKV, HS);
+        return;
+    }
+    const int n = size(), r = rank();
+    const size_t nqkv = size_t(B) * t * (NH + 2 * NKV) * HS;
+    const SeqPositions qp = positions(t);
+    ops_.zero(dqkv.slice(0, nqkv));
+    Tensor held = qkv.slice(0, nqkv), dheld = buf.dkv[0].slice(0, nqkv);
+    ops_.zero(dheld);
+    ops_.attention_block_backward(dqkv, dheld, dout, qkv, held, out, lse, B, t, t, NH, NKV, HS, qp, qp);
+    for (int s = 1; s < n; s++) {
+        Tensor next = buf.kv[s % 2].slice(0, nqkv), dnext = buf.dkv[s % 2].slice(0, nqkv);
+        pass_on(held, next, 2 * s);
+        pass_on(dheld, dnext, 2 * s + 1);
+        held = next;
+        dheld = dnext;
+        const int origin = (r + n - s) % n;
+        ops_.attention_block_backward(dqkv, dheld, dout, qkv, held, out, lse, B, t, t, NH, NKV, HS, qp,
+                                      cp_positions(t, n, origin));
+    }
+    // dheld is now the next rank's complete dK/dV: pass it on and take this rank's own
+    Tensor mine = buf.dkv[n % 2].slice(0, nqkv);
+    pass_on(dheld, mine, 2 * n);
+    ops_.residual_forward(dqkv.slice(0, nqkv), dqkv.slice(0, nqkv), mine);  // dq + 0, 0 + dk, 0 + dv
+}

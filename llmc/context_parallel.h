@@ -1,0 +1,72 @@
+// Context parallelism (parallel.cp): every sequence's T tokens split over the cp ranks of a
+// group, attention run as a ring. Everything else in a layer acts on single tokens, so only
+// attention (and the positions) know about it.
+//
+// The split is the load-balanced causal order: a sequence is cut into 2*cp chunks of T/(2cp)
+// tokens; rank i holds chunks i and 2cp-1-i (in that order: its local rows are [chunk i | chunk
+// 2cp-1-i] of each sequence), so every rank does the same amount of causal work.
+//
+// The ring (forward): each rank starts with its own K/V block and passes the block it holds to
+// the next rank (cp_rank + 1) while receiving the previous rank's, cp-1 times. After each step
+// it attends its queries to the block it holds (causal mask by global positions:
+// Ops::attention_block_forward) and merges the partial result into a running (out, lse) by
+// log-sum-exp (Ops::attention_merge). The blocks arrive in a fixed order (origin cp_rank,
+// cp_rank-1, ...), so the result is the same every run.
+// Backward: the blocks go around again, now with an accumulator of their dK/dV; each rank adds
+// its queries' contribution (Ops::attention_block_backward, probabilities recomputed from the
+// saved whole-sequence lse) and passes both on; one more pass brings each rank its own block's
+// complete dK/dV. dQ stays local.
+//
+// The messages carry whole qkv rows (q heads included, which the receiver does not read): one
+// layout for every buffer; the q heads are 1/3 of a block for multi-head attention.
+// Blocking sendrecv: communication does not overlap the block's attention (yet).
+//
+// Tensors are backend memory in the model's dtype; the communicator works on host memory
+// (MPI or a group of one), so the ring runs on backends whose memory is host memory (the CPU).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "llmc/comm.h"
+#include "llmc/ops.h"
+#include "llmc/positions.h"
+
+// The global positions of the t local rows of cp rank r (t = T/cp, even).
+SeqPositions cp_positions(int t, int cp, int r);
+// The global index of local row i of cp rank r (t local rows).
+inline int cp_global_row(int i, int t, int cp, int r) { return cp_positions(t, cp, r).at(i); }
+// local [B, T/cp] = rank r's rows of the B sequences of T elements in seq [B, T] (token ids).
+void cp_take_rows(const int32_t* seq, int32_t* local, int B, int T, int cp, int r);
+
+// Buffers the ring uses (carved by the model with its activations): two K/V blocks in flight,
+// two dK/dV accumulators in flight, and one block's partial result.
+struct RingBuffers {
+    Tensor kv[2], dkv[2];  // [B, t, NH+2*NKV, HS] each
+    Tensor blk_out;        // [B, t, NH, HS]
+    float* blk_lse = nullptr;  // [B, NH, t]
+};
+
+class ContextParallel {
+public:
+    // comm: the cp group (null = a group of one: attention is Ops::attention_forward/backward).
+    ContextParallel(Ops& ops, Comm* comm);
+
+    int size() const { return comm_ ? comm_->size() : 1; }
+    int rank() const { return comm_ ? comm_->rank() : 0; }
+    Comm* comm() const { return comm_; }
+    // This rank's positions for t local rows (SeqPositions() with one rank).
+    SeqPositions positions(int t) const { return cp_positions(t, size(), rank()); }
+
+    // Ops::attention_forward over the whole sequences: qkv holds this rank's t rows of each of
+    // the B sequences; out and lse get its rows' attention over every rank's keys.
+    void attention_forward(Tensor out, float* lse, Tensor qkv, int B, int t, int NH, int NKV, int HS,
+                           const RingBuffers& buf);
+    // Ops::attention_backward over the whole sequences: dqkv (overwrite) for this rank's rows.
+    void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B, int t, int NH,
+                            int NKV, int HS, const RingBuffers& buf);
+
+private:
+    void pass_on(Tensor send, Tensor recv, int tag);  // to cp_rank + 1, from cp_rank - 1
+    Ops& ops_;
+    Comm* comm_;
+};
