@@ -28,6 +28,7 @@
 #include "llmc/model.h"
 #include "llmc/ops.h"
 #include "llmc/optimizer.h"
+#include "llmc/param_store.h"
 #include "llmc/tensor.h"
 #include "test/op_cases.h"
 
@@ -1138,19 +1139,21 @@ void test_offload(Ops& gpu, DType dt) {
         gpu.release_host(pin);
     }
     const ModelShape s{2, 2, 32, 200, 256, 16};
-    Model a(s, gpu, dt, 2, 8, 1024), b(s, gpu, dt, 2, 8, 1024);  // 34176 parameters padded to 34816
+    const ParamLayout lay = param_layout(s, ModelLayout(), 1024);  // 34176 parameters padded to 34816
+    WholeStore sa(gpu, lay, dt), sb(gpu, lay, dt);
+    Model a(s, gpu, dt, 2, 8, sa), b(s, gpu, dt, 2, 8, sb);
     a.init_random(7);
     b.init_random(7);
-    const size_t n = a.padded_params;
-    AdamW on_gpu(a, 0, n, a.param_buf, a.grad_buf);
-    AdamW offloaded(b, 0, n, b.param_buf, b.grad_buf, OptimizerOffload{true, 1000});
+    const size_t n = lay.padded_params;
+    AdamW on_gpu(lay, gpu, 0, n, sa.params, sa.grads);
+    AdamW offloaded(lay, gpu, 0, n, sb.params, sb.grads, OptimizerOffload{true, 1000});
     const AdamWHyper hyp{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
     Rng rng(11);
     for (int step = 1; step <= 3; step++) {
         std::vector<float> g(n);
         for (float& x : g) x = 0.1f * rng.normal();
-        gpu.from_host_f32(a.grad_buf, g.data());
-        gpu.from_host_f32(b.grad_buf, g.data());
+        gpu.from_host_f32(sa.grads, g.data());
+        gpu.from_host_f32(sb.grads, g.data());
         on_gpu.step(hyp, step, 0.5f, 42u + uint32_t(step));
         offloaded.step(hyp, step, 0.5f, 42u + uint32_t(step));
     }
@@ -1161,8 +1164,8 @@ void test_offload(Ops& gpu, DType dt) {
     H::compare_vec("offload.v", sh, vb, va, 1e-5);
     if (dt == DType::BF16) H::compare_vec("offload.master", sh, wb, wa, 1e-5);
     std::vector<float> pa(n), pb(n);
-    gpu.to_host_f32(pa.data(), a.param_buf);
-    gpu.to_host_f32(pb.data(), b.param_buf);
+    gpu.to_host_f32(pa.data(), sa.params);
+    gpu.to_host_f32(pb.data(), sb.params);
     H::compare_vec("offload.params", sh, pb, pa, dt == DType::F32 ? 1e-5 : 1e-2);
     if (dt == DType::BF16) {
         size_t differ = 0;
@@ -1171,9 +1174,9 @@ void test_offload(Ops& gpu, DType dt) {
                strfmt("differing=%zu of %zu", differ, n));
     }
     size_t padding = 0;  // the buffer past the tensors stays zero
-    for (size_t i = b.num_params; i < n; i++) padding += pb[i] != 0.0f;
-    report(n > b.num_params && padding == 0, "offload.padding_untouched", sh,
-           strfmt("nonzero=%zu of %zu", padding, n - b.num_params));
+    for (size_t i = lay.num_params; i < n; i++) padding += pb[i] != 0.0f;
+    report(n > lay.num_params && padding == 0, "offload.padding_untouched", sh,
+           strfmt("nonzero=%zu of %zu", padding, n - lay.num_params));
 }
 
 void guarded(const std::string& what, const std::function<void()>& f) {
