@@ -1,12 +1,15 @@
-// Helpers shared by the CPU op tests (test_cpu_ops.cpp, test_llama_ops.cpp): seeded normal
+// Helpers shared by the CPU op tests (test_cpu_ops.cpp, test_llama_ops.cpp, test_moe_ops.cpp): seeded normal
 // data in double, float copies, fp32 tensor views, central finite differences, and the norm-wise
 // relative error.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "llmc/tensor.h"
 
@@ -58,6 +61,23 @@ double rel_err(const F* f, const double* d, size_t n) {
         den = std::max(den, std::fabs(d[i]));
     }
     return den > 0 ? num / den : num;
+}
+
+// Analytic gradient against central differences: the largest difference over the largest
+// numeric element (which must be above 1e-3: a vanishing gradient proves nothing) below 1e-7.
+inline void check_fd(const char* what, Vec& x, const Vec& analytic, const std::function<double()>& loss) {
+    REQUIRE(x.size() == analytic.size());
+    // max |analytic - numeric| / max|numeric|
+    const Vec num = numeric_grad(x, loss);
+    double scale = 0, err = 0;
+    for (size_t i = 0; i < num.size(); ++i) {
+        scale = std::max(scale, std::fabs(num[i]));
+        err = std::max(err, std::fabs(num[i] - analytic[i]));
+    }
+    const double e = scale > 0 ? err / scale : err;
+    INFO(what << ": rel err " << e << ", max|grad| " << scale);
+    CHECK(scale > 1e-3);
+    CHECK(e < 1e-7);
 }
 
 }  // namespace cpu_test

@@ -20,20 +20,6 @@ namespace {
 
 using namespace cpu_test;
 
-void check_fd(const char* what, Vec& x, const Vec& analytic, const std::function<double()>& loss) {
-    REQUIRE(x.size() == analytic.size());
-    const Vec num = numeric_grad(x, loss);
-    double scale = 0, err = 0;
-    for (size_t i = 0; i < num.size(); ++i) {
-        scale = std::max(scale, std::fabs(num[i]));
-        err = std::max(err, std::fabs(num[i] - analytic[i]));
-    }
-    const double e = scale > 0 ? err / scale : err;
-    INFO(what << ": rel err " << e << ", max|grad| " << scale);
-    CHECK(scale > 1e-3);
-    CHECK(e < 1e-7);
-}
-
 // The router's choices computed here independently: sort the experts by (prob descending, index ascending).
 std::vector<int32_t> topk_reference(const Vec& probs, int N, int E, int K) {
     std::vector<int32_t> out;
