@@ -20,10 +20,10 @@ ModelShape model_shape(const ModelConfig& m);
 // world rank 0 assembles it (with its optimizer moments) for every checkpoint.
 void check_fits_host_memory(const ModelShape& shape);
 
-// The part of the model the rank at (tp_rank, pp_rank) holds under this parallel config.
-ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank);
+// The part of the model the rank at (tp_rank, pp_rank, ep_rank) holds under this parallel config.
+ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank, int ep_rank = 0);
 
-// Collective over the mp group: every member passes its host copy of a model-sized buffer in its
+// Collective over the mp group (pp x ep x tp ranks, ProcessGrid::model_groups): every member passes its host copy of a model-sized buffer in its
 // own memory order (ParamLayout::padded_params elements, built with pad_multiple); member 0 gets the whole
 // model in llm.c order (num_params elements), the others an empty vector. Only primary
 // copies are taken (replicas of TP-replicated tensors and the tied head copy are skipped).
