@@ -10,6 +10,17 @@ GPU_ARCH  ?= 80 90
 MPI_CFLAGS := $(shell mpicxx --showme:compile 2>/dev/null) -DOMPI_SKIP_MPICXX
 MPI_LIBS   := $(shell mpicxx --showme:link 2>/dev/null)
 
+# SANITIZE=1: everything (train_gpt, the data tools, build-asan/test_cpu) built with ASan and
+# UBSan (-O1 -g, any error fatal) into build-asan/, leaving the usual build alone; CPU only.
+# `make test SANITIZE=1` runs the suite on those binaries (see README, "Sanitizers").
+SANITIZE  ?= 0
+ifeq ($(SANITIZE),1)
+override CUDA := 0
+BUILD     ?= build-asan
+BIN       ?= build-asan/
+CXXFLAGS  ?= -O1 -g $(CPU_ARCH) -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+endif
+
 # CPU_ARCH: the bundle (scripts/bundle.sh) builds with portable flags, e.g. -march=x86-64-v2.
 CPU_ARCH  ?= -march=native
 CXXFLAGS  ?= -O3 $(CPU_ARCH)
@@ -81,7 +92,7 @@ dev/comm_check: $(BUILD)/dev/comm_check.o $(CUDA_OBJS) $(BUILD)/libllmc.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $^ $(LDLIBS)
 
 test: $(BIN)train_gpt $(TOOLS) $(BUILD)/test_cpu $(if $(GPU_TEST_SRCS),$(BUILD)/test_gpu)
-	bash test/run_tests.sh
+	LLMC_BUILD=$(BUILD) LLMC_BIN=$(BIN) LLMC_SANITIZE=$(SANITIZE) bash test/run_tests.sh
 
 # A relocatable folder dist/ with the binaries and the OpenMPI runtime, for a machine without OpenMPI.
 bundle:

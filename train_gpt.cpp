@@ -351,21 +351,23 @@ struct Run {
     const std::string ckpt_dir;
     const double peak_flops;
     TrainState state;
-    int skipped = 0, bad_in_row = 0;  // steps skipped for a non-finite loss or gradient norm: in all, in a row
+    int bad_in_row = 0;  // steps skipped in a row for a non-finite loss or gradient norm (in all: state.skipped)
     Progress progress;
 };
 
 double tokens_per_step(const Run& r) { return tokens_per_step(r.cfg, r.grid); }
 
 // The initial weights (random or a file), or a checkpoint to continue from: every rank reads the
-// whole checkpoint and keeps its pieces, so any layout resumes any other.
+// whole checkpoint and keeps its pieces, so any layout resumes any other. No collective: train()
+// agrees on its UserErrors, so that one every rank finds is said once, by rank 0.
 void init_or_resume(Run& r) {
     const Config& cfg = r.cfg;
     if (cfg.model.init == "random") {
         r.model.init_random(uint64_t(cfg.model.init_seed));
     } else {
-        std::vector<float> w = is_safetensors(cfg.model.init) ? hf_read_weights(cfg.model.init, r.shape)
-                                                              : model_file_read(cfg.model.init, &r.shape);
+        const bool hf = is_safetensors(cfg.model.init);  // model_file_read checks that every weight is finite
+        std::vector<float> w = hf ? hf_read_weights(cfg.model.init, r.shape) : model_file_read(cfg.model.init, &r.shape);
+        if (hf) check_finite_weights(w, r.shape, cfg.model.init);
         r.model.set_params_whole(w.data());
     }
     r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
@@ -373,10 +375,13 @@ void init_or_resume(Run& r) {
     if (cfg.checkpoint.resume == "auto") from = checkpoint_latest(r.ckpt_dir);
     else if (cfg.checkpoint.resume != "never") from = cfg.checkpoint.resume;
     r.state.loader_dp = r.grid.dp;
+    r.state.train_shards = shard_list(r.train_data.files());
     if (!from.empty()) {
         WholeState whole;
         r.state = checkpoint_load(from, r.shape, &whole);
         check_resume_within(r.state, r.tc.steps, from);
+        const std::string changes =  // refused unless checkpoint.allow_changes when they break exactness
+            check_resume_changes(resume_changes(r.state, cfg, r.grid.dp, shard_list(r.train_data.files())), cfg, from);
         r.model.set_params_whole(whole.params.data());
         OptimizerState local;
         local.m = r.model.from_file_order(whole.m.data());
@@ -386,8 +391,10 @@ void init_or_resume(Run& r) {
         r.state.loader = convert_loader_position(r.state.loader, r.state.loader_dp, r.grid.dp, cfg.data.shuffle);
         r.train_data.set_position(r.state.loader);
         r.conv->load(whole, from, r.log);
-        r.log.print("resumed from %s at step %d (saved at dp %d)\n", from.c_str(), r.state.step, r.state.loader_dp);
+        r.log.print("%sresumed from %s at step %d (saved at dp %d)\n", changes.c_str(), from.c_str(), r.state.step,
+                    r.state.loader_dp);
         r.state.loader_dp = r.grid.dp;
+        r.state.train_shards = shard_list(r.train_data.files());
     }
     if (r.rt.is_main()) {
         prepare_run_dirs(cfg, r.ckpt_dir);  // lock out_dir, check that it is writable and free
@@ -531,7 +538,7 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     // the update: weights and optimizer moments stay as they were
     const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
     r.bad_in_row = finite ? 0 : r.bad_in_row + 1;
-    r.skipped += !finite;
+    r.state.skipped += !finite;
     if (finite) r.opt.step(h, step + 1, clip_scale(grad_norm, tc.grad_clip), uint32_t(tc.seed * 2654435761u + step));
     r.dp.after_update();
     r.ops->synchronize();
@@ -548,8 +555,8 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     }
     if (!finite) {
         rec["skipped"] = "nonfinite";
-        rec["skipped_steps"] = r.skipped;
-        extra += strfmt(" | skipped (non-finite): no update; %d skipped so far, %d in a row", r.skipped, r.bad_in_row);
+        rec["skipped_steps"] = r.state.skipped;
+        extra += strfmt(" | skipped (non-finite): no update; %d skipped so far, %d in a row", r.state.skipped, r.bad_in_row);
     }
     r.log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s%s\n", step + 1, tc.steps,
                 loss, lr, grad_norm, ms, tok_s, r.progress.step_suffix().c_str(), extra.c_str());
@@ -606,7 +613,12 @@ int train(Runtime& rt, int argc, char** argv) {
         error = e.what();
     }
     if (rt.any_failed(error)) return 2;
-    init_or_resume(r);
+    try {
+        init_or_resume(r);
+    } catch (const UserError& e) {
+        error = e.what();
+    }
+    if (rt.any_failed(error)) return 2;
     r.conv->apply(r.model);
     print_banner(r, plan);
 

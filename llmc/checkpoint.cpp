@@ -142,6 +142,16 @@ void check_finite_state(const WholeState& whole, int step) {
     }
 }
 
+nlohmann::json shard_list(const std::vector<std::string>& files) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const std::string& f : files) {
+        struct stat st;
+        const uint64_t bytes = ::stat(f.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;
+        out.push_back(nlohmann::json::array({f.substr(f.find_last_of('/') + 1), bytes}));  // not {name: bytes}
+    }
+    return out;
+}
+
 std::string checkpoint_latest(const std::string& dir) {
     auto steps = list_steps(dir, true);
     return steps.empty() ? std::string() : steps.back().second;
@@ -155,7 +165,9 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
     const std::string tmp_dir = final_dir + ".tmp";
     remove_tree(tmp_dir);
     if (::mkdir(tmp_dir.c_str(), 0755) != 0)
-        throw UserError(strfmt("checkpoint.dir: cannot create %s: %s", tmp_dir.c_str(), std::strerror(errno)));
+        throw UserError(strfmt("checkpoint.dir: cannot save checkpoint %s (cannot create %s: %s); earlier "
+                               "checkpoints are kept",
+                               final_dir.c_str(), tmp_dir.c_str(), std::strerror(errno)));
     try {
         const size_t num_params = ::num_params(shape);
         LLMC_ASSERT(whole.params.size() == num_params && whole.m.size() == num_params && whole.v.size() == num_params &&
@@ -169,6 +181,8 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
             {"loader", {{"epoch", st.loader.epoch}, {"shard", st.loader.shard}, {"window", st.loader.window},
                         {"seed", st.loader.seed}}},
             {"loader_dp", st.loader_dp},
+            {"skipped_steps", st.skipped},
+            {"train_shards", st.train_shards},
             {"num_params", num_params},
             {"has_master", !master_l.empty()},
             {"fp8_bytes", whole.fp8.size()},  // absent in checkpoints from before fp8: read as 0
@@ -190,9 +204,10 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
         if (!whole.fp8.empty()) parts.push_back({whole.fp8.data(), whole.fp8.size()});
         write_file_atomic(tmp_dir + "/state.bin", parts);
         fault_point("checkpoint_after_state", st.step);
-    } catch (const UserError&) {
+    } catch (const UserError& e) {  // a full disk, say: named by the checkpoint the user will look for
         remove_tree(tmp_dir);
-        throw;
+        throw UserError(strfmt("checkpoint.dir: cannot save checkpoint %s; earlier checkpoints are kept: %s",
+                               final_dir.c_str(), e.what()));
     }
     remove_tree(final_dir);  // an incomplete folder of the same step from an earlier crash
     if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
@@ -287,6 +302,22 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     TrainState st;
     st.step = int(meta_int(meta, "step", state_path, "", 0, INT_MAX));
     st.loader_dp = int(meta_int(meta, "loader_dp", state_path, "", 1, INT_MAX));
+    // absent in checkpoints from before they were recorded: 0 skipped, shards and config unknown
+    st.skipped = meta.contains("skipped_steps") ? int(meta_int(meta, "skipped_steps", state_path, "", 0, INT_MAX)) : 0;
+    if (meta.contains("train_shards")) {
+        const nlohmann::json& sh = meta["train_shards"];
+        bool ok = sh.is_null() || sh.is_array();
+        if (sh.is_array())
+            for (const auto& e : sh)
+                ok = ok && e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_number_unsigned();
+        if (!ok) throw UserError(strfmt("checkpoint %s: metadata \"train_shards\" is not a list of [name, bytes]", sp));
+        st.train_shards = sh;
+    }
+    if (meta.contains("config")) {
+        if (!meta["config"].is_object())
+            throw UserError(strfmt("checkpoint %s: metadata \"config\" is not a JSON object", sp));
+        st.config = meta["config"];
+    }
     const auto L = meta.find("loader");
     if (L == meta.end() || !L->is_object())
         throw UserError(strfmt("checkpoint %s: metadata \"loader\" is missing or not an object", sp));

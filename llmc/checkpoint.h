@@ -5,7 +5,8 @@
 //   state.bin  optimizer moments m, v and fp32 master weights (when the model is not fp32),
 //              all in llm.c tensor order, then (precision "fp8") the FP8 scaling state as
 //              Fp8State::save() wrote it, plus JSON metadata (step, data-loader position,
-//              seeds, the resolved config, "fp8_bytes") and a checksum of both files
+//              seeds, the resolved config, the training shards, "fp8_bytes", the count of skipped
+//              steps) and a checksum of both files
 //   DONE       the completion marker, written last
 // Tensors are stored whole (logical shape), so any later parallel layout can load them.
 // Saving writes step_NNNNNNNN.tmp/, fsyncs, renames it, then writes DONE: a run killed at any
@@ -25,7 +26,16 @@ struct TrainState {
     int step = 0;  // steps completed
     LoaderPosition loader;
     int loader_dp = 1;  // data-parallel ranks the loader position counts window groups of
+    int skipped = 0;    // steps skipped so far for a non-finite loss or gradient norm (0 in older checkpoints)
+    // What an exact continuation depends on besides the above (compared on resume, llmc/run_dir.h):
+    // the training shards as [base name, bytes] pairs (shard_list()), null in older checkpoints;
+    // and, filled by checkpoint_load only, the resolved config of the run that saved it.
+    nlohmann::json train_shards;
+    nlohmann::json config;
 };
+
+// The training shards' identity for TrainState::train_shards: [[base name, size in bytes], ...].
+nlohmann::json shard_list(const std::vector<std::string>& files);
 
 // This rank's whole optimizer state, fp32, in memory order over the model's padded flat buffer
 // (ParamLayout::padded_params elements; master empty when the model is fp32). ZeRO shards are

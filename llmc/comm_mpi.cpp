@@ -68,11 +68,72 @@ size_t total(const std::vector<size_t>& counts) { return count_offsets(counts).b
 // Times one communicator's blocking calls on a helper thread: the main thread arms it before a
 // call and disarms it after. A call still armed at its deadline is reported, and the helper ends
 // the job, since the main thread is stuck inside MPI. The helper never calls MPI otherwise.
+//
+// Naming the rank that stalled: every call is numbered per communicator (#1, #2, ... alike on every
+// member, which make the same calls in the same order). A helper whose call timed out sends its
+// report ("all_reduce #57 on dp") to every other rank over a side channel, a duplicate of the
+// world made with the first group, and collects theirs for a grace period: the ranks that arrived
+// time out on their own calls at about the same moment and report too; a rank that sends nothing
+// is in no call at all (stuck outside communication, or dead): the one that stalled. The reports
+// are small messages sent eagerly, so a stalled receiver costs nothing, and the side channel
+// returns errors instead of ending the job. Without MPI_THREAD_MULTIPLE (no MPI from the helper)
+// the message says which call and whom this rank waits with.
+MPI_Comm g_reports = MPI_COMM_NULL;
+constexpr int kReportTag = 7;
+
+// "; world rank 1 sent no report: ...; the others wait in: ..." or "" without the side channel.
+std::string exchange_reports(const std::string& mine, double grace_s) {
+    static std::mutex once;
+    std::lock_guard<std::mutex> lock(once);
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    if (g_reports == MPI_COMM_NULL || level != MPI_THREAD_MULTIPLE) return "";
+    int me = 0, n = 1;
+    MPI_Comm_rank(g_reports, &me);
+    MPI_Comm_size(g_reports, &n);
+    // the sends are never completed (the job ends): their buffer and requests outlive this call
+    static const std::string report = mine;
+    static std::vector<MPI_Request> sent(size_t(n), MPI_REQUEST_NULL);
+    for (int r = 0; r < n; r++)
+        if (r != me)
+            MPI_Isend(report.data(), int(report.size()), MPI_CHAR, r, kReportTag, g_reports, &sent[size_t(r)]);
+    std::vector<std::string> got(static_cast<size_t>(n));
+    got[size_t(me)] = mine;
+    int have = 1;
+    const auto until = comm_deadline(grace_s);
+    while (have < n && Clock::now() < until) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, kReportTag, g_reports, &flag, &st) != MPI_SUCCESS) break;
+        if (!flag) {
+            ::usleep(10000);
+            continue;
+        }
+        int len = 0;
+        MPI_Get_count(&st, MPI_CHAR, &len);
+        std::string text(size_t(std::max(len, 0)), '\0');
+        MPI_Recv(&text[0], len, MPI_CHAR, st.MPI_SOURCE, kReportTag, g_reports, MPI_STATUS_IGNORE);
+        if (got[size_t(st.MPI_SOURCE)].empty()) have++;
+        got[size_t(st.MPI_SOURCE)] = text.empty() ? "?" : text;
+    }
+    std::string silent, waiting;
+    for (int r = 0; r < n; r++) {
+        if (got[size_t(r)].empty()) silent += strfmt("%s%d", silent.empty() ? "" : ", ", r);
+        else if (r != me) waiting += strfmt("%srank %d in %s", waiting.empty() ? "" : ", ", r, got[size_t(r)].c_str());
+    }
+    std::string out = silent.empty() ? "; every rank reports a call that timed out (a deadlock: the calls disagree)"
+                                     : strfmt("; stalled: world rank%s %s (no report within %g s: in no call, hung or "
+                                              "dead)",
+                                              silent.find(',') == std::string::npos ? "" : "s", silent.c_str(), grace_s);
+    return out + (waiting.empty() ? "" : "; waiting: " + waiting);
+}
+
 class Watchdog {
 public:
-    Watchdog(std::string group, double timeout_s)
+    Watchdog(std::string group, double timeout_s, std::string others)
         : group_(std::move(group)),
-          timeout_s_(timeout_s) {
+          timeout_s_(timeout_s),
+          others_(std::move(others)) {
         LLMC_ASSERT(timeout_s > 0, "the communicator watchdog needs timeout_s > 0");
         thread_ = std::thread([this] { run(); });
     }
@@ -91,6 +152,7 @@ public:
         std::lock_guard<std::mutex> lock(mu_);
         op_ = op;
         detail_ = std::move(detail);
+        calls_++;
         deadline_ = comm_deadline(timeout_s_);
         armed_ = true;
         // A helper still waiting on the previous call's deadline wakes by itself, before this
@@ -111,7 +173,11 @@ private:
                 cv_.wait(lock);
                 idle_ = false;
             } else if (Clock::now() >= deadline_) {
-                comm_fatal(op_, group_, detail_, timeout_text(timeout_s_));
+                const std::string op = strfmt("%s #%llu", op_, (unsigned long long)calls_);
+                std::string reports = exchange_reports(op + " on " + group_, std::min(timeout_s_, 5.0));
+                if (reports.empty()) reports = " (a member that reports no call of its own has stalled)";
+                comm_fatal(op, group_, (detail_.empty() ? "" : detail_ + "; ") + others_,
+                           timeout_text(timeout_s_) + reports);
             } else {
                 cv_.wait_until(lock, deadline_);
             }
@@ -126,6 +192,8 @@ private:
     Clock::time_point deadline_;
     const char* op_ = "";
     std::string detail_;
+    const std::string others_;  // "waiting with world ranks ...": the other members
+    uint64_t calls_ = 0;        // calls armed so far on this communicator: the current one's number
     std::thread thread_;
 };
 
@@ -144,7 +212,7 @@ private:
 class MpiComm : public Comm {
 public:
     MpiComm(std::vector<int> members, int rank, MPI_Comm comm, const std::string& group, double timeout_s)
-        : Comm(std::move(members), rank, group), comm_(comm), watchdog_(group, timeout_s) {}
+        : Comm(std::move(members), rank, group), comm_(comm), watchdog_(group, timeout_s, others_text()) {}
     ~MpiComm() override {
         int finalized = 0;
         MPI_Finalized(&finalized);
@@ -256,6 +324,12 @@ public:
     }
 
 private:
+    std::string others_text() const {
+        std::string s;
+        for (int i = 0; i < size(); i++)
+            if (i != rank()) s += strfmt("%s%d", s.empty() ? "" : ", ", members()[size_t(i)]);
+        return "waiting with world rank" + std::string(size() > 2 ? "s " : " ") + s;
+    }
     static constexpr size_t kChunk = size_t(1) << 30;  // elements per call (MPI counts are int)
     MPI_Comm comm_;
     Watchdog watchdog_;
@@ -283,6 +357,10 @@ std::unique_ptr<Comm> make_mpi_comm(const std::vector<std::vector<int>>& partiti
     int initialized = 0;
     MPI_Initialized(&initialized);
     LLMC_ASSERT(initialized, "make_mpi_comm needs MPI (launch with mpirun/srun)");
+    if (g_reports == MPI_COMM_NULL) {  // with the first group, on every rank alike: the reports' side channel
+        MPI_Comm_dup(MPI_COMM_WORLD, &g_reports);
+        MPI_Comm_set_errhandler(g_reports, MPI_ERRORS_RETURN);
+    }
     int color = -1, key = -1;
     for (size_t g = 0; g < partition.size(); g++)
         for (size_t i = 0; i < partition[g].size(); i++)

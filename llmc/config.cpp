@@ -168,6 +168,9 @@ const std::vector<Key>& schema() {
         str_key("checkpoint.dir", FIELD(checkpoint.dir), false, "checkpoint folder (\"\" = <out_dir>/checkpoints)"),
         str_key("checkpoint.resume", FIELD(checkpoint.resume), true,
                 "auto (latest complete checkpoint, else fresh) | never | <path of a checkpoint>"),
+        bool_key("checkpoint.allow_changes", FIELD(checkpoint.allow_changes),
+                 "resume even when the data, the batch, the lr schedule or the optimizer differ from the "
+                 "checkpoint's run (each change is printed; false refuses them, exit code 2)"),
 
         [] {
             Key k = int_key("parallel.dp", FIELD(parallel.dp), 1, NONE,

@@ -74,6 +74,8 @@ struct CheckpointConfig {
     int keep = 2;            // last K complete checkpoints kept
     std::string dir;         // "" = <out_dir>/checkpoints
     std::string resume = "auto";  // auto | never | <path>
+    // resuming with changes that break an exact continuation (llmc/run_dir.h): false refuses them
+    bool allow_changes = false;
 };
 
 // Process layout: world = dp x tp x pp (tp fastest, then dp, then pp; see llmc/process_grid.h).

@@ -52,6 +52,7 @@ public:
     void reset();
 
     size_t num_shards() const { return files_.size(); }
+    const std::vector<std::string>& files() const { return files_; }  // the shards, in sorted glob order
     // Window groups in shard i (file order) = micro-batches per rank from that shard.
     uint64_t shard_windows(size_t i) const { return groups_[i]; }
     // Micro-batches per rank in one epoch.

@@ -74,6 +74,29 @@ ModelShape model_file_shape(const std::string& path, int* version) {
     return s;
 }
 
+void check_finite_weights(const std::vector<float>& w, const ModelShape& shape, const std::string& file) {
+    size_t bad = 0;  // counted without an early exit, so the loop vectorises
+    for (float x : w) bad += !std::isfinite(x);
+    if (bad == 0) return;
+    size_t first = 0;
+    while (std::isfinite(w[first])) first++;
+    std::string tensor = "?";
+    size_t offset = 0;
+    for (const TensorDecl& d : model_tensors(shape)) {
+        const bool per_layer = d.part == ModelPart::Layer;
+        const size_t n = d.rows * d.cols, count = per_layer ? size_t(shape.n_layer) : 1;
+        if (first < offset + n * count) {
+            const size_t k = (first - offset) / n;
+            tensor = (per_layer ? strfmt(d.name.c_str(), int(k)) : d.name) + strfmt(" element %zu", first - offset - k * n);
+            break;
+        }
+        offset += n * count;
+    }
+    throw UserError(strfmt("model file %s: %zu of %zu parameters are not finite (the first in tensor %s, %g): not a "
+                           "usable model",
+                           file.c_str(), bad, w.size(), tensor.c_str(), double(w[first])));
+}
+
 std::vector<float> model_file_read(const std::string& path, const ModelShape* expect) {
     int version = 0;
     ModelShape s = model_file_shape(path, &version);
@@ -123,15 +146,7 @@ std::vector<float> model_file_read(const std::string& path, const ModelShape* ex
     }
     std::fclose(f);
     if (!ok) throw UserError(strfmt("model file %s: read failed", path.c_str()));
-    size_t bad = 0;  // counted without an early exit: the loop vectorises
-    for (size_t i = 0; i < n; i++) bad += !std::isfinite(out[i]);
-    if (bad > 0) {
-        size_t first = 0;
-        while (std::isfinite(out[first])) first++;
-        throw UserError(strfmt("model file %s: %zu of %zu parameters are not finite (the first at index %zu, %g): "
-                               "not a usable model",
-                               path.c_str(), bad, n, first, double(out[first])));
-    }
+    check_finite_weights(out, s, path);
     return out;
 }
 

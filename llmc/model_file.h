@@ -16,8 +16,12 @@ constexpr int MODEL_FILE_MAGIC = 20240326;
 // Reads the header only; throws UserError naming the file when it is not an llm.c model.
 ModelShape model_file_shape(const std::string& path, int* version = nullptr);
 // Reads the weights as fp32 in llm.c order. If expect is given, a shape that differs is a
-// UserError naming the field. Checks the file size.
+// UserError naming the field. Checks the file size, and that every weight is finite.
 std::vector<float> model_file_read(const std::string& path, const ModelShape* expect);
+// Throws UserError naming `file`, the tensor (its file-order name, e.g. "h.1.qkvw") and the element
+// when a weight of w (llm.c order, num_params(shape) elements) is NaN or infinite: such a file is
+// no model to train from or to resume (model_file_read checks what it reads).
+void check_finite_weights(const std::vector<float>& w, const ModelShape& shape, const std::string& file);
 // Writes (atomically: temp name, fsync, rename) version 3 (fp32) or 5 (bf16, round to nearest even).
 void model_file_write(const std::string& path, const ModelShape& shape, const float* params_llmc, int version);
 

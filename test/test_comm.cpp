@@ -74,8 +74,12 @@ TEST_CASE("MPI communicator on 3 ranks: a call never answered ends the job after
     CHECK(run.rc != 0);
     CHECK(run.rc != 124);  // timeout(1)'s: the job did not end by itself
     CHECK(run.seconds < 30);
-    CHECK(run.output.find("[rank 0] error: recv on the world group (4 floats from group rank 1, tag 7) did not "
-                          "complete within parallel.timeout_s = 1 s; ending the job") != std::string::npos);
+    // ranks 0 and 2 wait for rank 1, which hangs outside any call: the waiting ones exchange
+    // reports on a side channel, and rank 1, sending none, is named as the one that stalled
+    CHECK(run.output.find("[rank 0] error: recv #1 on the world group (4 floats from group rank 1, tag 7; waiting "
+                          "with world ranks 1, 2) did not complete within parallel.timeout_s = 1 s; stalled: world "
+                          "rank 1 (no report within 1 s: in no call, hung or dead); waiting: rank 2 in recv #1 on "
+                          "world; ending the job") != std::string::npos);
     CHECK(run.output.find("the watchdog let") == std::string::npos);
 }
 
@@ -270,7 +274,7 @@ TEST_CASE("comm worker: a receive nobody answers", "[.comm_stall]") {
     REQUIRE(rt.world == 3);
     std::unique_ptr<Comm> world = make_mpi_comm({{0, 1, 2}}, rt.rank, "world", 1.0);
     std::vector<float> buf(4);
-    if (rt.rank == 0) world->recv(buf.data(), 4, 1, 7);           // rank 1 never sends
-    else std::this_thread::sleep_for(std::chrono::seconds(60));  // as hung ranks would
+    if (rt.rank != 1) world->recv(buf.data(), 4, 1, 7);           // rank 1 never sends
+    else std::this_thread::sleep_for(std::chrono::seconds(60));  // as a hung rank would
     FAIL("the watchdog let the job go on");
 }

@@ -142,5 +142,5 @@ TEST_CASE("llm.c model file: non-finite weights are refused naming the file") {
     const std::string p = temp_path("nan.bin");
     model_file_write(p, s, w.data(), 3);
     CHECK_THROWS_WITH(model_file_read(p, &s), Catch::Contains("nan.bin") && Catch::Contains("2 of") &&
-                                                  Catch::Contains("index 5"));
+                                                  Catch::Contains("tensor wte element 5"));
 }

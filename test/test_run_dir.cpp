@@ -5,12 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "llmc/checkpoint.h"
+#include "llmc/model_file.h"
 #include "llmc/param_table.h"
 #include "llmc/run_dir.h"
 
@@ -91,4 +93,142 @@ TEST_CASE("a fresh run in a folder holding another run is refused; a rollback se
     checkpoint_save(ck, st, s, 3, whole_of(s, 0.5f), nlohmann::json::object(), 5);
     CHECK(set_aside_later_checkpoints(ck, 2) == std::vector<std::string>{ck + "/abandoned2_step_00000004"});
     CHECK(exists(ck + "/abandoned_step_00000004/DONE"));
+}
+
+TEST_CASE("a checkpoint.dir shared by two out_dirs is locked too", "[checkpoint]") {
+    const std::string root = temp_dir();
+    Config a, b;
+    a.out_dir = root + "/a";
+    b.out_dir = root + "/b";
+    a.checkpoint.dir = b.checkpoint.dir = root + "/shared_ck";
+    prepare_run_dirs(a, a.checkpoint.dir);
+    CHECK(exists(root + "/shared_ck/train_gpt.lock"));
+    CHECK_THROWS_WITH(prepare_run_dirs(b, b.checkpoint.dir),
+                      Catch::Contains("checkpoint.dir: " + root + "/shared_ck is in use") &&
+                          Catch::Contains("pid " + std::to_string(::getpid())));
+    // a checkpoint.dir that is out_dir itself is locked once, not refused by its own lock
+    Config c;
+    c.out_dir = c.checkpoint.dir = root + "/same";
+    CHECK_NOTHROW(prepare_run_dirs(c, c.checkpoint.dir));
+}
+
+TEST_CASE("state.bin keeps the skipped-step count and the training shards", "[checkpoint]") {
+    const std::string dir = temp_dir();
+    const ModelShape s{2, 2, 8, 100, 128, 16};
+    TrainState st;
+    st.step = 3;
+    st.skipped = 2;
+    st.train_shards = shard_list({"/nowhere/train_000000.bin"});  // [[name, bytes]]: 0 bytes, no such file
+    REQUIRE(st.train_shards == nlohmann::json::parse(R"([["train_000000.bin", 0]])"));
+    const nlohmann::json config = {{"train", {{"micro_batch", 2}}}};
+    checkpoint_save(dir, st, s, 3, whole_of(s, 0.5f), config, 1);
+    WholeState back;
+    const TrainState got = checkpoint_load(dir + "/step_00000003", s, &back);
+    CHECK(got.skipped == 2);
+    CHECK(got.train_shards == st.train_shards);
+    CHECK(got.config == config);
+}
+
+TEST_CASE("non-finite weights in a model file are named by file and tensor", "[checkpoint]") {
+    const ModelShape s{2, 2, 8, 100, 128, 16};
+    std::vector<float> w(num_params(s), 0.5f);
+    CHECK_NOTHROW(check_finite_weights(w, s, "init.bin"));
+    // file order: wte 128x8, wpe 16x8, ln1w 2x8, ln1b 2x8, then qkvw 2 x (24x8): layer 1's at 1376
+    w[1376 + 5] = NAN;
+    w[1376 + 6] = INFINITY;
+    CHECK_THROWS_WITH(check_finite_weights(w, s, "init.bin"),
+                      Catch::Contains("model file init.bin: 2 of " + std::to_string(w.size()) + " parameters are not finite") &&
+                          Catch::Contains("tensor h.1.qkvw element 5"));
+    w.assign(w.size(), 0.5f);
+    w[3] = -INFINITY;
+    CHECK_THROWS_WITH(check_finite_weights(w, s, "init.bin"), Catch::Contains("tensor wte element 3"));
+}
+
+namespace {
+// A resolved config: the test's base with `patch` merged in (no files needed).
+Config config_of(const nlohmann::json& patch) {
+    nlohmann::json j = {{"data", {{"train", "/data/a/train_*.bin"}}},
+                        {"train", {{"micro_batch", 2}, {"seq_len", 16}, {"grad_accum", 2}, {"steps", 10},
+                                   {"lr_schedule", "cosine"}, {"warmup_steps", 2}}}};
+    j.merge_patch(patch);
+    return config_from_json(j, false);
+}
+std::vector<std::string> keys(const std::vector<ResumeChange>& changes, bool breaking) {
+    std::vector<std::string> out;
+    for (const ResumeChange& c : changes)
+        if (c.breaks == breaking) out.push_back(c.key);
+    std::sort(out.begin(), out.end());
+    return out;
+}
+using Keys = std::vector<std::string>;
+}  // namespace
+
+TEST_CASE("resume: every change is named; those that break an exact resume are refused unless allowed",
+          "[checkpoint]") {
+    using nlohmann::json;
+    const json shards = json::parse(R"([["train_000000.bin", 41024], ["train_000001.bin", 41024]])");
+    const Config base = config_of(json::object());
+    TrainState st;
+    st.step = 4;
+    st.loader_dp = 2;
+    st.config = base.resolved;
+    st.train_shards = shards;
+    CHECK(resume_changes(st, base, 2, shards).empty());
+    CHECK(check_resume_changes({}, base, "ck").empty());
+
+    // harmless: evaluation, saving, the layout at the same tokens per step (grad_accum 2 x dp 2 =
+    // 4 x 1), the same shards found through another glob; how to resume is not listed at all
+    Config c = config_of({{"eval", {{"batches", 3}}},
+                          {"checkpoint", {{"every", 7}, {"resume", "never"}, {"allow_changes", true}}},
+                          {"train", {{"grad_accum", 4}}}, {"data", {{"train", "/data/b/train_*.bin"}}}});
+    std::vector<ResumeChange> ch = resume_changes(st, c, 1, shards);
+    CHECK(keys(ch, false) == Keys{"checkpoint.every", "data.train", "eval.batches", "train.grad_accum"});
+    CHECK(keys(ch, true).empty());
+    CHECK_THAT(check_resume_changes(ch, c, "ck"), Catch::Contains("eval.batches: 10 -> 3") &&
+                                                       !Catch::Contains("warning"));
+
+    // the micro-batch: the data position and the tokens per step change
+    c = config_of({{"train", {{"micro_batch", 4}}}});
+    ch = resume_changes(st, c, 2, shards);
+    CHECK(keys(ch, true) == Keys{"tokens per step (micro_batch x seq_len x grad_accum x dp)", "train.micro_batch"});
+    CHECK_THROWS_WITH(check_resume_changes(ch, c, "ck"),
+                      Catch::Contains("checkpoint.resume: ck cannot continue exactly") &&
+                          Catch::Contains("train.micro_batch: 2 -> 4") && Catch::Contains("128 (2 x 16 x 2 x 2)") &&
+                          Catch::Contains("checkpoint.allow_changes=true"));
+    c.checkpoint.allow_changes = true;
+    CHECK_THAT(check_resume_changes(ch, c, "ck"), Catch::Contains("train.micro_batch: 2 -> 4 (no exact resume)") &&
+                                                       Catch::Contains("warning: checkpoint.allow_changes=true"));
+    // seq_len; dp alone (the tokens per step); the seed
+    CHECK(keys(resume_changes(st, config_of({{"train", {{"seq_len", 8}}}}), 2, shards), true) ==
+          Keys{"tokens per step (micro_batch x seq_len x grad_accum x dp)", "train.seq_len"});
+    CHECK(keys(resume_changes(st, base, 4, shards), true) ==
+          Keys{"tokens per step (micro_batch x seq_len x grad_accum x dp)"});
+    CHECK(keys(resume_changes(st, config_of({{"train", {{"seed", 7}}}}), 2, shards), true) == Keys{"train.seed"});
+
+    // the shards: one more, or one of another size, is another data stream
+    json more = shards;
+    more.push_back(json::array({"train_000002.bin", 41024}));
+    ch = resume_changes(st, base, 2, more);
+    REQUIRE(keys(ch, true) == Keys{"training shards"});
+    CHECK(ch[0].after == "3 shards: train_000000.bin (41024 B), train_000001.bin (41024 B), train_000002.bin (41024 B)");
+    json resized = shards;
+    resized[1][1] = 42024;
+    CHECK(keys(resume_changes(st, base, 2, resized), true) == Keys{"training shards"});
+
+    // the learning rate: train.steps moves a cosine schedule (step 5's lr changes), not a constant one
+    ch = resume_changes(st, config_of({{"train", {{"steps", 20}}}}), 2, shards);
+    CHECK(keys(ch, true) == Keys{"learning rate of step 5", "train.steps"});
+    TrainState constant = st;
+    constant.config = config_of({{"train", {{"lr_schedule", "constant"}}}}).resolved;
+    CHECK(keys(resume_changes(constant, config_of({{"train", {{"lr_schedule", "constant"}, {"steps", 20}}}}), 2,
+                              shards),
+               true)
+              .empty());
+    // warmup that ended before the checkpoint's step changes nothing left
+    CHECK(keys(resume_changes(constant, config_of({{"train", {{"lr_schedule", "constant"}, {"warmup_steps", 3}}}}),
+                              2, shards),
+               true)
+              .empty());
+    CHECK(keys(resume_changes(st, config_of({{"train", {{"lr", 1e-3}}}}), 2, shards), true) ==
+          Keys{"learning rate of step 5", "train.lr"});
 }

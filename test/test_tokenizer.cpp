@@ -24,7 +24,9 @@ namespace {
 
 const char* kTokDir = "data/tokenizer";
 const char* kCases = "test/data/tokenizer_cases.json";
-const char* kPrepare = "dev/data/prepare_text";
+// the tool as make built it: LLMC_BIN (set by `make test`) prefixes it, "build-asan/" under SANITIZE=1
+const std::string kPrepareTool = std::string(std::getenv("LLMC_BIN") ? std::getenv("LLMC_BIN") : "") + "dev/data/prepare_text";
+const char* kPrepare = kPrepareTool.c_str();
 
 bool file_exists(const std::string& p) {
     struct stat st;

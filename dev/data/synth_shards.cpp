@@ -9,6 +9,9 @@
 // Shards hold uint16 tokens (version 1) for a vocabulary of at most 65536, else uint32 tokens
 // (version 7); --u32 writes uint32 shards for any vocabulary. The tokens are the same either way.
 // Files: PREFIX_000000.bin, PREFIX_000001.bin, ...
+#include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
@@ -26,6 +29,27 @@ static void usage() {
                  "  V in [2, 16777216]; V > 65536 or --u32 writes uint32 shards\n");
 }
 
+// A flag's value, whole and in [lo, hi]; otherwise a message naming the flag and the value, exit 2.
+static long int_arg(const char* flag, const char* s, long lo, long hi) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || errno == ERANGE || v < lo || v > hi) {
+        std::fprintf(stderr, "synth_shards: %s %s: not an integer in [%ld, %ld]\n", flag, s, lo, hi);
+        std::exit(2);
+    }
+    return v;
+}
+static double num_arg(const char* flag, const char* s, double lo, double hi) {
+    char* end = nullptr;
+    const double v = std::strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || !(v >= lo && v <= hi)) {
+        std::fprintf(stderr, "synth_shards: %s %s: not a number in [%g, %g]\n", flag, s, lo, hi);
+        std::exit(2);
+    }
+    return v;
+}
+
 int main(int argc, char** argv) {
     std::string out;
     long shards = 1, tokens = 100000, vocab = 50257, seed = 0, period = 64;
@@ -41,12 +65,12 @@ int main(int argc, char** argv) {
             return argv[++i];
         };
         if (a == "--out") out = val("--out");
-        else if (a == "--shards") shards = std::atol(val("--shards"));
-        else if (a == "--tokens") tokens = std::atol(val("--tokens"));
-        else if (a == "--vocab") vocab = std::atol(val("--vocab"));
-        else if (a == "--seed") seed = std::atol(val("--seed"));
-        else if (a == "--period") period = std::atol(val("--period"));
-        else if (a == "--noise") noise = std::atof(val("--noise"));
+        else if (a == "--shards") shards = int_arg("--shards", val("--shards"), 1, 999999);
+        else if (a == "--tokens") tokens = int_arg("--tokens", val("--tokens"), 2, INT32_MAX);
+        else if (a == "--vocab") vocab = int_arg("--vocab", val("--vocab"), 2, 16777216);
+        else if (a == "--seed") seed = int_arg("--seed", val("--seed"), 0, LONG_MAX);
+        else if (a == "--period") period = int_arg("--period", val("--period"), 1, LONG_MAX);
+        else if (a == "--noise") noise = num_arg("--noise", val("--noise"), 0, 1);
         else if (a == "--u32") u32 = true;
         else if (a == "--help" || a == "-h") { usage(); return 0; }
         else {
@@ -55,7 +79,8 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    if (out.empty() || shards < 1 || tokens < 2 || vocab < 2 || vocab > 16777216 || noise < 0 || noise > 1 || period < 1) {
+    if (out.empty()) {
+        std::fprintf(stderr, "synth_shards: --out PREFIX is required\n");
         usage();
         return 2;
     }

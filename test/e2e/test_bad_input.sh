@@ -67,6 +67,41 @@ sed -i 's/"step":4/"step":5/' "$W/tampered/state.bin"
 expect_fail 2 'tampered/state\.bin.*checksum' "$BIN" "$W/c.json" train.steps=8 "checkpoint.resume=$W/tampered" \
     "out_dir=$W/tampered_out"
 
+# resuming with what an exact continuation depends on changed is refused, naming the key and both
+# values; checkpoint.allow_changes=true continues with a warning
+expect_fail 2 "$ck cannot continue exactly.*train\.micro_batch: 2 -> 4.*checkpoint\.allow_changes=true" \
+    "$BIN" "$W/c.json" train.steps=4 train.micro_batch=4 "checkpoint.resume=$ck" "out_dir=$W/mb"
+"$BIN" "$W/c.json" train.steps=4 train.micro_batch=4 checkpoint.allow_changes=true "checkpoint.resume=$ck" \
+    "out_dir=$W/mb_allowed" > "$W/mb_allowed.txt" || die "checkpoint.allow_changes=true did not resume"
+grep -q 'train\.micro_batch: 2 -> 4 (no exact resume)' "$W/mb_allowed.txt" &&
+    grep -q '^warning: checkpoint\.allow_changes=true' "$W/mb_allowed.txt" || die "allowed changes: $(cat "$W/mb_allowed.txt")"
+# a resume that cannot continue at this dp is said once, by rank 0 (every rank finds it)
+rc=0
+timeout 120 mpirun --oversubscribe -np 3 -x OMP_NUM_THREADS=1 "$BIN" "$W/c.json" train.steps=4 \
+    checkpoint.allow_changes=true "checkpoint.resume=$ck" "out_dir=$W/dp3" > /dev/null 2> "$W/dp3.err" || rc=$?
+[ $rc -eq 2 ] || die "resume at dp=3: expected exit 2, got $rc: $(cat "$W/dp3.err")"
+[ "$(grep -c 'error:' "$W/dp3.err")" -eq 1 ] && grep -q '^\[rank 0\] error: .*parallel\.dp=3' "$W/dp3.err" ||
+    die "resume at dp=3: not one message from rank 0: $(cat "$W/dp3.err")"
+
+# non-finite weights in model.init: named by the file and the tensor
+cp "$W/base/model_00000004.bin" "$W/nan.bin"
+python3 -c 'import struct, sys; f = open(sys.argv[1], "r+b"); f.seek(1024 + 4 * 3); f.write(struct.pack("<f", float("nan")))' "$W/nan.bin"
+expect_fail 2 "model file $W/nan\.bin: 1 of [0-9]+ parameters are not finite \(the first in tensor wte element 3, nan\)" \
+    "$BIN" "$W/c.json" "model.init=$W/nan.bin" "out_dir=$W/nan_out"
+
+# a full disk (here: a file size limit) at a save names the checkpoint, not only its temporary folder
+rc=0
+(ulimit -f 100; trap '' XFSZ; exec "$BIN" "$W/c.json" train.steps=4 checkpoint.every=2 "out_dir=$W/diskfull") \
+    > /dev/null 2> "$W/diskfull.err" || rc=$?
+[ $rc -eq 2 ] && grep -q "checkpoint\.dir: cannot save checkpoint $W/diskfull/checkpoints/step_00000002; earlier checkpoints are kept: .*File too large" "$W/diskfull.err" ||
+    die "full disk: rc=$rc $(cat "$W/diskfull.err")"
+
+# synth_shards names the bad argument
+expect_fail 2 'synth_shards: --tokens 12x: not an integer' "$SYNTH" --out "$W/s/x" --tokens 12x
+expect_fail 2 'synth_shards: --vocab 1: not an integer in \[2, 16777216\]' "$SYNTH" --out "$W/s/x" --vocab 1
+expect_fail 2 'synth_shards: --noise 2: not a number in \[0, 1\]' "$SYNTH" --out "$W/s/x" --noise 2
+expect_fail 2 'synth_shards: --out PREFIX is required' "$SYNTH" --tokens 100
+
 # a fresh run (resume "never") in a folder that holds another run is refused, naming the folder
 # and the ways out; the old run's checkpoints are untouched
 expect_fail 2 "never.*$W/base.*checkpoint\.resume=auto" "$BIN" "$W/c.json" train.steps=4 checkpoint.every=2 \
@@ -87,8 +122,11 @@ grep -q 'resumed from .*step_00000002 ' "$W/rollback.txt" || die "rollback: auto
 # goes with the process that held it
 LLMC_FAULT=hang:train_step_1 "$BIN" "$W/c.json" train.steps=4 "out_dir=$W/shared" > /dev/null 2>&1 &
 holder=$!
-for _ in $(seq 100); do [ -s "$W/shared/train_gpt.lock" ] && break; sleep 0.1; done
+for _ in $(seq 100); do [ -s "$W/shared/train_gpt.lock" ] && [ -s "$W/shared/checkpoints/train_gpt.lock" ] && break; sleep 0.1; done
 expect_fail 2 "out_dir.*$W/shared.*pid $holder" "$BIN" "$W/c.json" train.steps=4 "out_dir=$W/shared"
+# ... and on its checkpoint folder, from a run with another out_dir
+expect_fail 2 "checkpoint\.dir: $W/shared/checkpoints is in use .*pid $holder" "$BIN" "$W/c.json" train.steps=4 \
+    "checkpoint.dir=$W/shared/checkpoints" "out_dir=$W/other"
 kill -9 $holder
 wait $holder || true
 "$BIN" "$W/c.json" train.steps=2 "out_dir=$W/shared" > /dev/null || die "the lock outlived its holder"

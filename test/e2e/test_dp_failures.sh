@@ -4,8 +4,8 @@
 #  - a rank killed mid-run (SIGKILL inside a step, the others waiting in a collective) ends the job
 #    with a non-zero exit and a message naming the rank, and leaves no process behind;
 #  - a rank that hangs mid-run (alive, never reaching the next collective) ends the job once the
-#    others' watchdog passes parallel.timeout_s: non-zero exit, a message naming the stalled call,
-#    its group and the ranks that waited, and no process left behind.
+#    others' watchdog passes parallel.timeout_s: exit 5, a message naming the stalled call, its
+#    group, the ranks that waited and the rank that stalled, and no process left behind.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
 make_data
@@ -60,8 +60,11 @@ for zero in 0 3; do
     [ "$(echo "$took > 3" | bc)" -eq 1 ] || die "hung rank: the job ended after ${took}s, before timeout_s = 3"
     grep -q '^\[rank 1\] LLMC_FAULT=hang:train_step_5: this process hangs' "$W/hang.err" ||
         die "rank 1 did not hang at step 5: $(cat "$W/hang.err")"
-    grep -qE "^\[rank [023]\] error: $want on the dp group \([0-9]+ (float|double)s?\) did not complete within parallel\.timeout_s = 3 s; ending the job\$" \
+    # the waiting ranks name the call, its number on the group and whom they wait with, and, from
+    # the reports the ranks exchange on a timeout, the rank that stalled (the one that sent none)
+    grep -qE "^\[rank [023]\] error: $want #[0-9]+ on the dp group \([0-9]+ (float|double)s?; waiting with world ranks ([0-9]+, )*1(, [0-9]+)*\) did not complete within parallel\.timeout_s = 3 s; stalled: world rank 1 \(no report within 3 s: in no call, hung or dead\); waiting: rank [023] in [a-z_]+ #[0-9]+ on [a-z]+, rank [023] in [a-z_]+ #[0-9]+ on [a-z]+; ending the job\$" \
         "$W/hang.err" || die "no message naming the stalled collective ($want) and the rank: $(cat "$W/hang.err")"
+    ! grep -q '^\[rank 1\] error:' "$W/hang.err" || die "the stalled rank reported a call: $(cat "$W/hang.err")"
     grep -q 'step     4/50' "$W/hang.out" || die "the run did not get to step 4 before the hang"
     ! grep -q 'step     6/50' "$W/hang.out" || die "the job went on after rank 1 hung"
     sleep 1

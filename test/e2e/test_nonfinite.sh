@@ -51,6 +51,11 @@ LLMC_FAULT=nan:grad_4 "$BIN" "$W/c.json" "${ck[@]}" train.grad_accum=4 "out_dir=
     die "one process: $(tail -n 5 "$W/one.txt")"
 check_skipped one
 resume_same one "$BIN" "$W/c.json" "${ck[@]}" train.grad_accum=4
+# the count of skipped steps is part of the state: resumed after step 4's skip, step 6's is the second
+LLMC_FAULT=nan:grad_6 "$BIN" "$W/c.json" "${ck[@]}" train.grad_accum=4 "checkpoint.resume=$W/one/checkpoints/step_00000004" \
+    "out_dir=$W/one.count" > "$W/one.count.txt" 2>&1 || die "skipped count: $(tail -n 5 "$W/one.count.txt")"
+grep '"step":6,' "$W/one.count/log.jsonl" | grep -q '"skipped_steps":2' ||
+    die "skipped count: not carried over the resume: $(grep '"step":6,' "$W/one.count/log.jsonl")"
 
 echo "dp=2 (ZeRO-0: replicas), NaN on rank 1"
 LLMC_FAULT=nan:grad_4 LLMC_FAULT_RANK=1 dp_run 2 "$W/c.json" "${ck[@]}" "out_dir=$W/dp2" > "$W/dp2.txt" 2>&1 ||
@@ -78,6 +83,6 @@ grep -q 'error: 3 consecutive steps (1 to 3) had a non-finite loss or gradient n
     "$W/bad.txt" || die "max_bad_steps: no clear message: $(tail -n 5 "$W/bad.txt")"
 [ "$(grep -c '"skipped_steps"' "$W/bad/log.jsonl")" -eq 3 ] || die "max_bad_steps: expected 3 skipped records"
 # the step-2 checkpoint (weights as initialised: nothing was ever applied) is the only one; no final model
-[ "$(ls "$W/bad/checkpoints")" = step_00000002 ] || die "max_bad_steps: checkpoints: $(ls "$W/bad/checkpoints")"
+[ "$(cd "$W/bad/checkpoints" && ls -d step_*)" = step_00000002 ] || die "max_bad_steps: checkpoints: $(ls "$W/bad/checkpoints")"
 [ ! -e "$W/bad/model_00000010.bin" ] || die "max_bad_steps: a final model was written"
 echo "  stopped after 3 skipped steps with exit code 4; checkpoints as they were"
