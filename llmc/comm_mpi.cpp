@@ -246,8 +246,8 @@ namespace {
 // parallel.overlap says (set_overlap(false) waits at once): one kind per reduction, the same
 // bits either way. The runtime asks for MPI_THREAD_MULTIPLE (llmc/runtime.cpp); with less, a post
 // runs its call at once on the main thread (no overlap).
-// Point-to-point caveat: a communicator's operations run in order, so a receive posted before the
-// send its peer waits on blocks both: post the matched messages of a step as one exchange_async.
+// Point-to-point: exchange_async starts its MPI_Isend/Irecv in the post itself (messages match by
+// peer, tag and order, not by the collectives' sequence), so a receive posted early blocks nothing.
 class MpiComm : public Comm {
 public:
     MpiComm(std::vector<int> members, int rank, MPI_Comm comm, const std::string& group, double timeout_s)
@@ -346,27 +346,32 @@ public:
         check_exchange(msgs);
         blocking("exchange", exchange_text(msgs), [&] { exchange_call(msgs); });
     }
-    void exchange_call(const std::vector<CommP2P>& msgs, bool polled = false) {
-        // Receives first (then a send never waits in the unexpected-message queue); the order of
-        // the sends among themselves, and of the receives, is kept, which is what matches
-        // messages of the same peer and tag, chunk by chunk.
+    void exchange_call(const std::vector<CommP2P>& msgs) {
         std::vector<MPI_Request> reqs;
-        std::vector<int> want;  // per request: elements a receive expects, -1 for a send
+        std::vector<int> want;
+        start_exchange(msgs, &reqs, &want);
+        std::vector<MPI_Status> st(reqs.size());
+        MPI_Waitall(int(reqs.size()), reqs.data(), st.data());
+        check_exchange_received(st, want);
+    }
+    // Receives first (then a send never waits in the unexpected-message queue); the order of
+    // the sends among themselves, and of the receives, is kept, which is what matches
+    // messages of the same peer and tag, chunk by chunk.
+    void start_exchange(const std::vector<CommP2P>& msgs, std::vector<MPI_Request>* reqs, std::vector<int>* want) {
         for (int pass = 0; pass < 2; pass++)
             for (const CommP2P& m : msgs) {
                 if (m.is_send != (pass == 1)) continue;
                 for (size_t off = 0; off < m.n; off += kChunk) {
                     const int c = int(std::min(kChunk, m.n - off));
-                    reqs.emplace_back();
-                    if (m.is_send) MPI_Isend(m.buf + off, c, MPI_FLOAT, m.peer, m.tag, comm_, &reqs.back());
-                    else MPI_Irecv(m.buf + off, c, MPI_FLOAT, m.peer, m.tag, comm_, &reqs.back());
-                    want.push_back(m.is_send ? -1 : c);
+                    reqs->emplace_back();
+                    if (m.is_send) MPI_Isend(m.buf + off, c, MPI_FLOAT, m.peer, m.tag, comm_, &reqs->back());
+                    else MPI_Irecv(m.buf + off, c, MPI_FLOAT, m.peer, m.tag, comm_, &reqs->back());
+                    want->push_back(m.is_send ? -1 : c);  // per request: elements a receive expects, -1 for a send
                 }
             }
-        std::vector<MPI_Status> st(reqs.size());
-        if (polled) poll(reqs, &st);
-        else MPI_Waitall(int(reqs.size()), reqs.data(), st.data());
-        for (size_t i = 0; i < reqs.size(); i++)
+    }
+    static void check_exchange_received(const std::vector<MPI_Status>& st, const std::vector<int>& want) {
+        for (size_t i = 0; i < st.size(); i++)
             if (want[i] >= 0) check_received(st[i], want[i], "exchange");
     }
     void barrier() override {
@@ -391,7 +396,18 @@ public:
     }
     CommHandle exchange_async(const std::vector<CommP2P>& msgs) override {
         check_exchange(msgs);
-        return post("exchange", exchange_text(msgs), [this, msgs] { exchange_call(msgs, true); });
+        // Started here, not in the helper's queue: messages match by peer, tag and order whatever
+        // the collectives queued before them, and a receive posted early blocks nothing. The
+        // helper polls them in turn.
+        auto reqs = std::make_shared<std::vector<MPI_Request>>();
+        auto want = std::make_shared<std::vector<int>>();
+        if (threaded_) start_exchange(msgs, reqs.get(), want.get());
+        return post("exchange", exchange_text(msgs), [this, msgs, reqs, want] {
+            if (!threaded_) start_exchange(msgs, reqs.get(), want.get());
+            std::vector<MPI_Status> st;
+            poll(*reqs, &st);
+            check_exchange_received(st, *want);
+        });
     }
     void wait(CommHandle& h) override {
         if (!h.pending()) return;

@@ -8,6 +8,8 @@
 #    current layer, forward and backward; layer reduce-scatters waited for at the next layer's):
 #    with overlap a step spends at most 30% of the delay injected per step waiting for
 #    communication (step time <= compute_ms + 0.3 x injected), without overlap at least 90%.
+#  - dp=1 x pp=2 1F1B (receives posted ahead of their action, sends waited for later): likewise,
+#    counting only the waits the delay adds (the pipeline's bubble is a wait without any delay).
 #  - with and without overlap the losses and the final weights are bitwise the same.
 # The injected delay per step is D times the collectives a step makes, counted here from the layout:
 #   ZeRO-1: B bucket reduce-scatters + B bucket all-gathers + 2 scalar all-reduces (loss, norm)
@@ -50,18 +52,33 @@ ops_zero1() {
     echo $(( 2 * b + 2 ))
 }
 ops_zero3() { echo $(( 3 * L + 7 )); }
+# 1F1B on stage 0 (world rank 0, which logs) of 2 stages, M micro-batches: Send(a0), then M - 1
+# SendRecv(a_m, g_m-1), then Recv(g_M-1): M + 1 transfers; the loss (pp), the tied embedding's
+# gradient (first and last stage) and the gradient norm (model-parallel group): 3 all-reduces
+ops_pp() { echo $(( M + 4 )); }
 
-# check NAME ARGS...: runs the layout with and without overlap under the delay
+# check NAME ARGS...: runs the layout with and without overlap under the delay. A pipeline waits
+# for its neighbour also without any delay (the schedule's bubble), so with BASE=1 the overlapped
+# run's waits without the delay are subtracted from its waits with it: what remains is the delay
+# it did not hide. (The run without overlap is held to its waits as they are: bubble included.)
 check() {
     local name=$1; shift
     for ov in true false; do
         LLMC_COMM_DELAY_MS=$D dp_run 2 "$W/c.json" "out_dir=$W/$name-$ov" parallel.overlap=$ov "$@" > "$W/$name-$ov.txt" ||
             die "$name overlap=$ov failed: $(tail -5 "$W/$name-$ov.txt")"
+        [ -z "${BASE:-}" ] || dp_run 2 "$W/c.json" "out_dir=$W/$name-$ov-0" parallel.overlap=$ov "$@" > /dev/null ||
+            die "$name overlap=$ov without the delay failed"
     done
     diff <(losses "$W/$name-true/log.jsonl") <(losses "$W/$name-false/log.jsonl") || die "$name: losses differ with overlap"
     cmp "$W/$name-true/model_00000004.bin" "$W/$name-false/model_00000004.bin" || die "$name: weights differ with overlap"
     read -r comm_on compute_on <<< "$(medians "$name-true")"
     read -r comm_off compute_off <<< "$(medians "$name-false")"
+    if [ -n "${BASE:-}" ]; then
+        read -r base_on _ <<< "$(medians "$name-true-0")"
+        read -r base_off _ <<< "$(medians "$name-false-0")"
+        echo "  $name without the delay: waits $base_on ms (overlap), $base_off ms (none) per step"
+        comm_on=$(echo "$comm_on - $base_on" | bc -l)
+    fi
     local ops injected
     ops=$(ops_$name)
     injected=$(( ops * D ))
@@ -74,5 +91,8 @@ check() {
 }
 
 check zero1 parallel.zero=1 parallel.bucket_mb=0.8  # buckets a little over a layer: one per layer at most
-check zero3 parallel.zero=3 parallel.bucket_mb=100
+check zero3 parallel.zero=3 parallel.bucket_mb=100 train.micro_batch=24  # a layer's forward well over D
+# pp=2 1F1B: receives posted ahead, sends waited for later; 3 layers per stage
+M=16
+BASE=1 check pp parallel.pp=2 parallel.pp_schedule=1f1b train.grad_accum=$M train.micro_batch=4 model.n_layer=6
 echo "PASS test_overlap"
