@@ -98,7 +98,7 @@ submit() {
     local opts=()
     while [ "$1" != "--" ]; do opts+=("$1"); shift; done
     shift
-    (cd "$ROOT" && sbatch --parsable "${opts[@]}" -o "$W/$name.out" scripts/slurm/train.sbatch "$W/c.json" \
+    (cd "$ROOT" && TRAIN_GPT="$BIN" sbatch --parsable "${opts[@]}" -o "$W/$name.out" scripts/slurm/train.sbatch "$W/c.json" \
         "out_dir=$W/$name" "$@")
 }
 # same_run A B STEPS: losses and final weights of out_dirs A and B are bit-identical
