@@ -47,7 +47,7 @@ done
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)
 {
     echo
-    echo "## Communication overlap (CPU) - $(date -u +%Y-%m-%d) - commit $(git rev-parse --short HEAD) - $cpu, $(nproc) cores"
+    echo "## Communication overlap (CPU) - $(date -u +%Y-%m-%d) - commit $(git rev-parse --short HEAD) - $cpu, $(getconf _NPROCESSORS_ONLN) cores"
     echo
     echo "\`dev/bench/overlap_bench.sh $ZERO ${DELAYS[*]}\`: dp=2 ZeRO-$ZERO over MPI on the CPU, 12 layers x d_model 128,"
     echo "$(grep -o '[0-9]* gradient buckets' "$W/out.txt"), LLMC_COMM_DELAY_MS per collective; medians of steps 2-5 in ms"
