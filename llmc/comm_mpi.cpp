@@ -66,11 +66,12 @@ std::vector<int> int_counts(const std::vector<size_t>& counts, std::vector<int>*
 
 size_t total(const std::vector<size_t>& counts) { return count_offsets(counts).back(); }
 
-// Completes reqs by polling: MPI_Testall, then a sleep growing from 20 us to 1 ms (latency in
-// exchange for a core left to the computation).
+// Completes reqs by polling: MPI_Testall, then a sleep growing from 10 us to 200 us (latency in
+// exchange for a core left to the computation). The polls are also the progress of every other
+// message of the process (a large message's rendezvous takes several), so the cap stays short.
 void poll(std::vector<MPI_Request>& reqs, std::vector<MPI_Status>* st = nullptr) {
     if (st) st->resize(reqs.size());
-    for (int us = 20;; us = std::min(2 * us, 1000)) {
+    for (int us = 10;; us = std::min(2 * us, 200)) {
         int flag = 0;
         MPI_Testall(int(reqs.size()), reqs.data(), &flag, st ? st->data() : MPI_STATUSES_IGNORE);
         if (flag) return;

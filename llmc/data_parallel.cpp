@@ -188,11 +188,17 @@ std::function<void(size_t)> DataParallel::grads_ready() {
 
 void DataParallel::finish_grad_sync() {
     if (zero_ >= 2) {  // the step-long units: the embedding, then the head
+        std::vector<CommHandle> posted;
         for (int k : {int(ParamUnit::Embedding), int(ParamUnit::Head)}) {
             Slot& g = grad_slots_[k];
-            if (g.unit >= 0) reduce_scatter_unit(g.unit, g.buf.slice(0, layout_.units[size_t(g.unit)].numel()));
+            if (g.unit >= 0) {
+                const Tensor grads = g.buf.slice(0, layout_.units[size_t(g.unit)].numel());
+                if (in_place_) posted_step_long(g.unit, grads, &posted);
+                else reduce_scatter_unit(g.unit, grads);
+            }
             g.unit = -1;
         }
+        for (CommHandle& h : posted) comm_.wait(h);
     } else {
         while (next_bucket_ < buckets_.size()) launch(buckets_[next_bucket_++]);
         next_bucket_ = 0;
@@ -221,6 +227,15 @@ void DataParallel::reduce_scatter_unit(int unit, Tensor grads) {
         post_staged(comm_.reduce_scatter_async(send_.data(), recv_.data(), counts), [this, b, mine] {
             if (mine > 0) accumulate(grad_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
         });
+    });
+}
+
+void DataParallel::posted_step_long(int unit, Tensor grads, std::vector<CommHandle>* posted) {
+    const size_t ub = layout_.units[size_t(unit)].begin;
+    for_each_piece(unit, [&](size_t b, size_t e, const std::vector<size_t>& counts) {
+        const size_t mine = counts[size_t(dp_rank())];
+        float* dst = grad_shard_.slice(mine > 0 ? std::max(b, opt_begin()) - opt_begin() : 0, mine).f32();
+        posted->push_back(comm_.reduce_scatter_async(grads.slice(b - ub, e - b).f32(), dst, counts));
     });
 }
 

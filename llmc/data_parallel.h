@@ -191,6 +191,11 @@ private:
     // stages 2 and 3: one unit's gradient reduce-scattered and added to this rank's shard, and
     // one unit's parameters all-gathered from every shard, in pieces of bucket_elems_
     void reduce_scatter_unit(int unit, Tensor grads);
+    // In place (fp32 on a communicator that reads the backend's memory), for the step-long units
+    // (the embedding, the head: reduce-scattered once per step, into a part of the shard nothing
+    // else adds to, zero until then): every piece straight from the unit's gradient buffer into
+    // the shard, all posted at once
+    void posted_step_long(int unit, Tensor grads, std::vector<CommHandle>* posted);
     // f(begin, end, every rank's share: shard_counts) for each bucket-sized piece of a unit
     void for_each_piece(int unit, const std::function<void(size_t, size_t, const std::vector<size_t>&)>& f) const;
     // posted into dst (in place) or gathered through the staging buffers (returns no handles)

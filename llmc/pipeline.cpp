@@ -165,15 +165,20 @@ double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
     LLMC_ASSERT(receiving_.empty(), "pipeline: a received tensor left over after the step");
     LLMC_ASSERT(buffers_.empty(), "pipeline: tensors left over after the step");
     // the tied embedding: the first stage's wte and the last stage's head copy get the sum of both gradients
+    // (the loss's all-reduce over the stages, which only the last one had, runs meanwhile)
+    bool loss_summed = stages() == 1;
     if (embed_ && embed_->size() > 1 && stage_.tied_head()) {
         stage_.update_head_weight_grad([&](Tensor g) {
             std::vector<float> h(g.n);
             ops_.to_host_f32(h.data(), g);
-            embed_->all_reduce(h.data(), h.size(), ReduceOp::Sum);
+            CommHandle sum = embed_->all_reduce_async(h.data(), h.size(), ReduceOp::Sum);
+            if (!loss_summed) pp_->all_reduce(&loss, 1, ReduceOp::Sum);
+            loss_summed = true;
+            embed_->wait(sum);
             ops_.from_host_f32(g, h.data());
         });
     }
-    if (stages() > 1) pp_->all_reduce(&loss, 1, ReduceOp::Sum);  // only the last stage had it
+    if (!loss_summed) pp_->all_reduce(&loss, 1, ReduceOp::Sum);
     return loss / micro_batches_;
 }
 

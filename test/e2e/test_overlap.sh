@@ -19,7 +19,9 @@
 #          head, and the 2 scalars: 3L + 7.
 # Robust on a loaded machine: comm_ms counts waits only, so slow computation does not move it
 # (compute per layer stays above D as long as the machine is not ~3x slower than an idle one);
-# medians over the steps after the first; the bounds are far apart (no overlap: ~100%).
+# load adds waits (a rank descheduled while its peer waits), never removes them, so each run is
+# judged by its least-waiting step after the first: that only makes the no-overlap bound harder
+# to meet. The bounds are far apart (no overlap: ~100%, overlap: ~20%).
 # (The watchdog over a stalled non-blocking operation: test_dp_failures.sh, whose ZeRO-3 case
 # stalls in a posted reduce-scatter.)
 source "$(dirname "$0")/lib.sh"
@@ -35,12 +37,20 @@ cat > "$W/c.json" <<JSON
   "out_dir": "$W/out" }
 JSON
 
-# medians RUN: "<median comm_ms> <median compute_ms>" over the steps after the first
-medians() {
+# typical RUN: the median comm_ms of the steps after the first (the bubble's estimate)
+typical() {
     python3 - "$W/$1/log.jsonl" <<'PY'
 import json, statistics, sys
+print(statistics.median([json.loads(l)["comm_ms"] for l in open(sys.argv[1]) if '"loss"' in l][1:]))
+PY
+}
+# least RUN: "<comm_ms> <compute_ms>" of the step after the first that waited least
+least() {
+    python3 - "$W/$1/log.jsonl" <<'PY'
+import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l][1:]
-print(statistics.median(r["comm_ms"] for r in recs), statistics.median(r["compute_ms"] for r in recs))
+r = min(recs, key=lambda r: r["comm_ms"])
+print(r["comm_ms"], r["compute_ms"])
 PY
 }
 
@@ -59,8 +69,8 @@ ops_pp() { echo $(( M + 4 )); }
 
 # check NAME ARGS...: runs the layout with and without overlap under the delay. A pipeline waits
 # for its neighbour also without any delay (the schedule's bubble), so with BASE=1 the overlapped
-# run's waits without the delay are subtracted from its waits with it: what remains is the delay
-# it did not hide. (The run without overlap is held to its waits as they are: bubble included.)
+# run's typical (median) waits without the delay are subtracted from its waits with it: the delay
+# it did not hide remains. (The run without overlap is held to its waits as they are: bubble included.)
 check() {
     local name=$1; shift
     for ov in true false; do
@@ -71,11 +81,11 @@ check() {
     done
     diff <(losses "$W/$name-true/log.jsonl") <(losses "$W/$name-false/log.jsonl") || die "$name: losses differ with overlap"
     cmp "$W/$name-true/model_00000004.bin" "$W/$name-false/model_00000004.bin" || die "$name: weights differ with overlap"
-    read -r comm_on compute_on <<< "$(medians "$name-true")"
-    read -r comm_off compute_off <<< "$(medians "$name-false")"
+    read -r comm_on compute_on <<< "$(least "$name-true")"
+    read -r comm_off compute_off <<< "$(least "$name-false")"
     if [ -n "${BASE:-}" ]; then
-        read -r base_on _ <<< "$(medians "$name-true-0")"
-        read -r base_off _ <<< "$(medians "$name-false-0")"
+        base_on=$(typical "$name-true-0")
+        base_off=$(typical "$name-false-0")
         echo "  $name without the delay: waits $base_on ms (overlap), $base_off ms (none) per step"
         comm_on=$(echo "$comm_on - $base_on" | bc -l)
     fi
@@ -93,6 +103,6 @@ check() {
 check zero1 parallel.zero=1 parallel.bucket_mb=0.8  # buckets a little over a layer: one per layer at most
 check zero3 parallel.zero=3 parallel.bucket_mb=100 train.micro_batch=24  # a layer's forward well over D
 # pp=2 1F1B: receives posted ahead, sends waited for later; 3 layers per stage
-M=16
+M=24
 BASE=1 check pp parallel.pp=2 parallel.pp_schedule=1f1b train.grad_accum=$M train.micro_batch=4 model.n_layer=6
 echo "PASS test_overlap"
