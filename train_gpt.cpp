@@ -320,7 +320,10 @@ struct Run {
           progress(tc.steps, tokens_per_step(cfg, grid)) {
         for (Comm* c : {groups.world.get(), groups.dp.get(), groups.tp.get(), groups.pp.get(), groups.mp.get(),
                         groups.embed.get(), groups.ep.get(), groups.edp.get()})
-            if (c) c->set_compute_stream(ops->compute_stream());  // device communicators wait for the ops' stream
+            if (c) {
+                c->set_compute_stream(ops->compute_stream());  // device communicators wait for the ops' stream
+                c->set_overlap(pc.overlap);
+            }
         if (!cfg.data.val.empty())
             val_data.reset(new DataLoader(cfg.data.val, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, false, 0,
                                           shape.vocab_size));
@@ -538,7 +541,7 @@ void log_moe(Run& r, nlohmann::json& rec, std::string& extra) {
 // and AdamW; logs the step.
 void train_step(Run& r, int step, Batches& x, Batches& y) {
     const TrainConfig& tc = r.tc;
-    const double t0 = now_ms();
+    const double t0 = now_ms(), comm0 = comm_wait_ms();
     r.model.zero_grads();
     r.conv->begin_step();
     for (int micro = 0; micro < tc.grad_accum; micro++)
@@ -568,8 +571,10 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     r.dp.after_update();
     r.ops->synchronize();
     const double ms = now_ms() - t0, tok_s = tokens_per_step(r) / (ms / 1000.0);
+    const double comm_ms = comm_wait_ms() - comm0;  // this rank's time inside communication waits
     r.progress.step_done(ms);
-    rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"tok_per_s", tok_s},
+    rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"comm_ms", comm_ms},
+                {"compute_ms", ms - comm_ms}, {"tok_per_s", tok_s},
                 {"tokens", r.progress.tokens()}});
     // MFU on GPUs: model FLOPs (6N + 12LCT per token) over the dense peak of this GPU and precision;
     // tokens/s is the whole job's, each GPU does 1/world of the work
@@ -617,6 +622,7 @@ int train(Runtime& rt, int argc, char** argv) {
     std::string error;
     try {
         plan = plan_run(rt, argc, argv);
+        comm_delay_s();  // the test hook LLMC_COMM_DELAY_MS, checked before any communicator exists
     } catch (const UserError& e) {
         error = e.what();
     }

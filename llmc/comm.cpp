@@ -1,6 +1,9 @@
 // The group of one (no MPI) and helpers shared by every Comm implementation.
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "llmc/comm.h"
 #include "llmc/common.h"
@@ -70,6 +73,36 @@ std::chrono::steady_clock::time_point comm_deadline(double timeout_s) {
     using Clock = std::chrono::steady_clock;
     const double s = std::min(timeout_s, kCommTimeoutCapS);  // also turns +inf into the cap
     return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+double comm_delay_s() {
+    static const double d = [] {
+        const char* e = std::getenv("LLMC_COMM_DELAY_MS");
+        if (!e || !*e) return 0.0;
+        char* end = nullptr;
+        const double ms = std::strtod(e, &end);
+        if (*end || !(ms >= 0) || !std::isfinite(ms))
+            throw UserError(strfmt("LLMC_COMM_DELAY_MS: \"%s\" is not a number of milliseconds >= 0", e));
+        return ms / 1000.0;
+    }();
+    return d;
+}
+
+void comm_delay_until(std::chrono::steady_clock::time_point started) {
+    const double d = comm_delay_s();
+    if (d > 0)
+        std::this_thread::sleep_until(started + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                    std::chrono::duration<double>(d)));
+}
+
+namespace {
+double g_comm_wait_ms = 0;
+}
+
+double comm_wait_ms() { return g_comm_wait_ms; }
+
+CommWaitTimer::~CommWaitTimer() {
+    g_comm_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
 }
 
 namespace {

@@ -25,7 +25,22 @@
 // calls force that across calls; within one exchange it is the caller's care) and the tag only
 // labels the call. Sizes must match exactly.
 //
-// Watchdog (MPI, NCCL): every blocking call is timed. One that does not complete within
+// Non-blocking calls (all_reduce_async, reduce_scatter_async, all_gather_async, exchange_async)
+// post the same operation and return a CommHandle; its buffers belong to the communicator until
+// wait(handle) returns (then the result is in them). They count as calls in the order above: a
+// member posts them in the same order as the others, interleaved with blocking calls alike. The
+// results are bitwise those of the blocking call (MPI runs the same blocking call on a helper
+// thread: see comm_mpi.cpp). A blocking call first completes every operation posted before it.
+// With set_overlap(false) every post waits for its own completion before returning (the
+// blocking behaviour, for comparison: parallel.overlap). Implementations without a non-blocking
+// path (SelfComm, NCCL for now) complete the operation inside the post.
+//
+// Test hook LLMC_COMM_DELAY_MS=D (a slow network): on MPI and NCCL every call and every posted
+// operation completes no sooner than D ms after it started (was posted); the wait sleeps, it
+// does not spin. (SelfComm moves nothing and is not delayed.) comm_wait_ms() is the time this process's main thread has spent inside
+// communication: blocking calls and waits on handles (the trainer's comm_ms per step).
+//
+// Watchdog (MPI, NCCL): every blocking call and every posted operation is timed. One that does not complete within
 // timeout_s (parallel.timeout_s) prints which call stalled on which group, e.g.
 //   [rank 1] error: all_reduce on the dp group (2621 floats) did not complete within
 //   parallel.timeout_s = 5 s; ending the job
@@ -55,6 +70,19 @@ struct CommP2P {
     int tag;
 };
 
+// A posted operation (see Comm's non-blocking calls); empty: none, or already waited for.
+struct CommOp;
+class CommHandle {
+public:
+    CommHandle() = default;
+    explicit CommHandle(std::shared_ptr<CommOp> op) : op_(std::move(op)) {}
+    bool pending() const { return op_ != nullptr; }
+    std::shared_ptr<CommOp>& op() { return op_; }
+
+private:
+    std::shared_ptr<CommOp> op_;
+};
+
 class Comm {
 public:
     virtual ~Comm() = default;
@@ -76,6 +104,7 @@ public:
     // (counts[rank()] elements at offset sum(counts[0..rank()))) of their element-wise sum.
     virtual void reduce_scatter(const float* send, float* recv, const std::vector<size_t>& counts) = 0;
     // send holds counts[rank()] elements; recv (sum(counts)) gets every member's piece in group order.
+    // send may be this member's piece of recv itself (recv + offset of rank(): in place).
     virtual void all_gather(const float* send, float* recv, const std::vector<size_t>& counts) = 0;
     // as all_gather, but only root's recv is written (others may pass nullptr)
     virtual void gather(const float* send, float* recv, const std::vector<size_t>& counts, int root) = 0;
@@ -105,6 +134,30 @@ public:
                       const std::vector<size_t>& recv_counts);
     virtual void barrier() = 0;
 
+    // Non-blocking: as the calls above, completed by wait(). The defaults complete the call
+    // inside the post (an empty handle).
+    virtual CommHandle all_reduce_async(float* buf, size_t n, ReduceOp op) {
+        all_reduce(buf, n, op);
+        return {};
+    }
+    virtual CommHandle reduce_scatter_async(const float* send, float* recv, const std::vector<size_t>& counts) {
+        reduce_scatter(send, recv, counts);
+        return {};
+    }
+    virtual CommHandle all_gather_async(const float* send, float* recv, const std::vector<size_t>& counts) {
+        all_gather(send, recv, counts);
+        return {};
+    }
+    virtual CommHandle exchange_async(const std::vector<CommP2P>& msgs) {
+        exchange(msgs);
+        return {};
+    }
+    // Returns when h's operation is complete (at once for an empty handle); h is then empty.
+    virtual void wait(CommHandle& h) { h = CommHandle(); }
+    // false: every non-blocking post waits for its completion before it returns.
+    void set_overlap(bool on) { overlap_ = on; }
+    bool overlap() const { return overlap_; }
+
 protected:
     Comm(std::vector<int> members, int rank, std::string group)
         : members_(std::move(members)), rank_(rank), group_(std::move(group)) {}
@@ -120,6 +173,7 @@ private:
     std::vector<int> members_;
     int rank_;
     std::string group_;
+    bool overlap_ = true;
 };
 
 // The tags every implementation accepts (MPI guarantees at least 0..32767).
@@ -138,6 +192,24 @@ std::unique_ptr<Comm> make_mpi_comm(const std::vector<std::vector<int>>& partiti
 // is not used afterwards. Collective over the group. Defined in llmc/cuda/comm_nccl.cu; a
 // binary built without the CUDA objects gets a definition that throws UserError.
 std::unique_ptr<Comm> make_nccl_comm(Comm& bootstrap, int cuda_device, double timeout_s);
+
+// LLMC_COMM_DELAY_MS in seconds (0 when unset); a value that is not a number >= 0 throws UserError.
+double comm_delay_s();
+// Sleeps until started + comm_delay_s() (the delay hook; returns at once without it).
+void comm_delay_until(std::chrono::steady_clock::time_point started);
+// Milliseconds this process has spent inside communication waits (blocking calls, waits on
+// handles) so far; a CommWaitTimer adds the time of its scope. Main thread only.
+double comm_wait_ms();
+class CommWaitTimer {
+public:
+    CommWaitTimer() : t0_(std::chrono::steady_clock::now()) {}
+    ~CommWaitTimer();
+    CommWaitTimer(const CommWaitTimer&) = delete;
+    CommWaitTimer& operator=(const CommWaitTimer&) = delete;
+
+private:
+    std::chrono::steady_clock::time_point t0_;
+};
 
 // Prefix sums of counts: offsets[i] = counts[0] + ... + counts[i-1].
 std::vector<size_t> count_offsets(const std::vector<size_t>& counts);

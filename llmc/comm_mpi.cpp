@@ -10,6 +10,7 @@
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -64,6 +65,19 @@ std::vector<int> int_counts(const std::vector<size_t>& counts, std::vector<int>*
 }
 
 size_t total(const std::vector<size_t>& counts) { return count_offsets(counts).back(); }
+
+// Completes reqs by polling: MPI_Testall, then a sleep growing from 10 us to 200 us (latency in
+// exchange for a core left to the computation). The polls are also the progress of every other
+// message of the process (a large message's rendezvous takes several), so the cap stays short.
+void poll(std::vector<MPI_Request>& reqs, std::vector<MPI_Status>* st = nullptr) {
+    if (st) st->resize(reqs.size());
+    for (int us = 10;; us = std::min(2 * us, 200)) {
+        int flag = 0;
+        MPI_Testall(int(reqs.size()), reqs.data(), &flag, st ? st->data() : MPI_STATUSES_IGNORE);
+        if (flag) return;
+        ::usleep(useconds_t(us));
+    }
+}
 
 // Times one communicator's blocking calls on a helper thread: the main thread arms it before a
 // call and disarms it after. A call still armed at its deadline is reported, and the helper ends
@@ -209,11 +223,51 @@ private:
     Watchdog& w_;
 };
 
+}  // namespace
+
+// A posted operation of an MpiComm: the call its helper thread runs, and whether it has.
+struct CommOp {
+    const char* op;
+    std::string detail;
+    std::function<void()> run;
+    Clock::time_point posted;
+    bool done = false;
+};
+
+namespace {
+
+// Non-blocking operations: each communicator runs its posted operations, one at a time in posting
+// order, on a helper thread, which starts MPI's non-blocking call (MPI_Iallreduce,
+// MPI_Ireduce_scatter, MPI_Iallgatherv, MPI_Isend/Irecv) and polls it with MPI_Test, sleeping
+// between polls. Open MPI advances non-blocking collectives only while some thread is inside MPI,
+// so the polling thread is their progress, whatever the main thread computes; a blocking call on
+// the helper would busy-wait and take a core from the computation (ranks share cores in tests).
+// Open MPI's non-blocking reductions may sum in another order than the blocking ones (other
+// algorithms for the same sizes), so a reduction a caller posts is posted whatever
+// parallel.overlap says (set_overlap(false) waits at once): one kind per reduction, the same
+// bits either way. The runtime asks for MPI_THREAD_MULTIPLE (llmc/runtime.cpp); with less, a post
+// runs its call at once on the main thread (no overlap).
+// Point-to-point: exchange_async starts its MPI_Isend/Irecv in the post itself (messages match by
+// peer, tag and order, not by the collectives' sequence), so a receive posted early blocks nothing.
 class MpiComm : public Comm {
 public:
     MpiComm(std::vector<int> members, int rank, MPI_Comm comm, const std::string& group, double timeout_s)
-        : Comm(std::move(members), rank, group), comm_(comm), watchdog_(group, timeout_s, others_text()) {}
+        : Comm(std::move(members), rank, group), comm_(comm), watchdog_(group, timeout_s, others_text()) {
+        int level = MPI_THREAD_SINGLE;
+        MPI_Query_thread(&level);
+        threaded_ = level == MPI_THREAD_MULTIPLE;
+        comm_delay_s();  // a bad LLMC_COMM_DELAY_MS fails here, before any call
+    }
     ~MpiComm() override {
+        if (worker_.joinable()) {
+            drain();
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                stop_ = true;
+            }
+            cv_.notify_all();
+            worker_.join();
+        }
         int finalized = 0;
         MPI_Finalized(&finalized);
         if (!finalized) MPI_Comm_free(&comm_);
@@ -221,61 +275,60 @@ public:
     std::string name() const override { return "mpi"; }
 
     void all_reduce(float* buf, size_t n, ReduceOp op) override {
-        Timed t(watchdog_, "all_reduce", count_text(n, "float"));
-        all_reduce_any(buf, n, MPI_FLOAT, op);
+        blocking("all_reduce", count_text(n, "float"), [&] { all_reduce_any(buf, n, MPI_FLOAT, op); });
     }
     void all_reduce(double* buf, size_t n, ReduceOp op) override {
-        Timed t(watchdog_, "all_reduce", count_text(n, "double"));
-        all_reduce_any(buf, n, MPI_DOUBLE, op);
+        blocking("all_reduce", count_text(n, "double"), [&] { all_reduce_any(buf, n, MPI_DOUBLE, op); });
     }
 
     void reduce_scatter(const float* send, float* recv, const std::vector<size_t>& counts) override {
-        check_counts(counts);
-        std::vector<int> displs, c = int_counts(counts, &displs);
-        Timed t(watchdog_, "reduce_scatter", count_text(total(counts), "float"));
-        MPI_Reduce_scatter(send, recv, c.data(), MPI_FLOAT, MPI_SUM, comm_);
+        blocking("reduce_scatter", count_text(total(counts), "float"), reduce_scatter_call(send, recv, counts));
     }
     void all_gather(const float* send, float* recv, const std::vector<size_t>& counts) override {
-        check_counts(counts);
-        std::vector<int> displs, c = int_counts(counts, &displs);
-        Timed t(watchdog_, "all_gather", count_text(total(counts), "float"));
-        MPI_Allgatherv(send, c[rank()], MPI_FLOAT, recv, c.data(), displs.data(), MPI_FLOAT, comm_);
+        blocking("all_gather", count_text(total(counts), "float"), all_gather_call(send, recv, counts));
     }
     void gather(const float* send, float* recv, const std::vector<size_t>& counts, int root) override {
         check_counts(counts);
         check_peer(root, "gather");
         std::vector<int> displs, c = int_counts(counts, &displs);
-        Timed t(watchdog_, "gather", count_text(total(counts), "float") + strfmt(" to group rank %d", root));
-        MPI_Gatherv(send, c[rank()], MPI_FLOAT, recv, c.data(), displs.data(), MPI_FLOAT, root, comm_);
+        blocking("gather", count_text(total(counts), "float") + strfmt(" to group rank %d", root), [&] {
+            MPI_Gatherv(send, c[rank()], MPI_FLOAT, recv, c.data(), displs.data(), MPI_FLOAT, root, comm_);
+        });
     }
     void broadcast(float* buf, size_t n, int root) override {
         check_peer(root, "broadcast");
-        Timed t(watchdog_, "broadcast", count_text(n, "float") + strfmt(" from group rank %d", root));
-        for (size_t off = 0; off < n; off += kChunk)
-            MPI_Bcast(buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, root, comm_);
+        blocking("broadcast", count_text(n, "float") + strfmt(" from group rank %d", root), [&] {
+            for (size_t off = 0; off < n; off += kChunk)
+                MPI_Bcast(buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, root, comm_);
+        });
     }
     void send(const float* buf, size_t n, int peer, int tag) override {
         check_p2p(peer, tag, "send");
-        Timed t(watchdog_, "send", count_text(n, "float") + strfmt(" to group rank %d, tag %d", peer, tag));
-        for (size_t off = 0; off < n; off += kChunk)
-            MPI_Send(buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, peer, tag, comm_);
+        blocking("send", count_text(n, "float") + strfmt(" to group rank %d, tag %d", peer, tag), [&] {
+            for (size_t off = 0; off < n; off += kChunk)
+                MPI_Send(buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, peer, tag, comm_);
+        });
     }
     void recv(float* buf, size_t n, int peer, int tag) override {
         check_p2p(peer, tag, "recv");
-        Timed t(watchdog_, "recv", count_text(n, "float") + strfmt(" from group rank %d, tag %d", peer, tag));
-        for (size_t off = 0; off < n; off += kChunk) {
-            const int want = int(std::min(kChunk, n - off));
-            MPI_Status st;
-            MPI_Recv(buf + off, want, MPI_FLOAT, peer, tag, comm_, &st);
-            check_received(st, want, "recv");
-        }
+        blocking("recv", count_text(n, "float") + strfmt(" from group rank %d, tag %d", peer, tag), [&] {
+            for (size_t off = 0; off < n; off += kChunk) {
+                const int want = int(std::min(kChunk, n - off));
+                MPI_Status st;
+                MPI_Recv(buf + off, want, MPI_FLOAT, peer, tag, comm_, &st);
+                check_received(st, want, "recv");
+            }
+        });
     }
     void sendrecv(const float* sendbuf, size_t send_n, int send_peer, float* recvbuf, size_t recv_n, int recv_peer,
                   int tag) override {
         check_sendrecv(send_n, send_peer, recv_n, recv_peer, tag);
-        Timed t(watchdog_, "sendrecv",
-                count_text(send_n, "float") + strfmt(" to group rank %d, ", send_peer) + count_text(recv_n, "float") +
-                    strfmt(" from group rank %d, tag %d", recv_peer, tag));
+        const std::string detail = count_text(send_n, "float") + strfmt(" to group rank %d, ", send_peer) +
+                                   count_text(recv_n, "float") + strfmt(" from group rank %d, tag %d", recv_peer, tag);
+        blocking("sendrecv", detail, [&] { sendrecv_call(sendbuf, send_n, send_peer, recvbuf, recv_n, recv_peer, tag); });
+    }
+    void sendrecv_call(const float* sendbuf, size_t send_n, int send_peer, float* recvbuf, size_t recv_n,
+                       int recv_peer, int tag) {
         // Chunk i of each direction travels in call i. The side with fewer chunks sits the last
         // calls out (MPI_PROC_NULL): each direction then carries exactly chunks(n) messages,
         // which is what its peer, computing from the same n, posts.
@@ -291,36 +344,77 @@ public:
         }
     }
     void exchange(const std::vector<CommP2P>& msgs) override {
-        for (const CommP2P& m : msgs) {
-            check_peer(m.peer, "exchange");
-            check_tag(m.tag, "exchange");
-        }
-        const std::string detail = exchange_text(msgs);
-        Timed t(watchdog_, "exchange", detail);
-        // Receives first (then a send never waits in the unexpected-message queue); the order of
-        // the sends among themselves, and of the receives, is kept, which is what matches
-        // messages of the same peer and tag, chunk by chunk.
+        check_exchange(msgs);
+        blocking("exchange", exchange_text(msgs), [&] { exchange_call(msgs); });
+    }
+    void exchange_call(const std::vector<CommP2P>& msgs) {
         std::vector<MPI_Request> reqs;
-        std::vector<int> want;  // per request: elements a receive expects, -1 for a send
+        std::vector<int> want;
+        start_exchange(msgs, &reqs, &want);
+        std::vector<MPI_Status> st(reqs.size());
+        MPI_Waitall(int(reqs.size()), reqs.data(), st.data());
+        check_exchange_received(st, want);
+    }
+    // Receives first (then a send never waits in the unexpected-message queue); the order of
+    // the sends among themselves, and of the receives, is kept, which is what matches
+    // messages of the same peer and tag, chunk by chunk.
+    void start_exchange(const std::vector<CommP2P>& msgs, std::vector<MPI_Request>* reqs, std::vector<int>* want) {
         for (int pass = 0; pass < 2; pass++)
             for (const CommP2P& m : msgs) {
                 if (m.is_send != (pass == 1)) continue;
                 for (size_t off = 0; off < m.n; off += kChunk) {
                     const int c = int(std::min(kChunk, m.n - off));
-                    reqs.emplace_back();
-                    if (m.is_send) MPI_Isend(m.buf + off, c, MPI_FLOAT, m.peer, m.tag, comm_, &reqs.back());
-                    else MPI_Irecv(m.buf + off, c, MPI_FLOAT, m.peer, m.tag, comm_, &reqs.back());
-                    want.push_back(m.is_send ? -1 : c);
+                    reqs->emplace_back();
+                    if (m.is_send) MPI_Isend(m.buf + off, c, MPI_FLOAT, m.peer, m.tag, comm_, &reqs->back());
+                    else MPI_Irecv(m.buf + off, c, MPI_FLOAT, m.peer, m.tag, comm_, &reqs->back());
+                    want->push_back(m.is_send ? -1 : c);  // per request: elements a receive expects, -1 for a send
                 }
             }
-        std::vector<MPI_Status> st(reqs.size());
-        MPI_Waitall(int(reqs.size()), reqs.data(), st.data());
-        for (size_t i = 0; i < reqs.size(); i++)
+    }
+    static void check_exchange_received(const std::vector<MPI_Status>& st, const std::vector<int>& want) {
+        for (size_t i = 0; i < st.size(); i++)
             if (want[i] >= 0) check_received(st[i], want[i], "exchange");
     }
     void barrier() override {
-        Timed t(watchdog_, "barrier", "");
-        MPI_Barrier(comm_);
+        blocking("barrier", "", [&] { MPI_Barrier(comm_); });
+    }
+
+    CommHandle all_reduce_async(float* buf, size_t n, ReduceOp op) override {
+        return post("all_reduce", count_text(n, "float"), [this, buf, n, op] {
+            for (size_t off = 0; off < n; off += kChunk) {
+                std::vector<MPI_Request> r(1);
+                MPI_Iallreduce(MPI_IN_PLACE, buf + off, int(std::min(kChunk, n - off)), MPI_FLOAT, mpi_op(op), comm_,
+                               &r[0]);
+                poll(r);
+            }
+        });
+    }
+    CommHandle reduce_scatter_async(const float* send, float* recv, const std::vector<size_t>& counts) override {
+        return post("reduce_scatter", count_text(total(counts), "float"), reduce_scatter_call(send, recv, counts, true));
+    }
+    CommHandle all_gather_async(const float* send, float* recv, const std::vector<size_t>& counts) override {
+        return post("all_gather", count_text(total(counts), "float"), all_gather_call(send, recv, counts, true));
+    }
+    CommHandle exchange_async(const std::vector<CommP2P>& msgs) override {
+        check_exchange(msgs);
+        // Started here, not in the helper's queue: messages match by peer, tag and order whatever
+        // the collectives queued before them, and a receive posted early blocks nothing. The
+        // helper polls them in turn.
+        auto reqs = std::make_shared<std::vector<MPI_Request>>();
+        auto want = std::make_shared<std::vector<int>>();
+        if (threaded_) start_exchange(msgs, reqs.get(), want.get());
+        return post("exchange", exchange_text(msgs), [this, msgs, reqs, want] {
+            if (!threaded_) start_exchange(msgs, reqs.get(), want.get());
+            std::vector<MPI_Status> st;
+            poll(*reqs, &st);
+            check_exchange_received(st, *want);
+        });
+    }
+    void wait(CommHandle& h) override {
+        if (!h.pending()) return;
+        CommWaitTimer timer;
+        wait_op(*h.op());
+        h = CommHandle();
     }
 
 private:
@@ -333,6 +427,121 @@ private:
     static constexpr size_t kChunk = size_t(1) << 30;  // elements per call (MPI counts are int)
     MPI_Comm comm_;
     Watchdog watchdog_;
+    bool threaded_ = false;  // MPI_THREAD_MULTIPLE: posted operations run on worker_
+    // the posted operations not yet run, and their thread (started by the first post)
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::shared_ptr<CommOp>> queue_;
+    std::shared_ptr<CommOp> last_;  // the latest posted operation (drain waits for it)
+    bool stop_ = false;
+    std::thread worker_;
+
+    // A blocking call: after every posted operation, timed by the watchdog, counted as a wait.
+    void blocking(const char* op, std::string detail, const std::function<void()>& call) {
+        CommWaitTimer timer;
+        drain();
+        const Clock::time_point started = Clock::now();
+        {
+            Timed t(watchdog_, op, std::move(detail));
+            call();
+        }
+        comm_delay_until(started);
+    }
+    CommHandle post(const char* op, std::string detail, std::function<void()> call) {
+        auto o = std::make_shared<CommOp>();
+        o->op = op;
+        o->detail = std::move(detail);
+        o->run = std::move(call);
+        o->posted = Clock::now();
+        CommHandle h(o);
+        if (!threaded_) {
+            run_op(*o);
+        } else {
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+                queue_.push_back(o);
+                last_ = o;
+            }
+            cv_.notify_all();
+        }
+        if (!overlap()) wait(h);
+        return h;
+    }
+    void run_op(CommOp& o) {
+        {
+            Timed t(watchdog_, o.op, o.detail);
+            o.run();
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        o.done = true;
+        o.run = nullptr;  // its captures (a copy of an exchange's messages) go now
+    }
+    void work() {
+        std::unique_lock<std::mutex> lock(mu_);
+        for (;;) {
+            cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+            if (queue_.empty()) return;  // stop_
+            std::shared_ptr<CommOp> o = queue_.front();
+            queue_.pop_front();
+            lock.unlock();
+            run_op(*o);
+            cv_.notify_all();
+            lock.lock();
+        }
+    }
+    // Completion: the helper has run it, and the delay hook's time since its post has passed.
+    void wait_op(CommOp& o) {
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [&] { return o.done; });
+        }
+        comm_delay_until(o.posted);
+    }
+    void drain() {
+        std::shared_ptr<CommOp> last;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            last = std::move(last_);
+            last_ = nullptr;
+        }
+        if (last) wait_op(*last);
+    }
+    void check_exchange(const std::vector<CommP2P>& msgs) const {
+        for (const CommP2P& m : msgs) {
+            check_peer(m.peer, "exchange");
+            check_tag(m.tag, "exchange");
+        }
+    }
+    // The calls behind reduce_scatter and all_gather, blocking or non-blocking and polled (the
+    // helper thread's): they own their counts.
+    std::function<void()> reduce_scatter_call(const float* send, float* recv, const std::vector<size_t>& counts,
+                                              bool polled = false) {
+        check_counts(counts);
+        auto displs = std::make_shared<std::vector<int>>();
+        auto c = std::make_shared<std::vector<int>>(int_counts(counts, displs.get()));
+        return [this, send, recv, c, polled] {
+            if (!polled) return void(MPI_Reduce_scatter(send, recv, c->data(), MPI_FLOAT, MPI_SUM, comm_));
+            std::vector<MPI_Request> r(1);
+            MPI_Ireduce_scatter(send, recv, c->data(), MPI_FLOAT, MPI_SUM, comm_, &r[0]);
+            poll(r);
+        };
+    }
+    std::function<void()> all_gather_call(const float* send, float* recv, const std::vector<size_t>& counts,
+                                          bool polled = false) {
+        check_counts(counts);
+        auto displs = std::make_shared<std::vector<int>>();
+        auto c = std::make_shared<std::vector<int>>(int_counts(counts, displs.get()));
+        const void* from = send == recv + (*displs)[size_t(rank())] ? MPI_IN_PLACE : send;
+        return [this, from, recv, c, displs, polled] {
+            const int mine = (*c)[size_t(rank())];
+            if (!polled)
+                return void(MPI_Allgatherv(from, mine, MPI_FLOAT, recv, c->data(), displs->data(), MPI_FLOAT, comm_));
+            std::vector<MPI_Request> r(1);
+            MPI_Iallgatherv(from, mine, MPI_FLOAT, recv, c->data(), displs->data(), MPI_FLOAT, comm_, &r[0]);
+            poll(r);
+        };
+    }
 
     static size_t chunks(size_t n) { return (n + kChunk - 1) / kChunk; }
     template <typename T>

@@ -224,6 +224,9 @@ const std::vector<Key>& schema() {
                 "gradient bucket size in MiB of fp32 elements"),
         num_key("parallel.timeout_s", FIELD(parallel.timeout_s), 0, true, NONE, false,
                 "seconds before a blocking collective or send/recv that has not completed ends the job"),
+        bool_key("parallel.overlap", FIELD(parallel.overlap),
+                 "true: collectives and transfers run while the computation goes on, waited for where their "
+                 "result is needed; false: each is waited for as soon as it is posted (the same results)"),
 
         enum_key("fp8.format", FIELD(fp8.format), {"hybrid", "e4m3"}, {},
                  "hybrid: E4M3 weights/activations, E5M2 gradients; e4m3: E4M3 everywhere"),

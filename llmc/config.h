@@ -105,6 +105,7 @@ struct ParallelConfig {
     std::string comm = "auto";  // auto | mpi | nccl
     double bucket_mb = 25.0;    // gradient bucket size in MiB (fp32 elements)
     double timeout_s = 300.0;   // a blocking collective or send/recv that takes longer ends the job
+    bool overlap = true;        // communication posted non-blocking, waited for where its result is needed
 };
 
 // FP8 linear layers (precision "fp8"): formats and per-tensor scaling (see llmc/fp8.h).

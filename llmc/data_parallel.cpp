@@ -76,6 +76,7 @@ DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, DType dtype, Com
     }
     LLMC_ASSERT(!(dp.on_device() && ops.host_memory()), "a device communicator over a host backend");
     direct_ = dp.on_device() || (ops.host_memory() && !host_staging);
+    in_place_ = direct_ && dtype == DType::F32;
     for (Staging* s : {&send_, &recv_}) {
         if (s == &recv_ && zero_ == 0) break;  // stage 0 all-reduces in the send buffer
         if (!direct_) {
@@ -95,7 +96,7 @@ DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, DType dtype, Com
     if (zero_ == 3) {
         param_shard_ = alloc(shard_);
         for (int k = 0; k < 3; k++)
-            for (int i = 0; i < (k == ParamUnit::Layer ? 2 : 1) && sizes[k]; i++) param_slots_[k].push_back({alloc(sizes[k])});
+            for (int i = 0; i < (k == ParamUnit::Layer ? 2 : 1) && sizes[k]; i++) param_slots_[k].push_back(Slot{alloc(sizes[k]), -1, false, {}});
     }
 }
 
@@ -171,20 +172,37 @@ void DataParallel::reduce_dense(Staging& s, size_t begin, size_t n) {
     load_host(s, host.data(), n);
 }
 
+void DataParallel::post_staged(CommHandle h, std::function<void()> then) {
+    staged_ = std::move(h);
+    staged_then_ = std::move(then);
+}
+
+void DataParallel::settle() {
+    comm_.wait(staged_);
+    if (staged_then_) {
+        std::function<void()> then = std::move(staged_then_);
+        staged_then_ = nullptr;
+        then();
+    }
+}
+
 void DataParallel::launch(const Bucket& b) {
+    settle();
     const size_t n = b.end - b.begin;
     load(send_, grad_buf_.slice(b.begin, n));
     if (zero_ == 0) {
-        comm_.all_reduce(send_.data(), n, ReduceOp::Sum);
-        reduce_dense(send_, b.begin, n);
-        store(grad_buf_.slice(b.begin, n), send_);
+        post_staged(comm_.all_reduce_async(send_.data(), n, ReduceOp::Sum), [this, b, n] {
+            reduce_dense(send_, b.begin, n);
+            store(grad_buf_.slice(b.begin, n), send_);
+        });
         return;
     }
     const std::vector<size_t> counts = shard_counts(b.begin, b.end);
     const size_t mine = counts[size_t(dp_rank())];
-    comm_.reduce_scatter(send_.data(), recv_.data(), counts);
-    reduce_dense(recv_, std::max(b.begin, opt_begin()), mine);
-    if (mine > 0) store(grad_buf_.slice(std::max(b.begin, opt_begin()), mine), recv_);
+    post_staged(comm_.reduce_scatter_async(send_.data(), recv_.data(), counts), [this, b, mine] {
+        reduce_dense(recv_, std::max(b.begin, opt_begin()), mine);
+        if (mine > 0) store(grad_buf_.slice(std::max(b.begin, opt_begin()), mine), recv_);
+    });
 }
 
 std::function<void(size_t)> DataParallel::grads_ready() {
@@ -198,15 +216,23 @@ std::function<void(size_t)> DataParallel::grads_ready() {
 
 void DataParallel::finish_grad_sync() {
     if (zero_ >= 2) {  // the step-long units: the embedding, then the head
+        std::vector<CommHandle> posted;
         for (int k : {int(ParamUnit::Embedding), int(ParamUnit::Head)}) {
             Slot& g = grad_slots_[k];
-            if (g.unit >= 0) reduce_scatter_unit(g.unit, g.buf.slice(0, layout_.units[size_t(g.unit)].numel()));
+            if (g.unit >= 0) {
+                const Tensor grads = g.buf.slice(0, layout_.units[size_t(g.unit)].numel());
+                // (in place: not under expert parallelism, whose dense sums need a second reduction)
+                if (in_place_ && !ep_) posted_step_long(g.unit, grads, &posted);
+                else reduce_scatter_unit(g.unit, grads);
+            }
             g.unit = -1;
         }
-        return;
+        for (CommHandle& h : posted) comm_.wait(h);
+    } else {
+        while (next_bucket_ < buckets_.size()) launch(buckets_[next_bucket_++]);
+        next_bucket_ = 0;
     }
-    while (next_bucket_ < buckets_.size()) launch(buckets_[next_bucket_++]);
-    next_bucket_ = 0;
+    settle();
 }
 
 // ---- stages 2 and 3: the model's units ----
@@ -223,23 +249,47 @@ void DataParallel::for_each_piece(int unit,
 void DataParallel::reduce_scatter_unit(int unit, Tensor grads) {
     const size_t ub = layout_.units[size_t(unit)].begin;
     for_each_piece(unit, [&](size_t b, size_t e, const std::vector<size_t>& counts) {
+        settle();
         const size_t mine = counts[size_t(dp_rank())];
         load(send_, grads.slice(b - ub, e - b));
-        comm_.reduce_scatter(send_.data(), recv_.data(), counts);
-        reduce_dense(recv_, std::max(b, opt_begin()), mine);
         // added to the shard: the micro-steps' sums add up
-        if (mine > 0) accumulate(grad_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
+        post_staged(comm_.reduce_scatter_async(send_.data(), recv_.data(), counts), [this, b, mine] {
+            reduce_dense(recv_, std::max(b, opt_begin()), mine);
+            if (mine > 0) accumulate(grad_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
+        });
     });
 }
 
-void DataParallel::gather_unit(int unit, Tensor dst) {
+void DataParallel::posted_step_long(int unit, Tensor grads, std::vector<CommHandle>* posted) {
     const size_t ub = layout_.units[size_t(unit)].begin;
     for_each_piece(unit, [&](size_t b, size_t e, const std::vector<size_t>& counts) {
         const size_t mine = counts[size_t(dp_rank())];
-        if (mine > 0) load(send_, param_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
+        float* dst = grad_shard_.slice(mine > 0 ? std::max(b, opt_begin()) - opt_begin() : 0, mine).f32();
+        posted->push_back(comm_.reduce_scatter_async(grads.slice(b - ub, e - b).f32(), dst, counts));
+    });
+}
+
+std::vector<CommHandle> DataParallel::gather_unit(int unit, Tensor dst) {
+    const size_t ub = layout_.units[size_t(unit)].begin;
+    std::vector<CommHandle> posted;
+    for_each_piece(unit, [&](size_t b, size_t e, const std::vector<size_t>& counts) {
+        const size_t mine = counts[size_t(dp_rank())];
+        const Tensor own = param_shard_.slice(mine > 0 ? std::max(b, opt_begin()) - opt_begin() : 0, mine);
+        if (in_place_) {
+            posted.push_back(comm_.all_gather_async(own.f32(), dst.slice(b - ub, e - b).f32(), counts));
+            return;
+        }
+        settle();
+        if (mine > 0) load(send_, own);
         comm_.all_gather(send_.data(), recv_.data(), counts);
         store(dst.slice(b - ub, e - b), recv_);
     });
+    return posted;
+}
+
+void DataParallel::wait_gathers(Slot& s) {
+    for (CommHandle& h : s.gathering) comm_.wait(h);
+    s.gathering.clear();
 }
 
 Tensor DataParallel::acquire_params(int unit) {
@@ -255,9 +305,11 @@ Tensor DataParallel::acquire_params(int unit) {
         for (Slot& s : slots)
             if (!pick && !s.in_use) pick = &s;
         LLMC_ASSERT(pick, strfmt("ZeRO-3: no free working buffer for unit %d", unit));
-        gather_unit(unit, pick->buf.slice(0, u.numel()));
+        wait_gathers(*pick);  // an unused prefetch's gathers still write into it
+        pick->gathering = gather_unit(unit, pick->buf.slice(0, u.numel()));
         pick->unit = unit;
     }
+    wait_gathers(*pick);
     LLMC_ASSERT(!pick->in_use, "ZeRO-3: unit acquired twice");
     pick->in_use = true;
     return pick->buf.slice(0, u.numel());
@@ -282,7 +334,7 @@ void DataParallel::prefetch_params(int unit) {
         if (s.unit == unit) return;
     for (Slot& s : slots)
         if (s.unit < 0) {
-            gather_unit(unit, s.buf.slice(0, u.numel()));
+            s.gathering = gather_unit(unit, s.buf.slice(0, u.numel()));
             s.unit = unit;
             return;
         }
@@ -293,11 +345,13 @@ void DataParallel::drop_prefetched() {
     for (auto& slots : param_slots_)
         for (Slot& s : slots) {
             LLMC_ASSERT(!s.in_use, "ZeRO-3: a unit is still acquired");
+            wait_gathers(s);
             s.unit = -1;
         }
 }
 
 void DataParallel::load_params(const float* mem) {
+    settle();
     if (zero_ < 3) return whole_->load_params(mem);
     drop_prefetched();
     ops_.from_host_f32(param_shard_, mem + opt_begin());
@@ -354,13 +408,23 @@ double DataParallel::grad_norm(Comm* model_parallel) {
 void DataParallel::after_update() {
     if (zero_ == 3) drop_prefetched();  // the shards changed: nothing gathered before stays valid
     if (zero_ == 0 || zero_ == 3) return;
+    settle();
+    std::vector<CommHandle> posted;
     for (const Bucket& b : buckets_) {
         const std::vector<size_t> counts = shard_counts(b.begin, b.end);
         const size_t mine = counts[size_t(dp_rank())];
+        if (in_place_) {  // every bucket at once: this rank's piece is already in place (MPI_IN_PLACE)
+            float* whole = param_buf_.slice(b.begin, b.end - b.begin).f32();
+            posted.push_back(comm_.all_gather_async(whole + count_offsets(counts)[size_t(dp_rank())], whole, counts));
+            continue;
+        }
+        settle();
         if (mine > 0) load(send_, param_buf_.slice(std::max(b.begin, opt_begin()), mine));
-        comm_.all_gather(send_.data(), recv_.data(), counts);
-        store(param_buf_.slice(b.begin, b.end - b.begin), recv_);
+        post_staged(comm_.all_gather_async(send_.data(), recv_.data(), counts),
+                    [this, b] { store(param_buf_.slice(b.begin, b.end - b.begin), recv_); });
     }
+    settle();
+    for (CommHandle& h : posted) comm_.wait(h);
 }
 
 double DataParallel::mean(double x) {
@@ -391,6 +455,7 @@ void DataParallel::check_replicas() {
 }
 
 std::vector<float> DataParallel::gather_shards(const float* shard) {
+    settle();
     // bucket by bucket: every rank sends its shard's intersection with the bucket
     std::vector<float> out(dp_rank() == 0 ? layout_.padded_params : 0);
     for (const Bucket& b : buckets_) {

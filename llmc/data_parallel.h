@@ -30,9 +30,17 @@
 //            in place; nothing is gathered after the update.
 // Stages 0 and 1 launch their buckets from the backward of the last micro-step, as soon as the
 // model reports (Model::backward's grads_ready) that every gradient in them is final; no
-// communication happens in the earlier micro-steps. Over MPI the calls are blocking, so on
-// the CPU this orders the work like an overlapped run without overlapping it (the same holds
-// for stage 3's prefetch); on CUDA these hooks are where a communication stream would take over.
+// communication happens in the earlier micro-steps.
+//
+// Overlap: the bucket all-reduces and reduce-scatters, stages 2 and 3's unit reduce-scatters and
+// stage 3's gathers are posted non-blocking (Comm's *_async) and waited for only where their
+// buffer is needed next: a staged collective (through send_/recv_) before the staging buffers'
+// next use or in finish_grad_sync, where its result is stored; a stage-3 gather (fp32 on a
+// communicator that reads the backend's memory: straight from the shard into the unit's working
+// buffer, no staging) when the model acquires the unit, so the prefetched next unit arrives
+// while the current one computes. after_update's all-gathers are all posted, then waited for.
+// With Comm::set_overlap(false) each wait follows its post (parallel.overlap); the results are
+// the same bits either way.
 //
 // Expert parallelism (parallel.ep; llmc/process_grid.h): the group this class is given is the
 // expert-dp group (the dp/ep ranks holding the same experts), and ep the expert-parallel group.
@@ -188,12 +196,23 @@ private:
     // the expert-dp group; the dense ones among them are summed over the ep group too.
     void reduce_dense(Staging& s, size_t begin, size_t n);
     void launch(const Bucket& b);
+    // The collective posted on send_/recv_ and what completes it (a store of its result).
+    CommHandle staged_;
+    std::function<void()> staged_then_;
+    void post_staged(CommHandle h, std::function<void()> then);
+    void settle();  // waits for it and runs its completion; call before the staging buffers' next use
     // stages 2 and 3: one unit's gradient reduce-scattered and added to this rank's shard, and
     // one unit's parameters all-gathered from every shard, in pieces of bucket_elems_
     void reduce_scatter_unit(int unit, Tensor grads);
+    // In place (fp32 on a communicator that reads the backend's memory), for the step-long units
+    // (the embedding, the head: reduce-scattered once per step, into a part of the shard nothing
+    // else adds to, zero until then): every piece straight from the unit's gradient buffer into
+    // the shard, all posted at once
+    void posted_step_long(int unit, Tensor grads, std::vector<CommHandle>* posted);
     // f(begin, end, every rank's share: shard_counts) for each bucket-sized piece of a unit
     void for_each_piece(int unit, const std::function<void(size_t, size_t, const std::vector<size_t>&)>& f) const;
-    void gather_unit(int unit, Tensor dst);
+    // posted into dst (in place) or gathered through the staging buffers (returns no handles)
+    std::vector<CommHandle> gather_unit(int unit, Tensor dst);
     void drop_prefetched();
     // every DP rank's share of [begin, end): its intersection with that rank's shard, in rank order
     std::vector<size_t> shard_counts(size_t begin, size_t end) const;
@@ -214,6 +233,7 @@ private:
     std::vector<Bucket> buckets_;
     size_t next_bucket_ = 0;  // first bucket of buckets_ not yet launched this step
     bool direct_;            // the staging buffers are backend tensors
+    bool in_place_;          // and fp32: stage 3 gathers into the working buffers themselves
     Staging send_, recv_;    // the comm buffers of the memory table
     Tensor param_shard_;  // stage 3: this rank's shard of the parameters
     Tensor grad_shard_;   // stages 2, 3: this rank's shard of the summed gradient
@@ -223,7 +243,9 @@ private:
         Tensor buf;
         int unit = -1;        // the unit it holds, -1 when free
         bool in_use = false;  // acquired (else prefetched, or free)
+        std::vector<CommHandle> gathering;  // stage 3: the posted gathers filling it
     };
+    void wait_gathers(Slot& s);
     std::vector<Slot> param_slots_[3];
     Slot grad_slots_[3];
     UnitSizes unit_sizes_;

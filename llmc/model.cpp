@@ -930,6 +930,7 @@ float Model::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t
         LLMC_ASSERT(tokens, "the first chunk needs tokens");
         ops.from_host_bytes(sa.tokens, tokens, N * sizeof(int32_t));
         const int v0 = vocab_begin_of(shape, layout);
+        if (ch.begin < ch.end) prefetch_params(layer_unit_[size_t(ch.begin)]);  // arrives during the lookup
         acquire_params(embed_unit_);
         Tensor wpe = block_.learned_positions && tp.rank() == 0 ? positions_table(t) : Tensor();
         if (tp.sequence_parallel()) {

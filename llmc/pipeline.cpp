@@ -37,41 +37,62 @@ int PipelineEngine::take_slot(int chunk, int micro) {
     return s;
 }
 
-void PipelineEngine::transfer(const PpAction& a) {
+PipelineEngine::Key PipelineEngine::key_of(const PpTransfer& x) const {
     // The boundary of a message from this rank's point of view: a send carries what its chunk
     // produced (activation: boundary = its stage; gradient: stage - 1), a receive what its chunk
     // will consume (activation: stage - 1; gradient: its stage).
+    const int s = vstage(x.chunk);
+    return Key{int(x.payload), x.micro, (x.payload == PpPayload::Activation) == x.is_send ? s : s - 1};
+}
+
+void PipelineEngine::post_receives(const PpAction& a) { post(a, false); }
+
+void PipelineEngine::transfer(const PpAction& a) { post(a, true); }
+
+void PipelineEngine::post(const PpAction& a, bool sends) {
     const size_t n = stage_.boundary_numel(cur_b_, cur_t_);
-    std::vector<const float*> sbuf;
-    std::vector<float*> rbuf;
-    std::vector<Key> sent;
+    std::vector<CommP2P> msgs;
+    std::vector<Key> received, sent;
     for (const PpTransfer& x : a.transfers) {
-        const int s = vstage(x.chunk);
-        const int boundary = (x.payload == PpPayload::Activation) == x.is_send ? s : s - 1;
-        const Key k{int(x.payload), x.micro, boundary};
-        if (x.is_send) {
+        const Key k = key_of(x);
+        if (x.is_send && sends) {
             auto it = buffers_.find(k);
             LLMC_ASSERT(it != buffers_.end() && it->second.size() == n, "pipeline: sending a tensor not produced yet");
-            sbuf.push_back(it->second.data());
+            msgs.push_back(CommP2P{true, it->second.data(), n, x.peer, x.tag});
             sent.push_back(k);
-        } else {
+        } else if (!x.is_send && !buffers_.count(k)) {  // not posted ahead already
             std::vector<float>& b = buffers_[k];
             b.resize(n);
-            rbuf.push_back(b.data());
+            msgs.push_back(CommP2P{false, b.data(), n, x.peer, x.tag});
+            received.push_back(k);
         }
     }
-    size_t si = 0, ri = 0;
-    std::vector<CommP2P> ops;
-    for (const PpTransfer& x : a.transfers)
-        ops.push_back(x.is_send ? CommP2P{true, const_cast<float*>(sbuf[si++]), n, x.peer, x.tag}
-                                : CommP2P{false, rbuf[ri++], n, x.peer, x.tag});
-    if (ops.size() == 1 && ops[0].is_send) pp_->send(ops[0].buf, n, ops[0].peer, ops[0].tag);
-    else if (ops.size() == 1) pp_->recv(ops[0].buf, n, ops[0].peer, ops[0].tag);
-    else pp_->exchange(ops);
-    for (const Key& k : sent) buffers_.erase(k);
+    if (msgs.empty()) return;
+    auto h = std::make_shared<CommHandle>(pp_->exchange_async(msgs));
+    for (const Key& k : received) receiving_[k] = h;
+    if (sent.empty()) return;
+    posted_.emplace_back(h, std::move(sent));
+    // the sent host buffers go once their transfer is done: wait for all but the last two posted
+    // (in flight for at least one compute step) so that they do not pile up over the step
+    wait_sent(2);
+}
+
+void PipelineEngine::wait_sent(size_t keep) {
+    if (posted_.size() <= keep) return;
+    const size_t done = posted_.size() - keep;
+    for (size_t i = 0; i < done; i++) {
+        pp_->wait(*posted_[i].first);
+        for (const Key& k : posted_[i].second) buffers_.erase(k);
+    }
+    posted_.erase(posted_.begin(), posted_.begin() + long(done));
 }
 
 void PipelineEngine::take(const Key& k, Tensor dst, const char* what) {
+    auto r = receiving_.find(k);
+    if (r != receiving_.end()) {  // still arriving
+        pp_->wait(*r->second);
+        receiving_.erase(r);
+    }
     auto it = buffers_.find(k);
     LLMC_ASSERT(it != buffers_.end() && it->second.size() == dst.n, std::string("pipeline: ") + what);
     ops_.from_host_f32(dst, it->second.data());
@@ -107,7 +128,13 @@ double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
     const std::vector<PpAction>& actions = schedule_[size_t(stage())];
     int backwards_left = 0;
     for (const PpAction& a : actions) backwards_left += a.op == PpOp::Backward;
-    for (const PpAction& a : actions) {
+    for (size_t i = 0; i < actions.size(); i++) {
+        const PpAction& a = actions[i];
+        // receives are posted kRecvAhead actions before theirs, so that they arrive during the
+        // compute in between (the buffers of that many actions' receives wait at most)
+        // (with overlap only: a receive waited for at its post would wait for what this rank has not sent yet)
+        for (size_t j = i == 0 ? 0 : i + kRecvAhead; pp_->overlap() && j <= i + kRecvAhead && j < actions.size(); j++)
+            post_receives(actions[j]);
         switch (a.op) {
             case PpOp::Forward:
                 run_forward(a.micro, a.chunk, x[size_t(a.micro)].data(), y[size_t(a.micro)].data(), b, t, dloss, &loss);
@@ -132,17 +159,24 @@ double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
                 break;
         }
     }
+    wait_sent(0);
+    LLMC_ASSERT(receiving_.empty(), "pipeline: a received tensor left over after the step");
     LLMC_ASSERT(buffers_.empty(), "pipeline: tensors left over after the step");
     // the tied embedding: the first stage's wte and the last stage's head copy get the sum of both gradients
+    // (the loss's all-reduce over the stages, which only the last one had, runs meanwhile)
+    bool loss_summed = stages() == 1;
     if (embed_ && embed_->size() > 1 && stage_.tied_head()) {
         stage_.update_head_weight_grad([&](Tensor g) {
             std::vector<float> h(g.n);
             ops_.to_host_f32(h.data(), g);
-            embed_->all_reduce(h.data(), h.size(), ReduceOp::Sum);
+            CommHandle sum = embed_->all_reduce_async(h.data(), h.size(), ReduceOp::Sum);
+            if (!loss_summed) pp_->all_reduce(&loss, 1, ReduceOp::Sum);
+            loss_summed = true;
+            embed_->wait(sum);
             ops_.from_host_f32(g, h.data());
         });
     }
-    if (stages() > 1) pp_->all_reduce(&loss, 1, ReduceOp::Sum);  // only the last stage had it
+    if (!loss_summed) pp_->all_reduce(&loss, 1, ReduceOp::Sum);
     return loss / micro_batches_;
 }
 

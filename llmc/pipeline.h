@@ -9,10 +9,17 @@
 // scratch is reused by the next step) and leaves with the schedule's Send; received tensors wait
 // in host buffers for the compute that consumes them. With one stage (pp == 1) the lists are
 // plain forward/backward alternation and no message is sent.
+//
+// Overlap: receives are posted (Comm::exchange_async) kRecvAhead actions before their transfer
+// action and waited for when a compute step takes the tensor; sends are posted at their action
+// and waited for two transfers later (their host buffers then go) or at the end of the step. MPI
+// matches the messages by peer and tag, so posting early changes no pairing
+// (parallel.overlap=false: each waited for right after its post).
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -86,7 +93,11 @@ private:
     using Key = std::tuple<int, int, int>;  // (payload, micro, boundary)
     int vstage(int chunk) const { return chunk * stages() + stage(); }
     int n_virtual() const { return stages() * vchunks_; }
-    void transfer(const PpAction& a);
+    void transfer(const PpAction& a);       // posts the action's sends and receives not posted yet
+    void post_receives(const PpAction& a);  // posts the action's receives ahead of it
+    void post(const PpAction& a, bool sends);
+    Key key_of(const PpTransfer& x) const;
+    static constexpr size_t kRecvAhead = 3;
     void run_forward(int micro, int chunk, const int32_t* x, const int32_t* y, int b, int t, float dloss,
                      double* loss);
     int take_slot(int chunk, int micro);
@@ -102,6 +113,11 @@ private:
     PpSchedule schedule_;
     int micro_batches_, vchunks_;
     std::map<Key, std::vector<float>> buffers_;         // produced or received, not yet consumed
+    // posted transfers: the receives' by key (waited for by take), and every one in posting order
+    // (waited for at the end of the step, or when its send buffers can go)
+    std::map<Key, std::shared_ptr<CommHandle>> receiving_;
+    std::vector<std::pair<std::shared_ptr<CommHandle>, std::vector<Key>>> posted_;  // with the keys it sends
+    void wait_sent(size_t keep);  // waits for all but the last keep posted transfers, drops what they sent
     std::vector<std::map<int, int>> slot_of_;           // [chunk] micro -> slot
     std::vector<std::vector<int>> free_slots_;          // [chunk]
     int cur_b_ = 0, cur_t_ = 0;

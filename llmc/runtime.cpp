@@ -55,8 +55,10 @@ Runtime::Runtime(int* argc, char*** argv) {
     }
     if (env.world == 1 && !std::getenv("PMI_SIZE") && !std::getenv("PMIX_RANK")) return;
     // MPI_THREAD_MULTIPLE: the communicators' watchdog threads end a stalled job with MPI_Abort
-    // while the main thread is blocked inside an MPI call (llmc/comm_mpi.cpp). Only the main
-    // thread communicates. Where the library offers less, the watchdog falls back to _exit.
+    // while the main thread is blocked inside an MPI call (llmc/comm_mpi.cpp), and each
+    // communicator's helper thread runs its posted non-blocking operations while the main thread
+    // computes or makes other calls. Where the library offers less, the watchdog falls back to
+    // _exit and posted operations run inside their post.
     int provided = MPI_THREAD_SINGLE;
     MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     mpi = true;

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -27,8 +28,9 @@ struct RankRun {
     std::string output;  // stdout and stderr of every rank and of mpirun
 };
 
-// Runs this binary's hidden test cases tagged `tag` on n processes under mpirun.
-RankRun run_ranks(int n, const char* tag) {
+// Runs this binary's hidden test cases tagged `tag` on n processes under mpirun (with the
+// environment variable env=value for every rank, when given).
+RankRun run_ranks(int n, const char* tag, const char* env = nullptr) {
     char exe[4096];
     const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     REQUIRE(len > 0);
@@ -38,8 +40,10 @@ RankRun run_ranks(int n, const char* tag) {
     REQUIRE(fd >= 0);
     ::close(fd);
     const std::string cmd = strfmt("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
-                                   "timeout 100 mpirun --oversubscribe -np %d '%s' '%s' > '%s' 2>&1",
-                                   n, exe, tag, out);
+                                   "%s timeout 100 mpirun --oversubscribe -np %d %s%s '%s' '%s' > '%s' 2>&1",
+                                   env ? env : "", n, env ? "-x " : "",
+                                   env ? std::string(env).substr(0, std::string(env).find('=')).c_str() : "", exe,
+                                   tag, out);
     RankRun run;
     const Clock::time_point t0 = Clock::now();
     const int status = std::system(cmd.c_str());
@@ -81,6 +85,14 @@ TEST_CASE("MPI communicator on 3 ranks: a call never answered ends the job after
                           "rank 1 (no report within 1 s: in no call, hung or dead); waiting: rank 2 in recv #1 on "
                           "world; ending the job") != std::string::npos);
     CHECK(run.output.find("the watchdog let") == std::string::npos);
+}
+
+TEST_CASE("MPI communicator on 3 ranks: posted calls give the blocking results and hide LLMC_COMM_DELAY_MS",
+          "[comm][mpi]") {
+    RankRun run = run_ranks(3, "[.comm_async]", "LLMC_COMM_DELAY_MS=100");
+    INFO(run.output);
+    CHECK(run.rc == 0);
+    CHECK(run.output.find("All tests passed") != std::string::npos);
 }
 
 TEST_CASE("a group of one: sendrecv and all_to_all_v with oneself are copies; NCCL needs the CUDA objects", "[comm]") {
@@ -299,4 +311,83 @@ TEST_CASE("comm worker: a receive nobody answers", "[.comm_stall]") {
     if (rt.rank != 1) world->recv(buf.data(), 4, 1, 7);           // rank 1 never sends
     else std::this_thread::sleep_for(std::chrono::seconds(60));  // as a hung rank would
     FAIL("the watchdog let the job go on");
+}
+
+// The non-blocking calls under LLMC_COMM_DELAY_MS=100 (a posted call completes no sooner than
+// 100 ms after its post): results, bits, and where the delay is spent.
+TEST_CASE("comm worker: posted calls", "[.comm_async]") {
+    Runtime rt(nullptr, nullptr);
+    REQUIRE(rt.world == 3);
+    const int me = rt.rank, P = 3;
+    REQUIRE(comm_delay_s() == 0.1);
+    std::unique_ptr<Comm> world = make_mpi_comm({{0, 1, 2}}, me, "world", 30.0);
+    auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
+
+    // sums of values that round (three ranks: the order of the additions shows in the bits),
+    // posted with overlap and without: bitwise the same, and the same on every rank
+    std::vector<float> x(4096);
+    for (size_t i = 0; i < x.size(); i++) x[i] = std::sin(float(i * 7 + me * 131)) * 1e3f / float(i + 1);
+    std::vector<float> on = x, off = x, blocking = x;
+    CommHandle h = world->all_reduce_async(on.data(), on.size(), ReduceOp::Sum);
+    CHECK(h.pending());
+    world->wait(h);
+    CHECK(!h.pending());
+    world->set_overlap(false);
+    h = world->all_reduce_async(off.data(), off.size(), ReduceOp::Sum);
+    CHECK(!h.pending());  // waited for inside the post
+    world->set_overlap(true);
+    CHECK(std::memcmp(on.data(), off.data(), on.size() * sizeof(float)) == 0);
+    std::vector<float> every(on.size() * P);
+    world->all_gather(on.data(), every.data(), std::vector<size_t>(P, on.size()));
+    for (int r = 0; r < P; r++) CHECK(std::memcmp(every.data() + r * on.size(), on.data(), on.size() * sizeof(float)) == 0);
+    // the blocking call may sum in another order (Open MPI's other algorithms): never mixed for
+    // one reduction; printed for the record
+    world->all_reduce(blocking.data(), blocking.size(), ReduceOp::Sum);
+    if (me == 0)
+        std::printf("blocking and posted all_reduce on 3 ranks: %s\n",
+                    std::memcmp(on.data(), blocking.data(), on.size() * sizeof(float)) == 0 ? "bitwise equal" : "differ");
+
+    // reduce_scatter_async and all_gather_async (also in place) against computed values
+    const std::vector<size_t> counts = {3, 0, 5};
+    std::vector<float> send(8), recv(8, -1.0f);
+    for (size_t i = 0; i < 8; i++) send[i] = float(me * 10 + int(i));
+    h = world->reduce_scatter_async(send.data(), recv.data(), counts);
+    world->wait(h);
+    const size_t off0 = me == 0 ? 0 : me == 1 ? 3 : 3;
+    for (size_t i = 0; i < counts[size_t(me)]; i++) CHECK(recv[i] == float(30 + 3 * int(off0 + i)));
+    std::vector<float> whole(8, -1.0f);
+    for (size_t i = 0; i < counts[size_t(me)]; i++) whole[off0 + i] = float(100 * me + int(i));
+    h = world->all_gather_async(whole.data() + off0, whole.data(), counts);  // in place
+    world->wait(h);
+    CHECK(whole == std::vector<float>{0, 1, 2, 200, 201, 202, 203, 204});
+
+    // exchange_async around the ring
+    std::vector<float> out = {float(me), float(me) + 0.5f}, in(2, -1.0f);
+    h = world->exchange_async({{false, in.data(), 2, (me + P - 1) % P, 3}, {true, out.data(), 2, (me + 1) % P, 3}});
+    world->wait(h);
+    CHECK(in == std::vector<float>{float((me + P - 1) % P), float((me + P - 1) % P) + 0.5f});
+
+    // the delay: a blocking call and a post waited at once take >= 100 ms, all of it counted as
+    // communication; a post waited for after 150 ms of other work costs the wait nothing
+    world->barrier();
+    double c0 = comm_wait_ms();
+    Clock::time_point t = Clock::now();
+    double y = 1.0;
+    world->all_reduce(&y, 1, ReduceOp::Sum);
+    CHECK(ms_since(t) >= 100.0);
+    CHECK(comm_wait_ms() - c0 >= 100.0);
+    float z = 1.0f;
+    c0 = comm_wait_ms();
+    t = Clock::now();
+    h = world->all_reduce_async(&z, 1, ReduceOp::Sum);
+    world->wait(h);
+    CHECK(ms_since(t) >= 100.0);
+    CHECK(comm_wait_ms() - c0 >= 100.0);
+    world->barrier();
+    h = world->all_reduce_async(&z, 1, ReduceOp::Sum);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));  // the computation
+    c0 = comm_wait_ms();
+    world->wait(h);
+    CHECK(comm_wait_ms() - c0 < 50.0);
+    CHECK(z == 9.0f);
 }

@@ -96,6 +96,7 @@ public:
     std::string name() const override { return "nccl"; }
     bool on_device() const override { return true; }
     void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
+    using Comm::wait;  // the handles' (posted calls complete inside the post: Comm's defaults)
 
     void all_reduce(float* buf, size_t n, ReduceOp op) override {
         if (n == 0) return;
@@ -281,6 +282,7 @@ private:
     double* scratch_dev_ = nullptr;   // the double all-reduce's buffers
     double* scratch_host_ = nullptr;  // (pinned)
     size_t scratch_n_ = 0;
+    Clock::time_point started_;  // the current call's start()
 
     Clock::time_point deadline_from_now() const { return comm_deadline(timeout_s_); }
     // Spins briefly (a small collective ends in microseconds), then sleeps between polls.
@@ -293,6 +295,7 @@ private:
     // buffers: an event recorded there, which this communicator's stream waits for on the device.
     // (Until set_compute_stream, the legacy default stream, which waits for every blocking stream.)
     void start() {
+        started_ = Clock::now();
         CUDA_CHECK(cudaEventRecord(ready_, compute_ ? compute_ : cudaStreamLegacy));
         CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     }
@@ -301,7 +304,13 @@ private:
     // enqueueing it (a non-blocking communicator reports ncclInProgress meanwhile, e.g. while it
     // connects to peers on first use), then, once `then` has enqueued any follow-up work behind
     // it, until the stream is idle. An NCCL error or the deadline ends the job.
+    // The host's time here is comm_ms's (CommWaitTimer); LLMC_COMM_DELAY_MS counts from start().
     void wait(const char* op, const std::string& detail, const std::function<void()>& then = nullptr) {
+        CommWaitTimer timer;
+        wait_stream(op, detail, then);
+        comm_delay_until(started_);
+    }
+    void wait_stream(const char* op, const std::string& detail, const std::function<void()>& then) {
         const Clock::time_point deadline = deadline_from_now();
         bool enqueued = false;
         for (int polls = 0;; polls++) {

@@ -6,6 +6,7 @@ dp_run() {
     local n=$1; shift
     local env=(-x OMP_NUM_THREADS)
     [ -n "${LLMC_DUMP_GRADS:-}" ] && env+=(-x LLMC_DUMP_GRADS)
+    [ -n "${LLMC_COMM_DELAY_MS:-}" ] && env+=(-x LLMC_COMM_DELAY_MS)
     timeout 120 mpirun --oversubscribe -np "$n" "${env[@]}" "$BIN" "$@"
 }
 
