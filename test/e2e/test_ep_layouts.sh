@@ -7,7 +7,7 @@
 # fraction included: capacity_factor is below top_k's share) to 1e-5, step-1 gradients (whole
 # experts, assembled over the ep ranks) and final weights to 1e-5 in norm. Checkpoints hold whole
 # experts: one saved at ep 4 resumes at ep 1, one saved at ep 1 at ep 2, both equal the
-# uninterrupted run. The planner's memory table equals the allocation under ep. Then the refusals.
+# uninterrupted run. Samples equal one process's. The planner's memory table equals the allocation under ep. Then the refusals.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
 make_data
@@ -18,7 +18,7 @@ config() {  # config FILE ARCH_JSON
   "data": { "train": "$W/data/train_*.bin", "val": "$W/data/val_*.bin" },
   "train": { "micro_batch": 2, "seq_len": 16, "grad_accum": 4, "steps": 4, "lr": 3e-3, "warmup_steps": 1,
              "weight_decay": 0.1, "grad_clip": 1.0 },
-  "eval": { "every": 2, "batches": 4 },
+  "eval": { "every": 2, "batches": 4, "sample_every": 4, "sample_tokens": 6 },
   "out_dir": "$W/out" }
 JSON
 }
@@ -33,6 +33,7 @@ baseline() {  # baseline CONFIG NAME ARGS...
     local c=$1 name=$2; shift 2
     LLMC_DUMP_GRADS="$W/$name.grads.bin" "$BIN" "$c" "$@" "out_dir=$W/$name" > "$W/$name.txt" 2>&1 ||
         die "one-process baseline $name failed: $(tail -n 20 "$W/$name.txt")"
+    grep -q 'step 4 | sample' "$W/$name.txt" || die "$name: no sample"
     # capacity drops happen (capacity_factor < top_k's share), and are logged
     moe_stats "$W/$name/log.jsonl" | awk '$4 > 0 { d++ } END { exit !(d > 0) }' ||
         die "$name: no (token, slot) pair was dropped; the capacity path is not exercised"
@@ -49,6 +50,8 @@ check() {  # check CONFIG BASE NAME NPROC ARGS...
     close_val "$W/$base/log.jsonl" "$out/log.jsonl"
     close_moe "$W/$base/log.jsonl" "$out/log.jsonl" 4
     close_weights "$W/$base/model_00000004.bin" "$out/model_00000004.bin" 1e-5 1e-4
+    # every rank samples (the MoE layers' all-to-all), the same tokens as one process
+    [ "$(grep 'sample' "$out.txt")" = "$(grep 'sample' "$W/$base.txt")" ] || die "$name: the samples differ"
 }
 baseline "$W/gpt2.json" gpt2_base checkpoint.every=2
 baseline "$W/llama.json" llama_base
