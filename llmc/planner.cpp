@@ -391,7 +391,7 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
         if (shape.n_head % tp || shape.kv_heads() % tp || shape.ffn() % tp) continue;
         for (int pp : divisors(world / tp, shape.n_layer)) {
             const int dp = world / tp / pp;
-            if (batch % dp) continue;
+            if (batch % dp || dp % base.parallel.ep) continue;  // expert parallelism splits dp
             const int per_rank = int(batch / dp);
             struct Sched {
                 const char* name;
