@@ -429,6 +429,11 @@ void print_banner(Run& r, const Plan& p) {
         log.print("tensor parallel: %d ranks, %d heads and %d vocabulary rows each%s\n", g.tp, s.n_head / g.tp,
                   s.vocab_shard(g.tp),
                   p.layout.sequence_parallel ? "; sequence parallel (1/tp of the tokens outside attention and MLP)" : "");
+    if (g.ep > 1)
+        log.print("expert parallel: %d ranks, %d of the %d experts of each MoE layer each (experts [%d, %d) here); "
+                  "ZeRO shards and expert gradients over the %d expert-dp ranks\n",
+                  g.ep, s.moe.num_experts / g.ep, s.moe.num_experts, p.layout.experts_begin(s.moe.num_experts),
+                  p.layout.experts_end(s.moe.num_experts), g.edp());
     if (g.cp > 1)
         log.print("context parallel: %d ranks, %d of each sequence's %d tokens each (chunks of %d, ring attention)\n",
                   g.cp, r.model.T, r.tc.seq_len, r.model.T / 2);

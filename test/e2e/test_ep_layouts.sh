@@ -2,10 +2,10 @@
 # the routed rows moved to their experts by all-to-all and back. Routing and capacity stay
 # per micro-batch and rank, so every layout equals one process with the same global batch (the
 # same micro-batches, as test_moe_layouts.sh): dp4 x ep2, dp4 x ep4 (ZeRO-1), dp2 x ep2 x tp2,
-# dp2 x ep2 x pp2 (ZeRO-2) and dp4 x ep2 under ZeRO-3, on a GPT-2 with MoE in layers 1 and 3 and a
+# dp2 x ep2 x pp2 (ZeRO-2), dp4 x ep2 under ZeRO-3 and dp2 x ep2 with full recomputation, on a GPT-2 with MoE in layers 1 and 3 and a
 # Llama with MoE in every layer: losses, validation losses and the MoE statistics (dropped
 # fraction included: capacity_factor is below top_k's share) to 1e-5, step-1 gradients (whole
-# experts, assembled over the ep ranks) and final weights to 1e-5 in norm. Checkpoints hold whole
+# experts, assembled over the ep ranks) and final weights to 1e-5 in norm; also dropless at ep 4. Checkpoints hold whole
 # experts: one saved at ep 4 resumes at ep 1, one saved at ep 1 at ep 2, both equal the
 # uninterrupted run. Samples equal one process's. The planner's memory table equals the allocation under ep. Then the refusals.
 source "$(dirname "$0")/lib.sh"
@@ -61,6 +61,13 @@ check "$W/gpt2.json" gpt2_base gpt2_dp2_ep2_tp2 4 "${dp2[@]}" parallel.ep=2 para
 check "$W/llama.json" llama_base llama_dp4_ep4 4 "${dp4[@]}" parallel.ep=4
 check "$W/llama.json" llama_base llama_dp2_ep2_pp2_zero2 4 "${dp2[@]}" parallel.ep=2 parallel.pp=2 parallel.zero=2
 check "$W/llama.json" llama_base llama_dp4_ep2_zero3 4 "${dp4[@]}" parallel.ep=2 parallel.zero=3
+check "$W/llama.json" llama_base llama_dp2_ep2_full 2 "${dp2[@]}" parallel.ep=2 train.recompute=full
+grep -q '^expert parallel: 2 ranks, 2 of the 4 experts of each MoE layer each' "$W/llama_dp2_ep2_full.txt" ||
+    die "the banner does not describe expert parallelism"
+# dropless (capacity_factor 0): an owner may receive every pair of every rank of its group
+LLMC_DUMP_GRADS="$W/dropless_base.grads.bin" "$BIN" "$W/gpt2.json" model.moe.capacity_factor=0 "out_dir=$W/dropless_base" \
+    > "$W/dropless_base.txt" 2>&1 || die "dropless baseline failed: $(tail -n 20 "$W/dropless_base.txt")"
+check "$W/gpt2.json" dropless_base gpt2_dropless_dp4_ep4 4 "${dp4[@]}" parallel.ep=4 model.moe.capacity_factor=0
 
 # whole experts in the checkpoints: saved at ep 4 resumed at ep 1, saved at ep 1 resumed at ep 2
 grep '"loss"' "$W/gpt2_base/log.jsonl" | tail -n 2 > "$W/base_tail.jsonl"
