@@ -141,7 +141,7 @@ public:
     void finish_grad_sync();
     // sqrt of the sum of squares of the summed gradient of the whole model, identical on every
     // rank: each tensor counted once (primary copies), summed over the model-parallel group
-    // (tp x pp ranks holding the model's pieces; null or size 1 when the rank holds it all).
+    // (tp x pp (x ep) ranks holding the model's pieces; null or size 1 when the rank holds it all).
     double grad_norm(Comm* model_parallel = nullptr);
     // After the optimizer step: every rank gets every shard's new parameters (stages 1, 2).
     void after_update();

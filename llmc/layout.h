@@ -4,7 +4,9 @@
 //
 // The model-parallel group ("mp") of a rank is every rank with its DP coordinate: tp x pp ranks
 // that together hold one copy of the model, ordered by world rank, i.e. member i has
-// tp_rank = i % tp and pp_rank = i / tp (llmc/process_grid.h).
+// tp_rank = i % tp and pp_rank = i / tp (llmc/process_grid.h). Under expert parallelism it is
+// every rank with its expert-dp coordinate, tp x ep x pp ranks: member i has tp_rank = i % tp,
+// ep_rank = i / tp % ep and pp_rank = i / (tp ep).
 #pragma once
 #include <vector>
 

@@ -80,7 +80,7 @@ ProcessGrid make_process_grid(const ParallelConfig& pc, int world, int rank);
 
 // One communicator per group kind this rank belongs to, plus the world. dp: the dp x cp ranks
 // (gradient reduction, ZeRO); cp: the context-parallel ring; mp: the model-parallel group (the
-// pp x tp ranks that hold one copy of the model).
+// pp x tp ranks that hold one copy of the model; pp x ep x tp under expert parallelism: model_groups).
 struct ProcessGroups {
     std::unique_ptr<Comm> world, dp, cp, tp, pp, mp, embed;
     // Expert parallelism (ep > 1; null otherwise): the ep group (the tokens' all-to-all; MPI, host
