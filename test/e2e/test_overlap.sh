@@ -70,11 +70,11 @@ ops_zero3() { echo $(( 3 * L + 7 )); }
 # gradient (first and last stage) and the gradient norm (model-parallel group): 3 all-reduces
 ops_pp() { echo $(( M + 4 )); }
 
-# check NAME ARGS...: runs the layout with and without overlap under the delay. A pipeline waits
+# measure NAME ARGS...: runs the layout with and without overlap under the delay. A pipeline waits
 # for its neighbour also without any delay (the schedule's bubble), so with BASE=1 the overlapped
 # run's typical (median) waits without the delay are subtracted from its waits with it: the delay
 # it did not hide remains. (The run without overlap is held to its waits as they are: bubble included.)
-check() {
+measure() {
     local name=$1; shift
     for ov in true false; do
         LLMC_COMM_DELAY_MS=$D dp_run 2 "$W/c.json" "out_dir=$W/$name-$ov" parallel.overlap=$ov "$@" > "$W/$name-$ov.txt" ||
@@ -98,9 +98,16 @@ check() {
     printf "  %s: delay %d ms x %d collectives = %d ms per step; overlap: compute %.0f + comm %.0f ms; none: compute %.0f + comm %.0f ms\n" \
         "$name" $D "$ops" $injected "$compute_on" "$comm_on" "$compute_off" "$comm_off"
     [ "$(echo "$comm_on <= 0.3 * $injected" | bc -l)" -eq 1 ] ||
-        die "$name: with overlap a step waits $comm_on ms for communication, over 30% of the $injected ms injected"
+        { echo "  $name: with overlap a step waits $comm_on ms for communication, over 30% of the $injected ms injected"; return 1; }
     [ "$(echo "$comm_off >= 0.9 * $injected" | bc -l)" -eq 1 ] ||
         die "$name: without overlap a step waits only $comm_off ms for communication, under 90% of the $injected ms injected"
+}
+# check NAME ARGS...: as measure; a machine busy with other work deschedules a rank while its peer
+# waits, which adds waits overlap cannot hide: a run over the overlap bound is measured once more
+check() {
+    measure "$@" && return 0
+    echo "  $1: measuring again (a loaded machine adds waits)"
+    measure "$@" || die "$1: over the overlap bound twice"
 }
 
 check zero1 parallel.zero=1 parallel.bucket_mb=0.8  # buckets a little over a layer: one per layer at most
