@@ -153,8 +153,8 @@ WholeState gather_whole_state(const Model& model, const AdamW& opt, DataParallel
     OptimizerState local = dp.gather_optimizer_state(opt);  // DP rank 0 gets its (tp, pp) piece whole
     std::vector<float> params = dp.gather_params();
     WholeState whole;
-    if (grid.dp_cp_rank() != 0) return whole;
-    const size_t pad = DataParallel::pad_multiple(grid.dp_cp());
+    if (grid.shard_rank() != 0) return whole;
+    const size_t pad = DataParallel::pad_multiple(grid.shard_size());
     whole.params = assemble_whole(model.shape, pc, pad, params, mp);
     whole.m = assemble_whole(model.shape, pc, pad, local.m, mp);
     whole.v = assemble_whole(model.shape, pc, pad, local.v, mp);
@@ -171,8 +171,8 @@ void dump_gradients(const Model& model, DataParallel& dp, const ParallelConfig& 
     if (!path || !*path) return;
     // with ZeRO >= 1 each DP rank holds the sum for its shard only: gather them like optimizer state
     std::vector<float> local = dp.gather_gradients();
-    if (grid.dp_cp_rank() != 0) return;
-    std::vector<float> whole = assemble_whole(model.shape, pc, DataParallel::pad_multiple(grid.dp_cp()), local, mp);
+    if (grid.shard_rank() != 0) return;
+    std::vector<float> whole = assemble_whole(model.shape, pc, DataParallel::pad_multiple(grid.shard_size()), local, mp);
     if (grid.rank == 0) model_file_write(path, model.shape, whole.data(), 3);
 }
 
@@ -272,7 +272,7 @@ Plan plan_run(const Runtime& rt, int argc, char** argv) {
     resolve_pp_layers(p.cfg, p.shape);  // "auto": the same split on every rank
     validate_pipeline(p.cfg);
     if (!planning) check_fits_host_memory(p.shape);  // a plan is for machines other than this one
-    p.layout = model_layout(p.shape, pc, p.grid.tp_rank, p.grid.pp_rank);
+    p.layout = model_layout(p.shape, pc, p.grid.tp_rank, p.grid.pp_rank, p.grid.ep_rank());
     check_model_layout(p.shape, p.layout, p.cfg.train.seq_len);
     if (planning) return p;  // a plan needs no device and no communicator
     p.device = resolve_device(p.cfg);
@@ -298,13 +298,15 @@ struct Run {
           schedule(make_pipeline_schedule(p.schedule, grid.pp, tc.grad_accum, pc.pp_virtual)),
           tp(*ops, groups.tp.get(), pc.sequence_parallel),
           cp(*ops, grid.cp > 1 ? groups.cp.get() : nullptr),
-          params(param_layout(shape, p.layout, DataParallel::pad_multiple(grid.dp_cp()))),
+          params(param_layout(shape, p.layout, DataParallel::pad_multiple(grid.shard_size()))),
           // where the parameters live (whole buffers, or ZeRO's shards: under ZeRO-3 this rank
           // keeps only its shard of them), and the DP (x CP) group's gradient sync: before the model
-          dp(params, *ops, dtype, *groups.dp, pc.zero, pc.bucket_mb),
+          // (expert parallelism: the expert-dp group, the dense gradients summed over ep as well)
+          dp(params, *ops, dtype, grid.ep > 1 ? *groups.edp : *groups.dp, pc.zero, pc.bucket_mb, false, groups.ep.get()),
           // with context parallelism the activations hold this rank's seq_len / cp tokens of each sequence
           model(shape, *ops, dtype, tc.micro_batch, tc.seq_len / grid.cp, dp.param_store(), p.layout, &tp,
-                pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), parse_recompute(tc.recompute), &cp),
+                pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), parse_recompute(tc.recompute), &cp,
+                groups.ep.get()),
           pipeline(model, *ops, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual),
           // this rank's ZeRO range; offloaded: streamed in pieces of a gradient bucket
           opt(params, *ops, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads(),
@@ -317,7 +319,7 @@ struct Run {
           peak_flops(device == "cpu" ? 0.0 : gpu_peak_flops(ops->device_name(), cfg.precision)),
           progress(tc.steps, tokens_per_step(cfg, grid)) {
         for (Comm* c : {groups.world.get(), groups.dp.get(), groups.tp.get(), groups.pp.get(), groups.mp.get(),
-                        groups.embed.get()})
+                        groups.embed.get(), groups.ep.get(), groups.edp.get()})
             if (c) {
                 c->set_compute_stream(ops->compute_stream());  // device communicators wait for the ops' stream
                 c->set_overlap(pc.overlap);
@@ -427,6 +429,11 @@ void print_banner(Run& r, const Plan& p) {
         log.print("tensor parallel: %d ranks, %d heads and %d vocabulary rows each%s\n", g.tp, s.n_head / g.tp,
                   s.vocab_shard(g.tp),
                   p.layout.sequence_parallel ? "; sequence parallel (1/tp of the tokens outside attention and MLP)" : "");
+    if (g.ep > 1)
+        log.print("expert parallel: %d ranks, %d of the %d experts of each MoE layer each (experts [%d, %d) here); "
+                  "ZeRO shards and expert gradients over the %d expert-dp ranks\n",
+                  g.ep, s.moe.num_experts / g.ep, s.moe.num_experts, p.layout.experts_begin(s.moe.num_experts),
+                  p.layout.experts_end(s.moe.num_experts), g.edp());
     if (g.cp > 1)
         log.print("context parallel: %d ranks, %d of each sequence's %d tokens each (chunks of %d, ring attention)\n",
                   g.cp, r.model.T, r.tc.seq_len, r.model.T / 2);
@@ -449,7 +456,7 @@ void print_banner(Run& r, const Plan& p) {
                     got.unit_grads == mem.unit_grads && got.activations == mem.activations && got.host == mem.host,
                 "allocations disagree with the memory table");
     // the first record of log.jsonl: what each rank position allocated (--plan=json's "memory")
-    r.run_log->record({{"memory", gather_memory_json(got, *r.groups.mp, r.grid.tp)}});
+    r.run_log->record({{"memory", gather_memory_json(got, *r.groups.mp, r.grid.tp, r.grid.ep)}});
     if (r.device != "cpu")
         log.print("device: %s, dense %s peak %.1f TFLOP/s%s\n", r.ops->device_name().c_str(), r.cfg.precision.c_str(),
                   r.peak_flops / 1e12, r.peak_flops > 0 ? "" : " (not in the table: no MFU)");
@@ -499,8 +506,9 @@ void evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<
         r.progress.val_loss(step, vl);
     }
     // the model-parallel ranks of DP rank 0 sample together (under ZeRO-3 every DP rank, for the
-    // gathers of the parameters); world rank 0 prints
-    if ((r.grid.dp_rank != 0 && r.dp.zero() != 3) || cfg.eval.sample_every <= 0 || step == 0 ||
+    // gathers of the parameters; under expert parallelism too, for the MoE layers' all-to-all);
+    // world rank 0 prints
+    if ((r.grid.dp_rank != 0 && r.dp.zero() != 3 && r.grid.ep == 1) || cfg.eval.sample_every <= 0 || step == 0 ||
         (step % cfg.eval.sample_every != 0 && !last))
         return;
     const int eot = r.tok ? r.tok->eot() : std::min(50256, r.shape.vocab_size - 1);

@@ -186,6 +186,21 @@ void run_checks(Comm& c, bool dev) {
                   self_in.read() == iota_from(0.5f * me, 4),
               "exchange");
     }
+    // all_to_all_v (expert parallelism): rank r sends (r + 2 p) % 4 elements to rank p, zeros
+    // included, element i of the piece for p being 100 r + 10 p + i
+    {
+        std::vector<size_t> sc(static_cast<size_t>(P), 0), rc(static_cast<size_t>(P), 0);
+        std::vector<float> send, want;
+        for (int p = 0; p < P; p++) {
+            sc[size_t(p)] = size_t((me + 2 * p) % 4);
+            rc[size_t(p)] = size_t((p + 2 * me) % 4);
+            for (size_t i = 0; i < sc[size_t(p)]; i++) send.push_back(float(100 * me + 10 * p + int(i)));
+            for (size_t i = 0; i < rc[size_t(p)]; i++) want.push_back(float(100 * p + 10 * me + int(i)));
+        }
+        Buf s_buf(dev, send), r_buf(dev, want.size(), -1.0f);
+        c.all_to_all_v(s_buf.ptr(), sc, r_buf.ptr(), rc);
+        check(r_buf.read() == want, "all_to_all_v (uneven and zero counts)");
+    }
     c.barrier();
     // device buffers: the call starts after work still running on a blocking stream (CudaOps's
     // kind), with no synchronisation by the caller

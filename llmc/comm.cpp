@@ -35,6 +35,20 @@ void Comm::check_sendrecv(size_t send_n, int send_peer, size_t recv_n, int recv_
     check_tag(tag, "sendrecv");
 }
 
+void Comm::all_to_all_v(const float* send, const std::vector<size_t>& send_counts, float* recv,
+                        const std::vector<size_t>& recv_counts) {
+    check_counts(send_counts);
+    check_counts(recv_counts);
+    const std::vector<size_t> so = count_offsets(send_counts), ro = count_offsets(recv_counts);
+    std::vector<CommP2P> msgs;
+    for (int p = 0; p < size(); p++) {  // per peer: the receive, then the send (a pair with oneself matches by tag)
+        if (recv_counts[size_t(p)]) msgs.push_back({false, recv + ro[size_t(p)], recv_counts[size_t(p)], p, 0});
+        if (send_counts[size_t(p)])
+            msgs.push_back({true, const_cast<float*>(send) + so[size_t(p)], send_counts[size_t(p)], p, 0});
+    }
+    exchange(msgs);
+}
+
 std::vector<size_t> count_offsets(const std::vector<size_t>& counts) {
     std::vector<size_t> off(counts.size() + 1, 0);
     for (size_t i = 0; i < counts.size(); i++) off[i + 1] = off[i] + counts[i];

@@ -124,6 +124,14 @@ public:
     // receive of the same size and tag then pair up, in order). Several messages between the
     // same two ranks must be posted in the same order on both sides.
     virtual void exchange(const std::vector<CommP2P>& msgs) = 0;
+    // Personalised all-to-all (expert parallelism's dispatch and combine): this member sends
+    // send_counts[p] elements, from send at offset sum(send_counts[0..p)), to group rank p, and
+    // receives recv_counts[p] elements from p into recv at offset sum(recv_counts[0..p)). Counts
+    // may be uneven and zero; recv_counts[p] must equal member p's send_counts[rank()]. Written
+    // once over exchange (one message per nonzero count, this rank's own piece included), so it
+    // runs on every implementation: MPI's Isend/Irecv, NCCL's grouped ncclSend/ncclRecv.
+    void all_to_all_v(const float* send, const std::vector<size_t>& send_counts, float* recv,
+                      const std::vector<size_t>& recv_counts);
     virtual void barrier() = 0;
 
     // Non-blocking: as the calls above, completed by wait(). The defaults complete the call

@@ -199,6 +199,9 @@ const std::vector<Key>& schema() {
         int_key("parallel.cp", FIELD(parallel.cp), 1, NONE,
                 "context-parallel ranks: each sequence's tokens split over them, attention as a ring (train.seq_len "
                 "must divide by 2 x cp; device cpu)"),
+        int_key("parallel.ep", FIELD(parallel.ep), 1, NONE,
+                "expert-parallel ranks (model.moe): each MoE layer's experts split over ep consecutive data-parallel "
+                "ranks, tokens moved to them by all-to-all (must divide parallel.dp and model.moe.num_experts)"),
         [] {
             Key k = int_list_key("parallel.pp_layers", FIELD(parallel.pp_layers), 1,
                                  "layers per pipeline stage (per chunk, in order, when interleaved); [] = as many "
@@ -644,6 +647,12 @@ void check_consistency(const Config& c, bool check_files) {
     if (m.moe.num_experts > 0 && m.moe.every > m.n_layer)
         throw UserError(strfmt("model.moe.every: %d exceeds model.n_layer = %d (no layer would be MoE)", m.moe.every,
                                m.n_layer));
+    if (c.parallel.ep > 1 && m.moe.num_experts == 0)
+        throw UserError(strfmt("parallel.ep: %d needs model.moe (expert parallelism splits the MoE layers' experts; "
+                               "this model has none)", c.parallel.ep));
+    if (c.parallel.ep > 1 && m.moe.num_experts % c.parallel.ep != 0)
+        throw UserError(strfmt("parallel.ep: %d does not divide model.moe.num_experts = %d (each expert-parallel rank "
+                               "holds num_experts / ep whole experts)", c.parallel.ep, m.moe.num_experts));
     if (m.moe.num_experts > 0 && c.precision == "fp8")
         throw UserError("precision: fp8 with model.moe: the experts' linears have no fp8 path yet (use fp32 or bf16)");
     if (t.seq_len > m.max_seq_len)

@@ -96,6 +96,7 @@ struct ParallelConfig {
     bool sequence_parallel = false;  // LayerNorm/residual regions sharded along the tokens over TP
     int pp = 1;                 // pipeline stages
     int cp = 1;                 // context-parallel ranks (every sequence split over them; ring attention)
+    int ep = 1;                 // expert-parallel ranks (model.moe's experts split over ep of the dp ranks)
     std::vector<int> pp_layers;      // layers per stage (and per chunk when interleaved); empty = balanced
     bool pp_layers_auto = false;     // "auto": balanced by the planner's cost model (resolve_pp_layers)
     std::string pp_schedule = "1f1b";  // gpipe | 1f1b | interleaved

@@ -47,8 +47,18 @@ Tensor DataParallel::alloc(size_t n) {
 }
 
 DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, DType dtype, Comm& dp, int zero, double bucket_mb,
-                           bool host_staging)
-    : layout_(layout), ops_(ops), dtype_(dtype), comm_(dp), zero_(zero) {
+                           bool host_staging, Comm* ep)
+    : layout_(layout), ops_(ops), dtype_(dtype), comm_(dp), ep_(ep && ep->size() > 1 ? ep : nullptr), zero_(zero) {
+    LLMC_ASSERT(!ep_ || !ep_->on_device(), "the EP group is a host communicator");
+    if (ep_) {  // the runs between the experts' tensors (specs are in memory order)
+        size_t at = 0;
+        for (const ParamSpec& p : layout.specs) {
+            if (p.expert < 0) continue;
+            if (p.offset > at) dense_.push_back({at, p.offset});
+            at = p.offset + p.numel;
+        }
+        if (layout.padded_params > at) dense_.push_back({at, layout.padded_params});
+    }
     LLMC_ASSERT(zero >= 0 && zero <= 3, "ZeRO stage outside 0..3");
     LLMC_ASSERT(layout.padded_params % pad_multiple(dp.size()) == 0, "parameters not padded for this dp");
     if (zero < 3) {
@@ -147,6 +157,21 @@ void DataParallel::accumulate(Tensor dst) {
     store(dst, send_);
 }
 
+void DataParallel::reduce_dense(Staging& s, size_t begin, size_t n) {
+    if (!ep_ || n == 0) return;
+    const size_t end = begin + n;
+    std::vector<float> host(n), packed;
+    store_host(host.data(), s, n);
+    for (const auto& r : dense_)
+        for (size_t i = std::max(r.first, begin); i < std::min(r.second, end); i++) packed.push_back(host[i - begin]);
+    if (packed.empty()) return;  // alike on every member: the same range of the same layout
+    ep_->all_reduce(packed.data(), packed.size(), ReduceOp::Sum);
+    size_t k = 0;
+    for (const auto& r : dense_)
+        for (size_t i = std::max(r.first, begin); i < std::min(r.second, end); i++) host[i - begin] = packed[k++];
+    load_host(s, host.data(), n);
+}
+
 void DataParallel::post_staged(CommHandle h, std::function<void()> then) {
     staged_ = std::move(h);
     staged_then_ = std::move(then);
@@ -166,13 +191,16 @@ void DataParallel::launch(const Bucket& b) {
     const size_t n = b.end - b.begin;
     load(send_, grad_buf_.slice(b.begin, n));
     if (zero_ == 0) {
-        post_staged(comm_.all_reduce_async(send_.data(), n, ReduceOp::Sum),
-                    [this, b, n] { store(grad_buf_.slice(b.begin, n), send_); });
+        post_staged(comm_.all_reduce_async(send_.data(), n, ReduceOp::Sum), [this, b, n] {
+            reduce_dense(send_, b.begin, n);
+            store(grad_buf_.slice(b.begin, n), send_);
+        });
         return;
     }
     const std::vector<size_t> counts = shard_counts(b.begin, b.end);
     const size_t mine = counts[size_t(dp_rank())];
     post_staged(comm_.reduce_scatter_async(send_.data(), recv_.data(), counts), [this, b, mine] {
+        reduce_dense(recv_, std::max(b.begin, opt_begin()), mine);
         if (mine > 0) store(grad_buf_.slice(std::max(b.begin, opt_begin()), mine), recv_);
     });
 }
@@ -193,7 +221,8 @@ void DataParallel::finish_grad_sync() {
             Slot& g = grad_slots_[k];
             if (g.unit >= 0) {
                 const Tensor grads = g.buf.slice(0, layout_.units[size_t(g.unit)].numel());
-                if (in_place_) posted_step_long(g.unit, grads, &posted);
+                // (in place: not under expert parallelism, whose dense sums need a second reduction)
+                if (in_place_ && !ep_) posted_step_long(g.unit, grads, &posted);
                 else reduce_scatter_unit(g.unit, grads);
             }
             g.unit = -1;
@@ -225,6 +254,7 @@ void DataParallel::reduce_scatter_unit(int unit, Tensor grads) {
         load(send_, grads.slice(b - ub, e - b));
         // added to the shard: the micro-steps' sums add up
         post_staged(comm_.reduce_scatter_async(send_.data(), recv_.data(), counts), [this, b, mine] {
+            reduce_dense(recv_, std::max(b, opt_begin()), mine);
             if (mine > 0) accumulate(grad_shard_.slice(std::max(b, opt_begin()) - opt_begin(), mine));
         });
     });
@@ -399,7 +429,8 @@ void DataParallel::after_update() {
 
 double DataParallel::mean(double x) {
     comm_.all_reduce(&x, 1, ReduceOp::Sum);
-    return x / dp();
+    if (ep_) ep_->all_reduce(&x, 1, ReduceOp::Sum);
+    return x / (dp() * (ep_ ? ep_->size() : 1));
 }
 
 std::vector<float> DataParallel::gather_params() {

@@ -42,6 +42,15 @@
 // With Comm::set_overlap(false) each wait follows its post (parallel.overlap); the results are
 // the same bits either way.
 //
+// Expert parallelism (parallel.ep; llmc/process_grid.h): the group this class is given is the
+// expert-dp group (the dp/ep ranks holding the same experts), and ep the expert-parallel group.
+// Every reduction runs over the expert-dp group as above, which completes the expert tensors'
+// gradients (their owner already summed its ep group's tokens); the other elements (every tensor
+// but the experts, and the padding) are then all-reduced over the ep group as well, which
+// completes their sum over all of dp. The ep ranks of one group hold the same shard range (the
+// same expert-dp rank), so ZeRO shards the experts over the expert-dp group and keeps the dense
+// optimizer state once per shard of it (replicated over ep). The losses are averaged over all of dp.
+//
 // The gradient norm is computed on each rank's shard (stage >= 1) or on the replicated full
 // gradient (stage 0) and the squares summed over the group. The loss is averaged over DP.
 #pragma once
@@ -105,8 +114,9 @@ public:
     // backend tensors and the collectives run on them; otherwise (MPI with CUDA: several ranks
     // may share a GPU) they are host arrays and every bucket is copied through the host.
     // host_staging forces the second way (tests compare the two).
+    // ep: the expert-parallel group (a host communicator), null or of size 1 without.
     DataParallel(const ParamLayout& layout, Ops& ops, DType dtype, Comm& dp, int zero, double bucket_mb,
-                 bool host_staging = false);
+                 bool host_staging = false, Comm* ep = nullptr);
     ~DataParallel() override;
     DataParallel(const DataParallel&) = delete;
     DataParallel& operator=(const DataParallel&) = delete;
@@ -131,14 +141,14 @@ public:
     void finish_grad_sync();
     // sqrt of the sum of squares of the summed gradient of the whole model, identical on every
     // rank: each tensor counted once (primary copies), summed over the model-parallel group
-    // (tp x pp ranks holding the model's pieces; null or size 1 when the rank holds it all).
+    // (tp x pp (x ep) ranks holding the model's pieces; null or size 1 when the rank holds it all).
     double grad_norm(Comm* model_parallel = nullptr);
     // After the optimizer step: every rank gets every shard's new parameters (stages 1, 2).
     void after_update();
     // This rank's whole parameter buffer (host, memory order, padded) on DP rank 0, empty
     // elsewhere; stage 3 gathers the shards. Collective.
     std::vector<float> gather_params();
-    // Mean of x over the DP group.
+    // Mean of x over the DP group (all of dp under expert parallelism).
     double mean(double x);
     // Asserts that the parameter replicas are bitwise identical on every DP rank (stages 0-2).
     void check_replicas();
@@ -182,6 +192,9 @@ private:
     void load_host(Staging& s, const float* src, size_t n);  // s[0, n) = host src
     void store_host(float* dst, Staging& s, size_t n);
     void accumulate(Tensor dst);  // dst += recv_[0, dst.n) (send_ is the scratch)
+    // Expert parallelism: s[0, n) holds elements [begin, begin + n) of the flat buffer summed over
+    // the expert-dp group; the dense ones among them are summed over the ep group too.
+    void reduce_dense(Staging& s, size_t begin, size_t n);
     void launch(const Bucket& b);
     // The collective posted on send_/recv_ and what completes it (a store of its result).
     CommHandle staged_;
@@ -210,6 +223,8 @@ private:
     Ops& ops_;
     const DType dtype_;
     Comm& comm_;
+    Comm* ep_;  // null when ep is 1
+    std::vector<std::pair<size_t, size_t>> dense_;  // expert parallelism: the [begin, end) runs that are not experts
     int zero_;
     std::unique_ptr<WholeStore> whole_;  // stages 0-2: the whole parameters (and gradients, stages 0, 1)
     Tensor param_buf_, grad_buf_;        // its buffers (empty where sharded)

@@ -43,8 +43,10 @@ void check_fits_host_memory(const ModelShape& s) {
                                n, s.n_layer, s.d_model, 4.0 * n / (1 << 30), have / (1 << 30)));
 }
 
-ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank) {
+ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank, int ep_rank) {
     ModelLayout L;
+    L.ep = pc.ep;
+    L.ep_rank = ep_rank;
     L.tp = pc.tp;
     L.tp_rank = tp_rank;
     L.sequence_parallel = pc.sequence_parallel && pc.tp > 1;
@@ -61,12 +63,12 @@ ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int 
 std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple,
                                   const std::vector<float>& local, Comm& mp) {
     const int members = mp.size();
-    LLMC_ASSERT(members == pc.tp * pc.pp, "the mp group must hold tp x pp ranks");
+    LLMC_ASSERT(members == pc.tp * pc.pp * pc.ep, "the mp group must hold tp x pp x ep ranks");
     std::vector<ModelLayout> layouts;
     std::vector<std::vector<ParamSpec>> tables;
     std::vector<size_t> counts;
     for (int i = 0; i < members; i++) {
-        layouts.push_back(model_layout(shape, pc, i % pc.tp, i / pc.tp));
+        layouts.push_back(model_layout(shape, pc, i % pc.tp, i / (pc.tp * pc.ep), i / pc.tp % pc.ep));
         size_t n = 0;
         tables.push_back(param_table(shape, layouts.back(), &n));
         counts.push_back((n + pad_multiple - 1) / pad_multiple * pad_multiple);

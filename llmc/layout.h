@@ -4,7 +4,9 @@
 //
 // The model-parallel group ("mp") of a rank is every rank with its DP coordinate: tp x pp ranks
 // that together hold one copy of the model, ordered by world rank, i.e. member i has
-// tp_rank = i % tp and pp_rank = i / tp (llmc/process_grid.h).
+// tp_rank = i % tp and pp_rank = i / tp (llmc/process_grid.h). Under expert parallelism it is
+// every rank with its expert-dp coordinate, tp x ep x pp ranks: member i has tp_rank = i % tp,
+// ep_rank = i / tp % ep and pp_rank = i / (tp ep).
 #pragma once
 #include <vector>
 
@@ -20,10 +22,10 @@ ModelShape model_shape(const ModelConfig& m);
 // world rank 0 assembles it (with its optimizer moments) for every checkpoint.
 void check_fits_host_memory(const ModelShape& shape);
 
-// The part of the model the rank at (tp_rank, pp_rank) holds under this parallel config.
-ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank);
+// The part of the model the rank at (tp_rank, pp_rank, ep_rank) holds under this parallel config.
+ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank, int ep_rank = 0);
 
-// Collective over the mp group: every member passes its host copy of a model-sized buffer in its
+// Collective over the mp group (pp x ep x tp ranks, ProcessGrid::model_groups): every member passes its host copy of a model-sized buffer in its
 // own memory order (ParamLayout::padded_params elements, built with pad_multiple); member 0 gets the whole
 // model in llm.c order (num_params elements), the others an empty vector. Only primary
 // copies are taken (replicas of TP-replicated tensors and the tied head copy are skipped).

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "llmc/comm.h"
 #include "llmc/context_parallel.h"
 #include "llmc/moe.h"
 #include "llmc/rng.h"
@@ -22,7 +23,8 @@ struct Model::LayerActs {
     Tensor router_logits, xperm, yperm;
     float *probs = nullptr, *gate = nullptr;           // [N, E], [N, K]
     int32_t *expert = nullptr, *row_of = nullptr;      // [N, K] (backend memory)
-    std::vector<int> count, offset;                    // the last forward's plan (host)
+    std::vector<int> count, offset;                    // the last forward's expert rows (host; expert-major under ep)
+    MoeEpRoute route;                                  // expert parallelism: the last forward's route
     std::vector<float> daux;                           // d (coef * aux * dloss * N) / d probs[n, e]
 };
 
@@ -51,6 +53,9 @@ struct Model::Scratch {
     // [N K] and the load-balancing loss's d/dprobs [E]
     Tensor dperm, drouter;
     float *dgate = nullptr, *daux = nullptr;
+    // Expert parallelism: rows on their way (the local permuted rows, the experts' outputs, the
+    // experts' output gradients), max(N K, received rows) x C
+    Tensor erows;
     float* stats = nullptr;  // [N, 3]: vocabulary-parallel cross-entropy statistics
     // Context parallelism (cp > 1): the ring's blocks in flight, and this rank's rows of the
     // position table and of its gradient ([T, C]: learned positions only).
@@ -91,9 +96,9 @@ Recompute parse_recompute(const std::string& name) {
 }
 
 Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, ParamStore& store, const ModelLayout& lay,
-           TensorParallel* tp, std::vector<int> slots, Recompute rc, ContextParallel* cp)
+           TensorParallel* tp, std::vector<int> slots, Recompute rc, ContextParallel* cp, Comm* ep)
     : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), recompute(rc), params(store.layout()),
-      block_(block_of(s.arch)), tp_(tp), store_(store), cp_(cp) {
+      block_(block_of(s.arch)), tp_(tp), store_(store), cp_(cp), ep_(ep) {
     if (!tp_) {
         own_tp_.reset(new TensorParallel(ops, nullptr, false));
         tp_ = own_tp_.get();
@@ -103,6 +108,8 @@ Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, ParamStore& st
         cp_ = own_cp_.get();
     }
     LLMC_ASSERT(lay.cp == cp_->size(), "layout and CP group disagree");
+    LLMC_ASSERT(lay.ep == (ep_ ? ep_->size() : 1) && (!ep_ || lay.ep_rank == ep_->rank()) && !(ep_ && ep_->on_device()),
+                "layout and EP group disagree (the EP group is a host communicator)");
     LLMC_ASSERT(s.d_model % s.n_head == 0, "d_model must divide by n_head");
     LLMC_ASSERT(s.padded_vocab >= s.vocab_size, "padded vocab too small");
     LLMC_ASSERT(lay.tp == tp_->size() && lay.tp_rank == tp_->rank(), "layout and TP group disagree");
@@ -173,6 +180,8 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
     const MoeShape& moe = shape.moe;
     const size_t NK = N * size_t(moe.top_k), E = size_t(moe.num_experts), Fe = size_t(moe.expert_ffn_dim) / tpn;
     const size_t PREe = block.swiglu ? 2 * Fe : Fe;
+    // the experts' rows: this rank's pairs, or under expert parallelism the rows its experts receive
+    const size_t R = moe.enabled() ? moe_ep_max_rows(moe, int(N), layout.ep) : 0;
     Carver cv{base};
     // A layer's buffers; with core = false the attention core's and the activation's outputs are
     // left as they are (the shared ones of Selective). An MoE layer's MLP buffers hold its
@@ -196,10 +205,10 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
             L.gate = cv.take_f32(NK);
             L.expert = static_cast<int32_t*>(cv.take(NK, DType::F32).ptr);  // int32
             L.row_of = static_cast<int32_t*>(cv.take(NK, DType::F32).ptr);
-            L.xperm = cv.take(NK * C, dt);
+            L.xperm = cv.take(R * C, dt);
             L.yperm = cv.take(NK * C, dt);
-            pre = std::max(pre, NK * PREe);
-            act = std::max(act, NK * Fe);
+            pre = std::max(pre, R * PREe);
+            act = std::max(act, R * Fe);
         }
         L.fch_pre = cv.take(pre, dt);
         if (act) L.fch_gelu = cv.take(act, dt);
@@ -241,10 +250,11 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
     S.dresidual = cv.take(nl * C, dt);
     S.dqkv = cv.take(N * QKVl, dt);
     S.datty = cv.take(N * Cl, dt);
-    S.dfch = cv.take(std::max(N * Fl, NK * Fe), dt);
-    if (block.swiglu) S.dpre = cv.take(std::max(N * PREl, NK * PREe), dt);
+    S.dfch = cv.take(std::max(N * Fl, R * Fe), dt);
+    if (block.swiglu) S.dpre = cv.take(std::max(N * PREl, R * PREe), dt);
     if (moe.enabled()) {
         S.dperm = cv.take(NK * C, dt);
+        if (layout.ep > 1) S.erows = cv.take(std::max(NK, R) * C, dt);
         S.drouter = cv.take(N * E, dt);
         S.dgate = cv.take_f32(NK);
         S.daux = cv.take_f32(E);
@@ -610,9 +620,7 @@ float Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t, float 
 // replicated router alike, and out is this rank's partial sum, reduced by the caller.
 float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float dloss) {
     const MoeShape& m = shape.moe;
-    const int C = shape.d_model, E = m.num_experts, K = m.top_k, Fe = m.expert_ffn_dim / tp_size();
-    const bool bias_here = block_.biases && tp_->rank() == 0;
-    const int PRE = block_.swiglu ? 2 * Fe : Fe;
+    const int C = shape.d_model, E = m.num_experts, K = m.top_k;
     const size_t NK = size_t(N) * K;
     Tensor logits = L.router_logits.slice(0, size_t(N) * E);
     ops.matmul_forward(logits, Tensor(), x, param(RouterW, l), Tensor(), N, C, E, false);
@@ -621,22 +629,23 @@ float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float
     ops.to_host_bytes(expert.data(), L.expert, NK * sizeof(int32_t));
     const MoePlan plan = moe_plan(expert.data(), N, E, K, moe_capacity(m, N));
     ops.from_host_bytes(L.row_of, plan.row_of.data(), NK * sizeof(int32_t));
-    L.count = plan.count;
-    L.offset = plan.offset;
-    ops.moe_permute(L.xperm, x, L.row_of, N, K, C);
-    for (int e = 0; e < E; e++) {
-        const size_t n = size_t(plan.count[size_t(e)]), r0 = size_t(plan.offset[size_t(e)]);
-        if (n == 0) continue;
-        Tensor xin = L.xperm.slice(r0 * C, n * C), pre = L.fch_pre.slice(r0 * PRE, n * PRE);
-        Tensor act = L.fch_gelu.slice(r0 * Fe, n * Fe), y = L.yperm.slice(r0 * C, n * C);
-        if (block_.swiglu) {
-            ops.matmul_forward(pre, Tensor(), xin, param_span(GateW, UpW, l, e), Tensor(), int(n), C, 2 * Fe, false);
-            ops.swiglu_forward(act, pre, int(n), Fe);
-        } else {
-            ops.matmul_forward(act, pre, xin, param(FcW, l, e), param(FcB, l, e), int(n), C, Fe, true);
-        }
-        ops.matmul_forward(y, Tensor(), act, param(FcOutW, l, e), bias_here ? param(FcOutB, l, e) : Tensor(),
-                           int(n), Fe, C, false);
+    if (layout.ep == 1) {
+        L.count = plan.count;
+        L.offset = plan.offset;
+        ops.moe_permute(L.xperm, x, L.row_of, N, K, C);
+        experts_forward(l, L, L.yperm, 0, L.count, L.offset);
+    } else {  // every rank's rows per expert, then the rows to their experts' owners and back
+        const int ep = layout.ep;
+        std::vector<float> mine(plan.count.begin(), plan.count.end()), all(size_t(ep) * E);
+        ep_->all_gather(mine.data(), all.data(), std::vector<size_t>(size_t(ep), size_t(E)));
+        L.route = moe_ep_route(std::vector<int>(all.begin(), all.end()), ep, layout.ep_rank, E);
+        L.count = L.route.count;
+        L.offset = L.route.offset;
+        Scratch& S = *scratch_;
+        ops.moe_permute(S.erows, x, L.row_of, N, K, C);
+        ep_dispatch(L.route, S.erows, L.xperm);
+        experts_forward(l, L, S.erows, layout.experts_begin(E), L.count, L.offset);
+        ep_return(L.route, S.erows, L.yperm);
     }
     ops.moe_combine(out, L.yperm, L.gate, L.row_of, N, K, C);
     L.daux.assign(size_t(E), 0.0f);
@@ -670,16 +679,58 @@ float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float
 // so every rank computes the same, whole router gradients.
 void Model::moe_backward(int l, LayerActs& L, Tensor dx, Tensor dy, Tensor x, int N) {
     const MoeShape& m = shape.moe;
-    const int C = shape.d_model, E = m.num_experts, K = m.top_k, Fe = m.expert_ffn_dim / tp_size();
-    const int PRE = block_.swiglu ? 2 * Fe : Fe;
+    const int C = shape.d_model, E = m.num_experts, K = m.top_k;
     Scratch& S = *scratch_;
     ops.moe_combine_backward(S.dperm, S.dgate, dy, L.yperm, L.gate, L.row_of, N, K, C);
     tp_->all_reduce(Tensor(S.dgate, size_t(N) * K, DType::F32));
-    for (int e = 0; e < E; e++) {
-        const size_t n = size_t(L.count[size_t(e)]), r0 = size_t(L.offset[size_t(e)]);
+    if (layout.ep == 1) {
+        experts_backward(l, L, S.dperm, 0, L.count, L.offset);
+    } else {  // the rows' output gradients to the experts' owners, their input gradients back
+        ep_dispatch(L.route, S.dperm, S.erows);
+        experts_backward(l, L, S.erows, layout.experts_begin(E), L.count, L.offset);
+        ep_return(L.route, S.erows, S.dperm);
+    }
+    ops.from_host_bytes(S.daux, L.daux.data(), size_t(E) * sizeof(float));
+    Tensor drouter = S.drouter.slice(0, size_t(N) * E);
+    ops.moe_router_backward(drouter, S.dgate, S.daux, L.probs, L.expert, L.gate, N, E, K);
+    const bool router_dx = tp_->rank() == 0;  // once in the TP group's sum
+    if (!router_dx) ops.zero(dx);
+    ops.matmul_backward(router_dx ? dx : Tensor(), grad(RouterW, l), Tensor(), drouter, x, param(RouterW, l), Tensor(),
+                        N, C, E);
+    ops.moe_permute_backward(dx, S.dperm, L.row_of, N, K, C);
+}
+
+void Model::experts_forward(int l, LayerActs& L, Tensor y, int e0, const std::vector<int>& count,
+                            const std::vector<int>& offset) {
+    const int C = shape.d_model, Fe = shape.moe.expert_ffn_dim / tp_size(), PRE = block_.swiglu ? 2 * Fe : Fe;
+    const bool bias_here = block_.biases && tp_->rank() == 0;
+    for (size_t i = 0; i < count.size(); i++) {
+        const int e = e0 + int(i);
+        const size_t n = size_t(count[i]), r0 = size_t(offset[i]);
         if (n == 0) continue;
         Tensor xin = L.xperm.slice(r0 * C, n * C), pre = L.fch_pre.slice(r0 * PRE, n * PRE);
-        Tensor act = L.fch_gelu.slice(r0 * Fe, n * Fe), dperm = S.dperm.slice(r0 * C, n * C);
+        Tensor act = L.fch_gelu.slice(r0 * Fe, n * Fe), yr = y.slice(r0 * C, n * C);
+        if (block_.swiglu) {
+            ops.matmul_forward(pre, Tensor(), xin, param_span(GateW, UpW, l, e), Tensor(), int(n), C, 2 * Fe, false);
+            ops.swiglu_forward(act, pre, int(n), Fe);
+        } else {
+            ops.matmul_forward(act, pre, xin, param(FcW, l, e), param(FcB, l, e), int(n), C, Fe, true);
+        }
+        ops.matmul_forward(yr, Tensor(), act, param(FcOutW, l, e), bias_here ? param(FcOutB, l, e) : Tensor(),
+                           int(n), Fe, C, false);
+    }
+}
+
+void Model::experts_backward(int l, LayerActs& L, Tensor dy, int e0, const std::vector<int>& count,
+                             const std::vector<int>& offset) {
+    const int C = shape.d_model, Fe = shape.moe.expert_ffn_dim / tp_size(), PRE = block_.swiglu ? 2 * Fe : Fe;
+    Scratch& S = *scratch_;
+    for (size_t i = 0; i < count.size(); i++) {
+        const int e = e0 + int(i);
+        const size_t n = size_t(count[i]), r0 = size_t(offset[i]);
+        if (n == 0) continue;
+        Tensor xin = L.xperm.slice(r0 * C, n * C), pre = L.fch_pre.slice(r0 * PRE, n * PRE);
+        Tensor act = L.fch_gelu.slice(r0 * Fe, n * Fe), dperm = dy.slice(r0 * C, n * C);
         Tensor dact = S.dfch.slice(r0 * Fe, n * Fe);
         ops.matmul_backward(dact, grad(FcOutW, l, e), block_.biases ? grad(FcOutB, l, e) : Tensor(), dperm, act,
                             param(FcOutW, l, e), Tensor(), int(n), Fe, C);
@@ -693,14 +744,36 @@ void Model::moe_backward(int l, LayerActs& L, Tensor dx, Tensor dy, Tensor x, in
                                 Fe);
         }
     }
-    ops.from_host_bytes(S.daux, L.daux.data(), size_t(E) * sizeof(float));
-    Tensor drouter = S.drouter.slice(0, size_t(N) * E);
-    ops.moe_router_backward(drouter, S.dgate, S.daux, L.probs, L.expert, L.gate, N, E, K);
-    const bool router_dx = tp_->rank() == 0;  // once in the TP group's sum
-    if (!router_dx) ops.zero(dx);
-    ops.matmul_backward(router_dx ? dx : Tensor(), grad(RouterW, l), Tensor(), drouter, x, param(RouterW, l), Tensor(),
-                        N, C, E);
-    ops.moe_permute_backward(dx, S.dperm, L.row_of, N, K, C);
+}
+
+// Through the host: the EP group is a host communicator (like TP's), and the rows of a block are
+// contiguous on both sides, so each block is one copy.
+void Model::ep_dispatch(const MoeEpRoute& route, Tensor local, Tensor experts) {
+    const size_t C = size_t(shape.d_model);
+    size_t sent = 0;
+    for (size_t n : route.send) sent += n;
+    std::vector<float> send(sent * C), recv(route.rows * C);
+    if (sent) ops.to_host_f32(send.data(), local.slice(0, sent * C));
+    std::vector<size_t> sc(route.send), rc(route.recv);
+    for (size_t& n : sc) n *= C;
+    for (size_t& n : rc) n *= C;
+    ep_->all_to_all_v(send.data(), sc, recv.data(), rc);
+    for (const MoeEpRoute::Block& b : route.blocks)
+        ops.from_host_f32(experts.slice(b.dst * C, b.n * C), recv.data() + b.src * C);
+}
+
+void Model::ep_return(const MoeEpRoute& route, Tensor experts, Tensor local) {
+    const size_t C = size_t(shape.d_model);
+    size_t back = 0;
+    for (size_t n : route.send) back += n;
+    std::vector<float> send(route.rows * C), recv(back * C);
+    for (const MoeEpRoute::Block& b : route.blocks)
+        ops.to_host_f32(send.data() + b.src * C, experts.slice(b.dst * C, b.n * C));
+    std::vector<size_t> sc(route.recv), rc(route.send);
+    for (size_t& n : sc) n *= C;
+    for (size_t& n : rc) n *= C;
+    ep_->all_to_all_v(send.data(), sc, recv.data(), rc);
+    if (back) ops.from_host_f32(local.slice(0, back * C), recv.data());
 }
 
 void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {

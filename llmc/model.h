@@ -44,6 +44,7 @@
 
 class TensorParallel;
 class ContextParallel;
+class Comm;
 
 // Which activations a layer keeps for its backward (train.recompute).
 enum class Recompute {
@@ -61,10 +62,11 @@ public:
     // `layout` (param_layout). slots: activation sets per chunk (micro-batches in flight; empty =
     // one each). tp: the TP group (null = tp 1). cp: the context-parallel group (null = cp 1); T is
     // then this rank's T / cp tokens of each sequence (llmc/context_parallel.h: two chunks, at
-    // their global positions).
+    // their global positions). ep: the expert-parallel group (layout.ep ranks, a host communicator;
+    // null = ep 1): the MoE layers send their routed rows to the experts' owners over it.
     Model(const ModelShape& shape, Ops& ops, DType dtype, int B, int T, ParamStore& store,
           const ModelLayout& layout = ModelLayout(), TensorParallel* tp = nullptr, std::vector<int> slots = {},
-          Recompute recompute = Recompute::None, ContextParallel* cp = nullptr);
+          Recompute recompute = Recompute::None, ContextParallel* cp = nullptr, Comm* ep = nullptr);
     // The bytes of activations such a model allocates (activation_bytes), without building it.
     static size_t activation_bytes_of(const ModelShape& shape, DType dtype, int B, int T, const ModelLayout& layout,
                                       const std::vector<int>& slots, Recompute recompute);
@@ -204,6 +206,7 @@ private:
     TensorParallel* tp_;
     ParamStore& store_;
     ContextParallel* cp_;
+    Comm* ep_;
     std::vector<int> layer_unit_;  // layer -> unit, -1 when not held
     int embed_unit_ = -1, head_unit_ = -1;
     std::vector<Tensor> unit_params_, unit_grads_;  // a unit's buffers while acquired
@@ -237,6 +240,17 @@ private:
     // scales the load-balancing loss's gradient (0: no statistics, no gradient)
     float moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float dloss);
     void moe_backward(int l, LayerActs& L, Tensor dx, Tensor dy, Tensor x, int N);
+    // The expert MLPs of layer l over rows: count[i] rows at offset[i] of expert e0 + i, from xin
+    // (forward) into y; the backward turns dy's rows into their input gradients in place.
+    void experts_forward(int l, LayerActs& L, Tensor y, int e0, const std::vector<int>& count,
+                         const std::vector<int>& offset);
+    void experts_backward(int l, LayerActs& L, Tensor dy, int e0, const std::vector<int>& count,
+                          const std::vector<int>& offset);
+    // Expert parallelism: rows (C wide) between this rank's plan order (local: `local` rows of
+    // every expert, in expert order) and its experts' order (expert-major, the route's blocks),
+    // over the ep group; the combine and the backward's return go the other way.
+    void ep_dispatch(const MoeEpRoute& route, Tensor local, Tensor experts);
+    void ep_return(const MoeEpRoute& route, Tensor experts, Tensor local);
     void layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t);
     // One of layer l's linears: matmul_forward / matmul_backward, or their fp8 ops (set_fp8).
     const Fp8State* fp8_ = nullptr;

@@ -57,3 +57,39 @@ double moe_aux_loss(const float* probs, const MoePlan& plan, int N, int E, int k
     }
     return double(E) * aux;
 }
+
+MoeEpRoute moe_ep_route(const std::vector<int>& counts, int ep, int rank, int E) {
+    LLMC_ASSERT(ep >= 1 && E % ep == 0 && rank >= 0 && rank < ep && counts.size() == size_t(ep) * E,
+                "moe_ep_route: bad arguments");
+    const int El = E / ep, e0 = rank * El;
+    auto at = [&](int s, int e) { return size_t(counts[size_t(s) * E + size_t(e)]); };
+    MoeEpRoute r;
+    r.send.assign(size_t(ep), 0);
+    r.recv.assign(size_t(ep), 0);
+    r.count.assign(size_t(El), 0);
+    r.offset.assign(size_t(El), 0);
+    for (int j = 0; j < ep; j++)
+        for (int el = 0; el < El; el++) {
+            r.send[size_t(j)] += at(rank, j * El + el);
+            r.recv[size_t(j)] += at(j, e0 + el);
+            r.count[size_t(el)] += int(at(j, e0 + el));
+        }
+    for (int el = 1; el < El; el++) r.offset[size_t(el)] = r.offset[size_t(el - 1)] + r.count[size_t(el - 1)];
+    size_t src = 0;
+    std::vector<size_t> fill(r.offset.begin(), r.offset.end());  // next free row of each expert
+    for (int s = 0; s < ep; s++)
+        for (int el = 0; el < El; el++) {
+            const size_t n = at(s, e0 + el);
+            if (n) r.blocks.push_back({src, fill[size_t(el)], n});
+            src += n;
+            fill[size_t(el)] += n;
+        }
+    r.rows = src;
+    return r;
+}
+
+size_t moe_ep_max_rows(const MoeShape& m, int N, int ep) {
+    const size_t NK = size_t(N) * m.top_k;
+    if (ep <= 1) return NK;
+    return size_t(ep) * std::min(NK, size_t(m.num_experts / ep) * size_t(moe_capacity(m, N)));
+}

@@ -57,6 +57,27 @@ struct MoePlan {
 // expert [N * k]: the router's choices (host copy).
 MoePlan moe_plan(const int32_t* expert, int N, int E, int k, int capacity);
 
+// Expert parallelism (parallel.ep): the ep ranks of a group route their own tokens (the plan
+// above, rank-local: capacity and drops do not depend on ep) and trade the kept rows. Rank j of
+// the group holds experts [j E/ep, (j+1) E/ep), whose rows in a local plan are contiguous (plans
+// order rows by expert), so dispatch sends each owner one block; the owner receives the blocks
+// source by source (source-major) and runs each of its experts over its rows from source 0, 1,
+// ... (expert-major); the combine sends every row back the same way reversed.
+struct MoeEpRoute {
+    std::vector<size_t> send, recv;  // rows to / from each rank of the group (dispatch)
+    struct Block {
+        size_t src, dst, n;  // n rows of (source, expert): at src in the source-major buffer, dst in the expert-major one
+    };
+    std::vector<Block> blocks;
+    std::vector<int> count, offset;  // [E/ep] rows of each of this rank's experts (expert-major)
+    size_t rows = 0;                 // rows received (the experts' rows)
+};
+// counts: [ep x E] every rank's MoePlan::count, rank-major; rank: this rank in the group.
+MoeEpRoute moe_ep_route(const std::vector<int>& counts, int ep, int rank, int E);
+// The most rows a rank's experts receive for N tokens per rank: each source sends at most all its
+// kept pairs (N k) and at most capacity rows per expert.
+size_t moe_ep_max_rows(const MoeShape& m, int N, int ep);
+
 // The load-balancing loss of one layer from the router's probabilities p [N, E] (host copy)
 // and the plan; daux[e] = d aux / d p[n, e] (the same for every n).
 double moe_aux_loss(const float* probs, const MoePlan& plan, int N, int E, int k, std::vector<float>* daux);

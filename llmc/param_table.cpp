@@ -87,6 +87,9 @@ void check_model_layout(const ModelShape& s, const ModelLayout& L, int T) {
         throw UserError(strfmt("parallel.cp: %d with model.moe: MoE layers route and count capacity over a micro-batch's "
                                "tokens on one rank; context parallelism is not supported with them yet (set "
                                "parallel.cp = 1)", L.cp));
+    if (L.ep > 1 && (!s.moe.enabled() || s.moe.num_experts % L.ep != 0))
+        throw UserError(strfmt("parallel.ep: %d must divide model.moe.num_experts = %d (each expert-parallel rank holds "
+                               "num_experts / ep whole experts)", L.ep, s.moe.num_experts));
     if (L.cp > 1 && T % (2 * L.cp) != 0)
         throw UserError(strfmt("parallel.cp: train.seq_len = %d must be a multiple of 2 x parallel.cp = %d (each "
                                "context-parallel rank holds two equal chunks of every sequence)", T, 2 * L.cp));
@@ -153,7 +156,7 @@ std::vector<ParamSpec> param_table(const ModelShape& s, const ModelLayout& L, si
         p.offset = offset;
         p.decay = d.decay;
         p.tied_copy = tied_copy;
-        p.primary = !tied_copy && (!p.tp_replicated || r == 0);
+        p.primary = !tied_copy && (!p.tp_replicated || r == 0) && (expert >= 0 || L.ep_rank == 0);
         const size_t instance = layer >= 0 ? rank_in_set(s, d.layers, layer) * experts_of(s, d) + size_t(std::max(expert, 0)) : 0;
         p.file_offset = file_base[i] + instance * decl_numel(d);
         table.push_back(p);
@@ -172,7 +175,7 @@ std::vector<ParamSpec> param_table(const ModelShape& s, const ModelLayout& L, si
                 }
                 size_t j = i;  // the run of per-expert declarations [i, j), expert by expert
                 while (j < decls.size() && decls[j].part == ModelPart::Layer && decls[j].per_expert) j++;
-                for (int e = 0; e < s.moe.num_experts; e++)
+                for (int e = L.experts_begin(s.moe.num_experts); e < L.experts_end(s.moe.num_experts); e++)
                     for (size_t k = i; k < j; k++)
                         if (in_set(s, decls[k].layers, l)) add(k, l, e, false);
                 i = j - 1;

@@ -109,6 +109,11 @@ struct ModelLayout {
     int tp = 1, tp_rank = 0;
     bool sequence_parallel = false;
     int cp = 1;  // context-parallel ranks: the activations hold T / cp tokens of each sequence
+    // Expert parallelism: this rank holds experts [ep_rank E/ep, (ep_rank+1) E/ep) of each MoE
+    // layer (and every other tensor whole, as before); its MoE layers trade tokens over the ep group.
+    int ep = 1, ep_rank = 0;
+    int experts_begin(int E) const { return ep_rank * (E / ep); }
+    int experts_end(int E) const { return (ep_rank + 1) * (E / ep); }
     std::vector<std::pair<int, int>> chunks;  // [begin, end) layers of each chunk, in order; empty = all, one chunk
     bool first = true;  // holds the embedding (runs the pipeline's first chunk as its chunk 0)
     bool last = true;   // holds the final norm and the head (runs the pipeline's last chunk as its last)
@@ -126,7 +131,8 @@ struct ParamSpec {
     size_t numel;   // local elements (a vocabulary split's memory-only padding rows included, last)
     bool decay;
     // This copy is the one that counts: checkpoints are assembled from it and the gradient
-    // norm sums it. False for replicated tensors on tp_rank > 0 and the tied head copy.
+    // norm sums it. False for replicated tensors on tp_rank > 0, the tied head copy, and (expert
+    // parallelism) every tensor but the experts on ep_rank > 0.
     bool primary;
     bool tp_replicated;  // every TP rank holds the whole tensor
     bool tied_copy;      // the last stage's copy of the token embedding (the tied LM head)

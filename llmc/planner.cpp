@@ -74,7 +74,7 @@ struct RankParts {
 RankParts rank_parts(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, int pp_rank, int tp_rank) {
     RankParts r;
     r.layout = model_layout(shape, cfg.parallel, tp_rank, pp_rank);
-    const ParamLayout params = param_layout(shape, r.layout, DataParallel::pad_multiple(grid.dp_cp()));
+    const ParamLayout params = param_layout(shape, r.layout, DataParallel::pad_multiple(grid.shard_size()));
     r.padded = params.padded_params;
     r.units = unit_sizes(params.units);
     return r;
@@ -84,7 +84,7 @@ MemoryPlan memory_of(const RankParts& r, const Config& cfg, const ModelShape& sh
                      DType dtype, const std::vector<int>& slots, int zero, Recompute rc) {
     const size_t activations =
         Model::activation_bytes_of(shape, dtype, cfg.train.micro_batch, cfg.train.seq_len / grid.cp, r.layout, slots, rc);
-    return zero_memory_plan(r.padded, grid.dp_cp(), zero, dtype_size(dtype), AdamW::keeps_master(dtype),
+    return zero_memory_plan(r.padded, grid.shard_size(), zero, dtype_size(dtype), AdamW::keeps_master(dtype),
                             DataParallel::bucket_elems_for(cfg.parallel.bucket_mb, r.padded), activations, r.units,
                             cfg.train.offload_optimizer);
 }
@@ -129,16 +129,18 @@ json memory_json(const std::vector<RankMemory>& ranks) {
     return out;
 }
 
-json gather_memory_json(const MemoryPlan& mine, Comm& mp, int tp) {
+json gather_memory_json(const MemoryPlan& mine, Comm& mp, int tp, int ep) {
     const size_t n = sizeof(kCategories) / sizeof(kCategories[0]);
     std::vector<double> all(size_t(mp.size()) * n, 0.0);  // byte counts are exact in doubles below 2^53
     for (size_t c = 0; c < n; c++) all[size_t(mp.rank()) * n + c] = double(mine.*kCategories[c].bytes);
     mp.all_reduce(all.data(), all.size(), ReduceOp::Sum);
-    std::vector<RankMemory> ranks(size_t(mp.size()));
-    for (size_t i = 0; i < ranks.size(); i++) {  // member i: tp_rank i % tp, pp_rank i / tp
-        ranks[i].pp_rank = int(i) / tp;
-        ranks[i].tp_rank = int(i) % tp;
-        for (size_t c = 0; c < n; c++) ranks[i].mem.*kCategories[c].bytes = size_t(all[i * n + c]);
+    std::vector<RankMemory> ranks;
+    for (size_t i = 0; i < size_t(mp.size()); i++) {  // member i: tp_rank i % tp, ep_rank i / tp % ep, pp_rank i / (tp ep)
+        if (int(i) / tp % ep != 0) continue;  // the ep ranks of a (pp, tp) position hold alike: listed once
+        ranks.emplace_back();
+        ranks.back().pp_rank = int(i) / (tp * ep);
+        ranks.back().tp_rank = int(i) % tp;
+        for (size_t c = 0; c < n; c++) ranks.back().mem.*kCategories[c].bytes = size_t(all[i * n + c]);
     }
     return memory_json(ranks);
 }
@@ -186,6 +188,7 @@ json plan_json(const Config& cfg, const ModelShape& shape, const ProcessGrid& gr
     return {{"world", grid.world},
             {"dp", grid.dp},
             {"cp", grid.cp},
+            {"ep", grid.ep},
             {"tp", grid.tp},
             {"pp", grid.pp},
             {"zero", pc.zero},
@@ -388,7 +391,7 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
         if (shape.n_head % tp || shape.kv_heads() % tp || shape.ffn() % tp) continue;
         for (int pp : divisors(world / tp, shape.n_layer)) {
             const int dp = world / tp / pp;
-            if (batch % dp) continue;
+            if (batch % dp || dp % base.parallel.ep) continue;  // expert parallelism splits dp
             const int per_rank = int(batch / dp);
             struct Sched {
                 const char* name;

@@ -49,9 +49,9 @@ std::vector<RankMemory> plan_memory(const Config& cfg, const ModelShape& shape, 
 // The kinds of rank: positions with equal bytes in every category grouped, in order of first
 // appearance: [{"ranks": [[pp_rank, tp_rank], ...], "params": bytes, ..., "total": bytes}, ...].
 nlohmann::json memory_json(const std::vector<RankMemory>& ranks);
-// memory_json of what the members of a model-parallel group (mp, tp x pp ranks, llmc/layout.h)
+// memory_json of what the members of a model-parallel group (mp, tp x pp (x ep) ranks, llmc/layout.h)
 // allocated, each passing its own; collective over mp, every member gets the result.
-nlohmann::json gather_memory_json(const MemoryPlan& mine, Comm& mp, int tp);
+nlohmann::json gather_memory_json(const MemoryPlan& mine, Comm& mp, int tp, int ep = 1);
 
 // parallel.pp_layers "auto": replaced by balance_pp_layers' split (llmc/step_model.h); else unchanged.
 // Every rank resolves it alike before the layout is built.

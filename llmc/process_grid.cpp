@@ -1,5 +1,7 @@
 #include "llmc/process_grid.h"
 
+#include <algorithm>
+
 #include "llmc/common.h"
 
 const char* axis_name(Axis a) {
@@ -7,7 +9,7 @@ const char* axis_name(Axis a) {
     return names[int(a)];
 }
 
-ProcessGrid::ProcessGrid(std::array<int, kNumAxes> sizes, int r) : rank(r), sizes_(sizes) {
+ProcessGrid::ProcessGrid(std::array<int, kNumAxes> sizes, int r, int e) : rank(r), ep(e), sizes_(sizes) {
     world = 1;
     for (int s : sizes) {
         LLMC_ASSERT(s >= 1, "every axis of the grid has size >= 1");
@@ -20,6 +22,48 @@ ProcessGrid::ProcessGrid(std::array<int, kNumAxes> sizes, int r) : rank(r), size
     }
     pp = size(Axis::pp), dp = size(Axis::dp), cp = size(Axis::cp), tp = size(Axis::tp);
     pp_rank = coord(Axis::pp), dp_rank = coord(Axis::dp), cp_rank = coord(Axis::cp), tp_rank = coord(Axis::tp);
+    LLMC_ASSERT(ep >= 1 && dp % ep == 0, "ep must divide dp");
+}
+
+std::vector<std::vector<int>> ProcessGrid::partition(
+    long long (*key)(const ProcessGrid&, const std::array<int, kNumAxes>&)) const {
+    std::vector<std::pair<long long, int>> keyed;
+    for (int r = 0; r < world; r++) {
+        std::array<int, kNumAxes> c{};
+        for (int a = kNumAxes - 1, rest = r; a >= 0; a--) {
+            c[size_t(a)] = rest % sizes_[size_t(a)];
+            rest /= sizes_[size_t(a)];
+        }
+        keyed.push_back({key(*this, c), r});
+    }
+    std::stable_sort(keyed.begin(), keyed.end(),
+                     [](const std::pair<long long, int>& a, const std::pair<long long, int>& b) { return a.first < b.first; });
+    std::vector<std::vector<int>> out;
+    for (size_t i = 0; i < keyed.size(); i++) {
+        if (i == 0 || keyed[i].first != keyed[i - 1].first) out.emplace_back();
+        out.back().push_back(keyed[i].second);
+    }
+    return out;
+}
+
+std::vector<std::vector<int>> ProcessGrid::ep_groups() const {  // same pp, edp, cp, tp
+    return partition([](const ProcessGrid& g, const std::array<int, kNumAxes>& c) {
+        const long long edp_rank = c[size_t(Axis::dp)] / g.ep;
+        return ((c[size_t(Axis::pp)] * (long long)g.dp + edp_rank) * g.cp + c[size_t(Axis::cp)]) * g.tp + c[size_t(Axis::tp)];
+    });
+}
+
+std::vector<std::vector<int>> ProcessGrid::expert_dp_groups() const {  // same pp, ep_rank, cp, tp
+    return partition([](const ProcessGrid& g, const std::array<int, kNumAxes>& c) {
+        const long long ep_rank = c[size_t(Axis::dp)] % g.ep;
+        return ((c[size_t(Axis::pp)] * (long long)g.ep + ep_rank) * g.cp + c[size_t(Axis::cp)]) * g.tp + c[size_t(Axis::tp)];
+    });
+}
+
+std::vector<std::vector<int>> ProcessGrid::model_groups() const {  // same edp_rank, cp
+    return partition([](const ProcessGrid& g, const std::array<int, kNumAxes>& c) {
+        return (long long)(c[size_t(Axis::dp)] / g.ep) * g.cp + c[size_t(Axis::cp)];
+    });
 }
 
 int ProcessGrid::world_rank_of(std::array<int, kNumAxes> c) const {
@@ -61,7 +105,8 @@ std::vector<std::vector<int>> ProcessGrid::embed_groups() const {
 }
 
 std::string ProcessGrid::describe() const {
-    return strfmt("dp %d x %stp %d x pp %d", dp, cp > 1 ? strfmt("cp %d x ", cp).c_str() : "", tp, pp);
+    return strfmt("dp %d x %s%stp %d x pp %d", dp, ep > 1 ? strfmt("(ep %d) x ", ep).c_str() : "",
+                  cp > 1 ? strfmt("cp %d x ", cp).c_str() : "", tp, pp);
 }
 
 ProcessGrid make_process_grid(const ParallelConfig& pc, int world, int rank) {
@@ -79,7 +124,10 @@ ProcessGrid make_process_grid(const ParallelConfig& pc, int world, int rank) {
                                "parallel.dp=\"auto\")",
                                product.c_str(), dp * model_ranks, world, world == 1 ? "" : "es", dp * model_ranks));
     }
-    return ProcessGrid({{pp, dp, cp, tp}}, rank);
+    if (pc.ep < 1 || dp % pc.ep != 0)
+        throw UserError(strfmt("parallel.ep: %d does not divide parallel.dp = %d (the expert-parallel groups are ep "
+                               "consecutive data-parallel ranks)", pc.ep, dp));
+    return ProcessGrid({{pp, dp, cp, tp}}, rank, pc.ep);
 }
 
 ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& comm_kind, double timeout_s,
@@ -117,7 +165,11 @@ ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& co
     pg.cp = make_mpi_comm(grid.groups({Axis::cp}), grid.rank, "cp", timeout_s);
     pg.tp = make_mpi_comm(grid.groups({Axis::tp}), grid.rank, "tp", timeout_s);
     pg.pp = make_mpi_comm(grid.groups({Axis::pp}), grid.rank, "pp", timeout_s);
-    pg.mp = make_mpi_comm(grid.groups({Axis::pp, Axis::tp}), grid.rank, "mp", timeout_s);
+    pg.mp = make_mpi_comm(grid.model_groups(), grid.rank, "mp", timeout_s);
+    if (grid.ep > 1) {
+        pg.ep = make_mpi_comm(grid.ep_groups(), grid.rank, "ep", timeout_s);
+        pg.edp = make(grid.expert_dp_groups(), "expert-dp");
+    }
     pg.embed = make_mpi_comm(grid.embed_groups(), grid.rank, "embed", timeout_s);
     pg.save = make_mpi_comm({all}, grid.rank, "save", kCommTimeoutCapS);
     return pg;

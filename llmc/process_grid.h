@@ -6,8 +6,13 @@
 // parallelism (each sequence split over the cp ranks: llmc/context_parallel.h). The cp ranks of
 // one dp rank hold the same parameters and see different tokens of the same sequences, so
 // gradients are reduced, and ZeRO shards taken, over dp x cp: the "dp" group below is that
-// slice (dp_cp ranks; of size dp when cp is 1). Expert parallelism will split the dp axis (ep
-// divides dp), so it needs no axis of its own here.
+// slice (dp_cp ranks; of size dp when cp is 1).
+// Expert parallelism (parallel.ep, model.moe) splits the dp axis: dp_rank = edp_rank * ep +
+// ep_rank. An "ep" group is ep consecutive dp ranks (the other coordinates equal): together they
+// hold every expert of a layer once (ep_rank holds experts [ep_rank E/ep, (ep_rank+1) E/ep)) and
+// trade tokens by all-to-all. An "expert-dp" group is the dp/ep ranks with the same ep_rank (the
+// same experts): the data-parallel group of the expert parameters, and ZeRO's shard group
+// under expert parallelism (llmc/data_parallel.h).
 // The groups' communicators live in ProcessGroups.
 #pragma once
 #include <array>
@@ -26,7 +31,8 @@ struct ProcessGrid {
     // One process: every axis of size 1.
     ProcessGrid() = default;
     // sizes in axis order (pp, dp, cp, tp); rank: this process's world rank
-    ProcessGrid(std::array<int, kNumAxes> sizes, int rank);
+    // ep: expert-parallel ranks, a divisor of dp (the dp axis split as above)
+    ProcessGrid(std::array<int, kNumAxes> sizes, int rank, int ep = 1);
 
     int world = 1, rank = 0;
     // This rank's sizes and coordinates by name, set by the constructor (read-only by convention).
@@ -35,6 +41,15 @@ struct ProcessGrid {
     // The gradient-reduction (and ZeRO) group: dp x cp ranks; this rank's position in it.
     int dp_cp() const { return dp * cp; }
     int dp_cp_rank() const { return dp_rank * cp + cp_rank; }
+    // Expert parallelism: the ep group's size and this rank's place in it, and the expert-dp group's.
+    int ep = 1;
+    int ep_rank() const { return dp_rank % ep; }
+    int edp() const { return dp / ep; }
+    int edp_rank() const { return dp_rank / ep; }
+    // ZeRO's shard group: the dp x cp group, or the expert-dp group under expert parallelism
+    // (ep > 1 needs model.moe, which refuses cp > 1).
+    int shard_size() const { return ep > 1 ? edp() : dp_cp(); }
+    int shard_rank() const { return ep > 1 ? edp_rank() : dp_cp_rank(); }
 
     int size(Axis a) const { return sizes_[size_t(a)]; }
     int coord(Axis a) const { return coords_[size_t(a)]; }
@@ -45,9 +60,17 @@ struct ProcessGrid {
     // The tied embedding's groups: the first and the last stage of each pipeline (a slice of
     // pp); the middle stages are groups of one.
     std::vector<std::vector<int>> embed_groups() const;
+    // Expert parallelism's groups (above), and the model-parallel groups with ep: the pp x ep x tp
+    // ranks with the same edp_rank (and cp_rank), which hold one copy of the model; members in world
+    // order (member i: tp_rank i % tp, ep_rank i / tp % ep, pp_rank i / (tp ep)).
+    std::vector<std::vector<int>> ep_groups() const;
+    std::vector<std::vector<int>> expert_dp_groups() const;
+    std::vector<std::vector<int>> model_groups() const;
     std::string describe() const;  // "dp 4 x tp 1 x pp 1" (cp named when > 1)
 
 private:
+    // The world ranks grouped by key(coordinates, ep_rank, edp_rank), groups in key order.
+    std::vector<std::vector<int>> partition(long long (*key)(const ProcessGrid&, const std::array<int, kNumAxes>&)) const;
     std::array<int, kNumAxes> sizes_{{1, 1, 1, 1}}, coords_{{0, 0, 0, 0}};
 };
 
@@ -57,9 +80,13 @@ ProcessGrid make_process_grid(const ParallelConfig& pc, int world, int rank);
 
 // One communicator per group kind this rank belongs to, plus the world. dp: the dp x cp ranks
 // (gradient reduction, ZeRO); cp: the context-parallel ring; mp: the model-parallel group (the
-// pp x tp ranks that hold one copy of the model).
+// pp x tp ranks that hold one copy of the model; pp x ep x tp under expert parallelism: model_groups).
 struct ProcessGroups {
     std::unique_ptr<Comm> world, dp, cp, tp, pp, mp, embed;
+    // Expert parallelism (ep > 1; null otherwise): the ep group (the tokens' all-to-all; MPI, host
+    // buffers, like tp) and the expert-dp group (DataParallel's reduction and shard group, on the
+    // dp group's communicator kind). mp then spans pp x ep x tp.
+    std::unique_ptr<Comm> ep, edp;
     // The world again, on MPI, whose watchdog practically never fires (kCommTimeoutCapS): the
     // ranks wait on it while world rank 0 writes a checkpoint, so that a save longer than
     // parallel.timeout_s does not end the job (a rank that dies still does, through the launcher).

@@ -18,7 +18,7 @@ describe() {
         ops) echo "build/test_gpu (op parity with the CPU backend), then under compute-sanitizer" ;;
         parity) echo "the whole model on the GPU (fp32, bf16) against the CPU backend (fp32); optimizer offload against the GPU optimizer; two processes bitwise equal" ;;
         bench) echo "GPT-2 124M and a 1.5B shape in bf16 at T=1024 (tokens/s, MFU, peak memory); 124M with optimizer offload; dev/cuda kernels" ;;
-        layouts) echo "dp, tp, pp, ZeRO-2/3, SP, optimizer offload with ZeRO-1/3 on the one GPU over MPI against one process; parallel.comm=nccl against mpi" ;;
+        layouts) echo "dp, tp, pp, ZeRO-2/3, SP, optimizer offload with ZeRO-1/3, MoE with parallel.ep on the one GPU over MPI against one process; parallel.comm=nccl against mpi" ;;
         fp8) echo "FP8 against bf16 on the 124M shape (300 steps, within 1%); FP8/bf16 tokens/s at the 1.5B shape" ;;
     esac
 }
@@ -450,6 +450,16 @@ stage_layouts() {
                 row "1 GPU, $np ranks: $name" "FAIL" "" "" "" "$(grep -m1 -i error "$L/$name.txt" | cut -c1-90)"
             fi
         done
+        # expert parallelism: an MoE variant of the tiny model (capacity drops included), dp2 x ep2
+        # (rows staged through the host for the all-to-all) against one process
+        moe=(model.moe.num_experts=4 model.moe.top_k=2 model.moe.capacity_factor=1.0)
+        ./train_gpt "$L/c.json" "${moe[@]}" out_dir="$L/moe_base" >"$L/moe_base.txt" 2>&1
+        if timeout 300 mpirun --oversubscribe -np 2 ./train_gpt "$L/c.json" "${moe[@]}" parallel.dp=2 parallel.ep=2 \
+                train.grad_accum=2 out_dir="$L/moe_dp2_ep2" >"$L/moe_dp2_ep2.txt" 2>&1; then
+            loss_row "1 GPU, 2 ranks: moe dp2_ep2" "$L/moe_base/log.jsonl" "$L/moe_dp2_ep2/log.jsonl"
+        else
+            row "1 GPU, 2 ranks: moe dp2_ep2" "FAIL" "" "" "" "$(grep -m1 -i error "$L/moe_dp2_ep2.txt" | cut -c1-90)"
+        fi
     else
         row "layouts on one GPU" "FAIL" "" "" "" "mpirun, synth_shards or train_gpt missing"
     fi

@@ -100,12 +100,15 @@ TEST_CASE("MPI communicator on 3 ranks: posted calls give the blocking results a
     CHECK(run.output.find("All tests passed") != std::string::npos);
 }
 
-TEST_CASE("a group of one: sendrecv with oneself is a copy; NCCL needs the CUDA objects", "[comm]") {
+TEST_CASE("a group of one: sendrecv and all_to_all_v with oneself are copies; NCCL needs the CUDA objects", "[comm]") {
     std::unique_ptr<Comm> c = make_self_comm(0);
     const std::vector<float> a = {1, 2, 3};
     std::vector<float> b(3, 0);
     c->sendrecv(a.data(), 3, 0, b.data(), 3, 0, 5);
     CHECK(b == a);
+    std::vector<float> d(3, 0);
+    c->all_to_all_v(a.data(), {3}, d.data(), {3});
+    CHECK(d == a);
     CHECK(c->group() == "self");
     // this binary links no CUDA: the fallback definition of make_nccl_comm says so
     CHECK_THROWS_WITH(make_nccl_comm(*c, 0, 1.0), Catch::Contains("parallel.comm"));
@@ -259,6 +262,25 @@ TEST_CASE("comm worker: every call of the MPI communicator on 3 ranks", "[.comm_
             g->sendrecv(v.data(), 2, 1 - g->rank(), u.data(), 2, 1 - g->rank(), 1);
             CHECK(u == std::vector<float>{float(2 - me), 1.0f});
         }
+    }
+
+    // all_to_all_v: rank r sends (r + 2 p) % 4 elements to rank p (zeros included: 0 -> 2, 2 -> 2,
+    // 2 -> 0 send none), element i of the piece for p being 100 r + 10 p + i
+    {
+        auto cnt = [](int from, int to) { return size_t((from + 2 * to) % 4); };
+        std::vector<size_t> sc(P), rc(P);
+        std::vector<float> send, recv, want;
+        for (int p = 0; p < P; p++) {
+            sc[size_t(p)] = cnt(me, p);
+            rc[size_t(p)] = cnt(p, me);
+            for (size_t i = 0; i < sc[size_t(p)]; i++) send.push_back(float(100 * me + 10 * p + int(i)));
+            for (size_t i = 0; i < rc[size_t(p)]; i++) want.push_back(float(100 * p + 10 * me + int(i)));
+        }
+        recv.assign(want.size(), -1.0f);
+        world->all_to_all_v(send.data(), sc, recv.data(), rc);
+        CHECK(recv == want);
+        // nothing at all to move is a valid call too
+        world->all_to_all_v(nullptr, std::vector<size_t>(P, 0), nullptr, std::vector<size_t>(P, 0));
     }
 
     // the watchdog stays quiet for calls that end in time, however many and however late (within

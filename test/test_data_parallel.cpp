@@ -27,6 +27,24 @@ TEST_CASE("process grid: Megatron order, tp fastest, then cp, dp, pp", "[grid]")
     CHECK(g3.embed_groups() == std::vector<std::vector<int>>{{0, 4}, {2}, {1, 5}, {3}});
 }
 
+TEST_CASE("process grid: expert parallelism splits dp into ep groups of consecutive ranks", "[grid]") {
+    // pp 2 x dp 4 x cp 1 x tp 2 = 16 ranks, ep 2; rank 13 = pp 1, dp 2, tp 1: ep_rank 0, edp_rank 1
+    ProcessGrid g({{2, 4, 1, 2}}, 13, 2);
+    CHECK((g.dp_rank == 2 && g.ep_rank() == 0 && g.edp() == 2 && g.edp_rank() == 1));
+    CHECK((g.shard_size() == 2 && g.shard_rank() == 1));
+    // ep groups: dp ranks {0, 1} and {2, 3} of each (pp, tp); expert-dp: dp ranks {0, 2} and {1, 3}
+    CHECK(g.ep_groups() == std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14},
+                                                         {13, 15}});
+    CHECK(g.expert_dp_groups() == std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13},
+                                                                {10, 14}, {11, 15}});
+    // one copy of the model: pp x ep x tp ranks of one edp_rank, member i = (pp i / 4, ep i / 2 % 2, tp i % 2)
+    CHECK(g.model_groups() == std::vector<std::vector<int>>{{0, 1, 2, 3, 8, 9, 10, 11}, {4, 5, 6, 7, 12, 13, 14, 15}});
+    // ep 1: the model groups are the pp x tp groups, the shard group dp x cp
+    ProcessGrid one({{2, 4, 1, 2}}, 13);
+    CHECK(one.model_groups() == one.groups({Axis::pp, Axis::tp}));
+    CHECK((one.shard_size() == 4 && one.shard_rank() == 2));
+}
+
 TEST_CASE("process grid: a context-parallel axis sits between dp and tp", "[grid]") {
     // pp 2 x dp 2 x cp 2 x tp 2 = 16 ranks; rank 13 = 0b1101 = pp 1, dp 1, cp 0, tp 1
     ProcessGrid g({{2, 2, 2, 2}}, 13);

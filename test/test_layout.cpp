@@ -67,6 +67,41 @@ TEST_CASE("layout: primary pieces tile the whole model once, for every tp x pp x
     }
 }
 
+TEST_CASE("layout: expert parallelism holds E/ep experts per rank, the primaries tile the model once", "[layout]") {
+    ModelShape s = small_shape();
+    s.moe.num_experts = 4;
+    s.moe.top_k = 2;
+    s.moe.expert_ffn_dim = 16;
+    s.moe.every = 2;
+    const size_t total = num_params(s);
+    for (int ep : {1, 2, 4})
+        for (int tp : {1, 2}) {
+            INFO("ep " << ep << " tp " << tp);
+            ParallelConfig pc;
+            pc.tp = tp;
+            pc.ep = ep;
+            std::vector<int> owners(total, 0);
+            for (int e = 0; e < ep; e++)
+                for (int t = 0; t < tp; t++) {
+                    const ModelLayout lay = model_layout(s, pc, t, 0, e);
+                    size_t n = 0;
+                    for (const ParamSpec& sp : param_table(s, lay, &n)) {
+                        if (sp.expert >= 0) {
+                            CHECK(sp.expert >= e * 4 / ep);
+                            CHECK(sp.expert < (e + 1) * 4 / ep);
+                        }
+                        if (sp.primary)
+                            for_each_run(sp, [&](size_t, size_t at, size_t cnt) {
+                                for (size_t i = at; i < at + cnt; i++) owners[i]++;
+                            });
+                    }
+                }
+            size_t bad = 0;
+            for (int o : owners) bad += o != 1;
+            CHECK(bad == 0);
+        }
+}
+
 TEST_CASE("layout: activation slots per chunk follow the schedule", "[layout]") {
     // 1F1B on 4 stages x 8 micro-batches: stage r keeps pp - r micro-batches in flight
     const PpSchedule s = make_pipeline_schedule(PpScheduleKind::OneFOneB, 4, 8, 1);

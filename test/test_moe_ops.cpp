@@ -60,6 +60,38 @@ TEST_CASE("moe plan: capacity, token-order drops, rows per expert", "[moe]") {
     CHECK(all.row_of == std::vector<int32_t>({0, 4, 1, 6, 2, 5, 7, 3}));
 }
 
+TEST_CASE("moe expert-parallel route: sends, receives, expert-major blocks", "[moe]") {
+    // ep 2, E 4 (rank 0: experts 0, 1; rank 1: experts 2, 3); rows per expert of each rank's plan
+    const std::vector<int> counts = {3, 0, 2, 1,   // rank 0
+                                     1, 4, 0, 5};  // rank 1
+    const MoeEpRoute r1 = moe_ep_route(counts, 2, 1, 4);
+    CHECK(r1.send == std::vector<size_t>({5, 5}));  // rank 1's rows of experts 0, 1 to rank 0; of 2, 3 to itself
+    CHECK(r1.recv == std::vector<size_t>({3, 5}));  // experts 2, 3 from rank 0 (2 + 1) and from itself (0 + 5)
+    CHECK(r1.count == std::vector<int>({2, 6}));
+    CHECK(r1.offset == std::vector<int>({0, 2}));
+    CHECK(r1.rows == 8);
+    // received source-major [src 0: e2 (2), e3 (1)] [src 1: e2 (0), e3 (5)] -> expert-major [e2: 2] [e3: 1 + 5]
+    REQUIRE(r1.blocks.size() == 3);
+    CHECK((r1.blocks[0].src == 0 && r1.blocks[0].dst == 0 && r1.blocks[0].n == 2));
+    CHECK((r1.blocks[1].src == 2 && r1.blocks[1].dst == 2 && r1.blocks[1].n == 1));
+    CHECK((r1.blocks[2].src == 3 && r1.blocks[2].dst == 3 && r1.blocks[2].n == 5));
+    const MoeEpRoute r0 = moe_ep_route(counts, 2, 0, 4);
+    CHECK(r0.send == std::vector<size_t>({3, 3}));
+    CHECK(r0.recv == std::vector<size_t>({3, 5}));
+    CHECK(r0.count == std::vector<int>({4, 4}));
+    // ep 1: everything stays, one block per nonempty expert
+    const MoeEpRoute self = moe_ep_route({3, 0, 2}, 1, 0, 3);
+    CHECK((self.rows == 5 && self.blocks.size() == 2 && self.blocks[1].src == 3 && self.blocks[1].dst == 3));
+    // the receive bound: at most ep x min(N k, E/ep x capacity)
+    MoeShape m;
+    m.num_experts = 4;
+    m.top_k = 2;
+    CHECK(moe_ep_max_rows(m, 8, 2) == 32);  // dropless: every source's 16 pairs
+    m.capacity_factor = 1.0f;
+    CHECK(moe_ep_max_rows(m, 8, 2) == 16);  // capacity 4: 2 experts x 4 rows from each of 2 sources
+    CHECK(moe_ep_max_rows(m, 8, 1) == 16);
+}
+
 TEST_CASE("moe aux loss: Switch's E * sum f_e P_e, its gradient in p", "[moe]") {
     // 2 tokens, 2 experts, top-1: token 0 -> expert 0, token 1 -> expert 0
     const std::vector<float> probs = {0.75f, 0.25f, 0.625f, 0.375f};

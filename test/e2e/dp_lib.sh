@@ -34,3 +34,20 @@ close_weights() {
               exit !(n > 0 && md <= maxtol * ma && sqrt(sd) <= tol * sqrt(sa)) }' ||
         die "weights of $2 differ from $1 by more than $tol"
 }
+
+# The MoE layers' records (test_moe_layouts.sh, test_ep_layouts.sh).
+# close_val A B: the "val_loss" records of two log.jsonl files agree to 1e-5 relative
+close_val() {
+    paste <(grep -o '"val_loss":[^,}]*' "$1" | cut -d: -f2) <(grep -o '"val_loss":[^,}]*' "$2" | cut -d: -f2) |
+        awk 'NF != 2 { bad++ } { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++ } END { exit bad > 0 || NR == 0 }' ||
+        die "validation losses of $2 differ from $1"
+}
+# moe_stats FILE: each step's moe_aux moe_load_min moe_load_max moe_dropped
+moe_stats() { grep '"moe_aux"' "$1" | sed 's/.*"moe_aux":\([^,]*\).*"moe_dropped":\([^,]*\).*"moe_load_max":\([^,]*\).*"moe_load_min":\([^,}]*\).*/\1 \4 \3 \2/'; }
+close_moe() {  # close_moe A B [STEPS]: the statistics of STEPS (default 6) steps agree to 1e-5
+    [ "$(moe_stats "$1" | wc -l)" -eq "${3:-6}" ] || die "$1: no MoE statistics in ${3:-6} steps"
+    paste <(moe_stats "$1") <(moe_stats "$2") | awk '
+        NF != 8 { bad++ }
+        { for (i = 1; i <= 4; i++) { d = $i - $(i + 4); if (d < 0) d = -d; if (d > 1e-5 * ($i < 0 ? -$i : $i) + 1e-12) bad++ } }
+        END { exit bad > 0 || NR == 0 }' || die "MoE statistics of $2 differ from $1"
+}

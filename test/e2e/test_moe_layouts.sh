@@ -26,20 +26,6 @@ config "$W/gpt2.json" '"arch": "gpt2", "moe": { "num_experts": 4, "top_k": 2, "e
 config "$W/llama.json" '"arch": "llama", "ffn_dim": 48, "moe": { "num_experts": 3, "top_k": 2, "every": 1,
     "aux_loss_coef": 0.02, "capacity_factor": 0.8 }'
 
-close_val() {
-    paste <(grep -o '"val_loss":[^,}]*' "$1" | cut -d: -f2) <(grep -o '"val_loss":[^,}]*' "$2" | cut -d: -f2) |
-        awk 'NF != 2 { bad++ } { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++ } END { exit bad > 0 || NR == 0 }' ||
-        die "validation losses of $2 differ from $1"
-}
-# moe_stats FILE: each step's moe_aux moe_load_min moe_load_max moe_dropped
-moe_stats() { grep '"moe_aux"' "$1" | sed 's/.*"moe_aux":\([^,]*\).*"moe_dropped":\([^,]*\).*"moe_load_max":\([^,]*\).*"moe_load_min":\([^,}]*\).*/\1 \4 \3 \2/'; }
-close_moe() {
-    [ "$(moe_stats "$1" | wc -l)" -eq 6 ] || die "$1: no MoE statistics in 6 steps"
-    paste <(moe_stats "$1") <(moe_stats "$2") | awk '
-        NF != 8 { bad++ }
-        { for (i = 1; i <= 4; i++) { d = $i - $(i + 4); if (d < 0) d = -d; if (d > 1e-5 * ($i < 0 ? -$i : $i) + 1e-12) bad++ } }
-        END { exit bad > 0 || NR == 0 }' || die "MoE statistics of $2 differ from $1"
-}
 baseline() {  # baseline CONFIG NAME ARGS...
     local c=$1 name=$2; shift 2
     LLMC_DUMP_GRADS="$W/$name.grads.bin" OMP_NUM_THREADS=1 "$BIN" "$c" "$@" "out_dir=$W/$name" > "$W/$name.txt" 2>&1 ||
