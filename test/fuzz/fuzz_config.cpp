@@ -9,8 +9,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                               parts[0].size());
     std::vector<std::string> args = {"train_gpt", path};
     for (size_t i = 1; i < parts.size() && i < 16; i++) {
-        if (parts[i] == "--help" || parts[i] == "-h") continue;  // prints the usage and exits 0, by design
-        args.push_back(parts[i]);
+        // a command-line argument ends at its first NUL, as the kernel passes it
+        const std::string arg = parts[i].substr(0, parts[i].find('\0'));
+        if (arg == "--help" || arg == "-h") continue;  // prints the usage and exits 0, by design
+        args.push_back(arg);
     }
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(&a[0]);
