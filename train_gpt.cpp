@@ -682,7 +682,13 @@ int main(int argc, char** argv) {
     Runtime rt(&argc, &argv);
     preempt_install();
     try {
-        int rc = train(rt, argc, argv);
+        const int rc = train(rt, argc, argv);
+        // LLMC_DONE_FILE (set by scripts/slurm/train.sbatch): world rank 0 creates it when the run
+        // ended well, so that a launcher that returns 0 without having run the ranks is caught
+        const char* done = std::getenv("LLMC_DONE_FILE");
+        if (rc == 0 && done && *done && rt.is_main()) {
+            if (std::FILE* f = std::fopen(done, "w")) std::fclose(f);
+        }
         return rc;
     } catch (const UserError& e) {
         std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), e.what());

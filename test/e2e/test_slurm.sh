@@ -9,7 +9,8 @@
 #  - the same under LAUNCHER=mpirun;
 #  - SIGUSR1 to the batch shell (what --signal=B:USR1@120 sends before the time limit): the
 #    script forwards it, the ranks save and exit 3, the script requeues the job, which resumes;
-#  - scancel: the ranks save and exit 3, and the job stays cancelled.
+#  - scancel: the ranks save and exit 3, and the job stays cancelled;
+#  - a launcher that returns 0 without running the trainer: launched again, then the job fails.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
 for cmd in munged slurmctld slurmd sbatch scontrol srun; do
@@ -135,6 +136,15 @@ job_wait "$id" COMPLETED
 grep -q "^== .*: mpirun " "$W/mpirun_in_job.out" || die "job $id did not use mpirun"
 same_run "$W/mpirun2" "$W/mpirun_in_job" 10
 echo "  LAUNCHER=mpirun: losses and weights == mpirun outside Slurm"
+
+# a launcher that returns 0 although the trainer never ran (srun did, once, right after a requeue:
+# "task launch failed"): the script launches twice more, then the job fails instead of COMPLETED
+id=$(cd "$ROOT" && TRAIN_GPT=/bin/true LAUNCH_RETRY_S=0 sbatch --parsable -n 2 -o "$W/no_run.out" \
+    scripts/slurm/train.sbatch "$W/c.json")
+job_wait "$id" FAILED
+[ "$(grep -c 'returned 0 but train_gpt did not finish' "$W/no_run.out")" -eq 3 ] ||
+    die "a launch that ran no trainer: $(cat "$W/no_run.out")"
+echo "  a launcher that returns 0 without running train_gpt: launched 3 times, the job FAILED"
 
 # preemption: a run long enough to be caught mid-way
 long=(train.steps=300 train.warmup_steps=2)
