@@ -159,16 +159,25 @@ void DataParallel::accumulate(Tensor dst) {
 
 void DataParallel::reduce_dense(Staging& s, size_t begin, size_t n) {
     if (!ep_ || n == 0) return;
-    const size_t end = begin + n;
-    std::vector<float> host(n), packed;
+    std::vector<std::pair<size_t, size_t>> runs;  // the dense runs within [begin, begin + n), from begin
+    size_t total = 0;
+    for (const auto& r : dense_) {
+        const size_t b = std::max(r.first, begin), e = std::min(r.second, begin + n);
+        if (b >= e) continue;
+        runs.push_back({b - begin, e - begin});
+        total += e - b;
+    }
+    if (total == 0) return;  // alike on every member: the same range of the same layout
+    std::vector<float> host(n), packed(total);
     store_host(host.data(), s, n);
-    for (const auto& r : dense_)
-        for (size_t i = std::max(r.first, begin); i < std::min(r.second, end); i++) packed.push_back(host[i - begin]);
-    if (packed.empty()) return;  // alike on every member: the same range of the same layout
-    ep_->all_reduce(packed.data(), packed.size(), ReduceOp::Sum);
-    size_t k = 0;
-    for (const auto& r : dense_)
-        for (size_t i = std::max(r.first, begin); i < std::min(r.second, end); i++) host[i - begin] = packed[k++];
+    float* p = packed.data();
+    for (const auto& r : runs) p = std::copy(host.begin() + long(r.first), host.begin() + long(r.second), p);
+    ep_->all_reduce(packed.data(), total, ReduceOp::Sum);
+    p = packed.data();
+    for (const auto& r : runs) {
+        std::copy(p, p + (r.second - r.first), host.begin() + long(r.first));
+        p += r.second - r.first;
+    }
     load_host(s, host.data(), n);
 }
 
