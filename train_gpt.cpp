@@ -431,9 +431,10 @@ void print_banner(Run& r, const Plan& p) {
                   p.layout.sequence_parallel ? "; sequence parallel (1/tp of the tokens outside attention and MLP)" : "");
     if (g.ep > 1)
         log.print("expert parallel: %d ranks, %d of the %d experts of each MoE layer each (experts [%d, %d) here); "
-                  "ZeRO shards and expert gradients over the %d expert-dp ranks\n",
+                  "expert gradients and ZeRO shards over the %d expert-dp ranks%s\n",
                   g.ep, s.moe.num_experts / g.ep, s.moe.num_experts, p.layout.experts_begin(s.moe.num_experts),
-                  p.layout.experts_end(s.moe.num_experts), g.edp());
+                  p.layout.experts_end(s.moe.num_experts), g.edp(),
+                  r.dp.zero() >= 1 ? strfmt(", the dense optimizer state over all %d dp ranks", g.dp).c_str() : "");
     if (g.cp > 1)
         log.print("context parallel: %d ranks, %d of each sequence's %d tokens each (chunks of %d, ring attention)\n",
                   g.cp, r.model.T, r.tc.seq_len, r.model.T / 2);
