@@ -12,8 +12,8 @@
 //
 // Optimizer offload (train.offload_optimizer): m, v and the master weights live in host memory
 // (Ops::alloc_host: pinned on CUDA) and the update runs on the host, by the CPU backend's AdamW
-// kernel (llmc/cpu/kernels.h, OpenMP and SIMD). The range streams through three host staging
-// slots in pieces: a piece's gradients (and, without master weights, its parameters) go down, the
+// kernel (llmc/cpu/kernels.h, OpenMP and SIMD). The owned runs stream through three host staging
+// slots in pieces (each within one run): a piece's gradients (and, without master weights, its parameters) go down, the
 // host updates it, its new parameters go up (bf16 from the master by the CUDA kernel's stochastic
 // rounding, llmc/bf16.h); where the backend copies asynchronously (CUDA: a copy stream per
 // direction) the next piece's download and the previous piece's upload overlap the update. On the
