@@ -32,8 +32,7 @@ AdamW::AdamW(const ParamLayout& layout, Ops& ops, size_t begin, size_t end, Tens
         offload_.piece = offload_piece(n, offload_.piece);
         for (size_t i = 0; i < runs_.size(); i++)
             for (size_t b = runs_[i].first; b < runs_[i].second; b += offload_.piece)
-                pieces_.push_back({b, std::min(offload_.piece, runs_[i].second - b),
-                                   run_state_[i] + (b - runs_[i].first), runs_[i].first});
+                pieces_.push_back({b, std::min(offload_.piece, runs_[i].second - b), run_state_[i] + (b - runs_[i].first)});
         const size_t k = dtype_size(params.dtype);
         for (int s = 0; s < kStageSlots; s++) {
             stage_grads_[s] = ops.alloc_host(offload_.piece * k);
@@ -93,10 +92,11 @@ void AdamW::step(const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
             const size_t lo = std::max(rb, p.offset), hi = std::min(re, p.offset + p.numel);
             if (lo >= hi) continue;
             const size_t n = hi - lo, o = lo - begin_, q = run_state_[i] + (lo - rb);  // in the views, in the state
-            // bf16 stochastic rounding hashes (seed, index within the call): a seed of its own per
-            // tensor (from its offset in the buffer) keeps tensors from sharing random bits at equal offsets
+            // bf16 stochastic rounding hashes (the tensor's seed, the index in the tensor): a seed of
+            // its own per tensor keeps tensors from sharing random bits at equal indices
             ops_.adamw(params_.slice(o, n), master_ ? master_ + q : nullptr, grads_.slice(o, n), m_ + q, v_ + q, h.lr,
-                       h.beta1, h.beta2, h.eps, p.decay ? h.weight_decay : 0.0f, grad_scale, t, tensor_seed(seed, lo));
+                       h.beta1, h.beta2, h.eps, p.decay ? h.weight_decay : 0.0f, grad_scale, t,
+                       tensor_seed(seed, p.offset), uint32_t(lo - p.offset));
         }
     }
 }
@@ -134,9 +134,8 @@ void AdamW::update_piece(const Piece& pc, int s, const AdamWHyper& h, int t, flo
     const bool bf16 = params_.dtype == DType::BF16;
     const size_t a0 = pc.begin, b0 = a0 + pc.n;  // the piece in the flat buffer
     for (const ParamSpec& p : layout_.specs) {
-        // the tensor's intersection with the owned run (as step's), then with the piece
-        const size_t lo = std::max(pc.run_begin, p.offset);
-        const size_t a = std::max(lo, a0), b = std::min(p.offset + p.numel, b0);
+        // the tensor's intersection with the piece (which lies in one owned run)
+        const size_t a = std::max(p.offset, a0), b = std::min(p.offset + p.numel, b0);
         if (a >= b) continue;
         const size_t cnt = b - a, r = pc.state + (a - a0), j = a - a0;  // offsets in the state and in the piece
         const float* g = static_cast<const float*>(stage_grads_[s]) + j;
@@ -150,12 +149,12 @@ void AdamW::update_piece(const Piece& pc, int s, const AdamWHyper& h, int t, flo
         float* params = master_ ? master_ + r : static_cast<float*>(stage_params_[s]) + j;
         cpu::adamw(params, master_ ? master_ + r : nullptr, g, m_ + r, v_ + r, cnt, h.lr, h.beta1, h.beta2, h.eps,
                    p.decay ? h.weight_decay : 0.0f, grad_scale, t);
-        if (bf16) {  // the CUDA kernel's rounding: hash of (the tensor's seed, the index within the tensor's call)
-            const uint32_t ts = tensor_seed(seed, lo);
+        if (bf16) {  // the CUDA kernel's rounding: hash of (the tensor's seed, the index in the tensor)
+            const uint32_t ts = tensor_seed(seed, p.offset);
             uint16_t* pb = static_cast<uint16_t*>(stage_params_[s]) + j;
 #pragma omp parallel for schedule(static) if (cpu::parallel_worth(cnt))
             for (size_t i = 0; i < cnt; i++)
-                pb[i] = f32_to_bf16_stochastic(master_[r + i], hash_u32(ts, uint32_t(a - lo + i)));
+                pb[i] = f32_to_bf16_stochastic(master_[r + i], hash_u32(ts, uint32_t(a - p.offset + i)));
         }
     }
     // the padding's parameters go back as they were (the master holds them exactly: synced from them)

@@ -84,13 +84,13 @@ private:
     // the host update of the piece [o, o + n) of the range, staged in slot s
     struct Piece {
         size_t begin, n, state;  // [begin, begin + n) of the flat buffer, at m_ + state
-        size_t run_begin;        // the owned run holding it
     };
     void update_piece(const Piece& p, int s, const AdamWHyper& h, int t, float grad_scale, uint32_t seed);
-    // bf16 stochastic rounding seeds each tensor from its first element in the owned run (as a
-    // ZeRO shard boundary, a run boundary inside a tensor starts a new seed)
-    static uint32_t tensor_seed(uint32_t seed, size_t lo) {
-        return seed ^ uint32_t((uint64_t(lo) * 0x9E3779B97F4A7C15ull) >> 32);
+    // bf16 stochastic rounding hashes (a seed per tensor, from its offset in the buffer; the
+    // element's index in the tensor): wherever ZeRO shards or runs cut a tensor, its elements get
+    // the bits they get in one piece
+    static uint32_t tensor_seed(uint32_t seed, size_t offset) {
+        return seed ^ uint32_t((uint64_t(offset) * 0x9E3779B97F4A7C15ull) >> 32);
     }
 
     const ParamLayout& layout_;

@@ -383,7 +383,9 @@ TEST_CASE("ZeRO under expert parallelism: each dense element owned once over dp,
 
 // AdamW over owned runs: ranks that own disjoint runs covering the buffer, each with its state
 // packed, update every element bitwise as one AdamW over all of it (the update is elementwise),
-// offloaded too (pieces of 97 elements cut per run); the state is the owned elements only.
+// offloaded too (pieces of 97 elements cut per run); the state is the owned elements only. And a
+// bf16 model through the offloaded host update (the CUDA kernel's stochastic rounding): the runs
+// cut tensors, and every element still gets the random bits it gets in one range.
 TEST_CASE("AdamW over runs of its range updates bitwise as over the whole range", "[ep][zero]") {
     auto ops = make_cpu_ops();
     const ModelShape s = moe_shape();
@@ -393,13 +395,13 @@ TEST_CASE("AdamW over runs of its range updates bitwise as over the whole range"
     const size_t n = layout.padded_params;
     std::vector<float> p0(n), g(n);
     for (size_t i = 0; i < n; i++) p0[i] = 0.01f * float(int(i * 7919 % 201) - 100), g[i] = 1e-3f * float(int(i * 104729 % 97) - 48);
-    auto buffer = [&](const std::vector<float>& x) {
-        Tensor t(ops->alloc(n * sizeof(float)), n, DType::F32);
+    auto buffer = [&](const std::vector<float>& x, DType dt) {
+        Tensor t(ops->alloc(n * dtype_size(dt)), n, dt);
         ops->from_host_f32(t, x.data());
         return t;
     };
-    auto run = [&](const std::vector<AdamW::Runs>& owners, bool offload) {
-        Tensor params = buffer(p0), grads = buffer(g);
+    auto run = [&](const std::vector<AdamW::Runs>& owners, bool offload, DType dt) {
+        Tensor params = buffer(p0, dt), grads = buffer(g, dt);
         std::vector<std::unique_ptr<AdamW>> opts;
         size_t state = 0;
         for (const AdamW::Runs& r : owners) {
@@ -409,18 +411,21 @@ TEST_CASE("AdamW over runs of its range updates bitwise as over the whole range"
         }
         CHECK(state == n);
         for (int t = 1; t <= 3; t++)
-            for (auto& o : opts) o->step(AdamWHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f}, t, 0.5f, 0u);
+            for (auto& o : opts) o->step(AdamWHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f}, t, 0.5f, 77u + uint32_t(t));
         std::vector<float> out(n);
         ops->to_host_f32(out.data(), params);
         ops->release(params.ptr);
         ops->release(grads.ptr);
         return out;
     };
-    const std::vector<float> whole = run({AdamW::Runs()}, false);
+    const std::vector<float> whole = run({AdamW::Runs()}, false, DType::F32);
     CHECK(whole != p0);
     // two owners, cuts through tensors: [0, a) + [b, c), [a, b) + [c, n)
     const size_t a = n / 5 + 3, b = n / 2 + 11, c = 4 * n / 5 + 1;
     const std::vector<AdamW::Runs> split = {{{0, a}, {b, c}}, {{a, b}, {c, n}}};
-    CHECK(run(split, false) == whole);
-    CHECK(run(split, true) == whole);
+    CHECK(run(split, false, DType::F32) == whole);
+    CHECK(run(split, true, DType::F32) == whole);
+    const std::vector<float> bf16 = run({AdamW::Runs()}, true, DType::BF16);
+    CHECK(bf16 != whole);
+    CHECK(run(split, true, DType::BF16) == bf16);
 }
