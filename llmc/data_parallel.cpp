@@ -244,7 +244,21 @@ void DataParallel::reduce_dense(Staging& s, size_t begin, size_t n) {
     store_host(host.data(), s, n);
     float* p = packed.data();
     for (const auto& r : runs) p = std::copy(host.begin() + long(r.first), host.begin() + long(r.second), p);
-    ep_->all_reduce(packed.data(), total, ReduceOp::Sum);
+    if (split_) {  // this rank's part of the sums is all its optimizer reads: a reduce-scatter
+        size_t q0 = 0;  // the piece's first dense element among the shard range's (packed order)
+        for (const auto& r : range_dense_) q0 += r.first < begin ? std::min(r.second, begin) - r.first : 0;
+        const size_t k = size_t(ep_->rank());
+        std::vector<size_t> counts;
+        for (size_t i = 0; i + 1 < dense_cut_.size(); i++) {
+            const size_t lo = std::max(q0, dense_cut_[i]), hi = std::min(q0 + total, dense_cut_[i + 1]);
+            counts.push_back(hi > lo ? hi - lo : 0);
+        }
+        std::vector<float> mine(counts[k]);
+        ep_->reduce_scatter(packed.data(), mine.data(), counts);
+        std::copy(mine.begin(), mine.end(), packed.begin() + long(count_offsets(counts)[k]));
+    } else {
+        ep_->all_reduce(packed.data(), total, ReduceOp::Sum);
+    }
     p = packed.data();
     for (const auto& r : runs) {
         std::copy(p, p + (r.second - r.first), host.begin() + long(r.first));
@@ -582,6 +596,12 @@ void DataParallel::share_dense_parts(Tensor range) {
                       [&](size_t b, size_t n, const float* src) { ops_.from_host_f32(range.slice(b - opt_begin(), n), src); });
 }
 
+void DataParallel::share_dense_parts(float* range) {
+    const size_t base = opt_begin();
+    share_dense_parts([&](size_t b, size_t n, float* dst) { std::copy(range + (b - base), range + (b - base + n), dst); },
+                      [&](size_t b, size_t n, const float* src) { std::copy(src, src + n, range + (b - base)); });
+}
+
 std::vector<float> DataParallel::range_state(const std::vector<float>& packed) {
     if (!split_) return packed;  // the runs are the range
     std::vector<float> range(shard_);
@@ -591,10 +611,7 @@ std::vector<float> DataParallel::range_state(const std::vector<float>& packed) {
                   range.begin() + long(r.first - opt_begin()));
         q += r.second - r.first;
     }
-    float* x = range.data();
-    const size_t base = opt_begin();
-    share_dense_parts([&](size_t b, size_t n, float* dst) { std::copy(x + (b - base), x + (b - base + n), dst); },
-                      [&](size_t b, size_t n, const float* src) { std::copy(src, src + n, x + (b - base)); });
+    share_dense_parts(range.data());
     return range;
 }
 
@@ -616,6 +633,7 @@ std::vector<float> DataParallel::gather_gradients() {
     std::vector<float> g(opt_end() - opt_begin());
     ops_.to_host_f32(g.data(), opt_grads());
     if (zero_ == 0) return dp_rank() == 0 ? g : std::vector<float>();
+    if (split_) share_dense_parts(g.data());  // each rank summed its own dense part only
     return gather_shards(g.data());
 }
 

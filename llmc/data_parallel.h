@@ -46,17 +46,19 @@
 // expert-dp group (the dp/ep ranks holding the same experts), and ep the expert-parallel group.
 // Every reduction runs over the expert-dp group as above, which completes the expert tensors'
 // gradients (their owner already summed its ep group's tokens); the other elements (every tensor
-// but the experts, and the padding: the dense ones) are then all-reduced over the ep group as
-// well, which completes their sum over all of dp (an all-reduce rather than a reduce-scatter: every
-// rank's gradient shard stays whole, for the checks that gather it). The ep ranks of one group
-// hold the same shard range (the same expert-dp rank), where the expert elements are different
-// parameters on each ep rank and the dense ones the same. So with ZeRO >= 1 the optimizer of ep
-// rank k owns, of its shard range, every expert element and the k-th of ep contiguous parts of the
-// dense elements (cut by count in flat order: zero_optimizer_runs): the experts' state is sharded
-// over the expert-dp group, the dense state over all of dp. After the update each rank's dense part
-// is all-gathered over the ep group into the shard range (stages 1, 2: before the expert-dp
-// all-gather; stage 3: into the parameter shard); checkpoints gather the parts the same way. ZeRO-0
-// keeps whole replicas (every rank updates everything, as without ep). The losses are averaged over all of dp.
+// but the experts, and the padding: the dense ones) are then summed over the ep group as well,
+// which completes their sum over all of dp: at ZeRO-0 by an all-reduce, at ZeRO >= 1 by a
+// reduce-scatter that gives each ep rank the sums of the dense elements whose optimizer state it
+// owns (below; the rest of its gradient shard's dense elements are not read, and gather_gradients
+// collects the parts from their owners). The ep ranks of one group hold the same shard range (the
+// same expert-dp rank), where the expert elements are different parameters on each ep rank and the
+// dense ones the same. So with ZeRO >= 1 the optimizer of ep rank k owns, of its shard range, every
+// expert element and the k-th of ep contiguous parts of the dense elements (cut by count in flat
+// order: zero_optimizer_runs): the experts' state is sharded over the expert-dp group, the dense
+// state over all of dp. After the update each rank's dense part is all-gathered over the ep group
+// into the shard range (stages 1, 2: before the expert-dp all-gather; stage 3: into the parameter
+// shard); checkpoints gather the parts the same way. ZeRO-0 keeps whole replicas (every rank
+// updates everything, as without ep). The losses are averaged over all of dp.
 //
 // The gradient norm is computed on each rank's optimizer elements (stage >= 1: its shard, or
 // under ep its owned runs) or on the replicated full gradient (stage 0) and the squares summed
@@ -220,13 +222,15 @@ private:
     void store_host(float* dst, Staging& s, size_t n);
     void accumulate(Tensor dst);  // dst += recv_[0, dst.n) (send_ is the scratch)
     // Expert parallelism: s[0, n) holds elements [begin, begin + n) of the flat buffer summed over
-    // the expert-dp group; the dense ones among them are summed over the ep group too.
+    // the expert-dp group; the dense ones among them are summed over the ep group too (an all-reduce
+    // at ZeRO-0; at ZeRO >= 1 a reduce-scatter: this rank's dense part only, the others left as they were).
     void reduce_dense(Staging& s, size_t begin, size_t n);
     // Expert parallelism with ZeRO: every ep rank's dense part of the shard range, from its owner,
     // read by get(flat begin, n, dst) on the owner and written by put(flat begin, n, src) elsewhere.
     void share_dense_parts(const std::function<void(size_t, size_t, float*)>& get,
                            const std::function<void(size_t, size_t, const float*)>& put);
     void share_dense_parts(Tensor range);  // range: the shard range's parameters (opt_params)
+    void share_dense_parts(float* range);  // range: host, shard_ elements
     // the shard range (host, shard_ elements) from this rank's optimizer state (packed opt_runs_)
     std::vector<float> range_state(const std::vector<float>& packed);
     void launch(const Bucket& b);
