@@ -143,16 +143,15 @@ json gather_memory_json(const MemoryPlan& mine, Comm& mp, int tp, int ep, Comm* 
     std::vector<double> all(size_t(mp.size()) * n, 0.0);
     std::copy(own.begin(), own.end(), all.begin() + long(size_t(mp.rank()) * n));
     mp.all_reduce(all.data(), all.size(), ReduceOp::Sum);
-    std::vector<RankMemory> ranks;
-    for (size_t i = 0; i < size_t(mp.size()); i++) {  // member i: tp_rank i % tp, ep_rank i / tp % ep, pp_rank i / (tp ep)
-        const int e = int(i) / tp % ep;  // the ep ranks of a (pp, tp) position: listed once, the largest of each
-        if (e == 0) {
-            ranks.emplace_back();
-            ranks.back().pp_rank = int(i) / (tp * ep);
-            ranks.back().tp_rank = int(i) % tp;
-        }
+    // member i: tp_rank i % tp, ep_rank i / tp % ep, pp_rank i / (tp ep); the ep ranks of a (pp, tp)
+    // position are listed once, with the largest of each category
+    std::vector<RankMemory> ranks(size_t(mp.size() / ep));  // pp-major, then tp
+    for (size_t i = 0; i < size_t(mp.size()); i++) {
+        RankMemory& r = ranks[size_t(int(i) / (tp * ep) * tp + int(i) % tp)];
+        r.pp_rank = int(i) / (tp * ep);
+        r.tp_rank = int(i) % tp;
         for (size_t c = 0; c < n; c++) {
-            size_t& b = ranks.back().mem.*kCategories[c].bytes;
+            size_t& b = r.mem.*kCategories[c].bytes;
             b = std::max(b, size_t(all[i * n + c]));
         }
     }

@@ -1,7 +1,7 @@
 # Expert parallelism (parallel.ep): each MoE layer's experts split over ep consecutive dp ranks,
 # the routed rows moved to their experts by all-to-all and back. Routing and capacity stay
 # per micro-batch and rank, so every layout equals one process with the same global batch (the
-# same micro-batches, as test_moe_layouts.sh): dp4 x ep2, dp4 x ep4 (ZeRO-1), dp2 x ep2 x tp2,
+# same micro-batches, as test_moe_layouts.sh): dp4 x ep2, dp4 x ep4 (ZeRO-1 and 3), dp2 x ep2 x tp2 (ZeRO-1),
 # dp2 x ep2 x pp2 (ZeRO-2), dp4 x ep2 under ZeRO-3 and dp2 x ep2 with full recomputation, on a GPT-2 with MoE in layers 1 and 3 and a
 # Llama with MoE in every layer: losses, validation losses and the MoE statistics (dropped
 # fraction included: capacity_factor is below top_k's share) to 1e-5, step-1 gradients (whole
@@ -10,7 +10,7 @@
 # dp4 x ep2 ZeRO-3, saved at ep 1 resumed at ep 2 (ZeRO-0, 1, 3), all equal the uninterrupted
 # run. Samples equal one process's. ZeRO's optimizer bytes per rank under ep (the dense state
 # sharded over all of dp) by hand, and offload under ep bitwise. The planner's memory table
-# equals the allocation under ep. Then the refusals.
+# equals the allocation of every layout. Then the refusals.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
 make_data
@@ -55,13 +55,17 @@ check() {  # check CONFIG BASE NAME NPROC ARGS...
     close_weights "$W/$base/model_00000004.bin" "$out/model_00000004.bin" 1e-5 1e-4
     # every rank samples (the MoE layers' all-to-all), the same tokens as one process
     [ "$(grep 'sample' "$out.txt")" = "$(grep 'sample' "$W/$base.txt")" ] || die "$name: the samples differ"
+    # the planner's memory table is the allocation (each (pp, tp) position: the largest of its ep
+    # and expert-dp ranks, whose ZeRO optimizers differ)
+    [ "$(jq -cS .memory <("$BIN" "$c" "$@" --plan=json))" = "$(head -n 1 "$out/log.jsonl" | jq -cS .memory)" ] ||
+        die "$name: the plan $(jq -cS .memory <("$BIN" "$c" "$@" --plan=json)) differs from the run's allocation"
 }
 baseline "$W/gpt2.json" gpt2_base checkpoint.every=2
 baseline "$W/llama.json" llama_base
 check "$W/gpt2.json" gpt2_base gpt2_dp4_ep2 4 "${dp4[@]}" parallel.ep=2
 check "$W/gpt2.json" gpt2_base gpt2_dp4_ep4_zero1 4 "${dp4[@]}" parallel.ep=4 parallel.zero=1 checkpoint.every=2
 check "$W/gpt2.json" gpt2_base gpt2_dp4_ep4_zero3 4 "${dp4[@]}" parallel.ep=4 parallel.zero=3 checkpoint.every=2
-check "$W/gpt2.json" gpt2_base gpt2_dp2_ep2_tp2 4 "${dp2[@]}" parallel.ep=2 parallel.tp=2
+check "$W/gpt2.json" gpt2_base gpt2_dp2_ep2_tp2_zero1 4 "${dp2[@]}" parallel.ep=2 parallel.tp=2 parallel.zero=1
 check "$W/llama.json" llama_base llama_dp4_ep4 4 "${dp4[@]}" parallel.ep=4
 check "$W/llama.json" llama_base llama_dp2_ep2_pp2_zero2 4 "${dp2[@]}" parallel.ep=2 parallel.pp=2 parallel.zero=2
 check "$W/llama.json" llama_base llama_dp4_ep2_zero3 4 "${dp4[@]}" parallel.ep=2 parallel.zero=3
