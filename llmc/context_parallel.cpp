@@ -23,14 +23,23 @@ void cp_take_rows(const int32_t* seq, int32_t* local, int B, int T, int cp, int 
         for (int i = 0; i < t; i++) local[size_t(b) * t + i] = seq[size_t(b) * T + p.at(i)];
 }
 
-ContextParallel::ContextParallel(Ops& ops, Comm* comm) : ops_(ops), comm_(comm) {}
+ContextParallel::ContextParallel(Ops& ops, Comm* comm) : ops_(ops), comm_(comm), stage_(ops, comm) {}
 
 void ContextParallel::pass_on(Tensor send, Tensor recv, int tag) {
-    LLMC_ASSERT(ops_.host_memory() && send.dtype == DType::F32 && recv.dtype == DType::F32,
-                "context parallelism's ring needs fp32 host memory (the CPU backend)");
+    LLMC_ASSERT(send.n == recv.n && send.dtype == recv.dtype, "context parallelism: ring blocks differ");
     const int n = size(), r = rank();
-    comm_->sendrecv(static_cast<const float*>(send.ptr), send.n, (r + 1) % n, static_cast<float*>(recv.ptr), recv.n,
-                    (r + n - 1) % n, tag);
+    const size_t words = stage_.words(send);
+    if (stage_.direct() && send.bytes() == words * sizeof(float)) {  // the blocks themselves
+        comm_->sendrecv(static_cast<const float*>(send.ptr), words, (r + 1) % n, static_cast<float*>(recv.ptr), words,
+                        (r + n - 1) % n, tag);
+        return;
+    }
+    CommStage::Message out = stage_.take_message(send), in = stage_.take_message(recv);
+    stage_.pack(out, send);
+    comm_->sendrecv(out.data(), words, (r + 1) % n, in.data(), words, (r + n - 1) % n, tag);
+    stage_.unpack(recv, in);
+    stage_.release_message(std::move(out));
+    stage_.release_message(std::move(in));
 }
 
 void ContextParallel::attention_forward(Tensor out, float* lse, Tensor qkv, int B, int t, int NH, int NKV, int HS,

@@ -21,13 +21,15 @@
 // layout for every buffer; the q heads are 1/3 of a block for multi-head attention.
 // Blocking sendrecv: communication does not overlap the block's attention (yet).
 //
-// Tensors are backend memory in the model's dtype; the communicator works on host memory
-// (MPI or a group of one), so the ring runs on backends whose memory is host memory (the CPU).
+// Tensors are backend memory in the model's dtype; the blocks travel as CommStage routes them
+// (llmc/comm_stage.h): themselves on a communicator that reads the backend's memory (NCCL; MPI
+// over the CPU backend), else through fp32 host copies (MPI with CUDA).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
 #include "llmc/comm.h"
+#include "llmc/comm_stage.h"
 #include "llmc/ops.h"
 #include "llmc/positions.h"
 
@@ -69,4 +71,5 @@ private:
     void pass_on(Tensor send, Tensor recv, int tag);  // to cp_rank + 1, from cp_rank - 1
     Ops& ops_;
     Comm* comm_;
+    CommStage stage_;
 };

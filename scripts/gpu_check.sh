@@ -18,7 +18,7 @@ describe() {
         ops) echo "build/test_gpu (op parity with the CPU backend), then under compute-sanitizer" ;;
         parity) echo "the whole model on the GPU (fp32, bf16) against the CPU backend (fp32); optimizer offload against the GPU optimizer; two processes bitwise equal" ;;
         bench) echo "GPT-2 124M and a 1.5B shape in bf16 at T=1024 (tokens/s, MFU, peak memory); 124M with optimizer offload; dev/cuda kernels" ;;
-        layouts) echo "dp, tp, pp, ZeRO-2/3, SP, optimizer offload with ZeRO-1/3, MoE with parallel.ep on the one GPU over MPI against one process; parallel.comm=nccl against mpi" ;;
+        layouts) echo "dp, tp, pp (1F1B, interleaved), cp, ZeRO-2/3, SP, optimizer offload with ZeRO-1/3, MoE with parallel.ep on the one GPU over MPI against one process; parallel.comm=nccl against mpi" ;;
         fp8) echo "FP8 against bf16 on the 124M shape (300 steps, within 1%); FP8/bf16 tokens/s at the 1.5B shape" ;;
     esac
 }
@@ -438,6 +438,7 @@ stage_layouts() {
                     "2 dp2_zero2 parallel.dp=2 parallel.zero=2 train.grad_accum=2" \
                     "2 tp2_sp parallel.tp=2 parallel.sequence_parallel=true" \
                     "2 dp2_zero3 parallel.dp=2 parallel.zero=3 train.grad_accum=2" \
+                    "2 cp2 parallel.cp=2" "2 pp2_interleaved parallel.pp=2 parallel.pp_schedule=interleaved parallel.pp_virtual=2" \
                     "4 dp4_zero3 parallel.dp=4 parallel.zero=3 train.grad_accum=1" \
                     "2 dp2_zero1_offload parallel.dp=2 parallel.zero=1 train.grad_accum=2 train.offload_optimizer=true" \
                     "2 dp2_zero3_offload parallel.dp=2 parallel.zero=3 train.grad_accum=2 train.offload_optimizer=true"; do
