@@ -275,8 +275,11 @@ private:
     struct NcclOp : CommOp {
         const char* op = "";
         std::string detail;
-        cudaEvent_t done = nullptr;
+        cudaEvent_t done = nullptr;  // back to the communicator's free events once waited for
         Clock::time_point posted;
+        ~NcclOp() override {
+            if (done) cudaEventDestroy(done);  // a handle dropped without a wait
+        }
     };
     std::vector<cudaEvent_t> free_events_;  // events of waited operations, for reuse
 
