@@ -67,13 +67,24 @@ CommStage::Message CommStage::take_message(Tensor like) {
         m.host.resize(like.n);
         return m;
     }
+    // the smallest pooled buffer that holds it; else a new one, in place of the largest pooled
+    // one (too small), so that the pool holds at most as many buffers as were ever in use at once
+    // (a pipeline's sampling passes grow by a token each)
     const size_t w = words(like);
-    for (size_t i = 0; i < pool_.size(); i++)
-        if (pool_[i].n == w) {
-            m.dev = pool_[i];
-            pool_.erase(pool_.begin() + long(i));
-            return m;
-        }
+    size_t best = pool_.size(), largest = pool_.size();
+    for (size_t i = 0; i < pool_.size(); i++) {
+        if (pool_[i].n >= w && (best == pool_.size() || pool_[i].n < pool_[best].n)) best = i;
+        if (largest == pool_.size() || pool_[i].n > pool_[largest].n) largest = i;
+    }
+    if (best == pool_.size() && largest < pool_.size()) {
+        ops_.release(pool_[largest].ptr);
+        pool_.erase(pool_.begin() + long(largest));
+    }
+    if (best < pool_.size()) {
+        m.dev = pool_[best];
+        pool_.erase(pool_.begin() + long(best));
+        return m;
+    }
     m.dev = Tensor(ops_.alloc(w * sizeof(float)), w, DType::F32);
     return m;
 }

@@ -41,7 +41,7 @@ public:
     // backend memory of the tensor's dtype, else fp32 host memory.
     size_t words(Tensor t) const;
     struct Message {
-        Tensor dev;               // direct: backend memory
+        Tensor dev;               // direct: backend memory (at least the message's words)
         std::vector<float> host;  // else fp32 host copy
         float* data() { return dev.ptr ? static_cast<float*>(dev.ptr) : host.data(); }
     };

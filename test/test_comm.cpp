@@ -163,6 +163,19 @@ TEST_CASE("CommStage: the routes give the same result; messages are the tensor's
         st->release_message(std::move(m));
         std::fill(y.begin(), y.end(), 0.0f);
     }
+    // the message pool: a released buffer serves any message it holds; a larger one replaces it
+    CommStage::Message a = direct.take_message(Tensor(nullptr, 8, DType::F32));
+    void* first = a.dev.ptr;
+    direct.release_message(std::move(a));
+    CommStage::Message b = direct.take_message(Tensor(nullptr, 3, DType::F32));
+    CHECK(b.dev.ptr == first);
+    CommStage::Message c2 = direct.take_message(Tensor(nullptr, 8, DType::F32));  // b is in use: a new buffer
+    CHECK(c2.dev.ptr != first);
+    direct.release_message(std::move(b));
+    direct.release_message(std::move(c2));
+    CommStage::Message d = direct.take_message(Tensor(nullptr, 16, DType::F32));  // none holds 16 words
+    CHECK(d.dev.n == 16);
+    direct.release_message(std::move(d));
     float h[2] = {4, 5};
     direct.run_host(h, 2, [&](float* p) {
         CHECK(p == h);  // a host communicator reads host values where they are
