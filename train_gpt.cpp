@@ -28,7 +28,7 @@
 #include "llmc/context_parallel.h"
 #include "llmc/converter.h"
 #include "llmc/data_parallel.h"
-#include "llmc/exit_codes.h"
+#include "llmc/device_sim.h"
 #include "llmc/dataloader.h"
 #include "llmc/exit_codes.h"
 #include "llmc/hf_format.h"
@@ -194,6 +194,8 @@ std::string resolve_device(const Config& cfg) {
 // tensor- and pipeline-parallel groups stay on MPI. "auto" is MPI for now: the NCCL path has not
 // yet run on a GPU (scripts/gpu_check.sh checks it), and MPI serves several ranks per GPU.
 std::string resolve_comm(const ParallelConfig& pc, const std::string& device, const Runtime& rt) {
+    // (test hook LLMC_SIM_DEVICE: "nccl" on the CPU is MPI acting as NCCL, llmc/device_sim.h)
+    if (pc.comm == "nccl" && device == "cpu" && sim_device()) return "nccl";
     if (pc.comm == "nccl" && device != "cuda")
         throw UserError(strfmt("parallel.comm: \"nccl\" needs device \"cuda\" (this run is on %s; use \"mpi\" or "
                                "\"auto\")", device.c_str()));
@@ -276,11 +278,6 @@ Plan plan_run(const Runtime& rt, int argc, char** argv) {
     check_model_layout(p.shape, p.layout, p.cfg.train.seq_len);
     if (planning) return p;  // a plan needs no device and no communicator
     p.device = resolve_device(p.cfg);
-    if (pc.cp > 1 && p.device != "cpu")
-        throw UserError(strfmt("parallel.cp: %d needs device \"cpu\" for now (device resolved to \"%s\"): the ring's "
-                               "CUDA kernels have not yet run on a GPU (test_gpu's attention_ring cases) and its "
-                               "messages are not staged from device memory",
-                               pc.cp, p.device.c_str()));
     p.comm = resolve_comm(pc, p.device, rt);
     return p;
 }
@@ -318,8 +315,8 @@ struct Run {
           // MFU: the dense peak of this GPU and precision (0: the CPU, or a GPU not in the table)
           peak_flops(device == "cpu" ? 0.0 : gpu_peak_flops(ops->device_name(), cfg.precision)),
           progress(tc.steps, tokens_per_step(cfg, grid)) {
-        for (Comm* c : {groups.world.get(), groups.dp.get(), groups.tp.get(), groups.pp.get(), groups.mp.get(),
-                        groups.embed.get(), groups.ep.get(), groups.edp.get()})
+        for (Comm* c : {groups.world.get(), groups.dp.get(), groups.cp.get(), groups.tp.get(), groups.pp.get(),
+                        groups.mp.get(), groups.embed.get(), groups.ep.get(), groups.edp.get()})
             if (c) {
                 c->set_compute_stream(ops->compute_stream());  // device communicators wait for the ops' stream
                 c->set_overlap(pc.overlap);

@@ -201,6 +201,39 @@ void run_checks(Comm& c, bool dev) {
         c.all_to_all_v(s_buf.ptr(), sc, r_buf.ptr(), rc);
         check(r_buf.read() == want, "all_to_all_v (uneven and zero counts)");
     }
+    // posted calls (the overlap path: on NCCL enqueued on the communicator's stream, waited for by
+    // their events): the blocking calls' results, waited for in another order than posted
+    {
+        std::vector<size_t> counts(static_cast<size_t>(P), 0);
+        for (int r = 0; r < P; r++) counts[size_t(r)] = size_t((r * 3) % 5) + 1;
+        const std::vector<size_t> off = count_offsets(counts);
+        std::vector<float> a(off.back()), want_rs(counts[size_t(me)]), want_ag(off.back()), mine(counts[size_t(me)]);
+        for (size_t i = 0; i < a.size(); i++) a[i] = float((me + 1) * int(i));
+        for (size_t i = 0; i < want_rs.size(); i++)
+            for (int r = 0; r < P; r++) want_rs[i] += float((r + 1) * int(off[size_t(me)] + i));
+        for (int r = 0; r < P; r++)
+            for (size_t i = 0; i < counts[size_t(r)]; i++) want_ag[off[size_t(r)] + i] = float(1000 * r + int(i));
+        for (size_t i = 0; i < mine.size(); i++) mine[i] = float(1000 * me + int(i));
+        Buf ar(dev, a), rs_in(dev, a), rs_out(dev, counts[size_t(me)], -1.0f), ag_in(dev, mine),
+            ag_out(dev, off.back(), -1.0f), x_out(dev, iota_from(3.0f * me, 6)), x_in(dev, 6, -1.0f);
+        const int next = (me + 1) % P, prev = (me + P - 1) % P;
+        CommHandle h1 = c.all_reduce_async(ar.ptr(), a.size(), ReduceOp::Sum);
+        CommHandle h2 = c.reduce_scatter_async(rs_in.ptr(), rs_out.ptr(), counts);
+        CommHandle h3 = c.all_gather_async(ag_in.ptr(), ag_out.ptr(), counts);
+        CommHandle h4 = c.exchange_async({{false, x_in.ptr(), 6, prev, 3}, {true, x_out.ptr(), 6, next, 3}});
+        c.wait(h3);
+        c.wait(h1);
+        c.wait(h4);
+        c.wait(h2);
+        check(!h1.pending() && !h2.pending() && !h3.pending() && !h4.pending(), "posted calls: handles empty after wait");
+        bool ok = true;
+        const std::vector<float>& got = ar.read();
+        for (size_t i = 0; i < a.size(); i++) ok = ok && got[i] == float(P * (P + 1) / 2 * int(i));
+        check(ok, "all_reduce_async");
+        check(rs_out.read() == want_rs, "reduce_scatter_async (unequal counts)");
+        check(ag_out.read() == want_ag, "all_gather_async (unequal counts)");
+        check(x_in.read() == iota_from(3.0f * prev, 6), "exchange_async");
+    }
     c.barrier();
     // device buffers: the call starts after work still running on a blocking stream (CudaOps's
     // kind), with no synchronisation by the caller

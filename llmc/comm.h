@@ -32,8 +32,9 @@
 // results are bitwise those of the blocking call (MPI runs the same blocking call on a helper
 // thread: see comm_mpi.cpp). A blocking call first completes every operation posted before it.
 // With set_overlap(false) every post waits for its own completion before returning (the
-// blocking behaviour, for comparison: parallel.overlap). Implementations without a non-blocking
-// path (SelfComm, NCCL for now) complete the operation inside the post.
+// blocking behaviour, for comparison: parallel.overlap). SelfComm, which has no non-blocking
+// path, completes the operation inside the post; NCCL enqueues it on its stream and waits for
+// its event (llmc/cuda/comm_nccl.cu).
 //
 // Test hook LLMC_COMM_DELAY_MS=D (a slow network): on MPI and NCCL every call and every posted
 // operation completes no sooner than D ms after it started (was posted); the wait sleeps, it
@@ -70,8 +71,11 @@ struct CommP2P {
     int tag;
 };
 
-// A posted operation (see Comm's non-blocking calls); empty: none, or already waited for.
-struct CommOp;
+// A posted operation (see Comm's non-blocking calls); empty: none, or already waited for. Each
+// implementation derives its own record of what it posted.
+struct CommOp {
+    virtual ~CommOp() = default;
+};
 class CommHandle {
 public:
     CommHandle() = default;
@@ -155,8 +159,13 @@ public:
     // Returns when h's operation is complete (at once for an empty handle); h is then empty.
     virtual void wait(CommHandle& h) { h = CommHandle(); }
     // false: every non-blocking post waits for its completion before it returns.
-    void set_overlap(bool on) { overlap_ = on; }
+    virtual void set_overlap(bool on) { overlap_ = on; }
     bool overlap() const { return overlap_; }
+    // true: posted operations run one after another in posting order (NCCL: one stream), so a
+    // receive posted ahead of its turn holds back everything posted after it; a caller then posts
+    // each operation at its turn (the pipeline's receives). false (MPI): point-to-point messages
+    // match by peer and tag, and a receive posted early blocks nothing.
+    virtual bool runs_in_order() const { return false; }
 
 protected:
     Comm(std::vector<int> members, int rank, std::string group)

@@ -226,7 +226,7 @@ private:
 }  // namespace
 
 // A posted operation of an MpiComm: the call its helper thread runs, and whether it has.
-struct CommOp {
+struct MpiOp : CommOp {
     const char* op;
     std::string detail;
     std::function<void()> run;
@@ -413,7 +413,7 @@ public:
     void wait(CommHandle& h) override {
         if (!h.pending()) return;
         CommWaitTimer timer;
-        wait_op(*h.op());
+        wait_op(static_cast<MpiOp&>(*h.op()));
         h = CommHandle();
     }
 
@@ -431,8 +431,8 @@ private:
     // the posted operations not yet run, and their thread (started by the first post)
     std::mutex mu_;
     std::condition_variable cv_;
-    std::deque<std::shared_ptr<CommOp>> queue_;
-    std::shared_ptr<CommOp> last_;  // the latest posted operation (drain waits for it)
+    std::deque<std::shared_ptr<MpiOp>> queue_;
+    std::shared_ptr<MpiOp> last_;  // the latest posted operation (drain waits for it)
     bool stop_ = false;
     std::thread worker_;
 
@@ -448,7 +448,7 @@ private:
         comm_delay_until(started);
     }
     CommHandle post(const char* op, std::string detail, std::function<void()> call) {
-        auto o = std::make_shared<CommOp>();
+        auto o = std::make_shared<MpiOp>();
         o->op = op;
         o->detail = std::move(detail);
         o->run = std::move(call);
@@ -468,7 +468,7 @@ private:
         if (!overlap()) wait(h);
         return h;
     }
-    void run_op(CommOp& o) {
+    void run_op(MpiOp& o) {
         {
             Timed t(watchdog_, o.op, o.detail);
             o.run();
@@ -482,7 +482,7 @@ private:
         for (;;) {
             cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
             if (queue_.empty()) return;  // stop_
-            std::shared_ptr<CommOp> o = queue_.front();
+            std::shared_ptr<MpiOp> o = queue_.front();
             queue_.pop_front();
             lock.unlock();
             run_op(*o);
@@ -491,7 +491,7 @@ private:
         }
     }
     // Completion: the helper has run it, and the delay hook's time since its post has passed.
-    void wait_op(CommOp& o) {
+    void wait_op(MpiOp& o) {
         {
             std::unique_lock<std::mutex> lock(mu_);
             cv_.wait(lock, [&] { return o.done; });
@@ -499,7 +499,7 @@ private:
         comm_delay_until(o.posted);
     }
     void drain() {
-        std::shared_ptr<CommOp> last;
+        std::shared_ptr<MpiOp> last;
         {
             std::lock_guard<std::mutex> lock(mu_);
             last = std::move(last_);

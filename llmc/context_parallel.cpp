@@ -23,14 +23,35 @@ void cp_take_rows(const int32_t* seq, int32_t* local, int B, int T, int cp, int 
         for (int i = 0; i < t; i++) local[size_t(b) * t + i] = seq[size_t(b) * T + p.at(i)];
 }
 
-ContextParallel::ContextParallel(Ops& ops, Comm* comm) : ops_(ops), comm_(comm) {}
+ContextParallel::ContextParallel(Ops& ops, Comm* comm) : ops_(ops), comm_(comm), stage_(ops, comm) {}
 
-void ContextParallel::pass_on(Tensor send, Tensor recv, int tag) {
-    LLMC_ASSERT(ops_.host_memory() && send.dtype == DType::F32 && recv.dtype == DType::F32,
-                "context parallelism's ring needs fp32 host memory (the CPU backend)");
+ContextParallel::Passing ContextParallel::post_pass(Tensor send, Tensor recv, int tag) {
+    LLMC_ASSERT(send.n == recv.n && send.dtype == recv.dtype, "context parallelism: ring blocks differ");
     const int n = size(), r = rank();
-    comm_->sendrecv(static_cast<const float*>(send.ptr), send.n, (r + 1) % n, static_cast<float*>(recv.ptr), recv.n,
-                    (r + n - 1) % n, tag);
+    const size_t words = stage_.words(send);
+    Passing p;
+    p.recv = recv;
+    float* out = static_cast<float*>(send.ptr);
+    float* in = static_cast<float*>(recv.ptr);
+    if (!stage_.direct() || send.bytes() != words * sizeof(float)) {  // else the blocks themselves
+        p.out = stage_.take_message(send);
+        p.in = stage_.take_message(recv);
+        stage_.pack(p.out, send);
+        out = p.out.data();
+        in = p.in.data();
+        p.staged = true;
+    }
+    // (with cp = 2 both messages are with the same peer: they pair by direction)
+    p.h = comm_->exchange_async({CommP2P{false, in, words, (r + n - 1) % n, tag}, CommP2P{true, out, words, (r + 1) % n, tag}});
+    return p;
+}
+
+void ContextParallel::finish_pass(Passing& p) {
+    comm_->wait(p.h);
+    if (!p.staged) return;
+    stage_.unpack(p.recv, p.in);
+    stage_.release_message(std::move(p.out));
+    stage_.release_message(std::move(p.in));
 }
 
 void ContextParallel::attention_forward(Tensor out, float* lse, Tensor qkv, int B, int t, int NH, int NKV, int HS,
@@ -42,12 +63,14 @@ void ContextParallel::attention_forward(Tensor out, float* lse, Tensor qkv, int 
     const int n = size(), r = rank();
     const size_t nqkv = size_t(B) * t * (NH + 2 * NKV) * HS, nout = size_t(B) * t * NH * HS;
     const SeqPositions qp = positions(t);
-    ops_.attention_block_forward(out, lse, qkv, qkv, B, t, t, NH, NKV, HS, qp, qp);  // the own block
     Tensor held = qkv.slice(0, nqkv);
+    // each block travels on while the one held is attended to
+    Passing passing = post_pass(held, buf.kv[1].slice(0, nqkv), 1);
+    ops_.attention_block_forward(out, lse, qkv, qkv, B, t, t, NH, NKV, HS, qp, qp);  // the own block
     for (int s = 1; s < n; s++) {
-        Tensor next = buf.kv[s % 2].slice(0, nqkv);
-        pass_on(held, next, s);
-        held = next;
+        finish_pass(passing);
+        held = buf.kv[s % 2].slice(0, nqkv);
+        if (s + 1 < n) passing = post_pass(held, buf.kv[(s + 1) % 2].slice(0, nqkv), s + 1);
         const int origin = (r + n - s) % n;
         ops_.attention_block_forward(buf.blk_out.slice(0, nout), buf.blk_lse, qkv, held, B, t, t, NH, NKV, HS, qp,
                                      cp_positions(t, n, origin));
@@ -67,19 +90,24 @@ void ContextParallel::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, T
     ops_.zero(dqkv.slice(0, nqkv));
     Tensor held = qkv.slice(0, nqkv), dheld = buf.dkv[0].slice(0, nqkv);
     ops_.zero(dheld);
+    // the K/V blocks travel on while the one held is worked on; a block's dK/dV leaves once this
+    // rank's share is added
+    Passing kv = post_pass(held, buf.kv[1].slice(0, nqkv), 2);
     ops_.attention_block_backward(dqkv, dheld, dout, qkv, held, out, lse, B, t, t, NH, NKV, HS, qp, qp);
     for (int s = 1; s < n; s++) {
-        Tensor next = buf.kv[s % 2].slice(0, nqkv), dnext = buf.dkv[s % 2].slice(0, nqkv);
-        pass_on(held, next, 2 * s);
-        pass_on(dheld, dnext, 2 * s + 1);
-        held = next;
-        dheld = dnext;
+        Passing dkv = post_pass(dheld, buf.dkv[s % 2].slice(0, nqkv), 2 * s + 1);
+        finish_pass(kv);
+        held = buf.kv[s % 2].slice(0, nqkv);
+        if (s + 1 < n) kv = post_pass(held, buf.kv[(s + 1) % 2].slice(0, nqkv), 2 * (s + 1));
+        finish_pass(dkv);
+        dheld = buf.dkv[s % 2].slice(0, nqkv);
         const int origin = (r + n - s) % n;
         ops_.attention_block_backward(dqkv, dheld, dout, qkv, held, out, lse, B, t, t, NH, NKV, HS, qp,
                                       cp_positions(t, n, origin));
     }
     // dheld is now the next rank's complete dK/dV: pass it on and take this rank's own
     Tensor mine = buf.dkv[n % 2].slice(0, nqkv);
-    pass_on(dheld, mine, 2 * n);
+    Passing last = post_pass(dheld, mine, 2 * n);
+    finish_pass(last);
     ops_.residual_forward(dqkv.slice(0, nqkv), dqkv.slice(0, nqkv), mine);  // dq + 0, 0 + dk, 0 + dv
 }

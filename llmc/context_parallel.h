@@ -19,15 +19,18 @@
 //
 // The messages carry whole qkv rows (q heads included, which the receiver does not read): one
 // layout for every buffer; the q heads are 1/3 of a block for multi-head attention.
-// Blocking sendrecv: communication does not overlap the block's attention (yet).
+// Overlap: each K/V block is posted on (Comm::exchange_async) before the attention over it runs, and
+// waited for before the next step; a block's dK/dV can only leave once this rank's share is added.
 //
-// Tensors are backend memory in the model's dtype; the communicator works on host memory
-// (MPI or a group of one), so the ring runs on backends whose memory is host memory (the CPU).
+// Tensors are backend memory in the model's dtype; the blocks travel as CommStage routes them
+// (llmc/comm_stage.h): themselves on a communicator that reads the backend's memory (NCCL; MPI
+// over the CPU backend), else through fp32 host copies (MPI with CUDA).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
 #include "llmc/comm.h"
+#include "llmc/comm_stage.h"
 #include "llmc/ops.h"
 #include "llmc/positions.h"
 
@@ -66,7 +69,16 @@ public:
                             int NKV, int HS, const RingBuffers& buf);
 
 private:
-    void pass_on(Tensor send, Tensor recv, int tag);  // to cp_rank + 1, from cp_rank - 1
+    // send to cp_rank + 1 and recv from cp_rank - 1, posted; finish_pass waits and delivers recv
+    struct Passing {
+        CommHandle h;
+        bool staged = false;  // through message buffers (CommStage), unpacked into recv at the end
+        CommStage::Message out, in;
+        Tensor recv;
+    };
+    Passing post_pass(Tensor send, Tensor recv, int tag);
+    void finish_pass(Passing& p);
     Ops& ops_;
     Comm* comm_;
+    CommStage stage_;
 };

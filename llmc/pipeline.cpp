@@ -18,7 +18,7 @@ std::vector<int> pipeline_slots(const std::vector<PpAction>& actions, int virtua
 PipelineEngine::PipelineEngine(PipelineStage& chunks, Ops& ops, Comm* pp, Comm* embed, PpSchedule schedule,
                                int micro_batches, int virtual_chunks)
     : stage_(chunks), ops_(ops), pp_(pp), embed_(embed), schedule_(std::move(schedule)), micro_batches_(micro_batches),
-      vchunks_(virtual_chunks) {
+      vchunks_(virtual_chunks), pp_stage_(ops, pp), embed_stage_(ops, embed) {
     LLMC_ASSERT(chunks.num_chunks() == virtual_chunks, "the model's chunks and the schedule disagree");
     LLMC_ASSERT(int(schedule_.size()) == stages(), "one action list per pipeline stage");
     const std::vector<int> slots = pipeline_slots(schedule_[size_t(stage())], vchunks_);
@@ -50,20 +50,20 @@ void PipelineEngine::post_receives(const PpAction& a) { post(a, false); }
 void PipelineEngine::transfer(const PpAction& a) { post(a, true); }
 
 void PipelineEngine::post(const PpAction& a, bool sends) {
-    const size_t n = stage_.boundary_numel(cur_b_, cur_t_);
+    const size_t words = pp_stage_.words(boundary());
     std::vector<CommP2P> msgs;
     std::vector<Key> received, sent;
     for (const PpTransfer& x : a.transfers) {
         const Key k = key_of(x);
         if (x.is_send && sends) {
             auto it = buffers_.find(k);
-            LLMC_ASSERT(it != buffers_.end() && it->second.size() == n, "pipeline: sending a tensor not produced yet");
-            msgs.push_back(CommP2P{true, it->second.data(), n, x.peer, x.tag});
+            LLMC_ASSERT(it != buffers_.end(), "pipeline: sending a tensor not produced yet");
+            msgs.push_back(CommP2P{true, it->second.data(), words, x.peer, x.tag});
             sent.push_back(k);
         } else if (!x.is_send && !buffers_.count(k)) {  // not posted ahead already
-            std::vector<float>& b = buffers_[k];
-            b.resize(n);
-            msgs.push_back(CommP2P{false, b.data(), n, x.peer, x.tag});
+            CommStage::Message& b = buffers_[k];
+            b = pp_stage_.take_message(boundary());
+            msgs.push_back(CommP2P{false, b.data(), words, x.peer, x.tag});
             received.push_back(k);
         }
     }
@@ -72,7 +72,7 @@ void PipelineEngine::post(const PpAction& a, bool sends) {
     for (const Key& k : received) receiving_[k] = h;
     if (sent.empty()) return;
     posted_.emplace_back(h, std::move(sent));
-    // the sent host buffers go once their transfer is done: wait for all but the last two posted
+    // the sent buffers go once their transfer is done: wait for all but the last two posted
     // (in flight for at least one compute step) so that they do not pile up over the step
     wait_sent(2);
 }
@@ -82,7 +82,7 @@ void PipelineEngine::wait_sent(size_t keep) {
     const size_t done = posted_.size() - keep;
     for (size_t i = 0; i < done; i++) {
         pp_->wait(*posted_[i].first);
-        for (const Key& k : posted_[i].second) buffers_.erase(k);
+        for (const Key& k : posted_[i].second) drop(k);
     }
     posted_.erase(posted_.begin(), posted_.begin() + long(done));
 }
@@ -94,15 +94,22 @@ void PipelineEngine::take(const Key& k, Tensor dst, const char* what) {
         receiving_.erase(r);
     }
     auto it = buffers_.find(k);
-    LLMC_ASSERT(it != buffers_.end() && it->second.size() == dst.n, std::string("pipeline: ") + what);
-    ops_.from_host_f32(dst, it->second.data());
-    buffers_.erase(it);
+    LLMC_ASSERT(it != buffers_.end() && dst.n == boundary().n, std::string("pipeline: ") + what);
+    pp_stage_.unpack(dst, it->second);
+    drop(k);
 }
 
 void PipelineEngine::put(const Key& k, Tensor src) {
-    std::vector<float>& h = buffers_[k];
-    h.resize(src.n);
-    ops_.to_host_f32(h.data(), src);
+    LLMC_ASSERT(src.n == boundary().n && !buffers_.count(k), "pipeline: a boundary tensor produced twice");
+    CommStage::Message& m = buffers_[k];
+    m = pp_stage_.take_message(boundary());
+    pp_stage_.pack(m, src);
+}
+
+void PipelineEngine::drop(const Key& k) {
+    auto it = buffers_.find(k);
+    pp_stage_.release_message(std::move(it->second));
+    buffers_.erase(it);
 }
 
 void PipelineEngine::run_forward(int micro, int chunk, const int32_t* x, const int32_t* y, int b, int t, float dloss,
@@ -133,7 +140,10 @@ double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
         // receives are posted kRecvAhead actions before theirs, so that they arrive during the
         // compute in between (the buffers of that many actions' receives wait at most)
         // (with overlap only: a receive waited for at its post would wait for what this rank has not sent yet)
-        for (size_t j = i == 0 ? 0 : i + kRecvAhead; pp_->overlap() && j <= i + kRecvAhead && j < actions.size(); j++)
+        // (not on a communicator that runs its operations in posting order: there a receive posted
+        // early would hold back the sends posted after it, which its peer may be waiting for)
+        const size_t ahead = pp_->overlap() && !pp_->runs_in_order() ? kRecvAhead : 0;
+        for (size_t j = i == 0 ? 0 : i + ahead; ahead && j <= i + ahead && j < actions.size(); j++)
             post_receives(actions[j]);
         switch (a.op) {
             case PpOp::Forward:
@@ -167,13 +177,12 @@ double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
     bool loss_summed = stages() == 1;
     if (embed_ && embed_->size() > 1 && stage_.tied_head()) {
         stage_.update_head_weight_grad([&](Tensor g) {
-            std::vector<float> h(g.n);
-            ops_.to_host_f32(h.data(), g);
-            CommHandle sum = embed_->all_reduce_async(h.data(), h.size(), ReduceOp::Sum);
-            if (!loss_summed) pp_->all_reduce(&loss, 1, ReduceOp::Sum);
-            loss_summed = true;
-            embed_->wait(sum);
-            ops_.from_host_f32(g, h.data());
+            embed_stage_.run(g, g, [&](const float*, float* buf) {
+                CommHandle sum = embed_->all_reduce_async(buf, g.n, ReduceOp::Sum);
+                if (!loss_summed) pp_->all_reduce(&loss, 1, ReduceOp::Sum);
+                loss_summed = true;
+                embed_->wait(sum);
+            });
         });
     }
     if (!loss_summed) pp_->all_reduce(&loss, 1, ReduceOp::Sum);
@@ -184,25 +193,26 @@ double PipelineEngine::forward_only(const int32_t* x, const int32_t* y, int b, i
     // stage by stage in pipeline order: every transfer is met by its peer's next call
     cur_b_ = b;
     cur_t_ = t;
-    const size_t n = stage_.boundary_numel(b, t);
-    std::vector<float> buf(n);
+    const size_t words = pp_stage_.words(boundary());
+    CommStage::Message buf = pp_stage_.take_message(boundary());
     double loss = 0.0;
     for (int s = 0; s < n_virtual(); s++) {
         const int owner = s % stages(), chunk = s / stages();
         const int prev = (s - 1 + stages()) % stages(), next = (s + 1) % stages();
         if (owner != stage()) continue;
         if (s > 0) {
-            if (prev != stage()) pp_->recv(buf.data(), n, prev, kMaxCommTag);
-            ops_.from_host_f32(stage_.chunk_input(chunk, 0, b, t), buf.data());
+            if (prev != stage()) pp_->recv(buf.data(), words, prev, kMaxCommTag);
+            pp_stage_.unpack(stage_.chunk_input(chunk, 0, b, t), buf);
         }
         const double l = stage_.forward_chunk(chunk, 0, x, y, b, t, 0.0f);
         if (s == n_virtual() - 1) {
             loss = l;
             break;
         }
-        ops_.to_host_f32(buf.data(), stage_.chunk_output(chunk, 0, b, t));
-        if (next != stage()) pp_->send(buf.data(), n, next, kMaxCommTag);
+        pp_stage_.pack(buf, stage_.chunk_output(chunk, 0, b, t));
+        if (next != stage()) pp_->send(buf.data(), words, next, kMaxCommTag);
     }
+    pp_stage_.release_message(std::move(buf));
     if (stages() > 1) pp_->all_reduce(&loss, 1, ReduceOp::Sum);
     return loss;
 }

@@ -5,13 +5,17 @@
 //
 // Messages are keyed by (payload, micro-batch, boundary): the boundary e between virtual stages
 // e and e + 1 carries micro-batch m's activation forward and its gradient back. Every tensor a
-// compute step produces for another stage is copied to a host buffer right away (the model's
+// compute step produces for another stage is copied to a message buffer right away (the model's
 // scratch is reused by the next step) and leaves with the schedule's Send; received tensors wait
-// in host buffers for the compute that consumes them. With one stage (pp == 1) the lists are
+// in message buffers for the compute that consumes them. The buffers are where the pp
+// communicator reads (CommStage, llmc/comm_stage.h): backend memory in the model's dtype (NCCL;
+// MPI over the CPU backend), else fp32 host memory (MPI with CUDA). The tied embedding's gradient
+// sum over the embed group takes the same routes. With one stage (pp == 1) the lists are
 // plain forward/backward alternation and no message is sent.
 //
 // Overlap: receives are posted (Comm::exchange_async) kRecvAhead actions before their transfer
-// action and waited for when a compute step takes the tensor; sends are posted at their action
+// action (at their action on a communicator that runs operations in posting order: NCCL) and
+// waited for when a compute step takes the tensor; sends are posted at their action
 // and waited for two transfers later (their host buffers then go) or at the end of the step. MPI
 // matches the messages by peer and tag, so posting early changes no pairing
 // (parallel.overlap=false: each waited for right after its post).
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "llmc/comm.h"
+#include "llmc/comm_stage.h"
 #include "llmc/ops.h"
 #include "llmc/pipeline_schedule.h"
 #include "llmc/tensor.h"
@@ -69,7 +74,7 @@ class PipelineEngine {
 public:
     // pp: the pipeline group (this rank's stage = pp->rank()); null for one stage. embed: the group of
     // the first and the last stage that share the tied embedding (null when pp == 1). ops: the
-    // backend of the stage's tensors (host copies of what crosses a boundary).
+    // backend of the stage's tensors.
     PipelineEngine(PipelineStage& stage, Ops& ops, Comm* pp, Comm* embed, PpSchedule schedule, int micro_batches,
                    int virtual_chunks);
 
@@ -101,10 +106,15 @@ private:
     void run_forward(int micro, int chunk, const int32_t* x, const int32_t* y, int b, int t, float dloss,
                      double* loss);
     int take_slot(int chunk, int micro);
-    // The host tensor waiting under k, consumed into dst (what: the message if it is missing).
+    // The tensor waiting under k, consumed into dst (what: the message if it is missing).
     void take(const Key& k, Tensor dst, const char* what);
-    // src copied to a host tensor under k, for a Send or this rank's next chunk.
+    // src copied to a message buffer under k, for a Send or this rank's next chunk.
     void put(const Key& k, Tensor src);
+    void drop(const Key& k);  // k's buffer back to the pool
+    // What crosses a boundary for the current batch (size and dtype; no memory).
+    Tensor boundary() const {
+        return Tensor(nullptr, stage_.boundary_numel(cur_b_, cur_t_), stage_.residual_grad(cur_b_, cur_t_).dtype);
+    }
 
     PipelineStage& stage_;
     Ops& ops_;
@@ -112,7 +122,8 @@ private:
     Comm* embed_;
     PpSchedule schedule_;
     int micro_batches_, vchunks_;
-    std::map<Key, std::vector<float>> buffers_;         // produced or received, not yet consumed
+    CommStage pp_stage_, embed_stage_;
+    std::map<Key, CommStage::Message> buffers_;  // produced or received, not yet consumed
     // posted transfers: the receives' by key (waited for by take), and every one in posting order
     // (waited for at the end of the step, or when its send buffers can go)
     std::map<Key, std::shared_ptr<CommHandle>> receiving_;

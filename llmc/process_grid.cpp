@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "llmc/common.h"
+#include "llmc/device_sim.h"
 
 const char* axis_name(Axis a) {
     static const char* names[kNumAxes] = {"pp", "dp", "cp", "tp"};
@@ -133,11 +134,15 @@ ProcessGrid make_process_grid(const ParallelConfig& pc, int world, int rank) {
 ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& comm_kind, double timeout_s,
                                   int cuda_device) {
     ProcessGroups pg;
+    // NCCL, or under the test hook LLMC_SIM_DEVICE its stand-in over the host communicator (llmc/device_sim.h)
+    auto device_comm = [&](std::unique_ptr<Comm> host) {
+        return sim_device() ? make_device_check_comm(std::move(host)) : make_nccl_comm(*host, cuda_device, timeout_s);
+    };
     if (grid.world == 1) {
         pg.world = make_self_comm(0);
         pg.dp = make_self_comm(0);
         // asked for NCCL: the DP group of one is NCCL as well (its collectives run, on device)
-        if (comm_kind == "nccl") pg.dp = make_nccl_comm(*pg.dp, cuda_device, timeout_s);
+        if (comm_kind == "nccl") pg.dp = device_comm(std::move(pg.dp));
         pg.cp = make_self_comm(0);
         pg.tp = make_self_comm(0);
         pg.pp = make_self_comm(0);
@@ -152,25 +157,27 @@ ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& co
     // so that a group's memory space does not depend on its size.
     auto make = [&](const std::vector<std::vector<int>>& partition, const char* name) {
         std::unique_ptr<Comm> mpi = make_mpi_comm(partition, grid.rank, name, timeout_s);
-        return comm_kind == "nccl" ? make_nccl_comm(*mpi, cuda_device, timeout_s) : std::move(mpi);
+        return comm_kind == "nccl" ? device_comm(std::move(mpi)) : std::move(mpi);
     };
     std::vector<int> all;
     for (int r = 0; r < grid.world; r++) all.push_back(r);
     pg.world = make({all}, "world");
     pg.dp = make(grid.groups({Axis::dp, Axis::cp}), grid.cp > 1 ? "dp x cp" : "dp");
-    // The model-parallel groups stay on MPI (host buffers) under NCCL too: tensor and pipeline
-    // parallelism (llmc/tensor_parallel.cpp, llmc/pipeline.cpp) stage their tensors through the
-    // host, and the checkpoint assembly and the gradient norm use host buffers. So does the cp
-    // ring (llmc/context_parallel.cpp), which runs on the CPU backend.
-    pg.cp = make_mpi_comm(grid.groups({Axis::cp}), grid.rank, "cp", timeout_s);
-    pg.tp = make_mpi_comm(grid.groups({Axis::tp}), grid.rank, "tp", timeout_s);
-    pg.pp = make_mpi_comm(grid.groups({Axis::pp}), grid.rank, "pp", timeout_s);
+    // The groups that move tensors are device-resident under NCCL: the cp ring, tensor and
+    // pipeline parallelism and the tied embedding's gradient (each stages what a host
+    // communicator needs through CommStage, llmc/comm_stage.h). The model-parallel group stays on
+    // MPI: it carries host data only (the checkpoint's and the gradient dump's assembly, memory
+    // tables, the gradient norm's one double). So does the ep group, whose all-to-all takes host
+    // buffers (llmc/model.cpp ep_dispatch).
+    pg.cp = make(grid.groups({Axis::cp}), "cp");
+    pg.tp = make(grid.groups({Axis::tp}), "tp");
+    pg.pp = make(grid.groups({Axis::pp}), "pp");
     pg.mp = make_mpi_comm(grid.model_groups(), grid.rank, "mp", timeout_s);
     if (grid.ep > 1) {
         pg.ep = make_mpi_comm(grid.ep_groups(), grid.rank, "ep", timeout_s);
         pg.edp = make(grid.expert_dp_groups(), "expert-dp");
     }
-    pg.embed = make_mpi_comm(grid.embed_groups(), grid.rank, "embed", timeout_s);
+    pg.embed = make(grid.embed_groups(), "embed");
     pg.save = make_mpi_comm({all}, grid.rank, "save", kCommTimeoutCapS);
     return pg;
 }

@@ -4,29 +4,12 @@
 #include <cmath>
 #include <limits>
 
-TensorParallel::TensorParallel(Ops& ops, Comm* comm, bool sequence_parallel)
-    : ops_(ops), comm_(comm), sp_(sequence_parallel) {}
-
-// Runs f(in, out) on the communicator's memory: the tensors themselves when it takes them (fp32
-// on device for NCCL), else fp32 host copies (one buffer when in and out are the same tensor).
-template <class F>
-void TensorParallel::staged(Tensor in, Tensor out, F f) {
-    if (comm_->on_device() && in.dtype == DType::F32 && out.dtype == DType::F32) {
-        f(in.f32(), out.f32());
-        return;
-    }
-    const bool in_place = in.ptr == out.ptr;
-    host_.resize(in.n);
-    if (!in_place) host2_.resize(out.n);
-    float* o = in_place ? host_.data() : host2_.data();
-    ops_.to_host_f32(host_.data(), in);
-    f(host_.data(), o);
-    ops_.from_host_f32(out, o);
-}
+TensorParallel::TensorParallel(Ops& ops, Comm* comm, bool sequence_parallel, bool host_staging)
+    : ops_(ops), comm_(comm), sp_(sequence_parallel), stage_(ops, comm, host_staging) {}
 
 void TensorParallel::all_reduce(Tensor t) {
     if (size() == 1) return;
-    staged(t, t, [&](const float*, float* buf) { comm_->all_reduce(buf, t.n, ReduceOp::Sum); });
+    stage_.run(t, t, [&](const float*, float* buf) { comm_->all_reduce(buf, t.n, ReduceOp::Sum); });
 }
 
 void TensorParallel::all_gather_rows(Tensor local, Tensor full) {
@@ -35,8 +18,14 @@ void TensorParallel::all_gather_rows(Tensor local, Tensor full) {
         ops_.copy(full, local);
         return;
     }
+    if (stage_.direct() && local.dtype != DType::F32 && full.dtype == local.dtype && local.bytes() % sizeof(float) == 0) {
+        // no sum: the pieces travel as their own bytes (bf16: half the fp32 traffic)
+        const std::vector<size_t> words(size_t(size()), local.bytes() / sizeof(float));
+        comm_->all_gather(static_cast<const float*>(local.ptr), static_cast<float*>(full.ptr), words);
+        return;
+    }
     const std::vector<size_t> counts(size_t(size()), local.n);
-    staged(local, full, [&](const float* in, float* out) { comm_->all_gather(in, out, counts); });
+    stage_.run(local, full, [&](const float* in, float* out) { comm_->all_gather(in, out, counts); });
 }
 
 void TensorParallel::reduce_scatter_rows(Tensor full, Tensor local) {
@@ -46,7 +35,7 @@ void TensorParallel::reduce_scatter_rows(Tensor full, Tensor local) {
         return;
     }
     const std::vector<size_t> counts(size_t(size()), local.n);
-    staged(full, local, [&](const float* in, float* out) { comm_->reduce_scatter(in, out, counts); });
+    stage_.run(full, local, [&](const float* in, float* out) { comm_->reduce_scatter(in, out, counts); });
 }
 
 Tensor TensorParallel::reduce_rows(Tensor partial, Tensor out) {
@@ -64,24 +53,20 @@ Tensor TensorParallel::gather_rows(Tensor x, Tensor full) {
     return full;
 }
 
-void TensorParallel::all_reduce_host(float* x, size_t n, ReduceOp op) {
-    if (size() > 1) comm_->all_reduce(x, n, op);
-}
-
 void TensorParallel::combine_cross_entropy_stats(float* stats, size_t rows) {
     if (size() == 1) return;
     // (max_r, sum_r, target_r) per rank -> (M = max_r max_r, S = sum_r sum_r * exp(max_r - M), target = sum_r target_r)
     std::vector<float> s(3 * rows), mx(rows), rest(2 * rows);
     ops_.to_host_bytes(s.data(), stats, s.size() * sizeof(float));
     for (size_t i = 0; i < rows; i++) mx[i] = s[3 * i];
-    comm_->all_reduce(mx.data(), rows, ReduceOp::Max);
+    stage_.run_host(mx.data(), rows, [&](float* x) { comm_->all_reduce(x, rows, ReduceOp::Max); });
     for (size_t i = 0; i < rows; i++) {
         const float m = s[3 * i];
         // a rank whose slice holds no real column reports (-inf, 0)
         rest[2 * i] = m == -std::numeric_limits<float>::infinity() ? 0.0f : s[3 * i + 1] * std::exp(m - mx[i]);
         rest[2 * i + 1] = s[3 * i + 2];
     }
-    comm_->all_reduce(rest.data(), rest.size(), ReduceOp::Sum);
+    stage_.run_host(rest.data(), rest.size(), [&](float* x) { comm_->all_reduce(x, rest.size(), ReduceOp::Sum); });
     for (size_t i = 0; i < rows; i++) {
         s[3 * i] = mx[i];
         s[3 * i + 1] = rest[2 * i];

@@ -4,20 +4,23 @@
 // the split defines; the split itself (which rows/columns a rank holds) is in the parameter
 // table (param_table).
 //
-// Tensors are backend memory in the model's dtype. A communicator that works on host buffers
-// (MPI) gets them staged through fp32 host copies; an on-device communicator (NCCL) takes fp32
-// device tensors directly. With tp == 1 every call is a no-op (or a copy where out != in).
+// Tensors are backend memory in the model's dtype; they reach the communicator as CommStage
+// (llmc/comm_stage.h) routes them: in place (NCCL on fp32 device tensors, MPI on the CPU
+// backend), through fp32 device copies (bf16 on NCCL) or through fp32 host copies (MPI with
+// CUDA). With tp == 1 every call is a no-op (or a copy where out != in).
 #pragma once
 #include <cstddef>
 #include <vector>
 
 #include "llmc/comm.h"
+#include "llmc/comm_stage.h"
 #include "llmc/ops.h"
 
 class TensorParallel {
 public:
     // comm: the TP group (null = a group of one). sequence_parallel: shard the token dimension.
-    TensorParallel(Ops& ops, Comm* comm, bool sequence_parallel);
+    // host_staging: every tensor through host copies (tests compare the routes).
+    TensorParallel(Ops& ops, Comm* comm, bool sequence_parallel, bool host_staging = false);
 
     int size() const { return comm_ ? comm_->size() : 1; }
     int rank() const { return comm_ ? comm_->rank() : 0; }
@@ -40,16 +43,11 @@ public:
     // Vocabulary-parallel cross-entropy: combines every rank's per-row (max, sum of exp(x - max),
     // target logit) statistics (3 floats a row, backend memory) into the whole vocabulary's.
     void combine_cross_entropy_stats(float* stats, size_t rows);
-    // Host scalars: sum / max over the group.
-    void all_reduce_host(float* x, size_t n, ReduceOp op);
     Comm* comm() const { return comm_; }
 
 private:
-    template <class F>
-    void staged(Tensor in, Tensor out, F f);
-
     Ops& ops_;
     Comm* comm_;
     bool sp_;
-    std::vector<float> host_, host2_;  // staging for host communicators
+    CommStage stage_;
 };

@@ -18,7 +18,7 @@ describe() {
         ops) echo "build/test_gpu (op parity with the CPU backend), then under compute-sanitizer" ;;
         parity) echo "the whole model on the GPU (fp32, bf16) against the CPU backend (fp32); optimizer offload against the GPU optimizer; two processes bitwise equal" ;;
         bench) echo "GPT-2 124M and a 1.5B shape in bf16 at T=1024 (tokens/s, MFU, peak memory); 124M with optimizer offload; dev/cuda kernels" ;;
-        layouts) echo "dp, tp, pp, ZeRO-2/3, SP, optimizer offload with ZeRO-1/3, MoE with parallel.ep on the one GPU over MPI against one process; parallel.comm=nccl against mpi" ;;
+        layouts) echo "dp, tp, pp (1F1B, interleaved), cp, ZeRO-2/3, SP, optimizer offload with ZeRO-1/3, MoE with parallel.ep on the one GPU over MPI against one process; parallel.comm=nccl against mpi; the overlap table" ;;
         fp8) echo "FP8 against bf16 on the 124M shape (300 steps, within 1%); FP8/bf16 tokens/s at the 1.5B shape" ;;
     esac
 }
@@ -438,6 +438,7 @@ stage_layouts() {
                     "2 dp2_zero2 parallel.dp=2 parallel.zero=2 train.grad_accum=2" \
                     "2 tp2_sp parallel.tp=2 parallel.sequence_parallel=true" \
                     "2 dp2_zero3 parallel.dp=2 parallel.zero=3 train.grad_accum=2" \
+                    "2 cp2 parallel.cp=2" "2 pp2_interleaved parallel.pp=2 parallel.pp_schedule=interleaved parallel.pp_virtual=2" \
                     "4 dp4_zero3 parallel.dp=4 parallel.zero=3 train.grad_accum=1" \
                     "2 dp2_zero1_offload parallel.dp=2 parallel.zero=1 train.grad_accum=2 train.offload_optimizer=true" \
                     "2 dp2_zero3_offload parallel.dp=2 parallel.zero=3 train.grad_accum=2 train.offload_optimizer=true"; do
@@ -488,6 +489,15 @@ stage_layouts() {
         done
     else
         row "1 process, parallel.comm=nccl" "FAIL" "" "" "" "synth_shards or train_gpt missing"
+    fi
+
+    # issue 17's table on the GPU: dp=2 ZeRO-1 on the one GPU over MPI with and without overlap at
+    # injected delays (the bench appends its own table to dev/bench/RESULTS.md)
+    echo "== communication overlap on one GPU (dev/bench/overlap_bench.sh)"
+    if command -v mpirun >/dev/null 2>&1 && DEVICE=cuda timeout 300 dev/bench/overlap_bench.sh 1 0 20 >"$L/overlap.txt" 2>&1; then
+        row "overlap dp2 ZeRO-1, delays 0 and 20 ms" "PASS" "" "" "" "$(tail -n 1 dev/bench/RESULTS.md | cut -c1-90)"
+    else
+        row "overlap dp2 ZeRO-1, delays 0 and 20 ms" "FAIL" "" "" "" "$(tail -n 3 "$L/overlap.txt" | tr '\n' ' ' | cut -c1-90)"
     fi
 }
 

@@ -15,6 +15,9 @@
 #include <thread>
 
 #include "llmc/comm.h"
+#include "llmc/comm_stage.h"
+#include "llmc/device_sim.h"
+#include "llmc/ops.h"
 #include "llmc/common.h"
 #include "llmc/runtime.h"
 
@@ -112,6 +115,73 @@ TEST_CASE("a group of one: sendrecv and all_to_all_v with oneself are copies; NC
     CHECK(c->group() == "self");
     // this binary links no CUDA: the fallback definition of make_nccl_comm says so
     CHECK_THROWS_WITH(make_nccl_comm(*c, 0, 1.0), Catch::Contains("parallel.comm"));
+}
+
+TEST_CASE("LLMC_SIM_DEVICE's registry: a buffer is the backend's only inside one allocation", "[comm][device]") {
+    std::vector<char> block(256), other(64);
+    sim_device_register(block.data(), 128);  // the first 128 bytes only
+    sim_device_register(other.data(), 64);
+    CHECK(sim_device_owns(block.data(), 128));
+    CHECK(sim_device_owns(block.data() + 100, 28));
+    CHECK_FALSE(sim_device_owns(block.data() + 100, 29));  // runs past the allocation
+    CHECK_FALSE(sim_device_owns(block.data() + 128, 4));   // after it
+    CHECK_FALSE(sim_device_owns(nullptr, 4));
+    CHECK(sim_device_owns(other.data() + 60, 4));
+    sim_device_unregister(block.data());
+    CHECK_FALSE(sim_device_owns(block.data(), 4));
+    CHECK(sim_device_owns(other.data(), 64));
+    sim_device_unregister(other.data());
+}
+
+TEST_CASE("CommStage: the routes give the same result; messages are the tensor's words or fp32 host copies",
+          "[comm][device]") {
+    auto ops = make_cpu_ops();
+    std::unique_ptr<Comm> c = make_self_comm(0);
+    CommStage direct(*ops, c.get()), staged(*ops, c.get(), true);
+    CHECK(direct.direct());
+    CHECK_FALSE(staged.direct());
+    // bf16 (2 bytes an element): 5 elements are 3 words as bytes, 5 fp32 values through the host
+    CHECK(direct.words(Tensor(nullptr, 5, DType::BF16)) == 3);
+    CHECK(staged.words(Tensor(nullptr, 5, DType::BF16)) == 5);
+    CHECK(direct.words(Tensor(nullptr, 5, DType::F32)) == 5);
+    std::vector<float> x = {1, -2, 3, 0.5f}, y(4, 0);
+    for (CommStage* st : {&direct, &staged}) {
+        // an all-gather of one member into another tensor: out = in; f sees where the route puts them
+        Tensor in(x.data(), 4, DType::F32), out(y.data(), 4, DType::F32);
+        const float* seen = nullptr;
+        st->run(in, out, [&](const float* a, float* b) {
+            seen = a;
+            c->all_gather(a, b, {4});
+        });
+        CHECK(y == x);
+        CHECK((seen == x.data()) == st->direct());  // in place on the direct route, a host copy otherwise
+        std::fill(y.begin(), y.end(), 0.0f);
+        CommStage::Message m = st->take_message(in);
+        st->pack(m, in);
+        st->unpack(out, m);
+        CHECK(y == x);
+        st->release_message(std::move(m));
+        std::fill(y.begin(), y.end(), 0.0f);
+    }
+    // the message pool: a released buffer serves any message it holds; a larger one replaces it
+    CommStage::Message a = direct.take_message(Tensor(nullptr, 8, DType::F32));
+    void* first = a.dev.ptr;
+    direct.release_message(std::move(a));
+    CommStage::Message b = direct.take_message(Tensor(nullptr, 3, DType::F32));
+    CHECK(b.dev.ptr == first);
+    CommStage::Message c2 = direct.take_message(Tensor(nullptr, 8, DType::F32));  // b is in use: a new buffer
+    CHECK(c2.dev.ptr != first);
+    direct.release_message(std::move(b));
+    direct.release_message(std::move(c2));
+    CommStage::Message d = direct.take_message(Tensor(nullptr, 16, DType::F32));  // none holds 16 words
+    CHECK(d.dev.n == 16);
+    direct.release_message(std::move(d));
+    float h[2] = {4, 5};
+    direct.run_host(h, 2, [&](float* p) {
+        CHECK(p == h);  // a host communicator reads host values where they are
+        p[0] += 1;
+    });
+    CHECK(h[0] == 5);
 }
 
 // ---- the rank side (hidden: run under mpirun by the cases above) ----

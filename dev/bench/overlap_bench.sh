@@ -1,23 +1,34 @@
 #!/usr/bin/env bash
-# Communication overlap on the CPU: step time of a dp=2 run (2 processes under mpirun, one OpenMP
+# Communication overlap: step time of a dp=2 run (2 processes under mpirun, one OpenMP
 # thread each) with parallel.overlap true and false, at several LLMC_COMM_DELAY_MS delays (every
 # collective completes no sooner than the delay after its post: a slow network). The model is
 # test/e2e/test_overlap.sh's (12 layers, d_model 128, 1024 tokens per micro-batch per rank);
 # 5 steps per run, medians of steps 2-5 of step time (ms), comm_ms and compute_ms from log.jsonl.
 # Appends a table to dev/bench/RESULTS.md with the date, the commit and the machine.
-#   usage: dev/bench/overlap_bench.sh [ZERO] [DELAYS...]   (default: 1, delays 0 10 20 40)
+# DEVICE=cuda runs the two ranks on the GPU (one GPU: both share it, over MPI; scripts/gpu_check.sh's
+# layouts stage), else the CPU.
+#   usage: [DEVICE=cuda] dev/bench/overlap_bench.sh [ZERO] [DELAYS...]   (default: 1, delays 0 10 20 40)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ZERO=${1:-1}
 shift || true
 [ $# -gt 0 ] && DELAYS=("$@") || DELAYS=(0 10 20 40)
-[ -x train_gpt ] && [ -x dev/data/synth_shards ] || make -j"$(nproc)" CUDA=0 train_gpt dev/data/synth_shards
+DEVICE=${DEVICE:-cpu}
+if [ "$DEVICE" = cpu ]; then
+    [ -x train_gpt ] && [ -x dev/data/synth_shards ] || make -j"$(nproc)" CUDA=0 train_gpt dev/data/synth_shards
+    where="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1), $(getconf _NPROCESSORS_ONLN) cores"
+    title=CPU
+else
+    [ -x train_gpt ] && [ -x dev/data/synth_shards ] || { echo "build train_gpt and dev/data/synth_shards first" >&2; exit 2; }
+    where="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1), both ranks on it"
+    title=GPU
+fi
 W=$(mktemp -d /tmp/overlap_bench.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 dev/data/synth_shards --out "$W/data/train" --shards 1 --tokens 100000 --vocab 512 --seed 1 > /dev/null
 cat > "$W/c.json" <<JSON
-{ "device": "cpu", "precision": "fp32",
+{ "device": "$DEVICE", "precision": "fp32",
   "model": { "n_layer": 12, "n_head": 4, "d_model": 128, "vocab_size": 512, "max_seq_len": 64 },
   "data": { "train": "$W/data/train_*.bin" },
   "train": { "micro_batch": 16, "seq_len": 64, "grad_accum": 1, "steps": 5, "lr": 3e-3, "warmup_steps": 1 },
@@ -44,15 +55,14 @@ for d in "${DELAYS[@]}"; do
     done
     rows+=("$row |")
 done
-cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)
 {
     echo
-    echo "## Communication overlap (CPU) - $(date -u +%Y-%m-%d) - commit $(git rev-parse --short HEAD) - $cpu, $(getconf _NPROCESSORS_ONLN) cores"
+    echo "## Communication overlap ($title) - $(date -u +%Y-%m-%d) - commit $(git rev-parse --short HEAD) - $where"
     echo
-    echo "\`dev/bench/overlap_bench.sh $ZERO ${DELAYS[*]}\`: dp=2 ZeRO-$ZERO over MPI on the CPU, 12 layers x d_model 128,"
+    echo "\`DEVICE=$DEVICE dev/bench/overlap_bench.sh $ZERO ${DELAYS[*]}\`: dp=2 ZeRO-$ZERO over MPI, 12 layers x d_model 128,"
     echo "$(grep -o '[0-9]* gradient buckets' "$W/out.txt"), LLMC_COMM_DELAY_MS per collective; medians of steps 2-5 in ms"
     echo "(comm = waits inside communication, compute = step - comm). Load average before the runs: $load (other jobs"
-    echo "share these cores: timings are noisy). On a GPU the same table is owed."
+    echo "share these cores: timings are noisy)."
     echo
     echo "| delay ms | overlap: step | comm | compute | no overlap: step | comm | compute |"
     echo "|---|---|---|---|---|---|---|"

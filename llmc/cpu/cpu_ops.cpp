@@ -5,14 +5,22 @@
 #include <cstring>
 
 #include "llmc/bf16.h"
+#include "llmc/device_sim.h"
 
 namespace {
 constexpr size_t kAlign = 64;
 }  // namespace
 
-void* CpuOps::alloc(size_t bytes) { return Ops::alloc_host(bytes); }
+void* CpuOps::alloc(size_t bytes) {
+    void* p = Ops::alloc_host(bytes);
+    if (sim_device()) sim_device_register(p, bytes);
+    return p;
+}
 
-void CpuOps::release(void* p) { Ops::release_host(p); }
+void CpuOps::release(void* p) {
+    if (sim_device()) sim_device_unregister(p);
+    Ops::release_host(p);
+}
 
 // The host memory of the base class: aligned for the vector kernels (every backend's host side).
 void* Ops::alloc_host(size_t bytes) {

@@ -4,12 +4,14 @@
 // layer family: cpu_ops.cpp (memory), encoder.cpp, layernorm.cpp (and RMSNorm),
 // matmul.cpp (and SwiGLU), attention.cpp (and RoPE), classifier.cpp, adamw.cpp.
 #pragma once
+#include "llmc/device_sim.h"
 #include "llmc/ops.h"
 
 class CpuOps : public Ops {
 public:
     std::string name() const override { return "cpu"; }
-    bool host_memory() const override { return true; }
+    // (false under the test hook LLMC_SIM_DEVICE, llmc/device_sim.h: the device paths run on the CPU)
+    bool host_memory() const override { return !sim_device(); }
 
     void* alloc(size_t bytes) override;
     void release(void* p) override;

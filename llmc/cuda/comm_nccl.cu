@@ -8,6 +8,15 @@
 // deadline can reach it.) A stall or an error aborts the communicator (ncclCommAbort) and ends
 // the job with a message naming the call and the group (comm_fatal).
 //
+// Non-blocking calls (all_reduce_async, reduce_scatter_async, all_gather_async, exchange_async):
+// the same operation, enqueued on the same stream behind the compute stream's work, then an event
+// recorded behind it; the post returns once NCCL has taken the operation (the communicator no
+// longer in progress), and wait(handle) polls that event (and the error state, under the
+// deadline). The compute stream goes on meanwhile: communication overlaps the kernels queued
+// after the post. Operations run in posting order (one stream: runs_in_order), and a blocking call
+// waits for the stream, so for every operation posted before it too. Posting order is program
+// order on every rank, so the communicators' streams never wait on one another in a cycle.
+//
 // Determinism: NCCL chooses an algorithm (ring, tree, NVLS, ...) and a protocol per call from
 // the topology, the number of ranks, the size and the NCCL version (and NCCL_ALGO/NCCL_PROTO);
 // for a fixed choice the order of the floating-point sums is fixed, so a run repeats bitwise on
@@ -90,21 +99,26 @@ public:
         cudaFree(barrier_word_);
         cudaFree(scratch_dev_);
         cudaFreeHost(scratch_host_);
+        for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
         cudaEventDestroy(ready_);
         cudaStreamDestroy(stream_);
     }
     std::string name() const override { return "nccl"; }
     bool on_device() const override { return true; }
     void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
-    using Comm::wait;  // the handles' (posted calls complete inside the post: Comm's defaults)
+    bool runs_in_order() const override { return true; }
 
     void all_reduce(float* buf, size_t n, ReduceOp op) override {
         if (n == 0) return;
-        check_device(buf, "all_reduce");
         const std::string detail = count_text(n, "float");
-        start();
-        check_enqueue(ncclAllReduce(buf, buf, n, ncclFloat, nccl_op(op), comm_, stream_), "all_reduce", detail);
+        enqueue_all_reduce(buf, n, op, detail);
         wait("all_reduce", detail);
+    }
+    CommHandle all_reduce_async(float* buf, size_t n, ReduceOp op) override {
+        if (n == 0) return {};
+        std::string detail = count_text(n, "float");
+        enqueue_all_reduce(buf, n, op, detail);
+        return posted("all_reduce", std::move(detail));
     }
     // Host doubles (a few scalars): through pinned scratch, so that the copies stay asynchronous
     // and under the deadline (a copy from pageable memory would wait for the stream unbounded).
@@ -125,52 +139,23 @@ public:
         std::memcpy(buf, scratch_host_, n * sizeof(double));
     }
 
-    // NCCL's reduce-scatter and all-gather take one count for every rank; unequal pieces (a
-    // bucket that straddles shard boundaries) become one reduce / broadcast per member, fused
-    // into one group so that they progress together.
     void reduce_scatter(const float* send, float* recv, const std::vector<size_t>& counts) override {
-        check_counts(counts);
-        const std::vector<size_t> off = count_offsets(counts);
-        if (off.back() == 0) return;
-        check_device(send, "reduce_scatter");
-        if (counts[size_t(rank())]) check_device(recv, "reduce_scatter");
-        const std::string detail = count_text(off.back(), "float");
-        start();
-        if (all_equal(counts)) {
-            check_enqueue(ncclReduceScatter(send, recv, counts[0], ncclFloat, ncclSum, comm_, stream_),
-                          "reduce_scatter", detail);
-        } else {
-            check_enqueue(ncclGroupStart(), "reduce_scatter", detail);
-            for (int r = 0; r < size(); r++)
-                if (counts[size_t(r)])  // recvbuff only matters on the root
-                    check_enqueue(ncclReduce(send + off[size_t(r)], r == rank() ? recv : nullptr, counts[size_t(r)],
-                                             ncclFloat, ncclSum, r, comm_, stream_),
-                                  "reduce_scatter", detail);
-            check_enqueue(ncclGroupEnd(), "reduce_scatter", detail);
-        }
-        wait("reduce_scatter", detail);
+        std::string detail;
+        if (enqueue_reduce_scatter(send, recv, counts, &detail)) wait("reduce_scatter", detail);
+    }
+    CommHandle reduce_scatter_async(const float* send, float* recv, const std::vector<size_t>& counts) override {
+        std::string detail;
+        if (!enqueue_reduce_scatter(send, recv, counts, &detail)) return {};
+        return posted("reduce_scatter", std::move(detail));
     }
     void all_gather(const float* send, float* recv, const std::vector<size_t>& counts) override {
-        check_counts(counts);
-        const std::vector<size_t> off = count_offsets(counts);
-        if (off.back() == 0) return;
-        if (counts[size_t(rank())]) check_device(send, "all_gather");
-        check_device(recv, "all_gather");
-        const std::string detail = count_text(off.back(), "float");
-        start();
-        if (all_equal(counts)) {
-            check_enqueue(ncclAllGather(send, recv, counts[0], ncclFloat, comm_, stream_), "all_gather", detail);
-        } else {
-            check_enqueue(ncclGroupStart(), "all_gather", detail);
-            for (int r = 0; r < size(); r++)
-                if (counts[size_t(r)])  // sendbuff only matters on the root (elsewhere: in place)
-                    check_enqueue(ncclBroadcast(r == rank() ? send : recv + off[size_t(r)], recv + off[size_t(r)],
-                                                counts[size_t(r)],
-                                                ncclFloat, r, comm_, stream_),
-                                  "all_gather", detail);
-            check_enqueue(ncclGroupEnd(), "all_gather", detail);
-        }
-        wait("all_gather", detail);
+        std::string detail;
+        if (enqueue_all_gather(send, recv, counts, &detail)) wait("all_gather", detail);
+    }
+    CommHandle all_gather_async(const float* send, float* recv, const std::vector<size_t>& counts) override {
+        std::string detail;
+        if (!enqueue_all_gather(send, recv, counts, &detail)) return {};
+        return posted("all_gather", std::move(detail));
     }
     void gather(const float* send, float* recv, const std::vector<size_t>& counts, int root) override {
         check_counts(counts);
@@ -249,21 +234,34 @@ public:
     // One group: every message progresses together. NCCL pairs a peer's messages in posting
     // order (no tags), within the group as across calls.
     void exchange(const std::vector<CommP2P>& msgs) override {
-        for (const CommP2P& m : msgs) {
-            check_peer(m.peer, "exchange");
-            check_tag(m.tag, "exchange");
-            if (m.n) check_device(m.buf, "exchange");
-        }
         const std::string detail = exchange_text(msgs);
-        start();
-        check_enqueue(ncclGroupStart(), "exchange", detail);
-        for (const CommP2P& m : msgs) {
-            if (m.n == 0) continue;
-            if (m.is_send) check_enqueue(ncclSend(m.buf, m.n, ncclFloat, m.peer, comm_, stream_), "exchange", detail);
-            else check_enqueue(ncclRecv(m.buf, m.n, ncclFloat, m.peer, comm_, stream_), "exchange", detail);
-        }
-        check_enqueue(ncclGroupEnd(), "exchange", detail);
+        enqueue_exchange(msgs, detail);
         wait("exchange", detail);
+    }
+    CommHandle exchange_async(const std::vector<CommP2P>& msgs) override {
+        std::string detail = exchange_text(msgs);
+        enqueue_exchange(msgs, detail);
+        return posted("exchange", std::move(detail));
+    }
+    void wait(CommHandle& h) override {
+        if (!h.pending()) return;
+        CommWaitTimer timer;
+        NcclOp& o = static_cast<NcclOp&>(*h.op());
+        const Clock::time_point deadline = deadline_from_now();
+        for (int polls = 0;; polls++) {
+            ncclResult_t state = ncclInProgress;
+            NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+            if (state != ncclSuccess && state != ncclInProgress) failed(o.op, o.detail, state);
+            const cudaError_t q = cudaEventQuery(o.done);
+            if (q == cudaSuccess) break;
+            if (q != cudaErrorNotReady) CUDA_CHECK(q);
+            if (Clock::now() >= deadline) stalled(o.op, o.detail);
+            pause(polls);
+        }
+        free_events_.push_back(o.done);
+        o.done = nullptr;
+        comm_delay_until(o.posted);
+        h = CommHandle();
     }
     // NCCL has no barrier: an all-reduce of one word is one.
     void barrier() override {
@@ -273,6 +271,116 @@ public:
     }
 
 private:
+    // A posted operation: the event recorded behind it on the stream.
+    struct NcclOp : CommOp {
+        const char* op = "";
+        std::string detail;
+        cudaEvent_t done = nullptr;  // back to the communicator's free events once waited for
+        Clock::time_point posted;
+        ~NcclOp() override {
+            if (done) cudaEventDestroy(done);  // a handle dropped without a wait
+        }
+    };
+    std::vector<cudaEvent_t> free_events_;  // events of waited operations, for reuse
+
+    // The operation just enqueued becomes a handle: once NCCL has taken it (a non-blocking
+    // communicator may still be enqueueing: ncclInProgress), an event is recorded behind it.
+    CommHandle posted(const char* op, std::string detail) {
+        const Clock::time_point deadline = deadline_from_now();
+        for (int polls = 0;; polls++) {
+            ncclResult_t state = ncclInProgress;
+            NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+            if (state == ncclSuccess) break;
+            if (state != ncclInProgress) failed(op, detail, state);
+            if (Clock::now() >= deadline) stalled(op, detail);
+            pause(polls);
+        }
+        auto o = std::make_shared<NcclOp>();
+        o->op = op;
+        o->detail = std::move(detail);
+        o->posted = started_;
+        if (free_events_.empty()) {
+            o->done = nullptr;
+            CUDA_CHECK(cudaEventCreateWithFlags(&o->done, cudaEventDisableTiming));
+        } else {
+            o->done = free_events_.back();
+            free_events_.pop_back();
+        }
+        CUDA_CHECK(cudaEventRecord(o->done, stream_));
+        CommHandle h(o);
+        if (!overlap()) wait(h);
+        return h;
+    }
+
+    // The NCCL calls of each operation, after start() (the enqueue_ functions of the collectives
+    // with counts return false, enqueueing nothing, when every count is 0).
+    void enqueue_all_reduce(float* buf, size_t n, ReduceOp op, const std::string& detail) {
+        check_device(buf, "all_reduce");
+        start();
+        check_enqueue(ncclAllReduce(buf, buf, n, ncclFloat, nccl_op(op), comm_, stream_), "all_reduce", detail);
+    }
+    // NCCL's reduce-scatter and all-gather take one count for every rank; unequal pieces (a
+    // bucket that straddles shard boundaries) become one reduce / broadcast per member, fused
+    // into one group so that they progress together.
+    bool enqueue_reduce_scatter(const float* send, float* recv, const std::vector<size_t>& counts, std::string* detail) {
+        check_counts(counts);
+        const std::vector<size_t> off = count_offsets(counts);
+        if (off.back() == 0) return false;
+        check_device(send, "reduce_scatter");
+        if (counts[size_t(rank())]) check_device(recv, "reduce_scatter");
+        *detail = count_text(off.back(), "float");
+        start();
+        if (all_equal(counts)) {
+            check_enqueue(ncclReduceScatter(send, recv, counts[0], ncclFloat, ncclSum, comm_, stream_),
+                          "reduce_scatter", *detail);
+            return true;
+        }
+        check_enqueue(ncclGroupStart(), "reduce_scatter", *detail);
+        for (int r = 0; r < size(); r++)
+            if (counts[size_t(r)])  // recvbuff only matters on the root
+                check_enqueue(ncclReduce(send + off[size_t(r)], r == rank() ? recv : nullptr, counts[size_t(r)],
+                                         ncclFloat, ncclSum, r, comm_, stream_),
+                              "reduce_scatter", *detail);
+        check_enqueue(ncclGroupEnd(), "reduce_scatter", *detail);
+        return true;
+    }
+    bool enqueue_all_gather(const float* send, float* recv, const std::vector<size_t>& counts, std::string* detail) {
+        check_counts(counts);
+        const std::vector<size_t> off = count_offsets(counts);
+        if (off.back() == 0) return false;
+        if (counts[size_t(rank())]) check_device(send, "all_gather");
+        check_device(recv, "all_gather");
+        *detail = count_text(off.back(), "float");
+        start();
+        if (all_equal(counts)) {
+            check_enqueue(ncclAllGather(send, recv, counts[0], ncclFloat, comm_, stream_), "all_gather", *detail);
+            return true;
+        }
+        check_enqueue(ncclGroupStart(), "all_gather", *detail);
+        for (int r = 0; r < size(); r++)
+            if (counts[size_t(r)])  // sendbuff only matters on the root (elsewhere: in place)
+                check_enqueue(ncclBroadcast(r == rank() ? send : recv + off[size_t(r)], recv + off[size_t(r)],
+                                            counts[size_t(r)], ncclFloat, r, comm_, stream_),
+                              "all_gather", *detail);
+        check_enqueue(ncclGroupEnd(), "all_gather", *detail);
+        return true;
+    }
+    void enqueue_exchange(const std::vector<CommP2P>& msgs, const std::string& detail) {
+        for (const CommP2P& m : msgs) {
+            check_peer(m.peer, "exchange");
+            check_tag(m.tag, "exchange");
+            if (m.n) check_device(m.buf, "exchange");
+        }
+        start();
+        check_enqueue(ncclGroupStart(), "exchange", detail);
+        for (const CommP2P& m : msgs) {
+            if (m.n == 0) continue;
+            if (m.is_send) check_enqueue(ncclSend(m.buf, m.n, ncclFloat, m.peer, comm_, stream_), "exchange", detail);
+            else check_enqueue(ncclRecv(m.buf, m.n, ncclFloat, m.peer, comm_, stream_), "exchange", detail);
+        }
+        check_enqueue(ncclGroupEnd(), "exchange", detail);
+    }
+
     double timeout_s_;
     ncclComm_t comm_ = nullptr;
     cudaStream_t stream_ = nullptr;
