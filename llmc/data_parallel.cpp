@@ -97,6 +97,21 @@ std::vector<std::pair<size_t, size_t>> zero_optimizer_runs(const ParamLayout& la
     return out;
 }
 
+size_t zero_optimizer_most(const ParamLayout& layout, int edp, int ep) {
+    const size_t shard = layout.padded_params / size_t(edp);
+    const std::vector<std::pair<size_t, size_t>> dense = dense_runs(layout);
+    size_t most = 0, d = 0;  // d: the first dense run that may reach into shard j
+    for (size_t j = 0; j < size_t(edp); j++) {
+        const size_t lo = j * shard, hi = lo + shard;
+        size_t nd = 0;
+        while (d < dense.size() && dense[d].second <= lo) d++;
+        for (size_t i = d; i < dense.size() && dense[i].first < hi; i++)
+            nd += std::min(dense[i].second, hi) - std::max(dense[i].first, lo);
+        most = std::max(most, shard - nd + (nd + size_t(ep) - 1) / size_t(ep));
+    }
+    return most;
+}
+
 UnitSizes unit_sizes(const std::vector<ParamUnit>& units) {
     UnitSizes s;
     for (const ParamUnit& u : units) {

@@ -91,6 +91,9 @@ std::vector<std::pair<size_t, size_t>> zero_optimizer_runs(const ParamLayout& la
                                                            int ep_rank);
 // The elements of runs.
 size_t runs_numel(const std::vector<std::pair<size_t, size_t>>& runs);
+// The most elements any rank's zero_optimizer_runs hold (the memory plan's): over the shards j,
+// the shard's expert elements plus ceil(nd_j / ep) of its nd_j dense ones.
+size_t zero_optimizer_most(const ParamLayout& layout, int edp, int ep);
 
 // Per-rank bytes by category, from ZeRO's formulas for this layout (see memory_table()).
 struct MemoryPlan {

@@ -78,11 +78,9 @@ RankParts rank_parts(const Config& cfg, const ModelShape& shape, const ProcessGr
     const ParamLayout params = param_layout(shape, r.layout, DataParallel::pad_multiple(grid.shard_size()));
     r.padded = params.padded_params;
     r.units = unit_sizes(params.units);
-    // every ep rank's layout has its experts at the same offsets: the ownership of ep rank k of
-    // expert-dp rank j is the same function of the layout (zero_optimizer_runs)
-    for (int j = 0; grid.ep > 1 && j < grid.edp(); j++)
-        for (int k = 0; k < grid.ep; k++)
-            r.ep_optimizer = std::max(r.ep_optimizer, runs_numel(zero_optimizer_runs(params, grid.edp(), j, grid.ep, k)));
+    // every ep rank's layout has its experts at the same offsets: the ownership is the same
+    // function of each (zero_optimizer_runs)
+    if (grid.ep > 1) r.ep_optimizer = zero_optimizer_most(params, grid.edp(), grid.ep);
     return r;
 }
 // slots: the rank's in-flight micro-batches per chunk (slots_of)

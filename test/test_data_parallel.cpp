@@ -345,6 +345,7 @@ TEST_CASE("ZeRO under expert parallelism: each dense element owned once over dp,
             for (char c : expert) experts += size_t(c);
             CHECK(experts > 0);
             CHECK(experts < padded);
+            size_t most = 0;  // the largest rank's count
             std::vector<int> dense_owners(padded, 0);
             std::vector<std::vector<int>> expert_owners(size_t(ep), std::vector<int>(padded, 0));
             for (int j = 0; j < edp; j++) {
@@ -366,6 +367,7 @@ TEST_CASE("ZeRO under expert parallelism: each dense element owned once over dp,
                         }
                     }
                     CHECK(runs_numel(runs) == owned);
+                    most = std::max(most, owned);
                     const size_t part = owned - shard_experts;  // its dense part: nd / ep, rounded either way
                     CHECK(part >= shard_dense / size_t(ep));
                     CHECK(part <= (shard_dense + size_t(ep) - 1) / size_t(ep));
@@ -378,6 +380,7 @@ TEST_CASE("ZeRO under expert parallelism: each dense element owned once over dp,
                 else bad += dense_owners[i] != 1;
             }
             CHECK(bad == 0);
+            CHECK(zero_optimizer_most(layouts[0], edp, ep) == most);
         }
 }
 
