@@ -583,26 +583,35 @@ std::vector<float> DataParallel::gather_shards(const float* shard) {
     return out;
 }
 
-void DataParallel::share_dense_parts(const std::function<void(size_t, size_t, float*)>& get,
-                                     const std::function<void(size_t, size_t, const float*)>& put) {
-    const size_t k = size_t(ep_->rank()), lo = dense_cut_[k], hi = dense_cut_[k + 1];
-    std::vector<size_t> counts;
-    for (size_t i = 0; i + 1 < dense_cut_.size(); i++) counts.push_back(dense_cut_[i + 1] - dense_cut_[i]);
-    std::vector<float> mine(hi - lo), all(dense_cut_.back());
+void DataParallel::for_each_dense(size_t a, size_t b, const std::function<void(size_t, size_t, size_t)>& f) const {
     size_t q = 0;  // the packed index of the run's first element
     for (const auto& r : range_dense_) {
-        const size_t n = r.second - r.first, a = std::max(q, lo), b = std::min(q + n, hi);
-        if (a < b) get(r.first + (a - q), b - a, mine.data() + (a - lo));
+        const size_t n = r.second - r.first, lo = std::max(q, a), hi = std::min(q + n, b);
+        if (lo < hi) f(r.first + (lo - q), hi - lo, lo);
         q += n;
+        if (q >= b) return;
     }
-    ep_->all_gather(mine.data(), all.data(), counts);
-    q = 0;
-    for (const auto& r : range_dense_) {  // everything but this rank's own part
-        const size_t n = r.second - r.first;
-        const std::pair<size_t, size_t> others[2] = {{q, std::min(q + n, lo)}, {std::max(q, hi), q + n}};
-        for (const auto& o : others)
-            if (o.first < o.second) put(r.first + (o.first - q), o.second - o.first, all.data() + o.first);
-        q += n;
+}
+
+void DataParallel::share_dense_parts(const std::function<void(size_t, size_t, float*)>& get,
+                                     const std::function<void(size_t, size_t, const float*)>& put) {
+    const size_t k = size_t(ep_->rank()), total = dense_cut_.back();
+    std::vector<float> mine, all;
+    // in pieces of a bucket of the packed dense elements: every rank's share of the piece from its owner
+    for (size_t c0 = 0; c0 < total; c0 += bucket_elems_) {
+        const size_t c1 = std::min(total, c0 + bucket_elems_);
+        std::vector<size_t> counts;
+        for (size_t i = 0; i + 1 < dense_cut_.size(); i++) {
+            const size_t lo = std::max(c0, dense_cut_[i]), hi = std::min(c1, dense_cut_[i + 1]);
+            counts.push_back(hi > lo ? hi - lo : 0);
+        }
+        const size_t lo = std::max(c0, std::min(c1, dense_cut_[k])), hi = lo + counts[k];  // this rank's share
+        mine.resize(counts[k]);
+        all.resize(c1 - c0);
+        for_each_dense(lo, hi, [&](size_t flat, size_t n, size_t at) { get(flat, n, mine.data() + (at - lo)); });
+        ep_->all_gather(mine.data(), all.data(), counts);
+        for (const auto& o : {std::make_pair(c0, lo), std::make_pair(hi, c1)})  // the others' shares
+            for_each_dense(o.first, o.second, [&](size_t flat, size_t n, size_t at) { put(flat, n, all.data() + (at - c0)); });
     }
 }
 

@@ -229,11 +229,15 @@ private:
     // at ZeRO-0; at ZeRO >= 1 a reduce-scatter: this rank's dense part only, the others left as they were).
     void reduce_dense(Staging& s, size_t begin, size_t n);
     // Expert parallelism with ZeRO: every ep rank's dense part of the shard range, from its owner,
-    // read by get(flat begin, n, dst) on the owner and written by put(flat begin, n, src) elsewhere.
+    // read by get(flat begin, n, dst) on the owner and written by put(flat begin, n, src) elsewhere
+    // (all-gathered over ep in pieces of a bucket, through host memory).
     void share_dense_parts(const std::function<void(size_t, size_t, float*)>& get,
                            const std::function<void(size_t, size_t, const float*)>& put);
     void share_dense_parts(Tensor range);  // range: the shard range's parameters (opt_params)
     void share_dense_parts(float* range);  // range: host, shard_ elements
+    // f(flat begin, n, packed index) for the stretches of the shard range's dense elements with
+    // packed indices [a, b)
+    void for_each_dense(size_t a, size_t b, const std::function<void(size_t, size_t, size_t)>& f) const;
     // the shard range (host, shard_ elements) from this rank's optimizer state (packed opt_runs_)
     std::vector<float> range_state(const std::vector<float>& packed);
     void launch(const Bucket& b);
