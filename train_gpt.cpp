@@ -307,7 +307,7 @@ struct Run {
           pipeline(model, *ops, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual),
           // this rank's ZeRO range; offloaded: streamed in pieces of a gradient bucket
           opt(params, *ops, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads(),
-              OptimizerOffload{tc.offload_optimizer, dp.bucket_elems()}),
+              OptimizerOffload{tc.offload_optimizer, dp.bucket_elems()}, dp.opt_runs()),
           // each DP rank reads its own windows (every CP, TP and PP rank of it the same ones)
           train_data(cfg.data.train, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, cfg.data.shuffle,
                      uint64_t(tc.seed), shape.vocab_size),
@@ -428,9 +428,10 @@ void print_banner(Run& r, const Plan& p) {
                   p.layout.sequence_parallel ? "; sequence parallel (1/tp of the tokens outside attention and MLP)" : "");
     if (g.ep > 1)
         log.print("expert parallel: %d ranks, %d of the %d experts of each MoE layer each (experts [%d, %d) here); "
-                  "ZeRO shards and expert gradients over the %d expert-dp ranks\n",
+                  "expert gradients and ZeRO shards over the %d expert-dp ranks%s\n",
                   g.ep, s.moe.num_experts / g.ep, s.moe.num_experts, p.layout.experts_begin(s.moe.num_experts),
-                  p.layout.experts_end(s.moe.num_experts), g.edp());
+                  p.layout.experts_end(s.moe.num_experts), g.edp(),
+                  r.dp.zero() >= 1 ? strfmt(", the dense optimizer state over all %d dp ranks", g.dp).c_str() : "");
     if (g.cp > 1)
         log.print("context parallel: %d ranks, %d of each sequence's %d tokens each (chunks of %d, ring attention)\n",
                   g.cp, r.model.T, r.tc.seq_len, r.model.T / 2);
@@ -453,7 +454,7 @@ void print_banner(Run& r, const Plan& p) {
                     got.unit_grads == mem.unit_grads && got.activations == mem.activations && got.host == mem.host,
                 "allocations disagree with the memory table");
     // the first record of log.jsonl: what each rank position allocated (--plan=json's "memory")
-    r.run_log->record({{"memory", gather_memory_json(got, *r.groups.mp, r.grid.tp, r.grid.ep)}});
+    r.run_log->record({{"memory", gather_memory_json(got, *r.groups.mp, r.grid.tp, r.grid.ep, r.groups.edp.get())}});
     if (r.device != "cpu")
         log.print("device: %s, dense %s peak %.1f TFLOP/s%s\n", r.ops->device_name().c_str(), r.cfg.precision.c_str(),
                   r.peak_flops / 1e12, r.peak_flops > 0 ? "" : " (not in the table: no MFU)");

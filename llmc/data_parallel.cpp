@@ -5,7 +5,8 @@
 #include <cstring>
 
 MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype_bytes, bool master,
-                            size_t bucket_elems, size_t activation_bytes, const UnitSizes& u, bool offload_optimizer) {
+                            size_t bucket_elems, size_t activation_bytes, const UnitSizes& u, bool offload_optimizer,
+                            size_t optimizer_elems) {
     MemoryPlan m;
     m.padded_params = padded_params;
     m.dp = dp;
@@ -13,7 +14,7 @@ MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype
     const size_t psi = padded_params, shard = padded_params / size_t(dp), o = master ? 12 : 8;
     m.params = (zero >= 3 ? shard : psi) * dtype_bytes;
     m.grads = (zero >= 2 ? shard : psi) * dtype_bytes;
-    const size_t range = zero >= 1 ? shard : psi;  // the optimizer's
+    const size_t range = zero >= 1 ? (optimizer_elems ? optimizer_elems : shard) : psi;  // the optimizer's
     m.optimizer = range * o;
     if (offload_optimizer) {
         m.optimizer = 0;
@@ -24,6 +25,91 @@ MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype
     if (zero >= 3) m.unit_params = (u.embedding + u.head + 2 * u.layer) * dtype_bytes;
     if (zero >= 2) m.unit_grads = (u.embedding + u.head + u.layer) * dtype_bytes;
     return m;
+}
+
+std::vector<std::pair<size_t, size_t>> dense_runs(const ParamLayout& layout) {
+    std::vector<std::pair<size_t, size_t>> runs;
+    size_t at = 0;  // the runs between the experts' tensors (specs are in memory order)
+    for (const ParamSpec& p : layout.specs) {
+        if (p.expert < 0) continue;
+        if (p.offset > at) runs.push_back({at, p.offset});
+        at = p.offset + p.numel;
+    }
+    if (layout.padded_params > at) runs.push_back({at, layout.padded_params});
+    return runs;
+}
+
+size_t runs_numel(const std::vector<std::pair<size_t, size_t>>& runs) {
+    size_t n = 0;
+    for (const auto& r : runs) n += r.second - r.first;
+    return n;
+}
+
+namespace {
+// runs clipped to [lo, hi)
+std::vector<std::pair<size_t, size_t>> clip_runs(const std::vector<std::pair<size_t, size_t>>& runs, size_t lo,
+                                                 size_t hi) {
+    std::vector<std::pair<size_t, size_t>> out;
+    for (const auto& r : runs) {
+        const size_t b = std::max(r.first, lo), e = std::min(r.second, hi);
+        if (b < e) out.push_back({b, e});
+    }
+    return out;
+}
+// The cut of nd dense elements into ep parts: part k is [cut[k], cut[k + 1])
+std::vector<size_t> dense_cuts(size_t nd, int ep) {
+    std::vector<size_t> cut;
+    for (int k = 0; k <= ep; k++) cut.push_back(nd * size_t(k) / size_t(ep));
+    return cut;
+}
+}  // namespace
+
+std::vector<std::pair<size_t, size_t>> zero_optimizer_runs(const ParamLayout& layout, int edp, int edp_rank, int ep,
+                                                           int ep_rank) {
+    LLMC_ASSERT(edp >= 1 && ep >= 1 && edp_rank >= 0 && edp_rank < edp && ep_rank >= 0 && ep_rank < ep,
+                "zero_optimizer_runs: rank outside its group");
+    const size_t shard = layout.padded_params / size_t(edp), lo = size_t(edp_rank) * shard, hi = lo + shard;
+    const std::vector<std::pair<size_t, size_t>> dense = clip_runs(dense_runs(layout), lo, hi);
+    const std::vector<size_t> cut = dense_cuts(runs_numel(dense), ep);
+    auto flat = [&](size_t i) {  // where the shard's dense element i sits (hi for i = nd)
+        for (const auto& r : dense) {
+            if (i < r.second - r.first) return r.first + i;
+            i -= r.second - r.first;
+        }
+        return hi;
+    };
+    // the experts (the gaps between the dense runs) and [flat(cut[k]), flat(cut[k + 1]))
+    std::vector<std::pair<size_t, size_t>> parts;
+    size_t at = lo;
+    for (const auto& r : dense) {
+        if (r.first > at) parts.push_back({at, r.first});
+        at = r.second;
+    }
+    if (hi > at) parts.push_back({at, hi});
+    const size_t mb = flat(cut[size_t(ep_rank)]), me = flat(cut[size_t(ep_rank) + 1]);
+    if (mb < me) parts.push_back({mb, me});
+    std::sort(parts.begin(), parts.end());
+    std::vector<std::pair<size_t, size_t>> out;
+    for (const auto& p : parts) {
+        if (!out.empty() && p.first <= out.back().second) out.back().second = std::max(out.back().second, p.second);
+        else out.push_back(p);
+    }
+    return out;
+}
+
+size_t zero_optimizer_most(const ParamLayout& layout, int edp, int ep) {
+    const size_t shard = layout.padded_params / size_t(edp);
+    const std::vector<std::pair<size_t, size_t>> dense = dense_runs(layout);
+    size_t most = 0, d = 0;  // d: the first dense run that may reach into shard j
+    for (size_t j = 0; j < size_t(edp); j++) {
+        const size_t lo = j * shard, hi = lo + shard;
+        size_t nd = 0;
+        while (d < dense.size() && dense[d].second <= lo) d++;
+        for (size_t i = d; i < dense.size() && dense[i].first < hi; i++)
+            nd += std::min(dense[i].second, hi) - std::max(dense[i].first, lo);
+        most = std::max(most, shard - nd + (nd + size_t(ep) - 1) / size_t(ep));
+    }
+    return most;
 }
 
 UnitSizes unit_sizes(const std::vector<ParamUnit>& units) {
@@ -50,15 +136,7 @@ DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, DType dtype, Com
                            bool host_staging, Comm* ep)
     : layout_(layout), ops_(ops), dtype_(dtype), comm_(dp), ep_(ep && ep->size() > 1 ? ep : nullptr), zero_(zero) {
     LLMC_ASSERT(!ep_ || !ep_->on_device(), "the EP group is a host communicator");
-    if (ep_) {  // the runs between the experts' tensors (specs are in memory order)
-        size_t at = 0;
-        for (const ParamSpec& p : layout.specs) {
-            if (p.expert < 0) continue;
-            if (p.offset > at) dense_.push_back({at, p.offset});
-            at = p.offset + p.numel;
-        }
-        if (layout.padded_params > at) dense_.push_back({at, layout.padded_params});
-    }
+    if (ep_) dense_ = dense_runs(layout);
     LLMC_ASSERT(zero >= 0 && zero <= 3, "ZeRO stage outside 0..3");
     LLMC_ASSERT(layout.padded_params % pad_multiple(dp.size()) == 0, "parameters not padded for this dp");
     if (zero < 3) {
@@ -67,6 +145,15 @@ DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, DType dtype, Com
         grad_buf_ = whole_->grads;
     }
     shard_ = layout.padded_params / size_t(dp.size());
+    split_ = ep_ && zero_ >= 1;
+    if (split_) {
+        opt_runs_ = zero_optimizer_runs(layout, dp.size(), dp.rank(), ep_->size(), ep_->rank());
+        range_dense_ = clip_runs(dense_, opt_begin(), opt_end());
+        dense_cut_ = dense_cuts(runs_numel(range_dense_), ep_->size());
+        LLMC_ASSERT(!opt_runs_.empty(), "ZeRO under expert parallelism: a rank owns no optimizer element");
+    } else {
+        opt_runs_ = {{opt_begin(), opt_end()}};
+    }
     bucket_elems_ = bucket_elems_for(bucket_mb, layout.padded_params);
     // buckets from the end backwards: the order in which backward finishes the gradients
     for (size_t end = layout.padded_params; end > 0;) {
@@ -172,7 +259,21 @@ void DataParallel::reduce_dense(Staging& s, size_t begin, size_t n) {
     store_host(host.data(), s, n);
     float* p = packed.data();
     for (const auto& r : runs) p = std::copy(host.begin() + long(r.first), host.begin() + long(r.second), p);
-    ep_->all_reduce(packed.data(), total, ReduceOp::Sum);
+    if (split_) {  // this rank's part of the sums is all its optimizer reads: a reduce-scatter
+        size_t q0 = 0;  // the piece's first dense element among the shard range's (packed order)
+        for (const auto& r : range_dense_) q0 += r.first < begin ? std::min(r.second, begin) - r.first : 0;
+        const size_t k = size_t(ep_->rank());
+        std::vector<size_t> counts;
+        for (size_t i = 0; i + 1 < dense_cut_.size(); i++) {
+            const size_t lo = std::max(q0, dense_cut_[i]), hi = std::min(q0 + total, dense_cut_[i + 1]);
+            counts.push_back(hi > lo ? hi - lo : 0);
+        }
+        std::vector<float> mine(counts[k]);
+        ep_->reduce_scatter(packed.data(), mine.data(), counts);
+        std::copy(mine.begin(), mine.end(), packed.begin() + long(count_offsets(counts)[k]));
+    } else {
+        ep_->all_reduce(packed.data(), total, ReduceOp::Sum);
+    }
     p = packed.data();
     for (const auto& r : runs) {
         std::copy(p, p + (r.second - r.first), host.begin() + long(r.first));
@@ -402,12 +503,15 @@ void DataParallel::zero_grads() {
 
 double DataParallel::grad_norm(Comm* model_parallel) {
     // primary copies only: TP replicas and the tied head copy would count twice
+    // (under ep with ZeRO, each dense element on its owner: every ep rank's copy of it may count)
     double ss = 0.0;
     const Tensor g = opt_grads();
     for (const ParamSpec& p : layout_.specs) {
-        if (!p.primary) continue;
-        const size_t lo = std::max(opt_begin(), p.offset), hi = std::min(opt_end(), p.offset + p.numel);
-        if (lo < hi) ss += ops_.sum_squares(g.slice(lo - opt_begin(), hi - lo));
+        if (!(split_ ? p.ep_primary : p.primary)) continue;
+        for (const auto& r : opt_runs_) {
+            const size_t lo = std::max(r.first, p.offset), hi = std::min(r.second, p.offset + p.numel);
+            if (lo < hi) ss += ops_.sum_squares(g.slice(lo - opt_begin(), hi - lo));
+        }
     }
     if (zero_ > 0) comm_.all_reduce(&ss, 1, ReduceOp::Sum);
     if (model_parallel && model_parallel->size() > 1) model_parallel->all_reduce(&ss, 1, ReduceOp::Sum);
@@ -416,8 +520,10 @@ double DataParallel::grad_norm(Comm* model_parallel) {
 
 void DataParallel::after_update() {
     if (zero_ == 3) drop_prefetched();  // the shards changed: nothing gathered before stays valid
-    if (zero_ == 0 || zero_ == 3) return;
+    if (zero_ == 0) return;
     settle();
+    if (split_) share_dense_parts(opt_params());  // the shard range whole on each ep rank
+    if (zero_ == 3) return;
     std::vector<CommHandle> posted;
     for (const Bucket& b : buckets_) {
         const std::vector<size_t> counts = shard_counts(b.begin, b.end);
@@ -477,6 +583,62 @@ std::vector<float> DataParallel::gather_shards(const float* shard) {
     return out;
 }
 
+void DataParallel::for_each_dense(size_t a, size_t b, const std::function<void(size_t, size_t, size_t)>& f) const {
+    size_t q = 0;  // the packed index of the run's first element
+    for (const auto& r : range_dense_) {
+        const size_t n = r.second - r.first, lo = std::max(q, a), hi = std::min(q + n, b);
+        if (lo < hi) f(r.first + (lo - q), hi - lo, lo);
+        q += n;
+        if (q >= b) return;
+    }
+}
+
+void DataParallel::share_dense_parts(const std::function<void(size_t, size_t, float*)>& get,
+                                     const std::function<void(size_t, size_t, const float*)>& put) {
+    const size_t k = size_t(ep_->rank()), total = dense_cut_.back();
+    std::vector<float> mine, all;
+    // in pieces of a bucket of the packed dense elements: every rank's share of the piece from its owner
+    for (size_t c0 = 0; c0 < total; c0 += bucket_elems_) {
+        const size_t c1 = std::min(total, c0 + bucket_elems_);
+        std::vector<size_t> counts;
+        for (size_t i = 0; i + 1 < dense_cut_.size(); i++) {
+            const size_t lo = std::max(c0, dense_cut_[i]), hi = std::min(c1, dense_cut_[i + 1]);
+            counts.push_back(hi > lo ? hi - lo : 0);
+        }
+        const size_t lo = std::max(c0, std::min(c1, dense_cut_[k])), hi = lo + counts[k];  // this rank's share
+        mine.resize(counts[k]);
+        all.resize(c1 - c0);
+        for_each_dense(lo, hi, [&](size_t flat, size_t n, size_t at) { get(flat, n, mine.data() + (at - lo)); });
+        ep_->all_gather(mine.data(), all.data(), counts);
+        for (const auto& o : {std::make_pair(c0, lo), std::make_pair(hi, c1)})  // the others' shares
+            for_each_dense(o.first, o.second, [&](size_t flat, size_t n, size_t at) { put(flat, n, all.data() + (at - c0)); });
+    }
+}
+
+void DataParallel::share_dense_parts(Tensor range) {
+    share_dense_parts([&](size_t b, size_t n, float* dst) { ops_.to_host_f32(dst, range.slice(b - opt_begin(), n)); },
+                      [&](size_t b, size_t n, const float* src) { ops_.from_host_f32(range.slice(b - opt_begin(), n), src); });
+}
+
+void DataParallel::share_dense_parts(float* range) {
+    const size_t base = opt_begin();
+    share_dense_parts([&](size_t b, size_t n, float* dst) { std::copy(range + (b - base), range + (b - base + n), dst); },
+                      [&](size_t b, size_t n, const float* src) { std::copy(src, src + n, range + (b - base)); });
+}
+
+std::vector<float> DataParallel::range_state(const std::vector<float>& packed) {
+    if (!split_) return packed;  // the runs are the range
+    std::vector<float> range(shard_);
+    size_t q = 0;
+    for (const auto& r : opt_runs_) {
+        std::copy(packed.begin() + long(q), packed.begin() + long(q + r.second - r.first),
+                  range.begin() + long(r.first - opt_begin()));
+        q += r.second - r.first;
+    }
+    share_dense_parts(range.data());
+    return range;
+}
+
 OptimizerState DataParallel::gather_optimizer_state(const AdamW& opt) {
     std::vector<float> m, v, master;
     opt.get_state(m, v, master);
@@ -485,9 +647,9 @@ OptimizerState DataParallel::gather_optimizer_state(const AdamW& opt) {
         if (dp_rank() == 0) whole = {std::move(m), std::move(v), std::move(master)};
         return whole;
     }
-    whole.m = gather_shards(m.data());
-    whole.v = gather_shards(v.data());
-    if (opt.has_master()) whole.master = gather_shards(master.data());
+    whole.m = gather_shards(range_state(m).data());
+    whole.v = gather_shards(range_state(v).data());
+    if (opt.has_master()) whole.master = gather_shards(range_state(master).data());
     return whole;
 }
 
@@ -495,21 +657,24 @@ std::vector<float> DataParallel::gather_gradients() {
     std::vector<float> g(opt_end() - opt_begin());
     ops_.to_host_f32(g.data(), opt_grads());
     if (zero_ == 0) return dp_rank() == 0 ? g : std::vector<float>();
+    if (split_) share_dense_parts(g.data());  // each rank summed its own dense part only
     return gather_shards(g.data());
 }
 
 void DataParallel::load_optimizer_state(AdamW& opt, const OptimizerState& whole) {
     LLMC_ASSERT(whole.m.size() == layout_.padded_params, "optimizer state is not the whole model");
-    const size_t b = opt.begin(), e = opt.end();
-    auto slice = [&](const std::vector<float>& x) {
-        return x.empty() ? std::vector<float>() : std::vector<float>(x.begin() + long(b), x.begin() + long(e));
+    auto slice = [&](const std::vector<float>& x) {  // the optimizer's runs, packed
+        std::vector<float> packed;
+        if (x.empty()) return packed;
+        for (const auto& r : opt.runs()) packed.insert(packed.end(), x.begin() + long(r.first), x.begin() + long(r.second));
+        return packed;
     };
     opt.set_state(slice(whole.m), slice(whole.v), slice(whole.master));
 }
 
 MemoryPlan DataParallel::memory_plan(bool master, size_t activation_bytes, bool offload_optimizer) const {
     return zero_memory_plan(layout_.padded_params, dp(), zero_, dtype_size(dtype_), master, bucket_elems_,
-                            activation_bytes, unit_sizes_, offload_optimizer);
+                            activation_bytes, unit_sizes_, offload_optimizer, split_ ? runs_numel(opt_runs_) : 0);
 }
 
 MemoryPlan DataParallel::allocated(size_t optimizer_bytes, size_t host_bytes, size_t activation_bytes) const {

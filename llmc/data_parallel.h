@@ -46,13 +46,23 @@
 // expert-dp group (the dp/ep ranks holding the same experts), and ep the expert-parallel group.
 // Every reduction runs over the expert-dp group as above, which completes the expert tensors'
 // gradients (their owner already summed its ep group's tokens); the other elements (every tensor
-// but the experts, and the padding) are then all-reduced over the ep group as well, which
-// completes their sum over all of dp. The ep ranks of one group hold the same shard range (the
-// same expert-dp rank), so ZeRO shards the experts over the expert-dp group and keeps the dense
-// optimizer state once per shard of it (replicated over ep). The losses are averaged over all of dp.
+// but the experts, and the padding: the dense ones) are then summed over the ep group as well,
+// which completes their sum over all of dp: at ZeRO-0 by an all-reduce, at ZeRO >= 1 by a
+// reduce-scatter that gives each ep rank the sums of the dense elements whose optimizer state it
+// owns (below; the rest of its gradient shard's dense elements are not read, and gather_gradients
+// collects the parts from their owners). The ep ranks of one group hold the same shard range (the
+// same expert-dp rank), where the expert elements are different parameters on each ep rank and the
+// dense ones the same. So with ZeRO >= 1 the optimizer of ep rank k owns, of its shard range, every
+// expert element and the k-th of ep contiguous parts of the dense elements (cut by count in flat
+// order: zero_optimizer_runs): the experts' state is sharded over the expert-dp group, the dense
+// state over all of dp. After the update each rank's dense part is all-gathered over the ep group
+// into the shard range (stages 1, 2: before the expert-dp all-gather; stage 3: into the parameter
+// shard); checkpoints gather the parts the same way. ZeRO-0 keeps whole replicas (every rank
+// updates everything, as without ep). The losses are averaged over all of dp.
 //
-// The gradient norm is computed on each rank's shard (stage >= 1) or on the replicated full
-// gradient (stage 0) and the squares summed over the group. The loss is averaged over DP.
+// The gradient norm is computed on each rank's optimizer elements (stage >= 1: its shard, or
+// under ep its owned runs) or on the replicated full gradient (stage 0) and the squares summed
+// over the group. The loss is averaged over DP.
 #pragma once
 #include <cstddef>
 #include <functional>
@@ -68,6 +78,22 @@
 struct Bucket {
     size_t begin, end;  // element range of the flat buffer
 };
+
+// The [begin, end) runs of a layout's flat buffer that are not an expert's tensor (padding
+// included), ascending: the whole buffer without experts.
+std::vector<std::pair<size_t, size_t>> dense_runs(const ParamLayout& layout);
+// Expert parallelism with ZeRO >= 1: the runs of the flat buffer whose optimizer state the rank
+// (edp_rank, ep_rank) owns. Of its shard [edp_rank S, (edp_rank + 1) S), S = padded / edp: every
+// expert element, and the dense elements with index [ep_rank nd / ep, (ep_rank + 1) nd / ep)
+// among the shard's nd dense ones (flat order). Ascending, merged where adjacent. Every layout
+// of the ep group has its experts at the same offsets, so the dense runs and the cuts are alike.
+std::vector<std::pair<size_t, size_t>> zero_optimizer_runs(const ParamLayout& layout, int edp, int edp_rank, int ep,
+                                                           int ep_rank);
+// The elements of runs.
+size_t runs_numel(const std::vector<std::pair<size_t, size_t>>& runs);
+// The most elements any rank's zero_optimizer_runs hold (the memory plan's): over the shards j,
+// the shard's expert elements plus ceil(nd_j / ep) of its nd_j dense ones.
+size_t zero_optimizer_most(const ParamLayout& layout, int edp, int ep);
 
 // Per-rank bytes by category, from ZeRO's formulas for this layout (see memory_table()).
 struct MemoryPlan {
@@ -95,9 +121,11 @@ UnitSizes unit_sizes(const std::vector<ParamUnit>& units);
 //   unit grads   (E + H + L)*k   (stages 2, 3: the step-long embedding and head buffers, one layer's)
 // With offload_optimizer the optimizer row is 0 and host holds AdamW::offload_host_bytes of the
 // optimizer's range (Psi or Psi/dp elements) streamed in pieces of a bucket.
+// optimizer_elems: under expert parallelism (stages 1-3), the optimizer's elements in place of
+// Psi/dp (zero_optimizer_runs); 0: Psi/dp.
 MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype_bytes, bool master,
                             size_t bucket_elems, size_t activation_bytes, const UnitSizes& units = UnitSizes(),
-                            bool offload_optimizer = false);
+                            bool offload_optimizer = false, size_t optimizer_elems = 0);
 
 class DataParallel : public ParamStore {
 public:
@@ -133,6 +161,9 @@ public:
     // The optimizer's parameters and gradients over [opt_begin, opt_end) (AdamW's views).
     Tensor opt_params() const;
     Tensor opt_grads() const;
+    // The runs of [opt_begin, opt_end) whose optimizer state this rank owns: all of it, or under
+    // expert parallelism with ZeRO >= 1 zero_optimizer_runs (AdamW's runs).
+    const std::vector<std::pair<size_t, size_t>>& opt_runs() const { return opt_runs_; }
 
     // The gradient synchronisation of one step. Pass grads_ready() to the backward of the last
     // micro-step, then call finish_grad_sync(): afterwards this rank's optimizer range holds
@@ -153,8 +184,9 @@ public:
     // Asserts that the parameter replicas are bitwise identical on every DP rank (stages 0-2).
     void check_replicas();
 
-    // Checkpoints: the whole optimizer state (memory order, padded) on DP rank 0, empty elsewhere;
-    // collective. And the reverse: every rank takes its range from a whole state.
+    // Checkpoints: the whole optimizer state (memory order, padded) on DP rank 0, empty elsewhere
+    // (under ep: each ep rank's, whole in its dense elements too); collective. And the reverse:
+    // every rank takes its runs from a whole state.
     OptimizerState gather_optimizer_state(const AdamW& opt);
     // The summed gradient (after finish_grad_sync) of this rank's whole buffer on DP rank 0, host
     // memory order; empty elsewhere. Collective (tests and debugging).
@@ -193,8 +225,21 @@ private:
     void store_host(float* dst, Staging& s, size_t n);
     void accumulate(Tensor dst);  // dst += recv_[0, dst.n) (send_ is the scratch)
     // Expert parallelism: s[0, n) holds elements [begin, begin + n) of the flat buffer summed over
-    // the expert-dp group; the dense ones among them are summed over the ep group too.
+    // the expert-dp group; the dense ones among them are summed over the ep group too (an all-reduce
+    // at ZeRO-0; at ZeRO >= 1 a reduce-scatter: this rank's dense part only, the others left as they were).
     void reduce_dense(Staging& s, size_t begin, size_t n);
+    // Expert parallelism with ZeRO: every ep rank's dense part of the shard range, from its owner,
+    // read by get(flat begin, n, dst) on the owner and written by put(flat begin, n, src) elsewhere
+    // (all-gathered over ep in pieces of a bucket, through host memory).
+    void share_dense_parts(const std::function<void(size_t, size_t, float*)>& get,
+                           const std::function<void(size_t, size_t, const float*)>& put);
+    void share_dense_parts(Tensor range);  // range: the shard range's parameters (opt_params)
+    void share_dense_parts(float* range);  // range: host, shard_ elements
+    // f(flat begin, n, packed index) for the stretches of the shard range's dense elements with
+    // packed indices [a, b)
+    void for_each_dense(size_t a, size_t b, const std::function<void(size_t, size_t, size_t)>& f) const;
+    // the shard range (host, shard_ elements) from this rank's optimizer state (packed opt_runs_)
+    std::vector<float> range_state(const std::vector<float>& packed);
     void launch(const Bucket& b);
     // The collective posted on send_/recv_ and what completes it (a store of its result).
     CommHandle staged_;
@@ -226,6 +271,12 @@ private:
     Comm* ep_;  // null when ep is 1
     std::vector<std::pair<size_t, size_t>> dense_;  // expert parallelism: the [begin, end) runs that are not experts
     int zero_;
+    std::vector<std::pair<size_t, size_t>> opt_runs_;
+    // expert parallelism with ZeRO >= 1 (split_): the dense runs within the shard range, and each
+    // ep rank's part of them as indices into their packed order ([dense_cut_[k], dense_cut_[k + 1]))
+    bool split_ = false;
+    std::vector<std::pair<size_t, size_t>> range_dense_;
+    std::vector<size_t> dense_cut_;
     std::unique_ptr<WholeStore> whole_;  // stages 0-2: the whole parameters (and gradients, stages 0, 1)
     Tensor param_buf_, grad_buf_;        // its buffers (empty where sharded)
     size_t shard_;         // elements per DP rank

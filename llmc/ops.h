@@ -239,9 +239,11 @@ public:
     // AdamW on n elements. g is multiplied by grad_scale first (clipping). t = step (1-based)
     // for bias correction. params -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * p), with p
     // taken from master when given (fp32 master weights; params is then the rounded copy,
-    // stochastic rounding seeded by seed when params is bf16).
+    // stochastic rounding when params is bf16: element i's random bits hash (seed, index_base + i),
+    // so a call on a piece of a tensor rounds it as one call on the whole tensor would).
     virtual void adamw(Tensor params, float* master, Tensor grads, float* m, float* v, float lr, float beta1,
-                       float beta2, float eps, float weight_decay, float grad_scale, int t, uint32_t seed) = 0;
+                       float beta2, float eps, float weight_decay, float grad_scale, int t, uint32_t seed,
+                       uint32_t index_base = 0) = 0;
 
     // ---- fp8 ----
     // FP8 linear layers (precision "fp8"; formats, scales and the recipes in llmc/fp8.h).

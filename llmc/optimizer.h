@@ -1,16 +1,19 @@
 // AdamW over a range of the flat parameter buffer, gradient-norm clipping and the LR schedules.
 //
-// The optimizer owns [begin, end) of the flat (padded) buffer: the whole model, or this
-// rank's ZeRO shard (llmc/data_parallel.h): fp32 moments m and v, and fp32 master weights when the model's dtype is not fp32.
-// It updates the parameters and reads the gradients of that range where they live: views of
+// The optimizer works on [begin, end) of the flat (padded) buffer: the whole model, or this
+// rank's ZeRO shard (llmc/data_parallel.h), and owns runs of it (all of it, or under expert
+// parallelism with ZeRO the shard's expert elements and this rank's part of its dense ones:
+// DataParallel::opt_runs): fp32 moments m and v, and fp32 master weights when the model's dtype
+// is not fp32, for the owned elements only, packed run after run (the state's order).
+// It updates the parameters and reads the gradients of the owned runs where they live: views of
 // the whole buffers (llmc/param_store.h), or ZeRO's shard buffers (DataParallel::opt_params / opt_grads).
 // Weight decay applies per parameter tensor (ParamSpec::decay), so the update walks the
 // parameter table and runs the fused AdamW op on each tensor's intersection with the range.
 //
 // Optimizer offload (train.offload_optimizer): m, v and the master weights live in host memory
 // (Ops::alloc_host: pinned on CUDA) and the update runs on the host, by the CPU backend's AdamW
-// kernel (llmc/cpu/kernels.h, OpenMP and SIMD). The range streams through three host staging
-// slots in pieces: a piece's gradients (and, without master weights, its parameters) go down, the
+// kernel (llmc/cpu/kernels.h, OpenMP and SIMD). The owned runs stream through three host staging
+// slots in pieces (each within one run): a piece's gradients (and, without master weights, its parameters) go down, the
 // host updates it, its new parameters go up (bf16 from the master by the CUDA kernel's stochastic
 // rounding, llmc/bf16.h); where the backend copies asynchronously (CUDA: a copy stream per
 // direction) the next piece's download and the previous piece's upload overlap the update. On the
@@ -36,10 +39,12 @@ struct OptimizerOffload {
 
 class AdamW {
 public:
+    using Runs = std::vector<std::pair<size_t, size_t>>;  // [begin, end) of the flat buffer, ascending
     // layout: the flat buffers' tensors; params, grads: the range's parameters and gradients
-    // (end - begin elements each, in the model's dtype).
+    // (end - begin elements each, in the model's dtype); runs: the owned ones, disjoint, within
+    // [begin, end) (empty: all of it).
     AdamW(const ParamLayout& layout, Ops& ops, size_t begin, size_t end, Tensor params, Tensor grads,
-          OptimizerOffload offload = {});
+          OptimizerOffload offload = {}, Runs runs = {});
     // fp32 master weights are kept for a model in any other dtype.
     static bool keeps_master(DType model_dtype) { return model_dtype != DType::F32; }
     // The elements of one streamed piece over a range of n elements.
@@ -61,12 +66,14 @@ public:
 
     size_t begin() const { return begin_; }
     size_t end() const { return end_; }
+    const Runs& runs() const { return runs_; }
+    size_t owned() const { return owned_; }  // elements of the runs: of m, v (and master)
     size_t device_bytes() const;  // m, v and master in backend memory (0 when offloaded)
     size_t host_bytes() const;    // the offloaded state and its staging in host memory (0 when not)
     bool has_master() const { return master_ != nullptr; }
     bool offloaded() const { return offload_.enabled; }
 
-    // Host fp32 copies of the state over [begin, end), for checkpoints.
+    // Host fp32 copies of the state of the owned runs (packed), for checkpoints.
     void get_state(std::vector<float>& m, std::vector<float>& v, std::vector<float>& master) const;
     void set_state(const std::vector<float>& m, const std::vector<float>& v, const std::vector<float>& master);
     // Copies the current parameters into the master weights (after loading parameters).
@@ -75,15 +82,23 @@ public:
 private:
     void step_offloaded(const AdamWHyper& h, int t, float grad_scale, uint32_t seed);
     // the host update of the piece [o, o + n) of the range, staged in slot s
-    void update_piece(size_t o, size_t n, int s, const AdamWHyper& h, int t, float grad_scale, uint32_t seed);
-    // bf16 stochastic rounding seeds each tensor from its first element in the range
-    static uint32_t tensor_seed(uint32_t seed, size_t lo) {
-        return seed ^ uint32_t((uint64_t(lo) * 0x9E3779B97F4A7C15ull) >> 32);
+    struct Piece {
+        size_t begin, n, state;  // [begin, begin + n) of the flat buffer, at m_ + state
+    };
+    void update_piece(const Piece& p, int s, const AdamWHyper& h, int t, float grad_scale, uint32_t seed);
+    // bf16 stochastic rounding hashes (a seed per tensor, from its offset in the buffer; the
+    // element's index in the tensor): wherever ZeRO shards or runs cut a tensor, its elements get
+    // the bits they get in one piece
+    static uint32_t tensor_seed(uint32_t seed, size_t offset) {
+        return seed ^ uint32_t((uint64_t(offset) * 0x9E3779B97F4A7C15ull) >> 32);
     }
 
     const ParamLayout& layout_;
     Ops& ops_;
     size_t begin_, end_;
+    Runs runs_;
+    std::vector<size_t> run_state_;  // each run's offset in m_, v_, master_
+    size_t owned_ = 0;
     Tensor params_, grads_;
     OptimizerOffload offload_;
     float* m_ = nullptr;  // backend memory, or host memory when offloaded
@@ -94,8 +109,9 @@ private:
     void* stage_grads_[kStageSlots] = {};
     void* stage_params_[kStageSlots] = {};
     float* grads_f32_ = nullptr;
-    // offload with master weights: the stretches [first, second) of the range (offsets) that no
-    // tensor covers (padding); the uploads write their never-updated parameters back from the master
+    std::vector<Piece> pieces_;  // offload: the owned runs cut into pieces of at most offload_.piece
+    // offload with master weights: the stretches [first, second) of the owned runs (flat buffer)
+    // that no tensor covers (padding); the uploads write their never-updated parameters back from the master
     std::vector<std::pair<size_t, size_t>> gaps_;
 };
 

@@ -156,7 +156,8 @@ std::vector<ParamSpec> param_table(const ModelShape& s, const ModelLayout& L, si
         p.offset = offset;
         p.decay = d.decay;
         p.tied_copy = tied_copy;
-        p.primary = !tied_copy && (!p.tp_replicated || r == 0) && (expert >= 0 || L.ep_rank == 0);
+        p.ep_primary = !tied_copy && (!p.tp_replicated || r == 0);
+        p.primary = p.ep_primary && (expert >= 0 || L.ep_rank == 0);
         const size_t instance = layer >= 0 ? rank_in_set(s, d.layers, layer) * experts_of(s, d) + size_t(std::max(expert, 0)) : 0;
         p.file_offset = file_base[i] + instance * decl_numel(d);
         table.push_back(p);

@@ -134,6 +134,10 @@ struct ParamSpec {
     // norm sums it. False for replicated tensors on tp_rank > 0, the tied head copy, and (expert
     // parallelism) every tensor but the experts on ep_rank > 0.
     bool primary;
+    // As primary, but true on every ep rank for the tensors that are not experts: under expert
+    // parallelism ZeRO splits their optimizer elements over the ep group, and the gradient norm
+    // counts each element on its owner (DataParallel::grad_norm).
+    bool ep_primary;
     bool tp_replicated;  // every TP rank holds the whole tensor
     bool tied_copy;      // the last stage's copy of the token embedding (the tied LM head)
     // Where the local elements sit in the whole tensor: rows `rows` (ranges, in local order) x

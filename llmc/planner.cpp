@@ -70,6 +70,7 @@ struct RankParts {
     ModelLayout layout;
     size_t padded = 0;  // parameter elements, padded for the DP shards
     UnitSizes units;
+    size_t ep_optimizer = 0;  // expert parallelism, ZeRO >= 1: the most optimizer elements of a rank (0 without)
 };
 RankParts rank_parts(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, int pp_rank, int tp_rank) {
     RankParts r;
@@ -77,6 +78,9 @@ RankParts rank_parts(const Config& cfg, const ModelShape& shape, const ProcessGr
     const ParamLayout params = param_layout(shape, r.layout, DataParallel::pad_multiple(grid.shard_size()));
     r.padded = params.padded_params;
     r.units = unit_sizes(params.units);
+    // every ep rank's layout has its experts at the same offsets: the ownership is the same
+    // function of each (zero_optimizer_runs)
+    if (grid.ep > 1) r.ep_optimizer = zero_optimizer_most(params, grid.edp(), grid.ep);
     return r;
 }
 // slots: the rank's in-flight micro-batches per chunk (slots_of)
@@ -86,7 +90,7 @@ MemoryPlan memory_of(const RankParts& r, const Config& cfg, const ModelShape& sh
         Model::activation_bytes_of(shape, dtype, cfg.train.micro_batch, cfg.train.seq_len / grid.cp, r.layout, slots, rc);
     return zero_memory_plan(r.padded, grid.shard_size(), zero, dtype_size(dtype), AdamW::keeps_master(dtype),
                             DataParallel::bucket_elems_for(cfg.parallel.bucket_mb, r.padded), activations, r.units,
-                            cfg.train.offload_optimizer);
+                            cfg.train.offload_optimizer, r.ep_optimizer);
 }
 MemoryPlan rank_memory(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype, int pp_rank,
                        int tp_rank, const std::vector<int>& slots) {
@@ -129,18 +133,25 @@ json memory_json(const std::vector<RankMemory>& ranks) {
     return out;
 }
 
-json gather_memory_json(const MemoryPlan& mine, Comm& mp, int tp, int ep) {
+json gather_memory_json(const MemoryPlan& mine, Comm& mp, int tp, int ep, Comm* edp) {
     const size_t n = sizeof(kCategories) / sizeof(kCategories[0]);
-    std::vector<double> all(size_t(mp.size()) * n, 0.0);  // byte counts are exact in doubles below 2^53
-    for (size_t c = 0; c < n; c++) all[size_t(mp.rank()) * n + c] = double(mine.*kCategories[c].bytes);
+    std::vector<double> own(n);  // byte counts are exact in doubles below 2^53
+    for (size_t c = 0; c < n; c++) own[c] = double(mine.*kCategories[c].bytes);
+    if (edp && edp->size() > 1) edp->all_reduce(own.data(), n, ReduceOp::Max);
+    std::vector<double> all(size_t(mp.size()) * n, 0.0);
+    std::copy(own.begin(), own.end(), all.begin() + long(size_t(mp.rank()) * n));
     mp.all_reduce(all.data(), all.size(), ReduceOp::Sum);
-    std::vector<RankMemory> ranks;
-    for (size_t i = 0; i < size_t(mp.size()); i++) {  // member i: tp_rank i % tp, ep_rank i / tp % ep, pp_rank i / (tp ep)
-        if (int(i) / tp % ep != 0) continue;  // the ep ranks of a (pp, tp) position hold alike: listed once
-        ranks.emplace_back();
-        ranks.back().pp_rank = int(i) / (tp * ep);
-        ranks.back().tp_rank = int(i) % tp;
-        for (size_t c = 0; c < n; c++) ranks.back().mem.*kCategories[c].bytes = size_t(all[i * n + c]);
+    // member i: tp_rank i % tp, ep_rank i / tp % ep, pp_rank i / (tp ep); the ep ranks of a (pp, tp)
+    // position are listed once, with the largest of each category
+    std::vector<RankMemory> ranks(size_t(mp.size() / ep));  // pp-major, then tp
+    for (size_t i = 0; i < size_t(mp.size()); i++) {
+        RankMemory& r = ranks[size_t(int(i) / (tp * ep) * tp + int(i) % tp)];
+        r.pp_rank = int(i) / (tp * ep);
+        r.tp_rank = int(i) % tp;
+        for (size_t c = 0; c < n; c++) {
+            size_t& b = r.mem.*kCategories[c].bytes;
+            b = std::max(b, size_t(all[i * n + c]));
+        }
     }
     return memory_json(ranks);
 }

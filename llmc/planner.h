@@ -32,14 +32,16 @@ int plan_world(const Config& cfg);
 // ranks of a DP rank share its sequences).
 double tokens_per_step(const Config& cfg, const ProcessGrid& grid);
 
-// One rank position of a layout (DP ranks of a position allocate alike) and its memory.
+// One rank position of a layout (DP ranks of a position allocate alike; under expert
+// parallelism with ZeRO their optimizers differ: the largest) and its memory.
 struct RankMemory {
     int pp_rank = 0, tp_rank = 0;
     MemoryPlan mem;
 };
 
 // What the rank at (pp_rank, tp_rank) allocates under cfg, over grid.dp x grid.cp ranks (ZeRO's
-// group; each holding seq_len / cp tokens of every sequence), in dtype.
+// group; each holding seq_len / cp tokens of every sequence), in dtype. Under expert parallelism
+// with ZeRO >= 1, the optimizer of the rank of the position that owns the most elements.
 MemoryPlan plan_rank_memory(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype,
                             int pp_rank, int tp_rank);
 
@@ -50,8 +52,11 @@ std::vector<RankMemory> plan_memory(const Config& cfg, const ModelShape& shape, 
 // appearance: [{"ranks": [[pp_rank, tp_rank], ...], "params": bytes, ..., "total": bytes}, ...].
 nlohmann::json memory_json(const std::vector<RankMemory>& ranks);
 // memory_json of what the members of a model-parallel group (mp, tp x pp (x ep) ranks, llmc/layout.h)
-// allocated, each passing its own; collective over mp, every member gets the result.
-nlohmann::json gather_memory_json(const MemoryPlan& mine, Comm& mp, int tp, int ep = 1);
+// allocated, each passing its own; collective over mp (and edp), every member gets the result.
+// Under expert parallelism each (pp, tp) position shows the largest of each category over its ep
+// ranks and, with edp (the expert-dp group), over those too: ZeRO's optimizer elements differ
+// between them (zero_optimizer_runs), as plan_memory's do.
+nlohmann::json gather_memory_json(const MemoryPlan& mine, Comm& mp, int tp, int ep = 1, Comm* edp = nullptr);
 
 // parallel.pp_layers "auto": replaced by balance_pp_layers' split (llmc/step_model.h); else unchanged.
 // Every rank resolves it alike before the layout is built.

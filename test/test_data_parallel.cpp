@@ -5,6 +5,7 @@
 #include "llmc/comm.h"
 #include "llmc/config.h"
 #include "llmc/data_parallel.h"
+#include "llmc/layout.h"
 #include "llmc/model.h"
 #include "llmc/optimizer.h"
 #include "llmc/process_grid.h"
@@ -307,4 +308,127 @@ TEST_CASE("the model reaches parameters and gradients only through its store", "
     a.get_grads_whole(ga.data());
     b.get_grads_whole(gb.data());
     CHECK(ga == gb);
+}
+
+namespace {
+ModelShape moe_shape() {
+    ModelShape s{4, 4, 32, 500, 512, 16};
+    s.moe.num_experts = 4;
+    s.moe.top_k = 2;
+    s.moe.expert_ffn_dim = 16;
+    s.moe.every = 2;
+    return s;
+}
+}  // namespace
+
+// Expert parallelism with ZeRO >= 1: of the padded buffer, every dense element's optimizer state
+// is owned by exactly one of the dp = edp x ep ranks, and every expert element of ep rank e's
+// layout by exactly one expert-dp rank (of those with ep_rank e); each rank owns within its
+// shard: the shard's expert elements and its part of the dense ones (the parts differ by at most
+// one element). Counted element by element from the parameter table, not from the runs' code.
+TEST_CASE("ZeRO under expert parallelism: each dense element owned once over dp, each expert once over edp",
+          "[ep][zero]") {
+    const ModelShape s = moe_shape();
+    for (int ep : {2, 4})
+        for (int edp : {1, 2, 3}) {
+            INFO("ep " << ep << " edp " << edp);
+            ParallelConfig pc;
+            pc.ep = ep;
+            std::vector<ParamLayout> layouts;
+            for (int e = 0; e < ep; e++)
+                layouts.push_back(param_layout(s, model_layout(s, pc, 0, 0, e), DataParallel::pad_multiple(edp)));
+            const size_t padded = layouts[0].padded_params, shard = padded / size_t(edp);
+            std::vector<char> expert(padded, 0);  // 1: an expert element (at the same offsets on every ep rank)
+            for (const ParamSpec& p : layouts[0].specs)
+                if (p.expert >= 0) std::fill(expert.begin() + long(p.offset), expert.begin() + long(p.offset + p.numel), 1);
+            size_t experts = 0;
+            for (char c : expert) experts += size_t(c);
+            CHECK(experts > 0);
+            CHECK(experts < padded);
+            size_t most = 0;  // the largest rank's count
+            std::vector<int> dense_owners(padded, 0);
+            std::vector<std::vector<int>> expert_owners(size_t(ep), std::vector<int>(padded, 0));
+            for (int j = 0; j < edp; j++) {
+                size_t shard_dense = 0, shard_experts = 0;
+                for (size_t i = size_t(j) * shard; i < size_t(j + 1) * shard; i++) (expert[i] ? shard_experts : shard_dense)++;
+                for (int e = 0; e < ep; e++) {
+                    const auto runs = zero_optimizer_runs(layouts[size_t(e)], edp, j, ep, e);
+                    CHECK(runs == zero_optimizer_runs(layouts[0], edp, j, ep, e));  // alike on every ep layout
+                    size_t owned = 0, at = 0;
+                    for (const auto& r : runs) {
+                        CHECK(r.first >= std::max(at, size_t(j) * shard));  // ascending, disjoint, in the shard
+                        CHECK(r.first < r.second);
+                        CHECK(r.second <= size_t(j + 1) * shard);
+                        at = r.second + 1;  // merged where adjacent
+                        owned += r.second - r.first;
+                        for (size_t i = r.first; i < r.second; i++) {
+                            if (expert[i]) expert_owners[size_t(e)][i]++;
+                            else dense_owners[i]++;
+                        }
+                    }
+                    CHECK(runs_numel(runs) == owned);
+                    most = std::max(most, owned);
+                    const size_t part = owned - shard_experts;  // its dense part: nd / ep, rounded either way
+                    CHECK(part >= shard_dense / size_t(ep));
+                    CHECK(part <= (shard_dense + size_t(ep) - 1) / size_t(ep));
+                }
+            }
+            size_t bad = 0;
+            for (size_t i = 0; i < padded; i++) {
+                if (expert[i])
+                    for (int e = 0; e < ep; e++) bad += expert_owners[size_t(e)][i] != 1;
+                else bad += dense_owners[i] != 1;
+            }
+            CHECK(bad == 0);
+            CHECK(zero_optimizer_most(layouts[0], edp, ep) == most);
+        }
+}
+
+// AdamW over owned runs: ranks that own disjoint runs covering the buffer, each with its state
+// packed, update every element bitwise as one AdamW over all of it (the update is elementwise),
+// offloaded too (pieces of 97 elements cut per run); the state is the owned elements only. And a
+// bf16 model through the offloaded host update (the CUDA kernel's stochastic rounding): the runs
+// cut tensors, and every element still gets the random bits it gets in one range.
+TEST_CASE("AdamW over runs of its range updates bitwise as over the whole range", "[ep][zero]") {
+    auto ops = make_cpu_ops();
+    const ModelShape s = moe_shape();
+    ParallelConfig pc;
+    pc.ep = 2;
+    const ParamLayout layout = param_layout(s, model_layout(s, pc, 0, 0, 1), DataParallel::pad_multiple(2));
+    const size_t n = layout.padded_params;
+    std::vector<float> p0(n), g(n);
+    for (size_t i = 0; i < n; i++) p0[i] = 0.01f * float(int(i * 7919 % 201) - 100), g[i] = 1e-3f * float(int(i * 104729 % 97) - 48);
+    auto buffer = [&](const std::vector<float>& x, DType dt) {
+        Tensor t(ops->alloc(n * dtype_size(dt)), n, dt);
+        ops->from_host_f32(t, x.data());
+        return t;
+    };
+    auto run = [&](const std::vector<AdamW::Runs>& owners, bool offload, DType dt) {
+        Tensor params = buffer(p0, dt), grads = buffer(g, dt);
+        std::vector<std::unique_ptr<AdamW>> opts;
+        size_t state = 0;
+        for (const AdamW::Runs& r : owners) {
+            opts.emplace_back(new AdamW(layout, *ops, 0, n, params, grads, OptimizerOffload{offload, 97}, r));
+            state += opts.back()->owned();
+            CHECK(opts.back()->device_bytes() == (offload ? 0 : opts.back()->owned() * 8));
+        }
+        CHECK(state == n);
+        for (int t = 1; t <= 3; t++)
+            for (auto& o : opts) o->step(AdamWHyper{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f}, t, 0.5f, 77u + uint32_t(t));
+        std::vector<float> out(n);
+        ops->to_host_f32(out.data(), params);
+        ops->release(params.ptr);
+        ops->release(grads.ptr);
+        return out;
+    };
+    const std::vector<float> whole = run({AdamW::Runs()}, false, DType::F32);
+    CHECK(whole != p0);
+    // two owners, cuts through tensors: [0, a) + [b, c), [a, b) + [c, n)
+    const size_t a = n / 5 + 3, b = n / 2 + 11, c = 4 * n / 5 + 1;
+    const std::vector<AdamW::Runs> split = {{{0, a}, {b, c}}, {{a, b}, {c, n}}};
+    CHECK(run(split, false, DType::F32) == whole);
+    CHECK(run(split, true, DType::F32) == whole);
+    const std::vector<float> bf16 = run({AdamW::Runs()}, true, DType::BF16);
+    CHECK(bf16 != whole);
+    CHECK(run(split, true, DType::BF16) == bf16);
 }

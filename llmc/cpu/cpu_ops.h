@@ -80,7 +80,7 @@ public:
 
     double sum_squares(Tensor g) override;
     void adamw(Tensor params, float* master, Tensor grads, float* m, float* v, float lr, float beta1, float beta2,
-               float eps, float weight_decay, float grad_scale, int t, uint32_t seed) override;
+               float eps, float weight_decay, float grad_scale, int t, uint32_t seed, uint32_t index_base = 0) override;
 
     // fp8 emulation (llmc/cpu/fp8.cpp): exact q() casts into scratch, then the fp32 matmul
     bool fp8_supported(std::string* why) const override { return true; }

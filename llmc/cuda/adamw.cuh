@@ -4,11 +4,11 @@
 
 // bc1 = 1 - beta1^t, bc2 = 1 - beta2^t (host). p comes from master when master != nullptr;
 // master is then updated and params gets the rounded copy (stochastic rounding for bf16,
-// the random bits from hash(seed, index)).
+// the random bits from hash(seed, base + index): base places the call's elements in a larger whole).
 template <class T>
 __global__ void adamw_kernel(T* params, float* master, const T* grads, float* m, float* v, long long n, float lr,
                              float beta1, float beta2, float bc1, float bc2, float eps, float wd, float grad_scale,
-                             uint32_t seed) {
+                             uint32_t seed, uint32_t base) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float g = to_f32(grads[i]) * grad_scale;
@@ -23,7 +23,7 @@ __global__ void adamw_kernel(T* params, float* master, const T* grads, float* m,
     if constexpr (std::is_same<T, float>::value)
         params[i] = p;
     else
-        params[i] = stochastic_round_bf16(p, hash_u32(seed, (uint32_t)i));
+        params[i] = stochastic_round_bf16(p, hash_u32(seed, base + (uint32_t)i));
 }
 
 // Fixed grid (a function of n only), each thread sums x^2 in double over a grid-stride

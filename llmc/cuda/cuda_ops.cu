@@ -627,7 +627,7 @@ public:
         return s;
     }
     void adamw(Tensor params, float* master, Tensor grads, float* m, float* v, float lr, float beta1, float beta2,
-               float eps, float weight_decay, float grad_scale, int t, uint32_t seed) override {
+               float eps, float weight_decay, float grad_scale, int t, uint32_t seed, uint32_t index_base = 0) override {
         same_dtype({&params, &grads});
         LLMC_ASSERT(params.n == grads.n, "adamw: size mismatch");
         if (!params.n) return;
@@ -637,7 +637,7 @@ public:
             using T_ = decltype(tag);
             adamw_kernel<T_><<<blocks_for(params.n, 256), 256, 0, stream_>>>(
                 P<T_>(params), master, P<T_>(grads), m, v, (long long)params.n, lr, beta1, beta2, bc1, bc2, eps,
-                weight_decay, grad_scale, seed);
+                weight_decay, grad_scale, seed, index_base);
         });
         CUDA_CHECK_LAUNCH();
     }

@@ -1,13 +1,16 @@
 # Expert parallelism (parallel.ep): each MoE layer's experts split over ep consecutive dp ranks,
 # the routed rows moved to their experts by all-to-all and back. Routing and capacity stay
 # per micro-batch and rank, so every layout equals one process with the same global batch (the
-# same micro-batches, as test_moe_layouts.sh): dp4 x ep2, dp4 x ep4 (ZeRO-1), dp2 x ep2 x tp2,
+# same micro-batches, as test_moe_layouts.sh): dp4 x ep2, dp4 x ep4 (ZeRO-1 and 3), dp2 x ep2 x tp2 (ZeRO-1),
 # dp2 x ep2 x pp2 (ZeRO-2), dp4 x ep2 under ZeRO-3 and dp2 x ep2 with full recomputation, on a GPT-2 with MoE in layers 1 and 3 and a
 # Llama with MoE in every layer: losses, validation losses and the MoE statistics (dropped
 # fraction included: capacity_factor is below top_k's share) to 1e-5, step-1 gradients (whole
 # experts, assembled over the ep ranks) and final weights to 1e-5 in norm; also dropless at ep 4. Checkpoints hold whole
-# experts: one saved at ep 4 resumes at ep 1, one saved at ep 1 at ep 2, both equal the
-# uninterrupted run. Samples equal one process's. The planner's memory table equals the allocation under ep. Then the refusals.
+# experts and whole optimizer state: saved at ep 4 (ZeRO-1 and ZeRO-3) resumed at ep 1 and at
+# dp4 x ep2 ZeRO-3, saved at ep 1 resumed at ep 2 (ZeRO-0, 1, 3), all equal the uninterrupted
+# run. Samples equal one process's. ZeRO's optimizer bytes per rank under ep (the dense state
+# sharded over all of dp) by hand, and offload under ep bitwise. The planner's memory table
+# equals the allocation of every layout. Then the refusals.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
 make_data
@@ -52,12 +55,19 @@ check() {  # check CONFIG BASE NAME NPROC ARGS...
     close_weights "$W/$base/model_00000004.bin" "$out/model_00000004.bin" 1e-5 1e-4
     # every rank samples (the MoE layers' all-to-all), the same tokens as one process
     [ "$(grep 'sample' "$out.txt")" = "$(grep 'sample' "$W/$base.txt")" ] || die "$name: the samples differ"
+    # the planner's memory table is the allocation (each (pp, tp) position: the largest of its ep
+    # and expert-dp ranks, whose ZeRO optimizers differ)
+    [ "$(jq -cS .memory <("$BIN" "$c" "$@" --plan=json))" = "$(head -n 1 "$out/log.jsonl" | jq -cS .memory)" ] ||
+        die "$name: the plan $(jq -cS .memory <("$BIN" "$c" "$@" --plan=json)) differs from the run's allocation"
 }
 baseline "$W/gpt2.json" gpt2_base checkpoint.every=2
 baseline "$W/llama.json" llama_base
 check "$W/gpt2.json" gpt2_base gpt2_dp4_ep2 4 "${dp4[@]}" parallel.ep=2
 check "$W/gpt2.json" gpt2_base gpt2_dp4_ep4_zero1 4 "${dp4[@]}" parallel.ep=4 parallel.zero=1 checkpoint.every=2
-check "$W/gpt2.json" gpt2_base gpt2_dp2_ep2_tp2 4 "${dp2[@]}" parallel.ep=2 parallel.tp=2
+# (small buckets: the dense parts and their gradients cross the ep group in many pieces)
+check "$W/gpt2.json" gpt2_base gpt2_dp4_ep4_zero3 4 "${dp4[@]}" parallel.ep=4 parallel.zero=3 checkpoint.every=2 \
+    parallel.bucket_mb=0.01
+check "$W/gpt2.json" gpt2_base gpt2_dp2_ep2_tp2_zero1 4 "${dp2[@]}" parallel.ep=2 parallel.tp=2 parallel.zero=1
 check "$W/llama.json" llama_base llama_dp4_ep4 4 "${dp4[@]}" parallel.ep=4
 check "$W/llama.json" llama_base llama_dp2_ep2_pp2_zero2 4 "${dp2[@]}" parallel.ep=2 parallel.pp=2 parallel.zero=2
 check "$W/llama.json" llama_base llama_dp4_ep2_zero3 4 "${dp4[@]}" parallel.ep=2 parallel.zero=3
@@ -81,7 +91,39 @@ resume() {  # resume NAME FROM NPROC ARGS...
     close_weights "$W/gpt2_base/model_00000004.bin" "$W/$name/model_00000004.bin" 1e-5 1e-4
 }
 resume ep4_to_ep1 gpt2_dp4_ep4_zero1 1
+resume ep4_zero3_to_ep1 gpt2_dp4_ep4_zero3 1
+resume ep4_to_ep2_zero3 gpt2_dp4_ep4_zero1 4 "${dp4[@]}" parallel.ep=2 parallel.zero=3
 resume ep1_to_ep2 gpt2_base 2 "${dp2[@]}" parallel.ep=2
+resume ep1_to_ep2_zero1 gpt2_base 2 "${dp2[@]}" parallel.ep=2 parallel.zero=1
+resume ep1_to_ep2_zero3 gpt2_base 2 "${dp2[@]}" parallel.ep=2 parallel.zero=3
+
+# ZeRO shards the dense optimizer state over all of dp: at dp 2 x ep 2 (one expert-dp rank),
+# ZeRO-1, fp32 (m and v: 8 B per element), a rank owns its experts (2 MoE layers x 2 of the 4
+# experts x 3152 elements: fcw 48x32, fcb 48, fcprojw 32x48, fcprojb 32) and half of the other
+# elements of the padded buffer (the parameters row / 4 B), the larger half for the table
+mem=$(head -n 1 "$W/ep1_to_ep2_zero1/log.jsonl" | jq -c '.memory[0]')
+padded=$(( $(jq .params <<< "$mem") / 4 ))
+experts=$(( 2 * 2 * (48 * 32 + 48 + 32 * 48 + 32) ))
+want=$(( (experts + (padded - experts + 1) / 2) * 8 ))
+[ "$(jq .optimizer <<< "$mem")" -eq "$want" ] ||
+    die "dp2 x ep2 ZeRO-1: optimizer $(jq .optimizer <<< "$mem") B, want $want B ($experts expert + half of $((padded - experts)) dense elements)"
+[ "$(jq -cS . <<< "$mem")" = "$("$BIN" "$W/gpt2.json" "${dp2[@]}" parallel.ep=2 parallel.zero=1 --plan=json | jq -cS '.memory[0]')" ] ||
+    die "dp2 x ep2 ZeRO-1: the plan differs from the run's allocation $mem"
+echo "dp2 x ep2 ZeRO-1 optimizer: $want B per rank (replicated dense state: $(( padded * 8 )) B)"
+
+# optimizer offload under ep (pieces of a small bucket cut through the owned runs): bitwise the
+# same training and checkpointed optimizer state as without
+state_data() { tail -c +$((32 + $(od -An -t d4 -j 8 -N 4 "$1" | tr -d ' ') + 1)) "$1"; }
+for off in false true; do
+    dp_run 4 "$W/gpt2.json" "${dp4[@]}" parallel.ep=2 parallel.zero=1 parallel.bucket_mb=0.01 checkpoint.every=4 \
+        train.offload_optimizer=$off "out_dir=$W/offload_$off" > "$W/offload_$off.txt" 2>&1 ||
+        die "offload=$off under ep failed: $(tail -n 20 "$W/offload_$off.txt")"
+done
+cmp -s "$W/offload_false/model_00000004.bin" "$W/offload_true/model_00000004.bin" || die "offload under ep: weights differ"
+a="$W/offload_false/checkpoints/step_00000004/state.bin" b="$W/offload_true/checkpoints/step_00000004/state.bin"
+[ "$(state_data "$a" | wc -c)" -gt 0 ] && cmp -s <(state_data "$a") <(state_data "$b") ||
+    die "offload under ep: the optimizer state differs"
+echo "offload under ep: bitwise equal"
 
 # the planner's memory table is the allocation (expert parameters: E/ep experts per rank)
 "$BIN" "$W/llama.json" "${dp4[@]}" parallel.ep=4 --plan=json > "$W/plan.json" || die "--plan=json with parallel.ep failed"
