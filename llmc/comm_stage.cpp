@@ -57,6 +57,18 @@ void CommStage::run_host(float* x, size_t n, const std::function<void(float*)>& 
     ops_.to_host_bytes(x, s.ptr, n * sizeof(float));
 }
 
+void CommStage::run_host(const float* in, size_t n_in, float* out, size_t n_out,
+                         const std::function<void(const float*, float*)>& f) {
+    if (!comm_ || !comm_->on_device()) {
+        f(in, out);
+        return;
+    }
+    Tensor a = scratch(0, n_in), b = scratch(1, n_out);
+    if (n_in) ops_.from_host_bytes(a.ptr, in, n_in * sizeof(float));
+    f(a.f32(), b.f32());
+    if (n_out) ops_.to_host_bytes(out, b.ptr, n_out * sizeof(float));
+}
+
 size_t CommStage::words(Tensor t) const {
     return direct_ ? (t.bytes() + sizeof(float) - 1) / sizeof(float) : t.n;
 }

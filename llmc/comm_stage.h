@@ -34,6 +34,9 @@ public:
     void run(Tensor in, Tensor out, const std::function<void(const float*, float*)>& f);
     // x: n host floats, read and overwritten by f in the communicator's memory.
     void run_host(float* x, size_t n, const std::function<void(float*)>& f);
+    // in: n_in host floats f reads, out: n_out host floats f writes, in the communicator's memory.
+    void run_host(const float* in, size_t n_in, float* out, size_t n_out,
+                  const std::function<void(const float*, float*)>& f);
 
     // Point-to-point: a tensor as the communicator carries it. words(t): the fp32 words of a
     // message for t (a bf16 tensor of n elements: n / 2 words on the direct route, which needs n

@@ -134,8 +134,8 @@ Tensor DataParallel::alloc(size_t n) {
 
 DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, DType dtype, Comm& dp, int zero, double bucket_mb,
                            bool host_staging, Comm* ep)
-    : layout_(layout), ops_(ops), dtype_(dtype), comm_(dp), ep_(ep && ep->size() > 1 ? ep : nullptr), zero_(zero) {
-    LLMC_ASSERT(!ep_ || !ep_->on_device(), "the EP group is a host communicator");
+    : layout_(layout), ops_(ops), dtype_(dtype), comm_(dp), ep_(ep && ep->size() > 1 ? ep : nullptr),
+      ep_stage_(ops, ep_), zero_(zero) {
     if (ep_) dense_ = dense_runs(layout);
     LLMC_ASSERT(zero >= 0 && zero <= 3, "ZeRO stage outside 0..3");
     LLMC_ASSERT(layout.padded_params % pad_multiple(dp.size()) == 0, "parameters not padded for this dp");
@@ -269,10 +269,11 @@ void DataParallel::reduce_dense(Staging& s, size_t begin, size_t n) {
             counts.push_back(hi > lo ? hi - lo : 0);
         }
         std::vector<float> mine(counts[k]);
-        ep_->reduce_scatter(packed.data(), mine.data(), counts);
+        ep_stage_.run_host(packed.data(), total, mine.data(), mine.size(),
+                           [&](const float* in, float* out) { ep_->reduce_scatter(in, out, counts); });
         std::copy(mine.begin(), mine.end(), packed.begin() + long(count_offsets(counts)[k]));
     } else {
-        ep_->all_reduce(packed.data(), total, ReduceOp::Sum);
+        ep_stage_.run_host(packed.data(), total, [&](float* x) { ep_->all_reduce(x, total, ReduceOp::Sum); });
     }
     p = packed.data();
     for (const auto& r : runs) {
@@ -609,7 +610,8 @@ void DataParallel::share_dense_parts(const std::function<void(size_t, size_t, fl
         mine.resize(counts[k]);
         all.resize(c1 - c0);
         for_each_dense(lo, hi, [&](size_t flat, size_t n, size_t at) { get(flat, n, mine.data() + (at - lo)); });
-        ep_->all_gather(mine.data(), all.data(), counts);
+        ep_stage_.run_host(mine.data(), mine.size(), all.data(), all.size(),
+                           [&](const float* in, float* out) { ep_->all_gather(in, out, counts); });
         for (const auto& o : {std::make_pair(c0, lo), std::make_pair(hi, c1)})  // the others' shares
             for_each_dense(o.first, o.second, [&](size_t flat, size_t n, size_t at) { put(flat, n, all.data() + (at - c0)); });
     }

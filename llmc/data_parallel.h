@@ -72,6 +72,7 @@
 
 #include "llmc/checkpoint.h"
 #include "llmc/comm.h"
+#include "llmc/comm_stage.h"
 #include "llmc/optimizer.h"
 #include "llmc/param_store.h"
 
@@ -142,7 +143,8 @@ public:
     // backend tensors and the collectives run on them; otherwise (MPI with CUDA: several ranks
     // may share a GPU) they are host arrays and every bucket is copied through the host.
     // host_staging forces the second way (tests compare the two).
-    // ep: the expert-parallel group (a host communicator), null or of size 1 without.
+    // ep: the expert-parallel group (any communicator: its host vectors go through CommStage), null or
+    // of size 1 without.
     DataParallel(const ParamLayout& layout, Ops& ops, DType dtype, Comm& dp, int zero, double bucket_mb,
                  bool host_staging = false, Comm* ep = nullptr);
     ~DataParallel() override;
@@ -269,6 +271,7 @@ private:
     const DType dtype_;
     Comm& comm_;
     Comm* ep_;  // null when ep is 1
+    CommStage ep_stage_;  // the dense parts' host vectors to the ep group (NCCL: through backend memory)
     std::vector<std::pair<size_t, size_t>> dense_;  // expert parallelism: the [begin, end) runs that are not experts
     int zero_;
     std::vector<std::pair<size_t, size_t>> opt_runs_;

@@ -98,7 +98,7 @@ Recompute parse_recompute(const std::string& name) {
 Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, ParamStore& store, const ModelLayout& lay,
            TensorParallel* tp, std::vector<int> slots, Recompute rc, ContextParallel* cp, Comm* ep)
     : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), recompute(rc), params(store.layout()),
-      block_(block_of(s.arch)), tp_(tp), store_(store), cp_(cp), ep_(ep) {
+      block_(block_of(s.arch)), tp_(tp), store_(store), cp_(cp), ep_(ep), ep_stage_(o, ep) {
     if (!tp_) {
         own_tp_.reset(new TensorParallel(ops, nullptr, false));
         tp_ = own_tp_.get();
@@ -108,8 +108,7 @@ Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, ParamStore& st
         cp_ = own_cp_.get();
     }
     LLMC_ASSERT(lay.cp == cp_->size(), "layout and CP group disagree");
-    LLMC_ASSERT(lay.ep == (ep_ ? ep_->size() : 1) && (!ep_ || lay.ep_rank == ep_->rank()) && !(ep_ && ep_->on_device()),
-                "layout and EP group disagree (the EP group is a host communicator)");
+    LLMC_ASSERT(lay.ep == (ep_ ? ep_->size() : 1) && (!ep_ || lay.ep_rank == ep_->rank()), "layout and EP group disagree");
     LLMC_ASSERT(s.d_model % s.n_head == 0, "d_model must divide by n_head");
     LLMC_ASSERT(s.padded_vocab >= s.vocab_size, "padded vocab too small");
     LLMC_ASSERT(lay.tp == tp_->size() && lay.tp_rank == tp_->rank(), "layout and TP group disagree");
@@ -637,7 +636,9 @@ float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float
     } else {  // every rank's rows per expert, then the rows to their experts' owners and back
         const int ep = layout.ep;
         std::vector<float> mine(plan.count.begin(), plan.count.end()), all(size_t(ep) * E);
-        ep_->all_gather(mine.data(), all.data(), std::vector<size_t>(size_t(ep), size_t(E)));
+        ep_stage_.run_host(mine.data(), mine.size(), all.data(), all.size(), [&](const float* in, float* out) {
+            ep_->all_gather(in, out, std::vector<size_t>(size_t(ep), size_t(E)));
+        });
         L.route = moe_ep_route(std::vector<int>(all.begin(), all.end()), ep, layout.ep_rank, E);
         L.count = L.route.count;
         L.offset = L.route.offset;
@@ -746,34 +747,66 @@ void Model::experts_backward(int l, LayerActs& L, Tensor dy, int e0, const std::
     }
 }
 
-// Through the host: the EP group is a host communicator (like TP's), and the rows of a block are
-// contiguous on both sides, so each block is one copy.
+size_t Model::ep_row_words(DType dt) const {
+    const size_t row_bytes = size_t(shape.d_model) * dtype_size(dt);
+    LLMC_ASSERT(!ep_stage_.direct() || row_bytes % sizeof(float) == 0,
+                "expert parallelism: a row of d_model elements must be whole 4-byte words (even d_model in bf16)");
+    return ep_stage_.words(Tensor(nullptr, size_t(shape.d_model), dt));
+}
+
+// The rows travel as CommStage routes them: on a communicator that reads the backend's memory
+// (NCCL; MPI over the CPU backend) the rows' own bytes from and into backend buffers, else fp32
+// host copies. The rows of a block are contiguous on both sides, so each block is one copy.
 void Model::ep_dispatch(const MoeEpRoute& route, Tensor local, Tensor experts) {
     const size_t C = size_t(shape.d_model);
     size_t sent = 0;
     for (size_t n : route.send) sent += n;
-    std::vector<float> send(sent * C), recv(route.rows * C);
-    if (sent) ops.to_host_f32(send.data(), local.slice(0, sent * C));
+    const Tensor like_send(nullptr, sent * C, local.dtype), like_recv(nullptr, route.rows * C, local.dtype);
+    const size_t row_words = ep_row_words(local.dtype);
+    const bool bytes = ep_stage_.direct();
     std::vector<size_t> sc(route.send), rc(route.recv);
-    for (size_t& n : sc) n *= C;
-    for (size_t& n : rc) n *= C;
-    ep_->all_to_all_v(send.data(), sc, recv.data(), rc);
-    for (const MoeEpRoute::Block& b : route.blocks)
-        ops.from_host_f32(experts.slice(b.dst * C, b.n * C), recv.data() + b.src * C);
+    for (size_t& n : sc) n *= bytes ? row_words : C;
+    for (size_t& n : rc) n *= bytes ? row_words : C;
+    CommStage::Message recv = ep_stage_.take_message(like_recv);
+    if (bytes) {  // straight from the permuted rows
+        ep_->all_to_all_v(static_cast<const float*>(local.ptr), sc, recv.data(), rc);
+        const Tensor got(recv.dev.ptr, route.rows * C, local.dtype);
+        for (const MoeEpRoute::Block& b : route.blocks) ops.copy(experts.slice(b.dst * C, b.n * C), got.slice(b.src * C, b.n * C));
+    } else {
+        CommStage::Message send = ep_stage_.take_message(like_send);
+        if (sent) ep_stage_.pack(send, local.slice(0, sent * C));
+        ep_->all_to_all_v(send.data(), sc, recv.data(), rc);
+        for (const MoeEpRoute::Block& b : route.blocks)
+            ops.from_host_f32(experts.slice(b.dst * C, b.n * C), recv.host.data() + b.src * C);
+        ep_stage_.release_message(std::move(send));
+    }
+    ep_stage_.release_message(std::move(recv));
 }
 
 void Model::ep_return(const MoeEpRoute& route, Tensor experts, Tensor local) {
     const size_t C = size_t(shape.d_model);
     size_t back = 0;
     for (size_t n : route.send) back += n;
-    std::vector<float> send(route.rows * C), recv(back * C);
-    for (const MoeEpRoute::Block& b : route.blocks)
-        ops.to_host_f32(send.data() + b.src * C, experts.slice(b.dst * C, b.n * C));
+    const Tensor like_send(nullptr, route.rows * C, local.dtype), like_recv(nullptr, back * C, local.dtype);
+    const size_t row_words = ep_row_words(local.dtype);
+    const bool bytes = ep_stage_.direct();
     std::vector<size_t> sc(route.recv), rc(route.send);
-    for (size_t& n : sc) n *= C;
-    for (size_t& n : rc) n *= C;
-    ep_->all_to_all_v(send.data(), sc, recv.data(), rc);
-    if (back) ops.from_host_f32(local.slice(0, back * C), recv.data());
+    for (size_t& n : sc) n *= bytes ? row_words : C;
+    for (size_t& n : rc) n *= bytes ? row_words : C;
+    CommStage::Message send = ep_stage_.take_message(like_send);
+    if (bytes) {  // straight into the permuted rows
+        const Tensor out(send.dev.ptr, route.rows * C, local.dtype);
+        for (const MoeEpRoute::Block& b : route.blocks) ops.copy(out.slice(b.src * C, b.n * C), experts.slice(b.dst * C, b.n * C));
+        ep_->all_to_all_v(send.data(), sc, static_cast<float*>(local.ptr), rc);
+    } else {
+        CommStage::Message recv = ep_stage_.take_message(like_recv);
+        for (const MoeEpRoute::Block& b : route.blocks)
+            ops.to_host_f32(send.host.data() + b.src * C, experts.slice(b.dst * C, b.n * C));
+        ep_->all_to_all_v(send.data(), sc, recv.data(), rc);
+        if (back) ep_stage_.unpack(local.slice(0, back * C), recv);
+        ep_stage_.release_message(std::move(recv));
+    }
+    ep_stage_.release_message(std::move(send));
 }
 
 void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {

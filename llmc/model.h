@@ -207,6 +207,7 @@ private:
     ParamStore& store_;
     ContextParallel* cp_;
     Comm* ep_;
+    CommStage ep_stage_;  // the routed rows' route to the ep group (llmc/comm_stage.h)
     std::vector<int> layer_unit_;  // layer -> unit, -1 when not held
     int embed_unit_ = -1, head_unit_ = -1;
     std::vector<Tensor> unit_params_, unit_grads_;  // a unit's buffers while acquired
@@ -251,6 +252,7 @@ private:
     // over the ep group; the combine and the backward's return go the other way.
     void ep_dispatch(const MoeEpRoute& route, Tensor local, Tensor experts);
     void ep_return(const MoeEpRoute& route, Tensor experts, Tensor local);
+    size_t ep_row_words(DType dt) const;  // the 4-byte words of a routed row on the direct route
     void layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t);
     // One of layer l's linears: matmul_forward / matmul_backward, or their fp8 ops (set_fp8).
     const Fp8State* fp8_ = nullptr;

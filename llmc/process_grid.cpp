@@ -164,17 +164,16 @@ ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& co
     pg.world = make({all}, "world");
     pg.dp = make(grid.groups({Axis::dp, Axis::cp}), grid.cp > 1 ? "dp x cp" : "dp");
     // The groups that move tensors are device-resident under NCCL: the cp ring, tensor and
-    // pipeline parallelism and the tied embedding's gradient (each stages what a host
-    // communicator needs through CommStage, llmc/comm_stage.h). The model-parallel group stays on
+    // pipeline parallelism, the tied embedding's gradient and the experts' all-to-all (each
+    // routes its tensors through CommStage, llmc/comm_stage.h). The model-parallel group stays on
     // MPI: it carries host data only (the checkpoint's and the gradient dump's assembly, memory
-    // tables, the gradient norm's one double). So does the ep group, whose all-to-all takes host
-    // buffers (llmc/model.cpp ep_dispatch).
+    // tables, the gradient norm's one double).
     pg.cp = make(grid.groups({Axis::cp}), "cp");
     pg.tp = make(grid.groups({Axis::tp}), "tp");
     pg.pp = make(grid.groups({Axis::pp}), "pp");
     pg.mp = make_mpi_comm(grid.model_groups(), grid.rank, "mp", timeout_s);
     if (grid.ep > 1) {
-        pg.ep = make_mpi_comm(grid.ep_groups(), grid.rank, "ep", timeout_s);
+        pg.ep = make(grid.ep_groups(), "ep");
         pg.edp = make(grid.expert_dp_groups(), "expert-dp");
     }
     pg.embed = make(grid.embed_groups(), "embed");

@@ -81,13 +81,13 @@ ProcessGrid make_process_grid(const ParallelConfig& pc, int world, int rank);
 // One communicator per group kind this rank belongs to, plus the world. dp: the dp x cp ranks
 // (gradient reduction, ZeRO); cp: the context-parallel ring; mp: the model-parallel group (the
 // pp x tp ranks that hold one copy of the model; pp x ep x tp under expert parallelism: model_groups).
-// With parallel.comm "nccl" the groups that move tensors (world, dp, cp, tp, pp, embed, expert-dp)
-// are NCCL communicators on device buffers; mp, ep and save stay on MPI (host data; see
+// With parallel.comm "nccl" the groups that move tensors (world, dp, cp, tp, pp, embed, ep,
+// expert-dp) are NCCL communicators on device buffers; mp and save stay on MPI (host data; see
 // make_process_groups).
 struct ProcessGroups {
     std::unique_ptr<Comm> world, dp, cp, tp, pp, mp, embed;
-    // Expert parallelism (ep > 1; null otherwise): the ep group (the tokens' all-to-all; MPI, host
-    // buffers) and the expert-dp group (DataParallel's reduction and shard group, on the
+    // Expert parallelism (ep > 1; null otherwise): the ep group (the tokens' all-to-all, the dense
+    // gradients' reduction over ep) and the expert-dp group (DataParallel's reduction and shard group, on the
     // dp group's communicator kind). mp then spans pp x ep x tp.
     std::unique_ptr<Comm> ep, edp;
     // The world again, on MPI, whose watchdog practically never fires (kCommTimeoutCapS): the
