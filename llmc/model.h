@@ -236,9 +236,10 @@ private:
     void scatter_positions_grad(Tensor drows, int t);  // and their gradient into wpe's
     // Returns the layer's part of the loss (an MoE layer's aux_loss_coef * load-balancing loss when dloss != 0).
     float layer_forward(int l, LayerActs& L, Tensor res_in, int b, int t, float dloss);
-    // An MoE layer's experts in place of the MLP: out (N x C) from x (N x C); forward_chunk's dloss
-    // scales the load-balancing loss's gradient (0: no statistics, no gradient)
-    float moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float dloss);
+    // An MoE layer's experts in place of the MLP: out (N x C) from x (N = b*t rows, this cp rank's
+    // t of each of b sequences); forward_chunk's dloss scales the load-balancing loss's gradient
+    // (0: no statistics, no gradient)
+    float moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int b, int t, float dloss);
     void moe_backward(int l, LayerActs& L, Tensor dx, Tensor dy, Tensor x, int N);
     // The expert MLPs of layer l over rows: count[i] rows at offset[i] of expert e0 + i, from xin
     // (forward) into y; the backward turns dy's rows into their input gradients in place.
