@@ -636,15 +636,18 @@ float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int b, int t
     std::vector<int32_t> expert(NK);
     ops.to_host_bytes(expert.data(), L.expert, NK * sizeof(int32_t));
     const bool dropless = m.capacity_factor <= 0.0f;
+    // a sampling window's padding (set_valid_tokens) takes no place
+    const int valid = valid_tokens_ > 0 ? std::min(valid_tokens_, t * cp) : t * cp;
+    LLMC_ASSERT(valid == t * cp || dloss == 0.0f, "MoE: padded sequences in a training forward");
     MoePlan plan;
-    if (cp == 1 || dropless) {  // dropless: nothing depends on the other ranks' choices
+    if (dropless || (cp == 1 && valid == t)) {  // dropless: nothing depends on the other ranks' choices
         plan = moe_plan(expert.data(), N, E, K, moe_capacity(m, N));
     } else {  // every cp rank's choices (expert ids are exact in fp32), then the whole plan
         std::vector<float> sent(NK * size_t(cp));
         for (size_t i = 0; i < NK; i++) sent[size_t(cp_->rank()) * NK + i] = float(expert[i]);
         cp_->all_gather_host(sent.data(), NK);
         const std::vector<int32_t> all(sent.begin(), sent.end());
-        plan = moe_cp_plan(all.data(), b, t, cp, cp_->rank(), E, K, moe_capacity(m, Nall));
+        plan = moe_cp_plan(all.data(), b, t, cp, cp_->rank(), E, K, moe_capacity(m, b * valid), valid);
     }
     ops.from_host_bytes(L.row_of, plan.row_of.data(), NK * sizeof(int32_t));
     if (layout.ep == 1) {

@@ -151,6 +151,10 @@ public:
     int get_logits_slice(int b, int t, float* host_row, int* vocab_begin) const;
     // All vocab_size logits of row (b, t) (tp == 1).
     void get_logits(int b, int t, float* host_row) const;
+    // Forwards with dloss == 0 (sampling): the tokens of each sequence that count (0 = all). A
+    // window padded at its end to the split of sequence or context parallelism holds padding
+    // past them, which MoE layers leave out of capacity (one process runs the window unpadded).
+    void set_valid_tokens(int n) { valid_tokens_ = n; }
 
     // ---- FP8 linear layers (precision "fp8"; llmc/fp8.h) ----
     // With a state, the four linears of every block (QKV, attention projection, fc, fc
@@ -220,6 +224,7 @@ private:
     size_t lookup_index(Role r, int layer, int expert) const;
     MoeStats moe_stats_;
     bool recomputing_ = false;  // Full recompute's second forward of a layer
+    int valid_tokens_ = 0;      // set_valid_tokens
     std::vector<Chunk> chunks_;
     Scratch* scratch_ = nullptr;
     void* act_mem_ = nullptr;

@@ -57,33 +57,39 @@ MoePlan moe_plan(const int32_t* expert, int N, int E, int k, int capacity) {
     return p;
 }
 
-MoePlan moe_cp_plan(const int32_t* all, int B, int t, int cp, int r, int E, int k, int capacity) {
-    LLMC_ASSERT(cp >= 1 && r >= 0 && r < cp && B >= 1 && t >= 1, "moe_cp_plan: bad arguments");
-    const size_t T = size_t(t) * cp, nk = size_t(B) * t * k;  // nk: one rank's pairs
+MoePlan moe_cp_plan(const int32_t* all, int B, int t, int cp, int r, int E, int k, int capacity, int valid) {
+    LLMC_ASSERT(cp >= 1 && r >= 0 && r < cp && B >= 1 && t >= 1 && valid >= 1 && valid <= t * cp,
+                "moe_cp_plan: bad arguments");
+    const size_t nk = size_t(B) * t * k;  // one rank's pairs
     std::vector<SeqPositions> pos;
     for (int s = 0; s < cp; s++) pos.push_back(cp_positions(t, cp, s));
-    auto global_pair = [&](int s, int b, int i, int j) {  // rank s's pair (b, i, j) in global token order
-        return (size_t(b) * T + size_t(pos[size_t(s)].at(i))) * k + size_t(j);
+    // the pair (b, i, j) of rank s in the whole micro-batch's token order over its valid positions
+    auto whole_pair = [&](int s, int b, int i, int j) {
+        return (size_t(b) * valid + size_t(pos[size_t(s)].at(i))) * k + size_t(j);
     };
-    std::vector<int32_t> global(nk * cp);
+    std::vector<int32_t> counted(size_t(B) * valid * k);
     for (int s = 0; s < cp; s++)
         for (int b = 0; b < B; b++)
-            for (int i = 0; i < t; i++)
+            for (int i = 0; i < t; i++) {
+                if (pos[size_t(s)].at(i) >= valid) continue;  // padding
                 for (int j = 0; j < k; j++)
-                    global[global_pair(s, b, i, j)] = all[size_t(s) * nk + (size_t(b) * t + i) * k + j];
-    const MoePlan whole = moe_plan(global.data(), B * int(T), E, k, capacity);
-    // rank r's pairs in its local order, kept where the whole plan keeps them
+                    counted[whole_pair(s, b, i, j)] = all[size_t(s) * nk + (size_t(b) * t + i) * k + j];
+            }
+    const MoePlan whole = moe_plan(counted.data(), B * valid, E, k, capacity);
+    // rank r's pairs in its local order, kept where the whole plan keeps them (padding: no row)
     const int32_t* mine = all + size_t(r) * nk;
     MoePlan p = empty_plan(nk, E);
     p.routed = whole.routed;
     std::vector<int> place(nk, -1);
     for (int b = 0; b < B; b++)
-        for (int i = 0; i < t; i++)
+        for (int i = 0; i < t; i++) {
+            if (pos[size_t(r)].at(i) >= valid) continue;
             for (int j = 0; j < k; j++) {
                 const size_t li = (size_t(b) * t + i) * k + j;
-                if (whole.row_of[global_pair(r, b, i, j)] >= 0) place[li] = p.count[size_t(mine[li])]++;
+                if (whole.row_of[whole_pair(r, b, i, j)] >= 0) place[li] = p.count[size_t(mine[li])]++;
                 else p.dropped++;
             }
+        }
     finish_rows(p, mine, place, E);
     return p;
 }

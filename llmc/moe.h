@@ -65,7 +65,10 @@ MoePlan moe_plan(const int32_t* expert, int N, int E, int k, int capacity);
 // Returns rank r's plan: row_of, count, offset, rows and dropped for its own B*t tokens (the
 // pairs the whole plan keeps, in rows by expert and local token order within an expert, as
 // moe_plan orders them); routed for all N tokens (the load-balancing loss's f_e). cp 1: moe_plan.
-MoePlan moe_cp_plan(const int32_t* all, int B, int t, int cp, int r, int E, int k, int capacity);
+// valid < T: positions >= valid of each sequence are padding (a sampling window padded to the
+// split): their pairs take no place, count nowhere (neither routed nor dropped) and get no row,
+// and the capacity is the caller's for B*valid tokens.
+MoePlan moe_cp_plan(const int32_t* all, int B, int t, int cp, int r, int E, int k, int capacity, int valid);
 
 // Expert parallelism (parallel.ep): the ep ranks of a group route their own tokens (the plan
 // above, rank-local: capacity and drops do not depend on ep) and trade the kept rows. Rank j of

@@ -116,13 +116,21 @@ TEST_CASE("moe under context parallelism: each rank keeps the whole micro-batch'
     {
         const std::vector<int32_t> all = {0, 1,   // rank 0: positions 0, 3
                                           0, 0};  // rank 1: positions 1, 2
-        const MoePlan r0 = moe_cp_plan(all.data(), 1, 2, 2, 0, 2, 1, 2);
-        const MoePlan r1 = moe_cp_plan(all.data(), 1, 2, 2, 1, 2, 1, 2);
+        const MoePlan r0 = moe_cp_plan(all.data(), 1, 2, 2, 0, 2, 1, 2, 4);
+        const MoePlan r1 = moe_cp_plan(all.data(), 1, 2, 2, 1, 2, 1, 2, 4);
         CHECK(r0.row_of == std::vector<int32_t>({0, 1}));
         CHECK((r0.dropped == 0 && r0.rows == 2 && r0.count == std::vector<int>({1, 1})));
         CHECK(r1.row_of == std::vector<int32_t>({0, -1}));
         CHECK((r1.dropped == 1 && r1.rows == 1 && r1.count == std::vector<int>({1, 0})));
         CHECK((r0.routed == std::vector<int>({3, 1}) && r1.routed == r0.routed));  // the whole micro-batch's
+        // 3 valid tokens (position 3 padding), capacity 1: position 3 gets no row and counts nowhere;
+        // positions 1 and 2 (rank 1) are expert 0's second and third pairs, dropped
+        const MoePlan p0 = moe_cp_plan(all.data(), 1, 2, 2, 0, 2, 1, 1, 3);
+        const MoePlan p1 = moe_cp_plan(all.data(), 1, 2, 2, 1, 2, 1, 1, 3);
+        CHECK(p0.row_of == std::vector<int32_t>({0, -1}));
+        CHECK((p0.dropped == 0 && p0.rows == 1 && p0.routed == std::vector<int>({3, 0})));
+        CHECK(p1.row_of == std::vector<int32_t>({-1, -1}));
+        CHECK((p1.dropped == 2 && p1.rows == 0));
     }
     // Random choices over B sequences; the expected plan is computed here from the definitions:
     // the split (rank r holds chunks r and 2cp-1-r of each sequence), pairs claiming places in
@@ -136,58 +144,61 @@ TEST_CASE("moe under context parallelism: each rank keeps the whole micro-batch'
         global[size_t(n) * K] = a;
         global[size_t(n) * K + 1] = b;
     }
-    for (int cp : {1, 2, 4}) {
-        for (int cap : {3, 6, 64}) {
-            std::vector<int> claimed(E, 0), routed(E, 0);
-            std::vector<bool> kept(global.size());
-            for (size_t i = 0; i < global.size(); i++) {
-                const int e = global[i];
-                routed[size_t(e)]++;
-                kept[i] = claimed[size_t(e)] < cap;
-                claimed[size_t(e)] += kept[i];
-            }
-            const int t = T / cp, chunk = T / (2 * cp);
-            std::vector<std::vector<size_t>> pairs(static_cast<size_t>(cp));  // each rank's pairs (global index), local order
-            std::vector<int32_t> all;
-            for (int r = 0; r < cp; r++)
-                for (int b = 0; b < B; b++)
-                    for (int i = 0; i < t; i++) {
-                        const int pos = i < chunk ? r * chunk + i : (2 * cp - 1 - r) * chunk + (i - chunk);
-                        for (int j = 0; j < K; j++) {
-                            pairs[size_t(r)].push_back((size_t(b) * T + size_t(pos)) * K + size_t(j));
-                            all.push_back(global[pairs[size_t(r)].back()]);
-                        }
-                    }
-            int dropped_sum = 0;
-            for (int r = 0; r < cp; r++) {
-                INFO("cp " << cp << " rank " << r << " capacity " << cap);
-                const MoePlan p = moe_cp_plan(all.data(), B, t, cp, r, E, K, cap);
-                const std::vector<size_t>& mine = pairs[size_t(r)];
-                std::vector<int> count(E, 0);
-                int dropped = 0;
-                for (size_t g : mine) {
-                    count[size_t(global[g])] += kept[g];
-                    dropped += !kept[g];
+    for (int cp : {1, 2, 4})
+        for (int valid : {T, T - 5}) {  // T - 5: each sequence's last 5 positions are padding
+            for (int cap : {3, 6, 64}) {
+                std::vector<int> claimed(E, 0), routed(E, 0);
+                std::vector<bool> kept(global.size()), pad(global.size());
+                for (size_t i = 0; i < global.size(); i++) {
+                    pad[i] = int(i / K % T) >= valid;
+                    if (pad[i]) continue;
+                    const int e = global[i];
+                    routed[size_t(e)]++;
+                    kept[i] = claimed[size_t(e)] < cap;
+                    claimed[size_t(e)] += kept[i];
                 }
-                std::vector<int32_t> row_of(mine.size(), -1);
-                int row = 0;
-                for (int e = 0; e < E; e++)
-                    for (size_t li = 0; li < mine.size(); li++)
-                        if (kept[mine[li]] && global[mine[li]] == e) row_of[li] = row++;
-                CHECK(p.row_of == row_of);
-                CHECK(p.count == count);
-                CHECK(p.rows == row);
-                CHECK(p.dropped == dropped);
-                CHECK(p.routed == routed);
-                dropped_sum += p.dropped;
+                const int t = T / cp, chunk = T / (2 * cp);
+                std::vector<std::vector<size_t>> pairs(static_cast<size_t>(cp));  // each rank's pairs (global index), local order
+                std::vector<int32_t> all;
+                for (int r = 0; r < cp; r++)
+                    for (int b = 0; b < B; b++)
+                        for (int i = 0; i < t; i++) {
+                            const int pos = i < chunk ? r * chunk + i : (2 * cp - 1 - r) * chunk + (i - chunk);
+                            for (int j = 0; j < K; j++) {
+                                pairs[size_t(r)].push_back((size_t(b) * T + size_t(pos)) * K + size_t(j));
+                                all.push_back(global[pairs[size_t(r)].back()]);
+                            }
+                        }
+                int dropped_sum = 0;
+                for (int r = 0; r < cp; r++) {
+                    INFO("cp " << cp << " rank " << r << " capacity " << cap << " valid " << valid);
+                    const MoePlan p = moe_cp_plan(all.data(), B, t, cp, r, E, K, cap, valid);
+                    const std::vector<size_t>& mine = pairs[size_t(r)];
+                    std::vector<int> count(E, 0);
+                    int dropped = 0;
+                    for (size_t g : mine) {
+                        count[size_t(global[g])] += kept[g];
+                        dropped += !kept[g] && !pad[g];
+                    }
+                    std::vector<int32_t> row_of(mine.size(), -1);
+                    int row = 0;
+                    for (int e = 0; e < E; e++)
+                        for (size_t li = 0; li < mine.size(); li++)
+                            if (kept[mine[li]] && global[mine[li]] == e) row_of[li] = row++;
+                    CHECK(p.row_of == row_of);
+                    CHECK(p.count == count);
+                    CHECK(p.rows == row);
+                    CHECK(p.dropped == dropped);
+                    CHECK(p.routed == routed);
+                    dropped_sum += p.dropped;
+                }
+                int dropped_all = 0;
+                for (size_t i = 0; i < kept.size(); i++) dropped_all += !kept[i] && !pad[i];
+                CHECK(dropped_sum == dropped_all);
+                if (cap == 3) CHECK(dropped_all > 0);  // the capacity path is exercised
+                if (cap == 64) CHECK(dropped_all == 0);
             }
-            int dropped_all = 0;
-            for (bool k : kept) dropped_all += !k;
-            CHECK(dropped_sum == dropped_all);
-            if (cap == 3) CHECK(dropped_all > 0);  // the capacity path is exercised
-            if (cap == 64) CHECK(dropped_all == 0);
         }
-    }
 }
 
 TEST_CASE("moe aux loss from sums over ranks: the whole micro-batch's", "[moe][cp]") {
