@@ -640,7 +640,7 @@ float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int b, int t
     const int valid = valid_tokens_ > 0 ? std::min(valid_tokens_, t * cp) : t * cp;
     LLMC_ASSERT(valid == t * cp || dloss == 0.0f, "MoE: padded sequences in a training forward");
     MoePlan plan;
-    if (dropless || (cp == 1 && valid == t)) {  // dropless: nothing depends on the other ranks' choices
+    if (dropless || (cp == 1 && valid == t)) {  // decided here (dropless: nothing depends on other tokens)
         plan = moe_plan(expert.data(), N, E, K, moe_capacity(m, N));
     } else {  // every cp rank's choices (expert ids are exact in fp32), then the whole plan
         std::vector<float> sent(NK * size_t(cp));
