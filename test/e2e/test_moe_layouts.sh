@@ -6,11 +6,11 @@
 # statistics of every step agree: the same load-balancing loss, the same expert loads and the
 # same fraction of (token, slot) pairs dropped past capacity (capacity is per micro-batch, and
 # every layout runs the same micro-batches). Recomputation (selective, full) too. A GPT-2 with MoE in layers 1 and 3 (every 2) and a
-# Llama with MoE in every layer. Context parallelism (cp2, dp2 x cp2, cp2 x tp2 with SP; with and
-# without capacity): the cp ranks decide capacity over the whole micro-batch, so they drop exactly
-# the pairs one process drops (the logged fraction is the same to the last digit), and sample the
-# same tokens. Then the
-# refusals (an expert width tp does not divide, ep with cp, fp8, bad keys).
+# Llama with MoE in every layer. Context parallelism (cp2, dp2 x cp2 ZeRO-1, cp2 x tp2 with SP, cp2
+# with full recompute; with capacity and dropless): the cp ranks decide capacity over the whole
+# micro-batch, so they drop exactly the pairs one process drops (the logged fraction is the same to
+# the last digit), and sample the same tokens. Then the refusals (an expert width tp does not
+# divide, ep with cp, fp8, bad keys).
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
 make_data
