@@ -91,7 +91,7 @@ double evaluate(PipelineEngine& pipeline, DataLoader& val, const ContextParallel
 // Collective over the model-parallel and CP groups: the last stage's TP ranks of the CP rank
 // holding the last position gather the logits row and draw alike; the CP group, then the
 // pipeline group, hand the token to the others.
-std::vector<int> sample(PipelineEngine& pipeline, const Model& model, TensorParallel& tp, ContextParallel& cp, int eot,
+std::vector<int> sample(PipelineEngine& pipeline, Model& model, TensorParallel& tp, ContextParallel& cp, int eot,
                         int n, uint64_t seed) {
     const int V = model.shape.vocab_size, Vl = model.shape.vocab_shard(tp.size());
     Rng rng(seed, 0x5A3D1E);
@@ -111,7 +111,9 @@ std::vector<int> sample(PipelineEngine& pipeline, const Model& model, TensorPara
         std::vector<int32_t> rows = std::vector<int32_t>(size_t(tl));
         window.resize(size_t(padded), eot);
         cp_take_rows(window.data(), rows.data(), 1, padded, ncp, cp.rank());
+        model.set_valid_tokens(t);  // MoE capacity over the window without its padding
         pipeline.forward_only(rows.data(), nullptr, 1, tl);
+        model.set_valid_tokens(0);
         // the CP rank holding position t - 1, and its row there
         int holder = 0, row = t - 1;
         for (int r = 0; r < ncp; r++)

@@ -25,6 +25,14 @@ void cp_take_rows(const int32_t* seq, int32_t* local, int B, int T, int cp, int 
 
 ContextParallel::ContextParallel(Ops& ops, Comm* comm) : ops_(ops), comm_(comm), stage_(ops, comm) {}
 
+void ContextParallel::all_gather_host(float* x, size_t n) {
+    if (size() == 1) return;
+    const size_t at = size_t(rank()) * n;
+    stage_.run_host(x, n * size_t(size()), [&](float* buf) {
+        comm_->all_gather(buf + at, buf, std::vector<size_t>(size_t(size()), n));
+    });
+}
+
 ContextParallel::Passing ContextParallel::post_pass(Tensor send, Tensor recv, int tag) {
     LLMC_ASSERT(send.n == recv.n && send.dtype == recv.dtype, "context parallelism: ring blocks differ");
     const int n = size(), r = rank();

@@ -59,6 +59,10 @@ public:
     Comm* comm() const { return comm_; }
     // This rank's positions for t local rows (SeqPositions() with one rank).
     SeqPositions positions(int t) const { return cp_positions(t, size(), rank()); }
+    // Host floats over the group (the MoE layers' routing, llmc/model.cpp): x holds size() pieces
+    // of n, this rank's at rank() * n; afterwards every rank's. Through backend memory on a device
+    // communicator (CommStage::run_host).
+    void all_gather_host(float* x, size_t n);
 
     // Ops::attention_forward over the whole sequences: qkv holds this rank's t rows of each of
     // the B sequences; out and lse get its rows' attention over every rank's keys.

@@ -592,7 +592,7 @@ float Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t, float 
     }
     x = tp.gather_rows(ln2, full);
     if (shape.moe.is_moe_layer(l)) {  // the experts in place of the MLP, split like it
-        const float aux = moe_forward(l, L, partial, x, int(N), dloss);
+        const float aux = moe_forward(l, L, partial, x, b, t, dloss);
         y = tp.reduce_rows(partial, rows);
         ops.residual_forward(res3, res2, y);
         return aux;
@@ -617,16 +617,37 @@ float Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t, float 
 // Tensor parallelism splits each expert like the dense MLP (fc column-parallel, the projection
 // row-parallel, its bias added on TP rank 0): every rank routes the same gathered x with the
 // replicated router alike, and out is this rank's partial sum, reduced by the caller.
-float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float dloss) {
+// Context parallelism: the micro-batch's tokens are spread over the cp ranks, and capacity,
+// drops and the load-balancing loss are the whole micro-batch's, as on one process: with a
+// capacity the ranks all-gather their choices and each makes the whole plan, keeping its own
+// pairs' decisions (moe_cp_plan); the loss's P and (dropless) routed counts are summed over cp.
+// Every cp rank returns the whole aux term (the loss is averaged over the cp ranks, like each
+// rank's mean cross-entropy); the statistics count each pair once (its rank) and each layer's
+// aux once (cp rank 0).
+float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int b, int t, float dloss) {
     const MoeShape& m = shape.moe;
-    const int C = shape.d_model, E = m.num_experts, K = m.top_k;
+    const int C = shape.d_model, E = m.num_experts, K = m.top_k, N = b * t;
+    const int cp = cp_->size(), Nall = N * cp;  // Nall: the micro-batch's tokens over the cp group
     const size_t NK = size_t(N) * K;
     Tensor logits = L.router_logits.slice(0, size_t(N) * E);
     ops.matmul_forward(logits, Tensor(), x, param(RouterW, l), Tensor(), N, C, E, false);
     ops.moe_router_forward(L.probs, L.expert, L.gate, logits, N, E, K);
     std::vector<int32_t> expert(NK);
     ops.to_host_bytes(expert.data(), L.expert, NK * sizeof(int32_t));
-    const MoePlan plan = moe_plan(expert.data(), N, E, K, moe_capacity(m, N));
+    const bool dropless = m.capacity_factor <= 0.0f;
+    // a sampling window's padding (set_valid_tokens) takes no place
+    const int valid = valid_tokens_ > 0 ? std::min(valid_tokens_, t * cp) : t * cp;
+    LLMC_ASSERT(valid == t * cp || dloss == 0.0f, "MoE: padded sequences in a training forward");
+    MoePlan plan;
+    if (dropless || (cp == 1 && valid == t)) {  // decided here (dropless: nothing depends on other tokens)
+        plan = moe_plan(expert.data(), N, E, K, moe_capacity(m, N));
+    } else {  // every cp rank's choices (expert ids are exact in fp32), then the whole plan
+        std::vector<float> sent(NK * size_t(cp));
+        for (size_t i = 0; i < NK; i++) sent[size_t(cp_->rank()) * NK + i] = float(expert[i]);
+        cp_->all_gather_host(sent.data(), NK);
+        const std::vector<int32_t> all(sent.begin(), sent.end());
+        plan = moe_cp_plan(all.data(), b, t, cp, cp_->rank(), E, K, moe_capacity(m, b * valid), valid);
+    }
     ops.from_host_bytes(L.row_of, plan.row_of.data(), NK * sizeof(int32_t));
     if (layout.ep == 1) {
         L.count = plan.count;
@@ -653,21 +674,31 @@ float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float
     if (dloss == 0.0f) return 0.0f;  // evaluation: no statistics, no gradient
     std::vector<float> probs(size_t(N) * E), daux;
     ops.to_host_bytes(probs.data(), L.probs, probs.size() * sizeof(float));
-    const double aux = moe_aux_loss(probs.data(), plan, N, E, K, &daux);
-    // the objective is dloss * (sum of token losses + N * coef * aux): N * coef * aux is this
-    // micro-batch's mean loss term weighted like its tokens
-    const double scale = double(m.aux_loss_coef) * double(dloss) * N;
+    std::vector<double> sums = moe_prob_sums(probs.data(), N, E);  // then (dropless) the routed counts
+    if (cp > 1) {
+        if (dropless) sums.insert(sums.end(), plan.routed.begin(), plan.routed.end());
+        cp_->comm()->all_reduce(sums.data(), sums.size(), ReduceOp::Sum);  // host doubles on every Comm
+        if (dropless)
+            for (int e = 0; e < E; e++) plan.routed[size_t(e)] = int(sums[size_t(E + e)]);
+    }
+    const double aux = moe_aux_from_sums(sums.data(), plan.routed.data(), Nall, E, K, &daux);
+    // the objective is dloss * (sum of token losses + N * coef * aux) for the micro-batch's N
+    // tokens: N * coef * aux is its mean loss term weighted like its tokens (each rank's tokens'
+    // share of it: d/dp[n, e] = dloss * coef * E f_e for every token)
+    const double scale = double(m.aux_loss_coef) * double(dloss) * Nall;
     for (int e = 0; e < E; e++) L.daux[size_t(e)] = float(double(daux[size_t(e)]) * scale);
     if (recomputing_) return 0.0f;
     MoeStats& st = moe_stats_;
-    st.aux_sum += aux;
-    st.aux_terms++;
+    if (cp_->rank() == 0) {
+        st.aux_sum += aux;
+        st.aux_terms++;
+    }
     for (int e = 0; e < E; e++) {
-        const double f = double(plan.routed[size_t(e)]) / double(NK);
+        const double f = double(plan.routed[size_t(e)]) / (double(Nall) * K);
         st.load_min = std::min(st.load_min, f);
         st.load_max = std::max(st.load_max, f);
     }
-    st.dropped += plan.dropped;
+    st.dropped += plan.dropped;  // this rank's pairs
     st.pairs += (long long)NK;
     return float(double(m.aux_loss_coef) * aux);
 }

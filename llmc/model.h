@@ -151,6 +151,10 @@ public:
     int get_logits_slice(int b, int t, float* host_row, int* vocab_begin) const;
     // All vocab_size logits of row (b, t) (tp == 1).
     void get_logits(int b, int t, float* host_row) const;
+    // Forwards with dloss == 0 (sampling): the tokens of each sequence that count (0 = all). A
+    // window padded at its end to the split of sequence or context parallelism holds padding
+    // past them, which MoE layers leave out of capacity (one process runs the window unpadded).
+    void set_valid_tokens(int n) { valid_tokens_ = n; }
 
     // ---- FP8 linear layers (precision "fp8"; llmc/fp8.h) ----
     // With a state, the four linears of every block (QKV, attention projection, fc, fc
@@ -221,6 +225,7 @@ private:
     size_t lookup_index(Role r, int layer, int expert) const;
     MoeStats moe_stats_;
     bool recomputing_ = false;  // Full recompute's second forward of a layer
+    int valid_tokens_ = 0;      // set_valid_tokens
     std::vector<Chunk> chunks_;
     Scratch* scratch_ = nullptr;
     void* act_mem_ = nullptr;
@@ -237,9 +242,10 @@ private:
     void scatter_positions_grad(Tensor drows, int t);  // and their gradient into wpe's
     // Returns the layer's part of the loss (an MoE layer's aux_loss_coef * load-balancing loss when dloss != 0).
     float layer_forward(int l, LayerActs& L, Tensor res_in, int b, int t, float dloss);
-    // An MoE layer's experts in place of the MLP: out (N x C) from x (N x C); forward_chunk's dloss
-    // scales the load-balancing loss's gradient (0: no statistics, no gradient)
-    float moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int N, float dloss);
+    // An MoE layer's experts in place of the MLP: out (N x C) from x (N = b*t rows, this cp rank's
+    // t of each of b sequences); forward_chunk's dloss scales the load-balancing loss's gradient
+    // (0: no statistics, no gradient)
+    float moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int b, int t, float dloss);
     void moe_backward(int l, LayerActs& L, Tensor dx, Tensor dy, Tensor x, int N);
     // The expert MLPs of layer l over rows: count[i] rows at offset[i] of expert e0 + i, from xin
     // (forward) into y; the backward turns dy's rows into their input gradients in place.

@@ -57,6 +57,19 @@ struct MoePlan {
 // expert [N * k]: the router's choices (host copy).
 MoePlan moe_plan(const int32_t* expert, int N, int E, int k, int capacity);
 
+// Context parallelism (parallel.cp, llmc/context_parallel.h): a micro-batch's B sequences of T
+// tokens are spread over the cp ranks, rank s holding t = T / cp rows of each sequence (chunks s
+// and 2cp-1-s). Capacity and drops are one process's: the plan over all N = B*T tokens in global
+// token order (sequence, then position in it), capacity = moe_capacity(m, B*T). all: every cp
+// rank's choices [cp][B*t*k], rank-major (the all-gather), each in that rank's local order.
+// Returns rank r's plan: row_of, count, offset, rows and dropped for its own B*t tokens (the
+// pairs the whole plan keeps, in rows by expert and local token order within an expert, as
+// moe_plan orders them); routed for all N tokens (the load-balancing loss's f_e). cp 1: moe_plan.
+// valid < T: positions >= valid of each sequence are padding (a sampling window padded to the
+// split): their pairs take no place, count nowhere (neither routed nor dropped) and get no row,
+// and the capacity is the caller's for B*valid tokens.
+MoePlan moe_cp_plan(const int32_t* all, int B, int t, int cp, int r, int E, int k, int capacity, int valid);
+
 // Expert parallelism (parallel.ep): the ep ranks of a group route their own tokens (the plan
 // above, rank-local: capacity and drops do not depend on ep) and trade the kept rows. Rank j of
 // the group holds experts [j E/ep, (j+1) E/ep), whose rows in a local plan are contiguous (plans
@@ -81,3 +94,8 @@ size_t moe_ep_max_rows(const MoeShape& m, int N, int ep);
 // The load-balancing loss of one layer from the router's probabilities p [N, E] (host copy)
 // and the plan; daux[e] = d aux / d p[n, e] (the same for every n).
 double moe_aux_loss(const float* probs, const MoePlan& plan, int N, int E, int k, std::vector<float>* daux);
+// Its two halves, for tokens spread over ranks (context parallelism): P[e] = sum_n p[n, e] over
+// this rank's N tokens (in double, token order); the loss from P and routed summed over all N
+// tokens of the micro-batch (P_e = P[e] / N, f_e = routed[e] / (N k)).
+std::vector<double> moe_prob_sums(const float* probs, int N, int E);
+double moe_aux_from_sums(const double* P, const int* routed, int N, int E, int k, std::vector<float>* daux);

@@ -47,7 +47,7 @@ struct ProcessGrid {
     int edp() const { return dp / ep; }
     int edp_rank() const { return dp_rank / ep; }
     // ZeRO's shard group: the dp x cp group, or the expert-dp group under expert parallelism
-    // (ep > 1 needs model.moe, which refuses cp > 1).
+    // (ep > 1 refuses cp > 1: the expert-dp group holds one cp rank).
     int shard_size() const { return ep > 1 ? edp() : dp_cp(); }
     int shard_rank() const { return ep > 1 ? edp_rank() : dp_cp_rank(); }
 

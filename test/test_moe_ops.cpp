@@ -109,6 +109,111 @@ TEST_CASE("moe aux loss: Switch's E * sum f_e P_e, its gradient in p", "[moe]") 
     CHECK(moe_aux_loss(u.data(), moe_plan(ex2.data(), 2, 2, 1, 2), 2, 2, 1, nullptr) == Approx(1.0));
 }
 
+TEST_CASE("moe under context parallelism: each rank keeps the whole micro-batch's decisions", "[moe][cp]") {
+    // Hand-worked: 1 sequence of 4 tokens, cp 2 (rank 0 holds positions 0, 3; rank 1 positions 1, 2),
+    // top-1 over 2 experts, capacity 2. By position the choices are 0, 0, 0, 1: position 2 is the
+    // third pair of expert 0, dropped, though rank 1 alone routes only two pairs to it.
+    {
+        const std::vector<int32_t> all = {0, 1,   // rank 0: positions 0, 3
+                                          0, 0};  // rank 1: positions 1, 2
+        const MoePlan r0 = moe_cp_plan(all.data(), 1, 2, 2, 0, 2, 1, 2, 4);
+        const MoePlan r1 = moe_cp_plan(all.data(), 1, 2, 2, 1, 2, 1, 2, 4);
+        CHECK(r0.row_of == std::vector<int32_t>({0, 1}));
+        CHECK((r0.dropped == 0 && r0.rows == 2 && r0.count == std::vector<int>({1, 1})));
+        CHECK(r1.row_of == std::vector<int32_t>({0, -1}));
+        CHECK((r1.dropped == 1 && r1.rows == 1 && r1.count == std::vector<int>({1, 0})));
+        CHECK((r0.routed == std::vector<int>({3, 1}) && r1.routed == r0.routed));  // the whole micro-batch's
+        // 3 valid tokens (position 3 padding), capacity 1: position 3 gets no row and counts nowhere;
+        // positions 1 and 2 (rank 1) are expert 0's second and third pairs, dropped
+        const MoePlan p0 = moe_cp_plan(all.data(), 1, 2, 2, 0, 2, 1, 1, 3);
+        const MoePlan p1 = moe_cp_plan(all.data(), 1, 2, 2, 1, 2, 1, 1, 3);
+        CHECK(p0.row_of == std::vector<int32_t>({0, -1}));
+        CHECK((p0.dropped == 0 && p0.rows == 1 && p0.routed == std::vector<int>({3, 0})));
+        CHECK(p1.row_of == std::vector<int32_t>({-1, -1}));
+        CHECK((p1.dropped == 2 && p1.rows == 0));
+    }
+    // Random choices over B sequences; the expected plan is computed here from the definitions:
+    // the split (rank r holds chunks r and 2cp-1-r of each sequence), pairs claiming places in
+    // global token order, each rank's kept pairs in rows by expert and local order.
+    const int B = 2, T = 16, E = 4, K = 2;
+    uint64_t state = 12345;
+    auto next = [&]() { return int((state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33); };
+    std::vector<int32_t> global(size_t(B) * T * K);  // by (sequence, position, slot)
+    for (int n = 0; n < B * T; n++) {
+        const int a = next() % E, b = (a + 1 + next() % (E - 1)) % E;  // two distinct experts
+        global[size_t(n) * K] = a;
+        global[size_t(n) * K + 1] = b;
+    }
+    for (int cp : {1, 2, 4})
+        for (int valid : {T, T - 5}) {  // T - 5: each sequence's last 5 positions are padding
+            for (int cap : {3, 6, 64}) {
+                std::vector<int> claimed(E, 0), routed(E, 0);
+                std::vector<bool> kept(global.size()), pad(global.size());
+                for (size_t i = 0; i < global.size(); i++) {
+                    pad[i] = int(i / K % T) >= valid;
+                    if (pad[i]) continue;
+                    const int e = global[i];
+                    routed[size_t(e)]++;
+                    kept[i] = claimed[size_t(e)] < cap;
+                    claimed[size_t(e)] += kept[i];
+                }
+                const int t = T / cp, chunk = T / (2 * cp);
+                std::vector<std::vector<size_t>> pairs(static_cast<size_t>(cp));  // each rank's pairs (global index), local order
+                std::vector<int32_t> all;
+                for (int r = 0; r < cp; r++)
+                    for (int b = 0; b < B; b++)
+                        for (int i = 0; i < t; i++) {
+                            const int pos = i < chunk ? r * chunk + i : (2 * cp - 1 - r) * chunk + (i - chunk);
+                            for (int j = 0; j < K; j++) {
+                                pairs[size_t(r)].push_back((size_t(b) * T + size_t(pos)) * K + size_t(j));
+                                all.push_back(global[pairs[size_t(r)].back()]);
+                            }
+                        }
+                int dropped_sum = 0;
+                for (int r = 0; r < cp; r++) {
+                    INFO("cp " << cp << " rank " << r << " capacity " << cap << " valid " << valid);
+                    const MoePlan p = moe_cp_plan(all.data(), B, t, cp, r, E, K, cap, valid);
+                    const std::vector<size_t>& mine = pairs[size_t(r)];
+                    std::vector<int> count(E, 0);
+                    int dropped = 0;
+                    for (size_t g : mine) {
+                        count[size_t(global[g])] += kept[g];
+                        dropped += !kept[g] && !pad[g];
+                    }
+                    std::vector<int32_t> row_of(mine.size(), -1);
+                    int row = 0;
+                    for (int e = 0; e < E; e++)
+                        for (size_t li = 0; li < mine.size(); li++)
+                            if (kept[mine[li]] && global[mine[li]] == e) row_of[li] = row++;
+                    CHECK(p.row_of == row_of);
+                    CHECK(p.count == count);
+                    CHECK(p.rows == row);
+                    CHECK(p.dropped == dropped);
+                    CHECK(p.routed == routed);
+                    dropped_sum += p.dropped;
+                }
+                int dropped_all = 0;
+                for (size_t i = 0; i < kept.size(); i++) dropped_all += !kept[i] && !pad[i];
+                CHECK(dropped_sum == dropped_all);
+                if (cap == 3) CHECK(dropped_all > 0);  // the capacity path is exercised
+                if (cap == 64) CHECK(dropped_all == 0);
+            }
+        }
+}
+
+TEST_CASE("moe aux loss from sums over ranks: the whole micro-batch's", "[moe][cp]") {
+    // the aux example above split over two ranks of one token each: P and routed summed
+    const std::vector<float> probs = {0.75f, 0.25f, 0.625f, 0.375f};
+    std::vector<double> P = moe_prob_sums(probs.data(), 1, 2);
+    const std::vector<double> P1 = moe_prob_sums(probs.data() + 2, 1, 2);
+    for (int e = 0; e < 2; e++) P[size_t(e)] += P1[size_t(e)];
+    const std::vector<int> routed = {2, 0};
+    std::vector<float> daux;
+    CHECK(moe_aux_from_sums(P.data(), routed.data(), 2, 2, 1, &daux) == Approx(1.375).epsilon(1e-12));
+    CHECK(daux[0] == Approx(1.0));  // E f_0 / N with the whole N = 2
+    CHECK(daux[1] == 0.0f);
+}
+
 TEST_CASE("cpu moe router: softmax, top-k with ties to the lower index, renormalised gates", "[moe]") {
     // ties: experts 1 and 3 equal and largest, then 0 and 2 equal
     const int E = 4, K = 3;

@@ -41,6 +41,9 @@ check tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true
 check pp2_1f1b 2 parallel.pp=2 parallel.pp_schedule=1f1b
 check pp2_interleaved 2 parallel.pp=2 parallel.pp_schedule=interleaved parallel.pp_virtual=2
 check dp2_cp2_zero3 4 parallel.dp=2 parallel.cp=2 parallel.zero=3 train.grad_accum=2
+# MoE under cp: the router's choices all-gathered over the cp group (host values through device memory)
+check cp2_moe 2 parallel.cp=2 model.moe.num_experts=4 model.moe.top_k=2 model.moe.expert_ffn_dim=32 \
+    model.moe.capacity_factor=1.0
 check dp2_pp2_zero2 4 parallel.dp=2 parallel.pp=2 parallel.zero=2 train.grad_accum=2
 check dp4_ep2_moe 4 parallel.dp=4 parallel.ep=2 parallel.zero=1 train.grad_accum=1 model.moe.num_experts=4 \
     model.moe.top_k=2 model.moe.expert_ffn_dim=32

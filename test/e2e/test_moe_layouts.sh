@@ -6,7 +6,11 @@
 # statistics of every step agree: the same load-balancing loss, the same expert loads and the
 # same fraction of (token, slot) pairs dropped past capacity (capacity is per micro-batch, and
 # every layout runs the same micro-batches). Recomputation (selective, full) too. A GPT-2 with MoE in layers 1 and 3 (every 2) and a
-# Llama with MoE in every layer. Then the refusals (an expert width tp does not divide, fp8, bad keys).
+# Llama with MoE in every layer. Context parallelism (cp2, dp2 x cp2 ZeRO-1, cp2 x tp2 with SP, cp2
+# with full recompute; with capacity and dropless): the cp ranks decide capacity over the whole
+# micro-batch, so they drop exactly the pairs one process drops (the logged fraction is the same to
+# the last digit), and sample the same tokens. Then the refusals (an expert width tp does not
+# divide, ep with cp, fp8, bad keys).
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
 make_data
@@ -45,8 +49,9 @@ check() {  # check CONFIG BASE NAME NPROC ARGS...
     close_moe "$W/$base/log.jsonl" "$out/log.jsonl"
     close_weights "$W/$base/model_00000006.bin" "$out/model_00000006.bin" 1e-5 1e-4
 }
+smp=(eval.sample_every=6 eval.sample_tokens=12)  # samples of the one-process runs, compared with cp's
 for arch in gpt2 llama; do
-    baseline "$W/$arch.json" "${arch}_base"
+    baseline "$W/$arch.json" "${arch}_base" "${smp[@]}"
     # capacity drops happen (capacity_factor < top_k's share), and are logged
     moe_stats "$W/${arch}_base/log.jsonl" | awk '$4 > 0 { d++ } END { exit !(d > 0) }' ||
         die "$arch: no (token, slot) pair was dropped; the capacity path is not exercised"
@@ -55,6 +60,27 @@ for arch in gpt2 llama; do
     check "$W/$arch.json" "${arch}_base" "${arch}_tp2" 2 parallel.tp=2
 done
 check "$W/gpt2.json" gpt2_base gpt2_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true
+# context parallelism: each sequence split over the cp ranks, capacity over the whole micro-batch
+drops() { grep -o '"moe_dropped":[^,}]*' "$1" | cut -d: -f2; }
+samples() { grep 'sample (token ids' "$1" | sed 's/^.*decode): //'; }
+check_cp() {  # check_cp CONFIG BASE NAME NPROC ARGS...: check, the same pairs dropped exactly, the same samples
+    check "$@" "${smp[@]}"
+    grep -q "context parallel: .* ranks" "$W/$3.txt" || die "$3: no context parallelism in the banner"
+    [ "$(drops "$W/$2/log.jsonl")" = "$(drops "$W/$3/log.jsonl")" ] || die "$3: the drops differ from $2's"
+    # sampling pads its window to the cp split; the padding takes no capacity (Model::set_valid_tokens)
+    [ -n "$(samples "$W/$3.txt")" ] && [ "$(samples "$W/$2.txt")" = "$(samples "$W/$3.txt")" ] ||
+        die "$3: samples differ: $(samples "$W/$3.txt") vs $(samples "$W/$2.txt")"
+}
+for arch in gpt2 llama; do
+    check_cp "$W/$arch.json" "${arch}_base" "${arch}_cp2" 2 parallel.cp=2
+    check_cp "$W/$arch.json" "${arch}_base" "${arch}_dp2_cp2_zero1" 4 parallel.dp=2 parallel.cp=2 train.grad_accum=2 \
+        eval.batches=1 parallel.zero=1
+done
+check_cp "$W/gpt2.json" gpt2_base gpt2_cp2_tp2_sp 4 parallel.cp=2 parallel.tp=2 parallel.sequence_parallel=true
+check_cp "$W/llama.json" llama_base llama_cp2_full 2 parallel.cp=2 train.recompute=full
+baseline "$W/llama.json" llama_dropless model.moe.capacity_factor=0 "${smp[@]}"
+moe_stats "$W/llama_dropless/log.jsonl" | awk '$4 != 0 { d++ } END { exit d > 0 }' || die "llama_dropless: pairs dropped"
+check_cp "$W/llama.json" llama_dropless llama_dropless_cp2 2 parallel.cp=2 model.moe.capacity_factor=0
 check "$W/llama.json" llama_base llama_pp2_selective 2 parallel.pp=2 train.recompute=selective
 check "$W/gpt2.json" gpt2_base gpt2_dp2_full 2 parallel.dp=2 train.grad_accum=2 eval.batches=1 train.recompute=full
 check "$W/llama.json" llama_base llama_full 1 train.recompute=full
@@ -78,7 +104,8 @@ close_weights "$W/gpt2_base/model_00000006.bin" "$W/resumed/model_00000006.bin" 
 # refusals: clear messages naming the key, exit 2
 expect_fail 2 'parallel.tp: 4 does not divide model.moe.expert_ffn_dim = 6' dp_run 4 "$W/gpt2.json" parallel.tp=4 \
     model.n_head=4 model.moe.expert_ffn_dim=6 "out_dir=$W/x"
-expect_fail 2 'parallel.cp: 2 with model.moe' dp_run 2 "$W/gpt2.json" parallel.cp=2 "out_dir=$W/x"
+expect_fail 2 'parallel.ep: 2 with parallel.cp = 2' "$BIN" "$W/gpt2.json" parallel.dp=2 parallel.ep=2 parallel.cp=2 \
+    plan.world=4 --plan
 expect_fail 2 'precision: fp8 with model.moe' "$BIN" "$W/gpt2.json" precision=fp8 "out_dir=$W/x"
 expect_fail 2 'model.moe.top_k: 5 exceeds model.moe.num_experts = 4' "$BIN" "$W/gpt2.json" model.moe.top_k=5 "out_dir=$W/x"
 expect_fail 2 'model.moe.num_experts: 1' "$BIN" "$W/gpt2.json" model.moe.num_experts=1 "out_dir=$W/x"
