@@ -246,19 +246,13 @@ void DataParallel::accumulate(Tensor dst) {
 
 void DataParallel::reduce_dense(Staging& s, size_t begin, size_t n) {
     if (!ep_ || n == 0) return;
-    std::vector<std::pair<size_t, size_t>> runs;  // the dense runs within [begin, begin + n), from begin
-    size_t total = 0;
-    for (const auto& r : dense_) {
-        const size_t b = std::max(r.first, begin), e = std::min(r.second, begin + n);
-        if (b >= e) continue;
-        runs.push_back({b - begin, e - begin});
-        total += e - b;
-    }
+    const std::vector<std::pair<size_t, size_t>> runs = clip_runs(dense_, begin, begin + n);  // flat offsets
+    const size_t total = runs_numel(runs);
     if (total == 0) return;  // alike on every member: the same range of the same layout
     std::vector<float> host(n), packed(total);
     store_host(host.data(), s, n);
     float* p = packed.data();
-    for (const auto& r : runs) p = std::copy(host.begin() + long(r.first), host.begin() + long(r.second), p);
+    for (const auto& r : runs) p = std::copy(host.begin() + long(r.first - begin), host.begin() + long(r.second - begin), p);
     if (split_) {  // this rank's part of the sums is all its optimizer reads: a reduce-scatter
         size_t q0 = 0;  // the piece's first dense element among the shard range's (packed order)
         for (const auto& r : range_dense_) q0 += r.first < begin ? std::min(r.second, begin) - r.first : 0;
@@ -277,7 +271,7 @@ void DataParallel::reduce_dense(Staging& s, size_t begin, size_t n) {
     }
     p = packed.data();
     for (const auto& r : runs) {
-        std::copy(p, p + (r.second - r.first), host.begin() + long(r.first));
+        std::copy(p, p + (r.second - r.first), host.begin() + long(r.first - begin));
         p += r.second - r.first;
     }
     load_host(s, host.data(), n);

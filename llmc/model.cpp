@@ -778,11 +778,14 @@ void Model::experts_backward(int l, LayerActs& L, Tensor dy, int e0, const std::
     }
 }
 
-size_t Model::ep_row_words(DType dt) const {
+std::vector<size_t> Model::ep_words(const std::vector<size_t>& rows, DType dt) const {
     const size_t row_bytes = size_t(shape.d_model) * dtype_size(dt);
     LLMC_ASSERT(!ep_stage_.direct() || row_bytes % sizeof(float) == 0,
                 "expert parallelism: a row of d_model elements must be whole 4-byte words (even d_model in bf16)");
-    return ep_stage_.words(Tensor(nullptr, size_t(shape.d_model), dt));
+    const size_t w = ep_stage_.words(Tensor(nullptr, size_t(shape.d_model), dt));  // a row's message words
+    std::vector<size_t> out(rows);
+    for (size_t& n : out) n *= w;
+    return out;
 }
 
 // The rows travel as CommStage routes them: on a communicator that reads the backend's memory
@@ -792,19 +795,14 @@ void Model::ep_dispatch(const MoeEpRoute& route, Tensor local, Tensor experts) {
     const size_t C = size_t(shape.d_model);
     size_t sent = 0;
     for (size_t n : route.send) sent += n;
-    const Tensor like_send(nullptr, sent * C, local.dtype), like_recv(nullptr, route.rows * C, local.dtype);
-    const size_t row_words = ep_row_words(local.dtype);
-    const bool bytes = ep_stage_.direct();
-    std::vector<size_t> sc(route.send), rc(route.recv);
-    for (size_t& n : sc) n *= bytes ? row_words : C;
-    for (size_t& n : rc) n *= bytes ? row_words : C;
-    CommStage::Message recv = ep_stage_.take_message(like_recv);
-    if (bytes) {  // straight from the permuted rows
+    CommStage::Message recv = ep_stage_.take_message(Tensor(nullptr, route.rows * C, local.dtype));
+    const std::vector<size_t> sc = ep_words(route.send, local.dtype), rc = ep_words(route.recv, local.dtype);
+    if (ep_stage_.direct()) {  // straight from the permuted rows
         ep_->all_to_all_v(static_cast<const float*>(local.ptr), sc, recv.data(), rc);
         const Tensor got(recv.dev.ptr, route.rows * C, local.dtype);
         for (const MoeEpRoute::Block& b : route.blocks) ops.copy(experts.slice(b.dst * C, b.n * C), got.slice(b.src * C, b.n * C));
     } else {
-        CommStage::Message send = ep_stage_.take_message(like_send);
+        CommStage::Message send = ep_stage_.take_message(Tensor(nullptr, sent * C, local.dtype));
         if (sent) ep_stage_.pack(send, local.slice(0, sent * C));
         ep_->all_to_all_v(send.data(), sc, recv.data(), rc);
         for (const MoeEpRoute::Block& b : route.blocks)
@@ -818,19 +816,14 @@ void Model::ep_return(const MoeEpRoute& route, Tensor experts, Tensor local) {
     const size_t C = size_t(shape.d_model);
     size_t back = 0;
     for (size_t n : route.send) back += n;
-    const Tensor like_send(nullptr, route.rows * C, local.dtype), like_recv(nullptr, back * C, local.dtype);
-    const size_t row_words = ep_row_words(local.dtype);
-    const bool bytes = ep_stage_.direct();
-    std::vector<size_t> sc(route.recv), rc(route.send);
-    for (size_t& n : sc) n *= bytes ? row_words : C;
-    for (size_t& n : rc) n *= bytes ? row_words : C;
-    CommStage::Message send = ep_stage_.take_message(like_send);
-    if (bytes) {  // straight into the permuted rows
+    CommStage::Message send = ep_stage_.take_message(Tensor(nullptr, route.rows * C, local.dtype));
+    const std::vector<size_t> sc = ep_words(route.recv, local.dtype), rc = ep_words(route.send, local.dtype);
+    if (ep_stage_.direct()) {  // straight into the permuted rows
         const Tensor out(send.dev.ptr, route.rows * C, local.dtype);
         for (const MoeEpRoute::Block& b : route.blocks) ops.copy(out.slice(b.src * C, b.n * C), experts.slice(b.dst * C, b.n * C));
         ep_->all_to_all_v(send.data(), sc, static_cast<float*>(local.ptr), rc);
     } else {
-        CommStage::Message recv = ep_stage_.take_message(like_recv);
+        CommStage::Message recv = ep_stage_.take_message(Tensor(nullptr, back * C, local.dtype));
         for (const MoeEpRoute::Block& b : route.blocks)
             ops.to_host_f32(send.host.data() + b.src * C, experts.slice(b.dst * C, b.n * C));
         ep_->all_to_all_v(send.data(), sc, recv.data(), rc);

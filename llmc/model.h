@@ -258,7 +258,8 @@ private:
     // over the ep group; the combine and the backward's return go the other way.
     void ep_dispatch(const MoeEpRoute& route, Tensor local, Tensor experts);
     void ep_return(const MoeEpRoute& route, Tensor experts, Tensor local);
-    size_t ep_row_words(DType dt) const;  // the 4-byte words of a routed row on the direct route
+    // rows per peer as the message words all_to_all_v moves (a row's words on CommStage's route)
+    std::vector<size_t> ep_words(const std::vector<size_t>& rows, DType dt) const;
     void layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t);
     // One of layer l's linears: matmul_forward / matmul_backward, or their fp8 ops (set_fp8).
     const Fp8State* fp8_ = nullptr;
