@@ -7,6 +7,7 @@ dp_run() {
     local env=(-x OMP_NUM_THREADS)
     [ -n "${LLMC_DUMP_GRADS:-}" ] && env+=(-x LLMC_DUMP_GRADS)
     [ -n "${LLMC_COMM_DELAY_MS:-}" ] && env+=(-x LLMC_COMM_DELAY_MS)
+    [ -n "${LLMC_SIM_DEVICE:-}" ] && env+=(-x LLMC_SIM_DEVICE)
     timeout 120 mpirun --oversubscribe -np "$n" "${env[@]}" "$BIN" "$@"
 }
 
@@ -35,13 +36,25 @@ close_weights() {
         die "weights of $2 differ from $1 by more than $tol"
 }
 
-# The MoE layers' records (test_moe_layouts.sh, test_ep_layouts.sh).
 # close_val A B: the "val_loss" records of two log.jsonl files agree to 1e-5 relative
 close_val() {
     paste <(grep -o '"val_loss":[^,}]*' "$1" | cut -d: -f2) <(grep -o '"val_loss":[^,}]*' "$2" | cut -d: -f2) |
         awk 'NF != 2 { bad++ } { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++ } END { exit bad > 0 || NR == 0 }' ||
         die "validation losses of $2 differ from $1"
 }
+# close_run BASE OUT MODEL: a layout's run (OUT.grads.bin from LLMC_DUMP_GRADS, OUT/log.jsonl,
+# OUT/MODEL) equals the one-process run BASE: step-1 gradients and final weights to 1e-5 in norm and
+# 1e-4 of the largest element, losses and validation losses to 1e-5 relative
+close_run() {
+    close_weights "$1.grads.bin" "$2.grads.bin" 1e-5 1e-4
+    close_losses "$1/log.jsonl" "$2/log.jsonl"
+    close_val "$1/log.jsonl" "$2/log.jsonl"
+    close_weights "$1/$3" "$2/$3" 1e-5 1e-4
+}
+# samples FILE: the sampled token ids a run printed, one sample a line
+samples() { grep 'sample (token ids' "$1" | sed 's/^.*decode): //'; }
+
+# The MoE layers' records (test_moe_layouts.sh, test_ep_layouts.sh).
 # moe_stats FILE: each step's moe_aux moe_load_min moe_load_max moe_dropped
 moe_stats() { grep '"moe_aux"' "$1" | sed 's/.*"moe_aux":\([^,]*\).*"moe_dropped":\([^,]*\).*"moe_load_max":\([^,]*\).*"moe_load_min":\([^,}]*\).*/\1 \4 \3 \2/'; }
 close_moe() {  # close_moe A B [STEPS]: the statistics of STEPS (default 6) steps agree to 1e-5

@@ -23,12 +23,6 @@ for fam in gpt2 llama; do
 JSON
 done
 
-samples() { grep 'sample (token ids' "$1" | sed 's/^.*decode): //'; }
-close_val() {
-    paste <(grep -o '"val_loss":[^,}]*' "$1" | cut -d: -f2) <(grep -o '"val_loss":[^,}]*' "$2" | cut -d: -f2) |
-        awk 'NF != 2 { bad++ } { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++ } END { exit bad > 0 || NR == 0 }' ||
-        die "validation losses of $2 differ from $1"
-}
 baseline() {  # baseline FAMILY: one process
     LLMC_DUMP_GRADS="$W/$1.grads.bin" "$BIN" "$W/$1.json" "out_dir=$W/$1" > "$W/$1.txt" 2>&1 ||
         die "one-process baseline $1 failed: $(tail -n 20 "$W/$1.txt")"
@@ -40,10 +34,7 @@ check() {  # check FAMILY NAME NPROC ARGS...: the layout's run matches the famil
         die "$fam $name failed: $(tail -n 20 "$out.txt")"
     echo "$fam $name ($*)"
     grep -q "context parallel: .* ranks" "$out.txt" || die "$fam $name: no context parallelism in the banner"
-    close_weights "$W/$fam.grads.bin" "$out.grads.bin" 1e-5 1e-4
-    close_losses "$W/$fam/log.jsonl" "$out/log.jsonl"
-    close_val "$W/$fam/log.jsonl" "$out/log.jsonl"
-    close_weights "$W/$fam/model_00000010.bin" "$out/model_00000010.bin" 1e-5 1e-4
+    close_run "$W/$fam" "$out" model_00000010.bin
     [ "$(samples "$W/$fam.txt")" = "$(samples "$out.txt")" ] && [ -n "$(samples "$out.txt")" ] ||
         die "$fam $name: samples differ: $(samples "$out.txt") vs $(samples "$W/$fam.txt")"
 }

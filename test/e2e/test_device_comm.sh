@@ -16,18 +16,14 @@ cat > "$W/c.json" <<JSON
   "eval": { "every": 4, "batches": 1 },
   "out_dir": "$W/out" }
 JSON
-sim_run() {  # sim_run N ARGS...: dp_run with the hook exported to every rank
-    local n=$1; shift
-    LLMC_SIM_DEVICE=1 timeout 120 mpirun --oversubscribe -np "$n" -x OMP_NUM_THREADS -x LLMC_SIM_DEVICE "$BIN" "$@"
-}
 check() {  # check NAME NPROC ARGS...
     local name=$1 n=$2; shift 2
     local o="$W/$name"
     dp_run "$n" "$W/c.json" "$@" "out_dir=$o.plain" > "$o.plain.txt" 2>&1 || die "$name (plain MPI) failed: $(tail -n 20 "$o.plain.txt")"
-    sim_run "$n" "$W/c.json" "$@" parallel.comm=nccl "out_dir=$o.nccl" > "$o.nccl.txt" 2>&1 ||
+    LLMC_SIM_DEVICE=1 dp_run "$n" "$W/c.json" "$@" parallel.comm=nccl "out_dir=$o.nccl" > "$o.nccl.txt" 2>&1 ||
         die "$name (simulated NCCL) failed: $(tail -n 20 "$o.nccl.txt")"
     grep -q 'nccl (simulated over ' "$o.nccl.txt" || die "$name: the run did not use the simulated NCCL groups"
-    sim_run "$n" "$W/c.json" "$@" parallel.comm=mpi "out_dir=$o.staged" > "$o.staged.txt" 2>&1 ||
+    LLMC_SIM_DEVICE=1 dp_run "$n" "$W/c.json" "$@" parallel.comm=mpi "out_dir=$o.staged" > "$o.staged.txt" 2>&1 ||
         die "$name (MPI staged through the host) failed: $(tail -n 20 "$o.staged.txt")"
     for v in nccl staged; do
         [ "$(losses "$o.plain/log.jsonl")" = "$(losses "$o.$v/log.jsonl")" ] || die "$name: the $v run's losses differ"

@@ -48,11 +48,8 @@ check() {  # check CONFIG BASE NAME NPROC ARGS...
         die "$name failed: $(tail -n 20 "$out.txt")"
     echo "$name ($*)"
     grep -q "(ep [24])" "$out.txt" || die "$name: the banner does not name expert parallelism"
-    close_weights "$W/$base.grads.bin" "$out.grads.bin" 1e-5 1e-4
-    close_losses "$W/$base/log.jsonl" "$out/log.jsonl"
-    close_val "$W/$base/log.jsonl" "$out/log.jsonl"
+    close_run "$W/$base" "$out" model_00000004.bin
     close_moe "$W/$base/log.jsonl" "$out/log.jsonl" 4
-    close_weights "$W/$base/model_00000004.bin" "$out/model_00000004.bin" 1e-5 1e-4
     # every rank samples (the MoE layers' all-to-all), the same tokens as one process
     [ "$(grep 'sample' "$out.txt")" = "$(grep 'sample' "$W/$base.txt")" ] || die "$name: the samples differ"
     # the planner's memory table is the allocation (each (pp, tp) position: the largest of its ep

@@ -31,11 +31,6 @@ grep -q 'llama: 4 layers, 4 heads (2 kv), d_model 32, ffn 48' "$W/base.txt" || d
 [ -s "$W/base/model_00000010.safetensors" ] && [ -s "$W/base/config.json" ] || die "no safetensors export"
 grep -q '"num_key_value_heads": 2' "$W/base/config.json" || die "config.json lacks num_key_value_heads"
 
-close_val() {
-    paste <(grep -o '"val_loss":[^,}]*' "$1" | cut -d: -f2) <(grep -o '"val_loss":[^,}]*' "$2" | cut -d: -f2) |
-        awk 'NF != 2 { bad++ } { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++ } END { exit bad > 0 || NR == 0 }' ||
-        die "validation losses of $2 differ from $1"
-}
 check() {  # check BASE NAME NPROC ARGS...: the layout's run matches the baseline BASE
     local base=$1 name=$2 n=$3; shift 3
     local out="$W/$name"

@@ -25,11 +25,6 @@ JSON
 LLMC_DUMP_GRADS="$W/base_grads.bin" "$BIN" "$W/c.json" "out_dir=$W/base" > "$W/base.txt" ||
     die "one-process baseline failed"
 
-close_val() {  # the val_loss records of two logs agree to 1e-5 relative
-    paste <(grep -o '"val_loss":[^,}]*' "$1" | cut -d: -f2) <(grep -o '"val_loss":[^,}]*' "$2" | cut -d: -f2) |
-        awk 'NF != 2 { bad++ } { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++ } END { exit bad > 0 || NR == 0 }' ||
-        die "validation losses of $2 differ from $1"
-}
 check() {  # check NAME NPROC ARGS...: the layout's run matches the baseline
     local name=$1 n=$2; shift 2
     local out="$W/$name"

@@ -43,11 +43,8 @@ check() {  # check CONFIG BASE NAME NPROC ARGS...
     LLMC_DUMP_GRADS="$out.grads.bin" dp_run "$n" "$c" "$@" "out_dir=$out" > "$out.txt" 2>&1 ||
         die "$name failed: $(tail -n 20 "$out.txt")"
     echo "$name ($*)"
-    close_weights "$W/$base.grads.bin" "$out.grads.bin" 1e-5 1e-4
-    close_losses "$W/$base/log.jsonl" "$out/log.jsonl"
-    close_val "$W/$base/log.jsonl" "$out/log.jsonl"
+    close_run "$W/$base" "$out" model_00000006.bin
     close_moe "$W/$base/log.jsonl" "$out/log.jsonl"
-    close_weights "$W/$base/model_00000006.bin" "$out/model_00000006.bin" 1e-5 1e-4
 }
 smp=(eval.sample_every=6 eval.sample_tokens=12)  # samples of the one-process runs, compared with cp's
 for arch in gpt2 llama; do
@@ -62,7 +59,6 @@ done
 check "$W/gpt2.json" gpt2_base gpt2_tp2_sp 2 parallel.tp=2 parallel.sequence_parallel=true
 # context parallelism: each sequence split over the cp ranks, capacity over the whole micro-batch
 drops() { grep -o '"moe_dropped":[^,}]*' "$1" | cut -d: -f2; }
-samples() { grep 'sample (token ids' "$1" | sed 's/^.*decode): //'; }
 check_cp() {  # check_cp CONFIG BASE NAME NPROC ARGS...: check, the same pairs dropped exactly, the same samples
     check "$@" "${smp[@]}"
     grep -q "context parallel: .* ranks" "$W/$3.txt" || die "$3: no context parallelism in the banner"
