@@ -2,7 +2,7 @@
 # the routed rows moved to their experts by all-to-all and back. Routing and capacity stay
 # per micro-batch and rank, so every layout equals one process with the same global batch (the
 # same micro-batches, as test_moe_layouts.sh): dp4 x ep2, dp4 x ep4 (ZeRO-1 and 3), dp2 x ep2 x tp2 (ZeRO-1),
-# dp2 x ep2 x pp2 (ZeRO-2), dp4 x ep2 under ZeRO-3 and dp2 x ep2 with full recomputation, on a GPT-2 with MoE in layers 1 and 3 and a
+# dp4 x ep4 x tp2 (ZeRO-1), dp2 x ep2 x pp2 (ZeRO-2), dp4 x ep4 x pp2, dp4 x ep2 under ZeRO-3 and dp2 x ep2 with full recomputation, on a GPT-2 with MoE in layers 1 and 3 and a
 # Llama with MoE in every layer: losses, validation losses and the MoE statistics (dropped
 # fraction included: capacity_factor is below top_k's share) to 1e-5, step-1 gradients (whole
 # experts, assembled over the ep ranks) and final weights to 1e-5 in norm; also dropless at ep 4. Checkpoints hold whole
@@ -65,8 +65,10 @@ check "$W/gpt2.json" gpt2_base gpt2_dp4_ep4_zero1 4 "${dp4[@]}" parallel.ep=4 pa
 check "$W/gpt2.json" gpt2_base gpt2_dp4_ep4_zero3 4 "${dp4[@]}" parallel.ep=4 parallel.zero=3 checkpoint.every=2 \
     parallel.bucket_mb=0.01
 check "$W/gpt2.json" gpt2_base gpt2_dp2_ep2_tp2_zero1 4 "${dp2[@]}" parallel.ep=2 parallel.tp=2 parallel.zero=1
+check "$W/gpt2.json" gpt2_base gpt2_dp4_ep4_tp2_zero1 8 "${dp4[@]}" parallel.ep=4 parallel.tp=2 parallel.zero=1
 check "$W/llama.json" llama_base llama_dp4_ep4 4 "${dp4[@]}" parallel.ep=4
 check "$W/llama.json" llama_base llama_dp2_ep2_pp2_zero2 4 "${dp2[@]}" parallel.ep=2 parallel.pp=2 parallel.zero=2
+check "$W/llama.json" llama_base llama_dp4_ep4_pp2 8 "${dp4[@]}" parallel.ep=4 parallel.pp=2
 check "$W/llama.json" llama_base llama_dp4_ep2_zero3 4 "${dp4[@]}" parallel.ep=2 parallel.zero=3
 check "$W/llama.json" llama_base llama_dp2_ep2_full 2 "${dp2[@]}" parallel.ep=2 train.recompute=full
 grep -q '^expert parallel: 2 ranks, 2 of the 4 experts of each MoE layer each' "$W/llama_dp2_ep2_full.txt" ||
