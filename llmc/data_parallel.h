@@ -43,11 +43,11 @@
 // the same bits either way.
 //
 // Expert parallelism (parallel.ep; llmc/process_grid.h): the group this class is given is the
-// expert-dp group (the dp/ep ranks holding the same experts), and ep the expert-parallel group.
+// expert-dp group (the dp x cp / ep ranks holding the same experts), and ep the expert-parallel group.
 // Every reduction runs over the expert-dp group as above, which completes the expert tensors'
 // gradients (their owner already summed its ep group's tokens); the other elements (every tensor
 // but the experts, and the padding: the dense ones) are then summed over the ep group as well,
-// which completes their sum over all of dp: at ZeRO-0 by an all-reduce, at ZeRO >= 1 by a
+// which completes their sum over all of dp (x cp): at ZeRO-0 by an all-reduce, at ZeRO >= 1 by a
 // reduce-scatter that gives each ep rank the sums of the dense elements whose optimizer state it
 // owns (below; the rest of its gradient shard's dense elements are not read, and gather_gradients
 // collects the parts from their owners). The ep ranks of one group hold the same shard range (the

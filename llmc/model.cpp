@@ -180,7 +180,7 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
     const size_t NK = N * size_t(moe.top_k), E = size_t(moe.num_experts), Fe = size_t(moe.expert_ffn_dim) / tpn;
     const size_t PREe = block.swiglu ? 2 * Fe : Fe;
     // the experts' rows: this rank's pairs, or under expert parallelism the rows its experts receive
-    const size_t R = moe.enabled() ? moe_ep_max_rows(moe, int(N), layout.ep) : 0;
+    const size_t R = moe.enabled() ? moe_ep_max_rows(moe, int(N), layout.ep, layout.cp) : 0;
     Carver cv{base};
     // A layer's buffers; with core = false the attention core's and the activation's outputs are
     // left as they are (the shared ones of Selective). An MoE layer's MLP buffers hold its

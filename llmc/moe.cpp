@@ -146,8 +146,8 @@ MoeEpRoute moe_ep_route(const std::vector<int>& counts, int ep, int rank, int E)
     return r;
 }
 
-size_t moe_ep_max_rows(const MoeShape& m, int N, int ep) {
+size_t moe_ep_max_rows(const MoeShape& m, int N, int ep, int cp) {
     const size_t NK = size_t(N) * m.top_k;
     if (ep <= 1) return NK;
-    return size_t(ep) * std::min(NK, size_t(m.num_experts / ep) * size_t(moe_capacity(m, N)));
+    return size_t(ep) * std::min(NK, size_t(m.num_experts / ep) * size_t(moe_capacity(m, N * cp)));
 }

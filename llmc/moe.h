@@ -88,8 +88,9 @@ struct MoeEpRoute {
 // counts: [ep x E] every rank's MoePlan::count, rank-major; rank: this rank in the group.
 MoeEpRoute moe_ep_route(const std::vector<int>& counts, int ep, int rank, int E);
 // The most rows a rank's experts receive for N tokens per rank: each source sends at most all its
-// kept pairs (N k) and at most capacity rows per expert.
-size_t moe_ep_max_rows(const MoeShape& m, int N, int ep);
+// kept pairs (N k) and at most capacity rows per expert, the capacity of the micro-batch's N cp
+// tokens under context parallelism (moe_cp_plan).
+size_t moe_ep_max_rows(const MoeShape& m, int N, int ep, int cp = 1);
 
 // The load-balancing loss of one layer from the router's probabilities p [N, E] (host copy)
 // and the plan; daux[e] = d aux / d p[n, e] (the same for every n).

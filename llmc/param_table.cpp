@@ -83,10 +83,6 @@ void check_model_layout(const ModelShape& s, const ModelLayout& L, int T) {
     if (s.moe.enabled() && s.moe.expert_ffn_dim % tp != 0)
         throw UserError(strfmt("parallel.tp: %d does not divide model.moe.expert_ffn_dim = %d (each expert's MLP is "
                                "split by columns)", tp, s.moe.expert_ffn_dim));
-    if (L.ep > 1 && L.cp > 1)
-        throw UserError(strfmt("parallel.ep: %d with parallel.cp = %d: expert parallelism reduces gradients over its "
-                               "expert-dp and ep groups, which hold one cp rank each; not supported together yet (set "
-                               "parallel.ep = 1 or parallel.cp = 1)", L.ep, L.cp));
     if (L.ep > 1 && (!s.moe.enabled() || s.moe.num_experts % L.ep != 0))
         throw UserError(strfmt("parallel.ep: %d must divide model.moe.num_experts = %d (each expert-parallel rank holds "
                                "num_experts / ep whole experts)", L.ep, s.moe.num_experts));

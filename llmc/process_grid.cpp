@@ -23,8 +23,15 @@ ProcessGrid::ProcessGrid(std::array<int, kNumAxes> sizes, int r, int e) : rank(r
     }
     pp = size(Axis::pp), dp = size(Axis::dp), cp = size(Axis::cp), tp = size(Axis::tp);
     pp_rank = coord(Axis::pp), dp_rank = coord(Axis::dp), cp_rank = coord(Axis::cp), tp_rank = coord(Axis::tp);
-    LLMC_ASSERT(ep >= 1 && dp % ep == 0, "ep must divide dp");
+    LLMC_ASSERT(ep >= 1 && dp * cp % ep == 0, "ep must divide dp x cp");
 }
+
+namespace {
+// A rank's position in the dp x cp slice (dp_cp_rank), from its coordinates.
+long long dp_cp_of(const ProcessGrid& g, const std::array<int, kNumAxes>& c) {
+    return (long long)c[size_t(Axis::dp)] * g.cp + c[size_t(Axis::cp)];
+}
+}  // namespace
 
 std::vector<std::vector<int>> ProcessGrid::partition(
     long long (*key)(const ProcessGrid&, const std::array<int, kNumAxes>&)) const {
@@ -47,24 +54,22 @@ std::vector<std::vector<int>> ProcessGrid::partition(
     return out;
 }
 
-std::vector<std::vector<int>> ProcessGrid::ep_groups() const {  // same pp, edp, cp, tp
+std::vector<std::vector<int>> ProcessGrid::ep_groups() const {  // same pp, edp_rank, tp
     return partition([](const ProcessGrid& g, const std::array<int, kNumAxes>& c) {
-        const long long edp_rank = c[size_t(Axis::dp)] / g.ep;
-        return ((c[size_t(Axis::pp)] * (long long)g.dp + edp_rank) * g.cp + c[size_t(Axis::cp)]) * g.tp + c[size_t(Axis::tp)];
+        const long long edp_rank = dp_cp_of(g, c) / g.ep;
+        return (c[size_t(Axis::pp)] * (long long)g.edp() + edp_rank) * g.tp + c[size_t(Axis::tp)];
     });
 }
 
-std::vector<std::vector<int>> ProcessGrid::expert_dp_groups() const {  // same pp, ep_rank, cp, tp
+std::vector<std::vector<int>> ProcessGrid::expert_dp_groups() const {  // same pp, ep_rank, tp
     return partition([](const ProcessGrid& g, const std::array<int, kNumAxes>& c) {
-        const long long ep_rank = c[size_t(Axis::dp)] % g.ep;
-        return ((c[size_t(Axis::pp)] * (long long)g.ep + ep_rank) * g.cp + c[size_t(Axis::cp)]) * g.tp + c[size_t(Axis::tp)];
+        const long long ep_rank = dp_cp_of(g, c) % g.ep;
+        return (c[size_t(Axis::pp)] * (long long)g.ep + ep_rank) * g.tp + c[size_t(Axis::tp)];
     });
 }
 
-std::vector<std::vector<int>> ProcessGrid::model_groups() const {  // same edp_rank, cp
-    return partition([](const ProcessGrid& g, const std::array<int, kNumAxes>& c) {
-        return (long long)(c[size_t(Axis::dp)] / g.ep) * g.cp + c[size_t(Axis::cp)];
-    });
+std::vector<std::vector<int>> ProcessGrid::model_groups() const {  // same edp_rank
+    return partition([](const ProcessGrid& g, const std::array<int, kNumAxes>& c) { return dp_cp_of(g, c) / g.ep; });
 }
 
 int ProcessGrid::world_rank_of(std::array<int, kNumAxes> c) const {
@@ -125,9 +130,12 @@ ProcessGrid make_process_grid(const ParallelConfig& pc, int world, int rank) {
                                "parallel.dp=\"auto\")",
                                product.c_str(), dp * model_ranks, world, world == 1 ? "" : "es", dp * model_ranks));
     }
-    if (pc.ep < 1 || dp % pc.ep != 0)
-        throw UserError(strfmt("parallel.ep: %d does not divide parallel.dp = %d (the expert-parallel groups are ep "
-                               "consecutive data-parallel ranks)", pc.ep, dp));
+    if (pc.ep < 1 || dp * cp % pc.ep != 0) {
+        const std::string ranks = cp > 1 ? strfmt("parallel.dp * parallel.cp = %d x %d", dp, cp)
+                                         : strfmt("parallel.dp = %d", dp);
+        throw UserError(strfmt("parallel.ep: %d does not divide %s (the expert-parallel groups are ep consecutive "
+                               "data-parallel ranks)", pc.ep, ranks.c_str()));
+    }
     return ProcessGrid({{pp, dp, cp, tp}}, rank, pc.ep);
 }
 

@@ -7,12 +7,13 @@
 // one dp rank hold the same parameters and see different tokens of the same sequences, so
 // gradients are reduced, and ZeRO shards taken, over dp x cp: the "dp" group below is that
 // slice (dp_cp ranks; of size dp when cp is 1).
-// Expert parallelism (parallel.ep, model.moe) splits the dp axis: dp_rank = edp_rank * ep +
-// ep_rank. An "ep" group is ep consecutive dp ranks (the other coordinates equal): together they
-// hold every expert of a layer once (ep_rank holds experts [ep_rank E/ep, (ep_rank+1) E/ep)) and
-// trade tokens by all-to-all. An "expert-dp" group is the dp/ep ranks with the same ep_rank (the
-// same experts): the data-parallel group of the expert parameters, and ZeRO's shard group
-// under expert parallelism (llmc/data_parallel.h).
+// Expert parallelism (parallel.ep, model.moe) splits that dp x cp slice: its rank
+// dp_cp_rank = edp_rank * ep + ep_rank. An "ep" group is ep consecutive members of the slice (the
+// other coordinates equal; with cp > 1 they may be cp ranks of one sequence or several dp
+// ranks): together they hold every expert of a layer once (ep_rank holds experts
+// [ep_rank E/ep, (ep_rank+1) E/ep)) and trade routed tokens by all-to-all. An "expert-dp" group
+// is the dp_cp/ep ranks with the same ep_rank (the same experts): the data-parallel group of the
+// expert parameters, and ZeRO's shard group under expert parallelism (llmc/data_parallel.h).
 // The groups' communicators live in ProcessGroups.
 #pragma once
 #include <array>
@@ -31,7 +32,7 @@ struct ProcessGrid {
     // One process: every axis of size 1.
     ProcessGrid() = default;
     // sizes in axis order (pp, dp, cp, tp); rank: this process's world rank
-    // ep: expert-parallel ranks, a divisor of dp (the dp axis split as above)
+    // ep: expert-parallel ranks, a divisor of dp x cp (that slice split as above)
     ProcessGrid(std::array<int, kNumAxes> sizes, int rank, int ep = 1);
 
     int world = 1, rank = 0;
@@ -43,11 +44,10 @@ struct ProcessGrid {
     int dp_cp_rank() const { return dp_rank * cp + cp_rank; }
     // Expert parallelism: the ep group's size and this rank's place in it, and the expert-dp group's.
     int ep = 1;
-    int ep_rank() const { return dp_rank % ep; }
-    int edp() const { return dp / ep; }
-    int edp_rank() const { return dp_rank / ep; }
-    // ZeRO's shard group: the dp x cp group, or the expert-dp group under expert parallelism
-    // (ep > 1 refuses cp > 1: the expert-dp group holds one cp rank).
+    int ep_rank() const { return dp_cp_rank() % ep; }
+    int edp() const { return dp_cp() / ep; }
+    int edp_rank() const { return dp_cp_rank() / ep; }
+    // ZeRO's shard group: the dp x cp group, or the expert-dp group under expert parallelism.
     int shard_size() const { return ep > 1 ? edp() : dp_cp(); }
     int shard_rank() const { return ep > 1 ? edp_rank() : dp_cp_rank(); }
 
@@ -61,8 +61,7 @@ struct ProcessGrid {
     // pp); the middle stages are groups of one.
     std::vector<std::vector<int>> embed_groups() const;
     // Expert parallelism's groups (above), and the model-parallel groups with ep: the pp x ep x tp
-    // ranks with the same edp_rank (and cp_rank), which hold one copy of the model; members in world
-    // order (member i: tp_rank i % tp, ep_rank i / tp % ep, pp_rank i / (tp ep)).
+    // ranks with the same edp_rank, which hold one copy of the model; members in world order (member i: tp_rank i % tp, ep_rank i / tp % ep, pp_rank i / (tp ep)).
     std::vector<std::vector<int>> ep_groups() const;
     std::vector<std::vector<int>> expert_dp_groups() const;
     std::vector<std::vector<int>> model_groups() const;

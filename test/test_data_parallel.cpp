@@ -46,6 +46,23 @@ TEST_CASE("process grid: expert parallelism splits dp into ep groups of consecut
     CHECK((one.shard_size() == 4 && one.shard_rank() == 2));
 }
 
+TEST_CASE("process grid: with context parallelism, ep splits the dp x cp slice", "[grid]") {
+    // dp 2 x cp 2 = 4 ranks, ep 2: the slice's members 0-3 are world ranks 0-3 (dp-major), so an
+    // ep group is the cp pair of one dp rank and the expert-dp groups the dp ranks of one cp rank
+    ProcessGrid g({{1, 2, 2, 1}}, 2, 2);  // dp 1, cp 0: slice member 2
+    CHECK((g.ep_rank() == 0 && g.edp() == 2 && g.edp_rank() == 1 && g.shard_size() == 2 && g.shard_rank() == 1));
+    CHECK(g.ep_groups() == std::vector<std::vector<int>>{{0, 1}, {2, 3}});
+    CHECK(g.expert_dp_groups() == std::vector<std::vector<int>>{{0, 2}, {1, 3}});
+    CHECK(g.model_groups() == std::vector<std::vector<int>>{{0, 1}, {2, 3}});
+    // dp 2 x cp 2 x tp 2, ep 4: the ep group spans both dp and cp ranks of one tp rank; one expert-dp
+    // rank, so every rank owns its experts alone; one copy of the model on all 8 ranks
+    ProcessGrid h({{1, 2, 2, 2}}, 5, 4);  // dp 1, cp 0, tp 1: slice member 2
+    CHECK((h.ep_rank() == 2 && h.edp() == 1 && h.edp_rank() == 0));
+    CHECK(h.ep_groups() == std::vector<std::vector<int>>{{0, 2, 4, 6}, {1, 3, 5, 7}});
+    CHECK(h.expert_dp_groups() == std::vector<std::vector<int>>{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}});
+    CHECK(h.model_groups() == std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5, 6, 7}});
+}
+
 TEST_CASE("process grid: a context-parallel axis sits between dp and tp", "[grid]") {
     // pp 2 x dp 2 x cp 2 x tp 2 = 16 ranks; rank 13 = 0b1101 = pp 1, dp 1, cp 0, tp 1
     ProcessGrid g({{2, 2, 2, 2}}, 13);

@@ -90,6 +90,11 @@ TEST_CASE("moe expert-parallel route: sends, receives, expert-major blocks", "[m
     m.capacity_factor = 1.0f;
     CHECK(moe_ep_max_rows(m, 8, 2) == 16);  // capacity 4: 2 experts x 4 rows from each of 2 sources
     CHECK(moe_ep_max_rows(m, 8, 1) == 16);
+    // under context parallelism the capacity is the micro-batch's (N cp tokens): capacity_factor
+    // 0.5 gives 2 rows per expert for 8 tokens but 4 for the 16 of two cp ranks
+    m.capacity_factor = 0.5f;
+    CHECK(moe_ep_max_rows(m, 8, 2) == 8);
+    CHECK(moe_ep_max_rows(m, 8, 2, 2) == 16);
 }
 
 TEST_CASE("moe aux loss: Switch's E * sum f_e P_e, its gradient in p", "[moe]") {

@@ -40,6 +40,9 @@ check dp2_cp2_zero3 4 parallel.dp=2 parallel.cp=2 parallel.zero=3 train.grad_acc
 # MoE under cp: the router's choices all-gathered over the cp group (host values through device memory)
 check cp2_moe 2 parallel.cp=2 model.moe.num_experts=4 model.moe.top_k=2 model.moe.expert_ffn_dim=32 \
     model.moe.capacity_factor=1.0
+# ... and with ep over the cp pair: the plan made over cp, the kept rows traded over ep
+check cp2_ep2_moe 2 parallel.dp=1 parallel.cp=2 parallel.ep=2 model.moe.num_experts=4 model.moe.top_k=2 \
+    model.moe.expert_ffn_dim=32 model.moe.capacity_factor=1.0
 check dp2_pp2_zero2 4 parallel.dp=2 parallel.pp=2 parallel.zero=2 train.grad_accum=2
 check dp4_ep2_moe 4 parallel.dp=4 parallel.ep=2 parallel.zero=1 train.grad_accum=1 model.moe.num_experts=4 \
     model.moe.top_k=2 model.moe.expert_ffn_dim=32

@@ -2,7 +2,9 @@
 # the routed rows moved to their experts by all-to-all and back. Routing and capacity stay
 # per micro-batch and rank, so every layout equals one process with the same global batch (the
 # same micro-batches, as test_moe_layouts.sh): dp4 x ep2, dp4 x ep4 (ZeRO-1 and 3), dp2 x ep2 x tp2 (ZeRO-1),
-# dp4 x ep4 x tp2 (ZeRO-1), dp2 x ep2 x pp2 (ZeRO-2), dp4 x ep4 x pp2, dp4 x ep2 under ZeRO-3 and dp2 x ep2 with full recomputation, on a GPT-2 with MoE in layers 1 and 3 and a
+# dp4 x ep4 x tp2 (ZeRO-1), dp2 x ep2 x pp2 (ZeRO-2), dp4 x ep4 x pp2, dp4 x ep2 under ZeRO-3, dp2 x ep2
+# with full recomputation, and with context parallelism (ep splitting dp x cp) cp2 x ep2, dp2 x cp2 x ep4
+# (ZeRO-3) and dp2 x cp2 x ep2 (ZeRO-1), on a GPT-2 with MoE in layers 1 and 3 and a
 # Llama with MoE in every layer: losses, validation losses and the MoE statistics (dropped
 # fraction included: capacity_factor is below top_k's share) to 1e-5, step-1 gradients (whole
 # experts, assembled over the ep ranks) and final weights to 1e-5 in norm; also dropless at ep 4. Checkpoints hold whole
@@ -73,6 +75,12 @@ check "$W/llama.json" llama_base llama_dp4_ep2_zero3 4 "${dp4[@]}" parallel.ep=2
 check "$W/llama.json" llama_base llama_dp2_ep2_full 2 "${dp2[@]}" parallel.ep=2 train.recompute=full
 grep -q '^expert parallel: 2 ranks, 2 of the 4 experts of each MoE layer each' "$W/llama_dp2_ep2_full.txt" ||
     die "the banner does not describe expert parallelism"
+# with context parallelism ep splits the dp x cp ranks: the cp pair of one sequence (cp2 x ep2),
+# every rank of dp2 x cp2 (ep4, ZeRO-3), the cp pairs of two dp ranks (ep2, ZeRO-1); the cp ranks
+# make the micro-batch's plan together (capacity over its tokens), then trade the kept rows
+check "$W/gpt2.json" gpt2_base gpt2_cp2_ep2 2 parallel.dp=1 parallel.cp=2 parallel.ep=2
+check "$W/gpt2.json" gpt2_base gpt2_dp2_cp2_ep4_zero3 4 "${dp2[@]}" parallel.cp=2 parallel.ep=4 parallel.zero=3
+check "$W/llama.json" llama_base llama_dp2_cp2_ep2_zero1 4 "${dp2[@]}" parallel.cp=2 parallel.ep=2 parallel.zero=1
 # dropless (capacity_factor 0): an owner may receive every pair of every rank of its group
 LLMC_DUMP_GRADS="$W/dropless_base.grads.bin" "$BIN" "$W/gpt2.json" model.moe.capacity_factor=0 "out_dir=$W/dropless_base" \
     > "$W/dropless_base.txt" 2>&1 || die "dropless baseline failed: $(tail -n 20 "$W/dropless_base.txt")"
@@ -133,6 +141,8 @@ echo "offload under ep: bitwise equal"
 
 # refusals: clear messages naming the key, exit 2
 expect_fail 2 'parallel.ep: 2 does not divide parallel.dp = 1' "$BIN" "$W/gpt2.json" parallel.ep=2 "out_dir=$W/x"
+expect_fail 2 'parallel.ep: 4 does not divide parallel.dp \* parallel.cp = 1 x 2' "$BIN" "$W/gpt2.json" parallel.ep=4 \
+    parallel.cp=2 plan.world=2 --plan
 expect_fail 2 'parallel.ep: 3 does not divide model.moe.num_experts = 4' "$BIN" "$W/gpt2.json" parallel.ep=3 "out_dir=$W/x"
 expect_fail 2 'parallel.ep: 2 needs model.moe' "$BIN" "$W/gpt2.json" parallel.ep=2 model.moe.num_experts=0 "out_dir=$W/x"
 expect_fail 2 'parallel.ep: 0 is out of range' "$BIN" "$W/gpt2.json" parallel.ep=0 "out_dir=$W/x"

@@ -10,7 +10,7 @@
 # with full recompute; with capacity and dropless): the cp ranks decide capacity over the whole
 # micro-batch, so they drop exactly the pairs one process drops (the logged fraction is the same to
 # the last digit), and sample the same tokens. Then the refusals (an expert width tp does not
-# divide, ep with cp, fp8, bad keys).
+# divide, fp8, bad keys). Expert parallelism, with cp too: test_ep_layouts.sh.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
 make_data
@@ -100,8 +100,6 @@ close_weights "$W/gpt2_base/model_00000006.bin" "$W/resumed/model_00000006.bin" 
 # refusals: clear messages naming the key, exit 2
 expect_fail 2 'parallel.tp: 4 does not divide model.moe.expert_ffn_dim = 6' dp_run 4 "$W/gpt2.json" parallel.tp=4 \
     model.n_head=4 model.moe.expert_ffn_dim=6 "out_dir=$W/x"
-expect_fail 2 'parallel.ep: 2 with parallel.cp = 2' "$BIN" "$W/gpt2.json" parallel.dp=2 parallel.ep=2 parallel.cp=2 \
-    plan.world=4 --plan
 expect_fail 2 'precision: fp8 with model.moe' "$BIN" "$W/gpt2.json" precision=fp8 "out_dir=$W/x"
 expect_fail 2 'model.moe.top_k: 5 exceeds model.moe.num_experts = 4' "$BIN" "$W/gpt2.json" model.moe.top_k=5 "out_dir=$W/x"
 expect_fail 2 'model.moe.num_experts: 1' "$BIN" "$W/gpt2.json" model.moe.num_experts=1 "out_dir=$W/x"
