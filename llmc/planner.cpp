@@ -315,10 +315,11 @@ std::vector<ActivationTerm> activation_terms(const ModelShape& shape, DType dtyp
 
 std::string LayoutChoice::overrides() const {
     const ParallelConfig& pc = cfg.parallel;
-    return strfmt("parallel.dp=%d parallel.tp=%d parallel.pp=%d parallel.pp_schedule=%s parallel.pp_virtual=%d "
+    return strfmt("parallel.dp=%d%s parallel.tp=%d parallel.pp=%d parallel.pp_schedule=%s parallel.pp_virtual=%d "
                   "parallel.zero=%d parallel.sequence_parallel=%s train.recompute=%s train.micro_batch=%d "
                   "train.grad_accum=%d",
-                  pc.dp, pc.tp, pc.pp, pc.pp_schedule.c_str(), pc.pp_virtual, pc.zero,
+                  pc.dp, pc.cp > 1 ? strfmt(" parallel.cp=%d", pc.cp).c_str() : "", pc.tp, pc.pp, pc.pp_schedule.c_str(),
+                  pc.pp_virtual, pc.zero,
                   pc.sequence_parallel ? "true" : "false", cfg.train.recompute.c_str(), cfg.train.micro_batch,
                   cfg.train.grad_accum);
 }
@@ -398,11 +399,14 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
         Config least;  // the smallest micro-batch, with SP
     };
     std::vector<Group> groups;
-    for (int tp : divisors(world, base.plan.gpus_per_node)) {
+    // the given context- and expert-parallel degrees stay (they follow from the sequence length and
+    // the experts, not from the memory); tp, pp, dp and the rest are searched
+    const int cp = given.cp, ep = given.ep;
+    for (int tp : divisors(world / cp, base.plan.gpus_per_node)) {
         if (shape.n_head % tp || shape.kv_heads() % tp || shape.ffn() % tp) continue;
-        for (int pp : divisors(world / tp, shape.n_layer)) {
-            const int dp = world / tp / pp;
-            if (batch % dp || dp % base.parallel.ep) continue;  // expert parallelism splits dp
+        for (int pp : divisors(world / cp / tp, shape.n_layer)) {
+            const int dp = world / cp / tp / pp;
+            if (batch % dp || dp * cp % ep) continue;  // expert parallelism splits dp x cp
             const int per_rank = int(batch / dp);
             struct Sched {
                 const char* name;
@@ -416,10 +420,10 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
                 for (int mb : divisors(per_rank, 64)) {
                     const int ga = per_rank / mb;
                     if (sc.v > 1 && ga % pp) continue;
-                    for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++)
+                    for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++)  // ZeRO shards over dp x cp
                         for (const char* rc : {"none", "selective", "full"})
                             for (int sp = 0; sp <= (tp > 1 ? 1 : 0); sp++) {
-                                if (sp && base.train.seq_len % tp) continue;
+                                if (sp && base.train.seq_len / cp % tp) continue;
                                 LayoutChoice c;
                                 c.cfg = proto;
                                 ParallelConfig& pc = c.cfg.parallel;
@@ -446,7 +450,7 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
     std::vector<char> possible(all.size(), 1);
     for (const Group& grp : groups) {
         const ProcessGrid g = make_process_grid(grp.least.parallel, world, 0);
-        if (!some_stage_fits(grp.least, shape, g, dtype, g.dp > 1 ? 3 : 0, budget))
+        if (!some_stage_fits(grp.least, shape, g, dtype, g.dp_cp() > 1 ? 3 : 0, budget))
             std::fill(possible.begin() + long(grp.begin), possible.begin() + long(grp.end), 0);
     }
     std::vector<size_t> order;
