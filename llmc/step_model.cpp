@@ -47,12 +47,25 @@ Link link_of(const DeviceSpec& d, int stride, int n) {
     return {std::min(d.nvlink_bytes_s, per_node * d.ib_bytes_s), d.ib_latency_s};
 }
 
-// Parameters of one transformer layer and of everything else, without the vocabulary padding.
-void layer_params(const ModelShape& s, double* per_layer, double* rest) {
+// The parameters outside the layers (embeddings, head, final norm) and, per layer on average
+// (MoE layers are every model.moe.every-th), all of them, those a token runs through (top_k of an
+// MoE layer's experts: flops_per_token's count) and the experts'; without the vocabulary padding.
+struct LayerParams {
+    double rest = 0, all = 0, active = 0, experts = 0;
+    double held(int ep) const { return all - experts + experts / ep; }  // a rank's share: E/ep experts
+};
+LayerParams layer_params(const ModelShape& s) {
     ModelShape one = s, two = s;
+    one.moe.num_experts = two.moe.num_experts = 0;  // dense: the layers alike, the rest unchanged
     one.n_layer = 1, two.n_layer = 2;
-    *per_layer = double(num_params_unpadded(two)) - double(num_params_unpadded(one));
-    *rest = double(num_params_unpadded(one)) - *per_layer;
+    LayerParams p;
+    p.rest = 2.0 * double(num_params_unpadded(one)) - double(num_params_unpadded(two));
+    for (const TensorDecl& d : model_tensors(s))
+        if (d.per_expert) p.experts += double(d.rows) * double(d.cols) * double(decl_instances(s, d).size());
+    p.experts /= s.n_layer;
+    p.all = (double(num_params_unpadded(s)) - p.rest) / s.n_layer;
+    p.active = s.moe.enabled() ? p.all - p.experts * double(s.moe.num_experts - s.moe.top_k) / s.moe.num_experts : p.all;
+    return p;
 }
 }  // namespace
 
@@ -95,14 +108,14 @@ double ring_gather_s(double bytes, int n, double bytes_s, double latency_s) {
     return double(n - 1) / n * bytes / bytes_s + double(n - 1) * latency_s;
 }
 
-StageCost stage_cost(const Config& cfg, const ModelShape& s, const DeviceSpec& d, int tp, int cp) {
+StageCost stage_cost(const Config& cfg, const ModelShape& s, const DeviceSpec& d, int tp, int cp, int ep) {
     const double dt = dtype_size(run_dtype(cfg.precision, cfg.device == "cpu" ? "cpu" : "cuda"));
     // one micro-batch's tokens on this rank: a cp rank holds seq_len / cp of each sequence (and
     // attends them to all seq_len keys: 12 C T per token below still holds)
     const double tokens = double(cfg.train.micro_batch) * cfg.train.seq_len / cp;
     const double C = s.d_model, T = cfg.train.seq_len, flops_s = d.peak_flops * d.efficiency;
-    double p_layer = 0, p_rest = 0;
-    layer_params(s, &p_layer, &p_rest);
+    const LayerParams lp = layer_params(s);
+    const double p_layer = lp.active;
     // per token: forward 2 P + 4 C T (scores and their use), backward twice that
     double layer_flops = 6.0 * p_layer + 12.0 * C * T;
     int tp_collectives = 4;  // two all-reduces (or all-gather + reduce-scatter pairs) forward, two backward
@@ -118,9 +131,20 @@ StageCost stage_cost(const Config& cfg, const ModelShape& s, const DeviceSpec& d
     const double block = tokens * (s.n_head + 2.0 * s.kv_heads()) * (C / s.n_head) / tp * dt;
     const double passes = cp > 1 ? (cp - 1) * (rc == Recompute::Full ? 4.0 : 3.0) + 1.0 : 0.0;
     const double ring = passes * (block / cpl.bytes_s + cpl.latency_s);
+    // expert parallelism's all-to-all (llmc/moe.h), not overlapped: per MoE layer the k rows of
+    // every token (whole d_model rows on each TP rank) go to their experts' owners and back,
+    // dispatch and combine forward (again with full recompute), their gradients backward; (ep -
+    // 1)/ep of the rows leave the rank, a message to each other member. ep consecutive dp x cp
+    // ranks: tp apart. Averaged over the layers like the parameters.
+    const Link epl = link_of(d, tp, ep);
+    const double rows = tokens * s.moe.top_k * C * dt * (ep - 1) / ep;
+    const double moe_layers = s.moe.enabled() ? double(s.n_layer / s.moe.every) / s.n_layer : 0.0;
+    const double a2a = ep > 1 ? moe_layers * (rc == Recompute::Full ? 6.0 : 4.0) *
+                                    (rows / epl.bytes_s + (ep - 1) * epl.latency_s)
+                              : 0.0;
     StageCost c;
     c.layer = {tokens * layer_flops / tp / flops_s,
-               tp_collectives * ring_all_reduce_s(act, tp, tpl.bytes_s, tpl.latency_s) + ring};
+               tp_collectives * ring_all_reduce_s(act, tp, tpl.bytes_s, tpl.latency_s) + ring + a2a};
     // the embedding: gather rows forward, scatter-add the gradient backward (HBM-bound), and the
     // vocabulary-parallel lookup's all-reduce
     c.embedding = {4.0 * act / d.hbm_bytes_s, ring_all_reduce_s(act, tp, tpl.bytes_s, tpl.latency_s)};
@@ -141,7 +165,7 @@ std::vector<int> balance_pp_layers(const Config& cfg, const ModelShape& shape) {
         throw UserError(strfmt("parallel.pp_layers: \"auto\" needs at least one layer per stage: model.n_layer = %d is "
                                "fewer than parallel.pp x parallel.pp_virtual = %d",
                                shape.n_layer, stages));
-    const StageCost c = stage_cost(cfg, shape, plan_device(cfg), pc.tp, pc.cp);
+    const StageCost c = stage_cost(cfg, shape, plan_device(cfg), pc.tp, pc.cp, pc.ep);
     std::vector<int> n(size_t(stages), 1);
     auto cost = [&](int st, int layers) { return c.stage(st, stages, layers).total(); };
     // water-filling: each further layer goes to the stage it leaves cheapest (the earliest on a tie),
@@ -158,7 +182,7 @@ std::vector<int> balance_pp_layers(const Config& cfg, const ModelShape& shape) {
 StepTime estimate_step(const Config& cfg, const ModelShape& s, const ProcessGrid& g, DType dtype) {
     const ParallelConfig& pc = cfg.parallel;
     const DeviceSpec d = plan_device(cfg);
-    const StageCost c = stage_cost(cfg, s, d, g.tp, g.cp);
+    const StageCost c = stage_cost(cfg, s, d, g.tp, g.cp, g.ep);
     const double dt = dtype_size(dtype), m = cfg.train.grad_accum;
     const double tokens = double(cfg.train.micro_batch) * cfg.train.seq_len;  // of each DP rank's sequences
     const bool sp = pc.sequence_parallel && g.tp > 1;
@@ -195,8 +219,9 @@ StepTime estimate_step(const Config& cfg, const ModelShape& s, const ProcessGrid
 
     // data parallelism over the rank with the most parameters (the embedding and the head counted
     // on whichever rank holds them: an estimate, the memory plan has the exact count)
-    double p_layer = 0, p_rest = 0;
-    layer_params(s, &p_layer, &p_rest);
+    // (under expert parallelism a rank holds E/ep of each MoE layer's experts)
+    const LayerParams lp = layer_params(s);
+    const double p_layer = lp.held(g.ep), p_rest = lp.rest;
     double most = 0;
     int most_layers = 0;
     for (int p = 0; p < g.pp; p++) {

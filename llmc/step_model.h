@@ -8,16 +8,20 @@
 // The model, and what it assumes (dev/bench/PLANNER.md holds it against published numbers):
 // - Compute: the model's FLOPs (6 x parameters + 12 x layers x d_model x seq per token, llmc/mfu.h)
 //   plus what recomputation runs again, at plan.efficiency x the dense peak of the precision;
-//   the embedding and the head's loss pass are HBM-bound (bytes / HBM bandwidth).
+//   the embedding and the head's loss pass are HBM-bound (bytes / HBM bandwidth). With MoE the
+//   parameters a token runs through: top_k of each MoE layer's experts.
 // - Tensor parallelism: per layer and micro-batch two ring all-reduces of the activations in
 //   forward and two in backward (with sequence parallelism an all-gather and a reduce-scatter
 //   each: the same bytes), not overlapped with compute (the trainer's), or with plan.tp_overlap
 //   hidden behind the layers' GEMMs where they last longer (Megatron's --tp-comm-overlap).
+//   Context parallelism's K/V ring and expert parallelism's all-to-all (each MoE layer's k rows
+//   per token to their experts' owners and back, forward and backward) count with it: exposed.
 // - Pipeline: each stage sends its output forward and receives the gradient back, per
 //   micro-batch and chunk (one message each way, not overlapped); the bubble of gpipe and 1f1b
 //   is the sum of the other stages' times per micro-batch (= (p-1) x t when balanced), of the
 //   interleaved schedule that over the chunks per rank (v).
-// - Data parallelism (llmc/data_parallel.h), over the rank with the most parameters: ZeRO 0
+// - Data parallelism (llmc/data_parallel.h), over the rank with the most parameters (E/ep of the
+//   experts under expert parallelism): ZeRO 0
 //   all-reduces and ZeRO-1 reduce-scatters the gradients during the last micro-batch's backward
 //   (what outlasts that backward is exposed); ZeRO-2 reduce-scatters each layer's gradient in
 //   every micro-batch's backward (likewise); ZeRO 1-2 all-gather the updated parameters behind
@@ -65,7 +69,7 @@ DeviceSpec plan_device(const Config& cfg);
 // One optimizer step's estimated time, in seconds.
 struct StepTime {
     double compute = 0;    // the slowest pipeline rank's compute over all micro-batches
-    double tp_comm = 0;    // exposed tensor-parallel collectives (on that rank)
+    double tp_comm = 0;    // exposed collectives inside the layers: tensor-parallel, cp's ring, ep's all-to-all
     double pp_comm = 0;    // exposed pipeline sends and receives (on that rank)
     double dp_comm = 0;    // exposed data-parallel (ZeRO) communication
     double bubble = 0;     // the pipeline's fill and drain
@@ -95,7 +99,7 @@ struct StageCost {
         return c;
     }
 };
-StageCost stage_cost(const Config& cfg, const ModelShape& shape, const DeviceSpec& dev, int tp, int cp = 1);
+StageCost stage_cost(const Config& cfg, const ModelShape& shape, const DeviceSpec& dev, int tp, int cp = 1, int ep = 1);
 
 // The step time of cfg's layout on grid.world devices of plan_device(cfg).
 StepTime estimate_step(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype);

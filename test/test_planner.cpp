@@ -99,6 +99,37 @@ TEST_CASE("one GPU: the step is compute and the update; MFU is the efficiency le
     CHECK(sel.compute < full.compute);
 }
 
+TEST_CASE("mixture of experts: compute counts top_k experts; ep holds E/ep of them and its all-to-all shows", "[plan]") {
+    // GPT-2 124M on 2 GPUs (dp 2), 8 micro-batches of 1024 tokens; MoE: 4 experts as wide as the
+    // dense MLP, top-1, so a token computes what it does in the dense model (plus a 768 x 4 router)
+    const json dense = {{"train", {{"grad_accum", 8}}}, {"parallel", {{"dp", 2}}}};
+    json moe = dense;
+    moe["model"]["moe"] = {{"num_experts", 4}, {"top_k", 1}, {"expert_ffn_dim", 3072}, {"every", 1}};
+    const auto step = [](const json& j) { return step_of(gpt_config(12, 768, 12, 50257, 1024, j)); };
+    const StepTime d = step(dense), m1 = step(moe);
+    CHECK(m1.compute / d.compute == Approx(1.0).epsilon(1e-3));
+    CHECK(m1.tp_comm == 0.0);
+    // ep 2: per layer and micro-batch 4 all-to-alls (dispatch, combine, and their gradients) of
+    // half the 1024 rows of 768 bf16 values, over NVLink (450 GB/s, 1 us a message)
+    json ep2 = moe;
+    ep2["parallel"]["ep"] = 2;
+    const StepTime m2 = step(ep2);
+    const double a2a = 1024.0 * 768 * 2 / 2 / 450e9 + 1e-6;
+    CHECK(m2.tp_comm == Approx(8 * 12 * 4 * a2a).epsilon(1e-9));
+    CHECK(m2.compute == Approx(m1.compute));
+    // a rank holds half the experts: the update reads and writes that much less state (ZeRO-0:
+    // every parameter of the rank); 12 layers x 4 experts of fcw, fcb, fcprojw, fcprojb
+    const double experts = 12.0 * 4 * (768.0 * 3072 * 2 + 3072 + 768);
+    const double total = double(num_params_unpadded(model_shape(gpt_config(12, 768, 12, 50257, 1024, moe).model)));
+    CHECK(m2.optimizer / m1.optimizer == Approx((total - experts / 2) / total).epsilon(1e-9));
+    // MoE in every other layer: half the all-to-alls; full recompute dispatches and combines again
+    ep2["model"]["moe"]["every"] = 2;
+    CHECK(step(ep2).tp_comm == Approx(8 * 6 * 4 * a2a).epsilon(1e-9));
+    ep2["model"]["moe"]["every"] = 1;
+    ep2["train"]["recompute"] = "full";
+    CHECK(step(ep2).tp_comm == Approx(8 * 12 * 6 * a2a).epsilon(1e-9));
+}
+
 TEST_CASE("context parallelism: each rank computes 1/cp of the tokens; the ring shows", "[plan]") {
     // the 1.3B shape on 2 GPUs: cp 2 against one GPU with the same global batch
     Config one = gpt_config(24, 2048, 16, 50257, 2048, {{"train", {{"grad_accum", 8}}}, {"parallel", {{"dp", 1}}}});
