@@ -9,7 +9,8 @@
 # fraction included: capacity_factor is below top_k's share) to 1e-5, step-1 gradients (whole
 # experts, assembled over the ep ranks) and final weights to 1e-5 in norm; also dropless at ep 4. Checkpoints hold whole
 # experts and whole optimizer state: saved at ep 4 (ZeRO-1 and ZeRO-3) resumed at ep 1 and at
-# dp4 x ep2 ZeRO-3, saved at ep 1 resumed at ep 2 (ZeRO-0, 1, 3), all equal the uninterrupted
+# dp4 x ep2 ZeRO-3, saved at ep 1 resumed at ep 2 (ZeRO-0, 1, 3) and at cp2 x ep2, saved at dp2 x cp2 x ep4
+# ZeRO-3 resumed on one process, all equal the uninterrupted
 # run. Samples equal one process's. ZeRO's optimizer bytes per rank under ep (the dense state
 # sharded over all of dp) by hand, and offload under ep bitwise. The planner's memory table
 # equals the allocation of every layout. Then the refusals.
@@ -79,7 +80,8 @@ grep -q '^expert parallel: 2 ranks, 2 of the 4 experts of each MoE layer each' "
 # every rank of dp2 x cp2 (ep4, ZeRO-3), the cp pairs of two dp ranks (ep2, ZeRO-1); the cp ranks
 # make the micro-batch's plan together (capacity over its tokens), then trade the kept rows
 check "$W/gpt2.json" gpt2_base gpt2_cp2_ep2 2 parallel.dp=1 parallel.cp=2 parallel.ep=2
-check "$W/gpt2.json" gpt2_base gpt2_dp2_cp2_ep4_zero3 4 "${dp2[@]}" parallel.cp=2 parallel.ep=4 parallel.zero=3
+check "$W/gpt2.json" gpt2_base gpt2_dp2_cp2_ep4_zero3 4 "${dp2[@]}" parallel.cp=2 parallel.ep=4 parallel.zero=3 \
+    checkpoint.every=2
 check "$W/llama.json" llama_base llama_dp2_cp2_ep2_zero1 4 "${dp2[@]}" parallel.cp=2 parallel.ep=2 parallel.zero=1
 # dropless (capacity_factor 0): an owner may receive every pair of every rank of its group
 LLMC_DUMP_GRADS="$W/dropless_base.grads.bin" "$BIN" "$W/gpt2.json" model.moe.capacity_factor=0 "out_dir=$W/dropless_base" \
@@ -103,6 +105,8 @@ resume ep4_to_ep2_zero3 gpt2_dp4_ep4_zero1 4 "${dp4[@]}" parallel.ep=2 parallel.
 resume ep1_to_ep2 gpt2_base 2 "${dp2[@]}" parallel.ep=2
 resume ep1_to_ep2_zero1 gpt2_base 2 "${dp2[@]}" parallel.ep=2 parallel.zero=1
 resume ep1_to_ep2_zero3 gpt2_base 2 "${dp2[@]}" parallel.ep=2 parallel.zero=3
+resume cp2_ep4_zero3_to_ep1 gpt2_dp2_cp2_ep4_zero3 1
+resume ep1_to_cp2_ep2 gpt2_base 2 parallel.dp=1 parallel.cp=2 parallel.ep=2
 
 # ZeRO shards the dense optimizer state over all of dp: at dp 2 x ep 2 (one expert-dp rank),
 # ZeRO-1, fp32 (m and v: 8 B per element), a rank owns its experts (2 MoE layers x 2 of the 4
