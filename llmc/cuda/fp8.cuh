@@ -97,7 +97,7 @@ __global__ void cast_kernel(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, u
 // cuBLASLt fp8 GEMM. Column-major D[m, n] (ldd = m) = a_scale * b_scale * A^T B (+ bias[m])
 // (+ beta * D), with A stored k x m (lda = k) and B stored k x n (ldb = k), fp8 (not both
 // E5M2); D and bias bf16 or fp32 (fp32 D takes no bias here). As LtMatmul: the algorithm is
-// cached per problem and split-K schemes that accumulate in place are excluded (deterministic).
+// cached per problem, and every split-K scheme is allowed (all deterministic: lt_preference).
 class Fp8Gemm {
 public:
     static constexpr size_t kWorkspaceBytes = 32u << 20;
