@@ -315,11 +315,12 @@ std::vector<ActivationTerm> activation_terms(const ModelShape& shape, DType dtyp
 
 std::string LayoutChoice::overrides() const {
     const ParallelConfig& pc = cfg.parallel;
-    return strfmt("parallel.dp=%d%s parallel.tp=%d parallel.pp=%d parallel.pp_schedule=%s parallel.pp_virtual=%d "
+    return strfmt("parallel.dp=%d%s%s parallel.tp=%d parallel.pp=%d parallel.pp_schedule=%s parallel.pp_virtual=%d "
                   "parallel.zero=%d parallel.sequence_parallel=%s train.recompute=%s train.micro_batch=%d "
                   "train.grad_accum=%d",
-                  pc.dp, pc.cp > 1 ? strfmt(" parallel.cp=%d", pc.cp).c_str() : "", pc.tp, pc.pp, pc.pp_schedule.c_str(),
-                  pc.pp_virtual, pc.zero,
+                  pc.dp, pc.cp > 1 ? strfmt(" parallel.cp=%d", pc.cp).c_str() : "",
+                  cfg.model.moe.num_experts > 0 ? strfmt(" parallel.ep=%d", pc.ep).c_str() : "", pc.tp, pc.pp,
+                  pc.pp_schedule.c_str(), pc.pp_virtual, pc.zero,
                   pc.sequence_parallel ? "true" : "false", cfg.train.recompute.c_str(), cfg.train.micro_batch,
                   cfg.train.grad_accum);
 }
@@ -340,14 +341,14 @@ size_t largest_rank(const Config& cfg, const ModelShape& shape, const ProcessGri
 }
 
 // The largest planned total over the pipeline ranks at tp rank 0 (the tp ranks of a stage hold
-// equal shares), the ranks' parameter tables kept in `parts` by (tp, pp, chunks, dp, pp rank):
+// equal shares), the ranks' parameter tables kept in `parts` by (tp, pp, chunks, dp, ep, pp rank):
 // what differs between the candidates of a search is mostly not the tables.
 size_t largest_rank0(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype,
-                     std::map<std::array<int, 5>, RankParts>& parts) {
+                     std::map<std::array<int, 6>, RankParts>& parts) {
     const PpSchedule schedule = schedule_of(cfg, grid);
     size_t most = 0;
     for (int p = 0; p < grid.pp; p++) {
-        const std::array<int, 5> key = {grid.tp, grid.pp, cfg.parallel.pp_virtual, grid.dp, p};
+        const std::array<int, 6> key = {grid.tp, grid.pp, cfg.parallel.pp_virtual, grid.dp, grid.ep, p};
         auto it = parts.find(key);
         if (it == parts.end()) it = parts.emplace(key, rank_parts(cfg, shape, grid, p, 0)).first;
         RankParts r = it->second;
@@ -399,49 +400,62 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
         Config least;  // the smallest micro-batch, with SP
     };
     std::vector<Group> groups;
-    // the given context- and expert-parallel degrees stay (they follow from the sequence length and
-    // the experts, not from the memory); tp, pp, dp and the rest are searched
-    const int cp = given.cp, ep = given.ep;
+    // the given context-parallel degree stays (it follows from the sequence length); tp, pp, dp,
+    // with MoE the expert-parallel degree (a divisor of the experts and of dp x cp), and the rest
+    // are searched
+    const int cp = given.cp;
+    const std::vector<int> eps =
+        shape.moe.enabled() ? divisors(shape.moe.num_experts, shape.moe.num_experts) : std::vector<int>{1};
+    struct Mesh {
+        int tp, pp, dp, ep;
+    };
+    std::vector<Mesh> meshes;
     for (int tp : divisors(world / cp, base.plan.gpus_per_node)) {
         if (shape.n_head % tp || shape.kv_heads() % tp || shape.ffn() % tp) continue;
+        if (shape.moe.enabled() && shape.moe.expert_ffn_dim % tp) continue;
         for (int pp : divisors(world / cp / tp, shape.n_layer)) {
             const int dp = world / cp / tp / pp;
-            if (batch % dp || dp * cp % ep) continue;  // expert parallelism splits dp x cp
-            const int per_rank = int(batch / dp);
-            struct Sched {
-                const char* name;
-                int v;
-            };
-            std::vector<Sched> scheds = {{"1f1b", 1}};
-            if (pp > 1) scheds = {{"1f1b", 1}, {"gpipe", 1}, {"interleaved", 2}, {"interleaved", 4}};
-            for (const Sched& sc : scheds) {
-                if (shape.n_layer < pp * sc.v) continue;
-                Group grp{all.size(), 0, {}};
-                for (int mb : divisors(per_rank, 64)) {
-                    const int ga = per_rank / mb;
-                    if (sc.v > 1 && ga % pp) continue;
-                    for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++)  // ZeRO shards over dp x cp
-                        for (const char* rc : {"none", "selective", "full"})
-                            for (int sp = 0; sp <= (tp > 1 ? 1 : 0); sp++) {
-                                if (sp && base.train.seq_len / cp % tp) continue;
-                                LayoutChoice c;
-                                c.cfg = proto;
-                                ParallelConfig& pc = c.cfg.parallel;
-                                pc.dp = dp, pc.tp = tp, pc.pp = pp, pc.pp_schedule = sc.name, pc.pp_virtual = sc.v;
-                                pc.zero = zero, pc.sequence_parallel = sp;
-                                pc.pp_layers.clear();
-                                c.cfg.train.micro_batch = mb, c.cfg.train.grad_accum = ga, c.cfg.train.recompute = rc;
-                                resolve_pp_layers(c.cfg, shape);
-                                const ProcessGrid g = make_process_grid(pc, world, 0);
-                                c.time = estimate_step(c.cfg, shape, g, dtype);
-                                if (grp.begin == all.size() || (mb == grp.least.train.micro_batch && sp))
-                                    grp.least = c.cfg;
-                                all.push_back(std::move(c));
-                            }
-                }
-                grp.end = all.size();
-                if (grp.end > grp.begin) groups.push_back(grp);
+            if (batch % dp) continue;
+            for (int ep : eps)
+                if (dp * cp % ep == 0) meshes.push_back({tp, pp, dp, ep});  // expert parallelism splits dp x cp
+        }
+    }
+    struct Sched {
+        const char* name;
+        int v;
+    };
+    for (const Mesh& mesh : meshes) {
+        const int tp = mesh.tp, pp = mesh.pp, dp = mesh.dp;
+        const int per_rank = int(batch / dp);
+        std::vector<Sched> scheds = {{"1f1b", 1}};
+        if (pp > 1) scheds = {{"1f1b", 1}, {"gpipe", 1}, {"interleaved", 2}, {"interleaved", 4}};
+        for (const Sched& sc : scheds) {
+            if (shape.n_layer < pp * sc.v) continue;
+            Group grp{all.size(), 0, {}};
+            for (int mb : divisors(per_rank, 64)) {
+                const int ga = per_rank / mb;
+                if (sc.v > 1 && ga % pp) continue;
+                for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++)  // ZeRO shards over dp x cp
+                    for (const char* rc : {"none", "selective", "full"})
+                        for (int sp = 0; sp <= (tp > 1 ? 1 : 0); sp++) {
+                            if (sp && base.train.seq_len / cp % tp) continue;
+                            LayoutChoice c;
+                            c.cfg = proto;
+                            ParallelConfig& pc = c.cfg.parallel;
+                            pc.dp = dp, pc.tp = tp, pc.pp = pp, pc.pp_schedule = sc.name, pc.pp_virtual = sc.v;
+                            pc.ep = mesh.ep, pc.zero = zero, pc.sequence_parallel = sp;
+                            pc.pp_layers.clear();
+                            c.cfg.train.micro_batch = mb, c.cfg.train.grad_accum = ga, c.cfg.train.recompute = rc;
+                            resolve_pp_layers(c.cfg, shape);
+                            const ProcessGrid g = make_process_grid(pc, world, 0);
+                            c.time = estimate_step(c.cfg, shape, g, dtype);
+                            if (grp.begin == all.size() || (mb == grp.least.train.micro_batch && sp))
+                                grp.least = c.cfg;
+                            all.push_back(std::move(c));
+                        }
             }
+            grp.end = all.size();
+            if (grp.end > grp.begin) groups.push_back(grp);
         }
     }
     if (examined) *examined = all.size();
@@ -459,7 +473,7 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
     std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return all[a].time.tokens_per_s > all[b].time.tokens_per_s; });
     std::vector<LayoutChoice> out;
-    std::map<std::array<int, 5>, RankParts> parts;
+    std::map<std::array<int, 6>, RankParts> parts;
     for (size_t i : order) {
         LayoutChoice& c = all[i];
         const ProcessGrid g = make_process_grid(c.cfg.parallel, world, 0);

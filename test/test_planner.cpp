@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <set>
 
 #include "llmc/layout.h"
 #include "llmc/mfu.h"
@@ -348,38 +349,40 @@ TEST_CASE("--plan=search: every result fits and equals the memory plan, fastest 
     CHECK(search_layouts(none, shape, DType::BF16, 5).empty());
 }
 
-TEST_CASE("--plan=search keeps the given context- and expert-parallel degrees", "[plan]") {
-    // 8 GPUs, cp 2 (and an MoE with ep 4 over dp x cp): every layout found spans the 8 ranks with cp 2,
-    // its plan is the memory printed, and the overrides name cp; before, the search ignored cp and
-    // every candidate was an 8 x 2 layout for 8 processes (refused)
+TEST_CASE("--plan=search keeps the given cp; with MoE it searches ep", "[plan]") {
+    // 8 GPUs, cp 2: every layout found spans the 8 ranks with cp 2, its plan is the memory
+    // printed, and the overrides name cp (before, the search ignored cp and every candidate was a
+    // layout for 16 processes, refused). With 8 experts, ep is searched too: every divisor of 8
+    // that divides dp x cp, each named in the overrides
     const json base = {{"parallel", {{"dp", 4}, {"cp", 2}}}, {"train", {{"micro_batch", 2}}}, {"plan", {{"world", 8}}}};
     Config cfg = gpt_config(12, 768, 12, 50257, 1024, base);
-    for (int ep : {1, 4}) {
-        if (ep > 1) {
-            cfg.model.moe.num_experts = 8, cfg.model.moe.top_k = 2, cfg.model.moe.expert_ffn_dim = 1024;
-            cfg.parallel.ep = ep;
-        }
+    for (bool moe : {false, true}) {
+        if (moe) cfg.model.moe.num_experts = 8, cfg.model.moe.top_k = 2, cfg.model.moe.expert_ffn_dim = 1024;
         const ModelShape shape = model_shape(cfg.model);
         size_t examined = 0;
-        const auto found = search_layouts(cfg, shape, DType::BF16, 50, &examined);
-        INFO("ep " << ep << ": " << found.size() << " of " << examined);
+        const auto found = search_layouts(cfg, shape, DType::BF16, SIZE_MAX, &examined);
+        INFO("moe " << moe << ": " << found.size() << " of " << examined);
         REQUIRE(!found.empty());
         bool other_dp = false;
+        std::set<int> eps;
         for (const LayoutChoice& c : found) {
             const ParallelConfig& pc = c.cfg.parallel;
             INFO(c.overrides());
             CHECK(pc.cp == 2);
-            CHECK(pc.ep == ep);
             CHECK(pc.dp * pc.cp * pc.tp * pc.pp == 8);
             CHECK(c.overrides().find("parallel.cp=2") != std::string::npos);
             CHECK(c.cfg.train.micro_batch * c.cfg.train.grad_accum * pc.dp == 2 * 4);  // the same sequences per step
+            CHECK((8 % pc.ep == 0 && pc.dp * pc.cp % pc.ep == 0));
+            CHECK((c.overrides().find(strfmt("parallel.ep=%d", pc.ep)) != std::string::npos) == moe);
             const ProcessGrid g = make_process_grid(pc, 8, 0);
             size_t most = 0;
             for (const RankMemory& r : plan_memory(c.cfg, shape, g, DType::BF16)) most = std::max(most, r.mem.total());
             CHECK(c.max_bytes == most);
             other_dp = other_dp || pc.dp != 4;
+            eps.insert(pc.ep);
         }
         CHECK(other_dp);  // tp or pp in the answers: the search varied the layout
+        CHECK(eps == (moe ? std::set<int>{1, 2, 4, 8} : std::set<int>{1}));
     }
 }
 
