@@ -661,6 +661,17 @@ void check_consistency(const Config& c, bool check_files) {
     if (t.warmup_steps > t.steps)
         throw UserError(strfmt("train.warmup_steps: %d exceeds train.steps = %d (must be in [0, train.steps])",
                                t.warmup_steps, t.steps));
+    // CUDA launch limits (a grid's y and z extents are at most 65535 blocks): attention puts the
+    // micro-batch's sequences on z; the FP8 casts put 32 rows (tokens) a block on y
+    if (c.device != "cpu" && t.micro_batch > 65535)
+        throw UserError(strfmt("train.micro_batch: %d exceeds 65535 sequences per micro-batch, the CUDA attention "
+                               "kernels' limit (device \"%s\"; raise train.grad_accum instead)",
+                               t.micro_batch, c.device.c_str()));
+    const long long fp8_rows = static_cast<long long>(t.micro_batch) * (t.seq_len / std::max(1, c.parallel.cp));
+    if (c.device != "cpu" && c.precision == "fp8" && fp8_rows > 65535LL * 32)
+        throw UserError(strfmt("train.micro_batch * train.seq_len%s = %lld tokens per micro-batch exceeds %lld, the "
+                               "CUDA FP8 casts' limit (raise train.grad_accum instead)",
+                               c.parallel.cp > 1 ? " / parallel.cp" : "", fp8_rows, 65535LL * 32));
     long long tokens_per_step = static_cast<long long>(t.micro_batch) * t.seq_len * t.grad_accum;
     if (tokens_per_step > INT_MAX)
         throw UserError(strfmt("train.micro_batch * train.seq_len * train.grad_accum = %lld tokens per step is too "

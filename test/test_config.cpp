@@ -346,6 +346,19 @@ TEST_CASE("config: inconsistent values", "[config]") {
     m = error_of([&] { load({g, "tokenizer=" + t.path}); });  // a folder without the files
     CHECK_THAT(m, Catch::Contains("tokenizer") && Catch::Contains("encoder.json"));
 
+    // CUDA's grid limits are configuration errors, not launch failures: attention's sequences per
+    // micro-batch (grid z) and the FP8 casts' tokens per micro-batch (32 a block on grid y)
+    m = error_of([&] { load({g, "device=cuda", "train.micro_batch=65536", "train.seq_len=1"}); });
+    CHECK_THAT(m, Catch::Contains("train.micro_batch: 65536") && Catch::Contains("65535"));
+    CHECK(load({g, "device=cpu", "train.micro_batch=65536", "train.seq_len=1"}).train.micro_batch == 65536);
+    CHECK(load({g, "device=cuda", "train.micro_batch=65535", "train.seq_len=1"}).train.micro_batch == 65535);
+    m = error_of([&] { load({g, "device=cuda", "precision=fp8", "train.micro_batch=2048", "train.seq_len=1024"}); });
+    CHECK_THAT(m, Catch::Contains("train.micro_batch * train.seq_len = 2097152") && Catch::Contains("2097120"));
+    CHECK(load({g, "device=cuda", "precision=fp8", "train.micro_batch=2048", "train.seq_len=1024", "parallel.cp=2"})
+              .train.micro_batch == 2048);
+    CHECK(load({g, "device=cuda", "precision=bf16", "train.micro_batch=2048", "train.seq_len=1024"}).train.micro_batch ==
+          2048);
+
     // resume values that are fine
     CHECK(load({g, "checkpoint.resume=never"}).checkpoint.resume == "never");
     CHECK(load({g, "checkpoint.resume=" + t.path + "/init.bin"}).checkpoint.resume == t.path + "/init.bin");
