@@ -15,7 +15,7 @@ STAGES=(env ops parity bench layouts fp8)
 describe() {
     case "$1" in
         env) echo "what the machine has (GPU, driver, toolkit, NCCL, cuDNN, PyTorch), a dp=2 smoke run, transformers loading our exports" ;;
-        ops) echo "build/test_gpu (op parity with the CPU backend), then under compute-sanitizer" ;;
+        ops) echo "build/test_gpu (op parity with the CPU backend), again in a second process (bitwise), its large cases, then under compute-sanitizer" ;;
         parity) echo "the whole model on the GPU (fp32, bf16) against the CPU backend (fp32); optimizer offload against the GPU optimizer; two processes bitwise equal" ;;
         bench) echo "GPT-2 124M and a 1.5B shape in bf16 at T=1024 (tokens/s, MFU, peak memory); 124M with optimizer offload; dev/cuda kernels" ;;
         layouts) echo "dp, tp, pp (1F1B, interleaved), cp, ZeRO-2/3, SP, optimizer offload with ZeRO-1/3, MoE with parallel.ep on the one GPU over MPI against one process; parallel.comm=nccl against mpi; the overlap table" ;;
@@ -284,7 +284,7 @@ stage_ops() {
     build build/test_gpu
     echo "== GPU op parity (build/test_gpu)"
     if [ -x build/test_gpu ]; then
-        build/test_gpu >"$WORK/test_gpu.log" 2>&1
+        LLMC_GPU_DIGEST="$WORK/digest_1" build/test_gpu >"$WORK/test_gpu.log" 2>&1
         rc=$?
         summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$WORK/test_gpu.log" | tail -n1)
         grep '^FAIL' "$WORK/test_gpu.log" | head -n 20
@@ -293,6 +293,19 @@ stage_ops() {
         else
             nf=$(grep -c '^FAIL' "$WORK/test_gpu.log")
             row "test_gpu (op parity)" "FAIL" "" "" "" "${summary:-no summary, exit $rc}; first: $(grep -m1 '^FAIL' "$WORK/test_gpu.log" | cut -c1-90) ($nf FAIL lines)"
+        fi
+        # determinism across processes: a second process must produce every checked result bitwise
+        LLMC_GPU_DIGEST="$WORK/digest_2" build/test_gpu >"$WORK/test_gpu_2.log" 2>&1
+        if [ -s "$WORK/digest_1" ] && cmp -s "$WORK/digest_1" "$WORK/digest_2"; then
+            row "test_gpu: two processes bitwise" "PASS" "" "" "" "$(wc -l <"$WORK/digest_1") results equal"
+        else
+            row "test_gpu: two processes bitwise" "FAIL" "" "" "" "first difference: $(diff "$WORK/digest_1" "$WORK/digest_2" 2>&1 | sed -n 2p | cut -c1-90)"
+        fi
+        # the large cases (logits past 2^31 elements), not in the sanitizer runs below
+        if timeout 420 build/test_gpu big >"$WORK/test_gpu_big.log" 2>&1; then
+            row "test_gpu big (logits > 2^31)" "PASS" "" "" "" "$(grep -E '^[0-9]+ passed' "$WORK/test_gpu_big.log")"
+        else
+            row "test_gpu big (logits > 2^31)" "FAIL" "" "" "" "$(grep -m1 -E '^FAIL|error' "$WORK/test_gpu_big.log" | cut -c1-90)"
         fi
     else
         row "test_gpu (op parity)" "FAIL" "" "" "" "not built"

@@ -46,7 +46,7 @@ inline const std::vector<Case>& all() {
         // residual: n
         {"residual", {1}, 0, Gpu},
         {"residual", {12345}, 0, Gpu},
-        // matmul: N, IC, OC, bias, gelu, bias offset (an unaligned bias view)
+        // matmul: N, IC, OC, bias, gelu, bias offset (an unaligned bias view)[, operand offset]
         {"matmul", {17, 96, 200, 1, 0, 0}, 0, Gpu},
         {"matmul", {100, 200, 96, 1, 1, 0}, 0, Gpu},
         {"matmul", {1, 64, 48, 1, 0, 0}, 0, Gpu},
@@ -54,6 +54,8 @@ inline const std::vector<Case>& all() {
         {"matmul", {128, 768, 2304, 1, 0, 0}, 0, Gpu},
         {"matmul", {64, 768, 3072, 1, 1, 0}, 0, Gpu},
         {"matmul", {7, 24, 40, 1, 1, 1}, 0, Gpu},
+        {"matmul", {7, 24, 40, 1, 1, 1, 1}, 0, Gpu},     // every operand one element off alignment
+        {"matmul", {64, 768, 256, 1, 0, 0, 3}, 0, Gpu},  // three elements off
         // attention: B, T, NH, NKV, HS (NKV < NH: grouped-query)
         {"attention", {2, 5, 2, 2, 9}, 0, Fd},  // HS > 8 exercises the lane loop and the tail
         {"attention", {2, 5, 4, 2, 9}, 0, Fd},
@@ -74,6 +76,10 @@ inline const std::vector<Case>& all() {
         {"attention", {1, 257, 4, 1, 64}, 0, Gpu},
         {"attention", {1, 129, 8, 2, 128}, 0, Gpu},
         {"attention", {2, 50, 6, 3, 32}, 0, Gpu},
+        {"attention", {2, 100, 2, 2, 80}, 0, Gpu},  // head size 80 (5 x 16)
+        {"attention", {1, 257, 4, 2, 80}, 0, Gpu},
+        {"attention", {1, 1024, 4, 4, 64}, 0, Gpu},  // T = 1024: GPT-2's context
+        {"attention", {1, 1024, 4, 2, 128}, 0, Gpu},
         {"attention", {4, 1024, 12, 12, 64}, 0, Bench},  // GPT-2 124M
         // attention_ring (context parallelism: block attention, merge, block backward as a ring over
         // cp blocks, llmc/context_parallel.h): B, T, NH, NKV, HS, cp

@@ -41,7 +41,17 @@ if [ -x $B/test_gpu ]; then
     out=$($B/test_gpu 2>&1); rc=$?
     echo "$out" | grep -v '^PASS' | tail -n 40
     if echo "$out" | grep -q '^GPU tests: skipped (no CUDA device)'; then
-        :
+        # no GPU: the GPU tests' own harness (cases, indexing, the two-process digests) with the CPU
+        # backend in the GPU's place, so that test_gpu cannot rot unseen between GPU runs
+        echo "== GPU test harness on the CPU (LLMC_TEST_GPU_ON_CPU=1; proves the harness, not the GPU)"
+        out=$(LLMC_TEST_GPU_ON_CPU=1 LLMC_GPU_DIGEST="$B/gpu_digest_1" $B/test_gpu 2>&1); rc=$?
+        LLMC_TEST_GPU_ON_CPU=1 LLMC_GPU_DIGEST="$B/gpu_digest_2" $B/test_gpu >/dev/null 2>&1
+        echo "$out" | grep -v '^PASS' | tail -n 20
+        if [ $rc -eq 0 ] && [ -s "$B/gpu_digest_1" ] && cmp -s "$B/gpu_digest_1" "$B/gpu_digest_2"; then
+            pass=$((pass + 1))
+        else
+            fail=$((fail + 1)); failed+=("GPU test harness on the CPU")
+        fi
     elif [ $rc -eq 0 ]; then
         pass=$((pass + 1))
     else
