@@ -36,6 +36,7 @@ inline const std::vector<Case>& all() {
         {"layernorm", {100, 200}, 0, Gpu},
         {"layernorm", {1000, 768}, 0, Gpu},
         {"layernorm", {257, 1600}, 0, Gpu},
+        {"layernorm", {33, 12288}, 0, Gpu},  // GPT-3's width: the backward past 48 KiB of shared memory
         {"layernorm", {8192, 768}, 0, Bench},  // GPT-2 124M: B 8 x T 1024
         // encoder_slice (vocabulary-parallel embedding): B, T, C, Vp, c0, c1, with_wpe
         {"encoder_slice", {2, 17, 96, 64, 0, 32, 1}, 0, Gpu},
@@ -100,6 +101,7 @@ inline const std::vector<Case>& all() {
         {"rmsnorm", {1000, 768}, 1e-5f, Gpu},
         {"rmsnorm", {257, 1600}, 1e-6f, Gpu},
         {"rmsnorm", {33, 4096}, 1e-5f, Gpu},
+        {"rmsnorm", {9, 16384}, 1e-5f, Gpu},  // the backward past 48 KiB of shared memory
         // rope: B, T, NH, NKV, HS (x = theta)
         {"rope", {2, 6, 4, 2, 8}, 500.0f, Fd},
         {"rope", {2, 33, 4, 2, 16}, 10000.0f, Cpu},

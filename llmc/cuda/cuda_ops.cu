@@ -294,9 +294,9 @@ public:
         const int G = ceil_div(N, rows_per_block);
         float* partial = static_cast<float*>(scratch(1, (size_t)G * 2 * C * sizeof(float)));
         const size_t smem = (size_t)(2 * C + 32) * sizeof(float);
-        LLMC_ASSERT(smem <= 48 * 1024, "layernorm_backward: C too large for shared memory");
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
+            allow_smem((const void*)layernorm_backward_kernel<T_>, smem, "layernorm backward", C);
             layernorm_backward_kernel<T_><<<G, 256, smem, stream_>>>(P<T_>(dinp), partial, P<T_>(dout), P<T_>(inp),
                                                                      P<T_>(w), mean, rstd, N, C, rows_per_block);
             CUDA_CHECK_LAUNCH();
@@ -460,9 +460,9 @@ public:
         const int G = ceil_div(N, rows_per_block);
         float* partial = static_cast<float*>(scratch(1, (size_t)G * C * sizeof(float)));
         const size_t smem = (size_t)(C + 32) * sizeof(float);
-        LLMC_ASSERT(smem <= 48 * 1024, "rmsnorm_backward: C too large for shared memory");
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
+            allow_smem((const void*)rmsnorm_backward_kernel<T_>, smem, "rmsnorm backward", C);
             rmsnorm_backward_kernel<T_><<<G, 256, smem, stream_>>>(P<T_>(dinp), partial, P<T_>(dout), P<T_>(inp),
                                                                    P<T_>(w), rstd, N, C, rows_per_block);
             CUDA_CHECK_LAUNCH();
@@ -669,6 +669,19 @@ private:
         LLMC_ASSERT(N >= 0 && Vl >= 0 && vocab_begin >= 0 && V > 0,
                     strfmt("%s: need N >= 0, Vl >= 0, vocab_begin >= 0, V > 0", what));
         LLMC_ASSERT(logits.n >= (size_t)N * Vl, strfmt("%s: logits too small", what));
+    }
+    // Dynamic shared memory past the default 48 KiB needs the kernel's opt-in, up to the device's
+    // per-block limit (227 KiB on H100, 163 KiB on A100: LayerNorm's backward to d_model ~29k,
+    // RMSNorm's to ~58k); past that the model is too wide for the kernel.
+    static void allow_smem(const void* fn, size_t bytes, const char* what, int C) {
+        if (bytes <= 48 * 1024) return;
+        int dev = 0, optin = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        if (bytes > (size_t)optin)
+            throw UserError(strfmt("model.d_model: %d is too wide for the CUDA %s kernel (%zu bytes of shared memory "
+                                   "per block; this GPU allows %d)", C, what, bytes, optin));
+        CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     }
     static void check_hs(int HS) {
         if (HS <= 0 || HS % 16 != 0 || HS > 128)
