@@ -65,8 +65,11 @@ WORK=$(mktemp -d /tmp/gpu_check.XXXXXX)
 echo "gpu_check: logs in $WORK"
 ROWS=()
 ANY_FAIL=0
-row() {  # stage result tok_s mfu peak notes
-    ROWS+=("| $1 | $2 | ${3:-} | ${4:-} | ${5:-} | ${6:-} |")
+row() {  # stage result tok_s mfu peak notes (a note's newlines and pipes would break the table)
+    local note=${6:-}
+    note=${note//$'\n'/; }
+    note=${note//|/\\|}
+    ROWS+=("| $1 | $2 | ${3:-} | ${4:-} | ${5:-} | $note |")
     case "$2" in FAIL*) ANY_FAIL=1 ;; esac
     echo "  -> $1: $2 ${6:-}"
 }
@@ -239,12 +242,12 @@ stage_env() {
     local v
     v=$( (nvcc --version || "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" --version) 2>/dev/null | sed -n 's/.*release \([^,]*\),.*/\1/p')
     row "CUDA toolkit (nvcc)" "INFO" "" "" "" "${v:-not found}"
-    v=$(grep -hE '^#define NCCL_(MAJOR|MINOR|PATCH) ' /usr/include/nccl.h "${CUDA_HOME:-/usr/local/cuda}"/include/nccl.h 2>/dev/null | awk '{printf "%s%s", NR > 1 ? "." : "", $3}')
-    row "NCCL" "INFO" "" "" "" "${v:-nccl.h not found}; $(ldconfig -p 2>/dev/null | grep -m1 -o 'libnccl.so[.0-9]*' || echo 'libnccl not in ldconfig')"
-    row "cuDNN" "INFO" "" "" "" "$(ldconfig -p 2>/dev/null | grep -m1 -o 'libcudnn.so[.0-9]*' || echo 'libcudnn not in ldconfig')"
+    v=$(grep -hE '^#define NCCL_(MAJOR|MINOR|PATCH) ' /usr/include/nccl.h "${CUDA_HOME:-/usr/local/cuda}"/include/nccl.h 2>/dev/null | awk '{printf "%s%s", (NR > 1 ? "." : ""), $3}')
+    row "NCCL" "INFO" "" "" "" "${v:-nccl.h not found}; $(ldconfig -p 2>/dev/null | grep -o 'libnccl.so[.0-9]*' | head -n1 | grep . || echo 'libnccl not in ldconfig')"
+    row "cuDNN" "INFO" "" "" "" "$(ldconfig -p 2>/dev/null | grep -o 'libcudnn.so[.0-9]*' | head -n1 | grep . || echo 'libcudnn not in ldconfig')"
     v=$(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>/dev/null)
     row "PyTorch" "INFO" "" "" "" "${v:-not importable}"
-    row "OpenMPI" "INFO" "" "" "" "$(command -v mpirun || echo 'no mpirun'); ${OPAL_PREFIX:+OPAL_PREFIX $OPAL_PREFIX}"
+    row "OpenMPI" "INFO" "" "" "" "$(command -v mpirun || echo 'no mpirun') $(mpirun --version 2>/dev/null | head -n1); ${OPAL_PREFIX:+OPAL_PREFIX $OPAL_PREFIX}"
     # smoke run: the binaries on this GPU, one process and dp=2 over mpirun, the same losses
     build train_gpt dev/data/synth_shards
     tiny_model
@@ -305,8 +308,15 @@ stage_ops() {
     fi
     # compute-sanitizer: memcheck on every op (the cases are small shapes), racecheck and synccheck
     # on the kernels with shared memory and block-level synchronization
-    if ! command -v compute-sanitizer >/dev/null 2>&1; then
-        row "compute-sanitizer" "FAIL" "" "" "" "compute-sanitizer not on PATH"
+    # on PATH, or in the toolkit (its bin/ is not always on PATH)
+    local cs c
+    cs=$(command -v compute-sanitizer || true)
+    for c in "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \
+             "${CUDA_HOME:-/usr/local/cuda}/compute-sanitizer/compute-sanitizer"; do
+        [ -z "$cs" ] && [ -x "$c" ] && cs=$c
+    done
+    if [ -z "$cs" ]; then
+        row "compute-sanitizer" "FAIL" "" "" "" "compute-sanitizer not on PATH nor in ${CUDA_HOME:-/usr/local/cuda}"
         return
     fi
     local tool op log
@@ -317,7 +327,7 @@ stage_ops() {
         echo "== compute-sanitizer --tool $tool ($op)"
         # memcheck over every case is a second process of the same cases: its results' digests
         # must equal the plain run's (determinism across processes; memcheck changes no arithmetic)
-        if timeout 420 env LLMC_GPU_DIGEST="$WORK/digest_$tool$op" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+        if timeout 420 env LLMC_GPU_DIGEST="$WORK/digest_$tool$op" "$cs" --tool "$tool" --error-exitcode 3 \
             build/test_gpu ${op/#all/} >"$log" 2>&1; then
             row "compute-sanitizer $tool: $op" "PASS" "" "" "" "$(grep -m1 'ERROR SUMMARY' "$log")"
         else
