@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
         float *gp = to_dev<float>(p), *gg = to_dev<float>(g);
         run = [=] {
             adamw_kernel<float><<<ceil_div(n, 256), 256>>>(gp, nullptr, gg, gm, gv, n, lr, b1, b2, bc1, bc2, eps, wd,
-                                                           gs, 42u);
+                                                           gs, 42u, 0u);
         };
         run();
         ok &= validate("params", to_host(gp, n), rp, 1e-4);
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
         bf16 *gp = to_dev<bf16>(p), *gg = to_dev<bf16>(g);
         run = [=] {
             adamw_kernel<bf16><<<ceil_div(n, 256), 256>>>(gp, master, gg, gm, gv, n, lr, b1, b2, bc1, bc2, eps, wd,
-                                                          gs, 42u);
+                                                          gs, 42u, 0u);
         };
         run();
         ok &= validate("master", to_host(master, n), rp, 1e-4);
