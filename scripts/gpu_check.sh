@@ -17,7 +17,7 @@ describe() {
         env) echo "what the machine has (GPU, driver, toolkit, NCCL, cuDNN, PyTorch), a dp=2 smoke run, transformers loading our exports" ;;
         ops) echo "build/test_gpu (op parity with the CPU backend), its large cases, then under compute-sanitizer (memcheck's run: a second process, bitwise)" ;;
         parity) echo "the whole model on the GPU (fp32, bf16) against the CPU backend (fp32); optimizer offload against the GPU optimizer; two processes bitwise equal" ;;
-        bench) echo "GPT-2 124M and a 1.5B shape in bf16 at T=1024 (tokens/s, MFU, peak memory); 124M with optimizer offload; dev/cuda kernels" ;;
+        bench) echo "GPT-2 124M and a 1.5B shape in bf16 at T=1024 (tokens/s, MFU, peak memory); 124M with optimizer offload; the PyTorch peer (dev/bench/torch_gpt2.py) at both shapes and the ratio; dev/cuda kernels" ;;
         layouts) echo "dp, tp, pp (1F1B, interleaved), cp, ZeRO-2/3, SP, optimizer offload with ZeRO-1/3, MoE with parallel.ep on the one GPU over MPI against one process; parallel.comm=nccl against mpi; the overlap table" ;;
         fp8) echo "FP8 against bf16 on the 124M shape (300 steps, within 1%); FP8/bf16 tokens/s at the 1.5B shape" ;;
     esac
@@ -222,6 +222,7 @@ JSON
             peak=$(grep -i 'peak' "$log" | tail -n1 | sed 's/^[[:space:]]*//' | cut -c1-60)
             row "bench $name $prec (B=$mb, T=1024)" "PASS" "$tok" "$mfu" "$peak" "$STEPS steps"
             eval "TOK_${name}_${prec}=$tok"
+            eval "MB_${name}_${prec}=$mb"
             return
         fi
         # out of memory: try a smaller micro-batch; anything else is a failure
@@ -411,6 +412,36 @@ stage_parity() {
     done
 }
 
+torch_peer() {  # name n_layer n_head d_model
+    local name=$1 out="$WORK/torch_$1" v
+    if [ ! -f dev/bench/torch_gpt2.py ]; then
+        row "PyTorch peer $name" "FAIL" "" "" "" "dev/bench/torch_gpt2.py missing"; return
+    fi
+    if ! v=$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null); then
+        row "PyTorch peer $name" "SKIP" "" "" "" "torch not importable"; return
+    fi
+    local mbv="MB_${name}_bf16" tokv="TOK_${name}_bf16"
+    local mb=${!mbv:-8}
+    echo "== PyTorch peer $name (B=$mb)"
+    if timeout 900 python3 dev/bench/torch_gpt2.py --n_layer "$2" --n_head "$3" --d_model "$4" --seq 1024 \
+            --batch "$mb" --steps "$STEPS" --warmup 5 >"$out.log" 2>&1 && grep -q '^RESULT ' "$out.log"; then
+        local res tok mfu peak b
+        res=$(grep '^RESULT ' "$out.log" | tail -n1)
+        tok=$(echo "$res" | sed -n 's/.*tokens_per_s=\([^ ]*\).*/\1/p')
+        mfu=$(echo "$res" | sed -n 's/.*mfu=\([^ ]*\).*/\1/p')
+        peak=$(echo "$res" | sed -n 's/.*peak_mem_gib=\([^ ]*\).*/\1/p')
+        b=$(echo "$res" | sed -n 's/.*batch=\([^ ]*\).*/\1/p')
+        row "PyTorch peer $name bf16 (B=$b, T=1024)" "PASS" "$tok" "$(awk -v m="$mfu" 'BEGIN { printf "%.1f%%", 100 * m }')" \
+            "${peak} GiB" "torch $v, $(echo "$res" | grep -q 'compiled=1' && echo compiled || echo eager); $STEPS steps after 5"
+        if [ -n "${!tokv:-}" ]; then
+            row "train_gpt / PyTorch tokens/s ($name bf16)" "INFO" "" "" "" \
+                "$(awk -v a="${!tokv}" -v b="$tok" 'BEGIN { printf "%.3f", a / b }')$([ "$b" != "$mb" ] && echo " (PyTorch at B=$b, train_gpt at B=$mb)")"
+        fi
+    else
+        row "PyTorch peer $name" "FAIL" "" "" "" "$(grep -m1 -iE 'error|Traceback' "$out.log" | cut -c1-90) (see $out.log)"
+    fi
+}
+
 stage_bench() {
     build train_gpt dev/data/synth_shards
     bench gpt2_124m configs/bench_gpt2_124m.json "$MODEL_124M" "64 32 16 8 4 2 1"
@@ -421,11 +452,10 @@ stage_bench() {
         row "offload/GPU optimizer tokens/s (124M bf16)" "INFO" "" "" "" \
             "$(awk -v a="$TOK_gpt2_124m_offload_bf16" -v b="$TOK_gpt2_124m_bf16" 'BEGIN { printf "%.3f", a / b }')"
     fi
-    if [ -f dev/bench/torch_gpt2.py ]; then
-        row "PyTorch peer" "FAIL" "" "" "" "dev/bench/torch_gpt2.py exists but this stage does not run it yet"
-    else
-        row "PyTorch peer" "MISSING" "" "" "" "dev/bench/torch_gpt2.py not written yet (issue 12)"
-    fi
+    # the PyTorch peer at the same shapes and micro-batch (dev/bench/torch_gpt2.py: bf16 autocast,
+    # SDPA flash attention, fused AdamW, torch.compile), and train_gpt's tokens/s over its
+    torch_peer gpt2_124m 12 12 768
+    torch_peer gpt2_1558m 48 25 1600
     echo "== dev/cuda kernel experiments"
     if make -C dev/cuda -j"$JOBS" GPU_ARCH="$GPU_CC" >"$WORK/dev_cuda_build.log" 2>&1; then
         for spec in "attention_forward 2" "attention_forward 3" "attention_backward 1" "attention_backward 2" \
