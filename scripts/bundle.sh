@@ -42,12 +42,17 @@ rel() { echo "${1#"$PREFIX"/}"; }
 
 rm -rf "$DIST"
 M="$DIST/mpi"
-mkdir -p "$DIST/build" "$DIST/dev/data" "$DIST/scripts" "$M/$(rel "$BINDIR")" "$M/$(rel "$LIBDIR")" "$M/etc"
+mkdir -p "$DIST/build" "$DIST/dev/data" "$DIST/dev/bench" "$DIST/dev/reference" "$DIST/scripts" "$M/$(rel "$BINDIR")" \
+    "$M/$(rel "$LIBDIR")" "$M/etc"
 cp "$EXE" "$DIST/"
 cp "$TOOLS_DIR/synth_shards" "$TOOLS_DIR/prepare_text" "$DIST/dev/data/"
 cp "$TESTS_DIR/test_cpu" "$DIST/build/"
 [ "$CUDA" = 0 ] || cp "$TESTS_DIR/test_gpu" "$DIST/build/"
 cp scripts/gpu_check.sh "$DIST/scripts/"
+# the helpers gpu_check's stages run besides the binaries: the PyTorch peer, the overlap table,
+# the Hugging Face export check
+cp dev/bench/torch_gpt2.py dev/bench/overlap_bench.sh "$DIST/dev/bench/"
+cp dev/reference/check_export.py "$DIST/dev/reference/"
 # the commit it was built from, for gpu_check.sh's tables (the bundle is no git checkout)
 echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git status --porcelain 2>/dev/null | grep -qv '^??' && echo ' (+local changes)')" > "$DIST/COMMIT"
 
