@@ -5,7 +5,8 @@
 #   scripts/gpu_check.sh [--stage NAME]... [--out DIR] [--steps N]
 # Without --stage, every stage in order. Each stage appends its table (date, commit, GPU) to
 # dev/bench/RESULTS.md as soon as it finishes; --out DIR also copies the table and the stage's logs
-# to DIR/NAME/. A failing check is a FAIL row; the stage carries on, and the script exits 1 at the
+# to DIR/NAME/, and writes each row to DIR/NAME/rows.partial.md the moment it is known (what a
+# stage killed at a time limit leaves). A failing check is a FAIL row; the stage carries on, and the script exits 1 at the
 # end if any row failed. Runs from the repository (builds what a stage needs for the GPU present)
 # or from the offline bundle (dist/scripts/gpu_check.sh: uses the binaries there, builds nothing);
 # the bundle's env.sh is sourced when no mpirun is on PATH.
@@ -70,6 +71,11 @@ row() {  # stage result tok_s mfu peak notes (a note's newlines and pipes would 
     note=${note//$'\n'/; }
     note=${note//|/\\|}
     ROWS+=("| $1 | $2 | ${3:-} | ${4:-} | ${5:-} | $note |")
+    # with --out, each row also lands at once in DIR/STAGE/rows.partial.md: a stage killed at a
+    # time limit (SIGKILL: no trap runs) still leaves the rows it finished
+    if [ -n "$OUT" ] && [ -n "${CUR_STAGE:-}" ] && mkdir -p "$OUT/$CUR_STAGE"; then
+        echo "${ROWS[${#ROWS[@]}-1]}" >>"$OUT/$CUR_STAGE/rows.partial.md"
+    fi
     case "$2" in FAIL*) ANY_FAIL=1 ;; esac
     echo "  -> $1: $2 ${6:-}"
 }
@@ -660,6 +666,7 @@ finish() {
 }
 
 for st in "${WANT[@]}"; do
+    CUR_STAGE=$st
     "stage_$st"
     finish "$st"
 done
