@@ -6,12 +6,8 @@
 double flops_per_token(const ModelShape& s, int seq_len) {
     const double C = s.d_model, L = s.n_layer;
     double n = double(num_params_unpadded(s));  // the vocabulary padding does no useful work
-    if (s.moe.enabled()) {  // a token runs through top_k of the num_experts experts of an MoE layer
-        double experts = 0;
-        for (const TensorDecl& d : model_tensors(s))
-            if (d.per_expert) experts += double(d.rows) * double(d.cols) * double(decl_instances(s, d).size());
-        n -= experts * double(s.moe.num_experts - s.moe.top_k) / double(s.moe.num_experts);
-    }
+    if (s.moe.enabled())  // a token runs through top_k of the num_experts experts of an MoE layer
+        n -= double(num_expert_params(s)) * double(s.moe.num_experts - s.moe.top_k) / double(s.moe.num_experts);
     return 6.0 * n + 12.0 * L * C * seq_len;
 }
 

@@ -69,6 +69,13 @@ size_t num_params_unpadded(const ModelShape& s) {
     return n;
 }
 
+size_t num_expert_params(const ModelShape& s) {
+    size_t n = 0;
+    for (const TensorDecl& d : model_tensors(s))
+        if (d.per_expert) n += d.rows * d.cols * decl_instances(s, d).size();
+    return n;
+}
+
 void check_model_layout(const ModelShape& s, const ModelLayout& L, int T) {
     const int tp = L.tp;
     if (s.n_head % tp != 0)

@@ -101,6 +101,8 @@ std::string instance_name(const std::string& pattern, int layer, int expert);
 // Elements of the whole model (padded vocabulary rows included), and of its real tensors only.
 size_t num_params(const ModelShape& s);
 size_t num_params_unpadded(const ModelShape& s);
+// The elements of every expert of every MoE layer (0 without MoE).
+size_t num_expert_params(const ModelShape& s);
 // num_params in double: never wraps, whatever the shape (for checks before trusting a shape).
 double num_params_double(const ModelShape& s);
 

@@ -60,9 +60,7 @@ LayerParams layer_params(const ModelShape& s) {
     one.n_layer = 1, two.n_layer = 2;
     LayerParams p;
     p.rest = 2.0 * double(num_params_unpadded(one)) - double(num_params_unpadded(two));
-    for (const TensorDecl& d : model_tensors(s))
-        if (d.per_expert) p.experts += double(d.rows) * double(d.cols) * double(decl_instances(s, d).size());
-    p.experts /= s.n_layer;
+    p.experts = double(num_expert_params(s)) / s.n_layer;
     p.all = (double(num_params_unpadded(s)) - p.rest) / s.n_layer;
     p.active = s.moe.enabled() ? p.all - p.experts * double(s.moe.num_experts - s.moe.top_k) / s.moe.num_experts : p.all;
     return p;
