@@ -457,14 +457,11 @@ template <> struct FwdTiles<bf16> { static constexpr int BR = 64, BC = 64; };
 constexpr int kBwdBR = 32, kBwdBC = 32;
 
 inline void set_smem(const void* fn, size_t bytes) {
-    int dev = 0, optin = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (bytes > (size_t)optin) {
+    int optin = 0;
+    if (!opt_in_smem(fn, bytes, &optin)) {
         std::fprintf(stderr, "attention: needs %zu bytes of shared memory, device allows %d\n", bytes, optin);
         std::abort();
     }
-    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
 // Tq query rows of qkv_q against Tk key rows of qkv_kv (the whole attention: qkv_q == qkv_kv,

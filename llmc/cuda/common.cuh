@@ -39,6 +39,20 @@ inline void cublas_check_impl(cublasStatus_t st, const char* expr, const char* f
 
 inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
 
+// Lets kernel fn launch with `bytes` of dynamic shared memory: past the default 48 KiB a kernel
+// must opt in, up to the device's per-block limit (227 KiB on H100, 163 KiB on A100). Returns
+// false, setting nothing, when `bytes` exceeds that limit (*limit: the limit); the caller says why.
+inline bool opt_in_smem(const void* fn, size_t bytes, int* limit) {
+    int dev = 0;
+    *limit = 48 * 1024;
+    if (bytes <= 48 * 1024) return true;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (bytes > (size_t)*limit) return false;
+    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return true;
+}
+
 // A grow-only device scratch buffer: get() reallocates only when asked for more than it holds,
 // after the stream drains (the old buffer may still be in use by queued work).
 struct GrowBuffer {

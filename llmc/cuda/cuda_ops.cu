@@ -670,18 +670,14 @@ private:
                     strfmt("%s: need N >= 0, Vl >= 0, vocab_begin >= 0, V > 0", what));
         LLMC_ASSERT(logits.n >= (size_t)N * Vl, strfmt("%s: logits too small", what));
     }
-    // Dynamic shared memory past the default 48 KiB needs the kernel's opt-in, up to the device's
-    // per-block limit (227 KiB on H100, 163 KiB on A100: LayerNorm's backward to d_model ~29k,
-    // RMSNorm's to ~58k); past that the model is too wide for the kernel.
+    // The norms' backward kernels hold a row of C (LayerNorm: two) in shared memory: past the
+    // device's limit (opt_in_smem: LayerNorm to d_model ~29k on H100, RMSNorm to ~58k) the model
+    // is too wide for them.
     static void allow_smem(const void* fn, size_t bytes, const char* what, int C) {
-        if (bytes <= 48 * 1024) return;
-        int dev = 0, optin = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        if (bytes > (size_t)optin)
+        int optin = 0;
+        if (!opt_in_smem(fn, bytes, &optin))
             throw UserError(strfmt("model.d_model: %d is too wide for the CUDA %s kernel (%zu bytes of shared memory "
                                    "per block; this GPU allows %d)", C, what, bytes, optin));
-        CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     }
     static void check_hs(int HS) {
         if (HS <= 0 || HS % 16 != 0 || HS > 128)
