@@ -1,16 +1,6 @@
 // Parity of the CPU backend with an independent PyTorch implementation.
 //
-// dev/reference/gpt2_reference.py (float64, Debian's python3-torch) writes
-//   test/data/ref_model.bin  tiny GPT-2 weights, llm.c checkpoint format (version 3, fp32)
-//   test/data/ref_state.bin  the debug state:
-//     int32 header[256]: [0] magic 20241121 [1] version 1 [2] B [3] T [4] V [5] Vp
-//       [6] n_layer [7] n_head [8] d_model [9] max_seq_len [10] num_params [11] n_steps;
-//       slots 16..21 are float32 bit patterns: lr, beta1, beta2, eps, weight_decay, grad_clip
-//     int32 x[B*T], int32 y[B*T], fp32 logits[B*T*V] (real vocab), fp32 loss,
-//     fp32 grads[num_params] (llm.c order, d mean-loss / d params),
-//     fp32 losses[n_steps] (loss before each AdamW update, same batch every step),
-//     fp32 grad_norms[n_steps] (global norm before clipping).
-// Regenerate with: /usr/bin/python3 dev/reference/gpt2_reference.py
+// The reference: test/data/ref_model.bin and ref_state.bin (format and origin: test/ref_data.h).
 //
 // Metric, per tensor (a = ours, b = reference), both must hold:
 //   norm-relative  ||a - b||_2 / ||b||_2            <= 1e-5
@@ -35,6 +25,7 @@
 #include "llmc/ops.h"
 #include "llmc/optimizer.h"
 
+#include "test/ref_data.h"
 #include "test/test_data_files.h"
 #include "test/whole_model.h"
 
@@ -42,96 +33,13 @@ namespace {
 
 constexpr double kTol = 1e-5;
 
-template <typename T>
-void read_exact(FILE* f, T* dst, size_t count, const std::string& what) {
-    size_t got = std::fread(dst, sizeof(T), count, f);
-    if (got != count) FAIL("short read of " << what << ": " << got << " of " << count << " elements");
-}
-
-float slot_f32(const int32_t* hdr, int i) {
-    float f;
-    std::memcpy(&f, &hdr[i], sizeof f);
-    return f;
-}
-
-struct RefData {
-    ModelShape shape;
-    int B = 0, T = 0, n_steps = 0;
-    size_t num_params = 0;
-    float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_clip = 0;
-    std::vector<float> weights;  // llm.c order
-    std::vector<int32_t> x, y;
-    std::vector<float> logits;  // [B*T, V]
-    float loss = 0;
-    std::vector<float> grads;  // llm.c order
-    std::vector<float> losses, grad_norms;
-};
-
 const RefData& ref_data() {
     static std::unique_ptr<RefData> cached;
     if (cached) return *cached;
     auto r = std::make_unique<RefData>();
-
-    // ---- weights (llm.c checkpoint)
-    std::string mpath = find_data_file("ref_model.bin");
-    FILE* f = std::fopen(mpath.c_str(), "rb");
-    REQUIRE(f != nullptr);
-    int32_t mh[256];
-    read_exact(f, mh, 256, "model header");
-    REQUIRE(mh[0] == 20240326);
-    REQUIRE(mh[1] == 3);
-    r->shape.max_seq_len = mh[2];
-    r->shape.vocab_size = mh[3];
-    r->shape.n_layer = mh[4];
-    r->shape.n_head = mh[5];
-    r->shape.d_model = mh[6];
-    r->shape.padded_vocab = mh[7];
-    r->num_params = num_params(r->shape);
-    r->weights.resize(r->num_params);
-    read_exact(f, r->weights.data(), r->num_params, "model weights");
-    REQUIRE(std::fgetc(f) == EOF);
-    std::fclose(f);
-
-    // ---- debug state
-    std::string spath = find_data_file("ref_state.bin");
-    f = std::fopen(spath.c_str(), "rb");
-    REQUIRE(f != nullptr);
-    int32_t sh[256];
-    read_exact(f, sh, 256, "state header");
-    REQUIRE(sh[0] == 20241121);
-    REQUIRE(sh[1] == 1);
-    r->B = sh[2];
-    r->T = sh[3];
-    REQUIRE(sh[4] == r->shape.vocab_size);
-    REQUIRE(sh[5] == r->shape.padded_vocab);
-    REQUIRE(sh[6] == r->shape.n_layer);
-    REQUIRE(sh[7] == r->shape.n_head);
-    REQUIRE(sh[8] == r->shape.d_model);
-    REQUIRE(sh[9] == r->shape.max_seq_len);
-    REQUIRE(static_cast<size_t>(sh[10]) == r->num_params);
-    r->n_steps = sh[11];
-    r->lr = slot_f32(sh, 16);
-    r->beta1 = slot_f32(sh, 17);
-    r->beta2 = slot_f32(sh, 18);
-    r->eps = slot_f32(sh, 19);
-    r->weight_decay = slot_f32(sh, 20);
-    r->grad_clip = slot_f32(sh, 21);
-    const size_t N = static_cast<size_t>(r->B) * r->T;
-    r->x.resize(N);
-    r->y.resize(N);
-    r->logits.resize(N * r->shape.vocab_size);
-    r->grads.resize(r->num_params);
-    r->losses.resize(r->n_steps);
-    r->grad_norms.resize(r->n_steps);
-    read_exact(f, r->x.data(), N, "x");
-    read_exact(f, r->y.data(), N, "y");
-    read_exact(f, r->logits.data(), r->logits.size(), "logits");
-    read_exact(f, &r->loss, 1, "loss");
-    read_exact(f, r->grads.data(), r->num_params, "grads");
-    read_exact(f, r->losses.data(), r->losses.size(), "losses");
-    read_exact(f, r->grad_norms.data(), r->grad_norms.size(), "grad norms");
-    REQUIRE(std::fgetc(f) == EOF);
-    std::fclose(f);
+    const std::string err = load_ref_data(find_data_file("ref_model.bin"), find_data_file("ref_state.bin"), *r);
+    INFO(err);
+    REQUIRE(err.empty());
     cached = std::move(r);
     return *cached;
 }

@@ -39,6 +39,7 @@
 #include "llmc/param_store.h"
 #include "llmc/tensor.h"
 #include "test/op_cases.h"
+#include "test/ref_data.h"
 #include "test/whole_model.h"
 
 namespace {
@@ -1290,70 +1291,47 @@ void test_offload(Ops& gpu, DType dt) {
            strfmt("nonzero=%zu of %zu", padding, n - lay.num_params));
 }
 
-// The whole GPT-2 on the GPU (fp32) against the committed PyTorch debug state (test/data/
-// ref_model.bin, ref_state.bin: dev/reference/gpt2_reference.py, float64; their format is in
-// test/test_parity.cpp, which holds the CPU backend to it at 1e-5): the loss and every logit of
-// the batch, every parameter's gradient, and the losses and gradient norms of the reference's
-// AdamW steps (clipped as the script clips), to 1e-4 relative.
+// The whole GPT-2 on the GPU (fp32) against the committed PyTorch debug state (test/ref_data.h;
+// test/test_parity.cpp holds the CPU backend to it at 1e-5): the loss and every logit of the
+// batch, every parameter's gradient, and the losses and gradient norms of the reference's AdamW
+// steps (clipped as the script clips), to 1e-4 relative.
 void test_reference(Ops& gpu) {
     const std::string sh = "[fp32 test/data/ref_state.bin]";
-    auto open = [](const char* name) {
-        for (const char* dir : {"test/data/", "../test/data/"})
-            if (FILE* f = std::fopen((std::string(dir) + name).c_str(), "rb")) return f;
-        return (FILE*)nullptr;
-    };
-    FILE* fm = open("ref_model.bin");
-    FILE* fs = open("ref_state.bin");
-    if (!fm || !fs) {
-        report(false, "reference.files", sh, "test/data/ref_model.bin or ref_state.bin not found (run from the repository root)");
-        if (fm) std::fclose(fm);
-        if (fs) std::fclose(fs);
+    RefData r;
+    std::string err = "test/data/ref_model.bin and ref_state.bin not found (run from the repository root)";
+    for (const char* dir : {"test/data/", "../test/data/"})
+        if (FILE* f = std::fopen((std::string(dir) + "ref_model.bin").c_str(), "rb")) {
+            std::fclose(f);
+            err = load_ref_data(std::string(dir) + "ref_model.bin", std::string(dir) + "ref_state.bin", r);
+            break;
+        }
+    if (!err.empty()) {
+        report(false, "reference.files", sh, err);
         return;
     }
-    int32_t mh[256], hd[256];
-    bool ok = std::fread(mh, 4, 256, fm) == 256 && std::fread(hd, 4, 256, fs) == 256 && mh[0] == 20240326 &&
-              mh[1] == 3 && hd[0] == 20241121 && hd[1] == 1;
-    ModelShape s;
-    s.max_seq_len = mh[2], s.vocab_size = mh[3], s.n_layer = mh[4], s.n_head = mh[5], s.d_model = mh[6];
-    s.padded_vocab = mh[7];
-    const int B = hd[2], T = hd[3], steps = hd[11], V = s.vocab_size;
-    float hyper[6];  // lr, beta1, beta2, eps, weight_decay, grad_clip: float bit patterns in slots 16..21
-    std::memcpy(hyper, &hd[16], sizeof hyper);
-    const size_t P = ok ? num_params(s) : 0, N = (size_t)B * T;
-    std::vector<float> weights(P), logits(N * V), grads(P), losses(steps > 0 ? steps : 0), norms(losses.size());
-    std::vector<int32_t> x(N), y(N);
-    float loss_ref = 0;
-    ok = ok && (size_t)hd[10] == P && std::fread(weights.data(), 4, P, fm) == P && std::fread(x.data(), 4, N, fs) == N &&
-         std::fread(y.data(), 4, N, fs) == N && std::fread(logits.data(), 4, logits.size(), fs) == logits.size() &&
-         std::fread(&loss_ref, 4, 1, fs) == 1 && std::fread(grads.data(), 4, P, fs) == P &&
-         std::fread(losses.data(), 4, losses.size(), fs) == losses.size() &&
-         std::fread(norms.data(), 4, norms.size(), fs) == norms.size();
-    std::fclose(fm);
-    std::fclose(fs);
-    if (!ok) {
-        report(false, "reference.files", sh, "unreadable or of another format");
-        return;
-    }
+    const ModelShape& s = r.shape;
+    const int B = r.B, T = r.T, steps = r.n_steps, V = s.vocab_size;
+    const size_t N = (size_t)B * T;
     const double tol = 1e-4;
     auto close = [&](double a, double b) { return std::fabs(a - b) <= tol * std::fabs(b); };
     WholeModel wm(s, gpu, B, T);
     Model& model = wm.model;
-    model.set_params_whole(weights.data());
-    const float loss = model.forward(x.data(), y.data(), B, T, 0.0f);  // dloss 0: the logits stay
-    report(close(loss, loss_ref), "reference.loss", sh, strfmt("gpu=%.9g ref=%.9g", loss, loss_ref));
+    model.set_params_whole(r.weights.data());
+    const float loss = model.forward(r.x.data(), r.y.data(), B, T, 0.0f);  // dloss 0: the logits stay
+    report(close(loss, r.loss), "reference.loss", sh, strfmt("gpu=%.9g ref=%.9g", loss, r.loss));
     std::vector<float> got(N * V);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) model.get_logits(b, t, &got[((size_t)b * T + t) * V]);
-    H::compare_vec("reference.logits", sh, got, logits, tol);
+    H::compare_vec("reference.logits", sh, got, r.logits, tol);
     const float dloss = 1.0f / (float)N;
     model.zero_grads();
-    model.forward(x.data(), y.data(), B, T, dloss);
+    model.forward(r.x.data(), r.y.data(), B, T, dloss);
     model.backward();
-    std::vector<float> g(P);
+    std::vector<float> g(r.num_params);
     model.get_grads_whole(g.data());
-    H::compare_vec("reference.grads", sh, g, grads, tol);
+    H::compare_vec("reference.grads", sh, g, r.grads, tol);
     // the reference's AdamW steps, the same batch every step (as test_parity.cpp does on the CPU)
-    model.set_params_whole(weights.data());
+    model.set_params_whole(r.weights.data());
     float* m = static_cast<float*>(gpu.alloc(model.params.num_params * sizeof(float)));
     float* v = static_cast<float*>(gpu.alloc(model.params.num_params * sizeof(float)));
     gpu.zero(Tensor(m, model.params.num_params, DType::F32));
@@ -1361,20 +1339,20 @@ void test_reference(Ops& gpu) {
     double worst_loss = 0, worst_norm = 0;
     for (int step = 1; step <= steps; step++) {
         model.zero_grads();
-        const float l = model.forward(x.data(), y.data(), B, T, dloss);
+        const float l = model.forward(r.x.data(), r.y.data(), B, T, dloss);
         model.backward();
         double ss = 0;
         for (const ParamSpec& p : model.params.specs) ss += gpu.sum_squares(wm.store.grads.slice(p.offset, p.numel));
         const double norm = std::sqrt(ss);
-        const float coef = std::min(1.0f, hyper[5] / ((float)norm + 1e-6f));
+        const float coef = std::min(1.0f, r.grad_clip / ((float)norm + 1e-6f));
         // (a NaN difference sticks: it must fail, not vanish in a max)
-        const double dl = std::fabs((double)l - losses[step - 1]) / std::fabs((double)losses[step - 1]);
-        const double dn = std::fabs(norm - norms[step - 1]) / std::fabs((double)norms[step - 1]);
+        const double dl = std::fabs((double)l - r.losses[step - 1]) / std::fabs((double)r.losses[step - 1]);
+        const double dn = std::fabs(norm - r.grad_norms[step - 1]) / std::fabs((double)r.grad_norms[step - 1]);
         if (!(dl <= worst_loss)) worst_loss = dl;
         if (!(dn <= worst_norm)) worst_norm = dn;
         for (const ParamSpec& p : model.params.specs)
             gpu.adamw(wm.store.params.slice(p.offset, p.numel), nullptr, wm.store.grads.slice(p.offset, p.numel),
-                      m + p.offset, v + p.offset, hyper[0], hyper[1], hyper[2], hyper[3], p.decay ? hyper[4] : 0.0f, coef,
+                      m + p.offset, v + p.offset, r.lr, r.beta1, r.beta2, r.eps, p.decay ? r.weight_decay : 0.0f, coef,
                       step, 0u);
     }
     gpu.release(m);
