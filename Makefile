@@ -35,7 +35,7 @@ LDLIBS    := -L$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublasLt 
 # scripts/bundle.sh builds with BUILD=build-dist BIN=build-dist/ so that it leaves the usual build alone.
 BUILD     ?= build
 BIN       ?=
-LIB_SRCS  := $(wildcard llmc/*.cpp llmc/cpu/*.cpp)
+LIB_SRCS  := $(wildcard llmc/*/*.cpp)
 LIB_OBJS  := $(LIB_SRCS:%.cpp=$(BUILD)/%.o)
 ifeq ($(CUDA),0)
 CUDA_OBJS :=
@@ -64,6 +64,11 @@ $(BUILD)/%.o: %.cpp
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# train_gpt.cu holds no device code: g++ compiles it as C++ with or without the CUDA backend.
+$(BUILD)/train_gpt.o: train_gpt.cu
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -x c++ -c $< -o $@
 
 $(BUILD)/libllmc.a: $(LIB_OBJS)
 	@mkdir -p $(dir $@)
@@ -105,8 +110,8 @@ FUZZ_CXX      ?= clang++
 FUZZ_SECONDS  ?= 60
 FUZZ_FLAGS    := -O1 -g -std=c++17 -fopenmp -I. $(MPI_CFLAGS) -fsanitize=address,undefined \
                  -fno-sanitize-recover=undefined -fno-omit-frame-pointer -MMD -MP
-FUZZ_LIB_SRCS := llmc/common.cpp llmc/config.cpp llmc/shard.cpp llmc/dataloader.cpp llmc/checkpoint.cpp \
-                 llmc/model_file.cpp llmc/param_table.cpp llmc/families.cpp llmc/safetensors.cpp llmc/tokenizer.cpp
+FUZZ_LIB_SRCS := llmc/core/common.cpp llmc/core/config.cpp llmc/data/shard.cpp llmc/data/dataloader.cpp llmc/io/checkpoint.cpp \
+                 llmc/io/model_file.cpp llmc/model/param_table.cpp llmc/model/families.cpp llmc/io/safetensors.cpp llmc/data/tokenizer.cpp
 FUZZ_BINS     := $(patsubst test/fuzz/%.cpp,$(BUILD)/fuzz/bin/%,$(wildcard test/fuzz/fuzz_*.cpp))
 
 .PRECIOUS: $(BUILD)/fuzz/obj/%.o

@@ -17,10 +17,10 @@
 #include <thread>
 #include <vector>
 
-#include "llmc/comm.h"
-#include "llmc/common.h"
+#include "llmc/comm/comm.h"
+#include "llmc/core/common.h"
 #include "llmc/cuda/common.cuh"
-#include "llmc/runtime.h"
+#include "llmc/run/runtime.h"
 
 namespace {
 

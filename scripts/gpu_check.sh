@@ -382,7 +382,7 @@ stage_parity() {
     # and master in pinned memory) against AdamW on the GPU. Not bitwise: the two kernels round
     # differently (FMA contraction; the bias corrections' pow in fp32 on the host, fp64 on the GPU),
     # so the states differ by float rounding; bf16 parameters share the stochastic rounding's random
-    # bits (llmc/bf16.h), so they differ only where the masters straddle a rounding boundary. The
+    # bits (llmc/precision/bf16.h), so they differ only where the masters straddle a rounding boundary. The
     # plan (--plan=json) must equal the offloaded run's allocation record, the host bytes included.
     for prec in fp32 bf16; do
         timeout 420 ./train_gpt "$L/c.json" device=cuda precision=$prec train.offload_optimizer=true \

@@ -11,7 +11,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "llmc/tensor.h"
+#include "llmc/core/tensor.h"
 
 namespace cpu_test {
 

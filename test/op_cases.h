@@ -83,7 +83,7 @@ inline const std::vector<Case>& all() {
         {"attention", {1, 1024, 4, 2, 128}, 0, Gpu},
         {"attention", {4, 1024, 12, 12, 64}, 0, Bench},  // GPT-2 124M
         // attention_ring (context parallelism: block attention, merge, block backward as a ring over
-        // cp blocks, llmc/context_parallel.h): B, T, NH, NKV, HS, cp
+        // cp blocks, llmc/parallel/context_parallel.h): B, T, NH, NKV, HS, cp
         {"attention_ring", {1, 8, 2, 2, 5, 2}, 0, Fd},
         {"attention_ring", {2, 8, 4, 2, 3, 2}, 0, Fd},
         {"attention_ring", {1, 16, 4, 1, 3, 4}, 0, Fd},
@@ -118,7 +118,7 @@ inline const std::vector<Case>& all() {
         {"swiglu", {100, 200}, 0, Gpu},
         {"swiglu", {1000, 768}, 0, Gpu},
         {"swiglu", {7, 1377}, 0, Gpu},
-        // moe (router, permutation, combine; llmc/moe.h): N, E, K, C, capacity (0 = dropless)
+        // moe (router, permutation, combine; llmc/model/moe.h): N, E, K, C, capacity (0 = dropless)
         {"moe", {7, 4, 2, 5, 0}, 0, Fd},
         {"moe", {9, 4, 2, 5, 4}, 0, Fd},  // 18 pairs for 16 places: drops
         {"moe", {6, 5, 1, 3, 2}, 0, Fd},

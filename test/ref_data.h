@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/param_table.h"
+#include "llmc/model/param_table.h"
 
 struct RefData {
     ModelShape shape;

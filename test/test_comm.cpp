@@ -14,12 +14,12 @@
 #include <sstream>
 #include <thread>
 
-#include "llmc/comm.h"
-#include "llmc/comm_stage.h"
-#include "llmc/device_sim.h"
-#include "llmc/ops.h"
-#include "llmc/common.h"
-#include "llmc/runtime.h"
+#include "llmc/comm/comm.h"
+#include "llmc/parallel/comm_stage.h"
+#include "llmc/comm/device_sim.h"
+#include "llmc/backend/ops.h"
+#include "llmc/core/common.h"
+#include "llmc/run/runtime.h"
 
 namespace {
 

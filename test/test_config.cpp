@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "llmc/common.h"
-#include "llmc/config.h"
+#include "llmc/core/common.h"
+#include "llmc/core/config.h"
 #include "test/user_error.h"
 
 using nlohmann::json;

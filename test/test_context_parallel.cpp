@@ -1,6 +1,6 @@
 // Proof of context parallelism's ops (llmc/cpu/kernels.h: attention_block_forward,
 // attention_merge, attention_block_backward; rope at given positions) and of the ring they make
-// (llmc/context_parallel.h): cp blocks of the load-balanced split, simulated in one process in
+// (llmc/parallel/context_parallel.h): cp blocks of the load-balanced split, simulated in one process in
 // the ring's order, give the whole sequence's causal attention; their backward is checked
 // against central finite differences (double) and against the whole attention's (float, CpuOps).
 // The shapes are the op-case table's "attention_ring" rows (test/op_cases.h).
@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "llmc/context_parallel.h"
+#include "llmc/parallel/context_parallel.h"
 #include "llmc/cpu/cpu_ops.h"
 #include "llmc/cpu/kernels.h"
 #include "test/cpu_test_util.h"

@@ -2,13 +2,13 @@
 // (The multi-process proofs are test/e2e/test_dp_*.sh under mpirun.)
 #include <catch2/catch.hpp>
 
-#include "llmc/comm.h"
-#include "llmc/config.h"
-#include "llmc/data_parallel.h"
-#include "llmc/layout.h"
-#include "llmc/model.h"
-#include "llmc/optimizer.h"
-#include "llmc/process_grid.h"
+#include "llmc/comm/comm.h"
+#include "llmc/core/config.h"
+#include "llmc/train/data_parallel.h"
+#include "llmc/train/layout.h"
+#include "llmc/model/model.h"
+#include "llmc/model/optimizer.h"
+#include "llmc/parallel/process_grid.h"
 
 TEST_CASE("process grid: Megatron order, tp fastest, then cp, dp, pp", "[grid]") {
     ProcessGrid g({{2, 2, 1, 2}}, 5);  // pp 2 x dp 2 x cp 1 x tp 2, rank 5 = pp 1, dp 0, tp 1

@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "llmc/common.h"
-#include "llmc/dataloader.h"
-#include "llmc/shard.h"
+#include "llmc/core/common.h"
+#include "llmc/data/dataloader.h"
+#include "llmc/data/shard.h"
 
 namespace fs = std::filesystem;
 

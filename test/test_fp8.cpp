@@ -1,4 +1,4 @@
-// Proof of the FP8 pieces (llmc/fp8.h, llmc/cpu/fp8.cpp), tag [fp8]:
+// Proof of the FP8 pieces (llmc/precision/fp8.h, llmc/cpu/fp8.cpp), tag [fp8]:
 //  1. fp8_decode / fp8_encode against test/data/fp8_tables.json, written by
 //     dev/reference/make_fp8_tables.py from an exhaustive rational-arithmetic definition of the
 //     formats (cross-checked there against NVIDIA's cuda_fp8.h host conversion);
@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "llmc/config.h"
+#include "llmc/core/config.h"
 #include "llmc/cpu/cpu_ops.h"
-#include "llmc/fp8.h"
+#include "llmc/precision/fp8.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// GPT-2 in transformers' format (llmc/hf_format.h): the export's names, shapes and transposed
+// GPT-2 in transformers' format (llmc/io/hf_format.h): the export's names, shapes and transposed
 // Conv1D weights at hand-computed positions, the round trip, what the reader accepts and refuses,
 // config.json; and parity of a GPT2LMHeadModel file with the independent PyTorch forward of
 // dev/reference/gpt2_hf_reference.py, which writes
@@ -21,11 +21,11 @@
 #include <unistd.h>
 #include <vector>
 
-#include "llmc/common.h"
-#include "llmc/hf_format.h"
-#include "llmc/model.h"
-#include "llmc/ops.h"
-#include "llmc/safetensors.h"
+#include "llmc/core/common.h"
+#include "llmc/io/hf_format.h"
+#include "llmc/model/model.h"
+#include "llmc/backend/ops.h"
+#include "llmc/io/safetensors.h"
 #include "test/test_data_files.h"
 #include "test/user_error.h"
 #include "test/whole_model.h"

@@ -5,10 +5,10 @@
 
 #include <vector>
 
-#include "llmc/layout.h"
-#include "llmc/model.h"
-#include "llmc/pipeline.h"
-#include "llmc/pipeline_schedule.h"
+#include "llmc/train/layout.h"
+#include "llmc/model/model.h"
+#include "llmc/parallel/pipeline.h"
+#include "llmc/parallel/pipeline_schedule.h"
 
 namespace {
 ModelShape small_shape() { return ModelShape{4, 4, 32, 500, 512, 16}; }

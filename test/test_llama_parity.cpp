@@ -19,7 +19,7 @@
 // losses and gradient norms: |a - b| <= 1e-5 |b|. Padded vocabulary rows must be exactly zero.
 // The file order of the whole model (which hf_read_weights returns and Model takes) is derived
 // here independently of the model's table: the declarations in transformers' order, each
-// per-layer tensor expanded over the layers before the next (llmc/param_table.h).
+// per-layer tensor expanded over the layers before the next (llmc/model/param_table.h).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -33,11 +33,11 @@
 #include <unistd.h>
 #include <vector>
 
-#include "llmc/hf_format.h"
-#include "llmc/model.h"
-#include "llmc/ops.h"
-#include "llmc/optimizer.h"
-#include "llmc/safetensors.h"
+#include "llmc/io/hf_format.h"
+#include "llmc/model/model.h"
+#include "llmc/backend/ops.h"
+#include "llmc/model/optimizer.h"
+#include "llmc/io/safetensors.h"
 
 #include "test/test_data_files.h"
 #include "test/whole_model.h"

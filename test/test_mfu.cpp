@@ -1,7 +1,7 @@
 // The MFU formula and the GPU peak table.
 #include <catch2/catch.hpp>
 
-#include "llmc/mfu.h"
+#include "llmc/run/mfu.h"
 
 TEST_CASE("flops per token follows 6N + 12LCT with the tied embedding once and no padding") {
     // GPT-2 124M: 124,439,808 parameters (wte 50257x768 counted once)

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "llmc/model.h"
-#include "llmc/model_file.h"
-#include "llmc/rng.h"
+#include "llmc/model/model.h"
+#include "llmc/io/model_file.h"
+#include "llmc/core/rng.h"
 #include "test/whole_model.h"
 
 namespace {

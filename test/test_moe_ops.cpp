@@ -1,5 +1,5 @@
 // Proof of the mixture-of-experts pieces: the host routing plan and load-balancing loss
-// (llmc/moe.h) against hand-worked examples, the CPU ops (llmc/cpu/moe_kernels.h) forward
+// (llmc/model/moe.h) against hand-worked examples, the CPU ops (llmc/cpu/moe_kernels.h) forward
 // against formulas written here, backward against central finite differences in double, and
 // CpuOps (float) against double. Shapes: the op-case table's "moe" rows (test/op_cases.h).
 #include <catch2/catch.hpp>
@@ -12,7 +12,7 @@
 
 #include "llmc/cpu/cpu_ops.h"
 #include "llmc/cpu/moe_kernels.h"
-#include "llmc/moe.h"
+#include "llmc/model/moe.h"
 #include "test/cpu_test_util.h"
 #include "test/op_cases.h"
 

@@ -1,9 +1,9 @@
 // Parity of the CPU backend's mixture-of-experts models with an independent PyTorch reference.
 //
 // dev/reference/moe_reference.py (float64; the MoE layer written densely over the experts, with
-// masks, from its definition in llmc/moe.h) writes, per case,
+// masks, from its definition in llmc/model/moe.h) writes, per case,
 //   test/data/<case>_model.safetensors  the initial weights under train_gpt's Hugging Face names
-//     (llmc/families.cpp); __metadata__: the shape and model.moe settings
+//     (llmc/model/families.cpp); __metadata__: the shape and model.moe settings
 //   test/data/<case>_state.safetensors  tokens, targets, logits, loss (with the load-balancing
 //     term), aux (the MoE layers' load-balancing losses, summed, without the coefficient),
 //     dropped (pairs past capacity in the first forward), grad.<name>, losses and grad_norms of
@@ -27,11 +27,11 @@
 #include <unistd.h>
 #include <vector>
 
-#include "llmc/hf_format.h"
-#include "llmc/model.h"
-#include "llmc/ops.h"
-#include "llmc/optimizer.h"
-#include "llmc/safetensors.h"
+#include "llmc/io/hf_format.h"
+#include "llmc/model/model.h"
+#include "llmc/backend/ops.h"
+#include "llmc/model/optimizer.h"
+#include "llmc/io/safetensors.h"
 
 #include "test/test_data_files.h"
 #include "test/whole_model.h"

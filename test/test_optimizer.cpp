@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "llmc/bf16.h"
-#include "llmc/optimizer.h"
+#include "llmc/precision/bf16.h"
+#include "llmc/model/optimizer.h"
 
 namespace {
 TrainConfig sched(const char* name, int steps, int warmup, double final_frac) {

@@ -7,7 +7,7 @@
 //   max-relative   max_i |a_i - b_i| / max_i |b_i|  <= 1e-5
 // Losses (and gradient norms): |a - b| <= 1e-5 * |b|.
 //
-// AdamW (as in the script, run twice: directly over Ops::adamw, and through llmc/optimizer.h): global-norm clip coef = min(1, clip / (norm + 1e-6)) applied to
+// AdamW (as in the script, run twice: directly over Ops::adamw, and through llmc/model/optimizer.h): global-norm clip coef = min(1, clip / (norm + 1e-6)) applied to
 // the gradients, bias-corrected moments, decoupled weight decay only on the 2-D weights.
 #include <catch2/catch.hpp>
 
@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "llmc/model.h"
-#include "llmc/ops.h"
-#include "llmc/optimizer.h"
+#include "llmc/model/model.h"
+#include "llmc/backend/ops.h"
+#include "llmc/model/optimizer.h"
 
 #include "test/ref_data.h"
 #include "test/test_data_files.h"
@@ -189,7 +189,7 @@ TEST_CASE("parity: 10 AdamW steps match the PyTorch reference losses", "[parity]
     WholeModel wm(r.shape, *ops, r.B, r.T);
     Model& model = wm.model;
     model.set_params_whole(r.weights.data());
-    // The optimizer written directly over Ops (llmc/optimizer.h may replace this loop).
+    // The optimizer written directly over Ops (llmc/model/optimizer.h may replace this loop).
     float* m = static_cast<float*>(ops->alloc(model.params.num_params * sizeof(float)));
     float* v = static_cast<float*>(ops->alloc(model.params.num_params * sizeof(float)));
     const float dloss = 1.0f / (r.B * r.T);

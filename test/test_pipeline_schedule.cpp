@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "llmc/common.h"
-#include "llmc/config.h"
-#include "llmc/pipeline_schedule.h"
+#include "llmc/core/common.h"
+#include "llmc/core/config.h"
+#include "llmc/parallel/pipeline_schedule.h"
 
 using Catch::Matchers::Contains;
 

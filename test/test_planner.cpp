@@ -8,10 +8,10 @@
 #include <fstream>
 #include <set>
 
-#include "llmc/layout.h"
-#include "llmc/mfu.h"
-#include "llmc/pipeline_schedule.h"
-#include "llmc/planner.h"
+#include "llmc/train/layout.h"
+#include "llmc/run/mfu.h"
+#include "llmc/parallel/pipeline_schedule.h"
+#include "llmc/plan/planner.h"
 #include "test/test_data_files.h"
 #include "test/user_error.h"
 

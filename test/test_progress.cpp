@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "llmc/progress.h"
+#include "llmc/run/progress.h"
 
 TEST_CASE("progress: median of odd and even lists, unordered", "[progress]") {
     CHECK(median({5}) == 5);

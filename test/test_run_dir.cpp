@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "llmc/checkpoint.h"
-#include "llmc/model_file.h"
-#include "llmc/param_table.h"
-#include "llmc/run_dir.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/io/model_file.h"
+#include "llmc/model/param_table.h"
+#include "llmc/run/run_dir.h"
 
 namespace {
 std::string temp_dir() {

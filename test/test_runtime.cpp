@@ -3,8 +3,8 @@
 
 #include <cstdlib>
 
-#include "llmc/common.h"
-#include "llmc/runtime.h"
+#include "llmc/core/common.h"
+#include "llmc/run/runtime.h"
 
 namespace {
 

@@ -12,8 +12,8 @@
 #include <unistd.h>
 #include <vector>
 
-#include "llmc/common.h"
-#include "llmc/safetensors.h"
+#include "llmc/core/common.h"
+#include "llmc/io/safetensors.h"
 #include "test/user_error.h"
 
 namespace {

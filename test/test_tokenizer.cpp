@@ -16,9 +16,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/common.h"
-#include "llmc/shard.h"
-#include "llmc/tokenizer.h"
+#include "llmc/core/common.h"
+#include "llmc/data/shard.h"
+#include "llmc/data/tokenizer.h"
 
 namespace {
 
@@ -338,7 +338,7 @@ TEST_CASE("prepare_text: text files to train/val shards", "[tokenizer][prepare_t
 namespace {
 
 // A shard's header ints and tokens, read from its bytes as the format documents them
-// (llmc/shard.h), without the code under test. token_bytes: 2 or 4.
+// (llmc/data/shard.h), without the code under test. token_bytes: 2 or 4.
 struct RawShard {
     int32_t magic = 0, version = 0, count = 0;
     std::vector<uint32_t> tokens;

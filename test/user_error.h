@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "llmc/common.h"
+#include "llmc/core/common.h"
 
 template <class F>
 std::string error_of(F f) {

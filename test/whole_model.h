@@ -1,8 +1,8 @@
 // A one-process fp32 model over whole buffers, built as the trainer builds any model: the
 // parameter layout first, the store from it, then the model on the store.
 #pragma once
-#include "llmc/model.h"
-#include "llmc/param_store.h"
+#include "llmc/model/model.h"
+#include "llmc/model/param_store.h"
 
 struct WholeModel {
     WholeModel(const ModelShape& s, Ops& ops, int B, int T)

@@ -10,7 +10,7 @@ tokens are random (train_gpt reads synthetic shards: the data costs neither anyt
 
 Prints one line per measured step and, last, one line
     RESULT tokens_per_s=<float> mfu=<float> peak_mem_gib=<float> batch=<int> torch=<version> compiled=<0|1>
-that gpu_check.sh parses. MFU counts the model FLOPs as train_gpt does (llmc/mfu.cpp):
+that gpu_check.sh parses. MFU counts the model FLOPs as train_gpt does (llmc/run/mfu.cpp):
 6 x parameters (without the vocabulary padding) + 12 x layers x d_model x seq per token, against
 the dense bf16 peak of the GPU (--peak_tflops, or looked up from the device's name). When a
 micro-batch does not fit, it halves it (and says so in RESULT's batch).

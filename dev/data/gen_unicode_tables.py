@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates llmc/tokenizer_unicode.inc: the code point classes that GPT-2's
+"""Generates llmc/data/tokenizer_unicode.inc: the code point classes that GPT-2's
 pre-tokenization regex needs (\\p{L}, \\p{N} and \\s), as sorted inclusive ranges.
 
 GPT-2's reference encoder runs its pattern with Python's third-party `regex`
@@ -8,7 +8,7 @@ module, so the classes are taken from that very engine when it is installed
 library's unicodedata and \\s from the Unicode White_Space list below.
 
 Regenerate (from the repository root):
-    python3 dev/data/gen_unicode_tables.py > llmc/tokenizer_unicode.inc
+    python3 dev/data/gen_unicode_tables.py > llmc/data/tokenizer_unicode.inc
 """
 import sys
 import unicodedata

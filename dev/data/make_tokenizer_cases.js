@@ -1,5 +1,5 @@
 // Writes test/data/tokenizer_cases.json: texts and their GPT-2 token ids, produced by an
-// implementation independent of llmc/tokenizer.cpp: the JavaScript encoder of the npm package
+// implementation independent of llmc/data/tokenizer.cpp: the JavaScript encoder of the npm package
 // gpt-3-encoder (a port of GPT-2's encoder.py, using Unicode property escapes for \p{L}/\p{N}).
 //
 // Regenerate (from the repository root):
@@ -13,7 +13,7 @@
 //    excluded (the C++ tokenizer follows GPT-2 there).
 // Checked and found harmless: the JS encoder keys merge ranks by `${left},${right}`, so 11
 // pairs such as ('",', '"') share a key with a real merge (here ('"', ',"')) and would get its
-// rank. A comparison of this encoder with llmc/tokenizer.cpp (which matches pairs exactly) on
+// rank. A comparison of this encoder with llmc/data/tokenizer.cpp (which matches pairs exactly) on
 // ~107,000 distinct strings of up to 8 characters from `",}])[.' ` plus 50,000 random mixed
 // strings found no difference: the real merges' parts form earlier (e.g. ',"' is merge 297,
 // '",' is merge 1344), so the colliding splits do not arise there. Such strings are kept.

@@ -20,9 +20,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "llmc/common.h"
-#include "llmc/shard.h"
-#include "llmc/tokenizer.h"
+#include "llmc/core/common.h"
+#include "llmc/data/shard.h"
+#include "llmc/data/tokenizer.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Writes synthetic token shards in llm.c's formats (llmc/shard.h), for tests and benchmarks.
+// Writes synthetic token shards in llm.c's formats (llmc/data/shard.h), for tests and benchmarks.
 //
 //   dev/data/synth_shards --out PREFIX [--shards 1] [--tokens 100000] [--vocab 50257]
 //                         [--seed 0] [--noise 0.1] [--period 64] [--u32]
@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "llmc/common.h"
-#include "llmc/rng.h"
-#include "llmc/shard.h"
+#include "llmc/core/common.h"
+#include "llmc/core/rng.h"
+#include "llmc/data/shard.h"
 
 static void usage() {
     std::fprintf(stderr,

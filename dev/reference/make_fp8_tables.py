@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Independent reference tables for the FP8 formats of train_gpt (llmc/fp8.h).
+"""Independent reference tables for the FP8 formats of train_gpt (llmc/precision/fp8.h).
 
 Run with Debian's python3:   /usr/bin/python3 dev/reference/make_fp8_tables.py
 It writes test/data/fp8_tables.json (deterministic: the same bytes on every run), which

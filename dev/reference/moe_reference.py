@@ -36,7 +36,7 @@ Optimizer: AdamW by hand as in llama_reference.py (clipping by the global norm, 
 every 2-D weight, bias correction), 10 steps on the same batch; losses[k] and grad_norms[k] are
 those before update k+1.
 
-Names in the files (train_gpt's Hugging Face format, llmc/families.cpp): GPT-2: transformers'
+Names in the files (train_gpt's Hugging Face format, llmc/model/families.cpp): GPT-2: transformers'
 GPT2LMHeadModel names, Conv1D weights (c_attn, c_proj, c_fc) stored transposed [in, out]; its MoE
 tensors h.<l>.moe.router [E, C], h.<l>.moe.e<x>.fcw [Fe, C], .fcb [Fe], .fcprojw [C, Fe], .fcprojb [C].
 Llama: LlamaForCausalLM names; MoE layers as MixtralForCausalLM's

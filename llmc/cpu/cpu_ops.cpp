@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "llmc/bf16.h"
-#include "llmc/device_sim.h"
+#include "llmc/precision/bf16.h"
+#include "llmc/comm/device_sim.h"
 
 namespace {
 constexpr size_t kAlign = 64;

@@ -1,16 +1,16 @@
-// CpuOps: the fp32 + OpenMP reference backend of the Ops interface (llmc/ops.h).
+// CpuOps: the fp32 + OpenMP reference backend of the Ops interface (llmc/backend/ops.h).
 // The member functions are thin wrappers (shape and dtype checks) around the templated
 // math in llmc/cpu/kernels.h, instantiated with float. They are defined one file per
 // layer family: cpu_ops.cpp (memory), encoder.cpp, layernorm.cpp (and RMSNorm),
 // matmul.cpp (and SwiGLU), attention.cpp (and RoPE), classifier.cpp, adamw.cpp.
 #pragma once
-#include "llmc/device_sim.h"
-#include "llmc/ops.h"
+#include "llmc/comm/device_sim.h"
+#include "llmc/backend/ops.h"
 
 class CpuOps : public Ops {
 public:
     std::string name() const override { return "cpu"; }
-    // (false under the test hook LLMC_SIM_DEVICE, llmc/device_sim.h: the device paths run on the CPU)
+    // (false under the test hook LLMC_SIM_DEVICE, llmc/comm/device_sim.h: the device paths run on the CPU)
     bool host_memory() const override { return !sim_device(); }
 
     void* alloc(size_t bytes) override;

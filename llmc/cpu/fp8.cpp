@@ -1,4 +1,4 @@
-// CpuOps: FP8 linear layers, emulated exactly (llmc/ops.h "fp8", llmc/fp8.h).
+// CpuOps: FP8 linear layers, emulated exactly (llmc/backend/ops.h "fp8", llmc/precision/fp8.h).
 // Each operand is replaced by its quantize-dequantize q(x) in a scratch copy, then the fp32
 // matmul kernels run on the copies: deterministic and independent of the thread count
 // (elementwise casts; the amax is a max of integers, exact in any order).

@@ -2,7 +2,7 @@
 // CpuOps instantiates these with T = float (the trainer's path); the tests instantiate the
 // very same code with T = double for finite-difference gradient checks.
 //
-// Semantics are those documented in llmc/ops.h. All statistics (LayerNorm mean/rstd,
+// Semantics are those documented in llmc/backend/ops.h. All statistics (LayerNorm mean/rstd,
 // attention log-sum-exp, losses) are of type T here; CpuOps passes the fp32 buffers.
 //
 // Determinism: every output element is produced by exactly one thread, in a loop order
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "llmc/cpu/gemm.h"
-#include "llmc/positions.h"
-#include "llmc/rope.h"
+#include "llmc/backend/positions.h"
+#include "llmc/backend/rope.h"
 
 namespace cpu {
 
@@ -568,7 +568,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
                              SeqPositions());
 }
 
-// inv_freq[i] = 1/theta^(2i/HS): in float the backends' shared fp32 rounding (llmc/rope.h), in
+// inv_freq[i] = 1/theta^(2i/HS): in float the backends' shared fp32 rounding (llmc/backend/rope.h), in
 // double exact (the tests' reference precision).
 template <class T>
 inline T rope_inv_freq_t(int i, int HS, T theta) {
@@ -745,7 +745,7 @@ inline T sum_exp_shifted(const T* l, int n, T mx) {
     return se;
 }
 
-// Vocabulary-parallel cross-entropy (llmc/ops.h): logits [N, Vl] hold the global columns
+// Vocabulary-parallel cross-entropy (llmc/backend/ops.h): logits [N, Vl] hold the global columns
 // [vocab_begin, vocab_begin + Vl); the real ones are the first
 // clamp(V - vocab_begin, 0, Vl). Targets are global ids in [0, V).
 inline int vocab_slice_real_cols(int Vl, int vocab_begin, int V) {

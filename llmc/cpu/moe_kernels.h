@@ -1,6 +1,6 @@
-// The math of the mixture-of-experts ops (llmc/ops.h, "mixture of experts"), templated over the
+// The math of the mixture-of-experts ops (llmc/backend/ops.h, "mixture of experts"), templated over the
 // scalar type like llmc/cpu/kernels.h: CpuOps instantiates them with float, the tests with
-// double. Routing decisions (which row a (token, slot) pair takes) come from llmc/moe.h.
+// double. Routing decisions (which row a (token, slot) pair takes) come from llmc/model/moe.h.
 //
 // Determinism: each output row is written by one thread; a token's slots are summed in slot
 // order; no reductions across threads.

@@ -14,7 +14,7 @@
 // group and, for each, over the query tiles, in order; another computes dQ per query tile
 // looping over the key tiles in order.
 //
-// The block form (context parallelism's ring, llmc/ops.h's attention_block_*): the queries of
+// The block form (context parallelism's ring, llmc/backend/ops.h's attention_block_*): the queries of
 // qkv_q [B, Tq, ...] against the keys/values of qkv_kv [B, Tk, ...], query row i at position
 // qp.at(i) seeing key row j at kp.at(j) <= qp.at(i). Positions increase with the row (a
 // SeqPositions' second run starts after its first ends), so the keys a query row sees are a
@@ -31,7 +31,7 @@
 #include <type_traits>
 
 #include "llmc/cuda/common.cuh"
-#include "llmc/positions.h"
+#include "llmc/backend/positions.h"
 
 namespace attn {
 

@@ -29,8 +29,8 @@
 #include <cstring>
 #include <thread>
 
-#include "llmc/comm.h"
-#include "llmc/common.h"
+#include "llmc/comm/comm.h"
+#include "llmc/core/common.h"
 #include "llmc/cuda/common.cuh"
 
 namespace {

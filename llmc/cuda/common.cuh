@@ -13,7 +13,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "llmc/bf16.h"
+#include "llmc/precision/bf16.h"
 
 // A failing CUDA/cuBLASLt call inside the backend is a bug (or a broken device): report
 // file, line and the library's message, then abort (same policy as LLMC_ASSERT).
@@ -147,7 +147,7 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 }
 
 // ---- stochastic rounding fp32 -> bf16 from a counter-based hash of (seed, index) ----
-// (hash_u32 and bf16_stochastic_bits: llmc/bf16.h, shared with the host update of optimizer offload)
+// (hash_u32 and bf16_stochastic_bits: llmc/precision/bf16.h, shared with the host update of optimizer offload)
 __device__ __forceinline__ bf16 stochastic_round_bf16(float x, uint32_t rnd) {
     uint32_t u = __float_as_uint(x);
     if ((u & 0x7f800000u) == 0x7f800000u) return __float2bfloat16_rn(x);  // inf / NaN unchanged

@@ -1,4 +1,4 @@
-// CudaOps: the Ops interface (llmc/ops.h) on one CUDA device, fp32 or bf16 tensors.
+// CudaOps: the Ops interface (llmc/backend/ops.h) on one CUDA device, fp32 or bf16 tensors.
 // Every op runs on the backend's stream; the host-facing copies synchronise it.
 #include <algorithm>
 #include <cstring>
@@ -15,8 +15,8 @@
 #include "llmc/cuda/llama.cuh"
 #include "llmc/cuda/matmul.cuh"
 #include "llmc/cuda/moe.cuh"
-#include "llmc/ops.h"
-#include "llmc/rope.h"
+#include "llmc/backend/ops.h"
+#include "llmc/backend/rope.h"
 
 namespace {
 

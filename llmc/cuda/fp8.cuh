@@ -1,4 +1,4 @@
-// FP8 linear layers on CUDA (Ops::matmul_forward_fp8 / matmul_backward_fp8, llmc/ops.h):
+// FP8 linear layers on CUDA (Ops::matmul_forward_fp8 / matmul_backward_fp8, llmc/backend/ops.h):
 //  - scale_kernel: the cast's scale s and 1/s in device memory (from the host's delayed scale,
 //    or from the tensor's amax for the current recipe: no host round trip);
 //  - amax_kernel: the current recipe's amax pass;
@@ -19,11 +19,11 @@
 #include <string>
 #include <tuple>
 
-#include "llmc/common.h"
+#include "llmc/core/common.h"
 #include "llmc/cuda/common.cuh"
 #include "llmc/cuda/matmul.cuh"
-#include "llmc/fp8.h"
-#include "llmc/tensor.h"
+#include "llmc/precision/fp8.h"
+#include "llmc/core/tensor.h"
 
 namespace fp8 {
 

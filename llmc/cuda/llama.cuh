@@ -4,7 +4,7 @@
 // rounded once per stored value.
 #pragma once
 #include "llmc/cuda/common.cuh"
-#include "llmc/positions.h"
+#include "llmc/backend/positions.h"
 
 // ---------------- RMSNorm ----------------
 // One warp per row: rstd = 1/sqrt(mean(x^2) + eps); out = x * rstd * w.
@@ -70,7 +70,7 @@ __global__ void rmsnorm_backward_reduce_kernel(T* dw, const float* partial, int 
 
 // ---------------- rotary embedding ----------------
 constexpr int kRopeMaxHalf = 64;  // HS <= 128 (the attention kernels' limit)
-// inv_freq[i], i < HS/2, computed on the host (llmc/rope.h) and passed by value
+// inv_freq[i], i < HS/2, computed on the host (llmc/backend/rope.h) and passed by value
 struct RopeFreqs {
     float inv_freq[kRopeMaxHalf];
 };

@@ -1,5 +1,5 @@
-// The mixture-of-experts ops (llmc/ops.h, "mixture of experts"; the routing plan is made on the
-// host, llmc/moe.h): router softmax / top-k / renormalisation and its backward, the permutation
+// The mixture-of-experts ops (llmc/backend/ops.h, "mixture of experts"; the routing plan is made on the
+// host, llmc/model/moe.h): router softmax / top-k / renormalisation and its backward, the permutation
 // of token rows into per-expert rows and its backward, the gate-weighted combine and its
 // backward. All arithmetic is fp32; tensors are stored in T (fp32 or bf16), probabilities and
 // gates are fp32. Deterministic: each output element is written by one thread, which sums a

@@ -1,4 +1,4 @@
-# Context parallelism (parallel.cp, llmc/context_parallel.h): every sequence split over the cp
+# Context parallelism (parallel.cp, llmc/parallel/context_parallel.h): every sequence split over the cp
 # ranks in the load-balanced causal order, attention as a ring. Each layout below must match one
 # process with the same global batch like test_model_parallel.sh's: losses and validation losses
 # to 1e-5, step-1 gradients and final weights to 1e-5 in norm (largest single difference 1e-4 of

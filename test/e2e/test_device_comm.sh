@@ -1,4 +1,4 @@
-# Device-resident communication, proven on the CPU (test hook LLMC_SIM_DEVICE=1, llmc/device_sim.h):
+# Device-resident communication, proven on the CPU (test hook LLMC_SIM_DEVICE=1, llmc/comm/device_sim.h):
 # the CPU backend acts as device memory, and parallel.comm=nccl runs every group NCCL would carry
 # (dp, cp, tp, pp, embed, ep, expert-dp) on MPI communicators that act as NCCL (device buffers only,
 # operations in posting order) and end the run should any buffer they are given lie outside the

@@ -1,4 +1,4 @@
-# Preemption (llmc/preempt.h): a stop signal on any rank stops every rank at the next step
+# Preemption (llmc/run/preempt.h): a stop signal on any rank stops every rank at the next step
 # boundary; world rank 0 saves a checkpoint; every rank exits with code 3 ("saved, resume me");
 # `checkpoint.resume: auto` then ends with the losses and final weights of an uninterrupted run,
 # bit for bit. Cases:

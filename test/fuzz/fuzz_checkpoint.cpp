@@ -1,8 +1,8 @@
 // A checkpoint folder: model.bin and state.bin from the input (split at "\n@@\n"), loaded as
 // resume loads them for a tiny model. When the input's first byte is odd, state.bin's checksum
 // is recomputed before loading, so that the fuzzer reaches the metadata checks behind it.
-#include "llmc/checkpoint.h"
-#include "llmc/model_file.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/io/model_file.h"
 #include "test/fuzz/fuzz_util.h"
 
 #include <cstring>

@@ -1,6 +1,6 @@
 // The config parser and the command-line overrides: input = the config file, then "\n@@\n" and
 // one override (key=value) per further part. Runs load_config as main does.
-#include "llmc/config.h"
+#include "llmc/core/config.h"
 #include "test/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,5 +1,5 @@
 // An llm.c model file as model.init reads it: the header, then the weights, any shape.
-#include "llmc/model_file.h"
+#include "llmc/io/model_file.h"
 #include "test/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,6 +1,6 @@
 // A .safetensors file: the header, then every tensor read as float.
-#include "llmc/safetensors.h"
-#include "llmc/common.h"
+#include "llmc/io/safetensors.h"
+#include "llmc/core/common.h"
 #include "test/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,7 +1,7 @@
 // A token shard: the header check, then the data loader reading every window of it (tokens
 // checked against the vocabulary), with and without shuffling.
-#include "llmc/dataloader.h"
-#include "llmc/shard.h"
+#include "llmc/data/dataloader.h"
+#include "llmc/data/shard.h"
 #include "test/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

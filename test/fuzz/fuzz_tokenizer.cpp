@@ -1,6 +1,6 @@
 // The tokenizer's files: encoder.json and vocab.bpe from the input (split at "\n@@\n"), then a
 // third part, if any, encoded and its ids decoded.
-#include "llmc/tokenizer.h"
+#include "llmc/data/tokenizer.h"
 #include "test/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "llmc/common.h"
+#include "llmc/core/common.h"
 
 namespace fuzz {
 

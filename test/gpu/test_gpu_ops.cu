@@ -13,7 +13,7 @@
 // Attention is also compared row by row (each head's output row, each dqkv row), so that one bad
 // row cannot hide in a norm over many. The whole GPT-2 in fp32 against the committed PyTorch
 // debug state (test_reference: loss, logits, gradients, the AdamW steps' losses and norms). Also
-// optimizer offload: AdamW on the host (llmc/optimizer.h) against AdamW on the GPU (test_offload).
+// optimizer offload: AdamW on the host (llmc/model/optimizer.h) against AdamW on the GPU (test_offload).
 // `test_gpu big` runs only the large cases (logits past 2^31 elements), which are too slow under
 // compute-sanitizer and are left out of the default run.
 // Prints one line per check and "N passed, M failed"; exit code 1 on any failure.
@@ -29,15 +29,15 @@
 #include <string>
 #include <vector>
 
-#include "llmc/common.h"
-#include "llmc/moe.h"
-#include "llmc/context_parallel.h"
+#include "llmc/core/common.h"
+#include "llmc/model/moe.h"
+#include "llmc/parallel/context_parallel.h"
 #include "llmc/cuda/common.cuh"
-#include "llmc/model.h"
-#include "llmc/ops.h"
-#include "llmc/optimizer.h"
-#include "llmc/param_store.h"
-#include "llmc/tensor.h"
+#include "llmc/model/model.h"
+#include "llmc/backend/ops.h"
+#include "llmc/model/optimizer.h"
+#include "llmc/model/param_store.h"
+#include "llmc/core/tensor.h"
 #include "test/op_cases.h"
 #include "test/ref_data.h"
 #include "test/whole_model.h"
@@ -737,7 +737,7 @@ void test_swiglu(H& h, int N, int F) {
     h.compare("swiglu_backward.dinp", sh, dinp);
 }
 
-// Mixture of experts (llmc/moe.h): the router forward (probabilities, choices, gates) and backward,
+// Mixture of experts (llmc/model/moe.h): the router forward (probabilities, choices, gates) and backward,
 // the permutation and its backward (accumulating onto random values), the combine and its
 // backward. Each op after the router takes the CPU's routing on both backends.
 void test_moe(H& h, int N, int E, int K, int C, int cap) {
@@ -1218,11 +1218,11 @@ void test_fp8_bad_shape(H& h) {
     report(threw, "matmul_forward_fp8.rejects_N_not_multiple_of_16", strfmt("[%s]", dtype_name(h.dt)), "");
 }
 
-// Optimizer offload (llmc/optimizer.h) against AdamW on the GPU, from the same state: 3 steps over
+// Optimizer offload (llmc/model/optimizer.h) against AdamW on the GPU, from the same state: 3 steps over
 // a small model's whole buffer, streamed in pieces of 1000 elements (the last one short). The host
 // kernel rounds differently from the device's (FMA contraction; the bias corrections' pow in fp32
 // there, fp64 here), so moments and master agree to float rounding (norm-relative 1e-5); bf16
-// parameters share the stochastic rounding's random bits (llmc/bf16.h), so they are bitwise equal
+// parameters share the stochastic rounding's random bits (llmc/precision/bf16.h), so they are bitwise equal
 // except where the two masters straddle a rounding step (at most 1% of them), and the padding
 // past the tensors stays zero. First the asynchronous copies: a round trip through pinned memory,
 // and a copy ordered after queued ops.

@@ -1,0 +1,927 @@
+// Config loading: one schema table (below) drives defaults, type and range checks,
+// unknown-key suggestions, the resolved JSON and the usage text.
+#include "llmc/core/config.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "llmc/core/common.h"
+#include "llmc/data/shard.h"
+#include "llmc/data/tokenizer.h"
+
+using nlohmann::json;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// The schema
+// ---------------------------------------------------------------------------------------
+
+enum class KType { Int, Number, Bool, String, Enum, IntList };
+
+constexpr double NONE = std::numeric_limits<double>::quiet_NaN();
+
+struct Key {
+    std::string path;                  // "train.lr"
+    KType type;
+    void* (*field)(Config&);           // where the value lives in Config (type per `type`)
+    double lo = NONE, hi = NONE;       // bounds (NaN = unbounded)
+    bool lo_excl = false, hi_excl = false;
+    std::vector<std::string> allowed;  // Enum: accepted values
+    std::vector<std::string> planned;  // Enum: recognised values that are not supported yet
+    bool nonempty = false;             // String: "" is rejected
+    bool auto_ok = false;              // Int: also accepts the string "auto", stored as 0
+    bool* (*auto_flag)(Config&) = nullptr;  // IntList: also accepts "auto", stored as [] and this flag
+    std::string help;
+};
+
+// The largest value of any one model dimension: keeps the shape arithmetic (4 d_model, 8/3 d_model,
+// parameter counts) defined; far past any model that fits a machine.
+constexpr double kMaxModelDim = 1 << 26;
+
+#define FIELD(expr) [](Config& c) -> void* { return static_cast<void*>(&c.expr); }
+
+Key int_key(const char* path, void* (*f)(Config&), double lo, double hi, const char* help) {
+    Key k;
+    k.path = path, k.type = KType::Int, k.field = f, k.lo = lo, k.hi = hi, k.help = help;
+    return k;
+}
+Key num_key(const char* path, void* (*f)(Config&), double lo, bool lo_excl, double hi, bool hi_excl,
+            const char* help) {
+    Key k;
+    k.path = path, k.type = KType::Number, k.field = f, k.help = help;
+    k.lo = lo, k.lo_excl = lo_excl, k.hi = hi, k.hi_excl = hi_excl;
+    return k;
+}
+Key bool_key(const char* path, void* (*f)(Config&), const char* help) {
+    Key k;
+    k.path = path, k.type = KType::Bool, k.field = f, k.help = help;
+    return k;
+}
+Key str_key(const char* path, void* (*f)(Config&), bool nonempty, const char* help) {
+    Key k;
+    k.path = path, k.type = KType::String, k.field = f, k.nonempty = nonempty, k.help = help;
+    return k;
+}
+Key int_list_key(const char* path, void* (*f)(Config&), double lo, const char* help) {
+    Key k;
+    k.path = path, k.type = KType::IntList, k.field = f, k.lo = lo, k.help = help;
+    return k;
+}
+Key enum_key(const char* path, void* (*f)(Config&), std::vector<std::string> allowed,
+             std::vector<std::string> planned, const char* help) {
+    Key k;
+    k.path = path, k.type = KType::Enum, k.field = f, k.help = help;
+    k.allowed = std::move(allowed), k.planned = std::move(planned);
+    return k;
+}
+
+// Defaults are the initialisers of the structs in config.h (read from a default Config).
+const std::vector<Key>& schema() {
+    static const std::vector<Key> keys = {
+        enum_key("device", FIELD(device), {"auto", "cpu", "cuda"}, {},
+                 "where to train: auto = cuda when a GPU is present, else cpu"),
+        enum_key("precision", FIELD(precision), {"fp32", "bf16", "fp8"}, {},
+                 "compute precision (fp8: the blocks' linear layers in FP8, the rest as bf16 on CUDA; on the CPU "
+                 "FP8 is emulated exactly and the rest stays fp32)"),
+
+        enum_key("model.arch", FIELD(model.arch), {"gpt2", "llama"}, {},
+                 "model family: gpt2 (llm.c's GPT-2) or llama (transformers' LlamaForCausalLM)"),
+        int_key("model.n_layer", FIELD(model.n_layer), 1, kMaxModelDim, "transformer blocks"),
+        int_key("model.n_head", FIELD(model.n_head), 1, kMaxModelDim, "attention heads (must divide d_model)"),
+        int_key("model.d_model", FIELD(model.d_model), 1, kMaxModelDim, "embedding width"),
+        int_key("model.vocab_size", FIELD(model.vocab_size), 2, 16777216,
+                "vocabulary size (padded to a multiple of 128 internally; past 65536 the shards need uint32 tokens)"),
+        int_key("model.max_seq_len", FIELD(model.max_seq_len), 1, kMaxModelDim,
+                "longest sequence (GPT-2: positional embedding rows)"),
+        int_key("model.n_kv_head", FIELD(model.n_kv_head), 0, kMaxModelDim,
+                "llama: key/value heads, dividing n_head (grouped-query attention); 0 = n_head"),
+        int_key("model.ffn_dim", FIELD(model.ffn_dim), 0, kMaxModelDim,
+                "llama: MLP width; 0 = 8/3 d_model rounded up to a multiple of 256 (GPT-2: always 4 d_model)"),
+        num_key("model.rope_theta", FIELD(model.rope_theta), 0, true, NONE, false, "llama: rotary embedding base"),
+        num_key("model.norm_eps", FIELD(model.norm_eps), 0, true, NONE, false,
+                "llama: RMSNorm epsilon (GPT-2's LayerNorm uses 1e-5)"),
+        bool_key("model.tie_embeddings", FIELD(model.tie_embeddings),
+                 "llama: the LM head is the token embedding (GPT-2's head is always tied)"),
+        int_key("model.moe.num_experts", FIELD(model.moe.num_experts), 0, 4096,
+                "mixture of experts: experts per MoE layer (0 = no MoE layers; >= 2 with MoE)"),
+        int_key("model.moe.top_k", FIELD(model.moe.top_k), 1, 4096, "experts each token is routed to (<= num_experts)"),
+        int_key("model.moe.expert_ffn_dim", FIELD(model.moe.expert_ffn_dim), 0, kMaxModelDim,
+                "each expert's MLP width; 0 = the family's MLP width (model.ffn_dim)"),
+        int_key("model.moe.every", FIELD(model.moe.every), 1, kMaxModelDim,
+                "which layers are MoE: layers every-1, 2 every-1, ... (1 = all, 2 = every second layer)"),
+        num_key("model.moe.aux_loss_coef", FIELD(model.moe.aux_loss_coef), 0, false, NONE, false,
+                "weight of each MoE layer's load-balancing loss (Switch: num_experts * sum_e f_e P_e) in the loss"),
+        num_key("model.moe.capacity_factor", FIELD(model.moe.capacity_factor), 0, false, NONE, false,
+                "0 = dropless; else each expert takes ceil(capacity_factor * tokens * top_k / num_experts) "
+                "(token, slot) pairs of a micro-batch, in token order; the rest pass through the residual only"),
+        str_key("model.init", FIELD(model.init), true,
+                "\"random\", the path of an llm.c checkpoint, or a transformers .safetensors file (GPT2LMHeadModel, "
+                "LlamaForCausalLM)"),
+        int_key("model.init_seed", FIELD(model.init_seed), 0, NONE, "seed of the random init"),
+
+        str_key("data.train", FIELD(data.train), false, "glob of training shards (required)"),
+        str_key("data.val", FIELD(data.val), false, "glob of validation shards (\"\" = no validation)"),
+        bool_key("data.shuffle", FIELD(data.shuffle), "seeded shuffle of shards and windows"),
+
+        int_key("train.micro_batch", FIELD(train.micro_batch), 1, NONE, "sequences per micro-batch (B)"),
+        int_key("train.seq_len", FIELD(train.seq_len), 1, NONE, "tokens per sequence (T), <= model.max_seq_len"),
+        int_key("train.grad_accum", FIELD(train.grad_accum), 1, NONE, "micro-batches per optimizer step"),
+        int_key("train.steps", FIELD(train.steps), 1, NONE, "optimizer steps"),
+        num_key("train.lr", FIELD(train.lr), 0, true, std::numeric_limits<float>::max(), false,
+                "peak learning rate (the optimizer computes in fp32)"),
+        enum_key("train.lr_schedule", FIELD(train.lr_schedule), {"constant", "cosine", "linear", "wsd"}, {},
+                 "decay after warmup"),
+        int_key("train.warmup_steps", FIELD(train.warmup_steps), 0, NONE, "linear warmup steps (<= train.steps)"),
+        num_key("train.final_lr_frac", FIELD(train.final_lr_frac), 0, false, 1, false,
+                "final lr as a fraction of the peak"),
+        num_key("train.decay_frac", FIELD(train.decay_frac), 0, false, 1, false,
+                "wsd: fraction of the steps spent in the final decay"),
+        num_key("train.beta1", FIELD(train.beta1), 0, false, 1, true, "AdamW beta1"),
+        num_key("train.beta2", FIELD(train.beta2), 0, false, 1, true, "AdamW beta2"),
+        num_key("train.eps", FIELD(train.eps), 0, true, NONE, false, "AdamW epsilon"),
+        num_key("train.weight_decay", FIELD(train.weight_decay), 0, false, NONE, false,
+                "decoupled weight decay (2-D weights only)"),
+        num_key("train.grad_clip", FIELD(train.grad_clip), 0, false, NONE, false,
+                "global gradient-norm clip (0 = off)"),
+        int_key("train.seed", FIELD(train.seed), 0, NONE, "seed of data shuffling and sampling"),
+        int_key("train.max_bad_steps", FIELD(train.max_bad_steps), 1, NONE,
+                "consecutive steps with a non-finite loss or gradient norm (each skipped) that end the run "
+                "(exit code 4)"),
+        enum_key("train.recompute", FIELD(train.recompute), {"none", "selective", "full"}, {},
+                 "activation recomputation: none; selective = keep the linear layers' inputs, recompute the "
+                 "attention core and the MLP activation in backward; full = keep each layer's input, recompute the "
+                 "layer in backward (bitwise the same training, less activation memory)"),
+        bool_key("train.offload_optimizer", FIELD(train.offload_optimizer),
+                 "AdamW's moments and master weights in host memory (pinned on CUDA), the update on the host "
+                 "(every ZeRO stage: each rank its shard); gradients stream down and parameters up in pieces of "
+                 "parallel.bucket_mb"),
+
+        int_key("eval.every", FIELD(eval.every), 0, NONE, "validation every N steps (0 = off)"),
+        int_key("eval.batches", FIELD(eval.batches), 0, 1e6, "micro-batches per validation"),
+        int_key("eval.sample_every", FIELD(eval.sample_every), 0, NONE, "text sample every N steps (0 = off)"),
+        int_key("eval.sample_tokens", FIELD(eval.sample_tokens), 0, 65536, "tokens per text sample"),
+
+        str_key("log.jsonl", FIELD(log.jsonl), false, "JSONL log path (\"\" = <out_dir>/log.jsonl)"),
+
+        int_key("checkpoint.every", FIELD(checkpoint.every), 0, NONE,
+                "checkpoint every N steps (0 = only the final model)"),
+        int_key("checkpoint.keep", FIELD(checkpoint.keep), 1, NONE, "complete checkpoints kept"),
+        str_key("checkpoint.dir", FIELD(checkpoint.dir), false, "checkpoint folder (\"\" = <out_dir>/checkpoints)"),
+        str_key("checkpoint.resume", FIELD(checkpoint.resume), true,
+                "auto (latest complete checkpoint, else fresh) | never | <path of a checkpoint>"),
+        bool_key("checkpoint.allow_changes", FIELD(checkpoint.allow_changes),
+                 "resume even when the data, the batch, the lr schedule or the optimizer differ from the "
+                 "checkpoint's run (each change is printed; false refuses them, exit code 2)"),
+
+        [] {
+            Key k = int_key("parallel.dp", FIELD(parallel.dp), 1, NONE,
+                            "data-parallel ranks, or \"auto\" = world size / (tp * pp * cp)");
+            k.auto_ok = true;
+            return k;
+        }(),
+        int_key("parallel.tp", FIELD(parallel.tp), 1, NONE,
+                "tensor-parallel ranks (heads, MLP and vocabulary split; must divide n_head)"),
+        bool_key("parallel.sequence_parallel", FIELD(parallel.sequence_parallel),
+                 "shard LayerNorm/residual activations along the tokens over the TP group"),
+        int_key("parallel.pp", FIELD(parallel.pp), 1, NONE, "pipeline stages"),
+        int_key("parallel.cp", FIELD(parallel.cp), 1, NONE,
+                "context-parallel ranks: each sequence's tokens split over them, attention as a ring (train.seq_len "
+                "must divide by 2 x cp; device cpu)"),
+        int_key("parallel.ep", FIELD(parallel.ep), 1, NONE,
+                "expert-parallel ranks (model.moe): each MoE layer's experts split over ep consecutive data-parallel "
+                "ranks, tokens moved to them by all-to-all (must divide parallel.dp and model.moe.num_experts)"),
+        [] {
+            Key k = int_list_key("parallel.pp_layers", FIELD(parallel.pp_layers), 1,
+                                 "layers per pipeline stage (per chunk, in order, when interleaved); [] = as many "
+                                 "each; \"auto\" = balanced by the planner's cost model (the embedding counted on the "
+                                 "first stage, the head on the last; plan.gpu's device)");
+            k.auto_flag = [](Config& c) { return &c.parallel.pp_layers_auto; };
+            return k;
+        }(),
+        enum_key("parallel.pp_schedule", FIELD(parallel.pp_schedule), {"gpipe", "1f1b", "interleaved"}, {},
+                 "pipeline schedule (micro-batches = train.grad_accum)"),
+        int_key("parallel.pp_virtual", FIELD(parallel.pp_virtual), 1, NONE,
+                "model chunks per pipeline rank (interleaved schedule)"),
+        int_key("parallel.zero", FIELD(parallel.zero), 0, 3,
+                "ZeRO stage over the DP group: 0 replicated, 1 optimizer sharded, 2 + gradients sharded, "
+                "3 + parameters sharded (gathered per layer)"),
+        enum_key("parallel.comm", FIELD(parallel.comm), {"auto", "mpi", "nccl"}, {},
+                 "communicator of the data-parallel group: mpi (host buffers; several ranks may share a GPU), nccl "
+                 "(CUDA, device buffers, a GPU per rank), auto = mpi until nccl is proven on a GPU"),
+        num_key("parallel.bucket_mb", FIELD(parallel.bucket_mb), 0, true, NONE, false,
+                "gradient bucket size in MiB of fp32 elements"),
+        num_key("parallel.timeout_s", FIELD(parallel.timeout_s), 0, true, NONE, false,
+                "seconds before a blocking collective or send/recv that has not completed ends the job"),
+        bool_key("parallel.overlap", FIELD(parallel.overlap),
+                 "true: collectives and transfers run while the computation goes on, waited for where their "
+                 "result is needed; false: each is waited for as soon as it is posted (the same results)"),
+
+        enum_key("fp8.format", FIELD(fp8.format), {"hybrid", "e4m3"}, {},
+                 "hybrid: E4M3 weights/activations, E5M2 gradients; e4m3: E4M3 everywhere"),
+        enum_key("fp8.recipe", FIELD(fp8.recipe), {"delayed", "current"}, {},
+                 "per-tensor scale from an amax history (delayed) or from the tensor itself (current)"),
+        int_key("fp8.amax_history", FIELD(fp8.amax_history), 1, 1024, "steps of amax history (delayed recipe)"),
+        int_key("fp8.margin", FIELD(fp8.margin), 0, 32, "scale = fp8_max / amax / 2^margin"),
+
+        [] {
+            Key k = int_key("plan.world", FIELD(plan.world), 1, NONE,
+                            "--plan: processes to plan for; \"auto\" = dp x cp x tp x pp when parallel.dp is a "
+                            "number, else 1");
+            k.auto_ok = true;
+            return k;
+        }(),
+        enum_key("plan.gpu", FIELD(plan.gpu), {"h100", "h200", "a100-80", "a100-40"}, {},
+                 "--plan: the device of the step-time model and of --plan=search's memory (H100 SXM, H200 SXM, "
+                 "A100 SXM 80 GB or 40 GB; peaks, HBM and links in dev/bench/PLANNER.md)"),
+        int_key("plan.gpus_per_node", FIELD(plan.gpus_per_node), 1, NONE,
+                "--plan: GPUs per node (NVLink inside, InfiniBand between nodes)"),
+        num_key("plan.efficiency", FIELD(plan.efficiency), 0, true, 1, false,
+                "--plan: achieved fraction of the dense peak FLOP/s while computing"),
+        num_key("plan.peak_tflops", FIELD(plan.peak_tflops), 0, false, NONE, false,
+                "--plan: dense peak TFLOP/s of the run's precision (0 = plan.gpu's)"),
+        num_key("plan.hbm_gb_s", FIELD(plan.hbm_gb_s), 0, false, NONE, false,
+                "--plan: HBM bandwidth in GB/s (0 = plan.gpu's)"),
+        num_key("plan.gpu_mem_gib", FIELD(plan.gpu_mem_gib), 0, false, NONE, false,
+                "--plan: memory per GPU in GiB (0 = plan.gpu's)"),
+        num_key("plan.nvlink_gb_s", FIELD(plan.nvlink_gb_s), 0, false, NONE, false,
+                "--plan: NVLink bandwidth per GPU, one direction, GB/s (0 = plan.gpu's)"),
+        num_key("plan.ib_gb_s", FIELD(plan.ib_gb_s), 0, false, NONE, false,
+                "--plan: InfiniBand bandwidth per GPU, one direction, GB/s (0 = plan.gpu's)"),
+        num_key("plan.nvlink_latency_us", FIELD(plan.nvlink_latency_us), 0, false, NONE, false,
+                "--plan: NVLink latency per step of a ring collective, microseconds (0 = plan.gpu's)"),
+        num_key("plan.ib_latency_us", FIELD(plan.ib_latency_us), 0, false, NONE, false,
+                "--plan: InfiniBand latency per step of a ring collective, microseconds (0 = plan.gpu's)"),
+        bool_key("plan.tp_overlap", FIELD(plan.tp_overlap),
+                 "--plan: assume the tensor-parallel collectives overlap the GEMMs (Megatron's --tp-comm-overlap; "
+                 "this trainer runs them in line)"),
+
+        str_key("tokenizer", FIELD(tokenizer_dir), false,
+                "folder with GPT-2's encoder.json + vocab.bpe (\"\" = token ids only)"),
+        str_key("out_dir", FIELD(out_dir), true, "output folder"),
+        enum_key("out.format", FIELD(out.format), {"llmc", "hf", "both"}, {},
+                 "final weights: llmc = <out_dir>/model_<steps>.bin (llm.c), hf = model_<steps>.safetensors + "
+                 "config.json (transformers), both"),
+    };
+    return keys;
+}
+
+#undef FIELD
+
+const Key* find_key(const std::string& path) {
+    for (const Key& k : schema())
+        if (k.path == path) return &k;
+    return nullptr;
+}
+
+// Section names ("model", "train", ...) that hold keys.
+const std::vector<std::string>& sections() {
+    static const std::vector<std::string> secs = [] {
+        std::vector<std::string> out;
+        for (const Key& k : schema()) {
+            for (size_t dot = k.path.find('.'); dot != std::string::npos; dot = k.path.find('.', dot + 1)) {
+                std::string s = k.path.substr(0, dot);  // every enclosing section ("model", "model.moe")
+                if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+            }
+        }
+        return out;
+    }();
+    return secs;
+}
+
+bool is_section(const std::string& path) {
+    const auto& s = sections();
+    return std::find(s.begin(), s.end(), path) != s.end();
+}
+
+std::string leaf_of(const std::string& path) {
+    size_t dot = path.rfind('.');
+    return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+std::string section_of(const std::string& path) {
+    size_t dot = path.rfind('.');
+    return dot == std::string::npos ? std::string() : path.substr(0, dot);
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+    std::string out;
+    for (size_t i = 0; i < v.size(); i++) {
+        if (i) out += sep;
+        out += v[i];
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Unknown keys: nearest-name suggestion
+// ---------------------------------------------------------------------------------------
+
+std::string lower(std::string s) {
+    for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return s;
+}
+
+// Optimal-string-alignment distance (Levenshtein plus adjacent transpositions), case-insensitive.
+int edit_distance(const std::string& a0, const std::string& b0) {
+    std::string a = lower(a0), b = lower(b0);
+    size_t n = a.size(), m = b.size();
+    std::vector<std::vector<int>> d(n + 1, std::vector<int>(m + 1));
+    for (size_t i = 0; i <= n; i++) d[i][0] = static_cast<int>(i);
+    for (size_t j = 0; j <= m; j++) d[0][j] = static_cast<int>(j);
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            int cost = a[i - 1] == b[j - 1] ? 0 : 1;
+            d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+                d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+        }
+    return d[n][m];
+}
+
+// The valid name nearest to an unknown path, or "" when nothing is close. Compares the full
+// paths, and the leaf names (a leaf found in another section costs one extra edit), so
+// "train.lrr" -> "train.lr" and "train.n_layer" -> "model.n_layer".
+std::string suggest(const std::string& path) {
+    std::vector<std::string> cands;
+    for (const Key& k : schema()) cands.push_back(k.path);
+    for (const std::string& s : sections()) cands.push_back(s);
+    std::string leaf = leaf_of(path), sec = section_of(path);
+    std::string best;
+    int best_score = INT_MAX, best_full = INT_MAX;
+    for (const std::string& c : cands) {
+        int full = edit_distance(path, c);
+        int by_leaf = edit_distance(leaf, leaf_of(c)) + (lower(section_of(c)) == lower(sec) ? 0 : 1);
+        int score = std::min(full, by_leaf);
+        if (score < best_score || (score == best_score && full < best_full)) {
+            best = c, best_score = score, best_full = full;
+        }
+    }
+    int limit = std::max(1, std::min(3, static_cast<int>(leaf.size()) / 2));
+    return best_score <= limit ? best : std::string();
+}
+
+std::string keys_in(const std::string& section) {
+    std::vector<std::string> names;
+    if (section.empty()) {
+        for (const Key& k : schema())
+            if (k.path.find('.') == std::string::npos) names.push_back(k.path);
+        for (const std::string& s : sections())
+            if (s.find('.') == std::string::npos) names.push_back(s);
+        return "valid top-level keys: " + join(names, ", ");
+    }
+    for (const Key& k : schema())
+        if (section_of(k.path) == section) names.push_back(leaf_of(k.path));
+    for (const std::string& s : sections())  // sub-sections ("moe" in model)
+        if (section_of(s) == section) names.push_back(leaf_of(s) + " (a section)");
+    return "valid keys in " + section + ": " + join(names, ", ");
+}
+
+[[noreturn]] void unknown_key(const std::string& path) {
+    std::string s = suggest(path);
+    std::string sec = section_of(path);
+    std::string hint;
+    if (!s.empty())
+        hint = "did you mean " + s + "?";
+    else
+        hint = keys_in(is_section(sec) ? sec : std::string());
+    throw UserError(strfmt("unknown config key \"%s\" (%s)", path.c_str(), hint.c_str()));
+}
+
+// ---------------------------------------------------------------------------------------
+// Value checks
+// ---------------------------------------------------------------------------------------
+
+std::string describe_value(const json& v) {
+    switch (v.type()) {
+        case json::value_t::null: return "null";
+        case json::value_t::boolean: return std::string("boolean ") + (v.get<bool>() ? "true" : "false");
+        case json::value_t::string:  // (a command-line value may hold any bytes: shown, not thrown)
+            return "string " + v.dump(-1, ' ', false, json::error_handler_t::replace);
+        case json::value_t::number_integer:
+        case json::value_t::number_unsigned:
+        case json::value_t::number_float: return "number " + v.dump();
+        case json::value_t::object: return "an object";
+        case json::value_t::array: return "an array";
+        default: return "a value of unsupported type";
+    }
+}
+
+std::string fmt_num(double x) { return x == std::floor(x) && std::fabs(x) < 1e15 ? strfmt("%.0f", x) : strfmt("%g", x); }
+
+std::string range_text(const Key& k) {
+    bool has_lo = !std::isnan(k.lo), has_hi = !std::isnan(k.hi);
+    if (has_lo && has_hi)
+        return strfmt("must be in %s%s, %s%s", k.lo_excl ? "(" : "[", fmt_num(k.lo).c_str(), fmt_num(k.hi).c_str(),
+                      k.hi_excl ? ")" : "]");
+    if (has_lo) return strfmt("must be %s %s", k.lo_excl ? ">" : ">=", fmt_num(k.lo).c_str());
+    if (has_hi) return strfmt("must be %s %s", k.hi_excl ? "<" : "<=", fmt_num(k.hi).c_str());
+    return "";
+}
+
+void check_range(const Key& k, double x, const std::string& shown) {
+    bool bad = false;
+    if (!std::isnan(k.lo)) bad |= k.lo_excl ? !(x > k.lo) : !(x >= k.lo);
+    if (!std::isnan(k.hi)) bad |= k.hi_excl ? !(x < k.hi) : !(x <= k.hi);
+    if (bad)
+        throw UserError(strfmt("%s: %s is out of range (%s)", k.path.c_str(), shown.c_str(), range_text(k).c_str()));
+}
+
+std::string type_text(const Key& k) {
+    switch (k.type) {
+        case KType::Int: return k.auto_ok ? "an integer or \"auto\"" : "an integer";
+        case KType::Number: return "a number";
+        case KType::Bool: return "a boolean (true or false)";
+        case KType::String: return "a string";
+        case KType::Enum: return "one of " + join(k.allowed, ", ");
+        case KType::IntList: return k.auto_flag ? "an array of integers or \"auto\"" : "an array of integers";
+    }
+    return "";
+}
+
+[[noreturn]] void wrong_type(const Key& k, const json& v) {
+    throw UserError(strfmt("%s: expected %s, got %s", k.path.c_str(), type_text(k).c_str(),
+                           describe_value(v).c_str()));
+}
+
+// Checks v against k and stores it into c.
+void assign(const Key& k, const json& v, Config& c) {
+    void* dst = k.field(c);
+    switch (k.type) {
+        case KType::Int: {
+            if (k.auto_ok && v.is_string() && v.get<std::string>() == "auto") {
+                *static_cast<int*>(dst) = 0;
+                break;
+            }
+            long long x;
+            if (v.is_number_unsigned()) {
+                unsigned long long u = v.get<unsigned long long>();
+                x = u > static_cast<unsigned long long>(LLONG_MAX) ? LLONG_MAX : static_cast<long long>(u);
+            } else if (v.is_number_integer()) {
+                x = v.get<long long>();
+            } else if (v.is_number_float()) {
+                // 1e4 is accepted as 10000; 3.5 is not an integer.
+                double d = v.get<double>();
+                if (!std::isfinite(d) || d != std::floor(d)) wrong_type(k, v);
+                if (std::fabs(d) > 9e18) {
+                    x = d > 0 ? LLONG_MAX : LLONG_MIN;
+                } else {
+                    x = static_cast<long long>(d);
+                }
+            } else {
+                wrong_type(k, v);
+            }
+            std::string shown = v.dump();
+            check_range(k, static_cast<double>(x), shown);
+            if (x > INT_MAX || x < INT_MIN)
+                throw UserError(strfmt("%s: %s is out of range (must fit in a 32-bit integer: <= %d)", k.path.c_str(),
+                                       shown.c_str(), INT_MAX));
+            *static_cast<int*>(dst) = static_cast<int>(x);
+            break;
+        }
+        case KType::Number: {
+            if (!v.is_number()) wrong_type(k, v);
+            double x = v.get<double>();
+            check_range(k, x, v.dump());
+            *static_cast<double*>(dst) = x;
+            break;
+        }
+        case KType::Bool:
+            if (!v.is_boolean()) wrong_type(k, v);
+            *static_cast<bool*>(dst) = v.get<bool>();
+            break;
+        case KType::String: {
+            if (!v.is_string()) wrong_type(k, v);
+            std::string s = v.get<std::string>();
+            if (k.nonempty && s.empty()) throw UserError(strfmt("%s: must not be empty", k.path.c_str()));
+            *static_cast<std::string*>(dst) = s;
+            break;
+        }
+        case KType::Enum: {
+            if (!v.is_string()) wrong_type(k, v);
+            std::string s = v.get<std::string>();
+            if (std::find(k.allowed.begin(), k.allowed.end(), s) == k.allowed.end()) {
+                std::string allowed = join(k.allowed, ", ");
+                if (std::find(k.planned.begin(), k.planned.end(), s) != k.planned.end())
+                    throw UserError(strfmt("%s: \"%s\" is not supported yet (allowed values: %s)", k.path.c_str(),
+                                           s.c_str(), allowed.c_str()));
+                std::string hint;
+                for (const std::string& a : k.allowed)
+                    if (lower(a) == lower(s)) hint = " (did you mean " + a + "?)";
+                throw UserError(strfmt("%s: \"%s\" is not an allowed value (allowed values: %s)%s", k.path.c_str(),
+                                       s.c_str(), allowed.c_str(), hint.c_str()));
+            }
+            *static_cast<std::string*>(dst) = s;
+            break;
+        }
+        case KType::IntList: {
+            if (k.auto_flag) *k.auto_flag(c) = false;
+            if (k.auto_flag && v.is_string() && v.get<std::string>() == "auto") {
+                *k.auto_flag(c) = true;
+                static_cast<std::vector<int>*>(dst)->clear();
+                break;
+            }
+            if (!v.is_array()) wrong_type(k, v);
+            std::vector<int> out;
+            for (const json& e : v) {
+                if (!e.is_number_integer() && !e.is_number_unsigned()) wrong_type(k, v);
+                long long x = e.get<long long>();
+                check_range(k, double(x), e.dump());
+                if (x > INT_MAX) throw UserError(strfmt("%s: %s is out of range", k.path.c_str(), e.dump().c_str()));
+                out.push_back(int(x));
+            }
+            *static_cast<std::vector<int>*>(dst) = out;
+            break;
+        }
+    }
+}
+
+json read_field(const Key& k, Config& c) {
+    void* p = k.field(c);
+    switch (k.type) {
+        case KType::Int:
+            if (k.auto_ok && *static_cast<int*>(p) == 0) return "auto";
+            return *static_cast<int*>(p);
+        case KType::Number: return *static_cast<double*>(p);
+        case KType::Bool: return *static_cast<bool*>(p);
+        case KType::String:
+        case KType::Enum: return *static_cast<std::string*>(p);
+        case KType::IntList:
+            if (k.auto_flag && *k.auto_flag(c)) return "auto";
+            return *static_cast<std::vector<int>*>(p);
+    }
+    return nullptr;
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+    std::vector<std::string> parts;
+    size_t start = 0;
+    while (true) {
+        size_t dot = path.find('.', start);
+        parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+        if (dot == std::string::npos) break;
+        start = dot + 1;
+    }
+    return parts;
+}
+
+// The value at a dotted path, or nullptr when absent.
+const json* lookup(const json& root, const std::string& path) {
+    const json* cur = &root;
+    for (const std::string& p : split_path(path)) {
+        if (!cur->is_object()) return nullptr;
+        auto it = cur->find(p);
+        if (it == cur->end()) return nullptr;
+        cur = &*it;
+    }
+    return cur;
+}
+
+// Sets the value at a dotted path, creating (or replacing non-object) intermediate objects.
+void set_path(json& root, const std::string& path, const json& v) {
+    json* cur = &root;
+    for (const std::string& p : split_path(path)) {
+        if (!cur->is_object()) *cur = json::object();
+        cur = &(*cur)[p];
+    }
+    *cur = v;
+}
+
+// Rejects unknown keys and sections that are not objects.
+void check_keys(const json& obj, const std::string& prefix) {
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+        std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
+        if (find_key(path)) continue;  // a leaf: its type is checked by assign()
+        if (is_section(path)) {
+            if (!it.value().is_object())
+                throw UserError(strfmt("%s: expected an object (a section with keys; %s), got %s", path.c_str(),
+                                       keys_in(path).c_str(), describe_value(it.value()).c_str()));
+            check_keys(it.value(), path);
+            continue;
+        }
+        unknown_key(path);
+    }
+}
+
+bool path_exists(const std::string& p, bool* is_dir = nullptr) {
+    struct stat st;
+    if (stat(p.c_str(), &st) != 0) return false;
+    if (is_dir) *is_dir = S_ISDIR(st.st_mode);
+    return true;
+}
+
+void check_consistency(const Config& c, bool check_files) {
+    const ModelConfig& m = c.model;
+    const TrainConfig& t = c.train;
+    if (m.d_model % m.n_head != 0)
+        throw UserError(strfmt("model.d_model: %d is not divisible by model.n_head = %d (d_model must be a multiple "
+                               "of n_head)",
+                               m.d_model, m.n_head));
+    if (m.arch == "gpt2" && m.n_kv_head != 0 && m.n_kv_head != m.n_head)
+        throw UserError(strfmt("model.n_kv_head: %d, but model.arch \"gpt2\" has n_kv_head = n_head = %d (grouped-query "
+                               "attention needs model.arch \"llama\")", m.n_kv_head, m.n_head));
+    if (m.arch == "gpt2" && m.ffn_dim != 0 && m.ffn_dim != 4 * m.d_model)
+        throw UserError(strfmt("model.ffn_dim: %d, but model.arch \"gpt2\" has ffn_dim = 4 x d_model = %d", m.ffn_dim,
+                               4 * m.d_model));
+    if (m.arch == "llama" && m.n_kv_head != 0 && m.n_head % m.n_kv_head != 0)
+        throw UserError(strfmt("model.n_kv_head: %d does not divide model.n_head = %d (each key/value head serves "
+                               "n_head / n_kv_head query heads)", m.n_kv_head, m.n_head));
+    if (m.arch == "llama" && (m.d_model / m.n_head) % 2 != 0)
+        throw UserError(strfmt("model.n_head: head dimension d_model / n_head = %d / %d is odd (rotary embeddings "
+                               "rotate pairs of dimensions)", m.d_model, m.n_head));
+    if (m.moe.num_experts == 1)
+        throw UserError("model.moe.num_experts: 1 (a mixture needs >= 2 experts; 0 = no MoE layers)");
+    if (m.moe.num_experts > 0 && m.moe.top_k > m.moe.num_experts)
+        throw UserError(strfmt("model.moe.top_k: %d exceeds model.moe.num_experts = %d", m.moe.top_k,
+                               m.moe.num_experts));
+    if (m.moe.num_experts > 0 && m.moe.every > m.n_layer)
+        throw UserError(strfmt("model.moe.every: %d exceeds model.n_layer = %d (no layer would be MoE)", m.moe.every,
+                               m.n_layer));
+    if (c.parallel.ep > 1 && m.moe.num_experts == 0)
+        throw UserError(strfmt("parallel.ep: %d needs model.moe (expert parallelism splits the MoE layers' experts; "
+                               "this model has none)", c.parallel.ep));
+    if (c.parallel.ep > 1 && m.moe.num_experts % c.parallel.ep != 0)
+        throw UserError(strfmt("parallel.ep: %d does not divide model.moe.num_experts = %d (each expert-parallel rank "
+                               "holds num_experts / ep whole experts)", c.parallel.ep, m.moe.num_experts));
+    if (m.moe.num_experts > 0 && c.precision == "fp8")
+        throw UserError("precision: fp8 with model.moe: the experts' linears have no fp8 path yet (use fp32 or bf16)");
+    if (t.seq_len > m.max_seq_len)
+        throw UserError(strfmt("train.seq_len: %d exceeds model.max_seq_len = %d (must be <= model.max_seq_len)",
+                               t.seq_len, m.max_seq_len));
+    if (t.warmup_steps > t.steps)
+        throw UserError(strfmt("train.warmup_steps: %d exceeds train.steps = %d (must be in [0, train.steps])",
+                               t.warmup_steps, t.steps));
+    // CUDA launch limits (a grid's y and z extents are at most 65535 blocks): attention puts the
+    // micro-batch's sequences on z; the FP8 casts put 32 rows (tokens) a block on y
+    if (c.device != "cpu" && t.micro_batch > 65535)
+        throw UserError(strfmt("train.micro_batch: %d exceeds 65535 sequences per micro-batch, the CUDA attention "
+                               "kernels' limit (device \"%s\"; raise train.grad_accum instead)",
+                               t.micro_batch, c.device.c_str()));
+    const long long fp8_rows = static_cast<long long>(t.micro_batch) * (t.seq_len / std::max(1, c.parallel.cp));
+    if (c.device != "cpu" && c.precision == "fp8" && fp8_rows > 65535LL * 32)
+        throw UserError(strfmt("train.micro_batch * train.seq_len%s = %lld tokens per micro-batch exceeds %lld, the "
+                               "CUDA FP8 casts' limit (raise train.grad_accum instead)",
+                               c.parallel.cp > 1 ? " / parallel.cp" : "", fp8_rows, 65535LL * 32));
+    long long tokens_per_step = static_cast<long long>(t.micro_batch) * t.seq_len * t.grad_accum;
+    if (tokens_per_step > INT_MAX)
+        throw UserError(strfmt("train.micro_batch * train.seq_len * train.grad_accum = %lld tokens per step is too "
+                               "large (must be <= %d)",
+                               tokens_per_step, INT_MAX));
+
+    if (c.data.train.empty())
+        throw UserError("data.train: required: a glob of training shards (e.g. data.train=\"data/train_*.bin\")");
+    if (check_files && glob_files(c.data.train).empty())
+        throw UserError(strfmt("data.train: no file matches \"%s\" (must be a glob matching at least one shard)",
+                               c.data.train.c_str()));
+    if (check_files && !c.data.val.empty() && glob_files(c.data.val).empty())
+        throw UserError(strfmt("data.val: no file matches \"%s\" (must be a glob matching at least one shard, or "
+                               "\"\" for no validation)",
+                               c.data.val.c_str()));
+    if (c.eval.every > 0 && c.data.val.empty())
+        throw UserError(strfmt("eval.every: %d needs validation data but data.val is empty (set data.val to a glob "
+                               "of shards, or eval.every=0)",
+                               c.eval.every));
+
+    bool is_dir = false;
+    if (m.init != "random" && (!path_exists(m.init, &is_dir) || is_dir))
+        throw UserError(strfmt("model.init: \"%s\" is neither \"random\" nor an existing file (allowed: random, or "
+                               "the path of an llm.c checkpoint or of a transformers .safetensors file)",
+                               m.init.c_str()));
+    const std::string& r = c.checkpoint.resume;
+    if (r != "auto" && r != "never" && !path_exists(r))
+        throw UserError(strfmt("checkpoint.resume: \"%s\" does not exist (allowed: auto, never, or the path of a "
+                               "checkpoint)",
+                               r.c_str()));
+    if (!c.tokenizer_dir.empty()) {
+        if (!path_exists(c.tokenizer_dir, &is_dir) || !is_dir)
+            throw UserError(strfmt("tokenizer: \"%s\" is not a folder (must be a folder holding encoder.json and "
+                                   "vocab.bpe, or \"\" for token ids only)",
+                                   c.tokenizer_dir.c_str()));
+        for (const char* f : {"encoder.json", "vocab.bpe"}) {
+            std::string p = c.tokenizer_dir + "/" + f;
+            if (!path_exists(p, &is_dir) || is_dir)
+                throw UserError(strfmt("tokenizer: \"%s\" has no %s (must be a folder holding encoder.json and "
+                                       "vocab.bpe, or \"\" for token ids only)",
+                                       c.tokenizer_dir.c_str(), f));
+        }
+    }
+}
+
+std::string first_key_in(const std::string& section) {
+    for (const Key& k : schema())
+        if (section_of(k.path) == section) return k.path;
+    return section;
+}
+
+// Applies one key=value override to the JSON tree. Strings need no quotes on the command line:
+// a value that is not valid JSON, or any value given to a string key, is taken as plain text.
+void apply_override(json& root, const std::string& arg) {
+    size_t eq = arg.find('=');
+    std::string path = arg.substr(0, eq), text = arg.substr(eq + 1);
+    if (path.empty()) throw UserError(strfmt("override \"%s\": missing key before '='", arg.c_str()));
+    for (const std::string& part : split_path(path))
+        if (part.empty()) throw UserError(strfmt("override \"%s\": malformed key \"%s\"", arg.c_str(), path.c_str()));
+    json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (v.is_discarded()) v = text;
+    if (const Key* k = find_key(path)) {
+        if ((k->type == KType::String || k->type == KType::Enum) && !v.is_string()) v = text;
+        set_path(root, path, v);
+        return;
+    }
+    if (is_section(path)) {
+        if (!v.is_object())
+            throw UserError(strfmt("%s: is a section, not a value: set its keys (e.g. %s=...) or give a JSON "
+                                   "object; got %s (%s)",
+                                   path.c_str(), first_key_in(path).c_str(), describe_value(v).c_str(),
+                                   keys_in(path).c_str()));
+        for (auto it = v.begin(); it != v.end(); ++it)
+            apply_override(root, path + "." + it.key() + "=" + it.value().dump());
+        return;
+    }
+    unknown_key(path);
+}
+
+json read_config_file(const std::string& path) {
+    bool is_dir = false;
+    if (!path_exists(path, &is_dir))
+        throw UserError(strfmt("config file \"%s\": not found", path.c_str()));
+    if (is_dir) throw UserError(strfmt("config file \"%s\": is a folder, not a JSON file", path.c_str()));
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw UserError(strfmt("config file \"%s\": cannot open: %s", path.c_str(), std::strerror(errno)));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    const size_t nul = text.find('\0');
+    if (nul != std::string::npos)
+        throw UserError(strfmt("config file \"%s\": a NUL byte at byte %zu (not a text file?)", path.c_str(), nul));
+    // nlohmann keeps the last of two equal keys silently: refuse the file instead
+    std::vector<std::set<std::string>> seen;  // keys of each open object
+    std::vector<std::string> at;              // the last key of each open object
+    std::string dup;
+    const json::parser_callback_t check_dup = [&](int, json::parse_event_t ev, json& parsed) {
+        if (ev == json::parse_event_t::object_start) {
+            seen.emplace_back();
+            at.emplace_back();
+        } else if (ev == json::parse_event_t::object_end) {
+            seen.pop_back();
+            at.pop_back();
+        } else if (ev == json::parse_event_t::key) {
+            at.back() = parsed.get<std::string>();
+            if (!seen.back().insert(at.back()).second && dup.empty()) dup = join(at, ".");
+        }
+        return true;
+    };
+    try {
+        json j = json::parse(text, check_dup, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+        if (!dup.empty())
+            throw UserError(strfmt("config file \"%s\": key \"%s\" appears twice in one object (JSON keeps the "
+                                   "last silently); keep one",
+                                   path.c_str(), dup.c_str()));
+        return j;
+    } catch (const json::parse_error& e) {
+        std::string msg = e.what();
+        size_t close = msg.find("] ");
+        if (msg.rfind("[json.exception", 0) == 0 && close != std::string::npos) msg = msg.substr(close + 2);
+        throw UserError(strfmt("config file \"%s\": invalid JSON (byte %zu): %s", path.c_str(), e.byte, msg.c_str()));
+    } catch (const json::out_of_range& e) {  // a number beyond double (1e400): nlohmann's 406
+        throw UserError(strfmt("config file \"%s\": invalid JSON: a number out of range (%s)", path.c_str(), e.what()));
+    }
+}
+
+// Every key and string of the config is UTF-8: JSON cannot hold other bytes (nlohmann throws
+// when such a string is written out: in messages, the resolved config, a checkpoint).
+void check_utf8(const json& j, const std::string& path) {
+    const auto check = [&](const std::string& s, const char* what) {
+        const size_t at = utf8_invalid_at(s);
+        if (at != std::string::npos)
+            throw UserError(strfmt("%s: %s is not valid UTF-8 (byte %zu)", path.empty() ? "config" : path.c_str(), what,
+                                   at));
+    };
+    if (j.is_string()) check(j.get_ref<const std::string&>(), "the value");
+    if (j.is_array())
+        for (const json& e : j) check_utf8(e, path);
+    if (j.is_object())
+        for (auto it = j.begin(); it != j.end(); ++it) {
+            check(it.key(), "a key");
+            check_utf8(it.value(), path.empty() ? it.key() : path + "." + it.key());
+        }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Public interface
+// ---------------------------------------------------------------------------------------
+
+Config config_from_json(const json& j, bool check_files) {
+    if (!j.is_object())
+        throw UserError(strfmt("config: the top level must be a JSON object, got %s", describe_value(j).c_str()));
+    check_utf8(j, "");
+    check_keys(j, "");
+    Config c;
+    for (const Key& k : schema())
+        if (const json* v = lookup(j, k.path)) assign(k, *v, c);
+    check_consistency(c, check_files);
+    c.resolved = json::object();
+    for (const Key& k : schema()) set_path(c.resolved, k.path, read_field(k, c));
+    return c;
+}
+
+std::string config_usage() {
+    std::string u =
+        "usage: train_gpt [CONFIG.json | -] [key=value ...] [--print-config] [--plan[=json|=search]] [--help]\n"
+        "\n"
+        "  CONFIG.json      JSON config (first argument; omit it or give \"-\" to use defaults + overrides)\n"
+        "  key=value        override any key by its dotted path, e.g. train.lr=3e-4 model.n_layer=4\n"
+        "                   data.train=\"data/train_*.bin\"; the value is JSON when it parses as JSON,\n"
+        "                   else plain text (string keys always take the text as is)\n"
+        "  --print-config   print the fully resolved config (defaults filled) and exit\n"
+        "  --plan[=json]    print what every kind of rank of the layout allocates (plan.world processes;\n"
+        "                   no mpirun, nothing allocated), the model FLOPs per step and the estimated step\n"
+        "                   time on plan.gpu, and exit\n"
+        "  --plan=search    rank the layouts of plan.world GPUs that fit plan.gpu's memory by estimated\n"
+        "                   tokens/s and print the best as key=value overrides, and exit\n"
+        "  --help           print this help and exit\n"
+        "\n"
+        "keys (default; allowed values):\n";
+    Config defaults;
+    size_t width = 0;
+    for (const Key& k : schema()) width = std::max(width, k.path.size());
+    for (const Key& k : schema()) {
+        std::string allowed;
+        switch (k.type) {
+            case KType::Int: allowed = k.auto_ok ? "integer|auto" : "integer"; break;
+            case KType::Number: allowed = "number"; break;
+            case KType::Bool: allowed = "true|false"; break;
+            case KType::String: allowed = k.nonempty ? "non-empty string" : "string"; break;
+            case KType::Enum: allowed = join(k.allowed, "|"); break;
+            case KType::IntList: allowed = k.auto_flag ? "[integer, ...]|auto" : "[integer, ...]"; break;
+        }
+        std::string range = range_text(k);
+        if (!range.empty()) allowed += ", " + range.substr(std::strlen("must be "));
+        u += strfmt("  %-*s %s (default %s; %s)\n", static_cast<int>(width), k.path.c_str(), k.help.c_str(),
+                    read_field(k, defaults).dump().c_str(), allowed.c_str());
+    }
+    return u;
+}
+
+Config load_config(int argc, char** argv, bool* print_config, std::string* plan) {
+    if (print_config) *print_config = false;
+    if (plan) plan->clear();
+    json root = json::object();
+    int i = 1;
+    if (argc > 1) {
+        std::string first = argv[1];
+        if (first == "-") {
+            i = 2;
+        } else if (first.find('=') == std::string::npos && first.rfind("-", 0) != 0) {
+            root = read_config_file(first);
+            if (!root.is_object())
+                throw UserError(strfmt("config file \"%s\": the top level must be a JSON object, got %s", first.c_str(),
+                                       describe_value(root).c_str()));
+            i = 2;
+        }
+    }
+    std::set<std::string> overridden;
+    for (; i < argc; i++) {
+        std::string a = argv[i];
+        if (a == "--print-config") {
+            if (print_config) *print_config = true;
+        } else if (a == "--plan" || a == "--plan=json" || a == "--plan=search") {
+            if (plan) *plan = a == "--plan" ? "text" : a.substr(std::strlen("--plan="));
+        } else if (a.rfind("--plan=", 0) == 0) {
+            throw UserError(strfmt("flag \"%s\": --plan prints text, --plan=json one JSON object, --plan=search the "
+                                   "fastest layouts that fit (no other form)",
+                                   a.c_str()));
+        } else if (a == "--help" || a == "-h") {
+            std::fputs(config_usage().c_str(), stdout);
+            std::fflush(stdout);
+            std::exit(0);
+        } else if (a.rfind("-", 0) == 0) {
+            throw UserError(strfmt("unknown flag \"%s\" (flags: --print-config, --plan, --plan=json, --plan=search, --help; overrides are written "
+                                   "key=value without dashes, e.g. train.lr=3e-4)",
+                                   a.c_str()));
+        } else if (a.find('=') != std::string::npos) {
+            const std::string key = a.substr(0, a.find('='));
+            if (!overridden.insert(key).second && log_rank() <= 0)
+                std::fprintf(stderr, "warning: %s is given twice on the command line; the last (%s) wins\n",
+                             key.c_str(), a.c_str());
+            apply_override(root, a);
+        } else {
+            throw UserError(strfmt("unexpected argument \"%s\": neither key=value nor a known flag (the config file "
+                                   "must be the first argument; see --help)",
+                                   a.c_str()));
+        }
+    }
+    return config_from_json(root, !(plan && !plan->empty()));  // a plan reads no data: its files need not exist
+}

@@ -1,0 +1,358 @@
+#include "llmc/io/checkpoint.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "llmc/io/model_file.h"
+
+namespace {
+
+constexpr int32_t STATE_MAGIC = 20241121;
+constexpr int32_t STATE_VERSION = 1;
+
+bool exists(const std::string& p) {
+    struct stat st;
+    return ::stat(p.c_str(), &st) == 0;
+}
+
+void remove_tree(const std::string& path) {
+    DIR* d = ::opendir(path.c_str());
+    if (d) {
+        while (dirent* e = ::readdir(d)) {
+            std::string n = e->d_name;
+            if (n == "." || n == "..") continue;
+            std::string p = path + "/" + n;
+            struct stat st;
+            if (::lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) remove_tree(p);
+            else ::unlink(p.c_str());
+        }
+        ::closedir(d);
+    }
+    ::rmdir(path.c_str());
+}
+
+// step_NNNNNNNN folders (complete or not), sorted by step
+std::vector<std::pair<int, std::string>> list_steps(const std::string& dir, bool complete_only) {
+    std::vector<std::pair<int, std::string>> out;
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return out;
+    while (dirent* e = ::readdir(d)) {
+        std::string n = e->d_name;
+        int step;
+        char tail;
+        if (std::sscanf(n.c_str(), "step_%d%c", &step, &tail) != 1) continue;
+        std::string p = dir + "/" + n;
+        if (complete_only && !exists(p + "/DONE")) continue;
+        out.emplace_back(step, p);
+    }
+    ::closedir(d);
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+uint64_t file_checksum(const std::string& path) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw UserError(strfmt("checkpoint %s: cannot open: %s", path.c_str(), std::strerror(errno)));
+    std::vector<char> buf(1 << 20);
+    uint64_t h = FNV1A_INIT;
+    size_t got;
+    while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) h = fnv1a(buf.data(), got, h);
+    std::fclose(f);
+    return h;
+}
+
+}  // namespace
+
+// LLMC_FAULT=<point> (or <point>_<step>) kills the process (SIGKILL): a crash at that point.
+// LLMC_FAULT=hang:<point> (or hang:<point>_<step>) makes it stall instead, sleeping forever in
+// place, as a rank stuck in a kernel or a deadlock would: nothing ends it but the other ranks'
+// communicator watchdogs (parallel.timeout_s) or a signal from the launcher.
+// LLMC_FAULT=usr1:<point>, term:<point> or int:<point> sends the process that signal and carries
+// on, as a launcher's SIGUSR1, SIGTERM or a Ctrl-C arriving there would (llmc/run/preempt.h).
+// LLMC_FAULT=nan:<point> returns true there: the caller puts a NaN in (train_gpt: a gradient).
+// LLMC_FAULT=slow:<point> sleeps 5 s there and goes on (a slow disk).
+bool fault_point(const char* name, int step) {
+    const char* f = std::getenv("LLMC_FAULT");
+    if (!f) return false;
+    struct Mode {
+        const char* prefix;
+        int signal;  // 0: hang, -1: return true, -2: sleep 5 s
+        const char* what;
+    };
+    static const Mode modes[] = {{"hang:", 0, "this process hangs here (sleeps forever)"},
+                                 {"nan:", -1, "injecting a NaN here"},
+                                 {"slow:", -2, "sleeping 5 s"},
+                                 {"usr1:", SIGUSR1, "sending this process SIGUSR1"},
+                                 {"term:", SIGTERM, "sending this process SIGTERM"},
+                                 {"int:", SIGINT, "sending this process SIGINT"},
+                                 {"", SIGKILL, "killing this process (SIGKILL)"}};
+    const Mode* mode = modes;
+    while (std::strncmp(f, mode->prefix, std::strlen(mode->prefix)) != 0) mode++;  // "" matches last
+    const char* point = f + std::strlen(mode->prefix);
+    if (std::strcmp(point, name) != 0 && strfmt("%s_%d", name, step) != point) return false;
+    const char* only = std::getenv("LLMC_FAULT_RANK");
+    if (only && std::atoi(only) != std::max(0, log_rank())) return false;
+    std::fprintf(stderr, "%sLLMC_FAULT=%s: %s\n", rank_prefix().c_str(), f, mode->what);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    if (mode->signal == -1) return true;
+    if (mode->signal == -2) {
+        ::sleep(5);
+        return false;
+    }
+    if (mode->signal == 0)
+        for (;;) ::pause();  // returns only after a signal handler ran; sleep on
+    ::kill(::getpid(), mode->signal);
+    return false;
+}
+
+void check_resume_within(const TrainState& st, int steps, const std::string& from) {
+    if (st.step > steps)
+        throw UserError(strfmt("checkpoint.resume: %s was saved at step %d, past train.steps = %d; raise train.steps "
+                               "to at least %d, or resume an earlier checkpoint",
+                               from.c_str(), st.step, steps, st.step));
+}
+
+void check_finite_state(const WholeState& whole, int step) {
+    const std::pair<const char*, const std::vector<float>*> parts[] = {
+        {"weights", &whole.params}, {"Adam m", &whole.m}, {"Adam v", &whole.v}, {"master weights", &whole.master}};
+    for (const auto& part : parts) {
+        const std::vector<float>& x = *part.second;
+        size_t bad = 0;  // count them all: no early exit, so the loop vectorises
+        for (size_t i = 0; i < x.size(); i++) bad += !std::isfinite(x[i]);
+        if (bad == 0) continue;
+        size_t first = 0;
+        while (std::isfinite(x[first])) first++;
+        throw NonFiniteState(strfmt("step %d: %zu of %zu %s are not finite (the first at index %zu, %g); not "
+                                    "saving: the checkpoints already written are kept (lower train.lr or check the "
+                                    "data, then resume from the last one)",
+                                    step, bad, x.size(), part.first, first, double(x[first])));
+    }
+}
+
+nlohmann::json shard_list(const std::vector<std::string>& files) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const std::string& f : files) {
+        struct stat st;
+        const uint64_t bytes = ::stat(f.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0;
+        out.push_back(nlohmann::json::array({f.substr(f.find_last_of('/') + 1), bytes}));  // not {name: bytes}
+    }
+    return out;
+}
+
+std::string checkpoint_latest(const std::string& dir) {
+    auto steps = list_steps(dir, true);
+    return steps.empty() ? std::string() : steps.back().second;
+}
+
+std::string checkpoint_save(const std::string& dir, const TrainState& st, const ModelShape& shape, int model_version,
+                            const WholeState& whole, const nlohmann::json& config, int keep) {
+    check_finite_state(whole, st.step);
+    make_dirs(dir, "checkpoint.dir");
+    const std::string final_dir = dir + "/" + strfmt("step_%08d", st.step);
+    const std::string tmp_dir = final_dir + ".tmp";
+    remove_tree(tmp_dir);
+    if (::mkdir(tmp_dir.c_str(), 0755) != 0)
+        throw UserError(strfmt("checkpoint.dir: cannot save checkpoint %s (cannot create %s: %s); earlier "
+                               "checkpoints are kept",
+                               final_dir.c_str(), tmp_dir.c_str(), std::strerror(errno)));
+    try {
+        const size_t num_params = ::num_params(shape);
+        LLMC_ASSERT(whole.params.size() == num_params && whole.m.size() == num_params && whole.v.size() == num_params &&
+                        (whole.master.empty() || whole.master.size() == num_params),
+                    "checkpoint_save: the whole state has the wrong size");
+        model_file_write(tmp_dir + "/model.bin", shape, whole.params.data(), model_version);
+        fault_point("checkpoint_after_model", st.step);
+        const std::vector<float>&m_l = whole.m, &v_l = whole.v, &master_l = whole.master;
+        nlohmann::json meta = {
+            {"step", st.step},
+            {"loader", {{"epoch", st.loader.epoch}, {"shard", st.loader.shard}, {"window", st.loader.window},
+                        {"seed", st.loader.seed}}},
+            {"loader_dp", st.loader_dp},
+            {"skipped_steps", st.skipped},
+            {"train_shards", st.train_shards},
+            {"num_params", num_params},
+            {"has_master", !master_l.empty()},
+            {"fp8_bytes", whole.fp8.size()},  // absent in checkpoints from before fp8: read as 0
+            {"model_version", model_version},
+            {"model_checksum", file_checksum(tmp_dir + "/model.bin")},
+            {"config", config}};
+        const std::string meta_s = meta.dump();
+        const size_t nbytes = num_params * sizeof(float);
+        uint64_t h = fnv1a(meta_s.data(), meta_s.size());
+        h = fnv1a(m_l.data(), nbytes, h);
+        h = fnv1a(v_l.data(), nbytes, h);
+        if (!master_l.empty()) h = fnv1a(master_l.data(), nbytes, h);
+        if (!whole.fp8.empty()) h = fnv1a(whole.fp8.data(), whole.fp8.size(), h);
+        int32_t header[8] = {STATE_MAGIC, STATE_VERSION, int32_t(meta_s.size()), 0, 0, 0, 0, 0};
+        std::memcpy(&header[4], &h, sizeof(h));
+        std::vector<std::pair<const void*, size_t>> parts = {
+            {header, sizeof(header)}, {meta_s.data(), meta_s.size()}, {m_l.data(), nbytes}, {v_l.data(), nbytes}};
+        if (!master_l.empty()) parts.push_back({master_l.data(), nbytes});
+        if (!whole.fp8.empty()) parts.push_back({whole.fp8.data(), whole.fp8.size()});
+        write_file_atomic(tmp_dir + "/state.bin", parts);
+        fault_point("checkpoint_after_state", st.step);
+    } catch (const UserError& e) {  // a full disk, say: named by the checkpoint the user will look for
+        remove_tree(tmp_dir);
+        throw UserError(strfmt("checkpoint.dir: cannot save checkpoint %s; earlier checkpoints are kept: %s",
+                               final_dir.c_str(), e.what()));
+    }
+    remove_tree(final_dir);  // an incomplete folder of the same step from an earlier crash
+    if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+        int err = errno;
+        remove_tree(tmp_dir);
+        throw UserError(strfmt("checkpoint: cannot rename %s: %s", tmp_dir.c_str(), std::strerror(err)));
+    }
+    fault_point("checkpoint_after_rename", st.step);
+    write_file_atomic(final_dir + "/DONE", {{"ok\n", 3}});
+    fault_point("checkpoint_after_done", st.step);
+    // retention: newest `keep` complete checkpoints stay; stale temporaries and older ones go
+    auto complete = list_steps(dir, true);
+    for (size_t i = 0; i + size_t(keep) < complete.size(); i++) remove_tree(complete[i].second);
+    DIR* d = ::opendir(dir.c_str());
+    if (d) {
+        std::vector<std::string> stale;
+        while (dirent* e = ::readdir(d)) {
+            std::string n = e->d_name;
+            if (n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0 && n.rfind("step_", 0) == 0)
+                stale.push_back(dir + "/" + n);
+        }
+        ::closedir(d);
+        for (auto& s : stale) remove_tree(s);
+    }
+    return final_dir;
+}
+
+namespace {
+
+// A field of a checkpoint's metadata, checked for its type and range: UserError naming the file
+// and the field otherwise (never nlohmann's exceptions, never a silently wrapped value).
+int64_t meta_int(const nlohmann::json& obj, const char* key, const std::string& file, const std::string& prefix,
+                 int64_t lo, int64_t hi) {
+    const auto it = obj.find(key);
+    if (it == obj.end())
+        throw UserError(strfmt("checkpoint %s: metadata lacks \"%s%s\"", file.c_str(), prefix.c_str(), key));
+    if (!it->is_number_integer() || (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX)) ||
+        it->get<int64_t>() < lo || it->get<int64_t>() > hi)
+        throw UserError(strfmt("checkpoint %s: metadata \"%s%s\" is %s, not an integer in [%lld, %lld]", file.c_str(),
+                               prefix.c_str(), key, it->dump().c_str(), (long long)lo, (long long)hi));
+    return it->get<int64_t>();
+}
+uint64_t meta_u64(const nlohmann::json& obj, const char* key, const std::string& file, const std::string& prefix) {
+    const auto it = obj.find(key);
+    if (it == obj.end())
+        throw UserError(strfmt("checkpoint %s: metadata lacks \"%s%s\"", file.c_str(), prefix.c_str(), key));
+    if (!it->is_number_unsigned())
+        throw UserError(strfmt("checkpoint %s: metadata \"%s%s\" is %s, not a non-negative integer", file.c_str(),
+                               prefix.c_str(), key, it->dump().c_str()));
+    return it->get<uint64_t>();
+}
+
+}  // namespace
+
+TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole) {
+    if (!exists(path + "/DONE"))
+        throw UserError(strfmt("checkpoint %s: incomplete (no DONE marker) or not a checkpoint folder", path.c_str()));
+    const std::string state_path = path + "/state.bin", model_path = path + "/model.bin";
+    const char* sp = state_path.c_str();
+    // header, then the checksum over everything after it, before any of it is believed
+    std::ifstream in(state_path, std::ios::binary);
+    if (!in) throw UserError(strfmt("checkpoint %s: cannot open", sp));
+    int32_t header[8];
+    if (!in.read(reinterpret_cast<char*>(header), sizeof(header)) || header[0] != STATE_MAGIC)
+        throw UserError(strfmt("checkpoint %s: not a train_gpt state file (bad magic)", sp));
+    if (header[1] != STATE_VERSION) throw UserError(strfmt("checkpoint %s: unsupported version %d", sp, header[1]));
+    if (header[2] <= 0 || header[2] > (64 << 20)) throw UserError(strfmt("checkpoint %s: corrupt header", sp));
+    uint64_t stored;
+    std::memcpy(&stored, &header[4], sizeof(stored));
+    {
+        std::vector<char> buf(1 << 20);
+        uint64_t h = FNV1A_INIT;
+        while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0)
+            h = fnv1a(buf.data(), size_t(in.gcount()), h);
+        if (h != stored) throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", sp));
+        in.clear();
+        in.seekg(sizeof(header));
+    }
+    std::string meta_s(size_t(header[2]), '\0');
+    if (!in.read(&meta_s[0], std::streamsize(meta_s.size()))) throw UserError(strfmt("checkpoint %s: truncated", sp));
+    nlohmann::json meta;
+    try {
+        meta = nlohmann::json::parse(meta_s);
+    } catch (const std::exception& e) {
+        throw UserError(strfmt("checkpoint %s: corrupt metadata", sp));
+    }
+    if (!meta.is_object()) throw UserError(strfmt("checkpoint %s: metadata is not a JSON object", sp));
+    // the model: its shape must agree with the config (model_file_read validates what it reads)
+    std::vector<float> params = model_file_read(model_path, &shape);
+    if (file_checksum(model_path) != meta_u64(meta, "model_checksum", state_path, ""))
+        throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", model_path.c_str()));
+    TrainState st;
+    st.step = int(meta_int(meta, "step", state_path, "", 0, INT_MAX));
+    st.loader_dp = int(meta_int(meta, "loader_dp", state_path, "", 1, INT_MAX));
+    // absent in checkpoints from before they were recorded: 0 skipped, shards and config unknown
+    st.skipped = meta.contains("skipped_steps") ? int(meta_int(meta, "skipped_steps", state_path, "", 0, INT_MAX)) : 0;
+    if (meta.contains("train_shards")) {
+        const nlohmann::json& sh = meta["train_shards"];
+        bool ok = sh.is_null() || sh.is_array();
+        if (sh.is_array())
+            for (const auto& e : sh)
+                ok = ok && e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_number_unsigned();
+        if (!ok) throw UserError(strfmt("checkpoint %s: metadata \"train_shards\" is not a list of [name, bytes]", sp));
+        st.train_shards = sh;
+    }
+    if (meta.contains("config")) {
+        if (!meta["config"].is_object())
+            throw UserError(strfmt("checkpoint %s: metadata \"config\" is not a JSON object", sp));
+        st.config = meta["config"];
+    }
+    const auto L = meta.find("loader");
+    if (L == meta.end() || !L->is_object())
+        throw UserError(strfmt("checkpoint %s: metadata \"loader\" is missing or not an object", sp));
+    st.loader.epoch = meta_u64(*L, "epoch", state_path, "loader.");
+    st.loader.shard = meta_u64(*L, "shard", state_path, "loader.");
+    st.loader.window = meta_u64(*L, "window", state_path, "loader.");
+    st.loader.seed = meta_u64(*L, "seed", state_path, "loader.");
+    const size_t num_params = ::num_params(shape);
+    const uint64_t saved_params = meta_u64(meta, "num_params", state_path, "");
+    if (saved_params != num_params)
+        throw UserError(strfmt("checkpoint %s: holds %llu parameters, the configured model has %zu", sp,
+                               (unsigned long long)saved_params, num_params));
+    const auto master_it = meta.find("has_master");
+    if (master_it == meta.end() || !master_it->is_boolean())
+        throw UserError(strfmt("checkpoint %s: metadata \"has_master\" is missing or not true/false", sp));
+    const bool has_master = master_it->get<bool>();
+    // absent in checkpoints from before fp8: 0
+    const size_t fp8_bytes = meta.contains("fp8_bytes") ? meta_u64(meta, "fp8_bytes", state_path, "") : 0;
+    if (fp8_bytes > (size_t(64) << 20))
+        throw UserError(strfmt("checkpoint %s: corrupt metadata (fp8_bytes %zu)", sp, fp8_bytes));
+    const size_t nbytes = num_params * sizeof(float);
+    std::vector<float> m_l(num_params), v_l(num_params), master_l(has_master ? num_params : 0);
+    std::vector<uint8_t> fp8(fp8_bytes);
+    bool ok = bool(in.read(reinterpret_cast<char*>(m_l.data()), std::streamsize(nbytes))) &&
+              bool(in.read(reinterpret_cast<char*>(v_l.data()), std::streamsize(nbytes))) &&
+              (!has_master || bool(in.read(reinterpret_cast<char*>(master_l.data()), std::streamsize(nbytes)))) &&
+              (fp8.empty() || bool(in.read(reinterpret_cast<char*>(fp8.data()), std::streamsize(fp8.size()))));
+    char extra;
+    if (!ok || in.read(&extra, 1))
+        throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters", sp, num_params));
+
+    whole->params = std::move(params);
+    whole->m = std::move(m_l);
+    whole->v = std::move(v_l);
+    whole->master = std::move(master_l);
+    whole->fp8 = std::move(fp8);
+    return st;
+}

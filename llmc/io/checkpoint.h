@@ -1,0 +1,90 @@
+// Training checkpoints: everything needed to continue a run exactly.
+//
+// A checkpoint is a folder <checkpoint.dir>/step_NNNNNNNN/ holding
+//   model.bin  the model in llm.c's format (version 3 fp32, or 5 bf16 for bf16 runs)
+//   state.bin  optimizer moments m, v and fp32 master weights (when the model is not fp32),
+//              all in llm.c tensor order, then (precision "fp8") the FP8 scaling state as
+//              Fp8State::save() wrote it, plus JSON metadata (step, data-loader position,
+//              seeds, the resolved config, the training shards, "fp8_bytes", the count of skipped
+//              steps) and a checksum of both files
+//   DONE       the completion marker, written last
+// Tensors are stored whole (logical shape), so any later parallel layout can load them.
+// Saving writes step_NNNNNNNN.tmp/, fsyncs, renames it, then writes DONE: a run killed at any
+// point leaves the previous checkpoint intact, and only folders with DONE are ever resumed.
+#pragma once
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "llmc/data/dataloader.h"
+#include "llmc/model/model.h"
+#include "llmc/model/optimizer.h"
+
+struct TrainState {
+    int step = 0;  // steps completed
+    LoaderPosition loader;
+    int loader_dp = 1;  // data-parallel ranks the loader position counts window groups of
+    int skipped = 0;    // steps skipped so far for a non-finite loss or gradient norm (0 in older checkpoints)
+    // What an exact continuation depends on besides the above (compared on resume, llmc/run/run_dir.h):
+    // the training shards as [base name, bytes] pairs (shard_list()), null in older checkpoints;
+    // and, filled by checkpoint_load only, the resolved config of the run that saved it.
+    nlohmann::json train_shards;
+    nlohmann::json config;
+};
+
+// The training shards' identity for TrainState::train_shards: [[base name, size in bytes], ...].
+nlohmann::json shard_list(const std::vector<std::string>& files);
+
+// This rank's whole optimizer state, fp32, in memory order over the model's padded flat buffer
+// (ParamLayout::padded_params elements; master empty when the model is fp32). ZeRO shards are
+// gathered into one before saving and cut from one after loading (llmc/train/data_parallel.h).
+struct OptimizerState {
+    std::vector<float> m, v, master;
+};
+
+// The whole model's training state in llm.c tensor order (num_params elements each):
+// what a checkpoint holds, independent of the layout that wrote it. Assembled from the ranks'
+// pieces by llmc/train/layout.h; every layout takes its pieces with Model::from_file_order.
+struct WholeState {
+    std::vector<float> params, m, v, master;  // master empty when the run keeps no master weights
+    // Fp8State::save() of a precision "fp8" run, empty otherwise. After each step's amax
+    // reduction every rank holds the same whole-model state, so it is layout-independent too.
+    std::vector<uint8_t> fp8;
+};
+
+// Training state that is not finite (NaN or infinite weights or moments): never written over a
+// good checkpoint. main ends the run with kExitBadSteps (llmc/core/exit_codes.h).
+struct NonFiniteState : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+// Throws NonFiniteState naming the first non-finite tensor element (by llm.c order index) and
+// the step, so that nothing non-finite is ever saved (a checkpoint or the final model).
+void check_finite_state(const WholeState& whole, int step);
+
+// Latest complete checkpoint folder in dir, or "" when there is none.
+std::string checkpoint_latest(const std::string& dir);
+// Saves, then deletes complete checkpoints older than the newest `keep` and stale temporaries.
+// Throws UserError (the previous checkpoints are kept) when writing fails.
+// Called by one process (rank 0) with the whole state. model_version: 3 (fp32) or 5 (bf16) for model.bin.
+std::string checkpoint_save(const std::string& dir, const TrainState& st, const ModelShape& shape, int model_version,
+                            const WholeState& whole, const nlohmann::json& config, int keep);
+// Loads a checkpoint folder into *whole. Every rank may call it. Throws UserError naming the
+// file when it is incomplete, corrupt, truncated or of another model shape.
+TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole);
+
+// Throws UserError, naming train.steps and the checkpoint's step, when the checkpoint at `from`
+// (loaded as st) is past the end of a run of `steps` steps: its weights are not those of any
+// step of this run.
+void check_resume_within(const TrainState& st, int steps, const std::string& from);
+
+// Test hook: when the environment variable LLMC_FAULT equals name (or name_<step>), the
+// process kills itself with SIGKILL: a crash at that point (of a checkpoint write, of a
+// training step). LLMC_FAULT=hang:name (or hang:name_<step>) makes it sleep forever instead
+// (a hung rank, for the collective watchdog). LLMC_FAULT=usr1:name (term:, int:) sends the
+// process that signal and returns (preemption, llmc/run/preempt.h). LLMC_FAULT=nan:name makes it
+// return true: the caller injects a NaN there. LLMC_FAULT=slow:name sleeps 5 s there and goes on
+// (a slow disk). With LLMC_FAULT_RANK=r set, only world rank r
+// does any of these. Returns false otherwise.
+bool fault_point(const char* name, int step);

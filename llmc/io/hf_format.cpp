@@ -1,0 +1,203 @@
+#include "llmc/io/hf_format.h"
+
+#include <nlohmann/json.hpp>
+
+#include "llmc/core/common.h"
+#include "llmc/io/model_file.h"
+#include "llmc/io/safetensors.h"
+
+namespace {
+
+// One whole tensor: its name in the file, its shape in memory ([rows, cols], vocabulary rows
+// padded) and in the file (vocabulary rows unpadded; transposed for hf_transposed), and where
+// it starts in the whole-model vector.
+struct HfTensor {
+    std::string name;
+    size_t rows, cols, file_rows, offset;
+    bool transposed;
+    Role role;
+    std::vector<int64_t> file_shape() const {
+        if (cols == 1) return {int64_t(file_rows)};
+        if (transposed) return {int64_t(cols), int64_t(file_rows)};
+        return {int64_t(file_rows), int64_t(cols)};
+    }
+};
+
+std::vector<HfTensor> hf_tensors(const ModelShape& s) {
+    std::vector<HfTensor> out;
+    size_t off = 0;
+    for (const TensorDecl& d : model_tensors(s)) {
+        const size_t file_rows = d.split == TpSplit::Vocab ? size_t(s.vocab_size) : d.rows;
+        const std::string& pattern = d.hf_name.empty() ? d.name : d.hf_name;
+        LLMC_ASSERT(!d.hf_transposed || d.split != TpSplit::Vocab, "hf_tensors: a vocabulary tensor is not transposed");
+        for (const auto& at : decl_instances(s, d)) {
+            out.push_back({instance_name(pattern, at.first, at.second), d.rows, d.cols, file_rows, off,
+                           d.hf_transposed && d.cols > 1, d.role});
+            off += d.rows * d.cols;
+        }
+    }
+    LLMC_ASSERT(off == num_params(s), "hf_tensors: the declarations do not cover the model");
+    return out;
+}
+
+std::string shape_str(const std::vector<int64_t>& sh) {
+    std::string r = "[";
+    for (size_t i = 0; i < sh.size(); i++) r += (i ? ", " : "") + std::to_string(sh[i]);
+    return r + "]";
+}
+
+// Buffers that transformers may save beside the weights and that hold no parameters: Llama's
+// rotary inv_freq, GPT-2's causal mask (attn.bias) and its masked_bias constant.
+bool is_buffer(const std::string& n) {
+    auto ends_with = [&](const std::string& e) {
+        return n.size() >= e.size() && n.compare(n.size() - e.size(), e.size(), e) == 0;
+    };
+    return ends_with("rotary_emb.inv_freq") || ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+}
+
+}  // namespace
+
+bool is_safetensors(const std::string& path) {
+    const std::string ext = ".safetensors";
+    return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+}
+
+std::vector<float> hf_read_weights(const std::string& path, const ModelShape& shape) {
+    const SafetensorsReader r(path);
+    const char* p = path.c_str();
+    std::vector<float> whole(num_params(shape), 0.0f);
+    std::vector<HfTensor> tensors = hf_tensors(shape);
+    // A file saved from transformers' base model (GPT2Model, LlamaModel; the Hub's gpt2 is one)
+    // names the tensors without the base model's prefix: the first component of the token
+    // embedding's name ("transformer.", "model.").
+    const std::string& emb = tensors[0].name;
+    LLMC_ASSERT(tensors[0].role == TokEmb, "hf_read_weights: the token embedding comes first");
+    const std::string prefix = emb.substr(0, emb.find('.') + 1);
+    if (!prefix.empty() && !r.has(emb) && r.has(emb.substr(prefix.size())))
+        for (HfTensor& t : tensors)
+            if (t.name.compare(0, prefix.size(), prefix) == 0) t.name.erase(0, prefix.size());
+    const HfTensor* tok_emb = nullptr;
+    for (const HfTensor& t : tensors) {
+        if (!r.has(t.name)) throw UserError(strfmt("safetensors file %s: has no tensor %s (model.arch \"%s\")", p,
+                                                   t.name.c_str(), arch_name(shape.arch)));
+        const std::vector<int64_t> want = t.file_shape();
+        if (r.entry(t.name).shape != want)
+            throw UserError(strfmt("safetensors file %s: tensor %s has shape %s, but the config's model needs %s", p,
+                                   t.name.c_str(), shape_str(r.entry(t.name).shape).c_str(), shape_str(want).c_str()));
+        const std::vector<float> v = r.read(t.name);
+        float* dst = whole.data() + t.offset;
+        if (!t.transposed) {
+            std::copy(v.begin(), v.end(), dst);
+        } else {  // the file's [cols, rows] element (c, i) is our (i, c)
+            for (size_t c = 0; c < t.cols; c++)
+                for (size_t i = 0; i < t.rows; i++) dst[i * t.cols + c] = v[c * t.rows + i];
+        }
+        if (t.role == TokEmb) tok_emb = &t;
+    }
+    for (const auto& kv : r.entries()) {
+        const std::string& n = kv.first;
+        bool known = false;
+        for (const HfTensor& t : tensors) known = known || t.name == n;
+        if (known || is_buffer(n)) continue;
+        if (n == "lm_head.weight" && shape.tie_embeddings) {
+            // a tied head saved beside the embedding (transformers may write both) must equal it
+            LLMC_ASSERT(tok_emb != nullptr, "hf_read_weights: no token embedding declared");
+            if (kv.second.shape == tok_emb->file_shape()) {
+                const std::vector<float> head = r.read(n);
+                if (std::equal(head.begin(), head.end(), whole.begin() + long(tok_emb->offset))) continue;
+            }
+            throw UserError(strfmt("safetensors file %s: has an lm_head.weight that differs from %s, but the model's "
+                                   "head is tied to the embedding (the head would be ignored)%s",
+                                   p, tok_emb->name.c_str(),
+                                   shape.arch == Arch::Llama ? "; set model.tie_embeddings: false" : ""));
+        }
+        throw UserError(strfmt("safetensors file %s: tensor %s is not part of a %s model of this shape", p, n.c_str(),
+                               arch_name(shape.arch)));
+    }
+    return whole;
+}
+
+void hf_write_weights(const std::string& path, const ModelShape& shape, const std::vector<float>& whole) {
+    LLMC_ASSERT(whole.size() == num_params(shape), "hf_write_weights: whole model size");
+    SafetensorsWriter w;
+    std::vector<float> tmp;
+    for (const HfTensor& t : hf_tensors(shape)) {
+        const float* src = whole.data() + t.offset;
+        if (t.transposed) {
+            tmp.resize(t.rows * t.cols);
+            for (size_t i = 0; i < t.rows; i++)
+                for (size_t c = 0; c < t.cols; c++) tmp[c * t.rows + i] = src[i * t.cols + c];
+            src = tmp.data();
+        }
+        w.add(t.name, t.file_shape(), src);
+    }
+    w.set_metadata("format", "pt");
+    w.write(path);
+}
+
+void hf_write_config(const std::string& path, const ModelShape& s) {
+    nlohmann::json j;
+    if (s.arch == Arch::GPT2) {
+        j = {
+            {"architectures", {"GPT2LMHeadModel"}},
+            {"model_type", "gpt2"},
+            {"vocab_size", s.vocab_size},
+            {"n_positions", s.max_seq_len},
+            {"n_embd", s.d_model},
+            {"n_layer", s.n_layer},
+            {"n_head", s.n_head},
+            {"n_inner", nullptr},  // 4 * n_embd
+            {"activation_function", "gelu_new"},
+            {"layer_norm_epsilon", 1e-5},
+            {"initializer_range", 0.02},
+            // this model trains without dropout
+            {"resid_pdrop", 0.0},
+            {"embd_pdrop", 0.0},
+            {"attn_pdrop", 0.0},
+            {"scale_attn_weights", true},
+            {"tie_word_embeddings", true},
+            {"torch_dtype", "float32"},
+        };
+        if (s.vocab_size > 50256) j["bos_token_id"] = j["eos_token_id"] = 50256;  // GPT-2's <|endoftext|>
+    } else {
+        j = {
+            {"architectures", {"LlamaForCausalLM"}},
+            {"model_type", "llama"},
+            {"vocab_size", s.vocab_size},
+            {"hidden_size", s.d_model},
+            {"intermediate_size", s.ffn()},
+            {"num_hidden_layers", s.n_layer},
+            {"num_attention_heads", s.n_head},
+            {"num_key_value_heads", s.kv_heads()},
+            {"head_dim", s.head_dim()},
+            {"max_position_embeddings", s.max_seq_len},
+            {"rms_norm_eps", std::stod(strfmt("%g", double(s.norm_eps)))},
+            {"rope_theta", std::stod(strfmt("%g", double(s.rope_theta)))},
+            {"tie_word_embeddings", s.tie_embeddings},
+            {"hidden_act", "silu"},
+            {"attention_bias", false},
+            {"mlp_bias", false},
+            {"torch_dtype", "float32"},
+        };
+    }
+    const MoeShape& m = s.moe;
+    if (m.enabled() && s.arch == Arch::Llama && m.every == 1) {
+        // every layer MoE: transformers' MixtralForCausalLM (the tensor names are its own). Its
+        // router_aux_loss_coef weighs another normalisation of the same loss (top_k times ours,
+        // over all layers' tokens at once; llmc/model/moe.h), so it is written as the config's value only.
+        j["architectures"] = {"MixtralForCausalLM"};
+        j["model_type"] = "mixtral";
+        j["intermediate_size"] = m.expert_ffn_dim;
+        j["num_local_experts"] = m.num_experts;
+        j["num_experts_per_tok"] = m.top_k;
+        j["router_aux_loss_coef"] = std::stod(strfmt("%g", double(m.aux_loss_coef)));
+        j["sliding_window"] = nullptr;
+        j.erase("mlp_bias");
+    } else if (m.enabled()) {
+        // no transformers class has these layers: the shape is recorded for train_gpt (model.moe)
+        j["train_gpt_moe"] = {{"num_experts", m.num_experts}, {"top_k", m.top_k},
+                              {"expert_ffn_dim", m.expert_ffn_dim}, {"every", m.every}};
+    }
+    const std::string text = j.dump(2) + "\n";
+    write_file_atomic(path, {{text.data(), text.size()}});
+}

@@ -1,0 +1,24 @@
+// Hugging Face's format of the model families (GPT-2: transformers' GPT2LMHeadModel; Llama:
+// LlamaForCausalLM): weights as safetensors under each declaration's hf_name (llmc/model/param_table.h;
+// the declared name where it has none), transposed where the declaration says hf_transposed, and
+// transformers' config.json. Whole-model vectors are in the file order of llmc/model/param_table.h
+// (vocabulary padded to shape.padded_vocab with zero rows); files hold the real vocabulary.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "llmc/model/param_table.h"
+
+// True if path names a safetensors file (by its extension).
+bool is_safetensors(const std::string& path);
+// Reads every declared tensor of shape's family (F32, BF16 or F16) into the whole-model file
+// order. Throws UserError naming the file and tensor for a missing tensor, a wrong shape, or
+// (tied embeddings) an lm_head.weight that differs from the token embedding (an equal one, as
+// transformers may save, is accepted). Unknown extra tensors are refused too, except buffers
+// that hold no parameters (rotary inv_freq, GPT-2's attn.bias and attn.masked_bias). A file of
+// transformers' base model (names without "transformer." / "model.", as the Hub's gpt2) is read too.
+std::vector<float> hf_read_weights(const std::string& path, const ModelShape& shape);
+// Writes the whole model (file order) as fp32 safetensors, unpadded vocabulary; atomic.
+void hf_write_weights(const std::string& path, const ModelShape& shape, const std::vector<float>& whole);
+// Writes transformers' config.json for shape (GPT2LMHeadModel or LlamaForCausalLM); atomic.
+void hf_write_config(const std::string& path, const ModelShape& shape);

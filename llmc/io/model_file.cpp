@@ -1,0 +1,245 @@
+#include "llmc/io/model_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+uint16_t f32_to_bf16(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return uint16_t(u >> 16);
+}
+
+float bf16_to_f32(uint16_t x) {
+    uint32_t u = uint32_t(x) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+static void read_header(const std::string& path, int32_t* h) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw UserError(strfmt("model file %s: cannot open: %s", path.c_str(), std::strerror(errno)));
+    size_t got = std::fread(h, sizeof(int32_t), 256, f);
+    std::fclose(f);
+    if (got != 256) throw UserError(strfmt("model file %s: truncated header", path.c_str()));
+    if (h[0] != MODEL_FILE_MAGIC)
+        throw UserError(strfmt("model file %s: bad magic %d (expected %d: not an llm.c model checkpoint)",
+                               path.c_str(), h[0], MODEL_FILE_MAGIC));
+    if (h[1] != 3 && h[1] != 5)
+        throw UserError(strfmt("model file %s: unsupported version %d (expected 3 = fp32 or 5 = bf16)", path.c_str(),
+                               h[1]));
+}
+
+ModelShape model_file_shape(const std::string& path, int* version) {
+    int32_t h[256];
+    read_header(path, h);
+    ModelShape s;
+    s.max_seq_len = h[2];
+    s.vocab_size = h[3];
+    s.n_layer = h[4];
+    s.n_head = h[5];
+    s.d_model = h[6];
+    s.padded_vocab = h[7];
+    const int big = 1 << 26;  // config.cpp's kMaxModelDim: keeps the shape arithmetic defined
+    if (s.max_seq_len <= 0 || s.vocab_size <= 0 || s.n_layer <= 0 || s.n_head <= 0 || s.d_model <= 0 ||
+        s.padded_vocab < s.vocab_size || s.d_model % s.n_head != 0 || s.max_seq_len > big || s.vocab_size > big ||
+        s.padded_vocab > big || s.n_layer > big || s.d_model > big)
+        throw UserError(strfmt("model file %s: invalid shape in header (max_seq_len %d, vocab_size %d, n_layer %d, "
+                               "n_head %d, d_model %d, padded_vocab %d)",
+                               path.c_str(), s.max_seq_len, s.vocab_size, s.n_layer, s.n_head, s.d_model,
+                               s.padded_vocab));
+    if (h[8] == 1) {
+        s.arch = Arch::Llama;
+        s.n_kv_head = h[9];
+        s.ffn_dim = h[10];
+        s.tie_embeddings = h[11] != 0;
+        std::memcpy(&s.rope_theta, &h[12], 4);
+        std::memcpy(&s.norm_eps, &h[13], 4);
+        if (s.n_kv_head <= 0 || s.n_head % s.n_kv_head != 0 || s.ffn_dim <= 0 || s.ffn_dim > big || !(s.rope_theta > 0) ||
+            !(s.norm_eps > 0))
+            throw UserError(strfmt("model file %s: invalid Llama shape in header (n_kv_head %d, ffn_dim %d)",
+                                   path.c_str(), s.n_kv_head, s.ffn_dim));
+    } else if (h[8] != 0) {
+        throw UserError(strfmt("model file %s: unknown model family %d in header slot 8", path.c_str(), h[8]));
+    }
+    if (h[14] != 0) {
+        s.moe.num_experts = h[14];
+        s.moe.top_k = h[15];
+        s.moe.expert_ffn_dim = h[16];
+        s.moe.every = h[17];
+        if (h[14] < 2 || h[14] > 4096 || h[15] < 1 || h[15] > h[14] || h[16] <= 0 || h[16] > big || h[17] < 1 ||
+            h[17] > s.n_layer)  // (4096: config.cpp's bound on model.moe.num_experts)
+            throw UserError(strfmt("model file %s: invalid mixture-of-experts shape in header (num_experts %d, top_k "
+                                   "%d, expert_ffn_dim %d, every %d)", path.c_str(), h[14], h[15], h[16], h[17]));
+    }
+    if (version) *version = h[1];
+    return s;
+}
+
+void check_finite_weights(const std::vector<float>& w, const ModelShape& shape, const std::string& file) {
+    size_t bad = 0;  // counted without an early exit, so the loop vectorises
+    for (float x : w) bad += !std::isfinite(x);
+    if (bad == 0) return;
+    size_t first = 0;
+    while (std::isfinite(w[first])) first++;
+    std::string tensor = "?";
+    size_t offset = 0;
+    for (const TensorDecl& d : model_tensors(shape)) {
+        const bool per_layer = d.part == ModelPart::Layer;
+        const size_t n = d.rows * d.cols, count = per_layer ? size_t(shape.n_layer) : 1;
+        if (first < offset + n * count) {
+            const size_t k = (first - offset) / n;
+            tensor = (per_layer ? strfmt(d.name.c_str(), int(k)) : d.name) + strfmt(" element %zu", first - offset - k * n);
+            break;
+        }
+        offset += n * count;
+    }
+    throw UserError(strfmt("model file %s: %zu of %zu parameters are not finite (the first in tensor %s, %g): not a "
+                           "usable model",
+                           file.c_str(), bad, w.size(), tensor.c_str(), double(w[first])));
+}
+
+std::vector<float> model_file_read(const std::string& path, const ModelShape* expect) {
+    int version = 0;
+    ModelShape s = model_file_shape(path, &version);
+    if (expect) {
+        const struct { const char* key; int file, cfg; } fields[] = {
+            {"model.n_layer", s.n_layer, expect->n_layer},       {"model.n_head", s.n_head, expect->n_head},
+            {"model.d_model", s.d_model, expect->d_model},       {"model.vocab_size", s.vocab_size, expect->vocab_size},
+            {"model.max_seq_len", s.max_seq_len, expect->max_seq_len},
+            {"padded vocab", s.padded_vocab, expect->padded_vocab},
+            {"model.arch (0 = gpt2, 1 = llama)", int(s.arch), int(expect->arch)},
+            {"model.n_kv_head", s.kv_heads(), expect->kv_heads()},
+            {"model.ffn_dim", s.ffn(), expect->ffn()},
+            {"model.tie_embeddings", int(s.tie_embeddings), int(expect->tie_embeddings)},
+            {"model.moe.num_experts", s.moe.num_experts, expect->moe.num_experts},
+            {"model.moe.top_k", s.moe.top_k, expect->moe.top_k},
+            {"model.moe.expert_ffn_dim", s.moe.expert_ffn_dim, expect->moe.expert_ffn_dim},
+            {"model.moe.every", s.moe.every, expect->moe.every}};
+        for (const auto& f : fields)
+            if (f.file != f.cfg)
+                throw UserError(strfmt("model file %s: %s is %d in the file but %d in the config", path.c_str(), f.key,
+                                       f.file, f.cfg));
+        if (s.rope_theta != expect->rope_theta || s.norm_eps != expect->norm_eps)
+            throw UserError(strfmt("model file %s: model.rope_theta / model.norm_eps are %g / %g in the file but %g / "
+                                   "%g in the config", path.c_str(), s.rope_theta, s.norm_eps, expect->rope_theta,
+                                   expect->norm_eps));
+    }
+    const size_t elem = version == 3 ? 4 : 2;
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) throw UserError(strfmt("model file %s: cannot stat", path.c_str()));
+    if (1024.0 + num_params_double(s) * double(elem) != double(st.st_size))  // before a count that could wrap
+        throw UserError(strfmt("model file %s: %lld bytes, but its header describes %.6g parameters (truncated or "
+                               "corrupt)",
+                               path.c_str(), (long long)st.st_size, num_params_double(s)));
+    const size_t n = num_params(s);
+    const size_t want = 1024 + n * elem;
+    if (size_t(st.st_size) != want)
+        throw UserError(strfmt("model file %s: %lld bytes, but its header describes %zu parameters = %zu bytes "
+                               "(truncated or corrupt)",
+                               path.c_str(), (long long)st.st_size, n, want));
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) throw UserError(strfmt("model file %s: cannot open", path.c_str()));
+    std::fseek(f, 1024, SEEK_SET);
+    std::vector<float> out(n);
+    bool ok;
+    if (version == 3) {
+        ok = std::fread(out.data(), 4, n, f) == n;
+    } else {
+        std::vector<uint16_t> tmp(n);
+        ok = std::fread(tmp.data(), 2, n, f) == n;
+        for (size_t i = 0; i < n; i++) out[i] = bf16_to_f32(tmp[i]);
+    }
+    std::fclose(f);
+    if (!ok) throw UserError(strfmt("model file %s: read failed", path.c_str()));
+    check_finite_weights(out, s, path);
+    return out;
+}
+
+void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
+    const std::string tmp = path + ".tmp";
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) throw UserError(strfmt("cannot write %s: %s", tmp.c_str(), std::strerror(errno)));
+    auto fail = [&](const char* what) {
+        int err = errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw UserError(strfmt("cannot write %s (%s): %s; any previous %s is kept", path.c_str(), what,
+                               std::strerror(err), path.c_str()));
+    };
+    for (const auto& part : parts) {
+        const char* p = static_cast<const char*>(part.first);
+        size_t left = part.second;
+        while (left > 0) {
+            ssize_t w = ::write(fd, p, left);
+            if (w < 0) {
+                if (errno == EINTR) continue;
+                fail("write");
+            }
+            p += w;
+            left -= size_t(w);
+        }
+    }
+    if (::fsync(fd) != 0) fail("fsync");
+    if (::close(fd) != 0) {
+        fd = -1;
+        int err = errno;
+        ::unlink(tmp.c_str());
+        throw UserError(strfmt("cannot write %s (close): %s", path.c_str(), std::strerror(err)));
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        int err = errno;
+        ::unlink(tmp.c_str());
+        throw UserError(strfmt("cannot rename %s to %s: %s", tmp.c_str(), path.c_str(), std::strerror(err)));
+    }
+    // make the rename durable
+    std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+    int dfd = ::open(dir.empty() ? "/" : dir.c_str(), O_RDONLY);
+    if (dfd >= 0) {
+        ::fsync(dfd);
+        ::close(dfd);
+    }
+}
+
+void model_file_write(const std::string& path, const ModelShape& s, const float* params, int version) {
+    LLMC_ASSERT(version == 3 || version == 5, "model file version must be 3 or 5");
+    int32_t h[256] = {0};
+    h[0] = MODEL_FILE_MAGIC;
+    h[1] = version;
+    h[2] = s.max_seq_len;
+    h[3] = s.vocab_size;
+    h[4] = s.n_layer;
+    h[5] = s.n_head;
+    h[6] = s.d_model;
+    h[7] = s.padded_vocab;
+    if (s.arch == Arch::Llama) {
+        h[8] = 1;
+        h[9] = s.kv_heads();
+        h[10] = s.ffn();
+        h[11] = s.tie_embeddings ? 1 : 0;
+        std::memcpy(&h[12], &s.rope_theta, 4);
+        std::memcpy(&h[13], &s.norm_eps, 4);
+    }
+    if (s.moe.enabled()) {
+        h[14] = s.moe.num_experts;
+        h[15] = s.moe.top_k;
+        h[16] = s.moe.expert_ffn_dim;
+        h[17] = s.moe.every;
+    }
+    const size_t n = num_params(s);
+    if (version == 3) {
+        write_file_atomic(path, {{h, sizeof(h)}, {params, n * sizeof(float)}});
+    } else {
+        std::vector<uint16_t> tmp(n);
+        for (size_t i = 0; i < n; i++) tmp[i] = f32_to_bf16(params[i]);
+        write_file_atomic(path, {{h, sizeof(h)}, {tmp.data(), n * sizeof(uint16_t)}});
+    }
+}

@@ -1,0 +1,36 @@
+// Model weights in llm.c's checkpoint format: a header of 256 int32
+// [20240326, version, max_seq_len, vocab_size, n_layer, n_head, d_model, padded_vocab, 0...]
+// then every parameter in llm.c order, fp32 (version 3) or bf16 (version 5).
+// Other families (train_gpt's own extension; llm.c reads GPT-2 files only) mark themselves in
+// the unused slots: [8] family (0 = GPT-2, 1 = Llama), [9] n_kv_head, [10] ffn_dim,
+// [11] tie_embeddings, [12] rope_theta and [13] norm_eps as float32 bit patterns; the
+// parameters follow in the family's file order (llmc/model/param_table.h). GPT-2 files keep 0 there.
+// Mixture-of-experts models (either family) add [14] num_experts, [15] top_k, [16]
+// expert_ffn_dim, [17] every; 0 in [14] = no MoE layers.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "llmc/model/model.h"
+
+constexpr int MODEL_FILE_MAGIC = 20240326;
+
+// Reads the header only; throws UserError naming the file when it is not an llm.c model.
+ModelShape model_file_shape(const std::string& path, int* version = nullptr);
+// Reads the weights as fp32 in llm.c order. If expect is given, a shape that differs is a
+// UserError naming the field. Checks the file size, and that every weight is finite.
+std::vector<float> model_file_read(const std::string& path, const ModelShape* expect);
+// Throws UserError naming `file`, the tensor (its file-order name, e.g. "h.1.qkvw") and the element
+// when a weight of w (llm.c order, num_params(shape) elements) is NaN or infinite: such a file is
+// no model to train from or to resume (model_file_read checks what it reads).
+void check_finite_weights(const std::vector<float>& w, const ModelShape& shape, const std::string& file);
+// Writes (atomically: temp name, fsync, rename) version 3 (fp32) or 5 (bf16, round to nearest even).
+void model_file_write(const std::string& path, const ModelShape& shape, const float* params_llmc, int version);
+
+// fp32 <-> bf16 on the host, round to nearest even.
+uint16_t f32_to_bf16(float x);
+float bf16_to_f32(uint16_t x);
+
+// Writes bytes to path via path.tmp + fsync + rename; throws UserError naming the file on failure,
+// in which case an existing file at path is left as it was.
+void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts);

@@ -1,0 +1,173 @@
+#include "llmc/io/safetensors.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "llmc/core/common.h"
+#include "llmc/io/model_file.h"
+
+namespace {
+
+size_t dtype_bytes(const std::string& d) {
+    if (d == "F64" || d == "I64" || d == "U64") return 8;
+    if (d == "F32" || d == "I32" || d == "U32") return 4;
+    if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+    if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+    return 0;
+}
+
+float f16_to_f32(uint16_t h) {
+    const int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
+    float v;
+    if (exp == 0) v = std::ldexp(float(man), -24);
+    else if (exp == 31) v = man ? NAN : INFINITY;
+    else v = std::ldexp(float(man | 1024), exp - 25);
+    return sign ? -v : v;
+}
+
+}  // namespace
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+    const char* p = path.c_str();
+    struct stat st;
+    if (stat(p, &st) != 0) throw UserError(strfmt("safetensors file %s: cannot open: %s", p, std::strerror(errno)));
+    const uint64_t size = uint64_t(st.st_size);
+    FILE* f = std::fopen(p, "rb");
+    if (!f) throw UserError(strfmt("safetensors file %s: cannot open: %s", p, std::strerror(errno)));
+    uint8_t lenb[8];
+    if (size < 8 || std::fread(lenb, 1, 8, f) != 8) {
+        std::fclose(f);
+        throw UserError(strfmt("safetensors file %s: truncated (%llu bytes; the format starts with an 8-byte header "
+                               "length)", p, (unsigned long long)size));
+    }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = (n << 8) | lenb[i];
+    if (n > size - 8 || n > (uint64_t(100) << 20)) {
+        std::fclose(f);
+        throw UserError(strfmt("safetensors file %s: header length %llu does not fit the file's %llu bytes (not a "
+                               "safetensors file?)", p, (unsigned long long)n, (unsigned long long)size));
+    }
+    std::string header(n, '\0');
+    const bool ok = std::fread(&header[0], 1, n, f) == n;
+    std::fclose(f);
+    if (!ok) throw UserError(strfmt("safetensors file %s: read failed", p));
+    data_start_ = 8 + n;
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(header);
+    } catch (const nlohmann::json::exception& e) {
+        throw UserError(strfmt("safetensors file %s: the header is not valid JSON: %s", p, e.what()));
+    }
+    if (!j.is_object()) throw UserError(strfmt("safetensors file %s: the header is not a JSON object", p));
+    for (auto it = j.begin(); it != j.end(); ++it) {
+        const std::string& name = it.key();
+        const auto& v = it.value();
+        if (name == "__metadata__") {
+            if (!v.is_object()) throw UserError(strfmt("safetensors file %s: __metadata__ is not an object", p));
+            for (auto m = v.begin(); m != v.end(); ++m) {
+                if (!m.value().is_string())
+                    throw UserError(strfmt("safetensors file %s: __metadata__.%s is not a string", p, m.key().c_str()));
+                metadata_[m.key()] = m.value().get<std::string>();
+            }
+            continue;
+        }
+        SafetensorsEntry e;
+        try {
+            e.dtype = v.at("dtype").get<std::string>();
+            // integers only: nlohmann would convert a float such as 1e127 to an integer (undefined)
+            const auto ints = [](const nlohmann::json& a) {
+                std::vector<uint64_t> out;
+                for (const nlohmann::json& x : a) {
+                    if (!x.is_number_unsigned()) throw UserError("");
+                    out.push_back(x.get<uint64_t>());
+                }
+                return out;
+            };
+            for (uint64_t d : ints(v.at("shape"))) {
+                if (d > uint64_t(INT64_MAX)) throw UserError("");
+                e.shape.push_back(int64_t(d));
+            }
+            auto off = ints(v.at("data_offsets"));
+            if (off.size() != 2) throw UserError("");
+            e.begin = off[0];
+            e.end = off[1];
+        } catch (const std::exception&) {
+            throw UserError(strfmt("safetensors file %s: tensor %s: needs \"dtype\" (string), \"shape\" (integers) "
+                                   "and \"data_offsets\" ([begin, end])", p, name.c_str()));
+        }
+        uint64_t count = 1;
+        for (int64_t d : e.shape) {
+            if (d > 0 && count > (uint64_t(1) << 40) / uint64_t(d))  // 2^40 elements: no wrap in count * bytes
+                throw UserError(strfmt("safetensors file %s: tensor %s: shape too large", p, name.c_str()));
+            count *= uint64_t(d);
+        }
+        const size_t b = dtype_bytes(e.dtype);
+        if (b == 0)
+            throw UserError(strfmt("safetensors file %s: tensor %s: unknown dtype \"%s\"", p, name.c_str(), e.dtype.c_str()));
+        if (e.end < e.begin || e.end - e.begin != count * b || data_start_ + e.end > size)
+            throw UserError(strfmt("safetensors file %s: tensor %s: data_offsets [%llu, %llu) do not hold %llu %s "
+                                   "elements inside the file (truncated?)", p, name.c_str(), (unsigned long long)e.begin,
+                                   (unsigned long long)e.end, (unsigned long long)count, e.dtype.c_str()));
+        entries_[name] = e;
+    }
+}
+
+const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const {
+    auto it = entries_.find(name);
+    if (it == entries_.end())
+        throw UserError(strfmt("safetensors file %s: has no tensor %s", path_.c_str(), name.c_str()));
+    return it->second;
+}
+
+std::vector<float> SafetensorsReader::read(const std::string& name) const {
+    const SafetensorsEntry& e = entry(name);
+    const size_t b = dtype_bytes(e.dtype);
+    if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16")
+        throw UserError(strfmt("safetensors file %s: tensor %s is %s; F32, BF16 or F16 expected", path_.c_str(),
+                               name.c_str(), e.dtype.c_str()));
+    const size_t count = (e.end - e.begin) / b;
+    std::vector<uint8_t> raw(e.end - e.begin);
+    FILE* f = std::fopen(path_.c_str(), "rb");
+    bool ok = f && fseeko(f, off_t(data_start_ + e.begin), SEEK_SET) == 0 && std::fread(raw.data(), 1, raw.size(), f) == raw.size();
+    if (f) std::fclose(f);
+    if (!ok) throw UserError(strfmt("safetensors file %s: cannot read tensor %s", path_.c_str(), name.c_str()));
+    std::vector<float> out(count);
+    if (e.dtype == "F32") {
+        std::memcpy(out.data(), raw.data(), raw.size());
+    } else {
+        for (size_t i = 0; i < count; i++) {
+            const uint16_t h = uint16_t(raw[2 * i] | (raw[2 * i + 1] << 8));
+            out[i] = e.dtype == "BF16" ? bf16_to_f32(h) : f16_to_f32(h);
+        }
+    }
+    return out;
+}
+
+void SafetensorsWriter::add(const std::string& name, std::vector<int64_t> shape, const float* data) {
+    size_t n = 1;
+    for (int64_t d : shape) n *= size_t(d);
+    tensors_.push_back({name, std::move(shape), std::vector<float>(data, data + n)});
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+    nlohmann::json h = nlohmann::json::object();
+    if (!metadata_.empty()) h["__metadata__"] = metadata_;
+    uint64_t off = 0;
+    for (const T& t : tensors_) {
+        const uint64_t bytes = t.data.size() * 4;
+        h[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
+        off += bytes;
+    }
+    std::string hs = h.dump();
+    hs.append((8 - hs.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
+    uint8_t lenb[8];
+    for (int i = 0; i < 8; i++) lenb[i] = uint8_t(uint64_t(hs.size()) >> (8 * i));
+    std::vector<std::pair<const void*, size_t>> parts = {{lenb, 8}, {hs.data(), hs.size()}};
+    for (const T& t : tensors_) parts.push_back({t.data.data(), t.data.size() * 4});
+    write_file_atomic(path, parts);
+}

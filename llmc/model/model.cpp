@@ -1,0 +1,1094 @@
+#include "llmc/model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "llmc/comm/comm.h"
+#include "llmc/parallel/context_parallel.h"
+#include "llmc/model/moe.h"
+#include "llmc/core/rng.h"
+#include "llmc/parallel/tensor_parallel.h"
+
+// ---------------------------------------------------------------------------------
+// activations: one allocation, carved into views
+
+// One layer's saved activations for one micro-batch. nl = rows of the residual stream this
+// rank holds (N, or N/tp with sequence parallelism); the TP-split ones hold N rows of 1/tp width.
+struct Model::LayerActs {
+    Tensor ln1, qkv, atty, residual2, ln2, fch_pre, fch_gelu, residual3;
+    float *ln1_mean = nullptr, *ln1_rstd = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr, *att_lse = nullptr;
+    // MoE layers (model.moe): fch_pre and fch_gelu hold the permuted rows (up to N * top_k),
+    // expert by expert; xperm and yperm the experts' inputs and outputs in the same rows.
+    Tensor router_logits, xperm, yperm;
+    float *probs = nullptr, *gate = nullptr;           // [N, E], [N, K]
+    int32_t *expert = nullptr, *row_of = nullptr;      // [N, K] (backend memory)
+    std::vector<int> count, offset;                    // the last forward's expert rows (host; expert-major under ep)
+    MoeEpRoute route;                                  // expert parallelism: the last forward's route
+    std::vector<float> daux;                           // d (coef * aux * dloss * N) / d probs[n, e]
+};
+
+// A chunk's activations for one micro-batch in flight.
+struct Model::SlotActs {
+    Tensor input;  // the residual stream entering the chunk (the embedding's output in the first chunk)
+    std::vector<LayerActs> layers;
+    Tensor lnf, logits;  // the head (last chunk of the model only)
+    float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
+    int32_t *tokens = nullptr, *targets = nullptr;  // backend copies of this micro-batch's ids
+    int b = 0, t = 0;
+    float dloss = 0.0f;  // the forward's (Full recompute repeats MoE layers with it)
+    bool have_dlogits = false;
+};
+
+// Buffers one op sequence at a time uses, shared by every slot and chunk.
+struct Model::Scratch {
+    Tensor full, full_grad;  // [N, C]: gathered LayerNorm outputs / gathered residual gradients (SP)
+    Tensor partial;          // [N, C]: row-parallel outputs and column-parallel input gradients before the TP reduction
+    Tensor rows;             // [nl, C]: the reduce-scattered result (SP)
+    Tensor dresidual;        // [nl, C]: the residual stream's gradient
+    Tensor dqkv, datty, dfch;
+    Tensor dpre;             // [N, 2F/tp]: the gradient of the gated MLP's input (SwiGLU)
+    Tensor ln_grads;         // [2C]: one LayerNorm's weight and bias gradients before the TP reduction (SP)
+    // MoE layers: the permuted rows' gradients [N K, C], the router logits' [N, E], the gates'
+    // [N K] and the load-balancing loss's d/dprobs [E]
+    Tensor dperm, drouter;
+    float *dgate = nullptr, *daux = nullptr;
+    // Expert parallelism: rows on their way (the local permuted rows, the experts' outputs, the
+    // experts' output gradients), max(N K, received rows) x C
+    Tensor erows;
+    float* stats = nullptr;  // [N, 3]: vocabulary-parallel cross-entropy statistics
+    // Context parallelism (cp > 1): the ring's blocks in flight, and this rank's rows of the
+    // position table and of its gradient ([T, C]: learned positions only).
+    RingBuffers ring;
+    Tensor wpe, dwpe;
+    // Recompute: the buffers of a layer's activations that every layer shares (the attention core's
+    // and the activation's outputs with Selective; a whole set with Full), empty otherwise.
+    LayerActs recomputed{};
+};
+
+namespace {
+// Hands out 256-byte aligned pieces of one allocation; a first pass with base == nullptr measures.
+struct Carver {
+    char* base;
+    size_t used = 0;
+    Tensor take(size_t n, DType t) {
+        used = (used + 255) / 256 * 256;
+        Tensor out(base ? base + used : nullptr, n, t);
+        used += n * dtype_size(t);
+        return out;
+    }
+    float* take_f32(size_t n) { return static_cast<float*>(take(n, DType::F32).ptr); }
+};
+}  // namespace
+
+Model::Block Model::block_of(Arch a) {
+    if (a == Arch::Llama) return Block{false, false, false, true, true, QW, VW};
+    return Block{true, true, true, false, false, QkvW, QkvW};
+}
+
+int Model::tp_size() const { return layout.tp; }
+
+Recompute parse_recompute(const std::string& name) {
+    if (name == "selective") return Recompute::Selective;
+    if (name == "full") return Recompute::Full;
+    LLMC_ASSERT(name == "none", strfmt("unknown recompute mode \"%s\"", name.c_str()));
+    return Recompute::None;
+}
+
+Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, ParamStore& store, const ModelLayout& lay,
+           TensorParallel* tp, std::vector<int> slots, Recompute rc, ContextParallel* cp, Comm* ep)
+    : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), recompute(rc), params(store.layout()),
+      block_(block_of(s.arch)), tp_(tp), store_(store), cp_(cp), ep_(ep), ep_stage_(o, ep) {
+    if (!tp_) {
+        own_tp_.reset(new TensorParallel(ops, nullptr, false));
+        tp_ = own_tp_.get();
+    }
+    if (!cp_) {
+        own_cp_.reset(new ContextParallel(ops, nullptr));
+        cp_ = own_cp_.get();
+    }
+    LLMC_ASSERT(lay.cp == cp_->size(), "layout and CP group disagree");
+    LLMC_ASSERT(lay.ep == (ep_ ? ep_->size() : 1) && (!ep_ || lay.ep_rank == ep_->rank()), "layout and EP group disagree");
+    LLMC_ASSERT(s.d_model % s.n_head == 0, "d_model must divide by n_head");
+    LLMC_ASSERT(s.padded_vocab >= s.vocab_size, "padded vocab too small");
+    LLMC_ASSERT(lay.tp == tp_->size() && lay.tp_rank == tp_->rank(), "layout and TP group disagree");
+    LLMC_ASSERT(!lay.sequence_parallel || lay.tp == 1 || tp_->sequence_parallel(), "SP flag mismatch");
+    check_model_layout(s, lay, t * lay.cp);
+    size_t local = 0;
+    LLMC_ASSERT(param_table(s, lay, &local).size() == params.specs.size() && local == params.num_params,
+                "the store's parameter layout is not this shape's under this layout");
+    lookup_.assign(size_t(NUM_ROLES) * (s.n_layer + 1) * size_t(s.moe.num_experts + 1), -1);
+    for (size_t i = 0; i < params.specs.size(); i++) {
+        const ParamSpec& p = params.specs[i];
+        if (!p.tied_copy) lookup_[lookup_index(p.role, p.layer, p.expert)] = int(i);
+    }
+
+    // units: the embedding, each layer, the head; consecutive in memory
+    const std::vector<ParamUnit>& units = params.units;
+    layer_unit_.assign(size_t(s.n_layer), -1);
+    for (size_t u = 0; u < units.size(); u++) {
+        if (units[u].kind == ParamUnit::Layer) layer_unit_[size_t(units[u].layer)] = int(u);
+        if (units[u].kind == ParamUnit::Embedding) embed_unit_ = int(u);
+        if (units[u].kind == ParamUnit::Head) head_unit_ = int(u);
+    }
+    unit_params_.resize(units.size());
+    unit_grads_.resize(units.size());
+    param_refs_.assign(units.size(), 0);
+    grad_refs_.assign(units.size(), 0);
+
+    chunks_ = make_chunks(s, lay, std::move(slots));
+    scratch_ = new Scratch();
+    activation_bytes = carve_activations(nullptr, s, dt, b, t, lay, lay.sequence_parallel, rc, chunks_, *scratch_);
+    act_mem_ = ops.alloc(activation_bytes);
+    carve_activations(static_cast<char*>(act_mem_), s, dt, b, t, lay, lay.sequence_parallel, rc, chunks_, *scratch_);
+}
+
+std::vector<Model::Chunk> Model::make_chunks(const ModelShape& s, const ModelLayout& lay, std::vector<int> slots) {
+    const auto ranges = lay.chunks.empty() ? std::vector<std::pair<int, int>>{{0, s.n_layer}} : lay.chunks;
+    if (slots.empty()) slots.assign(ranges.size(), 1);
+    LLMC_ASSERT(slots.size() == ranges.size(), "one slot count per chunk");
+    std::vector<Chunk> chunks;
+    for (size_t c = 0; c < ranges.size(); c++) {
+        Chunk ch;
+        ch.begin = ranges[c].first;
+        ch.end = ranges[c].second;
+        ch.starts = lay.first && c == 0;
+        ch.ends = lay.last && c + 1 == ranges.size();
+        ch.slots.resize(size_t(std::max(1, slots[c])));
+        chunks.push_back(ch);
+    }
+    return chunks;
+}
+
+size_t Model::activation_bytes_of(const ModelShape& s, DType dt, int b, int t, const ModelLayout& lay,
+                                  const std::vector<int>& slots, Recompute rc) {
+    std::vector<Chunk> chunks = make_chunks(s, lay, slots);
+    Scratch scratch;
+    return carve_activations(nullptr, s, dt, b, t, lay, lay.sequence_parallel, rc, chunks, scratch);
+}
+
+size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, int B, int T, const ModelLayout& layout,
+                                bool sp, Recompute rc, std::vector<Chunk>& chunks, Scratch& S) {
+    const Block block = block_of(shape.arch);
+    const size_t tpn = size_t(layout.tp);
+    const size_t N = size_t(B) * T, C = shape.d_model, NHl = shape.n_head / tpn, Cl = C / tpn;
+    const size_t QKVl = size_t(shape.n_head + 2 * shape.kv_heads()) * shape.head_dim() / tpn;
+    const size_t Fl = size_t(shape.ffn()) / tpn, PREl = block.swiglu ? 2 * Fl : Fl;  // the MLP's hidden width
+    const size_t Vl = size_t(shape.vocab_shard(tpn)), nl = sp && tpn > 1 ? N / tpn : N;
+    const bool mean = block.layernorm;  // RMSNorm keeps no mean
+    const MoeShape& moe = shape.moe;
+    const size_t NK = N * size_t(moe.top_k), E = size_t(moe.num_experts), Fe = size_t(moe.expert_ffn_dim) / tpn;
+    const size_t PREe = block.swiglu ? 2 * Fe : Fe;
+    // the experts' rows: this rank's pairs, or under expert parallelism the rows its experts receive
+    const size_t R = moe.enabled() ? moe_ep_max_rows(moe, int(N), layout.ep, layout.cp) : 0;
+    Carver cv{base};
+    // A layer's buffers; with core = false the attention core's and the activation's outputs are
+    // left as they are (the shared ones of Selective). An MoE layer's MLP buffers hold its
+    // permuted rows, all kept (Selective recomputes only its attention core). Full recompute's
+    // shared set serves dense and MoE layers (dense_mlp and moe_mlp: the larger of each buffer).
+    auto carve_layer = [&](LayerActs& L, bool core, bool dense_mlp, bool moe_mlp) {
+        L.ln1 = cv.take(nl * C, dt);
+        L.ln1_mean = mean ? cv.take_f32(nl) : nullptr;
+        L.ln1_rstd = cv.take_f32(nl);
+        L.qkv = cv.take(N * QKVl, dt);
+        if (core) L.atty = cv.take(N * Cl, dt);
+        if (core) L.att_lse = cv.take_f32(N * NHl);
+        L.residual2 = cv.take(nl * C, dt);
+        L.ln2 = cv.take(nl * C, dt);
+        L.ln2_mean = mean ? cv.take_f32(nl) : nullptr;
+        L.ln2_rstd = cv.take_f32(nl);
+        size_t pre = dense_mlp ? N * PREl : 0, act = dense_mlp && core ? N * Fl : 0;
+        if (moe_mlp) {
+            L.router_logits = cv.take(N * E, dt);
+            L.probs = cv.take_f32(N * E);
+            L.gate = cv.take_f32(NK);
+            L.expert = static_cast<int32_t*>(cv.take(NK, DType::F32).ptr);  // int32
+            L.row_of = static_cast<int32_t*>(cv.take(NK, DType::F32).ptr);
+            L.xperm = cv.take(R * C, dt);
+            L.yperm = cv.take(NK * C, dt);
+            pre = std::max(pre, R * PREe);
+            act = std::max(act, R * Fe);
+        }
+        L.fch_pre = cv.take(pre, dt);
+        if (act) L.fch_gelu = cv.take(act, dt);
+        L.residual3 = cv.take(nl * C, dt);
+    };
+    LayerActs& shared = S.recomputed;
+    if (rc == Recompute::Full) carve_layer(shared, true, true, moe.enabled());
+    if (rc == Recompute::Selective) {
+        shared.atty = cv.take(N * Cl, dt);
+        shared.att_lse = cv.take_f32(N * NHl);
+        shared.fch_gelu = cv.take(N * Fl, dt);
+    }
+    for (Chunk& ch : chunks) {
+        for (SlotActs& sa : ch.slots) {
+            sa.input = cv.take(nl * C, dt);
+            sa.layers.assign(size_t(ch.end - ch.begin), shared);
+            for (size_t i = 0; i < sa.layers.size(); i++) {
+                LayerActs& L = sa.layers[i];
+                if (rc == Recompute::Full) L.residual3 = cv.take(nl * C, dt);  // the next layer's input
+                else carve_layer(L, rc == Recompute::None, !moe.is_moe_layer(ch.begin + int(i)),
+                                 moe.is_moe_layer(ch.begin + int(i)));
+            }
+            if (ch.ends) {
+                sa.lnf = cv.take(nl * C, dt);
+                sa.lnf_mean = mean ? cv.take_f32(nl) : nullptr;
+                sa.lnf_rstd = cv.take_f32(nl);
+                sa.logits = cv.take(N * Vl, dt);
+                sa.losses = cv.take_f32(N);
+            }
+            Tensor ids = cv.take(2 * N, DType::F32);  // int32 tokens and targets
+            sa.tokens = static_cast<int32_t*>(ids.ptr);
+            sa.targets = sa.tokens ? sa.tokens + N : nullptr;
+        }
+    }
+    S.full = cv.take(N * C, dt);
+    S.full_grad = cv.take(N * C, dt);
+    S.partial = cv.take(N * C, dt);
+    S.rows = cv.take(nl * C, dt);
+    S.dresidual = cv.take(nl * C, dt);
+    S.dqkv = cv.take(N * QKVl, dt);
+    S.datty = cv.take(N * Cl, dt);
+    S.dfch = cv.take(std::max(N * Fl, R * Fe), dt);
+    if (block.swiglu) S.dpre = cv.take(std::max(N * PREl, R * PREe), dt);
+    if (moe.enabled()) {
+        S.dperm = cv.take(NK * C, dt);
+        if (layout.ep > 1) S.erows = cv.take(std::max(NK, R) * C, dt);
+        S.drouter = cv.take(N * E, dt);
+        S.dgate = cv.take_f32(NK);
+        S.daux = cv.take_f32(E);
+    }
+    S.ln_grads = cv.take(2 * C, dt);
+    S.stats = cv.take_f32(3 * N);
+    if (layout.cp > 1) {
+        for (int i = 0; i < 2; i++) S.ring.kv[i] = cv.take(N * QKVl, dt);
+        for (int i = 0; i < 2; i++) S.ring.dkv[i] = cv.take(N * QKVl, dt);
+        S.ring.blk_out = cv.take(N * Cl, dt);
+        S.ring.blk_lse = cv.take_f32(N * NHl);
+        if (block.learned_positions) {
+            S.wpe = cv.take(size_t(T) * C, dt);
+            S.dwpe = cv.take(size_t(T) * C, dt);
+        }
+    }
+    return cv.used;
+}
+
+size_t Model::activation_bytes_without_sp() const {
+    std::vector<Chunk> chunks = chunks_;
+    Scratch s;
+    return carve_activations(nullptr, shape, dtype, B, T, layout, false, recompute, chunks, s);
+}
+
+size_t Model::activation_bytes_without_cp() const {
+    std::vector<Chunk> chunks = chunks_;
+    ModelLayout whole = layout;
+    whole.cp = 1;
+    Scratch s;
+    return carve_activations(nullptr, shape, dtype, B, T * layout.cp, whole, layout.sequence_parallel, recompute,
+                             chunks, s);
+}
+
+Model::~Model() {
+    ops.release(act_mem_);
+    delete scratch_;
+}
+
+size_t Model::lookup_index(Role r, int layer, int expert) const {
+    return (size_t(r) * (shape.n_layer + 1) + size_t(layer + 1)) * size_t(shape.moe.num_experts + 1) + size_t(expert + 1);
+}
+
+bool Model::holds(Role r, int layer, int expert) const {
+    if (layer < -1 || layer >= shape.n_layer || expert < -1 || expert >= shape.moe.num_experts) return false;
+    return lookup_[lookup_index(r, layer, expert)] >= 0;
+}
+
+const ParamSpec& Model::spec(Role r, int layer, int expert) const {
+    LLMC_ASSERT(holds(r, layer, expert), strfmt("parameter of role %d (layer %d, expert %d) is not held by this rank",
+                                                int(r), layer, expert));
+    return params.specs[size_t(lookup_[lookup_index(r, layer, expert)])];
+}
+
+const ParamSpec& Model::head_weight_spec() const {
+    if (!tied_head()) return spec(HeadW);
+    if (layout.first) return spec(TokEmb);
+    LLMC_ASSERT(layout.last && params.specs.back().tied_copy, "this rank holds no token embedding");
+    return params.specs.back();  // the last stage's copy comes last
+}
+
+Tensor Model::param(Role r, int layer, int expert) const { return param_of(spec(r, layer, expert)); }
+Tensor Model::grad(Role r, int layer, int expert) const { return grad_of(spec(r, layer, expert)); }
+
+// The tensors first..last of a layer are adjacent in memory (declared so): one view over them.
+static Tensor span_of(const Model& m, Tensor first, const ParamSpec& a, const ParamSpec& b) {
+    LLMC_ASSERT(a.offset <= b.offset, "param_span: roles out of memory order");
+    return Tensor(first.ptr, b.offset + b.numel - a.offset, first.dtype);
+}
+Tensor Model::param_span(Role first, Role last, int layer, int expert) const {
+    return span_of(*this, param(first, layer, expert), spec(first, layer, expert), spec(last, layer, expert));
+}
+Tensor Model::grad_span(Role first, Role last, int layer, int expert) const {
+    return span_of(*this, grad(first, layer, expert), spec(first, layer, expert), spec(last, layer, expert));
+}
+
+Tensor Model::param_of(const ParamSpec& p) const {
+    const int u = params.unit_of(p);
+    const Tensor& base = unit_params_[size_t(u)];
+    LLMC_ASSERT(base.ptr, strfmt("parameters of %s used outside acquire_params", p.name.c_str()));
+    return base.slice(p.offset - params.units[size_t(u)].begin, p.numel);
+}
+
+Tensor Model::grad_of(const ParamSpec& p) const {
+    const int u = params.unit_of(p);
+    const Tensor& base = unit_grads_[size_t(u)];
+    LLMC_ASSERT(base.ptr, strfmt("gradients of %s used outside acquire_grads", p.name.c_str()));
+    return base.slice(p.offset - params.units[size_t(u)].begin, p.numel);
+}
+
+// Reference counts: a unit acquired twice (the head's wte when it sits in the head unit) is
+// released by the second release. One pair for parameters and gradients: the store's calls
+// are picked by `grads`.
+void Model::acquire_unit(int u, bool grads) {
+    int& refs = (grads ? grad_refs_ : param_refs_)[size_t(u)];
+    if (refs++ > 0) return;
+    (grads ? unit_grads_ : unit_params_)[size_t(u)] = grads ? store_.acquire_grads(u) : store_.acquire_params(u);
+}
+
+void Model::release_unit(int u, bool grads) {
+    int& refs = (grads ? grad_refs_ : param_refs_)[size_t(u)];
+    LLMC_ASSERT(refs > 0, "a unit released more often than acquired");
+    if (--refs > 0) return;
+    (grads ? unit_grads_ : unit_params_)[size_t(u)] = Tensor();
+    if (grads) store_.release_grads(u);
+    else store_.release_params(u);
+}
+
+void Model::prefetch_params(int u) {
+    if (u >= 0 && param_refs_[size_t(u)] == 0) store_.prefetch_params(u);
+}
+
+void Model::load_params_mem(const float* mem) { store_.load_params(mem); }
+
+// The tied weight's gradient, for the pipeline's sum over the first and the last stage (under
+// ZeRO-2/3 before the DP reduce-scatter: the store keeps the wte's unit whole for the step).
+void Model::update_head_weight_grad(const std::function<void(Tensor)>& f) {
+    const ParamSpec& w = head_weight_spec();
+    acquire_grads(params.unit_of(w));
+    f(grad_of(w));
+    release_grads(params.unit_of(w));
+}
+
+// ---------------------------------------------------------------------------------
+// host I/O in llm.c order
+
+std::vector<float> Model::from_file_order(const float* whole) const {
+    std::vector<float> out(params.padded_params, 0.0f);
+    for (const ParamSpec& p : params.specs)
+        for_each_run(p, [&](size_t local, size_t src, size_t n) {
+            std::memcpy(&out[p.offset + local], whole + src, n * sizeof(float));
+        });
+    return out;
+}
+
+std::vector<float> Model::to_file_order(const std::vector<float>& mem) const {
+    LLMC_ASSERT(mem.size() == params.padded_params, "to_file_order needs this rank's whole buffer in memory order");
+    LLMC_ASSERT(params.num_params == params.total_params, "to_file_order needs a layout that holds the whole model");
+    std::vector<float> out(params.total_params);
+    for (const ParamSpec& p : params.specs)
+        for_each_run(p, [&](size_t local, size_t dst, size_t n) {
+            std::memcpy(&out[dst], &mem[p.offset + local], n * sizeof(float));
+        });
+    return out;
+}
+
+void Model::set_params_whole(const float* host) { load_params_mem(from_file_order(host).data()); }
+
+void Model::units_to_whole(bool grads, float* host) {
+    std::vector<float> mem(params.padded_params);
+    for (size_t u = 0; u < params.units.size(); u++) {
+        acquire_unit(int(u), grads);
+        ops.to_host_f32(mem.data() + params.units[u].begin, (grads ? unit_grads_ : unit_params_)[u]);
+        release_unit(int(u), grads);
+    }
+    std::vector<float> out = to_file_order(mem);
+    std::memcpy(host, out.data(), out.size() * sizeof(float));
+}
+
+void Model::get_params_whole(float* host) { units_to_whole(false, host); }
+void Model::get_grads_whole(float* host) { units_to_whole(true, host); }
+
+// The random stream of a tensor: its index in the one-process memory order (the embedding's
+// tensors, then each layer's, then the head's); the tied copy draws its original's stream.
+static uint64_t init_stream(const std::vector<TensorDecl>& decls, const ParamSpec& p, int n_layer) {
+    size_t before = 0, per_layer = 0, within = 0;
+    for (size_t i = 0; i < decls.size(); i++) per_layer += decls[i].part == ModelPart::Layer;
+    const ModelPart part = decls[size_t(p.decl)].part;
+    for (size_t i = 0; i < size_t(p.decl); i++) within += decls[i].part == part;
+    for (size_t i = 0; i < decls.size(); i++) {
+        if (part == ModelPart::Embedding) break;
+        before += decls[i].part == ModelPart::Embedding;
+    }
+    if (part == ModelPart::Head) before += per_layer * size_t(n_layer);
+    if (part == ModelPart::Layer) before += per_layer * size_t(p.layer);
+    // an expert's tensors: streams of their own, past every other tensor's
+    return uint64_t(before + within) + (p.expert >= 0 ? (uint64_t(p.expert) + 1) << 32 : 0);
+}
+
+void Model::init_random(uint64_t seed) {
+    // Each tensor is drawn whole from streams named by its identity, then this rank keeps its
+    // pieces: every layout starts from the same model.
+    const std::vector<TensorDecl> decls = model_tensors(shape);
+    std::vector<float> mem(params.padded_params, 0.0f), whole;
+    const size_t chunk = 1 << 20;
+    for (const ParamSpec& p : params.specs) {
+        const TensorDecl& d = decls[size_t(p.decl)];
+        whole.assign(d.rows * d.cols, 0.0f);
+        const size_t n = d.init_rows * d.cols;  // rows past init_rows (vocabulary padding) stay 0
+        if (d.init_std > 0.0f) {
+            const uint64_t stream = init_stream(decls, p, shape.n_layer);
+            // each chunk has its own stream: the result does not depend on the thread count
+            const long nchunks = long((n + chunk - 1) / chunk);
+#pragma omp parallel for schedule(static)
+            for (long c = 0; c < nchunks; c++) {
+                Rng rng(seed, stream * 1000003ull + uint64_t(c));
+                const size_t end = std::min(n, size_t(c + 1) * chunk);
+                for (size_t i = size_t(c) * chunk; i < end; i++) whole[i] = d.init_std * rng.normal();
+            }
+        } else {
+            std::fill(whole.begin(), whole.begin() + long(n), d.init_value);
+        }
+        for_each_run(p, [&](size_t local, size_t src, size_t cnt) {
+            std::memcpy(&mem[p.offset + local], &whole[src - p.file_offset], cnt * sizeof(float));
+        });
+    }
+    load_params_mem(mem.data());
+}
+
+void Model::zero_grads() { store_.zero_grads(); }
+
+// ---------------------------------------------------------------------------------
+// forward / backward
+//
+// Shapes per rank: N = b*t tokens; nl = N (or N/tp with sequence parallelism) rows of the
+// residual stream; column-parallel outputs are N x (width/tp); row-parallel outputs N x C
+// partial sums until the TP reduction (all-reduce, or reduce-scatter to nl rows with SP).
+// With tp == 1 every TP call is a no-op and this is plain GPT-2.
+
+size_t Model::local_rows(int b, int t) const {
+    const size_t N = size_t(b) * t;
+    if (!layout.sequence_parallel || layout.tp == 1) return N;
+    LLMC_ASSERT(N % size_t(layout.tp) == 0, "sequence parallelism needs b*t divisible by tp");
+    return N / size_t(layout.tp);
+}
+
+Tensor Model::chunk_input(int c, int slot, int b, int t) const {
+    return chunks_[size_t(c)].slots[size_t(slot)].input.slice(0, local_rows(b, t) * shape.d_model);
+}
+
+Tensor Model::chunk_output(int c, int slot, int b, int t) const {
+    const SlotActs& s = chunks_[size_t(c)].slots[size_t(slot)];
+    return s.layers.back().residual3.slice(0, local_rows(b, t) * shape.d_model);
+}
+
+Tensor Model::residual_grad(int b, int t) const {
+    return scratch_->dresidual.slice(0, local_rows(b, t) * shape.d_model);
+}
+
+// The linears of a block. In fp8 the forward records the amaxes of the input and the weight;
+// the backward records the output gradient's and casts input and weight again with the
+// forward's scales but records nothing (same tensors: their amaxes are already in).
+void Model::linear_forward(int l, Fp8Linear lin, Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N,
+                          int IC, int OC, bool gelu) {
+    // A forward-only pass with a row count the fp8 GEMM cannot take (sampling's short windows
+    // on CUDA; training shapes are checked at start-up) runs this linear in the model's dtype.
+    if (!fp8_ || N % ops.fp8_dim_multiple() != 0) {
+        ops.matmul_forward(out, pre_gelu, inp, w, bias, N, IC, OC, gelu);
+        return;
+    }
+    ops.matmul_forward_fp8(out, pre_gelu, inp, w, bias, N, IC, OC, gelu,
+                           fp8_->cast(l, lin, Fp8Operand::Input, fp8_amax_),
+                           fp8_->cast(l, lin, Fp8Operand::Weight, fp8_amax_));
+}
+
+void Model::linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp,
+                           Tensor w, Tensor pre_gelu, int N, int IC, int OC) {
+    if (!fp8_) {
+        ops.matmul_backward(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC);
+        return;
+    }
+    ops.matmul_backward_fp8(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC,
+                            fp8_->cast(l, lin, Fp8Operand::GradOutput, fp8_amax_),
+                            fp8_->cast(l, lin, Fp8Operand::Input, nullptr),
+                            fp8_->cast(l, lin, Fp8Operand::Weight, nullptr));
+}
+
+// The family's norm: LayerNorm (weight and bias) or RMSNorm (weight only, fp32 statistics).
+void Model::norm_forward(Tensor out, float* mean, float* rstd, Tensor inp, Role w, int layer, int n) {
+    if (block_.layernorm)
+        ops.layernorm_forward(out, mean, rstd, inp, param(w, layer), param(Role(w + 1), layer), n, shape.d_model);
+    else
+        ops.rmsnorm_forward(out, rstd, inp, param(w, layer), n, shape.d_model, shape.norm_eps);
+}
+
+// Norm backward into the parameter gradients (dinp accumulates); with sequence parallelism each
+// rank saw only its tokens, so the weight (and bias) gradients of this micro-batch are summed
+// over TP first.
+void Model::norm_backward(Tensor dinp, Tensor dout, Tensor inp, Role w, int layer, const float* mean,
+                          const float* rstd, int n) {
+    const int C = shape.d_model;
+    const bool ln = block_.layernorm;
+    auto run = [&](Tensor dw, Tensor db) {
+        if (ln) ops.layernorm_backward(dinp, dw, db, dout, inp, param(w, layer), mean, rstd, n, C);
+        else ops.rmsnorm_backward(dinp, dw, dout, inp, param(w, layer), rstd, n, C);
+    };
+    TensorParallel& tp = *tp_;
+    if (!tp.sequence_parallel()) {
+        run(grad(w, layer), ln ? grad(Role(w + 1), layer) : Tensor());
+        return;
+    }
+    Tensor g = scratch_->ln_grads.slice(0, (ln ? 2 : 1) * size_t(C));
+    ops.zero(g);
+    run(g.slice(0, C), ln ? g.slice(C, C) : Tensor());
+    tp.all_reduce(g);
+    ops.residual_forward(grad(w, layer), grad(w, layer), g.slice(0, C));
+    if (ln) ops.residual_forward(grad(Role(w + 1), layer), grad(Role(w + 1), layer), g.slice(C, C));
+}
+
+// One pre-norm transformer block, the same code for every family (Megatron's split):
+//   res2 = res + out_proj(attention(rope?(qkv(norm1(res)))))
+//   res3 = res2 + down(act(up(norm2(res2))))      act: GELU (GPT-2) or SwiGLU on [gate | up] (Llama)
+// qkv and up are column-parallel (the SP gather before them), out_proj and down row-parallel
+// (their bias added once, on TP rank 0, before the reduction or the SP reduce-scatter).
+float Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t, float dloss) {
+    TensorParallel& tp = *tp_;
+    const int tpn = tp_size();
+    const int C = shape.d_model, HS = shape.head_dim(), NHl = shape.n_head / tpn, NKVl = shape.kv_heads() / tpn;
+    const int Cl = C / tpn, QKVl = (NHl + 2 * NKVl) * HS, Fl = shape.ffn() / tpn;
+    const size_t N = size_t(b) * t, nl = local_rows(b, t), nC = N * C;
+    const Block& k = block_;
+    Scratch& S = *scratch_;
+    const bool bias_here = k.biases && tp.rank() == 0;  // a row-parallel bias is added once, before the reduction
+    Tensor ln1 = L.ln1.slice(0, nl * C), qkv = L.qkv.slice(0, N * QKVl), atty = L.atty.slice(0, N * Cl);
+    Tensor res2 = L.residual2.slice(0, nl * C), ln2 = L.ln2.slice(0, nl * C), res3 = L.residual3.slice(0, nl * C);
+    const bool dense_mlp = !shape.moe.is_moe_layer(l);  // an MoE layer's buffers hold its permuted rows
+    Tensor pre = dense_mlp ? L.fch_pre.slice(0, N * (k.swiglu ? 2 : 1) * Fl) : Tensor();
+    Tensor act = dense_mlp ? L.fch_gelu.slice(0, N * Fl) : Tensor();
+    Tensor full = S.full.slice(0, nC), partial = S.partial.slice(0, nC), rows = S.rows.slice(0, nl * C);
+
+    norm_forward(ln1, L.ln1_mean, L.ln1_rstd, res, Norm1W, l, int(nl));
+    Tensor x = tp.gather_rows(ln1, full);
+    linear_forward(l, Fp8Linear::Qkv, qkv, Tensor(), x, param_span(k.qkv_first, k.qkv_last, l),
+                   k.biases ? param(QkvB, l) : Tensor(), int(N), C, QKVl, false);
+    if (k.rope) ops.rope_forward(qkv, b, t, NHl, NKVl, HS, shape.rope_theta, cp_->positions(t));
+    cp_->attention_forward(atty, L.att_lse, qkv, b, t, NHl, NKVl, HS, S.ring);
+    linear_forward(l, Fp8Linear::AttnProj, partial, Tensor(), atty, param(AttnOutW, l),
+                   bias_here ? param(AttnOutB, l) : Tensor(), int(N), Cl, C, false);
+    Tensor y = tp.reduce_rows(partial, rows);
+    if (k.layernorm) {
+        ops.fused_residual_layernorm_forward(res2, ln2, L.ln2_mean, L.ln2_rstd, res, y, param(Norm2W, l),
+                                             param(Norm2B, l), int(nl), C);
+    } else {
+        ops.residual_forward(res2, res, y);
+        norm_forward(ln2, L.ln2_mean, L.ln2_rstd, res2, Norm2W, l, int(nl));
+    }
+    x = tp.gather_rows(ln2, full);
+    if (shape.moe.is_moe_layer(l)) {  // the experts in place of the MLP, split like it
+        const float aux = moe_forward(l, L, partial, x, b, t, dloss);
+        y = tp.reduce_rows(partial, rows);
+        ops.residual_forward(res3, res2, y);
+        return aux;
+    }
+    if (k.swiglu) {
+        linear_forward(l, Fp8Linear::Fc, pre, Tensor(), x, param_span(GateW, UpW, l), Tensor(), int(N), C, 2 * Fl,
+                       false);
+        ops.swiglu_forward(act, pre, int(N), Fl);
+    } else {
+        linear_forward(l, Fp8Linear::Fc, act, pre, x, param(FcW, l), param(FcB, l), int(N), C, Fl, true);
+    }
+    linear_forward(l, Fp8Linear::FcProj, partial, Tensor(), act, param(FcOutW, l),
+                   bias_here ? param(FcOutB, l) : Tensor(), int(N), Fl, C, false);
+    y = tp.reduce_rows(partial, rows);
+    ops.residual_forward(res3, res2, y);
+    return 0.0f;
+}
+
+// An MoE layer (llmc/model/moe.h): route, permute the tokens into per-expert rows, run each expert's
+// MLP on its rows, combine each token's slots weighted by the gates. The plan (rows per expert,
+// drops) is made on the host from the router's choices: the expert loop needs the row counts.
+// Tensor parallelism splits each expert like the dense MLP (fc column-parallel, the projection
+// row-parallel, its bias added on TP rank 0): every rank routes the same gathered x with the
+// replicated router alike, and out is this rank's partial sum, reduced by the caller.
+// Context parallelism: the micro-batch's tokens are spread over the cp ranks, and capacity,
+// drops and the load-balancing loss are the whole micro-batch's, as on one process: with a
+// capacity the ranks all-gather their choices and each makes the whole plan, keeping its own
+// pairs' decisions (moe_cp_plan); the loss's P and (dropless) routed counts are summed over cp.
+// Every cp rank returns the whole aux term (the loss is averaged over the cp ranks, like each
+// rank's mean cross-entropy); the statistics count each pair once (its rank) and each layer's
+// aux once (cp rank 0).
+float Model::moe_forward(int l, LayerActs& L, Tensor out, Tensor x, int b, int t, float dloss) {
+    const MoeShape& m = shape.moe;
+    const int C = shape.d_model, E = m.num_experts, K = m.top_k, N = b * t;
+    const int cp = cp_->size(), Nall = N * cp;  // Nall: the micro-batch's tokens over the cp group
+    const size_t NK = size_t(N) * K;
+    Tensor logits = L.router_logits.slice(0, size_t(N) * E);
+    ops.matmul_forward(logits, Tensor(), x, param(RouterW, l), Tensor(), N, C, E, false);
+    ops.moe_router_forward(L.probs, L.expert, L.gate, logits, N, E, K);
+    std::vector<int32_t> expert(NK);
+    ops.to_host_bytes(expert.data(), L.expert, NK * sizeof(int32_t));
+    const bool dropless = m.capacity_factor <= 0.0f;
+    // a sampling window's padding (set_valid_tokens) takes no place
+    const int valid = valid_tokens_ > 0 ? std::min(valid_tokens_, t * cp) : t * cp;
+    LLMC_ASSERT(valid == t * cp || dloss == 0.0f, "MoE: padded sequences in a training forward");
+    MoePlan plan;
+    if (dropless || (cp == 1 && valid == t)) {  // decided here (dropless: nothing depends on other tokens)
+        plan = moe_plan(expert.data(), N, E, K, moe_capacity(m, N));
+    } else {  // every cp rank's choices (expert ids are exact in fp32), then the whole plan
+        std::vector<float> sent(NK * size_t(cp));
+        for (size_t i = 0; i < NK; i++) sent[size_t(cp_->rank()) * NK + i] = float(expert[i]);
+        cp_->all_gather_host(sent.data(), NK);
+        const std::vector<int32_t> all(sent.begin(), sent.end());
+        plan = moe_cp_plan(all.data(), b, t, cp, cp_->rank(), E, K, moe_capacity(m, b * valid), valid);
+    }
+    ops.from_host_bytes(L.row_of, plan.row_of.data(), NK * sizeof(int32_t));
+    if (layout.ep == 1) {
+        L.count = plan.count;
+        L.offset = plan.offset;
+        ops.moe_permute(L.xperm, x, L.row_of, N, K, C);
+        experts_forward(l, L, L.yperm, 0, L.count, L.offset);
+    } else {  // every rank's rows per expert, then the rows to their experts' owners and back
+        const int ep = layout.ep;
+        std::vector<float> mine(plan.count.begin(), plan.count.end()), all(size_t(ep) * E);
+        ep_stage_.run_host(mine.data(), mine.size(), all.data(), all.size(), [&](const float* in, float* out) {
+            ep_->all_gather(in, out, std::vector<size_t>(size_t(ep), size_t(E)));
+        });
+        L.route = moe_ep_route(std::vector<int>(all.begin(), all.end()), ep, layout.ep_rank, E);
+        L.count = L.route.count;
+        L.offset = L.route.offset;
+        Scratch& S = *scratch_;
+        ops.moe_permute(S.erows, x, L.row_of, N, K, C);
+        ep_dispatch(L.route, S.erows, L.xperm);
+        experts_forward(l, L, S.erows, layout.experts_begin(E), L.count, L.offset);
+        ep_return(L.route, S.erows, L.yperm);
+    }
+    ops.moe_combine(out, L.yperm, L.gate, L.row_of, N, K, C);
+    L.daux.assign(size_t(E), 0.0f);
+    if (dloss == 0.0f) return 0.0f;  // evaluation: no statistics, no gradient
+    std::vector<float> probs(size_t(N) * E), daux;
+    ops.to_host_bytes(probs.data(), L.probs, probs.size() * sizeof(float));
+    std::vector<double> sums = moe_prob_sums(probs.data(), N, E);  // then (dropless) the routed counts
+    if (cp > 1) {
+        if (dropless) sums.insert(sums.end(), plan.routed.begin(), plan.routed.end());
+        cp_->comm()->all_reduce(sums.data(), sums.size(), ReduceOp::Sum);  // host doubles on every Comm
+        if (dropless)
+            for (int e = 0; e < E; e++) plan.routed[size_t(e)] = int(sums[size_t(E + e)]);
+    }
+    const double aux = moe_aux_from_sums(sums.data(), plan.routed.data(), Nall, E, K, &daux);
+    // the objective is dloss * (sum of token losses + N * coef * aux) for the micro-batch's N
+    // tokens: N * coef * aux is its mean loss term weighted like its tokens (each rank's tokens'
+    // share of it: d/dp[n, e] = dloss * coef * E f_e for every token)
+    const double scale = double(m.aux_loss_coef) * double(dloss) * Nall;
+    for (int e = 0; e < E; e++) L.daux[size_t(e)] = float(double(daux[size_t(e)]) * scale);
+    if (recomputing_) return 0.0f;
+    MoeStats& st = moe_stats_;
+    if (cp_->rank() == 0) {
+        st.aux_sum += aux;
+        st.aux_terms++;
+    }
+    for (int e = 0; e < E; e++) {
+        const double f = double(plan.routed[size_t(e)]) / (double(Nall) * K);
+        st.load_min = std::min(st.load_min, f);
+        st.load_max = std::max(st.load_max, f);
+    }
+    st.dropped += plan.dropped;  // this rank's pairs
+    st.pairs += (long long)NK;
+    return float(double(m.aux_loss_coef) * aux);
+}
+
+// dx (overwrite) from dy through the combine, the experts (their weight gradients accumulate
+// row by row in token order), the router (the gates' and the load-balancing loss's gradients)
+// and the permutation. With tensor parallelism dx is this rank's partial sum (the caller
+// reduces it): the experts' column-parallel input gradients, plus the router's on TP rank 0;
+// the gates' gradients (dot products with this rank's partial outputs) are summed over TP first,
+// so every rank computes the same, whole router gradients.
+void Model::moe_backward(int l, LayerActs& L, Tensor dx, Tensor dy, Tensor x, int N) {
+    const MoeShape& m = shape.moe;
+    const int C = shape.d_model, E = m.num_experts, K = m.top_k;
+    Scratch& S = *scratch_;
+    ops.moe_combine_backward(S.dperm, S.dgate, dy, L.yperm, L.gate, L.row_of, N, K, C);
+    tp_->all_reduce(Tensor(S.dgate, size_t(N) * K, DType::F32));
+    if (layout.ep == 1) {
+        experts_backward(l, L, S.dperm, 0, L.count, L.offset);
+    } else {  // the rows' output gradients to the experts' owners, their input gradients back
+        ep_dispatch(L.route, S.dperm, S.erows);
+        experts_backward(l, L, S.erows, layout.experts_begin(E), L.count, L.offset);
+        ep_return(L.route, S.erows, S.dperm);
+    }
+    ops.from_host_bytes(S.daux, L.daux.data(), size_t(E) * sizeof(float));
+    Tensor drouter = S.drouter.slice(0, size_t(N) * E);
+    ops.moe_router_backward(drouter, S.dgate, S.daux, L.probs, L.expert, L.gate, N, E, K);
+    const bool router_dx = tp_->rank() == 0;  // once in the TP group's sum
+    if (!router_dx) ops.zero(dx);
+    ops.matmul_backward(router_dx ? dx : Tensor(), grad(RouterW, l), Tensor(), drouter, x, param(RouterW, l), Tensor(),
+                        N, C, E);
+    ops.moe_permute_backward(dx, S.dperm, L.row_of, N, K, C);
+}
+
+void Model::experts_forward(int l, LayerActs& L, Tensor y, int e0, const std::vector<int>& count,
+                            const std::vector<int>& offset) {
+    const int C = shape.d_model, Fe = shape.moe.expert_ffn_dim / tp_size(), PRE = block_.swiglu ? 2 * Fe : Fe;
+    const bool bias_here = block_.biases && tp_->rank() == 0;
+    for (size_t i = 0; i < count.size(); i++) {
+        const int e = e0 + int(i);
+        const size_t n = size_t(count[i]), r0 = size_t(offset[i]);
+        if (n == 0) continue;
+        Tensor xin = L.xperm.slice(r0 * C, n * C), pre = L.fch_pre.slice(r0 * PRE, n * PRE);
+        Tensor act = L.fch_gelu.slice(r0 * Fe, n * Fe), yr = y.slice(r0 * C, n * C);
+        if (block_.swiglu) {
+            ops.matmul_forward(pre, Tensor(), xin, param_span(GateW, UpW, l, e), Tensor(), int(n), C, 2 * Fe, false);
+            ops.swiglu_forward(act, pre, int(n), Fe);
+        } else {
+            ops.matmul_forward(act, pre, xin, param(FcW, l, e), param(FcB, l, e), int(n), C, Fe, true);
+        }
+        ops.matmul_forward(yr, Tensor(), act, param(FcOutW, l, e), bias_here ? param(FcOutB, l, e) : Tensor(),
+                           int(n), Fe, C, false);
+    }
+}
+
+void Model::experts_backward(int l, LayerActs& L, Tensor dy, int e0, const std::vector<int>& count,
+                             const std::vector<int>& offset) {
+    const int C = shape.d_model, Fe = shape.moe.expert_ffn_dim / tp_size(), PRE = block_.swiglu ? 2 * Fe : Fe;
+    Scratch& S = *scratch_;
+    for (size_t i = 0; i < count.size(); i++) {
+        const int e = e0 + int(i);
+        const size_t n = size_t(count[i]), r0 = size_t(offset[i]);
+        if (n == 0) continue;
+        Tensor xin = L.xperm.slice(r0 * C, n * C), pre = L.fch_pre.slice(r0 * PRE, n * PRE);
+        Tensor act = L.fch_gelu.slice(r0 * Fe, n * Fe), dperm = dy.slice(r0 * C, n * C);
+        Tensor dact = S.dfch.slice(r0 * Fe, n * Fe);
+        ops.matmul_backward(dact, grad(FcOutW, l, e), block_.biases ? grad(FcOutB, l, e) : Tensor(), dperm, act,
+                            param(FcOutW, l, e), Tensor(), int(n), Fe, C);
+        if (block_.swiglu) {  // the rows' input gradients overwrite their output gradients, already used
+            Tensor dpre = S.dpre.slice(r0 * PRE, n * PRE);
+            ops.swiglu_backward(dpre, dact, pre, int(n), Fe);
+            ops.matmul_backward(dperm, grad_span(GateW, UpW, l, e), Tensor(), dpre, xin, param_span(GateW, UpW, l, e),
+                                Tensor(), int(n), C, 2 * Fe);
+        } else {
+            ops.matmul_backward(dperm, grad(FcW, l, e), grad(FcB, l, e), dact, xin, param(FcW, l, e), pre, int(n), C,
+                                Fe);
+        }
+    }
+}
+
+std::vector<size_t> Model::ep_words(const std::vector<size_t>& rows, DType dt) const {
+    const size_t row_bytes = size_t(shape.d_model) * dtype_size(dt);
+    LLMC_ASSERT(!ep_stage_.direct() || row_bytes % sizeof(float) == 0,
+                "expert parallelism: a row of d_model elements must be whole 4-byte words (even d_model in bf16)");
+    const size_t w = ep_stage_.words(Tensor(nullptr, size_t(shape.d_model), dt));  // a row's message words
+    std::vector<size_t> out(rows);
+    for (size_t& n : out) n *= w;
+    return out;
+}
+
+// The rows travel as CommStage routes them: on a communicator that reads the backend's memory
+// (NCCL; MPI over the CPU backend) the rows' own bytes from and into backend buffers, else fp32
+// host copies. The rows of a block are contiguous on both sides, so each block is one copy.
+void Model::ep_dispatch(const MoeEpRoute& route, Tensor local, Tensor experts) {
+    const size_t C = size_t(shape.d_model);
+    size_t sent = 0;
+    for (size_t n : route.send) sent += n;
+    CommStage::Message recv = ep_stage_.take_message(Tensor(nullptr, route.rows * C, local.dtype));
+    const std::vector<size_t> sc = ep_words(route.send, local.dtype), rc = ep_words(route.recv, local.dtype);
+    if (ep_stage_.direct()) {  // straight from the permuted rows
+        ep_->all_to_all_v(static_cast<const float*>(local.ptr), sc, recv.data(), rc);
+        const Tensor got(recv.dev.ptr, route.rows * C, local.dtype);
+        for (const MoeEpRoute::Block& b : route.blocks) ops.copy(experts.slice(b.dst * C, b.n * C), got.slice(b.src * C, b.n * C));
+    } else {
+        CommStage::Message send = ep_stage_.take_message(Tensor(nullptr, sent * C, local.dtype));
+        if (sent) ep_stage_.pack(send, local.slice(0, sent * C));
+        ep_->all_to_all_v(send.data(), sc, recv.data(), rc);
+        for (const MoeEpRoute::Block& b : route.blocks)
+            ops.from_host_f32(experts.slice(b.dst * C, b.n * C), recv.host.data() + b.src * C);
+        ep_stage_.release_message(std::move(send));
+    }
+    ep_stage_.release_message(std::move(recv));
+}
+
+void Model::ep_return(const MoeEpRoute& route, Tensor experts, Tensor local) {
+    const size_t C = size_t(shape.d_model);
+    size_t back = 0;
+    for (size_t n : route.send) back += n;
+    CommStage::Message send = ep_stage_.take_message(Tensor(nullptr, route.rows * C, local.dtype));
+    const std::vector<size_t> sc = ep_words(route.recv, local.dtype), rc = ep_words(route.send, local.dtype);
+    if (ep_stage_.direct()) {  // straight into the permuted rows
+        const Tensor out(send.dev.ptr, route.rows * C, local.dtype);
+        for (const MoeEpRoute::Block& b : route.blocks) ops.copy(out.slice(b.src * C, b.n * C), experts.slice(b.dst * C, b.n * C));
+        ep_->all_to_all_v(send.data(), sc, static_cast<float*>(local.ptr), rc);
+    } else {
+        CommStage::Message recv = ep_stage_.take_message(Tensor(nullptr, back * C, local.dtype));
+        for (const MoeEpRoute::Block& b : route.blocks)
+            ops.to_host_f32(send.host.data() + b.src * C, experts.slice(b.dst * C, b.n * C));
+        ep_->all_to_all_v(send.data(), sc, recv.data(), rc);
+        if (back) ep_stage_.unpack(local.slice(0, back * C), recv);
+        ep_stage_.release_message(std::move(recv));
+    }
+    ep_stage_.release_message(std::move(send));
+}
+
+void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
+    TensorParallel& tp = *tp_;
+    const int tpn = tp_size();
+    const int C = shape.d_model, HS = shape.head_dim(), NHl = shape.n_head / tpn, NKVl = shape.kv_heads() / tpn;
+    const int Cl = C / tpn, QKVl = (NHl + 2 * NKVl) * HS, Fl = shape.ffn() / tpn;
+    const size_t N = size_t(b) * t, nl = local_rows(b, t), nC = N * C;
+    const Block& k = block_;
+    Scratch& S = *scratch_;
+    Tensor dres = S.dresidual.slice(0, nl * C), rows = S.rows.slice(0, nl * C);
+    Tensor full = S.full.slice(0, nC), full_grad = S.full_grad.slice(0, nC), partial = S.partial.slice(0, nC);
+    Tensor dact = S.dfch.slice(0, N * Fl), dqkv = S.dqkv.slice(0, N * QKVl), datty = S.datty.slice(0, N * Cl);
+    const bool dense_mlp = !shape.moe.is_moe_layer(l);  // an MoE layer's buffers hold its permuted rows
+    Tensor pre = dense_mlp ? L.fch_pre.slice(0, N * (k.swiglu ? 2 : 1) * Fl) : Tensor();
+    Tensor act = dense_mlp ? L.fch_gelu.slice(0, N * Fl) : Tensor();
+    if (recompute == Recompute::Selective) {  // the attention core and the activation again, into the shared buffers
+        cp_->attention_forward(L.atty.slice(0, N * Cl), L.att_lse, L.qkv.slice(0, N * QKVl), b, t, NHl, NKVl, HS,
+                               S.ring);
+        if (dense_mlp && k.swiglu) ops.swiglu_forward(act, pre, int(N), Fl);
+        else if (dense_mlp) ops.gelu_forward(act, pre);  // (an MoE layer keeps its experts' activations)
+    }
+
+    // MLP
+    Tensor dy = tp.gather_rows(dres, full_grad);
+    Tensor x = tp.gather_rows(L.ln2.slice(0, nl * C), full);  // SP: gathered again rather than kept
+    if (shape.moe.is_moe_layer(l)) {
+        moe_backward(l, L, partial, dy, x, int(N));
+    } else if (k.swiglu) {
+        linear_backward(l, Fp8Linear::FcProj, dact, grad(FcOutW, l), Tensor(), dy, act, param(FcOutW, l), Tensor(),
+                        int(N), Fl, C);
+        Tensor dpre = S.dpre.slice(0, N * 2 * Fl);
+        ops.swiglu_backward(dpre, dact, pre, int(N), Fl);
+        linear_backward(l, Fp8Linear::Fc, partial, grad_span(GateW, UpW, l), Tensor(), dpre, x,
+                        param_span(GateW, UpW, l), Tensor(), int(N), C, 2 * Fl);
+    } else {  // the GELU's backward runs inside (dact becomes the pre-activation's gradient)
+        linear_backward(l, Fp8Linear::FcProj, dact, grad(FcOutW, l), k.biases ? grad(FcOutB, l) : Tensor(), dy, act,
+                        param(FcOutW, l), Tensor(), int(N), Fl, C);
+        linear_backward(l, Fp8Linear::Fc, partial, grad(FcW, l), grad(FcB, l), dact, x, param(FcW, l), pre, int(N), C,
+                        Fl);
+    }
+    Tensor dx = tp.reduce_rows(partial, rows);
+    norm_backward(dres, dx, L.residual2.slice(0, nl * C), Norm2W, l, L.ln2_mean, L.ln2_rstd, int(nl));
+    // attention
+    dy = tp.gather_rows(dres, full_grad);
+    linear_backward(l, Fp8Linear::AttnProj, datty, grad(AttnOutW, l), k.biases ? grad(AttnOutB, l) : Tensor(), dy,
+                    L.atty.slice(0, N * Cl), param(AttnOutW, l), Tensor(), int(N), Cl, C);
+    cp_->attention_backward(dqkv, datty, L.qkv.slice(0, N * QKVl), L.atty.slice(0, N * Cl), L.att_lse, b, t, NHl,
+                            NKVl, HS, S.ring);
+    if (k.rope) ops.rope_backward(dqkv, b, t, NHl, NKVl, HS, shape.rope_theta, cp_->positions(t));
+    x = tp.gather_rows(L.ln1.slice(0, nl * C), full);
+    linear_backward(l, Fp8Linear::Qkv, partial, grad_span(k.qkv_first, k.qkv_last, l),
+                    k.biases ? grad(QkvB, l) : Tensor(), dqkv, x, param_span(k.qkv_first, k.qkv_last, l), Tensor(),
+                    int(N), C, QKVl);
+    dx = tp.reduce_rows(partial, rows);
+    norm_backward(dres, dx, res_in, Norm1W, l, L.ln1_mean, L.ln1_rstd, int(nl));
+}
+
+namespace {
+int vocab_begin_of(const ModelShape& s, const ModelLayout& L) { return L.tp_rank * s.vocab_shard(L.tp); }
+}  // namespace
+
+float Model::head_forward(SlotActs& sa, Tensor res, const int32_t* targets, int b, int t, float dloss) {
+    TensorParallel& tp = *tp_;
+    const int C = shape.d_model, V = shape.vocab_size, Vl = shape.vocab_shard(tp_size());
+    const size_t N = size_t(b) * t, nl = local_rows(b, t);
+    const ParamSpec& w = head_weight_spec();
+    const int wu = params.unit_of(w);
+    acquire_params(head_unit_);
+    acquire_params(wu);
+    Tensor lnf = sa.lnf.slice(0, nl * C), logits = sa.logits.slice(0, N * size_t(Vl));
+    norm_forward(lnf, sa.lnf_mean, sa.lnf_rstd, res, NormFW, -1, int(nl));
+    Tensor x = tp.gather_rows(lnf, scratch_->full.slice(0, N * C));
+    ops.matmul_forward(logits, Tensor(), x, param_of(w), Tensor(), int(N), C, Vl, false);
+    release_params(wu);
+    release_params(head_unit_);
+    sa.have_dlogits = false;
+    if (!targets) return 0.0f;
+    ops.from_host_bytes(sa.targets, targets, N * sizeof(int32_t));
+    if (tp.size() == 1) {
+        ops.cross_entropy(logits, sa.losses, sa.targets, int(N), V, Vl, dloss);
+    } else {  // vocabulary-parallel: only per-row statistics cross the TP group
+        const int v0 = vocab_begin_of(shape, layout);
+        ops.cross_entropy_partial(scratch_->stats, logits, sa.targets, int(N), Vl, v0, V);
+        tp.combine_cross_entropy_stats(scratch_->stats, N);
+        ops.cross_entropy_finish(logits, sa.losses, scratch_->stats, sa.targets, int(N), Vl, v0, V, dloss);
+    }
+    sa.have_dlogits = dloss != 0.0f;
+    std::vector<float> losses(N);
+    ops.to_host_bytes(losses.data(), sa.losses, N * sizeof(float));
+    double sum = 0.0;
+    for (float v : losses) sum += v;
+    return float(sum / double(N));
+}
+
+void Model::head_backward(SlotActs& sa, Tensor res, int b, int t) {
+    TensorParallel& tp = *tp_;
+    const int C = shape.d_model, Vl = shape.vocab_shard(tp_size());
+    const size_t N = size_t(b) * t, nl = local_rows(b, t);
+    Scratch& S = *scratch_;
+    const ParamSpec& w = head_weight_spec();
+    const int wu = params.unit_of(w);
+    acquire_params(head_unit_);
+    acquire_params(wu);
+    acquire_grads(head_unit_);
+    acquire_grads(wu);
+    Tensor dres = S.dresidual.slice(0, nl * C), partial = S.partial.slice(0, N * C);
+    Tensor x = tp.gather_rows(sa.lnf.slice(0, nl * C), S.full.slice(0, N * C));
+    ops.matmul_backward(partial, grad_of(w), Tensor(), sa.logits.slice(0, N * size_t(Vl)), x, param_of(w), Tensor(),
+                        int(N), C, Vl);
+    Tensor dx = tp.reduce_rows(partial, S.rows.slice(0, nl * C));
+    ops.zero(dres);
+    norm_backward(dres, dx, res, NormFW, -1, sa.lnf_mean, sa.lnf_rstd, int(nl));
+    release_grads(wu);
+    release_grads(head_unit_);
+    release_params(wu);
+    release_params(head_unit_);
+}
+
+// Context parallelism: this rank's t rows of wpe (its two chunks' positions) in one table.
+Tensor Model::positions_table(int t) {
+    if (cp_->size() == 1) return param(PosEmb);
+    const SeqPositions p = cp_->positions(t);
+    const size_t C = shape.d_model, half = size_t(t) / 2;
+    Tensor wpe = param(PosEmb), rows = scratch_->wpe.slice(0, size_t(t) * C);
+    ops.copy(rows.slice(0, half * C), wpe.slice(size_t(p.start0) * C, half * C));
+    ops.copy(rows.slice(half * C, half * C), wpe.slice(size_t(p.start1) * C, half * C));
+    return rows;
+}
+
+// Adds the gradient of this rank's rows of wpe (positions_table) to wpe's gradient.
+void Model::scatter_positions_grad(Tensor drows, int t) {
+    const SeqPositions p = cp_->positions(t);
+    const size_t C = shape.d_model, half = size_t(t) / 2;
+    for (int k = 0; k < 2; k++) {
+        Tensor g = grad(PosEmb).slice(size_t(k == 0 ? p.start0 : p.start1) * C, half * C);
+        ops.residual_forward(g, g, drows.slice(size_t(k) * half * C, half * C));
+    }
+}
+
+float Model::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t* targets, int b, int t, float dloss) {
+    LLMC_ASSERT(b >= 1 && b <= B && t >= 1 && t <= T, "forward: batch larger than the activation buffers");
+    TensorParallel& tp = *tp_;
+    Chunk& ch = chunks_[size_t(c)];
+    SlotActs& sa = ch.slots[size_t(slot)];
+    const int C = shape.d_model;
+    const size_t N = size_t(b) * t, nl = local_rows(b, t);
+    sa.b = b;
+    sa.t = t;
+    sa.dloss = dloss;
+    sa.have_dlogits = false;
+    Tensor res = sa.input.slice(0, nl * C);
+    if (ch.starts) {  // vocabulary-parallel embedding: each rank looks up its rows, the TP group sums
+        LLMC_ASSERT(tokens, "the first chunk needs tokens");
+        ops.from_host_bytes(sa.tokens, tokens, N * sizeof(int32_t));
+        const int v0 = vocab_begin_of(shape, layout);
+        if (ch.begin < ch.end) prefetch_params(layer_unit_[size_t(ch.begin)]);  // arrives during the lookup
+        acquire_params(embed_unit_);
+        Tensor wpe = block_.learned_positions && tp.rank() == 0 ? positions_table(t) : Tensor();
+        if (tp.sequence_parallel()) {
+            Tensor partial = scratch_->partial.slice(0, N * C);
+            ops.encoder_forward(partial, sa.tokens, param(TokEmb), wpe, b, t, C, v0);
+            tp.reduce_scatter_rows(partial, res);
+        } else {
+            ops.encoder_forward(res, sa.tokens, param(TokEmb), wpe, b, t, C, v0);
+            tp.all_reduce(res);
+        }
+        release_params(embed_unit_);
+    }
+    float aux = 0.0f;  // the MoE layers' load-balancing losses (training forwards only)
+    for (int l = ch.begin; l < ch.end; l++) {
+        LayerActs& L = sa.layers[size_t(l - ch.begin)];
+        const int u = layer_unit_[size_t(l)];
+        acquire_params(u);
+        prefetch_params(l + 1 < ch.end ? layer_unit_[size_t(l + 1)] : ch.ends ? head_unit_ : -1);
+        aux += layer_forward(l, L, res, b, t, dloss);
+        release_params(u);
+        res = L.residual3.slice(0, nl * C);
+    }
+    if (!ch.ends) return aux;
+    return head_forward(sa, res, targets, b, t, dloss) + aux;
+}
+
+void Model::backward_chunk(int c, int slot, const std::function<void(size_t)>& grads_ready) {
+    TensorParallel& tp = *tp_;
+    Chunk& ch = chunks_[size_t(c)];
+    SlotActs& sa = ch.slots[size_t(slot)];
+    const int b = sa.b, t = sa.t, C = shape.d_model;
+    const size_t N = size_t(b) * t, nl = local_rows(b, t);
+    auto res_in = [&](int l) {
+        return l == ch.begin ? sa.input.slice(0, nl * C) : sa.layers[size_t(l - 1 - ch.begin)].residual3.slice(0, nl * C);
+    };
+    if (ch.ends) {
+        LLMC_ASSERT(sa.have_dlogits, "backward needs a forward with targets and dloss != 0");
+        prefetch_params(layer_unit_[size_t(ch.end - 1)]);
+        head_backward(sa, res_in(ch.end), b, t);
+        sa.have_dlogits = false;
+    }
+    for (int l = ch.end - 1; l >= ch.begin; l--) {
+        const int u = layer_unit_[size_t(l)];
+        acquire_params(u);
+        prefetch_params(l > ch.begin ? layer_unit_[size_t(l - 1)] : -1);  // the encoder's backward reads no parameters
+        acquire_grads(u);
+        // Full recompute: the layer forward again from its kept input, into the shared buffers
+        // (its output too: the kept one is the next layer's input, already used)
+        if (recompute == Recompute::Full) {
+            recomputing_ = true;  // the same routing and gradients; statistics counted once
+            layer_forward(l, scratch_->recomputed, res_in(l), b, t, sa.dloss);
+            recomputing_ = false;
+        }
+        layer_backward(l, recompute == Recompute::Full ? scratch_->recomputed : sa.layers[size_t(l - ch.begin)],
+                       res_in(l), b, t);
+        release_grads(u);
+        release_params(u);
+        // layer l and everything after it in memory are final (wte still gets the encoder's part)
+        if (grads_ready) grads_ready(params.units[size_t(u)].begin);
+    }
+    if (ch.starts) {
+        Tensor dres = scratch_->dresidual.slice(0, nl * C);
+        Tensor d = tp.gather_rows(dres, scratch_->full_grad.slice(0, N * C));
+        acquire_grads(embed_unit_);
+        const bool rows = block_.learned_positions && cp_->size() > 1;  // this rank's rows of wpe, gathered
+        Tensor dwpe = !block_.learned_positions ? Tensor() : rows ? scratch_->dwpe.slice(0, size_t(t) * C) : grad(PosEmb);
+        if (rows) ops.zero(dwpe);
+        ops.encoder_backward(grad(TokEmb), dwpe, d, sa.tokens, b, t, C, vocab_begin_of(shape, layout));
+        if (rows) scatter_positions_grad(dwpe, t);
+        release_grads(embed_unit_);
+        if (grads_ready) grads_ready(0);
+    }
+}
+
+float Model::forward(const int32_t* tokens, const int32_t* targets, int b, int t, float dloss) {
+    LLMC_ASSERT(num_chunks() == 1 && chunks_[0].starts && chunks_[0].ends, "forward() needs the whole model");
+    return forward_chunk(0, 0, tokens, targets, b, t, dloss);
+}
+
+void Model::backward(const std::function<void(size_t)>& grads_ready) {
+    LLMC_ASSERT(num_chunks() == 1 && chunks_[0].starts && chunks_[0].ends, "backward() needs the whole model");
+    backward_chunk(0, 0, grads_ready);
+}
+
+int Model::get_logits_slice(int b, int t, float* host_row, int* vocab_begin) const {
+    const Chunk& ch = chunks_.back();
+    LLMC_ASSERT(ch.ends, "logits live on the last pipeline stage");
+    const SlotActs& sa = ch.slots[0];
+    LLMC_ASSERT(!sa.have_dlogits, "logits were overwritten by their gradient");
+    LLMC_ASSERT(b < sa.b && t < sa.t, "get_logits: row outside the last forward");
+    const int Vl = shape.vocab_shard(tp_size()), v0 = vocab_begin_of(shape, layout);
+    const int n = std::max(0, std::min(Vl, shape.vocab_size - v0));
+    std::vector<float> row(static_cast<size_t>(Vl));
+    ops.to_host_f32(row.data(), sa.logits.slice((size_t(b) * sa.t + t) * Vl, size_t(Vl)));
+    std::memcpy(host_row, row.data(), size_t(n) * sizeof(float));
+    *vocab_begin = v0;
+    return n;
+}
+
+void Model::get_logits(int b, int t, float* host_row) const {
+    LLMC_ASSERT(tp_size() == 1, "get_logits needs the whole vocabulary (tp 1)");
+    int v0 = 0;
+    get_logits_slice(b, t, host_row, &v0);
+}

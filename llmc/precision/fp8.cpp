@@ -1,0 +1,188 @@
+// FP8 scaling state (host side): per-tensor scales with amax history, the model's container
+// of them, and its bit-exact serialisation. See llmc/precision/fp8.h.
+#include "llmc/precision/fp8.h"
+
+#include <algorithm>
+
+#include "llmc/core/common.h"
+#include "llmc/core/config.h"
+
+// ---- Fp8TensorScale ----
+
+Fp8TensorScale::Fp8TensorScale(Fp8Format format, Fp8Recipe recipe, int history, int margin)
+    : format_(format), recipe_(recipe), margin_(margin) {
+    LLMC_ASSERT(history >= 1, "fp8: amax history must hold at least one step");
+    if (recipe == Fp8Recipe::Delayed) history_.assign((size_t)history, 0.0f);
+}
+
+Fp8Cast Fp8TensorScale::cast(float* amax) const {
+    Fp8Cast c;
+    c.format = format_;
+    c.scale = scale_;
+    c.current = recipe_ == Fp8Recipe::Current;
+    c.margin = margin_;
+    c.amax = amax;
+    return c;
+}
+
+bool Fp8TensorScale::update(float amax) {
+    if (!fp8_is_finite(amax)) {
+        ++overflows_;
+        return false;
+    }
+    if (recipe_ == Fp8Recipe::Current) {
+        scale_ = fp8_scale_from_amax(amax, format_, margin_, scale_);
+        return true;
+    }
+    history_[next_] = amax;  // the oldest entry leaves the ring
+    next_ = (next_ + 1) % (uint32_t)history_.size();
+    const float hmax = *std::max_element(history_.begin(), history_.end());
+    scale_ = fp8_scale_from_amax(hmax, format_, margin_, scale_);
+    return true;
+}
+
+namespace {
+
+template <class T>
+void put(std::vector<uint8_t>& out, T v) {
+    const size_t o = out.size();
+    out.resize(o + sizeof(T));
+    std::memcpy(out.data() + o, &v, sizeof(T));
+}
+template <class T>
+bool get(const std::vector<uint8_t>& in, size_t& pos, T* v) {
+    if (pos > in.size() || in.size() - pos < sizeof(T)) return false;
+    std::memcpy(v, in.data() + pos, sizeof(T));
+    pos += sizeof(T);
+    return true;
+}
+
+}  // namespace
+
+// Layout: u32 history length, f32 scale, u32 next slot, u64 overflow events, f32 ring[history].
+// (Format, recipe and margin belong to the options and are checked by Fp8State::load.)
+void Fp8TensorScale::save(std::vector<uint8_t>& out) const {
+    put<uint32_t>(out, (uint32_t)history_.size());
+    put<float>(out, scale_);
+    put<uint32_t>(out, next_);
+    put<uint64_t>(out, overflows_);
+    for (float h : history_) put<float>(out, h);
+}
+
+bool Fp8TensorScale::load(const std::vector<uint8_t>& in, size_t& pos) {
+    uint32_t n = 0, next = 0;
+    float scale = 0;
+    uint64_t overflows = 0;
+    if (!get(in, pos, &n) || n != history_.size() || !get(in, pos, &scale) || !get(in, pos, &next) ||
+        !get(in, pos, &overflows))
+        return false;
+    if (n ? next >= n : next != 0) return false;
+    std::vector<float> hist(n);
+    for (auto& h : hist)
+        if (!get(in, pos, &h)) return false;
+    scale_ = scale;
+    next_ = next;
+    overflows_ = overflows;
+    history_ = std::move(hist);
+    return true;
+}
+
+// ---- Fp8State ----
+
+Fp8Options fp8_options(const Fp8Config& cfg) {
+    Fp8Options o;
+    if (cfg.format == "hybrid")
+        o.hybrid = true;
+    else if (cfg.format == "e4m3")
+        o.hybrid = false;
+    else
+        throw UserError("fp8.format: expected hybrid or e4m3, got '" + cfg.format + "'");
+    if (cfg.recipe == "delayed")
+        o.recipe = Fp8Recipe::Delayed;
+    else if (cfg.recipe == "current")
+        o.recipe = Fp8Recipe::Current;
+    else
+        throw UserError("fp8.recipe: expected delayed or current, got '" + cfg.recipe + "'");
+    if (cfg.amax_history < 1) throw UserError(strfmt("fp8.amax_history: must be >= 1, got %d", cfg.amax_history));
+    o.amax_history = cfg.amax_history;
+    o.margin = cfg.margin;
+    return o;
+}
+
+Fp8State::Fp8State(int n_layer, const Fp8Options& opt) : n_layer_(n_layer), opt_(opt) {
+    LLMC_ASSERT(n_layer >= 0, "fp8: negative layer count");
+    scales_.reserve((size_t)n_layer * kLinears * kOperands);
+    for (int l = 0; l < n_layer; ++l)
+        for (int lin = 0; lin < kLinears; ++lin)
+            for (int op = 0; op < kOperands; ++op) {
+                const bool grad = op == (int)Fp8Operand::GradOutput;
+                const Fp8Format f = grad && opt.hybrid ? Fp8Format::E5M2 : Fp8Format::E4M3;
+                scales_.emplace_back(f, opt.recipe, opt.amax_history, opt.margin);
+            }
+}
+
+Fp8Cast Fp8State::cast(int layer, Fp8Linear lin, Fp8Operand op, float* amax_array) const {
+    LLMC_ASSERT(layer >= 0 && layer < n_layer_, "fp8: layer out of range");
+    const int i = index(layer, lin, op);
+    return scales_[i].cast(amax_array ? amax_array + i : nullptr);
+}
+
+int Fp8State::update(const float* amaxes) {
+    int bad = 0;
+    for (size_t i = 0; i < scales_.size(); ++i) bad += !scales_[i].update(amaxes[i]);
+    return bad;
+}
+
+uint64_t Fp8State::overflow_events() const {
+    uint64_t n = 0;
+    for (const auto& s : scales_) n += s.overflow_events();
+    return n;
+}
+
+namespace {
+constexpr uint32_t kStateMagic = 0x38504621;  // "!FP8" little-endian
+constexpr uint32_t kStateVersion = 1;
+}  // namespace
+
+// Layout: u32 magic, u32 version, i32 n_layer, u8 hybrid, u8 recipe, i32 amax_history,
+// i32 margin, u32 tensor count, then every Fp8TensorScale in index order.
+std::vector<uint8_t> Fp8State::save() const {
+    std::vector<uint8_t> out;
+    put<uint32_t>(out, kStateMagic);
+    put<uint32_t>(out, kStateVersion);
+    put<int32_t>(out, n_layer_);
+    put<uint8_t>(out, opt_.hybrid ? 1 : 0);
+    put<uint8_t>(out, (uint8_t)opt_.recipe);
+    put<int32_t>(out, opt_.amax_history);
+    put<int32_t>(out, opt_.margin);
+    put<uint32_t>(out, (uint32_t)scales_.size());
+    for (const auto& s : scales_) s.save(out);
+    return out;
+}
+
+void Fp8State::load(const std::vector<uint8_t>& bytes, const std::string& what) {
+    size_t pos = 0;
+    uint32_t magic = 0, version = 0, count = 0;
+    int32_t n_layer = 0, history = 0, margin = 0;
+    uint8_t hybrid = 0, recipe = 0;
+    if (!get(bytes, pos, &magic) || magic != kStateMagic || !get(bytes, pos, &version) || version != kStateVersion)
+        throw UserError(what + ": not an fp8 scaling state (or an unknown version)");
+    if (!get(bytes, pos, &n_layer) || !get(bytes, pos, &hybrid) || !get(bytes, pos, &recipe) ||
+        !get(bytes, pos, &history) || !get(bytes, pos, &margin) || !get(bytes, pos, &count))
+        throw UserError(what + ": fp8 scaling state is truncated");
+    const bool same = n_layer == n_layer_ && (hybrid != 0) == opt_.hybrid && recipe == (uint8_t)opt_.recipe &&
+                      history == opt_.amax_history && margin == opt_.margin && count == scales_.size();
+    if (!same)
+        throw UserError(strfmt("%s: fp8 scaling state was written with n_layer=%d fp8.format=%s fp8.recipe=%s "
+                               "fp8.amax_history=%d fp8.margin=%d; this run has n_layer=%d %s %s %d %d "
+                               "(resume needs the same fp8 settings)",
+                               what.c_str(), n_layer, hybrid ? "hybrid" : "e4m3", recipe ? "current" : "delayed",
+                               history, margin, n_layer_, opt_.hybrid ? "hybrid" : "e4m3",
+                               opt_.recipe == Fp8Recipe::Current ? "current" : "delayed", opt_.amax_history,
+                               opt_.margin));
+    std::vector<Fp8TensorScale> loaded = scales_;  // keeps formats; commit only when all of it reads
+    for (auto& s : loaded)
+        if (!s.load(bytes, pos)) throw UserError(what + ": fp8 scaling state is truncated or corrupt");
+    if (pos != bytes.size()) throw UserError(what + ": fp8 scaling state has trailing bytes");
+    scales_ = std::move(loaded);
+}

@@ -1,0 +1,129 @@
+// The converters of llmc/train/converter.h: none (fp32, bf16) and FP8 linears.
+#include <cmath>
+
+#include "llmc/train/converter.h"
+#include "llmc/precision/fp8.h"
+#include "llmc/train/layout.h"
+
+namespace {
+
+// fp32 / bf16: the model computes as built.
+class NoConverter : public ModelConverter {
+public:
+    explicit NoConverter(std::string precision) : precision_(std::move(precision)) {}
+    std::string describe() const override { return precision_; }
+    void apply(Model&) override {}
+    void load(const WholeState& whole, const std::string& from, Logger& log) override {
+        if (!whole.fp8.empty())
+            log.print("note: %s holds an fp8 scaling state; precision \"%s\" does not use it\n", from.c_str(),
+                      precision_.c_str());
+    }
+
+private:
+    std::string precision_;
+};
+
+// FP8 linears. Every rank holds the whole model's Fp8State and one backend array of amaxes that
+// the block linears of its own layers and shards record into (Model::set_fp8). Once per
+// optimizer step the arrays of all ranks are max-reduced over the WORLD: data-parallel replicas
+// must cast with identical scales (else their weights drift apart), the TP shards of one tensor
+// each see only part of it, and pipeline stages own different layers. Every rank then advances
+// the same state, so rank 0's copy is the whole state that checkpoints store.
+class Fp8Converter : public ModelConverter {
+public:
+    Fp8Converter(const Config& cfg, Ops& ops, int tp, const std::string& device, DType rest)
+        : ops_(ops), opt_(fp8_options(cfg.fp8)), state_(cfg.model.n_layer, opt_), device_(device), rest_(rest) {
+        std::string why;
+        if (!ops.fp8_supported(&why)) throw UserError("precision: fp8 cannot run on this device: " + why);
+        const long k = ops.fp8_dim_multiple(), C = cfg.model.d_model, Cl = C / tp;
+        auto need = [&](long v, const std::string& what, const char* keys) {
+            if (v % k != 0)
+                throw UserError(strfmt("precision: fp8 on %s needs every linear layer dimension to be a multiple of "
+                                       "%ld, but %s = %ld is not (change %s)",
+                                       device.c_str(), k, what.c_str(), v, keys));
+        };
+        need(long(cfg.train.micro_batch) * cfg.train.seq_len,
+             strfmt("train.micro_batch x train.seq_len = %d x %d", cfg.train.micro_batch, cfg.train.seq_len),
+             "train.micro_batch or train.seq_len");
+        need(C, "model.d_model", "model.d_model");
+        // the local widths of the TP shards: the QKV and up projections' outputs, the attention and
+        // down projections' inputs
+        const ModelShape s = model_shape(cfg.model);
+        const long qkv = long(s.n_head + 2 * s.kv_heads()) * s.head_dim() / tp, F = s.ffn() / tp;
+        need(qkv, strfmt("(n_head + 2 n_kv_head) x head_dim / parallel.tp = %ld", qkv), "model.d_model or parallel.tp");
+        need(Cl, strfmt("model.d_model / parallel.tp = %ld / %d", C, tp), "model.d_model or parallel.tp");
+        need(F, strfmt("the MLP width / parallel.tp = %d / %d", s.ffn(), tp), "model.ffn_dim or parallel.tp");
+        amax_ = static_cast<float*>(ops.alloc(bytes()));
+    }
+    ~Fp8Converter() override { ops_.release(amax_); }
+    Fp8Converter(const Fp8Converter&) = delete;
+    Fp8Converter& operator=(const Fp8Converter&) = delete;
+
+    // "fp8: linears fp8 (e4m3/e5m2, delayed, history 16, margin 0), rest fp32 (fp8 emulated exactly on the CPU)"
+    std::string describe() const override {
+        const bool delayed = opt_.recipe == Fp8Recipe::Delayed;
+        return strfmt("fp8: linears fp8 (e4m3/%s, %s%s, margin %d), rest %s%s", opt_.hybrid ? "e5m2" : "e4m3",
+                      delayed ? "delayed" : "current", delayed ? strfmt(", history %d", opt_.amax_history).c_str() : "",
+                      opt_.margin, dtype_name(rest_), device_ == "cpu" ? " (fp8 emulated exactly on the CPU)" : "");
+    }
+    void apply(Model& model) override { model.set_fp8(&state_, amax_); }
+    std::vector<MemoryRow> memory_rows() const override {
+        return {{"fp8 amaxes", bytes(),
+                 strfmt("  (%d layers x 4 linears x 3 operands, fp32; scales and history on the host)",
+                        state_.size() / 12)}};
+    }
+    std::string params_note() const override { return "; block linears compute in fp8"; }
+
+    // Forget the amaxes of the last step (and of evaluation passes).
+    void begin_step() override { ops_.zero(Tensor(amax_, size_t(state_.size()), DType::F32)); }
+
+    // The amaxes of all ranks, max-reduced, advance the scales; overflow events (non-finite
+    // amaxes, whose scales are kept) are reported.
+    void end_step(Comm& world, nlohmann::json& record, std::string& line) override {
+        const size_t n = size_t(state_.size());
+        std::vector<float> a(n);
+        ops_.to_host_bytes(a.data(), amax_, bytes());
+        // The reduction runs on the float bit patterns, as integers held exactly in doubles
+        // (every Comm reduces doubles in host memory, NCCL included). Non-negative floats order
+        // as their bits do, with inf above every finite value and NaN above inf (fp8_abs_bits,
+        // the order the ops record in), so the maximum is exact, independent of the reduction
+        // order, and a NaN or inf amax on any rank stays non-finite. A float MAX would not
+        // promise that: MPI_MAX compares with NaN false both ways and may drop it.
+        std::vector<double> bits(n);
+        for (size_t i = 0; i < n; i++) bits[i] = double(fp8_abs_bits(a[i]));
+        world.all_reduce(bits.data(), n, ReduceOp::Max);
+        for (size_t i = 0; i < n; i++) a[i] = fp8_bits_to_float(uint32_t(bits[i]));
+        const int overflows = state_.update(a.data());
+        record["fp8_overflows"] = overflows;
+        line += overflows ? strfmt(" | fp8 linears: %d overflow event%s (non-finite amax, scale kept)", overflows,
+                                   overflows == 1 ? "" : "s")
+                          : std::string(" | fp8 linears");
+    }
+
+    void save(WholeState& whole) const override { whole.fp8 = state_.save(); }
+    // The scaling state resumes with the weights (bit-exact). A checkpoint of another precision
+    // continues with a fresh state, with a note; other fp8.* settings than the checkpoint's are
+    // an error (Fp8State::load).
+    void load(const WholeState& whole, const std::string& from, Logger& log) override {
+        if (!whole.fp8.empty()) state_.load(whole.fp8, from + "/state.bin");
+        else log.print("note: %s holds no fp8 scaling state (saved with another precision): fp8 starts with fresh "
+                       "scales\n", from.c_str());
+    }
+
+private:
+    size_t bytes() const { return size_t(state_.size()) * sizeof(float); }
+    Ops& ops_;
+    Fp8Options opt_;
+    Fp8State state_;
+    std::string device_;
+    DType rest_;
+    float* amax_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelConverter> make_model_converter(const Config& cfg, Ops& ops, int tp, const std::string& device,
+                                                     DType dtype) {
+    if (cfg.precision == "fp8") return std::unique_ptr<ModelConverter>(new Fp8Converter(cfg, ops, tp, device, dtype));
+    return std::unique_ptr<ModelConverter>(new NoConverter(cfg.precision));
+}

@@ -1,0 +1,33 @@
+// The model's split over the process grid (which chunks of layers and which tensor-parallel
+// slice a rank holds), and the whole model assembled from the ranks' pieces: what makes
+// checkpoints and final weights independent of the layout that trained them.
+//
+// The model-parallel group ("mp") of a rank is every rank with its DP coordinate: tp x pp ranks
+// that together hold one copy of the model, ordered by world rank, i.e. member i has
+// tp_rank = i % tp and pp_rank = i / tp (llmc/parallel/process_grid.h). Under expert parallelism it is
+// every rank with its expert-dp coordinate, tp x ep x pp ranks: member i has tp_rank = i % tp,
+// ep_rank = i / tp % ep and pp_rank = i / (tp ep).
+#pragma once
+#include <vector>
+
+#include "llmc/comm/comm.h"
+#include "llmc/core/config.h"
+#include "llmc/model/model.h"
+
+// The model's shape from its config keys (the family's defaults filled in; padded vocabulary).
+ModelShape model_shape(const ModelConfig& m);
+
+// Throws UserError naming model.n_layer and model.d_model when the whole model's fp32 weights
+// exceed this machine's physical memory: every rank reads the whole model when it resumes, and
+// world rank 0 assembles it (with its optimizer moments) for every checkpoint.
+void check_fits_host_memory(const ModelShape& shape);
+
+// The part of the model the rank at (tp_rank, pp_rank, ep_rank) holds under this parallel config.
+ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank, int ep_rank = 0);
+
+// Collective over the mp group (pp x ep x tp ranks, ProcessGrid::model_groups): every member passes its host copy of a model-sized buffer in its
+// own memory order (ParamLayout::padded_params elements, built with pad_multiple); member 0 gets the whole
+// model in llm.c order (num_params elements), the others an empty vector. Only primary
+// copies are taken (replicas of TP-replicated tensors and the tied head copy are skipped).
+std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple,
+                                  const std::vector<float>& local, Comm& mp);

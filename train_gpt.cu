@@ -1,0 +1,705 @@
+// train_gpt: GPT pretraining (GPT-2, Llama), one binary for one CPU core or a cluster of GPUs.
+//
+//   ./train_gpt configs/tiny_cpu.json [key=value ...] [--print-config] [--plan[=json]]
+//   mpirun -np N ./train_gpt config.json
+//
+// Reads top to bottom as the algorithm: plan the run (every start-up check, one agreement), build
+// it, initialise or resume, loop (evaluate, step, checkpoint), save.
+// Every kernel call goes through Ops (llmc/backend/ops.h): the CPU reference backend or CUDA.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "llmc/io/checkpoint.h"
+#include "llmc/core/common.h"
+#include "llmc/comm/comm.h"
+#include "llmc/core/config.h"
+#include "llmc/parallel/context_parallel.h"
+#include "llmc/train/converter.h"
+#include "llmc/train/data_parallel.h"
+#include "llmc/comm/device_sim.h"
+#include "llmc/data/dataloader.h"
+#include "llmc/core/exit_codes.h"
+#include "llmc/io/hf_format.h"
+#include "llmc/run/logger.h"
+#include "llmc/run/mfu.h"
+#include "llmc/model/model.h"
+#include "llmc/io/model_file.h"
+#include "llmc/backend/ops.h"
+#include "llmc/run/preempt.h"
+#include "llmc/train/layout.h"
+#include "llmc/model/optimizer.h"
+#include "llmc/parallel/pipeline.h"
+#include "llmc/parallel/pipeline_schedule.h"
+#include "llmc/plan/planner.h"
+#include "llmc/parallel/process_grid.h"
+#include "llmc/run/progress.h"
+#include "llmc/parallel/tensor_parallel.h"
+#include "llmc/core/rng.h"
+#include "llmc/run/run_dir.h"
+#include "llmc/run/runtime.h"
+#include "llmc/data/tokenizer.h"
+
+namespace {
+
+double now_ms() {
+    using namespace std::chrono;
+    return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+using Batches = std::vector<std::vector<int32_t>>;
+
+// The next micro-batch of this rank: the loader reads its DP rank's B sequences of T = t * cp
+// tokens (x and y hold B*T); with context parallelism x and y then begin with this CP rank's
+// B*t rows of them (llmc/parallel/context_parallel.h), inputs and targets alike.
+void next_batch(DataLoader& loader, const ContextParallel& cp, int B, int t, std::vector<int32_t>& x,
+                std::vector<int32_t>& y) {
+    loader.next(x.data(), y.data());
+    if (cp.size() == 1) return;
+    std::vector<int32_t> rows(size_t(B) * t);
+    for (std::vector<int32_t>* v : {&x, &y}) {
+        cp_take_rows(v->data(), rows.data(), B, t * cp.size(), cp.size(), cp.rank());
+        std::copy(rows.begin(), rows.end(), v->begin());
+    }
+}
+
+// Mean loss over `batches` micro-batches of the validation set, from its start, averaged over
+// the DP (x CP) ranks.
+double evaluate(PipelineEngine& pipeline, DataLoader& val, const ContextParallel& cp, int batches, int B, int t,
+                std::vector<int32_t>& x, std::vector<int32_t>& y, DataParallel& dp) {
+    val.reset();
+    double sum = 0.0;
+    for (int i = 0; i < batches; i++) {
+        next_batch(val, cp, B, t, x, y);
+        sum += pipeline.forward_only(x.data(), y.data(), B, t);
+    }
+    return dp.mean(batches > 0 ? sum / batches : 0.0);
+}
+
+// Samples n tokens after <|endoftext|> at temperature 1, seeded: the same step gives the same text.
+// Collective over the model-parallel and CP groups: the last stage's TP ranks of the CP rank
+// holding the last position gather the logits row and draw alike; the CP group, then the
+// pipeline group, hand the token to the others.
+std::vector<int> sample(PipelineEngine& pipeline, Model& model, TensorParallel& tp, ContextParallel& cp, int eot,
+                        int n, uint64_t seed) {
+    const int V = model.shape.vocab_size, Vl = model.shape.vocab_shard(tp.size());
+    Rng rng(seed, 0x5A3D1E);
+    std::vector<int32_t> ctx = {eot};
+    std::vector<int> out;
+    std::vector<float> slice(size_t(Vl), -INFINITY), logits(size_t(Vl) * tp.size());
+    for (int i = 0; i < n; i++) {
+        const int ncp = cp.size(), t = std::min<int>(int(ctx.size()), model.T * ncp);
+        // sequence parallelism splits a rank's tokens evenly over TP, context parallelism a
+        // sequence into 2 x cp equal chunks: pad the window at its end (causal attention keeps
+        // the padding out of position t - 1); the padded length still fits (train.seq_len is
+        // such a multiple)
+        const int sp = model.layout.sequence_parallel ? tp.size() : 1;
+        const int unit = ncp == 1 ? sp : ncp * (sp % 2 == 0 ? sp : 2 * sp);
+        const int padded = (t + unit - 1) / unit * unit, tl = padded / ncp;
+        std::vector<int32_t> window(ctx.end() - t, ctx.end());
+        std::vector<int32_t> rows = std::vector<int32_t>(size_t(tl));
+        window.resize(size_t(padded), eot);
+        cp_take_rows(window.data(), rows.data(), 1, padded, ncp, cp.rank());
+        model.set_valid_tokens(t);  // MoE capacity over the window without its padding
+        pipeline.forward_only(rows.data(), nullptr, 1, tl);
+        model.set_valid_tokens(0);
+        // the CP rank holding position t - 1, and its row there
+        int holder = 0, row = t - 1;
+        for (int r = 0; r < ncp; r++)
+            for (int i = 0; i < tl; i++)
+                if (cp_global_row(i, tl, ncp, r) == t - 1) holder = r, row = i;
+        float next = 0.0f;
+        const double u = rng.uniform();  // drawn on every rank: the generators stay in step whichever rank picks
+        if (pipeline.is_last_stage() && cp.rank() == holder) {
+            int v0 = 0;
+            std::fill(slice.begin(), slice.end(), -INFINITY);
+            model.get_logits_slice(0, row, slice.data(), &v0);
+            if (tp.size() > 1) tp.comm()->all_gather(slice.data(), logits.data(), std::vector<size_t>(size_t(tp.size()), size_t(Vl)));
+            else logits = slice;
+            float mx = logits[0];
+            for (int k = 0; k < V; k++) mx = std::max(mx, logits[size_t(k)]);
+            double total = 0.0;
+            for (int k = 0; k < V; k++) total += (logits[size_t(k)] = std::exp(logits[size_t(k)] - mx));
+            double r = u * total, c = 0.0;
+            int pick = V - 1;
+            for (int k = 0; k < V; k++)
+                if ((c += logits[size_t(k)]) > r) {
+                    pick = k;
+                    break;
+                }
+            next = float(pick);
+        }
+        if (ncp > 1 && pipeline.is_last_stage()) cp.comm()->broadcast(&next, 1, holder);
+        next = float(pipeline.broadcast_from_last(next));
+        ctx.push_back(int32_t(next));
+        out.push_back(int(next));
+    }
+    return out;
+}
+
+// The whole model and optimizer state in llm.c order on world rank 0 (empty elsewhere): ZeRO
+// shards gathered over DP, then the model-parallel pieces assembled. Collective over every rank.
+WholeState gather_whole_state(const Model& model, const AdamW& opt, DataParallel& dp, const ParallelConfig& pc,
+                              Comm& mp, const ProcessGrid& grid) {
+    OptimizerState local = dp.gather_optimizer_state(opt);  // DP rank 0 gets its (tp, pp) piece whole
+    std::vector<float> params = dp.gather_params();
+    WholeState whole;
+    if (grid.shard_rank() != 0) return whole;
+    const size_t pad = DataParallel::pad_multiple(grid.shard_size());
+    whole.params = assemble_whole(model.shape, pc, pad, params, mp);
+    whole.m = assemble_whole(model.shape, pc, pad, local.m, mp);
+    whole.v = assemble_whole(model.shape, pc, pad, local.v, mp);
+    if (!local.master.empty()) whole.master = assemble_whole(model.shape, pc, pad, local.master, mp);
+    return whole;
+}
+
+// Test hook: with LLMC_DUMP_GRADS=<file>, the first step's summed gradient of the whole model is
+// written there (llm.c model format, fp32) before the optimizer uses it, so that layouts can be
+// compared on gradients, before AdamW amplifies rounding differences. Collective.
+void dump_gradients(const Model& model, DataParallel& dp, const ParallelConfig& pc, Comm& mp,
+                    const ProcessGrid& grid) {
+    const char* path = std::getenv("LLMC_DUMP_GRADS");
+    if (!path || !*path) return;
+    // with ZeRO >= 1 each DP rank holds the sum for its shard only: gather them like optimizer state
+    std::vector<float> local = dp.gather_gradients();
+    if (grid.shard_rank() != 0) return;
+    std::vector<float> whole = assemble_whole(model.shape, pc, DataParallel::pad_multiple(grid.shard_size()), local, mp);
+    if (grid.rank == 0) model_file_write(path, model.shape, whole.data(), 3);
+}
+
+// The backend and the communicator a config asks for. Throws UserError.
+std::string resolve_device(const Config& cfg) {
+    std::string device = cfg.device;
+    if (device == "auto") device = cuda_device_available() ? "cuda" : "cpu";
+    if (device == "cuda" && !cuda_device_available())
+        throw UserError("device: \"cuda\" was asked for but no CUDA device is usable (use \"cpu\" or \"auto\")");
+    // fp8 runs on the CPU as fp32 with the linears' FP8 casts emulated exactly (llmc/cpu/fp8.cpp)
+    if (device == "cpu" && cfg.precision != "fp32" && cfg.precision != "fp8")
+        throw UserError(strfmt("precision: \"%s\" needs device \"cuda\"; the CPU backend trains in \"fp32\" "
+                               "(or \"fp8\", emulated)",
+                               cfg.precision.c_str()));
+    return device;
+}
+// The communicator of the data-parallel group (and the world's): "nccl" runs DP's collectives on
+// device buffers (llmc/train/data_parallel.h stages bf16 gradients through fp32 device buffers); the
+// tensor- and pipeline-parallel groups stay on MPI. "auto" is MPI for now: the NCCL path has not
+// yet run on a GPU (scripts/gpu_check.sh checks it), and MPI serves several ranks per GPU.
+std::string resolve_comm(const ParallelConfig& pc, const std::string& device, const Runtime& rt) {
+    // (test hook LLMC_SIM_DEVICE: "nccl" on the CPU is MPI acting as NCCL, llmc/comm/device_sim.h)
+    if (pc.comm == "nccl" && device == "cpu" && sim_device()) return "nccl";
+    if (pc.comm == "nccl" && device != "cuda")
+        throw UserError(strfmt("parallel.comm: \"nccl\" needs device \"cuda\" (this run is on %s; use \"mpi\" or "
+                               "\"auto\")", device.c_str()));
+    if (pc.comm != "nccl") return "mpi";
+    const int gpus = cuda_device_count();
+    if (rt.world > 1 && rt.ranks_per_node > gpus)
+        throw UserError(strfmt("parallel.comm: \"nccl\" needs a GPU per rank, but a node runs %d ranks on %d GPU%s "
+                               "(NCCL cannot put two ranks on one GPU); use \"mpi\" or \"auto\", or launch at most "
+                               "%d rank%s per node",
+                               rt.ranks_per_node, gpus, gpus == 1 ? "" : "s", gpus, gpus == 1 ? "" : "s"));
+    return "nccl";
+}
+
+
+void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bool master, DType dtype,
+                        const ModelConverter& conv) {
+    const size_t num_params = model.params.num_params;
+    auto row = [&](const char* name, size_t bytes, const std::string& note) {
+        log.print("  %-13s %11s  %12zu B%s\n", name, human_bytes(double(bytes)).c_str(), bytes, note.c_str());
+    };
+    log.print("memory per rank (ZeRO-%d over dp %s%d; %zu parameters padded to %zu):\n", m.zero,
+              model.layout.cp > 1 ? "x cp " : "", m.dp, num_params, m.padded_params);
+    row("parameters", m.params,
+        strfmt("  (%s%s%s)", dtype_name(dtype), m.zero >= 3 ? ", shard" : "", conv.params_note().c_str()));
+    row("gradients", m.grads, m.zero >= 2 ? "  (shard)" : "");
+    const std::string opt_note = strfmt("m, v%s fp32%s", master ? ", master" : "", m.zero >= 1 ? ", shard" : "");
+    row("optimizer", m.optimizer, m.host ? "  (offloaded to the host)" : "  (" + opt_note + ")");
+    row("comm buffers", m.comm_buffers, m.zero == 0 ? "  (1 bucket, fp32)" : "  (2 buckets, fp32)");
+    if (m.zero >= 3)
+        row("unit params", m.unit_params, "  (gathered: the embedding, the head, a layer and the prefetched next)");
+    if (m.zero >= 2) row("unit grads", m.unit_grads, "  (the embedding's and head's for the step, one layer's)");
+    std::string act = model.layout.sequence_parallel
+                          ? strfmt("sequence parallel; %s without it",
+                                   human_bytes(double(model.activation_bytes_without_sp())).c_str())
+                          : std::string();
+    if (model.layout.cp > 1)
+        act += std::string(act.empty() ? "" : "; ") +
+               strfmt("context parallel: %d tokens of each sequence, ring buffers; %s at cp 1", model.T,
+                      human_bytes(double(model.activation_bytes_without_cp())).c_str());
+    if (model.recompute != Recompute::None)
+        act += std::string(act.empty() ? "" : "; ") +
+               (model.recompute == Recompute::Full ? "full recompute" : "selective recompute");
+    row("activations", m.activations, act.empty() ? act : "  (" + act + ")");
+    size_t total = m.total();
+    for (const MemoryRow& r : conv.memory_rows()) {
+        row(r.name.c_str(), r.bytes, r.note);
+        total += r.bytes;
+    }
+    row("total", total, "");
+    if (m.host)
+        row("host memory", m.host,
+            strfmt("  (not in the total: offloaded optimizer, %s, and %d staging pieces)", opt_note.c_str(),
+                   AdamW::kStageSlots));
+}
+
+// ---- plan: every start-up check, on every rank alike, before any work ----
+struct Plan {
+    Config cfg;
+    bool print_config = false;
+    std::string plan_mode;  // --plan: "text", "json" or "search"; the grid is then plan.world's, rank 0's
+    ProcessGrid grid;
+    ModelShape shape;
+    ModelLayout layout;
+    PpScheduleKind schedule = PpScheduleKind::OneFOneB;
+    std::string device, comm;
+};
+
+Plan plan_run(const Runtime& rt, int argc, char** argv) {
+    Plan p;
+    p.cfg = load_config(argc, argv, &p.print_config, &p.plan_mode);
+    const ParallelConfig& pc = p.cfg.parallel;
+    const bool planning = !p.plan_mode.empty();
+    p.grid = planning ? make_process_grid(pc, plan_world(p.cfg), 0) : make_process_grid(pc, rt.world, rt.rank);
+    p.schedule = parse_pp_schedule(pc.pp_schedule);
+    p.shape = model_shape(p.cfg.model);
+    resolve_pp_layers(p.cfg, p.shape);  // "auto": the same split on every rank
+    validate_pipeline(p.cfg);
+    if (!planning) check_fits_host_memory(p.shape);  // a plan is for machines other than this one
+    p.layout = model_layout(p.shape, pc, p.grid.tp_rank, p.grid.pp_rank, p.grid.ep_rank());
+    check_model_layout(p.shape, p.layout, p.cfg.train.seq_len);
+    if (planning) return p;  // a plan needs no device and no communicator
+    p.device = resolve_device(p.cfg);
+    p.comm = resolve_comm(pc, p.device, rt);
+    return p;
+}
+
+// ---- the run: built in dependency order from the plan ----
+struct Run {
+    Run(Runtime& rt_, const Plan& p)
+        : rt(rt_), cfg(p.cfg), tc(cfg.train), pc(cfg.parallel), grid(p.grid), shape(p.shape), device(p.device),
+          // ranks share the node's GPUs round-robin (several ranks per GPU under MPI in tests)
+          cuda_device(device == "cuda" ? rt.local_rank % std::max(1, cuda_device_count()) : -1),
+          groups(make_process_groups(grid, p.comm, pc.timeout_s, cuda_device)),
+          ops(device == "cpu" ? make_cpu_ops() : make_cuda_ops(cuda_device)),
+          dtype(run_dtype(cfg.precision, device)),
+          log(std::string(), rt.is_main(), false),
+          schedule(make_pipeline_schedule(p.schedule, grid.pp, tc.grad_accum, pc.pp_virtual)),
+          tp(*ops, groups.tp.get(), pc.sequence_parallel),
+          cp(*ops, grid.cp > 1 ? groups.cp.get() : nullptr),
+          params(param_layout(shape, p.layout, DataParallel::pad_multiple(grid.shard_size()))),
+          // where the parameters live (whole buffers, or ZeRO's shards: under ZeRO-3 this rank
+          // keeps only its shard of them), and the DP (x CP) group's gradient sync: before the model
+          // (expert parallelism: the expert-dp group, the dense gradients summed over ep as well)
+          dp(params, *ops, dtype, grid.ep > 1 ? *groups.edp : *groups.dp, pc.zero, pc.bucket_mb, false, groups.ep.get()),
+          // with context parallelism the activations hold this rank's seq_len / cp tokens of each sequence
+          model(shape, *ops, dtype, tc.micro_batch, tc.seq_len / grid.cp, dp.param_store(), p.layout, &tp,
+                pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), parse_recompute(tc.recompute), &cp,
+                groups.ep.get()),
+          pipeline(model, *ops, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual),
+          // this rank's ZeRO range; offloaded: streamed in pieces of a gradient bucket
+          opt(params, *ops, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads(),
+              OptimizerOffload{tc.offload_optimizer, dp.bucket_elems()}, dp.opt_runs()),
+          // each DP rank reads its own windows (every CP, TP and PP rank of it the same ones)
+          train_data(cfg.data.train, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, cfg.data.shuffle,
+                     uint64_t(tc.seed), shape.vocab_size),
+          ckpt_dir(cfg.checkpoint.dir.empty() ? cfg.out_dir + "/checkpoints" : cfg.checkpoint.dir),
+          // MFU: the dense peak of this GPU and precision (0: the CPU, or a GPU not in the table)
+          peak_flops(device == "cpu" ? 0.0 : gpu_peak_flops(ops->device_name(), cfg.precision)),
+          progress(tc.steps, tokens_per_step(cfg, grid)) {
+        for (Comm* c : {groups.world.get(), groups.dp.get(), groups.cp.get(), groups.tp.get(), groups.pp.get(),
+                        groups.mp.get(), groups.embed.get(), groups.ep.get(), groups.edp.get()})
+            if (c) {
+                c->set_compute_stream(ops->compute_stream());  // device communicators wait for the ops' stream
+                c->set_overlap(pc.overlap);
+            }
+        if (!cfg.data.val.empty())
+            val_data.reset(new DataLoader(cfg.data.val, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, false, 0,
+                                          shape.vocab_size));
+        if (!cfg.tokenizer_dir.empty()) tok.reset(new Tokenizer(Tokenizer::load(cfg.tokenizer_dir)));
+    }
+    Runtime& rt;
+    const Config cfg;
+    const TrainConfig& tc;
+    const ParallelConfig& pc;
+    const ProcessGrid grid;
+    const ModelShape shape;
+    const std::string device;
+    const int cuda_device;
+    ProcessGroups groups;
+    std::unique_ptr<Ops> ops;
+    const DType dtype;
+    Logger log;  // console only until out_dir exists
+    const PpSchedule schedule;
+    TensorParallel tp;
+    ContextParallel cp;
+    const ParamLayout params;  // this rank's parameters in memory order
+    DataParallel dp;
+    Model model;
+    PipelineEngine pipeline;
+    AdamW opt;
+    DataLoader train_data;
+    std::unique_ptr<DataLoader> val_data;
+    std::unique_ptr<Tokenizer> tok;
+    std::unique_ptr<ModelConverter> conv;
+    std::unique_ptr<Logger> run_log;
+    const std::string ckpt_dir;
+    const double peak_flops;
+    TrainState state;
+    int bad_in_row = 0;  // steps skipped in a row for a non-finite loss or gradient norm (in all: state.skipped)
+    Progress progress;
+};
+
+double tokens_per_step(const Run& r) { return tokens_per_step(r.cfg, r.grid); }
+
+// The initial weights (random or a file), or a checkpoint to continue from: every rank reads the
+// whole checkpoint and keeps its pieces, so any layout resumes any other. No collective: train()
+// agrees on its UserErrors, so that one every rank finds is said once, by rank 0.
+void init_or_resume(Run& r) {
+    const Config& cfg = r.cfg;
+    if (cfg.model.init == "random") {
+        r.model.init_random(uint64_t(cfg.model.init_seed));
+    } else {
+        const bool hf = is_safetensors(cfg.model.init);  // model_file_read checks that every weight is finite
+        std::vector<float> w = hf ? hf_read_weights(cfg.model.init, r.shape) : model_file_read(cfg.model.init, &r.shape);
+        if (hf) check_finite_weights(w, r.shape, cfg.model.init);
+        r.model.set_params_whole(w.data());
+    }
+    r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
+    std::string from;
+    if (cfg.checkpoint.resume == "auto") from = checkpoint_latest(r.ckpt_dir);
+    else if (cfg.checkpoint.resume != "never") from = cfg.checkpoint.resume;
+    r.state.loader_dp = r.grid.dp;
+    r.state.train_shards = shard_list(r.train_data.files());
+    if (!from.empty()) {
+        WholeState whole;
+        r.state = checkpoint_load(from, r.shape, &whole);
+        check_resume_within(r.state, r.tc.steps, from);
+        const std::string changes =  // refused unless checkpoint.allow_changes when they break exactness
+            check_resume_changes(resume_changes(r.state, cfg, r.grid.dp, shard_list(r.train_data.files())), cfg, from);
+        r.model.set_params_whole(whole.params.data());
+        OptimizerState local;
+        local.m = r.model.from_file_order(whole.m.data());
+        local.v = r.model.from_file_order(whole.v.data());
+        if (!whole.master.empty()) local.master = r.model.from_file_order(whole.master.data());
+        r.dp.load_optimizer_state(r.opt, local);
+        r.state.loader = convert_loader_position(r.state.loader, r.state.loader_dp, r.grid.dp, cfg.data.shuffle);
+        r.train_data.set_position(r.state.loader);
+        r.conv->load(whole, from, r.log);
+        r.log.print("%sresumed from %s at step %d (saved at dp %d)\n", changes.c_str(), from.c_str(), r.state.step,
+                    r.state.loader_dp);
+        r.state.loader_dp = r.grid.dp;
+        r.state.train_shards = shard_list(r.train_data.files());
+    }
+    if (r.rt.is_main()) {
+        prepare_run_dirs(cfg, r.ckpt_dir);  // lock out_dir, check that it is writable and free
+        if (!from.empty() && cfg.checkpoint.resume != "auto")  // rolling back: the later branch goes aside
+            for (const std::string& a : set_aside_later_checkpoints(r.ckpt_dir, r.state.step))
+                r.log.print("set aside %s (a later checkpoint of the branch this run rolls back)\n", a.c_str());
+    }
+    const std::string log_path = cfg.log.jsonl.empty() ? cfg.out_dir + "/log.jsonl" : cfg.log.jsonl;
+    if (r.rt.is_main() && !from.empty()) trim_run_log(log_path, r.state.step);  // the log reads as one run
+    r.run_log.reset(new Logger(log_path, r.rt.is_main(), !from.empty()));
+}
+
+void print_banner(Run& r, const Plan& p) {
+    const ModelShape& s = r.shape;
+    const ProcessGrid& g = r.grid;
+    Logger& log = r.log;
+    log.print("train_gpt | device %s | precision %s | %s: %d layers, %d heads (%d kv), d_model %d, ffn %d, vocab %d "
+              "(padded %d), max_seq_len %d\n",
+              r.device.c_str(), r.conv->describe().c_str(), arch_name(s.arch), s.n_layer, s.n_head, s.kv_heads(),
+              s.d_model, s.ffn(), s.vocab_size, s.padded_vocab, s.max_seq_len);
+    if (s.moe.enabled()) log.print("%s\n", moe_describe(s.moe, s.n_layer).c_str());
+    log.print("parallel: %d process%s = %s; ZeRO-%d; comm %s; %zu gradient bucket%s of <= %zu elements\n", g.world,
+              g.world == 1 ? "" : "es", g.describe().c_str(), r.dp.zero(), r.groups.dp->name().c_str(),
+              r.dp.buckets().size(), r.dp.buckets().size() == 1 ? "" : "s", r.dp.bucket_elems());
+    if (g.tp > 1)
+        log.print("tensor parallel: %d ranks, %d heads and %d vocabulary rows each%s\n", g.tp, s.n_head / g.tp,
+                  s.vocab_shard(g.tp),
+                  p.layout.sequence_parallel ? "; sequence parallel (1/tp of the tokens outside attention and MLP)" : "");
+    if (g.ep > 1)
+        log.print("expert parallel: %d ranks, %d of the %d experts of each MoE layer each (experts [%d, %d) here); "
+                  "expert gradients and ZeRO shards over the %d expert-dp ranks%s\n",
+                  g.ep, s.moe.num_experts / g.ep, s.moe.num_experts, p.layout.experts_begin(s.moe.num_experts),
+                  p.layout.experts_end(s.moe.num_experts), g.edp(),
+                  r.dp.zero() >= 1 ? strfmt(", the dense optimizer state over all %d dp ranks", g.dp).c_str() : "");
+    if (g.cp > 1)
+        log.print("context parallel: %d ranks, %d of each sequence's %d tokens each (chunks of %d, ring attention)\n",
+                  g.cp, r.model.T, r.tc.seq_len, r.model.T / 2);
+    if (g.pp > 1) {
+        std::string stages;
+        const auto split = pp_layer_split(s.n_layer, g.pp, r.pc.pp_virtual, r.pc.pp_layers);
+        for (size_t i = 0; i < split.size(); i++) stages += strfmt("%s[%d, %d)", i ? " " : "", split[i].first, split[i].second);
+        log.print("pipeline: layers per virtual stage %s\n", stages.c_str());
+        log.print("pipeline: %s\n", describe_pipeline(p.schedule, g.pp, r.tc.grad_accum, r.pc.pp_virtual).c_str());
+    }
+    log.print("batch: %d x %d tokens x %d accumulation x %d DP ranks = %.0f tokens per step; %d steps\n",
+              r.tc.micro_batch, r.tc.seq_len, r.tc.grad_accum, g.dp, tokens_per_step(r), r.tc.steps);
+    log.print("train data: %zu shard(s), %llu micro-batches per epoch\n", r.train_data.num_shards(),
+              (unsigned long long)r.train_data.windows_per_epoch());
+    const MemoryPlan mem = r.dp.memory_plan(r.opt.has_master(), r.model.activation_bytes, r.opt.offloaded());
+    print_memory_table(log, mem, r.model, r.opt.has_master(), r.dtype, *r.conv);
+    const MemoryPlan got = r.dp.allocated(r.opt.device_bytes(), r.opt.host_bytes(), r.model.activation_bytes);
+    LLMC_ASSERT(got.params == mem.params && got.grads == mem.grads && got.optimizer == mem.optimizer &&
+                    got.comm_buffers == mem.comm_buffers && got.unit_params == mem.unit_params &&
+                    got.unit_grads == mem.unit_grads && got.activations == mem.activations && got.host == mem.host,
+                "allocations disagree with the memory table");
+    // the first record of log.jsonl: what each rank position allocated (--plan=json's "memory")
+    r.run_log->record({{"memory", gather_memory_json(got, *r.groups.mp, r.grid.tp, r.grid.ep, r.groups.edp.get())}});
+    if (r.device != "cpu")
+        log.print("device: %s, dense %s peak %.1f TFLOP/s%s\n", r.ops->device_name().c_str(), r.cfg.precision.c_str(),
+                  r.peak_flops / 1e12, r.peak_flops > 0 ? "" : " (not in the table: no MFU)");
+}
+
+// Checkpoint (collective: the state is gathered to world rank 0, which writes it while the others
+// wait on the untimed save group). The final one also writes the weights in the formats of
+// out.format: out_dir/model_<steps>.bin (fp32, llm.c's format) and/or model_<steps>.safetensors
+// with transformers' config.json: after the checkpoint, so that a failure there loses no
+// training. Nothing non-finite is written.
+void write_state(Run& r, WholeState& whole, bool final) {
+    check_finite_state(whole, r.state.step);
+    if (!final || r.cfg.checkpoint.every > 0) {
+        r.conv->save(whole);
+        const std::string p = checkpoint_save(r.ckpt_dir, r.state, r.shape, r.dtype == DType::BF16 ? 5 : 3, whole,
+                                              r.cfg.resolved, r.cfg.checkpoint.keep);
+        r.log.print("checkpoint: %s\n", p.c_str());
+        r.progress.wrote_checkpoint(p);
+    }
+    if (!final) return;
+    const std::vector<float>& w = whole.master.empty() ? whole.params : whole.master;
+    const std::string stem = r.cfg.out_dir + strfmt("/model_%08d", r.tc.steps), fmt = r.cfg.out.format;
+    if (fmt != "hf") {
+        model_file_write(stem + ".bin", r.shape, w.data(), 3);
+        r.progress.wrote_weights(stem + ".bin");
+    }
+    if (fmt != "llmc") {
+        hf_write_weights(stem + ".safetensors", r.shape, w);
+        hf_write_config(r.cfg.out_dir + "/config.json", r.shape);
+        r.progress.wrote_weights(stem + ".safetensors (transformers; " + r.cfg.out_dir + "/config.json)");
+    }
+}
+void save(Run& r, bool final) {
+    WholeState whole = gather_whole_state(r.model, r.opt, r.dp, r.pc, *r.groups.mp, r.grid);
+    if (r.rt.is_main()) write_state(r, whole, final);
+    r.groups.save->barrier();  // saving does not count against parallel.timeout_s
+}
+
+// Validation loss and a sample, at their intervals and at the end.
+void evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<int32_t>& y) {
+    const Config& cfg = r.cfg;
+    const bool last = step == r.tc.steps;
+    if (r.val_data && cfg.eval.every > 0 && (step % cfg.eval.every == 0 || last)) {
+        const double vl = evaluate(r.pipeline, *r.val_data, r.cp, cfg.eval.batches, r.model.B, r.model.T, x, y, r.dp);
+        r.log.print("step %d | val loss %.6f\n", step, vl);
+        r.run_log->record({{"step", step}, {"val_loss", vl}});
+        r.progress.val_loss(step, vl);
+    }
+    // the model-parallel ranks of DP rank 0 sample together (under ZeRO-3 every DP rank, for the
+    // gathers of the parameters; under expert parallelism too, for the MoE layers' all-to-all);
+    // world rank 0 prints
+    if ((r.grid.dp_rank != 0 && r.dp.zero() != 3 && r.grid.ep == 1) || cfg.eval.sample_every <= 0 || step == 0 ||
+        (step % cfg.eval.sample_every != 0 && !last))
+        return;
+    const int eot = r.tok ? r.tok->eot() : std::min(50256, r.shape.vocab_size - 1);
+    const std::vector<int> ids =
+        sample(r.pipeline, r.model, r.tp, r.cp, eot, cfg.eval.sample_tokens, uint64_t(r.tc.seed) * 1000003ull + step);
+    if (r.tok) {
+        r.log.print("step %d | sample:\n%s\n---\n", step, r.tok->decode(ids).c_str());
+    } else {
+        std::string text;
+        for (int id : ids) text += strfmt("%d ", id);
+        r.log.print("step %d | sample (token ids; set \"tokenizer\" to decode): %s\n", step, text.c_str());
+    }
+}
+
+// The MoE layers' statistics of this step over all ranks (llmc/model/moe.h): the load-balancing loss
+// (the sum over the MoE layers, without aux_loss_coef, averaged over micro-batches and DP ranks;
+// the logged loss includes aux_loss_coef times it), the least and most loaded expert's fraction
+// of the routed (token, slot) pairs in any layer and micro-batch, the fraction dropped past capacity.
+void log_moe(Run& r, nlohmann::json& rec, std::string& extra) {
+    const Model::MoeStats st = r.model.take_moe_stats();
+    double sums[4] = {st.aux_sum, double(st.aux_terms), double(st.dropped), double(st.pairs)};
+    double maxes[2] = {-st.load_min, st.load_max};
+    r.groups.world->all_reduce(sums, 4, ReduceOp::Sum);
+    r.groups.world->all_reduce(maxes, 2, ReduceOp::Max);
+    const int moe_layers = r.shape.n_layer / r.shape.moe.every;
+    const double aux = sums[1] > 0 ? sums[0] / sums[1] * moe_layers : 0.0, dropped = sums[3] > 0 ? sums[2] / sums[3] : 0.0;
+    rec["moe_aux"] = aux;
+    rec["moe_load_min"] = -maxes[0];
+    rec["moe_load_max"] = maxes[1];
+    rec["moe_dropped"] = dropped;
+    extra += strfmt(" | moe aux %.4f load %.3f-%.3f dropped %.1f%%", aux, -maxes[0], maxes[1], 100.0 * dropped);
+}
+
+// One optimizer step: grad_accum micro-batches through the pipeline, the gradient sync, clipping
+// and AdamW; logs the step.
+void train_step(Run& r, int step, Batches& x, Batches& y) {
+    const TrainConfig& tc = r.tc;
+    const double t0 = now_ms(), comm0 = comm_wait_ms();
+    r.model.zero_grads();
+    r.conv->begin_step();
+    for (int micro = 0; micro < tc.grad_accum; micro++)
+        next_batch(r.train_data, r.cp, r.model.B, r.model.T, x[size_t(micro)], y[size_t(micro)]);
+    const float dloss = float(1.0 / tokens_per_step(r));
+    // gradient buckets go out during the last micro-step's backward, none before. Test hook:
+    // LLMC_FAULT=nan:grad_<n> (LLMC_FAULT_RANK on a last pipeline stage) makes step n's gradients NaN
+    double loss = r.pipeline.train_step(x, y, r.model.B, r.model.T, fault_point("grad", step + 1) ? NAN : dloss,
+                                        r.dp.grads_ready());
+    fault_point("train_step", step + 1);  // test hook: a rank dies mid-collective
+    r.dp.finish_grad_sync();
+    nlohmann::json rec = {{"step", step + 1}};
+    std::string extra;
+    r.conv->end_step(*r.groups.world, rec, extra);
+    if (step == r.state.step) dump_gradients(r.model, r.dp, r.pc, *r.groups.mp, r.grid);
+    loss = r.dp.mean(loss);
+    if (r.shape.moe.enabled()) log_moe(r, rec, extra);
+    const double grad_norm = r.dp.grad_norm(r.groups.mp.get());
+    const double lr = lr_at(tc, step);
+    const AdamWHyper h{float(lr), float(tc.beta1), float(tc.beta2), float(tc.eps), float(tc.weight_decay)};
+    // a non-finite loss or gradient norm (alike on every rank: both are reduced over all) skips
+    // the update: weights and optimizer moments stay as they were
+    const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
+    r.bad_in_row = finite ? 0 : r.bad_in_row + 1;
+    r.state.skipped += !finite;
+    if (finite) r.opt.step(h, step + 1, clip_scale(grad_norm, tc.grad_clip), uint32_t(tc.seed * 2654435761u + step));
+    r.dp.after_update();
+    r.ops->synchronize();
+    const double ms = now_ms() - t0, tok_s = tokens_per_step(r) / (ms / 1000.0);
+    const double comm_ms = comm_wait_ms() - comm0;  // this rank's time inside communication waits
+    r.progress.step_done(ms);
+    rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"comm_ms", comm_ms},
+                {"compute_ms", ms - comm_ms}, {"tok_per_s", tok_s},
+                {"tokens", r.progress.tokens()}});
+    // MFU on GPUs: model FLOPs (6N + 12LCT per token) over the dense peak of this GPU and precision;
+    // tokens/s is the whole job's, each GPU does 1/world of the work
+    if (r.peak_flops > 0) {
+        const double mfu = flops_per_token(r.shape, tc.seq_len) * tok_s / r.grid.world / r.peak_flops;
+        rec["mfu"] = mfu;
+        extra = strfmt(" | MFU %.1f%%", 100.0 * mfu) + extra;
+    }
+    if (!finite) {
+        rec["skipped"] = "nonfinite";
+        rec["skipped_steps"] = r.state.skipped;
+        extra += strfmt(" | skipped (non-finite): no update; %d skipped so far, %d in a row", r.state.skipped, r.bad_in_row);
+    }
+    r.log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s%s\n", step + 1, tc.steps,
+                loss, lr, grad_norm, ms, tok_s, r.progress.step_suffix().c_str(), extra.c_str());
+    r.run_log->record(rec);
+    r.state.step = step + 1;
+    r.state.loader = r.train_data.position();
+}
+
+// After a step: a checkpoint when one is due, and the run's stop policy. Returns the exit code
+// to stop with (too many non-finite steps in a row; a stop signal, after a checkpoint), else 0.
+int checkpoint_or_stop(Run& r) {
+    const int step = r.state.step, steps = r.tc.steps, max_bad = r.tc.max_bad_steps;
+    if (r.bad_in_row >= max_bad) {
+        r.log.print("error: %d consecutive steps (%d to %d) had a non-finite loss or gradient norm "
+                    "(train.max_bad_steps = %d): stopping; the checkpoints are as they were; exit code %d\n",
+                    r.bad_in_row, step + 1 - r.bad_in_row, step, max_bad, int(kExitBadSteps));
+        return kExitBadSteps;
+    }
+    const bool due = r.cfg.checkpoint.every > 0 && step % r.cfg.checkpoint.every == 0 && step < steps;
+    if (due) save(r, false);
+    // a stop signal on any rank (llmc/run/preempt.h) stops every rank here: save, exit "resume me"
+    const int sig = step < steps ? preempt_agreed(*r.groups.world) : 0;
+    if (!sig) return 0;
+    if (!due) save(r, false);
+    r.log.print("%s: stopped after step %d, checkpoint saved; exit code %d (resume with checkpoint.resume=auto)\n",
+                signal_name(sig).c_str(), step, int(kExitPreempted));
+    r.rt.barrier();  // no rank leaves (and makes its launcher end the job) before the save is done
+    return kExitPreempted;
+}
+
+int train(Runtime& rt, int argc, char** argv) {
+    Plan plan;
+    std::string error;
+    try {
+        plan = plan_run(rt, argc, argv);
+        comm_delay_s();  // the test hook LLMC_COMM_DELAY_MS, checked before any communicator exists
+    } catch (const UserError& e) {
+        error = e.what();
+    }
+    if (rt.any_failed(error)) return 2;  // every rank agrees before any work
+    if (plan.print_config) {
+        if (rt.is_main()) std::printf("%s\n", plan.cfg.resolved.dump(2).c_str());
+        return 0;
+    }
+    if (!plan.plan_mode.empty()) {  // the plan of a GPU run unless device is "cpu"
+        const DType dt = run_dtype(plan.cfg.precision, plan.cfg.device == "cpu" ? "cpu" : "cuda");
+        if (rt.is_main() && plan.plan_mode == "json") std::printf("%s\n", plan_json(plan.cfg, plan.shape, plan.grid, dt).dump().c_str());
+        if (rt.is_main() && plan.plan_mode == "text") std::fputs(plan_text(plan.cfg, plan.shape, plan.grid, dt).c_str(), stdout);
+        if (rt.is_main() && plan.plan_mode == "search") std::fputs(search_text(plan.cfg, plan.shape, dt).c_str(), stdout);
+        return 0;
+    }
+    Run r(rt, plan);
+    try {  // the converter checks the backend and the shapes on every rank, and they agree
+        r.conv = make_model_converter(r.cfg, *r.ops, r.grid.tp, r.device, r.dtype);
+    } catch (const UserError& e) {
+        error = e.what();
+    }
+    if (rt.any_failed(error)) return 2;
+    try {
+        init_or_resume(r);
+    } catch (const UserError& e) {
+        error = e.what();
+    }
+    if (rt.any_failed(error)) return 2;
+    r.conv->apply(r.model);
+    print_banner(r, plan);
+
+    const TrainConfig& tc = r.tc;
+    Batches x(size_t(tc.grad_accum), std::vector<int32_t>(size_t(tc.micro_batch) * tc.seq_len)), y = x;
+    r.progress.start(r.state.step, now_ms());
+    for (int step = r.state.step;; step++) {
+        evaluate_and_sample(r, step, x[0], y[0]);
+        if (step == tc.steps) break;
+        train_step(r, step, x, y);
+        if (const int code = checkpoint_or_stop(r)) return code;
+    }
+    if (r.ops->peak_memory_bytes() > 0)
+        r.log.print("peak device memory: %s\n", human_bytes(double(r.ops->peak_memory_bytes())).c_str());
+    r.dp.check_replicas();
+    save(r, true);
+    r.log.print("%s", r.progress.summary(now_ms(), r.ckpt_dir).c_str());
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Runtime rt(&argc, &argv);
+    preempt_install();
+    try {
+        const int rc = train(rt, argc, argv);
+        // LLMC_DONE_FILE (set by scripts/slurm/train.sbatch): world rank 0 creates it when the run
+        // ended well, so that a launcher that returns 0 without having run the ranks is caught
+        const char* done = std::getenv("LLMC_DONE_FILE");
+        if (rc == 0 && done && *done && rt.is_main()) {
+            if (std::FILE* f = std::fopen(done, "w")) std::fclose(f);
+        }
+        return rc;
+    } catch (const UserError& e) {
+        std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), e.what());
+        rt.abort_job(2);
+    } catch (const NonFiniteState& e) {
+        std::fprintf(stderr, "%serror: %s\n", rank_prefix().c_str(), e.what());
+        rt.abort_job(kExitBadSteps);
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "%serror: out of host memory: the model, its optimizer state and buffers do not fit in "
+                     "this machine's memory (lower model.n_layer, model.d_model or train.micro_batch)\n",
+                     rank_prefix().c_str());
+        rt.abort_job(2);
+    }
+}
