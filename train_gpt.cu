@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "llmc/cpu/cpu_ops.h"
+#include "llmc/cuda/cuda_ops.h"
 #include "llmc/io/checkpoint.h"
 #include "llmc/core/common.h"
 #include "llmc/comm/comm.h"

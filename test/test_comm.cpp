@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "llmc/cpu/cpu_ops.h"
 #include "llmc/comm/comm.h"
 #include "llmc/parallel/comm_stage.h"
 #include "llmc/comm/device_sim.h"

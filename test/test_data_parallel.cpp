@@ -2,6 +2,7 @@
 // (The multi-process proofs are test/e2e/test_dp_*.sh under mpirun.)
 #include <catch2/catch.hpp>
 
+#include "llmc/cpu/cpu_ops.h"
 #include "llmc/comm/comm.h"
 #include "llmc/core/config.h"
 #include "llmc/train/data_parallel.h"

@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "llmc/cpu/cpu_ops.h"
 #include "llmc/core/common.h"
 #include "llmc/io/hf_format.h"
 #include "llmc/model/model.h"

@@ -10,8 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "llmc/cpu/cpu_ops.h"
 #include "llmc/model/model.h"
 #include "llmc/io/model_file.h"
+#include "llmc/precision/bf16.h"
 #include "llmc/core/rng.h"
 #include "test/whole_model.h"
 
@@ -31,14 +33,14 @@ std::vector<float> random_params(size_t n, uint64_t seed) {
 }  // namespace
 
 TEST_CASE("bf16 conversion rounds to nearest even") {
-    CHECK(f32_to_bf16(1.0f) == 0x3F80);
+    CHECK(f32_to_bf16_bits(1.0f) == 0x3F80);
     // 1 + 2^-8 lies exactly between two bf16 values: ties go to the even mantissa (1.0)
-    CHECK(f32_to_bf16(1.00390625f) == 0x3F80);
+    CHECK(f32_to_bf16_bits(1.00390625f) == 0x3F80);
     // 1 + 3*2^-8 is halfway between 1+2^-7 (odd) and 1+2^-6 (even): rounds up to even
-    CHECK(f32_to_bf16(1.01171875f) == 0x3F82);
-    CHECK(f32_to_bf16(-2.0f) == 0xC000);
-    CHECK(bf16_to_f32(0x3F82) == 1.015625f);
-    CHECK(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
+    CHECK(f32_to_bf16_bits(1.01171875f) == 0x3F82);
+    CHECK(f32_to_bf16_bits(-2.0f) == 0xC000);
+    CHECK(bf16_bits_to_f32(0x3F82) == 1.015625f);
+    CHECK(std::isnan(bf16_bits_to_f32(f32_to_bf16_bits(NAN))));
 }
 
 TEST_CASE("llm.c model file round trip, version 3 and 5") {
@@ -59,7 +61,7 @@ TEST_CASE("llm.c model file round trip, version 3 and 5") {
     std::vector<float> r = model_file_read(p5, &s);
     REQUIRE(r.size() == n);
     for (size_t i = 0; i < n; i++) {
-        CHECK(r[i] == bf16_to_f32(f32_to_bf16(w[i])));
+        CHECK(r[i] == bf16_bits_to_f32(f32_to_bf16_bits(w[i])));
         REQUIRE(std::fabs(r[i] - w[i]) <= std::fabs(w[i]) * (1.0f / 256));
     }
 }

@@ -27,6 +27,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "llmc/cpu/cpu_ops.h"
 #include "llmc/io/hf_format.h"
 #include "llmc/model/model.h"
 #include "llmc/backend/ops.h"

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "llmc/cpu/cpu_ops.h"
 #include "llmc/model/model.h"
 #include "llmc/backend/ops.h"
 #include "llmc/model/optimizer.h"

@@ -22,6 +22,7 @@
 
 #include "llmc/core/common.h"
 #include "llmc/data/shard.h"
+#include "llmc/core/utf8.h"
 #include "llmc/data/tokenizer.h"
 
 namespace {

@@ -280,10 +280,3 @@ public:
         throw UserError("precision fp8: the " + name() + " backend has no fp8 matmuls");
     }
 };
-
-std::unique_ptr<Ops> make_cpu_ops();
-// Defined in the CUDA backend; throws UserError when no CUDA device is usable. Binaries built
-// without it (make CUDA=0) get llmc/backend/backends.cpp's: no device.
-std::unique_ptr<Ops> make_cuda_ops(int device_index);
-bool cuda_device_available();
-int cuda_device_count();  // 0 when the query fails

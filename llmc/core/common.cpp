@@ -1,7 +1,11 @@
 #include "llmc/core/common.h"
 
+#include <fcntl.h>
+#include <glob.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdarg>
 #include <cstring>
@@ -57,4 +61,61 @@ std::string human_bytes(double b) {
     int u = 0;
     while (b >= 1024.0 && u < 4) b /= 1024.0, u++;
     return strfmt("%.1f %s", b, units[u]);
+}
+
+std::vector<std::string> glob_files(const std::string& pattern) {
+    std::vector<std::string> out;
+    glob_t g;
+    std::memset(&g, 0, sizeof(g));
+    if (glob(pattern.c_str(), 0, nullptr, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++) out.emplace_back(g.gl_pathv[i]);
+    }
+    globfree(&g);
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
+    const std::string tmp = path + ".tmp";
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) throw UserError(strfmt("cannot write %s: %s", tmp.c_str(), std::strerror(errno)));
+    auto fail = [&](const char* what) {
+        int err = errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw UserError(strfmt("cannot write %s (%s): %s; any previous %s is kept", path.c_str(), what,
+                               std::strerror(err), path.c_str()));
+    };
+    for (const auto& part : parts) {
+        const char* p = static_cast<const char*>(part.first);
+        size_t left = part.second;
+        while (left > 0) {
+            ssize_t w = ::write(fd, p, left);
+            if (w < 0) {
+                if (errno == EINTR) continue;
+                fail("write");
+            }
+            p += w;
+            left -= size_t(w);
+        }
+    }
+    if (::fsync(fd) != 0) fail("fsync");
+    if (::close(fd) != 0) {
+        fd = -1;
+        int err = errno;
+        ::unlink(tmp.c_str());
+        throw UserError(strfmt("cannot write %s (close): %s", path.c_str(), std::strerror(err)));
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        int err = errno;
+        ::unlink(tmp.c_str());
+        throw UserError(strfmt("cannot rename %s to %s: %s", tmp.c_str(), path.c_str(), std::strerror(err)));
+    }
+    // make the rename durable
+    std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
+    int dfd = ::open(dir.empty() ? "/" : dir.c_str(), O_RDONLY);
+    if (dfd >= 0) {
+        ::fsync(dfd);
+        ::close(dfd);
+    }
 }

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 struct UserError : std::runtime_error {
     using std::runtime_error::runtime_error;
@@ -28,6 +30,13 @@ std::string rank_prefix();
     do {                                                                    \
         if (!(cond)) assert_fail(#cond, __FILE__, __LINE__, (msg));         \
     } while (0)
+
+// Sorted list of files matching a glob pattern (empty when none match).
+std::vector<std::string> glob_files(const std::string& pattern);
+
+// Writes bytes to path via path.tmp + fsync + rename; throws UserError naming the file on failure,
+// in which case an existing file at path is left as it was.
+void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts);
 
 // mkdir -p. Throws UserError("<what>: cannot create folder ...") on failure.
 void make_dirs(const std::string& path, const char* what);

@@ -17,8 +17,7 @@
 #include <sstream>
 
 #include "llmc/core/common.h"
-#include "llmc/data/shard.h"
-#include "llmc/data/tokenizer.h"
+#include "llmc/core/utf8.h"
 
 using nlohmann::json;
 
@@ -924,4 +923,9 @@ Config load_config(int argc, char** argv, bool* print_config, std::string* plan)
         }
     }
     return config_from_json(root, !(plan && !plan->empty()));  // a plan reads no data: its files need not exist
+}
+
+DType run_dtype(const std::string& precision, const std::string& device) {
+    // fp8 keeps everything but the block linears in bf16 on CUDA and fp32 on the CPU
+    return precision == "bf16" || (precision == "fp8" && device == "cuda") ? DType::BF16 : DType::F32;
 }

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "llmc/core/tensor.h"
+
 // Mixture of experts (llmc/model/moe.h has the exact definitions).
 struct MoeConfig {
     int num_experts = 0;  // 0 = no MoE layers
@@ -167,3 +169,6 @@ std::string config_usage();
 // and by checkpoint resume to read the stored config). Throws UserError. check_files: the data
 // globs must match files (false for --plan, which reads no data).
 Config config_from_json(const nlohmann::json& j, bool check_files = true);
+
+// The dtype of parameters, gradients and activations for a precision on a device ("cpu"/"cuda").
+DType run_dtype(const std::string& precision, const std::string& device);

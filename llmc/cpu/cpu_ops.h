@@ -98,3 +98,5 @@ inline float* cpu_f32(Tensor t, size_t need, const char* what) {
                 std::string("cpu backend: tensor too small: ") + what);
     return static_cast<float*>(t.ptr);
 }
+
+std::unique_ptr<Ops> make_cpu_ops();

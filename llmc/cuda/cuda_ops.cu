@@ -16,6 +16,7 @@
 #include "llmc/cuda/matmul.cuh"
 #include "llmc/cuda/moe.cuh"
 #include "llmc/backend/ops.h"
+#include "llmc/cuda/cuda_ops.h"
 #include "llmc/backend/rope.h"
 
 namespace {

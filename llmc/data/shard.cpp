@@ -1,6 +1,5 @@
 #include "llmc/data/shard.h"
 
-#include <glob.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -72,16 +71,4 @@ void shard_write(const std::string& path, const uint16_t* tokens, size_t count) 
 
 void shard_write(const std::string& path, const uint32_t* tokens, size_t count) {
     write_shard(path, SHARD_MAGIC_U32, SHARD_VERSION_U32, tokens, count);
-}
-
-std::vector<std::string> glob_files(const std::string& pattern) {
-    std::vector<std::string> out;
-    glob_t g;
-    std::memset(&g, 0, sizeof(g));
-    if (glob(pattern.c_str(), 0, nullptr, &g) == 0) {
-        for (size_t i = 0; i < g.gl_pathc; i++) out.emplace_back(g.gl_pathv[i]);
-    }
-    globfree(&g);
-    std::sort(out.begin(), out.end());
-    return out;
 }

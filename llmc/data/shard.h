@@ -31,5 +31,3 @@ size_t shard_read_header(const std::string& path);
 void shard_write(const std::string& path, const uint16_t* tokens, size_t count);
 void shard_write(const std::string& path, const uint32_t* tokens, size_t count);
 
-// Sorted list of files matching a glob pattern (empty when none match).
-std::vector<std::string> glob_files(const std::string& pattern);

@@ -45,10 +45,6 @@ private:
     uint64_t uid_ = 0;  // tells loaded vocabularies apart (encode's per-thread cache)
 };
 
-// Byte offset of the first ill-formed UTF-8 sequence in s (truncated, overlong, surrogate,
-// beyond U+10FFFF), or std::string::npos when s is valid UTF-8.
-size_t utf8_invalid_at(const std::string& s);
-
 // Pre-tokenization alone: the [begin, end) byte ranges of GPT-2's regex matches in UTF-8 text.
 // Exposed for tests. Throws UserError on invalid UTF-8.
 std::vector<std::pair<size_t, size_t>> gpt2_pretokenize(const std::string& utf8);

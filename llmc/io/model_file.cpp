@@ -1,4 +1,5 @@
 #include "llmc/io/model_file.h"
+#include "llmc/precision/bf16.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,21 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-
-uint16_t f32_to_bf16(float x) {
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return uint16_t(u >> 16);
-}
-
-float bf16_to_f32(uint16_t x) {
-    uint32_t u = uint32_t(x) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
 
 static void read_header(const std::string& path, int32_t* h) {
     FILE* f = std::fopen(path.c_str(), "rb");
@@ -156,57 +142,12 @@ std::vector<float> model_file_read(const std::string& path, const ModelShape* ex
     } else {
         std::vector<uint16_t> tmp(n);
         ok = std::fread(tmp.data(), 2, n, f) == n;
-        for (size_t i = 0; i < n; i++) out[i] = bf16_to_f32(tmp[i]);
+        for (size_t i = 0; i < n; i++) out[i] = bf16_bits_to_f32(tmp[i]);
     }
     std::fclose(f);
     if (!ok) throw UserError(strfmt("model file %s: read failed", path.c_str()));
     check_finite_weights(out, s, path);
     return out;
-}
-
-void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
-    const std::string tmp = path + ".tmp";
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) throw UserError(strfmt("cannot write %s: %s", tmp.c_str(), std::strerror(errno)));
-    auto fail = [&](const char* what) {
-        int err = errno;
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        throw UserError(strfmt("cannot write %s (%s): %s; any previous %s is kept", path.c_str(), what,
-                               std::strerror(err), path.c_str()));
-    };
-    for (const auto& part : parts) {
-        const char* p = static_cast<const char*>(part.first);
-        size_t left = part.second;
-        while (left > 0) {
-            ssize_t w = ::write(fd, p, left);
-            if (w < 0) {
-                if (errno == EINTR) continue;
-                fail("write");
-            }
-            p += w;
-            left -= size_t(w);
-        }
-    }
-    if (::fsync(fd) != 0) fail("fsync");
-    if (::close(fd) != 0) {
-        fd = -1;
-        int err = errno;
-        ::unlink(tmp.c_str());
-        throw UserError(strfmt("cannot write %s (close): %s", path.c_str(), std::strerror(err)));
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        int err = errno;
-        ::unlink(tmp.c_str());
-        throw UserError(strfmt("cannot rename %s to %s: %s", tmp.c_str(), path.c_str(), std::strerror(err)));
-    }
-    // make the rename durable
-    std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
-    int dfd = ::open(dir.empty() ? "/" : dir.c_str(), O_RDONLY);
-    if (dfd >= 0) {
-        ::fsync(dfd);
-        ::close(dfd);
-    }
 }
 
 void model_file_write(const std::string& path, const ModelShape& s, const float* params, int version) {
@@ -239,7 +180,7 @@ void model_file_write(const std::string& path, const ModelShape& s, const float*
         write_file_atomic(path, {{h, sizeof(h)}, {params, n * sizeof(float)}});
     } else {
         std::vector<uint16_t> tmp(n);
-        for (size_t i = 0; i < n; i++) tmp[i] = f32_to_bf16(params[i]);
+        for (size_t i = 0; i < n; i++) tmp[i] = f32_to_bf16_bits(params[i]);
         write_file_atomic(path, {{h, sizeof(h)}, {tmp.data(), n * sizeof(uint16_t)}});
     }
 }

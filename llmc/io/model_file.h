@@ -27,10 +27,3 @@ void check_finite_weights(const std::vector<float>& w, const ModelShape& shape, 
 // Writes (atomically: temp name, fsync, rename) version 3 (fp32) or 5 (bf16, round to nearest even).
 void model_file_write(const std::string& path, const ModelShape& shape, const float* params_llmc, int version);
 
-// fp32 <-> bf16 on the host, round to nearest even.
-uint16_t f32_to_bf16(float x);
-float bf16_to_f32(uint16_t x);
-
-// Writes bytes to path via path.tmp + fsync + rename; throws UserError naming the file on failure,
-// in which case an existing file at path is left as it was.
-void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts);

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmc/core/common.h"
-#include "llmc/io/model_file.h"
+#include "llmc/precision/bf16.h"
 
 namespace {
 
@@ -142,7 +142,7 @@ std::vector<float> SafetensorsReader::read(const std::string& name) const {
     } else {
         for (size_t i = 0; i < count; i++) {
             const uint16_t h = uint16_t(raw[2 * i] | (raw[2 * i + 1] << 8));
-            out[i] = e.dtype == "BF16" ? bf16_to_f32(h) : f16_to_f32(h);
+            out[i] = e.dtype == "BF16" ? bf16_bits_to_f32(h) : f16_to_f32(h);
         }
     }
     return out;

@@ -14,11 +14,6 @@
 
 using nlohmann::json;
 
-DType run_dtype(const std::string& precision, const std::string& device) {
-    // fp8 keeps everything but the block linears in bf16 on CUDA and fp32 on the CPU
-    return precision == "bf16" || (precision == "fp8" && device == "cuda") ? DType::BF16 : DType::F32;
-}
-
 int plan_world(const Config& cfg) {
     const ParallelConfig& pc = cfg.parallel;
     if (cfg.plan.world > 0) return cfg.plan.world;

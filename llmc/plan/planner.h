@@ -23,9 +23,6 @@
 #include "llmc/parallel/process_grid.h"
 #include "llmc/plan/step_model.h"
 
-// The dtype of parameters, gradients and activations for a precision on a device ("cpu"/"cuda").
-DType run_dtype(const std::string& precision, const std::string& device);
-
 // plan.world, "auto" resolved: dp x tp x pp when parallel.dp is a number, else 1.
 int plan_world(const Config& cfg);
 // Tokens of one optimizer step over the job: micro_batch x seq_len x grad_accum x dp (the cp

@@ -9,7 +9,6 @@
 #include "llmc/model/model.h"
 #include "llmc/model/optimizer.h"
 #include "llmc/parallel/pipeline_schedule.h"
-#include "llmc/plan/planner.h"
 
 using nlohmann::json;
 

@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "llmc/core/common.h"
-#include "llmc/io/model_file.h"
 
 void trim_run_log(const std::string& path, int step) {
     FILE* f = std::fopen(path.c_str(), "rb");

@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "llmc/cpu/cpu_ops.h"
+#include "llmc/cuda/cuda_ops.h"
 #include "llmc/core/common.h"
 #include "llmc/model/moe.h"
 #include "llmc/parallel/context_parallel.h"

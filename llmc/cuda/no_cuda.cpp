@@ -2,7 +2,7 @@
 // of CUDA: no device. train_gpt built with CUDA links llmc/cuda/cuda_ops.cu, whose ordinary
 // (strong) definitions replace these weak ones; the same holds for make_nccl_comm (llmc/comm/comm.cpp).
 #include "llmc/core/common.h"
-#include "llmc/backend/ops.h"
+#include "llmc/cuda/cuda_ops.h"
 
 __attribute__((weak)) int cuda_device_count() { return 0; }
 __attribute__((weak)) bool cuda_device_available() { return false; }

@@ -1,0 +1,12 @@
+// The CUDA backend as the rest of the program sees it (plain C++: no CUDA headers).
+// Defined in llmc/cuda/cuda_ops.cu; binaries built without the CUDA backend (make CUDA=0, the CPU
+// unit tests, the data tools) get llmc/cuda/no_cuda.cpp's weak definitions: no device.
+#pragma once
+#include <memory>
+
+#include "llmc/backend/ops.h"
+
+// Throws UserError when no CUDA device is usable.
+std::unique_ptr<Ops> make_cuda_ops(int device_index);
+bool cuda_device_available();
+int cuda_device_count();  // 0 when the query fails
