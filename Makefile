@@ -52,7 +52,7 @@ TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
 GPU_TEST_SRCS := $(if $(filter 0,$(CUDA)),,$(wildcard test/gpu/*.cu))
 TOOLS     := $(patsubst %.cpp,$(BIN)%,$(wildcard dev/data/*.cpp))
 
-.PHONY: all test clean bundle fuzz
+.PHONY: all test clean bundle fuzz check-layout
 # the data tools' objects stay (make would delete them as intermediates and rebuild them each time)
 .PRECIOUS: $(BUILD)/dev/data/%.o
 all: $(BIN)train_gpt $(TOOLS)
@@ -98,6 +98,10 @@ dev/comm_check: $(BUILD)/dev/comm_check.o $(CUDA_OBJS) $(BUILD)/libllmc.a
 
 test: $(BIN)train_gpt $(TOOLS) $(BUILD)/test_cpu $(if $(GPU_TEST_SRCS),$(BUILD)/test_gpu)
 	LLMC_BUILD=$(BUILD) LLMC_BIN=$(BIN) LLMC_SANITIZE=$(SANITIZE) bash test/run_tests.sh
+
+# llmc/'s includes point down its layer table (llmc/README.md); test/e2e/test_include_layers.sh runs it.
+check-layout:
+	bash scripts/check_layout.sh
 
 # A relocatable folder dist/ with the binaries and the OpenMPI runtime, for a machine without OpenMPI.
 bundle:
