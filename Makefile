@@ -12,7 +12,7 @@ MPI_LIBS   := $(shell mpicxx --showme:link 2>/dev/null)
 
 # SANITIZE=1: everything (train_gpt, the data tools, build-asan/test_cpu) built with ASan and
 # UBSan (-O1 -g, any error fatal) into build-asan/, leaving the usual build alone; CPU only.
-# `make test SANITIZE=1` runs the suite on those binaries (see README, "Sanitizers").
+# `make test SANITIZE=1` runs the suite on those binaries (see docs/building.md, "Sanitizers").
 SANITIZE  ?= 0
 ifeq ($(SANITIZE),1)
 override CUDA := 0

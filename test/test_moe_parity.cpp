@@ -128,7 +128,7 @@ Err compare(const std::vector<float>& a, const std::vector<float>& b) {
     return {b2 > 0 ? std::sqrt(d2 / b2) : std::sqrt(d2), bmax > 0 ? dmax / bmax : dmax, dmax};
 }
 
-// The worst errors of a check, reported by the tests (the numbers the README quotes).
+// The worst errors of a check, reported by the tests (the numbers docs/models.md quotes).
 struct Worst {
     double rel_max = 0, max_abs = 0;
     void add(const Err& e) {

@@ -1,4 +1,4 @@
-// The trainer's exit codes: one table, documented in README.md ("Exit codes"), so that job
+// The trainer's exit codes: one table, documented in docs/exit-codes.md, so that job
 // scripts (scripts/slurm/*.sbatch) and users can tell what happened without reading the log.
 #pragma once
 

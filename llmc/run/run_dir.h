@@ -13,7 +13,7 @@
 //  - resuming compares the checkpoint's run (its resolved config, data-parallel size and training
 //    shards, stored in state.bin) with this one: resume_changes() lists every difference and
 //    check_resume_changes() refuses those that break an exact continuation unless
-//    checkpoint.allow_changes is true (README, "What a resume may change").
+//    checkpoint.allow_changes is true (docs/checkpoints.md, "What a resume may change").
 #pragma once
 #include <string>
 #include <vector>
