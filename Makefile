@@ -52,7 +52,7 @@ TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
 GPU_TEST_SRCS := $(if $(filter 0,$(CUDA)),,$(wildcard test/gpu/*.cu))
 TOOLS     := $(patsubst %.cpp,$(BIN)%,$(wildcard dev/data/*.cpp))
 
-.PHONY: all test clean bundle fuzz check-layout
+.PHONY: all test clean bundle gpu-kit fuzz check-layout
 # the data tools' objects stay (make would delete them as intermediates and rebuild them each time)
 .PRECIOUS: $(BUILD)/dev/data/%.o
 all: $(BIN)train_gpt $(TOOLS)
@@ -106,6 +106,11 @@ check-layout:
 # A relocatable folder dist/ with the binaries and the OpenMPI runtime, for a machine without OpenMPI.
 bundle:
 	CUDA=$(CUDA) GPU_ARCH="$(GPU_ARCH)" bash scripts/bundle.sh
+
+# gpu-kit/: everything a GPU window runs, built here for sm_90 (GPU_ARCH="80 90" for both), with
+# the test data: copy it to the GPU machine and run gpu-kit/scripts/gpu_check.sh --quick (docs/gpu.md).
+gpu-kit:
+	$(if $(filter command line,$(origin GPU_ARCH)),GPU_ARCH="$(GPU_ARCH)") bash scripts/bundle.sh --kit
 
 # Fuzzing (libFuzzer, clang; no CUDA): `make fuzz FUZZ_SECONDS=N` builds test/fuzz/fuzz_*.cpp with
 # ASan and UBSan and runs each target for N seconds from its seeds (test/fuzz/corpus/<target>/);

@@ -10,8 +10,16 @@
 # The binaries are built with portable CPU flags (CPU_ARCH, default -march=x86-64-v2) into
 # build-dist/, leaving the usual build alone. REUSE_BUILD=1 packages this checkout's usual build
 # instead (built already; not portable): what test/e2e/test_bundle.sh does, in seconds.
+# --kit (make gpu-kit, issue 26): the folder a GPU window needs, built here so that nothing compiles
+# on the device: CUDA, GPU_ARCH 90 and CPU_ARCH -march=x86-64-v3 unless set, DIST gpu-kit, and also
+# the test data test_gpu's whole-model reference reads (test/data/ref_*.bin); at most 60 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+KIT=0
+[ "${1:-}" = --kit ] && KIT=1
+if [ $KIT = 1 ]; then
+    CUDA=1; GPU_ARCH=${GPU_ARCH:-90}; CPU_ARCH=${CPU_ARCH:--march=x86-64-v3}; DIST=${DIST:-gpu-kit}
+fi
 CUDA=${CUDA:-1}
 GPU_ARCH=${GPU_ARCH:-80 90}
 CPU_ARCH=${CPU_ARCH:--march=x86-64-v2}
@@ -48,7 +56,7 @@ cp "$EXE" "$DIST/"
 cp "$TOOLS_DIR/synth_shards" "$TOOLS_DIR/prepare_text" "$DIST/dev/data/"
 cp "$TESTS_DIR/test_cpu" "$DIST/build/"
 [ "$CUDA" = 0 ] || cp "$TESTS_DIR/test_gpu" "$DIST/build/"
-cp scripts/gpu_check.sh "$DIST/scripts/"
+cp scripts/gpu_check.sh scripts/gpu_quick.sh "$DIST/scripts/"
 # the helpers gpu_check's stages run besides the binaries: the PyTorch peer, the overlap table,
 # the Hugging Face export check
 cp dev/bench/torch_gpt2.py dev/bench/overlap_bench.sh "$DIST/dev/bench/"
@@ -106,4 +114,11 @@ export PATH="\$D/mpi/$(rel "$BINDIR"):\$D:\$PATH"
 export LD_LIBRARY_PATH="\$D/mpi/$(rel "$LIBDIR")\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 unset D
 ENV
+if [ $KIT = 1 ]; then
+    [ -x "$DIST/build/test_gpu" ] || { echo "bundle --kit: no build/test_gpu (a kit needs the CUDA build)" >&2; exit 1; }
+    mkdir -p "$DIST/test/data"
+    cp test/data/ref_*.bin "$DIST/test/data/"
+    size=$(du -sm "$DIST" | cut -f1)
+    [ "$size" -le 60 ] || { echo "bundle --kit: $DIST is $size MiB, over 60" >&2; exit 1; }
+fi
 echo "bundle: $DIST ($(du -sh "$DIST" | cut -f1); CUDA=$CUDA GPU_ARCH=\"$GPU_ARCH\" CPU_ARCH=$CPU_ARCH)"

@@ -3,6 +3,9 @@
 # each meant to finish within 8 minutes on one H100 so that one stage fits one command:
 #   scripts/gpu_check.sh --list                      the stages, one a line, with what each proves
 #   scripts/gpu_check.sh [--stage NAME]... [--out DIR] [--steps N]
+#   scripts/gpu_check.sh --quick [--out DIR] [--dry-run]     about 3 minutes, one global deadline
+#   scripts/gpu_check.sh --profile CONFIG [key=value...]     the kernel table of a run (ncu)
+# (--quick and --profile: scripts/gpu_quick.sh; --dry-run prints their steps and runs nothing.)
 # Without --stage, every stage in order. Each stage appends its table (date, commit, GPU) to
 # dev/bench/RESULTS.md as soon as it finishes; --out DIR also copies the table and the stage's logs
 # to DIR/NAME/, and writes each row to DIR/NAME/rows.partial.md the moment it is known (what a
@@ -23,10 +26,17 @@ describe() {
         fp8) echo "FP8 against bf16 on the 124M shape (300 steps, within 1%); FP8/bf16 tokens/s at the 1.5B shape" ;;
     esac
 }
-usage() { echo "usage: $0 --list | [--stage NAME]... [--out DIR] [--steps N]   (stages: ${STAGES[*]})" >&2; exit 2; }
+usage() {
+    echo "usage: $0 --list | [--stage NAME]... [--out DIR] [--steps N] | --quick [--out DIR] [--dry-run]" \
+         "| --profile CONFIG [key=value...]   (stages: ${STAGES[*]})" >&2
+    exit 2
+}
+source "$(dirname "$0")/gpu_quick.sh"
 STEPS=30
 OUT=""
 WANT=()
+DRY_RUN=0
+PROFILE_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --list) for st in "${STAGES[@]}"; do printf '%-8s %s\n' "$st" "$(describe "$st")"; done; exit 0 ;;
@@ -35,19 +45,30 @@ while [ $# -gt 0 ]; do
                  WANT+=("$2"); shift ;;
         --out) [ $# -ge 2 ] || usage; OUT="$2"; shift ;;
         --steps) [ $# -ge 2 ] || usage; STEPS="$2"; shift ;;
+        --quick) WANT+=(quick) ;;
+        --dry-run) DRY_RUN=1 ;;
+        --profile) [ $# -ge 2 ] || usage
+                   [ "$2" = - ] || [ -f "$2" ] || { echo "gpu_check: --profile: no config file '$2'" >&2; exit 2; }
+                   WANT+=(profile); shift; PROFILE_ARGS=("$@"); break ;;
         *) usage ;;
     esac
     shift
 done
 [ ${#WANT[@]} -gt 0 ] || WANT=("${STAGES[@]}")
+if [ "$DRY_RUN" = 1 ] && [[ " ${WANT[*]} " != *" quick "* && " ${WANT[*]} " != *" profile "* ]]; then
+    echo "gpu_check: --dry-run goes with --quick or --profile" >&2; exit 2
+fi
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+if [ "$DRY_RUN" = 1 ]; then
+    GPU_NAME="(dry run: no GPU queried)"; GPU_CC=90; GPU_MEM="?"
+elif ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "gpu_check: no NVIDIA GPU visible (nvidia-smi failed): stage ${WANT[0]} needs one; nothing was run" >&2
     exit 1
-fi
+else
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | sed 's/ *$//')
 GPU_CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d ' .')
 GPU_MEM=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader | head -n1)
+fi
 if git rev-parse --git-dir >/dev/null 2>&1; then
     COMMIT=$(git rev-parse --short HEAD)
     DIRTY=$(git status --porcelain | grep -qv '^??' && echo " (+local changes)" || true)
@@ -73,7 +94,7 @@ row() {  # stage result tok_s mfu peak notes (a note's newlines and pipes would 
     ROWS+=("| $1 | $2 | ${3:-} | ${4:-} | ${5:-} | $note |")
     # with --out, each row also lands at once in DIR/STAGE/rows.partial.md: a stage killed at a
     # time limit (SIGKILL: no trap runs) still leaves the rows it finished
-    if [ -n "$OUT" ] && [ -n "${CUR_STAGE:-}" ] && mkdir -p "$OUT/$CUR_STAGE"; then
+    if [ -n "$OUT" ] && [ "$DRY_RUN" = 0 ] && [ -n "${CUR_STAGE:-}" ] && mkdir -p "$OUT/$CUR_STAGE"; then
         echo "${ROWS[${#ROWS[@]}-1]}" >>"$OUT/$CUR_STAGE/rows.partial.md"
     fi
     case "$2" in FAIL*) ANY_FAIL=1 ;; esac
@@ -648,7 +669,9 @@ finish() {
     )
     echo
     echo "$table"
-    if [ -d dev/bench ] || [ -f Makefile ]; then
+    if [ "$DRY_RUN" = 1 ]; then
+        echo "gpu_check: dry run: nothing written"
+    elif [ -d dev/bench ] || [ -f Makefile ]; then
         mkdir -p dev/bench
         [ -f dev/bench/RESULTS.md ] || printf '# GPU results\n\nAppended by scripts/gpu_check.sh, newest last.\n\n' >dev/bench/RESULTS.md
         echo "$table" >>dev/bench/RESULTS.md
@@ -656,7 +679,7 @@ finish() {
     else
         echo "gpu_check: no dev/bench/RESULTS.md here (the bundle): use --out DIR and add DIR/$1/table.md to it"
     fi
-    if [ -n "$OUT" ]; then
+    if [ -n "$OUT" ] && [ "$DRY_RUN" = 0 ]; then
         mkdir -p "$OUT/$1"
         echo "$table" >"$OUT/$1/table.md"
         cp -r "$WORK"/. "$OUT/$1/" 2>/dev/null

@@ -23,3 +23,43 @@ for py in python3 /usr/bin/python3; do
     fi
 done
 echo "gpu_check --list: $(echo "$out" | wc -l) stages"
+
+# --quick --dry-run (issue 26): every step printed with its time limit, nothing run or written:
+# the data, test_gpu once per filter, the parity runs, the benches with their PyTorch peers, ncu
+before=$(md5sum "$ROOT/dev/bench/RESULTS.md")
+dry=$(bash "$G" --quick --dry-run --out "$W/q") || die "--quick --dry-run failed: $dry"
+[ "$(md5sum "$ROOT/dev/bench/RESULTS.md")" = "$before" ] || die "--dry-run wrote dev/bench/RESULTS.md"
+[ ! -e "$W/q" ] || die "--dry-run wrote --out"
+# the filter list of scripts/gpu_quick.sh is test_gpu's (test/gpu/test_gpu_ops.cu: run(op, filter) and want(filter))
+filters=$(grep -oE 'run\("[a-z_0-9]+", "[a-z_0-9]+"|want\("[a-z_0-9]+"\)' "$ROOT/test/gpu/test_gpu_ops.cu" |
+          sed -E 's/.*"([a-z_0-9]+)"\)?$/\1/' | sort -u)
+for f in $filters; do
+    echo "$dry" | grep -qE "^\[dry-run\] test_gpu $f +<=" || die "--quick runs no 'test_gpu $f'"
+done
+for s in "data: synthetic shards" "parity gpt2 cuda_bf16" "parity llama cuda_fp32" "bench gpt2_124m bf16 B=8" \
+         "bench gpt2_124m bf16 B=32" "bench gpt2_1558m bf16 B=8" "bench gpt2_1558m fp8 B=8" \
+         "PyTorch peer gpt2_124m B=32" "PyTorch peer gpt2_1558m B=8" "ncu gpt2_124m_B8"; do
+    echo "$dry" | grep -qF "[dry-run] $s " || die "--quick --dry-run lacks the step '$s'"
+done
+n=$(echo "$dry" | grep -c '^\[dry-run\]')
+echo "gpu_check --quick --dry-run: $n steps ($(echo "$filters" | wc -w) test_gpu filters)"
+prof=$(bash "$G" --profile "$ROOT/configs/tiny_cpu.json" train.micro_batch=2 --dry-run 2>&1) && die "--profile took --dry-run after the config's overrides: $prof"
+prof=$(bash "$G" --dry-run --profile "$ROOT/configs/tiny_cpu.json" train.micro_batch=2) || die "--profile --dry-run: $prof"
+echo "$prof" | grep -qE '^\[dry-run\] ncu tiny_cpu .*--clock-control none .*configs/tiny_cpu.json train.micro_batch=2 train.steps=2' ||
+    die "--profile --dry-run: $prof"
+expect_fail 2 "no config file 'nope.json'" bash "$G" --profile nope.json
+
+# the kernel table from ncu's CSV: shares of kernel time, units converted, kernel time against wall time
+cat > "$W/ncu.csv" <<'CSV'
+==PROF== Connected to process 1
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","1","train_gpt","127.0.0.1","attention_forward_kernel<__nv_bfloat16, 64, 64>(const float *, int)","1","7","(128, 1, 1)","(16, 12, 8)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","msecond","30"
+"1","1","train_gpt","127.0.0.1","adamw_kernel(float *)","1","7","(512, 1, 1)","(96, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","5,000"
+"2","1","train_gpt","127.0.0.1","adamw_kernel(float *)","1","7","(512, 1, 1)","(96, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","5000000"
+CSV
+table=$( row() { echo "ROW|$1|$2|$6"; }; DRY_RUN=0; source "$ROOT/scripts/gpu_quick.sh"; kernel_table "$W/ncu.csv" 2 40 )
+echo "$table" | grep -qF 'ROW|kernel time per step|INFO|20.0 ms of kernels; 3 launches in 2 steps' || die "kernel table: $table"
+echo "$table" | grep -qF 'ROW|host share of the step|INFO|50% (wall 40 ms/step vs kernels 20.0 ms)' || die "kernel table: $table"
+echo "$table" | grep -qF 'ROW|kernel attention_forward_kernel<__nv_bfloat16, 64, 64>|INFO|75.0% of kernel time, 30.000 ms, 1 launches' || die "kernel table: $table"
+echo "$table" | grep -qF 'ROW|kernel adamw_kernel|INFO|25.0% of kernel time, 10.000 ms, 2 launches' || die "kernel table: $table"
+echo "kernel table from ncu's CSV: shares and host share as computed by hand"

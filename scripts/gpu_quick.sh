@@ -1,0 +1,233 @@
+# The quick run and the profiler of scripts/gpu_check.sh (issue 26), sourced by it: a GPU window
+# is 15 minutes in all, so `--quick` fits what matters most into about 3 minutes under ONE global
+# deadline (QUICK_SECONDS, default 170): every step's time limit is the smaller of its own and
+# what is left, a step that no longer fits is a SKIP row, and each row is written as it comes
+# (--out DIR/quick/rows.partial.md). In order of value:
+#   env; build/test_gpu one process per filter (an abort ends only its filter); the whole model
+#   GPU vs CPU (GPT-2 and Llama, fp32 and bf16); GPT-2 124M at B=8 and B=32 and the 1.5B shape
+#   at B=8 in bf16 and FP8, each beside the PyTorch peer at the same shape; a kernel table from
+#   ncu at 124M B=8 (each kernel's share of kernel time, and kernel time against wall time).
+# `--profile CONFIG [key=value...]`: the kernel table of any run (two steps under ncu).
+# `--dry-run`: every step printed with its time limit, nothing run, nothing written.
+
+# test_gpu's filters, in the order they run (test/e2e/test_gpu_check_list.sh checks this list
+# against test/gpu/test_gpu_ops.cu)
+TEST_GPU_FILTERS="encoder encoder_slice layernorm residual matmul attention attention_gqa rmsnorm rope
+attention_ring swiglu moe cross_entropy cross_entropy_vp adamw sum_squares offload reference fp8"
+QUICK_STEPS=${QUICK_STEPS:-10}
+
+exec 9>&1  # the script's own stdout, for --dry-run's lines (a step's stdout goes to its log)
+left() { echo $((DEADLINE - $(date +%s))); }
+
+# step NAME LIMIT CMD...: CMD under min(LIMIT, time left - 5 s); a SKIP row when under 5 s remain.
+# Under --dry-run prints the step instead. Returns CMD's status (124 when its limit ended it).
+step() {
+    local name=$1 lim=$2; shift 2
+    if [ "$DRY_RUN" = 1 ]; then
+        printf '[dry-run] %-44s <= %3ss: %s\n' "$name" "$lim" "$*" >&9  # fd 9: the terminal, not the step's log
+        return 0
+    fi
+    local t=$(( $(left) - 5 ))
+    [ "$t" -lt "$lim" ] || t=$lim
+    if [ "$t" -lt 5 ]; then
+        row "$name" "SKIP" "" "" "" "global deadline: $(left) s left"
+        return 125
+    fi
+    timeout -k 3 "$t" "$@"
+}
+
+# quick_data: synthetic GPT-2 shards for the benchmarks and tiny shards for the parity runs
+quick_data() {
+    Q="$WORK/quick"
+    mkdir -p "$Q"
+    step "data: synthetic shards" 30 bash -c "dev/data/synth_shards --out '$Q/bench' --shards 1 --tokens 3000000 \
+        --vocab 50257 >/dev/null && dev/data/synth_shards --out '$Q/tiny' --shards 1 --tokens 200000 --vocab 512 >/dev/null"
+}
+
+# quick_train NAME LIMIT OUT key=value...: train_gpt on the bench shards into OUT (log OUT/stdout.log)
+quick_train() {
+    local name=$1 lim=$2 out=$3; shift 3
+    mkdir -p "$out"
+    step "$name" "$lim" ./train_gpt - data.train="$Q/bench_*.bin" data.val= eval.every=0 eval.sample_every=0 \
+        tokenizer= checkpoint.every=0 checkpoint.resume=never checkpoint.dir="$out/ckpt" out.format=llmc \
+        log.jsonl="$out/log.jsonl" out_dir="$out" "$@" >"$out/stdout.log" 2>&1
+}
+
+quick_env() {
+    echo "== quick: env"
+    row "GPU" "INFO" "" "" "" "$GPU_NAME, sm_$GPU_CC, $GPU_MEM"
+    [ "$DRY_RUN" = 1 ] && return
+    local v
+    v=$(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>/dev/null) || v="not importable"
+    row "PyTorch" "INFO" "" "" "" "$v"
+    v=$(ldd ./train_gpt 2>/dev/null | awk '/nccl|cublasLt|cudart/ { printf "%s ", $1 }')
+    row "libraries" "INFO" "" "" "" "${v:-ldd found none}"
+}
+
+quick_ops() {
+    echo "== quick: test_gpu, one process per filter"
+    local f rc log summary
+    for f in $TEST_GPU_FILTERS; do
+        log="$WORK/test_gpu_$f.log"
+        step "test_gpu $f" 60 env LLMC_GPU_DIGEST="$WORK/digest_$f" build/test_gpu "$f" >"$log" 2>&1
+        rc=$?
+        [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && continue
+        summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n1)
+        if [ $rc -eq 0 ] && [ -n "$summary" ]; then
+            row "test_gpu $f" "PASS" "" "" "" "$summary"
+        else
+            row "test_gpu $f" "FAIL" "" "" "" "exit $rc; ${summary:-no summary}; $(grep -m1 -E '^FAIL|error|Error' "$log" | cut -c1-100)"
+        fi
+    done
+}
+
+quick_parity() {
+    echo "== quick: the whole model, GPU against CPU"
+    local arch run tol res extra
+    for arch in gpt2 llama; do
+        extra=""; [ $arch = llama ] && extra="model.n_kv_head=2"
+        for run in cpu_fp32 cuda_fp32 cuda_bf16; do
+            mkdir -p "$Q/parity_${arch}_$run"
+            step "parity $arch $run" 40 ./train_gpt - device=${run%_*} precision=${run#*_} model.arch=$arch $extra \
+                model.n_layer=4 model.n_head=4 model.d_model=128 model.vocab_size=512 model.max_seq_len=64 \
+                data.train="$Q/tiny_*.bin" train.micro_batch=4 train.seq_len=64 train.grad_accum=2 train.steps=10 \
+                train.lr=1e-3 checkpoint.every=0 checkpoint.resume=never out.format=llmc \
+                out_dir="$Q/parity_${arch}_$run" >"$Q/parity_${arch}_$run.txt" 2>&1
+        done
+        [ "$DRY_RUN" = 1 ] && continue
+        for run in cuda_fp32 cuda_bf16; do
+            tol=1e-4; [ $run = cuda_bf16 ] && tol=2e-2
+            loss_tol_row "parity $arch ${run#*_}: losses GPU vs CPU" "$Q/parity_${arch}_cpu_fp32/log.jsonl" \
+                "$Q/parity_${arch}_$run/log.jsonl" $tol
+        done
+    done
+}
+
+# quick_bench NAME "MODEL KEYS" B PREC: train_gpt's row; the PyTorch peer's at the same shape (bf16)
+quick_bench() {
+    local name=$1 model=$2 b=$3 prec=$4 out="$Q/bench_${1}_${4}_B$3" parsed
+    echo "== quick: bench $name $prec B=$b"
+    # shellcheck disable=SC2086
+    quick_train "bench $name $prec B=$b" 60 "$out" device=cuda precision=$prec $model train.micro_batch=$b \
+        train.seq_len=1024 train.grad_accum=1 train.steps=$QUICK_STEPS train.lr=3e-4 train.lr_schedule=constant
+    local rc=$?
+    [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && { quick_peer "$name" "$model" "$b" "$prec"; return; }
+    if [ $rc -eq 0 ] && [ -s "$out/log.jsonl" ]; then
+        parsed=$(parse_log "$out/log.jsonl")
+        local ms
+        ms=$(grep -o '"ms": *[0-9.eE+-]*' "$out/log.jsonl" | sed 's/.*: *//' | tail -n +3 | sort -g |
+             awk '{ a[NR] = $1 } END { if (NR) printf "%.1f", a[int((NR + 1) / 2)] }')
+        row "train_gpt $name $prec (B=$b, T=1024)" "PASS" "$(echo "$parsed" | cut -f1)" "$(echo "$parsed" | cut -f2)" \
+            "$(grep -i 'peak' "$out/stdout.log" | tail -n1 | sed 's/^[[:space:]]*//' | cut -c1-40)" "median ms/step $ms"
+        eval "TOK_q_${name}_${prec}_$b=$(echo "$parsed" | cut -f1)"
+        eval "MS_q_${name}_${prec}_$b=$ms"
+    else
+        row "train_gpt $name $prec (B=$b)" "FAIL" "" "" "" "exit $rc: $(grep -m1 -iE 'error|out of memory' "$out/stdout.log" | cut -c1-100)"
+    fi
+    quick_peer "$name" "$model" "$b" "$prec"
+}
+
+quick_peer() {  # name "model keys" B prec: the PyTorch peer once per shape (bf16; FP8 is compared with it)
+    local name=$1 b=$3 prec=$4 out="$Q/torch_${1}_B$3" nl nh dm res tok
+    [ "$prec" = bf16 ] || return 0
+    nl=$(echo "$2" | sed -n 's/.*model.n_layer=\([0-9]*\).*/\1/p'); nh=$(echo "$2" | sed -n 's/.*model.n_head=\([0-9]*\).*/\1/p')
+    dm=$(echo "$2" | sed -n 's/.*model.d_model=\([0-9]*\).*/\1/p')
+    step "PyTorch peer $name B=$b" 90 python3 dev/bench/torch_gpt2.py --n_layer "$nl" --n_head "$nh" --d_model "$dm" \
+        --seq 1024 --batch "$b" --steps "$QUICK_STEPS" --warmup 3 >"$out.log" 2>&1
+    local rc=$?
+    [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && return 0
+    res=$(grep '^RESULT ' "$out.log" | tail -n1)
+    if [ -z "$res" ]; then
+        row "PyTorch peer $name (B=$b)" "FAIL" "" "" "" "exit $rc: $(grep -m1 -iE 'error|Traceback' "$out.log" | cut -c1-100)"
+        return 0
+    fi
+    tok=$(echo "$res" | sed -n 's/.*tokens_per_s=\([^ ]*\).*/\1/p')
+    row "PyTorch peer $name bf16 (B=$(echo "$res" | sed -n 's/.*batch=\([^ ]*\).*/\1/p'), T=1024)" "PASS" "$tok" \
+        "$(echo "$res" | sed -n 's/.*mfu=\([^ ]*\).*/\1/p' | awk '{ printf "%.1f%%", 100 * $1 }')" \
+        "$(echo "$res" | sed -n 's/.*peak_mem_gib=\([^ ]*\).*/\1/p') GiB" "$(echo "$res" | grep -q 'compiled=1' && echo compiled || echo eager)"
+    local mine="TOK_q_${name}_bf16_$b"
+    [ -n "${!mine:-}" ] && row "train_gpt / PyTorch ($name B=$b)" "INFO" "" "" "" \
+        "$(awk -v a="${!mine}" -v b="$tok" 'BEGIN { printf "%.3f", a / b }')"
+}
+
+# find_ncu: on PATH or in the toolkit
+find_ncu() {
+    local c
+    for c in "$(command -v ncu 2>/dev/null)" "${CUDA_HOME:-/usr/local/cuda}/bin/ncu" /usr/local/cuda/nsight-compute*/ncu; do
+        [ -n "$c" ] && [ -x "$c" ] && { echo "$c"; return 0; }
+    done
+    echo ncu
+}
+
+# kernel_table CSV STEPS WALL_MS_PER_STEP: rows of the kernels' shares from ncu's CSV
+# (gpu__time_duration.sum per launch), the kernel time per step, and the host's share of the wall time
+kernel_table() {
+    local csv=$1 steps=$2 wall=$3
+    awk -F'","' 'NR > 1 && $0 ~ /gpu__time_duration.sum/ {
+            gsub(/[",]/, "", $NF); v = $NF + 0; name = $5  # ncu writes 5,000 for 5000
+            sub(/\(.*/, "", name); unit = $(NF - 1)
+            if (unit ~ /usecond/) v *= 1e3; else if (unit ~ /msecond/) v *= 1e6; else if (unit ~ /^second/) v *= 1e9
+            t[name] += v; n[name]++; total += v }
+         END { for (k in t) printf "%.6f\t%d\t%s\t%.3f\n", t[k] / total, n[k], k, t[k] / 1e6; printf "TOTAL\t%.3f\n", total / 1e6 }' \
+        "$csv" | sort -t$'\t' -k1,1gr >"$csv.table"
+    local total
+    total=$(awk -F'\t' '$1 == "TOTAL" { print $2 }' "$csv.table")
+    if [ -z "$total" ] || [ "$total" = "0.000" ]; then
+        row "kernel table" "FAIL" "" "" "" "no gpu__time_duration rows in $csv"
+        return
+    fi
+    local per_step
+    per_step=$(awk -v t="$total" -v s="$steps" 'BEGIN { printf "%.1f", t / s }')
+    row "kernel time per step" "INFO" "" "" "" "$per_step ms of kernels; $(awk -F'\t' '$1 != "TOTAL" { n += $2 } END { print n }' "$csv.table") launches in $steps steps"
+    [ -n "$wall" ] && row "host share of the step" "INFO" "" "" "" \
+        "$(awk -v k="$per_step" -v w="$wall" 'BEGIN { printf "%.0f%% (wall %s ms/step vs kernels %s ms)", 100 * (1 - k / w), w, k }')"
+    grep -v '^TOTAL' "$csv.table" | head -n 15 | while IFS=$'\t' read -r share count name ms; do
+        row "kernel $name" "INFO" "" "" "" "$(awk -v s="$share" 'BEGIN { printf "%.1f%%", 100 * s }') of kernel time, $ms ms, $count launches"
+    done
+}
+
+# profile_run NAME CONFIG [key=value...]: two steps under ncu, then the kernel table
+profile_run() {
+    local name=$1 cfg=$2; shift 2
+    local out="$WORK/profile_$name" ncu_bin
+    mkdir -p "$out"
+    ncu_bin=$(find_ncu)
+    step "ncu $name" 120 "$ncu_bin" --clock-control none --metrics gpu__time_duration.sum --csv \
+        ./train_gpt "$cfg" "$@" train.steps=2 eval.every=0 eval.sample_every=0 checkpoint.every=0 \
+        checkpoint.resume=never checkpoint.dir="$out/ckpt" out.format=llmc out_dir="$out" log.jsonl="$out/log.jsonl" \
+        >"$out/ncu.csv" 2>"$out/stderr.log"
+    local rc=$?
+    [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && return 0
+    if [ $rc -ne 0 ]; then
+        row "ncu $name" "FAIL" "" "" "" "exit $rc: $(grep -m1 -iE 'error' "$out/stderr.log" "$out/ncu.csv" | cut -c1-100)"
+        return 0
+    fi
+    # the wall time of a step without the profiler: the bench run of the same shape when there was one
+    kernel_table "$out/ncu.csv" 2 "${PROFILE_WALL_MS:-}"
+}
+
+stage_quick() {
+    DEADLINE=$(( $(date +%s) + ${QUICK_SECONDS:-170} ))
+    local m124="model.arch=gpt2 model.n_layer=12 model.n_head=12 model.d_model=768 model.vocab_size=50257 model.max_seq_len=1024"
+    local m1558="model.arch=gpt2 model.n_layer=48 model.n_head=25 model.d_model=1600 model.vocab_size=50257 model.max_seq_len=1024"
+    quick_env
+    quick_data
+    quick_ops
+    quick_parity
+    quick_bench gpt2_124m "$m124" 8 bf16
+    quick_bench gpt2_124m "$m124" 32 bf16
+    quick_bench gpt2_1558m "$m1558" 8 bf16
+    quick_bench gpt2_1558m "$m1558" 8 fp8
+    # the kernel table of 124M B=8, its host share against the bench run's ms/step
+    PROFILE_WALL_MS=${MS_q_gpt2_124m_bf16_8:-}
+    # shellcheck disable=SC2086
+    profile_run gpt2_124m_B8 - device=cuda precision=bf16 $m124 train.micro_batch=8 train.seq_len=1024 \
+        train.grad_accum=1 data.train="$Q/bench_*.bin" data.val= tokenizer=
+    [ "$DRY_RUN" = 1 ] || echo "gpu_check --quick: $(( ${QUICK_SECONDS:-170} - $(left) )) s"
+}
+
+stage_profile() {
+    DEADLINE=$(( $(date +%s) + ${QUICK_SECONDS:-170} ))
+    PROFILE_WALL_MS=""
+    profile_run "$(basename "${PROFILE_ARGS[0]}" .json)" "${PROFILE_ARGS[@]}"
+}
