@@ -3,6 +3,7 @@
 # each meant to finish within 8 minutes on one H100 so that one stage fits one command:
 #   scripts/gpu_check.sh --list                      the stages, one a line, with what each proves
 #   scripts/gpu_check.sh [--stage NAME]... [--out DIR] [--steps N]
+#   scripts/gpu_check.sh ... --deadline SECONDS             every command's limit within the time left
 #   scripts/gpu_check.sh --quick [--out DIR] [--dry-run]     about 3 minutes, one global deadline
 #   scripts/gpu_check.sh --profile CONFIG [key=value...]     the kernel table of a run (ncu)
 # (--quick and --profile: scripts/gpu_quick.sh; --dry-run prints their steps and runs nothing.)
@@ -27,7 +28,8 @@ describe() {
     esac
 }
 usage() {
-    echo "usage: $0 --list | [--stage NAME]... [--out DIR] [--steps N] | --quick [--out DIR] [--dry-run]" \
+    echo "usage: $0 --list | [--stage NAME]... [--out DIR] [--steps N] [--deadline SECONDS]" \
+         "| --quick [--out DIR] [--dry-run]" \
          "| --profile CONFIG [key=value...]   (stages: ${STAGES[*]})" >&2
     exit 2
 }
@@ -46,6 +48,7 @@ while [ $# -gt 0 ]; do
         --out) [ $# -ge 2 ] || usage; OUT="$2"; shift ;;
         --steps) [ $# -ge 2 ] || usage; STEPS="$2"; shift ;;
         --quick) WANT+=(quick) ;;
+        --deadline) [ $# -ge 2 ] && [[ "$2" =~ ^[0-9]+$ ]] || usage; DEADLINE=$(( $(date +%s) + $2 )); shift ;;
         --dry-run) DRY_RUN=1 ;;
         --profile) [ $# -ge 2 ] || usage
                    [ "$2" = - ] || [ -f "$2" ] || { echo "gpu_check: --profile: no config file '$2'" >&2; exit 2; }
@@ -236,7 +239,7 @@ JSON
         mkdir -p "$out"
         log="$out/stdout.log"
         echo "   trying micro_batch=$mb"
-        timeout 900 ./train_gpt "$cfg" device=cuda precision="$prec" train.steps="$STEPS" train.micro_batch="$mb" \
+        timeout "$(tlimit 900)" ./train_gpt "$cfg" device=cuda precision="$prec" train.steps="$STEPS" train.micro_batch="$mb" \
             train.seq_len=1024 train.grad_accum=1 data.train="$data*.bin" data.val= eval.every=0 \
             eval.sample_every=0 tokenizer= checkpoint.every=0 checkpoint.resume=never checkpoint.dir="$out/ckpt" \
             log.jsonl="$out/log.jsonl" out_dir="$out" $extra >"$log" 2>&1
@@ -281,9 +284,9 @@ stage_env() {
     tiny_model
     if [ ! -x ./train_gpt ] || ! command -v mpirun >/dev/null 2>&1; then
         row "smoke: 1 process vs dp=2" "FAIL" "" "" "" "train_gpt or mpirun missing"
-    elif ! timeout 300 ./train_gpt "$L/c.json" out_dir="$L/smoke1" >"$L/smoke1.txt" 2>&1; then
+    elif ! timeout "$(tlimit 300)" ./train_gpt "$L/c.json" out_dir="$L/smoke1" >"$L/smoke1.txt" 2>&1; then
         row "smoke: 1 process vs dp=2" "FAIL" "" "" "" "1 process: $(grep -m1 -i error "$L/smoke1.txt" | cut -c1-90)"
-    elif ! timeout 300 mpirun --oversubscribe -np 2 ./train_gpt "$L/c.json" parallel.dp=2 train.grad_accum=2 \
+    elif ! timeout "$(tlimit 300)" mpirun --oversubscribe -np 2 ./train_gpt "$L/c.json" parallel.dp=2 train.grad_accum=2 \
             out_dir="$L/smoke2" >"$L/smoke2.txt" 2>&1; then
         row "smoke: 1 process vs dp=2" "FAIL" "" "" "" "dp=2: $(grep -m1 -i error "$L/smoke2.txt" | cut -c1-90)"
     else
@@ -300,7 +303,7 @@ stage_env() {
     for arch in gpt2 llama; do
         out="$L/hf_$arch"
         msg=""
-        if timeout 300 ./train_gpt "$L/c.json" device=cpu model.arch=$arch train.steps=3 "data.val=$L/val_*.bin" \
+        if timeout "$(tlimit 300)" ./train_gpt "$L/c.json" device=cpu model.arch=$arch train.steps=3 "data.val=$L/val_*.bin" \
                 eval.every=3 eval.batches=2 out.format=both "out_dir=$out" >"$out.txt" 2>&1 &&
             msg=$(python3 dev/reference/check_export.py "$out" "$L/val_000000.bin" --batch 4 --seq 64 --batches 2 \
                 --engine transformers 2>&1); then
@@ -326,7 +329,7 @@ stage_ops() {
             row "test_gpu (op parity)" "FAIL" "" "" "" "${summary:-no summary, exit $rc}; first: $(grep -m1 '^FAIL' "$WORK/test_gpu.log" | cut -c1-90) ($nf FAIL lines)"
         fi
         # the large cases (logits past 2^31 elements), not in the sanitizer runs below
-        if timeout 420 build/test_gpu big >"$WORK/test_gpu_big.log" 2>&1; then
+        if timeout "$(tlimit 420)" build/test_gpu big >"$WORK/test_gpu_big.log" 2>&1; then
             row "test_gpu big (logits > 2^31)" "PASS" "" "" "" "$(grep -E '^[0-9]+ passed' "$WORK/test_gpu_big.log")"
         else
             row "test_gpu big (logits > 2^31)" "FAIL" "" "" "" "$(grep -m1 -E '^FAIL|error' "$WORK/test_gpu_big.log" | cut -c1-90)"
@@ -355,7 +358,7 @@ stage_ops() {
         echo "== compute-sanitizer --tool $tool ($op)"
         # memcheck over every case is a second process of the same cases: its results' digests
         # must equal the plain run's (determinism across processes; memcheck changes no arithmetic)
-        if timeout 420 env LLMC_GPU_DIGEST="$WORK/digest_$tool$op" "$cs" --tool "$tool" --error-exitcode 3 \
+        if timeout "$(tlimit 420)" env LLMC_GPU_DIGEST="$WORK/digest_$tool$op" "$cs" --tool "$tool" --error-exitcode 3 \
             build/test_gpu ${op/#all/} >"$log" 2>&1; then
             row "compute-sanitizer $tool: $op" "PASS" "" "" "" "$(grep -m1 'ERROR SUMMARY' "$log")"
         else
@@ -387,7 +390,7 @@ stage_parity() {
     echo "== parity: GPU against CPU (the CPU backend runs fp32 only: bf16 on the GPU is compared with it)"
     local run prec tol res
     for run in cpu_fp32 cuda_fp32 cuda_bf16; do
-        timeout 420 ./train_gpt "$L/c.json" device=${run%_*} precision=${run#*_} out_dir="$L/parity_$run" >"$L/parity_$run.txt" 2>&1 ||
+        timeout "$(tlimit 420)" ./train_gpt "$L/c.json" device=${run%_*} precision=${run#*_} out_dir="$L/parity_$run" >"$L/parity_$run.txt" 2>&1 ||
             row "parity: $run run" "FAIL" "" "" "" "$(grep -m1 -i error "$L/parity_$run.txt" | cut -c1-90)"
     done
     for prec in fp32 bf16; do
@@ -406,7 +409,7 @@ stage_parity() {
     # bits (llmc/precision/bf16.h), so they differ only where the masters straddle a rounding boundary. The
     # plan (--plan=json) must equal the offloaded run's allocation record, the host bytes included.
     for prec in fp32 bf16; do
-        timeout 420 ./train_gpt "$L/c.json" device=cuda precision=$prec train.offload_optimizer=true \
+        timeout "$(tlimit 420)" ./train_gpt "$L/c.json" device=cuda precision=$prec train.offload_optimizer=true \
             out_dir="$L/offload_$prec" >"$L/offload_$prec.txt" 2>&1 ||
             row "offload $prec run" "FAIL" "" "" "" "$(grep -m1 -i error "$L/offload_$prec.txt" | cut -c1-90)"
         tol=1e-5; [ $prec = bf16 ] && tol=1e-3
@@ -428,7 +431,7 @@ stage_parity() {
     fi
     # determinism: a second process gives bitwise the same run
     for prec in fp32 bf16; do
-        timeout 420 ./train_gpt "$L/c.json" device=cuda precision=$prec out_dir="$L/again_$prec" >"$L/again_$prec.txt" 2>&1
+        timeout "$(tlimit 420)" ./train_gpt "$L/c.json" device=cuda precision=$prec out_dir="$L/again_$prec" >"$L/again_$prec.txt" 2>&1
         if [ -s "$L/again_$prec/model_00000010.bin" ] &&
            cmp -s "$L/parity_cuda_$prec/model_00000010.bin" "$L/again_$prec/model_00000010.bin" &&
            diff -q <(grep -o '"loss":[^,}]*' "$L/parity_cuda_$prec/log.jsonl") <(grep -o '"loss":[^,}]*' "$L/again_$prec/log.jsonl") >/dev/null; then
@@ -450,7 +453,7 @@ torch_peer() {  # name n_layer n_head d_model
     local mbv="MB_${name}_bf16" tokv="TOK_${name}_bf16"
     local mb=${!mbv:-8}
     echo "== PyTorch peer $name (B=$mb)"
-    if timeout 900 python3 dev/bench/torch_gpt2.py --n_layer "$2" --n_head "$3" --d_model "$4" --seq 1024 \
+    if timeout "$(tlimit 900)" python3 dev/bench/torch_gpt2.py --n_layer "$2" --n_head "$3" --d_model "$4" --seq 1024 \
             --batch "$mb" --steps "$STEPS" --warmup 5 >"$out.log" 2>&1 && grep -q '^RESULT ' "$out.log"; then
         local res tok mfu peak b
         res=$(grep '^RESULT ' "$out.log" | tail -n1)
@@ -496,7 +499,7 @@ stage_bench() {
                 "attention_backward 1"|"attention_backward 2") args="1 512 12 64" ;;
                 "adamw 1"|"adamw 2"|"adamw 3") args="20000000" ;;
             esac
-            if timeout 600 "dev/cuda/$1" "$2" $args >"$log" 2>&1; then
+            if timeout "$(tlimit 600)" "dev/cuda/$1" "$2" $args >"$log" 2>&1; then
                 row "dev/cuda $1 v$2" "PASS" "" "" "" "$(grep -m1 '^time' "$log" | cut -c1-60)"
             else
                 row "dev/cuda $1 v$2" "FAIL" "" "" "" "$(grep -m1 -E 'FAIL|error' "$log" | cut -c1-90)"
@@ -527,7 +530,7 @@ stage_layouts() {
                     "2 dp2_zero3_offload parallel.dp=2 parallel.zero=3 train.grad_accum=2 train.offload_optimizer=true"; do
             read -r -a args <<<"$spec"
             np=${args[0]}; name=${args[1]}
-            if timeout 300 mpirun --oversubscribe -np "$np" ./train_gpt "$L/c.json" "${args[@]:2}" out_dir="$L/$name" \
+            if timeout "$(tlimit 300)" mpirun --oversubscribe -np "$np" ./train_gpt "$L/c.json" "${args[@]:2}" out_dir="$L/$name" \
                     >"$L/$name.txt" 2>&1; then
                 loss_row "1 GPU, $np ranks: $name" "$L/base/log.jsonl" "$L/$name/log.jsonl"
             else
@@ -538,7 +541,7 @@ stage_layouts() {
         # (rows staged through the host for the all-to-all) against one process
         moe=(model.moe.num_experts=4 model.moe.top_k=2 model.moe.capacity_factor=1.0)
         ./train_gpt "$L/c.json" "${moe[@]}" out_dir="$L/moe_base" >"$L/moe_base.txt" 2>&1
-        if timeout 300 mpirun --oversubscribe -np 2 ./train_gpt "$L/c.json" "${moe[@]}" parallel.dp=2 parallel.ep=2 \
+        if timeout "$(tlimit 300)" mpirun --oversubscribe -np 2 ./train_gpt "$L/c.json" "${moe[@]}" parallel.dp=2 parallel.ep=2 \
                 train.grad_accum=2 out_dir="$L/moe_dp2_ep2" >"$L/moe_dp2_ep2.txt" 2>&1; then
             loss_row "1 GPU, 2 ranks: moe dp2_ep2" "$L/moe_base/log.jsonl" "$L/moe_dp2_ep2/log.jsonl"
         else
@@ -555,7 +558,7 @@ stage_layouts() {
         for prec in fp32 bf16; do
             failed=""
             for comm in mpi nccl; do
-                if ! timeout 300 ./train_gpt "$L/c.json" precision="$prec" parallel.comm="$comm" out_dir="$N/${prec}_$comm" \
+                if ! timeout "$(tlimit 300)" ./train_gpt "$L/c.json" precision="$prec" parallel.comm="$comm" out_dir="$N/${prec}_$comm" \
                         >"$N/${prec}_$comm.txt" 2>&1; then
                     failed="the parallel.comm=$comm run failed: $(grep -m1 -i error "$N/${prec}_$comm.txt" | cut -c1-90)"
                     break
@@ -577,7 +580,7 @@ stage_layouts() {
     # issue 17's table on the GPU: dp=2 ZeRO-1 on the one GPU over MPI with and without overlap at
     # injected delays (the bench appends its own table to dev/bench/RESULTS.md)
     echo "== communication overlap on one GPU (dev/bench/overlap_bench.sh)"
-    if command -v mpirun >/dev/null 2>&1 && DEVICE=cuda timeout 300 dev/bench/overlap_bench.sh 1 0 20 >"$L/overlap.txt" 2>&1; then
+    if command -v mpirun >/dev/null 2>&1 && DEVICE=cuda timeout "$(tlimit 300)" dev/bench/overlap_bench.sh 1 0 20 >"$L/overlap.txt" 2>&1; then
         row "overlap dp2 ZeRO-1, delays 0 and 20 ms" "PASS" "" "" "" "$(tail -n 1 dev/bench/RESULTS.md | cut -c1-90)"
     else
         row "overlap dp2 ZeRO-1, delays 0 and 20 ms" "FAIL" "" "" "" "$(tail -n 3 "$L/overlap.txt" | tr '\n' ' ' | cut -c1-90)"
@@ -611,7 +614,7 @@ JSON
             runs_failed=""
             for prec in bf16 fp8; do
                 out="$F/$prec"
-                timeout 420 ./train_gpt "$F/c.json" precision="$prec" out_dir="$out" >"$F/$prec.txt" 2>&1
+                timeout "$(tlimit 420)" ./train_gpt "$F/c.json" precision="$prec" out_dir="$out" >"$F/$prec.txt" 2>&1
                 rc=$?
                 if [ $rc -eq 0 ] && [ -s "$out/log.jsonl" ]; then
                     parsed=$(parse_log "$out/log.jsonl")

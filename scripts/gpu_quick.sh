@@ -17,7 +17,10 @@ attention_ring swiglu moe cross_entropy cross_entropy_vp adamw sum_squares offlo
 QUICK_STEPS=${QUICK_STEPS:-10}
 
 exec 9>&1  # the script's own stdout, for --dry-run's lines (a step's stdout goes to its log)
-left() { echo $((DEADLINE - $(date +%s))); }
+DEADLINE=""  # --deadline SECONDS sets it for any stage; --quick sets one of QUICK_SECONDS if none
+left() { if [ -n "$DEADLINE" ]; then echo $((DEADLINE - $(date +%s))); else echo 999999; fi; }
+# tlimit N: a command's time limit, N seconds or what is left of the deadline less 5 s (at least 1)
+tlimit() { local t=$(( $(left) - 5 )); [ "$t" -lt "$1" ] || t=$1; [ "$t" -ge 1 ] || t=1; echo "$t"; }
 
 # step NAME LIMIT CMD...: CMD under min(LIMIT, time left - 5 s); a SKIP row when under 5 s remain.
 # Under --dry-run prints the step instead. Returns CMD's status (124 when its limit ended it).
@@ -207,7 +210,8 @@ profile_run() {
 }
 
 stage_quick() {
-    DEADLINE=$(( $(date +%s) + ${QUICK_SECONDS:-170} ))
+    [ -n "$DEADLINE" ] || DEADLINE=$(( $(date +%s) + ${QUICK_SECONDS:-170} ))
+    local start=$(date +%s)
     local m124="model.arch=gpt2 model.n_layer=12 model.n_head=12 model.d_model=768 model.vocab_size=50257 model.max_seq_len=1024"
     local m1558="model.arch=gpt2 model.n_layer=48 model.n_head=25 model.d_model=1600 model.vocab_size=50257 model.max_seq_len=1024"
     quick_env
@@ -223,11 +227,11 @@ stage_quick() {
     # shellcheck disable=SC2086
     profile_run gpt2_124m_B8 - device=cuda precision=bf16 $m124 train.micro_batch=8 train.seq_len=1024 \
         train.grad_accum=1 data.train="$Q/bench_*.bin" data.val= tokenizer=
-    [ "$DRY_RUN" = 1 ] || echo "gpu_check --quick: $(( ${QUICK_SECONDS:-170} - $(left) )) s"
+    [ "$DRY_RUN" = 1 ] || echo "gpu_check --quick: $(( $(date +%s) - start )) s"
 }
 
 stage_profile() {
-    DEADLINE=$(( $(date +%s) + ${QUICK_SECONDS:-170} ))
+    [ -n "$DEADLINE" ] || DEADLINE=$(( $(date +%s) + ${QUICK_SECONDS:-170} ))
     PROFILE_WALL_MS=""
     profile_run "$(basename "${PROFILE_ARGS[0]}" .json)" "${PROFILE_ARGS[@]}"
 }

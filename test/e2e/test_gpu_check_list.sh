@@ -34,19 +34,19 @@ dry=$(bash "$G" --quick --dry-run --out "$W/q") || die "--quick --dry-run failed
 filters=$(grep -oE 'run\("[a-z_0-9]+", "[a-z_0-9]+"|want\("[a-z_0-9]+"\)' "$ROOT/test/gpu/test_gpu_ops.cu" |
           sed -E 's/.*"([a-z_0-9]+)"\)?$/\1/' | sort -u)
 for f in $filters; do
-    echo "$dry" | grep -qE "^\[dry-run\] test_gpu $f +<=" || die "--quick runs no 'test_gpu $f'"
+    grep -qE "^\[dry-run\] test_gpu $f +<=" <<<"$dry" || die "--quick runs no 'test_gpu $f'"
 done
 for s in "data: synthetic shards" "parity gpt2 cuda_bf16" "parity llama cuda_fp32" "bench gpt2_124m bf16 B=8" \
          "bench gpt2_124m bf16 B=32" "bench gpt2_1558m bf16 B=8" "bench gpt2_1558m fp8 B=8" \
          "PyTorch peer gpt2_124m B=32" "PyTorch peer gpt2_1558m B=8" "ncu gpt2_124m_B8"; do
-    echo "$dry" | grep -qF "[dry-run] $s " || die "--quick --dry-run lacks the step '$s'"
+    grep -qF "[dry-run] $s " <<<"$dry" || die "--quick --dry-run lacks the step '$s'"
 done
 n=$(echo "$dry" | grep -c '^\[dry-run\]')
 echo "gpu_check --quick --dry-run: $n steps ($(echo "$filters" | wc -w) test_gpu filters)"
 prof=$(bash "$G" --profile "$ROOT/configs/tiny_cpu.json" train.micro_batch=2 --dry-run 2>&1) && die "--profile took --dry-run after the config's overrides: $prof"
 prof=$(bash "$G" --dry-run --profile "$ROOT/configs/tiny_cpu.json" train.micro_batch=2) || die "--profile --dry-run: $prof"
-echo "$prof" | grep -qE '^\[dry-run\] ncu tiny_cpu .*--clock-control none .*configs/tiny_cpu.json train.micro_batch=2 train.steps=2' ||
-    die "--profile --dry-run: $prof"
+grep -qE '^\[dry-run\] ncu tiny_cpu .*--clock-control none .*configs/tiny_cpu.json train.micro_batch=2 train.steps=2' \
+    <<<"$prof" || die "--profile --dry-run: $prof"
 expect_fail 2 "no config file 'nope.json'" bash "$G" --profile nope.json
 
 # the kernel table from ncu's CSV: shares of kernel time, units converted, kernel time against wall time
@@ -58,8 +58,18 @@ cat > "$W/ncu.csv" <<'CSV'
 "2","1","train_gpt","127.0.0.1","adamw_kernel(float *)","1","7","(512, 1, 1)","(96, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","5000000"
 CSV
 table=$( row() { echo "ROW|$1|$2|$6"; }; DRY_RUN=0; source "$ROOT/scripts/gpu_quick.sh"; kernel_table "$W/ncu.csv" 2 40 )
-echo "$table" | grep -qF 'ROW|kernel time per step|INFO|20.0 ms of kernels; 3 launches in 2 steps' || die "kernel table: $table"
-echo "$table" | grep -qF 'ROW|host share of the step|INFO|50% (wall 40 ms/step vs kernels 20.0 ms)' || die "kernel table: $table"
-echo "$table" | grep -qF 'ROW|kernel attention_forward_kernel<__nv_bfloat16, 64, 64>|INFO|75.0% of kernel time, 30.000 ms, 1 launches' || die "kernel table: $table"
-echo "$table" | grep -qF 'ROW|kernel adamw_kernel|INFO|25.0% of kernel time, 10.000 ms, 2 launches' || die "kernel table: $table"
+grep -qF 'ROW|kernel time per step|INFO|20.0 ms of kernels; 3 launches in 2 steps' <<<"$table" || die "kernel table: $table"
+grep -qF 'ROW|host share of the step|INFO|50% (wall 40 ms/step vs kernels 20.0 ms)' <<<"$table" || die "kernel table: $table"
+grep -qF 'ROW|kernel attention_forward_kernel<__nv_bfloat16, 64, 64>|INFO|75.0% of kernel time, 30.000 ms, 1 launches' <<<"$table" || die "kernel table: $table"
+grep -qF 'ROW|kernel adamw_kernel|INFO|25.0% of kernel time, 10.000 ms, 2 launches' <<<"$table" || die "kernel table: $table"
 echo "kernel table from ncu's CSV: shares and host share as computed by hand"
+
+# the global deadline: a step's limit is the smaller of its own and what is left less 5 s; under 5 s
+# left, a SKIP row instead of the step
+dl=$( row() { echo "ROW|$1|$2|$6"; }; DRY_RUN=0; source "$ROOT/scripts/gpu_quick.sh"
+      DEADLINE=$(( $(date +%s) + 12 )); echo "limit $(tlimit 420)"; step "short" 60 true && echo "short ran"
+      DEADLINE=$(( $(date +%s) + 8 )); step "late" 60 true; echo "late: $?" )
+grep -qE '^limit (6|7)$' <<<"$dl" || die "tlimit under a 12 s deadline: $dl"
+grep -qx 'short ran' <<<"$dl" || die "a step within the deadline did not run: $dl"
+grep -qE '^ROW\|late\|SKIP\|global deadline' <<<"$dl" && grep -qx 'late: 125' <<<"$dl" || die "a step past the deadline: $dl"
+echo "global deadline: limits shrink to the time left, late steps are SKIP rows"
