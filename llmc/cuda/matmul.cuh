@@ -72,6 +72,7 @@ public:
              uint32_t align_a, uint32_t align_b, uint32_t align_cd, cudaStream_t stream) {
         auto it = cache_.find(key);
         if (it != cache_.end()) {  // decided once: a refusal now is a broken invariant
+            tried_ = it->second.tried;
             if (!it->second.ok) return false;
             CUBLAS_CHECK(cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &it->second.algo, ws,
                                         ws_bytes, stream));
@@ -91,7 +92,7 @@ public:
             const cublasStatus_t st =
                 cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &res[i].algo, ws, ws_bytes, stream);
             if (st == CUBLAS_STATUS_SUCCESS) {
-                cache_.emplace(key, Entry{true, res[i].algo});
+                cache_.emplace(key, Entry{true, res[i].algo, tried_});
                 return true;
             }
             // a refusal (checked on the host, before any launch) moves on; anything else is fatal
@@ -99,16 +100,17 @@ public:
                 st != CUBLAS_STATUS_ARCH_MISMATCH)
                 CUBLAS_CHECK(st);
         }
-        cache_.emplace(key, Entry{false, {}});  // refused: later calls do not ask again
+        cache_.emplace(key, Entry{false, {}, tried_});  // refused: later calls do not ask again
         return false;
     }
-    // candidates tried by the last run() that asked the heuristic (for the no-algorithm message)
+    // candidates tried when the last run()'s problem was first seen (for the no-algorithm message)
     int tried() const { return tried_; }
 
 private:
     struct Entry {
         bool ok;
         cublasLtMatmulAlgo_t algo;
+        int tried;
     };
     std::map<std::string, Entry> cache_;
     int tried_ = 0;
