@@ -93,6 +93,9 @@ public:
                 cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &res[i].algo, ws, ws_bytes, stream);
             if (st == CUBLAS_STATUS_SUCCESS) {
                 cache_.emplace(key, Entry{true, res[i].algo, tried_});
+                if (tried_ > 1)  // once per problem: shows on a GPU where the first answer was refused
+                    std::fprintf(stderr, "cuBLASLt: %s runs heuristic candidate %d (the %d before it refused)\n",
+                                 key.c_str(), tried_, tried_ - 1);
                 return true;
             }
             // a refusal (checked on the host, before any launch) moves on; anything else is fatal
