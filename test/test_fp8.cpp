@@ -4,7 +4,10 @@
 //     formats (cross-checked there against NVIDIA's cuda_fp8.h host conversion);
 //  2. the scaling state machine (history ring, margin, zeros, overflow) and its checkpoint bytes;
 //  3. CpuOps::matmul_forward_fp8 / matmul_backward_fp8 bit-for-bit against the fp32 ops run on
-//     inputs quantized by a quantizer written here from the decoded table alone.
+//     inputs quantized by a quantizer written here from the decoded table alone;
+//  4. fp8_gemm_supported (llmc/cuda/fp8_rules.h: cuBLASLt's documented FP8 rules, which the CUDA
+//     fp8 GEMMs and the emulator's cuBLASLt stand-in share) on calls the documentation allows
+//     and refuses, one broken rule at a time.
 #include <catch2/catch.hpp>
 #include <omp.h>
 
@@ -21,6 +24,7 @@
 
 #include "llmc/core/config.h"
 #include "llmc/cpu/cpu_ops.h"
+#include "llmc/cuda/fp8_rules.h"
 #include "llmc/precision/fp8.h"
 
 namespace {
@@ -509,4 +513,63 @@ TEST_CASE("fp8: CPU fp8 matmuls do not depend on the number of threads", "[fp8]"
     }
     omp_set_num_threads(saved);
     CHECK(same_bits(res[0], res[1]));
+}
+
+TEST_CASE("fp8: the cuBLASLt rule table allows the documented combinations and refuses the rest", "[fp8]") {
+    // the H200 report's weight-gradient call: TN, E4M3 x E4M3, fp32 C = D in place, k=64 m=48 n=32
+    LtFp8Call ok;
+    ok.sm = 90;
+    ok.a = ok.b = LtType::E4M3;
+    ok.c = ok.d = LtType::F32;
+    ok.m = 48, ok.n = 32, ok.k = 64;
+    ok.lda = ok.ldb = 64, ok.ldc = ok.ldd = 48;
+    ok.ptr_a = 0x10000, ok.ptr_b = 0x20000, ok.ptr_c = ok.ptr_d = 0x30000;
+    std::string why;
+    REQUIRE(fp8_gemm_supported(ok, &why));
+    auto refused = [&](LtFp8Call c, const char* part) {
+        std::string w;
+        const bool allowed = fp8_gemm_supported(c, &w);
+        INFO(part << ": " << w);
+        CHECK(!allowed);
+        CHECK(w.find(part) != std::string::npos);
+    };
+    LtFp8Call c = ok;
+    c.sm = 80;
+    refused(c, "8.9");
+    c = ok, c.trans_a = false;  // NN, NT, TT: not on Hopper
+    refused(c, "TN");
+    c = ok, c.trans_b = true;
+    refused(c, "TN");
+    c = ok, c.sm = 100, c.trans_a = false, c.lda = 48;  // Blackwell takes other layouts
+    CHECK(fp8_gemm_supported(c, nullptr));
+    c = ok, c.compute_32f = false;
+    refused(c, "compute type");
+    c = ok, c.a = c.b = LtType::E5M2;
+    refused(c, "both be E5M2");
+    c = ok, c.a = LtType::BF16;
+    refused(c, "E4M3 or E5M2");
+    c = ok, c.d = LtType::BF16, c.ptr_d = 0x40000;  // 32F C takes only a 32F D
+    refused(c, "combination");
+    c = ok, c.c = LtType::BF16, c.d = LtType::E5M2, c.ptr_d = 0x40000;  // E5M2 D needs an E5M2 input
+    refused(c, "combination");
+    c.b = LtType::E5M2;
+    CHECK(fp8_gemm_supported(c, nullptr));
+    c = ok, c.c = c.d = LtType::BF16, c.has_bias = true, c.bias = LtType::F32;
+    refused(c, "bias");
+    c.bias = LtType::BF16;
+    CHECK(fp8_gemm_supported(c, nullptr));
+    c = ok, c.ptr_d = c.ptr_c = 0x30004;
+    refused(c, "16-byte aligned");
+    c = ok, c.ldd = c.ldc = 50;  // 200 bytes
+    refused(c, "16 bytes");
+    c = ok, c.k = c.lda = c.ldb = 40;
+    refused(c, "multiples of 16");
+    c = ok, c.ldd = 32, c.ldc = 32;
+    refused(c, "smaller");
+    c = ok, c.ldc = 64;  // in place with C's layout other than D's
+    refused(c, "in place");
+    c = ok, c.amax_d = true;
+    refused(c, "AMAX");
+    c = ok, c.c = LtType::BF16, c.d = LtType::E4M3, c.ptr_d = 0x40000, c.amax_d = true;
+    CHECK(fp8_gemm_supported(c, nullptr));
 }

@@ -24,8 +24,9 @@ void assert_fail(const char* expr, const char* file, int line, const std::string
     std::fprintf(stderr, "%sinternal error at %s:%d: %s (%s)\n", rank_prefix().c_str(), file, line,
                  msg.c_str(), expr);
     std::fflush(stderr);
-    std::abort();
+    check_failed(strfmt("internal error at %s:%d: %s (%s)", file, line, msg.c_str(), expr));
 }
+
 
 std::string strfmt(const char* fmt, ...) {
     va_list ap;

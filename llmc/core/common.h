@@ -4,12 +4,14 @@
 //  - UserError: the user's input (config, command line, shard, checkpoint) is wrong.
 //    The message names the key, file or value; main() prints it and exits with code 2.
 //  - LLMC_ASSERT: an invariant inside the program is broken. It prints file and line
-//    and aborts: that is a bug, not bad input.
+//    and aborts: that is a bug, not bad input. (A test harness that must go on to its next
+//    case may set checks_throw(): the failure then throws CheckFailure after printing.)
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -23,6 +25,23 @@ struct UserError : std::runtime_error {
 int& log_rank();
 // "[rank 3] " or "" when not distributed.
 std::string rank_prefix();
+
+// A failed LLMC_ASSERT or CUDA/cuBLASLt check while checks_throw() is set (test_gpu only:
+// a failed case is reported and the next case runs). Off by default: the trainer aborts.
+struct CheckFailure : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+// (inline, as is check_failed: dev/cuda's kernel benches use the CUDA checks without libllmc)
+inline bool& checks_throw() {
+    static bool on = false;
+    return on;
+}
+// After the message is printed: throw CheckFailure(what) when checks_throw() is set and no
+// exception is already in flight, else abort.
+[[noreturn]] inline void check_failed(const std::string& what) {
+    if (checks_throw() && std::uncaught_exceptions() == 0) throw CheckFailure(what);
+    std::abort();
+}
 
 [[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& msg);
 

@@ -11,25 +11,28 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
+#include "llmc/core/common.h"
 #include "llmc/precision/bf16.h"
 
 // A failing CUDA/cuBLASLt call inside the backend is a bug (or a broken device): report
-// file, line and the library's message, then abort (same policy as LLMC_ASSERT).
+// file, line and the library's message, then abort (same policy as LLMC_ASSERT, checks_throw()
+// included).
 inline void cuda_check_impl(cudaError_t err, const char* expr, const char* file, int line) {
     if (err != cudaSuccess) {
         std::fprintf(stderr, "CUDA error at %s:%d: %s (%s): %s\n", file, line, cudaGetErrorName(err), expr,
                      cudaGetErrorString(err));
         std::fflush(stderr);
-        std::abort();
+        check_failed(std::string("CUDA error ") + cudaGetErrorName(err) + " at " + file + ":" + std::to_string(line) + ": " + expr);
     }
 }
 inline void cublas_check_impl(cublasStatus_t st, const char* expr, const char* file, int line) {
     if (st != CUBLAS_STATUS_SUCCESS) {
         std::fprintf(stderr, "cuBLASLt error at %s:%d: status %d (%s)\n", file, line, (int)st, expr);
         std::fflush(stderr);
-        std::abort();
+        check_failed(std::string("cuBLASLt status ") + std::to_string((int)st) + " at " + file + ":" + std::to_string(line) + ": " + expr);
     }
 }
 #define CUDA_CHECK(x) cuda_check_impl((x), #x, __FILE__, __LINE__)

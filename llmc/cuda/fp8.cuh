@@ -4,10 +4,16 @@
 //  - amax_kernel: the current recipe's amax pass;
 //  - cast_kernel: fp32/bf16 -> e4m3/e5m2 (cvt with satfinite: round to nearest even, saturate),
 //    fused with the amax of the unscaled tensor, writing the plain and/or the transposed copy;
-//  - Fp8Gemm: cuBLASLt fp8 GEMM, fp32 accumulation, A/B scale pointers = 1/s.
+//  - Fp8Gemm: cuBLASLt fp8 GEMM, fp32 accumulation, A/B scale pointers = 1/s, fast
+//    accumulation on the forward only; every call first checked against the documented rules
+//    (fp8_rules.h), the algorithm chosen by LtAlgoCache (matmul.cuh).
 // The fp8 tensor cores (compute capability >= 8.9) take only the "TN" form: in cuBLASLt's
 // column-major terms A is transposed and B is not, both with the reduction dimension k
 // contiguous. Every GEMM below is arranged so (the backward GEMMs read transposed casts).
+// A GEMM that cuBLASLt will not write into its destination directly (a refused in-place
+// accumulation, an unaligned destination, a refused bias epilogue) runs instead into an
+// aligned fp32 scratch with beta = 0, and add_gemm_result_kernel adds it (and the bias): the
+// same fp32 sum rounded once into the destination. The choice is made once per problem.
 //
 // Amaxes are max-accumulated with atomicMax on the float bits of |x| (fp8_abs_bits order:
 // non-negative floats order as unsigned integers, NaN > inf > finite): exact in any order.
@@ -15,12 +21,11 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <map>
 #include <string>
-#include <tuple>
 
 #include "llmc/core/common.h"
 #include "llmc/cuda/common.cuh"
+#include "llmc/cuda/fp8_rules.h"
 #include "llmc/cuda/matmul.cuh"
 #include "llmc/precision/fp8.h"
 #include "llmc/core/tensor.h"
@@ -94,10 +99,65 @@ __global__ void cast_kernel(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, u
     }
 }
 
-// cuBLASLt fp8 GEMM. Column-major D[m, n] (ldd = m) = a_scale * b_scale * A^T B (+ bias[m])
-// (+ beta * D), with A stored k x m (lda = k) and B stored k x n (ldb = k), fp8 (not both
-// E5M2); D and bias bf16 or fp32 (fp32 D takes no bias here). As LtMatmul: the algorithm is
-// cached per problem, and every split-K scheme is allowed (all deterministic: lt_preference).
+// out[i] = (accumulate ? out[i] : 0) + src[i] (+ bias[i % OC]): the end of an fp8 GEMM that
+// cuBLASLt would not write into `out` directly (see CudaFp8::gemm). Elementwise: deterministic.
+template <class T>
+__global__ void add_gemm_result_kernel(T* out, const float* src, const T* bias, long long n, int OC,
+                                       bool accumulate) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = src[i];
+    if (bias) v += to_f32(bias[i % OC]);
+    out[i] = from_f32<T>(accumulate ? to_f32(out[i]) + v : v);
+}
+
+// One fp8 GEMM as CudaFp8 asks for it, always cuBLASLt's "TN" form: column-major
+// D[m, n] = a_scale * b_scale * A^T B (+ D when accumulate) (+ bias[m]), A stored k x m
+// (lda = k) and B stored k x n (ldb = k), both fp8 with the reduction dimension contiguous;
+// D (ldd = m) bf16 or fp32, in place as C when accumulating; bias bf16 (bf16 D only).
+struct Fp8GemmArgs {
+    void* D;
+    bool d_bf16;
+    const void* bias;
+    const void* A;
+    Fp8Format fa;
+    const float* a_scale;
+    const void* B;
+    Fp8Format fb;
+    const float* b_scale;
+    int m, n, k;
+    bool accumulate;
+    bool fast_accum;  // CUBLASLT_MATMUL_DESC_FAST_ACCUM: the forward only (gradients accumulate fully)
+};
+
+// The GEMM as the documented-rules table (fp8_rules.h) sees it.
+inline LtFp8Call fp8_call_of(const Fp8GemmArgs& g, int sm) {
+    LtFp8Call c;
+    c.sm = sm;
+    c.a = g.fa == Fp8Format::E4M3 ? LtType::E4M3 : LtType::E5M2;
+    c.b = g.fb == Fp8Format::E4M3 ? LtType::E4M3 : LtType::E5M2;
+    c.c = c.d = g.d_bf16 ? LtType::BF16 : LtType::F32;
+    c.has_bias = g.bias != nullptr;
+    c.bias = LtType::BF16;
+    c.trans_a = true;
+    c.trans_b = false;
+    c.m = g.m, c.n = g.n, c.k = g.k;
+    c.lda = c.ldb = g.k;
+    c.ldc = c.ldd = g.m;
+    c.ptr_a = (uintptr_t)g.A, c.ptr_b = (uintptr_t)g.B, c.ptr_c = c.ptr_d = (uintptr_t)g.D;
+    return c;
+}
+
+inline std::string fp8_gemm_text(const Fp8GemmArgs& g) {
+    return strfmt("m=%d n=%d k=%d, A %s stored k x m (transposed, lda=%d), B %s stored k x n (lda=%d), "
+                  "C = D %s (ldd=%d)%s%s%s",
+                  g.m, g.n, g.k, g.fa == Fp8Format::E4M3 ? "E4M3" : "E5M2", g.k,
+                  g.fb == Fp8Format::E4M3 ? "E4M3" : "E5M2", g.k, g.d_bf16 ? "bf16" : "fp32", g.m,
+                  g.accumulate ? ", beta=1 (accumulate)" : "", g.bias ? ", bf16 bias epilogue" : "",
+                  g.fast_accum ? ", fast accumulation" : "");
+}
+
+// cuBLASLt for the fp8 GEMMs: one handle, one workspace, the algorithm choice of LtAlgoCache.
 class Fp8Gemm {
 public:
     static constexpr size_t kWorkspaceBytes = 32u << 20;
@@ -109,81 +169,58 @@ public:
         handle_ = nullptr;
     }
 
-    // false when cuBLASLt has no algorithm for the problem (nothing was run)
-    bool matmul(void* D, bool d_bf16, const void* bias, const void* A, Fp8Format fa, const float* a_scale,
-                const void* B, Fp8Format fb, const float* b_scale, int m, int n, int k, float beta,
-                cudaStream_t stream) {
+    // Runs the GEMM when the documented rules allow it and cuBLASLt accepts one of its candidate
+    // algorithms; false otherwise (nothing ran; *why says which).
+    bool matmul(const Fp8GemmArgs& g, int sm, cudaStream_t stream, std::string* why) {
+        if (!fp8_gemm_supported(fp8_call_of(g, sm), why)) return false;
         if (!handle_) {  // created on first use: runs without fp8 pay nothing
             CUBLAS_CHECK(cublasLtCreate(&handle_));
             CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
         }
-        const cudaDataType_t ta = lt_type(fa), tb = lt_type(fb), td = d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
-        Key key{m, n, k, (int)fa, (int)fb, (int)d_bf16, beta != 0.0f, bias != nullptr, align_of(A), align_of(B),
-                align_of(D), bias ? align_of(bias) : 256};
+        const cudaDataType_t ta = lt_type(g.fa), tb = lt_type(g.fb), td = g.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+        const uint32_t alA = lt_align_of(g.A), alB = lt_align_of(g.B), alD = lt_align_of(g.D);
+        const std::string key = strfmt("fp8 %s align=%u/%u/%u/%u", fp8_gemm_text(g).c_str(), alA, alB, alD,
+                                       g.bias ? lt_align_of(g.bias) : 0u);
 
         cublasLtMatmulDesc_t op;
         CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
-                                                    sizeof(a_scale)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
-                                                    sizeof(b_scale)));
-        if (bias) {
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.a_scale,
+                                                    sizeof(g.a_scale)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale,
+                                                    sizeof(g.b_scale)));
+        const int8_t fast = g.fast_accum ? 1 : 0;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+        if (g.bias) {
             const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
             const cudaDataType_t bt = CUDA_R_16BF;
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
             CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+            CUBLAS_CHECK(
+                cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
         }
         cublasLtMatrixLayout_t la, lb, ld;
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, ta, k, m, k));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, tb, k, n, k));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, td, m, n, m));
-
-        auto it = cache_.find(key);
-        if (it == cache_.end()) {
-            cublasLtMatmulHeuristicResult_t res;
-            int nres = 0;
-            cublasLtMatmulPreference_t pref = lt_preference(kWorkspaceBytes, key.alA, key.alB, key.alD);
-            // an unsupported combination is an error status here, not a crash: the caller decides
-            const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, op, la, lb, ld, ld, pref, 1, &res, &nres);
-            cublasLtMatmulPreferenceDestroy(pref);
-            const bool found = st == CUBLAS_STATUS_SUCCESS && nres > 0 && res.state == CUBLAS_STATUS_SUCCESS;
-            if (found) it = cache_.emplace(key, res.algo).first;
-        }
-        const bool found = it != cache_.end();
-        if (found) {
-            const float alpha = 1.0f;
-            CUBLAS_CHECK(cublasLtMatmul(handle_, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &it->second,
-                                        workspace_, kWorkspaceBytes, stream));
-        }
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, ta, g.k, g.m, g.k));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, tb, g.k, g.n, g.k));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, td, g.m, g.n, g.m));
+        const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
+        const bool ok = algos_.run(key, handle_, op, &alpha, g.A, la, g.B, lb, &beta, g.D, ld, g.D, ld, workspace_,
+                                   kWorkspaceBytes, alA, alB, alD, stream);
         cublasLtMatrixLayoutDestroy(la);
         cublasLtMatrixLayoutDestroy(lb);
         cublasLtMatrixLayoutDestroy(ld);
         cublasLtMatmulDescDestroy(op);
-        return found;
+        if (!ok && why) *why = strfmt("cuBLASLt accepted none of its %d candidate algorithms", algos_.tried());
+        return ok;
     }
 
 private:
     static cudaDataType_t lt_type(Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
-    static int align_of(const void* p) {
-        const uintptr_t u = (uintptr_t)p;
-        int a = 256;
-        while (a > 1 && (u % a) != 0) a >>= 1;
-        return a;
-    }
-    struct Key {
-        int m, n, k, fa, fb, bf, beta, bias, alA, alB, alD, alBias;
-        bool operator<(const Key& o) const {
-            return std::tie(m, n, k, fa, fb, bf, beta, bias, alA, alB, alD, alBias) <
-                   std::tie(o.m, o.n, o.k, o.fa, o.fb, o.bf, o.beta, o.bias, o.alA, o.alB, o.alD, o.alBias);
-        }
-    };
     cublasLtHandle_t handle_ = nullptr;
     void* workspace_ = nullptr;
-    std::map<Key, cublasLtMatmulAlgo_t> cache_;
+    LtAlgoCache algos_;
 };
 
 // The fp8 ops of CudaOps: the casts into grow-only scratch, the GEMMs, and GELU/bias around
@@ -204,7 +241,8 @@ public:
         if (device != queried_device_) {
             cudaDeviceProp prop;
             CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-            supported_ = prop.major * 10 + prop.minor >= 89;
+            sm_ = prop.major * 10 + prop.minor;
+            supported_ = sm_ >= 89;
             why_ = supported_ ? "" : strfmt("fp8 matmuls need a GPU of compute capability 8.9 or newer (Ada, Hopper); "
                                             "%s is %d.%d", prop.name, prop.major, prop.minor);
             queried_device_ = device;
@@ -226,25 +264,18 @@ public:
         void* dst = gelu ? pre_gelu.ptr : out.ptr;
         // column-major dst^T[OC, N] = w (IC x OC, transposed) x inp^T (IC x N): TN with k = IC
         const bool epi = bf && bias.ptr && ((uintptr_t)bias.ptr % 16 == 0);
-        bool ok = gemm_.matmul(dst, bf, epi ? bias.ptr : nullptr, qw, cw.format, sw + 1, qi, ci.format, si + 1, OC, N,
-                               IC, 0.0f, stream);
-        const bool bias_kernel = bias.ptr && (!epi || !ok);
-        if (!ok && epi)  // no fp8 algorithm with the bias epilogue: plain GEMM, bias below
-            ok = gemm_.matmul(dst, bf, nullptr, qw, cw.format, sw + 1, qi, ci.format, si + 1, OC, N, IC, 0.0f, stream);
-        if (!ok) no_algorithm("matmul_forward_fp8", OC, N, IC);
-        const long long n = (long long)N * OC;
-        const int blocks = (int)((n + 255) / 256);
-        with_type(out.dtype, [&](auto tag) {
-            using T = decltype(tag);
-            if (bias_kernel) {
-                add_bias_kernel<T><<<blocks, 256, 0, stream>>>((T*)dst, (const T*)bias.ptr, N, OC);
+        Fp8GemmArgs g{dst, bf, epi ? bias.ptr : nullptr, qw, cw.format, sw + 1, qi, ci.format, si + 1, OC, N, IC,
+                      false, true};
+        gemm(g, out.dtype, epi ? nullptr : bias.ptr, "matmul_forward_fp8", stream);
+        if (gelu) {
+            const long long n = (long long)N * OC;
+            with_type(out.dtype, [&](auto tag) {
+                using T = decltype(tag);
+                gelu_forward_kernel<T><<<(int)((n + 255) / 256), 256, 0, stream>>>((T*)out.ptr,
+                                                                                  (const T*)pre_gelu.ptr, n);
                 CUDA_CHECK_LAUNCH();
-            }
-            if (gelu) {
-                gelu_forward_kernel<T><<<blocks, 256, 0, stream>>>((T*)out.ptr, (const T*)pre_gelu.ptr, n);
-                CUDA_CHECK_LAUNCH();
-            }
-        });
+            });
+        }
     }
 
     void backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu, int N,
@@ -276,13 +307,13 @@ public:
         if (dinp.ptr) {
             const float* sw = cast(cw, w, OC, IC, nullptr, qwT, 1, stream);
             // column-major dinp^T[IC, N] = w^T stored [IC][OC] (k = OC) x dout^T (OC x N)
-            if (!gemm_.matmul(dinp.ptr, bf, nullptr, qwT, cw.format, sw + 1, qd, cd.format, sd + 1, IC, N, OC, 0.0f,
-                              stream))
-                no_algorithm("matmul_backward_fp8 (dinp)", IC, N, OC);
+            gemm(Fp8GemmArgs{dinp.ptr, bf, nullptr, qwT, cw.format, sw + 1, qd, cd.format, sd + 1, IC, N, OC, false,
+                             false},
+                 dout.dtype, nullptr, "matmul_backward_fp8 (dinp)", stream);
         }
         // column-major dw (IC x OC) += inp^T stored [IC][N] (k = N) x dout stored [OC][N]
-        if (!gemm_.matmul(dw.ptr, bf, nullptr, qiT, ci.format, si + 1, qdT, cd.format, sd + 1, IC, OC, N, 1.0f, stream))
-            no_algorithm("matmul_backward_fp8 (dw)", IC, OC, N);
+        gemm(Fp8GemmArgs{dw.ptr, bf, nullptr, qiT, ci.format, si + 1, qdT, cd.format, sd + 1, IC, OC, N, true, false},
+             dout.dtype, nullptr, "matmul_backward_fp8 (dw)", stream);
     }
 
 private:
@@ -312,9 +343,40 @@ private:
             first = false;
         }
     }
-    [[noreturn]] static void no_algorithm(const char* op, int m, int n, int k) {
-        throw UserError(strfmt("precision fp8: cuBLASLt has no fp8 GEMM for %s (m=%d n=%d k=%d) on this GPU", op,
-                               m, n, k));
+    // Runs g, then adds `extra_bias` (may be nullptr: a bias g's epilogue does not add). When
+    // cuBLASLt will not run g as asked: the same GEMM into the fp32 scratch (slot 4) with beta 0
+    // and no epilogue, then add_gemm_result_kernel (accumulation and bias). Neither runs:
+    // UserError naming the GEMM (exit code 2 in the trainer).
+    void gemm(const Fp8GemmArgs& g, DType dt, const void* extra_bias, const char* what, cudaStream_t stream) {
+        const long long n = (long long)g.m * g.n;
+        const int blocks = (int)((n + 255) / 256);
+        std::string why;
+        if (gemm_.matmul(g, sm_, stream, &why)) {
+            if (extra_bias)
+                with_type(dt, [&](auto tag) {
+                    using T = decltype(tag);
+                    add_bias_kernel<T><<<blocks, 256, 0, stream>>>((T*)g.D, (const T*)extra_bias, g.n, g.m);
+                    CUDA_CHECK_LAUNCH();
+                });
+            return;
+        }
+        Fp8GemmArgs s = g;
+        s.D = buf(4, (size_t)n * sizeof(float), stream);
+        s.d_bf16 = false;
+        s.bias = nullptr;
+        s.accumulate = false;
+        std::string why_scratch;
+        if (!gemm_.matmul(s, sm_, stream, &why_scratch))
+            throw UserError(strfmt("precision fp8: cuBLASLt runs no fp8 GEMM for %s (%s): %s; into an fp32 scratch "
+                                   "instead: %s",
+                                   what, fp8_gemm_text(g).c_str(), why.c_str(), why_scratch.c_str()));
+        const void* bias = extra_bias ? extra_bias : g.bias;
+        with_type(dt, [&](auto tag) {
+            using T = decltype(tag);
+            add_gemm_result_kernel<T><<<blocks, 256, 0, stream>>>((T*)g.D, (const float*)s.D, (const T*)bias, n,
+                                                                   g.m, g.accumulate);
+            CUDA_CHECK_LAUNCH();
+        });
     }
 
     // Casts x [rows, cols] into out and/or outT with cast c; `slot` (0..2) owns the scale pair
@@ -348,13 +410,15 @@ private:
         return sc;
     }
 
-    // grow-only scratch, one per slot: 0 inp casts, 1 weight casts, 2/3 dout casts
+    // grow-only scratch, one per slot: 0 inp casts, 1 weight casts, 2/3 dout casts, 4 the fp32
+    // result of a GEMM that cuBLASLt would not write in place (grown only on that path)
     void* buf(int slot, size_t bytes, cudaStream_t stream) { return buf_[slot].get(bytes, stream); }
 
     Fp8Gemm gemm_;
-    GrowBuffer buf_[4];
+    GrowBuffer buf_[5];
     void* small_ = nullptr;
     int queried_device_ = -1;
+    int sm_ = 0;
     bool supported_ = false;
     std::string why_;
 };

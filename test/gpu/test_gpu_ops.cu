@@ -16,7 +16,10 @@
 // optimizer offload: AdamW on the host (llmc/model/optimizer.h) against AdamW on the GPU (test_offload).
 // `test_gpu big` runs only the large cases (logits past 2^31 elements), which are too slow under
 // compute-sanitizer and are left out of the default run.
-// Prints one line per check and "N passed, M failed"; exit code 1 on any failure.
+// Prints one line per check and "N passed, M failed"; exit code 1 on any failure. Every case runs
+// guarded, with checks_throw() set: a failed CUDA/cuBLASLt check, LLMC_ASSERT or an exception
+// inside a case is one FAIL line naming the case, and the next case runs (after a sticky CUDA
+// error, such as an illegal address, the later cases fail too: the device is lost).
 // Prints "GPU tests: skipped (no CUDA device)" and exits 0 without a device.
 #include <algorithm>
 #include <cmath>
@@ -109,6 +112,13 @@ public:
         p.c = Tensor(pc, n, DType::F32);
         p.g = Tensor(pg, n, gd);
         return p;
+    }
+    // n elements of p from element `off` on (both backends)
+    static Pair shifted(const Pair& p, size_t off, size_t n) {
+        Pair q = p;
+        q.c = p.c.slice(off, n);
+        q.g = p.g.slice(off, n);
+        return q;
     }
     // int32 array on both backends
     std::pair<int32_t*, int32_t*> ints(const std::vector<int32_t>& v) {
@@ -1125,13 +1135,19 @@ void test_sum_squares(H& h, size_t n) {
 // side of an fp8 rounding boundary: hence tolerances of 5e-3 (fp32) and 5e-2 (bf16). Layout
 // or scale mistakes give errors of order 1. Amaxes are compared exactly where their tensor is
 // the same on both sides.
-void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool current, bool hybrid) {
+// `off` > 0 places the outputs (out, pre_gelu, dinp, dw) `off` elements past an aligned address
+// (a parameter slice can sit so): cuBLASLt's fp8 GEMM takes only 16-byte aligned C/D, so these
+// run the GEMM into the fp32 scratch and add from there (CudaFp8::gemm's second way).
+void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool current, bool hybrid,
+                     int off = 0) {
     const std::string sh =
-        strfmt("[%s N=%d IC=%d OC=%d bias=%d gelu=%d %s %s]", dtype_name(h.dt), N, IC, OC, (int)has_bias, (int)gelu,
-               current ? "current" : "delayed", hybrid ? "hybrid" : "e4m3");
+        strfmt("[%s N=%d IC=%d OC=%d bias=%d gelu=%d %s %s%s]", dtype_name(h.dt), N, IC, OC, (int)has_bias,
+               (int)gelu, current ? "current" : "delayed", hybrid ? "hybrid" : "e4m3",
+               off ? strfmt(" outputs+%d", off).c_str() : "");
     const double tol = h.bf() ? 5e-2 : 5e-3;
     const size_t no = (size_t)N * OC, ni = (size_t)N * IC, nw = (size_t)OC * IC;
-    Pair inp = h.make(ni), w = h.make(nw), out = h.make(no), pre = h.make(no), bias = h.make(OC);
+    auto out_pair = [&](size_t n) { return off ? h.shifted(h.make(n + off), off, n) : h.make(n); };
+    Pair inp = h.make(ni), w = h.make(nw), out = out_pair(no), pre = out_pair(no), bias = h.make(OC);
     Pair amax = h.make(3, true);
     const float wsig = 1.0f / std::sqrt((float)IC);
     h.up(inp, h.rnd(ni, 1.0f));
@@ -1173,7 +1189,7 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
     exact("matmul_forward_fp8.amax", h.get_gpu(amax), h.get_cpu(amax));
 
     // backward: dinp overwrite (poisoned), dw/dbias accumulate, dout modified in place with gelu
-    Pair dout = h.make(no), dinp = h.make(ni), dw = h.make(nw), dbias = h.make(OC);
+    Pair dout = h.make(no), dinp = out_pair(ni), dw = out_pair(nw), dbias = h.make(OC);
     auto dout0 = h.rnd(no, 1.0f), dw0 = h.rnd(nw, 1.0f), db0 = h.rnd(OC, 1.0f);
     h.up(pre, h.rnd(no, 1.5f));
     h.up(dout, dout0), h.up(dw, dw0), h.up(dbias, db0), h.up(amax, zeros);
@@ -1383,6 +1399,7 @@ int main(int argc, char** argv) {
         std::printf("GPU tests: skipped (no CUDA device)\n");
         return 0;
     }
+    checks_throw() = true;  // a failed check ends its case (a FAIL line), not the process
     std::unique_ptr<Ops> cpu = make_cpu_ops();
     std::unique_ptr<Ops> gpu = on_cpu ? make_cpu_ops() : make_cuda_ops(0);
     if (on_cpu) {
@@ -1407,9 +1424,9 @@ int main(int argc, char** argv) {
         // every case of the op-case table marked Gpu (test/op_cases.h)
         auto run = [&](const char* op, const char* filter, const std::function<void(const op_cases::Case&)>& f) {
             if (!want(filter)) return;
-            guarded(filter, [&] {
-                for (const op_cases::Case& c : op_cases::of(op, op_cases::Gpu)) f(c);
-            });
+            int i = 0;
+            for (const op_cases::Case& c : op_cases::of(op, op_cases::Gpu))
+                guarded(strfmt("%s case %d", filter, i++), [&] { f(c); });
         };
         using C = op_cases::Case;
         run("encoder", "encoder", [&](const C& c) { test_encoder(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3]); });
@@ -1458,20 +1475,30 @@ int main(int argc, char** argv) {
             if (!gpu->fp8_supported(&why)) {
                 std::printf("SKIP fp8 [%s] %s\n", dtype_name(dt), why.c_str());
             } else {
-                guarded("fp8", [&] {
-                    for (bool current : {false, true})
-                        for (bool hybrid : {true, false}) {
-                            test_fp8_matmul(h, 32, 64, 48, true, false, current, hybrid);
-                            test_fp8_matmul(h, 64, 96, 384, true, true, current, hybrid);
-                            test_fp8_matmul(h, 48, 32, 16, false, false, current, hybrid);
-                        }
-                    test_fp8_matmul(h, 256, 768, 2304, true, false, false, true);
-                    test_fp8_matmul(h, 128, 768, 3072, true, true, true, true);
-                    // the weight-gradient GEMM's k is the token count: 16k and 64k tokens
-                    test_fp8_matmul(h, 16384, 64, 128, true, false, false, true);
-                    test_fp8_matmul(h, 65536, 64, 64, false, false, true, true);
-                    if (!on_cpu) test_fp8_bad_shape(h);  // cuBLASLt's shape rule (the CPU has none)
-                });
+                // each case guarded on its own: a GEMM cuBLASLt refuses fails that case only
+                auto fp8_case = [&](int N, int IC, int OC, bool bias, bool gelu, bool current, bool hybrid,
+                                    int off = 0) {
+                    guarded(strfmt("fp8 N=%d IC=%d OC=%d bias=%d gelu=%d current=%d hybrid=%d off=%d", N, IC, OC,
+                                   (int)bias, (int)gelu, (int)current, (int)hybrid, off),
+                            [&] { test_fp8_matmul(h, N, IC, OC, bias, gelu, current, hybrid, off); });
+                };
+                for (bool current : {false, true})
+                    for (bool hybrid : {true, false}) {
+                        fp8_case(32, 64, 48, true, false, current, hybrid);
+                        fp8_case(64, 96, 384, true, true, current, hybrid);
+                        fp8_case(48, 32, 16, false, false, current, hybrid);
+                    }
+                // the weight-gradient GEMM of the H200 report (k=64, m=48, n=32: D fp32 in place)
+                fp8_case(64, 48, 32, true, true, false, false);
+                fp8_case(256, 768, 2304, true, false, false, true);
+                fp8_case(128, 768, 3072, true, true, true, true);
+                // the weight-gradient GEMM's k is the token count: 16k and 64k tokens
+                fp8_case(16384, 64, 128, true, false, false, true);
+                fp8_case(65536, 64, 64, false, false, true, true);
+                // outputs not 16-byte aligned: the fp32-scratch way, forward (bias, gelu) and backward
+                fp8_case(64, 48, 32, true, true, false, true, 1);
+                fp8_case(32, 64, 48, true, false, true, false, 2);
+                if (!on_cpu) guarded("fp8 bad shape", [&] { test_fp8_bad_shape(h); });  // (no CPU shape rule)
             }
         }
     }
