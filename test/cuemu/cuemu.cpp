@@ -157,8 +157,18 @@ struct Block {
 thread_local Block* t_blk = nullptr;
 thread_local ThreadState* t_cur = nullptr;
 
-// dynamic shared memory, one buffer per OS thread (room for the opt-in maximum and the guard)
-thread_local std::vector<char> t_smem;
+// dynamic shared memory, one buffer per OS thread (room for the opt-in maximum and the guard),
+// 1024-byte aligned as a device's shared memory window (kernels declare it __align__(128))
+struct SmemBuffer {
+    char* p = nullptr;
+    ~SmemBuffer() { std::free(p); }
+    char* get() {
+        if (!p) p = static_cast<char*>(std::aligned_alloc(1024, kOptinSmem + kSmemGuard));
+        if (!p) die("out of memory for shared memory");
+        return p;
+    }
+};
+thread_local SmemBuffer t_smem;
 
 const char* coll_name(Coll k) {
     switch (k) {
@@ -458,8 +468,7 @@ cudaError_t run_grid(const char* name, const void* fn, dim3 grid, dim3 block, si
         b.n = (int)nthreads;
         b.body = body;
         b.ctx = c;
-        if (t_smem.size() < kOptinSmem + kSmemGuard) t_smem.resize(kOptinSmem + kSmemGuard);
-        b.smem = t_smem.data();
+        b.smem = t_smem.get();
         CUEMU_UNPOISON(b.smem, kOptinSmem + kSmemGuard);
         std::memset(b.smem, kCanary, smem + kSmemGuard);  // NaN everywhere, the guard included
         CUEMU_POISON(b.smem + smem, kOptinSmem + kSmemGuard - smem);
