@@ -271,8 +271,8 @@ public:
             const long long n = (long long)N * OC;
             with_type(out.dtype, [&](auto tag) {
                 using T = decltype(tag);
-                gelu_forward_kernel<T><<<(int)((n + 255) / 256), 256, 0, stream>>>((T*)out.ptr,
-                                                                                  (const T*)pre_gelu.ptr, n);
+                LLMC_LAUNCH(gelu_forward_kernel<T>, (int)((n + 255) / 256), 256, 0, stream, (T*)out.ptr,
+                            (const T*)pre_gelu.ptr, n);
                 CUDA_CHECK_LAUNCH();
             });
         }
@@ -288,13 +288,13 @@ public:
         with_type(dout.dtype, [&](auto tag) {
             using T = decltype(tag);
             if (pre_gelu.ptr) {
-                gelu_backward_inplace_kernel<T><<<(int)((n + 255) / 256), 256, 0, stream>>>(
-                    (T*)dout.ptr, (const T*)pre_gelu.ptr, n);
+                LLMC_LAUNCH(gelu_backward_inplace_kernel<T>, (int)((n + 255) / 256), 256, 0, stream, (T*)dout.ptr,
+                            (const T*)pre_gelu.ptr, n);
                 CUDA_CHECK_LAUNCH();
             }
             if (dbias.ptr) {
-                bias_backward_kernel<T><<<ceil_div(OC, 32), dim3(32, 32), 0, stream>>>((T*)dbias.ptr,
-                                                                                      (const T*)dout.ptr, N, OC);
+                LLMC_LAUNCH(bias_backward_kernel<T>, ceil_div(OC, 32), dim3(32, 32), 0, stream, (T*)dbias.ptr,
+                            (const T*)dout.ptr, N, OC);
                 CUDA_CHECK_LAUNCH();
             }
         });
@@ -355,7 +355,7 @@ private:
             if (extra_bias)
                 with_type(dt, [&](auto tag) {
                     using T = decltype(tag);
-                    add_bias_kernel<T><<<blocks, 256, 0, stream>>>((T*)g.D, (const T*)extra_bias, g.n, g.m);
+                    LLMC_LAUNCH(add_bias_kernel<T>, blocks, 256, 0, stream, (T*)g.D, (const T*)extra_bias, g.n, g.m);
                     CUDA_CHECK_LAUNCH();
                 });
             return;
@@ -373,8 +373,8 @@ private:
         const void* bias = extra_bias ? extra_bias : g.bias;
         with_type(dt, [&](auto tag) {
             using T = decltype(tag);
-            add_gemm_result_kernel<T><<<blocks, 256, 0, stream>>>((T*)g.D, (const float*)s.D, (const T*)bias, n,
-                                                                   g.m, g.accumulate);
+            LLMC_LAUNCH(add_gemm_result_kernel<T>, blocks, 256, 0, stream, (T*)g.D, (const float*)s.D, (const T*)bias,
+                        n, g.m, g.accumulate);
             CUDA_CHECK_LAUNCH();
         });
     }
@@ -397,14 +397,15 @@ private:
             if (c.current) {
                 CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
                 const int blocks = (int)std::min<long long>(1024, (n + 255) / 256);
-                amax_kernel<T><<<std::max(1, blocks), 256, 0, stream>>>(amax, xp, n);
+                LLMC_LAUNCH(amax_kernel<T>, std::max(1, blocks), 256, 0, stream, amax, xp, n);
                 CUDA_CHECK_LAUNCH();
             }
-            scale_kernel<<<1, 1, 0, stream>>>(sc, c.current ? amax : nullptr, c.scale, c.format, c.margin, record);
+            LLMC_LAUNCH(scale_kernel, 1, 1, 0, stream, sc, c.current ? amax : nullptr, c.scale, c.format, c.margin,
+                        record);
             CUDA_CHECK_LAUNCH();
             const dim3 grid(ceil_div(cols, 32), ceil_div(rows, 32));
-            cast_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(out, outT, c.current ? nullptr : record, xp, sc, rows,
-                                                             cols, c.format);
+            LLMC_LAUNCH(cast_kernel<T>, grid, dim3(32, 8), 0, stream, out, outT, c.current ? nullptr : record, xp, sc,
+                        rows, cols, c.format);
             CUDA_CHECK_LAUNCH();
         });
         return sc;
