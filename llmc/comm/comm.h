@@ -59,6 +59,8 @@
 #include <string>
 #include <vector>
 
+#include "llmc/core/common.h"
+
 enum class ReduceOp { Sum, Max };
 
 // One message of Comm::exchange: a send of n elements of buf to group rank peer, or a receive
@@ -104,6 +106,11 @@ public:
     // buf[i] = op over the group of every member's buf[i]
     virtual void all_reduce(float* buf, size_t n, ReduceOp op) = 0;
     virtual void all_reduce(double* buf, size_t n, ReduceOp op) = 0;  // host memory on every Comm
+    // Doubles in the memory this communicator reads (on_device: the backend's; else the host's).
+    virtual void all_reduce_dev(double* buf, size_t n, ReduceOp op) {
+        LLMC_ASSERT(!on_device(), "all_reduce_dev: a device communicator without a device path");
+        all_reduce(buf, n, op);
+    }
     // send holds sum(counts) elements on every member; recv gets this member's piece
     // (counts[rank()] elements at offset sum(counts[0..rank()))) of their element-wise sum.
     virtual void reduce_scatter(const float* send, float* recv, const std::vector<size_t>& counts) = 0;

@@ -36,6 +36,10 @@ inline void cublas_check_impl(cublasStatus_t st, const char* expr, const char* f
 #define CUBLAS_CHECK(x) cublas_check_impl((x), #x, __FILE__, __LINE__)
 // After a kernel launch: catches launch-configuration errors at once.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+// Kernels and cuBLASLt calls queued by this process (Ops::counters' launches): every launch site
+// reads `LLMC_LAUNCH kernel<<<...>>>(...)` (a comma expression, so it stays one statement).
+inline uint64_t cuda_launch_count = 0;
+#define LLMC_LAUNCH ++cuda_launch_count,
 
 inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
 

@@ -119,8 +119,8 @@ public:
             it = cache_.emplace(key, res.algo).first;
         }
         const float alpha = 1.0f;
-        CUBLAS_CHECK(cublasLtMatmul(handle_, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &it->second, workspace_,
-                                    kWorkspaceBytes, stream));
+        CUBLAS_CHECK((LLMC_LAUNCH cublasLtMatmul(handle_, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &it->second, workspace_,
+                                    kWorkspaceBytes, stream)));
         cublasLtMatrixLayoutDestroy(la);
         cublasLtMatrixLayoutDestroy(lb);
         cublasLtMatrixLayoutDestroy(ld);
