@@ -565,6 +565,7 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     const TrainConfig& tc = r.tc;
     const double t0 = now_ms(), comm0 = comm_wait_ms();
     const OpsCounters c0 = r.ops->counters();
+    const uint64_t waits0 = comm_waits();
     r.model.zero_grads();
     r.conv->begin_step();
     for (int micro = 0; micro < tc.grad_accum; micro++)
@@ -624,12 +625,14 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     r.state.skipped += !finite;
     const double ms = now_ms() - t0, tok_s = tokens_per_step(r) / (ms / 1000.0);
     const double comm_ms = comm_wait_ms() - comm0;  // this rank's time inside communication waits
-    // what crossed between host and backend in this step: the most of any rank (Ops::counters)
+    // what crossed between host and backend in this step, and the communicators' waits (on NCCL
+    // host polls too; not the backend's): the most of any rank (Ops::counters)
     const OpsCounters dc = r.ops->counters() - c0;
-    double most[4] = {double(dc.host_syncs), double(dc.h2d_bytes), double(dc.d2h_bytes), double(dc.launches)};
-    if (r.grid.world > 1) r.groups.world->all_reduce(most, 4, ReduceOp::Max);
+    double most[5] = {double(dc.host_syncs), double(dc.h2d_bytes), double(dc.d2h_bytes), double(dc.launches),
+                      double(comm_waits() - waits0)};
+    if (r.grid.world > 1) r.groups.world->all_reduce(most, 5, ReduceOp::Max);
     rec.update({{"host_syncs", uint64_t(most[0])}, {"h2d_bytes", uint64_t(most[1])}, {"d2h_bytes", uint64_t(most[2])},
-                {"launches", uint64_t(most[3])}});
+                {"launches", uint64_t(most[3])}, {"comm_waits", uint64_t(most[4])}});
     r.progress.step_done(ms);
     rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"comm_ms", comm_ms},
                 {"compute_ms", ms - comm_ms}, {"tok_per_s", tok_s},

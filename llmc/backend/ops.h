@@ -116,7 +116,8 @@ public:
     // out[b,t,:] = wte[tokens[b,t] - vocab_begin,:] for tokens in that range, zeros otherwise,
     // plus wpe[t,:] when wpe is non-empty (with TP exactly one rank adds wpe, then the group
     // all-reduces out). Ids past the slice are legal (another rank holds them), so the op
-    // can only check ids >= 0 (where it sees them on the host); the data loader checks < V.
+    // can only check ids >= 0 (the CPU does; CUDA, which never reads them back, skips such an id
+    // like one of another slice); the data loader checks 0 <= id < V.
     virtual void encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tensor wpe, int B, int T, int C,
                                  int vocab_begin) = 0;
     // dwte[tokens[b,t] - vocab_begin,:] += dout[b,t,:] for the tokens in dwte's row range

@@ -54,6 +54,7 @@
 #pragma once
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -216,9 +217,12 @@ void comm_delay_until(std::chrono::steady_clock::time_point started);
 // Milliseconds this process has spent inside communication waits (blocking calls, waits on
 // handles) so far; a CommWaitTimer adds the time of its scope. Main thread only.
 double comm_wait_ms();
+// How many such waits (a CommWaitTimer each): on NCCL every one is the host polling the device
+// (log.jsonl's comm_waits, beside the backend's host_syncs).
+uint64_t comm_waits();
 class CommWaitTimer {
 public:
-    CommWaitTimer() : t0_(std::chrono::steady_clock::now()) {}
+    CommWaitTimer();
     ~CommWaitTimer();
     CommWaitTimer(const CommWaitTimer&) = delete;
     CommWaitTimer& operator=(const CommWaitTimer&) = delete;

@@ -264,8 +264,9 @@ public:
         // within a row), no read back; tokens of other slices sort last and are skipped
         int bits = 1;
         while (bits < 31 && (1LL << bits) <= rows) bits++;  // keys in [0, rows]
-        int32_t* keys = static_cast<int32_t*>(scratch(0, (size_t)4 * N * sizeof(int32_t)));
-        int32_t *pos = keys + N, *skeys = keys + 2 * N, *spos = keys + 3 * N;
+        uint32_t* keys = static_cast<uint32_t*>(scratch(0, (size_t)4 * N * sizeof(int32_t)));
+        uint32_t* skeys = keys + N;
+        int32_t *pos = reinterpret_cast<int32_t*>(keys + 2 * N), *spos = pos + N;
         size_t temp = 0;
         CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp, keys, skeys, pos, spos, N, 0, bits, stream_));
         void* tmp = scratch(1, std::max<size_t>(temp, 1));

@@ -33,12 +33,12 @@ __global__ void encoder_backward_wpe_kernel(T* dwpe, const T* dout, int B, int T
 // The backward's sort on the device: key[i] = the local row of position i's token (rows for a
 // token outside the slice: sorted last, skipped), pos[i] = i. A stable radix sort by key then
 // lists each row's positions in increasing order.
-__global__ void encoder_backward_keys_kernel(int32_t* key, int32_t* pos, const int32_t* tokens, int N, int vocab_begin,
+__global__ void encoder_backward_keys_kernel(uint32_t* key, int32_t* pos, const int32_t* tokens, int N, int vocab_begin,
                                              int rows) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     const long long row = (long long)tokens[i] - vocab_begin;
-    key[i] = row >= 0 && row < rows ? (int32_t)row : rows;
+    key[i] = (uint32_t)(row >= 0 && row < rows ? row : rows);
     pos[i] = i;
 }
 
@@ -47,13 +47,13 @@ __global__ void encoder_backward_keys_kernel(int32_t* key, int32_t* pos, const i
 // blockDim.x)) owns the row starting at sorted index k (the others return), each thread one
 // (row, channel): no two threads touch the same element, no atomics.
 template <class T>
-__global__ void encoder_backward_wte_kernel(T* dwte, const T* dout, const int32_t* key, const int32_t* pos, int N,
+__global__ void encoder_backward_wte_kernel(T* dwte, const T* dout, const uint32_t* key, const int32_t* pos, int N,
                                             int rows, int C) {
     const int k = blockIdx.x;
     const int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    const int row = key[k];
-    if (row >= rows || (k > 0 && key[k - 1] == row)) return;
+    const uint32_t row = key[k];
+    if (row >= (uint32_t)rows || (k > 0 && key[k - 1] == row)) return;
     float acc = 0.0f;
     for (int i = k; i < N && key[i] == row; i++) acc += to_f32(dout[(long long)pos[i] * C + c]);
     const long long o = (long long)row * C + c;

@@ -36,7 +36,7 @@ check() {  # check NAME NPROC LAYERS PER_LAYER ARGS...: LAYERS held by a rank
     for s in 1 2 3; do
         syncs=$(field "$log" host_syncs | sed -n ${s}p); up=$(field "$log" h2d_bytes | sed -n ${s}p)
         down=$(field "$log" d2h_bytes | sed -n ${s}p); launches=$(field "$log" launches | sed -n ${s}p)
-        echo "  $name step $s: host_syncs $syncs, h2d $up bytes, d2h $down bytes, launches $launches"
+        echo "  $name step $s: host_syncs $syncs, h2d $up bytes, d2h $down bytes, launches $launches (comm_waits $(field "$log" comm_waits | sed -n ${s}p))"
         [ "$syncs" -le 2 ] || die "$name step $s: $syncs host synchronizations (at most 2)"
         [ "$down" -le $((32 + 4 * tokens)) ] || die "$name step $s: $down bytes read back (at most $((32 + 4 * tokens)): the norm and the losses)"
         [ "$up" -le $((8 * tokens)) ] || die "$name step $s: $up bytes uploaded (at most $((8 * tokens)): the tokens and targets)"
