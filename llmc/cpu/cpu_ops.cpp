@@ -34,15 +34,18 @@ void* Ops::alloc_host(size_t bytes) {
 
 void Ops::release_host(void* p) { std::free(p); }
 
+// (an empty tensor is no launch, as on CUDA)
 void CpuOps::zero(Tensor t) {
+    if (!t.ptr || !t.n) return;
     ++counters_.launches;
-    if (t.ptr) std::memset(t.ptr, 0, t.bytes());
+    std::memset(t.ptr, 0, t.bytes());
 }
 
 void CpuOps::copy(Tensor dst, Tensor src) {
-    ++counters_.launches;
     LLMC_ASSERT(dst.dtype == src.dtype && dst.n == src.n, "copy: tensors differ in dtype or size");
-    if (dst.n) std::memmove(dst.ptr, src.ptr, dst.bytes());
+    if (!dst.n) return;
+    ++counters_.launches;
+    std::memmove(dst.ptr, src.ptr, dst.bytes());
 }
 
 // The accounting a device would see (llmc/backend/ops.h: OpsCounters).
