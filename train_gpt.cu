@@ -193,9 +193,10 @@ std::string resolve_device(const Config& cfg) {
 }
 // The communicator of the data-parallel group (and the world's): "nccl" runs DP's collectives on
 // device buffers (llmc/train/data_parallel.h stages bf16 gradients through fp32 device buffers); the
-// tensor- and pipeline-parallel groups stay on MPI. "auto" is NCCL on CUDA where every rank of a node
-// has a GPU of its own (the gradients never cross the host), else MPI (several ranks share a GPU:
-// every tensor staged through host memory); MPI on the CPU.
+// tensor- and pipeline-parallel groups stay on MPI. "auto" is NCCL on CUDA where there are several
+// ranks and every rank of a node has a GPU of its own (the gradients never cross the host), else MPI
+// (several ranks share a GPU: every tensor staged through host memory; one process: groups of one,
+// which communicate nothing); MPI on the CPU.
 std::string resolve_comm(const ParallelConfig& pc, const std::string& device, const Runtime& rt) {
     // (test hook LLMC_SIM_DEVICE: "nccl" on the CPU is MPI acting as NCCL, llmc/comm/device_sim.h)
     if (pc.comm == "nccl" && device == "cpu" && sim_device()) return "nccl";
@@ -203,7 +204,7 @@ std::string resolve_comm(const ParallelConfig& pc, const std::string& device, co
         throw UserError(strfmt("parallel.comm: \"nccl\" needs device \"cuda\" (this run is on %s; use \"mpi\" or "
                                "\"auto\")", device.c_str()));
     if (pc.comm == "auto" && device == "cuda")
-        return rt.world == 1 || rt.ranks_per_node <= cuda_device_count() ? "nccl" : "mpi";
+        return rt.world > 1 && rt.ranks_per_node <= cuda_device_count() ? "nccl" : "mpi";
     if (pc.comm != "nccl") return "mpi";
     const int gpus = cuda_device_count();
     if (rt.world > 1 && rt.ranks_per_node > gpus)
