@@ -195,14 +195,18 @@ std::string resolve_device(const Config& cfg) {
 }
 // The communicator of the data-parallel group (and the world's): "nccl" runs DP's collectives on
 // device buffers (llmc/train/data_parallel.h stages bf16 gradients through fp32 device buffers); the
-// tensor- and pipeline-parallel groups stay on MPI. "auto" is MPI for now: the NCCL path has not
-// yet run on a GPU (scripts/gpu_check.sh checks it), and MPI serves several ranks per GPU.
+// tensor- and pipeline-parallel groups stay on MPI. "auto" is NCCL on CUDA where there are several
+// ranks and every rank of a node has a GPU of its own (the gradients never cross the host), else MPI
+// (several ranks share a GPU: every tensor staged through host memory; one process: groups of one,
+// which communicate nothing); MPI on the CPU.
 std::string resolve_comm(const ParallelConfig& pc, const std::string& device, const Runtime& rt) {
     // (test hook LLMC_SIM_DEVICE: "nccl" on the CPU is MPI acting as NCCL, llmc/comm/device_sim.h)
     if (pc.comm == "nccl" && device == "cpu" && sim_device()) return "nccl";
     if (pc.comm == "nccl" && device != "cuda")
         throw UserError(strfmt("parallel.comm: \"nccl\" needs device \"cuda\" (this run is on %s; use \"mpi\" or "
                                "\"auto\")", device.c_str()));
+    if (pc.comm == "auto" && device == "cuda")
+        return rt.world > 1 && rt.ranks_per_node <= cuda_device_count() ? "nccl" : "mpi";
     if (pc.comm != "nccl") return "mpi";
     const int gpus = cuda_device_count();
     if (rt.world > 1 && rt.ranks_per_node > gpus)
@@ -320,7 +324,7 @@ struct Run {
           peak_flops(device == "cpu" ? 0.0 : gpu_peak_flops(ops->device_name(), cfg.precision)),
           progress(tc.steps, tokens_per_step(cfg, grid)) {
         for (Comm* c : {groups.world.get(), groups.dp.get(), groups.cp.get(), groups.tp.get(), groups.pp.get(),
-                        groups.mp.get(), groups.embed.get(), groups.ep.get(), groups.edp.get()})
+                        groups.mp.get(), groups.embed.get(), groups.ep.get(), groups.edp.get(), groups.mp_dev.get()})
             if (c) {
                 c->set_compute_stream(ops->compute_stream());  // device communicators wait for the ops' stream
                 c->set_overlap(pc.overlap);
@@ -329,7 +333,18 @@ struct Run {
             val_data.reset(new DataLoader(cfg.data.val, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, false, 0,
                                           shape.vocab_size));
         if (!cfg.tokenizer_dir.empty()) tok.reset(new Tokenizer(Tokenizer::load(cfg.tokenizer_dir)));
+        // the step's one read back: the norm's two doubles, the update decision, the losses
+        // (kept on the backend; not under MoE, whose routing reads back anyway)
+        defer = !shape.moe.enabled();
+        loss_rows = defer ? size_t(tc.grad_accum) * size_t(model.B) * size_t(model.T) : 0;
+        readback = static_cast<double*>(ops->alloc(kReadbackHead + loss_rows * sizeof(float)));
     }
+    ~Run() { ops->release(readback); }
+    // readback: ss[2] (DataParallel::grad_norm_squares), ctl[2] floats (Ops::step_control), padding,
+    // then loss_rows floats
+    static constexpr size_t kReadbackHead = 32;
+    float* ctl() const { return reinterpret_cast<float*>(readback + 2); }
+    float* losses() const { return reinterpret_cast<float*>(reinterpret_cast<char*>(readback) + kReadbackHead); }
     Runtime& rt;
     const Config cfg;
     const TrainConfig& tc;
@@ -360,6 +375,9 @@ struct Run {
     TrainState state;
     int bad_in_row = 0;  // steps skipped in a row for a non-finite loss or gradient norm (in all: state.skipped)
     Progress progress;
+    bool defer = false;
+    size_t loss_rows = 0;
+    double* readback = nullptr;
 };
 
 double tokens_per_step(const Run& r) { return tokens_per_step(r.cfg, r.grid); }
@@ -549,36 +567,75 @@ void log_moe(Run& r, nlohmann::json& rec, std::string& extra) {
 void train_step(Run& r, int step, Batches& x, Batches& y) {
     const TrainConfig& tc = r.tc;
     const double t0 = now_ms(), comm0 = comm_wait_ms();
+    const OpsCounters c0 = r.ops->counters();
+    const uint64_t waits0 = comm_waits();
     r.model.zero_grads();
     r.conv->begin_step();
     for (int micro = 0; micro < tc.grad_accum; micro++)
         next_batch(r.train_data, r.cp, r.model.B, r.model.T, x[size_t(micro)], y[size_t(micro)]);
     const float dloss = float(1.0 / tokens_per_step(r));
+    r.model.defer_losses(r.defer ? r.losses() : nullptr, r.loss_rows);
+    r.pipeline.set_defer_loss(r.defer);
     // gradient buckets go out during the last micro-step's backward, none before. Test hook:
     // LLMC_FAULT=nan:grad_<n> (LLMC_FAULT_RANK on a last pipeline stage) makes step n's gradients NaN
     double loss = r.pipeline.train_step(x, y, r.model.B, r.model.T, fault_point("grad", step + 1) ? NAN : dloss,
                                         r.dp.grads_ready());
+    const std::vector<size_t> rows = r.model.take_deferred_rows();
+    r.model.defer_losses(nullptr, 0);
+    r.pipeline.set_defer_loss(false);
     fault_point("train_step", step + 1);  // test hook: a rank dies mid-collective
     r.dp.finish_grad_sync();
     nlohmann::json rec = {{"step", step + 1}};
     std::string extra;
     r.conv->end_step(*r.groups.world, rec, extra);
     if (step == r.state.step) dump_gradients(r.model, r.dp, r.pc, *r.groups.mp, r.grid);
-    loss = r.dp.mean(loss);
+    size_t nloss = 0;
+    for (size_t n : rows) nloss += n;
+    if (r.defer) {  // the losses' check: finite exactly when every loss is
+        r.ops->sum_squares_multi(r.readback + 1, {Tensor(r.losses(), nloss, DType::F32)});
+    } else {
+        loss = r.dp.mean(loss);
+        const double bad = std::isfinite(loss) ? 0.0 : double(NAN);
+        r.ops->from_host_bytes(r.readback + 1, &bad, sizeof(bad));
+    }
     if (r.shape.moe.enabled()) log_moe(r, rec, extra);
-    const double grad_norm = r.dp.grad_norm(r.groups.mp.get());
+    // the gradient norm, clipping and the non-finite check on the backend: a non-finite loss or
+    // gradient norm (alike on every rank: both are reduced over all) skips the update (Ops::adamw_multi
+    // reads the decision), weights and optimizer moments stay as they were
+    r.dp.grad_norm_squares(r.readback, r.groups.norm_group());
+    r.ops->step_control(r.ctl(), r.readback, tc.grad_clip);
     const double lr = lr_at(tc, step);
     const AdamWHyper h{float(lr), float(tc.beta1), float(tc.beta2), float(tc.eps), float(tc.weight_decay)};
-    // a non-finite loss or gradient norm (alike on every rank: both are reduced over all) skips
-    // the update: weights and optimizer moments stay as they were
-    const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
+    r.dp.before_update();
+    r.opt.step(h, step + 1, r.ctl(), uint32_t(tc.seed * 2654435761u + step));
+    r.dp.after_update();
+    // the step's one wait for the backend: norm, decision and losses
+    std::vector<char> back(Run::kReadbackHead + nloss * sizeof(float));
+    r.ops->to_host_bytes(back.data(), r.readback, back.size());
+    double ss[2];
+    std::memcpy(ss, back.data(), sizeof(ss));
+    const double grad_norm = std::sqrt(ss[0]);
+    if (r.defer) {
+        const float* l = reinterpret_cast<const float*>(back.data() + Run::kReadbackHead);
+        for (size_t n : rows) {
+            loss += Model::deferred_loss(l, n);
+            l += n;
+        }
+        loss = r.dp.mean(r.pipeline.finish_loss(loss));
+    }
+    const bool finite = std::isfinite(ss[0]) && std::isfinite(ss[1]);  // Ops::step_control's decision
     r.bad_in_row = finite ? 0 : r.bad_in_row + 1;
     r.state.skipped += !finite;
-    if (finite) r.opt.step(h, step + 1, clip_scale(grad_norm, tc.grad_clip), uint32_t(tc.seed * 2654435761u + step));
-    r.dp.after_update();
-    r.ops->synchronize();
     const double ms = now_ms() - t0, tok_s = tokens_per_step(r) / (ms / 1000.0);
     const double comm_ms = comm_wait_ms() - comm0;  // this rank's time inside communication waits
+    // what crossed between host and backend in this step, and the communicators' waits (on NCCL
+    // host polls too; not the backend's): the most of any rank (Ops::counters)
+    const OpsCounters dc = r.ops->counters() - c0;
+    double most[5] = {double(dc.host_syncs), double(dc.h2d_bytes), double(dc.d2h_bytes), double(dc.launches),
+                      double(comm_waits() - waits0)};
+    if (r.grid.world > 1) r.groups.world->all_reduce(most, 5, ReduceOp::Max);
+    rec.update({{"host_syncs", uint64_t(most[0])}, {"h2d_bytes", uint64_t(most[1])}, {"d2h_bytes", uint64_t(most[2])},
+                {"launches", uint64_t(most[3])}, {"comm_waits", uint64_t(most[4])}});
     r.progress.step_done(ms);
     rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"comm_ms", comm_ms},
                 {"compute_ms", ms - comm_ms}, {"tok_per_s", tok_s},

@@ -18,14 +18,55 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "llmc/precision/fp8.h"
 #include "llmc/backend/positions.h"
 #include "llmc/core/tensor.h"
 
+// What crossed between the host and the backend's memory, and how often the host waited for the
+// backend, since the backend was made (the trainer logs each step's difference: log.jsonl's
+// host_syncs, h2d_bytes, d2h_bytes, launches). CUDA counts what it does; the CPU backend counts
+// the same events, so that under LLMC_SIM_DEVICE (its memory stands for a device's) the tests see
+// what a GPU run would move:
+//  - h2d_bytes, d2h_bytes: the bytes of every copy between backend memory and host memory
+//    (to_host_*, from_host_*, the asynchronous copies), as stored in backend memory;
+//  - host_syncs: every wait of the host for the backend: synchronize, wait_copy of a copy, a read
+//    back (to_host_*), an upload larger than kUploadNoSync (smaller ones go through a staging ring
+//    and do not wait);
+//  - launches: the kernels and device copies queued (CUDA: kernels, cuBLASLt calls, memsets and
+//    device-to-device copies; CPU: one per op call that would be one on a device).
+struct OpsCounters {
+    uint64_t host_syncs = 0, h2d_bytes = 0, d2h_bytes = 0, launches = 0;
+    OpsCounters operator-(const OpsCounters& o) const {
+        return {host_syncs - o.host_syncs, h2d_bytes - o.h2d_bytes, d2h_bytes - o.d2h_bytes, launches - o.launches};
+    }
+};
+
+// One tensor's piece of a multi-tensor AdamW (Ops::adamw_multi): as Ops::adamw's arguments.
+struct AdamWPiece {
+    Tensor params;
+    float* master;  // nullable
+    Tensor grads;
+    float *m, *v;
+    float weight_decay;
+    uint32_t seed, index_base;
+};
+
+// torch's clip_grad_norm_ factor: min(1, clip / (norm + 1e-6)); 1 when clip <= 0 (both backends and
+// the host compute it so, in double, rounded once to float).
+inline float clip_factor(double norm, double clip) {
+    if (clip <= 0.0) return 1.0f;
+    const double f = clip / (norm + 1e-6);
+    return float(f < 1.0 ? f : 1.0);
+}
+
 class Ops {
 public:
     virtual ~Ops() = default;
+    // Uploads (from_host_*) of at most this many bytes do not wait for the backend.
+    static constexpr size_t kUploadNoSync = size_t(1) << 20;
+    virtual OpsCounters counters() const { return counters_; }
     virtual std::string name() const = 0;  // "cpu" or "cuda"
     // What the logs and the MFU table call the device (the GPU's name on CUDA).
     virtual std::string device_name() const { return name(); }
@@ -75,7 +116,8 @@ public:
     // out[b,t,:] = wte[tokens[b,t] - vocab_begin,:] for tokens in that range, zeros otherwise,
     // plus wpe[t,:] when wpe is non-empty (with TP exactly one rank adds wpe, then the group
     // all-reduces out). Ids past the slice are legal (another rank holds them), so the op
-    // can only check ids >= 0 (where it sees them on the host); the data loader checks < V.
+    // can only check ids >= 0 (the CPU does; CUDA, which never reads them back, skips such an id
+    // like one of another slice); the data loader checks 0 <= id < V.
     virtual void encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tensor wpe, int B, int T, int C,
                                  int vocab_begin) = 0;
     // dwte[tokens[b,t] - vocab_begin,:] += dout[b,t,:] for the tokens in dwte's row range
@@ -233,9 +275,31 @@ public:
     virtual void cross_entropy_finish(Tensor logits, float* losses, const float* stats, const int32_t* targets,
                                       int N, int Vl, int vocab_begin, int V, float dloss) = 0;
 
+    // The combination of the slices' stats (TensorParallel::combine_cross_entropy_stats) around its
+    // two all-reduces, per row i of stats [rows, 3], mx [rows], rest [rows, 2] (backend memory):
+    //   phase 0: mx[i] = stats[3i] (then mx is max-reduced over the slices)
+    //   phase 1: rest[2i] = stats[3i] == -inf ? 0 : stats[3i+1] * exp(stats[3i] - mx[i]) (fp32 expf),
+    //            rest[2i+1] = stats[3i+2] (then rest is summed over the slices)
+    //   phase 2: stats[3i] = mx[i], stats[3i+1] = rest[2i], stats[3i+2] = rest[2i+1]
+    virtual void cross_entropy_stats(int phase, float* stats, float* mx, float* rest, size_t rows) = 0;
+
     // ---- optimizer ----
     // Sum of squares of a gradient region, in double, with a fixed reduction order.
     virtual double sum_squares(Tensor g) = 0;
+    // *out (backend memory) = the sum over the regions, in order, of sum_squares(region): bitwise
+    // what adding the host results in a double from 0 gives. One pass over every region (CUDA: two
+    // launches however many regions), no read back.
+    virtual void sum_squares_multi(double* out, const std::vector<Tensor>& regions) = 0;
+    // The step's update decision from ss (backend memory, two doubles: the summed squares of the
+    // gradient, and a value that is finite when every loss was), into ctl (backend memory, two
+    // floats): ctl[0] = clip_scale(sqrt(ss[0]), clip) (llmc/model/optimizer.h: torch's factor),
+    // ctl[1] = 1 when both ss[0] and ss[1] are finite (update), else 0 (skip the step).
+    virtual void step_control(float* ctl, const double* ss, double clip) = 0;
+    // adamw on every piece, the gradient scale ctl[0] and the decision ctl[1] read from backend
+    // memory (ctl[1] == 0: nothing changes). Each piece as one adamw call would update it, bit for
+    // bit; one launch (CUDA) for all pieces.
+    virtual void adamw_multi(const std::vector<AdamWPiece>& pieces, const float* ctl, float lr, float beta1,
+                             float beta2, float eps, int t) = 0;
     // AdamW on n elements. g is multiplied by grad_scale first (clipping). t = step (1-based)
     // for bias correction. params -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * p), with p
     // taken from master when given (fp32 master weights; params is then the rounded copy,
@@ -279,4 +343,7 @@ public:
                                      const Fp8Cast& inp_cast, const Fp8Cast& w_cast) {
         throw UserError("precision fp8: the " + name() + " backend has no fp8 matmuls");
     }
+
+protected:
+    OpsCounters counters_;
 };

@@ -97,9 +97,13 @@ void comm_delay_until(std::chrono::steady_clock::time_point started) {
 
 namespace {
 double g_comm_wait_ms = 0;
+uint64_t g_comm_waits = 0;
 }
 
 double comm_wait_ms() { return g_comm_wait_ms; }
+uint64_t comm_waits() { return g_comm_waits; }
+
+CommWaitTimer::CommWaitTimer() : t0_(std::chrono::steady_clock::now()) { ++g_comm_waits; }
 
 CommWaitTimer::~CommWaitTimer() {
     g_comm_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();

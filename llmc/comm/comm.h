@@ -54,10 +54,13 @@
 #pragma once
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "llmc/core/common.h"
 
 enum class ReduceOp { Sum, Max };
 
@@ -104,6 +107,11 @@ public:
     // buf[i] = op over the group of every member's buf[i]
     virtual void all_reduce(float* buf, size_t n, ReduceOp op) = 0;
     virtual void all_reduce(double* buf, size_t n, ReduceOp op) = 0;  // host memory on every Comm
+    // Doubles in the memory this communicator reads (on_device: the backend's; else the host's).
+    virtual void all_reduce_dev(double* buf, size_t n, ReduceOp op) {
+        LLMC_ASSERT(!on_device(), "all_reduce_dev: a device communicator without a device path");
+        all_reduce(buf, n, op);
+    }
     // send holds sum(counts) elements on every member; recv gets this member's piece
     // (counts[rank()] elements at offset sum(counts[0..rank()))) of their element-wise sum.
     virtual void reduce_scatter(const float* send, float* recv, const std::vector<size_t>& counts) = 0;
@@ -209,9 +217,12 @@ void comm_delay_until(std::chrono::steady_clock::time_point started);
 // Milliseconds this process has spent inside communication waits (blocking calls, waits on
 // handles) so far; a CommWaitTimer adds the time of its scope. Main thread only.
 double comm_wait_ms();
+// How many such waits (a CommWaitTimer each): on NCCL every one is the host polling the device
+// (log.jsonl's comm_waits, beside the backend's host_syncs).
+uint64_t comm_waits();
 class CommWaitTimer {
 public:
-    CommWaitTimer() : t0_(std::chrono::steady_clock::now()) {}
+    CommWaitTimer();
     ~CommWaitTimer();
     CommWaitTimer(const CommWaitTimer&) = delete;
     CommWaitTimer& operator=(const CommWaitTimer&) = delete;

@@ -36,6 +36,10 @@ public:
         in_->all_reduce(buf, n, op);
     }
     void all_reduce(double* buf, size_t n, ReduceOp op) override { in_->all_reduce(buf, n, op); }
+    void all_reduce_dev(double* buf, size_t n, ReduceOp op) override {
+        check(buf, n * 2, "all_reduce");  // (check counts floats)
+        in_->all_reduce(buf, n, op);
+    }
     void reduce_scatter(const float* send, float* recv, const std::vector<size_t>& counts) override {
         check_rs(send, recv, counts, "reduce_scatter");
         in_->reduce_scatter(send, recv, counts);

@@ -218,7 +218,8 @@ const std::vector<Key>& schema() {
                 "3 + parameters sharded (gathered per layer)"),
         enum_key("parallel.comm", FIELD(parallel.comm), {"auto", "mpi", "nccl"}, {},
                  "communicator of the data-parallel group: mpi (host buffers; several ranks may share a GPU), nccl "
-                 "(CUDA, device buffers, a GPU per rank), auto = mpi until nccl is proven on a GPU"),
+                 "(CUDA, device buffers, a GPU per rank), auto = nccl on CUDA when several ranks each have a GPU of their "
+                 "own, else mpi"),
         num_key("parallel.bucket_mb", FIELD(parallel.bucket_mb), 0, true, NONE, false,
                 "gradient bucket size in MiB of fp32 elements"),
         num_key("parallel.timeout_s", FIELD(parallel.timeout_s), 0, true, NONE, false,

@@ -34,16 +34,35 @@ void* Ops::alloc_host(size_t bytes) {
 
 void Ops::release_host(void* p) { std::free(p); }
 
+// (an empty tensor is no launch, as on CUDA)
 void CpuOps::zero(Tensor t) {
-    if (t.ptr) std::memset(t.ptr, 0, t.bytes());
+    if (!t.ptr || !t.n) return;
+    ++counters_.launches;
+    std::memset(t.ptr, 0, t.bytes());
 }
 
 void CpuOps::copy(Tensor dst, Tensor src) {
     LLMC_ASSERT(dst.dtype == src.dtype && dst.n == src.n, "copy: tensors differ in dtype or size");
-    if (dst.n) std::memmove(dst.ptr, src.ptr, dst.bytes());
+    if (!dst.n) return;
+    ++counters_.launches;
+    std::memmove(dst.ptr, src.ptr, dst.bytes());
+}
+
+// The accounting a device would see (llmc/backend/ops.h: OpsCounters).
+void CpuOps::count_down(size_t bytes) {
+    if (!bytes) return;
+    counters_.d2h_bytes += bytes;
+    ++counters_.host_syncs;
+}
+
+void CpuOps::count_up(size_t bytes) {
+    if (!bytes) return;
+    counters_.h2d_bytes += bytes;
+    if (bytes > kUploadNoSync) ++counters_.host_syncs;
 }
 
 void CpuOps::to_host_f32(float* dst, Tensor src) {
+    count_down(src.bytes());
     if (src.dtype == DType::F32) {
         if (src.n) std::memcpy(dst, src.ptr, src.bytes());
     } else if (src.dtype == DType::BF16) {
@@ -55,6 +74,7 @@ void CpuOps::to_host_f32(float* dst, Tensor src) {
 }
 
 void CpuOps::from_host_f32(Tensor dst, const float* src) {
+    count_up(dst.bytes());
     if (dst.dtype == DType::F32) {
         if (dst.n) std::memcpy(dst.ptr, src, dst.bytes());
     } else if (dst.dtype == DType::BF16) {
@@ -67,11 +87,27 @@ void CpuOps::from_host_f32(Tensor dst, const float* src) {
 }
 
 void CpuOps::to_host_bytes(void* dst, const void* src, size_t bytes) {
+    count_down(bytes);
     if (bytes) std::memcpy(dst, src, bytes);
 }
 
 void CpuOps::from_host_bytes(void* dst, const void* src, size_t bytes) {
+    count_up(bytes);
     if (bytes) std::memcpy(dst, src, bytes);
 }
 
 std::unique_ptr<Ops> make_cpu_ops() { return std::make_unique<CpuOps>(); }
+
+// (after the factory: the asynchronous copies run at once, but count as a device's, with an id
+// whose wait_copy is a wait)
+uint64_t CpuOps::copy_to_host_async(void* dst, const void* src, size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+    counters_.d2h_bytes += bytes;
+    return ++copies_;
+}
+
+uint64_t CpuOps::copy_from_host_async(void* dst, const void* src, size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+    counters_.h2d_bytes += bytes;
+    return ++copies_;
+}

@@ -21,7 +21,13 @@ public:
     void from_host_f32(Tensor dst, const float* src) override;
     void to_host_bytes(void* dst, const void* src, size_t bytes) override;
     void from_host_bytes(void* dst, const void* src, size_t bytes) override;
-    void synchronize() override {}
+    void synchronize() override { ++counters_.host_syncs; }
+    // the asynchronous copies: counted as a device's, waited for at once
+    uint64_t copy_to_host_async(void* dst, const void* src, size_t bytes) override;
+    uint64_t copy_from_host_async(void* dst, const void* src, size_t bytes) override;
+    void wait_copy(uint64_t id) override {
+        if (id) ++counters_.host_syncs;
+    }
 
     void encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tensor wpe, int B, int T, int C,
                          int vocab_begin) override;
@@ -68,6 +74,8 @@ public:
     void cross_entropy_finish(Tensor logits, float* losses, const float* stats, const int32_t* targets, int N, int Vl,
                               int vocab_begin, int V, float dloss) override;
 
+    void cross_entropy_stats(int phase, float* stats, float* mx, float* rest, size_t rows) override;
+
     // mixture of experts (llmc/cpu/moe.cpp)
     void moe_router_forward(float* probs, int32_t* expert, float* gate, Tensor logits, int N, int E, int K) override;
     void moe_router_backward(Tensor dlogits, const float* dgate, const float* daux, const float* probs,
@@ -79,6 +87,10 @@ public:
                               int N, int K, int C) override;
 
     double sum_squares(Tensor g) override;
+    void sum_squares_multi(double* out, const std::vector<Tensor>& regions) override;
+    void step_control(float* ctl, const double* ss, double clip) override;
+    void adamw_multi(const std::vector<AdamWPiece>& pieces, const float* ctl, float lr, float beta1, float beta2,
+                     float eps, int t) override;
     void adamw(Tensor params, float* master, Tensor grads, float* m, float* v, float lr, float beta1, float beta2,
                float eps, float weight_decay, float grad_scale, int t, uint32_t seed, uint32_t index_base = 0) override;
 
@@ -89,6 +101,11 @@ public:
     void matmul_backward_fp8(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
                              int N, int IC, int OC, const Fp8Cast& dout_cast, const Fp8Cast& inp_cast,
                              const Fp8Cast& w_cast) override;
+
+private:
+    void count_down(size_t bytes);  // a read back: bytes and a wait
+    void count_up(size_t bytes);    // an upload
+    uint64_t copies_ = 0;           // asynchronous copy ids handed out
 };
 
 // fp32 view of a tensor that must hold at least `need` elements (asserts dtype and size).

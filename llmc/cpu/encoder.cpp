@@ -20,6 +20,7 @@ int check_slice(const int32_t* tokens, size_t n, Tensor wte, int C, int vocab_be
 
 void CpuOps::encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tensor wpe, int B, int T, int C,
                              int vocab_begin) {
+    ++counters_.launches;
     const size_t BT = (size_t)B * T;
     const int rows = check_slice(tokens, BT, wte, C, vocab_begin, "encoder_forward");
     const float* pe = wpe.n ? cpu_f32(wpe, (size_t)T * C, "wpe") : nullptr;
@@ -29,6 +30,7 @@ void CpuOps::encoder_forward(Tensor out, const int32_t* tokens, Tensor wte, Tens
 
 void CpuOps::encoder_backward(Tensor dwte, Tensor dwpe, Tensor dout, const int32_t* tokens, int B, int T, int C,
                               int vocab_begin) {
+    ++counters_.launches;
     const size_t BT = (size_t)B * T;
     const int rows = check_slice(tokens, BT, dwte, C, vocab_begin, "encoder_backward");
     float* dpe = dwpe.n ? cpu_f32(dwpe, (size_t)T * C, "dwpe") : nullptr;

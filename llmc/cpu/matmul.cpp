@@ -4,6 +4,7 @@
 
 void CpuOps::matmul_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC,
                             bool gelu) {
+    ++counters_.launches;
     const size_t NO = (size_t)N * OC;
     float* pg = gelu ? cpu_f32(pre_gelu, NO, "pre_gelu") : nullptr;
     float* bp = bias ? cpu_f32(bias, OC, "bias") : nullptr;
@@ -13,6 +14,7 @@ void CpuOps::matmul_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, T
 
 void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
                              Tensor pre_gelu, int N, int IC, int OC) {
+    ++counters_.launches;
     const size_t NO = (size_t)N * OC, NI = (size_t)N * IC;
     float* di = dinp ? cpu_f32(dinp, NI, "matmul dinp") : nullptr;
     float* db = dbias ? cpu_f32(dbias, OC, "matmul dbias") : nullptr;
@@ -22,14 +24,17 @@ void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, 
 }
 
 void CpuOps::gelu_forward(Tensor out, Tensor inp) {
+    ++counters_.launches;
     cpu::gelu_forward(cpu_f32(out, inp.n, "gelu out"), cpu_f32(inp, inp.n, "gelu inp"), inp.n);
 }
 
 void CpuOps::swiglu_forward(Tensor out, Tensor inp, int N, int F) {
+    ++counters_.launches;
     cpu::swiglu_forward(cpu_f32(out, (size_t)N * F, "swiglu out"), cpu_f32(inp, (size_t)N * 2 * F, "swiglu inp"), N, F);
 }
 
 void CpuOps::swiglu_backward(Tensor dinp, Tensor dout, Tensor inp, int N, int F) {
+    ++counters_.launches;
     cpu::swiglu_backward(cpu_f32(dinp, (size_t)N * 2 * F, "swiglu dinp"), cpu_f32(dout, (size_t)N * F, "swiglu dout"),
                          cpu_f32(inp, (size_t)N * 2 * F, "swiglu inp"), N, F);
 }

@@ -6,11 +6,9 @@
 // master is then updated and params gets the rounded copy (stochastic rounding for bf16,
 // the random bits from hash(seed, base + index): base places the call's elements in a larger whole).
 template <class T>
-__global__ void adamw_kernel(T* params, float* master, const T* grads, float* m, float* v, long long n, float lr,
-                             float beta1, float beta2, float bc1, float bc2, float eps, float wd, float grad_scale,
-                             uint32_t seed, uint32_t base) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+__device__ __forceinline__ void adamw_element(T* params, float* master, const T* grads, float* m, float* v, long long i,
+                                              float lr, float beta1, float beta2, float bc1, float bc2, float eps,
+                                              float wd, float grad_scale, uint32_t seed, uint32_t base) {
     const float g = to_f32(grads[i]) * grad_scale;
     const float mi = beta1 * m[i] + (1.0f - beta1) * g;
     const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
@@ -24,6 +22,56 @@ __global__ void adamw_kernel(T* params, float* master, const T* grads, float* m,
         params[i] = p;
     else
         params[i] = stochastic_round_bf16(p, hash_u32(seed, base + (uint32_t)i));
+}
+
+template <class T>
+__global__ void adamw_kernel(T* params, float* master, const T* grads, float* m, float* v, long long n, float lr,
+                             float beta1, float beta2, float bc1, float bc2, float eps, float wd, float grad_scale,
+                             uint32_t seed, uint32_t base) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    adamw_element(params, master, grads, m, v, i, lr, beta1, beta2, bc1, bc2, eps, wd, grad_scale, seed, base);
+}
+
+// Multi-tensor AdamW: one launch over every piece, a block per chunk of kAdamWChunk elements of
+// one piece (the chunk table: piece index, first element). Each element is updated exactly as
+// adamw_kernel updates it; ctl[1] == 0 (Ops::step_control: a skipped step) changes nothing.
+constexpr long long kAdamWChunk = 4096;
+struct AdamWDesc {
+    void* params;
+    float* master;
+    const void* grads;
+    float *m, *v;
+    long long n;
+    float wd;
+    uint32_t seed, base;
+};
+struct AdamWChunk {
+    int piece;
+    long long begin;
+};
+template <class T>
+__global__ void adamw_multi_kernel(const AdamWDesc* d, const AdamWChunk* chunks, const float* ctl, float lr,
+                                   float beta1, float beta2, float bc1, float bc2, float eps) {
+    if (ctl[1] == 0.0f) return;
+    const AdamWChunk c = chunks[blockIdx.x];
+    const AdamWDesc p = d[c.piece];
+    const long long end = c.begin + kAdamWChunk < p.n ? c.begin + kAdamWChunk : p.n;
+    for (long long i = c.begin + threadIdx.x; i < end; i += blockDim.x)
+        adamw_element((T*)p.params, p.master, (const T*)p.grads, p.m, p.v, i, lr, beta1, beta2, bc1, bc2, eps, p.wd,
+                      ctl[0], p.seed, p.base);
+}
+
+// ctl from the summed squares (Ops::step_control), in double as the host computes it.
+__global__ void step_control_kernel(float* ctl, const double* ss, double clip) {
+    const double norm = sqrt(ss[0]);
+    float f = 1.0f;
+    if (clip > 0.0) {
+        const double q = clip / (norm + 1e-6);
+        f = (float)(q < 1.0 ? q : 1.0);
+    }
+    ctl[0] = f;
+    ctl[1] = isfinite(ss[0]) && isfinite(ss[1]) ? 1.0f : 0.0f;
 }
 
 // Fixed grid (a function of n only), each thread sums x^2 in double over a grid-stride
@@ -49,5 +97,56 @@ __global__ void sum_squares_kernel(double* partial, const T* g, long long n) {
         double t = 0.0;
         for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += s[w];
         partial[blockIdx.x] = t;
+    }
+}
+
+// Multi-tensor sum of squares: block b of the launch works on the region whose blocks hold it
+// (first_block ascending: a binary search) as block (b - first_block) of sum_squares_kernel's
+// grid for that region (sum_squares_blocks(n) blocks).
+struct SumSqRegion {
+    const void* g;
+    long long n;
+    int first_block, blocks;
+};
+template <class T>
+__global__ void sum_squares_multi_kernel(double* partial, const SumSqRegion* regions, int nregions) {
+    __shared__ double s[kSumSqThreads / 32];
+    int lo = 0, hi = nregions - 1;  // the last region with first_block <= blockIdx.x
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (regions[mid].first_block <= (int)blockIdx.x) lo = mid;
+        else hi = mid - 1;
+    }
+    const SumSqRegion r = regions[lo];
+    const T* g = (const T*)r.g;
+    const long long blk = blockIdx.x - r.first_block;
+    double acc = 0.0;
+    for (long long i = blk * blockDim.x + threadIdx.x; i < r.n; i += (long long)r.blocks * blockDim.x) {
+        const double x = (double)to_f32(g[i]);
+        acc += x * x;
+    }
+    acc = warp_sum_d(acc);
+    if ((threadIdx.x & 31) == 0) s[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += s[w];
+        partial[blockIdx.x] = t;
+    }
+}
+// One block: thread j adds region j's partials in order (as the host adds sum_squares' partials),
+// then thread 0 adds the regions in order: what the host's per-region loop gives.
+__global__ void sum_squares_finish_kernel(double* out, double* per_region, const double* partial,
+                                          const SumSqRegion* regions, int nregions) {
+    for (int j = threadIdx.x; j < nregions; j += blockDim.x) {
+        double s = 0.0;
+        for (int b = 0; b < regions[j].blocks; b++) s += partial[regions[j].first_block + b];
+        per_region[j] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int j = 0; j < nregions; j++) t += per_region[j];
+        *out = t;
     }
 }

@@ -113,3 +113,20 @@ __global__ void cross_entropy_finish_kernel(T* logits, float* losses, const floa
         x[c] = from_f32<T>(g);
     }
 }
+
+// Ops::cross_entropy_stats: one thread per row.
+__global__ void cross_entropy_stats_kernel(int phase, float* stats, float* mx, float* rest, long long rows) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows) return;
+    if (phase == 0) {
+        mx[i] = stats[3 * i];
+    } else if (phase == 1) {
+        const float m = stats[3 * i];
+        rest[2 * i] = m == -INFINITY ? 0.0f : stats[3 * i + 1] * expf(m - mx[i]);
+        rest[2 * i + 1] = stats[3 * i + 2];
+    } else {
+        stats[3 * i] = mx[i];
+        stats[3 * i + 1] = rest[2 * i];
+        stats[3 * i + 2] = rest[2 * i + 1];
+    }
+}

@@ -82,6 +82,10 @@ public:
             if (Clock::now() >= deadline) stalled("init", strfmt("%d ranks", size()));
             pause(polls);
         }
+        // NCCL connects the ranks lazily, in a communicator's first collective: one word all-reduced
+        // here, at start-up (every rank builds the same groups in the same order), so that the
+        // connection's time falls into the set-up and not into the first step's first call
+        barrier();
     }
     ~NcclComm() override {
         if (comm_) {
@@ -137,6 +141,16 @@ public:
                                        stream_));
         });
         std::memcpy(buf, scratch_host_, n * sizeof(double));
+    }
+
+    // Device doubles (the gradient norm's sums): in place, no copies.
+    void all_reduce_dev(double* buf, size_t n, ReduceOp op) override {
+        if (n == 0) return;
+        const std::string detail = count_text(n, "double");
+        check_device(buf, "all_reduce");
+        start();
+        check_enqueue(ncclAllReduce(buf, buf, n, ncclDouble, nccl_op(op), comm_, stream_), "all_reduce", detail);
+        wait("all_reduce", detail);
     }
 
     void reduce_scatter(const float* send, float* recv, const std::vector<size_t>& counts) override {

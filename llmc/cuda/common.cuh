@@ -39,19 +39,24 @@ inline void cublas_check_impl(cublasStatus_t st, const char* expr, const char* f
 #define CUBLAS_CHECK(x) cublas_check_impl((x), #x, __FILE__, __LINE__)
 // After a kernel launch: catches launch-configuration errors at once.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+// Kernels and cuBLASLt calls queued by this process (Ops::counters' launches): LLMC_LAUNCH counts
+// each kernel launch, LtAlgoCache each cuBLASLt call it runs.
+inline uint64_t cuda_launch_count = 0;
+inline void count_launch() { ++cuda_launch_count; }
 
 // Every kernel launch: LLMC_LAUNCH(kernel, grid, block, dynamic smem bytes, stream, args...) is
 // kernel<<<grid, block, smem, stream>>>(args...) under nvcc, and under the CPU emulator of CI
 // (test/cuemu, LLMC_CUEMU) the emulator's launch. `kernel` is one macro argument: a template
 // with several arguments goes through a local variable. A kernel's dynamic shared memory is
 // LLMC_EXTERN_SMEM(type, name), an array of `type` 128-byte aligned, which the emulator provides
-// per block.
+// per block. Each launch is counted (a comma expression: one statement).
 #ifdef LLMC_CUEMU
 #define LLMC_LAUNCH(kernel, grid, block, smem, stream, ...) \
-    CUEMU_LAUNCH(kernel, grid, block, smem, stream, __VA_ARGS__)
+    count_launch(), CUEMU_LAUNCH(kernel, grid, block, smem, stream, __VA_ARGS__)
 #define LLMC_EXTERN_SMEM(type, name) type* const name = reinterpret_cast<type*>(::cuemu::dynamic_smem())
 #else
-#define LLMC_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#define LLMC_LAUNCH(kernel, grid, block, smem, stream, ...) \
+    count_launch(), kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
 #define LLMC_EXTERN_SMEM(type, name) extern __shared__ __align__(128) type name[]
 #endif
 

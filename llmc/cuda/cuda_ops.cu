@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include <cub/cub.cuh>
+
 #include "llmc/cuda/adamw.cuh"
 #include "llmc/cuda/attention.cuh"
 #include "llmc/cuda/classifier.cuh"
@@ -70,6 +72,11 @@ public:
             if (e) cudaEventDestroy(e);
         if (queued_) cudaEventDestroy(queued_);
         for (GrowBuffer& b : scratch_) b.release();
+        for (GrowBuffer* b : {&sumsq_regions_, &sumsq_part_, &adamw_desc_, &adamw_chunks_}) b->release();
+        for (Upload& u : uploads_) {
+            if (u.host) cudaFreeHost(u.host);
+            if (u.done) cudaEventDestroy(u.done);
+        }
         lt_.destroy();
         cudaStreamDestroy(stream_);
     }
@@ -81,6 +88,11 @@ public:
     }
     size_t peak_memory_bytes() const override { return peak_used_; }
     void* compute_stream() const override { return stream_; }
+    OpsCounters counters() const override {
+        OpsCounters c = counters_;
+        c.launches += cuda_launch_count;
+        return c;
+    }
 
     // ---- memory ----
     void* alloc(size_t bytes) override {
@@ -105,12 +117,15 @@ public:
         CUDA_CHECK(cudaFree(p));
     }
     void zero(Tensor t) override {
-        if (t.n) CUDA_CHECK(cudaMemsetAsync(t.ptr, 0, t.bytes(), stream_));
+        if (!t.n) return;
+        ++counters_.launches;
+        CUDA_CHECK(cudaMemsetAsync(t.ptr, 0, t.bytes(), stream_));
     }
     void copy(Tensor dst, Tensor src) override {
         LLMC_ASSERT(dst.n == src.n, "copy: size mismatch");
         if (!dst.n) return;
         if (dst.dtype == src.dtype) {
+            ++counters_.launches;
             CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, src.bytes(), cudaMemcpyDeviceToDevice, stream_));
             return;
         }
@@ -150,15 +165,41 @@ public:
     }
     void to_host_bytes(void* dst, const void* src, size_t bytes) override {
         if (!bytes) return;
+        counters_.d2h_bytes += bytes;
+        ++counters_.host_syncs;
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
+    // Small uploads (tokens, targets, tables) go through a ring of pinned slots, so that the host
+    // does not wait for the stream (it waits only for a slot whose previous copy is still queued).
     void from_host_bytes(void* dst, const void* src, size_t bytes) override {
         if (!bytes) return;
+        counters_.h2d_bytes += bytes;
+        if (bytes <= kUploadNoSync) {
+            Upload& u = uploads_[next_upload_++ % kUploadSlots];
+            if (!u.host) {
+                CUDA_CHECK(cudaMallocHost(&u.host, kUploadNoSync));
+                CUDA_CHECK(cudaEventCreateWithFlags(&u.done, cudaEventDisableTiming));
+            } else {
+                const cudaError_t q = cudaEventQuery(u.done);
+                if (q == cudaErrorNotReady) {
+                    ++counters_.host_syncs;
+                    CUDA_CHECK(cudaEventSynchronize(u.done));
+                } else {
+                    CUDA_CHECK(q);
+                }
+            }
+            std::memcpy(u.host, src, bytes);
+            CUDA_CHECK(cudaMemcpyAsync(dst, u.host, bytes, cudaMemcpyHostToDevice, stream_));
+            CUDA_CHECK(cudaEventRecord(u.done, stream_));
+            return;
+        }
+        ++counters_.host_syncs;
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffer may go away after return
     }
     void synchronize() override {
+        ++counters_.host_syncs;
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         note_memory_in_use();
     }
@@ -181,13 +222,16 @@ public:
         CUDA_CHECK(cudaFreeHost(p));
     }
     uint64_t copy_to_host_async(void* dst, const void* src, size_t bytes) override {
+        counters_.d2h_bytes += bytes;
         return copy_async(0, dst, src, bytes, cudaMemcpyDeviceToHost);
     }
     uint64_t copy_from_host_async(void* dst, const void* src, size_t bytes) override {
+        counters_.h2d_bytes += bytes;
         return copy_async(1, dst, src, bytes, cudaMemcpyHostToDevice);
     }
     void wait_copy(uint64_t id) override {
         if (id == 0) return;
+        ++counters_.host_syncs;
         if (id + kCopyEvents <= copies_) {  // its event was recorded again since: wait for everything
             for (cudaStream_t s : copy_streams_)
                 if (s) CUDA_CHECK(cudaStreamSynchronize(s));
@@ -218,35 +262,21 @@ public:
         LLMC_ASSERT(!dwpe.n || dwpe.n >= (size_t)T * C, "encoder_backward: dwpe too small");
         const int N = B * T;
         if (!N || !C) return;
-        // bucket-sort the positions of this slice's tokens by id on the host (stable:
-        // positions ascending); tokens of other slices are dropped
-        host_tokens_.resize(N);
-        to_host_bytes(host_tokens_.data(), tokens, (size_t)N * sizeof(int32_t));
-        pairs_.clear();
-        for (int i = 0; i < N; i++) {
-            const int32_t tok = host_tokens_[i];
-            LLMC_ASSERT(tok >= 0, strfmt("encoder_backward: token id %d out of range", tok));
-            const long long row = (long long)tok - vocab_begin;
-            if (row >= 0 && row < rows) pairs_.push_back({(int32_t)row, i});
-        }
-        std::sort(pairs_.begin(), pairs_.end());  // (row, pos) pairs are distinct: a total order
-        const int M = (int)pairs_.size();
-        seg_.clear();  // [rows..., starts... (S+1), positions (M)] packed after the loop
-        std::vector<int32_t> ids, starts;
-        for (int i = 0; i < M; i++) {
-            if (i == 0 || pairs_[i].first != pairs_[i - 1].first) {
-                ids.push_back(pairs_[i].first);
-                starts.push_back(i);
-            }
-        }
-        starts.push_back(M);
-        const int S = (int)ids.size();
-        seg_.reserve(S + S + 1 + M);
-        seg_.insert(seg_.end(), ids.begin(), ids.end());
-        seg_.insert(seg_.end(), starts.begin(), starts.end());
-        for (int i = 0; i < M; i++) seg_.push_back(pairs_[i].second);
-        int32_t* d = static_cast<int32_t*>(scratch(0, seg_.size() * sizeof(int32_t)));
-        from_host_bytes(d, seg_.data(), seg_.size() * sizeof(int32_t));
+        // the positions sorted by their token's row on the device (stable: positions ascending
+        // within a row), no read back; tokens of other slices sort last and are skipped
+        int bits = 1;
+        while (bits < 31 && (1LL << bits) <= rows) bits++;  // keys in [0, rows]
+        uint32_t* keys = static_cast<uint32_t*>(scratch(0, (size_t)4 * N * sizeof(int32_t)));
+        uint32_t* skeys = keys + N;
+        int32_t *pos = reinterpret_cast<int32_t*>(keys + 2 * N), *spos = pos + N;
+        size_t temp = 0;
+        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp, keys, skeys, pos, spos, N, 0, bits, stream_));
+        void* tmp = scratch(1, std::max<size_t>(temp, 1));
+        LLMC_LAUNCH(encoder_backward_keys_kernel, blocks_for(N, 256), 256, 0, stream_, keys, pos, tokens, N,
+                                                                                        vocab_begin, rows);
+        CUDA_CHECK_LAUNCH();
+        ++counters_.launches;  // (cub's sort: counted as one)
+        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, temp, keys, skeys, pos, spos, N, 0, bits, stream_));
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             if (dwpe.n) {
@@ -254,10 +284,10 @@ public:
                             P<T_>(dwpe), P<T_>(dout), B, T, C);
                 CUDA_CHECK_LAUNCH();
             }
-            if (S > 0) {
-                dim3 grid(S, ceil_div(C, 128));
-                LLMC_LAUNCH(encoder_backward_wte_kernel<T_>, grid, 128, 0, stream_, P<T_>(dwte), P<T_>(dout), d, d + S,
-                            d + 2 * S + 1, C);
+            if (rows > 0) {
+                dim3 grid(N, ceil_div(C, 128));
+                LLMC_LAUNCH(encoder_backward_wte_kernel<T_>, grid, 128, 0, stream_, P<T_>(dwte), P<T_>(dout), skeys,
+                            spos, N, rows, C);
                 CUDA_CHECK_LAUNCH();
             }
         });
@@ -615,6 +645,13 @@ public:
         CUDA_CHECK_LAUNCH();
     }
 
+    void cross_entropy_stats(int phase, float* stats, float* mx, float* rest, size_t rows) override {
+        if (!rows) return;
+        LLMC_LAUNCH(cross_entropy_stats_kernel, blocks_for((long long)rows, 256), 256, 0, stream_, phase, stats, mx,
+                                                                                                    rest, (long long)rows);
+        CUDA_CHECK_LAUNCH();
+    }
+
     // ---- optimizer ----
     double sum_squares(Tensor g) override {
         if (!g.n) return 0.0;
@@ -630,6 +667,69 @@ public:
         double s = 0.0;
         for (int i = 0; i < G; i++) s += h[i];
         return s;
+    }
+    void sum_squares_multi(double* out, const std::vector<Tensor>& regions) override {
+        std::vector<SumSqRegion> tab;
+        int blocks = 0;
+        for (const Tensor& g : regions) {
+            same_dtype({&g, &regions[0]});
+            if (!g.n) continue;
+            const int G = sum_squares_blocks((long long)g.n);
+            tab.push_back({g.ptr, (long long)g.n, blocks, G});
+            blocks += G;
+        }
+        if (tab.empty()) {
+            ++counters_.launches;
+            CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream_));
+            return;
+        }
+        SumSqRegion* dtab = static_cast<SumSqRegion*>(sumsq_regions_.get(tab.size() * sizeof(SumSqRegion), stream_));
+        double* part = static_cast<double*>(sumsq_part_.get((blocks + tab.size()) * sizeof(double), stream_));
+        from_host_bytes(dtab, tab.data(), tab.size() * sizeof(SumSqRegion));  // (small: no wait)
+        dispatch(regions[0].dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            LLMC_LAUNCH(sum_squares_multi_kernel<T_>, blocks, kSumSqThreads, 0, stream_, part, dtab, (int)tab.size());
+        });
+        CUDA_CHECK_LAUNCH();
+        LLMC_LAUNCH(sum_squares_finish_kernel, 1, 256, 0, stream_, out, part + blocks, part, dtab, (int)tab.size());
+        CUDA_CHECK_LAUNCH();
+    }
+    void step_control(float* ctl, const double* ss, double clip) override {
+        LLMC_LAUNCH(step_control_kernel, 1, 1, 0, stream_, ctl, ss, clip);
+        CUDA_CHECK_LAUNCH();
+    }
+    void adamw_multi(const std::vector<AdamWPiece>& pieces, const float* ctl, float lr, float beta1, float beta2,
+                     float eps, int t) override {
+        LLMC_ASSERT(t >= 1, "adamw: step t is 1-based");
+        std::vector<AdamWDesc> desc;
+        std::vector<AdamWChunk> chunks;
+        for (const AdamWPiece& p : pieces) {
+            same_dtype({&p.params, &p.grads, &pieces[0].params});
+            LLMC_ASSERT(p.params.n == p.grads.n, "adamw_multi: size mismatch");
+            if (!p.params.n) continue;
+            for (long long b = 0; b < (long long)p.params.n; b += kAdamWChunk) chunks.push_back({(int)desc.size(), b});
+            desc.push_back({p.params.ptr, p.master, p.grads.ptr, p.m, p.v, (long long)p.params.n, p.weight_decay,
+                            p.seed, p.index_base});
+        }
+        if (desc.empty()) return;
+        AdamWDesc* ddesc = static_cast<AdamWDesc*>(adamw_desc_.get(desc.size() * sizeof(AdamWDesc), stream_));
+        AdamWChunk* dchunks = static_cast<AdamWChunk*>(adamw_chunks_.get(chunks.size() * sizeof(AdamWChunk), stream_));
+        // the seeds change every step, the layout never: the chunk table goes up once
+        from_host_bytes(ddesc, desc.data(), desc.size() * sizeof(AdamWDesc));
+        std::string key((const char*)chunks.data(), chunks.size() * sizeof(AdamWChunk));
+        if (key != adamw_key_ || dchunks != adamw_chunks_at_) {
+            from_host_bytes(dchunks, chunks.data(), chunks.size() * sizeof(AdamWChunk));
+            adamw_key_ = std::move(key);
+            adamw_chunks_at_ = dchunks;
+        }
+        const float bc1 = (float)(1.0 - std::pow((double)beta1, (double)t));
+        const float bc2 = (float)(1.0 - std::pow((double)beta2, (double)t));
+        dispatch(pieces[0].params.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            LLMC_LAUNCH(adamw_multi_kernel<T_>, (int)chunks.size(), 256, 0, stream_, ddesc, dchunks, ctl, lr, beta1,
+                                                                                     beta2, bc1, bc2, eps);
+        });
+        CUDA_CHECK_LAUNCH();
     }
     void adamw(Tensor params, float* master, Tensor grads, float* m, float* v, float lr, float beta1, float beta2,
                float eps, float weight_decay, float grad_scale, int t, uint32_t seed, uint32_t index_base = 0) override {
@@ -744,8 +844,18 @@ private:
     }
     LtMatmul lt_;
     GrowBuffer scratch_[4];
-    std::vector<int32_t> host_tokens_, seg_;
-    std::vector<std::pair<int32_t, int32_t>> pairs_;
+    // the upload ring (from_host_bytes)
+    struct Upload {
+        void* host = nullptr;  // pinned, kUploadNoSync bytes
+        cudaEvent_t done = nullptr;
+    };
+    static constexpr size_t kUploadSlots = 8;
+    Upload uploads_[kUploadSlots];
+    size_t next_upload_ = 0;
+    // the multi-tensor ops' tables, and what was uploaded last
+    GrowBuffer sumsq_regions_, sumsq_part_, adamw_desc_, adamw_chunks_;
+    std::string adamw_key_;
+    const void* adamw_chunks_at_ = nullptr;
     mutable fp8::CudaFp8 fp8_;  // fp8 casts, GEMMs and their scratch (mutable: fp8_supported caches its answer)
 };
 

@@ -30,21 +30,32 @@ __global__ void encoder_backward_wpe_kernel(T* dwpe, const T* dout, int B, int T
     dwpe[idx] = from_f32<T>(to_f32(dwpe[idx]) + acc);
 }
 
-// dwte[row, c] += sum over the positions holding the token of local row `row` (in
-// increasing position order) of dout[pos, c]. The positions are bucket-sorted by id on the
-// host beforehand (tokens outside the slice dropped): seg_rows[s] is the s-th distinct
-// local row, its positions are sorted_pos[seg_start[s] .. seg_start[s+1]).
-// grid = (num_segments, ceil(C / blockDim.x)); each thread owns one (row, channel): no two
-// threads touch the same element, no atomics.
+// The backward's sort on the device: key[i] = the local row of position i's token (rows for a
+// token outside the slice: sorted last, skipped), pos[i] = i. A stable radix sort by key then
+// lists each row's positions in increasing order.
+__global__ void encoder_backward_keys_kernel(uint32_t* key, int32_t* pos, const int32_t* tokens, int N, int vocab_begin,
+                                             int rows) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const long long row = (long long)tokens[i] - vocab_begin;
+    key[i] = (uint32_t)(row >= 0 && row < rows ? row : rows);
+    pos[i] = i;
+}
+
+// dwte[row, c] += sum over the positions holding the token of local row `row` (in increasing
+// position order) of dout[pos, c], from the sorted (key, pos): block k of grid (N, ceil(C /
+// blockDim.x)) owns the row starting at sorted index k (the others return), each thread one
+// (row, channel): no two threads touch the same element, no atomics.
 template <class T>
-__global__ void encoder_backward_wte_kernel(T* dwte, const T* dout, const int32_t* seg_rows, const int32_t* seg_start,
-                                            const int32_t* sorted_pos, int C) {
-    int s = blockIdx.x;
-    int c = blockIdx.y * blockDim.x + threadIdx.x;
+__global__ void encoder_backward_wte_kernel(T* dwte, const T* dout, const uint32_t* key, const int32_t* pos, int N,
+                                            int rows, int C) {
+    const int k = blockIdx.x;
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    int begin = seg_start[s], end = seg_start[s + 1];
+    const uint32_t row = key[k];
+    if (row >= (uint32_t)rows || (k > 0 && key[k - 1] == row)) return;
     float acc = 0.0f;
-    for (int i = begin; i < end; i++) acc += to_f32(dout[(long long)sorted_pos[i] * C + c]);
-    long long o = (long long)seg_rows[s] * C + c;
+    for (int i = k; i < N && key[i] == row; i++) acc += to_f32(dout[(long long)pos[i] * C + c]);
+    const long long o = (long long)row * C + c;
     dwte[o] = from_f32<T>(to_f32(dwte[o]) + acc);
 }

@@ -76,6 +76,7 @@ public:
             if (!it->second.ok) return false;
             CUBLAS_CHECK(cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &it->second.algo, ws,
                                         ws_bytes, stream));
+            count_launch();
             return true;
         }
         cublasLtMatmulPreference_t pref = lt_preference(ws_bytes, align_a, align_b, align_cd);
@@ -92,6 +93,7 @@ public:
             const cublasStatus_t st =
                 cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &res[i].algo, ws, ws_bytes, stream);
             if (st == CUBLAS_STATUS_SUCCESS) {
+                count_launch();
                 cache_.emplace(key, Entry{true, res[i].algo, tried_});
                 if (tried_ > 1)  // once per problem: shows on a GPU where the first answer was refused
                     std::fprintf(stderr, "cuBLASLt: %s runs heuristic candidate %d (the %d before it refused)\n",

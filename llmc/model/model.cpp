@@ -919,11 +919,16 @@ float Model::head_forward(SlotActs& sa, Tensor res, const int32_t* targets, int 
         ops.cross_entropy_finish(logits, sa.losses, scratch_->stats, sa.targets, int(N), Vl, v0, V, dloss);
     }
     sa.have_dlogits = dloss != 0.0f;
+    if (defer_) {  // stays on the backend: the trainer reads every forward's losses back at once
+        LLMC_ASSERT(defer_used_ + N <= defer_cap_, "deferred losses: more rows than the step's buffer holds");
+        ops.copy(Tensor(defer_ + defer_used_, N, DType::F32), Tensor(sa.losses, N, DType::F32));
+        defer_used_ += N;
+        defer_rows_.push_back(N);
+        return 0.0f;
+    }
     std::vector<float> losses(N);
     ops.to_host_bytes(losses.data(), sa.losses, N * sizeof(float));
-    double sum = 0.0;
-    for (float v : losses) sum += v;
-    return float(sum / double(N));
+    return deferred_loss(losses.data(), N);
 }
 
 void Model::head_backward(SlotActs& sa, Tensor res, int b, int t) {

@@ -182,6 +182,31 @@ public:
         return s;
     }
 
+    // ---- losses kept on the backend (the training step's single read back) ----
+    // While dst is set (backend memory, capacity floats), the forwards with targets copy their
+    // per-token losses there, one after another, instead of reading them back, and return 0 for
+    // them (the MoE load-balancing part as before). take_deferred_rows() lists the rows of each
+    // such forward in call order and starts again at dst; the caller reads the losses back and
+    // forms the mean of each forward as the model would have: deferred_loss. dst null: off.
+    void defer_losses(float* dst, size_t capacity) {
+        defer_ = dst;
+        defer_cap_ = capacity;
+        defer_rows_.clear();
+        defer_used_ = 0;
+    }
+    std::vector<size_t> take_deferred_rows() {
+        std::vector<size_t> r = std::move(defer_rows_);
+        defer_rows_.clear();
+        defer_used_ = 0;
+        return r;
+    }
+    // The mean loss of one forward from its rows' per-token losses (what forward_chunk returns).
+    static float deferred_loss(const float* losses, size_t rows) {
+        double sum = 0.0;
+        for (size_t i = 0; i < rows; i++) sum += losses[i];
+        return float(sum / double(rows));
+    }
+
     void set_fp8(const Fp8State* state, float* amax) {
         fp8_ = state;
         fp8_amax_ = amax;
@@ -224,6 +249,9 @@ private:
     std::vector<int> lookup_;  // (role, layer + 1, expert + 1) -> index into params, -1 when not held
     size_t lookup_index(Role r, int layer, int expert) const;
     MoeStats moe_stats_;
+    float* defer_ = nullptr;  // defer_losses
+    size_t defer_cap_ = 0, defer_used_ = 0;
+    std::vector<size_t> defer_rows_;
     bool recomputing_ = false;  // Full recompute's second forward of a layer
     int valid_tokens_ = 0;      // set_valid_tokens
     std::vector<Chunk> chunks_;

@@ -26,6 +26,7 @@ AdamW::AdamW(const ParamLayout& layout, Ops& ops, size_t begin, size_t end, Tens
     m_ = static_cast<float*>(alloc(n * sizeof(float)));
     v_ = static_cast<float*>(alloc(n * sizeof(float)));
     if (keeps_master(params.dtype)) master_ = static_cast<float*>(alloc(n * sizeof(float)));
+    ctl_ = static_cast<float*>(ops.alloc(2 * sizeof(float)));
     if (offload_.enabled) {
         // master weights exactly for bf16 (keeps_master): the host update rounds them to bf16
         LLMC_ASSERT(params.dtype == DType::F32 || params.dtype == DType::BF16, "optimizer offload: fp32 or bf16 models");
@@ -65,6 +66,7 @@ AdamW::~AdamW() {
         if (offload_.enabled) ops.release_host(p);
         else ops.release(p);
     }
+    ops.release(ctl_);
     for (int s = 0; s < kStageSlots; s++) {
         ops.release_host(stage_grads_[s]);
         ops.release_host(stage_params_[s]);
@@ -82,10 +84,17 @@ size_t AdamW::host_bytes() const {
 }
 
 void AdamW::step(const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
+    const float ctl[2] = {grad_scale, 1.0f};
+    ops_.from_host_bytes(ctl_, ctl, sizeof(ctl));
+    step(h, t, ctl_, seed);
+}
+
+void AdamW::step(const AdamWHyper& h, int t, const float* ctl, uint32_t seed) {
     if (offload_.enabled) {
-        step_offloaded(h, t, grad_scale, seed);
+        step_offloaded(h, t, ctl, seed);
         return;
     }
+    std::vector<AdamWPiece> pieces;
     for (size_t i = 0; i < runs_.size(); i++) {
         const size_t rb = runs_[i].first, re = runs_[i].second;
         for (const ParamSpec& p : layout_.specs) {
@@ -94,20 +103,24 @@ void AdamW::step(const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
             const size_t n = hi - lo, o = lo - begin_, q = run_state_[i] + (lo - rb);  // in the views, in the state
             // bf16 stochastic rounding hashes (the tensor's seed, the index in the tensor): a seed of
             // its own per tensor keeps tensors from sharing random bits at equal indices
-            ops_.adamw(params_.slice(o, n), master_ ? master_ + q : nullptr, grads_.slice(o, n), m_ + q, v_ + q, h.lr,
-                       h.beta1, h.beta2, h.eps, p.decay ? h.weight_decay : 0.0f, grad_scale, t,
-                       tensor_seed(seed, p.offset), uint32_t(lo - p.offset));
+            pieces.push_back({params_.slice(o, n), master_ ? master_ + q : nullptr, grads_.slice(o, n), m_ + q, v_ + q,
+                              p.decay ? h.weight_decay : 0.0f, tensor_seed(seed, p.offset), uint32_t(lo - p.offset)});
         }
     }
+    if (!pieces.empty()) ops_.adamw_multi(pieces, ctl, h.lr, h.beta1, h.beta2, h.eps, t);
 }
 
 // Staging slots in turn: piece i + 1 downloads into its slot while the host updates piece i and
 // piece i - 1 uploads from theirs; a slot is downloaded into again only once its previous piece's
 // upload is done.
-void AdamW::step_offloaded(const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
+void AdamW::step_offloaded(const AdamWHyper& h, int t, const float* ctl, uint32_t seed) {
     Ops& ops = ops_;
     const size_t k = dtype_size(params_.dtype), pieces = pieces_.size();
     if (pieces == 0) return;
+    float c[2];  // the host updates: it reads the decision
+    ops.to_host_bytes(c, ctl, sizeof(c));
+    if (c[1] == 0.0f) return;
+    const float grad_scale = c[0];
     uint64_t down[kStageSlots] = {}, up[kStageSlots] = {};
     auto fetch = [&](size_t i) {
         const int s = int(i % kStageSlots);
@@ -204,10 +217,7 @@ void AdamW::sync_master_from_params() {
     else ops_.from_host_bytes(master_, packed.data(), owned_ * sizeof(float));
 }
 
-float clip_scale(double grad_norm, double clip) {
-    if (clip <= 0.0) return 1.0f;
-    return float(std::min(1.0, clip / (grad_norm + 1e-6)));
-}
+float clip_scale(double grad_norm, double clip) { return clip_factor(grad_norm, clip); }
 
 double lr_at(const TrainConfig& t, int step) {
     const double max_lr = t.lr, min_lr = t.lr * t.final_lr_frac;

@@ -61,7 +61,12 @@ public:
     AdamW(const AdamW&) = delete;
     AdamW& operator=(const AdamW&) = delete;
 
-    // t: 1-based step for bias correction; grad_scale multiplies the gradients (clipping).
+    // t: 1-based step for bias correction; ctl (backend memory, Ops::step_control's): ctl[0]
+    // multiplies the gradients (clipping), ctl[1] == 0 skips the update. One multi-tensor op over
+    // every owned piece of every tensor; the host never reads ctl (but with offload, where the
+    // host does the update).
+    void step(const AdamWHyper& h, int t, const float* ctl, uint32_t seed);
+    // The same with the scale from the host (always an update).
     void step(const AdamWHyper& h, int t, float grad_scale, uint32_t seed);
 
     size_t begin() const { return begin_; }
@@ -80,7 +85,7 @@ public:
     void sync_master_from_params();
 
 private:
-    void step_offloaded(const AdamWHyper& h, int t, float grad_scale, uint32_t seed);
+    void step_offloaded(const AdamWHyper& h, int t, const float* ctl, uint32_t seed);
     // the host update of the piece [o, o + n) of the range, staged in slot s
     struct Piece {
         size_t begin, n, state;  // [begin, begin + n) of the flat buffer, at m_ + state
@@ -104,6 +109,7 @@ private:
     float* m_ = nullptr;  // backend memory, or host memory when offloaded
     float* v_ = nullptr;
     float* master_ = nullptr;
+    float* ctl_ = nullptr;  // backend memory: the host scale's step_control (step with a float)
     // offload: per staging slot a piece of gradients and of parameters (model dtype), and a piece
     // of fp32 gradients (bf16 models)
     void* stage_grads_[kStageSlots] = {};

@@ -174,7 +174,7 @@ double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
     LLMC_ASSERT(buffers_.empty(), "pipeline: tensors left over after the step");
     // the tied embedding: the first stage's wte and the last stage's head copy get the sum of both gradients
     // (the loss's all-reduce over the stages, which only the last one had, runs meanwhile)
-    bool loss_summed = stages() == 1;
+    bool loss_summed = stages() == 1 || defer_loss_;  // (deferred: finish_loss, after the read back)
     if (embed_ && embed_->size() > 1 && stage_.tied_head()) {
         stage_.update_head_weight_grad([&](Tensor g) {
             embed_stage_.run(g, g, [&](const float*, float* buf) {
@@ -186,6 +186,11 @@ double PipelineEngine::train_step(const std::vector<std::vector<int32_t>>& x,
         });
     }
     if (!loss_summed) pp_->all_reduce(&loss, 1, ReduceOp::Sum);
+    return defer_loss_ ? loss : loss / micro_batches_;
+}
+
+double PipelineEngine::finish_loss(double loss) {
+    if (stages() > 1) pp_->all_reduce(&loss, 1, ReduceOp::Sum);
     return loss / micro_batches_;
 }
 

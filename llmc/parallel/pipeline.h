@@ -89,6 +89,11 @@ public:
     // Returns the mean loss over the micro-batches, on every stage.
     double train_step(const std::vector<std::vector<int32_t>>& x, const std::vector<std::vector<int32_t>>& y, int b,
                       int t, float dloss, const std::function<void(size_t)>& grads_ready);
+    // With the model's losses deferred (Model::defer_losses): train_step returns this rank's sum of
+    // what the forwards returned (their MoE part) without the sum over the stages, and
+    // finish_loss(that plus the deferred forwards' means, read back) gives train_step's result.
+    void set_defer_loss(bool on) { defer_loss_ = on; }
+    double finish_loss(double loss);
     // Forward only; returns the mean loss of the b*t tokens on every stage (y null: logits only, returns 0).
     double forward_only(const int32_t* x, const int32_t* y, int b, int t);
     // The last stage's x, on every stage.
@@ -122,6 +127,7 @@ private:
     Comm* embed_;
     PpSchedule schedule_;
     int micro_batches_, vchunks_;
+    bool defer_loss_ = false;
     CommStage pp_stage_, embed_stage_;
     std::map<Key, CommStage::Message> buffers_;  // produced or received, not yet consumed
     // posted transfers: the receives' by key (waited for by take), and every one in posting order

@@ -180,6 +180,7 @@ ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& co
     pg.tp = make(grid.groups({Axis::tp}), "tp");
     pg.pp = make(grid.groups({Axis::pp}), "pp");
     pg.mp = make_mpi_comm(grid.model_groups(), grid.rank, "mp", timeout_s);
+    if (comm_kind == "nccl") pg.mp_dev = make(grid.model_groups(), "mp");
     if (grid.ep > 1) {
         pg.ep = make(grid.ep_groups(), "ep");
         pg.edp = make(grid.expert_dp_groups(), "expert-dp");

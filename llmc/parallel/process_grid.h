@@ -93,6 +93,11 @@ struct ProcessGroups {
     // ranks wait on it while world rank 0 writes a checkpoint, so that a save longer than
     // parallel.timeout_s does not end the job (a rank that dies still does, through the launcher).
     std::unique_ptr<Comm> save;
+    // The model-parallel group again on the dp group's kind (NCCL: device-resident), for the
+    // gradient norm's doubles in backend memory (DataParallel::grad_norm_squares); null when that
+    // kind is MPI (mp serves) or the world is one process.
+    std::unique_ptr<Comm> mp_dev;
+    Comm* norm_group() const { return mp_dev ? mp_dev.get() : mp.get(); }
 };
 // comm_kind: "mpi" or "nccl" (every group is "self" when the world is one process); timeout_s:
 // parallel.timeout_s, the watchdog of every blocking call; cuda_device: this rank's GPU (nccl).

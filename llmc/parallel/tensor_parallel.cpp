@@ -53,24 +53,20 @@ Tensor TensorParallel::gather_rows(Tensor x, Tensor full) {
     return full;
 }
 
+TensorParallel::~TensorParallel() { ops_.release(ce_scratch_.ptr); }
+
 void TensorParallel::combine_cross_entropy_stats(float* stats, size_t rows) {
     if (size() == 1) return;
-    // (max_r, sum_r, target_r) per rank -> (M = max_r max_r, S = sum_r sum_r * exp(max_r - M), target = sum_r target_r)
-    std::vector<float> s(3 * rows), mx(rows), rest(2 * rows);
-    ops_.to_host_bytes(s.data(), stats, s.size() * sizeof(float));
-    for (size_t i = 0; i < rows; i++) mx[i] = s[3 * i];
-    stage_.run_host(mx.data(), rows, [&](float* x) { comm_->all_reduce(x, rows, ReduceOp::Max); });
-    for (size_t i = 0; i < rows; i++) {
-        const float m = s[3 * i];
-        // a rank whose slice holds no real column reports (-inf, 0)
-        rest[2 * i] = m == -std::numeric_limits<float>::infinity() ? 0.0f : s[3 * i + 1] * std::exp(m - mx[i]);
-        rest[2 * i + 1] = s[3 * i + 2];
+    // (max_r, sum_r, target_r) per rank -> (M = max_r max_r, S = sum_r sum_r * exp(max_r - M), target = sum_r target_r),
+    // on the backend (Ops::cross_entropy_stats): only the collectives' buffers may cross to the host (staged routes)
+    if (ce_scratch_.n < 3 * rows) {  // sized at the first step's first head, kept
+        ops_.release(ce_scratch_.ptr);
+        ce_scratch_ = Tensor(ops_.alloc(3 * rows * sizeof(float)), 3 * rows, DType::F32);
     }
-    stage_.run_host(rest.data(), rest.size(), [&](float* x) { comm_->all_reduce(x, rest.size(), ReduceOp::Sum); });
-    for (size_t i = 0; i < rows; i++) {
-        s[3 * i] = mx[i];
-        s[3 * i + 1] = rest[2 * i];
-        s[3 * i + 2] = rest[2 * i + 1];
-    }
-    ops_.from_host_bytes(stats, s.data(), s.size() * sizeof(float));
+    Tensor mx = ce_scratch_.slice(0, rows), rest = ce_scratch_.slice(rows, 2 * rows);
+    ops_.cross_entropy_stats(0, stats, mx.f32(), rest.f32(), rows);
+    stage_.run(mx, mx, [&](const float*, float* x) { comm_->all_reduce(x, rows, ReduceOp::Max); });
+    ops_.cross_entropy_stats(1, stats, mx.f32(), rest.f32(), rows);
+    stage_.run(rest, rest, [&](const float*, float* x) { comm_->all_reduce(x, 2 * rows, ReduceOp::Sum); });
+    ops_.cross_entropy_stats(2, stats, mx.f32(), rest.f32(), rows);
 }

@@ -50,4 +50,10 @@ private:
     Comm* comm_;
     bool sp_;
     CommStage stage_;
+    // combine_cross_entropy_stats' backend scratch: the rows' maxima, then (scaled sum, target)
+    Tensor ce_scratch_;
+public:
+    ~TensorParallel();
+    TensorParallel(const TensorParallel&) = delete;
+    TensorParallel& operator=(const TensorParallel&) = delete;
 };

@@ -162,8 +162,11 @@ DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, DType dtype, Com
         end = begin;
     }
     LLMC_ASSERT(!(dp.on_device() && ops.host_memory()), "a device communicator over a host backend");
+    solo_ = dp.size() == 1 && !ep_;
     direct_ = dp.on_device() || (ops.host_memory() && !host_staging);
     in_place_ = direct_ && dtype == DType::F32;
+    norm_ = static_cast<double*>(ops.alloc(2 * sizeof(double)));
+    allocations_.push_back(norm_);
     for (Staging* s : {&send_, &recv_}) {
         if (s == &recv_ && zero_ == 0) break;  // stage 0 all-reduces in the send buffer
         if (!direct_) {
@@ -292,6 +295,7 @@ void DataParallel::settle() {
 }
 
 void DataParallel::launch(const Bucket& b) {
+    if (solo_) return;  // the buffer holds the sum already
     settle();
     const size_t n = b.end - b.begin;
     load(send_, grad_buf_.slice(b.begin, n));
@@ -327,7 +331,7 @@ void DataParallel::finish_grad_sync() {
             if (g.unit >= 0) {
                 const Tensor grads = g.buf.slice(0, layout_.units[size_t(g.unit)].numel());
                 // (in place: not under expert parallelism, whose dense sums need a second reduction)
-                if (in_place_ && !ep_) posted_step_long(g.unit, grads, &posted);
+                if (in_place_ && !ep_ && !solo_) posted_step_long(g.unit, grads, &posted);
                 else reduce_scatter_unit(g.unit, grads);
             }
             g.unit = -1;
@@ -353,6 +357,11 @@ void DataParallel::for_each_piece(int unit,
 
 void DataParallel::reduce_scatter_unit(int unit, Tensor grads) {
     const size_t ub = layout_.units[size_t(unit)].begin;
+    if (solo_) {  // the shard is the whole buffer: added in place, on the backend
+        Tensor dst = grad_shard_.slice(ub, grads.n);
+        ops_.residual_forward(dst, dst, grads);
+        return;
+    }
     for_each_piece(unit, [&](size_t b, size_t e, const std::vector<size_t>& counts) {
         settle();
         const size_t mine = counts[size_t(dp_rank())];
@@ -380,6 +389,10 @@ std::vector<CommHandle> DataParallel::gather_unit(int unit, Tensor dst) {
     for_each_piece(unit, [&](size_t b, size_t e, const std::vector<size_t>& counts) {
         const size_t mine = counts[size_t(dp_rank())];
         const Tensor own = param_shard_.slice(mine > 0 ? std::max(b, opt_begin()) - opt_begin() : 0, mine);
+        if (solo_) {  // the shard is the whole buffer
+            ops_.copy(dst.slice(b - ub, e - b), own);
+            return;
+        }
         if (in_place_) {
             posted.push_back(comm_.all_gather_async(own.f32(), dst.slice(b - ub, e - b).f32(), counts));
             return;
@@ -496,26 +509,58 @@ void DataParallel::zero_grads() {
     }
 }
 
-double DataParallel::grad_norm(Comm* model_parallel) {
+namespace {
+// dev: n doubles in backend memory, reduced over c where c reads them (a host communicator over
+// device memory: through host copies).
+void reduce_doubles(Ops& ops, Comm& c, double* dev, size_t n, ReduceOp op) {
+    if (c.size() == 1 || n == 0) return;
+    if (c.on_device() || ops.host_memory()) {
+        c.all_reduce_dev(dev, n, op);
+        return;
+    }
+    std::vector<double> host(n);
+    ops.to_host_bytes(host.data(), dev, n * sizeof(double));
+    c.all_reduce(host.data(), n, op);
+    ops.from_host_bytes(dev, host.data(), n * sizeof(double));
+}
+}  // namespace
+
+void DataParallel::grad_norm_squares(double* ss, Comm* model_parallel) {
     // primary copies only: TP replicas and the tied head copy would count twice
     // (under ep with ZeRO, each dense element on its owner: every ep rank's copy of it may count)
-    double ss = 0.0;
+    std::vector<Tensor> regions;
     const Tensor g = opt_grads();
     for (const ParamSpec& p : layout_.specs) {
         if (!(split_ ? p.ep_primary : p.primary)) continue;
         for (const auto& r : opt_runs_) {
             const size_t lo = std::max(r.first, p.offset), hi = std::min(r.second, p.offset + p.numel);
-            if (lo < hi) ss += ops_.sum_squares(g.slice(lo - opt_begin(), hi - lo));
+            if (lo < hi) regions.push_back(g.slice(lo - opt_begin(), hi - lo));
         }
     }
-    if (zero_ > 0) comm_.all_reduce(&ss, 1, ReduceOp::Sum);
-    if (model_parallel && model_parallel->size() > 1) model_parallel->all_reduce(&ss, 1, ReduceOp::Sum);
-    return std::sqrt(ss);
+    ops_.sum_squares_multi(ss, regions);
+    // stage 0 holds the whole summed gradient on every rank: only the losses' part is summed
+    if (zero_ > 0) reduce_doubles(ops_, comm_, ss, 2, ReduceOp::Sum);
+    else reduce_doubles(ops_, comm_, ss + 1, 1, ReduceOp::Sum);
+    if (model_parallel) reduce_doubles(ops_, *model_parallel, ss, 2, ReduceOp::Sum);
+}
+
+double DataParallel::grad_norm(Comm* model_parallel) {
+    double ss[2] = {0.0, 0.0};
+    ops_.from_host_bytes(norm_ + 1, &ss[1], sizeof(double));
+    grad_norm_squares(norm_, model_parallel);
+    ops_.to_host_bytes(ss, norm_, sizeof(ss));
+    return std::sqrt(ss[0]);
+}
+
+void DataParallel::before_update() {
+    // the optimizer writes the shards: a prefetched unit's gathers (still reading the shard on a
+    // communicator's stream) end first, and nothing gathered before stays valid
+    if (zero_ == 3) drop_prefetched();
 }
 
 void DataParallel::after_update() {
-    if (zero_ == 3) drop_prefetched();  // the shards changed: nothing gathered before stays valid
-    if (zero_ == 0) return;
+    if (zero_ == 3) drop_prefetched();  // (the callers that skip before_update: tests)
+    if (zero_ == 0 || solo_) return;
     settle();
     if (split_) share_dense_parts(opt_params());  // the shard range whole on each ep rank
     if (zero_ == 3) return;

@@ -176,6 +176,13 @@ public:
     // rank: each tensor counted once (primary copies), summed over the model-parallel group
     // (tp x pp (x ep) ranks holding the model's pieces; null or size 1 when the rank holds it all).
     double grad_norm(Comm* model_parallel = nullptr);
+    // The same without a read back: ss (backend memory, two doubles) gets in ss[0] the summed
+    // squares whose sqrt grad_norm returns; ss[1] (this rank's, set by the caller) is summed over
+    // every rank of the group and of model_parallel (the losses' check: Ops::step_control).
+    void grad_norm_squares(double* ss, Comm* model_parallel = nullptr);
+    // Before the optimizer step: ZeRO-3 lets go of the units gathered from the shards (the
+    // prefetched one's gathers may still read them).
+    void before_update();
     // After the optimizer step: every rank gets every shard's new parameters (stages 1, 2).
     void after_update();
     // This rank's whole parameter buffer (host, memory order, padded) on DP rank 0, empty
@@ -286,9 +293,11 @@ private:
     size_t bucket_elems_;  // elements per bucket
     std::vector<Bucket> buckets_;
     size_t next_bucket_ = 0;  // first bucket of buckets_ not yet launched this step
+    bool solo_;              // a group of one without ep: no collective, no copy
     bool direct_;            // the staging buffers are backend tensors
     bool in_place_;          // and fp32: stage 3 gathers into the working buffers themselves
     Staging send_, recv_;    // the comm buffers of the memory table
+    double* norm_ = nullptr;  // backend memory: grad_norm's two doubles
     Tensor param_shard_;  // stage 3: this rank's shard of the parameters
     Tensor grad_shard_;   // stages 2, 3: this rank's shard of the summed gradient
     // Working buffers by unit kind (ParamUnit::Kind): gathered parameters (stage 3; two layer

@@ -1128,6 +1128,71 @@ void test_sum_squares(H& h, size_t n) {
     report(std::isfinite(a) && err <= 1e-9, "sum_squares", sh, strfmt("err=%.3e gpu=%.17g cpu=%.17g", err, a, c));
 }
 
+// The step's multi-tensor ops (issue 29) against the per-tensor ops on the same GPU, bit for bit:
+// sum_squares_multi equals the per-region sums added in order, step_control torch's clip factor
+// and the non-finite decision, adamw_multi one adamw call per piece (a skip changes nothing).
+void test_step_ops(H& h) {
+    const std::string sh = strfmt("[%s]", dtype_name(h.dt));
+    const size_t n = 300000;
+    const size_t cuts[][2] = {{0, 5}, {5, 4096}, {4101, 0}, {4101, 200000}, {204101, 95899}};
+    Pair g = h.make(n);
+    h.up(g, h.rnd(n, 0.3f));
+    std::vector<Tensor> regions;
+    double want = 0.0, got = -1.0;
+    for (const auto& c : cuts) {
+        regions.push_back(g.g.slice(c[0], c[1]));
+        want += h.gpu.sum_squares(regions.back());
+    }
+    Pair scal = h.make(8, true);  // 2 doubles, then 2 floats
+    double* dss = static_cast<double*>(scal.g.ptr);
+    float* dctl = scal.g.f32() + 4;
+    h.gpu.sum_squares_multi(dss, regions);
+    h.gpu.to_host_bytes(&got, dss, sizeof got);
+    report(std::memcmp(&got, &want, sizeof got) == 0, "step_ops.sum_squares_multi", sh,
+           strfmt("multi=%.17g per-region=%.17g", got, want));
+    const double cases[][3] = {{16.0, 0.0, 1.0}, {0.25, 0.0, 1.0}, {16.0, 0.0, 0.0}, {NAN, 0.0, 1.0}, {4.0, INFINITY, 1.0}};
+    for (const auto& c : cases) {
+        float ctl[2];
+        h.gpu.from_host_bytes(dss, c, 2 * sizeof(double));
+        h.gpu.step_control(dctl, dss, c[2]);
+        h.gpu.to_host_bytes(ctl, dctl, sizeof ctl);
+        const float want_scale = clip_factor(std::sqrt(c[0]), c[2]), want_update = std::isfinite(c[0]) && std::isfinite(c[1]);
+        report((ctl[0] == want_scale || (std::isnan(ctl[0]) && std::isnan(want_scale))) && ctl[1] == want_update,
+               "step_ops.step_control", sh,
+               strfmt("ss=%g check=%g clip=%g: ctl %g %g, want %g %g", c[0], c[1], c[2], ctl[0], ctl[1], want_scale,
+                      want_update));
+    }
+    for (bool master : {false, true}) {
+        Pair pa = h.make(n), pb = h.make(n), ma = h.make(n, true), mb = h.make(n, true), va = h.make(n, true),
+             vb = h.make(n, true), wa = h.make(n, true), wb = h.make(n, true);
+        const std::vector<float> p0 = h.rnd(n, 1.0f), m0 = h.rnd(n, 0.01f, true);
+        std::vector<float> v0 = h.rnd(n, 0.01f, true), w0 = p0;
+        for (auto& x : v0) x = x * x;
+        for (const Pair& p : {pa, pb}) h.up(p, p0);
+        for (const Pair& p : {ma, mb}) h.up(p, m0);
+        for (const Pair& p : {va, vb}) h.up(p, v0);
+        for (const Pair& p : {wa, wb}) h.up(p, w0);
+        const float decay[] = {0.1f, 0.0f, 0.1f, 0.1f, 0.05f}, lr = 1e-2f;
+        std::vector<AdamWPiece> pieces;
+        for (int i = 0; i < 5; i++) {
+            const size_t o = cuts[i][0], k = cuts[i][1];
+            h.gpu.adamw(pa.g.slice(o, k), master ? wa.g.f32() + o : nullptr, g.g.slice(o, k), ma.g.f32() + o,
+                        va.g.f32() + o, lr, 0.9f, 0.95f, 1e-8f, decay[i], 0.7f, 3, 5u + (uint32_t)i, (uint32_t)o);
+            pieces.push_back({pb.g.slice(o, k), master ? wb.g.f32() + o : nullptr, g.g.slice(o, k), mb.g.f32() + o,
+                              vb.g.f32() + o, decay[i], 5u + (uint32_t)i, (uint32_t)o});
+        }
+        const float skip[2] = {0.7f, 0.0f}, update[2] = {0.7f, 1.0f};
+        const std::vector<uint8_t> before = h.raw({pb, mb, vb, wb});
+        h.gpu.from_host_bytes(dctl, skip, sizeof skip);
+        h.gpu.adamw_multi(pieces, dctl, lr, 0.9f, 0.95f, 1e-8f, 3);
+        report(h.raw({pb, mb, vb, wb}) == before, "step_ops.adamw_multi_skip", sh, strfmt("master=%d", (int)master));
+        h.gpu.from_host_bytes(dctl, update, sizeof update);
+        h.gpu.adamw_multi(pieces, dctl, lr, 0.9f, 0.95f, 1e-8f, 3);
+        report(h.raw({pa, ma, va, wa}) == h.raw({pb, mb, vb, wb}), "step_ops.adamw_multi", sh,
+               strfmt("master=%d: equals adamw per piece", (int)master));
+    }
+}
+
 // FP8 matmuls: CUDA (fp8 casts, cuBLASLt fp8 GEMM) against the CPU's exact emulation. Both
 // cast the same values with the same scales, so they differ only by the GEMM's accumulation
 // order and the output rounding, except that a value upstream of a cast that differs in its
@@ -1468,6 +1533,7 @@ int main(int argc, char** argv) {
         });
         run("adamw", "adamw", [&](const C& c) { test_adamw(h, size_t(c.dims[0]), c.dims[1] != 0, c.dims[2]); });
         run("sum_squares", "sum_squares", [&](const C& c) { test_sum_squares(h, size_t(c.dims[0])); });
+        if (want("step_ops")) guarded("step_ops", [&] { test_step_ops(h); });
         if (want("offload") && !on_cpu) guarded("offload", [&] { test_offload(*gpu, dt); });  // CUDA's copies
         if (want("reference") && dt == DType::F32) guarded("reference", [&] { test_reference(*gpu); });
         if (want("fp8")) {
