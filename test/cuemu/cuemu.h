@@ -188,7 +188,6 @@ inline float __fdividef(float a, float b) { return a / b; }
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-inline float exp2f_(float x) { return exp2f(x); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 
 // The launch macro of llmc/cuda/common.cuh expands to this under the emulator.
