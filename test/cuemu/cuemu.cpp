@@ -397,7 +397,6 @@ void check_range(const char* what, const void* p, size_t n) {
 
 }  // namespace
 
-ThreadState* current() { return t_cur; }
 const uint3& thread_idx() { return t_cur->tid; }
 const uint3& block_idx() { return t_blk->bid; }
 const dim3& block_dim() { return t_blk->bdim; }

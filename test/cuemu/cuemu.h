@@ -41,9 +41,7 @@
 
 namespace cuemu {
 
-struct ThreadState;
-// the fiber now running on this OS thread (set by the scheduler before each switch)
-ThreadState* current();
+// the built-in variables of the fiber now running on this OS thread
 const uint3& thread_idx();
 const uint3& block_idx();
 const dim3& block_dim();
