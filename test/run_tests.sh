@@ -4,7 +4,7 @@
 # Ends with one line "N passed, M failed"; exit code 1 when anything failed.
 # LLMC_BUILD (build) holds test_cpu, LLMC_BIN (empty: the repository root) prefixes train_gpt and
 # the data tools: `make test SANITIZE=1` sets them to build-asan and LLMC_SANITIZE=1.
-# E2E="test_a test_b" runs only those end-to-end tests.
+# E2E="test_a test_b" runs only those end-to-end tests; EMU=0 leaves out the CUDA emulator's tests.
 set -u
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -61,8 +61,8 @@ else
     echo "GPU tests: skipped (no CUDA device)"
 fi
 
-if [ -x $B/test_gpu_emu ] && [ -x $B/cuemu_selftest ] && [ -n "${EMU_FLAGS:-}" ]; then
-    # the CUDA source on the CPU emulator (make test-emu): one line, pass or fail
+if [ "${EMU:-1}" = 1 ] && [ -x $B/test_gpu_emu ] && [ -x $B/cuemu_selftest ] && [ -n "${EMU_FLAGS:-}" ]; then
+    # the CUDA source on the CPU emulator (make test-emu, about 5 minutes): one line, pass or fail
     echo "== CUDA source on the CPU emulator (test/cuemu/run.sh)"
     start=$(date +%s)
     out=$(LLMC_BUILD=$B bash test/cuemu/run.sh 2>&1); rc=$?

@@ -41,9 +41,7 @@
 
 namespace cuemu {
 
-struct ThreadState;
-// the fiber now running on this OS thread (set by the scheduler before each switch)
-ThreadState* current();
+// the built-in variables of the fiber now running on this OS thread
 const uint3& thread_idx();
 const uint3& block_idx();
 const dim3& block_dim();
@@ -188,7 +186,6 @@ inline float __fdividef(float a, float b) { return a / b; }
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-inline float exp2f_(float x) { return exp2f(x); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 
 // The launch macro of llmc/cuda/common.cuh expands to this under the emulator.

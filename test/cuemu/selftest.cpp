@@ -11,12 +11,19 @@
 //   off_by_one        a store one past the end of a device allocation (abort)
 //   no_optin          70 KiB of dynamic shared memory without the opt-in (launch error)
 //   bad_pointer       a host pointer passed to a kernel (abort)
+//   lt_rules          the cuBLASLt stand-in: a transposed GEMM with leading dimensions, bias and
+//                     scale pointers against a host loop; refused: fp8 not TN, E5M2 x E5M2, fp8
+//                     with a misaligned pointer, fp8 with an fp32 C and bf16 D, bf16 x fp32 (good)
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include <cublasLt.h>
 #include <cuda_runtime.h>
+
+#include "llmc/precision/bf16.h"
+#include "llmc/precision/fp8.h"
 
 #define CHECK(x)                                                                              \
     do {                                                                                      \
@@ -185,7 +192,89 @@ int main(int argc, char** argv) {
         std::printf("PASS bad_pointer (no error caught)\n");
         return 0;
     }
+    if (c == "lt_rules") {
+        // column-major D[m, n] = sa * sb * A^T B + bias, A stored k x m (lda = 64), B k x n (ldb = k)
+        const int m = 32, n = 16, k = 48, lda = 64;
+        std::vector<uint8_t> ha((size_t)lda * m), hb((size_t)k * n);
+        for (size_t i = 0; i < ha.size(); i++) ha[i] = fp8_encode((float)((int)(i % 7) - 3) * 0.5f, Fp8Format::E4M3);
+        for (size_t i = 0; i < hb.size(); i++) hb[i] = fp8_encode((float)((int)(i % 5) - 2) * 0.25f, Fp8Format::E4M3);
+        std::vector<uint16_t> hbias(m);
+        for (int i = 0; i < m; i++) hbias[i] = f32_to_bf16_bits(0.125f * i);
+        const float scales[2] = {2.0f, 0.75f};
+        uint8_t *A, *Bm;
+        uint16_t *D, *bias;
+        float* sc;
+        CHECK(cudaMalloc(&A, ha.size() + 16));
+        CHECK(cudaMalloc(&Bm, hb.size()));
+        CHECK(cudaMalloc(&D, (size_t)m * n * 2));
+        CHECK(cudaMalloc(&bias, m * 2));
+        CHECK(cudaMalloc(&sc, 8));
+        CHECK(cudaMemcpy(A, ha.data(), ha.size(), cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(Bm, hb.data(), hb.size(), cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(bias, hbias.data(), m * 2, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(sc, scales, 8, cudaMemcpyHostToDevice));
+        cublasLtHandle_t h;
+        cublasLtCreate(&h);
+        // status of one GEMM; ta/tb: transposes, types of A, B, C/D
+        auto run = [&](bool ta, bool tb, cudaDataType_t tA, cudaDataType_t tB, cudaDataType_t tC, cudaDataType_t tD,
+                       const void* a_ptr, int ld_a) {
+            cublasLtMatmulDesc_t op;
+            cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+            const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof(oa));
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof(ob));
+            const float *sa = sc, *sb = sc + 1;
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
+            const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+            const cudaDataType_t bt = CUDA_R_16BF;
+            const void* bp = bias;
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt));
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp));
+            cublasLtMatrixLayout_t la, lb, lc, ld;
+            cublasLtMatrixLayoutCreate(&la, tA, ta ? k : m, ta ? m : k, ld_a);
+            cublasLtMatrixLayoutCreate(&lb, tB, tb ? n : k, tb ? k : n, tb ? n : k);
+            cublasLtMatrixLayoutCreate(&lc, tC, m, n, m);
+            cublasLtMatrixLayoutCreate(&ld, tD, m, n, m);
+            const float alpha = 1.0f, beta = 0.0f;
+            cublasStatus_t st =
+                cublasLtMatmul(h, op, &alpha, a_ptr, la, Bm, lb, &beta, D, lc, D, ld, nullptr, nullptr, 0, nullptr);
+            cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(lc),
+                cublasLtMatrixLayoutDestroy(ld), cublasLtMatmulDescDestroy(op);
+            return st;
+        };
+        const auto E4 = CUDA_R_8F_E4M3, E5 = CUDA_R_8F_E5M2, BF = CUDA_R_16BF, F32 = CUDA_R_32F;
+        if (run(true, false, E4, E4, BF, BF, A, lda) != CUBLAS_STATUS_SUCCESS) return fail("fp8 TN refused");
+        std::vector<uint16_t> got((size_t)m * n);
+        CHECK(cudaMemcpy(got.data(), D, got.size() * 2, cudaMemcpyDeviceToHost));
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                double s = 0;
+                for (int p = 0; p < k; p++)
+                    s += (double)fp8_decode(ha[p + i * (lda)], Fp8Format::E4M3) *
+                         fp8_decode(hb[p + j * k], Fp8Format::E4M3);
+                const float want = bf16_bits_to_f32(f32_to_bf16_bits((float)(s * 1.5) + 0.125f * i));
+                if (bf16_bits_to_f32(got[i + j * m]) != want)
+                    return fail("fp8 GEMM element " + std::to_string(i) + "," + std::to_string(j));
+            }
+        struct Refused {
+            const char* what;
+            cublasStatus_t st;
+        } refused[] = {
+            {"fp8 NN", run(false, false, E4, E4, BF, BF, A, m)},
+            {"fp8 E5M2 x E5M2", run(true, false, E5, E5, BF, BF, A, lda)},
+            {"fp8 A misaligned", run(true, false, E4, E4, BF, BF, A + 1, lda)},
+            {"fp8 C fp32, D bf16", run(true, false, E4, E4, F32, BF, A, lda)},
+            {"bf16 x fp32", run(true, false, BF, F32, BF, BF, A, lda)},
+        };
+        for (const Refused& r : refused)
+            if (r.st == CUBLAS_STATUS_SUCCESS) return fail(std::string("cuBLASLt stand-in accepted ") + r.what);
+        cublasLtDestroy(h);
+        std::printf("PASS lt_rules\n");
+        return 0;
+    }
     std::fprintf(stderr, "usage: cuemu_selftest reduce|ballot|dynamic_smem|missing_barrier|divergent_shuffle|"
-                         "barrier_in_branch|smem_short|off_by_one|no_optin|bad_pointer\n");
+                         "barrier_in_branch|smem_short|off_by_one|no_optin|bad_pointer|lt_rules\n");
     return 2;
 }
