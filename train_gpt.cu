@@ -273,6 +273,7 @@ Plan plan_run(const Runtime& rt, int argc, char** argv) {
     p.grid = planning ? make_process_grid(pc, plan_world(p.cfg), 0) : make_process_grid(pc, rt.world, rt.rank);
     p.schedule = parse_pp_schedule(pc.pp_schedule);
     p.shape = model_shape(p.cfg.model);
+    if (planning) check_plannable(p.cfg, p.shape);  // sizes a plan counts without allocating
     resolve_pp_layers(p.cfg, p.shape);  // "auto": the same split on every rank
     validate_pipeline(p.cfg);
     if (!planning) check_fits_host_memory(p.shape);  // a plan is for machines other than this one
@@ -370,9 +371,9 @@ void init_or_resume(Run& r) {
     if (cfg.model.init == "random") {
         r.model.init_random(uint64_t(cfg.model.init_seed));
     } else {
-        const bool hf = is_safetensors(cfg.model.init);  // model_file_read checks that every weight is finite
+        // both readers check that every weight is finite, naming the tensor as their file does
+        const bool hf = is_safetensors(cfg.model.init);
         std::vector<float> w = hf ? hf_read_weights(cfg.model.init, r.shape) : model_file_read(cfg.model.init, &r.shape);
-        if (hf) check_finite_weights(w, r.shape, cfg.model.init);
         r.model.set_params_whole(w.data());
     }
     r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
@@ -637,6 +638,9 @@ int train(Runtime& rt, int argc, char** argv) {
         return 0;
     }
     if (!plan.plan_mode.empty()) {  // the plan of a GPU run unless device is "cpu"
+        // a plan has nothing to save: a stop signal ends it at once, by the signal's default action
+        preempt_uninstall();
+        fault_point("plan", 0);  // test hook: LLMC_FAULT=hang:plan hangs here until a signal ends it
         const DType dt = run_dtype(plan.cfg.precision, plan.cfg.device == "cpu" ? "cpu" : "cuda");
         if (rt.is_main() && plan.plan_mode == "json") std::printf("%s\n", plan_json(plan.cfg, plan.shape, plan.grid, dt).dump().c_str());
         if (rt.is_main() && plan.plan_mode == "text") std::fputs(plan_text(plan.cfg, plan.shape, plan.grid, dt).c_str(), stdout);
