@@ -77,12 +77,15 @@ void next_batch(DataLoader& loader, const ContextParallel& cp, int B, int t, std
 }
 
 // Mean loss over `batches` micro-batches of the validation set, from its start, averaged over
-// the DP (x CP) ranks.
+// the DP (x CP) ranks. A stop signal (llmc/run/preempt.h) is agreed over the world before every
+// micro-batch, so that a long evaluation stops at once on every rank alike: *sig is then set and
+// the result is meaningless.
 double evaluate(PipelineEngine& pipeline, DataLoader& val, const ContextParallel& cp, int batches, int B, int t,
-                std::vector<int32_t>& x, std::vector<int32_t>& y, DataParallel& dp) {
+                std::vector<int32_t>& x, std::vector<int32_t>& y, DataParallel& dp, Comm& world, int* sig) {
     val.reset();
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
+        if ((*sig = preempt_agreed(world))) return 0.0;
         next_batch(val, cp, B, t, x, y);
         sum += pipeline.forward_only(x.data(), y.data(), B, t);
     }
@@ -92,15 +95,18 @@ double evaluate(PipelineEngine& pipeline, DataLoader& val, const ContextParallel
 // Samples n tokens after <|endoftext|> at temperature 1, seeded: the same step gives the same text.
 // Collective over the model-parallel and CP groups: the last stage's TP ranks of the CP rank
 // holding the last position gather the logits row and draw alike; the CP group, then the
-// pipeline group, hand the token to the others.
+// pipeline group, hand the token to the others. A stop signal is agreed over the world before
+// every token (the ranks that do not sample agree as often: sample_wait), and sets *sig: the
+// sample is then cut short.
 std::vector<int> sample(PipelineEngine& pipeline, Model& model, TensorParallel& tp, ContextParallel& cp, int eot,
-                        int n, uint64_t seed) {
+                        int n, uint64_t seed, Comm& world, int* sig) {
     const int V = model.shape.vocab_size, Vl = model.shape.vocab_shard(tp.size());
     Rng rng(seed, 0x5A3D1E);
     std::vector<int32_t> ctx = {eot};
     std::vector<int> out;
     std::vector<float> slice(size_t(Vl), -INFINITY), logits(size_t(Vl) * tp.size());
     for (int i = 0; i < n; i++) {
+        if ((*sig = preempt_agreed(world))) break;
         const int ncp = cp.size(), t = std::min<int>(int(ctx.size()), model.T * ncp);
         // sequence parallelism splits a rank's tokens evenly over TP, context parallelism a
         // sequence into 2 x cp equal chunks: pad the window at its end (causal attention keeps
@@ -148,6 +154,11 @@ std::vector<int> sample(PipelineEngine& pipeline, Model& model, TensorParallel& 
         out.push_back(int(next));
     }
     return out;
+}
+// A rank that does not sample: the agreements of sample()'s n tokens, in step with it.
+void sample_wait(int n, Comm& world, int* sig) {
+    for (int i = 0; i < n && !(*sig = preempt_agreed(world)); i++) {
+    }
 }
 
 // The whole model and optimizer state in llm.c order on world rank 0 (empty elsewhere): ZeRO
@@ -279,6 +290,7 @@ Plan plan_run(const Runtime& rt, int argc, char** argv) {
     p.grid = planning ? make_process_grid(pc, plan_world(p.cfg), 0) : make_process_grid(pc, rt.world, rt.rank);
     p.schedule = parse_pp_schedule(pc.pp_schedule);
     p.shape = model_shape(p.cfg.model);
+    if (planning) check_plannable(p.cfg, p.shape);  // sizes a plan counts without allocating
     resolve_pp_layers(p.cfg, p.shape);  // "auto": the same split on every rank
     validate_pipeline(p.cfg);
     if (!planning) check_fits_host_memory(p.shape);  // a plan is for machines other than this one
@@ -390,9 +402,9 @@ void init_or_resume(Run& r) {
     if (cfg.model.init == "random") {
         r.model.init_random(uint64_t(cfg.model.init_seed));
     } else {
-        const bool hf = is_safetensors(cfg.model.init);  // model_file_read checks that every weight is finite
+        // both readers check that every weight is finite, naming the tensor as their file does
+        const bool hf = is_safetensors(cfg.model.init);
         std::vector<float> w = hf ? hf_read_weights(cfg.model.init, r.shape) : model_file_read(cfg.model.init, &r.shape);
-        if (hf) check_finite_weights(w, r.shape, cfg.model.init);
         r.model.set_params_whole(w.data());
     }
     r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
@@ -515,12 +527,17 @@ void save(Run& r, bool final) {
     r.groups.save->barrier();  // saving does not count against parallel.timeout_s
 }
 
-// Validation loss and a sample, at their intervals and at the end.
-void evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<int32_t>& y) {
+// Validation loss and a sample, at their intervals and at the end. Returns the stop signal that
+// cut them short (0: none), alike on every rank.
+int evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<int32_t>& y) {
     const Config& cfg = r.cfg;
     const bool last = step == r.tc.steps;
+    int sig = 0;
+    Comm& world = *r.groups.world;
     if (r.val_data && cfg.eval.every > 0 && (step % cfg.eval.every == 0 || last)) {
-        const double vl = evaluate(r.pipeline, *r.val_data, r.cp, cfg.eval.batches, r.model.B, r.model.T, x, y, r.dp);
+        const double vl =
+            evaluate(r.pipeline, *r.val_data, r.cp, cfg.eval.batches, r.model.B, r.model.T, x, y, r.dp, world, &sig);
+        if (sig) return sig;
         r.log.print("step %d | val loss %.6f\n", step, vl);
         r.run_log->record({{"step", step}, {"val_loss", vl}});
         r.progress.val_loss(step, vl);
@@ -528,12 +545,16 @@ void evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<
     // the model-parallel ranks of DP rank 0 sample together (under ZeRO-3 every DP rank, for the
     // gathers of the parameters; under expert parallelism too, for the MoE layers' all-to-all);
     // world rank 0 prints
-    if ((r.grid.dp_rank != 0 && r.dp.zero() != 3 && r.grid.ep == 1) || cfg.eval.sample_every <= 0 || step == 0 ||
-        (step % cfg.eval.sample_every != 0 && !last))
-        return;
+    if (cfg.eval.sample_every <= 0 || step == 0 || (step % cfg.eval.sample_every != 0 && !last)) return 0;
+    fault_point("sample", step);  // test hook: a signal as the sample begins (LLMC_FAULT=term:sample_<step>)
+    if (r.grid.dp_rank != 0 && r.dp.zero() != 3 && r.grid.ep == 1) {
+        sample_wait(cfg.eval.sample_tokens, world, &sig);
+        return sig;
+    }
     const int eot = r.tok ? r.tok->eot() : std::min(50256, r.shape.vocab_size - 1);
-    const std::vector<int> ids =
-        sample(r.pipeline, r.model, r.tp, r.cp, eot, cfg.eval.sample_tokens, uint64_t(r.tc.seed) * 1000003ull + step);
+    const std::vector<int> ids = sample(r.pipeline, r.model, r.tp, r.cp, eot, cfg.eval.sample_tokens,
+                                        uint64_t(r.tc.seed) * 1000003ull + step, world, &sig);
+    if (sig) return sig;
     if (r.tok) {
         r.log.print("step %d | sample:\n%s\n---\n", step, r.tok->decode(ids).c_str());
     } else {
@@ -541,6 +562,7 @@ void evaluate_and_sample(Run& r, int step, std::vector<int32_t>& x, std::vector<
         for (int id : ids) text += strfmt("%d ", id);
         r.log.print("step %d | sample (token ids; set \"tokenizer\" to decode): %s\n", step, text.c_str());
     }
+    return 0;
 }
 
 // The MoE layers' statistics of this step over all ranks (llmc/model/moe.h): the load-balancing loss
@@ -659,6 +681,16 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     r.state.loader = r.train_data.position();
 }
 
+// Every rank alike, on a stop signal that all agreed on: a checkpoint of the state after the last
+// whole step (unless one was just written), and exit "resume me".
+int stop_for_signal(Run& r, int sig, const std::string& where, bool need_save) {
+    if (need_save) save(r, false);
+    r.log.print("%s: stopped %s, checkpoint saved; exit code %d (resume with checkpoint.resume=auto)\n",
+                signal_name(sig).c_str(), where.c_str(), int(kExitPreempted));
+    r.rt.barrier();  // no rank leaves (and makes its launcher end the job) before the save is done
+    return kExitPreempted;
+}
+
 // After a step: a checkpoint when one is due, and the run's stop policy. Returns the exit code
 // to stop with (too many non-finite steps in a row; a stop signal, after a checkpoint), else 0.
 int checkpoint_or_stop(Run& r) {
@@ -674,11 +706,7 @@ int checkpoint_or_stop(Run& r) {
     // a stop signal on any rank (llmc/run/preempt.h) stops every rank here: save, exit "resume me"
     const int sig = step < steps ? preempt_agreed(*r.groups.world) : 0;
     if (!sig) return 0;
-    if (!due) save(r, false);
-    r.log.print("%s: stopped after step %d, checkpoint saved; exit code %d (resume with checkpoint.resume=auto)\n",
-                signal_name(sig).c_str(), step, int(kExitPreempted));
-    r.rt.barrier();  // no rank leaves (and makes its launcher end the job) before the save is done
-    return kExitPreempted;
+    return stop_for_signal(r, sig, strfmt("after step %d", step), !due);
 }
 
 int train(Runtime& rt, int argc, char** argv) {
@@ -696,6 +724,9 @@ int train(Runtime& rt, int argc, char** argv) {
         return 0;
     }
     if (!plan.plan_mode.empty()) {  // the plan of a GPU run unless device is "cpu"
+        // a plan has nothing to save: a stop signal ends it at once, by the signal's default action
+        preempt_uninstall();
+        fault_point("plan", 0);  // test hook: LLMC_FAULT=hang:plan hangs here until a signal ends it
         const DType dt = run_dtype(plan.cfg.precision, plan.cfg.device == "cpu" ? "cpu" : "cuda");
         if (rt.is_main() && plan.plan_mode == "json") std::printf("%s\n", plan_json(plan.cfg, plan.shape, plan.grid, dt).dump().c_str());
         if (rt.is_main() && plan.plan_mode == "text") std::fputs(plan_text(plan.cfg, plan.shape, plan.grid, dt).c_str(), stdout);
@@ -722,7 +753,9 @@ int train(Runtime& rt, int argc, char** argv) {
     Batches x(size_t(tc.grad_accum), std::vector<int32_t>(size_t(tc.micro_batch) * tc.seq_len)), y = x;
     r.progress.start(r.state.step, now_ms());
     for (int step = r.state.step;; step++) {
-        evaluate_and_sample(r, step, x[0], y[0]);
+        // a signal during the evaluation or the sample stops there, with the checkpoint of this step
+        if (const int sig = evaluate_and_sample(r, step, x[0], y[0]))
+            return stop_for_signal(r, sig, strfmt("in the evaluation at step %d", step), true);
         if (step == tc.steps) break;
         train_step(r, step, x, y);
         if (const int code = checkpoint_or_stop(r)) return code;

@@ -251,6 +251,37 @@ TEST_CASE("config: wrong types", "[config]") {
     CHECK_THAT(m, Catch::Contains("model: is a section"));
 }
 
+TEST_CASE("config: a number beyond a double on the command line is out of range, not a string (issue 34)", "[config]") {
+    TempDir t;
+    std::string g = "data.train=" + t.train_glob();
+    std::string m = error_of([&] { load({g, "plan.gpu_mem_gib=1e309"}); });
+    CHECK_THAT(m, Catch::Contains("plan.gpu_mem_gib: 1e309 is out of range") && !Catch::Contains("string"));
+    m = error_of([&] { load({g, "train.lr=-2e400"}); });
+    CHECK_THAT(m, Catch::Contains("train.lr: -2e400 is out of range"));
+    m = error_of([&] { load({g, "train.steps=1e309"}); });
+    CHECK_THAT(m, Catch::Contains("train.steps: 1e309 is out of range"));
+    // words stay words
+    m = error_of([&] { load({g, "train.lr=inf"}); });
+    CHECK_THAT(m, Catch::Contains("train.lr: expected a number, got string \"inf\""));
+}
+
+TEST_CASE("config: model.moe keys without model.moe.num_experts are refused naming the key; with it 0, ignored (issue 34)",
+          "[config]") {
+    TempDir t;
+    std::string g = "data.train=" + t.train_glob();
+    std::string m = error_of([&] { load({g, "model.moe.top_k=9"}); });
+    CHECK_THAT(m, Catch::Contains("model.moe.top_k: set, but model.moe.num_experts is not") &&
+                      Catch::Contains("or remove model.moe.top_k"));
+    m = error_of([&] { load({g, "model.moe.every=2", "model.moe.capacity_factor=2"}); });
+    CHECK_THAT(m, Catch::Contains("model.moe.every: set") && Catch::Contains("model.moe.every, model.moe.capacity_factor"));
+    // MoE switched off on purpose (a dense run of an MoE config): the other keys are moot, accepted
+    const Config c = load({g, "model.moe.top_k=9", "model.moe.num_experts=0"});
+    CHECK(c.model.moe.num_experts == 0);
+    CHECK_NOTHROW(load({g, "model.moe.num_experts=4", "model.moe.top_k=2", "model.moe.expert_ffn_dim=64"}));
+    // a key at its default changes nothing: accepted (a dense model's --print-config reads back)
+    CHECK_NOTHROW(load({g, "model.moe.top_k=" + std::to_string(Config().model.moe.top_k)}));
+}
+
 TEST_CASE("config: out-of-range values and enums", "[config]") {
     TempDir t;
     std::string g = "data.train=" + t.train_glob();

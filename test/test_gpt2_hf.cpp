@@ -215,12 +215,22 @@ TEST_CASE("gpt2 hf: the reader accepts a tied lm_head, buffers and base-model na
     e = error_of([&] { hf_read_weights(more, s); });
     CHECK_THAT(e, Catch::Contains("transformer.h.2.ln_1.weight") && Catch::Contains("not part of"));
 
+    // a non-finite weight is named as the file names it, not by our internal name (qkvb; issue 34)
+    const std::string b = "transformer.h.0.attn.c_attn.bias";
+    std::vector<float> nan_bias(12, 0.5f);
+    nan_bias[5] = NAN;
+    nan_bias[9] = INFINITY;
+    const std::string nonfinite = rewrite(base, dir + "/nan.safetensors", {b}, {{b, {12}, nan_bias}});
+    e = error_of([&] { hf_read_weights(nonfinite, s); });
+    CHECK_THAT(e, Catch::Contains(nonfinite) && Catch::Contains("tensor " + b + ": 2 of its 12 elements are not finite") &&
+                      Catch::Contains("element 5, nan"));
+
     ModelShape wider = s;  // a file of another shape
     wider.max_seq_len = 4;
     e = error_of([&] { hf_read_weights(base, wider); });
     CHECK_THAT(e, Catch::Contains("transformer.wpe.weight") && Catch::Contains("[3, 4]") && Catch::Contains("[4, 4]"));
 
-    for (const char* f : {"base", "extras", "bare", "head", "untr", "missing", "more"})
+    for (const char* f : {"base", "extras", "bare", "head", "untr", "missing", "more", "nan"})
         std::remove((dir + "/" + f + ".safetensors").c_str());
     rmdir(dir.c_str());
 }

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -462,4 +463,70 @@ TEST_CASE("--plan=search misses no layout that fits (all dp layouts of a tiny mo
                 CHECK(std::find(got.begin(), got.end(), c.overrides()) != got.end());
             }
     CHECK(fitting > 0);
+}
+
+TEST_CASE("a plan refuses what it cannot count, naming the sizes, and allocates nothing for them (issue 34)", "[plan]") {
+    // issue 34's shape: 2^26 layers of d_model 2^26 (3.6e24 parameters)
+    Config huge = gpt_config(1 << 26, 1 << 26, 1, 1 << 24, 1 << 26);
+    std::string m = error_of([&] { check_plannable(huge, model_shape(huge.model)); });
+    CHECK_THAT(m, Catch::Contains("model: 3.63e+24 parameters (model.n_layer = 67108864, model.d_model = 67108864)") &&
+                      !Catch::Contains("this machine"));
+    // small layers, but 2^20 of them on one rank: the rank's tensor table would be the model's size
+    Config deep = gpt_config(1 << 20, 8, 1, 64, 8);
+    m = error_of([&] { check_plannable(deep, model_shape(deep.model)); });
+    CHECK_THAT(m, Catch::Contains("model.n_layer: 1048576 layers over parallel.pp = 1 stages put 1048576"));
+    deep.parallel.pp = 64;  // 16384 a rank: planned
+    CHECK_NOTHROW(check_plannable(deep, model_shape(deep.model)));
+    // a schedule of 2^21 micro-batches x 2 stages to simulate
+    Config accum = gpt_config(4, 64, 4, 64, 16, {{"parallel", {{"pp", 2}}}, {"train", {{"grad_accum", 1 << 21}}}});
+    m = error_of([&] { check_plannable(accum, model_shape(accum.model)); });
+    CHECK_THAT(m, Catch::Contains("train.grad_accum: 2097152 micro-batches x 2 pipeline stages"));
+    Config acts = gpt_config(1024, 65536, 64, 64, 2048, {{"device", "cpu"}, {"train", {{"micro_batch", 1 << 19}}}});
+    m = error_of([&] { check_plannable(acts, model_shape(acts.model)); });
+    CHECK_THAT(m, Catch::Contains("train.micro_batch: 524288 sequences of train.seq_len = 2048 tokens"));
+    // a 70B-class model is planned as before
+    Config llama = gpt_config(80, 8192, 64, 32000, 4096, {{"parallel", {{"pp", 8}}}, {"train", {{"grad_accum", 64}}}});
+    CHECK_NOTHROW(check_plannable(llama, model_shape(llama.model)));
+}
+
+TEST_CASE("--plan=search answers within seconds on issue 34's shapes and says what it skipped", "[plan]") {
+    struct Case {
+        int world, n_layer, d_model, n_head, seq, grad_accum;
+    };
+    for (const Case& k : {Case{1000000, 64, 8192, 64, 64, 1024}, Case{1024, 4096, 65536, 64, 65536, 1}}) {
+        Config cfg = gpt_config(k.n_layer, k.d_model, k.n_head, 50257, k.seq,
+                                {{"plan", {{"world", k.world}}}, {"train", {{"grad_accum", k.grad_accum}}}});
+        const ModelShape shape = model_shape(cfg.model);
+        check_plannable(cfg, shape);
+        const auto t0 = std::chrono::steady_clock::now();
+        const std::string text = search_text(cfg, shape, DType::BF16);
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        INFO(text);
+        CHECK(secs < 10.0);
+        CHECK_THAT(text, Catch::Contains("layouts examined") && Catch::Contains("skipped"));
+    }
+}
+
+TEST_CASE("pp_layers auto: the heap's water-filling equals the plain one, layer for layer", "[plan]") {
+    // the plain water-filling (each layer to the stage it leaves cheapest, the earliest on a tie), as
+    // it was written before the heap, against balance_pp_layers on stages of unequal cost
+    for (int pp : {2, 3, 4, 8}) {
+        for (int v : {1, 2}) {
+            Config cfg = gpt_config(61, 256, 4, 50257, 256, {{"parallel", {{"pp", pp}, {"pp_virtual", v}}}});
+            if (v > 1) cfg.parallel.pp_schedule = "interleaved";
+            const ModelShape shape = model_shape(cfg.model);
+            const int stages = pp * v;
+            const StageCost c = stage_cost(cfg, shape, plan_device(cfg), 1, 1, 1);
+            std::vector<int> n(size_t(stages), 1);
+            for (int left = shape.n_layer - stages; left > 0; left--) {
+                int best = 0;
+                for (int st = 1; st < stages; st++)
+                    if (c.stage(st, stages, n[size_t(st)] + 1).total() < c.stage(best, stages, n[size_t(best)] + 1).total())
+                        best = st;
+                n[size_t(best)]++;
+            }
+            INFO("pp " << pp << " v " << v);
+            CHECK(balance_pp_layers(cfg, shape) == n);
+        }
+    }
 }

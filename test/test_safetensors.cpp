@@ -181,4 +181,37 @@ TEST_CASE("safetensors: broken files and bad requests are UserErrors naming the 
         const std::string m = error_of([&] { SafetensorsReader r(p); });
         CHECK_THAT(m, Catch::Contains(p));
     }
+    SECTION("two tensors over overlapping bytes (issue 34)") {
+        // y's [8, 24) reaches into x's [0, 16); z after them is fine
+        const std::string h = "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                              "\"z\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[24,28]},"
+                              "\"y\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}";
+        const std::string p = write_bytes(dir + "/overlap.safetensors", file_bytes(h, std::vector<uint8_t>(28)));
+        const std::string m = error_of([&] { SafetensorsReader r(p); });
+        CHECK_THAT(m, Catch::Contains(p) && Catch::Contains("tensors x [0, 16) and y [8, 24) overlap"));
+        // the same bytes under two names overlap too; adjacent tensors and empty ones do not
+        const std::string same = "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                                 "\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}";
+        const std::string p2 = write_bytes(dir + "/alias.safetensors", file_bytes(same, std::vector<uint8_t>(16)));
+        CHECK_THAT(error_of([&] { SafetensorsReader r(p2); }), Catch::Contains("tensors w [0, 16) and x [0, 16) overlap"));
+        const std::string fine = "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                                 "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]},"
+                                 "\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[16,32]}}";
+        const std::string p3 = write_bytes(dir + "/adjacent.safetensors", file_bytes(fine, std::vector<uint8_t>(32)));
+        CHECK_NOTHROW(SafetensorsReader(p3));
+    }
+    SECTION("a tensor named twice (JSON keeps the last silently; issue 34)") {
+        const std::string h = "{\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                              "\"x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[16,32]}}";
+        const std::string p = write_bytes(dir + "/dup.safetensors", file_bytes(h, std::vector<uint8_t>(32)));
+        const std::string m = error_of([&] { SafetensorsReader r(p); });
+        CHECK_THAT(m, Catch::Contains(p) && Catch::Contains("names \"x\" twice"));
+    }
+    SECTION("a header of invalid UTF-8 is shown escaped, never raw (issue 34)") {
+        const std::string h = "{\"x\xff\xfe\x1b[31m\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+        const std::string p = write_bytes(dir + "/utf8.safetensors", file_bytes(h, std::vector<uint8_t>(4)));
+        const std::string m = error_of([&] { SafetensorsReader r(p); });
+        CHECK_THAT(m, Catch::Contains(p) && Catch::Contains("not valid JSON") && Catch::Contains("{\"x\\xff"));
+        for (char c : m) CHECK((c >= 0x20 && c < 0x7f));  // no raw byte, no escape sequence
+    }
 }

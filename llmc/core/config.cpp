@@ -620,6 +620,29 @@ bool path_exists(const std::string& p, bool* is_dir = nullptr) {
     return true;
 }
 
+// model.moe.* keys set to other than their defaults on a model without MoE layers would be ignored.
+// Without model.moe.num_experts the user believes MoE is configured and it is not: refused, naming
+// the key. An explicit num_experts 0 is MoE switched off on purpose (a dense run of an MoE config),
+// the other keys knowingly moot: a warning names them. (Keys at their defaults, as in the
+// --print-config of a dense model, change nothing either way.)
+void check_moe_keys(const json& j, const Config& c) {
+    if (c.model.moe.num_experts != 0) return;
+    Config defaults;
+    std::vector<std::string> moot;
+    for (const Key& k : schema()) {
+        if (k.path.rfind("model.moe.", 0) != 0 || k.path == "model.moe.num_experts") continue;
+        const json* v = lookup(j, k.path);
+        if (v && *v != read_field(k, defaults)) moot.push_back(k.path);
+    }
+    if (moot.empty()) return;
+    if (!lookup(j, "model.moe.num_experts"))
+        throw UserError(strfmt("%s: set, but model.moe.num_experts is not (0 by default: no MoE layers), so it would "
+                               "be ignored; set model.moe.num_experts >= 2 for a mixture of experts, or remove %s",
+                               moot[0].c_str(), join(moot, ", ").c_str()));
+    if (log_rank() <= 0)
+        std::fprintf(stderr, "warning: model.moe.num_experts is 0 (no MoE layers): %s ignored\n", join(moot, ", ").c_str());
+}
+
 void check_consistency(const Config& c, bool check_files) {
     const ModelConfig& m = c.model;
     const TrainConfig& t = c.train;
@@ -734,6 +757,16 @@ void apply_override(json& root, const std::string& arg) {
     json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (v.is_discarded()) v = text;
     if (const Key* k = find_key(path)) {
+        if (k->type == KType::Int || k->type == KType::Number) {
+            // a number beyond a double (1e309) is no JSON number: say so, not "got a string"
+            char* end = nullptr;
+            const double x = std::strtod(text.c_str(), &end);
+            if (v.is_string() && !text.empty() && *end == '\0' && std::isinf(x) &&
+                text.find_first_of("iInN") == std::string::npos)
+                throw UserError(strfmt("%s: %s is out of range (beyond the largest double, about 1.8e308%s%s)",
+                                       path.c_str(), text.c_str(), range_text(*k).empty() ? "" : "; ",
+                                       range_text(*k).c_str()));
+        }
         if ((k->type == KType::String || k->type == KType::Enum) && !v.is_string()) v = text;
         set_path(root, path, v);
         return;
@@ -831,6 +864,7 @@ Config config_from_json(const json& j, bool check_files) {
     Config c;
     for (const Key& k : schema())
         if (const json* v = lookup(j, k.path)) assign(k, *v, c);
+    check_moe_keys(j, c);
     check_consistency(c, check_files);
     c.resolved = json::object();
     for (const Key& k : schema()) set_path(c.resolved, k.path, read_field(k, c));

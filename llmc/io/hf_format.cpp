@@ -1,5 +1,7 @@
 #include "llmc/io/hf_format.h"
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "llmc/core/common.h"
@@ -55,6 +57,19 @@ bool is_buffer(const std::string& n) {
     return ends_with("rotary_emb.inv_freq") || ends_with(".attn.bias") || ends_with(".attn.masked_bias");
 }
 
+// A non-finite weight named as the file names it (its tensor and element in the file's order),
+// where the user can find it.
+void check_finite(const std::vector<float>& v, const char* path, const std::string& name) {
+    size_t bad = 0;  // counted without an early exit, so the loop vectorises
+    for (float x : v) bad += !std::isfinite(x);
+    if (bad == 0) return;
+    size_t first = 0;
+    while (std::isfinite(v[first])) first++;
+    throw UserError(strfmt("safetensors file %s: tensor %s: %zu of its %zu elements are not finite (the first at "
+                           "element %zu, %g): not a usable model",
+                           path, name.c_str(), bad, v.size(), first, double(v[first])));
+}
+
 }  // namespace
 
 bool is_safetensors(const std::string& path) {
@@ -85,6 +100,7 @@ std::vector<float> hf_read_weights(const std::string& path, const ModelShape& sh
             throw UserError(strfmt("safetensors file %s: tensor %s has shape %s, but the config's model needs %s", p,
                                    t.name.c_str(), shape_str(r.entry(t.name).shape).c_str(), shape_str(want).c_str()));
         const std::vector<float> v = r.read(t.name);
+        check_finite(v, p, t.name);
         float* dst = whole.data() + t.offset;
         if (!t.transposed) {
             std::copy(v.begin(), v.end(), dst);

@@ -15,7 +15,8 @@ bool is_safetensors(const std::string& path);
 // order. Throws UserError naming the file and tensor for a missing tensor, a wrong shape, or
 // (tied embeddings) an lm_head.weight that differs from the token embedding (an equal one, as
 // transformers may save, is accepted). Unknown extra tensors are refused too, except buffers
-// that hold no parameters (rotary inv_freq, GPT-2's attn.bias and attn.masked_bias). A file of
+// that hold no parameters (rotary inv_freq, GPT-2's attn.bias and attn.masked_bias). A non-finite
+// element is refused naming the file's tensor and the element in its order. A file of
 // transformers' base model (names without "transformer." / "model.", as the Hub's gpt2) is read too.
 std::vector<float> hf_read_weights(const std::string& path, const ModelShape& shape);
 // Writes the whole model (file order) as fp32 safetensors, unpadded vocabulary; atomic.

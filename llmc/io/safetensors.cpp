@@ -2,6 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <set>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -28,6 +31,18 @@ float f16_to_f32(uint16_t h) {
     else if (exp == 31) v = man ? NAN : INFINITY;
     else v = std::ldexp(float(man | 1024), exp - 25);
     return sign ? -v : v;
+}
+
+// Up to `most` bytes of s around byte `at`, printable ASCII as is and every other byte as \xNN:
+// a header of invalid UTF-8 (or binary) is shown, never echoed raw to the terminal.
+std::string escaped_excerpt(const std::string& s, size_t at, size_t most = 48) {
+    const size_t begin = at > most / 2 ? at - most / 2 : 0, end = std::min(s.size(), begin + most);
+    std::string out = begin > 0 ? "..." : "";
+    for (size_t i = begin; i < end; i++) {
+        const unsigned char c = static_cast<unsigned char>(s[i]);
+        out += c >= 0x20 && c < 0x7f && c != '\\' ? std::string(1, char(c)) : strfmt("\\x%02x", c);
+    }
+    return out + (end < s.size() ? "..." : "");
 }
 
 }  // namespace
@@ -57,12 +72,31 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     std::fclose(f);
     if (!ok) throw UserError(strfmt("safetensors file %s: read failed", p));
     data_start_ = 8 + n;
+    // nlohmann keeps the last of two equal keys silently: a tensor named twice is refused
+    std::vector<std::set<std::string>> seen;  // the keys of each open object
+    std::string dup;
+    const nlohmann::json::parser_callback_t check_dup = [&](int, nlohmann::json::parse_event_t ev,
+                                                            nlohmann::json& parsed) {
+        if (ev == nlohmann::json::parse_event_t::object_start) seen.emplace_back();
+        else if (ev == nlohmann::json::parse_event_t::object_end) seen.pop_back();
+        else if (ev == nlohmann::json::parse_event_t::key && !seen.back().insert(parsed.get<std::string>()).second &&
+                 dup.empty())
+            dup = parsed.get<std::string>();
+        return true;
+    };
     nlohmann::json j;
     try {
-        j = nlohmann::json::parse(header);
+        j = nlohmann::json::parse(header, check_dup);
+    } catch (const nlohmann::json::parse_error& e) {
+        // nlohmann's message quotes the bytes it read: invalid UTF-8 would reach the terminal raw
+        throw UserError(strfmt("safetensors file %s: the header is not valid JSON (byte %zu of the header: %s)", p,
+                               e.byte, escaped_excerpt(header, e.byte > 0 ? e.byte - 1 : 0).c_str()));
     } catch (const nlohmann::json::exception& e) {
         throw UserError(strfmt("safetensors file %s: the header is not valid JSON: %s", p, e.what()));
     }
+    if (!dup.empty())
+        throw UserError(strfmt("safetensors file %s: the header names \"%s\" twice (the readers would keep only one)",
+                               p, escaped_excerpt(dup, 0, 200).c_str()));
     if (!j.is_object()) throw UserError(strfmt("safetensors file %s: the header is not a JSON object", p));
     for (auto it = j.begin(); it != j.end(); ++it) {
         const std::string& name = it.key();
@@ -114,6 +148,23 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
                                    "elements inside the file (truncated?)", p, name.c_str(), (unsigned long long)e.begin,
                                    (unsigned long long)e.end, (unsigned long long)count, e.dtype.c_str()));
         entries_[name] = e;
+    }
+    // two tensors over the same bytes: a writer's bug or a crafted file; either way one of them is
+    // not what its name says (empty tensors hold no bytes and overlap nothing)
+    std::vector<std::pair<const std::string*, const SafetensorsEntry*>> by_begin;
+    for (const auto& kv : entries_)
+        if (kv.second.end > kv.second.begin) by_begin.push_back({&kv.first, &kv.second});
+    std::sort(by_begin.begin(), by_begin.end(), [](const auto& a, const auto& b) {
+        return a.second->begin != b.second->begin ? a.second->begin < b.second->begin : *a.first < *b.first;
+    });
+    for (size_t i = 1; i < by_begin.size(); i++) {
+        const SafetensorsEntry &a = *by_begin[i - 1].second, &b = *by_begin[i].second;
+        if (b.begin < a.end)
+            throw UserError(strfmt("safetensors file %s: tensors %s [%llu, %llu) and %s [%llu, %llu) overlap in the "
+                                   "data section (data_offsets)",
+                                   p, by_begin[i - 1].first->c_str(), (unsigned long long)a.begin,
+                                   (unsigned long long)a.end, by_begin[i].first->c_str(), (unsigned long long)b.begin,
+                                   (unsigned long long)b.end));
     }
 }
 

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <climits>
 #include <map>
+#include <tuple>
 
 #include "llmc/train/layout.h"
 #include "llmc/run/mfu.h"
@@ -184,6 +186,44 @@ std::string int_list_text(const std::vector<int>& v) {
 }
 }  // namespace
 
+void check_plannable(const Config& cfg, const ModelShape& shape) {
+    const ParallelConfig& pc = cfg.parallel;
+    const TrainConfig& tc = cfg.train;
+    const double params = num_params_double(shape);
+    if (params > kPlanMaxParams)
+        throw UserError(strfmt("model: %.3g parameters (model.n_layer = %d, model.d_model = %d), %.3g bytes of "
+                               "weights in fp32 alone: past what a plan counts (at most %.3g parameters, so that every "
+                               "byte count fits in 64 bits); no cluster holds such a model",
+                               params, shape.n_layer, shape.d_model, 4.0 * params, kPlanMaxParams));
+    // one micro-batch's activations, over-counted: every layer's residual-stream rows, a d_model
+    // row 64 times over and the logits twice
+    const double acts = double(tc.micro_batch) * tc.seq_len *
+                        (64.0 * shape.d_model * (shape.n_layer + 1.0) + 2.0 * shape.padded_vocab) * 4.0;
+    if (acts > kPlanMaxBytes)
+        throw UserError(strfmt("train.micro_batch: %d sequences of train.seq_len = %d tokens through %d layers of "
+                               "d_model %d: about %.3g bytes of activations, past what a plan counts (%.3g)",
+                               tc.micro_batch, tc.seq_len, shape.n_layer, shape.d_model, acts, kPlanMaxBytes));
+    const double sequences = double(tc.micro_batch) * tc.grad_accum * plan_world(cfg);  // at most, over dp
+    if (sequences * tc.seq_len > kPlanMaxTokens)
+        throw UserError(strfmt("train.grad_accum: %d micro-batches of train.micro_batch = %d sequences of %d tokens "
+                               "on up to %d data-parallel ranks: %.3g tokens per step, past what a plan counts (%.3g)",
+                               tc.grad_accum, tc.micro_batch, tc.seq_len, plan_world(cfg), sequences * tc.seq_len,
+                               kPlanMaxTokens));
+    const int stages = pc.pp * pc.pp_virtual;
+    const long long per_rank = (shape.n_layer + pc.pp - 1) / pc.pp;  // at least on the fullest rank
+    if (per_rank > kPlanMaxLayersPerRank)
+        throw UserError(strfmt("model.n_layer: %d layers over parallel.pp = %d stages put %lld or more on a rank; the "
+                               "plan lists a rank's tensors one by one and stops past %d layers on a rank (raise "
+                               "parallel.pp)",
+                               shape.n_layer, pc.pp, per_rank, kPlanMaxLayersPerRank));
+    const double pairs = double(tc.grad_accum) * stages;
+    if (pairs > kPlanMaxSchedule)
+        throw UserError(strfmt("train.grad_accum: %d micro-batches x %d pipeline stages (parallel.pp x "
+                               "parallel.pp_virtual) = %.3g; the plan simulates the pipeline schedule and stops past "
+                               "%.0f",
+                               tc.grad_accum, stages, pairs, kPlanMaxSchedule));
+}
+
 void resolve_pp_layers(Config& cfg, const ModelShape& shape) {
     if (cfg.parallel.pp_layers_auto) cfg.parallel.pp_layers = balance_pp_layers(cfg, shape);
 }
@@ -335,22 +375,40 @@ size_t largest_rank(const Config& cfg, const ModelShape& shape, const ProcessGri
     return most;
 }
 
+// What the candidates of a search share, built once: the ranks' parameter tables by (tp, pp,
+// chunks, dp, ep, pp rank, layer split), and every rank's in-flight micro-batches by (schedule,
+// pp, chunks, micro-batches).
+struct SearchCache {
+    std::map<std::pair<std::array<int, 6>, std::vector<int>>, RankParts> parts;
+    std::map<std::tuple<std::string, int, int, int>, std::vector<std::vector<int>>> slots;
+    const RankParts& rank(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, int p) {
+        const std::array<int, 6> key = {grid.tp, grid.pp, cfg.parallel.pp_virtual, grid.dp, grid.ep, p};
+        auto it = parts.find({key, cfg.parallel.pp_layers});
+        if (it == parts.end()) it = parts.emplace(std::make_pair(key, cfg.parallel.pp_layers), rank_parts(cfg, shape, grid, p, 0)).first;
+        return it->second;
+    }
+    const std::vector<std::vector<int>>& slots_of(const Config& cfg, const ProcessGrid& grid) {
+        const auto key = std::make_tuple(cfg.parallel.pp_schedule, grid.pp, cfg.parallel.pp_virtual, cfg.train.grad_accum);
+        auto it = slots.find(key);
+        if (it == slots.end()) {
+            std::vector<std::vector<int>> all;
+            for (const auto& actions : schedule_of(cfg, grid)) all.push_back(pipeline_slots(actions, cfg.parallel.pp_virtual));
+            it = slots.emplace(key, std::move(all)).first;
+        }
+        return it->second;
+    }
+};
+
 // The largest planned total over the pipeline ranks at tp rank 0 (the tp ranks of a stage hold
-// equal shares), the ranks' parameter tables kept in `parts` by (tp, pp, chunks, dp, ep, pp rank):
-// what differs between the candidates of a search is mostly not the tables.
+// equal shares).
 size_t largest_rank0(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype,
-                     std::map<std::array<int, 6>, RankParts>& parts) {
-    const PpSchedule schedule = schedule_of(cfg, grid);
+                     SearchCache& cache) {
     size_t most = 0;
     for (int p = 0; p < grid.pp; p++) {
-        const std::array<int, 6> key = {grid.tp, grid.pp, cfg.parallel.pp_virtual, grid.dp, grid.ep, p};
-        auto it = parts.find(key);
-        if (it == parts.end()) it = parts.emplace(key, rank_parts(cfg, shape, grid, p, 0)).first;
-        RankParts r = it->second;
+        RankParts r = cache.rank(cfg, shape, grid, p);
         r.layout.sequence_parallel = cfg.parallel.sequence_parallel && grid.tp > 1;
-        const std::vector<int> slots = pipeline_slots(schedule[size_t(p)], cfg.parallel.pp_virtual);
-        most = std::max(most, memory_of(r, cfg, shape, grid, dtype, slots, cfg.parallel.zero,
-                                        parse_recompute(cfg.train.recompute))
+        most = std::max(most, memory_of(r, cfg, shape, grid, dtype, cache.slots_of(cfg, grid)[size_t(p)],
+                                        cfg.parallel.zero, parse_recompute(cfg.train.recompute))
                                   .total());
     }
     return most;
@@ -361,13 +419,13 @@ size_t largest_rank0(const Config& cfg, const ModelShape& shape, const ProcessGr
 // orders memory alone (ZeRO-3's unit buffers can outweigh what it saves over ZeRO-2 on few DP
 // ranks; a whole layer recomputed can outweigh selective's buffers on one-layer stages).
 bool some_stage_fits(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype, int max_zero,
-                     double budget) {
-    const PpSchedule schedule = schedule_of(cfg, grid);
+                     double budget, SearchCache& cache) {
     const Recompute modes[] = {Recompute::None, Recompute::Selective, Recompute::Full};
     std::array<std::array<size_t, 3>, 4> most{};  // [zero][recompute]: the largest rank
     for (int p = 0; p < grid.pp; p++) {
-        const RankParts parts = rank_parts(cfg, shape, grid, p, 0);
-        const std::vector<int> slots = pipeline_slots(schedule[size_t(p)], cfg.parallel.pp_virtual);
+        RankParts parts = cache.rank(cfg, shape, grid, p);
+        parts.layout.sequence_parallel = cfg.parallel.sequence_parallel && grid.tp > 1;
+        const std::vector<int>& slots = cache.slots_of(cfg, grid)[size_t(p)];
         for (size_t m = 0; m < 3; m++)
             for (int z = 0; z <= max_zero; z++) {
                 const size_t total = memory_of(parts, cfg, shape, grid, dtype, slots, z, modes[m]).total();
@@ -382,7 +440,7 @@ bool some_stage_fits(const Config& cfg, const ModelShape& shape, const ProcessGr
 }  // namespace
 
 std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& shape, DType dtype, size_t top,
-                                         size_t* examined) {
+                                         size_t* examined, SearchSkips* skips) {
     const int world = plan_world(base);
     const ProcessGrid given = make_process_grid(base.parallel, world, 0);
     const long long batch = (long long)base.train.micro_batch * base.train.grad_accum * given.dp;  // sequences
@@ -390,6 +448,11 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
     Config proto = base;
     proto.resolved = json();  // not needed by the plan; copied for every candidate otherwise
     std::vector<LayoutChoice> all;
+    SearchSkips skipped;
+    SearchCache cache;
+    // the layer split of a stage layout depends on the mesh, the chunks, the micro-batch and the
+    // recomputation only (stage_cost): balanced once for all the ZeRO stages and SP settings
+    std::map<std::array<int, 6>, std::vector<int>> balanced;
     struct Group {  // candidates alike but for the ZeRO stage, the recomputation and SP
         size_t begin, end;
         Config least;  // the smallest micro-batch, with SP
@@ -421,15 +484,32 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
     };
     for (const Mesh& mesh : meshes) {
         const int tp = mesh.tp, pp = mesh.pp, dp = mesh.dp;
-        const int per_rank = int(batch / dp);
         std::vector<Sched> scheds = {{"1f1b", 1}};
         if (pp > 1) scheds = {{"1f1b", 1}, {"gpipe", 1}, {"interleaved", 2}, {"interleaved", 4}};
+        if (batch / dp > INT_MAX) {  // > 2^25 micro-batches of at most 64: past kSearchMaxSchedule
+            skipped.schedule += scheds.size();
+            continue;
+        }
+        const int per_rank = int(batch / dp);
         for (const Sched& sc : scheds) {
             if (shape.n_layer < pp * sc.v) continue;
             Group grp{all.size(), 0, {}};
             for (int mb : divisors(per_rank, 64)) {
                 const int ga = per_rank / mb;
                 if (sc.v > 1 && ga % pp) continue;
+                const size_t variants = size_t(dp * cp > 1 ? 4 : 1) * 3 * (tp > 1 ? 2 : 1);  // at most
+                if ((shape.n_layer + pp - 1) / pp > kPlanMaxLayersPerRank) {
+                    skipped.layers += variants;
+                    continue;
+                }
+                if (double(ga) * pp * sc.v > kSearchMaxSchedule) {
+                    skipped.schedule += variants;
+                    continue;
+                }
+                if (all.size() >= kSearchMaxLayouts) {
+                    skipped.cap += variants;
+                    continue;
+                }
                 for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++)  // ZeRO shards over dp x cp
                     for (const char* rc : {"none", "selective", "full"})
                         for (int sp = 0; sp <= (tp > 1 ? 1 : 0); sp++) {
@@ -441,7 +521,12 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
                             pc.ep = mesh.ep, pc.zero = zero, pc.sequence_parallel = sp;
                             pc.pp_layers.clear();
                             c.cfg.train.micro_batch = mb, c.cfg.train.grad_accum = ga, c.cfg.train.recompute = rc;
-                            resolve_pp_layers(c.cfg, shape);
+                            if (pc.pp_layers_auto) {
+                                const std::array<int, 6> key = {tp, pp, sc.v, mesh.ep, mb, int(parse_recompute(rc))};
+                                auto it = balanced.find(key);
+                                if (it == balanced.end()) it = balanced.emplace(key, balance_pp_layers(c.cfg, shape)).first;
+                                pc.pp_layers = it->second;
+                            }
                             const ProcessGrid g = make_process_grid(pc, world, 0);
                             c.time = estimate_step(c.cfg, shape, g, dtype);
                             if (grp.begin == all.size() || (mb == grp.least.train.micro_batch && sp))
@@ -454,12 +539,13 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
         }
     }
     if (examined) *examined = all.size();
+    if (skips) *skips = skipped;
     // a group none of whose ZeRO stages and recomputations fits at its smallest micro-batch with SP
     // has no member that fits (smaller micro-batches and SP only take less)
     std::vector<char> possible(all.size(), 1);
     for (const Group& grp : groups) {
         const ProcessGrid g = make_process_grid(grp.least.parallel, world, 0);
-        if (!some_stage_fits(grp.least, shape, g, dtype, g.dp_cp() > 1 ? 3 : 0, budget))
+        if (!some_stage_fits(grp.least, shape, g, dtype, g.dp_cp() > 1 ? 3 : 0, budget, cache))
             std::fill(possible.begin() + long(grp.begin), possible.begin() + long(grp.end), 0);
     }
     std::vector<size_t> order;
@@ -468,11 +554,10 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
     std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return all[a].time.tokens_per_s > all[b].time.tokens_per_s; });
     std::vector<LayoutChoice> out;
-    std::map<std::array<int, 6>, RankParts> parts;
     for (size_t i : order) {
         LayoutChoice& c = all[i];
         const ProcessGrid g = make_process_grid(c.cfg.parallel, world, 0);
-        if (double(largest_rank0(c.cfg, shape, g, dtype, parts)) > budget) continue;
+        if (double(largest_rank0(c.cfg, shape, g, dtype, cache)) > budget) continue;
         c.max_bytes = largest_rank(c.cfg, shape, g, dtype);  // every position: what is printed is exact
         if (double(c.max_bytes) > budget) continue;
         out.push_back(std::move(c));
@@ -484,7 +569,8 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
 std::string search_text(const Config& cfg, const ModelShape& shape, DType dtype) {
     const auto t0 = std::chrono::steady_clock::now();
     size_t examined = 0;
-    const std::vector<LayoutChoice> best = search_layouts(cfg, shape, dtype, 5, &examined);
+    SearchSkips skipped;
+    const std::vector<LayoutChoice> best = search_layouts(cfg, shape, dtype, 5, &examined, &skipped);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const DeviceSpec d = plan_device(cfg);
     const ProcessGrid given = make_process_grid(cfg.parallel, plan_world(cfg), 0);
@@ -494,7 +580,19 @@ std::string search_text(const Config& cfg, const ModelShape& shape, DType dtype)
                            shape.n_layer, shape.d_model,
                            (long long)cfg.train.micro_batch * cfg.train.grad_accum * given.dp, cfg.train.seq_len,
                            examined, secs);
-    if (best.empty()) return s + "no layout fits: every rank of every layout needs more than plan.gpu's memory\n";
+    std::string skip;
+    if (skipped.layers)
+        skip += strfmt("skipped %zu layouts with more than %d layers on a pipeline rank (more pipeline stages would "
+                       "have them fewer)\n", skipped.layers, kPlanMaxLayersPerRank);
+    if (skipped.schedule)
+        skip += strfmt("skipped %zu layouts with more than %.0f (micro-batch, pipeline stage) pairs per step: "
+                       "train.grad_accum x parallel.pp x parallel.pp_virtual past what the search simulates\n",
+                       skipped.schedule, kSearchMaxSchedule);
+    if (skipped.cap)
+        skip += strfmt("skipped %zu layouts after the first %zu (the search examines no more; lower plan.world or "
+                       "set train.micro_batch x train.grad_accum to narrow it)\n", skipped.cap, kSearchMaxLayouts);
+    if (best.empty())
+        return s + "no layout fits: every rank of every layout examined needs more than plan.gpu's memory\n" + skip;
     for (size_t i = 0; i < best.size(); i++) {
         const LayoutChoice& c = best[i];
         s += strfmt("%zu. %.4g tokens/s, MFU %.1f%%, step %.4g s (compute %.4g, exposed comm %.4g, bubble %.4g), "
@@ -503,5 +601,5 @@ std::string search_text(const Config& cfg, const ModelShape& shape, DType dtype)
                     c.time.exposed_comm(), c.time.bubble, human_bytes(double(c.max_bytes)).c_str(),
                     c.overrides().c_str());
     }
-    return s;
+    return s + skip;
 }

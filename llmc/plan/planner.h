@@ -55,6 +55,17 @@ nlohmann::json memory_json(const std::vector<RankMemory>& ranks);
 // between them (zero_optimizer_runs), as plan_memory's do.
 nlohmann::json gather_memory_json(const MemoryPlan& mine, Comm& mp, int tp, int ep = 1, Comm* edp = nullptr);
 
+// What a plan can count, so that it allocates nothing in proportion to the model and answers in
+// moments: byte counts in 64 bits (parameters and one micro-batch's activations), a rank's tensor
+// table (layers per pipeline rank), the pipeline schedule it simulates (micro-batches x stages).
+constexpr double kPlanMaxParams = double(1ull << 56);
+constexpr double kPlanMaxBytes = double(1ull << 60);
+constexpr double kPlanMaxTokens = double(1ull << 53);  // per step, exact in a double
+constexpr int kPlanMaxLayersPerRank = 65536;
+constexpr double kPlanMaxSchedule = 1 << 20;
+// Throws UserError naming the key and the sizes when cfg's plan is past those bounds.
+void check_plannable(const Config& cfg, const ModelShape& shape);
+
 // parallel.pp_layers "auto": replaced by balance_pp_layers' split (llmc/plan/step_model.h); else unchanged.
 // Every rank resolves it alike before the layout is built.
 void resolve_pp_layers(Config& cfg, const ModelShape& shape);
@@ -84,8 +95,16 @@ struct LayoutChoice {
     size_t max_bytes = 0;  // the largest rank's planned total
     std::string overrides() const;  // "parallel.dp=... train.micro_batch=..."
 };
+// The search is bounded (it answers in seconds for any config): it skips, and counts, layouts
+// with more than kPlanMaxLayersPerRank layers on a rank or kSearchMaxSchedule (micro-batch,
+// stage) pairs to simulate, and examines at most kSearchMaxLayouts.
+constexpr double kSearchMaxSchedule = 1 << 16;
+constexpr size_t kSearchMaxLayouts = 50000;
+struct SearchSkips {
+    size_t layers = 0, schedule = 0, cap = 0;
+};
 std::vector<LayoutChoice> search_layouts(const Config& cfg, const ModelShape& shape, DType dtype, size_t top,
-                                         size_t* examined = nullptr);
+                                         size_t* examined = nullptr, SearchSkips* skipped = nullptr);
 std::string search_text(const Config& cfg, const ModelShape& shape, DType dtype);
 
 // The whole plan (kinds of rank, model FLOPs per step, step time), as text or as one JSON object.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <queue>
 
 #include "llmc/core/common.h"
 #include "llmc/train/layout.h"
@@ -162,16 +164,22 @@ std::vector<int> balance_pp_layers(const Config& cfg, const ModelShape& shape) {
         throw UserError(strfmt("parallel.pp_layers: \"auto\" needs at least one layer per stage: model.n_layer = %d is "
                                "fewer than parallel.pp x parallel.pp_virtual = %d",
                                shape.n_layer, stages));
+    if (stages == 1) return {shape.n_layer};
     const StageCost c = stage_cost(cfg, shape, plan_device(cfg), pc.tp, pc.cp, pc.ep);
     std::vector<int> n(size_t(stages), 1);
     auto cost = [&](int st, int layers) { return c.stage(st, stages, layers).total(); };
     // water-filling: each further layer goes to the stage it leaves cheapest (the earliest on a tie),
-    // which minimises the most expensive stage for layers of equal cost
+    // which minimises the most expensive stage for layers of equal cost. A heap of (cost of one more
+    // layer, stage) makes the same choices in O(n_layer log stages) (--plan=search balances many
+    // layouts of models with thousands of layers)
+    using Next = std::pair<double, int>;
+    std::priority_queue<Next, std::vector<Next>, std::greater<Next>> next;
+    for (int st = 0; st < stages; st++) next.push({cost(st, 2), st});
     for (int left = shape.n_layer - stages; left > 0; left--) {
-        int best = 0;
-        for (int st = 1; st < stages; st++)
-            if (cost(st, n[size_t(st)] + 1) < cost(best, n[size_t(best)] + 1)) best = st;
+        const int best = next.top().second;
+        next.pop();
         n[size_t(best)]++;
+        next.push({cost(best, n[size_t(best)] + 1), best});
     }
     return n;
 }

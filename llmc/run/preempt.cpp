@@ -27,6 +27,11 @@ void preempt_install() {
         LLMC_ASSERT(::sigaction(sig, &sa, nullptr) == 0, strfmt("sigaction(%d) failed", sig));
 }
 
+void preempt_uninstall() {
+    for (int sig : {SIGUSR1, SIGTERM, SIGINT}) ::signal(sig, SIG_DFL);
+    if (g_signal != 0) ::raise(g_signal);
+}
+
 int preempt_agreed(Comm& world) {
     double sig = double(g_signal);
     world.all_reduce(&sig, 1, ReduceOp::Max);

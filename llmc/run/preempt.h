@@ -15,6 +15,10 @@ class Comm;
 
 // Installs the handlers for SIGUSR1, SIGTERM and SIGINT (once per process; before the loop).
 void preempt_install();
+// Restores the default action of the three signals (ending the process, so that the shell sees
+// 128 + the signal: SIGINT 130, SIGTERM 143), for work that has nothing to save (--plan); a
+// signal that already arrived ends the process now.
+void preempt_uninstall();
 // Collective over world, called by every rank at every step boundary: 0 when no rank has
 // received a stop signal since preempt_install(), else the highest number among the first
 // signals the ranks got.

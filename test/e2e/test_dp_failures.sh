@@ -71,3 +71,42 @@ for zero in 0 3; do
     left=$(ps -eo stat=,args= | awk -v w="$W/hung$zero" 'index($0, w) && $1 !~ /^Z/' | grep -v awk || true)
     [ -z "$left" ] || die "processes left running: $left"
 done
+
+# issue 34: kill -9 from outside of rank 1 of a dp=2 run, mid-run. (a) mpirun as launched here ends
+# the job itself as soon as it sees the death (exit 137, its message naming rank 1), before the
+# watchdog's parallel.timeout_s; (b) under a launcher that leaves the survivor running (mpirun with
+# recovery on; like srun without --kill-on-bad-exit), rank 0's watchdog ends it after timeout_s
+# (plus at most 5 s of report exchange), naming world rank 1 as stalled, with MPI_Abort(5) (which
+# that mpirun reports as 0: the launcher's own code, as README's exit-code table says)
+kill_rank1() {  # kill_rank1 DIR MPIRUN_ARGS...: prints "rc seconds" (from the kill to the end)
+    local dir=$1; shift
+    timeout 60 mpirun --oversubscribe "$@" -np 2 -x OMP_NUM_THREADS "$BIN" "$W/c.json" train.steps=100000 \
+        parallel.timeout_s=3 "out_dir=$dir" > "$dir.out" 2> "$dir.err" &
+    local mp=$! pid="" p
+    for _ in $(seq 300); do grep -q 'step    10/' "$dir.out" 2>/dev/null && break; sleep 0.1; done
+    for p in $(pgrep -f "out_dir=$dir\$"); do
+        tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && pid=$p
+    done
+    [ -n "$pid" ] || die "no rank 1 process found for $dir"
+    local t0 rc=0
+    t0=$(date +%s.%N)
+    kill -9 "$pid"
+    wait $mp || rc=$?
+    echo "$rc $(echo "$(date +%s.%N) - $t0" | bc)"
+}
+read -r rc took < <(kill_rank1 "$W/k9")
+echo "kill -9 of rank 1 (dp=2, mpirun): job ended with exit $rc ${took}s after the kill"
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || die "kill -9 of rank 1: expected a non-zero exit before the timeout, got $rc"
+[ "$(echo "$took < 8" | bc)" -eq 1 ] || die "kill -9 of rank 1: the job took ${took}s to end (timeout_s = 3)"
+grep -q 'rank 1 .*exited on signal 9' "$W/k9.err" || die "no message naming rank 1: $(cat "$W/k9.err")"
+read -r rc took < <(kill_rank1 "$W/k9r" --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0)
+echo "kill -9 of rank 1 (dp=2, survivor left running): job ended with exit $rc ${took}s after the kill"
+[ $rc -ne 124 ] || die "kill -9 of rank 1, survivor left running: the job did not end"
+[ "$(echo "$took < 3 + 5 + 4" | bc)" -eq 1 ] || die "kill -9 of rank 1, survivor left running: ${took}s (timeout_s = 3)"
+grep -qE '^\[rank 0\] error: [a-z_]+ #[0-9]+ on the [a-z]+ group .*did not complete within parallel\.timeout_s = 3 s; stalled: world rank 1 ' \
+    "$W/k9r.err" || die "rank 0 does not name the dead rank 1: $(cat "$W/k9r.err")"
+grep -q 'MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD' "$W/k9r.err" &&
+    grep -q 'with errorcode 5' "$W/k9r.err" || die "rank 0 did not end the job with code 5: $(cat "$W/k9r.err")"
+sleep 1
+left=$(ps -eo stat=,args= | awk -v w="$W/k9" 'index($0, w) && $1 !~ /^Z/' | grep -v awk || true)
+[ -z "$left" ] || die "processes left running: $left"

@@ -120,3 +120,45 @@ for z in 0 1 2 3; do
     echo "7B on 64 GPUs, ZeRO-$z: $got B per GPU = ZeRO's formula"
 done
 echo "plans equal the runs' allocations"
+
+# issue 34: a plan answers in moments for any input, allocating nothing in proportion to the model,
+# and a stop signal ends it at once (it has nothing to save: the signal's own exit, 128 + n)
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
+huge=(model.n_layer=67108864 model.d_model=67108864 model.n_head=1 model.max_seq_len=67108864
+      train.seq_len=67108864 model.vocab_size=16777216)
+t0=$(date +%s.%N)
+expect_fail 2 'model: 3\.63e\+24 parameters \(model\.n_layer = 67108864, model\.d_model = 67108864\)' \
+    timeout -k 1 10 "$BIN" "$W/gpt2.json" "${huge[@]}" --plan
+t=$(elapsed "$t0")
+awk -v t="$t" 'BEGIN { exit !(t < 1) }' || die "--plan on the huge shape took $t s (more than 1 s)"
+echo "--plan on 2^26 layers of d_model 2^26: refused naming the sizes in $t s"
+searches=("plan.world=1000000 model.n_layer=64 model.n_head=64 model.d_model=8192 train.grad_accum=1024"
+          "plan.world=1024 model.n_layer=4096 model.d_model=65536 model.n_head=64 model.max_seq_len=65536 train.seq_len=65536")
+for args in "${searches[@]}"; do
+    t0=$(date +%s.%N)
+    rc=0
+    # shellcheck disable=SC2086
+    timeout -k 1 30 "$BIN" "$W/gpt2.json" $args --plan=search > "$W/big_search.txt" 2>&1 || rc=$?
+    t=$(elapsed "$t0")
+    [ $rc -eq 0 ] || die "--plan=search $args: exit $rc after $t s: $(tail -n 3 "$W/big_search.txt")"
+    awk -v t="$t" 'BEGIN { exit !(t < 10) }' || die "--plan=search $args took $t s (more than 10 s)"
+    grep -q '^skipped [0-9]* layouts' "$W/big_search.txt" || die "--plan=search $args: no word of what it skipped"
+    echo "--plan=search $args: answered in $t s"
+done
+for sig in TERM INT; do
+    LLMC_FAULT=hang:plan "$BIN" "$W/gpt2.json" --plan=search > /dev/null 2> "$W/sig.err" &
+    pid=$!
+    for _ in $(seq 400); do grep -q 'LLMC_FAULT=hang:plan' "$W/sig.err" 2>/dev/null && break; sleep 0.05; done
+    grep -q 'LLMC_FAULT=hang:plan' "$W/sig.err" ||
+        { kill -9 $pid; die "the plan did not reach its hang point in 20 s: $(cat "$W/sig.err")"; }
+    t0=$(date +%s.%N)
+    kill -$sig $pid
+    for _ in $(seq 20); do kill -0 $pid 2>/dev/null || break; sleep 0.05; done
+    t=$(elapsed "$t0")
+    if kill -0 $pid 2>/dev/null; then kill -9 $pid; die "SIG$sig did not end --plan=search within 1 s"; fi
+    rc=0
+    wait $pid || rc=$?
+    want=$([ $sig = TERM ] && echo 143 || echo 130)
+    [ $rc -eq "$want" ] || die "SIG$sig during --plan=search: exit $rc, expected $want (128 + the signal)"
+    echo "SIG$sig ended --plan=search in $t s, exit $rc"
+done

@@ -48,4 +48,13 @@ text = "Hello world, the theory of everything: 3.14159 \u00e9t\u00e9 \U0001F600\
 open(sys.argv[1], "w", encoding="utf-8").write(
     json.dumps(small) + "\n@@\n" + "#version: 0.2\n" + "\n".join(merges) + "\n" + "\n@@\n" + text)
 PY
+# safetensors headers the reader refuses (issue 34): two tensors over overlapping bytes, a tensor
+# named twice; an 8-byte little-endian header length, the header, 32 data bytes
+st_seed() {  # st_seed FILE HEADER
+    python3 -c 'import struct, sys; h = sys.argv[2].encode(); open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + bytes(32))' "$1" "$2"
+}
+st_seed $C/fuzz_safetensors/overlap.safetensors \
+    '{"x":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"y":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}}'
+st_seed $C/fuzz_safetensors/duplicate.safetensors \
+    '{"x":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"x":{"dtype":"F32","shape":[4],"data_offsets":[16,32]}}'
 ls -l $C/*/
