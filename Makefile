@@ -11,17 +11,12 @@ MPI_CFLAGS := $(shell mpicxx --showme:compile 2>/dev/null) -DOMPI_SKIP_MPICXX
 MPI_LIBS   := $(shell mpicxx --showme:link 2>/dev/null)
 
 # OpenBLAS, the OpenMP build (libopenblas-openmp-dev; its threads are OpenMP's), named by its folder
-# so that the system's default BLAS (often the pthread build) does not stand in. BLAS=1 runs the
-# CPU backend's fp32 GEMMs on it (llmc/cpu/gemm.h); the default keeps the hand-written kernel,
-# faster on the project's machines (dev/bench/cpu_gemm.sh, which always links OpenBLAS).
-BLAS       ?= 0
+# so that the system's default BLAS (often the pthread build) does not stand in: only
+# dev/bench/cpu_gemm.sh's comparison links it. The CPU backend keeps its hand-written GEMM
+# (llmc/cpu/gemm.h): faster on the project's machines, and bitwise the same for any thread count.
 BLAS_DIR   ?= /usr/lib/$(shell $(CXX) -print-multiarch)/openblas-openmp
 BLAS_CFLAGS := -I/usr/include/$(shell $(CXX) -print-multiarch)/openblas-openmp
 BLAS_LIBS  := -L$(BLAS_DIR) -Xlinker -rpath -Xlinker $(BLAS_DIR) -lopenblas
-ifeq ($(BLAS),1)
-MPI_CFLAGS += -DLLMC_OPENBLAS $(BLAS_CFLAGS)
-MPI_LIBS   += $(BLAS_LIBS)
-endif
 
 # SANITIZE=1: everything (train_gpt, the data tools, build-asan/test_cpu) built with ASan and
 # UBSan (-O1 -g, any error fatal) into build-asan/, leaving the usual build alone; CPU only.

@@ -1,23 +1,20 @@
 #!/usr/bin/env bash
-# The CPU backend's GEMM: the hand-written kernel (llmc/cpu/gemm.h, the default) against OpenBLAS's
-# sgemm (the OpenMP build, what `make BLAS=1` runs) on the matmuls of GPT-2 124M with 256 tokens
+# The CPU backend's GEMM: the hand-written kernel (llmc/cpu/gemm.h) against OpenBLAS's sgemm (the
+# OpenMP build, libopenblas-openmp-dev) on the matmuls of GPT-2 124M with 256 tokens
 # (B=4, T=64) and on 2048^3, each in the three passes of a linear layer (fwd, dinp, dw; see
 # dev/bench/cpu_gemm_bench.cpp); then a 124M training step on the CPU (fp32, B=4, T=64) with each
-# trainer given. Every number is the best of RUNS runs (the cores may be shared: the best is the
-# least disturbed). Appends a table to dev/bench/RESULTS.md with the date, the commit and the
+# trainer given (to compare builds). Every number is the best of RUNS runs (the cores may be
+# shared: the best is the least disturbed). Appends a table to dev/bench/RESULTS.md with the date, the commit and the
 # machine. OMP_NUM_THREADS as set (default: all cores); OPENBLAS_* as set.
 #   usage: dev/bench/cpu_gemm.sh [RUNS (default 3)] [TRAINER ...]
-#   TRAINER: label=path of a train_gpt binary (default: hand-written=./train_gpt, and
-#            openblas=build-blas/train_gpt where it exists: make CUDA=0 BLAS=1 BUILD=build-blas BIN=build-blas/ train_gpt)
+#   TRAINER: label=path of a train_gpt binary (default: train_gpt=./train_gpt)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+args="$*"
 RUNS=${1:-3}
 shift || true
 trainers=("$@")
-if [ ${#trainers[@]} -eq 0 ]; then
-    trainers=(hand-written=./train_gpt)
-    [ -x build-blas/train_gpt ] && trainers+=(openblas=build-blas/train_gpt)
-fi
+[ ${#trainers[@]} -gt 0 ] || trainers=(train_gpt=./train_gpt)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
 make -s CUDA=0 build/cpu_gemm_bench dev/data/synth_shards
 W=$(mktemp -d /tmp/cpu_gemm.XXXXXX)
@@ -65,7 +62,7 @@ blas=$(OPENBLAS_VERBOSE=2 build/cpu_gemm_bench 0 64x64x64 2>&1 | sed -n 's/^Core
     echo
     echo "## CPU GEMM: hand-written vs OpenBLAS (CPU) - $(date -u +%Y-%m-%d) - commit $(git rev-parse --short HEAD) - $cpu, $(nproc) cores"
     echo
-    echo "\`dev/bench/cpu_gemm.sh $RUNS\`: OMP_NUM_THREADS=$OMP_NUM_THREADS; OpenBLAS $(dpkg-query -W -f='${Version}' libopenblas0-openmp 2>/dev/null || echo '?')"
+    echo "\`dev/bench/cpu_gemm.sh $args\`: OMP_NUM_THREADS=$OMP_NUM_THREADS; OpenBLAS $(dpkg-query -W -f='${Version}' libopenblas0-openmp 2>/dev/null || echo '?')"
     echo "(OpenMP build), kernels for core '$blas' (OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}). Best of $RUNS runs;"
     echo "load average before the runs: $load (the cores are shared with other jobs: a lower bound)."
     echo "Shape = tokens x out x in of a linear layer; fwd = inp w^T, dinp = dout w, dw = dout^T inp."

@@ -1,6 +1,6 @@
 // The CPU backend's GEMM paths against each other (dev/bench/cpu_gemm.sh runs this): the
-// hand-written blocked kernel (cpu::gemm_blocked, the default) and OpenBLAS's sgemm (what a BLAS=1
-// build runs, with the same mapping of the strides) on the matmuls of a GPT-2 training step, C += A * B in the strides that
+// hand-written blocked kernel (cpu::gemm_acc, llmc/cpu/gemm.h) and OpenBLAS's sgemm (the strides
+// mapped onto BLAS's row-major layouts, plain or transposed) on the matmuls of a GPT-2 training step, C += A * B in the strides that
 // llmc/cpu/kernels.h passes:
 //   fwd   out[M, N]  += inp[M, K] * w[N, K]^T       (A as is, B transposed)
 //   dinp  dinp[M, K] += dout[M, N] * w[N, K]         (both as is)
@@ -39,12 +39,25 @@ std::vector<Pass> passes(int T, int OC, int IC) {
             {"dw", OC, IC, T, 1, OC, IC, 1}};
 }
 
-// C += A * B through OpenBLAS, as llmc/cpu/gemm.h's BLAS=1 path calls it
+// A rows x cols matrix with element (r, c) at p[r * rs + c * cs] as a row-major BLAS operand:
+// itself (cs == 1) or the transpose of a cols x rows one (rs == 1), with its leading dimension.
+bool blas_operand(long rs, long cs, int rows, int cols, bool* trans, int* ld) {
+    if (cs == 1 && rs >= std::max(1, cols)) {
+        *trans = false, *ld = (int)rs;
+        return true;
+    }
+    if (rs == 1 && cs >= std::max(1, rows)) {
+        *trans = true, *ld = (int)cs;
+        return true;
+    }
+    return false;
+}
+
+// C += A * B through OpenBLAS
 void blas_gemm(float* c, long ldc, const float* a, const Pass& p, const float* b) {
     bool ta, tb;
     int lda, ldb;
-    if (!cpu::gemm_detail::blas_operand(p.a_rs, p.a_ks, p.M, p.K, &ta, &lda) ||
-        !cpu::gemm_detail::blas_operand(p.b_ks, p.b_js, p.K, p.N, &tb, &ldb)) {
+    if (!blas_operand(p.a_rs, p.a_ks, p.M, p.K, &ta, &lda) || !blas_operand(p.b_ks, p.b_js, p.K, p.N, &tb, &ldb)) {
         std::fprintf(stderr, "cpu_gemm_bench: %s: strides do not fit BLAS\n", p.name);
         std::exit(1);
     }
@@ -101,13 +114,13 @@ int main(int argc, char** argv) {
             std::vector<float> c1((size_t)p.M * p.N, 0.0f), c2 = c1;
             const double flops = 2.0 * p.M * p.N * p.K;
             // C is accumulated into on every call; its growth does not change the speed
-            const double th = best_time([&] { cpu::gemm_blocked(c1.data(), ldc, a, p.a_rs, p.a_ks, b, p.b_ks, p.b_js,
+            const double th = best_time([&] { cpu::gemm_acc<float>(c1.data(), ldc, a, p.a_rs, p.a_ks, b, p.b_ks, p.b_js,
                                                                  p.M, p.N, p.K); }, budget);
             const double tb = best_time([&] { blas_gemm(c2.data(), ldc, a, p, b); }, budget);
             // one fresh call of each for the comparison
             std::fill(c1.begin(), c1.end(), 0.0f);
             std::fill(c2.begin(), c2.end(), 0.0f);
-            cpu::gemm_blocked(c1.data(), ldc, a, p.a_rs, p.a_ks, b, p.b_ks, p.b_js, p.M, p.N, p.K);
+            cpu::gemm_acc<float>(c1.data(), ldc, a, p.a_rs, p.a_ks, b, p.b_ks, p.b_js, p.M, p.N, p.K);
             blas_gemm(c2.data(), ldc, a, p, b);
             double md = 0, mx = 0;
             for (size_t i = 0; i < c1.size(); ++i) {

@@ -1,29 +1,20 @@
-// The CPU backend's GEMM, templated over the scalar type:
+// Cache-blocked, register-tiled GEMM for the CPU backend, templated over the scalar type
+// so that the tests can run the very same code in double precision.
 //
 //   C[M, N] += A[M, K] * B[K, N]
 //
 // with A(i, k) = a[i * a_rs + k * a_ks] and B(k, j) = b[k * b_ks + j * b_js] (arbitrary
 // strides, so every matmul of the model maps onto it without explicit transposes).
 //
-// gemm_blocked below is the hand-written, cache-blocked kernel. Each element of C is owned by
-// exactly one work item (a fixed tile of the output) and accumulated in increasing k, starting
-// from its value in C, one fused multiply-add per term: the result does not depend on the
-// blocking or the number of OpenMP threads.
-//
-// Built with BLAS=1 (Makefile: -DLLMC_OPENBLAS, OpenBLAS's OpenMP build), gemm_acc<float> runs
-// OpenBLAS's sgemm instead wherever the strides fit BLAS's row-major layouts (every matmul of
-// the model does). Not the default: on the project's machines (AMD EPYC, AVX-512, 2 cores) the
-// hand-written kernel is faster on every shape of the model (dev/bench/cpu_gemm.sh), and
-// OpenBLAS's results differ between thread counts (test_cpu "[determinism]" fails).
+// Determinism: each element of C is owned by exactly one work item (a fixed tile of the
+// output) and accumulated in increasing k, starting from its value in C, one fused
+// multiply-add per term. The sequence of floating-point operations per element is
+// therefore independent of the blocking and of the number of OpenMP threads.
 #pragma once
-#ifdef LLMC_OPENBLAS
-#include <cblas.h>
-#endif
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 #include <vector>
 
 namespace cpu {
@@ -115,7 +106,7 @@ inline void pack_b(T* __restrict bp, const T* __restrict b, long b_ks, long b_js
 
 // C[M, N] (leading dimension ldc) += A * B; see the file comment for the strides.
 template <class T>
-void gemm_blocked(T* c, long ldc, const T* a, long a_rs, long a_ks, const T* b, long b_ks, long b_js, int M, int N,
+void gemm_acc(T* c, long ldc, const T* a, long a_rs, long a_ks, const T* b, long b_ks, long b_js, int M, int N,
               int K) {
     using namespace gemm_detail;
     if (M <= 0 || N <= 0 || K <= 0) return;
@@ -160,43 +151,6 @@ void gemm_blocked(T* c, long ldc, const T* a, long a_rs, long a_ks, const T* b, 
             }
         }
     }
-}
-
-namespace gemm_detail {
-
-// A rows x cols matrix with element (r, c) at p[r * rs + c * cs] as a row-major BLAS operand:
-// itself (cs == 1) or the transpose of a cols x rows one (rs == 1), with its leading dimension.
-inline bool blas_operand(long rs, long cs, int rows, int cols, bool* trans, int* ld) {
-    if (cs == 1 && rs >= std::max(1, cols) && rs <= 0x7fffffff) {
-        *trans = false, *ld = (int)rs;
-        return true;
-    }
-    if (rs == 1 && cs >= std::max(1, rows) && cs <= 0x7fffffff) {
-        *trans = true, *ld = (int)cs;
-        return true;
-    }
-    return false;
-}
-
-}  // namespace gemm_detail
-
-template <class T>
-void gemm_acc(T* c, long ldc, const T* a, long a_rs, long a_ks, const T* b, long b_ks, long b_js, int M, int N,
-              int K) {
-    if (M <= 0 || N <= 0 || K <= 0) return;
-#ifdef LLMC_OPENBLAS
-    if constexpr (std::is_same_v<T, float>) {
-        bool ta, tb;
-        int lda, ldb;
-        if (ldc >= N && ldc <= 0x7fffffff && gemm_detail::blas_operand(a_rs, a_ks, M, K, &ta, &lda) &&
-            gemm_detail::blas_operand(b_ks, b_js, K, N, &tb, &ldb)) {
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f,
-                        a, lda, b, ldb, 1.0f, c, (int)ldc);
-            return;
-        }
-    }
-#endif
-    gemm_blocked(c, ldc, a, a_rs, a_ks, b, b_ks, b_js, M, N, K);
 }
 
 }  // namespace cpu
