@@ -10,6 +10,14 @@ GPU_ARCH  ?= 80 90
 MPI_CFLAGS := $(shell mpicxx --showme:compile 2>/dev/null) -DOMPI_SKIP_MPICXX
 MPI_LIBS   := $(shell mpicxx --showme:link 2>/dev/null)
 
+# OpenBLAS, the OpenMP build (libopenblas-openmp-dev; its threads are OpenMP's), named by its folder
+# so that the system's default BLAS (often the pthread build) does not stand in: only
+# dev/bench/cpu_gemm.sh's comparison links it. The CPU backend keeps its hand-written GEMM
+# (llmc/cpu/gemm.h): faster on the project's machines, and bitwise the same for any thread count.
+BLAS_DIR   ?= /usr/lib/$(shell $(CXX) -print-multiarch)/openblas-openmp
+BLAS_CFLAGS := -I/usr/include/$(shell $(CXX) -print-multiarch)/openblas-openmp
+BLAS_LIBS  := -L$(BLAS_DIR) -Xlinker -rpath -Xlinker $(BLAS_DIR) -lopenblas
+
 # SANITIZE=1: everything (train_gpt, the data tools, build-asan/test_cpu) built with ASan and
 # UBSan (-O1 -g, any error fatal) into build-asan/, leaving the usual build alone; CPU only.
 # `make test SANITIZE=1` runs the suite on those binaries (see docs/building.md, "Sanitizers").
@@ -87,6 +95,11 @@ $(BIN)dev/data/%: $(BUILD)/dev/data/%.o $(BUILD)/libllmc.a
 # CPU tests: Catch2 v2, no CUDA needed.
 $(BUILD)/test_cpu: $(TEST_OBJS) $(BUILD)/libllmc.a
 	$(CXX) $(CXXFLAGS) -o $@ $^ $(MPI_LIBS)
+
+# dev/bench/cpu_gemm.sh: the hand-written GEMM against OpenBLAS's sgemm on the model's shapes.
+$(BUILD)/dev/bench/cpu_gemm_bench.o: CXXFLAGS += $(BLAS_CFLAGS)
+$(BUILD)/cpu_gemm_bench: $(BUILD)/dev/bench/cpu_gemm_bench.o
+	$(CXX) $(CXXFLAGS) -o $@ $^ $(BLAS_LIBS)
 
 # GPU tests: compiled everywhere, run only where a CUDA device is present.
 $(BUILD)/test_gpu: $(GPU_TEST_SRCS:%.cu=$(BUILD)/%.o) $(CUDA_OBJS) $(BUILD)/libllmc.a
