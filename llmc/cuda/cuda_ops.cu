@@ -5,7 +5,9 @@
 #include <utility>
 #include <vector>
 
+#ifndef LLMC_CUEMU
 #include <cub/cub.cuh>
+#endif
 
 #include "llmc/cuda/adamw.cuh"
 #include "llmc/cuda/attention.cuh"
@@ -19,6 +21,32 @@
 #include "llmc/cuda/moe.cuh"
 #include "llmc/backend/ops.h"
 #include "llmc/cuda/cuda_ops.h"
+
+// Key-value radix sort of n (key, position) pairs by the keys' low `bits` bits, stable (cub's
+// DeviceRadixSort: a first call with tmp == nullptr sizes its scratch). The emulator of CI
+// (test/cuemu) has no cub: its device memory is host memory and its streams are synchronous, so
+// a stable sort on the host is the same sort.
+static cudaError_t sort_pairs(void* tmp, size_t& tmp_bytes, const uint32_t* keys, uint32_t* skeys, const int32_t* pos,
+                              int32_t* spos, int n, int bits, cudaStream_t stream) {
+#ifdef LLMC_CUEMU
+    (void)bits;
+    (void)stream;
+    if (!tmp) {
+        tmp_bytes = 1;
+        return cudaSuccess;
+    }
+    std::vector<int> idx(n);
+    for (int i = 0; i < n; i++) idx[i] = i;
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return keys[a] < keys[b]; });
+    for (int i = 0; i < n; i++) {
+        skeys[i] = keys[idx[i]];
+        spos[i] = pos[idx[i]];
+    }
+    return cudaSuccess;
+#else
+    return cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, keys, skeys, pos, spos, n, 0, bits, stream);
+#endif
+}
 #include "llmc/backend/rope.h"
 
 namespace {
@@ -270,13 +298,13 @@ public:
         uint32_t* skeys = keys + N;
         int32_t *pos = reinterpret_cast<int32_t*>(keys + 2 * N), *spos = pos + N;
         size_t temp = 0;
-        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp, keys, skeys, pos, spos, N, 0, bits, stream_));
+        CUDA_CHECK(sort_pairs(nullptr, temp, keys, skeys, pos, spos, N, bits, stream_));
         void* tmp = scratch(1, std::max<size_t>(temp, 1));
         LLMC_LAUNCH(encoder_backward_keys_kernel, blocks_for(N, 256), 256, 0, stream_, keys, pos, tokens, N,
-                                                                                        vocab_begin, rows);
+                    vocab_begin, rows);
         CUDA_CHECK_LAUNCH();
         ++counters_.launches;  // (cub's sort: counted as one)
-        CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, temp, keys, skeys, pos, spos, N, 0, bits, stream_));
+        CUDA_CHECK(sort_pairs(tmp, temp, keys, skeys, pos, spos, N, bits, stream_));
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             if (dwpe.n) {

@@ -2,7 +2,13 @@
 // Streams and events exist only as handles: every launch and copy has completed when it returns.
 #pragma once
 #include <cstddef>
+#include <cmath>
 #include <cstdint>
+
+// device code's math functions are the host's
+using std::isfinite;
+using std::isinf;
+using std::isnan;
 
 struct uint3 {
     unsigned x, y, z;
@@ -19,6 +25,7 @@ enum cudaError_t {
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotReady = 600,
 };
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -95,4 +102,5 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);  // always cudaSuccess: every operation has completed
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b);
