@@ -52,7 +52,7 @@ TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
 GPU_TEST_SRCS := $(if $(filter 0,$(CUDA)),,$(wildcard test/gpu/*.cu))
 TOOLS     := $(patsubst %.cpp,$(BIN)%,$(wildcard dev/data/*.cpp))
 
-.PHONY: all test clean bundle fuzz check-layout
+.PHONY: all test clean bundle fuzz check-layout test-emu
 # the data tools' objects stay (make would delete them as intermediates and rebuild them each time)
 .PRECIOUS: $(BUILD)/dev/data/%.o
 all: $(BIN)train_gpt $(TOOLS)
@@ -91,6 +91,25 @@ $(BUILD)/test_cpu: $(TEST_OBJS) $(BUILD)/libllmc.a
 # GPU tests: compiled everywhere, run only where a CUDA device is present.
 $(BUILD)/test_gpu: $(GPU_TEST_SRCS:%.cu=$(BUILD)/%.o) $(CUDA_OBJS) $(BUILD)/libllmc.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $^ $(LDLIBS)
+
+# The CUDA source on the CPU (test/cuemu, see its README section): llmc/cuda/cuda_ops.cu and test_gpu's
+# op cases compiled by g++ against the emulator (each CUDA thread a fiber, blocks over OpenMP).
+# `make test-emu` builds build/test_gpu_emu and runs test/cuemu/run.sh (two schedules, planted bugs).
+EMU_FLAGS := -O2 -g -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -Itest/cuemu/include $(MPI_CFLAGS) \
+             -DLLMC_CUEMU -MMD -MP
+EMU_OBJS  := $(patsubst %.cpp,$(BUILD)/emu/%.o,$(wildcard test/cuemu/cuemu.cpp test/cuemu/cublaslt.cpp))
+$(BUILD)/emu/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_FLAGS) -x c++ -c $< -o $@
+$(BUILD)/emu/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_FLAGS) -c $< -o $@
+$(BUILD)/test_gpu_emu: $(BUILD)/emu/test/gpu/test_gpu_ops.o $(BUILD)/emu/llmc/cuda/cuda_ops.o $(EMU_OBJS) $(BUILD)/libllmc.a
+	$(CXX) $(EMU_FLAGS) -o $@ $^ $(MPI_LIBS) -lboost_context
+$(BUILD)/cuemu_selftest: $(BUILD)/emu/test/cuemu/selftest.o $(EMU_OBJS) $(BUILD)/libllmc.a
+	$(CXX) $(EMU_FLAGS) -o $@ $^ $(MPI_LIBS) -lboost_context
+test-emu: $(BUILD)/test_gpu_emu $(BUILD)/cuemu_selftest
+	LLMC_BUILD=$(BUILD) CXX="$(CXX)" EMU_FLAGS="$(EMU_FLAGS)" MPI_LIBS="$(MPI_LIBS)" bash test/cuemu/run.sh
 
 # NCCL/MPI communicator checks on a GPU machine: mpirun -np 2 dev/comm_check nccl (see the file).
 dev/comm_check: $(BUILD)/dev/comm_check.o $(CUDA_OBJS) $(BUILD)/libllmc.a

@@ -156,7 +156,7 @@ template <class T, int BR, int BC>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_kernel(T* out, float* lse, const T* qkv_q, const T* qkv_kv, int T_, int Tk, int NH, int NKV,
                              int HS, float scale, SeqPositions qp, SeqPositions kp) {
-    extern __shared__ __align__(128) char smem[];
+    LLMC_EXTERN_SMEM(char, smem);
     const FwdLayout L = fwd_layout<T, BR, BC>(HS);
     T* sQ = (T*)(smem + L.q);
     T* sK = (T*)(smem + L.k);
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(kThreads)
     attention_backward_dkdv_kernel(T* dkv, const T* dout, const T* qkv_q, const T* qkv_kv, const float* lse,
                                    const float* D, int T_, int Tk, int NH, int NKV, int HS, float scale,
                                    SeqPositions qp, SeqPositions kp, bool accumulate) {
-    extern __shared__ __align__(128) char smem[];
+    LLMC_EXTERN_SMEM(char, smem);
     const BwdLayout L = bwd_layout<T, BR, BC>(HS);
     const int ldt = HS + pad<T>(), ldp = BC + pad<T>(), ldo = HS + 4;
     T* sK = (T*)(smem + L.k);
@@ -412,7 +412,7 @@ __global__ void __launch_bounds__(kThreads)
     attention_backward_dq_kernel(T* dq_dst, const T* dout, const T* qkv_q, const T* qkv_kv, const float* lse,
                                  const float* D, int T_, int Tk, int NH, int NKV, int HS, float scale,
                                  SeqPositions qp, SeqPositions kp, bool accumulate) {
-    extern __shared__ __align__(128) char smem[];
+    LLMC_EXTERN_SMEM(char, smem);
     const BwdLayout L = bwd_layout<T, BR, BC>(HS);
     const int ldt = HS + pad<T>(), ldp = BC + pad<T>(), ldo = HS + 4;
     T* sK = (T*)(smem + L.k);
@@ -474,7 +474,8 @@ void attention_block_forward(T* out, float* lse, const T* qkv_q, const T* qkv_kv
     auto fn = attention_forward_kernel<T, BR, BC>;
     set_smem((const void*)fn, smem);
     dim3 grid(ceil_div(Tq, BR), NH, B);
-    fn<<<grid, kThreads, smem, st>>>(out, lse, qkv_q, qkv_kv, Tq, Tk, NH, NKV, HS, 1.0f / sqrtf((float)HS), qp, kp);
+    LLMC_LAUNCH(fn, grid, kThreads, smem, st, out, lse, qkv_q, qkv_kv, Tq, Tk, NH, NKV, HS, 1.0f / sqrtf((float)HS), qp,
+                kp);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -487,7 +488,7 @@ template <class T>
 void attention_merge(T* out, float* lse, const T* blk_out, const float* blk_lse, int B, int T_, int NH, int HS,
                      cudaStream_t st) {
     const long long rows = (long long)B * T_ * NH;
-    attention_merge_kernel<T><<<ceil_div(rows, 8), 256, 0, st>>>(out, lse, blk_out, blk_lse, B, T_, NH, HS);
+    LLMC_LAUNCH(attention_merge_kernel<T>, ceil_div(rows, 8), 256, 0, st, out, lse, blk_out, blk_lse, B, T_, NH, HS);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -497,19 +498,19 @@ void attention_block_backward(T* dq_dst, T* dkv, const T* dout, const T* qkv_q, 
                               const float* lse, float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
                               SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st) {
     const long long rows = (long long)B * Tq * NH;
-    attention_backward_d_kernel<T><<<ceil_div(rows, 8), 256, 0, st>>>(D, dout, out, B, Tq, NH, HS);
+    LLMC_LAUNCH(attention_backward_d_kernel<T>, ceil_div(rows, 8), 256, 0, st, D, dout, out, B, Tq, NH, HS);
     CUDA_CHECK_LAUNCH();
     const float scale = 1.0f / sqrtf((float)HS);
     const size_t smem = bwd_layout<T, kBwdBR, kBwdBC>(HS).total;
     auto fkv = attention_backward_dkdv_kernel<T, kBwdBR, kBwdBC>;
     set_smem((const void*)fkv, smem);
-    fkv<<<dim3(ceil_div(Tk, kBwdBC), NKV, B), kThreads, smem, st>>>(dkv, dout, qkv_q, qkv_kv, lse, D, Tq, Tk, NH,
-                                                                     NKV, HS, scale, qp, kp, accumulate);
+    LLMC_LAUNCH(fkv, dim3(ceil_div(Tk, kBwdBC), NKV, B), kThreads, smem, st, dkv, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
+                NH, NKV, HS, scale, qp, kp, accumulate);
     CUDA_CHECK_LAUNCH();
     auto fq = attention_backward_dq_kernel<T, kBwdBR, kBwdBC>;
     set_smem((const void*)fq, smem);
-    fq<<<dim3(ceil_div(Tq, kBwdBR), NH, B), kThreads, smem, st>>>(dq_dst, dout, qkv_q, qkv_kv, lse, D, Tq, Tk, NH, NKV,
-                                                                   HS, scale, qp, kp, accumulate);
+    LLMC_LAUNCH(fq, dim3(ceil_div(Tq, kBwdBR), NH, B), kThreads, smem, st, dq_dst, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
+                NH, NKV, HS, scale, qp, kp, accumulate);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -37,6 +37,21 @@ inline void cublas_check_impl(cublasStatus_t st, const char* expr, const char* f
 // After a kernel launch: catches launch-configuration errors at once.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 
+// Every kernel launch: LLMC_LAUNCH(kernel, grid, block, dynamic smem bytes, stream, args...) is
+// kernel<<<grid, block, smem, stream>>>(args...) under nvcc, and under the CPU emulator of CI
+// (test/cuemu, LLMC_CUEMU) the emulator's launch. `kernel` is one macro argument: a template
+// with several arguments goes through a local variable. A kernel's dynamic shared memory is
+// LLMC_EXTERN_SMEM(type, name), an array of `type` 128-byte aligned, which the emulator provides
+// per block.
+#ifdef LLMC_CUEMU
+#define LLMC_LAUNCH(kernel, grid, block, smem, stream, ...) \
+    CUEMU_LAUNCH(kernel, grid, block, smem, stream, __VA_ARGS__)
+#define LLMC_EXTERN_SMEM(type, name) type* const name = reinterpret_cast<type*>(::cuemu::dynamic_smem())
+#else
+#define LLMC_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#define LLMC_EXTERN_SMEM(type, name) extern __shared__ __align__(128) type name[]
+#endif
+
 inline int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }
 
 // Lets kernel fn launch with `bytes` of dynamic shared memory: past the default 48 KiB a kernel

@@ -119,8 +119,9 @@ public:
             using D = decltype(d);
             dispatch(src.dtype, [&](auto s) {
                 using S = decltype(s);
-                convert_kernel<D, S><<<blocks_for((long long)dst.n, threads), threads, 0, stream_>>>(P<D>(dst), P<S>(src),
-                                                                                                 dst.n);
+                auto kernel = convert_kernel<D, S>;  // one name for the launch macro
+                LLMC_LAUNCH(kernel, blocks_for((long long)dst.n, threads), threads, 0, stream_, P<D>(dst), P<S>(src),
+                            dst.n);
             });
         });
         CUDA_CHECK(cudaGetLastError());
@@ -205,8 +206,8 @@ public:
         if (!n) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            encoder_forward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(
-                P<T_>(out), tokens, P<T_>(wte), wpe.n ? P<T_>(wpe) : nullptr, B * T, T, C, vocab_begin, rows);
+            LLMC_LAUNCH(encoder_forward_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(out), tokens, P<T_>(wte),
+                        wpe.n ? P<T_>(wpe) : nullptr, B * T, T, C, vocab_begin, rows);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -249,14 +250,14 @@ public:
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             if (dwpe.n) {
-                encoder_backward_wpe_kernel<T_><<<blocks_for((long long)T * C, 256), 256, 0, stream_>>>(
-                    P<T_>(dwpe), P<T_>(dout), B, T, C);
+                LLMC_LAUNCH(encoder_backward_wpe_kernel<T_>, blocks_for((long long)T * C, 256), 256, 0, stream_,
+                            P<T_>(dwpe), P<T_>(dout), B, T, C);
                 CUDA_CHECK_LAUNCH();
             }
             if (S > 0) {
                 dim3 grid(S, ceil_div(C, 128));
-                encoder_backward_wte_kernel<T_><<<grid, 128, 0, stream_>>>(P<T_>(dwte), P<T_>(dout), d, d + S,
-                                                                           d + 2 * S + 1, C);
+                LLMC_LAUNCH(encoder_backward_wte_kernel<T_>, grid, 128, 0, stream_, P<T_>(dwte), P<T_>(dout), d, d + S,
+                            d + 2 * S + 1, C);
                 CUDA_CHECK_LAUNCH();
             }
         });
@@ -269,8 +270,8 @@ public:
         if (!N) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            layernorm_forward_kernel<T_><<<ceil_div(N, 8), 256, 0, stream_>>>(
-                P<T_>(out), mean, rstd, nullptr, P<T_>(inp), nullptr, nullptr, P<T_>(w), P<T_>(b), N, C);
+            LLMC_LAUNCH(layernorm_forward_kernel<T_>, ceil_div(N, 8), 256, 0, stream_, P<T_>(out), mean, rstd, nullptr,
+                        P<T_>(inp), nullptr, nullptr, P<T_>(w), P<T_>(b), N, C);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -280,9 +281,8 @@ public:
         if (!N) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            layernorm_forward_kernel<T_><<<ceil_div(N, 8), 256, 0, stream_>>>(
-                P<T_>(out), mean, rstd, P<T_>(residual), P<T_>(residual), P<T_>(a), P<T_>(b), P<T_>(w),
-                P<T_>(bias), N, C);
+            LLMC_LAUNCH(layernorm_forward_kernel<T_>, ceil_div(N, 8), 256, 0, stream_, P<T_>(out), mean, rstd,
+                        P<T_>(residual), P<T_>(residual), P<T_>(a), P<T_>(b), P<T_>(w), P<T_>(bias), N, C);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -298,11 +298,11 @@ public:
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             allow_smem((const void*)layernorm_backward_kernel<T_>, smem, "layernorm backward", C);
-            layernorm_backward_kernel<T_><<<G, 256, smem, stream_>>>(P<T_>(dinp), partial, P<T_>(dout), P<T_>(inp),
-                                                                     P<T_>(w), mean, rstd, N, C, rows_per_block);
+            LLMC_LAUNCH(layernorm_backward_kernel<T_>, G, 256, smem, stream_, P<T_>(dinp), partial, P<T_>(dout),
+                        P<T_>(inp), P<T_>(w), mean, rstd, N, C, rows_per_block);
             CUDA_CHECK_LAUNCH();
-            layernorm_backward_reduce_kernel<T_><<<ceil_div(C, 256), 256, 0, stream_>>>(P<T_>(dw), P<T_>(db),
-                                                                                        partial, G, C);
+            LLMC_LAUNCH(layernorm_backward_reduce_kernel<T_>, ceil_div(C, 256), 256, 0, stream_, P<T_>(dw), P<T_>(db),
+                        partial, G, C);
             CUDA_CHECK_LAUNCH();
         });
     }
@@ -312,8 +312,8 @@ public:
         if (!out.n) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            residual_forward_kernel<T_><<<blocks_for(out.n, 256), 256, 0, stream_>>>(P<T_>(out), P<T_>(a),
-                                                                                    P<T_>(b), (long long)out.n);
+            LLMC_LAUNCH(residual_forward_kernel<T_>, blocks_for(out.n, 256), 256, 0, stream_, P<T_>(out), P<T_>(a),
+                        P<T_>(b), (long long)out.n);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -334,11 +334,12 @@ public:
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             if (bias.ptr && !epi) {
-                add_bias_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>((T_*)dst, P<T_>(bias), N, OC);
+                LLMC_LAUNCH(add_bias_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, (T_*)dst, P<T_>(bias), N, OC);
                 CUDA_CHECK_LAUNCH();
             }
             if (gelu) {
-                gelu_forward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(out), P<T_>(pre_gelu), n);
+                LLMC_LAUNCH(gelu_forward_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(out), P<T_>(pre_gelu),
+                            n);
                 CUDA_CHECK_LAUNCH();
             }
         });
@@ -349,7 +350,7 @@ public:
         if (!n) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            gelu_forward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(out), P<T_>(inp), n);
+            LLMC_LAUNCH(gelu_forward_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(out), P<T_>(inp), n);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -362,13 +363,13 @@ public:
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             if (pre_gelu.ptr) {
-                gelu_backward_inplace_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(dout),
-                                                                                         P<T_>(pre_gelu), n);
+                LLMC_LAUNCH(gelu_backward_inplace_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(dout),
+                            P<T_>(pre_gelu), n);
                 CUDA_CHECK_LAUNCH();
             }
             if (dbias.ptr) {
-                bias_backward_kernel<T_><<<ceil_div(OC, 32), dim3(32, 32), 0, stream_>>>(P<T_>(dbias), P<T_>(dout),
-                                                                                        N, OC);
+                LLMC_LAUNCH(bias_backward_kernel<T_>, ceil_div(OC, 32), dim3(32, 32), 0, stream_, P<T_>(dbias),
+                            P<T_>(dout), N, OC);
                 CUDA_CHECK_LAUNCH();
             }
         });
@@ -447,8 +448,8 @@ public:
         if (!N) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            rmsnorm_forward_kernel<T_><<<ceil_div(N, 8), 256, 0, stream_>>>(P<T_>(out), rstd, P<T_>(inp), P<T_>(w), N,
-                                                                          C, eps);
+            LLMC_LAUNCH(rmsnorm_forward_kernel<T_>, ceil_div(N, 8), 256, 0, stream_, P<T_>(out), rstd, P<T_>(inp),
+                        P<T_>(w), N, C, eps);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -464,10 +465,11 @@ public:
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             allow_smem((const void*)rmsnorm_backward_kernel<T_>, smem, "rmsnorm backward", C);
-            rmsnorm_backward_kernel<T_><<<G, 256, smem, stream_>>>(P<T_>(dinp), partial, P<T_>(dout), P<T_>(inp),
-                                                                   P<T_>(w), rstd, N, C, rows_per_block);
+            LLMC_LAUNCH(rmsnorm_backward_kernel<T_>, G, 256, smem, stream_, P<T_>(dinp), partial, P<T_>(dout),
+                        P<T_>(inp), P<T_>(w), rstd, N, C, rows_per_block);
             CUDA_CHECK_LAUNCH();
-            rmsnorm_backward_reduce_kernel<T_><<<ceil_div(C, 256), 256, 0, stream_>>>(P<T_>(dw), partial, G, C);
+            LLMC_LAUNCH(rmsnorm_backward_reduce_kernel<T_>, ceil_div(C, 256), 256, 0, stream_, P<T_>(dw), partial, G,
+                        C);
             CUDA_CHECK_LAUNCH();
         });
     }
@@ -484,7 +486,7 @@ public:
         if (!n) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            swiglu_forward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(out), P<T_>(inp), F, n);
+            LLMC_LAUNCH(swiglu_forward_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(out), P<T_>(inp), F, n);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -496,8 +498,8 @@ public:
         if (!n) return;
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            swiglu_backward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(dinp), P<T_>(dout),
-                                                                               P<T_>(inp), F, n);
+            LLMC_LAUNCH(swiglu_backward_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(dinp), P<T_>(dout),
+                        P<T_>(inp), F, n);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -508,8 +510,8 @@ public:
         if (!N) return;
         dispatch(logits.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            moe_router_forward_kernel<T_><<<blocks_for(N, 128), 128, 0, stream_>>>(probs, expert, gate, P<T_>(logits),
-                                                                                   N, E, K);
+            LLMC_LAUNCH(moe_router_forward_kernel<T_>, blocks_for(N, 128), 128, 0, stream_, probs, expert, gate,
+                        P<T_>(logits), N, E, K);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -519,8 +521,8 @@ public:
         if (!N) return;
         dispatch(dlogits.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            moe_router_backward_kernel<T_><<<blocks_for(N, 128), 128, 0, stream_>>>(P<T_>(dlogits), dgate, daux, probs,
-                                                                                    expert, gate, N, E, K);
+            LLMC_LAUNCH(moe_router_backward_kernel<T_>, blocks_for(N, 128), 128, 0, stream_, P<T_>(dlogits), dgate,
+                        daux, probs, expert, gate, N, E, K);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -531,7 +533,8 @@ public:
         if (!n) return;
         dispatch(inp.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            moe_permute_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(out), P<T_>(inp), row_of, K, C, n);
+            LLMC_LAUNCH(moe_permute_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(out), P<T_>(inp), row_of, K,
+                        C, n);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -542,8 +545,8 @@ public:
         if (!n) return;
         dispatch(dinp.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            moe_permute_backward_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(dinp), P<T_>(dout), row_of,
-                                                                                     K, C, n);
+            LLMC_LAUNCH(moe_permute_backward_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(dinp), P<T_>(dout),
+                        row_of, K, C, n);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -554,7 +557,8 @@ public:
         if (!n) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            moe_combine_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(out), P<T_>(y), gate, row_of, K, C, n);
+            LLMC_LAUNCH(moe_combine_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(out), P<T_>(y), gate, row_of,
+                        K, C, n);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -566,10 +570,10 @@ public:
         if (!n) return;
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            moe_combine_backward_dy_kernel<T_><<<blocks_for(n, 256), 256, 0, stream_>>>(P<T_>(dy), P<T_>(dout), gate,
-                                                                                        row_of, K, C, n);
-            moe_combine_backward_dgate_kernel<T_><<<blocks_for(pairs, 128), 128, 0, stream_>>>(
-                dgate, P<T_>(dout), P<T_>(y), row_of, K, C, pairs);
+            LLMC_LAUNCH(moe_combine_backward_dy_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(dy), P<T_>(dout),
+                        gate, row_of, K, C, n);
+            LLMC_LAUNCH(moe_combine_backward_dgate_kernel<T_>, blocks_for(pairs, 128), 128, 0, stream_, dgate,
+                        P<T_>(dout), P<T_>(y), row_of, K, C, pairs);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -581,7 +585,7 @@ public:
         LLMC_ASSERT(V <= Vp, "cross_entropy: V > Vp");
         dispatch(logits.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            cross_entropy_kernel<T_><<<N, 512, 0, stream_>>>(P<T_>(logits), losses, targets, V, Vp, dloss);
+            LLMC_LAUNCH(cross_entropy_kernel<T_>, N, 512, 0, stream_, P<T_>(logits), losses, targets, V, Vp, dloss);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -593,8 +597,8 @@ public:
         dispatch(logits.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             // 512 threads, as the fused kernel: one slice gives bitwise its statistics
-            cross_entropy_partial_kernel<T_><<<N, 512, 0, stream_>>>(stats, P<T_>(logits), targets, Vl, nreal,
-                                                                     vocab_begin);
+            LLMC_LAUNCH(cross_entropy_partial_kernel<T_>, N, 512, 0, stream_, stats, P<T_>(logits), targets, Vl, nreal,
+                        vocab_begin);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -605,8 +609,8 @@ public:
         const int nreal = ce_slice_real_cols(Vl, vocab_begin, V);
         dispatch(logits.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            cross_entropy_finish_kernel<T_><<<N, 512, 0, stream_>>>(P<T_>(logits), losses, stats, targets, Vl, nreal,
-                                                                    vocab_begin, dloss);
+            LLMC_LAUNCH(cross_entropy_finish_kernel<T_>, N, 512, 0, stream_, P<T_>(logits), losses, stats, targets, Vl,
+                        nreal, vocab_begin, dloss);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -618,7 +622,7 @@ public:
         double* partial = static_cast<double*>(scratch(3, (size_t)G * sizeof(double)));
         dispatch(g.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            sum_squares_kernel<T_><<<G, kSumSqThreads, 0, stream_>>>(partial, P<T_>(g), (long long)g.n);
+            LLMC_LAUNCH(sum_squares_kernel<T_>, G, kSumSqThreads, 0, stream_, partial, P<T_>(g), (long long)g.n);
         });
         CUDA_CHECK_LAUNCH();
         std::vector<double> h(G);
@@ -636,9 +640,9 @@ public:
         const float bc2 = (float)(1.0 - std::pow((double)beta2, (double)t));
         dispatch(params.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            adamw_kernel<T_><<<blocks_for(params.n, 256), 256, 0, stream_>>>(
-                P<T_>(params), master, P<T_>(grads), m, v, (long long)params.n, lr, beta1, beta2, bc1, bc2, eps,
-                weight_decay, grad_scale, seed, index_base);
+            LLMC_LAUNCH(adamw_kernel<T_>, blocks_for(params.n, 256), 256, 0, stream_, P<T_>(params), master,
+                        P<T_>(grads), m, v, (long long)params.n, lr, beta1, beta2, bc1, bc2, eps, weight_decay,
+                        grad_scale, seed, index_base);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -702,8 +706,8 @@ private:
         for (int i = 0; i < HS / 2; i++) f.inv_freq[i] = rope_inv_freq(i, HS, theta);
         dispatch(qkv.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            rope_kernel<T_><<<blocks_for(pairs, 256), 256, 0, stream_>>>(P<T_>(qkv), T, NH + 2 * NKV, NH + NKV, HS,
-                                                                        f, pos, sign, pairs);
+            LLMC_LAUNCH(rope_kernel<T_>, blocks_for(pairs, 256), 256, 0, stream_, P<T_>(qkv), T, NH + 2 * NKV, NH + NKV,
+                        HS, f, pos, sign, pairs);
         });
         CUDA_CHECK_LAUNCH();
     }

@@ -237,11 +237,11 @@ public:
         with_type(out.dtype, [&](auto tag) {
             using T = decltype(tag);
             if (bias_kernel) {
-                add_bias_kernel<T><<<blocks, 256, 0, stream>>>((T*)dst, (const T*)bias.ptr, N, OC);
+                LLMC_LAUNCH(add_bias_kernel<T>, blocks, 256, 0, stream, (T*)dst, (const T*)bias.ptr, N, OC);
                 CUDA_CHECK_LAUNCH();
             }
             if (gelu) {
-                gelu_forward_kernel<T><<<blocks, 256, 0, stream>>>((T*)out.ptr, (const T*)pre_gelu.ptr, n);
+                LLMC_LAUNCH(gelu_forward_kernel<T>, blocks, 256, 0, stream, (T*)out.ptr, (const T*)pre_gelu.ptr, n);
                 CUDA_CHECK_LAUNCH();
             }
         });
@@ -257,13 +257,13 @@ public:
         with_type(dout.dtype, [&](auto tag) {
             using T = decltype(tag);
             if (pre_gelu.ptr) {
-                gelu_backward_inplace_kernel<T><<<(int)((n + 255) / 256), 256, 0, stream>>>(
-                    (T*)dout.ptr, (const T*)pre_gelu.ptr, n);
+                LLMC_LAUNCH(gelu_backward_inplace_kernel<T>, (int)((n + 255) / 256), 256, 0, stream, (T*)dout.ptr,
+                            (const T*)pre_gelu.ptr, n);
                 CUDA_CHECK_LAUNCH();
             }
             if (dbias.ptr) {
-                bias_backward_kernel<T><<<ceil_div(OC, 32), dim3(32, 32), 0, stream>>>((T*)dbias.ptr,
-                                                                                      (const T*)dout.ptr, N, OC);
+                LLMC_LAUNCH(bias_backward_kernel<T>, ceil_div(OC, 32), dim3(32, 32), 0, stream, (T*)dbias.ptr,
+                            (const T*)dout.ptr, N, OC);
                 CUDA_CHECK_LAUNCH();
             }
         });
@@ -335,14 +335,15 @@ private:
             if (c.current) {
                 CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
                 const int blocks = (int)std::min<long long>(1024, (n + 255) / 256);
-                amax_kernel<T><<<std::max(1, blocks), 256, 0, stream>>>(amax, xp, n);
+                LLMC_LAUNCH(amax_kernel<T>, std::max(1, blocks), 256, 0, stream, amax, xp, n);
                 CUDA_CHECK_LAUNCH();
             }
-            scale_kernel<<<1, 1, 0, stream>>>(sc, c.current ? amax : nullptr, c.scale, c.format, c.margin, record);
+            LLMC_LAUNCH(scale_kernel, 1, 1, 0, stream, sc, c.current ? amax : nullptr, c.scale, c.format, c.margin,
+                        record);
             CUDA_CHECK_LAUNCH();
             const dim3 grid(ceil_div(cols, 32), ceil_div(rows, 32));
-            cast_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(out, outT, c.current ? nullptr : record, xp, sc, rows,
-                                                             cols, c.format);
+            LLMC_LAUNCH(cast_kernel<T>, grid, dim3(32, 8), 0, stream, out, outT, c.current ? nullptr : record, xp, sc,
+                        rows, cols, c.format);
             CUDA_CHECK_LAUNCH();
         });
         return sc;

@@ -46,7 +46,7 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* re
 template <class T>
 __global__ void layernorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w,
                                           const float* mean, const float* rstd, int N, int C, int rows_per_block) {
-    extern __shared__ float ln_smem[];
+    LLMC_EXTERN_SMEM(float, ln_smem);
     float* s_dw = ln_smem;
     float* s_db = ln_smem + C;
     float* scratch = ln_smem + 2 * C;

@@ -32,7 +32,7 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const 
 template <class T>
 __global__ void rmsnorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w,
                                         const float* rstd, int N, int C, int rows_per_block) {
-    extern __shared__ float rms_smem[];
+    LLMC_EXTERN_SMEM(float, rms_smem);
     float* s_dw = rms_smem;
     float* scratch = rms_smem + C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) s_dw[c] = 0.0f;

@@ -1,0 +1,315 @@
+// cuemu's cuBLASLt: a column-major reference GEMM D = act(alpha * scaleA * scaleB * op(A) op(B)
+// + beta * C + bias) (fp64 accumulation, then the output type's rounding), behind the heuristic
+// and matmul calls of cuBLASLt. Before computing, both calls refuse what the cuBLASLt
+// documentation lists as unsupported, with the status cuBLASLt gives and a line on stderr
+// (CUEMU_LT_QUIET=1 silences it), so that a combination the GPU refuses fails here too:
+//  - compute type 32F with scale type 32F only; layouts whose shapes disagree with op(A), op(B);
+//  - element types: all fp32, or bf16 A/B with bf16 or fp32 C/D, or fp8 (the table of "FP8
+//    requirements": A/B E4M3 or E5M2 but not both E5M2; C/D bf16/bf16, fp16/fp16, fp32/fp32, or
+//    bf16 or fp16 C with an fp8 D; bias bf16, or fp16 with fp16 C);
+//  - fp8: only the "TN" layout (A transposed, B not), every pointer 16-byte aligned and every
+//    leading dimension a multiple of 16 bytes; A/B scale pointers only with fp8 A/B;
+//  - every pointer aligned to its element; an algorithm from the heuristic runs only on pointers
+//    at least as aligned as the preference's MIN_ALIGNMENT_*_BYTES it was chosen for.
+// Not modelled: which shapes a real GPU's algorithms cover (cuBLASLt's internals), tensor-core
+// rounding, split-K order, fp16.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "llmc/precision/bf16.h"
+#include "llmc/precision/fp8.h"
+#include "test/cuemu/include/cublasLt.h"
+
+struct cuemuLtContext {
+    int unused;
+};
+struct cuemuLtMatmulDesc {
+    cublasComputeType_t compute;
+    cudaDataType_t scale;
+    cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    const void* bias = nullptr;
+    cudaDataType_t bias_type = CUDA_R_32F;
+    bool bias_type_set = false;
+    const float *a_scale = nullptr, *b_scale = nullptr, *c_scale = nullptr, *d_scale = nullptr;
+    float* amax_d = nullptr;
+};
+struct cuemuLtLayout {
+    cudaDataType_t type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+struct cuemuLtPreference {
+    size_t workspace = 0;
+    uint32_t align[4] = {256, 256, 256, 256};  // A, B, C, D
+};
+
+namespace {
+
+size_t elem_size(cudaDataType_t t) {
+    switch (t) {
+        case CUDA_R_32F: return 4;
+        case CUDA_R_16F:
+        case CUDA_R_16BF: return 2;
+        case CUDA_R_8F_E4M3:
+        case CUDA_R_8F_E5M2: return 1;
+        default: return 0;
+    }
+}
+bool is_fp8(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
+const char* type_name(cudaDataType_t t) {
+    switch (t) {
+        case CUDA_R_32F: return "fp32";
+        case CUDA_R_16F: return "fp16";
+        case CUDA_R_16BF: return "bf16";
+        case CUDA_R_8F_E4M3: return "e4m3";
+        case CUDA_R_8F_E5M2: return "e5m2";
+        default: return "?";
+    }
+}
+cublasStatus_t refuse(cublasStatus_t st, const std::string& why) {
+    const char* q = std::getenv("CUEMU_LT_QUIET");
+    if (!q || std::string(q) != "1") std::fprintf(stderr, "cuemu cuBLASLt: refused: %s\n", why.c_str());
+    return st;
+}
+std::string dims(const cuemuLtLayout* l) {
+    return std::to_string(l->rows) + "x" + std::to_string(l->cols) + " ld " + std::to_string(l->ld);
+}
+
+// The rules that do not depend on the data pointers.
+cublasStatus_t check_problem(const cuemuLtMatmulDesc* op, const cuemuLtLayout* a, const cuemuLtLayout* b,
+                             const cuemuLtLayout* c, const cuemuLtLayout* d) {
+    if (op->compute != CUBLAS_COMPUTE_32F && op->compute != CUBLAS_COMPUTE_32F_FAST_TF32 &&
+        op->compute != CUBLAS_COMPUTE_32F_FAST_16BF)
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "compute type other than 32F");
+    if (op->scale != CUDA_R_32F) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "scale type other than fp32");
+    if (op->ta == CUBLAS_OP_C || op->tb == CUBLAS_OP_C) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "OP_C on real types");
+    const uint64_t m = d->rows, n = d->cols, k = op->ta == CUBLAS_OP_T ? a->rows : a->cols;
+    const uint64_t am = op->ta == CUBLAS_OP_T ? a->cols : a->rows;
+    const uint64_t bk = op->tb == CUBLAS_OP_T ? b->cols : b->rows, bn = op->tb == CUBLAS_OP_T ? b->rows : b->cols;
+    if (am != m || bk != k || bn != n || c->rows != m || c->cols != n)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "layouts disagree: A " + dims(a) + ", B " + dims(b) + ", C " +
+                                                       dims(c) + ", D " + dims(d));
+    for (const cuemuLtLayout* l : {a, b, c, d})
+        if (l->ld < (int64_t)std::max<uint64_t>(1, l->rows) || !elem_size(l->type))
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, "leading dimension below the rows, or unknown type: " + dims(l));
+    const cudaDataType_t ta = a->type, tb = b->type, tc = c->type, td = d->type;
+    std::string combo = std::string(type_name(ta)) + " x " + type_name(tb) + " -> C " + type_name(tc) + ", D " +
+                        type_name(td);
+    if (is_fp8(ta) || is_fp8(tb)) {
+        if (!is_fp8(ta) || !is_fp8(tb)) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "fp8 mixed with wider A/B: " + combo);
+        if (ta == CUDA_R_8F_E5M2 && tb == CUDA_R_8F_E5M2)
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "fp8 with both A and B E5M2: " + combo);
+        const bool cd_ok = (tc == CUDA_R_16BF && (td == CUDA_R_16BF || is_fp8(td))) ||
+                           (tc == CUDA_R_16F && (td == CUDA_R_16F || is_fp8(td))) ||
+                           (tc == CUDA_R_32F && td == CUDA_R_32F);
+        if (!cd_ok) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "fp8 C/D types not in the table: " + combo);
+        if (op->ta != CUBLAS_OP_T || op->tb != CUBLAS_OP_N)
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "fp8 needs the TN layout (A transposed, B not): " + combo);
+        for (const cuemuLtLayout* l : {a, b, c, d})
+            if ((l->ld * elem_size(l->type)) % 16)
+                return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "fp8: leading dimension not a multiple of 16 bytes: " + dims(l));
+        if (op->bias) {
+            const cudaDataType_t want = tc == CUDA_R_16F ? CUDA_R_16F : CUDA_R_16BF;
+            if (op->bias_type_set && op->bias_type != want)
+                return refuse(CUBLAS_STATUS_NOT_SUPPORTED, std::string("fp8 bias type ") + type_name(op->bias_type) +
+                                                               " with C " + type_name(tc));
+        }
+    } else {
+        const bool ok = (ta == CUDA_R_32F && tb == CUDA_R_32F && tc == CUDA_R_32F && td == CUDA_R_32F) ||
+                        (ta == CUDA_R_16BF && tb == CUDA_R_16BF && tc == td && (tc == CUDA_R_16BF || tc == CUDA_R_32F));
+        if (!ok) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "type combination: " + combo);
+        if (op->a_scale || op->b_scale)
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "A/B scale pointers need fp8 A/B: " + combo);
+        if (op->bias && op->bias_type_set && op->bias_type != td)
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, std::string("bias type ") + type_name(op->bias_type) + " with D " +
+                                                           type_name(td));
+    }
+    const bool wants_bias = op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS ||
+                            op->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
+    if (wants_bias && !op->bias) return refuse(CUBLAS_STATUS_INVALID_VALUE, "bias epilogue without a bias pointer");
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+uint32_t align_of(const void* p) {
+    uintptr_t u = (uintptr_t)p;
+    uint32_t a = 256;
+    while (a > 1 && u % a) a >>= 1;
+    return a;
+}
+
+double load(const void* p, cudaDataType_t t, size_t i) {
+    switch (t) {
+        case CUDA_R_32F: return ((const float*)p)[i];
+        case CUDA_R_16BF: return bf16_bits_to_f32(((const uint16_t*)p)[i]);
+        case CUDA_R_8F_E4M3: return fp8_decode(((const uint8_t*)p)[i], Fp8Format::E4M3);
+        case CUDA_R_8F_E5M2: return fp8_decode(((const uint8_t*)p)[i], Fp8Format::E5M2);
+        default: std::fprintf(stderr, "cuemu cuBLASLt: type %s not emulated\n", type_name(t)); std::abort();
+    }
+}
+void store(void* p, cudaDataType_t t, size_t i, float v) {
+    switch (t) {
+        case CUDA_R_32F: ((float*)p)[i] = v; return;
+        case CUDA_R_16BF: ((uint16_t*)p)[i] = f32_to_bf16_bits(v); return;
+        case CUDA_R_8F_E4M3: ((uint8_t*)p)[i] = fp8_encode(v, Fp8Format::E4M3); return;
+        case CUDA_R_8F_E5M2: ((uint8_t*)p)[i] = fp8_encode(v, Fp8Format::E5M2); return;
+        default: std::fprintf(stderr, "cuemu cuBLASLt: type %s not emulated\n", type_name(t)); std::abort();
+    }
+}
+
+}  // namespace
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) { return *h = new cuemuLtContext{}, CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) { return delete h, CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute, cudaDataType_t scale) {
+    *d = new cuemuLtMatmulDesc{};
+    (*d)->compute = compute, (*d)->scale = scale;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { return delete d, CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void* buf,
+                                              size_t n) {
+    auto get = [&](auto& field) {
+        if (n != sizeof(field)) return refuse(CUBLAS_STATUS_INVALID_VALUE, "descriptor attribute of the wrong size");
+        std::memcpy(&field, buf, n);
+        return CUBLAS_STATUS_SUCCESS;
+    };
+    switch (a) {
+        case CUBLASLT_MATMUL_DESC_TRANSA: return get(d->ta);
+        case CUBLASLT_MATMUL_DESC_TRANSB: return get(d->tb);
+        case CUBLASLT_MATMUL_DESC_EPILOGUE: {
+            cublasStatus_t st = get(d->epilogue);
+            switch (d->epilogue) {
+                case CUBLASLT_EPILOGUE_DEFAULT:
+                case CUBLASLT_EPILOGUE_RELU:
+                case CUBLASLT_EPILOGUE_BIAS:
+                case CUBLASLT_EPILOGUE_RELU_BIAS:
+                case CUBLASLT_EPILOGUE_GELU:
+                case CUBLASLT_EPILOGUE_GELU_BIAS: return st;
+            }
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "epilogue not emulated");
+        }
+        case CUBLASLT_MATMUL_DESC_BIAS_POINTER: return get(d->bias);
+        case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: d->bias_type_set = true; return get(d->bias_type);
+        case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: return get(d->a_scale);
+        case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: return get(d->b_scale);
+        case CUBLASLT_MATMUL_DESC_C_SCALE_POINTER: return get(d->c_scale);
+        case CUBLASLT_MATMUL_DESC_D_SCALE_POINTER: return get(d->d_scale);
+        case CUBLASLT_MATMUL_DESC_AMAX_D_POINTER: return get(d->amax_d);
+    }
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, "unknown descriptor attribute");
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType_t type, uint64_t rows, uint64_t cols,
+                                          int64_t ld) {
+    *l = new cuemuLtLayout{type, rows, cols, ld};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { return delete l, CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
+    return *p = new cuemuLtPreference{}, CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { return delete p, CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a,
+                                                    const void* buf, size_t n) {
+    auto u32 = [&](uint32_t& f) {
+        if (n != 4) return refuse(CUBLAS_STATUS_INVALID_VALUE, "preference attribute of the wrong size");
+        std::memcpy(&f, buf, 4);
+        return CUBLAS_STATUS_SUCCESS;
+    };
+    uint32_t ignored = 0;
+    switch (a) {
+        case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+            if (n != 8) return refuse(CUBLAS_STATUS_INVALID_VALUE, "workspace preference of the wrong size");
+            std::memcpy(&p->workspace, buf, 8);
+            return CUBLAS_STATUS_SUCCESS;
+        case CUBLASLT_MATMUL_PREF_SEARCH_MODE:
+        case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK: return u32(ignored);
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES: return u32(p->align[0]);
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES: return u32(p->align[1]);
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES: return u32(p->align[2]);
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: return u32(p->align[3]);
+    }
+    return refuse(CUBLAS_STATUS_INVALID_VALUE, "unknown preference attribute");
+}
+
+// The algorithm remembers the alignments it was chosen for (cuBLASLt's kernels assume them).
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t* results, int* returned) {
+    *returned = 0;
+    if (requested < 1) return refuse(CUBLAS_STATUS_INVALID_VALUE, "heuristic asked for no result");
+    const cublasStatus_t st = check_problem(op, a, b, c, d);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    std::memset(&results[0], 0, sizeof(results[0]));
+    for (int i = 0; i < 4; i++) results[0].algo.data[i] = pref ? pref->align[i] : 256;
+    results[0].algo.data[7] = 0xC0E3u;  // marks an algorithm of this emulator
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    results[0].wavesCount = 1.0f;
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const void* alpha_p, const void* A,
+                              cublasLtMatrixLayout_t a, const void* B, cublasLtMatrixLayout_t b, const void* beta_p,
+                              const void* C, cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t d,
+                              const cublasLtMatmulAlgo_t* algo, void*, size_t, cudaStream_t) {
+    const cublasStatus_t st = check_problem(op, a, b, c, d);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    if (algo && algo->data[7] != 0xC0E3u) return refuse(CUBLAS_STATUS_INVALID_VALUE, "algorithm not from the heuristic");
+    const void* ptr[4] = {A, B, C, D};
+    const cuemuLtLayout* lay[4] = {a, b, c, d};
+    const char* nm = "ABCD";
+    const bool fp8 = is_fp8(a->type);
+    for (int i = 0; i < 4; i++) {
+        const uint32_t al = align_of(ptr[i]);
+        if (!ptr[i]) return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string("null ") + nm[i]);
+        if (al < elem_size(lay[i]->type))
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(1, nm[i]) + " not aligned to its element");
+        if (fp8 && al < 16) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, std::string("fp8: ") + nm[i] + " not 16-byte aligned");
+        if (algo && al < algo->data[i])
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(1, nm[i]) + " is " + std::to_string(al) +
+                                                           "-byte aligned, the algorithm was chosen for " +
+                                                           std::to_string(algo->data[i]));
+    }
+    if (op->bias && align_of(op->bias) < elem_size(op->bias_type_set ? op->bias_type : d->type))
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "bias not aligned to its element");
+    const float alpha = *(const float*)alpha_p, beta = *(const float*)beta_p;
+    const double ab = (double)alpha * (op->a_scale ? *op->a_scale : 1.0f) * (op->b_scale ? *op->b_scale : 1.0f);
+    const long long m = (long long)d->rows, n = (long long)d->cols;
+    const long long k = op->ta == CUBLAS_OP_T ? (long long)a->rows : (long long)a->cols;
+    const bool ta = op->ta == CUBLAS_OP_T, tb = op->tb == CUBLAS_OP_T;
+    const cudaDataType_t bias_t = op->bias_type_set ? op->bias_type : d->type;
+    const float dscale = op->d_scale ? *op->d_scale : 1.0f;
+    const bool with_bias = op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS ||
+                           op->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
+    // C may alias D (in place): each element is read before it is written, by the same iteration
+#pragma omp parallel for schedule(static)
+    for (long long j = 0; j < n; j++)
+        for (long long i = 0; i < m; i++) {
+            double s = 0.0;
+            for (long long p = 0; p < k; p++) {
+                const double x = load(A, a->type, ta ? (size_t)(p + i * a->ld) : (size_t)(i + p * a->ld));
+                const double y = load(B, b->type, tb ? (size_t)(j + p * b->ld) : (size_t)(p + j * b->ld));
+                s += x * y;
+            }
+            float v = (float)(ab * s);
+            if (beta != 0.0f) v += beta * (float)load(C, c->type, (size_t)(i + j * c->ld));
+            if (with_bias) v += (float)load(op->bias, bias_t, (size_t)i);
+            switch (op->epilogue) {
+                case CUBLASLT_EPILOGUE_RELU:
+                case CUBLASLT_EPILOGUE_RELU_BIAS: v = v > 0.0f ? v : 0.0f; break;
+                case CUBLASLT_EPILOGUE_GELU:
+                case CUBLASLT_EPILOGUE_GELU_BIAS:
+                    v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+                    break;
+                default: break;
+            }
+            store(D, d->type, (size_t)(i + j * d->ld), is_fp8(d->type) ? v * dscale : v);
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}

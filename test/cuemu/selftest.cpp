@@ -1,0 +1,191 @@
+// Unit tests of the emulator itself: `cuemu_selftest CASE` runs one small kernel and checks its
+// result against a value computed here on the host. The good cases exit 0; the broken ones must
+// fail (test/cuemu/run.sh expects each to exit non-zero with its message):
+//   reduce            block reduction through shared memory and shuffles (good)
+//   ballot            __ballot_sync, __shfl_sync/__shfl_up_sync/__shfl_down_sync, atomics (good)
+//   dynamic_smem      dynamic shared memory with the opt-in attribute past 48 KiB (good)
+//   missing_barrier   the reduction without the barrier after the scratch writes (wrong sum)
+//   divergent_shuffle a full-mask shuffle inside `if (lane < 16)` (abort: lane has exited)
+//   barrier_in_branch __syncthreads inside `if (threadIdx.x < 96)` (abort: threads have exited)
+//   smem_short        dynamic shared memory one row short of what the kernel writes (abort)
+//   off_by_one        a store one past the end of a device allocation (abort)
+//   no_optin          70 KiB of dynamic shared memory without the opt-in (launch error)
+//   bad_pointer       a host pointer passed to a kernel (abort)
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#define CHECK(x)                                                                              \
+    do {                                                                                      \
+        cudaError_t e_ = (x);                                                                 \
+        if (e_ != cudaSuccess) {                                                              \
+            std::printf("FAIL %s: %s\n", #x, cudaGetErrorName(e_));                         \
+            std::exit(1);                                                                     \
+        }                                                                                     \
+    } while (0)
+#define LAUNCH(k, g, b, s, ...) CUEMU_LAUNCH(k, g, b, s, nullptr, __VA_ARGS__)
+
+namespace {
+
+__device__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+// out[block] = sum of in[block * blockDim.x ...]; barrier = false drops the barrier that makes
+// the warps' partial sums visible before they are read
+__global__ void reduce_kernel(float* out, const float* in, bool barrier) {
+    __shared__ float scratch[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    float v = warp_sum(in[blockIdx.x * blockDim.x + threadIdx.x]);
+    if (lane == 0) scratch[warp] = v;
+    if (barrier) __syncthreads();
+    v = warp_sum(lane < nw ? scratch[lane] : 0.0f);
+    if (threadIdx.x == 0) out[blockIdx.x] = v;
+    __syncthreads();  // scratch is reused by the next block on this thread's copy
+    scratch[threadIdx.x % 32] = -1e30f;
+}
+
+__global__ void intrinsics_kernel(unsigned* ballots, int* shf, int* counter) {
+    const int lane = threadIdx.x % 32;
+    const unsigned b = __ballot_sync(0xffffffffu, lane % 3 == 0);
+    const int from0 = __shfl_sync(0xffffffffu, lane * 10, 0);
+    const int up = __shfl_up_sync(0xffffffffu, lane, 1);
+    const int down = __shfl_down_sync(0xffffffffu, lane, 2);
+    const int half = lane < 16 ? __shfl_sync(0x0000ffffu, lane, 15) : __shfl_sync(0xffff0000u, lane, 16);
+    if (lane == 0) ballots[threadIdx.x / 32] = b;
+    shf[threadIdx.x * 4 + 0] = from0;
+    shf[threadIdx.x * 4 + 1] = up;
+    shf[threadIdx.x * 4 + 2] = down;
+    shf[threadIdx.x * 4 + 3] = half;
+    atomicAdd(counter, 1);
+    atomicMax(counter + 1, (int)threadIdx.x);
+}
+
+// rows x 32 floats of dynamic shared memory: row r = r, read back transposed by another warp
+__global__ void smem_kernel(float* out, int rows) {
+    float* s = reinterpret_cast<float*>(::cuemu::dynamic_smem());
+    for (int r = threadIdx.x / 32; r < rows; r += blockDim.x / 32) s[r * 32 + threadIdx.x % 32] = (float)r;
+    __syncthreads();
+    float acc = 0.0f;
+    for (int r = 0; r < rows; r++) acc += s[r * 32 + (threadIdx.x + 1) % 32];
+    out[threadIdx.x] = acc;
+}
+
+__global__ void divergent_shuffle_kernel(float* out) {
+    float v = 1.0f;
+    if (threadIdx.x % 32 < 16) v = warp_sum(v);
+    out[threadIdx.x] = v;
+}
+__global__ void barrier_in_branch_kernel(float* out) {
+    if (threadIdx.x < 96) {
+        out[threadIdx.x] = 1.0f;
+        __syncthreads();
+    }
+}
+__global__ void store_kernel(float* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i <= n) out[i] = 1.0f;  // the bug: <= instead of <
+}
+
+int fail(const std::string& why) {
+    std::printf("FAIL %s\n", why.c_str());
+    return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const std::string c = argc > 1 ? argv[1] : "";
+    if (c == "reduce" || c == "missing_barrier") {
+        const int blocks = 7, threads = 256;
+        std::vector<float> h(blocks * threads), got(blocks);
+        for (size_t i = 0; i < h.size(); i++) h[i] = (float)(i % 13) - 6.0f;  // exact sums
+        float *in, *out;
+        CHECK(cudaMalloc(&in, h.size() * 4));
+        CHECK(cudaMalloc(&out, blocks * 4));
+        CHECK(cudaMemcpy(in, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+        LAUNCH(reduce_kernel, blocks, threads, 0, out, (const float*)in, c == "reduce");
+        CHECK(cudaGetLastError());
+        CHECK(cudaMemcpy(got.data(), out, blocks * 4, cudaMemcpyDeviceToHost));
+        for (int b = 0; b < blocks; b++) {
+            float want = 0;
+            for (int t = 0; t < threads; t++) want += h[b * threads + t];
+            if (got[b] != want) return fail("block " + std::to_string(b) + ": sum " + std::to_string(got[b]) +
+                                            ", want " + std::to_string(want));
+        }
+        std::printf("PASS %s\n", c.c_str());
+        return 0;
+    }
+    if (c == "ballot") {
+        unsigned* ballots;
+        int *shf, *counter;
+        CHECK(cudaMalloc(&ballots, 2 * 4));
+        CHECK(cudaMalloc(&shf, 64 * 4 * 4));
+        CHECK(cudaMalloc(&counter, 2 * 4));
+        CHECK(cudaMemset(counter, 0, 8));
+        LAUNCH(intrinsics_kernel, 3, 64, 0, ballots, shf, counter);
+        CHECK(cudaGetLastError());
+        unsigned b[2];
+        int s[64 * 4], cnt[2];
+        CHECK(cudaMemcpy(b, ballots, 8, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(s, shf, sizeof(s), cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(cnt, counter, 8, cudaMemcpyDeviceToHost));
+        unsigned want_b = 0;
+        for (int l = 0; l < 32; l++) want_b |= (l % 3 == 0 ? 1u : 0u) << l;
+        if (b[0] != want_b || b[1] != want_b) return fail("ballot");
+        for (int t = 0; t < 64; t++) {
+            const int l = t % 32;
+            if (s[t * 4] != 0 || s[t * 4 + 1] != (l >= 1 ? l - 1 : l) || s[t * 4 + 2] != (l + 2 < 32 ? l + 2 : l) ||
+                s[t * 4 + 3] != (l < 16 ? 15 : 16))
+                return fail("shuffle results of thread " + std::to_string(t));
+        }
+        if (cnt[0] != 3 * 64 || cnt[1] != 63) return fail("atomics");
+        std::printf("PASS ballot\n");
+        return 0;
+    }
+    if (c == "dynamic_smem" || c == "smem_short" || c == "no_optin") {
+        const int rows = c == "no_optin" ? 560 : 400;  // 400 rows: 51,200 bytes (past 48 KiB)
+        const size_t bytes = (size_t)(c == "smem_short" ? rows - 1 : rows) * 32 * 4;
+        if (c != "no_optin") CHECK(cudaFuncSetAttribute(smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        float* out;
+        CHECK(cudaMalloc(&out, 128 * 4));
+        LAUNCH(smem_kernel, 2, 128, bytes, out, rows);
+        CHECK(cudaGetLastError());
+        float got[128];
+        CHECK(cudaMemcpy(got, out, sizeof(got), cudaMemcpyDeviceToHost));
+        const float want = (float)rows * (rows - 1) / 2;
+        for (float g : got)
+            if (g != want) return fail("dynamic shared memory sum " + std::to_string(g));
+        std::printf("PASS %s\n", c.c_str());
+        return 0;
+    }
+    if (c == "divergent_shuffle" || c == "barrier_in_branch") {
+        float* out;
+        CHECK(cudaMalloc(&out, 256 * 4));
+        if (c == "divergent_shuffle") LAUNCH(divergent_shuffle_kernel, 1, 64, 0, out);
+        else LAUNCH(barrier_in_branch_kernel, 1, 256, 0, out);
+        CHECK(cudaGetLastError());
+        std::printf("PASS %s (no error caught)\n", c.c_str());
+        return 0;
+    }
+    if (c == "off_by_one") {
+        float* out;
+        CHECK(cudaMalloc(&out, 1000 * 4));
+        LAUNCH(store_kernel, 8, 128, 0, out, 1000);
+        CHECK(cudaGetLastError());
+        std::printf("PASS off_by_one (no error caught)\n");
+        return 0;
+    }
+    if (c == "bad_pointer") {
+        std::vector<float> host(1000);
+        LAUNCH(store_kernel, 8, 128, 0, host.data(), 999);
+        std::printf("PASS bad_pointer (no error caught)\n");
+        return 0;
+    }
+    std::fprintf(stderr, "usage: cuemu_selftest reduce|ballot|dynamic_smem|missing_barrier|divergent_shuffle|"
+                         "barrier_in_branch|smem_short|off_by_one|no_optin|bad_pointer\n");
+    return 2;
+}
