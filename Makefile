@@ -108,15 +108,18 @@ $(BUILD)/test_gpu_emu: $(BUILD)/emu/test/gpu/test_gpu_ops.o $(BUILD)/emu/llmc/cu
 	$(CXX) $(EMU_FLAGS) -o $@ $^ $(MPI_LIBS) -lboost_context
 $(BUILD)/cuemu_selftest: $(BUILD)/emu/test/cuemu/selftest.o $(EMU_OBJS) $(BUILD)/libllmc.a
 	$(CXX) $(EMU_FLAGS) -o $@ $^ $(MPI_LIBS) -lboost_context
+EMU_ENV   := CXX="$(CXX)" EMU_FLAGS="$(EMU_FLAGS)" MPI_LIBS="$(MPI_LIBS)"
 test-emu: $(BUILD)/test_gpu_emu $(BUILD)/cuemu_selftest
-	LLMC_BUILD=$(BUILD) CXX="$(CXX)" EMU_FLAGS="$(EMU_FLAGS)" MPI_LIBS="$(MPI_LIBS)" bash test/cuemu/run.sh
+	LLMC_BUILD=$(BUILD) $(EMU_ENV) bash test/cuemu/run.sh
 
 # NCCL/MPI communicator checks on a GPU machine: mpirun -np 2 dev/comm_check nccl (see the file).
 dev/comm_check: $(BUILD)/dev/comm_check.o $(CUDA_OBJS) $(BUILD)/libllmc.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $^ $(LDLIBS)
 
-test: $(BIN)train_gpt $(TOOLS) $(BUILD)/test_cpu $(if $(GPU_TEST_SRCS),$(BUILD)/test_gpu)
-	LLMC_BUILD=$(BUILD) LLMC_BIN=$(BIN) LLMC_SANITIZE=$(SANITIZE) bash test/run_tests.sh
+# (the emulator's tests: not under SANITIZE=1, whose library objects need ASan's runtime)
+EMU_TESTS := $(if $(filter 1,$(SANITIZE)),,$(BUILD)/test_gpu_emu $(BUILD)/cuemu_selftest)
+test: $(BIN)train_gpt $(TOOLS) $(BUILD)/test_cpu $(if $(GPU_TEST_SRCS),$(BUILD)/test_gpu) $(EMU_TESTS)
+	LLMC_BUILD=$(BUILD) LLMC_BIN=$(BIN) LLMC_SANITIZE=$(SANITIZE) $(EMU_ENV) bash test/run_tests.sh
 
 # llmc/'s includes point down its layer table (llmc/README.md); test/e2e/test_include_layers.sh runs it.
 check-layout:

@@ -4,7 +4,7 @@
 # packages already present are not reinstalled. The CUDA toolkit (nvcc, cuBLASLt, NCCL) is
 # expected at $CUDA_HOME (default /usr/local/cuda); without it, `make` cannot build.
 set -euo pipefail
-pkgs=(openmpi-bin libopenmpi-dev nlohmann-json3-dev catch2 bible-kjv make g++ jq python3-matplotlib slurm-wlm munge clang libomp-dev)  # slurm: test/e2e/test_slurm.sh; jq: test_plan.sh; matplotlib: scripts/plot.py; clang: make fuzz
+pkgs=(openmpi-bin libopenmpi-dev nlohmann-json3-dev catch2 bible-kjv make g++ jq python3-matplotlib slurm-wlm munge clang libomp-dev libboost-context-dev)  # slurm: test/e2e/test_slurm.sh; jq: test_plan.sh; matplotlib: scripts/plot.py; clang: make fuzz; boost-context: the CUDA emulator (make test-emu)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

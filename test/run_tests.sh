@@ -61,6 +61,19 @@ else
     echo "GPU tests: skipped (no CUDA device)"
 fi
 
+if [ -x $B/test_gpu_emu ] && [ -x $B/cuemu_selftest ] && [ -n "${EMU_FLAGS:-}" ]; then
+    # the CUDA source on the CPU emulator (make test-emu): one line, pass or fail
+    echo "== CUDA source on the CPU emulator (test/cuemu/run.sh)"
+    start=$(date +%s)
+    out=$(LLMC_BUILD=$B bash test/cuemu/run.sh 2>&1); rc=$?
+    echo "$out" | grep -v -E '^(CAUGHT|PASS) ' | tail -n 25
+    if [ $rc -eq 0 ]; then
+        echo "PASS test-emu ($(( $(date +%s) - start ))s)"; pass=$((pass + 1))
+    else
+        fail=$((fail + 1)); failed+=("test-emu")
+    fi
+fi
+
 echo "== end-to-end tests"
 for t in test/e2e/test_*.sh; do
     name=$(basename "$t" .sh)

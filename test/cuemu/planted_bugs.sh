@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Planted bugs: builds test_gpu_emu from mutated copies of llmc/cuda (one mutation each) and
+# expects every one to be caught: test_gpu's cases for the mutated op fail, abort, or give
+# different digests in the two schedules. Prints one line per mutation; exit 1 if any was missed.
+# Needs build/emu/test/gpu/test_gpu_ops.o and the emulator's objects (make test-emu builds them);
+# CXX, EMU_FLAGS, MPI_LIBS come from the Makefile.
+set -u
+cd "$(dirname "$0")/../.."
+B=${LLMC_BUILD:-build}
+: "${CXX:?}" "${EMU_FLAGS:?}"
+W=$B/planted
+missed=0
+
+# each mutation: name, file, test_gpu filter, the text replaced, its replacement
+mutate() { names+=("$1"); files+=("$2"); filters+=("$3"); olds+=("$4"); news+=("$5"); }
+names=(); files=(); filters=(); olds=(); news=()
+mutate barrier_after_scratch llmc/cuda/common.cuh layernorm \
+    $'if (lane == 0) scratch[warp] = v;\n    __syncthreads();' 'if (lane == 0) scratch[warp] = v;'
+mutate barrier_before_reuse llmc/cuda/common.cuh layernorm \
+    '__syncthreads();  // scratch may still be read by a previous call' ''
+mutate divergent_shuffle llmc/cuda/fp8.cuh fp8 \
+    $'m = warp_max_u32(m);\n    if ((threadIdx.x & 31) == 0) atomicMax' \
+    $'if ((threadIdx.x & 31) < 16) m = warp_max_u32(m);\n    if ((threadIdx.x & 31) == 0) atomicMax'
+mutate smem_one_row_short llmc/cuda/cuda_ops.cu layernorm \
+    '(size_t)(2 * C + 32) * sizeof(float)' '(size_t)(C + 32) * sizeof(float)'
+mutate off_by_one_store llmc/cuda/layernorm.cuh residual \
+    'if (i < n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));' \
+    'if (i <= n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));'
+mutate fp8_layout_NN llmc/cuda/fp8.cuh fp8 \
+    'CUBLASLT_MATMUL_DESC_TRANSA, &opT' 'CUBLASLT_MATMUL_DESC_TRANSA, &opN'
+
+for i in "${!names[@]}"; do
+    name=${names[$i]} file=${files[$i]} filter=${filters[$i]}
+    d=$W/$name
+    rm -rf "$d" && mkdir -p "$d/llmc" && cp -r llmc/cuda "$d/llmc/"
+    # the mutation must apply: an unchanged file would prove nothing
+    OLD=${olds[$i]} NEW=${news[$i]} perl -0pi -e 's/\Q$ENV{OLD}\E/$ENV{NEW}/' "$d/$file"
+    if cmp -s "$d/$file" "$file"; then
+        echo "MISSED $name: the mutation did not apply to $file (the source changed: update this script)"
+        missed=$((missed + 1)); continue
+    fi
+    # the mutated copies shadow llmc/cuda (-I$d first); the rest of the tree is the real one
+    if ! $CXX -I"$d" $EMU_FLAGS -x c++ -c "$d/llmc/cuda/cuda_ops.cu" -o "$d/cuda_ops.o" 2> "$d/build.log" ||
+       ! $CXX $EMU_FLAGS -o "$d/test_gpu_emu" "$B/emu/test/gpu/test_gpu_ops.o" "$d/cuda_ops.o" $B/emu/test/cuemu/cuemu.o \
+           $B/emu/test/cuemu/cublaslt.o $B/libllmc.a ${MPI_LIBS:-} -lboost_context 2>> "$d/build.log"; then
+        echo "MISSED $name: the mutated copy does not build (see $d/build.log)"
+        missed=$((missed + 1)); continue
+    fi
+    caught=""
+    for sched in forward-lockstep reverse-warp; do
+        if ! CUEMU_SCHEDULE=$sched CUEMU_LT_QUIET=1 LLMC_GPU_DIGEST="$d/digest.$sched" "$d/test_gpu_emu" "$filter" \
+             > "$d/out.$sched" 2>&1; then
+            why=$(grep -m1 -E '^cuemu|^FAIL' "$d/out.$sched" | cut -c1-160)
+            caught="$sched: ${why:-exit status non-zero}"
+            break
+        fi
+    done
+    if [ -z "$caught" ] && ! cmp -s "$d/digest.forward-lockstep" "$d/digest.reverse-warp"; then
+        caught="the two schedules' digests differ"
+    fi
+    if [ -n "$caught" ]; then
+        echo "CAUGHT $name ($filter): $caught"
+    else
+        echo "MISSED $name ($filter): passed in both schedules with equal digests"
+        missed=$((missed + 1))
+    fi
+done
+[ $missed -eq 0 ]

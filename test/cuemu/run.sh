@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# make test-emu: the CUDA source on the CPU emulator (test/cuemu/cuemu.h).
+#  1. the emulator's own tests (build/cuemu_selftest): the good kernels pass in three schedules,
+#     each broken one is caught with its message;
+#  2. test_gpu's op cases on CudaOps compiled for the emulator (build/test_gpu_emu), in the
+#     schedules forward-lockstep and reverse-warp: every case passes (but the known failure
+#     below) and the two runs' digests of the determinism-checked results are equal;
+#  3. planted bugs in copies of the kernels, each caught (test/cuemu/planted_bugs.sh).
+# CUEMU_FILTER=NAME runs only test_gpu's cases NAME (its filter argument; default: all).
+# Ends with "test-emu: passed" or "test-emu: FAILED (...)"; exit 1 on failure.
+set -u
+cd "$(dirname "$0")/../.."
+B=${LLMC_BUILD:-build}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+problems=()
+
+# The one known failure, seen on an H200 too: CUDA attention refuses the reference model's head
+# size 8 ("CUDA attention supports head sizes that are multiples of 16 up to 128"); another
+# issue fixes attention. Only this line may fail, and only with this message.
+KNOWN_FAIL='^FAIL reference  exception: .*CUDA attention supports head sizes that are multiples of 16 up to 128'
+
+echo "== emulator self-tests"
+for s in forward-lockstep reverse-warp random7-lockstep; do
+    for c in reduce ballot dynamic_smem; do
+        if out=$(CUEMU_SCHEDULE=$s $B/cuemu_selftest $c 2>&1); then :; else
+            problems+=("selftest $c ($s)"); echo "FAIL selftest $c ($s): $out" | head -n 5
+        fi
+    done
+done
+expect_caught() {  # case, expected message
+    if out=$($B/cuemu_selftest "$1" 2>&1); then
+        problems+=("selftest $1 not caught"); echo "FAIL selftest $1: not caught: $out"
+    elif ! grep -q -- "$2" <<< "$out"; then
+        problems+=("selftest $1 message"); echo "FAIL selftest $1: caught without '$2':"; echo "$out" | head -n 5
+    else
+        echo "CAUGHT $1: $(grep -m1 -- "$2" <<< "$out" | cut -c1-150)"
+    fi
+}
+expect_caught missing_barrier 'FAIL block'
+expect_caught divergent_shuffle 'lane 16 of the mask has exited'
+expect_caught barrier_in_branch 'reached by 96 threads while 160 have exited'
+expect_caught smem_short 'wrote past the 51072 bytes of dynamic shared memory'
+expect_caught off_by_one 'wrote past the end of a device allocation of 4000 bytes'
+expect_caught no_optin 'without opting in'
+expect_caught bad_pointer 'is not inside a device or pinned host allocation'
+
+echo "== test_gpu's op cases on CudaOps under the emulator${CUEMU_FILTER:+ (filter $CUEMU_FILTER)}"
+for s in forward-lockstep reverse-warp; do
+    start=$(date +%s)
+    CUEMU_SCHEDULE=$s CUEMU_LT_QUIET=1 LLMC_GPU_DIGEST="$B/emu_digest.$s" $B/test_gpu_emu ${CUEMU_FILTER:-} \
+        > "$B/emu_out.$s" 2>&1
+    rc=$?
+    summary=$(tail -n 1 "$B/emu_out.$s")
+    echo "$s: $summary ($(( $(date +%s) - start ))s, exit $rc)"
+    unexpected=$(grep '^FAIL' "$B/emu_out.$s" | grep -v -E "$KNOWN_FAIL")
+    if [ -n "$unexpected" ]; then
+        problems+=("op cases ($s)"); echo "$unexpected" | head -n 20
+    fi
+    grep -q -E "$KNOWN_FAIL" "$B/emu_out.$s" && echo "  known failure excluded: reference (CUDA attention refuses head size 8)"
+    if ! grep -q -E '^[0-9]+ passed, [0-9]+ failed$' <<< "$summary"; then
+        problems+=("op cases ($s) did not finish"); tail -n 15 "$B/emu_out.$s"
+    fi
+done
+if [ -s "$B/emu_digest.forward-lockstep" ] && cmp -s "$B/emu_digest.forward-lockstep" "$B/emu_digest.reverse-warp"; then
+    echo "digests equal in both schedules ($(wc -l < "$B/emu_digest.forward-lockstep") results)"
+else
+    problems+=("digests differ between schedules")
+    diff "$B/emu_digest.forward-lockstep" "$B/emu_digest.reverse-warp" | head -n 10
+fi
+
+echo "== planted bugs"
+bash test/cuemu/planted_bugs.sh || problems+=("planted bugs")
+
+if [ ${#problems[@]} -eq 0 ]; then
+    echo "test-emu: passed"
+else
+    echo "test-emu: FAILED (${problems[*]})"
+    exit 1
+fi
