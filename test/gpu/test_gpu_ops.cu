@@ -35,6 +35,7 @@
 #include "llmc/model/moe.h"
 #include "llmc/parallel/context_parallel.h"
 #include "llmc/cuda/common.cuh"
+#include "llmc/cuda/ptx.cuh"
 #include "llmc/model/model.h"
 #include "llmc/backend/ops.h"
 #include "llmc/model/optimizer.h"
@@ -1293,6 +1294,8 @@ void test_offload(Ops& gpu, DType dt) {
            strfmt("nonzero=%zu of %zu", padding, n - lay.num_params));
 }
 
+#include "test/gpu/ptx_test.cuh"
+
 // The whole GPT-2 on the GPU (fp32) against the committed PyTorch debug state (test/ref_data.h;
 // test/test_parity.cpp holds the CPU backend to it at 1e-5): the loss and every logit of the
 // batch, every parameter's gradient, and the losses and gradient norms of the reference's AdamW
@@ -1452,6 +1455,7 @@ int main(int argc, char** argv) {
         run("adamw", "adamw", [&](const C& c) { test_adamw(h, size_t(c.dims[0]), c.dims[1] != 0, c.dims[2]); });
         run("sum_squares", "sum_squares", [&](const C& c) { test_sum_squares(h, size_t(c.dims[0])); });
         if (want("offload") && !on_cpu) guarded("offload", [&] { test_offload(*gpu, dt); });  // CUDA's copies
+        if (want("ptx") && !on_cpu && dt == DType::BF16) guarded("ptx", [&] { test_ptx(); });
         if (want("reference") && dt == DType::F32) guarded("reference", [&] { test_reference(*gpu); });
         if (want("fp8")) {
             std::string why;
