@@ -1,7 +1,8 @@
-// Fused causal flash attention, forward and backward, never materialising T x T. The bf16
-// forward at head sizes 32, 64, 80, 96, 128, 256 runs llmc/cuda/flash_attention.cuh (registers,
-// mma.sync, ldmatrix, cp.async); everything else (fp32, other head sizes, the backward) runs the
-// kernels below.
+// Fused causal flash attention, forward and backward, never materialising T x T. In bf16 the
+// forward at head sizes 32, 64, 80, 96, 128, 256 runs llmc/cuda/flash_attention.cuh and the
+// backward at 32 to 128 llmc/cuda/flash_backward.cuh (registers, mma.sync, ldmatrix, cp.async);
+// everything else (fp32, other head sizes, tiles the device's shared memory cannot hold) runs
+// the general kernels below.
 //
 // qkv [B, T, NH + 2*NKV, HS] (per token: NH query heads, NKV key heads, NKV value heads;
 // query head h reads key/value head h / (NH/NKV), grouped-query attention; NKV == NH is
@@ -36,6 +37,7 @@
 
 #include "llmc/cuda/common.cuh"
 #include "llmc/cuda/flash_attention.cuh"
+#include "llmc/cuda/flash_backward.cuh"
 #include "llmc/backend/positions.h"
 #include "llmc/core/common.h"
 
@@ -463,6 +465,9 @@ __global__ void __launch_bounds__(kThreads)
 // (fp32 32x32); backward 32x32, then 16x16.
 inline int padded_hs(int HS) { return (HS + 15) / 16 * 16; }
 
+// false: the bf16 backward takes the general kernels (dev/cuda/attention_backward.cu's baseline)
+inline bool g_flash_backward = true;
+
 // Opts fn in to `bytes` of dynamic shared memory; false when the device allows less.
 inline bool fits_smem(const void* fn, size_t bytes) {
     int optin = 0;
@@ -477,14 +482,11 @@ inline bool fits_smem(const void* fn, size_t bytes) {
                            HS, what, bytes, optin));
 }
 
-// Tq query rows of qkv_q against Tk key rows of qkv_kv (the whole attention: qkv_q == qkv_kv,
-// Tq == Tk, default positions)
+// The general forward (any dtype, any head size): attention_block_forward's fallback, and
+// dev/cuda/attention_forward.cu's version 3.
 template <class T>
-void attention_block_forward(T* out, float* lse, const T* qkv_q, const T* qkv_kv, int B, int Tq, int Tk, int NH,
-                             int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
-    if constexpr (std::is_same<T, bf16>::value) {  // the tensor-core path, where it covers HS
-        if (flash::forward(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st)) return;
-    }
+void attention_block_forward_general(T* out, float* lse, const T* qkv_q, const T* qkv_kv, int B, int Tq, int Tk,
+                                     int NH, int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
     const int HSP = padded_hs(HS);
     const float scale = 1.0f / sqrtf((float)HS);
     auto launch = [&](auto fn, int BR, size_t smem) {
@@ -499,6 +501,17 @@ void attention_block_forward(T* out, float* lse, const T* qkv_q, const T* qkv_kv
         launch(attention_forward_kernel<T, 32, 32>, 32, small);
     else
         too_wide("forward", HS, small);
+}
+
+// Tq query rows of qkv_q against Tk key rows of qkv_kv (the whole attention: qkv_q == qkv_kv,
+// Tq == Tk, default positions)
+template <class T>
+void attention_block_forward(T* out, float* lse, const T* qkv_q, const T* qkv_kv, int B, int Tq, int Tk, int NH,
+                             int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
+    if constexpr (std::is_same<T, bf16>::value) {  // the tensor-core path, where it covers HS
+        if (flash::forward(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st)) return;
+    }
+    attention_block_forward_general(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st);
 }
 
 template <class T>
@@ -522,6 +535,10 @@ void attention_block_backward(T* dq_dst, T* dkv, const T* dout, const T* qkv_q, 
     const long long rows = (long long)B * Tq * NH;
     LLMC_LAUNCH(attention_backward_d_kernel<T>, ceil_div(rows, 8), 256, 0, st, D, dout, out, B, Tq, NH, HS);
     CUDA_CHECK_LAUNCH();
+    if constexpr (std::is_same<T, bf16>::value) {  // the tensor-core path, where it covers HS
+        if (g_flash_backward && flash::backward(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, HS, qp, kp, accumulate, st))
+            return;
+    }
     const int HSP = padded_hs(HS);
     const float scale = 1.0f / sqrtf((float)HS);
     auto launch = [&](auto fkv, auto fq, int BR, int BC, size_t smem) {
