@@ -461,8 +461,8 @@ __global__ void __launch_bounds__(kThreads)
 // Any head size: the tiles hold HSP = HS rounded up to 16 columns, the padding zero (it adds
 // nothing to Q K^T, and the padded columns of O, dK, dV, dQ are never written). The scale is
 // 1/sqrt(HS). Tile sizes: the largest of the candidates whose shared memory the device allows
-// (sm_80 / sm_90 ~227 KiB per block, sm_86 / sm_89 ~99 KiB): forward bf16 64x64, then 32x32
-// (fp32 32x32); backward 32x32, then 16x16.
+// (sm_80 / sm_90 ~227 KiB per block, sm_86 / sm_89 ~99 KiB): forward bf16 64x64, then 32x32,
+// then 16x16 (fp32 from 32x32); backward 32x32, then 16x16 (fp32 then 8x8).
 inline int padded_hs(int HS) { return (HS + 15) / 16 * 16; }
 
 // false: the bf16 backward takes the general kernels (dev/cuda/attention_backward.cu's baseline)
@@ -477,9 +477,12 @@ inline bool fits_smem(const void* fn, size_t bytes) {
     int dev = 0, optin = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    throw UserError(strfmt("model: head size %d is too large for the CUDA attention %s (%zu bytes of shared memory "
-                           "per block at its smallest tile; this GPU allows %d)",
-                           HS, what, bytes, optin));
+    char msg[256];  // (snprintf, not strfmt: dev/cuda links this header without libllmc)
+    std::snprintf(msg, sizeof msg,
+                  "model: head size %d is too large for the CUDA attention %s (%zu bytes of shared memory per "
+                  "block at its smallest tile; this GPU allows %d)",
+                  HS, what, bytes, optin);
+    throw UserError(msg);
 }
 
 // The general forward (any dtype, any head size): attention_block_forward's fallback, and
@@ -494,11 +497,14 @@ void attention_block_forward_general(T* out, float* lse, const T* qkv_q, const T
                     HS, HSP, scale, qp, kp);
         CUDA_CHECK_LAUNCH();
     };
-    const size_t big = fwd_layout<T, 64, 64>(HSP).total, small = fwd_layout<T, 32, 32>(HSP).total;
+    const size_t big = fwd_layout<T, 64, 64>(HSP).total, mid = fwd_layout<T, 32, 32>(HSP).total,
+                 small = fwd_layout<T, 16, 16>(HSP).total;
     if (std::is_same<T, bf16>::value && fits_smem((const void*)attention_forward_kernel<T, 64, 64>, big))
         launch(attention_forward_kernel<T, 64, 64>, 64, big);
-    else if (fits_smem((const void*)attention_forward_kernel<T, 32, 32>, small))
-        launch(attention_forward_kernel<T, 32, 32>, 32, small);
+    else if (fits_smem((const void*)attention_forward_kernel<T, 32, 32>, mid))
+        launch(attention_forward_kernel<T, 32, 32>, 32, mid);
+    else if (fits_smem((const void*)attention_forward_kernel<T, 16, 16>, small))
+        launch(attention_forward_kernel<T, 16, 16>, 16, small);
     else
         too_wide("forward", HS, small);
 }
@@ -556,7 +562,14 @@ void attention_block_backward(T* dq_dst, T* dkv, const T* dout, const T* qkv_q, 
     else if (fits_smem((const void*)attention_backward_dkdv_kernel<T, 16, 16>, small) &&
              fits_smem((const void*)attention_backward_dq_kernel<T, 16, 16>, small))
         launch(attention_backward_dkdv_kernel<T, 16, 16>, attention_backward_dq_kernel<T, 16, 16>, 16, 16, small);
-    else
+    else if constexpr (std::is_same<T, float>::value) {  // fp32 (plain FMA tiles) goes down to 8 rows
+        const size_t tiny = bwd_layout<T, 8, 8>(HSP).total;
+        if (fits_smem((const void*)attention_backward_dkdv_kernel<T, 8, 8>, tiny) &&
+            fits_smem((const void*)attention_backward_dq_kernel<T, 8, 8>, tiny))
+            launch(attention_backward_dkdv_kernel<T, 8, 8>, attention_backward_dq_kernel<T, 8, 8>, 8, 8, tiny);
+        else
+            too_wide("backward", HS, tiny);
+    } else
         too_wide("backward", HS, small);
 }
 
