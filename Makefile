@@ -95,7 +95,7 @@ $(BUILD)/test_gpu: $(GPU_TEST_SRCS:%.cu=$(BUILD)/%.o) $(CUDA_OBJS) $(BUILD)/libl
 # The CUDA source on the CPU (test/cuemu, see its README section): llmc/cuda/cuda_ops.cu and test_gpu's
 # op cases compiled by g++ against the emulator (each CUDA thread a fiber, blocks over OpenMP).
 # `make test-emu` builds build/test_gpu_emu and runs test/cuemu/run.sh (two schedules, planted bugs).
-EMU_FLAGS := -O2 -g -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -Itest/cuemu/include $(MPI_CFLAGS) \
+EMU_FLAGS := -O2 -g $(CPU_ARCH) -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -Itest/cuemu/include $(MPI_CFLAGS) \
              -DLLMC_CUEMU -MMD -MP
 EMU_OBJS  := $(patsubst %.cpp,$(BUILD)/emu/%.o,$(wildcard test/cuemu/cuemu.cpp test/cuemu/cublaslt.cpp))
 $(BUILD)/emu/%.o: %.cu

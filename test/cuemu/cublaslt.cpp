@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "llmc/precision/bf16.h"
 #include "llmc/precision/fp8.h"
@@ -287,16 +288,23 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
     const float dscale = op->d_scale ? *op->d_scale : 1.0f;
     const bool with_bias = op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS ||
                            op->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
+    // op(A) as m rows of k, op(B) as n rows of k, decoded once
+    std::vector<double> ra((size_t)m * k), rb((size_t)n * k);
+#pragma omp parallel for schedule(static)
+    for (long long i = 0; i < m; i++)
+        for (long long p = 0; p < k; p++)
+            ra[i * k + p] = load(A, a->type, ta ? (size_t)(p + i * a->ld) : (size_t)(i + p * a->ld));
+#pragma omp parallel for schedule(static)
+    for (long long j = 0; j < n; j++)
+        for (long long p = 0; p < k; p++)
+            rb[j * k + p] = load(B, b->type, tb ? (size_t)(j + p * b->ld) : (size_t)(p + j * b->ld));
     // C may alias D (in place): each element is read before it is written, by the same iteration
 #pragma omp parallel for schedule(static)
     for (long long j = 0; j < n; j++)
         for (long long i = 0; i < m; i++) {
             double s = 0.0;
-            for (long long p = 0; p < k; p++) {
-                const double x = load(A, a->type, ta ? (size_t)(p + i * a->ld) : (size_t)(i + p * a->ld));
-                const double y = load(B, b->type, tb ? (size_t)(j + p * b->ld) : (size_t)(p + j * b->ld));
-                s += x * y;
-            }
+            const double *x = &ra[i * k], *y = &rb[j * k];
+            for (long long p = 0; p < k; p++) s += x[p] * y[p];
             float v = (float)(ab * s);
             if (beta != 0.0f) v += beta * (float)load(C, c->type, (size_t)(i + j * c->ld));
             if (with_bias) v += (float)load(op->bias, bias_t, (size_t)i);

@@ -32,7 +32,19 @@ constexpr size_t kDefaultSmem = 48 * 1024, kOptinSmem = 232448;  // H100: 227 Ki
 constexpr size_t kSmemGuard = 4096;       // checked bytes past the launch's dynamic shared memory
 constexpr size_t kRedzone = 256;          // checked bytes past each device allocation
 constexpr size_t kStackBytes = 256 * 1024;
-constexpr unsigned char kCanary = 0xFF;   // fp32 / bf16 NaN: a read past the end shows
+constexpr unsigned char kNaN = 0xFF;      // fresh memory: fp32 / bf16 NaN, an unwritten read shows
+// Guards past the end hold the signalling NaN 0x7FA1 (bf16) / 0x7FA17FA1 (fp32): a read shows
+// as NaN, and a store of any computed value (arithmetic quiets a NaN) differs from it.
+inline unsigned char guard_byte(size_t i) { return i % 2 ? 0x7F : 0xA1; }
+void fill_guard(void* p, size_t n) {
+    for (size_t i = 0; i < n; i++) static_cast<unsigned char*>(p)[i] = guard_byte(i);
+}
+// the first changed byte of a guard, or n
+size_t check_guard(const void* p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (static_cast<const unsigned char*>(p)[i] != guard_byte(i)) return i;
+    return n;
+}
 
 std::mutex g_mu;  // allocations, attributes, error printing
 [[noreturn]] void die(const std::string& msg) {
@@ -157,8 +169,18 @@ struct Block {
 thread_local Block* t_blk = nullptr;
 thread_local ThreadState* t_cur = nullptr;
 
-// dynamic shared memory, one buffer per OS thread (room for the opt-in maximum and the guard)
-thread_local std::vector<char> t_smem;
+// dynamic shared memory, one buffer per OS thread (room for the opt-in maximum and the guard),
+// 1024-byte aligned as a device's shared memory window (kernels declare it __align__(128))
+struct SmemBuffer {
+    char* p = nullptr;
+    ~SmemBuffer() { std::free(p); }
+    char* get() {
+        if (!p) p = static_cast<char*>(std::aligned_alloc(1024, kOptinSmem + kSmemGuard));
+        if (!p) die("out of memory for shared memory");
+        return p;
+    }
+};
+thread_local SmemBuffer t_smem;
 
 const char* coll_name(Coll k) {
     switch (k) {
@@ -361,13 +383,12 @@ void check_redzones(const char* after) {
     std::lock_guard<std::mutex> lk(g_mu);
     for (auto& [p, a] : g_allocs) {
         if (a.pinned) continue;
-        const unsigned char* z = (const unsigned char*)p + a.bytes;
-        for (size_t i = 0; i < kRedzone; i++)
-            if (z[i] != kCanary) {
-                std::fprintf(stderr, "cuemu: %s wrote past the end of a device allocation of %zu bytes at %p (byte %zu past it)\n",
-                             after, a.bytes, (void*)p, i);
-                std::abort();
-            }
+        const size_t i = check_guard((const char*)p + a.bytes, kRedzone);
+        if (i < kRedzone) {
+            std::fprintf(stderr, "cuemu: %s wrote past the end of a device allocation of %zu bytes at %p (byte %zu past it)\n",
+                         after, a.bytes, (void*)p, i);
+            std::abort();
+        }
     }
 }
 void check_range(const char* what, const void* p, size_t n) {
@@ -458,10 +479,10 @@ cudaError_t run_grid(const char* name, const void* fn, dim3 grid, dim3 block, si
         b.n = (int)nthreads;
         b.body = body;
         b.ctx = c;
-        if (t_smem.size() < kOptinSmem + kSmemGuard) t_smem.resize(kOptinSmem + kSmemGuard);
-        b.smem = t_smem.data();
+        b.smem = t_smem.get();
         CUEMU_UNPOISON(b.smem, kOptinSmem + kSmemGuard);
-        std::memset(b.smem, kCanary, smem + kSmemGuard);  // NaN everywhere, the guard included
+        std::memset(b.smem, kNaN, smem);
+        fill_guard(b.smem + smem, kSmemGuard);
         CUEMU_POISON(b.smem + smem, kOptinSmem + kSmemGuard - smem);
         b.th = std::vector<ThreadState>(nthreads);
         for (int t = 0; t < b.n; t++) {
@@ -472,10 +493,9 @@ cudaError_t run_grid(const char* name, const void* fn, dim3 grid, dim3 block, si
         run_block(b, &rng);
         t_blk = nullptr;
         CUEMU_UNPOISON(b.smem, kOptinSmem + kSmemGuard);
-        for (size_t k = 0; k < kSmemGuard; k++)
-            if ((unsigned char)b.smem[smem + k] != kCanary)
-                fail(b, fmt("wrote past the %zu bytes of dynamic shared memory of the launch (byte %zu past the end)",
-                            smem, k));
+        const size_t k = check_guard(b.smem + smem, kSmemGuard);
+        if (k < kSmemGuard)
+            fail(b, fmt("wrote past the %zu bytes of dynamic shared memory of the launch (byte %zu past the end)", smem, k));
     }
     check_redzones(fmt("kernel %s", name).c_str());
     return cudaSuccess;
@@ -548,7 +568,8 @@ static cudaError_t alloc(void** p, size_t bytes, bool pinned) {
     const size_t total = (bytes + cuemu::kRedzone + 255) / 256 * 256;
     void* q = std::aligned_alloc(256, total);
     if (!q) return set_err(cudaErrorMemoryAllocation);
-    std::memset(q, cuemu::kCanary, total);  // device memory starts as garbage: NaN
+    std::memset(q, cuemu::kNaN, bytes);  // device memory starts as garbage: NaN
+    cuemu::fill_guard((char*)q + bytes, total - bytes);
     if (!pinned) CUEMU_POISON((char*)q + bytes, total - bytes);
     std::lock_guard<std::mutex> lk(g_mu);
     g_allocs[(uintptr_t)q] = cuemu::Alloc{bytes, pinned};

@@ -14,6 +14,7 @@
 // row cannot hide in a norm over many. The whole GPT-2 in fp32 against the committed PyTorch
 // debug state (test_reference: loss, logits, gradients, the AdamW steps' losses and norms). Also
 // optimizer offload: AdamW on the host (llmc/model/optimizer.h) against AdamW on the GPU (test_offload).
+// One whole training step of a small GPT-2 and Llama against the CPU backend (model_step).
 // `test_gpu big` runs only the large cases (logits past 2^31 elements), which are too slow under
 // compute-sanitizer and are left out of the default run.
 // Prints one line per check and "N passed, M failed"; exit code 1 on any failure.
@@ -1368,6 +1369,50 @@ void test_reference(Ops& gpu) {
            strfmt("%d steps, worst relative difference %.3e tol=%.0e", steps, worst_norm, tol));
 }
 
+// One whole training step of a small model (fp32), the GPU backend against the CPU backend from
+// the same random parameters and tokens: the loss, every gradient, and the loss after one AdamW
+// step. Head size 16 (the CUDA attention's smallest). GPT-2, and Llama with grouped-query attention.
+void test_model_step(Ops& cpu, Ops& gpu, const ModelShape& s, const char* name) {
+    const std::string sh = strfmt("[fp32 %s L=%d H=%d KV=%d C=%d V=%d]", name, s.n_layer, s.n_head, s.kv_heads(),
+                                  s.d_model, s.vocab_size);
+    const int B = 2, T = 16;
+    WholeModel wc(s, cpu, B, T), wg(s, gpu, B, T);
+    const size_t np = wc.model.params.num_params;
+    Rng rng(11);
+    std::vector<float> w(np);
+    for (float& x : w) x = 0.05f * rng.normal();
+    std::vector<int32_t> x(B * T), y(B * T);
+    for (int i = 0; i < B * T; i++) x[i] = rng.below(s.vocab_size), y[i] = rng.below(s.vocab_size);
+    const float dloss = 1.0f / (float)(B * T);
+    float loss[2][2];
+    std::vector<float> grads[2];
+    Ops* ops[2] = {&cpu, &gpu};
+    WholeModel* wm[2] = {&wc, &wg};
+    for (int k = 0; k < 2; k++) {
+        Model& m = wm[k]->model;
+        m.set_params_whole(w.data());
+        m.zero_grads();
+        loss[k][0] = m.forward(x.data(), y.data(), B, T, dloss);
+        m.backward();
+        grads[k].resize(np);
+        m.get_grads_whole(grads[k].data());
+        float* mom = static_cast<float*>(ops[k]->alloc(np * sizeof(float)));
+        float* var = static_cast<float*>(ops[k]->alloc(np * sizeof(float)));
+        for (const ParamSpec& p : m.params.specs)
+            ops[k]->adamw(wm[k]->store.params.slice(p.offset, p.numel), nullptr, wm[k]->store.grads.slice(p.offset, p.numel),
+                          mom + p.offset, var + p.offset, 1e-3f, 0.9f, 0.95f, 1e-8f, p.decay ? 0.1f : 0.0f, 1.0f, 1, 0u);
+        loss[k][1] = m.forward(x.data(), y.data(), B, T, 0.0f);
+        ops[k]->release(mom);
+        ops[k]->release(var);
+    }
+    for (int i = 0; i < 2; i++) {
+        const double d = std::fabs((double)loss[1][i] - loss[0][i]) / std::fabs((double)loss[0][i]);
+        report(d <= 1e-5, i ? "model_step.loss_after_adamw" : "model_step.loss", sh,
+               strfmt("gpu=%.9g cpu=%.9g rel=%.2e tol=1e-05", loss[1][i], loss[0][i], d));
+    }
+    H::compare_vec("model_step.grads", sh, grads[1], grads[0], 1e-4);
+}
+
 void guarded(const std::string& what, const std::function<void()>& f) {
     try {
         f();
@@ -1457,6 +1502,13 @@ int main(int argc, char** argv) {
         if (want("offload") && !on_cpu) guarded("offload", [&] { test_offload(*gpu, dt); });  // CUDA's copies
         if (want("ptx") && !on_cpu && dt == DType::BF16) guarded("ptx", [&] { test_ptx(); });
         if (want("reference") && dt == DType::F32) guarded("reference", [&] { test_reference(*gpu); });
+        if (want("model_step") && dt == DType::F32)
+            guarded("model_step", [&] {
+                test_model_step(*cpu, *gpu, ModelShape{2, 2, 32, 100, 128, 16}, "gpt2");
+                ModelShape llama{2, 4, 64, 100, 128, 16};
+                llama.arch = Arch::Llama, llama.n_kv_head = 2, llama.ffn_dim = 96, llama.tie_embeddings = false;
+                test_model_step(*cpu, *gpu, llama, "llama");
+            });
         if (want("fp8")) {
             std::string why;
             if (!gpu->fp8_supported(&why)) {

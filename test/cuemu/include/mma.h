@@ -1,6 +1,8 @@
 // cuemu stand-in for <mma.h>: nvcuda::wmma with 16x16x16 fragments. Every fragment holds its
-// whole tile (the emulator need not follow the opaque per-lane layout); each operation is a warp
-// collective over all 32 lanes (a lane missing or diverged aborts), and loads and stores check
+// whole tile (the emulator need not follow the opaque per-lane layout); a lane owns the
+// accumulator elements i with i % 32 == its lane (mma_sync computes and store_matrix_sync writes
+// only those), so code that reads an accumulator's x[] directly is not emulated. Each operation is
+// a warp collective over all 32 lanes (a lane missing or diverged aborts), and loads and stores check
 // the documented rules: a 256-bit aligned pointer and ldm a multiple of 16 bytes. mma_sync
 // accumulates in fp32, in k order: the tensor cores' own rounding is not modelled.
 #pragma once
@@ -35,6 +37,7 @@ inline void enter(const char* what, const void* p, unsigned ldm, size_t elem) {
         std::abort();
     }
 }
+inline int lane() { return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32; }
 inline float f(float v) { return v; }
 inline float f(__nv_bfloat16 v) { return __bfloat162float(v); }
 }  // namespace detail
@@ -63,8 +66,7 @@ void load_matrix_sync(fragment<accumulator, M, N, K, T>& a, const T* p, unsigned
 template <int M, int N, int K, class T>
 void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& a, unsigned ldm, layout_t l) {
     detail::enter("store_matrix_sync", p, ldm, sizeof(T));
-    const int lane = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
-    for (int i = lane; i < M * N; i += 32) {
+    for (int i = detail::lane(); i < M * N; i += 32) {
         const int r = i / N, c = i % N;
         (l == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = a.x[i];
     }
@@ -73,14 +75,15 @@ template <int M, int N, int K, class TA, class LA, class LB>
 void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, TA, LA>& a,
               const fragment<matrix_b, M, N, K, TA, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
     detail::enter("mma_sync", nullptr, 0, 1);
-    float out[M * N];
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            float s = c.x[i * N + j];
-            for (int k = 0; k < K; k++) s = fmaf(detail::f(a.x[i * K + k]), detail::f(b.x[k * N + j]), s);
-            out[i * N + j] = s;
-        }
-    for (int i = 0; i < M * N; i++) d.x[i] = out[i];
+    // each lane computes only the accumulator elements it owns (i % 32 == lane), which are the
+    // ones it stores: the warp does the product once, not 32 times
+    const int lane = detail::lane();
+    for (int e = lane; e < M * N; e += 32) {
+        const int i = e / N, j = e % N;
+        float s = c.x[e];
+        for (int k = 0; k < K; k++) s = fmaf(detail::f(a.x[i * K + k]), detail::f(b.x[k * N + j]), s);
+        d.x[e] = s;
+    }
 }
 }  // namespace wmma
 }  // namespace nvcuda
