@@ -79,6 +79,11 @@ inline const std::vector<Case>& all() {
         {"attention", {2, 50, 6, 3, 32}, 0, Gpu},
         {"attention", {2, 100, 2, 2, 80}, 0, Gpu},  // head size 80 (5 x 16)
         {"attention", {1, 257, 4, 2, 80}, 0, Gpu},
+        {"attention", {2, 17, 3, 3, 8}, 0, Gpu},     // head sizes off the multiples of 16: padded
+        {"attention", {1, 100, 4, 2, 40}, 0, Gpu},
+        {"attention", {1, 70, 2, 1, 20}, 0, Gpu},
+        {"attention", {1, 130, 2, 2, 96}, 0, Gpu},
+        {"attention", {1, 90, 2, 2, 256}, 0, Gpu},   // past sm_86's 99 KiB at 64x64 tiles
         {"attention", {1, 1024, 4, 4, 64}, 0, Gpu},  // T = 1024: GPT-2's context
         {"attention", {1, 1024, 4, 2, 128}, 0, Gpu},
         {"attention", {4, 1024, 12, 12, 64}, 0, Bench},  // GPT-2 124M
@@ -92,6 +97,7 @@ inline const std::vector<Case>& all() {
         {"attention_ring", {1, 48, 3, 3, 16, 4}, 0, Cpu},
         {"attention_ring", {2, 36, 4, 2, 64, 2}, 0, Gpu},
         {"attention_ring", {1, 256, 8, 2, 64, 4}, 0, Gpu},
+        {"attention_ring", {2, 36, 4, 2, 40, 2}, 0, Gpu},
         // rmsnorm: N, C (x = eps)
         {"rmsnorm", {7, 13}, 1e-5f, Fd},
         {"rmsnorm", {66, 64}, 1e-6f, Cpu},

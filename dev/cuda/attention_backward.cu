@@ -1,7 +1,23 @@
 // Causal attention backward: dqkv from dout, qkv, out, lse (D = rowsum(dO*O) precomputed).
 // ./attention_backward <version> [B T NH HS]
 //   1: llmc/cuda/attention.cuh, fp32 FMA tiles (dK/dV per key tile, dQ per query tile)
-//   2: llmc/cuda/attention.cuh, bf16 wmma tiles
+//   2: llmc/cuda/attention.cuh, bf16 wmma tiles (the trainer's bf16 backward until issue 30; now
+//      its fallback for head sizes the tensor-core path does not cover)
+//   3: llmc/cuda/flash_backward.cuh, FlashAttention-2 design (the trainer's bf16 backward)
+//
+// Lab notebook (causal, bf16; FLOPs as FlashAttention counts them: 2.5 x the forward's 4 B NH HS T^2 / 2):
+//   v2  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): dQ 48.1 ms and dK/dV
+//       39.7 ms of two steps (with the forward about 8 TFLOP/s). Why slow: 32x32 tiles, every wmma
+//       fragment and S, dP, P, dS round-tripped through shared memory, the dK/dV grid's lightest
+//       key tiles dispatched first.
+//   v3  not yet measured (no GPU in the session that wrote it). What changes: per warp 16 key
+//       rows (dK/dV) or 16 query rows (dQ), S/dP/P/dS and the accumulators in registers (mma.sync,
+//       P and dS rounded from the accumulators straight into A registers), ldmatrix operands,
+//       cp.async double-buffered streams of Q/dO (dK/dV) or K/V (dQ), masking only on tiles that
+//       cross the diagonal, heaviest tiles first in both grids; still deterministic (each block
+//       owns what it writes; dQ recomputes S and dP rather than adding atomically).
+//   To measure: make -C dev/cuda attention_backward && for v in 2 3; do
+//     ./dev/cuda/attention_backward $v 8 1024 32 64; ./dev/cuda/attention_backward $v 8 1024 16 128; done
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
 
@@ -24,13 +40,14 @@ static bool run_version(const std::vector<float>& qkv, const std::vector<float>&
 }
 
 int main(int argc, char** argv) {
-    int version = kernel_arg(argc, argv, 2);
+    int version = kernel_arg(argc, argv, 3);
+    attn::g_flash_backward = version == 3;
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_backward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);
     const size_t nqkv = (size_t)B * T * 3 * NH * HS, no = (size_t)B * T * NH * HS;
     auto qkv = rand_vec(nqkv, 2.0f, 1), dout = rand_vec(no, 1.0f, 2);
-    if (version == 2) round_bf16(qkv), round_bf16(dout);
+    if (version >= 2) round_bf16(qkv), round_bf16(dout);
     std::vector<float> ref(nqkv), out(no), lse((size_t)B * NH * T);
     cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
     cpu::attention_backward<float>(ref.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH, NH, HS);

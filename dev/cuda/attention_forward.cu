@@ -2,7 +2,27 @@
 // ./attention_forward <version> [B T NH HS]
 //   1: naive, one thread per query row, fp32 (baseline)
 //   2: llmc/cuda/attention.cuh flash forward, fp32 FMA tiles
-//   3: llmc/cuda/attention.cuh flash forward, bf16 wmma tiles (the one the trainer uses in bf16)
+//   3: llmc/cuda/attention.cuh general forward, bf16 wmma tiles (the trainer's bf16 forward until
+//      issue 30; now its fallback for head sizes the tensor-core path does not cover)
+//   4: llmc/cuda/flash_attention.cuh, FlashAttention-2 design (the trainer's bf16 forward)
+//
+// Lab notebook (causal, bf16, FLOPs counted as FlashAttention counts them: 4 B NH HS T^2 / 2):
+//   v3  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): the forward kernel
+//       51.9 ms of the two steps; with the two backward kernels about 8 TFLOP/s. Why slow: every
+//       wmma fragment reloaded from shared memory per 16x16 tile; S, P and the O accumulator
+//       round-trip through shared memory per key tile (with a __syncthreads between each phase);
+//       scalar 2-byte global loads with runtime / HS and % HS; no overlap of loads and math.
+//   v4  not yet measured (no GPU in the session that wrote it; the command is below). What
+//       changes: each warp owns 16 query rows and keeps Q, S, P and O in registers (mma.sync
+//       m16n8k16, the S accumulators rounded straight into P's A registers), operands come by
+//       ldmatrix (one instruction per four 8x8 fragments, conflict-free with the 16-byte row
+//       pad), K/V tiles stream by cp.async into a double buffer while the previous tile is
+//       computed, two __syncthreads per key tile instead of six, the softmax in exp2 with the
+//       scale folded into one FMA, masking only on the tiles that cross the diagonal, the
+//       heaviest query tiles scheduled first. Target (issue 30): >= 300 TFLOP/s at HS 64/128.
+//   To measure (B T NH HS after the version; d_model 2048 as FlashAttention's benchmarks):
+//     make -C dev/cuda attention_forward && for v in 3 4; do ./dev/cuda/attention_forward $v 8 1024 32 64;
+//     ./dev/cuda/attention_forward $v 8 1024 16 128; done
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
 
@@ -37,13 +57,13 @@ __global__ void attention_forward_naive(float* out, float* lse, const float* qkv
 }
 
 int main(int argc, char** argv) {
-    int version = kernel_arg(argc, argv, 3);
+    int version = kernel_arg(argc, argv, 4);
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_forward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);
     const size_t nqkv = (size_t)B * T * 3 * NH * HS, no = (size_t)B * T * NH * HS, nl = (size_t)B * NH * T;
     auto qkv = rand_vec(nqkv, 2.0f);
-    if (version == 3) round_bf16(qkv);
+    if (version >= 3) round_bf16(qkv);
     std::vector<float> out(no), lse(nl);
     cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
     std::function<void()> run;
@@ -60,7 +80,16 @@ int main(int argc, char** argv) {
     } else {
         bf16 *dqkv = to_dev<bf16>(qkv), *dout = dev_poisoned<bf16>(no);
         float* dlse = dev_poisoned<float>(nl);
-        run = [=] { attn::attention_forward<bf16>(dout, dlse, dqkv, B, T, NH, NH, HS, 0); };
+        if (version == 3)
+            run = [=] {
+                attn::attention_block_forward_general<bf16>(dout, dlse, dqkv, dqkv, B, T, T, NH, NH, HS,
+                                                            SeqPositions(), SeqPositions(), 0);
+            };
+        else
+            run = [=] {
+                if (!flash::forward(dout, dlse, dqkv, dqkv, B, T, T, NH, NH, HS, SeqPositions(), SeqPositions(), 0))
+                    std::printf("v4 does not cover HS=%d (see flash::forward)\n", HS), std::exit(1);
+            };
         run();
         ok &= validate("out", to_host(dout, no), out, 2e-2);
         ok &= validate("lse", to_host(dlse, nl), lse, 1e-3);

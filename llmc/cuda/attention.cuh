@@ -1,4 +1,8 @@
-// Fused causal flash attention, forward and backward, never materialising T x T.
+// Fused causal flash attention, forward and backward, never materialising T x T. In bf16 the
+// forward at head sizes 32, 64, 80, 96, 128, 256 runs llmc/cuda/flash_attention.cuh and the
+// backward at 32 to 128 llmc/cuda/flash_backward.cuh (registers, mma.sync, ldmatrix, cp.async);
+// everything else (fp32, other head sizes, tiles the device's shared memory cannot hold) runs
+// the general kernels below.
 //
 // qkv [B, T, NH + 2*NKV, HS] (per token: NH query heads, NKV key heads, NKV value heads;
 // query head h reads key/value head h / (NH/NKV), grouped-query attention; NKV == NH is
@@ -24,14 +28,18 @@
 // positions 0..T-1 (the same loops, bitwise). The block backward accumulates (+=) into dQ and
 // dK/dV; the whole one overwrites.
 //
-// Requirements: HS a multiple of 16 and <= 128 (checked by the caller); any T >= 1.
+// Any head size (padded to a multiple of 16 in shared memory; too large for the device's shared
+// memory: a UserError); any T >= 1.
 #pragma once
 #include <mma.h>
 
 #include <type_traits>
 
 #include "llmc/cuda/common.cuh"
+#include "llmc/cuda/flash_attention.cuh"
+#include "llmc/cuda/flash_backward.cuh"
 #include "llmc/backend/positions.h"
+#include "llmc/core/common.h"
 
 namespace attn {
 
@@ -112,21 +120,21 @@ __device__ __forceinline__ void block_mm(float* C, int ldc, const T* A, int lda,
 // (pitch ld), zero rows beyond T
 template <class T>
 __device__ __forceinline__ void load_rows(T* dst, int ld, const T* qkv, int b, int head, int t0, int R, int T_,
-                                          int NQKV, int HS) {
+                                          int NQKV, int HS, int HSP) {
     const long long stride = (long long)NQKV * HS;
     const T* base = qkv + (long long)b * T_ * stride + (long long)head * HS;
-    for (int idx = threadIdx.x; idx < R * HS; idx += blockDim.x) {
-        const int r = idx / HS, d = idx % HS, t = t0 + r;
-        dst[r * ld + d] = t < T_ ? base[(long long)t * stride + d] : from_f32<T>(0.0f);
+    for (int idx = threadIdx.x; idx < R * HSP; idx += blockDim.x) {
+        const int r = idx / HSP, d = idx % HSP, t = t0 + r;
+        dst[r * ld + d] = t < T_ && d < HS ? base[(long long)t * stride + d] : from_f32<T>(0.0f);
     }
 }
 // rows of a [B, T, NH, HS] tensor (out / dout) -> smem
 template <class T>
 __device__ __forceinline__ void load_rows_bthd(T* dst, int ld, const T* src, int b, int h, int t0, int R, int T_,
-                                               int NH, int HS) {
-    for (int idx = threadIdx.x; idx < R * HS; idx += blockDim.x) {
-        const int r = idx / HS, d = idx % HS, t = t0 + r;
-        dst[r * ld + d] = t < T_ ? src[(((long long)b * T_ + t) * NH + h) * HS + d] : from_f32<T>(0.0f);
+                                               int NH, int HS, int HSP) {
+    for (int idx = threadIdx.x; idx < R * HSP; idx += blockDim.x) {
+        const int r = idx / HSP, d = idx % HSP, t = t0 + r;
+        dst[r * ld + d] = t < T_ && d < HS ? src[(((long long)b * T_ + t) * NH + h) * HS + d] : from_f32<T>(0.0f);
     }
 }
 
@@ -155,9 +163,9 @@ __host__ __device__ inline FwdLayout fwd_layout(int HS) {
 template <class T, int BR, int BC>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_kernel(T* out, float* lse, const T* qkv_q, const T* qkv_kv, int T_, int Tk, int NH, int NKV,
-                             int HS, float scale, SeqPositions qp, SeqPositions kp) {
+                             int HS, int HSP, float scale, SeqPositions qp, SeqPositions kp) {
     LLMC_EXTERN_SMEM(char, smem);
-    const FwdLayout L = fwd_layout<T, BR, BC>(HS);
+    const FwdLayout L = fwd_layout<T, BR, BC>(HSP);
     T* sQ = (T*)(smem + L.q);
     T* sK = (T*)(smem + L.k);
     T* sV = (T*)(smem + L.v);
@@ -167,7 +175,7 @@ __global__ void __launch_bounds__(kThreads)
     float* sM = (float*)(smem + L.m);
     float* sL = (float*)(smem + L.l);
     float* sA = (float*)(smem + L.a);
-    const int ldt = HS + pad<T>(), lds = BC + 4, ldp = BC + pad<T>(), ldo = HS + 4;
+    const int ldt = HSP + pad<T>(), lds = BC + 4, ldp = BC + pad<T>(), ldo = HSP + 4;
 
     const int qt = gridDim.x - 1 - blockIdx.x;  // heaviest (last) query tiles first
     const int h = blockIdx.y, b = blockIdx.z;
@@ -175,8 +183,8 @@ __global__ void __launch_bounds__(kThreads)
     const int q0 = qt * BR;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
 
-    load_rows(sQ, ldt, qkv_q, b, h, q0, BR, T_, NQKV, HS);
-    for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) sO[(idx / HS) * ldo + idx % HS] = 0.0f;
+    load_rows(sQ, ldt, qkv_q, b, h, q0, BR, T_, NQKV, HS, HSP);
+    for (int idx = threadIdx.x; idx < BR * HSP; idx += blockDim.x) sO[(idx / HSP) * ldo + idx % HSP] = 0.0f;
     for (int r = threadIdx.x; r < BR; r += blockDim.x) {
         sM[r] = -INFINITY;
         sL[r] = 0.0f;
@@ -184,10 +192,10 @@ __global__ void __launch_bounds__(kThreads)
     // keys [0, kv_end) can be seen by this tile (its last row sees the most)
     const int kv_end = visible_keys(kp, Tk, qp.at(min(T_, q0 + BR) - 1));
     for (int k0 = 0; k0 < kv_end; k0 += BC) {
-        load_rows(sK, ldt, qkv_kv, b, NH + kvh, k0, BC, Tk, NQKV, HS);
-        load_rows(sV, ldt, qkv_kv, b, NH + NKV + kvh, k0, BC, Tk, NQKV, HS);
+        load_rows(sK, ldt, qkv_kv, b, NH + kvh, k0, BC, Tk, NQKV, HS, HSP);
+        load_rows(sV, ldt, qkv_kv, b, NH + NKV + kvh, k0, BC, Tk, NQKV, HS, HSP);
         __syncthreads();
-        block_mm<T, false, true>(sS, lds, sQ, ldt, sK, ldt, BR, BC, HS, false);  // S = Q K^T
+        block_mm<T, false, true>(sS, lds, sQ, ldt, sK, ldt, BR, BC, HSP, false);  // S = Q K^T
         __syncthreads();
         for (int r = warp; r < BR; r += nwarps) {
             const int qi = q0 + r;
@@ -217,9 +225,9 @@ __global__ void __launch_bounds__(kThreads)
             }
         }
         __syncthreads();
-        for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) sO[(idx / HS) * ldo + idx % HS] *= sA[idx / HS];
+        for (int idx = threadIdx.x; idx < BR * HSP; idx += blockDim.x) sO[(idx / HSP) * ldo + idx % HSP] *= sA[idx / HSP];
         __syncthreads();
-        block_mm<T, false, false>(sO, ldo, sP, ldp, sV, ldt, BR, HS, BC, true);  // O += P V
+        block_mm<T, false, false>(sO, ldo, sP, ldp, sV, ldt, BR, HSP, BC, true);  // O += P V
         __syncthreads();
     }
     // a row that saw no key (sL 0: only in the block form): out 0, lse -inf
@@ -308,9 +316,9 @@ __host__ __device__ inline BwdLayout bwd_layout(int HS) {
 // For the query tile [q0, q0+BR) x key tile [k0, k0+BC) already in smem: S and dP via mma,
 // then P = exp(scale*S - lse) (causal mask) and dS = P * (dP - D).
 template <class T, int BR, int BC>
-__device__ __forceinline__ void bwd_tile_probs(const BwdLayout& L, char* smem, int HS, int q0, int k0, int T_,
+__device__ __forceinline__ void bwd_tile_probs(const BwdLayout& L, char* smem, int HSP, int q0, int k0, int T_,
                                                int Tk, float scale, SeqPositions qp, SeqPositions kp) {
-    const int ldt = HS + pad<T>(), lds = BC + 4, ldp = BC + pad<T>();
+    const int ldt = HSP + pad<T>(), lds = BC + 4, ldp = BC + pad<T>();
     T* sK = (T*)(smem + L.k);
     T* sV = (T*)(smem + L.v);
     T* sQ = (T*)(smem + L.q);
@@ -321,8 +329,8 @@ __device__ __forceinline__ void bwd_tile_probs(const BwdLayout& L, char* smem, i
     T* sDS = (T*)(smem + L.ds);
     const float* sLse = (const float*)(smem + L.lse);
     const float* sD = (const float*)(smem + L.d);
-    block_mm<T, false, true>(sS, lds, sQ, ldt, sK, ldt, BR, BC, HS, false);    // S = Q K^T
-    block_mm<T, false, true>(sDP, lds, sDO, ldt, sV, ldt, BR, BC, HS, false);  // dP = dO V^T
+    block_mm<T, false, true>(sS, lds, sQ, ldt, sK, ldt, BR, BC, HSP, false);    // S = Q K^T
+    block_mm<T, false, true>(sDP, lds, sDO, ldt, sV, ldt, BR, BC, HSP, false);  // dP = dO V^T
     __syncthreads();
     for (int idx = threadIdx.x; idx < BR * BC; idx += blockDim.x) {
         const int r = idx / BC, c = idx % BC, qi = q0 + r, kj = k0 + c;
@@ -353,11 +361,11 @@ __device__ __forceinline__ void load_lse_d(float* sLse, float* sD, const float* 
 template <class T, int BR, int BC>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_dkdv_kernel(T* dkv, const T* dout, const T* qkv_q, const T* qkv_kv, const float* lse,
-                                   const float* D, int T_, int Tk, int NH, int NKV, int HS, float scale,
+                                   const float* D, int T_, int Tk, int NH, int NKV, int HS, int HSP, float scale,
                                    SeqPositions qp, SeqPositions kp, bool accumulate) {
     LLMC_EXTERN_SMEM(char, smem);
-    const BwdLayout L = bwd_layout<T, BR, BC>(HS);
-    const int ldt = HS + pad<T>(), ldp = BC + pad<T>(), ldo = HS + 4;
+    const BwdLayout L = bwd_layout<T, BR, BC>(HSP);
+    const int ldt = HSP + pad<T>(), ldp = BC + pad<T>(), ldo = HSP + 4;
     T* sK = (T*)(smem + L.k);
     T* sV = (T*)(smem + L.v);
     T* sQ = (T*)(smem + L.q);
@@ -370,24 +378,24 @@ __global__ void __launch_bounds__(kThreads)
     const int group = NH / NKV, NQKV = NH + 2 * NKV;
     const int k0 = kt * BC;
 
-    load_rows(sK, ldt, qkv_kv, b, NH + kvh, k0, BC, Tk, NQKV, HS);
-    load_rows(sV, ldt, qkv_kv, b, NH + NKV + kvh, k0, BC, Tk, NQKV, HS);
-    for (int idx = threadIdx.x; idx < BC * HS; idx += blockDim.x) {
-        sDK[(idx / HS) * ldo + idx % HS] = 0.0f;
-        sDV[(idx / HS) * ldo + idx % HS] = 0.0f;
+    load_rows(sK, ldt, qkv_kv, b, NH + kvh, k0, BC, Tk, NQKV, HS, HSP);
+    load_rows(sV, ldt, qkv_kv, b, NH + NKV + kvh, k0, BC, Tk, NQKV, HS, HSP);
+    for (int idx = threadIdx.x; idx < BC * HSP; idx += blockDim.x) {
+        sDK[(idx / HSP) * ldo + idx % HSP] = 0.0f;
+        sDV[(idx / HSP) * ldo + idx % HSP] = 0.0f;
     }
     // the query rows that see key row k0 (and so any row of the tile) and all after them: the
     // first tile holding the first of them onwards
     const int first_q = first_query_at(qp, T_, kp.at(k0));
     for (int h = kvh * group; h < (kvh + 1) * group; h++) {
         for (int q0 = (first_q / BR) * BR; q0 < T_; q0 += BR) {
-            load_rows(sQ, ldt, qkv_q, b, h, q0, BR, T_, NQKV, HS);
-            load_rows_bthd(sDO, ldt, dout, b, h, q0, BR, T_, NH, HS);
+            load_rows(sQ, ldt, qkv_q, b, h, q0, BR, T_, NQKV, HS, HSP);
+            load_rows_bthd(sDO, ldt, dout, b, h, q0, BR, T_, NH, HS, HSP);
             load_lse_d<T, BR>((float*)(smem + L.lse), (float*)(smem + L.d), lse, D, b, h, q0, T_, NH);
             __syncthreads();
-            bwd_tile_probs<T, BR, BC>(L, smem, HS, q0, k0, T_, Tk, scale, qp, kp);
-            block_mm<T, true, false>(sDV, ldo, sP, ldp, sDO, ldt, BC, HS, BR, true);  // dV += P^T dO
-            block_mm<T, true, false>(sDK, ldo, sDS, ldp, sQ, ldt, BC, HS, BR, true);  // dK += dS^T Q
+            bwd_tile_probs<T, BR, BC>(L, smem, HSP, q0, k0, T_, Tk, scale, qp, kp);
+            block_mm<T, true, false>(sDV, ldo, sP, ldp, sDO, ldt, BC, HSP, BR, true);  // dV += P^T dO
+            block_mm<T, true, false>(sDK, ldo, sDS, ldp, sQ, ldt, BC, HSP, BR, true);  // dK += dS^T Q
             __syncthreads();
         }
     }
@@ -410,11 +418,11 @@ __global__ void __launch_bounds__(kThreads)
 template <class T, int BR, int BC>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_dq_kernel(T* dq_dst, const T* dout, const T* qkv_q, const T* qkv_kv, const float* lse,
-                                 const float* D, int T_, int Tk, int NH, int NKV, int HS, float scale,
+                                 const float* D, int T_, int Tk, int NH, int NKV, int HS, int HSP, float scale,
                                  SeqPositions qp, SeqPositions kp, bool accumulate) {
     LLMC_EXTERN_SMEM(char, smem);
-    const BwdLayout L = bwd_layout<T, BR, BC>(HS);
-    const int ldt = HS + pad<T>(), ldp = BC + pad<T>(), ldo = HS + 4;
+    const BwdLayout L = bwd_layout<T, BR, BC>(HSP);
+    const int ldt = HSP + pad<T>(), ldp = BC + pad<T>(), ldo = HSP + 4;
     T* sK = (T*)(smem + L.k);
     T* sQ = (T*)(smem + L.q);
     T* sDO = (T*)(smem + L.dout);
@@ -424,17 +432,17 @@ __global__ void __launch_bounds__(kThreads)
     const int kvh = h / (NH / NKV), NQKV = NH + 2 * NKV;
     const int q0 = qt * BR;
 
-    load_rows(sQ, ldt, qkv_q, b, h, q0, BR, T_, NQKV, HS);
-    load_rows_bthd(sDO, ldt, dout, b, h, q0, BR, T_, NH, HS);
+    load_rows(sQ, ldt, qkv_q, b, h, q0, BR, T_, NQKV, HS, HSP);
+    load_rows_bthd(sDO, ldt, dout, b, h, q0, BR, T_, NH, HS, HSP);
     load_lse_d<T, BR>((float*)(smem + L.lse), (float*)(smem + L.d), lse, D, b, h, q0, T_, NH);
-    for (int idx = threadIdx.x; idx < BR * HS; idx += blockDim.x) sDQ[(idx / HS) * ldo + idx % HS] = 0.0f;
+    for (int idx = threadIdx.x; idx < BR * HSP; idx += blockDim.x) sDQ[(idx / HSP) * ldo + idx % HSP] = 0.0f;
     const int kv_end = visible_keys(kp, Tk, qp.at(min(T_, q0 + BR) - 1));
     for (int k0 = 0; k0 < kv_end; k0 += BC) {
-        load_rows(sK, ldt, qkv_kv, b, NH + kvh, k0, BC, Tk, NQKV, HS);
-        load_rows((T*)(smem + L.v), ldt, qkv_kv, b, NH + NKV + kvh, k0, BC, Tk, NQKV, HS);
+        load_rows(sK, ldt, qkv_kv, b, NH + kvh, k0, BC, Tk, NQKV, HS, HSP);
+        load_rows((T*)(smem + L.v), ldt, qkv_kv, b, NH + NKV + kvh, k0, BC, Tk, NQKV, HS, HSP);
         __syncthreads();
-        bwd_tile_probs<T, BR, BC>(L, smem, HS, q0, k0, T_, Tk, scale, qp, kp);
-        block_mm<T, false, false>(sDQ, ldo, sDS, ldp, sK, ldt, BR, HS, BC, true);  // dQ += dS K
+        bwd_tile_probs<T, BR, BC>(L, smem, HSP, q0, k0, T_, Tk, scale, qp, kp);
+        block_mm<T, false, false>(sDQ, ldo, sDS, ldp, sK, ldt, BR, HSP, BC, true);  // dQ += dS K
         __syncthreads();
     }
     const long long stride = (long long)NQKV * HS;
@@ -450,18 +458,55 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------- host launchers ----------------
-// Tile sizes: forward bf16 64x64, everything else 32x32 (shared memory stays < 128 KiB
-// at HS=128 on both sm_80 and sm_90).
-template <class T> struct FwdTiles { static constexpr int BR = 32, BC = 32; };
-template <> struct FwdTiles<bf16> { static constexpr int BR = 64, BC = 64; };
-constexpr int kBwdBR = 32, kBwdBC = 32;
+// Any head size: the tiles hold HSP = HS rounded up to 16 columns, the padding zero (it adds
+// nothing to Q K^T, and the padded columns of O, dK, dV, dQ are never written). The scale is
+// 1/sqrt(HS). Tile sizes: the largest of the candidates whose shared memory the device allows
+// (sm_80 / sm_90 ~227 KiB per block, sm_86 / sm_89 ~99 KiB): forward bf16 64x64, then 32x32,
+// then 16x16 (fp32 from 32x32); backward 32x32, then 16x16 (fp32 then 8x8).
+inline int padded_hs(int HS) { return (HS + 15) / 16 * 16; }
 
-inline void set_smem(const void* fn, size_t bytes) {
+// false: the bf16 backward takes the general kernels (dev/cuda/attention_backward.cu's baseline)
+inline bool g_flash_backward = true;
+
+// Opts fn in to `bytes` of dynamic shared memory; false when the device allows less.
+inline bool fits_smem(const void* fn, size_t bytes) {
     int optin = 0;
-    if (!opt_in_smem(fn, bytes, &optin)) {
-        std::fprintf(stderr, "attention: needs %zu bytes of shared memory, device allows %d\n", bytes, optin);
-        std::abort();
-    }
+    return opt_in_smem(fn, bytes, &optin);
+}
+[[noreturn]] inline void too_wide(const char* what, int HS, size_t bytes) {
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    char msg[256];  // (snprintf, not strfmt: dev/cuda links this header without libllmc)
+    std::snprintf(msg, sizeof msg,
+                  "model: head size %d is too large for the CUDA attention %s (%zu bytes of shared memory per "
+                  "block at its smallest tile; this GPU allows %d)",
+                  HS, what, bytes, optin);
+    throw UserError(msg);
+}
+
+// The general forward (any dtype, any head size): attention_block_forward's fallback, and
+// dev/cuda/attention_forward.cu's version 3.
+template <class T>
+void attention_block_forward_general(T* out, float* lse, const T* qkv_q, const T* qkv_kv, int B, int Tq, int Tk,
+                                     int NH, int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
+    const int HSP = padded_hs(HS);
+    const float scale = 1.0f / sqrtf((float)HS);
+    auto launch = [&](auto fn, int BR, size_t smem) {
+        LLMC_LAUNCH(fn, dim3(ceil_div(Tq, BR), NH, B), kThreads, smem, st, out, lse, qkv_q, qkv_kv, Tq, Tk, NH, NKV,
+                    HS, HSP, scale, qp, kp);
+        CUDA_CHECK_LAUNCH();
+    };
+    const size_t big = fwd_layout<T, 64, 64>(HSP).total, mid = fwd_layout<T, 32, 32>(HSP).total,
+                 small = fwd_layout<T, 16, 16>(HSP).total;
+    if (std::is_same<T, bf16>::value && fits_smem((const void*)attention_forward_kernel<T, 64, 64>, big))
+        launch(attention_forward_kernel<T, 64, 64>, 64, big);
+    else if (fits_smem((const void*)attention_forward_kernel<T, 32, 32>, mid))
+        launch(attention_forward_kernel<T, 32, 32>, 32, mid);
+    else if (fits_smem((const void*)attention_forward_kernel<T, 16, 16>, small))
+        launch(attention_forward_kernel<T, 16, 16>, 16, small);
+    else
+        too_wide("forward", HS, small);
 }
 
 // Tq query rows of qkv_q against Tk key rows of qkv_kv (the whole attention: qkv_q == qkv_kv,
@@ -469,14 +514,10 @@ inline void set_smem(const void* fn, size_t bytes) {
 template <class T>
 void attention_block_forward(T* out, float* lse, const T* qkv_q, const T* qkv_kv, int B, int Tq, int Tk, int NH,
                              int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
-    constexpr int BR = FwdTiles<T>::BR, BC = FwdTiles<T>::BC;
-    const size_t smem = fwd_layout<T, BR, BC>(HS).total;
-    auto fn = attention_forward_kernel<T, BR, BC>;
-    set_smem((const void*)fn, smem);
-    dim3 grid(ceil_div(Tq, BR), NH, B);
-    LLMC_LAUNCH(fn, grid, kThreads, smem, st, out, lse, qkv_q, qkv_kv, Tq, Tk, NH, NKV, HS, 1.0f / sqrtf((float)HS), qp,
-                kp);
-    CUDA_CHECK_LAUNCH();
+    if constexpr (std::is_same<T, bf16>::value) {  // the tensor-core path, where it covers HS
+        if (flash::forward(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st)) return;
+    }
+    attention_block_forward_general(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st);
 }
 
 template <class T>
@@ -500,18 +541,36 @@ void attention_block_backward(T* dq_dst, T* dkv, const T* dout, const T* qkv_q, 
     const long long rows = (long long)B * Tq * NH;
     LLMC_LAUNCH(attention_backward_d_kernel<T>, ceil_div(rows, 8), 256, 0, st, D, dout, out, B, Tq, NH, HS);
     CUDA_CHECK_LAUNCH();
+    if constexpr (std::is_same<T, bf16>::value) {  // the tensor-core path, where it covers HS
+        if (g_flash_backward && flash::backward(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, HS, qp, kp, accumulate, st))
+            return;
+    }
+    const int HSP = padded_hs(HS);
     const float scale = 1.0f / sqrtf((float)HS);
-    const size_t smem = bwd_layout<T, kBwdBR, kBwdBC>(HS).total;
-    auto fkv = attention_backward_dkdv_kernel<T, kBwdBR, kBwdBC>;
-    set_smem((const void*)fkv, smem);
-    LLMC_LAUNCH(fkv, dim3(ceil_div(Tk, kBwdBC), NKV, B), kThreads, smem, st, dkv, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
-                NH, NKV, HS, scale, qp, kp, accumulate);
-    CUDA_CHECK_LAUNCH();
-    auto fq = attention_backward_dq_kernel<T, kBwdBR, kBwdBC>;
-    set_smem((const void*)fq, smem);
-    LLMC_LAUNCH(fq, dim3(ceil_div(Tq, kBwdBR), NH, B), kThreads, smem, st, dq_dst, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
-                NH, NKV, HS, scale, qp, kp, accumulate);
-    CUDA_CHECK_LAUNCH();
+    auto launch = [&](auto fkv, auto fq, int BR, int BC, size_t smem) {
+        LLMC_LAUNCH(fkv, dim3(ceil_div(Tk, BC), NKV, B), kThreads, smem, st, dkv, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
+                    NH, NKV, HS, HSP, scale, qp, kp, accumulate);
+        CUDA_CHECK_LAUNCH();
+        LLMC_LAUNCH(fq, dim3(ceil_div(Tq, BR), NH, B), kThreads, smem, st, dq_dst, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
+                    NH, NKV, HS, HSP, scale, qp, kp, accumulate);
+        CUDA_CHECK_LAUNCH();
+    };
+    const size_t big = bwd_layout<T, 32, 32>(HSP).total, small = bwd_layout<T, 16, 16>(HSP).total;
+    if (fits_smem((const void*)attention_backward_dkdv_kernel<T, 32, 32>, big) &&
+        fits_smem((const void*)attention_backward_dq_kernel<T, 32, 32>, big))
+        launch(attention_backward_dkdv_kernel<T, 32, 32>, attention_backward_dq_kernel<T, 32, 32>, 32, 32, big);
+    else if (fits_smem((const void*)attention_backward_dkdv_kernel<T, 16, 16>, small) &&
+             fits_smem((const void*)attention_backward_dq_kernel<T, 16, 16>, small))
+        launch(attention_backward_dkdv_kernel<T, 16, 16>, attention_backward_dq_kernel<T, 16, 16>, 16, 16, small);
+    else if constexpr (std::is_same<T, float>::value) {  // fp32 (plain FMA tiles) goes down to 8 rows
+        const size_t tiny = bwd_layout<T, 8, 8>(HSP).total;
+        if (fits_smem((const void*)attention_backward_dkdv_kernel<T, 8, 8>, tiny) &&
+            fits_smem((const void*)attention_backward_dq_kernel<T, 8, 8>, tiny))
+            launch(attention_backward_dkdv_kernel<T, 8, 8>, attention_backward_dq_kernel<T, 8, 8>, 8, 8, tiny);
+        else
+            too_wide("backward", HS, tiny);
+    } else
+        too_wide("backward", HS, small);
 }
 
 template <class T>

@@ -812,12 +812,8 @@ private:
             throw UserError(strfmt("model.d_model: %d is too wide for the CUDA %s kernel (%zu bytes of shared memory "
                                    "per block; this GPU allows %d)", C, what, bytes, optin));
     }
-    static void check_hs(int HS) {
-        if (HS <= 0 || HS % 16 != 0 || HS > 128)
-            throw UserError(strfmt("CUDA attention supports head sizes that are multiples of 16 up to 128 "
-                                   "(d_model / n_head = %d)",
-                                   HS));
-    }
+    // attention takes any head size (llmc/cuda/attention.cuh pads it to a multiple of 16)
+    static void check_hs(int HS) { LLMC_ASSERT(HS > 0, strfmt("attention: head size %d", HS)); }
     static void check_heads(int NH, int NKV, const char* what) {
         LLMC_ASSERT(NH > 0 && NKV > 0 && NH % NKV == 0,
                     strfmt("%s: n_head %d is not a positive multiple of n_kv_head %d", what, NH, NKV));
@@ -825,7 +821,9 @@ private:
     // rotary embedding of the query and key heads of qkv [B, T, NH + 2*NKV, HS]; sign +1 forward, -1 backward
     void rope(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos, float sign,
               const char* what) {
-        check_hs(HS);
+        if (HS <= 0 || HS % 2 != 0 || HS / 2 > kRopeMaxHalf)
+            throw UserError(strfmt("%s: rotary embedding needs an even head size up to %d (d_model / n_head = %d)", what,
+                                   2 * kRopeMaxHalf, HS));
         check_heads(NH, NKV, what);
         const long long pairs = (long long)B * T * (NH + NKV) * (HS / 2);
         LLMC_ASSERT(qkv.n >= (size_t)B * T * (NH + 2 * NKV) * HS, strfmt("%s: qkv too small", what));

@@ -69,7 +69,7 @@ __global__ void rmsnorm_backward_reduce_kernel(T* dw, const float* partial, int 
 }
 
 // ---------------- rotary embedding ----------------
-constexpr int kRopeMaxHalf = 64;  // HS <= 128 (the attention kernels' limit)
+constexpr int kRopeMaxHalf = 128;  // HS <= 256
 // inv_freq[i], i < HS/2, computed on the host (llmc/backend/rope.h) and passed by value
 struct RopeFreqs {
     float inv_freq[kRopeMaxHalf];

@@ -28,6 +28,11 @@ mutate off_by_one_store llmc/cuda/layernorm.cuh residual \
     'if (i <= n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));'
 mutate fp8_layout_NN llmc/cuda/fp8.cuh fp8 \
     'CUBLASLT_MATMUL_DESC_TRANSA, &opT' 'CUBLASLT_MATMUL_DESC_TRANSA, &opN'
+mutate flash_buffer_race llmc/cuda/flash_attention.cuh attention \
+    $'__syncthreads();  // the next iteration\'s prefetch overwrites this buffer\n    }\n\n    if (!active)' \
+    $'}\n\n    if (!active)'
+mutate flash_dq_without_D llmc/cuda/flash_backward.cuh attention \
+    'dp[n][e] = p * (dp[n][e] - Dr[i]);' 'dp[n][e] = p * dp[n][e];'
 
 for i in "${!names[@]}"; do
     name=${names[$i]} file=${files[$i]} filter=${filters[$i]}

@@ -39,6 +39,7 @@
 #include "llmc/model/moe.h"
 #include "llmc/parallel/context_parallel.h"
 #include "llmc/cuda/common.cuh"
+#include "llmc/cuda/ptx.cuh"
 #include "llmc/model/model.h"
 #include "llmc/backend/ops.h"
 #include "llmc/model/optimizer.h"
@@ -1375,6 +1376,8 @@ void test_offload(Ops& gpu, DType dt) {
            strfmt("nonzero=%zu of %zu", padding, n - lay.num_params));
 }
 
+#include "test/gpu/ptx_test.cuh"
+
 // The whole GPT-2 on the GPU (fp32) against the committed PyTorch debug state (test/ref_data.h;
 // test/test_parity.cpp holds the CPU backend to it at 1e-5): the loss and every logit of the
 // batch, every parameter's gradient, and the losses and gradient norms of the reference's AdamW
@@ -1580,6 +1583,7 @@ int main(int argc, char** argv) {
         run("sum_squares", "sum_squares", [&](const C& c) { test_sum_squares(h, size_t(c.dims[0])); });
         if (want("step_ops")) guarded("step_ops", [&] { test_step_ops(h); });
         if (want("offload") && !on_cpu) guarded("offload", [&] { test_offload(*gpu, dt); });  // CUDA's copies
+        if (want("ptx") && !on_cpu && dt == DType::BF16) guarded("ptx", [&] { test_ptx(); });
         if (want("reference") && dt == DType::F32) guarded("reference", [&] { test_reference(*gpu); });
         if (want("model_step") && dt == DType::F32)
             guarded("model_step", [&] {

@@ -1,0 +1,254 @@
+// Causal attention forward in the FlashAttention-2 design, bf16, for the head sizes the
+// tensor-core path is built for (kFlashHeadSizes); llmc/cuda/attention.cuh dispatches to it and
+// keeps its own kernels for fp32, other head sizes and the backward.
+//
+// One block of 4 warps per (query tile of 64 rows, head, batch); each warp owns 16 query rows
+// and keeps everything of them in registers:
+//  - Q's fragments, loaded once by ldmatrix;
+//  - S = Q K^T for a key tile (16 x BC fp32 accumulators) by mma.sync m16n8k16 (bf16 in, fp32
+//    out), K's fragments by ldmatrix from shared memory;
+//  - the online softmax in base 2 with the scale folded in (s * scale * log2(e)), row maxima
+//    over the 4 lanes that share a row by two shuffles, the row sums kept per lane and summed
+//    once at the end (every lane of a row rescales by the same factor);
+//  - P rounded to bf16 straight from the S accumulators into the A registers of O += P V (the
+//    accumulator layout of two adjacent n-tiles is the A layout: llmc/cuda/ptx.cuh), V by
+//    ldmatrix.trans;
+//  - O (16 x HS fp32) in registers, divided by the row sum at the end; lse = m ln 2 + ln(l).
+// K/V tiles stream through a double buffer filled by cp.async while the previous tile is
+// computed. Tiles past the last key a warp's rows see are skipped; only tiles that cross a
+// row's last visible key are masked element by element. The query tiles of the whole grid run
+// heaviest first (the tile index is blockIdx.y, counted from the end; blockIdx.x = head, batch).
+//
+// Same contract as attention.cuh's forward, the block form included: query row i (position
+// qp.at(i)) sees key row j iff kp.at(j) <= qp.at(i); a row that sees no key gets out 0, lse -inf.
+#pragma once
+#include <cstdint>
+
+#include "llmc/backend/positions.h"
+#include "llmc/cuda/common.cuh"
+#include "llmc/cuda/ptx.cuh"
+
+namespace flash {
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps, kBR = 16 * kWarps;
+
+// shared memory: Q [kBR][LD], K [2][BC][LD], V [2][BC][LD] (bf16); LD = HS + 8 pads each row by
+// 16 bytes, so that the 8 rows one ldmatrix phase reads start in different bank groups.
+template <int HS, int BC> struct Smem {
+    static constexpr int LD = HS + 8;
+    static constexpr size_t q = 0, k = q + (size_t)kBR * LD * 2, v = k + (size_t)2 * BC * LD * 2,
+                            total = v + (size_t)2 * BC * LD * 2;
+};
+
+// The number of key rows j in [0, n) with kp.at(j) <= pos (a prefix: positions increase).
+__device__ __forceinline__ int visible(SeqPositions kp, int n, int pos) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (kp.at(mid) <= pos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// rows [t0, t0 + R) of one head (row stride `stride` elements) -> smem [R][LD] by cp.async, 16
+// bytes a copy; rows at or past n are zero-filled (a NaN there would reach O through 0 * NaN).
+template <int HS, int R>
+__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, long long stride, int t0, int n) {
+    constexpr int LD = HS + 8, CH = HS / 8;  // 16-byte chunks per row
+    for (int idx = threadIdx.x; idx < R * CH; idx += kThreads) {
+        const int r = idx / CH, c = idx % CH;
+        bf16* d = dst + r * LD + c * 8;
+        if (t0 + r < n) {
+            ptx::cp_async_16(d, src + (long long)(t0 + r) * stride + c * 8);
+        } else {
+            uint64_t* z = reinterpret_cast<uint64_t*>(d);
+            z[0] = 0;
+            z[1] = 0;
+        }
+    }
+}
+
+// grid (B * NH, ceil(Tq / kBR)), kThreads threads, Smem<HS, BC>::total bytes of shared memory.
+template <int HS, int BC>
+__global__ void __launch_bounds__(kThreads)
+    flash_forward_kernel(bf16* out, float* lse, const bf16* qkv_q, const bf16* qkv_kv, int Tq, int Tk, int NH,
+                         int NKV, float scale_log2, SeqPositions qp, SeqPositions kp) {
+    static_assert(HS % 16 == 0 && BC % 16 == 0, "head size and key tile multiples of 16");
+    using L = Smem<HS, BC>;
+    constexpr int LD = L::LD, NT = BC / 8, DT = HS / 8;  // S n-tiles, O n-tiles
+    LLMC_EXTERN_SMEM(char, smem);
+    bf16* sQ = reinterpret_cast<bf16*>(smem + L::q);
+    bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
+    bf16* sV = reinterpret_cast<bf16*>(smem + L::v);
+
+    const int h = blockIdx.x % NH, b = blockIdx.x / NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * kBR;  // heaviest (last) query tiles first
+    const int kvh = h / (NH / NKV);
+    const long long stride = (long long)(NH + 2 * NKV) * HS;
+    const bf16* Qg = qkv_q + (long long)b * Tq * stride + (long long)h * HS;
+    const bf16* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
+    const bf16* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+    // keys [0, kv_end) are seen by some row of the block (its last row sees the most)
+    const int kv_end = visible(kp, Tk, qp.at(min(Tq, q0 + kBR) - 1));
+    const int ntiles = (kv_end + BC - 1) / BC;
+    // this warp's rows [w0, w0 + 16) and this lane's two, g and g + 8: keys [0, seen[i]) visible
+    // (rows past Tq are computed on zero Q as if they saw everything, and never written)
+    const int w0 = q0 + 16 * warp;
+    int seen[2];
+    for (int i = 0; i < 2; i++) {
+        const int r = w0 + g + 8 * i;
+        seen[i] = r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
+    }
+    const bool active = w0 < Tq;
+    const int w_end = active ? visible(kp, kv_end, qp.at(min(Tq, w0 + 16) - 1)) : 0;  // tiles past it: skipped
+    const int w_full = active ? visible(kp, kv_end, qp.at(w0)) : 0;  // keys before it: no mask
+
+    load_tile<HS, kBR>(sQ, Qg, stride, q0, Tq);
+    if (ntiles > 0) {
+        load_tile<HS, BC>(sK, Kg, stride, 0, kv_end);
+        load_tile<HS, BC>(sV, Vg, stride, 0, kv_end);
+    }
+    ptx::cp_async_commit();
+
+    uint32_t qf[HS / 16][4];
+    float o[DT][4];
+    for (int i = 0; i < DT; i++)
+        for (int e = 0; e < 4; e++) o[i][e] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int j = 0; j < ntiles; j++) {
+        const int buf = j & 1, k0 = j * BC;
+        if (j + 1 < ntiles) {  // prefetch the next tile into the other buffer
+            load_tile<HS, BC>(sK + (buf ^ 1) * BC * LD, Kg, stride, k0 + BC, kv_end);
+            load_tile<HS, BC>(sV + (buf ^ 1) * BC * LD, Vg, stride, k0 + BC, kv_end);
+            ptx::cp_async_commit();
+            ptx::cp_async_wait<1>();
+        } else {
+            ptx::cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (j == 0 && active) {
+            const bf16* row = sQ + (16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+            for (int kc = 0; kc < HS / 16; kc++) ptx::ldmatrix_x4(qf[kc], row + kc * 16);
+        }
+        if (k0 < w_end) {
+            const bf16* tK = sK + buf * BC * LD;
+            const bf16* tV = sV + buf * BC * LD;
+            float s[NT][4];
+            for (int n = 0; n < NT; n++)
+                for (int e = 0; e < 4; e++) s[n][e] = 0.0f;
+            // S = Q K^T: lane supplies key row np*16 + (lane>>4)*8 + lane%8, columns kc*16 + ((lane>>3)&1)*8
+            const bf16* krow = tK + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
+            for (int kc = 0; kc < HS / 16; kc++)
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t r[4];
+                    ptx::ldmatrix_x4(r, krow + np * 16 * LD + kc * 16);
+                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    ptx::mma_bf16_16816(s[2 * np], qf[kc], b0, s[2 * np]);
+                    ptx::mma_bf16_16816(s[2 * np + 1], qf[kc], b1, s[2 * np + 1]);
+                }
+            if (k0 + BC > w_full) {  // the tile crosses some row's last visible key
+                for (int n = 0; n < NT; n++)
+                    for (int e = 0; e < 4; e++)
+                        if (k0 + n * 8 + 2 * t + (e & 1) >= seen[e >> 1]) s[n][e] = -INFINITY;
+            }
+            // online softmax, rows g (e = 0, 1) and g + 8 (e = 2, 3)
+            for (int i = 0; i < 2; i++) {
+                float mx = -INFINITY;
+                for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_new = fmaxf(m[i], mx * scale_log2);
+                const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
+                const float alpha = exp2f(m[i] - m_use);
+                float sum = 0.0f;
+                for (int n = 0; n < NT; n++)
+                    for (int e = 2 * i; e < 2 * i + 2; e++) {
+                        s[n][e] = exp2f(fmaf(s[n][e], scale_log2, -m_use));
+                        sum += s[n][e];
+                    }
+                l[i] = l[i] * alpha + sum;
+                m[i] = m_new;
+                for (int d = 0; d < DT; d++) {
+                    o[d][2 * i] *= alpha;
+                    o[d][2 * i + 1] *= alpha;
+                }
+            }
+            // O += P V: P's A registers from the S accumulators of n-tiles 2kc, 2kc+1; lane
+            // supplies V row kc*16 + lane%8 + ((lane>>3)&1)*8, columns dp*16 + (lane>>4)*8
+            const bf16* vrow = tV + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+            for (int kc = 0; kc < BC / 16; kc++) {
+                const uint32_t a[4] = {ptx::pack_bf16(s[2 * kc][0], s[2 * kc][1]),
+                                       ptx::pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                                       ptx::pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                       ptx::pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+                for (int dp = 0; dp < HS / 16; dp++) {
+                    uint32_t r[4];
+                    ptx::ldmatrix_x4_trans(r, vrow + kc * 16 * LD + dp * 16);
+                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    ptx::mma_bf16_16816(o[2 * dp], a, b0, o[2 * dp]);
+                    ptx::mma_bf16_16816(o[2 * dp + 1], a, b1, o[2 * dp + 1]);
+                }
+            }
+        }
+        __syncthreads();  // the next iteration's prefetch overwrites this buffer
+    }
+
+    if (!active) return;
+    for (int i = 0; i < 2; i++) {
+        float li = l[i];
+        li += __shfl_xor_sync(0xffffffffu, li, 1);
+        li += __shfl_xor_sync(0xffffffffu, li, 2);
+        const int r = w0 + g + 8 * i;
+        if (r >= Tq) continue;
+        const float inv = li > 0.0f ? 1.0f / li : 0.0f;
+        bf16* orow = out + (((long long)b * Tq + r) * NH + h) * HS;
+        for (int d = 0; d < DT; d++) {
+            const uint32_t v = ptx::pack_bf16(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
+            *reinterpret_cast<uint32_t*>(orow + d * 8 + 2 * t) = v;
+        }
+        if (t == 0)
+            lse[((long long)b * NH + h) * Tq + r] = li > 0.0f ? m[i] * 0.6931471805599453f + logf(li) : -INFINITY;
+    }
+}
+
+template <int HS, int BC>
+bool try_forward(bf16* out, float* lse, const bf16* qkv_q, const bf16* qkv_kv, int B, int Tq, int Tk, int NH,
+                 int NKV, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
+    auto fn = flash_forward_kernel<HS, BC>;
+    const size_t smem = Smem<HS, BC>::total;
+    int optin = 0;
+    if (!opt_in_smem((const void*)fn, smem, &optin)) return false;
+    const float scale_log2 = 1.4426950408889634f / sqrtf((float)HS);
+    LLMC_LAUNCH(fn, dim3(B * NH, (Tq + kBR - 1) / kBR), kThreads, smem, st, out, lse, qkv_q, qkv_kv, Tq, Tk, NH, NKV,
+                scale_log2, qp, kp);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+// The flash forward when it covers HS and the device's shared memory holds a key tile of 64
+// (else 32) rows; false: the caller takes attention.cuh's general kernel.
+inline bool forward(bf16* out, float* lse, const bf16* qkv_q, const bf16* qkv_kv, int B, int Tq, int Tk, int NH,
+                    int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
+#define LLMC_FLASH_HS(D)                                                                      \
+    case D:                                                                                   \
+        return try_forward<D, 64>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st) || \
+               try_forward<D, 32>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st);
+    switch (HS) {
+        LLMC_FLASH_HS(32)
+        LLMC_FLASH_HS(64)
+        LLMC_FLASH_HS(80)
+        LLMC_FLASH_HS(96)
+        LLMC_FLASH_HS(128)
+        case 256:
+            return try_forward<256, 32>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st);
+        default:
+            return false;
+    }
+#undef LLMC_FLASH_HS
+}
+
+}  // namespace flash

@@ -1,0 +1,358 @@
+// Attention backward in the FlashAttention-2 design, bf16, for the head sizes of the flash
+// forward (llmc/cuda/flash_attention.cuh: its notation, tiles and helpers). Recomputes P from
+// the forward's lse; D = rowsum(dO * O) comes from attention.cuh's D kernel. Deterministic, no
+// atomics: two kernels, each owning what it writes.
+//  - dK, dV: one block per (key tile of 64 rows, key/value head, batch), each warp 16 key rows,
+//    in the transposed orientation: S^T = K Q^T and dP^T = V dO^T in registers (K, V fragments
+//    by ldmatrix, Q, dO as B by ldmatrix), P^T = exp2(S^T scale log2e - lse log2e), dS^T =
+//    P^T (dP^T - D), then dV += P^T dO and dK += dS^T Q with P^T, dS^T rounded straight from the
+//    accumulators into A registers (dO, Q by ldmatrix.trans). The query tiles stream through a
+//    cp.async double buffer in a fixed order: the heads of the group in order, each from the
+//    first query tile that sees the key tile to the last. Heaviest key tiles (the first, under
+//    the causal mask) first.
+//  - dQ: one block per (query tile, head, batch), each warp 16 query rows, as the forward: S =
+//    Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K (K by ldmatrix.trans), key tiles in order.
+// Block form as the forward (positions qp, kp); accumulate: += into dq_dst / dkv (else =).
+#pragma once
+#include <climits>
+
+#include "llmc/cuda/flash_attention.cuh"
+
+namespace flash {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The first query row i in [0, n) with qp.at(i) >= pos (n if none).
+__device__ __forceinline__ int first_query(SeqPositions qp, int n, int pos) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (qp.at(mid) < pos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// K [kBR][LD], V [kBR][LD], Q [2][BQ][LD], dO [2][BQ][LD] (bf16), lse*log2e [2][BQ], D [2][BQ]
+template <int HS, int BQ> struct DkdvSmem {
+    static constexpr int LD = HS + 8;
+    static constexpr size_t k = 0, v = k + (size_t)kBR * LD * 2, q = v + (size_t)kBR * LD * 2,
+                            dO = q + (size_t)2 * BQ * LD * 2, lse = dO + (size_t)2 * BQ * LD * 2,
+                            d = lse + (size_t)2 * BQ * 4, total = d + (size_t)2 * BQ * 4;
+};
+
+// one bf16 pair of rows r of a [*, HS] head (row stride `stride`): = or += v * scale
+__device__ __forceinline__ void store_pair(bf16* p, float x, float y, bool accumulate) {
+    if (accumulate) {
+        const uint32_t old = *reinterpret_cast<const uint32_t*>(p);
+        x += ptx::bf16_lo(old);
+        y += ptx::bf16_hi(old);
+    }
+    *reinterpret_cast<uint32_t*>(p) = ptx::pack_bf16(x, y);
+}
+
+// grid (B * NKV, ceil(Tk / kBR)), kThreads threads, DkdvSmem<HS, BQ>::total bytes
+template <int HS, int BQ>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_dkdv_kernel(bf16* dkv, const bf16* dout, const bf16* qkv_q, const bf16* qkv_kv, const float* lse,
+                               const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
+                               SeqPositions kp, bool accumulate) {
+    using L = DkdvSmem<HS, BQ>;
+    constexpr int LD = L::LD, NT = BQ / 8, DT = HS / 8;
+    LLMC_EXTERN_SMEM(char, smem);
+    bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
+    bf16* sV = reinterpret_cast<bf16*>(smem + L::v);
+    bf16* sQ = reinterpret_cast<bf16*>(smem + L::q);
+    bf16* sO = reinterpret_cast<bf16*>(smem + L::dO);
+    float* sL = reinterpret_cast<float*>(smem + L::lse);
+    float* sD = reinterpret_cast<float*>(smem + L::d);
+
+    const int kvh = blockIdx.x % NKV, b = blockIdx.x / NKV, group = NH / NKV;
+    const int k0 = blockIdx.y * kBR;  // the first key tiles see the most queries: first
+    const long long stride = (long long)(NH + 2 * NKV) * HS, ostride = (long long)NH * HS;
+    const bf16* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
+    const bf16* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+    // the (head, query tile) sequence: heads of the group in order, query tiles from the first
+    // that holds a row seeing key k0
+    const int first_q = first_query(qp, Tq, kp.at(k0));
+    const int qt0 = first_q / BQ, nqt = first_q < Tq ? (Tq + BQ - 1) / BQ - qt0 : 0, n = group * nqt;
+    auto issue = [&](int i, int buf) {
+        const int h = kvh * group + i / nqt, q0 = (qt0 + i % nqt) * BQ;
+        load_tile<HS, BQ>(sQ + buf * BQ * LD, qkv_q + (long long)b * Tq * stride + (long long)h * HS, stride, q0, Tq);
+        load_tile<HS, BQ>(sO + buf * BQ * LD, dout + (long long)b * Tq * ostride + (long long)h * HS, ostride, q0, Tq);
+        for (int r = threadIdx.x; r < BQ; r += kThreads) {
+            const long long li = ((long long)b * NH + h) * Tq + q0 + r;
+            sL[buf * BQ + r] = q0 + r < Tq ? lse[li] * kLog2e : 0.0f;
+            sD[buf * BQ + r] = q0 + r < Tq ? D[li] : 0.0f;
+        }
+    };
+    load_tile<HS, kBR>(sK, Kg, stride, k0, Tk);
+    load_tile<HS, kBR>(sV, Vg, stride, k0, Tk);
+    if (n > 0) issue(0, 0);
+    ptx::cp_async_commit();
+
+    const int kw0 = k0 + 16 * warp;  // this warp's key rows; this lane's: kw0 + g, kw0 + g + 8
+    const bool active = kw0 < Tk;
+    int kpos[2];
+    for (int i = 0; i < 2; i++) kpos[i] = kw0 + g + 8 * i < Tk ? kp.at(kw0 + g + 8 * i) : INT_MAX;
+    const int kfirst = active ? kp.at(kw0) : INT_MAX, klast = active ? kp.at(min(Tk, kw0 + 16) - 1) : INT_MAX;
+    float dk[DT][4], dv[DT][4];
+    for (int d = 0; d < DT; d++)
+        for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
+    // A rows (K, V: this warp's 16 keys); B rows, non-transposed (Q, dO as K in the forward) and
+    // transposed (dO, Q as V in the forward)
+    const int arow = 16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8, acol = (lane >> 4) * 8;
+    const int brow = (lane >> 4) * 8 + (lane & 7), bcol = ((lane >> 3) & 1) * 8;
+    const int trow = (lane & 7) + ((lane >> 3) & 1) * 8, tcol = (lane >> 4) * 8;
+
+    for (int i = 0; i < n; i++) {
+        const int buf = i & 1, q0 = (qt0 + i % nqt) * BQ;
+        if (i + 1 < n) {
+            issue(i + 1, buf ^ 1);
+            ptx::cp_async_commit();
+            ptx::cp_async_wait<1>();
+        } else {
+            ptx::cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (active && qp.at(min(Tq, q0 + BQ) - 1) >= kfirst) {  // some query of the tile sees a key of the warp
+            const bf16* tQ = sQ + buf * BQ * LD;
+            const bf16* tO = sO + buf * BQ * LD;
+            const float* tL = sL + buf * BQ;
+            const float* tD = sD + buf * BQ;
+            float s[NT][4], dp[NT][4];
+            for (int j = 0; j < NT; j++)
+                for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+            for (int kc = 0; kc < HS / 16; kc++) {
+                uint32_t ka[4], va[4];
+                ptx::ldmatrix_x4(ka, sK + arow * LD + acol + kc * 16);
+                ptx::ldmatrix_x4(va, sV + arow * LD + acol + kc * 16);
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t r[4];
+                    ptx::ldmatrix_x4(r, tQ + (np * 16 + brow) * LD + bcol + kc * 16);
+                    const uint32_t q0b[2] = {r[0], r[1]}, q1b[2] = {r[2], r[3]};
+                    ptx::mma_bf16_16816(s[2 * np], ka, q0b, s[2 * np]);
+                    ptx::mma_bf16_16816(s[2 * np + 1], ka, q1b, s[2 * np + 1]);
+                    ptx::ldmatrix_x4(r, tO + (np * 16 + brow) * LD + bcol + kc * 16);
+                    const uint32_t o0b[2] = {r[0], r[1]}, o1b[2] = {r[2], r[3]};
+                    ptx::mma_bf16_16816(dp[2 * np], va, o0b, dp[2 * np]);
+                    ptx::mma_bf16_16816(dp[2 * np + 1], va, o1b, dp[2 * np + 1]);
+                }
+            }
+            // P^T and dS^T (element: key row g + 8 (e >> 1), query column j * 8 + 2t + (e & 1))
+            const bool full = q0 + BQ <= Tq && klast <= qp.at(q0) && kw0 + 16 <= Tk;
+            for (int j = 0; j < NT; j++)
+                for (int e = 0; e < 4; e++) {
+                    const int c = j * 8 + 2 * t + (e & 1), qi = q0 + c;
+                    const bool vis = full || (qi < Tq && kpos[e >> 1] <= qp.at(qi));
+                    const float p = vis ? exp2f(fmaf(s[j][e], scale * kLog2e, -tL[c])) : 0.0f;
+                    s[j][e] = p;
+                    dp[j][e] = p * (dp[j][e] - tD[c]);
+                }
+            // dV += P^T dO, dK += dS^T Q
+            for (int kc = 0; kc < BQ / 16; kc++) {
+                const uint32_t ap[4] = {ptx::pack_bf16(s[2 * kc][0], s[2 * kc][1]),
+                                        ptx::pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                                        ptx::pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                        ptx::pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+                const uint32_t ad[4] = {ptx::pack_bf16(dp[2 * kc][0], dp[2 * kc][1]),
+                                        ptx::pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
+                                        ptx::pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                        ptx::pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+                for (int d2 = 0; d2 < HS / 16; d2++) {
+                    uint32_t r[4];
+                    ptx::ldmatrix_x4_trans(r, tO + (kc * 16 + trow) * LD + tcol + d2 * 16);
+                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    ptx::mma_bf16_16816(dv[2 * d2], ap, b0, dv[2 * d2]);
+                    ptx::mma_bf16_16816(dv[2 * d2 + 1], ap, b1, dv[2 * d2 + 1]);
+                    ptx::ldmatrix_x4_trans(r, tQ + (kc * 16 + trow) * LD + tcol + d2 * 16);
+                    const uint32_t c0[2] = {r[0], r[1]}, c1[2] = {r[2], r[3]};
+                    ptx::mma_bf16_16816(dk[2 * d2], ad, c0, dk[2 * d2]);
+                    ptx::mma_bf16_16816(dk[2 * d2 + 1], ad, c1, dk[2 * d2 + 1]);
+                }
+            }
+        }
+        __syncthreads();  // the next iteration's prefetch overwrites this buffer
+    }
+
+    for (int i = 0; i < 2; i++) {
+        const int kj = kw0 + g + 8 * i;
+        if (kj >= Tk) continue;
+        bf16* dkr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + kvh) * HS;
+        bf16* dvr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + NKV + kvh) * HS;
+        for (int d = 0; d < DT; d++) {
+            store_pair(dkr + d * 8 + 2 * t, dk[d][2 * i] * scale, dk[d][2 * i + 1] * scale, accumulate);
+            store_pair(dvr + d * 8 + 2 * t, dv[d][2 * i], dv[d][2 * i + 1], accumulate);
+        }
+    }
+}
+
+// Q [kBR][LD], dO [kBR][LD], K [2][BC][LD], V [2][BC][LD]
+template <int HS, int BC> struct DqSmem {
+    static constexpr int LD = HS + 8;
+    static constexpr size_t q = 0, dO = q + (size_t)kBR * LD * 2, k = dO + (size_t)kBR * LD * 2,
+                            v = k + (size_t)2 * BC * LD * 2, total = v + (size_t)2 * BC * LD * 2;
+};
+
+// grid (B * NH, ceil(Tq / kBR)), kThreads threads, DqSmem<HS, BC>::total bytes
+template <int HS, int BC>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_dq_kernel(bf16* dq_dst, const bf16* dout, const bf16* qkv_q, const bf16* qkv_kv, const float* lse,
+                             const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
+                             SeqPositions kp, bool accumulate) {
+    using L = DqSmem<HS, BC>;
+    constexpr int LD = L::LD, NT = BC / 8, DT = HS / 8;
+    LLMC_EXTERN_SMEM(char, smem);
+    bf16* sQ = reinterpret_cast<bf16*>(smem + L::q);
+    bf16* sO = reinterpret_cast<bf16*>(smem + L::dO);
+    bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
+    bf16* sV = reinterpret_cast<bf16*>(smem + L::v);
+
+    const int h = blockIdx.x % NH, b = blockIdx.x / NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * kBR;  // heaviest (last) query tiles first
+    const int kvh = h / (NH / NKV);
+    const long long stride = (long long)(NH + 2 * NKV) * HS, ostride = (long long)NH * HS;
+    const bf16* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
+    const bf16* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+    const int kv_end = visible(kp, Tk, qp.at(min(Tq, q0 + kBR) - 1));
+    const int ntiles = (kv_end + BC - 1) / BC;
+    const int w0 = q0 + 16 * warp;
+    int seen[2];
+    float l2[2], Dr[2];
+    for (int i = 0; i < 2; i++) {
+        const int r = w0 + g + 8 * i;
+        const long long li = ((long long)b * NH + h) * Tq + r;
+        seen[i] = r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
+        l2[i] = r < Tq ? lse[li] * kLog2e : 0.0f;
+        Dr[i] = r < Tq ? D[li] : 0.0f;
+    }
+    const bool active = w0 < Tq;
+    const int w_end = active ? visible(kp, kv_end, qp.at(min(Tq, w0 + 16) - 1)) : 0;
+    const int w_full = active ? visible(kp, kv_end, qp.at(w0)) : 0;
+
+    load_tile<HS, kBR>(sQ, qkv_q + (long long)b * Tq * stride + (long long)h * HS, stride, q0, Tq);
+    load_tile<HS, kBR>(sO, dout + (long long)b * Tq * ostride + (long long)h * HS, ostride, q0, Tq);
+    if (ntiles > 0) {
+        load_tile<HS, BC>(sK, Kg, stride, 0, kv_end);
+        load_tile<HS, BC>(sV, Vg, stride, 0, kv_end);
+    }
+    ptx::cp_async_commit();
+
+    uint32_t qf[HS / 16][4], of[HS / 16][4];
+    float dq[DT][4];
+    for (int d = 0; d < DT; d++)
+        for (int e = 0; e < 4; e++) dq[d][e] = 0.0f;
+    const int brow = (lane >> 4) * 8 + (lane & 7), bcol = ((lane >> 3) & 1) * 8;
+    const int trow = (lane & 7) + ((lane >> 3) & 1) * 8, tcol = (lane >> 4) * 8;
+
+    for (int j = 0; j < ntiles; j++) {
+        const int buf = j & 1, k0 = j * BC;
+        if (j + 1 < ntiles) {
+            load_tile<HS, BC>(sK + (buf ^ 1) * BC * LD, Kg, stride, k0 + BC, kv_end);
+            load_tile<HS, BC>(sV + (buf ^ 1) * BC * LD, Vg, stride, k0 + BC, kv_end);
+            ptx::cp_async_commit();
+            ptx::cp_async_wait<1>();
+        } else {
+            ptx::cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (j == 0 && active) {
+            const int off = (16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+            for (int kc = 0; kc < HS / 16; kc++) {
+                ptx::ldmatrix_x4(qf[kc], sQ + off + kc * 16);
+                ptx::ldmatrix_x4(of[kc], sO + off + kc * 16);
+            }
+        }
+        if (k0 < w_end) {
+            const bf16* tK = sK + buf * BC * LD;
+            const bf16* tV = sV + buf * BC * LD;
+            float s[NT][4], dp[NT][4];
+            for (int n = 0; n < NT; n++)
+                for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+            for (int kc = 0; kc < HS / 16; kc++)
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t r[4];
+                    ptx::ldmatrix_x4(r, tK + (np * 16 + brow) * LD + bcol + kc * 16);
+                    const uint32_t k0b[2] = {r[0], r[1]}, k1b[2] = {r[2], r[3]};
+                    ptx::mma_bf16_16816(s[2 * np], qf[kc], k0b, s[2 * np]);
+                    ptx::mma_bf16_16816(s[2 * np + 1], qf[kc], k1b, s[2 * np + 1]);
+                    ptx::ldmatrix_x4(r, tV + (np * 16 + brow) * LD + bcol + kc * 16);
+                    const uint32_t v0b[2] = {r[0], r[1]}, v1b[2] = {r[2], r[3]};
+                    ptx::mma_bf16_16816(dp[2 * np], of[kc], v0b, dp[2 * np]);
+                    ptx::mma_bf16_16816(dp[2 * np + 1], of[kc], v1b, dp[2 * np + 1]);
+                }
+            const bool crossing = k0 + BC > w_full;
+            for (int n = 0; n < NT; n++)
+                for (int e = 0; e < 4; e++) {
+                    const int i = e >> 1;
+                    const bool vis = !crossing || k0 + n * 8 + 2 * t + (e & 1) < seen[i];
+                    const float p = vis ? exp2f(fmaf(s[n][e], scale * kLog2e, -l2[i])) : 0.0f;
+                    dp[n][e] = p * (dp[n][e] - Dr[i]);
+                }
+            for (int kc = 0; kc < BC / 16; kc++) {  // dQ += dS K
+                const uint32_t a[4] = {ptx::pack_bf16(dp[2 * kc][0], dp[2 * kc][1]),
+                                       ptx::pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
+                                       ptx::pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                       ptx::pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+                for (int d2 = 0; d2 < HS / 16; d2++) {
+                    uint32_t r[4];
+                    ptx::ldmatrix_x4_trans(r, tK + (kc * 16 + trow) * LD + tcol + d2 * 16);
+                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    ptx::mma_bf16_16816(dq[2 * d2], a, b0, dq[2 * d2]);
+                    ptx::mma_bf16_16816(dq[2 * d2 + 1], a, b1, dq[2 * d2 + 1]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    for (int i = 0; i < 2; i++) {
+        const int r = w0 + g + 8 * i;
+        if (r >= Tq) continue;
+        bf16* row = dq_dst + ((long long)b * Tq + r) * stride + (long long)h * HS;
+        for (int d = 0; d < DT; d++) store_pair(row + d * 8 + 2 * t, dq[d][2 * i] * scale, dq[d][2 * i + 1] * scale, accumulate);
+    }
+}
+
+template <int HS, int BT>
+bool try_backward(bf16* dq_dst, bf16* dkv, const bf16* dout, const bf16* qkv_q, const bf16* qkv_kv, const float* lse,
+                  const float* D, int B, int Tq, int Tk, int NH, int NKV, SeqPositions qp, SeqPositions kp,
+                  bool accumulate, cudaStream_t st) {
+    auto fkv = flash_backward_dkdv_kernel<HS, BT>;
+    auto fq = flash_backward_dq_kernel<HS, BT>;
+    const size_t skv = DkdvSmem<HS, BT>::total, sq = DqSmem<HS, BT>::total;
+    int optin = 0;
+    if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem((const void*)fq, sq, &optin)) return false;
+    const float scale = 1.0f / sqrtf((float)HS);
+    LLMC_LAUNCH(fkv, dim3(B * NKV, (Tk + kBR - 1) / kBR), kThreads, skv, st, dkv, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
+                NH, NKV, scale, qp, kp, accumulate);
+    CUDA_CHECK_LAUNCH();
+    LLMC_LAUNCH(fq, dim3(B * NH, (Tq + kBR - 1) / kBR), kThreads, sq, st, dq_dst, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
+                NH, NKV, scale, qp, kp, accumulate);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+// dK, dV and dQ by the flash kernels when they cover HS and the device's shared memory holds
+// their tiles (64 rows, else 32); false (nothing launched): the caller takes attention.cuh's.
+inline bool backward(bf16* dq_dst, bf16* dkv, const bf16* dout, const bf16* qkv_q, const bf16* qkv_kv,
+                     const float* lse, const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
+                     SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st) {
+#define LLMC_FLASH_BWD(HSV, BT) \
+    try_backward<HSV, BT>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, accumulate, st)
+    switch (HS) {
+        case 32: return LLMC_FLASH_BWD(32, 64) || LLMC_FLASH_BWD(32, 32);
+        case 64: return LLMC_FLASH_BWD(64, 64) || LLMC_FLASH_BWD(64, 32);
+        case 80: return LLMC_FLASH_BWD(80, 64) || LLMC_FLASH_BWD(80, 32);
+        case 96: return LLMC_FLASH_BWD(96, 64) || LLMC_FLASH_BWD(96, 32);
+        case 128: return LLMC_FLASH_BWD(128, 64) || LLMC_FLASH_BWD(128, 32);
+        default: return false;
+    }
+#undef LLMC_FLASH_BWD
+}
+
+}  // namespace flash

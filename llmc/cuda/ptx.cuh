@@ -1,0 +1,168 @@
+// The PTX instructions of the tensor-core kernels (llmc/cuda/flash_attention.cuh), one small
+// device function each, with the register layout the PTX ISA gives it written beside it.
+// On a device (sm_80+) each is one `asm volatile`; under the CUDA emulator (LLMC_CUEMU,
+// test/cuemu) each is a CPU twin that follows the documented layout exactly, built from the
+// warp primitives the emulator has: it gathers the other lanes' registers (a per-warp exchange
+// between two __syncwarp), then computes this lane's share. test/gpu/test_gpu_ops.cu's `ptx` filter checks the twins against a naive
+// per-element product (and on a device the instructions themselves).
+//
+// Notation (a warp's 32 lanes): g = lane / 4 (the "group", 0..7), t = lane % 4 (0..3).
+// A register of two bf16 holds its lower-column element in the low 16 bits.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace ptx {
+
+#if defined(LLMC_CUEMU)
+namespace emu {
+// The twins' exchange of registers within a warp: each lane writes its own, a __syncwarp, each
+// reads the lanes the layout names, a __syncwarp (two collectives instead of one shuffle per
+// register and lane). Per OS thread is per block under the emulator, as __shared__ is.
+struct Regs {
+    uint32_t a[32][4], b[32][2];
+    const char* p[32];
+};
+inline Regs& warp_regs() {
+    static thread_local Regs w[32];  // up to 1024 threads a block
+    return w[threadIdx.x / 32];
+}
+}  // namespace emu
+#endif
+
+// Two floats -> one register of two bf16 (round to nearest even), lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+__device__ __forceinline__ float bf16_lo(uint32_t r) { return __bfloat162float(__ushort_as_bfloat16((unsigned short)(r & 0xffffu))); }
+__device__ __forceinline__ float bf16_hi(uint32_t r) { return __bfloat162float(__ushort_as_bfloat16((unsigned short)(r >> 16))); }
+
+// ---- mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: D[16x8] = A[16x16] B[16x8] + C ----
+// A (row-major 16x16, 4 registers of 2 bf16):
+//   a[0] = A[g][2t, 2t+1]      a[1] = A[g+8][2t, 2t+1]
+//   a[2] = A[g][2t+8, 2t+9]    a[3] = A[g+8][2t+8, 2t+9]
+// B (16x8 "col": k down, n across; 2 registers):
+//   b[0] = B[2t, 2t+1][g]      b[1] = B[2t+8, 2t+9][g]
+// C, D (16x8 fp32, 4 registers):
+//   c[0], c[1] = C[g][2t, 2t+1]    c[2], c[3] = C[g+8][2t, 2t+1]
+// (So an accumulator pair c[0..1] of two adjacent n-tiles is, rounded to bf16, exactly an A
+// register of the next product: the flash kernels reuse P from registers.)
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                               const float (&c)[4]) {
+#if defined(LLMC_CUEMU)
+    const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+    emu::Regs& w = emu::warp_regs();
+    for (int i = 0; i < 4; i++) w.a[lane][i] = a[i];
+    w.b[lane][0] = b[0];
+    w.b[lane][1] = b[1];
+    __syncwarp();  // every lane's registers are in
+    for (int i = 0; i < 4; i++) {
+        const int row = g + (i >> 1) * 8, col = 2 * t + (i & 1);
+        float s = c[i];
+        for (int k = 0; k < 16; k++) {
+            // A[row][k]: lane (row % 8) * 4 + (k % 8) / 2, register (row >= 8) + 2 (k >= 8), half k % 2
+            const uint32_t ra = w.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)];
+            // B[k][col]: lane col * 4 + (k % 8) / 2, register (k >= 8), half k % 2
+            const uint32_t rb = w.b[col * 4 + (k % 8) / 2][k >= 8];
+            s = fmaf(k % 2 ? bf16_hi(ra) : bf16_lo(ra), k % 2 ? bf16_hi(rb) : bf16_lo(rb), s);
+        }
+        d[i] = s;
+    }
+    __syncwarp();  // read before any lane's next instruction overwrites them
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %11, %12, %13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+          "f"(c[3]));
+#else
+    __trap();
+#endif
+}
+
+// ---- ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: four 8x8 bf16 matrices ----
+// Lane l gives the shared address of row l % 8 of matrix l / 8 (each row 16 contiguous bytes,
+// 16-byte aligned). Lane l receives r[j] = matrix j's elements
+//   non-transposed: M_j[g][2t], M_j[g][2t+1]       (row g, two adjacent columns)
+//   .trans:         M_j[2t][g], M_j[2t+1][g]       (column g, two adjacent rows)
+// Non-transposed, matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15),
+// (rows 8-15, cols 8-15) of a row-major 16x16 tile are the mma's A registers a[0..3]; the rows
+// of a [key][d] tile as B = K^T; .trans of a [key][d] tile gives B = V.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+#if defined(LLMC_CUEMU)
+    return 0;
+#else
+    return (uint32_t)__cvta_generic_to_shared(p);
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+#if defined(LLMC_CUEMU)
+    const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+    emu::Regs& w = emu::warp_regs();
+    w.p[lane] = (const char*)row;
+    __syncwarp();
+    for (int j = 0; j < 4; j++) std::memcpy(&r[j], w.p[j * 8 + g] + 4 * t, 4);  // row g of matrix j, columns 2t, 2t+1
+    __syncwarp();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row)));
+#else
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+#if defined(LLMC_CUEMU)
+    const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+    emu::Regs& w = emu::warp_regs();
+    w.p[lane] = (const char*)row;
+    __syncwarp();
+    for (int j = 0; j < 4; j++) {  // column g of matrix j, rows 2t, 2t+1
+        uint16_t lo, hi;
+        std::memcpy(&lo, w.p[j * 8 + 2 * t] + 2 * g, 2);
+        std::memcpy(&hi, w.p[j * 8 + 2 * t + 1] + 2 * g, 2);
+        r[j] = (uint32_t)lo | ((uint32_t)hi << 16);
+    }
+    __syncwarp();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row)));
+#else
+    __trap();
+#endif
+}
+
+// ---- cp.async.cg.shared.global (16 bytes) + commit_group / wait_group ----
+// Each thread's copies since its last commit form a group; wait<N> returns when at most N of
+// this thread's groups are still in flight (their smem is then written; other threads' copies
+// need a __syncthreads as well). Both addresses 16-byte aligned. Under the emulator the copy
+// is synchronous and the waits are no-ops (a missing __syncthreads still shows as a race under
+// its schedules).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+#if defined(LLMC_CUEMU)
+    std::memcpy(smem, gmem, 16);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if !defined(LLMC_CUEMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if !defined(LLMC_CUEMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+}  // namespace ptx

@@ -1,0 +1,102 @@
+// test_gpu's `ptx` filter: llmc/cuda/ptx.cuh's instructions (on a device the PTX itself, under
+// the emulator the CPU twins) against naive per-element products in double. One warp:
+//  - A [16x16], Kt [16 n x 16 k] and V [16 k x 16 n] copied into shared memory by cp.async;
+//  - A by ldmatrix.x4 (the mma's A registers), Kt by ldmatrix.x4 (B = Kt^T), V by ldmatrix.x4.trans;
+//  - C1 = A Kt^T and C2 = A V + C1 (two n-tiles of mma.m16n8k16 each; C1 as the accumulator in);
+//  - C3 = bf16(C1) V with bf16(C1) packed straight from C1's accumulators into A registers (the
+//    flash kernels' P-from-registers reuse).
+// Each output is written through the documented accumulator layout, so a wrong row or column
+// of any layout shows as a wrong element.
+// (Included by test_gpu_ops.cu inside its anonymous namespace, after report(); ptx.cuh included above.)
+
+constexpr int kPtxLD = 24;  // smem row pitch (elements): 48 bytes, 16-byte aligned rows
+
+__global__ void ptx_test_kernel(float* c1, float* c2, float* c3, const bf16* A, const bf16* Kt, const bf16* V) {
+    __shared__ __align__(128) bf16 sA[16 * kPtxLD], sK[16 * kPtxLD], sV[16 * kPtxLD];
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    const int r = lane / 2, c = (lane % 2) * 8;  // one 16-byte chunk of each matrix per lane
+    ptx::cp_async_16(sA + r * kPtxLD + c, A + r * 16 + c);
+    ptx::cp_async_16(sK + r * kPtxLD + c, Kt + r * 16 + c);
+    ptx::cp_async_16(sV + r * kPtxLD + c, V + r * 16 + c);
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<0>();
+    __syncwarp();
+    uint32_t a[4], k[4], v[4];
+    ptx::ldmatrix_x4(a, sA + ((lane & 7) + ((lane >> 3) & 1) * 8) * kPtxLD + (lane >> 4) * 8);
+    ptx::ldmatrix_x4(k, sK + ((lane >> 4) * 8 + (lane & 7)) * kPtxLD + ((lane >> 3) & 1) * 8);
+    ptx::ldmatrix_x4_trans(v, sV + ((lane & 7) + ((lane >> 3) & 1) * 8) * kPtxLD + (lane >> 4) * 8);
+    float s1[2][4], s2[2][4], s3[2][4];
+    const float zero[4] = {0, 0, 0, 0};
+    for (int n = 0; n < 2; n++) {
+        const uint32_t bk[2] = {k[2 * n], k[2 * n + 1]}, bv[2] = {v[2 * n], v[2 * n + 1]};
+        ptx::mma_bf16_16816(s1[n], a, bk, zero);
+        ptx::mma_bf16_16816(s2[n], a, bv, s1[n]);
+    }
+    const uint32_t p[4] = {ptx::pack_bf16(s1[0][0], s1[0][1]), ptx::pack_bf16(s1[0][2], s1[0][3]),
+                           ptx::pack_bf16(s1[1][0], s1[1][1]), ptx::pack_bf16(s1[1][2], s1[1][3])};
+    for (int n = 0; n < 2; n++) {
+        const uint32_t bv[2] = {v[2 * n], v[2 * n + 1]};
+        ptx::mma_bf16_16816(s3[n], p, bv, zero);
+    }
+    for (int n = 0; n < 2; n++)
+        for (int e = 0; e < 4; e++) {
+            const int i = (g + (e >> 1) * 8) * 16 + n * 8 + 2 * t + (e & 1);
+            c1[i] = s1[n][e];
+            c2[i] = s2[n][e];
+            c3[i] = s3[n][e];
+        }
+}
+
+void test_ptx() {
+    std::vector<uint16_t> hA(256), hK(256), hV(256);
+    uint32_t st = 12345;
+    auto rnd = [&] {
+        st = st * 1664525u + 1013904223u;
+        return f32_to_bf16_bits(((st >> 8) / 16777216.0f - 0.5f) * 4.0f);
+    };
+    for (int i = 0; i < 256; i++) hA[i] = rnd(), hK[i] = rnd(), hV[i] = rnd();
+    auto f = [](uint16_t b) { return (double)bf16_bits_to_f32(b); };
+    bf16 *dA, *dK, *dV;
+    float* dC;
+    CUDA_CHECK(cudaMalloc(&dA, 3 * 256 * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(&dC, 3 * 256 * sizeof(float)));
+    dK = dA + 256;
+    dV = dA + 512;
+    CUDA_CHECK(cudaMemcpy(dA, hA.data(), 512, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dK, hK.data(), 512, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dV, hV.data(), 512, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(dC, 0xff, 3 * 256 * sizeof(float)));  // NaN: an unwritten element fails
+    LLMC_LAUNCH(ptx_test_kernel, 1, 32, 0, (cudaStream_t)0, dC, dC + 256, dC + 512, (const bf16*)dA, (const bf16*)dK,
+                (const bf16*)dV);
+    CUDA_CHECK_LAUNCH();
+    std::vector<float> c(768);
+    CUDA_CHECK(cudaMemcpy(c.data(), dC, c.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(dA));
+    CUDA_CHECK(cudaFree(dC));
+    // reference; the bound: fp32 accumulation of 16 exact bf16 products (32 for C2)
+    double worst[3] = {0, 0, 0};
+    int bad[3] = {-1, -1, -1};
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            double r1 = 0, r2 = 0, r3 = 0, m1 = 0, m2 = 0, m3 = 0;
+            for (int k = 0; k < 16; k++) {
+                r1 += f(hA[i * 16 + k]) * f(hK[j * 16 + k]);
+                m1 += std::fabs(f(hA[i * 16 + k]) * f(hK[j * 16 + k]));
+                r2 += f(hA[i * 16 + k]) * f(hV[k * 16 + j]);
+                m2 += std::fabs(f(hA[i * 16 + k]) * f(hV[k * 16 + j]));
+                const double pk = f(f32_to_bf16_bits(c[i * 16 + k]));  // bf16(C1), C1 checked below
+                r3 += pk * f(hV[k * 16 + j]);
+                m3 += std::fabs(pk * f(hV[k * 16 + j]));
+            }
+            const double got[3] = {c[i * 16 + j], c[256 + i * 16 + j], c[512 + i * 16 + j]};
+            const double ref[3] = {r1, r2 + r1, r3}, mag[3] = {m1, m2 + m1, m3};
+            for (int o = 0; o < 3; o++) {
+                const double e = std::fabs(got[o] - ref[o]) / (mag[o] + 1e-30);
+                if (!(e <= worst[o])) worst[o] = std::isnan(e) ? INFINITY : e, bad[o] = i * 16 + j;
+            }
+        }
+    const char* names[3] = {"ptx.mma_ldmatrix", "ptx.mma_ldmatrix_trans_acc", "ptx.mma_p_from_registers"};
+    for (int o = 0; o < 3; o++)
+        report(worst[o] <= 1e-5, names[o], "[16x16x16]",
+               strfmt("worst element %d: err/sum|terms|=%.3g tol=1e-05", bad[o], worst[o]));
+}
