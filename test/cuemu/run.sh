@@ -3,8 +3,8 @@
 #  1. the emulator's own tests (build/cuemu_selftest): the good kernels and the cuBLASLt rules
 #     pass in three schedules, each broken kernel is caught with its message;
 #  2. test_gpu's op cases on CudaOps compiled for the emulator (build/test_gpu_emu), in the
-#     schedules forward-lockstep and reverse-warp: every case passes (but the known failure
-#     below) and the two runs' digests of the determinism-checked results are equal;
+#     schedules forward-lockstep and reverse-warp: every case passes and the two runs' digests of
+#     the determinism-checked results are equal;
 #  3. planted bugs in copies of the kernels, each caught (test/cuemu/planted_bugs.sh).
 # CUEMU_FILTER=NAME runs only test_gpu's cases NAME (its filter argument; default: all).
 # Ends with "test-emu: passed" or "test-emu: FAILED (...)"; exit 1 on failure.
@@ -13,11 +13,6 @@ cd "$(dirname "$0")/../.."
 B=${LLMC_BUILD:-build}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 problems=()
-
-# The one known failure, seen on an H200 too: CUDA attention refuses the reference model's head
-# size 8 ("CUDA attention supports head sizes that are multiples of 16 up to 128"); another
-# issue fixes attention. Only this line may fail, and only with this message.
-KNOWN_FAIL='^FAIL reference  exception: .*CUDA attention supports head sizes that are multiples of 16 up to 128'
 
 echo "== emulator self-tests"
 for s in forward-lockstep reverse-warp random7-lockstep; do
@@ -52,11 +47,10 @@ for s in forward-lockstep reverse-warp; do
     rc=$?
     summary=$(tail -n 1 "$B/emu_out.$s")
     echo "$s: $summary ($(( $(date +%s) - start ))s, exit $rc)"
-    unexpected=$(grep '^FAIL' "$B/emu_out.$s" | grep -v -E "$KNOWN_FAIL")
-    if [ -n "$unexpected" ]; then
-        problems+=("op cases ($s)"); echo "$unexpected" | head -n 20
+    failed=$(grep '^FAIL' "$B/emu_out.$s")
+    if [ $rc -ne 0 ] || [ -n "$failed" ]; then
+        problems+=("op cases ($s)"); echo "$failed" | head -n 20
     fi
-    grep -q -E "$KNOWN_FAIL" "$B/emu_out.$s" && echo "  known failure excluded: reference (CUDA attention refuses head size 8)"
     if ! grep -q -E '^[0-9]+ passed, [0-9]+ failed$' <<< "$summary"; then
         problems+=("op cases ($s) did not finish"); tail -n 15 "$B/emu_out.$s"
     fi
