@@ -82,11 +82,14 @@ inline int sum_squares_blocks(long long n) {
     long long b = (n + kSumSqThreads - 1) / kSumSqThreads;
     return (int)(b < 1 ? 1 : (b > 1024 ? 1024 : b));
 }
+
+// One block's share of a sum of squares: g[i] for i = block * blockDim + thread, stepping by stride,
+// summed per thread, per warp and then over the warps in order into *out (the same grid gives the
+// same sum). s: the kernel's kSumSqThreads / 32 doubles of shared memory.
 template <class T>
-__global__ void sum_squares_kernel(double* partial, const T* g, long long n) {
-    __shared__ double s[kSumSqThreads / 32];
+__device__ void sum_squares_block(double* out, const T* g, long long n, long long block, long long stride, double* s) {
     double acc = 0.0;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    for (long long i = block * blockDim.x + threadIdx.x; i < n; i += stride) {
         const double x = (double)to_f32(g[i]);
         acc += x * x;
     }
@@ -96,8 +99,14 @@ __global__ void sum_squares_kernel(double* partial, const T* g, long long n) {
     if (threadIdx.x == 0) {
         double t = 0.0;
         for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += s[w];
-        partial[blockIdx.x] = t;
+        *out = t;
     }
+}
+
+template <class T>
+__global__ void sum_squares_kernel(double* partial, const T* g, long long n) {
+    __shared__ double s[kSumSqThreads / 32];
+    sum_squares_block(partial + blockIdx.x, g, n, blockIdx.x, (long long)gridDim.x * blockDim.x, s);
 }
 
 // Multi-tensor sum of squares: block b of the launch works on the region whose blocks hold it
@@ -118,21 +127,8 @@ __global__ void sum_squares_multi_kernel(double* partial, const SumSqRegion* reg
         else hi = mid - 1;
     }
     const SumSqRegion r = regions[lo];
-    const T* g = (const T*)r.g;
-    const long long blk = blockIdx.x - r.first_block;
-    double acc = 0.0;
-    for (long long i = blk * blockDim.x + threadIdx.x; i < r.n; i += (long long)r.blocks * blockDim.x) {
-        const double x = (double)to_f32(g[i]);
-        acc += x * x;
-    }
-    acc = warp_sum_d(acc);
-    if ((threadIdx.x & 31) == 0) s[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0.0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += s[w];
-        partial[blockIdx.x] = t;
-    }
+    sum_squares_block(partial + blockIdx.x, (const T*)r.g, r.n, blockIdx.x - r.first_block,
+                      (long long)r.blocks * blockDim.x, s);
 }
 // One block: thread j adds region j's partials in order (as the host adds sum_squares' partials),
 // then thread 0 adds the regions in order: what the host's per-region loop gives.
