@@ -4,11 +4,10 @@
 // documentation lists as unsupported, with the status cuBLASLt gives and a line on stderr
 // (CUEMU_LT_QUIET=1 silences it), so that a combination the GPU refuses fails here too:
 //  - compute type 32F with scale type 32F only; layouts whose shapes disagree with op(A), op(B);
-//  - element types: all fp32, or bf16 A/B with bf16 or fp32 C/D, or fp8 (the table of "FP8
-//    requirements": A/B E4M3 or E5M2 but not both E5M2; C/D bf16/bf16, fp16/fp16, fp32/fp32, or
-//    bf16 or fp16 C with an fp8 D; bias bf16, or fp16 with fp16 C);
-//  - fp8: only the "TN" layout (A transposed, B not), every pointer 16-byte aligned and every
-//    leading dimension a multiple of 16 bytes; A/B scale pointers only with fp8 A/B;
+//  - element types: all fp32, or bf16 A/B with bf16 or fp32 C/D; A/B scale pointers only with fp8;
+//  - fp8: the trainer's own table of the documented rules, fp8_gemm_supported (llmc/cuda/fp8_rules.h:
+//    TN layout, the A/B and C/D type table, bias types, 16-byte alignment, in place, AMAX_D), so the
+//    stand-in and the trainer cannot disagree;
 //  - every pointer aligned to its element; an algorithm from the heuristic runs only on pointers
 //    at least as aligned as the preference's MIN_ALIGNMENT_*_BYTES it was chosen for.
 // Not modelled: which shapes a real GPU's algorithms cover (cuBLASLt's internals), tensor-core
@@ -22,6 +21,7 @@
 #include <vector>
 
 #include "llmc/precision/bf16.h"
+#include "llmc/cuda/fp8_rules.h"
 #include "llmc/precision/fp8.h"
 #include "test/cuemu/include/cublasLt.h"
 
@@ -82,6 +82,25 @@ std::string dims(const cuemuLtLayout* l) {
     return std::to_string(l->rows) + "x" + std::to_string(l->cols) + " ld " + std::to_string(l->ld);
 }
 
+// A call as llmc/cuda/fp8_rules.h judges it (the emulated device is sm_90).
+LtFp8Call fp8_call(const cuemuLtMatmulDesc* op, const cuemuLtLayout* a, const cuemuLtLayout* b, const cuemuLtLayout* c,
+                   const cuemuLtLayout* d, uintptr_t pa, uintptr_t pb, uintptr_t pc, uintptr_t pd) {
+    LtFp8Call g;
+    g.sm = 90;
+    g.compute_32f = op->compute == CUBLAS_COMPUTE_32F;
+    g.scale_32f = op->scale == CUDA_R_32F;
+    g.a = lt_type_from_cuda(a->type), g.b = lt_type_from_cuda(b->type);
+    g.c = lt_type_from_cuda(c->type), g.d = lt_type_from_cuda(d->type);
+    g.has_bias = op->bias != nullptr;
+    if (g.has_bias) g.bias = op->bias_type_set ? lt_type_from_cuda(op->bias_type) : (g.c == LtType::F16 ? LtType::F16 : LtType::BF16);
+    g.trans_a = op->ta == CUBLAS_OP_T, g.trans_b = op->tb == CUBLAS_OP_T;
+    g.m = (int64_t)d->rows, g.n = (int64_t)d->cols, g.k = (int64_t)(g.trans_a ? a->rows : a->cols);
+    g.lda = a->ld, g.ldb = b->ld, g.ldc = c->ld, g.ldd = d->ld;
+    g.ptr_a = pa, g.ptr_b = pb, g.ptr_c = pc, g.ptr_d = pd;
+    g.amax_d = op->amax_d != nullptr;
+    return g;
+}
+
 // The rules that do not depend on the data pointers.
 cublasStatus_t check_problem(const cuemuLtMatmulDesc* op, const cuemuLtLayout* a, const cuemuLtLayout* b,
                              const cuemuLtLayout* c, const cuemuLtLayout* d) {
@@ -103,24 +122,11 @@ cublasStatus_t check_problem(const cuemuLtMatmulDesc* op, const cuemuLtLayout* a
     std::string combo = std::string(type_name(ta)) + " x " + type_name(tb) + " -> C " + type_name(tc) + ", D " +
                         type_name(td);
     if (is_fp8(ta) || is_fp8(tb)) {
-        if (!is_fp8(ta) || !is_fp8(tb)) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "fp8 mixed with wider A/B: " + combo);
-        if (ta == CUDA_R_8F_E5M2 && tb == CUDA_R_8F_E5M2)
-            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "fp8 with both A and B E5M2: " + combo);
-        const bool cd_ok = (tc == CUDA_R_16BF && (td == CUDA_R_16BF || is_fp8(td))) ||
-                           (tc == CUDA_R_16F && (td == CUDA_R_16F || is_fp8(td))) ||
-                           (tc == CUDA_R_32F && td == CUDA_R_32F);
-        if (!cd_ok) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "fp8 C/D types not in the table: " + combo);
-        if (op->ta != CUBLAS_OP_T || op->tb != CUBLAS_OP_N)
-            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "fp8 needs the TN layout (A transposed, B not): " + combo);
-        for (const cuemuLtLayout* l : {a, b, c, d})
-            if ((l->ld * elem_size(l->type)) % 16)
-                return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "fp8: leading dimension not a multiple of 16 bytes: " + dims(l));
-        if (op->bias) {
-            const cudaDataType_t want = tc == CUDA_R_16F ? CUDA_R_16F : CUDA_R_16BF;
-            if (op->bias_type_set && op->bias_type != want)
-                return refuse(CUBLAS_STATUS_NOT_SUPPORTED, std::string("fp8 bias type ") + type_name(op->bias_type) +
-                                                               " with C " + type_name(tc));
-        }
+        // the documented fp8 rules, the trainer's own table (llmc/cuda/fp8_rules.h); here without the
+        // data pointers (distinct and aligned stand-ins), which cublasLtMatmul judges again
+        std::string why;
+        if (!fp8_gemm_supported(fp8_call(op, a, b, c, d, 0, 0, 0, 16), &why))
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, why + ": " + combo);
     } else {
         const bool ok = (ta == CUDA_R_32F && tb == CUDA_R_32F && tc == CUDA_R_32F && td == CUDA_R_32F) ||
                         (ta == CUDA_R_16BF && tb == CUDA_R_16BF && tc == td && (tc == CUDA_R_16BF || tc == CUDA_R_32F));
@@ -273,11 +279,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
         if (!ptr[i]) return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string("null ") + nm[i]);
         if (al < elem_size(lay[i]->type))
             return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(1, nm[i]) + " not aligned to its element");
-        if (fp8 && al < 16) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, std::string("fp8: ") + nm[i] + " not 16-byte aligned");
         if (algo && al < algo->data[i])
             return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string(1, nm[i]) + " is " + std::to_string(al) +
                                                            "-byte aligned, the algorithm was chosen for " +
                                                            std::to_string(algo->data[i]));
+    }
+    if (fp8) {  // the fp8 rules again, with the data pointers (alignment, in place)
+        std::string why;
+        if (!fp8_gemm_supported(fp8_call(op, a, b, c, d, (uintptr_t)A, (uintptr_t)B, (uintptr_t)C, (uintptr_t)D), &why))
+            return refuse(CUBLAS_STATUS_NOT_SUPPORTED, why);
     }
     if (op->bias && align_of(op->bias) < elem_size(op->bias_type_set ? op->bias_type : d->type))
         return refuse(CUBLAS_STATUS_INVALID_VALUE, "bias not aligned to its element");
