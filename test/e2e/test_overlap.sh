@@ -17,8 +17,14 @@
 #          layers and the head forward, of the head and the L layers backward (the embedding's
 #          backward reads no parameters), reduce-scatters of the L layers, the embedding and the
 #          head, and the 2 scalars: 3L + 7.
-# Robust on a loaded machine: comm_ms counts waits only, so slow computation does not move it
-# (compute per layer stays above D as long as the machine is not ~3x slower than an idle one);
+# Over MPI one progress thread runs a communicator's posted operations in turn, so the delays add
+# up: overlap hides them only when the compute they run under takes longer than their sum. A fast
+# machine breaks that first, not a slow one (at D = 20 ms and micro-batches of 16 and 24 a 2-core
+# EPYC of 2026-11 computed a ZeRO-1 step in 170 ms against 240 ms of serialized bucket delays, and
+# the test failed there at every commit); so D = 10 ms and micro-batches that give each case 2-3x
+# its injected delay in compute there (ZeRO-1 640 ms vs 260, ZeRO-3 1020 vs 430, pp 265 vs 280 of
+# which the bubble hides part). A slower machine only widens the margin.
+# Robust on a loaded machine: comm_ms counts waits only, so slow computation does not move it;
 # load adds waits (a rank descheduled while its peer waits), never removes them, so each run is
 # judged by its least-waiting step after the first: that only makes the no-overlap bound harder
 # to meet. The bounds are far apart (no overlap: ~100%, overlap: ~20%).
@@ -30,7 +36,7 @@ make_data 100000
 # one thread per rank: the two ranks and their communication threads fit the 2 cores CI has, so
 # a rank is not descheduled while its peer waits (that adds waits the overlap cannot hide)
 export OMP_NUM_THREADS=1
-D=20
+D=10
 L=12
 cat > "$W/c.json" <<JSON
 { "device": "cpu", "precision": "fp32",
@@ -110,8 +116,8 @@ check() {
     measure "$@" || die "$1: over the overlap bound twice"
 }
 
-check zero1 parallel.zero=1 parallel.bucket_mb=0.8  # buckets a little over a layer: one per layer at most
-check zero3 parallel.zero=3 parallel.bucket_mb=100 train.micro_batch=24  # a layer's forward well over D
+check zero1 parallel.zero=1 parallel.bucket_mb=0.8 train.micro_batch=64  # buckets a little over a layer: one per layer at most
+check zero3 parallel.zero=3 parallel.bucket_mb=100 train.micro_batch=96  # a layer's forward well over D
 # pp=2 1F1B: receives posted ahead, sends waited for later; 3 layers per stage
 M=24
 BASE=1 check pp parallel.pp=2 parallel.pp_schedule=1f1b train.grad_accum=$M train.micro_batch=4 model.n_layer=6
