@@ -189,6 +189,7 @@ __global__ void __launch_bounds__(kThreads)
         sM[r] = -INFINITY;
         sL[r] = 0.0f;
     }
+    __syncthreads();  // sM, sL and sO as set above, also when no key is visible (the loop does not run)
     // keys [0, kv_end) can be seen by this tile (its last row sees the most)
     const int kv_end = visible_keys(kp, Tk, qp.at(min(T_, q0 + BR) - 1));
     for (int k0 = 0; k0 < kv_end; k0 += BC) {
@@ -217,6 +218,10 @@ __global__ void __launch_bounds__(kThreads)
                 sum += p;
             }
             sum = warp_sum(sum);
+            // every lane has read sM[r] and sL[r] above: a shuffle orders no memory access, so
+            // lane 0's write waits at the warp barrier (compute-sanitizer racecheck, H200: 1024
+            // read-then-write hazards here without it)
+            __syncwarp();
             if (lane == 0) {
                 const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
                 sL[r] = sL[r] * alpha + sum;
@@ -384,6 +389,7 @@ __global__ void __launch_bounds__(kThreads)
         sDK[(idx / HSP) * ldo + idx % HSP] = 0.0f;
         sDV[(idx / HSP) * ldo + idx % HSP] = 0.0f;
     }
+    __syncthreads();  // sDK and sDV zeroed, also for a key tile no query sees (the loops do not run)
     // the query rows that see key row k0 (and so any row of the tile) and all after them: the
     // first tile holding the first of them onwards
     const int first_q = first_query_at(qp, T_, kp.at(k0));
@@ -436,6 +442,7 @@ __global__ void __launch_bounds__(kThreads)
     load_rows_bthd(sDO, ldt, dout, b, h, q0, BR, T_, NH, HS, HSP);
     load_lse_d<T, BR>((float*)(smem + L.lse), (float*)(smem + L.d), lse, D, b, h, q0, T_, NH);
     for (int idx = threadIdx.x; idx < BR * HSP; idx += blockDim.x) sDQ[(idx / HSP) * ldo + idx % HSP] = 0.0f;
+    __syncthreads();  // sDQ zeroed, also for a query tile that sees no key (the loop does not run)
     const int kv_end = visible_keys(kp, Tk, qp.at(min(T_, q0 + BR) - 1));
     for (int k0 = 0; k0 < kv_end; k0 += BC) {
         load_rows(sK, ldt, qkv_kv, b, NH + kvh, k0, BC, Tk, NQKV, HS, HSP);
