@@ -55,7 +55,7 @@ quick_train() {
     local name=$1 lim=$2 out=$3; shift 3
     mkdir -p "$out"
     step "$name" "$lim" ./train_gpt - data.train="$Q/bench_*.bin" data.val= eval.every=0 eval.sample_every=0 \
-        tokenizer= checkpoint.every=0 checkpoint.resume=never checkpoint.dir="$out/ckpt" out.format=llmc \
+        tokenizer= checkpoint.every=0 checkpoint.resume=never checkpoint.dir="$out/ckpt" out.format=none \
         log.jsonl="$out/log.jsonl" out_dir="$out" "$@" >"$out/stdout.log" 2>&1
 }
 
@@ -213,7 +213,7 @@ profile_run() {
     ncu_bin=$(find_ncu)
     step "ncu $name" 120 "$ncu_bin" --clock-control none --metrics gpu__time_duration.sum --csv \
         ./train_gpt "$cfg" "$@" train.steps=2 eval.every=0 eval.sample_every=0 checkpoint.every=0 \
-        checkpoint.resume=never checkpoint.dir="$out/ckpt" out.format=llmc out_dir="$out" log.jsonl="$out/log.jsonl" \
+        checkpoint.resume=never checkpoint.dir="$out/ckpt" out.format=none out_dir="$out" log.jsonl="$out/log.jsonl" \
         >"$out/ncu.csv" 2>"$out/stderr.log"
     local rc=$?
     [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && return 0

@@ -270,9 +270,9 @@ const std::vector<Key>& schema() {
         str_key("tokenizer", FIELD(tokenizer_dir), false,
                 "folder with GPT-2's encoder.json + vocab.bpe (\"\" = token ids only)"),
         str_key("out_dir", FIELD(out_dir), true, "output folder"),
-        enum_key("out.format", FIELD(out.format), {"llmc", "hf", "both"}, {},
+        enum_key("out.format", FIELD(out.format), {"llmc", "hf", "both", "none"}, {},
                  "final weights: llmc = <out_dir>/model_<steps>.bin (llm.c), hf = model_<steps>.safetensors + "
-                 "config.json (transformers), both"),
+                 "config.json (transformers), both, none (benchmarks: no final weights; checkpoints as usual)"),
     };
     return keys;
 }

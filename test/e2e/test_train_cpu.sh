@@ -42,6 +42,14 @@ cmp -s "$f" "$W/from_st/model_00000001.bin" || die "the exported safetensors did
 "$BIN" "$W/c.json" train.steps=1 train.warmup_steps=0 "out_dir=$W/hf_only" out.format=hf > /dev/null
 [ -s "$W/hf_only/model_00000001.safetensors" ] && [ -s "$W/hf_only/config.json" ] && [ ! -e "$W/hf_only/model_00000001.bin" ] ||
     die "out.format=hf: expected the .safetensors and config.json only"
+# out.format none (benchmarks): no final weights, no summary line naming them; checkpoints as usual
+"$BIN" "$W/c.json" train.steps=2 train.warmup_steps=0 "out_dir=$W/none" out.format=none checkpoint.every=0 > "$W/none.txt" ||
+    die "out.format=none: $(tail -3 "$W/none.txt")"
+[ -z "$(ls "$W/none" | grep -E '^model_|^config.json$')" ] && ! grep -q '^weights:' "$W/none.txt" ||
+    die "out.format=none wrote or named final weights: $(ls "$W/none")"
+"$BIN" "$W/c.json" train.steps=2 train.warmup_steps=0 "out_dir=$W/none_ck" "checkpoint.dir=$W/none_ck/ck" out.format=none \
+    checkpoint.every=1 > /dev/null || die "out.format=none with checkpoints failed"
+ls "$W/none_ck/ck" | grep -q . || die "out.format=none with checkpoint.every=1 wrote no checkpoint"
 expect_fail 2 'out\.format' "$BIN" "$W/c.json" out.format=onnx
 # determinism: the same config gives bitwise the same losses
 "$BIN" "$W/c.json" train.steps=30 "out_dir=$W/out3" > /dev/null
