@@ -560,6 +560,10 @@ TEST_CASE("fp8: the cuBLASLt rule table allows the documented combinations and r
     CHECK(fp8_gemm_supported(c, nullptr));
     c = ok, c.ptr_d = c.ptr_c = 0x30004;
     refused(c, "16-byte aligned");
+    c = ok, c.ptr_a_scale = 0x50000, c.ptr_b_scale = 0x50010;  // scales 16-byte aligned: allowed
+    CHECK(fp8_gemm_supported(c, nullptr));
+    c.ptr_b_scale = 0x50004;  // the layout that an H200 refused (rule 11, assumed)
+    refused(c, "scale pointers");
     c = ok, c.ldd = c.ldc = 50;  // 200 bytes
     refused(c, "16 bytes");
     c = ok, c.k = c.lda = c.ldb = 40;

@@ -51,7 +51,13 @@ __global__ void amax_kernel(unsigned* amax_bits, const T* x, long long n) {
     if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, m);
 }
 
-// One thread: sc[0] = s, sc[1] = 1/s, with s = the host's scale (amax_bits == nullptr) or
+// Where a cast's scales sit in its slot of CudaFp8's small device buffer (floats): s at 0, 1/s
+// at kInvScale, each slot kScaleSlot floats apart. 1/s is a cuBLASLt scale pointer and so
+// 16-byte aligned (fp8_rules.h rule 11; at 4 bytes an H200 refused every fp8 GEMM).
+constexpr int kInvScale = 4, kScaleSlot = 64, kScaleSlots = 3;
+static_assert(kInvScale * sizeof(float) % 16 == 0 && kScaleSlot * sizeof(float) % 256 == 0, "scale alignment");
+
+// One thread: sc[0] = s, sc[kInvScale] = 1/s, with s = the host's scale (amax_bits == nullptr) or
 // fp8_scale_from_amax(*amax_bits, ...) (current recipe; the same function as the CPU's, so the
 // same bits). `record` (the op's amax output, may be nullptr) max-accumulates *amax_bits.
 __global__ void scale_kernel(float* sc, const unsigned* amax_bits, float host_scale, Fp8Format f, int margin,
@@ -62,7 +68,7 @@ __global__ void scale_kernel(float* sc, const unsigned* amax_bits, float host_sc
         if (record) atomicMax(record, *amax_bits);
     }
     sc[0] = s;
-    sc[1] = 1.0f / s;
+    sc[kInvScale] = 1.0f / s;
 }
 
 // x [rows, cols] row-major -> codes of x * sc[0]: out [rows, cols] and/or outT [cols, rows]
@@ -145,6 +151,7 @@ inline LtFp8Call fp8_call_of(const Fp8GemmArgs& g, int sm) {
     c.lda = c.ldb = g.k;
     c.ldc = c.ldd = g.m;
     c.ptr_a = (uintptr_t)g.A, c.ptr_b = (uintptr_t)g.B, c.ptr_c = c.ptr_d = (uintptr_t)g.D;
+    c.ptr_a_scale = (uintptr_t)g.a_scale, c.ptr_b_scale = (uintptr_t)g.b_scale;
     return c;
 }
 
@@ -264,8 +271,8 @@ public:
         void* dst = gelu ? pre_gelu.ptr : out.ptr;
         // column-major dst^T[OC, N] = w (IC x OC, transposed) x inp^T (IC x N): TN with k = IC
         const bool epi = bf && bias.ptr && ((uintptr_t)bias.ptr % 16 == 0);
-        Fp8GemmArgs g{dst, bf, epi ? bias.ptr : nullptr, qw, cw.format, sw + 1, qi, ci.format, si + 1, OC, N, IC,
-                      false, true};
+        Fp8GemmArgs g{dst, bf, epi ? bias.ptr : nullptr, qw, cw.format, sw + kInvScale, qi, ci.format,
+                      si + kInvScale, OC, N, IC, false, true};
         gemm(g, out.dtype, epi ? nullptr : bias.ptr, "matmul_forward_fp8", stream);
         if (gelu) {
             const long long n = (long long)N * OC;
@@ -307,12 +314,13 @@ public:
         if (dinp.ptr) {
             const float* sw = cast(cw, w, OC, IC, nullptr, qwT, 1, stream);
             // column-major dinp^T[IC, N] = w^T stored [IC][OC] (k = OC) x dout^T (OC x N)
-            gemm(Fp8GemmArgs{dinp.ptr, bf, nullptr, qwT, cw.format, sw + 1, qd, cd.format, sd + 1, IC, N, OC, false,
-                             false},
+            gemm(Fp8GemmArgs{dinp.ptr, bf, nullptr, qwT, cw.format, sw + kInvScale, qd, cd.format, sd + kInvScale,
+                             IC, N, OC, false, false},
                  dout.dtype, nullptr, "matmul_backward_fp8 (dinp)", stream);
         }
         // column-major dw (IC x OC) += inp^T stored [IC][N] (k = N) x dout stored [OC][N]
-        gemm(Fp8GemmArgs{dw.ptr, bf, nullptr, qiT, ci.format, si + 1, qdT, cd.format, sd + 1, IC, OC, N, true, false},
+        gemm(Fp8GemmArgs{dw.ptr, bf, nullptr, qiT, ci.format, si + kInvScale, qdT, cd.format, sd + kInvScale, IC,
+                         OC, N, true, false},
              dout.dtype, nullptr, "matmul_backward_fp8 (dw)", stream);
     }
 
@@ -380,13 +388,15 @@ private:
     }
 
     // Casts x [rows, cols] into out and/or outT with cast c; `slot` (0..2) owns the scale pair
-    // and amax scratch. Returns the device pointer to {s, 1/s}.
+    // and amax scratch. Returns the device pointer to s (1/s at + kInvScale).
     const float* cast(const Fp8Cast& c, Tensor x, int rows, int cols, __nv_fp8_storage_t* out,
                       __nv_fp8_storage_t* outT, int slot, cudaStream_t stream) {
         LLMC_ASSERT(x.n >= (size_t)rows * cols && x.ptr, "fp8 cast: tensor too small");
-        if (!small_) CUDA_CHECK(cudaMalloc(&small_, 64));
-        float* sc = static_cast<float*>(small_) + 2 * slot;            // floats 0..5
-        unsigned* amax = static_cast<unsigned*>(small_) + 8 + slot;  // words 8..10
+        LLMC_ASSERT(slot >= 0 && slot < kScaleSlots, "fp8 cast: scale slot out of range");
+        const size_t small_words = size_t(kScaleSlots + 1) * kScaleSlot;  // the slots, then the amax words
+        if (!small_) CUDA_CHECK(cudaMalloc(&small_, small_words * sizeof(float)));
+        float* sc = static_cast<float*>(small_) + slot * kScaleSlot;
+        unsigned* amax = static_cast<unsigned*>(small_) + kScaleSlots * kScaleSlot + slot;
         unsigned* record = reinterpret_cast<unsigned*>(c.amax);
         LLMC_ASSERT(c.scale > 0.0f && fp8_is_finite(c.scale), strfmt("fp8: scale must be finite and positive, got %g",
                                                                       c.scale));

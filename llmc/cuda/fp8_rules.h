@@ -58,6 +58,7 @@ struct LtFp8Call {
     int64_t m = 0, n = 0, k = 0;
     int64_t lda = 0, ldb = 0, ldc = 0, ldd = 0;
     uintptr_t ptr_a = 0, ptr_b = 0, ptr_c = 0, ptr_d = 0;  // addresses, for their alignment
+    uintptr_t ptr_a_scale = 0, ptr_b_scale = 0;            // A/B scale pointers (0: unset)
     bool amax_d = false;              // CUBLASLT_MATMUL_DESC_AMAX_D_POINTER set
 };
 
@@ -77,6 +78,10 @@ struct LtFp8Call {
 //  8. leading dimensions cover the rows (lda >= rows of A, ...).
 //  9. in place (C and D the same address): C's layout equals D's (type and ldc == ldd).
 // 10. AMAX_D_POINTER only with an fp8 D.
+// 11. the A and B scale pointers 16-byte aligned. NOT from NVIDIA's list: assumed after an H200
+//     (cuBLASLt 13, 2026-11-26) refused every heuristic candidate of every fp8 GEMM whose scale
+//     pointers were 4-byte aligned (the heuristic, which sees no pointers, offered them); the
+//     next GPU window confirms it or this rule goes.
 // CUBLASLT_MATMUL_DESC_FAST_ACCUM (int8_t) is allowed with every combination above.
 inline bool fp8_gemm_supported(const LtFp8Call& g, std::string* why) {
     auto fail = [&](const std::string& w) {
@@ -112,5 +117,6 @@ inline bool fp8_gemm_supported(const LtFp8Call& g, std::string* why) {
     if (g.ptr_c == g.ptr_d && (g.c != g.d || g.ldc != g.ldd))
         return fail("fp8 GEMM: in place (C == D) needs C's type and leading dimension to equal D's");
     if (g.amax_d && !lt_is_fp8(g.d)) return fail("fp8 GEMM: AMAX_D_POINTER needs an fp8 D");
+    if ((g.ptr_a_scale | g.ptr_b_scale) % 16) return fail("fp8 GEMM: the A and B scale pointers must be 16-byte aligned");
     return true;
 }

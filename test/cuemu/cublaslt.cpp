@@ -98,6 +98,7 @@ LtFp8Call fp8_call(const cuemuLtMatmulDesc* op, const cuemuLtLayout* a, const cu
     g.lda = a->ld, g.ldb = b->ld, g.ldc = c->ld, g.ldd = d->ld;
     g.ptr_a = pa, g.ptr_b = pb, g.ptr_c = pc, g.ptr_d = pd;
     g.amax_d = op->amax_d != nullptr;
+    g.ptr_a_scale = (uintptr_t)op->a_scale, g.ptr_b_scale = (uintptr_t)op->b_scale;
     return g;
 }
 

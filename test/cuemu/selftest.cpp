@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < hb.size(); i++) hb[i] = fp8_encode((float)((int)(i % 5) - 2) * 0.25f, Fp8Format::E4M3);
         std::vector<uint16_t> hbias(m);
         for (int i = 0; i < m; i++) hbias[i] = f32_to_bf16_bits(0.125f * i);
-        const float scales[2] = {2.0f, 0.75f};
+        const float scales[5] = {2.0f, 0, 0, 0, 0.75f};  // A's scale at 0, B's 16 bytes on (fp8_rules.h rule 11)
         uint8_t *A, *Bm;
         uint16_t *D, *bias;
         float* sc;
@@ -208,22 +208,22 @@ int main(int argc, char** argv) {
         CHECK(cudaMalloc(&Bm, hb.size()));
         CHECK(cudaMalloc(&D, (size_t)m * n * 2));
         CHECK(cudaMalloc(&bias, m * 2));
-        CHECK(cudaMalloc(&sc, 8));
+        CHECK(cudaMalloc(&sc, sizeof(scales)));
         CHECK(cudaMemcpy(A, ha.data(), ha.size(), cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(Bm, hb.data(), hb.size(), cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(bias, hbias.data(), m * 2, cudaMemcpyHostToDevice));
-        CHECK(cudaMemcpy(sc, scales, 8, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(sc, scales, sizeof(scales), cudaMemcpyHostToDevice));
         cublasLtHandle_t h;
         cublasLtCreate(&h);
-        // status of one GEMM; ta/tb: transposes, types of A, B, C/D
+        // status of one GEMM; ta/tb: transposes, types of A, B, C/D; sb: B's scale (float index in sc)
         auto run = [&](bool ta, bool tb, cudaDataType_t tA, cudaDataType_t tB, cudaDataType_t tC, cudaDataType_t tD,
-                       const void* a_ptr, int ld_a) {
+                       const void* a_ptr, int ld_a, int sb_at = 4) {
             cublasLtMatmulDesc_t op;
             cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
             const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
             cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof(oa));
             cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof(ob));
-            const float *sa = sc, *sb = sc + 1;
+            const float *sa = sc, *sb = sc + sb_at;
             cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa));
             cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb));
             const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
@@ -265,6 +265,7 @@ int main(int argc, char** argv) {
             {"fp8 NN", run(false, false, E4, E4, BF, BF, A, m)},
             {"fp8 E5M2 x E5M2", run(true, false, E5, E5, BF, BF, A, lda)},
             {"fp8 A misaligned", run(true, false, E4, E4, BF, BF, A + 1, lda)},
+            {"fp8 B scale 4-byte aligned", run(true, false, E4, E4, BF, BF, A, lda, 1)},
             {"fp8 C fp32, D bf16", run(true, false, E4, E4, F32, BF, A, lda)},
             {"bf16 x fp32", run(true, false, BF, F32, BF, BF, A, lda)},
         };
