@@ -4,7 +4,9 @@
 //   2: llmc/cuda/attention.cuh flash forward, fp32 FMA tiles
 //   3: llmc/cuda/attention.cuh general forward, bf16 wmma tiles (the trainer's bf16 forward until
 //      issue 30; now its fallback for head sizes the tensor-core path does not cover)
-//   4: llmc/cuda/flash_attention.cuh, FlashAttention-2 design (the trainer's bf16 forward)
+//   4: llmc/cuda/flash_attention.cuh, FlashAttention-2 design, 16 query rows a warp
+//   5: the same kernel with 32 query rows a warp (MT = 2; the trainer's bf16 forward for head
+//      sizes up to 64 since this version, 16 rows above)
 //
 // Lab notebook (causal, bf16, FLOPs counted as FlashAttention counts them: 4 B NH HS T^2 / 2):
 //   v3  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): the forward kernel
@@ -20,8 +22,18 @@
 //       computed, two __syncthreads per key tile instead of six, the softmax in exp2 with the
 //       scale folded into one FMA, masking only on the tiles that cross the diagonal, the
 //       heaviest query tiles scheduled first. Target (issue 30): >= 300 TFLOP/s at HS 64/128.
+//       Measured: H200, main 62ee587 (gpu_check --attention, dev/bench/RESULTS.md), causal bf16
+//       B=8 T=1024: 138.2 TFLOP/s at NH=12 HS=64, 147.5 at NH=32 HS=64, 171.1 at NH=16 HS=128;
+//       PyTorch's SDPA (flash) in the same call 195.7, 267.0, 309.5.
+//   v5  not yet measured (no GPU in the session that wrote it). What changes: each warp owns two
+//       m-tiles (32 query rows, 128 a block of 4 warps), so each K fragment (ldmatrix) feeds four
+//       mma instead of two and each V fragment likewise: half the shared-memory operand traffic
+//       per FLOP, and half the blocks (each loading the K/V tiles once for twice the rows).
+//       FlashAttention-2 gives a warp 32 rows at head size 64 (kBlockM 128, 4 warps). Registers:
+//       Q 32, O 64, S 64 per lane at HS 64 (check -Xptxas -v for spills). Prediction: the forward
+//       from 138-148 toward 200+ TFLOP/s at HS 64; HS 128 unchanged (still 16 rows).
 //   To measure (B T NH HS after the version; d_model 2048 as FlashAttention's benchmarks):
-//     make -C dev/cuda attention_forward && for v in 3 4; do ./dev/cuda/attention_forward $v 8 1024 32 64;
+//     make -C dev/cuda attention_forward && for v in 3 4 5; do ./dev/cuda/attention_forward $v 8 1024 32 64;
 //     ./dev/cuda/attention_forward $v 8 1024 16 128; done
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
@@ -87,8 +99,9 @@ int main(int argc, char** argv) {
             };
         else
             run = [=] {
-                if (!flash::forward(dout, dlse, dqkv, dqkv, B, T, T, NH, NH, HS, SeqPositions(), SeqPositions(), 0))
-                    std::printf("v4 does not cover HS=%d (see flash::forward)\n", HS), std::exit(1);
+                const int rows = version == 4 ? 16 : 32;
+                if (!flash::forward(dout, dlse, dqkv, dqkv, B, T, T, NH, NH, HS, SeqPositions(), SeqPositions(), 0, rows))
+                    std::printf("v%d does not cover HS=%d (see flash::forward)\n", version, HS), std::exit(1);
             };
         run();
         ok &= validate("out", to_host(dout, no), out, 2e-2);

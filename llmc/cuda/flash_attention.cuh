@@ -2,8 +2,8 @@
 // tensor-core path is built for (kFlashHeadSizes); llmc/cuda/attention.cuh dispatches to it and
 // keeps its own kernels for fp32, other head sizes and the backward.
 //
-// One block of 4 warps per (query tile of 64 rows, head, batch); each warp owns 16 query rows
-// and keeps everything of them in registers:
+// One block of 4 warps per (query tile of 64 MT rows, head, batch); each warp owns 16 MT query
+// rows (MT = 2 m-tiles for head sizes up to 64, else 1) and keeps everything of them in registers:
 //  - Q's fragments, loaded once by ldmatrix;
 //  - S = Q K^T for a key tile (16 x BC fp32 accumulators) by mma.sync m16n8k16 (bf16 in, fp32
 //    out), K's fragments by ldmatrix from shared memory;
@@ -30,13 +30,15 @@
 
 namespace flash {
 
+// kBR: the rows of a backward tile (flash_backward.cuh); the forward's are Smem<...>::BR
 constexpr int kWarps = 4, kThreads = 32 * kWarps, kBR = 16 * kWarps;
 
-// shared memory: Q [kBR][LD], K [2][BC][LD], V [2][BC][LD] (bf16); LD = HS + 8 pads each row by
-// 16 bytes, so that the 8 rows one ldmatrix phase reads start in different bank groups.
-template <int HS, int BC> struct Smem {
-    static constexpr int LD = HS + 8;
-    static constexpr size_t q = 0, k = q + (size_t)kBR * LD * 2, v = k + (size_t)2 * BC * LD * 2,
+// shared memory: Q [BR][LD], K [2][BC][LD], V [2][BC][LD] (bf16), BR = 16 * kWarps * MT query
+// rows; LD = HS + 8 pads each row by 16 bytes, so that the 8 rows one ldmatrix phase reads start
+// in different bank groups.
+template <int HS, int BC, int MT = 1> struct Smem {
+    static constexpr int LD = HS + 8, BR = 16 * kWarps * MT;
+    static constexpr size_t q = 0, k = q + (size_t)BR * LD * 2, v = k + (size_t)2 * BC * LD * 2,
                             total = v + (size_t)2 * BC * LD * 2;
 };
 
@@ -69,21 +71,25 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, long long 
     }
 }
 
-// grid (B * NH, ceil(Tq / kBR)), kThreads threads, Smem<HS, BC>::total bytes of shared memory.
-template <int HS, int BC>
+// grid (B * NH, ceil(Tq / BR)), kThreads threads, Smem<HS, BC, MT>::total bytes of shared memory.
+// Each warp owns MT m-tiles of 16 query rows (rows [w0, w0 + 16 MT)): every K and V fragment a
+// warp loads by ldmatrix feeds MT times two mma (FlashAttention-2 gives a warp 32 rows at head
+// size 64 for this reason: the operand loads from shared memory, not the tensor cores, bound
+// a 16-row warp).
+template <int HS, int BC, int MT>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(bf16* out, float* lse, const bf16* qkv_q, const bf16* qkv_kv, int Tq, int Tk, int NH,
                          int NKV, float scale_log2, SeqPositions qp, SeqPositions kp) {
     static_assert(HS % 16 == 0 && BC % 16 == 0, "head size and key tile multiples of 16");
-    using L = Smem<HS, BC>;
-    constexpr int LD = L::LD, NT = BC / 8, DT = HS / 8;  // S n-tiles, O n-tiles
+    using L = Smem<HS, BC, MT>;
+    constexpr int LD = L::LD, BR = L::BR, WR = 16 * MT, NT = BC / 8, DT = HS / 8;  // S n-tiles, O n-tiles
     LLMC_EXTERN_SMEM(char, smem);
     bf16* sQ = reinterpret_cast<bf16*>(smem + L::q);
     bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
     bf16* sV = reinterpret_cast<bf16*>(smem + L::v);
 
     const int h = blockIdx.x % NH, b = blockIdx.x / NH;
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * kBR;  // heaviest (last) query tiles first
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * BR;  // heaviest (last) query tiles first
     const int kvh = h / (NH / NKV);
     const long long stride = (long long)(NH + 2 * NKV) * HS;
     const bf16* Qg = qkv_q + (long long)b * Tq * stride + (long long)h * HS;
@@ -92,32 +98,38 @@ __global__ void __launch_bounds__(kThreads)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
     // keys [0, kv_end) are seen by some row of the block (its last row sees the most)
-    const int kv_end = visible(kp, Tk, qp.at(min(Tq, q0 + kBR) - 1));
+    const int kv_end = visible(kp, Tk, qp.at(min(Tq, q0 + BR) - 1));
     const int ntiles = (kv_end + BC - 1) / BC;
-    // this warp's rows [w0, w0 + 16) and this lane's two, g and g + 8: keys [0, seen[i]) visible
-    // (rows past Tq are computed on zero Q as if they saw everything, and never written)
-    const int w0 = q0 + 16 * warp;
-    int seen[2];
-    for (int i = 0; i < 2; i++) {
-        const int r = w0 + g + 8 * i;
-        seen[i] = r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
-    }
+    // this warp's rows [w0, w0 + WR); this lane's in m-tile mt: w0 + 16 mt + g and + 8; keys
+    // [0, seen[mt][i]) visible (rows past Tq are computed on zero Q as if they saw everything,
+    // and never written)
+    const int w0 = q0 + WR * warp;
+    int seen[MT][2];
+    for (int mt = 0; mt < MT; mt++)
+        for (int i = 0; i < 2; i++) {
+            const int r = w0 + 16 * mt + g + 8 * i;
+            seen[mt][i] = r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
+        }
     const bool active = w0 < Tq;
-    const int w_end = active ? visible(kp, kv_end, qp.at(min(Tq, w0 + 16) - 1)) : 0;  // tiles past it: skipped
+    const int w_end = active ? visible(kp, kv_end, qp.at(min(Tq, w0 + WR) - 1)) : 0;  // tiles past it: skipped
     const int w_full = active ? visible(kp, kv_end, qp.at(w0)) : 0;  // keys before it: no mask
 
-    load_tile<HS, kBR>(sQ, Qg, stride, q0, Tq);
+    load_tile<HS, BR>(sQ, Qg, stride, q0, Tq);
     if (ntiles > 0) {
         load_tile<HS, BC>(sK, Kg, stride, 0, kv_end);
         load_tile<HS, BC>(sV, Vg, stride, 0, kv_end);
     }
     ptx::cp_async_commit();
 
-    uint32_t qf[HS / 16][4];
-    float o[DT][4];
-    for (int i = 0; i < DT; i++)
-        for (int e = 0; e < 4; e++) o[i][e] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    uint32_t qf[MT][HS / 16][4];
+    float o[MT][DT][4];
+    float m[MT][2], l[MT][2];
+    for (int mt = 0; mt < MT; mt++) {
+        for (int i = 0; i < DT; i++)
+            for (int e = 0; e < 4; e++) o[mt][i][e] = 0.0f;
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
 
     for (int j = 0; j < ntiles; j++) {
         const int buf = j & 1, k0 = j * BC;
@@ -131,15 +143,19 @@ __global__ void __launch_bounds__(kThreads)
         }
         __syncthreads();
         if (j == 0 && active) {
-            const bf16* row = sQ + (16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
-            for (int kc = 0; kc < HS / 16; kc++) ptx::ldmatrix_x4(qf[kc], row + kc * 16);
+            for (int mt = 0; mt < MT; mt++) {
+                const bf16* row =
+                    sQ + (WR * warp + 16 * mt + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+                for (int kc = 0; kc < HS / 16; kc++) ptx::ldmatrix_x4(qf[mt][kc], row + kc * 16);
+            }
         }
         if (k0 < w_end) {
             const bf16* tK = sK + buf * BC * LD;
             const bf16* tV = sV + buf * BC * LD;
-            float s[NT][4];
-            for (int n = 0; n < NT; n++)
-                for (int e = 0; e < 4; e++) s[n][e] = 0.0f;
+            float s[MT][NT][4];
+            for (int mt = 0; mt < MT; mt++)
+                for (int n = 0; n < NT; n++)
+                    for (int e = 0; e < 4; e++) s[mt][n][e] = 0.0f;
             // S = Q K^T: lane supplies key row np*16 + (lane>>4)*8 + lane%8, columns kc*16 + ((lane>>3)&1)*8
             const bf16* krow = tK + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
             for (int kc = 0; kc < HS / 16; kc++)
@@ -147,50 +163,59 @@ __global__ void __launch_bounds__(kThreads)
                     uint32_t r[4];
                     ptx::ldmatrix_x4(r, krow + np * 16 * LD + kc * 16);
                     const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    ptx::mma_bf16_16816(s[2 * np], qf[kc], b0, s[2 * np]);
-                    ptx::mma_bf16_16816(s[2 * np + 1], qf[kc], b1, s[2 * np + 1]);
+                    for (int mt = 0; mt < MT; mt++) {
+                        ptx::mma_bf16_16816(s[mt][2 * np], qf[mt][kc], b0, s[mt][2 * np]);
+                        ptx::mma_bf16_16816(s[mt][2 * np + 1], qf[mt][kc], b1, s[mt][2 * np + 1]);
+                    }
                 }
             if (k0 + BC > w_full) {  // the tile crosses some row's last visible key
-                for (int n = 0; n < NT; n++)
-                    for (int e = 0; e < 4; e++)
-                        if (k0 + n * 8 + 2 * t + (e & 1) >= seen[e >> 1]) s[n][e] = -INFINITY;
+                for (int mt = 0; mt < MT; mt++)
+                    for (int n = 0; n < NT; n++)
+                        for (int e = 0; e < 4; e++)
+                            if (k0 + n * 8 + 2 * t + (e & 1) >= seen[mt][e >> 1]) s[mt][n][e] = -INFINITY;
             }
-            // online softmax, rows g (e = 0, 1) and g + 8 (e = 2, 3)
-            for (int i = 0; i < 2; i++) {
-                float mx = -INFINITY;
-                for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_new = fmaxf(m[i], mx * scale_log2);
-                const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
-                const float alpha = exp2f(m[i] - m_use);
-                float sum = 0.0f;
-                for (int n = 0; n < NT; n++)
-                    for (int e = 2 * i; e < 2 * i + 2; e++) {
-                        s[n][e] = exp2f(fmaf(s[n][e], scale_log2, -m_use));
-                        sum += s[n][e];
+            // online softmax, rows g (e = 0, 1) and g + 8 (e = 2, 3) of each m-tile
+            for (int mt = 0; mt < MT; mt++)
+                for (int i = 0; i < 2; i++) {
+                    float mx = -INFINITY;
+                    for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[mt][n][2 * i], s[mt][n][2 * i + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float m_new = fmaxf(m[mt][i], mx * scale_log2);
+                    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
+                    const float alpha = exp2f(m[mt][i] - m_use);
+                    float sum = 0.0f;
+                    for (int n = 0; n < NT; n++)
+                        for (int e = 2 * i; e < 2 * i + 2; e++) {
+                            s[mt][n][e] = exp2f(fmaf(s[mt][n][e], scale_log2, -m_use));
+                            sum += s[mt][n][e];
+                        }
+                    l[mt][i] = l[mt][i] * alpha + sum;
+                    m[mt][i] = m_new;
+                    for (int d = 0; d < DT; d++) {
+                        o[mt][d][2 * i] *= alpha;
+                        o[mt][d][2 * i + 1] *= alpha;
                     }
-                l[i] = l[i] * alpha + sum;
-                m[i] = m_new;
-                for (int d = 0; d < DT; d++) {
-                    o[d][2 * i] *= alpha;
-                    o[d][2 * i + 1] *= alpha;
                 }
-            }
             // O += P V: P's A registers from the S accumulators of n-tiles 2kc, 2kc+1; lane
             // supplies V row kc*16 + lane%8 + ((lane>>3)&1)*8, columns dp*16 + (lane>>4)*8
             const bf16* vrow = tV + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
             for (int kc = 0; kc < BC / 16; kc++) {
-                const uint32_t a[4] = {ptx::pack_bf16(s[2 * kc][0], s[2 * kc][1]),
-                                       ptx::pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                                       ptx::pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                       ptx::pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+                uint32_t a[MT][4];
+                for (int mt = 0; mt < MT; mt++) {
+                    a[mt][0] = ptx::pack_bf16(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                    a[mt][1] = ptx::pack_bf16(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                    a[mt][2] = ptx::pack_bf16(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                    a[mt][3] = ptx::pack_bf16(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+                }
                 for (int dp = 0; dp < HS / 16; dp++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4_trans(r, vrow + kc * 16 * LD + dp * 16);
                     const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    ptx::mma_bf16_16816(o[2 * dp], a, b0, o[2 * dp]);
-                    ptx::mma_bf16_16816(o[2 * dp + 1], a, b1, o[2 * dp + 1]);
+                    for (int mt = 0; mt < MT; mt++) {
+                        ptx::mma_bf16_16816(o[mt][2 * dp], a[mt], b0, o[mt][2 * dp]);
+                        ptx::mma_bf16_16816(o[mt][2 * dp + 1], a[mt], b1, o[mt][2 * dp + 1]);
+                    }
                 }
             }
         }
@@ -198,55 +223,71 @@ __global__ void __launch_bounds__(kThreads)
     }
 
     if (!active) return;
-    for (int i = 0; i < 2; i++) {
-        float li = l[i];
-        li += __shfl_xor_sync(0xffffffffu, li, 1);
-        li += __shfl_xor_sync(0xffffffffu, li, 2);
-        const int r = w0 + g + 8 * i;
-        if (r >= Tq) continue;
-        const float inv = li > 0.0f ? 1.0f / li : 0.0f;
-        bf16* orow = out + (((long long)b * Tq + r) * NH + h) * HS;
-        for (int d = 0; d < DT; d++) {
-            const uint32_t v = ptx::pack_bf16(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
-            *reinterpret_cast<uint32_t*>(orow + d * 8 + 2 * t) = v;
+    for (int mt = 0; mt < MT; mt++)
+        for (int i = 0; i < 2; i++) {
+            float li = l[mt][i];
+            li += __shfl_xor_sync(0xffffffffu, li, 1);
+            li += __shfl_xor_sync(0xffffffffu, li, 2);
+            const int r = w0 + 16 * mt + g + 8 * i;
+            if (r >= Tq) continue;
+            const float inv = li > 0.0f ? 1.0f / li : 0.0f;
+            bf16* orow = out + (((long long)b * Tq + r) * NH + h) * HS;
+            for (int d = 0; d < DT; d++) {
+                const uint32_t v = ptx::pack_bf16(o[mt][d][2 * i] * inv, o[mt][d][2 * i + 1] * inv);
+                *reinterpret_cast<uint32_t*>(orow + d * 8 + 2 * t) = v;
+            }
+            if (t == 0)
+                lse[((long long)b * NH + h) * Tq + r] =
+                    li > 0.0f ? m[mt][i] * 0.6931471805599453f + logf(li) : -INFINITY;
         }
-        if (t == 0)
-            lse[((long long)b * NH + h) * Tq + r] = li > 0.0f ? m[i] * 0.6931471805599453f + logf(li) : -INFINITY;
-    }
 }
 
-template <int HS, int BC>
+template <int HS, int BC, int MT = 1>
 bool try_forward(bf16* out, float* lse, const bf16* qkv_q, const bf16* qkv_kv, int B, int Tq, int Tk, int NH,
                  int NKV, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
-    auto fn = flash_forward_kernel<HS, BC>;
-    const size_t smem = Smem<HS, BC>::total;
+    auto fn = flash_forward_kernel<HS, BC, MT>;
+    using L = Smem<HS, BC, MT>;
     int optin = 0;
-    if (!opt_in_smem((const void*)fn, smem, &optin)) return false;
+    if (!opt_in_smem((const void*)fn, L::total, &optin)) return false;
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)HS);
-    LLMC_LAUNCH(fn, dim3(B * NH, (Tq + kBR - 1) / kBR), kThreads, smem, st, out, lse, qkv_q, qkv_kv, Tq, Tk, NH, NKV,
-                scale_log2, qp, kp);
+    LLMC_LAUNCH(fn, dim3(B * NH, (Tq + L::BR - 1) / L::BR), kThreads, L::total, st, out, lse, qkv_q, qkv_kv, Tq, Tk,
+                NH, NKV, scale_log2, qp, kp);
     CUDA_CHECK_LAUNCH();
     return true;
 }
 
-// The flash forward when it covers HS and the device's shared memory holds a key tile of 64
-// (else 32) rows; false: the caller takes attention.cuh's general kernel.
+// The flash forward for one head size: two m-tiles a warp up to head size 64 (unless
+// rows_per_warp is 16), else one; a key tile of 64 rows, else 32 (shared memory).
+template <int HS>
+bool forward_hs(bf16* out, float* lse, const bf16* qkv_q, const bf16* qkv_kv, int B, int Tq, int Tk, int NH, int NKV,
+                SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp) {
+#define LLMC_FLASH_TRY(BC, MT) try_forward<HS, BC, MT>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st)
+    if constexpr (HS <= 64) {
+        if (rows_per_warp != 16 && (LLMC_FLASH_TRY(64, 2) || LLMC_FLASH_TRY(32, 2))) return true;
+        if (rows_per_warp == 32) return false;
+    }
+    if constexpr (HS == 256) return LLMC_FLASH_TRY(32, 1);
+    else return LLMC_FLASH_TRY(64, 1) || LLMC_FLASH_TRY(32, 1);
+#undef LLMC_FLASH_TRY
+}
+
+// The flash forward when it covers HS and the device's shared memory holds its tiles; false:
+// the caller takes attention.cuh's general kernel. Head sizes up to 64 give each warp two
+// m-tiles (32 query rows, 128 a block: at head size 64, 254 registers and no spill on sm_90);
+// larger ones one (two would spill). `rows_per_warp` 16 or 32 forces the choice for head sizes
+// up to 64 (dev/cuda's versions 4 and 5 compare them); 0 chooses.
 inline bool forward(bf16* out, float* lse, const bf16* qkv_q, const bf16* qkv_kv, int B, int Tq, int Tk, int NH,
-                    int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
-#define LLMC_FLASH_HS(D)                                                                      \
-    case D:                                                                                   \
-        return try_forward<D, 64>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st) || \
-               try_forward<D, 32>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st);
+                    int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp = 0) {
+#define LLMC_FLASH_HS(D) \
+    case D: return forward_hs<D>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st, rows_per_warp);
     switch (HS) {
         LLMC_FLASH_HS(32)
         LLMC_FLASH_HS(64)
         LLMC_FLASH_HS(80)
         LLMC_FLASH_HS(96)
         LLMC_FLASH_HS(128)
-        case 256:
-            return try_forward<256, 32>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st);
-        default:
-            return false;
+        LLMC_FLASH_HS(256)
+        default: return false;
     }
 #undef LLMC_FLASH_HS
 }
