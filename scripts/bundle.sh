@@ -57,7 +57,7 @@ cp "$EXE" "$DIST/"
 cp "$TOOLS_DIR/synth_shards" "$TOOLS_DIR/prepare_text" "$DIST/dev/data/"
 cp "$TESTS_DIR/test_cpu" "$DIST/build/"
 [ "$CUDA" = 0 ] || cp "$TESTS_DIR/test_gpu" "$DIST/build/"
-cp scripts/gpu_check.sh scripts/gpu_quick.sh "$DIST/scripts/"
+cp scripts/gpu_check.sh scripts/gpu_quick.sh scripts/gpu_window.sh "$DIST/scripts/"
 # the helpers gpu_check's stages run besides the binaries: the PyTorch peer, the overlap table,
 # the Hugging Face export check
 cp dev/bench/torch_gpt2.py dev/bench/overlap_bench.sh "$DIST/dev/bench/"

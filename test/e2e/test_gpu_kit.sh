@@ -14,7 +14,7 @@ if [ ! -x "$ROOT/build/test_gpu" ]; then
 fi
 REUSE_BUILD=1 DIST="$K" bash "$ROOT/scripts/bundle.sh" --kit > "$W/kit.log" 2>&1 || die "bundle.sh --kit: $(tail -n 5 "$W/kit.log")"
 for f in train_gpt build/test_gpu build/test_cpu dev/data/synth_shards dev/data/prepare_text env.sh COMMIT \
-         scripts/gpu_check.sh scripts/gpu_quick.sh dev/bench/torch_gpt2.py test/data/ref_model.bin test/data/ref_state.bin \
+         scripts/gpu_check.sh scripts/gpu_quick.sh scripts/gpu_window.sh dev/bench/torch_gpt2.py test/data/ref_model.bin test/data/ref_state.bin \
          dev/cuda/attention_forward dev/cuda/attention_backward dev/bench/torch_attention.py; do
     [ -e "$K/$f" ] || die "the kit lacks $f"
 done
@@ -29,4 +29,12 @@ adry=$(cd /tmp && bash "$K/scripts/gpu_check.sh" --attention --dry-run) || die "
 for p in $(echo "$adry" | grep '^\[dry-run\]' | grep -oE '(dev/cuda/attention_[a-z]+|dev/bench/torch_attention.py)' | sort -u); do
     [ -e "$K/$p" ] || die "an --attention step runs $p, which the kit lacks"
 done
+# gpu_window.sh's plumbing (no GPU here: every gpu_check stage stops at once): at most 8 files
+# in OUT, named as the device tool brings them back, and each stage in its log
+(cd /tmp && bash "$K/scripts/gpu_window.sh" "$W/win" 120 > "$W/win.txt" 2>&1) || die "gpu_window.sh: $(tail -n 3 "$W/win.txt")"
+n=$(ls "$W/win" | wc -l)
+[ "$n" -le 8 ] || die "gpu_window.sh wrote $n files (the device tool returns 8): $(ls "$W/win")"
+ls "$W/win" | grep -qvE '^[A-Za-z0-9._-]+$' && die "gpu_window.sh wrote a name the device tool refuses: $(ls "$W/win")"
+for st in quick attention profile; do grep -q "^\[[0-9]*s\] $st: " "$W/win/window.log" || die "window.log lacks stage $st: $(cat "$W/win/window.log")"; done
+[ -s "$W/win/logs.tgz" ] || die "gpu_window.sh wrote no logs.tgz"
 echo "gpu kit: $size MiB, $(echo "$dry" | grep -c '^\[dry-run\]') steps of --quick, $(echo "$adry" | grep -c '^\[dry-run\]') of --attention, every program in the kit"

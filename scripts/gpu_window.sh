@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One GPU window in one command (issue 26), from the kit: gpu-kit/scripts/gpu_window.sh OUT [SECONDS]
+# Under one global deadline (SECONDS, default 420), in order of value:
+#   1. gpu_check --quick (test_gpu per filter, parity, 124M and 1.5B beside PyTorch, ncu table);
+#   2. gpu_check --attention (dev/cuda's attention kernels beside PyTorch's SDPA);
+#   3. gpu_check --profile at GPT-2 124M bf16 B=32 (the kernel table of the benchmark shape);
+#   4. compute-sanitizer racecheck on the reference model and memcheck on the model step.
+# Writes at most 8 files to OUT (what the device tool brings back): quick.md, attention.md,
+# profile.md, sanitizers.txt, RESULTS.md (the tables as gpu_check appended them), window.log and
+# logs.tgz (every stage's logs without data shards or weights, under 16 MiB).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: gpu_window.sh OUT [SECONDS]}
+TOTAL=${2:-420}
+mkdir -p "$OUT"
+T0=$(date +%s)
+END=$((T0 + TOTAL))
+left() { echo $((END - $(date +%s))); }
+W=$(mktemp -d /tmp/gpu_window.XXXXXX)
+trap 'rm -rf "$W"' EXIT  # what matters is in OUT (logs.tgz)
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/window.log"; }
+# stage NAME SHARE ARGS...: gpu_check with a deadline of min(SHARE, what is left less the tail's 40 s)
+stage() {
+    local name=$1 share=$2; shift 2
+    local d=$(( $(left) - 40 ))
+    [ "$d" -lt "$share" ] || d=$share
+    if [ "$d" -lt 20 ]; then log "$name: skipped ($(left) s left)"; return; fi
+    log "$name: up to $d s"
+    QUICK_SECONDS=$d scripts/gpu_check.sh --deadline "$d" --out "$W" "$@" >"$W/$name.stdout" 2>&1
+    log "$name: exit $? after $(( $(date +%s) - T0 )) s"
+    [ -f "$W/$name/table.md" ] && cp "$W/$name/table.md" "$OUT/$name.md"
+}
+stage quick 240 --quick
+stage attention 90 --attention
+mkdir -p "$W/data"
+if [ -x dev/data/synth_shards ] && dev/data/synth_shards --out "$W/data/bench" --shards 1 --tokens 3000000 --vocab 50257 >/dev/null 2>&1; then
+    stage profile 90 --profile - device=cuda precision=bf16 model.arch=gpt2 model.n_layer=12 model.n_head=12 \
+        model.d_model=768 model.vocab_size=50257 model.max_seq_len=1024 train.micro_batch=32 train.seq_len=1024 \
+        train.grad_accum=1 data.train="$W/data/bench_*.bin" data.val= tokenizer=
+fi
+CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
+for spec in "racecheck reference" "memcheck model_step"; do
+    t=$(( $(left) - 15 )); [ "$t" -le 60 ] || t=60
+    [ "$t" -ge 10 ] && [ -n "$CS" ] || break
+    timeout -k 2 "$t" "$CS" --tool "${spec% *}" --error-exitcode 9 build/test_gpu "${spec#* }" >"$W/san_${spec% *}_${spec#* }.log" 2>&1
+    echo "$spec: exit $? (limit $t s): $(grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY|passed, ' "$W/san_${spec% *}_${spec#* }.log" | tr '\n' ' ')" >>"$OUT/sanitizers.txt"
+done
+[ -f dev/bench/RESULTS.md ] && cp dev/bench/RESULTS.md "$OUT/RESULTS.md"
+tar czf "$OUT/logs.tgz" -C "$W" --exclude='*.bin' --exclude='ckpt' --exclude='data' --exclude='*.safetensors' . 2>/dev/null
+log "done: $(( $(date +%s) - T0 )) s; logs.tgz $(du -h "$OUT/logs.tgz" | cut -f1)"
