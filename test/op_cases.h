@@ -137,6 +137,7 @@ inline const std::vector<Case>& all() {
         {"cross_entropy", {7, 50, 128, 0}, 0, Gpu},
         {"cross_entropy", {17, 1000, 1024, 1}, 0, Gpu},
         {"cross_entropy", {4, 50257, 50304, 1}, 0, Gpu},
+        {"cross_entropy", {5, 37, 45, 1}, 0, Gpu},  // Vp not a multiple of a 16-byte pack
         {"cross_entropy", {8192, 50257, 50304, 1}, 0, Bench},
         // cross_entropy_vp (vocabulary-parallel): N, V, Vp, backward, then the slice cuts
         {"cross_entropy_vp", {7, 50, 128, 1, 0, 128}, 0, Gpu},

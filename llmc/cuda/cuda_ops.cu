@@ -636,14 +636,14 @@ public:
         CUDA_CHECK_LAUNCH();
     }
 
-    // ---- classifier ----
+    // ---- classifier (llmc/cuda/classifier.cuh) ----
     void cross_entropy(Tensor logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                        float dloss) override {
         if (!N) return;
         LLMC_ASSERT(V <= Vp, "cross_entropy: V > Vp");
         dispatch(logits.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            LLMC_LAUNCH(cross_entropy_kernel<T_>, N, 512, 0, stream_, P<T_>(logits), losses, targets, V, Vp, dloss);
+            launch_cross_entropy<T_>(stream_, P<T_>(logits), losses, targets, N, V, Vp, dloss);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -654,9 +654,7 @@ public:
         const int nreal = ce_slice_real_cols(Vl, vocab_begin, V);
         dispatch(logits.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            // 512 threads, as the fused kernel: one slice gives bitwise its statistics
-            LLMC_LAUNCH(cross_entropy_partial_kernel<T_>, N, 512, 0, stream_, stats, P<T_>(logits), targets, Vl, nreal,
-                        vocab_begin);
+            launch_cross_entropy_partial<T_>(stream_, stats, P<T_>(logits), targets, N, Vl, nreal, vocab_begin);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -667,8 +665,8 @@ public:
         const int nreal = ce_slice_real_cols(Vl, vocab_begin, V);
         dispatch(logits.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            LLMC_LAUNCH(cross_entropy_finish_kernel<T_>, N, 512, 0, stream_, P<T_>(logits), losses, stats, targets, Vl,
-                        nreal, vocab_begin, dloss);
+            launch_cross_entropy_finish<T_>(stream_, P<T_>(logits), losses, stats, targets, N, Vl, nreal, vocab_begin,
+                                            dloss);
         });
         CUDA_CHECK_LAUNCH();
     }

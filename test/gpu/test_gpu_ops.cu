@@ -882,6 +882,32 @@ void test_cross_entropy(H& h, int N, int V, int Vp, bool backward) {
     }
 }
 
+// Targets outside [0, V) (ops.h leaves them to the backend; the CUDA kernel's rule): a NaN loss,
+// and the gradient dloss * softmax with no onehot. Checked against softmax in double on the host.
+void test_cross_entropy_bad_targets(H& h) {
+    const int N = 2, V = 50, Vp = 56;
+    const float dloss = 0.5f;
+    const std::string sh = strfmt("[%s N=%d V=%d Vp=%d targets=-1,V]", dtype_name(h.dt), N, V, Vp);
+    auto [tc, tg] = h.ints({-1, V});
+    (void)tc;
+    Pair logits = h.make((size_t)N * Vp), losses = h.make(N, true);
+    const std::vector<float> v = h.rnd((size_t)N * Vp, 2.0f);
+    h.up_gpu(logits, v);
+    h.poison(losses);
+    h.gpu.cross_entropy(logits.g, losses.g.f32(), tg, N, V, Vp, dloss);
+    const std::vector<float> gl = h.get_gpu(losses), gd = h.get_gpu(logits);
+    std::vector<float> want((size_t)N * Vp, 0.0f);
+    for (int i = 0; i < N; i++) {
+        double mx = -INFINITY, se = 0;
+        for (int c = 0; c < V; c++) mx = std::max(mx, (double)v[(size_t)i * Vp + c]);
+        for (int c = 0; c < V; c++) se += std::exp((double)v[(size_t)i * Vp + c] - mx);
+        for (int c = 0; c < V; c++) want[(size_t)i * Vp + c] = (float)(dloss * std::exp((double)v[(size_t)i * Vp + c] - mx) / se);
+    }
+    report(std::isnan(gl[0]) && std::isnan(gl[1]), "cross_entropy_bad_targets.losses_nan", sh,
+           strfmt("losses=%g,%g", gl[0], gl[1]));
+    H::compare_vec("cross_entropy_bad_targets.dlogits", sh, gd, want, h.tol(false));
+}
+
 // Per-row (max, sum-exp, target) statistics of vocabulary slices [N, 3] combined as the
 // model does across the TP group (in double): M = max m_k, S = sum s_k exp(m_k - M),
 // target = sum t_k.
@@ -1575,6 +1601,7 @@ int main(int argc, char** argv) {
         });
         run("cross_entropy", "cross_entropy",
             [&](const C& c) { test_cross_entropy(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3] != 0); });
+        if (want("cross_entropy")) guarded("cross_entropy_bad_targets", [&] { test_cross_entropy_bad_targets(h); });
         run("cross_entropy_vp", "cross_entropy_vp", [&](const C& c) {
             test_cross_entropy_vocab_parallel(h, c.dims[0], c.dims[1], c.dims[2],
                                               std::vector<int>(c.dims.begin() + 4, c.dims.end()), c.dims[3] != 0);
