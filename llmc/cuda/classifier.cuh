@@ -1,13 +1,24 @@
-// Classifier. Fused: per row, online max / sum-exp over the real vocabulary, the loss, and
+// Classifier. Fused: per row, the max and sum-exp over the real vocabulary, the loss, and
 // (if dloss != 0) the logits overwritten in place by dloss * (softmax - onehot), zero in
 // the padded columns. No probability tensor is written.
 // Vocabulary-parallel (tensor parallelism): the same per-row statistics over one vocabulary
 // slice (partial), then, once the slices' statistics are combined, the loss and the slice's
 // gradient (finish).
+// Speed: memory-bound (GPT-2's 50304 columns: a row is read for the statistics, read again,
+// mostly from L2, for the gradient, and written once). Rows move in 16-byte packs
+// (common.cuh's pack_width); each pass takes one exp2 per element (the running sum is rescaled
+// once per pack, when the pack raises the running max); the block's reduction has a fixed
+// order, so the results are deterministic.
 #pragma once
 #include "llmc/cuda/common.cuh"
 
-// (m, s) represents s * exp(m); combine two such partial sums
+// One block per row in all three kernels: partial's statistics of one whole slice are then
+// bitwise the fused kernel's.
+constexpr int kCeThreads = 512;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// (m, s) represents s * exp(m); combine two such partial sums (commutative, bitwise: the two
+// lanes of a butterfly step get the same result)
 __device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float s2) {
     if (m2 == -INFINITY) return;
     if (m == -INFINITY) {
@@ -20,52 +31,135 @@ __device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float 
     m = nm;
 }
 
-// Block-wide (max, sum of exp(x - max)) over x[0, n): each thread strides the row, then
-// warp shuffles, then thread 0 combines the warps in order (a fixed order for a given
-// blockDim). The result (M, S) is valid in thread 0 only; (-inf, 0) when n == 0. Every
-// thread of the block must call it (it synchronises). blockDim.x a multiple of 32 (<= 1024).
-template <class T>
-__device__ void block_max_sumexp(const T* x, int n, float& M, float& S) {
-    __shared__ float s_m[32], s_s[32];
-    float m = -INFINITY, s = 0.0f;
-    for (int c = threadIdx.x; c < n; c += blockDim.x) lse_combine(m, s, to_f32(x[c]), 1.0f);
+// Adds K values to a running (m, s), s = the sum of exp(x - m) over the values so far: one exp2
+// per value, and one more to rescale s when the values raise m. While m is -inf every value seen
+// is -inf or NaN and adds exp(x - 0): 0 for -inf, NaN for NaN (a NaN logit gives a NaN loss).
+template <int K>
+__device__ __forceinline__ void add_sumexp(float& m, float& s, const float (&x)[K]) {
+    float vm = x[0];
+    LLMC_UNROLL
+    for (int k = 1; k < K; k++) vm = fmaxf(vm, x[k]);
+    if (vm > m) {
+        s *= exp2f((m - vm) * kLog2e);
+        m = vm;
+    }
+    const float ml = (m == -INFINITY ? 0.0f : m) * kLog2e;
+    LLMC_UNROLL
+    for (int k = 0; k < K; k++) s += exp2f(fmaf(x[k], kLog2e, -ml));
+}
+
+template <class T, int K>
+__device__ __forceinline__ void pack_to_f32(const Pack<T, K>& p, float (&f)[K]) {
+    LLMC_UNROLL
+    for (int k = 0; k < K; k++) f[k] = to_f32(p.v[k]);
+}
+
+// lse_combine over the 32 lanes (xor butterfly: every lane ends with the same (m, s))
+__device__ __forceinline__ void warp_lse_combine(float& m, float& s) {
     for (int o = 16; o > 0; o >>= 1) {
         const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
         lse_combine(m, s, m2, s2);
     }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) {
-        s_m[warp] = m;
-        s_s[warp] = s;
-    }
-    __syncthreads();
-    M = -INFINITY;
-    S = 0.0f;
-    if (threadIdx.x == 0)
-        for (int w = 0; w < nw; w++) lse_combine(M, S, s_m[w], s_s[w]);
 }
 
-// one block per row; blockDim.x a multiple of 32 (<= 1024)
-template <class T>
-__global__ void cross_entropy_kernel(T* logits, float* losses, const int32_t* targets, int V, int Vp, float dloss) {
-    __shared__ float s_lse, s_target_logit;
+// Packs per thread and step in the row loops: loads in flight before the first is used.
+constexpr int kCeUnroll = 4;
+
+// Block-wide (max, sum of exp(x - max)) over x[0, n) (x 16-byte aligned when K > 1): thread t
+// takes the packs t, t + blockDim, ... (kCeUnroll loads at a time), the elements past the last
+// whole pack one each; then a warp butterfly, and a butterfly over the warps' results. The order
+// is fixed for a given blockDim and K. Every thread gets (M, S); (-inf, 0) when n == 0. Every
+// thread of the block must call it (it synchronises). blockDim.x a multiple of 32 (<= 1024).
+template <class T, int K>
+__device__ void block_max_sumexp(const T* x, int n, float& M, float& S) {
+    __shared__ float s_m[32], s_s[32];
+    const int bd = blockDim.x, nvec = n / K;
+    float m = -INFINITY, s = 0.0f;
+    int i = threadIdx.x;
+    for (; i + (kCeUnroll - 1) * bd < nvec; i += kCeUnroll * bd) {
+        Pack<T, K> p[kCeUnroll];
+        LLMC_UNROLL
+        for (int u = 0; u < kCeUnroll; u++) p[u] = load_pack<K>(x + (i + u * bd) * K);
+        LLMC_UNROLL
+        for (int u = 0; u < kCeUnroll; u++) {
+            float f[K];
+            pack_to_f32(p[u], f);
+            add_sumexp(m, s, f);
+        }
+    }
+    for (; i < nvec; i += bd) {
+        float f[K];
+        pack_to_f32(load_pack<K>(x + i * K), f);
+        add_sumexp(m, s, f);
+    }
+    for (int c = nvec * K + threadIdx.x; c < n; c += bd) {
+        const float f[1] = {to_f32(x[c])};
+        add_sumexp(m, s, f);
+    }
+    warp_lse_combine(m, s);
+    const int lane = threadIdx.x & 31;
+    if (lane == 0) {
+        s_m[threadIdx.x >> 5] = m;
+        s_s[threadIdx.x >> 5] = s;
+    }
+    __syncthreads();
+    const bool has = lane < (bd >> 5);
+    m = has ? s_m[lane] : -INFINITY;
+    s = has ? s_s[lane] : 0.0f;
+    warp_lse_combine(m, s);
+    M = m;
+    S = s;
+}
+
+// dloss * (exp(x - lse) - [c == target]) for the column c of a real value, 0 for padding
+__device__ __forceinline__ float ce_grad(float x, int c, int nreal, int target, float lse_log2e, float dloss) {
+    return c < nreal ? (exp2f(fmaf(x, kLog2e, -lse_log2e)) - (c == target ? 1.0f : 0.0f)) * dloss : 0.0f;
+}
+
+// The row x[0, n) := its gradient (ce_grad: the real columns are [0, nreal)). Packs as in
+// block_max_sumexp (all loads of a step before its stores).
+template <class T, int K>
+__device__ void write_ce_grad(T* x, int n, int nreal, int target, float lse, float dloss) {
+    const int bd = blockDim.x, nvec = n / K;
+    const float ll = lse * kLog2e;
+    auto grad = [&](Pack<T, K>& p, int c0) {
+        LLMC_UNROLL
+        for (int k = 0; k < K; k++) p.v[k] = from_f32<T>(ce_grad(to_f32(p.v[k]), c0 + k, nreal, target, ll, dloss));
+    };
+    int i = threadIdx.x;
+    for (; i + (kCeUnroll - 1) * bd < nvec; i += kCeUnroll * bd) {
+        Pack<T, K> p[kCeUnroll];
+        LLMC_UNROLL
+        for (int u = 0; u < kCeUnroll; u++) p[u] = load_pack<K>(x + (i + u * bd) * K);
+        LLMC_UNROLL
+        for (int u = 0; u < kCeUnroll; u++) {
+            grad(p[u], (i + u * bd) * K);
+            store_pack(x + (i + u * bd) * K, p[u]);
+        }
+    }
+    for (; i < nvec; i += bd) {
+        Pack<T, K> p = load_pack<K>(x + i * K);
+        grad(p, i * K);
+        store_pack(x + i * K, p);
+    }
+    for (int c = nvec * K + threadIdx.x; c < n; c += bd)
+        x[c] = from_f32<T>(ce_grad(to_f32(x[c]), c, nreal, target, ll, dloss));
+}
+
+// One block per row (kCeThreads). A target outside [0, V) gives a NaN loss (and no onehot).
+template <class T, int K>
+__global__ void __launch_bounds__(kCeThreads) cross_entropy_kernel(T* logits, float* losses, const int32_t* targets,
+                                                                   int V, int Vp, float dloss) {
     T* x = logits + (long long)blockIdx.x * Vp;
     const int target = targets[blockIdx.x];
+    // read before any thread overwrites it: the writes follow block_max_sumexp's barrier
+    float target_logit = 0.0f;
+    if (threadIdx.x == 0) target_logit = (target >= 0 && target < V) ? to_f32(x[target]) : NAN;
     float M, S;
-    block_max_sumexp(x, V, M, S);
-    if (threadIdx.x == 0) {
-        s_lse = M + logf(S);
-        s_target_logit = (target >= 0 && target < V) ? to_f32(x[target]) : NAN;
-        losses[blockIdx.x] = s_lse - s_target_logit;
-    }
-    __syncthreads();  // the target logit is read before anything is overwritten
-    if (dloss == 0.0f) return;
-    const float lse = s_lse;
-    for (int c = threadIdx.x; c < Vp; c += blockDim.x) {
-        float g = 0.0f;
-        if (c < V) g = (expf(to_f32(x[c]) - lse) - (c == target ? 1.0f : 0.0f)) * dloss;
-        x[c] = from_f32<T>(g);
-    }
+    block_max_sumexp<T, K>(x, V, M, S);
+    const float lse = M + logf(S);
+    if (threadIdx.x == 0) losses[blockIdx.x] = lse - target_logit;
+    if (dloss != 0.0f) write_ce_grad<T, K>(x, Vp, V, target, lse, dloss);
 }
 
 // Number of real (global index < V) columns of the slice [vocab_begin, vocab_begin + Vl).
@@ -75,16 +169,17 @@ __host__ __device__ inline int ce_slice_real_cols(int Vl, int vocab_begin, int V
 }
 
 // Vocabulary-parallel, step 1. logits [N, Vl] = the columns [vocab_begin, vocab_begin + Vl),
-// of which the first nreal are real. One block per row (blockDim.x a multiple of 32):
+// of which the first nreal are real. One block per row (kCeThreads):
 // stats[3i..3i+2] = (max, sum of exp(x - max), the target's logit if it is in this slice
 // else 0); (-inf, 0, 0) when nreal == 0. The same reduction as cross_entropy_kernel, so one
-// slice with the same blockDim gives bitwise the fused kernel's statistics.
-template <class T>
-__global__ void cross_entropy_partial_kernel(float* stats, const T* logits, const int32_t* targets, int Vl, int nreal,
-                                             int vocab_begin) {
+// slice with the same K gives bitwise the fused kernel's statistics.
+template <class T, int K>
+__global__ void __launch_bounds__(kCeThreads) cross_entropy_partial_kernel(float* stats, const T* logits,
+                                                                           const int32_t* targets, int Vl, int nreal,
+                                                                           int vocab_begin) {
     const T* x = logits + (long long)blockIdx.x * Vl;
     float M, S;
-    block_max_sumexp(x, nreal, M, S);
+    block_max_sumexp<T, K>(x, nreal, M, S);
     if (threadIdx.x == 0) {
         const long long tl = (long long)targets[blockIdx.x] - vocab_begin;
         float* st = stats + 3LL * blockIdx.x;
@@ -97,21 +192,46 @@ __global__ void cross_entropy_partial_kernel(float* stats, const T* logits, cons
 // Vocabulary-parallel, step 2. stats[3i..3i+2] = the combined (M, S, target logit) of row i
 // over the whole vocabulary. losses[i] = (M + log S) - target logit; with dloss != 0 the
 // slice's logits become dloss * (exp(x - M - log S) - onehot) in its nreal real columns and
-// 0 in the rest. One block per row.
-template <class T>
-__global__ void cross_entropy_finish_kernel(T* logits, float* losses, const float* stats, const int32_t* targets,
-                                            int Vl, int nreal, int vocab_begin, float dloss) {
+// 0 in the rest (write_ce_grad, as the fused kernel). One block per row (kCeThreads).
+template <class T, int K>
+__global__ void __launch_bounds__(kCeThreads) cross_entropy_finish_kernel(T* logits, float* losses,
+                                                                          const float* stats, const int32_t* targets,
+                                                                          int Vl, int nreal, int vocab_begin,
+                                                                          float dloss) {
     const float* st = stats + 3LL * blockIdx.x;
     const float lse = st[0] + logf(st[1]);
     if (threadIdx.x == 0) losses[blockIdx.x] = lse - st[2];
     if (dloss == 0.0f) return;
-    T* x = logits + (long long)blockIdx.x * Vl;
     const long long tl = (long long)targets[blockIdx.x] - vocab_begin;
-    for (int c = threadIdx.x; c < Vl; c += blockDim.x) {
-        float g = 0.0f;
-        if (c < nreal) g = (expf(to_f32(x[c]) - lse) - (c == tl ? 1.0f : 0.0f)) * dloss;
-        x[c] = from_f32<T>(g);
-    }
+    write_ce_grad<T, K>(logits + (long long)blockIdx.x * Vl, Vl, nreal, (tl >= 0 && tl < Vl) ? (int)tl : -1, lse,
+                        dloss);
+}
+
+// Launchers (N > 0 rows). K: 16-byte packs when the rows allow them (pack_width).
+template <class T>
+void launch_cross_entropy(cudaStream_t st, T* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
+                          float dloss) {
+    with_pack_width<T>(pack_width<T>(Vp, {logits}), [&](auto k) {
+        auto cross_entropy = cross_entropy_kernel<T, decltype(k)::value>;
+        LLMC_LAUNCH(cross_entropy, N, kCeThreads, 0, st, logits, losses, targets, V, Vp, dloss);
+    });
+}
+template <class T>
+void launch_cross_entropy_partial(cudaStream_t st, float* stats, const T* logits, const int32_t* targets, int N,
+                                  int Vl, int nreal, int vocab_begin) {
+    with_pack_width<T>(pack_width<T>(Vl, {logits}), [&](auto k) {
+        auto cross_entropy_partial = cross_entropy_partial_kernel<T, decltype(k)::value>;
+        LLMC_LAUNCH(cross_entropy_partial, N, kCeThreads, 0, st, stats, logits, targets, Vl, nreal, vocab_begin);
+    });
+}
+template <class T>
+void launch_cross_entropy_finish(cudaStream_t st, T* logits, float* losses, const float* stats,
+                                 const int32_t* targets, int N, int Vl, int nreal, int vocab_begin, float dloss) {
+    with_pack_width<T>(pack_width<T>(Vl, {logits}), [&](auto k) {
+        auto cross_entropy_finish = cross_entropy_finish_kernel<T, decltype(k)::value>;
+        LLMC_LAUNCH(cross_entropy_finish, N, kCeThreads, 0, st, logits, losses, stats, targets, Vl, nreal,
+                    vocab_begin, dloss);
+    });
 }
 
 // Ops::cross_entropy_stats: one thread per row.

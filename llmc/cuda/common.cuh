@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -127,6 +128,60 @@ __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
 template <class T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
 template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+// `#pragma unroll` for nvcc (register arrays indexed by the loop variable stay registers); nothing
+// for the emulator's g++, which does not know the pragma
+#ifdef LLMC_CUEMU
+#define LLMC_UNROLL
+#else
+#define LLMC_UNROLL _Pragma("unroll")
+#endif
+
+// ---- 16-byte packs: the memory-bound kernels' loads and stores ----
+// Pack<T, K> is K consecutive elements moved in one access: K = pack_max<T> (16 bytes: 8 bf16 or
+// 4 floats) is one 128-bit load or store and needs a 16-byte aligned address; K = 1 is one element.
+// A row kernel takes K as a template argument; its launcher asks pack_width for K and runs
+// with_pack_width, so that rows a pack cannot tile (a pointer off 16 bytes, a row length not a
+// multiple of pack_max) take the same kernel element by element: correct, slower.
+template <class T> constexpr int pack_max = 16 / (int)sizeof(T);
+template <class T, int K>
+struct alignas(sizeof(T) * K) Pack {
+    static_assert(sizeof(T) * K <= 16, "a pack is at most 16 bytes");
+    T v[K];
+};
+// (the emulator holds a pack to the device's rule: a misaligned vector access is an error there)
+template <int K, class T> __device__ __forceinline__ void check_pack_alignment(const T* p) {
+#ifdef LLMC_CUEMU
+    if (reinterpret_cast<uintptr_t>(p) % alignof(Pack<T, K>) != 0) {
+        std::fprintf(stderr, "cuemu: a %zu-byte pack at %p is not %zu-byte aligned\n", sizeof(Pack<T, K>),
+                     (const void*)p, alignof(Pack<T, K>));
+        std::abort();
+    }
+#endif
+}
+template <int K, class T> __device__ __forceinline__ Pack<T, K> load_pack(const T* p) {
+    check_pack_alignment<K>(p);
+    return *reinterpret_cast<const Pack<T, K>*>(p);
+}
+template <int K, class T> __device__ __forceinline__ void store_pack(T* p, const Pack<T, K>& x) {
+    check_pack_alignment<K>(p);
+    *reinterpret_cast<Pack<T, K>*>(p) = x;
+}
+// pack_max<T> when every non-null pointer is 16-byte aligned and rows of `row` elements keep
+// that alignment, else 1
+template <class T> inline int pack_width(long long row, std::initializer_list<const void*> ptrs) {
+    if (row % pack_max<T> != 0) return 1;
+    for (const void* p : ptrs)
+        if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+    return pack_max<T>;
+}
+// f(std::integral_constant<int, K>{}) with K = k (pack_max<T> or 1, from pack_width)
+template <class T, class F> void with_pack_width(int k, F&& f) {
+    if (k == pack_max<T>)
+        f(std::integral_constant<int, pack_max<T>>{});
+    else
+        f(std::integral_constant<int, 1>{});
+}
 
 // ---- host-side conversion (round to nearest even; NaN stays NaN) ----
 inline uint16_t host_f32_to_bf16_bits(float f) {

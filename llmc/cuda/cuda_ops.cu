@@ -321,15 +321,15 @@ public:
         });
     }
 
-    // ---- layernorm ----
+    // ---- layernorm (llmc/cuda/layernorm.cuh) ----
     void layernorm_forward(Tensor out, float* mean, float* rstd, Tensor inp, Tensor w, Tensor b, int N,
                            int C) override {
         same_dtype({&out, &inp, &w, &b});
         if (!N) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            LLMC_LAUNCH(layernorm_forward_kernel<T_>, ceil_div(N, 8), 256, 0, stream_, P<T_>(out), mean, rstd, nullptr,
-                        P<T_>(inp), nullptr, nullptr, P<T_>(w), P<T_>(b), N, C);
+            launch_layernorm_forward<T_>(stream_, P<T_>(out), mean, rstd, nullptr, P<T_>(inp), nullptr, nullptr,
+                                         P<T_>(w), P<T_>(b), N, C);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -339,8 +339,8 @@ public:
         if (!N) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            LLMC_LAUNCH(layernorm_forward_kernel<T_>, ceil_div(N, 8), 256, 0, stream_, P<T_>(out), mean, rstd,
-                        P<T_>(residual), P<T_>(residual), P<T_>(a), P<T_>(b), P<T_>(w), P<T_>(bias), N, C);
+            launch_layernorm_forward<T_>(stream_, P<T_>(out), mean, rstd, P<T_>(residual), nullptr, P<T_>(a),
+                                         P<T_>(b), P<T_>(w), P<T_>(bias), N, C);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -348,21 +348,13 @@ public:
                             const float* rstd, int N, int C) override {
         same_dtype({&dinp, &dw, &db, &dout, &inp, &w});
         if (!N) return;
-        // the grid depends on N only (same reduction order on any GPU)
-        const int rows_per_block = ceil_div(N, 512);
-        const int G = ceil_div(N, rows_per_block);
-        float* partial = static_cast<float*>(scratch(1, (size_t)G * 2 * C * sizeof(float)));
-        const size_t smem = (size_t)(2 * C + 32) * sizeof(float);
+        float* partial = static_cast<float*>(scratch(1, layernorm_backward_partial_floats(N, C) * sizeof(float)));
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            allow_smem((const void*)layernorm_backward_kernel<T_>, smem, "layernorm backward", C);
-            LLMC_LAUNCH(layernorm_backward_kernel<T_>, G, 256, smem, stream_, P<T_>(dinp), partial, P<T_>(dout),
-                        P<T_>(inp), P<T_>(w), mean, rstd, N, C, rows_per_block);
-            CUDA_CHECK_LAUNCH();
-            LLMC_LAUNCH(layernorm_backward_reduce_kernel<T_>, ceil_div(C, 256), 256, 0, stream_, P<T_>(dw), P<T_>(db),
-                        partial, G, C);
-            CUDA_CHECK_LAUNCH();
+            launch_layernorm_backward<T_>(stream_, P<T_>(dinp), P<T_>(dw), P<T_>(db), partial, P<T_>(dout),
+                                          P<T_>(inp), P<T_>(w), mean, rstd, N, C);
         });
+        CUDA_CHECK_LAUNCH();
     }
     void residual_forward(Tensor out, Tensor a, Tensor b) override {
         same_dtype({&out, &a, &b});
@@ -370,8 +362,7 @@ public:
         if (!out.n) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            LLMC_LAUNCH(residual_forward_kernel<T_>, blocks_for(out.n, 256), 256, 0, stream_, P<T_>(out), P<T_>(a),
-                        P<T_>(b), (long long)out.n);
+            launch_residual_forward<T_>(stream_, P<T_>(out), P<T_>(a), P<T_>(b), (long long)out.n);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -636,14 +627,14 @@ public:
         CUDA_CHECK_LAUNCH();
     }
 
-    // ---- classifier ----
+    // ---- classifier (llmc/cuda/classifier.cuh) ----
     void cross_entropy(Tensor logits, float* losses, const int32_t* targets, int N, int V, int Vp,
                        float dloss) override {
         if (!N) return;
         LLMC_ASSERT(V <= Vp, "cross_entropy: V > Vp");
         dispatch(logits.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            LLMC_LAUNCH(cross_entropy_kernel<T_>, N, 512, 0, stream_, P<T_>(logits), losses, targets, V, Vp, dloss);
+            launch_cross_entropy<T_>(stream_, P<T_>(logits), losses, targets, N, V, Vp, dloss);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -654,9 +645,7 @@ public:
         const int nreal = ce_slice_real_cols(Vl, vocab_begin, V);
         dispatch(logits.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            // 512 threads, as the fused kernel: one slice gives bitwise its statistics
-            LLMC_LAUNCH(cross_entropy_partial_kernel<T_>, N, 512, 0, stream_, stats, P<T_>(logits), targets, Vl, nreal,
-                        vocab_begin);
+            launch_cross_entropy_partial<T_>(stream_, stats, P<T_>(logits), targets, N, Vl, nreal, vocab_begin);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -667,8 +656,8 @@ public:
         const int nreal = ce_slice_real_cols(Vl, vocab_begin, V);
         dispatch(logits.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            LLMC_LAUNCH(cross_entropy_finish_kernel<T_>, N, 512, 0, stream_, P<T_>(logits), losses, stats, targets, Vl,
-                        nreal, vocab_begin, dloss);
+            launch_cross_entropy_finish<T_>(stream_, P<T_>(logits), losses, stats, targets, N, Vl, nreal, vocab_begin,
+                                            dloss);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -803,9 +792,9 @@ private:
                     strfmt("%s: need N >= 0, Vl >= 0, vocab_begin >= 0, V > 0", what));
         LLMC_ASSERT(logits.n >= (size_t)N * Vl, strfmt("%s: logits too small", what));
     }
-    // The norms' backward kernels hold a row of C (LayerNorm: two) in shared memory: past the
-    // device's limit (opt_in_smem: LayerNorm to d_model ~29k on H100, RMSNorm to ~58k) the model
-    // is too wide for them.
+    // RMSNorm's backward kernel holds a row of C in shared memory: past the device's limit
+    // (opt_in_smem: d_model ~58k on H100) the model is too wide for it (LayerNorm's launcher,
+    // llmc/cuda/layernorm.cuh, says the same of its own accumulators).
     static void allow_smem(const void* fn, size_t bytes, const char* what, int C) {
         int optin = 0;
         if (!opt_in_smem(fn, bytes, &optin))

@@ -1,37 +1,67 @@
-// LayerNorm forward (plain and fused with the residual add) and a deterministic backward.
-// Statistics (mean, rstd) are fp32; all arithmetic is fp32.
+// LayerNorm forward (plain and fused with the residual add), a deterministic backward, and the
+// residual add. Statistics (mean, rstd) are fp32; all arithmetic is fp32. dinp, dw and db
+// accumulate (+=); out, residual, mean and rstd are overwritten.
+// Speed: all memory-bound. One warp per row (warp shuffles only, no block barrier per row); rows
+// move in 16-byte packs of K elements (common.cuh's pack_width: K = 1 when a pointer or C does
+// not allow them). One pack per lane and loop step: occupancy keeps the loads in flight (two
+// packs per step took the bf16 backward from 56 to 151 registers, ptxas sm_90).
 #pragma once
+#include <string>
+
 #include "llmc/cuda/common.cuh"
 
-// One warp per row. Two passes over the row (mean, then centred variance) for accuracy.
-// If `a` and `b` are given (fused variant), the input row is a + b, rounded to T and
-// written to `residual` first; the statistics use the rounded values (what is stored).
-template <class T>
+constexpr int kLnFwdWarps = 8;  // forward: rows (warps) per block
+
+// One warp per row; C % K == 0. Two passes over the row (mean, then centred variance) for
+// accuracy, and a third for the output; the second and third read the row again (L1/L2).
+// If `a` and `b` are given (fused variant), the input row is a + b, rounded to T and written
+// to `residual` first (inp unused); the statistics use the rounded values (what is stored).
+template <class T, int K>
 __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* residual, const T* inp, const T* a,
                                          const T* b, const T* w, const T* bias, int N, int C) {
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N) return;
     const long long off = (long long)row * C;
-    const T* x = inp + off;
-    if (a != nullptr) {
-        for (int c = lane; c < C; c += 32) residual[off + c] = from_f32<T>(to_f32(a[off + c]) + to_f32(b[off + c]));
-        __syncwarp();  // this warp's own writes, re-read below (same threads, but be explicit)
-        x = residual + off;
-    }
+    const int nvec = C / K;
+    const T* x = (a != nullptr ? residual : inp) + off;
     float s = 0.0f;
-    for (int c = lane; c < C; c += 32) s += to_f32(x[c]);
+    if (a != nullptr) {
+        for (int i = lane; i < nvec; i += 32) {
+            const Pack<T, K> pa = load_pack<K>(a + off + i * K), pb = load_pack<K>(b + off + i * K);
+            Pack<T, K> r;
+            LLMC_UNROLL
+            for (int k = 0; k < K; k++) {
+                r.v[k] = from_f32<T>(to_f32(pa.v[k]) + to_f32(pb.v[k]));
+                s += to_f32(r.v[k]);
+            }
+            store_pack(residual + off + i * K, r);  // this lane reads it back below
+        }
+    } else {
+        for (int i = lane; i < nvec; i += 32) {
+            const Pack<T, K> p = load_pack<K>(x + i * K);
+            LLMC_UNROLL
+            for (int k = 0; k < K; k++) s += to_f32(p.v[k]);
+        }
+    }
     const float m = warp_sum(s) / (float)C;
     float v = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float d = to_f32(x[c]) - m;
-        v += d * d;
+    for (int i = lane; i < nvec; i += 32) {
+        const Pack<T, K> p = load_pack<K>(x + i * K);
+        LLMC_UNROLL
+        for (int k = 0; k < K; k++) {
+            const float d = to_f32(p.v[k]) - m;
+            v += d * d;
+        }
     }
-    const float var = warp_sum(v) / (float)C;
-    const float r = 1.0f / sqrtf(var + 1e-5f);
-    for (int c = lane; c < C; c += 32) {
-        float n = (to_f32(x[c]) - m) * r;
-        out[off + c] = from_f32<T>(n * to_f32(w[c]) + to_f32(bias[c]));
+    const float r = 1.0f / sqrtf(warp_sum(v) / (float)C + 1e-5f);
+    for (int i = lane; i < nvec; i += 32) {
+        const Pack<T, K> px = load_pack<K>(x + i * K), pw = load_pack<K>(w + i * K), pb = load_pack<K>(bias + i * K);
+        Pack<T, K> o;
+        LLMC_UNROLL
+        for (int k = 0; k < K; k++)
+            o.v[k] = from_f32<T>((to_f32(px.v[k]) - m) * r * to_f32(pw.v[k]) + to_f32(pb.v[k]));
+        store_pack(out + off + i * K, o);
     }
     if (lane == 0) {
         mean[row] = m;
@@ -39,67 +69,172 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* re
     }
 }
 
-// Backward, pass 1. Block g handles rows [g*rpb, min(N, (g+1)*rpb)) in order; the whole
-// block works on one row at a time (thread j owns channels j, j+blockDim, ...). dinp is
-// accumulated (+=). Per-block partial sums of dw (= dout*norm) and db (= dout) go to
-// partial[g*2C .. g*2C+2C) (dw then db). dynamic smem: 2*C floats + 32.
-template <class T>
+// ---- backward ----
+// Pass 1 (layernorm_backward_kernel): one warp per row. Block g handles rows
+// [g*rpb, min(N, (g+1)*rpb)), its warp w the rows r0 + w, r0 + w + W, ... in order. With
+// n = (x - mean) * rstd and dn = w * dout:  dinp += rstd * (dn - mean(dn) - n * mean(dn * n)).
+// Each warp adds its rows' dw (= dout * n) and db (= dout) into its own accumulators in shared
+// memory (W warps x 2 x S floats, S = ln_acc_stride); lane l's elements sit at indices = l mod 32,
+// so a warp's 32 lanes hit 32 banks and no lane touches another's (ln_acc_index). At the end the
+// block adds its warps' accumulators in warp order into partial[g][0, 2C) (dw then db).
+// Pass 2 (layernorm_backward_reduce_kernel) adds the blocks' partials in a fixed order into dw
+// and db. Every order is fixed by N, C and K: deterministic.
+constexpr int kLnBwdBlocks = 1024;                  // pass 1's blocks (fewer when N is smaller)
+constexpr size_t kLnBwdSmemBudget = 32 * 1024;       // accumulators per block, W chosen to fit (W >= 1)
+constexpr int kLnReduceRows = 16;                   // pass 2: thread rows per block (x 32 columns)
+
+// Accumulator floats per warp and quantity: the lanes' packs i = lane + 32 j, j < ceil(C/K/32).
+__host__ __device__ inline int ln_acc_stride(int C, int K) { return (C / K + 31) / 32 * 32 * K; }
+// Accumulator index of element k of pack i (i = lane + 32 j): (j K + k) 32 + lane.
+__host__ __device__ inline int ln_acc_index(int i, int k, int K) { return ((i >> 5) * K + k) * 32 + (i & 31); }
+
+template <class T, int K>
 __global__ void layernorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w,
                                           const float* mean, const float* rstd, int N, int C, int rows_per_block) {
     LLMC_EXTERN_SMEM(float, ln_smem);
-    float* s_dw = ln_smem;
-    float* s_db = ln_smem + C;
-    float* scratch = ln_smem + 2 * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        s_dw[c] = 0.0f;
-        s_db[c] = 0.0f;
-    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+    const int nvec = C / K, S = ln_acc_stride(C, K);
+    float* acc_dw = ln_smem + (size_t)warp * 2 * S;
+    float* acc_db = acc_dw + S;
+    for (int j = lane; j < S; j += 32) acc_dw[j] = acc_db[j] = 0.0f;  // this lane's own entries
     const int r0 = blockIdx.x * rows_per_block;
     const int r1 = min(N, r0 + rows_per_block);
-    for (int row = r0; row < r1; row++) {
+    for (int row = r0 + warp; row < r1; row += W) {
         const long long off = (long long)row * C;
         const float m = mean[row], rs = rstd[row];
         float sum_dn = 0.0f, sum_dn_n = 0.0f;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            float n = (to_f32(inp[off + c]) - m) * rs;
-            float dn = to_f32(w[c]) * to_f32(dout[off + c]);
-            sum_dn += dn;
-            sum_dn_n += dn * n;
+        for (int i = lane; i < nvec; i += 32) {
+            const Pack<T, K> pd = load_pack<K>(dout + off + i * K), px = load_pack<K>(inp + off + i * K),
+                             pw = load_pack<K>(w + i * K);
+            LLMC_UNROLL
+            for (int k = 0; k < K; k++) {
+                const float d = to_f32(pd.v[k]), n = (to_f32(px.v[k]) - m) * rs, dn = to_f32(pw.v[k]) * d;
+                sum_dn += dn;
+                sum_dn_n += dn * n;
+                const int a = ln_acc_index(i, k, K);
+                acc_dw[a] += d * n;
+                acc_db[a] += d;
+            }
         }
-        const float mean_dn = block_sum(sum_dn, scratch) / (float)C;
-        const float mean_dn_n = block_sum(sum_dn_n, scratch) / (float)C;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            float n = (to_f32(inp[off + c]) - m) * rs;
-            float d = to_f32(dout[off + c]);
-            float dn = to_f32(w[c]) * d;
-            float g = rs * (dn - mean_dn - n * mean_dn_n);
-            dinp[off + c] = from_f32<T>(to_f32(dinp[off + c]) + g);
-            s_dw[c] += d * n;
-            s_db[c] += d;
+        const float mean_dn = warp_sum(sum_dn) / (float)C;
+        const float mean_dn_n = warp_sum(sum_dn_n) / (float)C;
+        for (int i = lane; i < nvec; i += 32) {
+            const Pack<T, K> pd = load_pack<K>(dout + off + i * K), px = load_pack<K>(inp + off + i * K),
+                             pw = load_pack<K>(w + i * K);
+            Pack<T, K> pg = load_pack<K>(dinp + off + i * K);
+            LLMC_UNROLL
+            for (int k = 0; k < K; k++) {
+                const float n = (to_f32(px.v[k]) - m) * rs, dn = to_f32(pw.v[k]) * to_f32(pd.v[k]);
+                pg.v[k] = from_f32<T>(to_f32(pg.v[k]) + rs * (dn - mean_dn - n * mean_dn_n));
+            }
+            store_pack(dinp + off + i * K, pg);
         }
     }
+    __syncthreads();  // every warp's accumulators are complete
+    float* out = partial + (long long)blockIdx.x * 2 * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        partial[(long long)blockIdx.x * 2 * C + c] = s_dw[c];
-        partial[(long long)blockIdx.x * 2 * C + C + c] = s_db[c];
+        const int a = ln_acc_index(c / K, c % K, K);
+        float sw = 0.0f, sb = 0.0f;
+        for (int v = 0; v < W; v++) {
+            sw += ln_smem[(size_t)v * 2 * S + a];
+            sb += ln_smem[(size_t)v * 2 * S + S + a];
+        }
+        out[c] = sw;
+        out[C + c] = sb;
     }
 }
 
-// Backward, pass 2: dw[c] += sum_g partial[g].dw[c], db likewise, g in increasing order.
+// Pass 2: dw[c] += sum_g partial[g][c], db[c] += sum_g partial[g][C + c]. A block of
+// 32 x kLnReduceRows threads takes 32 of the 2C columns; thread (x, y) adds the blocks
+// g = y, y + kLnReduceRows, ... in order, then thread (x, 0) adds those kLnReduceRows sums in order.
 template <class T>
 __global__ void layernorm_backward_reduce_kernel(T* dw, T* db, const float* partial, int G, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float sw = 0.0f, sb = 0.0f;
-    for (int g = 0; g < G; g++) {
-        sw += partial[(long long)g * 2 * C + c];
-        sb += partial[(long long)g * 2 * C + C + c];
+    __shared__ float s_sum[kLnReduceRows][32];
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (col < 2 * C)
+        for (int g = threadIdx.y; g < G; g += kLnReduceRows) s += partial[(long long)g * 2 * C + col];
+    s_sum[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0 || col >= 2 * C) return;
+    float t = 0.0f;
+    for (int y = 0; y < kLnReduceRows; y++) t += s_sum[y][threadIdx.x];
+    T* dst = col < C ? dw + col : db + (col - C);
+    *dst = from_f32<T>(to_f32(*dst) + t);
+}
+
+// out = a + b over n elements: one pack of K per thread, the last few elements one by one.
+template <class T, int K>
+__global__ void residual_forward_kernel(T* out, const T* a, const T* b, long long n) {
+    const long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * K;
+    if (i + K <= n) {
+        const Pack<T, K> pa = load_pack<K>(a + i), pb = load_pack<K>(b + i);
+        Pack<T, K> o;
+        LLMC_UNROLL
+        for (int k = 0; k < K; k++) o.v[k] = from_f32<T>(to_f32(pa.v[k]) + to_f32(pb.v[k]));
+        store_pack(out + i, o);
+    } else {
+        for (long long j = i; j < n; j++) out[j] = from_f32<T>(to_f32(a[j]) + to_f32(b[j]));
     }
-    dw[c] = from_f32<T>(to_f32(dw[c]) + sw);
-    db[c] = from_f32<T>(to_f32(db[c]) + sb);
+}
+
+// ---- launchers (N, n > 0) ----
+// Forward; residual, a and b null for the plain variant.
+template <class T>
+void launch_layernorm_forward(cudaStream_t st, T* out, float* mean, float* rstd, T* residual, const T* inp,
+                              const T* a, const T* b, const T* w, const T* bias, int N, int C) {
+    with_pack_width<T>(pack_width<T>(C, {out, residual, inp, a, b, w, bias}), [&](auto k) {
+        auto layernorm_forward = layernorm_forward_kernel<T, decltype(k)::value>;
+        LLMC_LAUNCH(layernorm_forward, ceil_div(N, kLnFwdWarps), kLnFwdWarps * 32, 0, st, out, mean, rstd, residual,
+                    inp, a, b, w, bias, N, C);
+    });
+}
+
+// The backward's grid, warps per block and partial sums depend on N, C and the pack width only:
+// the same reduction order on any GPU. `partial` holds layernorm_backward_partial_floats(N, C).
+inline int layernorm_backward_rows_per_block(int N) { return ceil_div(N, kLnBwdBlocks); }
+inline int layernorm_backward_blocks(int N) { return ceil_div(N, layernorm_backward_rows_per_block(N)); }
+inline size_t layernorm_backward_partial_floats(int N, int C) {
+    return (size_t)layernorm_backward_blocks(N) * 2 * C;
+}
+// Warps per block of pass 1: the largest of 8, 4, 2 whose accumulators fit kLnBwdSmemBudget, else 1.
+inline int layernorm_backward_warps(int C, int K) {
+    const size_t per_warp = (size_t)2 * ln_acc_stride(C, K) * sizeof(float);
+    int W = 8;
+    while (W > 1 && W * per_warp > kLnBwdSmemBudget) W /= 2;
+    return W;
+}
+
+// Throws UserError when C's accumulators (one warp's: 2 x ~C floats) pass the device's
+// shared-memory limit per block (d_model ~29k on H100).
+template <class T>
+void launch_layernorm_backward(cudaStream_t st, T* dinp, T* dw, T* db, float* partial, const T* dout, const T* inp,
+                               const T* w, const float* mean, const float* rstd, int N, int C) {
+    const int rows_per_block = layernorm_backward_rows_per_block(N), G = layernorm_backward_blocks(N);
+    with_pack_width<T>(pack_width<T>(C, {dinp, dout, inp, w}), [&](auto k) {
+        constexpr int K = decltype(k)::value;
+        const int W = layernorm_backward_warps(C, K);
+        const size_t smem = (size_t)W * 2 * ln_acc_stride(C, K) * sizeof(float);
+        auto layernorm_backward = layernorm_backward_kernel<T, K>;
+        int limit = 0;
+        if (!opt_in_smem((const void*)layernorm_backward, smem, &limit))
+            throw UserError("model.d_model: " + std::to_string(C) +
+                            " is too wide for the CUDA layernorm backward kernel (" + std::to_string(smem) +
+                            " bytes of shared memory per block; this GPU allows " + std::to_string(limit) + ")");
+        LLMC_LAUNCH(layernorm_backward, G, W * 32, smem, st, dinp, partial, dout, inp, w, mean, rstd, N, C,
+                    rows_per_block);
+    });
+    CUDA_CHECK_LAUNCH();
+    LLMC_LAUNCH(layernorm_backward_reduce_kernel<T>, ceil_div(2 * C, 32), dim3(32, kLnReduceRows), 0, st, dw, db,
+                partial, G, C);
 }
 
 template <class T>
-__global__ void residual_forward_kernel(T* out, const T* a, const T* b, long long n) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));
+void launch_residual_forward(cudaStream_t st, T* out, const T* a, const T* b, long long n) {
+    // one row: the kernel takes the elements past the last whole pack one by one
+    with_pack_width<T>(pack_width<T>(0, {out, a, b}), [&](auto k) {
+        constexpr int K = decltype(k)::value;
+        auto residual_forward = residual_forward_kernel<T, K>;
+        LLMC_LAUNCH(residual_forward, ceil_div(ceil_div(n, K), 256), 256, 0, st, out, a, b, n);
+    });
 }

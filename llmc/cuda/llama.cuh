@@ -24,7 +24,7 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const 
     if (lane == 0) rstd[row] = r;
 }
 
-// Backward, pass 1 (the layout of layernorm_backward_kernel). Block g handles rows
+// Backward, pass 1. Block g handles rows
 // [g*rpb, min(N, (g+1)*rpb)) in order, the whole block on one row at a time. With
 // n = x * rstd and dn = w * dout: dinp += rstd * (dn - n * mean(dn * n)) (accumulate);
 // the block's partial sums of dw (= dout * n) go to partial[g*C .. g*C+C).

@@ -14,18 +14,23 @@ missed=0
 # each mutation: name, file, test_gpu filter, the text replaced, its replacement
 mutate() { names+=("$1"); files+=("$2"); filters+=("$3"); olds+=("$4"); news+=("$5"); }
 names=(); files=(); filters=(); olds=(); news=()
-mutate barrier_after_scratch llmc/cuda/common.cuh layernorm \
+mutate barrier_after_scratch llmc/cuda/common.cuh rmsnorm \
     $'if (lane == 0) scratch[warp] = v;\n    __syncthreads();' 'if (lane == 0) scratch[warp] = v;'
-mutate barrier_before_reuse llmc/cuda/common.cuh layernorm \
+mutate barrier_before_reuse llmc/cuda/common.cuh rmsnorm \
     '__syncthreads();  // scratch may still be read by a previous call' ''
 mutate divergent_shuffle llmc/cuda/fp8.cuh fp8 \
     $'m = warp_max_u32(m);\n    if ((threadIdx.x & 31) == 0) atomicMax' \
     $'if ((threadIdx.x & 31) < 16) m = warp_max_u32(m);\n    if ((threadIdx.x & 31) == 0) atomicMax'
-mutate smem_one_row_short llmc/cuda/cuda_ops.cu layernorm \
-    '(size_t)(2 * C + 32) * sizeof(float)' '(size_t)(C + 32) * sizeof(float)'
+mutate smem_half_the_accumulators llmc/cuda/layernorm.cuh layernorm \
+    '(size_t)W * 2 * ln_acc_stride(C, K) * sizeof(float)' '(size_t)W * ln_acc_stride(C, K) * sizeof(float)'
+mutate warps_summed_before_barrier llmc/cuda/layernorm.cuh layernorm \
+    '__syncthreads();  // every warp'"'"'s accumulators are complete' ''
 mutate off_by_one_store llmc/cuda/layernorm.cuh residual \
-    'if (i < n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));' \
-    'if (i <= n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));'
+    'for (long long j = i; j < n; j++) out[j]' 'for (long long j = i; j <= n; j++) out[j]'
+mutate pack_alignment_ignored llmc/cuda/common.cuh residual \
+    'if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;' ''
+mutate lse_warps_before_barrier llmc/cuda/classifier.cuh cross_entropy \
+    $'__syncthreads();\n    const bool has' 'const bool has'
 mutate fp8_layout_NN llmc/cuda/fp8.cuh fp8 \
     'CUBLASLT_MATMUL_DESC_TRANSA, &opT' 'CUBLASLT_MATMUL_DESC_TRANSA, &opN'
 mutate flash_buffer_race llmc/cuda/flash_attention.cuh attention \

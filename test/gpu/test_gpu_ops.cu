@@ -320,10 +320,13 @@ void test_encoder_slice(H& h, int B, int T, int C, int Vp, int c0, int c1, bool 
     h.compare("encoder_backward_slice.dwpe", sh, wpe);
 }
 
-void test_layernorm(H& h, int N, int C) {
-    const std::string sh = strfmt("[%s N=%d C=%d]", dtype_name(h.dt), N, C);
+// off > 0: the input views (inp, and a of the fused variant) start `off` elements past an
+// aligned address (the kernels then move one element at a time instead of 16-byte packs)
+void test_layernorm(H& h, int N, int C, int off) {
+    const std::string sh = strfmt("[%s N=%d C=%d%s]", dtype_name(h.dt), N, C, off ? strfmt(" inp+%d", off).c_str() : "");
     const size_t n = (size_t)N * C;
-    Pair inp = h.make(n), w = h.make(C), b = h.make(C), out = h.make(n), mean = h.make(N, true),
+    auto in_pair = [&](size_t m) { return off ? H::shifted(h.make(m + off), off, m) : h.make(m); };
+    Pair inp = in_pair(n), w = h.make(C), b = h.make(C), out = h.make(n), mean = h.make(N, true),
          rstd = h.make(N, true);
     auto vin = h.rnd(n, 1.0f);
     for (size_t i = 0; i < n; i++) vin[i] = h.bf() ? H::q_bf16(vin[i] + 0.5f) : vin[i] + 0.5f;  // non-zero mean
@@ -343,7 +346,7 @@ void test_layernorm(H& h, int N, int C) {
     h.compare("layernorm_forward.rstd", sh, rstd);
 
     // fused residual variant
-    Pair a = h.make(n), res = h.make(n);
+    Pair a = in_pair(n), res = h.make(n);
     h.up(a, h.rnd(n, 1.0f));
     h.cpu.fused_residual_layernorm_forward(res.c, out.c, mean.c.f32(), rstd.c.f32(), a.c, inp.c, w.c, b.c, N, C);
     for (int rep = 0; rep < 2; rep++) {
@@ -380,9 +383,26 @@ void test_layernorm(H& h, int N, int C) {
     h.compare("layernorm_backward.db", sh, db);
 }
 
-void test_residual(H& h, size_t n) {
-    const std::string sh = strfmt("[%s n=%zu]", dtype_name(h.dt), n);
-    Pair a = h.make(n), b = h.make(n), out = h.make(n);
+// A d_model whose backward accumulators (one warp's: 2 x C floats) pass the device's shared memory
+// per block is a UserError naming model.d_model, not a crash (30000: 240 KB, past H100's 227 KB).
+void test_layernorm_too_wide(H& h) {
+    const int N = 1, C = 30000;
+    Pair x = h.make(C), w = h.make(C), dw = h.make(C), db = h.make(C), st = h.make(2, true);
+    std::string what = "no error";
+    try {
+        h.gpu.layernorm_backward(x.g, dw.g, db.g, x.g, x.g, w.g, st.g.f32(), st.g.f32() + 1, N, C);
+    } catch (const UserError& e) {
+        what = e.what();
+    }
+    report(what.find("model.d_model: 30000 is too wide") != std::string::npos, "layernorm_backward.too_wide",
+           strfmt("[%s C=%d]", dtype_name(h.dt), C), what.substr(0, 120));
+}
+
+// off > 0: every view starts `off` elements past an aligned address (no 16-byte packs)
+void test_residual(H& h, size_t n, int off) {
+    const std::string sh = strfmt("[%s n=%zu%s]", dtype_name(h.dt), n, off ? strfmt(" off=%d", off).c_str() : "");
+    auto make = [&](size_t m) { return off ? H::shifted(h.make(m + off), off, m) : h.make(m); };
+    Pair a = make(n), b = make(n), out = make(n);
     h.up(a, h.rnd(n, 1.0f));
     h.up(b, h.rnd(n, 1.0f));
     h.cpu.residual_forward(out.c, a.c, b.c);
@@ -880,6 +900,32 @@ void test_cross_entropy(H& h, int N, int V, int Vp, bool backward) {
             for (int c = 0; c < V; c++) diff += g[(size_t)i * Vp + c] != vg[(size_t)i * Vp + c];
         report(diff == 0, "cross_entropy.logits_unchanged", sh, strfmt("changed=%zu", diff));
     }
+}
+
+// Targets outside [0, V) (ops.h leaves them to the backend; the CUDA kernel's rule): a NaN loss,
+// and the gradient dloss * softmax with no onehot. Checked against softmax in double on the host.
+void test_cross_entropy_bad_targets(H& h) {
+    const int N = 2, V = 50, Vp = 56;
+    const float dloss = 0.5f;
+    const std::string sh = strfmt("[%s N=%d V=%d Vp=%d targets=-1,V]", dtype_name(h.dt), N, V, Vp);
+    auto [tc, tg] = h.ints({-1, V});
+    (void)tc;
+    Pair logits = h.make((size_t)N * Vp), losses = h.make(N, true);
+    const std::vector<float> v = h.rnd((size_t)N * Vp, 2.0f);
+    h.up_gpu(logits, v);
+    h.poison(losses);
+    h.gpu.cross_entropy(logits.g, losses.g.f32(), tg, N, V, Vp, dloss);
+    const std::vector<float> gl = h.get_gpu(losses), gd = h.get_gpu(logits);
+    std::vector<float> want((size_t)N * Vp, 0.0f);
+    for (int i = 0; i < N; i++) {
+        double mx = -INFINITY, se = 0;
+        for (int c = 0; c < V; c++) mx = std::max(mx, (double)v[(size_t)i * Vp + c]);
+        for (int c = 0; c < V; c++) se += std::exp((double)v[(size_t)i * Vp + c] - mx);
+        for (int c = 0; c < V; c++) want[(size_t)i * Vp + c] = (float)(dloss * std::exp((double)v[(size_t)i * Vp + c] - mx) / se);
+    }
+    report(std::isnan(gl[0]) && std::isnan(gl[1]), "cross_entropy_bad_targets.losses_nan", sh,
+           strfmt("losses=%g,%g", gl[0], gl[1]));
+    H::compare_vec("cross_entropy_bad_targets.dlogits", sh, gd, want, h.tol(false));
 }
 
 // Per-row (max, sum-exp, target) statistics of vocabulary slices [N, 3] combined as the
@@ -1546,8 +1592,11 @@ int main(int argc, char** argv) {
         run("encoder_slice", "encoder_slice", [&](const C& c) {
             test_encoder_slice(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5], c.dims[6] != 0);
         });
-        run("layernorm", "layernorm", [&](const C& c) { test_layernorm(h, c.dims[0], c.dims[1]); });
-        run("residual", "residual", [&](const C& c) { test_residual(h, size_t(c.dims[0])); });
+        run("layernorm", "layernorm",
+            [&](const C& c) { test_layernorm(h, c.dims[0], c.dims[1], c.dims.size() > 2 ? c.dims[2] : 0); });
+        if (want("layernorm")) guarded("layernorm_too_wide", [&] { test_layernorm_too_wide(h); });
+        run("residual", "residual",
+            [&](const C& c) { test_residual(h, size_t(c.dims[0]), c.dims.size() > 1 ? c.dims[1] : 0); });
         run("matmul", "matmul", [&](const C& c) {
             test_matmul(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3] != 0, c.dims[4] != 0, c.dims[5],
                         c.dims.size() > 6 ? c.dims[6] : 0);
@@ -1575,6 +1624,7 @@ int main(int argc, char** argv) {
         });
         run("cross_entropy", "cross_entropy",
             [&](const C& c) { test_cross_entropy(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3] != 0); });
+        if (want("cross_entropy")) guarded("cross_entropy_bad_targets", [&] { test_cross_entropy_bad_targets(h); });
         run("cross_entropy_vp", "cross_entropy_vp", [&](const C& c) {
             test_cross_entropy_vocab_parallel(h, c.dims[0], c.dims[1], c.dims[2],
                                               std::vector<int>(c.dims.begin() + 4, c.dims.end()), c.dims[3] != 0);
