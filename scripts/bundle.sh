@@ -12,8 +12,8 @@
 # instead (built already; not portable): what test/e2e/test_bundle.sh does, in seconds.
 # --kit (make gpu-kit, issue 26): the folder a GPU window needs, built here so that nothing compiles
 # on the device: CUDA, GPU_ARCH 90 and CPU_ARCH -march=x86-64-v3 unless set, DIST gpu-kit, and also
-# the test data test_gpu's whole-model reference reads (test/data/ref_*.bin), dev/cuda's attention
-# binaries and their PyTorch peer; at most 60 MiB.
+# the test data test_gpu's whole-model reference reads (test/data/ref_*.bin), dev/cuda's attention,
+# classifier and LayerNorm binaries and the attention's PyTorch peer; at most 60 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=0
@@ -119,9 +119,9 @@ if [ $KIT = 1 ]; then
     [ -x "$DIST/build/test_gpu" ] || { echo "bundle --kit: no build/test_gpu (a kit needs the CUDA build)" >&2; exit 1; }
     mkdir -p "$DIST/test/data" "$DIST/dev/cuda"
     cp test/data/ref_*.bin "$DIST/test/data/"
-    # the attention kernels' notebook binaries and PyTorch's SDPA beside them (gpu_check --attention)
-    make -C dev/cuda GPU_ARCH="$GPU_ARCH" attention_forward attention_backward
-    cp dev/cuda/attention_forward dev/cuda/attention_backward "$DIST/dev/cuda/"
+    # dev/cuda's kernel notebooks and PyTorch's SDPA beside the attention (gpu_check --kernels)
+    make -C dev/cuda GPU_ARCH="$GPU_ARCH" attention_forward attention_backward classifier layernorm
+    cp dev/cuda/attention_forward dev/cuda/attention_backward dev/cuda/classifier dev/cuda/layernorm "$DIST/dev/cuda/"
     cp dev/bench/torch_attention.py "$DIST/dev/bench/"
     size=$(du -sm "$DIST" | cut -f1)
     [ "$size" -le 60 ] || { echo "bundle --kit: $DIST is $size MiB, over 60" >&2; exit 1; }

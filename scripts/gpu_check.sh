@@ -6,8 +6,8 @@
 #   scripts/gpu_check.sh ... --deadline SECONDS             every command's limit within the time left
 #   scripts/gpu_check.sh --quick [--out DIR] [--dry-run]     about 3 minutes, one global deadline
 #   scripts/gpu_check.sh --profile CONFIG [key=value...]     the kernel table of a run (ncu)
-#   scripts/gpu_check.sh --attention                         dev/cuda's attention kernels beside PyTorch
-# (--quick, --attention and --profile: scripts/gpu_quick.sh; --dry-run prints their steps and runs nothing.)
+#   scripts/gpu_check.sh --kernels                           dev/cuda's kernel versions, attention beside PyTorch
+# (--quick, --kernels and --profile: scripts/gpu_quick.sh; --dry-run prints their steps and runs nothing.)
 # Without --stage, every stage in order. Each stage appends its table (date, commit, GPU) to
 # dev/bench/RESULTS.md as soon as it finishes; --out DIR also copies the table and the stage's logs
 # to DIR/NAME/, and writes each row to DIR/NAME/rows.partial.md the moment it is known (what a
@@ -30,7 +30,7 @@ describe() {
 }
 usage() {
     echo "usage: $0 --list | [--stage NAME]... [--out DIR] [--steps N] [--deadline SECONDS]" \
-         "| --quick [--out DIR] [--dry-run] | --attention" \
+         "| --quick [--out DIR] [--dry-run] | --kernels" \
          "| --profile CONFIG [key=value...]   (stages: ${STAGES[*]})" >&2
     exit 2
 }
@@ -49,7 +49,7 @@ while [ $# -gt 0 ]; do
         --out) [ $# -ge 2 ] || usage; OUT="$2"; shift ;;
         --steps) [ $# -ge 2 ] || usage; STEPS="$2"; shift ;;
         --quick) WANT+=(quick) ;;
-        --attention) WANT+=(attention) ;;
+        --kernels) WANT+=(kernels) ;;
         --deadline) [ $# -ge 2 ] && [[ "$2" =~ ^[0-9]+$ ]] || usage; DEADLINE=$(( $(date +%s) + $2 )); shift ;;
         --dry-run) DRY_RUN=1 ;;
         --profile) [ $# -ge 2 ] || usage
@@ -60,7 +60,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ ${#WANT[@]} -gt 0 ] || WANT=("${STAGES[@]}")
-if [ "$DRY_RUN" = 1 ] && [[ " ${WANT[*]} " != *" quick "* && " ${WANT[*]} " != *" profile "* && " ${WANT[*]} " != *" attention "* ]]; then
+if [ "$DRY_RUN" = 1 ] && [[ " ${WANT[*]} " != *" quick "* && " ${WANT[*]} " != *" profile "* && " ${WANT[*]} " != *" kernels "* ]]; then
     echo "gpu_check: --dry-run goes with --quick or --profile" >&2; exit 2
 fi
 

@@ -8,8 +8,9 @@
 #   at B=8 in bf16 and FP8, each beside the PyTorch peer at the same shape; a kernel table from
 #   ncu at 124M B=8 (each kernel's share of kernel time, and kernel time against wall time).
 # `--profile CONFIG [key=value...]`: the kernel table of any run (two steps under ncu).
-# `--attention`: dev/cuda's attention kernels (forward v3 and v4, backward v2 and v3) at GPT-2
-# 124M's shape and FlashAttention's benchmark shapes, beside PyTorch's SDPA (issue 30's peer).
+# `--kernels`: dev/cuda's kernel versions side by side: attention (forward v3/v4/v5, backward
+# v2/v3) at GPT-2 124M's shape and FlashAttention's benchmark shapes beside PyTorch's SDPA (issue
+# 30's peer), the fused cross entropy (v3/v5) and LayerNorm (v3/v5) at GPT-2 124M B=32's shapes.
 # `--dry-run`: every step printed with its time limit, nothing run, nothing written.
 
 # test_gpu's filters, in the order they run (test/e2e/test_gpu_check_list.sh checks this list
@@ -250,9 +251,29 @@ stage_quick() {
 
 # B T NH HS per shape: GPT-2 124M's, then FlashAttention's benchmark shapes (d_model 2048)
 ATTN_SHAPES=${ATTN_SHAPES:-"8 1024 12 64 8 1024 32 64 8 1024 16 128"}
-stage_attention() {
+# kernel_row NAME LOG RC: a PASS row with the log's timing lines, or a FAIL row
+kernel_row() {
+    local res
+    res=$(grep -E 'time [0-9.]+ ms' "$2" | sed 's/^[[:space:]]*//' | tr '\n' ';' | sed 's/;$//')
+    if [ "$3" -eq 0 ] && [ -n "$res" ]; then
+        row "$1" "PASS" "" "" "" "$res"
+    else
+        row "$1" "FAIL" "" "" "" "exit $3; ${res:-no time}; $(grep -m1 -iE 'mismatch|error|max|FAIL' "$2" | cut -c1-100)"
+    fi
+}
+stage_kernels() {
     [ -n "$DEADLINE" ] || DEADLINE=$(( $(date +%s) + ${QUICK_SECONDS:-170} ))
-    local b t nh hs v kind ver log rc res
+    local b t nh hs v kind ver log rc
+    # the memory-bound kernels of issue 29 first (the old version, then the new, at 124M B=32)
+    for v in "classifier 3 32768 50257 50304" "classifier 5 32768 50257 50304" "layernorm 3 32768 768" \
+             "layernorm 5 32768 768"; do
+        log="$WORK/kernel_$(echo "$v" | tr ' ' '_').log"
+        # shellcheck disable=SC2086
+        step "$v" 60 dev/cuda/$v >"$log" 2>&1
+        rc=$?
+        [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && continue
+        kernel_row "$v" "$log" $rc
+    done
     # shellcheck disable=SC2086
     set -- $ATTN_SHAPES
     while [ $# -ge 4 ]; do
@@ -263,13 +284,7 @@ stage_attention() {
             step "attention $kind v$ver B=$b T=$t NH=$nh HS=$hs" 60 dev/cuda/attention_$kind "$ver" "$b" "$t" "$nh" "$hs" >"$log" 2>&1
             rc=$?
             [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && continue
-            res=$(grep -m1 '^time ' "$log")
-            if [ $rc -eq 0 ] && [ -n "$res" ]; then
-                row "attention $kind v$ver B=$b T=$t NH=$nh HS=$hs" "PASS" "" "" "" "$res"
-            else
-                row "attention $kind v$ver B=$b T=$t NH=$nh HS=$hs" "FAIL" "" "" "" \
-                    "exit $rc; ${res:-no time}; $(grep -m1 -iE 'mismatch|error|max' "$log" | cut -c1-100)"
-            fi
+            kernel_row "attention $kind v$ver B=$b T=$t NH=$nh HS=$hs" "$log" $rc
         done
     done
     log="$WORK/torch_attention.log"

@@ -2,10 +2,10 @@
 # One GPU window in one command (issue 26), from the kit: gpu-kit/scripts/gpu_window.sh OUT [SECONDS]
 # Under one global deadline (SECONDS, default 420), in order of value:
 #   1. gpu_check --quick (test_gpu per filter, parity, 124M and 1.5B beside PyTorch, ncu table);
-#   2. gpu_check --attention (dev/cuda's attention kernels beside PyTorch's SDPA);
+#   2. gpu_check --kernels (dev/cuda's kernel versions; attention beside PyTorch's SDPA);
 #   3. gpu_check --profile at GPT-2 124M bf16 B=32 (the kernel table of the benchmark shape);
 #   4. compute-sanitizer racecheck on the reference model and memcheck on the model step.
-# Writes at most 8 files to OUT (what the device tool brings back): quick.md, attention.md,
+# Writes at most 8 files to OUT (what the device tool brings back): quick.md, kernels.md,
 # profile.md, sanitizers.txt, RESULTS.md (the tables as gpu_check appended them), window.log and
 # logs.tgz (every stage's logs without data shards or weights, under 16 MiB).
 set -u
@@ -31,7 +31,7 @@ stage() {
     [ -f "$W/$name/table.md" ] && cp "$W/$name/table.md" "$OUT/$name.md"
 }
 stage quick 240 --quick
-stage attention 90 --attention
+stage kernels 120 --kernels
 mkdir -p "$W/data"
 if [ -x dev/data/synth_shards ] && dev/data/synth_shards --out "$W/data/bench" --shards 1 --tokens 3000000 --vocab 50257 >/dev/null 2>&1; then
     stage profile 90 --profile - device=cuda precision=bf16 model.arch=gpt2 model.n_layer=12 model.n_head=12 \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU kit (make gpu-kit = scripts/bundle.sh --kit, issue 26) holds what a GPU window runs, so
 # that nothing compiles on the device: train_gpt, test_gpu, the data tools, the OpenMPI runtime,
-# gpu_check.sh with gpu_quick.sh, the PyTorch peers, dev/cuda's attention binaries and test_gpu's
-# reference data, under 60 MiB; and gpu_check.sh --quick (and --attention) --dry-run, run from
+# gpu_check.sh with gpu_quick.sh, the PyTorch peers, dev/cuda's kernel binaries and test_gpu's
+# reference data, under 60 MiB; and gpu_check.sh --quick (and --kernels) --dry-run, run from
 # inside the kit, finds every binary a step names.
 # Packaged here from this checkout's build (REUSE_BUILD=1, in seconds; `make gpu-kit` builds the
 # portable one for sm_90 into build-dist/ first). Without the CUDA build (CUDA=0) the kit is refused.
@@ -15,7 +15,7 @@ fi
 REUSE_BUILD=1 DIST="$K" bash "$ROOT/scripts/bundle.sh" --kit > "$W/kit.log" 2>&1 || die "bundle.sh --kit: $(tail -n 5 "$W/kit.log")"
 for f in train_gpt build/test_gpu build/test_cpu dev/data/synth_shards dev/data/prepare_text env.sh COMMIT \
          scripts/gpu_check.sh scripts/gpu_quick.sh scripts/gpu_window.sh dev/bench/torch_gpt2.py test/data/ref_model.bin test/data/ref_state.bin \
-         dev/cuda/attention_forward dev/cuda/attention_backward dev/bench/torch_attention.py; do
+         dev/cuda/attention_forward dev/cuda/attention_backward dev/cuda/classifier dev/cuda/layernorm dev/bench/torch_attention.py; do
     [ -e "$K/$f" ] || die "the kit lacks $f"
 done
 size=$(du -sm "$K" | cut -f1)
@@ -25,9 +25,9 @@ dry=$(cd /tmp && bash "$K/scripts/gpu_check.sh" --quick --dry-run) || die "kit's
 for p in $(echo "$dry" | grep '^\[dry-run\]' | grep -oE '(\./train_gpt|build/test_gpu|dev/data/synth_shards|dev/bench/torch_gpt2.py)' | sort -u); do
     [ -e "$K/$p" ] || die "a --quick step runs $p, which the kit lacks"
 done
-adry=$(cd /tmp && bash "$K/scripts/gpu_check.sh" --attention --dry-run) || die "kit's --attention --dry-run: $adry"
-for p in $(echo "$adry" | grep '^\[dry-run\]' | grep -oE '(dev/cuda/attention_[a-z]+|dev/bench/torch_attention.py)' | sort -u); do
-    [ -e "$K/$p" ] || die "an --attention step runs $p, which the kit lacks"
+adry=$(cd /tmp && bash "$K/scripts/gpu_check.sh" --kernels --dry-run) || die "kit's --kernels --dry-run: $adry"
+for p in $(echo "$adry" | grep '^\[dry-run\]' | grep -oE '(dev/cuda/[a-z_]+|dev/bench/torch_attention.py)' | sort -u); do
+    [ -e "$K/$p" ] || die "a --kernels step runs $p, which the kit lacks"
 done
 # gpu_window.sh's plumbing (no GPU here: every gpu_check stage stops at once): at most 8 files
 # in OUT, named as the device tool brings them back, and each stage in its log
@@ -35,6 +35,6 @@ done
 n=$(ls "$W/win" | wc -l)
 [ "$n" -le 8 ] || die "gpu_window.sh wrote $n files (the device tool returns 8): $(ls "$W/win")"
 ls "$W/win" | grep -qvE '^[A-Za-z0-9._-]+$' && die "gpu_window.sh wrote a name the device tool refuses: $(ls "$W/win")"
-for st in quick attention profile; do grep -q "^\[[0-9]*s\] $st: " "$W/win/window.log" || die "window.log lacks stage $st: $(cat "$W/win/window.log")"; done
+for st in quick kernels profile; do grep -q "^\[[0-9]*s\] $st: " "$W/win/window.log" || die "window.log lacks stage $st: $(cat "$W/win/window.log")"; done
 [ -s "$W/win/logs.tgz" ] || die "gpu_window.sh wrote no logs.tgz"
-echo "gpu kit: $size MiB, $(echo "$dry" | grep -c '^\[dry-run\]') steps of --quick, $(echo "$adry" | grep -c '^\[dry-run\]') of --attention, every program in the kit"
+echo "gpu kit: $size MiB, $(echo "$dry" | grep -c '^\[dry-run\]') steps of --quick, $(echo "$adry" | grep -c '^\[dry-run\]') of --kernels, every program in the kit"
