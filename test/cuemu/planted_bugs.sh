@@ -26,6 +26,9 @@ mutate smem_one_row_short llmc/cuda/cuda_ops.cu layernorm \
 mutate off_by_one_store llmc/cuda/layernorm.cuh residual \
     'if (i < n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));' \
     'if (i <= n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));'
+mutate bias_grad_no_barrier llmc/cuda/matmul.cuh matmul \
+    $'sums[threadIdx.y][threadIdx.x * V + j] = acc[j];\n    __syncthreads();' \
+    'sums[threadIdx.y][threadIdx.x * V + j] = acc[j];'
 mutate fp8_layout_NN llmc/cuda/fp8.cuh fp8 \
     'CUBLASLT_MATMUL_DESC_TRANSA, &opT' 'CUBLASLT_MATMUL_DESC_TRANSA, &opN'
 mutate flash_buffer_race llmc/cuda/flash_attention.cuh attention \
