@@ -63,6 +63,11 @@ inline const std::vector<Case>& all() {
         {"matmul", {7, 24, 40, 1, 1, 1}, 0, Gpu},
         {"matmul", {7, 24, 40, 1, 1, 1, 1}, 0, Gpu},     // every operand one element off alignment
         {"matmul", {64, 768, 256, 1, 0, 0, 3}, 0, Gpu},  // three elements off
+        {"matmul", {48, 64, 96, 0, 1, 0}, 0, Gpu},       // GELU without a bias (CUDA: GELU_AUX)
+        {"matmul", {33, 40, 52, 1, 1, 0}, 0, Gpu},       // OC not a multiple of 8: no aux epilogue
+        {"matmul", {600, 64, 96, 1, 1, 0}, 0, Gpu},      // CUDA's bias-gradient kernels: three chunks of rows
+        {"matmul", {300, 32, 100, 1, 0, 0, 1}, 0, Gpu},  // ... element by element
+        {"matmul", {8192, 768, 3072, 1, 1, 0}, 0, Bench},  // GPT-2 124M's fc: B 8 x T 1024
         // attention: B, T, NH, NKV, HS (NKV < NH: grouped-query)
         {"attention", {2, 5, 2, 2, 9}, 0, Fd},  // HS > 8 exercises the lane loop and the tail
         {"attention", {2, 5, 4, 2, 9}, 0, Fd},

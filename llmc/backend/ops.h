@@ -142,7 +142,9 @@ public:
 
     // ---- matmul ----
     // out[N,OC] = inp[N,IC] @ w[OC,IC]^T + bias[OC] (bias may be empty).
-    // With gelu: pre_gelu gets the pre-activation and out = gelu_tanh(pre_gelu).
+    // With gelu: pre_gelu gets the pre-activation and out = gelu_tanh(pre-activation), computed
+    // from pre_gelu's value or (CUDA's GEMM epilogue) from the value before its rounding to the
+    // dtype; either way the same call gives the same bits again (activation recomputation runs it).
     virtual void matmul_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC,
                                 int OC, bool gelu) = 0;
     // Backward of matmul_forward. If pre_gelu is non-empty, dout is first multiplied in
@@ -151,9 +153,6 @@ public:
     // dw += dout^T @ inp; dbias += column sums of dout (skipped when dbias is empty).
     virtual void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
                                  Tensor pre_gelu, int N, int IC, int OC) = 0;
-    // out = gelu_tanh(inp) elementwise (inp.n elements), bitwise what matmul_forward's gelu writes
-    // (activation recomputation).
-    virtual void gelu_forward(Tensor out, Tensor inp) = 0;
 
     // ---- attention ----
     // qkv [B,T,NH+2*NKV,HS] (per token: NH query heads, then NKV key heads, then NKV value

@@ -44,7 +44,6 @@ public:
 
     void matmul_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC,
                         bool gelu) override;
-    void gelu_forward(Tensor out, Tensor inp) override;
     void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
                          int N, int IC, int OC) override;
 

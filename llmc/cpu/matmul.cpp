@@ -23,11 +23,6 @@ void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, 
                          cpu_f32(inp, NI, "matmul inp"), cpu_f32(w, (size_t)OC * IC, "matmul w"), pg, N, IC, OC);
 }
 
-void CpuOps::gelu_forward(Tensor out, Tensor inp) {
-    ++counters_.launches;
-    cpu::gelu_forward(cpu_f32(out, inp.n, "gelu out"), cpu_f32(inp, inp.n, "gelu inp"), inp.n);
-}
-
 void CpuOps::swiglu_forward(Tensor out, Tensor inp, int N, int F) {
     ++counters_.launches;
     cpu::swiglu_forward(cpu_f32(out, (size_t)N * F, "swiglu out"), cpu_f32(inp, (size_t)N * 2 * F, "swiglu inp"), N, F);

@@ -100,7 +100,8 @@ public:
             if (e) cudaEventDestroy(e);
         if (queued_) cudaEventDestroy(queued_);
         for (GrowBuffer& b : scratch_) b.release();
-        for (GrowBuffer* b : {&sumsq_regions_, &sumsq_part_, &adamw_desc_, &adamw_chunks_}) b->release();
+        for (GrowBuffer* b : {&sumsq_regions_, &sumsq_part_, &adamw_desc_, &adamw_chunks_, &bias_scratch_})
+            b->release();
         for (Upload& u : uploads_) {
             if (u.host) cudaFreeHost(u.host);
             if (u.done) cudaEventDestroy(u.done);
@@ -368,64 +369,86 @@ public:
     }
 
     // ---- matmul ----
+    // One cuBLASLt GEMM whose epilogue adds the bias and, with gelu, applies the GELU and writes
+    // the pre-activation as its aux output (GELU_AUX_BIAS). Where it cannot (a bias not 16-byte
+    // aligned, OC not a multiple of 8 for the aux leading dimension, no algorithm accepted for the
+    // problem), the GEMM writes the pre-activation with the bias epilogue (or an add_bias_kernel)
+    // and gelu_forward_kernel follows. The way is chosen once per problem (LtAlgoCache), so a
+    // layer run again (recomputation) runs it alike, bit for bit.
     void matmul_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC,
                         bool gelu) override {
         same_dtype({&out, &pre_gelu, &inp, &w, &bias});
         if (!N || !OC) return;
         LLMC_ASSERT(!gelu || pre_gelu.ptr, "matmul_forward: gelu needs pre_gelu");
-        const bool bf = out.dtype == DType::BF16;
-        void* dst = gelu ? pre_gelu.ptr : out.ptr;
-        const bool epi = bias.ptr && ((uintptr_t)bias.ptr % 16 == 0);
+        const bool bias_epi = bias.ptr && aligned16(bias.ptr);
         // column-major view: dst^T[OC, N] = w^T-as-stored[IC, OC]^T * inp^T[IC, N]
-        lt_.matmul(dst, w.ptr, inp.ptr, epi ? bias.ptr : nullptr, OC, N, IC, true, false, IC, IC, OC, 0.0f, bf,
-                   stream_);
+        LtGemm g{gelu ? pre_gelu.ptr : out.ptr, w.ptr, inp.ptr, OC, N, IC, true, false, IC, IC, OC, 0.0f,
+                 out.dtype == DType::BF16};
+        g.bias = bias_epi ? bias.ptr : nullptr;
+        if (gelu && (bias_epi || !bias.ptr) && OC % 8 == 0) {
+            LtGemm fused = g;
+            fused.D = out.ptr, fused.gelu_aux = pre_gelu.ptr, fused.aux_ld = OC;
+            if (lt_.run(fused, stream_)) return;
+        }
+        lt_.matmul(g, stream_);
         const long long n = (long long)N * OC;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            if (bias.ptr && !epi) {
-                LLMC_LAUNCH(add_bias_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, (T_*)dst, P<T_>(bias), N, OC);
+            if (bias.ptr && !bias_epi) {
+                LLMC_LAUNCH(add_bias_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(gelu ? pre_gelu : out),
+                            P<T_>(bias), N, OC);
                 CUDA_CHECK_LAUNCH();
             }
             if (gelu) {
-                LLMC_LAUNCH(gelu_forward_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(out), P<T_>(pre_gelu),
-                            n);
+                LLMC_LAUNCH(gelu_forward_kernel<T_>, elementwise_blocks(n, sizeof(T_)), 256, 0, stream_, P<T_>(out),
+                            P<T_>(pre_gelu), n);
                 CUDA_CHECK_LAUNCH();
             }
         });
     }
-    void gelu_forward(Tensor out, Tensor inp) override {
-        same_dtype({&out, &inp});
-        const long long n = (long long)inp.n;
-        if (!n) return;
-        dispatch(out.dtype, [&](auto tag) {
-            using T_ = decltype(tag);
-            LLMC_LAUNCH(gelu_forward_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(out), P<T_>(inp), n);
-        });
-        CUDA_CHECK_LAUNCH();
-    }
+    // dout *= gelu'(pre_gelu) (gelu_backward_inplace_kernel); dinp: one GEMM; dw: one GEMM whose
+    // BGRADB epilogue writes the bias gradient (into scratch: the contract adds it to dbias, a
+    // small kernel does). Where cuBLASLt takes no BGRADB for the problem, launch_bias_grad.
     void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
                          int N, int IC, int OC) override {
         same_dtype({&dinp, &dw, &dbias, &dout, &inp, &w, &pre_gelu});
         if (!N || !OC) return;
         const bool bf = dout.dtype == DType::BF16;
         const long long n = (long long)N * OC;
-        dispatch(dout.dtype, [&](auto tag) {
-            using T_ = decltype(tag);
-            if (pre_gelu.ptr) {
-                LLMC_LAUNCH(gelu_backward_inplace_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(dout),
-                            P<T_>(pre_gelu), n);
-                CUDA_CHECK_LAUNCH();
-            }
-            if (dbias.ptr) {
-                LLMC_LAUNCH(bias_backward_kernel<T_>, ceil_div(OC, 32), dim3(32, 32), 0, stream_, P<T_>(dbias),
-                            P<T_>(dout), N, OC);
-                CUDA_CHECK_LAUNCH();
-            }
-        });
+        const size_t es = dtype_size(dout.dtype);
+        if (pre_gelu.ptr) {
+            dispatch(dout.dtype, [&](auto tag) {
+                using T_ = decltype(tag);
+                LLMC_LAUNCH(gelu_backward_inplace_kernel<T_>, elementwise_blocks(n, sizeof(T_)), 256, 0, stream_,
+                            P<T_>(dout), P<T_>(pre_gelu), n);
+            });
+            CUDA_CHECK_LAUNCH();
+        }
         // dinp^T[IC, N] = w(as stored: IC x OC col-major) * dout^T[OC, N]
-        if (dinp.ptr) lt_.matmul(dinp.ptr, w.ptr, dout.ptr, nullptr, IC, N, OC, false, false, IC, OC, IC, 0.0f, bf, stream_);
-        // dw(as stored: IC x OC col-major) += inp^T[IC, N] * (dout^T[OC, N])^T
-        lt_.matmul(dw.ptr, inp.ptr, dout.ptr, nullptr, IC, OC, N, false, true, IC, OC, IC, 1.0f, bf, stream_);
+        if (dinp.ptr)
+            lt_.matmul(LtGemm{dinp.ptr, w.ptr, dout.ptr, IC, N, OC, false, false, IC, OC, IC, 0.0f, bf}, stream_);
+        // dw(as stored: IC x OC col-major) += inp^T[IC, N] * (dout^T[OC, N])^T; dbias = column sums of dout
+        LtGemm g{dw.ptr, inp.ptr, dout.ptr, IC, OC, N, false, true, IC, OC, IC, 1.0f, bf};
+        if (dbias.ptr) {
+            LtGemm with_bgrad = g;
+            with_bgrad.bgrad = bias_scratch_.get((size_t)OC * es, stream_);
+            if (lt_.run(with_bgrad, stream_)) {
+                dispatch(dout.dtype, [&](auto tag) {
+                    using T_ = decltype(tag);
+                    LLMC_LAUNCH(residual_forward_kernel<T_>, blocks_for(OC, 256), 256, 0, stream_, P<T_>(dbias),
+                                P<T_>(dbias), static_cast<const T_*>(with_bgrad.bgrad), (long long)OC);
+                });
+                CUDA_CHECK_LAUNCH();
+                return;
+            }
+            dispatch(dout.dtype, [&](auto tag) {
+                using T_ = decltype(tag);
+                float* part = static_cast<float*>(
+                    bias_scratch_.get(std::max<size_t>(1, bias_grad_partial_floats(N, OC)) * sizeof(float), stream_));
+                launch_bias_grad(P<T_>(dbias), P<T_>(dout), N, OC, part, stream_);
+            });
+        }
+        lt_.matmul(g, stream_);
     }
 
     // ---- attention ----
@@ -859,6 +882,7 @@ private:
     }
     LtMatmul lt_;
     GrowBuffer scratch_[4];
+    GrowBuffer bias_scratch_;  // matmul_backward: the BGRADB bias gradient, or launch_bias_grad's partial sums
     // the upload ring (from_host_bytes)
     struct Upload {
         void* host = nullptr;  // pinned, kUploadNoSync bytes

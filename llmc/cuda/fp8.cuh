@@ -185,9 +185,13 @@ public:
             CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
         }
         const cudaDataType_t ta = lt_type(g.fa), tb = lt_type(g.fb), td = g.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
-        const uint32_t alA = lt_align_of(g.A), alB = lt_align_of(g.B), alD = lt_align_of(g.D);
-        const std::string key = strfmt("fp8 %s align=%u/%u/%u/%u", fp8_gemm_text(g).c_str(), alA, alB, alD,
-                                       g.bias ? lt_align_of(g.bias) : 0u);
+        LtKey key{};
+        key.type_a = ta, key.type_b = tb, key.type_d = td;
+        key.m = g.m, key.n = g.n, key.k = g.k, key.lda = key.ldb = g.k, key.ldd = g.m;
+        key.trans_a = 1, key.beta_nonzero = g.accumulate, key.fast_accum = g.fast_accum;
+        key.epilogue = g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        key.align_a = lt_align_of(g.A), key.align_b = lt_align_of(g.B), key.align_d = lt_align_of(g.D);
+        if (g.bias) key.type_bias = CUDA_R_16BF, key.align_bias = lt_align_of(g.bias);
 
         cublasLtMatmulDesc_t op;
         CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -214,12 +218,14 @@ public:
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, td, g.m, g.n, g.m));
         const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
         const bool ok = algos_.run(key, handle_, op, &alpha, g.A, la, g.B, lb, &beta, g.D, ld, g.D, ld, workspace_,
-                                   kWorkspaceBytes, alA, alB, alD, stream);
+                                   kWorkspaceBytes, stream);
         cublasLtMatrixLayoutDestroy(la);
         cublasLtMatrixLayoutDestroy(lb);
         cublasLtMatrixLayoutDestroy(ld);
         cublasLtMatmulDescDestroy(op);
-        if (!ok && why) *why = strfmt("cuBLASLt accepted none of its %d candidate algorithms", algos_.tried());
+        if (!ok && why)
+            *why = strfmt("cuBLASLt accepted none of its %d candidate algorithms (%s)", algos_.tried(),
+                          algos_.refusals().c_str());
         return ok;
     }
 

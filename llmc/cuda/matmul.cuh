@@ -1,8 +1,12 @@
-// Matmuls through cuBLASLt (forward with bias, backward dinp / dweight), plus the small
-// kernels around them: GELU forward/backward and a deterministic bias-gradient column sum.
+// Matmuls through cuBLASLt (forward with the bias and GELU in the epilogue, backward dinp, and
+// dweight with the bias gradient in the epilogue), and the kernels that stand in where cuBLASLt
+// takes no epilogue: GELU forward/backward (16-byte accesses) and a deterministic bias-gradient
+// column sum.
 #pragma once
-#include <map>
+#include <algorithm>
+#include <cstring>
 #include <string>
+#include <unordered_map>
 
 #include "llmc/cuda/common.cuh"
 
@@ -19,21 +23,162 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+// ---- 16-byte accesses ----
+// 16 bytes of T (8 bf16 or 4 fp32), read or written as one 128-bit access. The address must be
+// 16-byte aligned: a device faults otherwise, and the emulator aborts with the address.
+template <class T>
+struct alignas(16) Pack16 {
+    static constexpr int N = 16 / (int)sizeof(T);
+    T v[N];
+};
+__host__ __device__ __forceinline__ bool aligned16(const void* p) { return (uintptr_t)p % 16 == 0; }
+#ifdef LLMC_CUEMU
+inline void check_aligned16(const void* p) {
+    if (aligned16(p)) return;
+    std::fprintf(stderr, "cuemu: 16-byte access at %p, not 16-byte aligned (a device faults)\n", p);
+    std::abort();
+}
+template <class T> inline Pack16<T> load16(const T* p) {
+    check_aligned16(p);
+    return *reinterpret_cast<const Pack16<T>*>(p);
+}
+template <class T> inline void store16(T* p, const Pack16<T>& x) {
+    check_aligned16(p);
+    *reinterpret_cast<Pack16<T>*>(p) = x;
+}
+#else
+template <class T> __device__ __forceinline__ Pack16<T> load16(const T* p) {
+    const int4 raw = *reinterpret_cast<const int4*>(p);
+    Pack16<T> x;
+    memcpy(&x, &raw, 16);
+    return x;
+}
+template <class T> __device__ __forceinline__ void store16(T* p, const Pack16<T>& x) {
+    int4 raw;
+    memcpy(&raw, &x, 16);
+    *reinterpret_cast<int4*>(p) = raw;
+}
+#endif
+
+// y[i] = f(y[i], x[i]) (ReadY) or f(x[i]) for i < n, grid-stride: 16 bytes at a time when both
+// pointers are 16-byte aligned, element by element otherwise and for the tail. Each element is
+// computed alike either way (same bits), for any launch geometry; elementwise_blocks gives enough
+// blocks of 256 threads for one pack each.
+template <bool ReadY, class T, class F>
+__device__ __forceinline__ T apply_elementwise(F f, T y, T x) {
+    if constexpr (ReadY) return f(y, x);
+    else return f(x);
+}
+template <bool ReadY, class T, class F>
+__device__ __forceinline__ void map_elementwise(T* y, const T* x, long long n, F f) {
+    constexpr int V = Pack16<T>::N;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (aligned16(y) && aligned16(x)) {
+        const long long packs = n / V;
+        for (long long p = first; p < packs; p += stride) {
+            const Pack16<T> a = load16(x + p * V);
+            Pack16<T> b = a;  // (overwritten, or read from y)
+            if constexpr (ReadY) b = load16(y + p * V);
+            for (int j = 0; j < V; j++) b.v[j] = apply_elementwise<ReadY>(f, b.v[j], a.v[j]);
+            store16(y + p * V, b);
+        }
+        done = packs * V;
+    }
+    for (long long i = done + first; i < n; i += stride)
+        y[i] = apply_elementwise<ReadY>(f, ReadY ? y[i] : x[i], x[i]);
+}
+inline int elementwise_blocks(long long n, int bytes_per_element) {
+    const long long threads = (n * bytes_per_element + 15) / 16;  // one 16-byte pack each
+    return (int)std::max<long long>(1, std::min<long long>((threads + 255) / 256, 1ll << 20));
+}
+
+// out[i] = gelu_tanh(inp[i])
 template <class T>
 __global__ void gelu_forward_kernel(T* out, const T* inp, long long n) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = from_f32<T>(gelu_tanh(to_f32(inp[i])));
+    map_elementwise<false>(out, inp, n, [](T x) { return from_f32<T>(gelu_tanh(to_f32(x))); });
 }
 // dout[i] *= gelu'(pre[i]) in place
 template <class T>
 __global__ void gelu_backward_inplace_kernel(T* dout, const T* pre, long long n) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dout[i] = from_f32<T>(to_f32(dout[i]) * gelu_tanh_grad(to_f32(pre[i])));
+    map_elementwise<true>(dout, pre, n, [](T d, T x) { return from_f32<T>(to_f32(d) * gelu_tanh_grad(to_f32(x))); });
 }
 
-// dbias[c] += sum_n dout[n, c]. Block = 32 x 32 threads covering 32 columns; thread (x, y)
-// sums rows y, y+32, ... of column x in order, then the 32 partial sums of a column are
-// added in y order. Deterministic, no atomics.
+// ---- bias gradient: dbias[c] += sum_n dout[n, c], deterministic, no atomics ----
+// Where cuBLASLt's BGRADB epilogue is not taken. Two passes over chunks of kBiasRows rows:
+// bias_grad_partial_kernel, a block of 32 x 8 threads over 32 * V columns of one chunk (V = 8 bf16
+// or 4 fp32 with 16-byte loads when dout is 16-byte aligned and OC a multiple of V, else 1): a warp
+// reads 32 * V consecutive elements of a row; thread (x, y) sums rows y, y + 8, ... of the chunk in
+// order; the 8 sums of a column are added in y order into partial[chunk][c]. Then
+// bias_grad_finish_kernel adds the chunks' sums in chunk order into dbias. One chunk (N <=
+// kBiasRows): the first pass adds into dbias itself. The order is fixed by N and OC alone.
+constexpr int kBiasRows = 256;
+template <class T, int V>
+__global__ void bias_grad_partial_kernel(float* partial, T* dbias, const T* dout, int N, int OC) {
+    __shared__ float sums[8][32 * V];
+    const int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
+    const int r1 = min(N, (int)(blockIdx.y + 1) * kBiasRows);
+    float acc[V];
+    for (int j = 0; j < V; j++) acc[j] = 0.0f;
+    if (c0 < OC)
+        for (int r = blockIdx.y * kBiasRows + threadIdx.y; r < r1; r += 8) {
+            const T* row = dout + (long long)r * OC + c0;
+            if constexpr (V > 1) {
+                const Pack16<T> x = load16(row);
+                for (int j = 0; j < V; j++) acc[j] += to_f32(x.v[j]);
+            } else {
+                acc[0] += to_f32(row[0]);
+            }
+        }
+    for (int j = 0; j < V; j++) sums[threadIdx.y][threadIdx.x * V + j] = acc[j];
+    __syncthreads();
+    for (int col = threadIdx.y * 32 + threadIdx.x; col < 32 * V; col += 256) {
+        const int c = blockIdx.x * 32 * V + col;
+        if (c >= OC) break;
+        float s = 0.0f;
+        for (int y = 0; y < 8; y++) s += sums[y][col];
+        if (partial) partial[(long long)blockIdx.y * OC + c] = s;
+        else dbias[c] = from_f32<T>(to_f32(dbias[c]) + s);
+    }
+}
+template <class T>
+__global__ void bias_grad_finish_kernel(T* dbias, const float* partial, int chunks, int OC) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= OC) return;
+    float s = 0.0f;
+    for (int k = 0; k < chunks; k++) s += partial[(long long)k * OC + c];
+    dbias[c] = from_f32<T>(to_f32(dbias[c]) + s);
+}
+// The two passes; `partial` holds bias_grad_partial_floats(N, OC) floats.
+inline size_t bias_grad_partial_floats(int N, int OC) {
+    const int chunks = ceil_div(N, kBiasRows);
+    return chunks > 1 ? (size_t)chunks * OC : 0;
+}
+template <class T>
+void launch_bias_grad(T* dbias, const T* dout, int N, int OC, float* partial, cudaStream_t stream) {
+    constexpr int V = Pack16<T>::N;
+    const int chunks = ceil_div(N, kBiasRows);
+    LLMC_ASSERT(chunks <= 65535, "bias gradient: more rows than the grid's y dimension covers");
+    float* part = chunks > 1 ? partial : nullptr;
+    if (aligned16(dout) && OC % V == 0) {
+        auto k = bias_grad_partial_kernel<T, V>;
+        LLMC_LAUNCH(k, dim3(ceil_div(OC, 32 * V), chunks), dim3(32, 8), 0, stream, part, dbias, dout, N, OC);
+    } else {
+        auto k = bias_grad_partial_kernel<T, 1>;
+        LLMC_LAUNCH(k, dim3(ceil_div(OC, 32), chunks), dim3(32, 8), 0, stream, part, dbias, dout, N, OC);
+    }
+    CUDA_CHECK_LAUNCH();
+    if (part) {
+        LLMC_LAUNCH(bias_grad_finish_kernel<T>, ceil_div(OC, 256), 256, 0, stream, dbias, (const float*)part, chunks,
+                    OC);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+// dbias[c] += sum_n dout[n, c] in one pass: block = 32 x 32 threads over 32 columns, thread (x, y)
+// sums rows y, y+32, ... of column x in order, the 32 sums of a column added in y order. The fp8
+// backward's (fp8.cuh launches it: ceil(OC / 32) blocks of 32 x 32); CudaOps uses launch_bias_grad.
 template <class T>
 __global__ void bias_backward_kernel(T* dbias, const T* dout, int N, int OC) {
     __shared__ float s[32][33];
@@ -50,76 +195,46 @@ __global__ void bias_backward_kernel(T* dbias, const T* dout, int N, int OC) {
     }
 }
 
+// out[n, c] += bias[c] (fallback when the bias pointer cannot go to the cuBLASLt epilogue)
+template <class T>
+__global__ void add_bias_kernel(T* out, const T* bias, long long N, int OC) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N * OC) out[i] = from_f32<T>(to_f32(out[i]) + to_f32(bias[i % OC]));
+}
+
 // ---- cuBLASLt ----
-// Algorithm choice for every cuBLASLt call (bf16/fp32 here, fp8 in fp8.cuh). The heuristic's
-// first answer is not always runnable: on an H200 it returned an fp8 algorithm (tile 64x8,
-// cluster 1x4x1) that cublasLtMatmul then refused with CUBLAS_STATUS_NOT_SUPPORTED. So at a
-// problem's first use up to kCandidates answers are asked for and tried in the heuristic's
-// order; the first that cublasLtMatmul accepts runs (that is the real call, nothing runs twice)
-// and is cached under a key that holds everything the descriptors and the preference were
-// built from. The same problem then always runs the same algorithm (cuBLASLt is bitwise
-// reproducible per algorithm; split-K reductions of every scheme have a fixed order).
-class LtAlgoCache {
-public:
-    static constexpr int kCandidates = 16;
-
-    // Runs D = alpha op(A) op(B) + beta C with the algorithm cached for `key`, or chooses it.
-    // false when no candidate was accepted (nothing ran; remembered too): the caller names the
-    // GEMM or takes another way.
-    bool run(const std::string& key, cublasLtHandle_t h, cublasLtMatmulDesc_t op, const float* alpha, const void* A,
-             cublasLtMatrixLayout_t la, const void* B, cublasLtMatrixLayout_t lb, const float* beta, const void* C,
-             cublasLtMatrixLayout_t lc, void* D, cublasLtMatrixLayout_t ld, void* ws, size_t ws_bytes,
-             uint32_t align_a, uint32_t align_b, uint32_t align_cd, cudaStream_t stream) {
-        auto it = cache_.find(key);
-        if (it != cache_.end()) {  // decided once: a refusal now is a broken invariant
-            tried_ = it->second.tried;
-            if (!it->second.ok) return false;
-            CUBLAS_CHECK(cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &it->second.algo, ws,
-                                        ws_bytes, stream));
-            count_launch();
-            return true;
-        }
-        cublasLtMatmulPreference_t pref = lt_preference(ws_bytes, align_a, align_b, align_cd);
-        cublasLtMatmulHeuristicResult_t res[kCandidates];
-        int nres = 0;
-        const cublasStatus_t hs =
-            cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, ld, pref, kCandidates, res, &nres);
-        cublasLtMatmulPreferenceDestroy(pref);
-        if (hs != CUBLAS_STATUS_SUCCESS) nres = 0;  // NOT_SUPPORTED: no algorithm for the problem
-        tried_ = 0;
-        for (int i = 0; i < nres; i++) {
-            if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-            tried_++;
-            const cublasStatus_t st =
-                cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &res[i].algo, ws, ws_bytes, stream);
-            if (st == CUBLAS_STATUS_SUCCESS) {
-                count_launch();
-                cache_.emplace(key, Entry{true, res[i].algo, tried_});
-                if (tried_ > 1)  // once per problem: shows on a GPU where the first answer was refused
-                    std::fprintf(stderr, "cuBLASLt: %s runs heuristic candidate %d (the %d before it refused)\n",
-                                 key.c_str(), tried_, tried_ - 1);
-                return true;
-            }
-            // a refusal (checked on the host, before any launch) moves on; anything else is fatal
-            if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE &&
-                st != CUBLAS_STATUS_ARCH_MISMATCH)
-                CUBLAS_CHECK(st);
-        }
-        cache_.emplace(key, Entry{false, {}, tried_});  // refused: later calls do not ask again
-        return false;
+inline std::string lt_status_text(cublasStatus_t s) {
+    switch (s) {
+        case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+        case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+        case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+        case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+        case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+        case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+        case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+        case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+        default: return "cublasStatus_t " + std::to_string((int)s);
     }
-    // candidates tried when the last run()'s problem was first seen (for the no-algorithm message)
-    int tried() const { return tried_; }
-
-private:
-    struct Entry {
-        bool ok;
-        cublasLtMatmulAlgo_t algo;
-        int tried;
-    };
-    std::map<std::string, Entry> cache_;
-    int tried_ = 0;
-};
+}
+inline const char* lt_type_text(int t) {
+    switch ((cudaDataType_t)t) {
+        case CUDA_R_32F: return "fp32";
+        case CUDA_R_16BF: return "bf16";
+        case CUDA_R_8F_E4M3: return "e4m3";
+        case CUDA_R_8F_E5M2: return "e5m2";
+        default: return "?";
+    }
+}
+inline const char* lt_epilogue_text(int e) {
+    switch ((cublasLtEpilogue_t)e) {
+        case CUBLASLT_EPILOGUE_DEFAULT: return "none";
+        case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
+        case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
+        case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+        case CUBLASLT_EPILOGUE_BGRADB: return "BGRADB";
+        default: return "?";
+    }
+}
 
 // Largest power of two (<= 256) that divides the address: a preference and a cache-key input.
 inline uint32_t lt_align_of(const void* p) {
@@ -129,8 +244,150 @@ inline uint32_t lt_align_of(const void* p) {
     return a;
 }
 
-// One handle and one workspace for the bf16/fp32 matmuls. The caller passes a bias pointer only
-// when it is 16-byte aligned (else it adds the bias with its own kernel).
+// Everything a cuBLASLt call's descriptors and heuristic preference are built from: the key of its
+// algorithm in LtAlgoCache. Only 32-bit fields, so no padding: compared and hashed as bytes.
+// Start from LtKey{} (what a call does not use stays 0).
+struct LtKey {
+    int32_t type_a, type_b, type_d, type_bias;  // cudaDataType_t; type_bias: the bias's or its gradient's
+    int32_t m, n, k, lda, ldb, ldd, aux_ld;
+    int32_t trans_a, trans_b, beta_nonzero, fast_accum, epilogue;  // epilogue: cublasLtEpilogue_t
+    uint32_t align_a, align_b, align_d, align_bias, align_aux;     // lt_align_of, bytes
+    bool operator==(const LtKey& o) const { return std::memcmp(this, &o, sizeof o) == 0; }
+    std::string text() const {
+        return strfmt("%s x %s -> %s, m=%d n=%d k=%d, transA=%d transB=%d, lda=%d ldb=%d ldd=%d, beta=%d%s, "
+                      "epilogue %s%s, align A/B/D/bias/aux %u/%u/%u/%u/%u",
+                      lt_type_text(type_a), lt_type_text(type_b), lt_type_text(type_d), m, n, k, trans_a, trans_b,
+                      lda, ldb, ldd, beta_nonzero, fast_accum ? ", fast accumulation" : "", lt_epilogue_text(epilogue),
+                      aux_ld ? strfmt(" (aux ld %d)", aux_ld).c_str() : "", align_a, align_b, align_d, align_bias,
+                      align_aux);
+    }
+};
+static_assert(sizeof(LtKey) == 21 * 4, "LtKey must have no padding (it is hashed and compared as bytes)");
+struct LtKeyHash {
+    size_t operator()(const LtKey& k) const {  // FNV-1a over the bytes
+        const unsigned char* p = reinterpret_cast<const unsigned char*>(&k);
+        uint64_t h = 1469598103934665603ull;
+        for (size_t i = 0; i < sizeof k; i++) h = (h ^ p[i]) * 1099511628211ull;
+        return (size_t)h;
+    }
+};
+
+// Algorithm choice for every cuBLASLt call (bf16/fp32 here, fp8 in fp8.cuh). The heuristic's
+// first answer is not always runnable: on an H200 it returned an fp8 algorithm (tile 64x8,
+// cluster 1x4x1) that cublasLtMatmul then refused with CUBLAS_STATUS_NOT_SUPPORTED. So at a
+// problem's first use up to kCandidates answers are asked for and tried in the heuristic's
+// order; the first that cublasLtMatmul accepts runs (that is the real call, nothing runs twice)
+// and is cached under the problem's LtKey. The same problem then always runs the same algorithm
+// (cuBLASLt is bitwise reproducible per algorithm; split-K reductions of every scheme have a
+// fixed order). When none is accepted, each refusal's status is kept for the caller's message.
+class LtAlgoCache {
+public:
+    static constexpr int kCandidates = 16;
+
+    // Runs D = alpha op(A) op(B) + beta C with the algorithm cached for `key`, or chooses it.
+    // false when no candidate was accepted (nothing ran; remembered too): the caller names the
+    // GEMM (with refusals()) or takes another way.
+    bool run(const LtKey& key, cublasLtHandle_t h, cublasLtMatmulDesc_t op, const float* alpha, const void* A,
+             cublasLtMatrixLayout_t la, const void* B, cublasLtMatrixLayout_t lb, const float* beta, const void* C,
+             cublasLtMatrixLayout_t lc, void* D, cublasLtMatrixLayout_t ld, void* ws, size_t ws_bytes,
+             cudaStream_t stream) {
+        auto it = cache_.find(key);
+        if (it != cache_.end()) {  // decided once: a refusal now is a broken invariant
+            last_ = &it->second;
+            new_ = false;
+            if (!last_->ok) return false;
+            CUBLAS_CHECK(cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &last_->algo, ws, ws_bytes,
+                                        stream));
+            count_launch();
+            return true;
+        }
+        new_ = true;
+        cublasLtMatmulPreference_t pref = lt_preference(ws_bytes, key.align_a, key.align_b, key.align_d);
+        cublasLtMatmulHeuristicResult_t res[kCandidates];
+        int nres = 0;
+        const cublasStatus_t hs =
+            cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, ld, pref, kCandidates, res, &nres);
+        cublasLtMatmulPreferenceDestroy(pref);
+        Entry e{false, {}, 0, ""};
+        if (hs != CUBLAS_STATUS_SUCCESS) {  // NOT_SUPPORTED: no algorithm for the problem
+            nres = 0;
+            e.refusals = "the heuristic answered " + lt_status_text(hs);
+        } else {
+            e.refusals = strfmt("the heuristic offered %d", nres);
+        }
+        for (int i = 0; i < nres; i++) {
+            if (res[i].state != CUBLAS_STATUS_SUCCESS) {
+                e.refusals += strfmt("; #%d not offered (%s)", i + 1, lt_status_text(res[i].state).c_str());
+                continue;
+            }
+            e.tried++;
+            const cublasStatus_t st =
+                cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &res[i].algo, ws, ws_bytes, stream);
+            if (st == CUBLAS_STATUS_SUCCESS) {
+                count_launch();
+                e.ok = true;
+                e.algo = res[i].algo;
+                if (e.tried > 1)  // once per problem: shows on a GPU where the first answer was refused
+                    std::fprintf(stderr, "cuBLASLt: %s runs heuristic candidate %d (%s)\n", key.text().c_str(), i + 1,
+                                 e.refusals.c_str());
+                e.refusals.clear();
+                last_ = &cache_.emplace(key, std::move(e)).first->second;
+                return true;
+            }
+            e.refusals += strfmt("; #%d refused by cublasLtMatmul: %s", i + 1, lt_status_text(st).c_str());
+            // a refusal (checked on the host, before any launch) moves on; anything else is fatal
+            if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE &&
+                st != CUBLAS_STATUS_ARCH_MISMATCH)
+                CUBLAS_CHECK(st);
+        }
+        last_ = &cache_.emplace(key, std::move(e)).first->second;  // refused: later calls do not ask again
+        return false;
+    }
+    // The last run()'s problem, when it was first seen: candidates tried, and (when none was
+    // accepted) the heuristic's answer and each candidate's status; whether that was this run.
+    int tried() const { return last_ ? last_->tried : 0; }
+    const std::string& refusals() const { return last_ ? last_->refusals : empty_; }
+    bool decided_now() const { return new_; }
+
+private:
+    struct Entry {
+        bool ok;
+        cublasLtMatmulAlgo_t algo;
+        int tried;
+        std::string refusals;
+    };
+    std::unordered_map<LtKey, Entry, LtKeyHash> cache_;  // node-based: last_ stays valid
+    const Entry* last_ = nullptr;
+    bool new_ = false;
+    const std::string empty_;
+};
+
+// One GEMM of LtMatmul: column-major D[m, n] = op(A) op(B) + beta D, A m x k (trans_a false,
+// lda >= m) or k x m (trans_a true), B k x n or n x k, then at most one epilogue:
+//  - bias only (BIAS): + bias[m], broadcast over n;
+//  - gelu_aux (GELU_AUX, or GELU_AUX_BIAS with a bias): aux = the value so far (bias added), m x n
+//    with leading dimension aux_ld (a multiple of 8), and D = gelu(aux), cuBLASLt's GELU: the
+//    tanh approximation, as gelu_tanh (PyTorch's _addmm_activation(use_gelu) on CUDA is its
+//    gelu(approximate="tanh"), XLA fuses only that form into it). The GELU is applied to the fp32
+//    value, before aux is rounded to the output type;
+//  - bgrad (BGRADB): bgrad[n] = sum over k of op(B)[k, n], written (not added), D unchanged.
+// bf16: A, B, D, bias, aux, bgrad all bf16, fp32 compute; fp32: all fp32, strict (no TF32).
+struct LtGemm {
+    void* D;
+    const void* A;
+    const void* B;
+    int m, n, k;
+    bool trans_a, trans_b;
+    int lda, ldb, ldd;
+    float beta;
+    bool bf16;
+    const void* bias = nullptr;
+    void* gelu_aux = nullptr;
+    int aux_ld = 0;
+    void* bgrad = nullptr;
+};
+
+// One handle and one workspace for the bf16/fp32 matmuls.
 class LtMatmul {
 public:
     static constexpr size_t kWorkspaceBytes = 32u << 20;
@@ -146,58 +403,73 @@ public:
         handle_ = nullptr;
     }
 
-    // Column-major D[m, n] = alpha * op(A) op(B) + beta * D (+ bias[m] broadcast over n).
-    // A is m x k (transA=false, lda >= m) or k x m (transA=true); B is k x n or n x k.
-    // bf16: all of A, B, D, bias are bf16 with fp32 compute; fp32: strict fp32 (no TF32).
-    // No runnable algorithm: UserError naming the GEMM (exit code 2 in the trainer).
-    void matmul(void* D, const void* A, const void* B, const void* bias, int m, int n, int k, bool transA,
-                bool transB, int lda, int ldb, int ldd, float beta, bool is_bf16, cudaStream_t stream) {
-        const cudaDataType_t dt = is_bf16 ? CUDA_R_16BF : CUDA_R_32F;
-        const uint32_t alA = lt_align_of(A), alB = lt_align_of(B), alD = lt_align_of(D);
-        const std::string key =
-            strfmt("%s m=%d n=%d k=%d transA=%d transB=%d lda=%d ldb=%d ldd=%d beta=%d bias=%d align=%u/%u/%u/%u",
-                   is_bf16 ? "bf16" : "fp32", m, n, k, (int)transA, (int)transB, lda, ldb, ldd, beta != 0.0f,
-                   bias != nullptr, alA, alB, alD, bias ? lt_align_of(bias) : 0u);
+    // Runs the GEMM; false when cuBLASLt accepts no algorithm for it (nothing ran): the caller
+    // takes another way. The first refusal of a GEMM with an epilogue is noted on stderr.
+    bool run(const LtGemm& g, cudaStream_t stream) {
+        LLMC_ASSERT(!g.bgrad || (!g.bias && !g.gelu_aux), "LtMatmul: BGRADB with another epilogue");
+        const cudaDataType_t dt = g.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+        LtKey key{};
+        key.type_a = key.type_b = key.type_d = dt;
+        key.m = g.m, key.n = g.n, key.k = g.k, key.lda = g.lda, key.ldb = g.ldb, key.ldd = g.ldd;
+        key.trans_a = g.trans_a, key.trans_b = g.trans_b, key.beta_nonzero = g.beta != 0.0f;
+        key.align_a = lt_align_of(g.A), key.align_b = lt_align_of(g.B), key.align_d = lt_align_of(g.D);
+        const void* bias_ptr = g.bgrad ? g.bgrad : g.bias;
+        cublasLtEpilogue_t epi = g.bgrad                  ? CUBLASLT_EPILOGUE_BGRADB
+                                 : g.gelu_aux && g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                 : g.gelu_aux           ? CUBLASLT_EPILOGUE_GELU_AUX
+                                 : g.bias               ? CUBLASLT_EPILOGUE_BIAS
+                                                        : CUBLASLT_EPILOGUE_DEFAULT;
+        key.epilogue = epi;
+        if (bias_ptr) key.type_bias = dt, key.align_bias = lt_align_of(bias_ptr);
+        if (g.gelu_aux) key.aux_ld = g.aux_ld, key.align_aux = lt_align_of(g.gelu_aux);
 
         cublasLtMatmulDesc_t op;
         CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        cublasOperation_t ta = transA ? CUBLAS_OP_T : CUBLAS_OP_N, tb = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-        if (bias) {
-            cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &dt, sizeof(dt)));
-            CUBLAS_CHECK(
-                cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        auto set = [&](cublasLtMatmulDescAttributes_t a, const void* v, size_t n) {
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, a, v, n));
+        };
+        cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+        set(CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+        set(CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+        if (epi != CUBLASLT_EPILOGUE_DEFAULT) set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+        if (bias_ptr) {
+            set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &dt, sizeof(dt));
+            set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr));
+        }
+        if (g.gelu_aux) {
+            const int64_t aux_ld = g.aux_ld;
+            set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.gelu_aux, sizeof(g.gelu_aux));
+            set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld));
         }
         cublasLtMatrixLayout_t la, lb, ld;
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, dt, transA ? k : m, transA ? m : k, lda));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, dt, transB ? n : k, transB ? k : n, ldb));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, m, n, ldd));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, dt, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, dt, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, g.m, g.n, g.ldd));
         const float alpha = 1.0f;
-        const bool ok = algos_.run(key, handle_, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, workspace_,
-                                   kWorkspaceBytes, alA, alB, alD, stream);
+        const bool ok = algos_.run(key, handle_, op, &alpha, g.A, la, g.B, lb, &g.beta, g.D, ld, g.D, ld, workspace_,
+                                   kWorkspaceBytes, stream);
         cublasLtMatrixLayoutDestroy(la);
         cublasLtMatrixLayoutDestroy(lb);
         cublasLtMatrixLayoutDestroy(ld);
         cublasLtMatmulDescDestroy(op);
-        if (!ok)
+        if (!ok && algos_.decided_now() && epi != CUBLASLT_EPILOGUE_DEFAULT)
+            std::fprintf(stderr, "cuBLASLt: no algorithm for %s (%s): kernels instead of the epilogue\n",
+                         key.text().c_str(), algos_.refusals().c_str());
+        if (!ok) last_ = key;
+        return ok;
+    }
+    // As run(); no algorithm: UserError naming the GEMM (exit code 2 in the trainer).
+    void matmul(const LtGemm& g, cudaStream_t stream) {
+        if (!run(g, stream))
             throw UserError(strfmt("cuBLASLt has no runnable algorithm for the GEMM %s (column-major D[m, n] = "
-                                   "op(A) op(B), A %s, B %s, C = D; %d candidates refused)",
-                                   key.c_str(), transA ? "k x m" : "m x k", transB ? "n x k" : "k x n",
-                                   algos_.tried()));
+                                   "op(A) op(B), A %s, B %s, C = D; %d candidates tried: %s)",
+                                   last_.text().c_str(), g.trans_a ? "k x m" : "m x k", g.trans_b ? "n x k" : "k x n",
+                                   algos_.tried(), algos_.refusals().c_str()));
     }
 
 private:
     cublasLtHandle_t handle_ = nullptr;
     void* workspace_ = nullptr;
     LtAlgoCache algos_;
+    LtKey last_{};  // the last refused GEMM (for matmul's message)
 };
-
-// out[n, c] += bias[c] (fallback when the bias pointer cannot go to the cuBLASLt epilogue)
-template <class T>
-__global__ void add_bias_kernel(T* out, const T* bias, long long N, int OC) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < N * OC) out[i] = from_f32<T>(to_f32(out[i]) + to_f32(bias[i % OC]));
-}

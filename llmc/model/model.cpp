@@ -863,16 +863,21 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
     const bool dense_mlp = !shape.moe.is_moe_layer(l);  // an MoE layer's buffers hold its permuted rows
     Tensor pre = dense_mlp ? L.fch_pre.slice(0, N * (k.swiglu ? 2 : 1) * Fl) : Tensor();
     Tensor act = dense_mlp ? L.fch_gelu.slice(0, N * Fl) : Tensor();
+    Tensor x = tp.gather_rows(L.ln2.slice(0, nl * C), full);  // SP: gathered again rather than kept
     if (recompute == Recompute::Selective) {  // the attention core and the activation again, into the shared buffers
         cp_->attention_forward(L.atty.slice(0, N * Cl), L.att_lse, L.qkv.slice(0, N * QKVl), b, t, NHl, NKVl, HS,
                                S.ring);
+        // (an MoE layer keeps its experts' activations.) The GELU again with its linear: a backend
+        // may apply it in the GEMM's epilogue to the unrounded pre-activation (CUDA's cuBLASLt
+        // GELU_AUX_BIAS), which no elementwise GELU of the kept pre-activation reproduces bit for
+        // bit; the linear run again writes the kept pre-activation again, with the same bits.
         if (dense_mlp && k.swiglu) ops.swiglu_forward(act, pre, int(N), Fl);
-        else if (dense_mlp) ops.gelu_forward(act, pre);  // (an MoE layer keeps its experts' activations)
+        else if (dense_mlp)
+            linear_forward(l, Fp8Linear::Fc, act, pre, x, param(FcW, l), param(FcB, l), int(N), C, Fl, true);
     }
 
     // MLP
     Tensor dy = tp.gather_rows(dres, full_grad);
-    Tensor x = tp.gather_rows(L.ln2.slice(0, nl * C), full);  // SP: gathered again rather than kept
     if (shape.moe.is_moe_layer(l)) {
         moe_backward(l, L, partial, dy, x, int(N));
     } else if (k.swiglu) {

@@ -50,7 +50,8 @@ class Comm;
 enum class Recompute {
     None,       // everything its backward reads
     Selective,  // all but the attention core's output and statistics and the MLP activation's output
-                // (recomputed from the kept QKV and pre-activation)
+                // (recomputed from the kept QKV; a GELU MLP's activation by its first linear again,
+                // GEMM and epilogue, a SwiGLU's from the kept pre-activation)
     Full,       // only its output (the next layer's input): the layer runs forward again in backward
 };
 // "none" | "selective" | "full" (the config's values; validated there).

@@ -120,7 +120,12 @@ StageCost stage_cost(const Config& cfg, const ModelShape& s, const DeviceSpec& d
     int tp_collectives = 4;  // two all-reduces (or all-gather + reduce-scatter pairs) forward, two backward
     const Recompute rc = parse_recompute(cfg.train.recompute);
     if (rc == Recompute::Full) layer_flops += 2.0 * p_layer + 4.0 * C * T, tp_collectives += 2;
-    if (rc == Recompute::Selective) layer_flops += 4.0 * C * T;
+    if (rc == Recompute::Selective) {  // the attention core; a dense GELU MLP's first linear (Model::layer_backward)
+        int dense = 0;
+        for (int l = 0; l < s.n_layer; l++) dense += !s.moe.is_moe_layer(l);
+        const double gelu_fc = s.arch == Arch::Llama ? 0.0 : 2.0 * C * s.ffn() * dense / std::max(1, s.n_layer);
+        layer_flops += 4.0 * C * T + gelu_fc;
+    }
     const Link tpl = link_of(d, 1, tp);
     const double act = tokens * C * dt;  // one activation of the whole micro-batch
     // context parallelism's ring (llmc/parallel/context_parallel.h), not overlapped: per layer cp - 1 passes

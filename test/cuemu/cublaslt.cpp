@@ -1,15 +1,29 @@
 // cuemu's cuBLASLt: a column-major reference GEMM D = act(alpha * scaleA * scaleB * op(A) op(B)
 // + beta * C + bias) (fp64 accumulation, then the output type's rounding), behind the heuristic
-// and matmul calls of cuBLASLt. Before computing, both calls refuse what the cuBLASLt
-// documentation lists as unsupported, with the status cuBLASLt gives and a line on stderr
-// (CUEMU_LT_QUIET=1 silences it), so that a combination the GPU refuses fails here too:
+// and matmul calls of cuBLASLt. Epilogues as cuBLASLt documents them (cublasLt.h,
+// cublasLtEpilogue_t): BIAS, RELU(_BIAS), GELU(_BIAS) with the tanh-approximation GELU applied to
+// the fp32 value; GELU_AUX(_BIAS) also write that value before the GELU (bias added) to the aux
+// matrix (EPILOGUE_AUX_POINTER, leading dimension EPILOGUE_AUX_LD, the D type); BGRADB writes
+// bias[j] = sum over k of op(B)[k, j] (fp64 sum, then the bias type: D's) to BIAS_POINTER and
+// leaves D as without it (not scaled by alpha: the trainer passes alpha = 1). Before computing,
+// both calls refuse what the cuBLASLt documentation lists as unsupported, with the status cuBLASLt
+// gives and a line on stderr (CUEMU_LT_QUIET=1 silences it), so that a combination the GPU
+// refuses fails here too:
 //  - compute type 32F with scale type 32F only; layouts whose shapes disagree with op(A), op(B);
 //  - element types: all fp32, or bf16 A/B with bf16 or fp32 C/D; A/B scale pointers only with fp8;
 //  - fp8: the trainer's own table of the documented rules, fp8_gemm_supported (llmc/cuda/fp8_rules.h:
 //    TN layout, the A/B and C/D type table, bias types, 16-byte alignment, in place, AMAX_D), so the
 //    stand-in and the trainer cannot disagree;
+//  - an epilogue that takes a bias (or writes its gradient) without BIAS_POINTER; GELU_AUX(_BIAS)
+//    without EPILOGUE_AUX_POINTER, or with EPILOGUE_AUX_LD below the rows of D or not a multiple
+//    of 8, or an aux type other than D's; the aux and bias-gradient epilogues with fp8 (not
+//    modelled here);
+//  - with CUEMU_LT_REFUSE_EPILOGUES=1 (a test's knob), the aux and bias-gradient epilogues, as a
+//    GPU whose cuBLASLt offers no algorithm for them would: the trainer's kernels take over;
 //  - every pointer aligned to its element; an algorithm from the heuristic runs only on pointers
-//    at least as aligned as the preference's MIN_ALIGNMENT_*_BYTES it was chosen for.
+//    at least as aligned as the preference's MIN_ALIGNMENT_*_BYTES it was chosen for, and on bias
+//    and aux pointers at least as aligned as those the heuristic saw (it takes their alignment
+//    from the descriptor's pointers).
 // Not modelled: which shapes a real GPU's algorithms cover (cuBLASLt's internals), tensor-core
 // rounding, split-K order, fp16.
 #include <algorithm>
@@ -39,6 +53,10 @@ struct cuemuLtMatmulDesc {
     const float *a_scale = nullptr, *b_scale = nullptr, *c_scale = nullptr, *d_scale = nullptr;
     float* amax_d = nullptr;
     int8_t fast_accum = 0;  // accepted; the reference GEMM accumulates in fp32 either way
+    void* aux = nullptr;
+    int64_t aux_ld = 0;
+    cudaDataType_t aux_type = CUDA_R_32F;
+    bool aux_type_set = false;
 };
 struct cuemuLtLayout {
     cudaDataType_t type;
@@ -81,6 +99,17 @@ cublasStatus_t refuse(cublasStatus_t st, const std::string& why) {
 std::string dims(const cuemuLtLayout* l) {
     return std::to_string(l->rows) + "x" + std::to_string(l->cols) + " ld " + std::to_string(l->ld);
 }
+
+// what an epilogue reads or writes
+bool adds_bias(cublasLtEpilogue_t e) {
+    return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_RELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_BIAS ||
+           e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+bool applies_gelu(cublasLtEpilogue_t e) {
+    return e == CUBLASLT_EPILOGUE_GELU || e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX ||
+           e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+bool writes_aux(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
 
 // A call as llmc/cuda/fp8_rules.h judges it (the emulated device is sm_90).
 LtFp8Call fp8_call(const cuemuLtMatmulDesc* op, const cuemuLtLayout* a, const cuemuLtLayout* b, const cuemuLtLayout* c,
@@ -138,9 +167,24 @@ cublasStatus_t check_problem(const cuemuLtMatmulDesc* op, const cuemuLtLayout* a
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, std::string("bias type ") + type_name(op->bias_type) + " with D " +
                                                            type_name(td));
     }
-    const bool wants_bias = op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS ||
-                            op->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
-    if (wants_bias && !op->bias) return refuse(CUBLAS_STATUS_INVALID_VALUE, "bias epilogue without a bias pointer");
+    const cublasLtEpilogue_t e = op->epilogue;
+    if ((adds_bias(e) || e == CUBLASLT_EPILOGUE_BGRADB) && !op->bias)
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "bias or bias-gradient epilogue without a bias pointer");
+    if ((writes_aux(e) || e == CUBLASLT_EPILOGUE_BGRADB) && (is_fp8(ta) || is_fp8(tb)))
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "aux or bias-gradient epilogue with fp8 (not emulated): " + combo);
+    const char* knob = std::getenv("CUEMU_LT_REFUSE_EPILOGUES");
+    if ((writes_aux(e) || e == CUBLASLT_EPILOGUE_BGRADB) && knob && std::string(knob) == "1")
+        return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "aux or bias-gradient epilogue (CUEMU_LT_REFUSE_EPILOGUES=1)");
+    if (writes_aux(e)) {
+        if (!op->aux) return refuse(CUBLAS_STATUS_INVALID_VALUE, "GELU aux epilogue without EPILOGUE_AUX_POINTER");
+        if (op->aux_ld < (int64_t)m || op->aux_ld % 8 != 0)
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, "EPILOGUE_AUX_LD " + std::to_string(op->aux_ld) +
+                                                           ": must be a multiple of 8 and at least the " +
+                                                           std::to_string(m) + " rows of D");
+        if (op->aux_type_set && op->aux_type != td)
+            return refuse(CUBLAS_STATUS_INVALID_VALUE, std::string("aux type ") + type_name(op->aux_type) +
+                                                           " with D " + type_name(td));
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -198,7 +242,10 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
                 case CUBLASLT_EPILOGUE_BIAS:
                 case CUBLASLT_EPILOGUE_RELU_BIAS:
                 case CUBLASLT_EPILOGUE_GELU:
-                case CUBLASLT_EPILOGUE_GELU_BIAS: return st;
+                case CUBLASLT_EPILOGUE_GELU_BIAS:
+                case CUBLASLT_EPILOGUE_GELU_AUX:
+                case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+                case CUBLASLT_EPILOGUE_BGRADB: return st;
             }
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "epilogue not emulated");
         }
@@ -210,6 +257,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
         case CUBLASLT_MATMUL_DESC_D_SCALE_POINTER: return get(d->d_scale);
         case CUBLASLT_MATMUL_DESC_AMAX_D_POINTER: return get(d->amax_d);
         case CUBLASLT_MATMUL_DESC_FAST_ACCUM: return get(d->fast_accum);
+        case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: return get(d->aux);
+        case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: return get(d->aux_ld);
+        case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: d->aux_type_set = true; return get(d->aux_type);
     }
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "unknown descriptor attribute");
 }
@@ -246,7 +296,9 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     return refuse(CUBLAS_STATUS_INVALID_VALUE, "unknown preference attribute");
 }
 
-// The algorithm remembers the alignments it was chosen for (cuBLASLt's kernels assume them).
+// The algorithm remembers the alignments it was chosen for (cuBLASLt's kernels assume them):
+// data[0..3] A, B, C, D from the preference, data[4] the bias's, data[5] the aux's (from the
+// descriptor's pointers).
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a,
                                               cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
                                               cublasLtMatrixLayout_t d, cublasLtMatmulPreference_t pref, int requested,
@@ -257,6 +309,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     std::memset(&results[0], 0, sizeof(results[0]));
     for (int i = 0; i < 4; i++) results[0].algo.data[i] = pref ? pref->align[i] : 256;
+    results[0].algo.data[4] = op->bias ? align_of(op->bias) : 1;
+    results[0].algo.data[5] = op->aux ? align_of(op->aux) : 1;
     results[0].algo.data[7] = 0xC0E3u;  // marks an algorithm of this emulator
     results[0].state = CUBLAS_STATUS_SUCCESS;
     results[0].wavesCount = 1.0f;
@@ -292,6 +346,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
     }
     if (op->bias && align_of(op->bias) < elem_size(op->bias_type_set ? op->bias_type : d->type))
         return refuse(CUBLAS_STATUS_INVALID_VALUE, "bias not aligned to its element");
+    if (writes_aux(op->epilogue) && align_of(op->aux) < elem_size(d->type))
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "aux not aligned to its element");
+    if (algo && op->bias && align_of(op->bias) < algo->data[4])
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "the bias is " + std::to_string(align_of(op->bias)) +
+                                                       "-byte aligned, the algorithm was chosen for " +
+                                                       std::to_string(algo->data[4]));
+    if (algo && writes_aux(op->epilogue) && align_of(op->aux) < algo->data[5])
+        return refuse(CUBLAS_STATUS_INVALID_VALUE, "the aux is " + std::to_string(align_of(op->aux)) +
+                                                       "-byte aligned, the algorithm was chosen for " +
+                                                       std::to_string(algo->data[5]));
     const float alpha = *(const float*)alpha_p, beta = *(const float*)beta_p;
     const double ab = (double)alpha * (op->a_scale ? *op->a_scale : 1.0f) * (op->b_scale ? *op->b_scale : 1.0f);
     const long long m = (long long)d->rows, n = (long long)d->cols;
@@ -299,8 +363,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
     const bool ta = op->ta == CUBLAS_OP_T, tb = op->tb == CUBLAS_OP_T;
     const cudaDataType_t bias_t = op->bias_type_set ? op->bias_type : d->type;
     const float dscale = op->d_scale ? *op->d_scale : 1.0f;
-    const bool with_bias = op->epilogue == CUBLASLT_EPILOGUE_BIAS || op->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS ||
-                           op->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
+    const bool with_bias = adds_bias(op->epilogue), aux = writes_aux(op->epilogue);
     // op(A) as m rows of k, op(B) as n rows of k, decoded once
     std::vector<double> ra((size_t)m * k), rb((size_t)n * k);
 #pragma omp parallel for schedule(static)
@@ -321,16 +384,18 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
             float v = (float)(ab * s);
             if (beta != 0.0f) v += beta * (float)load(C, c->type, (size_t)(i + j * c->ld));
             if (with_bias) v += (float)load(op->bias, bias_t, (size_t)i);
-            switch (op->epilogue) {
-                case CUBLASLT_EPILOGUE_RELU:
-                case CUBLASLT_EPILOGUE_RELU_BIAS: v = v > 0.0f ? v : 0.0f; break;
-                case CUBLASLT_EPILOGUE_GELU:
-                case CUBLASLT_EPILOGUE_GELU_BIAS:
-                    v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-                    break;
-                default: break;
-            }
+            if (aux) store(op->aux, d->type, (size_t)(i + j * op->aux_ld), v);
+            if (applies_gelu(op->epilogue))
+                v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+            else if (op->epilogue == CUBLASLT_EPILOGUE_RELU || op->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS)
+                v = v > 0.0f ? v : 0.0f;
             store(D, d->type, (size_t)(i + j * d->ld), is_fp8(d->type) ? v * dscale : v);
+        }
+    if (op->epilogue == CUBLASLT_EPILOGUE_BGRADB)  // the bias gradient: op(B)'s column sums over k
+        for (long long j = 0; j < n; j++) {
+            double s = 0.0;
+            for (long long p = 0; p < k; p++) s += rb[j * k + p];
+            store(const_cast<void*>(op->bias), bias_t, (size_t)j, (float)s);
         }
     return CUBLAS_STATUS_SUCCESS;
 }

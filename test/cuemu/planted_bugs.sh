@@ -31,6 +31,9 @@ mutate pack_alignment_ignored llmc/cuda/common.cuh residual \
     'if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;' ''
 mutate lse_warps_before_barrier llmc/cuda/classifier.cuh cross_entropy \
     $'__syncthreads();\n    const bool has' 'const bool has'
+mutate bias_grad_no_barrier llmc/cuda/matmul.cuh matmul \
+    $'sums[threadIdx.y][threadIdx.x * V + j] = acc[j];\n    __syncthreads();' \
+    'sums[threadIdx.y][threadIdx.x * V + j] = acc[j];'
 mutate fp8_layout_NN llmc/cuda/fp8.cuh fp8 \
     'CUBLASLT_MATMUL_DESC_TRANSA, &opT' 'CUBLASLT_MATMUL_DESC_TRANSA, &opN'
 mutate flash_buffer_race llmc/cuda/flash_attention.cuh attention \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make test-emu: the CUDA source on the CPU emulator (test/cuemu/cuemu.h).
-#  1. the emulator's own tests (build/cuemu_selftest): the good kernels and the cuBLASLt rules
+#  1. the emulator's own tests (build/cuemu_selftest): the good kernels and the cuBLASLt rules and epilogues
 #     pass in three schedules, each broken kernel is caught with its message;
 #  2. test_gpu's op cases on CudaOps compiled for the emulator (build/test_gpu_emu), in the
 #     schedules forward-lockstep and reverse-warp: every case passes and the two runs' digests of
@@ -16,7 +16,7 @@ problems=()
 
 echo "== emulator self-tests"
 for s in forward-lockstep reverse-warp random7-lockstep; do
-    for c in reduce ballot dynamic_smem lt_rules; do
+    for c in reduce ballot dynamic_smem lt_rules lt_epilogues; do
         if out=$(CUEMU_SCHEDULE=$s $B/cuemu_selftest $c 2>&1); then :; else
             problems+=("selftest $c ($s)"); echo "FAIL selftest $c ($s): $out" | head -n 5
         fi

@@ -14,6 +14,11 @@
 //   lt_rules          the cuBLASLt stand-in: a transposed GEMM with leading dimensions, bias and
 //                     scale pointers against a host loop; refused: fp8 not TN, E5M2 x E5M2, fp8
 //                     with a misaligned pointer, fp8 with an fp32 C and bf16 D, bf16 x fp32 (good)
+//   lt_epilogues      the stand-in's GELU_AUX_BIAS (aux = bias-added value, D = its tanh GELU) and
+//                     BGRADB (op(B)'s column sums) against host loops; refused: an aux leading
+//                     dimension not a multiple of 8 or below the rows, no aux pointer, BGRADB
+//                     without a bias pointer, an aux less aligned than at the heuristic (good)
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -275,7 +280,102 @@ int main(int argc, char** argv) {
         std::printf("PASS lt_rules\n");
         return 0;
     }
+    if (c == "lt_epilogues") {
+        // fp32, column-major: D[m, n] = A[m, k] B[k, n] (NN), then the epilogue
+        const int m = 16, n = 12, k = 20, ldaux = 24;
+        std::vector<float> ha((size_t)m * k), hb((size_t)k * n), hbias(m);
+        for (size_t i = 0; i < ha.size(); i++) ha[i] = 0.25f * (float)((int)(i % 9) - 4);
+        for (size_t i = 0; i < hb.size(); i++) hb[i] = 0.125f * (float)((int)(i % 7) - 3);
+        for (int i = 0; i < m; i++) hbias[i] = 0.5f - 0.0625f * i;
+        float *A, *Bm, *D, *bias, *aux, *bgrad;
+        CHECK(cudaMalloc(&A, ha.size() * 4));
+        CHECK(cudaMalloc(&Bm, hb.size() * 4));
+        CHECK(cudaMalloc(&D, (size_t)m * n * 4));
+        CHECK(cudaMalloc(&bias, m * 4));
+        CHECK(cudaMalloc(&aux, (size_t)ldaux * n * 4 + 16));
+        CHECK(cudaMalloc(&bgrad, n * 4));
+        CHECK(cudaMemcpy(A, ha.data(), ha.size() * 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(Bm, hb.data(), hb.size() * 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(bias, hbias.data(), m * 4, cudaMemcpyHostToDevice));
+        cublasLtHandle_t h;
+        cublasLtCreate(&h);
+        // status of one GEMM with epilogue e (bias pointer bp, aux pointer ap with leading dimension
+        // al); heuristic: choose the algorithm for aux pointer heur_ap first (nullptr: none)
+        auto run = [&](cublasLtEpilogue_t e, const void* bp, void* ap, int64_t al, void* heur_ap) {
+            cublasLtMatmulDesc_t op;
+            cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e));
+            if (bp) cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp));
+            if (ap || heur_ap) {
+                void* first = heur_ap ? heur_ap : ap;
+                cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &first, sizeof(first));
+            }
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &al, sizeof(al));
+            cublasLtMatrixLayout_t la, lb, ld;
+            cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, m, k, m);
+            cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, k, n, k);
+            cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m);
+            cublasLtMatmulHeuristicResult_t res{};
+            int nres = 0;
+            cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, nullptr, 1, &res, &nres);
+            if (st == CUBLAS_STATUS_SUCCESS) {
+                if (heur_ap)
+                    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ap, sizeof(ap));
+                const float alpha = 1.0f, beta = 0.0f;
+                st = cublasLtMatmul(h, op, &alpha, A, la, Bm, lb, &beta, D, ld, D, ld, &res.algo, nullptr, 0, nullptr);
+            }
+            cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld),
+                cublasLtMatmulDescDestroy(op);
+            return st;
+        };
+        auto dot = [&](int i, int j) {
+            double s = 0;
+            for (int p = 0; p < k; p++) s += (double)ha[i + p * m] * hb[p + j * k];
+            return (float)s;
+        };
+        auto at = [](int i, int j) { return std::to_string(i) + "," + std::to_string(j); };
+        if (run(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, aux, ldaux, nullptr) != CUBLAS_STATUS_SUCCESS)
+            return fail("GELU_AUX_BIAS refused");
+        std::vector<float> gd((size_t)m * n), gaux((size_t)ldaux * n);
+        CHECK(cudaMemcpy(gd.data(), D, gd.size() * 4, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(gaux.data(), aux, gaux.size() * 4, cudaMemcpyDeviceToHost));
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                const float v = dot(i, j) + hbias[i];
+                const float g = 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
+                if (gaux[i + j * ldaux] != v) return fail("GELU_AUX_BIAS aux element " + at(i, j));
+                if (std::fabs(gd[i + j * m] - g) > 1e-6f * (1.0f + std::fabs(g)))
+                    return fail("GELU_AUX_BIAS D element " + at(i, j));
+            }
+        if (run(CUBLASLT_EPILOGUE_BGRADB, bgrad, nullptr, 0, nullptr) != CUBLAS_STATUS_SUCCESS)
+            return fail("BGRADB refused");
+        std::vector<float> gb(n);
+        CHECK(cudaMemcpy(gd.data(), D, gd.size() * 4, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(gb.data(), bgrad, n * 4, cudaMemcpyDeviceToHost));
+        for (int j = 0; j < n; j++) {
+            double s = 0;
+            for (int p = 0; p < k; p++) s += hb[p + j * k];
+            if (gb[j] != (float)s) return fail("BGRADB element " + std::to_string(j));
+            for (int i = 0; i < m; i++)
+                if (gd[i + j * m] != dot(i, j)) return fail("BGRADB changed D at " + at(i, j));
+        }
+        struct Refused {
+            const char* what;
+            cublasStatus_t st;
+        } refused[] = {
+            {"aux ld 20 (not a multiple of 8)", run(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, aux, 20, nullptr)},
+            {"aux ld 8 (below the 16 rows)", run(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, aux, 8, nullptr)},
+            {"GELU_AUX without an aux pointer", run(CUBLASLT_EPILOGUE_GELU_AUX, nullptr, nullptr, ldaux, nullptr)},
+            {"BGRADB without a bias pointer", run(CUBLASLT_EPILOGUE_BGRADB, nullptr, nullptr, 0, nullptr)},
+            {"aux 4-byte aligned, chosen for 16", run(CUBLASLT_EPILOGUE_GELU_AUX, nullptr, aux + 1, ldaux, aux)},
+        };
+        for (const Refused& r : refused)
+            if (r.st == CUBLAS_STATUS_SUCCESS) return fail(std::string("cuBLASLt stand-in accepted ") + r.what);
+        cublasLtDestroy(h);
+        std::printf("PASS lt_epilogues\n");
+        return 0;
+    }
     std::fprintf(stderr, "usage: cuemu_selftest reduce|ballot|dynamic_smem|missing_barrier|divergent_shuffle|"
-                         "barrier_in_branch|smem_short|off_by_one|no_optin|bad_pointer|lt_rules\n");
+                         "barrier_in_branch|smem_short|off_by_one|no_optin|bad_pointer|lt_rules|lt_epilogues\n");
     return 2;
 }

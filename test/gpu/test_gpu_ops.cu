@@ -420,9 +420,11 @@ void test_residual(H& h, size_t n, int off) {
 // (exercises the unaligned-bias path)
 // op_offset > 0: every operand starts op_offset elements into its allocation (misaligned for
 // vector loads and cuBLASLt's 16-byte alignment), as tensors inside a flat buffer may.
-void test_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, int bias_offset = 0, int op_offset = 0) {
-    const std::string sh = strfmt("[%s N=%d IC=%d OC=%d bias=%d gelu=%d bias_off=%d op_off=%d]", dtype_name(h.dt), N,
-                                  IC, OC, (int)has_bias, (int)gelu, bias_offset, op_offset);
+// way: appended to the shape's text (the cases run twice under the emulator, see main).
+void test_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, int bias_offset = 0, int op_offset = 0,
+                 const char* way = "") {
+    const std::string sh = strfmt("[%s N=%d IC=%d OC=%d bias=%d gelu=%d bias_off=%d op_off=%d%s]", dtype_name(h.dt),
+                                  N, IC, OC, (int)has_bias, (int)gelu, bias_offset, op_offset, way);
     const size_t no = (size_t)N * OC, ni = (size_t)N * IC, nw = (size_t)OC * IC;
     auto make = [&](size_t n) {
         Pair p = h.make(n + op_offset);
@@ -1540,6 +1542,47 @@ void test_model_step(Ops& cpu, Ops& gpu, const ModelShape& s, const char* name) 
     H::compare_vec("model_step.grads", sh, grads[1], grads[0], 1e-4);
 }
 
+// Activation recomputation on the CUDA backend: a bf16 GPT-2 step (forward and backward) with
+// train.recompute selective and full gives bitwise the loss and gradients of none. The MLP's GELU
+// runs in the fc GEMM's epilogue (GELU_AUX_BIAS, on the unrounded pre-activation), so selective
+// must run that GEMM again: a GELU of the kept bf16 pre-activation differs in the last bits.
+void test_model_recompute(Ops& gpu) {
+    ModelShape s{2, 2, 32, 100, 128, 16};
+    const int B = 2, T = 16;
+    const std::string sh = strfmt("[bf16 gpt2 L=%d C=%d]", s.n_layer, s.d_model);
+    const ParamLayout layout = param_layout(s, ModelLayout(), 1);
+    Rng rng(5);
+    std::vector<float> w;
+    std::vector<int32_t> x(B * T), y(B * T);
+    for (int i = 0; i < B * T; i++) x[i] = rng.below(s.vocab_size), y[i] = rng.below(s.vocab_size);
+    float loss[3];
+    std::vector<uint8_t> grads[3];
+    const Recompute modes[3] = {Recompute::None, Recompute::Selective, Recompute::Full};
+    for (int k = 0; k < 3; k++) {
+        WholeStore store(gpu, layout, DType::BF16);
+        Model m(s, gpu, DType::BF16, B, T, store, ModelLayout(), nullptr, {}, modes[k]);
+        if (w.empty()) {
+            w.resize(m.params.num_params);
+            for (float& v : w) v = 0.05f * rng.normal();
+        }
+        m.set_params_whole(w.data());
+        m.zero_grads();
+        loss[k] = m.forward(x.data(), y.data(), B, T, 1.0f / (B * T));
+        m.backward();
+        gpu.synchronize();
+        grads[k].resize(store.grads.bytes());
+        gpu.to_host_bytes(grads[k].data(), store.grads.ptr, grads[k].size());
+    }
+    for (int k = 1; k < 3; k++) {
+        size_t diff = 0;
+        for (size_t i = 0; i < grads[0].size(); i++) diff += grads[k][i] != grads[0][i];
+        const char* name = k == 1 ? "model_step.recompute_selective" : "model_step.recompute_full";
+        report(loss[k] == loss[0] && diff == 0, name, sh,
+               strfmt("loss %.9g vs none %.9g, %zu of %zu gradient bytes differ", loss[k], loss[0], diff,
+                          grads[0].size()));
+    }
+}
+
 void guarded(const std::string& what, const std::function<void()>& f) {
     try {
         f();
@@ -1601,6 +1644,25 @@ int main(int argc, char** argv) {
             test_matmul(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3] != 0, c.dims[4] != 0, c.dims[5],
                         c.dims.size() > 6 ? c.dims[6] : 0);
         });
+#ifdef LLMC_CUEMU
+        // The cases again on a backend whose (emulated) cuBLASLt refuses the GELU-aux and
+        // bias-gradient epilogues, as a GPU with no algorithm for them would: CudaOps's kernels
+        // in their place (a fresh backend: the algorithm choices are its own), against the CPU.
+        if (want("matmul") && !on_cpu) {
+            setenv("CUEMU_LT_REFUSE_EPILOGUES", "1", 1);
+            std::unique_ptr<Ops> plain = make_cuda_ops(0);
+            {
+                H hp(*cpu, *plain, dt, dt == DType::F32 ? 3 : 4);
+                int i = 0;
+                for (const C& c : op_cases::of("matmul", op_cases::Gpu))
+                    guarded(strfmt("matmul (kernels for the epilogues) case %d", i++), [&] {
+                        test_matmul(hp, c.dims[0], c.dims[1], c.dims[2], c.dims[3] != 0, c.dims[4] != 0, c.dims[5],
+                                    c.dims.size() > 6 ? c.dims[6] : 0, " kernels");
+                    });
+            }
+            unsetenv("CUEMU_LT_REFUSE_EPILOGUES");
+        }
+#endif
         // "attention" runs the multi-head cases, "attention_gqa" the grouped-query ones
         run("attention", "attention", [&](const C& c) {
             if (c.dims[2] == c.dims[3]) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
@@ -1641,6 +1703,7 @@ int main(int argc, char** argv) {
                 ModelShape llama{2, 4, 64, 100, 128, 16};
                 llama.arch = Arch::Llama, llama.n_kv_head = 2, llama.ffn_dim = 96, llama.tie_embeddings = false;
                 test_model_step(*cpu, *gpu, llama, "llama");
+                if (!on_cpu) test_model_recompute(*gpu);  // (a bf16 model: the CPU backend has fp32 only)
             });
         if (want("fp8")) {
             std::string why;
