@@ -435,8 +435,8 @@ public:
             if (lt_.run(with_bgrad, stream_)) {
                 dispatch(dout.dtype, [&](auto tag) {
                     using T_ = decltype(tag);
-                    LLMC_LAUNCH(residual_forward_kernel<T_>, blocks_for(OC, 256), 256, 0, stream_, P<T_>(dbias),
-                                P<T_>(dbias), static_cast<const T_*>(with_bgrad.bgrad), (long long)OC);
+                    launch_residual_forward<T_>(stream_, P<T_>(dbias), P<T_>(dbias),
+                                                static_cast<const T_*>(with_bgrad.bgrad), (long long)OC);
                 });
                 CUDA_CHECK_LAUNCH();
                 return;
