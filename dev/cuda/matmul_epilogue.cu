@@ -19,6 +19,25 @@ __global__ void add_into(bf16* y, const bf16* x, int n) {
     if (i < n) y[i] = from_f32<bf16>(to_f32(y[i]) + to_f32(x[i]));
 }
 
+// version 1 (the backend's until issue 29, kept here): dbias[c] += sum_n dout[n, c] in one pass,
+// block = 32 x 32 threads over 32 columns, thread (x, y) sums rows y, y+32, ... of column x in
+// order, the 32 sums of a column added in y order.
+template <class T>
+__global__ void bias_backward_kernel(T* dbias, const T* dout, int N, int OC) {
+    __shared__ float s[32][33];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    float acc = 0.0f;
+    if (c < OC)
+        for (int n = threadIdx.y; n < N; n += 32) acc += to_f32(dout[(long long)n * OC + c]);
+    s[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < OC) {
+        float t = 0.0f;
+        for (int y = 0; y < 32; y++) t += s[y][threadIdx.x];
+        dbias[c] = from_f32<T>(to_f32(dbias[c]) + t);
+    }
+}
+
 template <class T>
 __global__ void gelu_forward_v1(T* out, const T* inp, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;

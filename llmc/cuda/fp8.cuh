@@ -284,7 +284,7 @@ public:
             const long long n = (long long)N * OC;
             with_type(out.dtype, [&](auto tag) {
                 using T = decltype(tag);
-                LLMC_LAUNCH(gelu_forward_kernel<T>, (int)((n + 255) / 256), 256, 0, stream, (T*)out.ptr,
+                LLMC_LAUNCH(gelu_forward_kernel<T>, elementwise_blocks(n, sizeof(T)), 256, 0, stream, (T*)out.ptr,
                             (const T*)pre_gelu.ptr, n);
                 CUDA_CHECK_LAUNCH();
             });
@@ -301,14 +301,13 @@ public:
         with_type(dout.dtype, [&](auto tag) {
             using T = decltype(tag);
             if (pre_gelu.ptr) {
-                LLMC_LAUNCH(gelu_backward_inplace_kernel<T>, (int)((n + 255) / 256), 256, 0, stream, (T*)dout.ptr,
-                            (const T*)pre_gelu.ptr, n);
+                LLMC_LAUNCH(gelu_backward_inplace_kernel<T>, elementwise_blocks(n, sizeof(T)), 256, 0, stream,
+                            (T*)dout.ptr, (const T*)pre_gelu.ptr, n);
                 CUDA_CHECK_LAUNCH();
             }
             if (dbias.ptr) {
-                LLMC_LAUNCH(bias_backward_kernel<T>, ceil_div(OC, 32), dim3(32, 32), 0, stream, (T*)dbias.ptr,
-                            (const T*)dout.ptr, N, OC);
-                CUDA_CHECK_LAUNCH();
+                float* part = (float*)buf(5, bias_grad_partial_floats(N, OC) * sizeof(float), stream);
+                launch_bias_grad((T*)dbias.ptr, (const T*)dout.ptr, N, OC, part, stream);
             }
         });
         auto* qiT = (__nv_fp8_storage_t*)buf(0, (size_t)N * IC, stream);
@@ -428,11 +427,12 @@ private:
     }
 
     // grow-only scratch, one per slot: 0 inp casts, 1 weight casts, 2/3 dout casts, 4 the fp32
-    // result of a GEMM that cuBLASLt would not write in place (grown only on that path)
+    // result of a GEMM that cuBLASLt would not write in place (grown only on that path), 5 the
+    // bias gradient's partial sums (launch_bias_grad)
     void* buf(int slot, size_t bytes, cudaStream_t stream) { return buf_[slot].get(bytes, stream); }
 
     Fp8Gemm gemm_;
-    GrowBuffer buf_[5];
+    GrowBuffer buf_[6];
     void* small_ = nullptr;
     int queried_device_ = -1;
     int sm_ = 0;

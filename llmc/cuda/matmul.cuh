@@ -23,42 +23,9 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-// ---- 16-byte accesses ----
-// 16 bytes of T (8 bf16 or 4 fp32), read or written as one 128-bit access. The address must be
-// 16-byte aligned: a device faults otherwise, and the emulator aborts with the address.
-template <class T>
-struct alignas(16) Pack16 {
-    static constexpr int N = 16 / (int)sizeof(T);
-    T v[N];
-};
+// 16-byte accesses: common.cuh's Pack / load_pack / store_pack (the emulator aborts on a
+// misaligned pack, as a device faults)
 __host__ __device__ __forceinline__ bool aligned16(const void* p) { return (uintptr_t)p % 16 == 0; }
-#ifdef LLMC_CUEMU
-inline void check_aligned16(const void* p) {
-    if (aligned16(p)) return;
-    std::fprintf(stderr, "cuemu: 16-byte access at %p, not 16-byte aligned (a device faults)\n", p);
-    std::abort();
-}
-template <class T> inline Pack16<T> load16(const T* p) {
-    check_aligned16(p);
-    return *reinterpret_cast<const Pack16<T>*>(p);
-}
-template <class T> inline void store16(T* p, const Pack16<T>& x) {
-    check_aligned16(p);
-    *reinterpret_cast<Pack16<T>*>(p) = x;
-}
-#else
-template <class T> __device__ __forceinline__ Pack16<T> load16(const T* p) {
-    const int4 raw = *reinterpret_cast<const int4*>(p);
-    Pack16<T> x;
-    memcpy(&x, &raw, 16);
-    return x;
-}
-template <class T> __device__ __forceinline__ void store16(T* p, const Pack16<T>& x) {
-    int4 raw;
-    memcpy(&raw, &x, 16);
-    *reinterpret_cast<int4*>(p) = raw;
-}
-#endif
 
 // y[i] = f(y[i], x[i]) (ReadY) or f(x[i]) for i < n, grid-stride: 16 bytes at a time when both
 // pointers are 16-byte aligned, element by element otherwise and for the tail. Each element is
@@ -71,18 +38,18 @@ __device__ __forceinline__ T apply_elementwise(F f, T y, T x) {
 }
 template <bool ReadY, class T, class F>
 __device__ __forceinline__ void map_elementwise(T* y, const T* x, long long n, F f) {
-    constexpr int V = Pack16<T>::N;
+    constexpr int V = pack_max<T>;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
     long long done = 0;
     if (aligned16(y) && aligned16(x)) {
         const long long packs = n / V;
         for (long long p = first; p < packs; p += stride) {
-            const Pack16<T> a = load16(x + p * V);
-            Pack16<T> b = a;  // (overwritten, or read from y)
-            if constexpr (ReadY) b = load16(y + p * V);
+            const Pack<T, V> a = load_pack<V>(x + p * V);
+            Pack<T, V> b = a;  // (overwritten, or read from y)
+            if constexpr (ReadY) b = load_pack<V>(y + p * V);
             for (int j = 0; j < V; j++) b.v[j] = apply_elementwise<ReadY>(f, b.v[j], a.v[j]);
-            store16(y + p * V, b);
+            store_pack<V>(y + p * V, b);
         }
         done = packs * V;
     }
@@ -125,7 +92,7 @@ __global__ void bias_grad_partial_kernel(float* partial, T* dbias, const T* dout
         for (int r = blockIdx.y * kBiasRows + threadIdx.y; r < r1; r += 8) {
             const T* row = dout + (long long)r * OC + c0;
             if constexpr (V > 1) {
-                const Pack16<T> x = load16(row);
+                const Pack<T, V> x = load_pack<V>(row);
                 for (int j = 0; j < V; j++) acc[j] += to_f32(x.v[j]);
             } else {
                 acc[0] += to_f32(row[0]);
@@ -157,7 +124,7 @@ inline size_t bias_grad_partial_floats(int N, int OC) {
 }
 template <class T>
 void launch_bias_grad(T* dbias, const T* dout, int N, int OC, float* partial, cudaStream_t stream) {
-    constexpr int V = Pack16<T>::N;
+    constexpr int V = pack_max<T>;
     const int chunks = ceil_div(N, kBiasRows);
     LLMC_ASSERT(chunks <= 65535, "bias gradient: more rows than the grid's y dimension covers");
     float* part = chunks > 1 ? partial : nullptr;
@@ -173,25 +140,6 @@ void launch_bias_grad(T* dbias, const T* dout, int N, int OC, float* partial, cu
         LLMC_LAUNCH(bias_grad_finish_kernel<T>, ceil_div(OC, 256), 256, 0, stream, dbias, (const float*)part, chunks,
                     OC);
         CUDA_CHECK_LAUNCH();
-    }
-}
-
-// dbias[c] += sum_n dout[n, c] in one pass: block = 32 x 32 threads over 32 columns, thread (x, y)
-// sums rows y, y+32, ... of column x in order, the 32 sums of a column added in y order. The fp8
-// backward's (fp8.cuh launches it: ceil(OC / 32) blocks of 32 x 32); CudaOps uses launch_bias_grad.
-template <class T>
-__global__ void bias_backward_kernel(T* dbias, const T* dout, int N, int OC) {
-    __shared__ float s[32][33];
-    const int c = blockIdx.x * 32 + threadIdx.x;
-    float acc = 0.0f;
-    if (c < OC)
-        for (int n = threadIdx.y; n < N; n += 32) acc += to_f32(dout[(long long)n * OC + c]);
-    s[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < OC) {
-        float t = 0.0f;
-        for (int y = 0; y < 32; y++) t += s[y][threadIdx.x];
-        dbias[c] = from_f32<T>(to_f32(dbias[c]) + t);
     }
 }
 
