@@ -10,7 +10,8 @@
 # `--profile CONFIG [key=value...]`: the kernel table of any run (two steps under ncu).
 # `--kernels`: dev/cuda's kernel versions side by side: attention (forward v3/v4/v5, backward
 # v2/v3) at GPT-2 124M's shape and FlashAttention's benchmark shapes beside PyTorch's SDPA (issue
-# 30's peer), the fused cross entropy (v3/v5) and LayerNorm (v3/v5) at GPT-2 124M B=32's shapes.
+# 30's peer), the fused cross entropy (v3/v5) and LayerNorm (v3/v5) at GPT-2 124M B=32's shapes,
+# the bias gradient, GELU and cuBLASLt epilogues around the matmuls (matmul_epilogue v1-v6).
 # `--dry-run`: every step printed with its time limit, nothing run, nothing written.
 
 # test_gpu's filters, in the order they run (test/e2e/test_gpu_check_list.sh checks this list
@@ -254,7 +255,7 @@ ATTN_SHAPES=${ATTN_SHAPES:-"8 1024 12 64 8 1024 32 64 8 1024 16 128"}
 # kernel_row NAME LOG RC: a PASS row with the log's timing lines, or a FAIL row
 kernel_row() {
     local res
-    res=$(grep -E 'time [0-9.]+ ms' "$2" | sed 's/^[[:space:]]*//' | tr '\n' ';' | sed 's/;$//')
+    res=$(grep -E '[0-9.]+ ms' "$2" | sed 's/^[[:space:]]*//' | tr '\n' ';' | sed 's/;$//')
     if [ "$3" -eq 0 ] && [ -n "$res" ]; then
         row "$1" "PASS" "" "" "" "$res"
     else
@@ -266,7 +267,8 @@ stage_kernels() {
     local b t nh hs v kind ver log rc
     # the memory-bound kernels of issue 29 first (the old version, then the new, at 124M B=32)
     for v in "classifier 3 32768 50257 50304" "classifier 5 32768 50257 50304" "layernorm 3 32768 768" \
-             "layernorm 5 32768 768"; do
+             "layernorm 5 32768 768" "matmul_epilogue 1" "matmul_epilogue 2" "matmul_epilogue 3" \
+             "matmul_epilogue 4" "matmul_epilogue 5" "matmul_epilogue 6"; do
         log="$WORK/kernel_$(echo "$v" | tr ' ' '_').log"
         # shellcheck disable=SC2086
         step "$v" 60 dev/cuda/$v >"$log" 2>&1
