@@ -1335,6 +1335,31 @@ void test_offload(Ops& gpu, DType dt) {
         gpu.release(dev);
         gpu.release_host(pin);
     }
+    {  // order_after_copy (activation offload): the compute stream waits for a copy, the host does not.
+        // 64 MiB, so that the copy outlasts the queued op that would race it without the wait.
+        const size_t n = size_t(1) << 24;
+        float* pin = static_cast<float*>(gpu.alloc_host(n * 4));
+        void* dev = gpu.alloc(n * 4);
+        void* dev2 = gpu.alloc(n * 4);
+        for (size_t i = 0; i < n; i++) pin[i] = float(i % 1000) + 1.0f;
+        const uint64_t up = gpu.copy_from_host_async(dev, pin, n * 4);
+        gpu.order_after_copy(up);
+        gpu.copy(Tensor(dev2, n, DType::F32), Tensor(dev, n, DType::F32));  // reads what the copy wrote
+        const uint64_t down = gpu.copy_to_host_async(pin, dev2, n * 4);
+        gpu.order_after_copy(down);
+        gpu.zero(Tensor(dev2, n, DType::F32));  // overwrites what the copy reads
+        gpu.wait_copy(down);
+        gpu.synchronize();
+        size_t wrong = 0;
+        for (size_t i = 0; i < n; i++) wrong += pin[i] != float(i % 1000) + 1.0f;
+        std::vector<float> back(16);
+        gpu.to_host_f32(back.data(), Tensor(dev2, 16, DType::F32));
+        report(wrong == 0 && back[0] == 0.0f, "offload.order_after_copy", sh,
+               strfmt("%zu of %zu wrong after the round trip", wrong, n));
+        gpu.release(dev2);
+        gpu.release(dev);
+        gpu.release_host(pin);
+    }
     const ModelShape s{2, 2, 32, 200, 256, 16};
     const ParamLayout lay = param_layout(s, ModelLayout(), 1024);  // 34176 parameters padded to 34816
     WholeStore sa(gpu, lay, dt), sb(gpu, lay, dt);
