@@ -257,6 +257,8 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
     if (model.recompute != Recompute::None)
         act += std::string(act.empty() ? "" : "; ") +
                (model.recompute == Recompute::Full ? "full recompute" : "selective recompute");
+    if (model.offload_activations)
+        act += std::string(act.empty() ? "" : "; ") + "offloaded: the layer inputs in host memory, two staging buffers";
     row("activations", m.activations, act.empty() ? act : "  (" + act + ")");
     size_t total = m.total();
     for (const MemoryRow& r : conv.memory_rows()) {
@@ -264,10 +266,15 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
         total += r.bytes;
     }
     row("total", total, "");
-    if (m.host)
-        row("host memory", m.host,
-            strfmt("  (not in the total: offloaded optimizer, %s, and %d staging pieces)", opt_note.c_str(),
-                   AdamW::kStageSlots));
+    // host memory: the offloaded optimizer's and the offloaded activations' (m.host holds both)
+    const size_t act_host = model.activation_host_bytes;
+    std::string host_note = m.host > act_host ? strfmt("offloaded optimizer, %s, and %d staging pieces",
+                                                       opt_note.c_str(), AdamW::kStageSlots)
+                                              : std::string();
+    if (act_host)
+        host_note += std::string(host_note.empty() ? "" : "; ") +
+                     strfmt("offloaded activations %s", human_bytes(double(act_host)).c_str());
+    if (m.host) row("host memory", m.host, "  (not in the total: " + host_note + ")");
 }
 
 // ---- plan: every start-up check, on every rank alike, before any work ----
@@ -323,7 +330,7 @@ struct Run {
           // with context parallelism the activations hold this rank's seq_len / cp tokens of each sequence
           model(shape, *ops, dtype, tc.micro_batch, tc.seq_len / grid.cp, dp.param_store(), p.layout, &tp,
                 pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), parse_recompute(tc.recompute), &cp,
-                groups.ep.get()),
+                groups.ep.get(), tc.offload_activations),
           pipeline(model, *ops, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual),
           // this rank's ZeRO range; offloaded: streamed in pieces of a gradient bucket
           opt(params, *ops, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads(),
@@ -480,9 +487,14 @@ void print_banner(Run& r, const Plan& p) {
               r.tc.micro_batch, r.tc.seq_len, r.tc.grad_accum, g.dp, tokens_per_step(r), r.tc.steps);
     log.print("train data: %zu shard(s), %llu micro-batches per epoch\n", r.train_data.num_shards(),
               (unsigned long long)r.train_data.windows_per_epoch());
-    const MemoryPlan mem = r.dp.memory_plan(r.opt.has_master(), r.model.activation_bytes, r.opt.offloaded());
+    MemoryPlan mem = r.dp.memory_plan(r.opt.has_master(), r.model.activation_bytes, r.opt.offloaded());
+    if (r.tc.offload_activations)  // (from the sizes, as the plan counts it; `got` below is what the model holds)
+        mem.host += Model::activation_host_bytes_of(r.shape, r.dtype, r.tc.micro_batch, r.tc.seq_len / r.grid.cp,
+                                                    r.model.layout,
+                                                    pipeline_slots(r.schedule[size_t(r.grid.pp_rank)], r.pc.pp_virtual));
     print_memory_table(log, mem, r.model, r.opt.has_master(), r.dtype, *r.conv);
-    const MemoryPlan got = r.dp.allocated(r.opt.device_bytes(), r.opt.host_bytes(), r.model.activation_bytes);
+    const MemoryPlan got = r.dp.allocated(r.opt.device_bytes(), r.opt.host_bytes() + r.model.activation_host_bytes,
+                                          r.model.activation_bytes);
     LLMC_ASSERT(got.params == mem.params && got.grads == mem.grads && got.optimizer == mem.optimizer &&
                     got.comm_buffers == mem.comm_buffers && got.unit_params == mem.unit_params &&
                     got.unit_grads == mem.unit_grads && got.activations == mem.activations && got.host == mem.host,

@@ -109,6 +109,10 @@ public:
     }
     // Blocks until the copy with this id is done.
     virtual void wait_copy(uint64_t id) { (void)id; }
+    // The ops queued from now on run after the copy with this id; the host does not wait (activation
+    // offload, llmc/model/model.h: a buffer's next writer waits for its copy on the device). Host
+    // backends have done the copy already.
+    virtual void order_after_copy(uint64_t id) { (void)id; }
 
     // ---- embedding ----
     // wte holds the vocabulary rows [vocab_begin, vocab_begin + wte.n / C) (the whole padded

@@ -166,6 +166,10 @@ const std::vector<Key>& schema() {
                  "AdamW's moments and master weights in host memory (pinned on CUDA), the update on the host "
                  "(every ZeRO stage: each rank its shard); gradients stream down and parameters up in pieces of "
                  "parallel.bucket_mb"),
+        bool_key("train.offload_activations", FIELD(train.offload_activations),
+                 "with train.recompute = full: the layer inputs it keeps live in host memory (pinned on CUDA), "
+                 "copied down after each layer's forward and up again for its backward, beside the compute; the "
+                 "device keeps two staging buffers (bitwise the same training)"),
 
         int_key("eval.every", FIELD(eval.every), 0, NONE, "validation every N steps (0 = off)"),
         int_key("eval.batches", FIELD(eval.batches), 0, 1e6, "micro-batches per validation"),
@@ -681,6 +685,10 @@ void check_consistency(const Config& c, bool check_files) {
     if (t.seq_len > m.max_seq_len)
         throw UserError(strfmt("train.seq_len: %d exceeds model.max_seq_len = %d (must be <= model.max_seq_len)",
                                t.seq_len, m.max_seq_len));
+    if (t.offload_activations && t.recompute != "full")
+        throw UserError(strfmt("train.offload_activations: true needs train.recompute = \"full\" (got \"%s\"): "
+                               "offload moves the layer inputs full recompute keeps to host memory",
+                               t.recompute.c_str()));
     if (t.warmup_steps > t.steps)
         throw UserError(strfmt("train.warmup_steps: %d exceeds train.steps = %d (must be in [0, train.steps])",
                                t.warmup_steps, t.steps));

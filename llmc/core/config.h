@@ -63,6 +63,7 @@ struct TrainConfig {
     int max_bad_steps = 8;  // consecutive non-finite (skipped) steps that end the run
     std::string recompute = "none";  // none | selective | full: activations recomputed in backward
     bool offload_optimizer = false;  // AdamW's state and update on the host (llmc/model/optimizer.h)
+    bool offload_activations = false;  // the kept layer inputs in host memory (llmc/model/model.h; recompute full)
 };
 
 struct EvalConfig {

@@ -99,6 +99,8 @@ public:
         for (cudaEvent_t& e : copy_events_)
             if (e) cudaEventDestroy(e);
         if (queued_) cudaEventDestroy(queued_);
+        for (cudaEvent_t e : copy_tails_)
+            if (e) cudaEventDestroy(e);
         for (GrowBuffer& b : scratch_) b.release();
         for (GrowBuffer* b : {&sumsq_regions_, &sumsq_part_, &adamw_desc_, &adamw_chunks_, &bias_scratch_})
             b->release();
@@ -267,6 +269,20 @@ public:
             return;
         }
         CUDA_CHECK(cudaEventSynchronize(copy_events_[id % kCopyEvents]));
+    }
+    // a wait of the compute stream on the copy's event (no host wait, no launch)
+    void order_after_copy(uint64_t id) override {
+        if (id == 0) return;
+        if (id + kCopyEvents <= copies_) {  // its event was recorded again since: after every copy queued so far
+            for (int dir = 0; dir < 2; dir++) {
+                if (!copy_streams_[dir]) continue;
+                if (!copy_tails_[dir]) CUDA_CHECK(cudaEventCreateWithFlags(&copy_tails_[dir], cudaEventDisableTiming));
+                CUDA_CHECK(cudaEventRecord(copy_tails_[dir], copy_streams_[dir]));
+                CUDA_CHECK(cudaStreamWaitEvent(stream_, copy_tails_[dir], 0));
+            }
+            return;
+        }
+        CUDA_CHECK(cudaStreamWaitEvent(stream_, copy_events_[id % kCopyEvents], 0));
     }
 
     // ---- embedding ----
@@ -867,6 +883,7 @@ private:
     cudaStream_t copy_streams_[2] = {nullptr, nullptr};
     cudaEvent_t copy_events_[kCopyEvents] = {};
     cudaEvent_t queued_ = nullptr;
+    cudaEvent_t copy_tails_[2] = {nullptr, nullptr};  // order_after_copy of an id whose event was recorded again
     uint64_t copies_ = 0;  // ids handed out (ids start at 1; 0 means no copy)
     uint64_t copy_async(int dir, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
         if (!copy_streams_[dir]) CUDA_CHECK(cudaStreamCreateWithFlags(&copy_streams_[dir], cudaStreamNonBlocking));

@@ -38,6 +38,10 @@ struct Model::SlotActs {
     int b = 0, t = 0;
     float dloss = 0.0f;  // the forward's (Full recompute repeats MoE layers with it)
     bool have_dlogits = false;
+    // activation offload: the host copies of the layers' inputs (layer i of the chunk's at i), and
+    // whether the last forward made them (a forward with dloss != 0)
+    std::vector<void*> kept;
+    bool offloaded = false;
 };
 
 // Buffers one op sequence at a time uses, shared by every slot and chunk.
@@ -64,6 +68,9 @@ struct Model::Scratch {
     // Recompute: the buffers of a layer's activations that every layer shares (the attention core's
     // and the activation's outputs with Selective; a whole set with Full), empty otherwise.
     LayerActs recomputed{};
+    // Activation offload: the residual stream between layers, [nl, C] each (layer i's input in
+    // staging[i % 2]); empty otherwise.
+    Tensor staging[2];
 };
 
 namespace {
@@ -81,6 +88,13 @@ struct Carver {
 };
 }  // namespace
 
+// One kept tensor of activation offload in host memory: the residual stream's rows this rank holds
+// of a B x T micro-batch, 256-byte aligned like the device's pieces.
+static size_t kept_bytes(const ModelShape& s, DType dt, int B, int T, const ModelLayout& lay) {
+    const size_t N = size_t(B) * T, nl = lay.sequence_parallel && lay.tp > 1 ? N / size_t(lay.tp) : N;
+    return (nl * size_t(s.d_model) * dtype_size(dt) + 255) / 256 * 256;
+}
+
 Model::Block Model::block_of(Arch a) {
     if (a == Arch::Llama) return Block{false, false, false, true, true, QW, VW};
     return Block{true, true, true, false, false, QkvW, QkvW};
@@ -96,8 +110,9 @@ Recompute parse_recompute(const std::string& name) {
 }
 
 Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, ParamStore& store, const ModelLayout& lay,
-           TensorParallel* tp, std::vector<int> slots, Recompute rc, ContextParallel* cp, Comm* ep)
-    : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), recompute(rc), params(store.layout()),
+           TensorParallel* tp, std::vector<int> slots, Recompute rc, ContextParallel* cp, Comm* ep, bool offload)
+    : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), recompute(rc), offload_activations(offload),
+      params(store.layout()),
       block_(block_of(s.arch)), tp_(tp), store_(store), cp_(cp), ep_(ep), ep_stage_(o, ep) {
     if (!tp_) {
         own_tp_.reset(new TensorParallel(ops, nullptr, false));
@@ -138,9 +153,25 @@ Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, ParamStore& st
 
     chunks_ = make_chunks(s, lay, std::move(slots));
     scratch_ = new Scratch();
-    activation_bytes = carve_activations(nullptr, s, dt, b, t, lay, lay.sequence_parallel, rc, chunks_, *scratch_);
+    activation_bytes =
+        carve_activations(nullptr, s, dt, b, t, lay, lay.sequence_parallel, rc, offload, chunks_, *scratch_);
     act_mem_ = ops.alloc(activation_bytes);
-    carve_activations(static_cast<char*>(act_mem_), s, dt, b, t, lay, lay.sequence_parallel, rc, chunks_, *scratch_);
+    carve_activations(static_cast<char*>(act_mem_), s, dt, b, t, lay, lay.sequence_parallel, rc, offload, chunks_,
+                      *scratch_);
+    if (offload) {  // each slot's layer inputs, one after another (activation_host_bytes_of's sizes)
+        std::vector<int> counts;
+        for (const Chunk& ch : chunks_) {
+            LLMC_ASSERT(ch.begin < ch.end, "activation offload: a chunk without layers");  // (its input would be staged)
+            counts.push_back(int(ch.slots.size()));
+        }
+        activation_host_bytes = activation_host_bytes_of(s, dt, b, t, lay, counts);
+        act_host_mem_ = ops.alloc_host(activation_host_bytes);
+        const size_t each = kept_bytes(s, dt, b, t, lay);
+        char* at = static_cast<char*>(act_host_mem_);
+        for (Chunk& ch : chunks_)
+            for (SlotActs& sa : ch.slots)
+                for (int i = ch.begin; i < ch.end; i++, at += each) sa.kept.push_back(at);
+    }
 }
 
 std::vector<Model::Chunk> Model::make_chunks(const ModelShape& s, const ModelLayout& lay, std::vector<int> slots) {
@@ -161,7 +192,7 @@ std::vector<Model::Chunk> Model::make_chunks(const ModelShape& s, const ModelLay
 }
 
 size_t Model::activation_bytes_of(const ModelShape& s, DType dt, int b, int t, const ModelLayout& lay,
-                                  const std::vector<int>& slots, Recompute rc) {
+                                  const std::vector<int>& slots, Recompute rc, bool offload) {
     // A slot's buffers take the same bytes wherever they fall (every take starts 256-aligned), so the
     // total is affine in each chunk's slot count: carved with one slot per chunk, and once more with
     // two for each chunk that holds more, it is known for any count without building the slots
@@ -170,7 +201,7 @@ size_t Model::activation_bytes_of(const ModelShape& s, DType dt, int b, int t, c
     const auto carved = [&](const std::vector<int>& sl) {
         std::vector<Chunk> chunks = make_chunks(s, lay, sl);
         Scratch scratch;
-        return carve_activations(nullptr, s, dt, b, t, lay, lay.sequence_parallel, rc, chunks, scratch);
+        return carve_activations(nullptr, s, dt, b, t, lay, lay.sequence_parallel, rc, offload, chunks, scratch);
     };
     const size_t one = carved(ones);
     size_t total = one;
@@ -183,8 +214,18 @@ size_t Model::activation_bytes_of(const ModelShape& s, DType dt, int b, int t, c
     return total;
 }
 
+size_t Model::activation_host_bytes_of(const ModelShape& s, DType dt, int b, int t, const ModelLayout& lay,
+                                       const std::vector<int>& slots) {
+    // (chunks of one slot: the planner's counts of micro-batches in flight may be huge)
+    const std::vector<Chunk> chunks = make_chunks(s, lay, std::vector<int>(slots.size(), 1));
+    size_t n = 0;
+    for (size_t c = 0; c < chunks.size(); c++)
+        n += size_t(std::max(1, slots.empty() ? 1 : slots[c])) * size_t(chunks[c].end - chunks[c].begin);
+    return n * kept_bytes(s, dt, b, t, lay);
+}
+
 size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, int B, int T, const ModelLayout& layout,
-                                bool sp, Recompute rc, std::vector<Chunk>& chunks, Scratch& S) {
+                                bool sp, Recompute rc, bool offload, std::vector<Chunk>& chunks, Scratch& S) {
     const Block block = block_of(shape.arch);
     const size_t tpn = size_t(layout.tp);
     const size_t N = size_t(B) * T, C = shape.d_model, NHl = shape.n_head / tpn, Cl = C / tpn;
@@ -231,6 +272,9 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
     };
     LayerActs& shared = S.recomputed;
     if (rc == Recompute::Full) carve_layer(shared, true, true, moe.enabled());
+    LLMC_ASSERT(!offload || rc == Recompute::Full, "activation offload needs full recompute");
+    if (offload)
+        for (Tensor& st : S.staging) st = cv.take(nl * C, dt);
     if (rc == Recompute::Selective) {
         shared.atty = cv.take(N * Cl, dt);
         shared.att_lse = cv.take_f32(N * NHl);
@@ -238,11 +282,13 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
     }
     for (Chunk& ch : chunks) {
         for (SlotActs& sa : ch.slots) {
-            sa.input = cv.take(nl * C, dt);
+            sa.input = offload ? S.staging[0] : cv.take(nl * C, dt);
             sa.layers.assign(size_t(ch.end - ch.begin), shared);
             for (size_t i = 0; i < sa.layers.size(); i++) {
                 LayerActs& L = sa.layers[i];
-                if (rc == Recompute::Full) L.residual3 = cv.take(nl * C, dt);  // the next layer's input
+                const bool head_input = ch.ends && i + 1 == sa.layers.size();  // (the slot's own with offload)
+                if (offload && !head_input) L.residual3 = S.staging[(i + 1) % 2];  // the next layer's input
+                else if (rc == Recompute::Full) L.residual3 = cv.take(nl * C, dt);
                 else carve_layer(L, rc == Recompute::None, !moe.is_moe_layer(ch.begin + int(i)),
                                  moe.is_moe_layer(ch.begin + int(i)));
             }
@@ -292,7 +338,7 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
 size_t Model::activation_bytes_without_sp() const {
     std::vector<Chunk> chunks = chunks_;
     Scratch s;
-    return carve_activations(nullptr, shape, dtype, B, T, layout, false, recompute, chunks, s);
+    return carve_activations(nullptr, shape, dtype, B, T, layout, false, recompute, offload_activations, chunks, s);
 }
 
 size_t Model::activation_bytes_without_cp() const {
@@ -301,10 +347,11 @@ size_t Model::activation_bytes_without_cp() const {
     whole.cp = 1;
     Scratch s;
     return carve_activations(nullptr, shape, dtype, B, T * layout.cp, whole, layout.sequence_parallel, recompute,
-                             chunks, s);
+                             offload_activations, chunks, s);
 }
 
 Model::~Model() {
+    ops.release_host(act_host_mem_);  // (CUDA: after the copies in flight)
     ops.release(act_mem_);
     delete scratch_;
 }
@@ -1008,6 +1055,9 @@ float Model::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t
     sa.t = t;
     sa.dloss = dloss;
     sa.have_dlogits = false;
+    // activation offload: the layers' inputs go down as they are written (not in a forward without a backward)
+    sa.offloaded = offload_activations && dloss != 0.0f;
+    const size_t kept = nl * C * dtype_size(dtype);
     Tensor res = sa.input.slice(0, nl * C);
     if (ch.starts) {  // vocabulary-parallel embedding: each rank looks up its rows, the TP group sums
         LLMC_ASSERT(tokens, "the first chunk needs tokens");
@@ -1026,18 +1076,24 @@ float Model::forward_chunk(int c, int slot, const int32_t* tokens, const int32_t
         }
         release_params(embed_unit_);
     }
+    if (sa.offloaded && ch.begin < ch.end) offload_down(sa, 0, kept);
     float aux = 0.0f;  // the MoE layers' load-balancing losses (training forwards only)
     for (int l = ch.begin; l < ch.end; l++) {
-        LayerActs& L = sa.layers[size_t(l - ch.begin)];
+        const int i = l - ch.begin;
+        LayerActs& L = sa.layers[size_t(i)];
         const int u = layer_unit_[size_t(l)];
         acquire_params(u);
         prefetch_params(l + 1 < ch.end ? layer_unit_[size_t(l + 1)] : ch.ends ? head_unit_ : -1);
+        const bool to_staging = offload_activations && !(ch.ends && l + 1 == ch.end);  // (else the head's input)
+        if (to_staging) staging_ready((i + 1) % 2);  // its output's buffer: the copy down of layer i - 1's input
         aux += layer_forward(l, L, res, b, t, dloss);
         release_params(u);
         res = L.residual3.slice(0, nl * C);
+        if (sa.offloaded && l + 1 < ch.end) offload_down(sa, i + 1, kept);  // during the next layer
     }
-    if (!ch.ends) return aux;
-    return head_forward(sa, res, targets, b, t, dloss) + aux;
+    const float loss = ch.ends ? head_forward(sa, res, targets, b, t, dloss) : 0.0f;
+    if (offload_activations) staging_ready(0), staging_ready(1);  // the pipeline's to use
+    return loss + aux;
 }
 
 void Model::backward_chunk(int c, int slot, const std::function<void(size_t)>& grads_ready) {
@@ -1049,6 +1105,18 @@ void Model::backward_chunk(int c, int slot, const std::function<void(size_t)>& g
     auto res_in = [&](int l) {
         return l == ch.begin ? sa.input.slice(0, nl * C) : sa.layers[size_t(l - 1 - ch.begin)].residual3.slice(0, nl * C);
     };
+    // activation offload: layer i's input comes up into staging[i % 2] while layer i + 1 (or the
+    // head) computes; `ready` makes the device wait for it before its use
+    const size_t kept = nl * C * dtype_size(dtype);
+    LLMC_ASSERT(!offload_activations || ch.begin == ch.end || sa.offloaded,
+                "backward needs a forward with dloss != 0 (activation offload kept nothing)");
+    auto up = [&](int i) {
+        if (offload_activations && i >= 0) offload_up(sa, i, kept);
+    };
+    auto ready = [&](int i) {
+        if (offload_activations) staging_ready(i % 2);
+    };
+    up(ch.end - 1 - ch.begin);  // the last layer's input (the head's stays on the device)
     if (ch.ends) {
         LLMC_ASSERT(sa.have_dlogits, "backward needs a forward with targets and dloss != 0");
         prefetch_params(layer_unit_[size_t(ch.end - 1)]);
@@ -1060,6 +1128,8 @@ void Model::backward_chunk(int c, int slot, const std::function<void(size_t)>& g
         acquire_params(u);
         prefetch_params(l > ch.begin ? layer_unit_[size_t(l - 1)] : -1);  // the encoder's backward reads no parameters
         acquire_grads(u);
+        up(l - 1 - ch.begin);  // (the buffer layer l + 1's backward read, queued before the copy)
+        ready(l - ch.begin);
         // Full recompute: the layer forward again from its kept input, into the shared buffers
         // (its output too: the kept one is the next layer's input, already used)
         if (recompute == Recompute::Full) {
@@ -1086,6 +1156,27 @@ void Model::backward_chunk(int c, int slot, const std::function<void(size_t)>& g
         release_grads(embed_unit_);
         if (grads_ready) grads_ready(0);
     }
+    sa.offloaded = false;
+}
+
+// ---- activation offload: the copies of the kept tensors and the device's waits for them ----
+
+void Model::staging_ready(int buffer) {
+    uint64_t& id = staging_copy_[buffer];
+    if (id) ops.order_after_copy(id);
+    id = 0;
+}
+
+// Layer i's input (staging[i % 2]) down to its host copy; its buffer's next writer waits (staging_ready).
+void Model::offload_down(SlotActs& sa, int i, size_t bytes) {
+    LLMC_ASSERT(staging_copy_[i % 2] == 0, "activation offload: a staging buffer copied down while in use");
+    staging_copy_[i % 2] = ops.copy_to_host_async(sa.kept[size_t(i)], scratch_->staging[i % 2].ptr, bytes);
+}
+
+// Layer i's input up into staging[i % 2], after the ops queued so far (the last readers of what it held).
+void Model::offload_up(SlotActs& sa, int i, size_t bytes) {
+    staging_ready(i % 2);  // a copy down from the same buffer still in flight: first that
+    staging_copy_[i % 2] = ops.copy_from_host_async(scratch_->staging[i % 2].ptr, sa.kept[size_t(i)], bytes);
 }
 
 float Model::forward(const int32_t* tokens, const int32_t* targets, int b, int t, float dloss) {

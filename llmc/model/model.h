@@ -28,6 +28,23 @@
 // buffers are shared. Recomputation (train.recompute) keeps fewer of them per layer and
 // recomputes the rest in backward into buffers every layer shares; the kernels are
 // deterministic, so the recomputed values, and the whole run, are bitwise those of no recompute.
+//
+// Activation offload (train.offload_activations, with Full recompute): what Full keeps of the
+// layers, each layer's input (the residual stream between layers), goes to host memory
+// (Ops::alloc_host: pinned on CUDA) per chunk, slot and layer. On the device only two staging
+// buffers stay, shared by every slot and chunk: layer i of a chunk reads its input from
+// staging[i % 2] and writes its output to the other (the last chunk's last layer into its slot's
+// buffer: the head's input stays beside the head's own kept activations, and the backward starts
+// on it while the last layer's input comes up). The forward copies each input down
+// (Ops::copy_to_host_async) as soon as it is written, while the next layer computes (a forward with
+// dloss == 0, which no backward follows, copies nothing); the backward
+// copies layer i's input up while layer i + 1 is recomputed and differentiated, so a copy stream
+// works beside the compute stream (CUDA; the CPU backend copies at once). The staging buffer's next
+// writer waits for its copy on the device (Ops::order_after_copy): the host never waits. Every
+// forward_chunk and backward_chunk returns with no copy pending on a staging buffer, so between
+// calls chunk_input (staging[0]) and chunk_output are what the pipeline engine expects: a chunk's
+// input is valid from its write until forward_chunk, its output until the next call. The copies
+// move bytes, so training is bitwise that of Full recompute without offload.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -67,10 +84,17 @@ public:
     // null = ep 1): the MoE layers send their routed rows to the experts' owners over it.
     Model(const ModelShape& shape, Ops& ops, DType dtype, int B, int T, ParamStore& store,
           const ModelLayout& layout = ModelLayout(), TensorParallel* tp = nullptr, std::vector<int> slots = {},
-          Recompute recompute = Recompute::None, ContextParallel* cp = nullptr, Comm* ep = nullptr);
-    // The bytes of activations such a model allocates (activation_bytes), without building it.
+          Recompute recompute = Recompute::None, ContextParallel* cp = nullptr, Comm* ep = nullptr,
+          bool offload_activations = false);
+    // The bytes of activations such a model allocates (activation_bytes), without building it;
+    // offload: activation offload (needs Recompute::Full).
     static size_t activation_bytes_of(const ModelShape& shape, DType dtype, int B, int T, const ModelLayout& layout,
-                                      const std::vector<int>& slots, Recompute recompute);
+                                      const std::vector<int>& slots, Recompute recompute, bool offload = false);
+    // The host memory of activation offload (activation_host_bytes): per chunk and slot each layer's
+    // input, B*T (/ tp with sequence parallelism) rows of d_model, 256-byte aligned. Each crosses
+    // twice a step: down in forward, up in backward.
+    static size_t activation_host_bytes_of(const ModelShape& shape, DType dtype, int B, int T,
+                                           const ModelLayout& layout, const std::vector<int>& slots);
     ~Model() override;
     Model(const Model&) = delete;
     Model& operator=(const Model&) = delete;
@@ -81,9 +105,11 @@ public:
     const int B, T;     // the activation buffers' size
     const ModelLayout layout;
     const Recompute recompute;
+    const bool offload_activations;
 
     const ParamLayout& params;  // the store's: this rank's tensors in memory order, its units
     size_t activation_bytes = 0;
+    size_t activation_host_bytes = 0;  // activation offload's host memory (0 without)
     size_t activation_bytes_without_sp() const;  // the same layout's activations without sequence parallelism
     size_t activation_bytes_without_cp() const;  // ... without context parallelism (whole sequences, no ring)
 
@@ -258,6 +284,13 @@ private:
     std::vector<Chunk> chunks_;
     Scratch* scratch_ = nullptr;
     void* act_mem_ = nullptr;
+    void* act_host_mem_ = nullptr;  // activation offload: every slot's kept tensors
+    // Activation offload: the copy in flight on each staging buffer (0: none), and the calls that
+    // start copies (down from / up to staging[i % 2]) and make the device wait for them.
+    uint64_t staging_copy_[2] = {0, 0};
+    void staging_ready(int buffer);
+    void offload_down(SlotActs& s, int i, size_t bytes);
+    void offload_up(SlotActs& s, int i, size_t bytes);
     int tp_size() const;
     // The layout's chunks with their activation slots (not yet carved).
     static std::vector<Chunk> make_chunks(const ModelShape& shape, const ModelLayout& layout, std::vector<int> slots);
@@ -265,7 +298,7 @@ private:
     // sequence_parallel: the layout's, or false to measure the same layout without it.
     static size_t carve_activations(char* base, const ModelShape& shape, DType dtype, int B, int T,
                                     const ModelLayout& layout, bool sequence_parallel, Recompute recompute,
-                                    std::vector<Chunk>& chunks, Scratch& s);
+                                    bool offload, std::vector<Chunk>& chunks, Scratch& s);
 
     Tensor positions_table(int t);                   // this rank's rows of wpe (context parallelism)
     void scatter_positions_grad(Tensor drows, int t);  // and their gradient into wpe's

@@ -42,9 +42,10 @@ public:
     virtual int num_chunks() const = 0;
     // Elements of the activation (and of its gradient) that crosses a chunk boundary for a b x t batch.
     virtual size_t boundary_numel(int b, int t) const = 0;
-    // Where a received activation goes before forward_chunk (chunks that do not start the model).
+    // Where a received activation goes right before forward_chunk (chunks that do not start the model).
     virtual Tensor chunk_input(int chunk, int slot, int b, int t) const = 0;
-    // The activation forward_chunk left for the next chunk (chunks that do not end the model).
+    // The activation forward_chunk left for the next chunk (chunks that do not end the model), valid
+    // until the stage's next call (slots may share it: activation offload, llmc/model/model.h).
     virtual Tensor chunk_output(int chunk, int slot, int b, int t) const = 0;
     // The gradient buffer of the residual stream: before backward_chunk of a chunk that does not
     // end the model, the received gradient of its output goes here; after backward_chunk of a

@@ -80,14 +80,18 @@ RankParts rank_parts(const Config& cfg, const ModelShape& shape, const ProcessGr
     if (grid.ep > 1) r.ep_optimizer = zero_optimizer_most(params, grid.edp(), grid.ep);
     return r;
 }
-// slots: the rank's in-flight micro-batches per chunk (slots_of)
+// slots: the rank's in-flight micro-batches per chunk (slots_of). Activation offload (with full
+// recompute only) moves the kept layer inputs to the host row.
 MemoryPlan memory_of(const RankParts& r, const Config& cfg, const ModelShape& shape, const ProcessGrid& grid,
                      DType dtype, const std::vector<int>& slots, int zero, Recompute rc) {
-    const size_t activations =
-        Model::activation_bytes_of(shape, dtype, cfg.train.micro_batch, cfg.train.seq_len / grid.cp, r.layout, slots, rc);
-    return zero_memory_plan(r.padded, grid.shard_size(), zero, dtype_size(dtype), AdamW::keeps_master(dtype),
-                            DataParallel::bucket_elems_for(cfg.parallel.bucket_mb, r.padded), activations, r.units,
-                            cfg.train.offload_optimizer, r.ep_optimizer);
+    const bool offload = cfg.train.offload_activations && rc == Recompute::Full;
+    const int b = cfg.train.micro_batch, t = cfg.train.seq_len / grid.cp;
+    const size_t activations = Model::activation_bytes_of(shape, dtype, b, t, r.layout, slots, rc, offload);
+    MemoryPlan m = zero_memory_plan(r.padded, grid.shard_size(), zero, dtype_size(dtype), AdamW::keeps_master(dtype),
+                                    DataParallel::bucket_elems_for(cfg.parallel.bucket_mb, r.padded), activations,
+                                    r.units, cfg.train.offload_optimizer, r.ep_optimizer);
+    if (offload) m.host += Model::activation_host_bytes_of(shape, dtype, b, t, r.layout, slots);
+    return m;
 }
 MemoryPlan rank_memory(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype, int pp_rank,
                        int tp_rank, const std::vector<int>& slots) {
@@ -242,6 +246,7 @@ json plan_json(const Config& cfg, const ModelShape& shape, const ProcessGrid& gr
             {"pp_schedule", pc.pp_schedule},
             {"pp_virtual", pc.pp_virtual},
             {"recompute", cfg.train.recompute},
+            {"offload_activations", cfg.train.offload_activations},
             {"dtype", dtype_name(dtype)},
             {"tokens_per_step", tokens},
             {"model_flops_per_step", flops_per_token(shape, cfg.train.seq_len) * tokens},
@@ -260,10 +265,11 @@ std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessG
                            arch_name(shape.arch), shape.n_layer, shape.d_model, shape.n_head, shape.kv_heads(),
                            shape.ffn(), shape.vocab_size, dtype_name(dtype));
     if (shape.moe.enabled()) s += "  " + moe_describe(shape.moe, shape.n_layer) + "\n";
-    s += strfmt("  world %d = %s; ZeRO-%d%s; %s over %d micro-batches%s; recompute %s\n", grid.world,
+    s += strfmt("  world %d = %s; ZeRO-%d%s; %s over %d micro-batches%s; recompute %s%s\n", grid.world,
                 grid.describe().c_str(), pc.zero, plan["sequence_parallel"].get<bool>() ? "; sequence parallel" : "",
                 pc.pp_schedule.c_str(), tc.grad_accum,
-                pc.pp_virtual > 1 ? strfmt(" (%d chunks per rank)", pc.pp_virtual).c_str() : "", tc.recompute.c_str());
+                pc.pp_virtual > 1 ? strfmt(" (%d chunks per rank)", pc.pp_virtual).c_str() : "", tc.recompute.c_str(),
+                tc.offload_activations ? ", activations offloaded to the host" : "");
     s += strfmt("  %.0f tokens per step; model FLOPs per step %.4g (%.4g per token)\n", plan["tokens_per_step"].get<double>(),
                 plan["model_flops_per_step"].get<double>(), flops_per_token(shape, tc.seq_len));
     if (grid.pp > 1)
@@ -307,8 +313,10 @@ std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessG
         const size_t total = kind["total"];
         s += strfmt("  %-13s %11s  %14zu B\n", "total", human_bytes(double(total)).c_str(), total);
         const size_t host = kind["host"];
+        std::string what = tc.offload_optimizer ? "the offloaded optimizer and its staging" : "";
+        if (tc.offload_activations) what += std::string(what.empty() ? "" : ", ") + "the offloaded activations";
         s += strfmt("  %-13s %11s  %14zu B%s\n", "host memory", human_bytes(double(host)).c_str(), host,
-                    tc.offload_optimizer ? "  (not in the total: the offloaded optimizer and its staging)" : "");
+                    what.empty() ? "" : ("  (not in the total: " + what + ")").c_str());
     }
     return s;
 }
@@ -514,6 +522,7 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
                     for (const char* rc : {"none", "selective", "full"})
                         for (int sp = 0; sp <= (tp > 1 ? 1 : 0); sp++) {
                             if (sp && base.train.seq_len / cp % tp) continue;
+                            if (base.train.offload_activations && std::string(rc) != "full") continue;  // needs it
                             LayoutChoice c;
                             c.cfg = proto;
                             ParallelConfig& pc = c.cfg.parallel;

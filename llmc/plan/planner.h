@@ -6,7 +6,8 @@
 // log.jsonl ({"memory": memory_json(...)}) and test/e2e/test_plan.sh compares the two.
 //
 // Host memory: the plan's "host" category is the offloaded optimizer (train.offload_optimizer) and
-// its staging, outside the total (the backend's memory).
+// its staging, and the offloaded activations (train.offload_activations), outside the total (the
+// backend's memory).
 // Not in the plan: the FP8 converter's scales and amax histories (its memory rows), other host
 // buffers (pipeline messages, staging of MPI over CUDA), the backend's own workspaces (cuBLAS), and
 // the allocator's rounding and fragmentation.

@@ -37,7 +37,9 @@
 //   node once per channel, and NCCL runs a channel per NIC, one NIC per GPU).
 // - The optimizer's update is HBM-bound: reading and writing the rank's optimizer state,
 //   parameters and gradients once. train.offload_optimizer (the update on the host, streamed over
-//   PCIe) is not modelled: its step time is this one's.
+//   PCIe) is not modelled: its step time is this one's. Nor is train.offload_activations: a layer's
+//   input crosses PCIe once each way per micro-batch (d_model x tokens, a few MB), beside that
+//   layer's compute, which outlasts it on any layer worth offloading.
 #pragma once
 #include <string>
 #include <vector>

@@ -141,7 +141,7 @@ bool in_list(const std::string& key, std::initializer_list<const char*> list) {
 bool harmless_key(const std::string& key) {
     return in_list(key, {"eval.", "log.", "out.", "checkpoint.", "parallel.", "plan.", "device", "precision", "fp8.",
                          "out_dir", "tokenizer", "data.val", "model.init", "model.init_seed", "train.recompute",
-                         "train.offload_optimizer",
+                         "train.offload_optimizer", "train.offload_activations",
                          "train.max_bad_steps"});
 }
 // Keys judged by their effect (below) rather than by their value.

@@ -11,6 +11,8 @@
 #    multi-tensor ops; per tensor (12 a layer) they would add two launches each, far past the
 #    slack (this run measured 15 a layer and 9 a micro-batch at ZeRO-0, 5 a step; ZeRO-3 adds
 #    3.5 a layer: the unit gradient's zeroing and its reduce-scatter's staging and accumulation).
+# (Activation offload moves the kept layer inputs on purpose: test_act_offload.sh checks those bytes
+# exactly, offload on against off. Here it is off, the default.)
 # On the code before (counters added, nothing else) every layout fails: 31 to 69 syncs a step, one
 # process 274 KB each way (the gradient through the host), 343 to 412 launches.
 source "$(dirname "$0")/lib.sh"

@@ -14,7 +14,8 @@
 // row cannot hide in a norm over many. The whole GPT-2 in fp32 against the committed PyTorch
 // debug state (test_reference: loss, logits, gradients, the AdamW steps' losses and norms). Also
 // optimizer offload: AdamW on the host (llmc/model/optimizer.h) against AdamW on the GPU (test_offload).
-// One whole training step of a small GPT-2 and Llama against the CPU backend (model_step).
+// One whole training step of a small GPT-2 and Llama against the CPU backend (model_step), and on the
+// GPU activation offload against none, bit for bit.
 // `test_gpu big` runs only the large cases (logits past 2^31 elements), which are too slow under
 // compute-sanitizer and are left out of the default run.
 // Prints one line per check and "N passed, M failed"; exit code 1 on any failure. Every case runs
@@ -1383,6 +1384,31 @@ void test_offload(Ops& gpu, DType dt) {
         gpu.release(dev);
         gpu.release_host(pin);
     }
+    {  // order_after_copy (activation offload): the compute stream waits for a copy, the host does not.
+        // 64 MiB, so that the copy outlasts the queued op that would race it without the wait.
+        const size_t n = size_t(1) << 24;
+        float* pin = static_cast<float*>(gpu.alloc_host(n * 4));
+        void* dev = gpu.alloc(n * 4);
+        void* dev2 = gpu.alloc(n * 4);
+        for (size_t i = 0; i < n; i++) pin[i] = float(i % 1000) + 1.0f;
+        const uint64_t up = gpu.copy_from_host_async(dev, pin, n * 4);
+        gpu.order_after_copy(up);
+        gpu.copy(Tensor(dev2, n, DType::F32), Tensor(dev, n, DType::F32));  // reads what the copy wrote
+        const uint64_t down = gpu.copy_to_host_async(pin, dev2, n * 4);
+        gpu.order_after_copy(down);
+        gpu.zero(Tensor(dev2, n, DType::F32));  // overwrites what the copy reads
+        gpu.wait_copy(down);
+        gpu.synchronize();
+        size_t wrong = 0;
+        for (size_t i = 0; i < n; i++) wrong += pin[i] != float(i % 1000) + 1.0f;
+        std::vector<float> back(16);
+        gpu.to_host_f32(back.data(), Tensor(dev2, 16, DType::F32));
+        report(wrong == 0 && back[0] == 0.0f, "offload.order_after_copy", sh,
+               strfmt("%zu of %zu wrong after the round trip", wrong, n));
+        gpu.release(dev2);
+        gpu.release(dev);
+        gpu.release_host(pin);
+    }
     const ModelShape s{2, 2, 32, 200, 256, 16};
     const ParamLayout lay = param_layout(s, ModelLayout(), 1024);  // 34176 parameters padded to 34816
     WholeStore sa(gpu, lay, dt), sb(gpu, lay, dt);
@@ -1540,6 +1566,39 @@ void test_model_step(Ops& cpu, Ops& gpu, const ModelShape& s, const char* name) 
                strfmt("gpu=%.9g cpu=%.9g rel=%.2e tol=1e-05", loss[1][i], loss[0][i], d));
     }
     H::compare_vec("model_step.grads", sh, grads[1], grads[0], 1e-4);
+
+    // Activation offload (llmc/model/model.h) on the GPU backend: full recompute with the kept layer
+    // inputs through pinned host memory against full recompute without, two micro-batches in flight
+    // (their backwards in reverse order, as a pipeline runs them), bit for bit: the copies run on the
+    // copy streams beside the compute stream, so a missing wait shows as a different loss or gradient.
+    const ParamLayout lay = param_layout(s, ModelLayout(), 1);
+    float off_loss[2][2];
+    std::vector<float> off_grads[2];
+    OpsCounters moved[2];
+    for (int k = 0; k < 2; k++) {
+        WholeStore store(gpu, lay, DType::F32);
+        Model m(s, gpu, DType::F32, B, T, store, ModelLayout(), nullptr, {2}, Recompute::Full, nullptr, nullptr, k == 1);
+        m.set_params_whole(w.data());
+        m.zero_grads();
+        const OpsCounters before = gpu.counters();
+        off_loss[k][0] = m.forward_chunk(0, 0, x.data(), y.data(), B, T, dloss);
+        off_loss[k][1] = m.forward_chunk(0, 1, y.data(), x.data(), B, T, dloss);
+        m.backward_chunk(0, 1);
+        m.backward_chunk(0, 0);
+        moved[k] = gpu.counters() - before;
+        off_grads[k].resize(np);
+        m.get_grads_whole(off_grads[k].data());
+    }
+    size_t differ = 0;
+    for (size_t i = 0; i < np; i++) differ += std::memcmp(&off_grads[0][i], &off_grads[1][i], sizeof(float)) != 0;
+    // each micro-batch's layer inputs down once and up once
+    const uint64_t kept = uint64_t(2) * s.n_layer * B * T * s.d_model * sizeof(float);
+    const uint64_t down = moved[1].d2h_bytes - moved[0].d2h_bytes, up = moved[1].h2d_bytes - moved[0].h2d_bytes;
+    report(std::memcmp(off_loss[0], off_loss[1], sizeof off_loss[0]) == 0 && differ == 0 && down == kept && up == kept,
+           "model_step.activation_offload_bitwise", sh,
+           strfmt("losses %.9g %.9g vs %.9g %.9g, %zu of %zu gradients differ, %llu B down and %llu B up (want %llu)",
+                  off_loss[1][0], off_loss[1][1], off_loss[0][0], off_loss[0][1], differ, np,
+                  (unsigned long long)down, (unsigned long long)up, (unsigned long long)kept));
 }
 
 // Activation recomputation on the CUDA backend: a bf16 GPT-2 step (forward and backward) with
