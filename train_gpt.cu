@@ -41,6 +41,7 @@
 #include "llmc/backend/ops.h"
 #include "llmc/run/preempt.h"
 #include "llmc/train/layout.h"
+#include "llmc/train/local_sgd.h"
 #include "llmc/model/optimizer.h"
 #include "llmc/parallel/pipeline.h"
 #include "llmc/parallel/pipeline_schedule.h"
@@ -162,18 +163,35 @@ void sample_wait(int n, Comm& world, int* sig) {
 }
 
 // The whole model and optimizer state in llm.c order on world rank 0 (empty elsewhere): ZeRO
-// shards gathered over DP, then the model-parallel pieces assembled. Collective over every rank.
-WholeState gather_whole_state(const Model& model, const AdamW& opt, DataParallel& dp, const ParallelConfig& pc,
-                              Comm& mp, const ProcessGrid& grid) {
+// shards gathered over DP, then the model-parallel pieces assembled. Under local SGD also its outer
+// state and the other DP ranks' replicas. Collective over every rank.
+WholeState gather_whole_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalSgd* local_sgd,
+                              const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid) {
     OptimizerState local = dp.gather_optimizer_state(opt);  // DP rank 0 gets its (tp, pp) piece whole
     std::vector<float> params = dp.gather_params();
+    LocalSgdState outer;  // DP rank 0: memory order
+    if (local_sgd) {
+        ReplicaState mine;
+        mine.params = dp.local_params();
+        opt.get_state(mine.m, mine.v, mine.master);
+        outer = local_sgd->gather(mine);
+    }
     WholeState whole;
     if (grid.shard_rank() != 0) return whole;
     const size_t pad = DataParallel::pad_multiple(grid.shard_size());
-    whole.params = assemble_whole(model.shape, pc, pad, params, mp);
-    whole.m = assemble_whole(model.shape, pc, pad, local.m, mp);
-    whole.v = assemble_whole(model.shape, pc, pad, local.v, mp);
-    if (!local.master.empty()) whole.master = assemble_whole(model.shape, pc, pad, local.master, mp);
+    auto assemble = [&](const std::vector<float>& x) {
+        return x.empty() ? std::vector<float>() : assemble_whole(model.shape, pc, pad, x, mp);
+    };
+    whole.params = assemble(params);
+    whole.m = assemble(local.m);
+    whole.v = assemble(local.v);
+    whole.master = assemble(local.master);
+    if (local_sgd) {
+        whole.local_sgd.anchor = assemble(outer.anchor);
+        whole.local_sgd.momentum = assemble(outer.momentum);
+        for (const ReplicaState& r : outer.replicas)
+            whole.local_sgd.replicas.push_back({assemble(r.params), assemble(r.m), assemble(r.v), assemble(r.master)});
+    }
     return whole;
 }
 
@@ -326,7 +344,10 @@ struct Run {
           // where the parameters live (whole buffers, or ZeRO's shards: under ZeRO-3 this rank
           // keeps only its shard of them), and the DP (x CP) group's gradient sync: before the model
           // (expert parallelism: the expert-dp group, the dense gradients summed over ep as well)
-          dp(params, *ops, dtype, grid.ep > 1 ? *groups.edp : *groups.dp, pc.zero, pc.bucket_mb, false, groups.ep.get()),
+          // (local SGD: each rank updates its whole replica from its own gradients, ZeRO-0 without
+          // communication; pc.zero shards the outer state, local_sgd below)
+          dp(params, *ops, dtype, grid.ep > 1 ? *groups.edp : *groups.dp, local() ? 0 : pc.zero, pc.bucket_mb, false,
+             groups.ep.get(), local()),
           // with context parallelism the activations hold this rank's seq_len / cp tokens of each sequence
           model(shape, *ops, dtype, tc.micro_batch, tc.seq_len / grid.cp, dp.param_store(), p.layout, &tp,
                 pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), parse_recompute(tc.recompute), &cp,
@@ -348,6 +369,8 @@ struct Run {
                 c->set_compute_stream(ops->compute_stream());  // device communicators wait for the ops' stream
                 c->set_overlap(pc.overlap);
             }
+        if (local())
+            local_sgd.reset(new LocalSgd(pc.local_sgd, params.padded_params, *ops, *groups.dp, pc.zero, dp.bucket_elems()));
         if (!cfg.data.val.empty())
             val_data.reset(new DataLoader(cfg.data.val, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, false, 0,
                                           shape.vocab_size));
@@ -363,6 +386,7 @@ struct Run {
     // then loss_rows floats
     static constexpr size_t kReadbackHead = 32;
     float* ctl() const { return reinterpret_cast<float*>(readback + 2); }
+    bool local() const { return pc.local_sgd.every > 0; }
     float* losses() const { return reinterpret_cast<float*>(reinterpret_cast<char*>(readback) + kReadbackHead); }
     Runtime& rt;
     const Config cfg;
@@ -384,6 +408,7 @@ struct Run {
     Model model;
     PipelineEngine pipeline;
     AdamW opt;
+    std::unique_ptr<LocalSgd> local_sgd;  // parallel.local_sgd: the outer optimizer (null: plain data parallelism)
     DataLoader train_data;
     std::unique_ptr<DataLoader> val_data;
     std::unique_ptr<Tokenizer> tok;
@@ -400,6 +425,8 @@ struct Run {
 };
 
 double tokens_per_step(const Run& r) { return tokens_per_step(r.cfg, r.grid); }
+// What the data-parallel collectives have sent from this rank so far (DataParallel::bytes_sent's measure).
+double dp_bytes_sent(const Run& r) { return r.dp.bytes_sent() + (r.local_sgd ? r.local_sgd->bytes_sent() : 0.0); }
 
 // The initial weights (random or a file), or a checkpoint to continue from: every rank reads the
 // whole checkpoint and keeps its pieces, so any layout resumes any other. No collective: train()
@@ -420,18 +447,40 @@ void init_or_resume(Run& r) {
     else if (cfg.checkpoint.resume != "never") from = cfg.checkpoint.resume;
     r.state.loader_dp = r.grid.dp;
     r.state.train_shards = shard_list(r.train_data.files());
+    bool outer_loaded = false;
     if (!from.empty()) {
         WholeState whole;
         r.state = checkpoint_load(from, r.shape, &whole);
         check_resume_within(r.state, r.tc.steps, from);
         const std::string changes =  // refused unless checkpoint.allow_changes when they break exactness
             check_resume_changes(resume_changes(r.state, cfg, r.grid.dp, shard_list(r.train_data.files())), cfg, from);
-        r.model.set_params_whole(whole.params.data());
+        // under local SGD each DP rank continues its own replica (DP rank 0's: the main state)
+        const LocalSgdState& saved_local = whole.local_sgd;
+        const int replica = r.local_sgd && !saved_local.empty() ? r.grid.dp_rank : 0;
+        if (r.local_sgd && !saved_local.empty() && saved_local.dp() != r.grid.dp)
+            throw UserError(strfmt("checkpoint.resume: %s holds the local SGD replicas of %d DP ranks, this run has "
+                                   "parallel.dp = %d; a local SGD run resumes at the dp that saved it (each DP rank "
+                                   "continues its own replica)",
+                                   from.c_str(), saved_local.dp(), r.grid.dp));
+        const ReplicaState* other = replica > 0 ? &saved_local.replicas[size_t(replica - 1)] : nullptr;
+        const std::vector<float>& master = other ? other->master : whole.master;
+        r.model.set_params_whole((other ? other->params : whole.params).data());
         OptimizerState local;
-        local.m = r.model.from_file_order(whole.m.data());
-        local.v = r.model.from_file_order(whole.v.data());
-        if (!whole.master.empty()) local.master = r.model.from_file_order(whole.master.data());
+        local.m = r.model.from_file_order((other ? other->m : whole.m).data());
+        local.v = r.model.from_file_order((other ? other->v : whole.v).data());
+        if (!master.empty()) local.master = r.model.from_file_order(master.data());
         r.dp.load_optimizer_state(r.opt, local);
+        outer_loaded = r.local_sgd && !saved_local.empty();
+        if (outer_loaded)
+            r.local_sgd->set_state(r.model.from_file_order(saved_local.anchor.data()),
+                                   r.model.from_file_order(saved_local.momentum.data()));
+        else if (r.local_sgd)
+            r.log.print("local SGD starts at step %d from the checkpoint's weights (the anchor; outer momentum 0)\n",
+                        r.state.step);
+        else if (!saved_local.empty())
+            r.log.print("resume: the checkpoint's local SGD state (%d replicas) is not used: this run continues DP "
+                        "rank 0's weights and moments with plain data parallelism\n",
+                        saved_local.dp());
         r.state.loader = convert_loader_position(r.state.loader, r.state.loader_dp, r.grid.dp, cfg.data.shuffle);
         r.train_data.set_position(r.state.loader);
         r.conv->load(whole, from, r.log);
@@ -440,6 +489,7 @@ void init_or_resume(Run& r) {
         r.state.loader_dp = r.grid.dp;
         r.state.train_shards = shard_list(r.train_data.files());
     }
+    if (r.local_sgd && !outer_loaded) r.local_sgd->start(r.opt);  // the anchor: this start's weights
     if (r.rt.is_main()) {
         prepare_run_dirs(cfg, r.ckpt_dir);  // lock out_dir, check that it is writable and free
         if (!from.empty() && cfg.checkpoint.resume != "auto")  // rolling back: the later branch goes aside
@@ -460,9 +510,17 @@ void print_banner(Run& r, const Plan& p) {
               r.device.c_str(), r.conv->describe().c_str(), arch_name(s.arch), s.n_layer, s.n_head, s.kv_heads(),
               s.d_model, s.ffn(), s.vocab_size, s.padded_vocab, s.max_seq_len);
     if (s.moe.enabled()) log.print("%s\n", moe_describe(s.moe, s.n_layer).c_str());
-    log.print("parallel: %d process%s = %s; ZeRO-%d; comm %s; %zu gradient bucket%s of <= %zu elements\n", g.world,
-              g.world == 1 ? "" : "es", g.describe().c_str(), r.dp.zero(), r.groups.dp->name().c_str(),
-              r.dp.buckets().size(), r.dp.buckets().size() == 1 ? "" : "s", r.dp.bucket_elems());
+    if (r.local_sgd)
+        log.print("parallel: %d process%s = %s; local SGD: every %d steps the outer step (lr %g, Nesterov momentum "
+                  "%g), no gradient all-reduce; outer state %s in host memory (ZeRO-%d: %s); comm %s\n",
+                  g.world, g.world == 1 ? "" : "es", g.describe().c_str(), r.local_sgd->every(), r.pc.local_sgd.outer_lr,
+                  r.pc.local_sgd.outer_momentum, human_bytes(double(r.local_sgd->host_bytes())).c_str(),
+                  r.local_sgd->zero(), r.local_sgd->zero() ? "this rank's shard" : "whole",
+                  r.groups.dp->name().c_str());
+    else
+        log.print("parallel: %d process%s = %s; ZeRO-%d; comm %s; %zu gradient bucket%s of <= %zu elements\n", g.world,
+                  g.world == 1 ? "" : "es", g.describe().c_str(), r.dp.zero(), r.groups.dp->name().c_str(),
+                  r.dp.buckets().size(), r.dp.buckets().size() == 1 ? "" : "s", r.dp.bucket_elems());
     if (g.tp > 1)
         log.print("tensor parallel: %d ranks, %d heads and %d vocabulary rows each%s\n", g.tp, s.n_head / g.tp,
                   s.vocab_shard(g.tp),
@@ -537,7 +595,7 @@ void save(Run& r, bool final) {
     // out.format none without checkpoints: nothing to write, so nothing to gather (a benchmark of
     // the 1.5B shape spent a minute writing 6 GB of final weights)
     if (final && r.cfg.out.format == "none" && r.cfg.checkpoint.every <= 0) return;
-    WholeState whole = gather_whole_state(r.model, r.opt, r.dp, r.pc, *r.groups.mp, r.grid);
+    WholeState whole = gather_whole_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.pc, *r.groups.mp, r.grid);
     if (r.rt.is_main()) write_state(r, whole, final);
     r.groups.save->barrier();  // saving does not count against parallel.timeout_s
 }
@@ -600,17 +658,20 @@ void log_moe(Run& r, nlohmann::json& rec, std::string& extra) {
 }
 
 // One optimizer step: grad_accum micro-batches through the pipeline, the gradient sync, clipping
-// and AdamW; logs the step.
+// and AdamW (under local SGD: no gradient sync, and every parallel.local_sgd.every steps the outer
+// step); logs the step.
 void train_step(Run& r, int step, Batches& x, Batches& y) {
     const TrainConfig& tc = r.tc;
-    const double t0 = now_ms(), comm0 = comm_wait_ms();
+    const double t0 = now_ms(), comm0 = comm_wait_ms(), bytes0 = dp_bytes_sent(r);
     const OpsCounters c0 = r.ops->counters();
     const uint64_t waits0 = comm_waits();
     r.model.zero_grads();
     r.conv->begin_step();
     for (int micro = 0; micro < tc.grad_accum; micro++)
         next_batch(r.train_data, r.cp, r.model.B, r.model.T, x[size_t(micro)], y[size_t(micro)]);
-    const float dloss = float(1.0 / tokens_per_step(r));
+    // the gradient is the mean over the step's tokens: all DP ranks' (summed by the gradient sync),
+    // or under local SGD this rank's own (its AdamW alone uses it)
+    const float dloss = float(1.0 / (r.local_sgd ? tokens_per_step(r) / r.grid.dp : tokens_per_step(r)));
     r.model.defer_losses(r.defer ? r.losses() : nullptr, r.loss_rows);
     r.pipeline.set_defer_loss(r.defer);
     // gradient buckets go out during the last micro-step's backward, none before. Test hook:
@@ -646,6 +707,8 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     r.dp.before_update();
     r.opt.step(h, step + 1, r.ctl(), uint32_t(tc.seed * 2654435761u + step));
     r.dp.after_update();
+    const bool outer_step = r.local_sgd && r.local_sgd->due(step + 1, tc.steps);
+    if (outer_step) r.local_sgd->sync(r.opt);
     // the step's one wait for the backend: norm, decision and losses
     std::vector<char> back(Run::kReadbackHead + nloss * sizeof(float));
     r.ops->to_host_bytes(back.data(), r.readback, back.size());
@@ -660,19 +723,25 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
         }
         loss = r.dp.mean(r.pipeline.finish_loss(loss));
     }
-    const bool finite = std::isfinite(ss[0]) && std::isfinite(ss[1]);  // Ops::step_control's decision
-    r.bad_in_row = finite ? 0 : r.bad_in_row + 1;
-    r.state.skipped += !finite;
+    // Ops::step_control's decision (alike on every rank but under local SGD: each replica's own)
+    const bool finite_here = std::isfinite(ss[0]) && std::isfinite(ss[1]);
     const double ms = now_ms() - t0, tok_s = tokens_per_step(r) / (ms / 1000.0);
     const double comm_ms = comm_wait_ms() - comm0;  // this rank's time inside communication waits
     // what crossed between host and backend in this step, and the communicators' waits (on NCCL
     // host polls too; not the backend's): the most of any rank (Ops::counters)
     const OpsCounters dc = r.ops->counters() - c0;
-    double most[5] = {double(dc.host_syncs), double(dc.h2d_bytes), double(dc.d2h_bytes), double(dc.launches),
-                      double(comm_waits() - waits0)};
-    if (r.grid.world > 1) r.groups.world->all_reduce(most, 5, ReduceOp::Max);
+    // and the bytes the data-parallel collectives sent; a skipped update on any rank
+    double most[7] = {double(dc.host_syncs), double(dc.h2d_bytes), double(dc.d2h_bytes), double(dc.launches),
+                      double(comm_waits() - waits0), dp_bytes_sent(r) - bytes0, finite_here ? 0.0 : 1.0};
+    if (r.grid.world > 1) r.groups.world->all_reduce(most, 7, ReduceOp::Max);
     rec.update({{"host_syncs", uint64_t(most[0])}, {"h2d_bytes", uint64_t(most[1])}, {"d2h_bytes", uint64_t(most[2])},
-                {"launches", uint64_t(most[3])}, {"comm_waits", uint64_t(most[4])}});
+                {"launches", uint64_t(most[3])}, {"comm_waits", uint64_t(most[4])},
+                {"dp_bytes", uint64_t(std::llround(most[5]))}});
+    // the stop policy's count agrees on every rank (under local SGD a replica may skip alone)
+    const bool finite = most[6] == 0.0;
+    r.bad_in_row = finite ? 0 : r.bad_in_row + 1;
+    r.state.skipped += !finite;
+    if (outer_step) extra += " | outer step";
     r.progress.step_done(ms);
     rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"comm_ms", comm_ms},
                 {"compute_ms", ms - comm_ms}, {"tok_per_s", tok_s},

@@ -282,6 +282,43 @@ TEST_CASE("config: model.moe keys without model.moe.num_experts are refused nami
     CHECK_NOTHROW(load({g, "model.moe.top_k=" + std::to_string(Config().model.moe.top_k)}));
 }
 
+TEST_CASE("config: parallel.local_sgd's values and combinations are checked naming the key", "[config][local_sgd]") {
+    TempDir t;
+    std::string g = "data.train=" + t.train_glob();
+    const Config d = load({g});
+    CHECK((d.parallel.local_sgd.every == 0 && d.parallel.local_sgd.outer_lr == 1.0 &&
+           d.parallel.local_sgd.outer_momentum == 0.0));
+    CHECK(d.resolved.at("parallel").at("local_sgd").at("every") == 0);
+    const Config c = load({g, "parallel.local_sgd.every=4", "parallel.local_sgd.outer_lr=0.7",
+                           "parallel.local_sgd.outer_momentum=0.9", "parallel.zero=1"});
+    CHECK((c.parallel.local_sgd.every == 4 && c.parallel.local_sgd.outer_lr == 0.7 &&
+           c.parallel.local_sgd.outer_momentum == 0.9));
+    CHECK_THAT(error_of([&] { load({g, "parallel.local_sgd.every=-1"}); }), Catch::Contains("parallel.local_sgd.every"));
+    CHECK_THAT(error_of([&] { load({g, "parallel.local_sgd.every=2.5"}); }), Catch::Contains("parallel.local_sgd.every"));
+    CHECK_THAT(error_of([&] { load({g, "parallel.local_sgd.every=4", "parallel.local_sgd.outer_lr=0"}); }),
+               Catch::Contains("parallel.local_sgd.outer_lr"));
+    CHECK_THAT(error_of([&] { load({g, "parallel.local_sgd.every=4", "parallel.local_sgd.outer_lr=-0.5"}); }),
+               Catch::Contains("parallel.local_sgd.outer_lr"));
+    CHECK_THAT(error_of([&] { load({g, "parallel.local_sgd.every=4", "parallel.local_sgd.outer_momentum=1"}); }),
+               Catch::Contains("parallel.local_sgd.outer_momentum"));
+    CHECK_THAT(error_of([&] { load({g, "parallel.local_sgd.every=4", "parallel.local_sgd.outer_momentum=-0.1"}); }),
+               Catch::Contains("parallel.local_sgd.outer_momentum"));
+    // the outer optimizer's keys without local SGD would be ignored
+    CHECK_THAT(error_of([&] { load({g, "parallel.local_sgd.outer_lr=0.7"}); }),
+               Catch::Contains("parallel.local_sgd.outer_lr: set, but parallel.local_sgd.every is not"));
+    CHECK_NOTHROW(load({g, "parallel.local_sgd.outer_lr=0.7", "parallel.local_sgd.every=0"}));
+    // ZeRO 2 and 3, context and expert parallelism: refused, saying what works
+    for (int zero : {2, 3})
+        CHECK_THAT(error_of([&] { load({g, "parallel.local_sgd.every=4", "parallel.zero=" + std::to_string(zero)}); }),
+                   Catch::Contains("parallel.zero: " + std::to_string(zero)) && Catch::Contains("stages 0 and 1"));
+    CHECK_THAT(error_of([&] { load({g, "parallel.local_sgd.every=4", "parallel.cp=2"}); }),
+               Catch::Contains("parallel.cp: 2") && Catch::Contains("parallel.cp=1"));
+    CHECK_THAT(error_of([&] {
+                   load({g, "parallel.local_sgd.every=4", "parallel.ep=2", "model.moe.num_experts=2", "parallel.dp=2"});
+               }),
+               Catch::Contains("parallel.ep: 2") && Catch::Contains("parallel.ep=1"));
+}
+
 TEST_CASE("config: out-of-range values and enums", "[config]") {
     TempDir t;
     std::string g = "data.train=" + t.train_glob();

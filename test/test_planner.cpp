@@ -196,6 +196,36 @@ TEST_CASE("placement: a group within a node uses NVLink, one across nodes Infini
     CHECK(step_of(hidden).dp_comm > 0.0);
 }
 
+TEST_CASE("local SGD: no gradient all-reduce; the weights' fp32 all-reduce once per H steps, exposed", "[plan][local_sgd]") {
+    // 8 layers x 4096 on dp 8, one GPU per node (InfiniBand, 40 GB/s), short sequences: plain DP's
+    // bf16 gradient all-reduce mostly shows; local SGD's sync moves the fp32 weights after the update
+    const json ib = {{"nvlink_latency_us", 1e-9}, {"ib_latency_us", 1e-9}, {"ib_gb_s", 40}, {"gpus_per_node", 1}};
+    const auto cfg = [&](json parallel) {
+        return gpt_config(8, 4096, 32, 512, 64, {{"parallel", parallel}, {"plan", ib}, {"train", {{"grad_accum", 2}}}});
+    };
+    const StepTime plain = step_of(cfg({{"dp", 8}}));
+    const StepTime h1 = step_of(cfg({{"dp", 8}, {"local_sgd", {{"every", 1}}}}));
+    const StepTime h4 = step_of(cfg({{"dp", 8}, {"local_sgd", {{"every", 4}}}}));
+    const double n = double(num_params_unpadded(model_shape(cfg({{"dp", 8}}).model)));
+    // the sync: a ring all-reduce of 4 bytes per parameter over 8 ranks (the rank's parameters
+    // as the planner counts them: within a percent of the model's)
+    CHECK(h1.dp_comm == Approx(2.0 * 7 / 8 * 4 * n / 40e9).epsilon(0.01));
+    CHECK(h4.dp_comm == Approx(h1.dp_comm / 4).epsilon(1e-9));
+    CHECK(plain.dp_comm > h4.dp_comm);
+    CHECK(h4.compute == Approx(plain.compute));
+    // ZeRO-1 shards only the outer state: the same sync time (reduce-scatter + all-gather), the
+    // whole replica's update and memory
+    const StepTime z1 = step_of(cfg({{"dp", 8}, {"zero", 1}, {"local_sgd", {{"every", 4}}}}));
+    CHECK(z1.dp_comm == Approx(h4.dp_comm).epsilon(1e-9));
+    CHECK(z1.optimizer == Approx(plain.optimizer).epsilon(1e-9));
+    CHECK(step_of(cfg({{"dp", 8}, {"zero", 1}})).optimizer < plain.optimizer / 4);
+    const Config zc = cfg({{"dp", 8}, {"zero", 1}, {"local_sgd", {{"every", 4}}}});
+    const ProcessGrid g = make_process_grid(zc.parallel, plan_world(zc), 0);
+    const ModelShape shape = model_shape(zc.model);
+    CHECK(plan_rank_memory(zc, shape, g, DType::BF16, 0, 0).optimizer ==
+          plan_rank_memory(cfg({{"dp", 8}}), shape, g, DType::BF16, 0, 0).optimizer);
+}
+
 TEST_CASE("pp_layers auto: a heavy head gives the last stage fewer layers; a light one splits evenly", "[plan]") {
     // a 256k vocabulary on d_model 1024: the head costs several layers
     Config heavy = gpt_config(24, 1024, 16, 262144, 2048,

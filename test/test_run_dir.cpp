@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -129,6 +130,63 @@ TEST_CASE("state.bin keeps the skipped-step count and the training shards", "[ch
     CHECK(got.config == config);
 }
 
+// Local SGD's state (version 2 of state.bin): the outer anchor and momentum and the other DP ranks'
+// replicas come back bit for bit; a non-finite replica is named; a state.bin whose version and
+// "local_sgd" disagree is refused. Without local SGD the file stays version 1.
+TEST_CASE("state.bin keeps local SGD's outer state and every DP replica", "[checkpoint][local_sgd]") {
+    const std::string dir = temp_dir();
+    const ModelShape s{2, 2, 8, 100, 128, 16};
+    const size_t n = num_params(s);
+    auto filled = [&](float base) {
+        std::vector<float> x(n);
+        for (size_t i = 0; i < n; i++) x[i] = base + 1e-3f * float(i % 977);
+        return x;
+    };
+    TrainState st;
+    st.step = 6;
+    WholeState w = whole_of(s, 0.5f);
+    w.master = filled(0.25f);
+    w.local_sgd.anchor = filled(1.0f);
+    w.local_sgd.momentum = filled(-2.0f);
+    for (int k = 1; k < 3; k++)
+        w.local_sgd.replicas.push_back({filled(3.0f * k), filled(4.0f * k), filled(5.0f * k), filled(6.0f * k)});
+    REQUIRE(w.local_sgd.dp() == 3);
+    const std::string path = checkpoint_save(dir, st, s, 3, w, nlohmann::json::object(), 2);
+    int32_t header[2] = {0, 0};
+    FILE* f = std::fopen((path + "/state.bin").c_str(), "rb");
+    REQUIRE(f);
+    REQUIRE(std::fread(header, sizeof(header), 1, f) == 1);
+    std::fclose(f);
+    CHECK(header[1] == 2);
+    WholeState back;
+    CHECK(checkpoint_load(path, s, &back).step == 6);
+    CHECK(back.params == w.params);
+    CHECK(back.master == w.master);
+    CHECK(back.local_sgd.anchor == w.local_sgd.anchor);
+    CHECK(back.local_sgd.momentum == w.local_sgd.momentum);
+    REQUIRE(back.local_sgd.replicas.size() == 2);
+    for (size_t k = 0; k < 2; k++) {
+        const ReplicaState &a = back.local_sgd.replicas[k], &b = w.local_sgd.replicas[k];
+        CHECK((a.params == b.params && a.m == b.m && a.v == b.v && a.master == b.master));
+    }
+    // nothing non-finite of any replica is saved
+    w.local_sgd.replicas[1].v[9] = NAN;
+    CHECK_THROWS_WITH(check_finite_state(w, 7), Catch::Contains("Adam v of DP rank 2"));
+    w.local_sgd.replicas[1].v[9] = 0.0f;
+    w.local_sgd.momentum[3] = INFINITY;
+    CHECK_THROWS_WITH(check_finite_state(w, 7), Catch::Contains("local SGD outer momentum"));
+    // a plain run's checkpoint: version 1, no local state
+    st.step = 7;
+    const std::string plain = checkpoint_save(dir, st, s, 3, whole_of(s, 0.5f), nlohmann::json::object(), 2);
+    f = std::fopen((plain + "/state.bin").c_str(), "rb");
+    REQUIRE(f);
+    REQUIRE(std::fread(header, sizeof(header), 1, f) == 1);
+    std::fclose(f);
+    CHECK(header[1] == 1);
+    CHECK(checkpoint_load(plain, s, &back).step == 7);
+    CHECK(back.local_sgd.empty());
+}
+
 TEST_CASE("non-finite weights in a model file are named by file and tensor", "[checkpoint]") {
     const ModelShape s{2, 2, 8, 100, 128, 16};
     std::vector<float> w(num_params(s), 0.5f);
@@ -231,4 +289,12 @@ TEST_CASE("resume: every change is named; those that break an exact resume are r
               .empty());
     CHECK(keys(resume_changes(st, config_of({{"train", {{"lr", 1e-3}}}}), 2, shards), true) ==
           Keys{"learning rate of step 5", "train.lr"});
+
+    // local SGD is part of the recipe, unlike the rest of parallel.*
+    CHECK(keys(resume_changes(st, config_of({{"parallel", {{"local_sgd", {{"every", 4}}}}}}), 2, shards), true) ==
+          Keys{"parallel.local_sgd.every"});
+    CHECK(keys(resume_changes(st, config_of({{"parallel", {{"local_sgd", {{"every", 4}, {"outer_momentum", 0.5}}}}}}), 2,
+                              shards),
+               true) == Keys{"parallel.local_sgd.every", "parallel.local_sgd.outer_momentum"});
+    CHECK(keys(resume_changes(st, config_of({{"parallel", {{"zero", 1}}}}), 2, shards), true).empty());
 }

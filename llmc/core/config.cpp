@@ -232,6 +232,16 @@ const std::vector<Key>& schema() {
                  "true: collectives and transfers run while the computation goes on, waited for where their "
                  "result is needed; false: each is waited for as soon as it is posted (the same results)"),
 
+        int_key("parallel.local_sgd.every", FIELD(parallel.local_sgd.every), 0, NONE,
+                "local SGD / DiLoCo: each DP rank takes this many AdamW steps on its own gradients (no gradient "
+                "all-reduce), then the replicas' parameters are averaged and the outer optimizer applied; 0 = off "
+                "(plain data parallelism). ZeRO stage 0 or 1 (1 shards the outer state); not with cp or ep"),
+        num_key("parallel.local_sgd.outer_lr", FIELD(parallel.local_sgd.outer_lr), 0, true, NONE, false,
+                "local SGD: learning rate of the outer SGD on the averaged parameter delta (1 with outer_momentum "
+                "0 = plain parameter averaging; DiLoCo: 0.7)"),
+        num_key("parallel.local_sgd.outer_momentum", FIELD(parallel.local_sgd.outer_momentum), 0, false, 1, true,
+                "local SGD: Nesterov momentum of the outer SGD (0 = none; DiLoCo: 0.9)"),
+
         enum_key("fp8.format", FIELD(fp8.format), {"hybrid", "e4m3"}, {},
                  "hybrid: E4M3 weights/activations, E5M2 gradients; e4m3: E4M3 everywhere"),
         enum_key("fp8.recipe", FIELD(fp8.recipe), {"delayed", "current"}, {},
@@ -647,6 +657,48 @@ void check_moe_keys(const json& j, const Config& c) {
         std::fprintf(stderr, "warning: model.moe.num_experts is 0 (no MoE layers): %s ignored\n", join(moot, ", ").c_str());
 }
 
+// parallel.local_sgd: outer_lr or outer_momentum away from their defaults without `every` would be
+// ignored (refused when `every` is not given; a warning when it is 0 on purpose, as for model.moe).
+// Local SGD keeps each DP rank's whole model and inner AdamW (llmc/train/local_sgd.h): ZeRO 2 and 3
+// shard what every replica must hold whole; under cp and ep a replica spans several DP-group ranks
+// whose gradients must still be summed every step.
+void check_local_sgd(const json& j, const Config& c) {
+    const LocalSgdConfig& l = c.parallel.local_sgd;
+    if (l.every == 0) {
+        Config defaults;
+        std::vector<std::string> moot;
+        if (l.outer_lr != defaults.parallel.local_sgd.outer_lr) moot.push_back("parallel.local_sgd.outer_lr");
+        if (l.outer_momentum != defaults.parallel.local_sgd.outer_momentum)
+            moot.push_back("parallel.local_sgd.outer_momentum");
+        if (moot.empty()) return;
+        if (!lookup(j, "parallel.local_sgd.every"))
+            throw UserError(strfmt("%s: set, but parallel.local_sgd.every is not (0 by default: local SGD off), so it "
+                                   "would be ignored; set parallel.local_sgd.every >= 1 (inner steps between syncs) "
+                                   "for local SGD, or remove %s",
+                                   moot[0].c_str(), join(moot, ", ").c_str()));
+        if (log_rank() <= 0)
+            std::fprintf(stderr, "warning: parallel.local_sgd.every is 0 (local SGD off): %s ignored\n",
+                         join(moot, ", ").c_str());
+        return;
+    }
+    const ParallelConfig& p = c.parallel;
+    if (p.zero >= 2)
+        throw UserError(strfmt("parallel.zero: %d with parallel.local_sgd.every = %d: local SGD works with ZeRO "
+                               "stages 0 and 1 only (each DP rank keeps its whole model, gradients and inner AdamW; "
+                               "stage 1 shards the outer state); use parallel.zero=0 or 1",
+                               p.zero, l.every));
+    if (p.cp > 1)
+        throw UserError(strfmt("parallel.cp: %d with parallel.local_sgd.every = %d: local SGD runs over the DP "
+                               "group only (a context-parallel replica would still need its gradient all-reduce "
+                               "every step); use parallel.cp=1",
+                               p.cp, l.every));
+    if (p.ep > 1)
+        throw UserError(strfmt("parallel.ep: %d with parallel.local_sgd.every = %d: local SGD runs over the DP "
+                               "group only (expert parallelism spreads a replica's experts over DP ranks); use "
+                               "parallel.ep=1",
+                               p.ep, l.every));
+}
+
 void check_consistency(const Config& c, bool check_files) {
     const ModelConfig& m = c.model;
     const TrainConfig& t = c.train;
@@ -873,6 +925,7 @@ Config config_from_json(const json& j, bool check_files) {
     for (const Key& k : schema())
         if (const json* v = lookup(j, k.path)) assign(k, *v, c);
     check_moe_keys(j, c);
+    check_local_sgd(j, c);
     check_consistency(c, check_files);
     c.resolved = json::object();
     for (const Key& k : schema()) set_path(c.resolved, k.path, read_field(k, c));

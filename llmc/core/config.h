@@ -92,6 +92,16 @@ struct CheckpointConfig {
     bool allow_changes = false;
 };
 
+// Local SGD / DiLoCo over the DP group (llmc/train/local_sgd.h): each DP rank takes `every` AdamW
+// steps on its own gradients, then the replicas' parameters are averaged and the outer optimizer
+// (SGD with Nesterov momentum on the averaged delta) moves them. The defaults (1, 0) are plain
+// periodic averaging (local SGD); DiLoCo's recipe is outer_lr 0.7, outer_momentum 0.9 (docs/parallelism.md).
+struct LocalSgdConfig {
+    int every = 0;                // H, inner steps between syncs; 0 = off (plain data parallelism)
+    double outer_lr = 1.0;        // the outer SGD's learning rate
+    double outer_momentum = 0.0;  // its Nesterov momentum (0: none)
+};
+
 // Process layout: world = dp x tp x pp (tp fastest, then dp, then pp; see llmc/parallel/process_grid.h).
 struct ParallelConfig {
     int dp = 0;                 // data-parallel ranks; 0 = "auto" (world / (tp * pp * cp))
@@ -109,6 +119,7 @@ struct ParallelConfig {
     double bucket_mb = 25.0;    // gradient bucket size in MiB (fp32 elements)
     double timeout_s = 300.0;   // a blocking collective or send/recv that takes longer ends the job
     bool overlap = true;        // communication posted non-blocking, waited for where its result is needed
+    LocalSgdConfig local_sgd;
 };
 
 // FP8 linear layers (precision "fp8"): formats and per-tensor scaling (see llmc/precision/fp8.h).

@@ -20,7 +20,9 @@
 namespace {
 
 constexpr int32_t STATE_MAGIC = 20241121;
-constexpr int32_t STATE_VERSION = 1;
+// version 2: a local SGD section follows (LocalSgdState); written only then, so that the
+// checkpoints of other runs stay readable by version-1 readers
+constexpr int32_t STATE_VERSION = 1, STATE_VERSION_LOCAL_SGD = 2;
 
 bool exists(const std::string& p) {
     struct stat st;
@@ -126,8 +128,16 @@ void check_resume_within(const TrainState& st, int steps, const std::string& fro
 }
 
 void check_finite_state(const WholeState& whole, int step) {
-    const std::pair<const char*, const std::vector<float>*> parts[] = {
-        {"weights", &whole.params}, {"Adam m", &whole.m}, {"Adam v", &whole.v}, {"master weights", &whole.master}};
+    std::vector<std::pair<std::string, const std::vector<float>*>> parts = {
+        {"weights", &whole.params}, {"Adam m", &whole.m}, {"Adam v", &whole.v}, {"master weights", &whole.master},
+        {"local SGD anchor weights", &whole.local_sgd.anchor}, {"local SGD outer momentum", &whole.local_sgd.momentum}};
+    for (size_t k = 0; k < whole.local_sgd.replicas.size(); k++) {
+        const ReplicaState& r = whole.local_sgd.replicas[k];
+        const std::string of = strfmt(" of DP rank %zu", k + 1);
+        for (const auto& p : {std::make_pair("weights", &r.params), std::make_pair("Adam m", &r.m),
+                              std::make_pair("Adam v", &r.v), std::make_pair("master weights", &r.master)})
+            parts.push_back({p.first + of, p.second});
+    }
     for (const auto& part : parts) {
         const std::vector<float>& x = *part.second;
         size_t bad = 0;  // count them all: no early exit, so the loop vectorises
@@ -138,7 +148,7 @@ void check_finite_state(const WholeState& whole, int step) {
         throw NonFiniteState(strfmt("step %d: %zu of %zu %s are not finite (the first at index %zu, %g); not "
                                     "saving: the checkpoints already written are kept (lower train.lr or check the "
                                     "data, then resume from the last one)",
-                                    step, bad, x.size(), part.first, first, double(x[first])));
+                                    step, bad, x.size(), part.first.c_str(), first, double(x[first])));
     }
 }
 
@@ -173,6 +183,12 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
         LLMC_ASSERT(whole.params.size() == num_params && whole.m.size() == num_params && whole.v.size() == num_params &&
                         (whole.master.empty() || whole.master.size() == num_params),
                     "checkpoint_save: the whole state has the wrong size");
+        const LocalSgdState& local = whole.local_sgd;
+        bool local_ok = local.empty() || (local.anchor.size() == num_params && local.momentum.size() == num_params);
+        for (const ReplicaState& r : local.replicas)
+            local_ok = local_ok && r.params.size() == num_params && r.m.size() == num_params &&
+                       r.v.size() == num_params && r.master.size() == whole.master.size();
+        LLMC_ASSERT(local_ok, "checkpoint_save: the local SGD state has the wrong size");
         model_file_write(tmp_dir + "/model.bin", shape, whole.params.data(), model_version);
         fault_point("checkpoint_after_model", st.step);
         const std::vector<float>&m_l = whole.m, &v_l = whole.v, &master_l = whole.master;
@@ -189,6 +205,7 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
             {"model_version", model_version},
             {"model_checksum", file_checksum(tmp_dir + "/model.bin")},
             {"config", config}};
+        if (!local.empty()) meta["local_sgd"] = {{"replicas", local.dp()}};
         const std::string meta_s = meta.dump();
         const size_t nbytes = num_params * sizeof(float);
         uint64_t h = fnv1a(meta_s.data(), meta_s.size());
@@ -196,12 +213,21 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
         h = fnv1a(v_l.data(), nbytes, h);
         if (!master_l.empty()) h = fnv1a(master_l.data(), nbytes, h);
         if (!whole.fp8.empty()) h = fnv1a(whole.fp8.data(), whole.fp8.size(), h);
-        int32_t header[8] = {STATE_MAGIC, STATE_VERSION, int32_t(meta_s.size()), 0, 0, 0, 0, 0};
+        // local SGD: the anchor, the momentum, then each further replica's params, m, v (and master)
+        std::vector<const std::vector<float>*> local_parts;
+        if (!local.empty()) local_parts = {&local.anchor, &local.momentum};
+        for (const ReplicaState& r : local.replicas)
+            for (const std::vector<float>* x : {&r.params, &r.m, &r.v, &r.master})
+                if (!x->empty()) local_parts.push_back(x);
+        for (const std::vector<float>* x : local_parts) h = fnv1a(x->data(), nbytes, h);
+        const int32_t version = local.empty() ? STATE_VERSION : STATE_VERSION_LOCAL_SGD;
+        int32_t header[8] = {STATE_MAGIC, version, int32_t(meta_s.size()), 0, 0, 0, 0, 0};
         std::memcpy(&header[4], &h, sizeof(h));
         std::vector<std::pair<const void*, size_t>> parts = {
             {header, sizeof(header)}, {meta_s.data(), meta_s.size()}, {m_l.data(), nbytes}, {v_l.data(), nbytes}};
         if (!master_l.empty()) parts.push_back({master_l.data(), nbytes});
         if (!whole.fp8.empty()) parts.push_back({whole.fp8.data(), whole.fp8.size()});
+        for (const std::vector<float>* x : local_parts) parts.push_back({x->data(), nbytes});
         write_file_atomic(tmp_dir + "/state.bin", parts);
         fault_point("checkpoint_after_state", st.step);
     } catch (const UserError& e) {  // a full disk, say: named by the checkpoint the user will look for
@@ -273,7 +299,8 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     int32_t header[8];
     if (!in.read(reinterpret_cast<char*>(header), sizeof(header)) || header[0] != STATE_MAGIC)
         throw UserError(strfmt("checkpoint %s: not a train_gpt state file (bad magic)", sp));
-    if (header[1] != STATE_VERSION) throw UserError(strfmt("checkpoint %s: unsupported version %d", sp, header[1]));
+    if (header[1] != STATE_VERSION && header[1] != STATE_VERSION_LOCAL_SGD)
+        throw UserError(strfmt("checkpoint %s: unsupported version %d", sp, header[1]));
     if (header[2] <= 0 || header[2] > (64 << 20)) throw UserError(strfmt("checkpoint %s: corrupt header", sp));
     uint64_t stored;
     std::memcpy(&stored, &header[4], sizeof(stored));
@@ -338,13 +365,46 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     const size_t fp8_bytes = meta.contains("fp8_bytes") ? meta_u64(meta, "fp8_bytes", state_path, "") : 0;
     if (fp8_bytes > (size_t(64) << 20))
         throw UserError(strfmt("checkpoint %s: corrupt metadata (fp8_bytes %zu)", sp, fp8_bytes));
-    const size_t nbytes = num_params * sizeof(float);
+    // local SGD (version 2): the replicas saved, DP rank 0's included
+    int replicas = 0;
+    const bool has_local = meta.contains("local_sgd");
+    if (has_local != (header[1] == STATE_VERSION_LOCAL_SGD))
+        throw UserError(strfmt("checkpoint %s: corrupt metadata (a version %d file %s \"local_sgd\")", sp, header[1],
+                               has_local ? "with" : "without"));
+    if (has_local && !meta["local_sgd"].is_object())
+        throw UserError(strfmt("checkpoint %s: metadata \"local_sgd\" is not an object", sp));
+    if (has_local) replicas = int(meta_int(meta["local_sgd"], "replicas", state_path, "local_sgd.", 1, 1 << 20));
+    // the rest of the file holds exactly the arrays the metadata announces: checked before any
+    // allocation (a corrupt replica count would otherwise ask for that many copies of the model)
+    const double per_copy = double(num_params) * sizeof(float), tensors = has_master ? 4 : 3;
+    const double want = per_copy * (tensors - 1) + double(fp8_bytes) +
+                        (replicas > 0 ? per_copy * (2 + tensors * (replicas - 1)) : 0.0);
+    const std::streamoff at = in.tellg();
+    in.seekg(0, std::ios::end);
+    const std::streamoff file_end = in.tellg();
+    in.seekg(at);
+    if (at < 0 || double(file_end - at) != want)
+        throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters%s", sp, num_params,
+                               replicas > 0 ? strfmt(" and %d local SGD replicas", replicas).c_str() : ""));
     std::vector<float> m_l(num_params), v_l(num_params), master_l(has_master ? num_params : 0);
     std::vector<uint8_t> fp8(fp8_bytes);
-    bool ok = bool(in.read(reinterpret_cast<char*>(m_l.data()), std::streamsize(nbytes))) &&
-              bool(in.read(reinterpret_cast<char*>(v_l.data()), std::streamsize(nbytes))) &&
-              (!has_master || bool(in.read(reinterpret_cast<char*>(master_l.data()), std::streamsize(nbytes)))) &&
-              (fp8.empty() || bool(in.read(reinterpret_cast<char*>(fp8.data()), std::streamsize(fp8.size()))));
+    LocalSgdState local;
+    if (replicas > 0) {
+        local.anchor.resize(num_params);
+        local.momentum.resize(num_params);
+        local.replicas.resize(size_t(replicas - 1));
+    }
+    auto read = [&](std::vector<float>& x) {
+        return x.empty() || bool(in.read(reinterpret_cast<char*>(x.data()), std::streamsize(x.size() * sizeof(float))));
+    };
+    bool ok = read(m_l) && read(v_l) && read(master_l) &&
+              (fp8.empty() || bool(in.read(reinterpret_cast<char*>(fp8.data()), std::streamsize(fp8.size())))) &&
+              read(local.anchor) && read(local.momentum);
+    for (ReplicaState& r : local.replicas) {
+        for (std::vector<float>* x : {&r.params, &r.m, &r.v}) x->resize(num_params);
+        r.master.resize(has_master ? num_params : 0);
+        ok = ok && read(r.params) && read(r.m) && read(r.v) && read(r.master);
+    }
     char extra;
     if (!ok || in.read(&extra, 1))
         throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters", sp, num_params));
@@ -354,5 +414,6 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     whole->v = std::move(v_l);
     whole->master = std::move(master_l);
     whole->fp8 = std::move(fp8);
+    whole->local_sgd = std::move(local);
     return st;
 }

@@ -6,7 +6,8 @@
 //              all in llm.c tensor order, then (precision "fp8") the FP8 scaling state as
 //              Fp8State::save() wrote it, plus JSON metadata (step, data-loader position,
 //              seeds, the resolved config, the training shards, "fp8_bytes", the count of skipped
-//              steps) and a checksum of both files
+//              steps) and a checksum of both files; a local SGD run (parallel.local_sgd, state
+//              version 2) then its outer state and the other DP ranks' replicas (LocalSgdState)
 //   DONE       the completion marker, written last
 // Tensors are stored whole (logical shape), so any later parallel layout can load them.
 // Saving writes step_NNNNNNNN.tmp/, fsyncs, renames it, then writes DONE: a run killed at any
@@ -44,6 +45,20 @@ struct OptimizerState {
     std::vector<float> m, v, master;
 };
 
+// One data-parallel replica's training state, as WholeState's fields of the same names.
+struct ReplicaState {
+    std::vector<float> params, m, v, master;
+};
+// Local SGD's state (llmc/train/local_sgd.h), llm.c order: the outer optimizer's anchor (the weights
+// at the last sync) and momentum, and the replicas of DP ranks 1 .. dp - 1 (each trains its own
+// between syncs; DP rank 0's is WholeState's params, m, v, master). Empty without local SGD.
+struct LocalSgdState {
+    std::vector<float> anchor, momentum;
+    std::vector<ReplicaState> replicas;
+    bool empty() const { return anchor.empty(); }
+    int dp() const { return empty() ? 0 : int(replicas.size()) + 1; }  // the replicas saved
+};
+
 // The whole model's training state in llm.c tensor order (num_params elements each):
 // what a checkpoint holds, independent of the layout that wrote it. Assembled from the ranks'
 // pieces by llmc/train/layout.h; every layout takes its pieces with Model::from_file_order.
@@ -52,6 +67,7 @@ struct WholeState {
     // Fp8State::save() of a precision "fp8" run, empty otherwise. After each step's amax
     // reduction every rank holds the same whole-model state, so it is layout-independent too.
     std::vector<uint8_t> fp8;
+    LocalSgdState local_sgd;
 };
 
 // Training state that is not finite (NaN or infinite weights or moments): never written over a

@@ -217,6 +217,28 @@ void AdamW::sync_master_from_params() {
     else ops_.from_host_bytes(master_, packed.data(), owned_ * sizeof(float));
 }
 
+std::vector<float> AdamW::get_weights() const {
+    std::vector<float> w(owned_);
+    if (master_) {
+        if (offload_.enabled) std::copy(master_, master_ + owned_, w.begin());
+        else ops_.to_host_bytes(w.data(), master_, owned_ * sizeof(float));
+        return w;
+    }
+    for (size_t i = 0; i < runs_.size(); i++)
+        ops_.to_host_f32(w.data() + run_state_[i], params_.slice(runs_[i].first - begin_, runs_[i].second - runs_[i].first));
+    return w;
+}
+
+void AdamW::set_weights(const std::vector<float>& w) {
+    LLMC_ASSERT(w.size() == owned_, "optimizer weights size mismatch");
+    if (master_) {
+        if (offload_.enabled) std::copy(w.begin(), w.end(), master_);
+        else ops_.from_host_bytes(master_, w.data(), owned_ * sizeof(float));
+    }
+    for (size_t i = 0; i < runs_.size(); i++)
+        ops_.from_host_f32(params_.slice(runs_[i].first - begin_, runs_[i].second - runs_[i].first), w.data() + run_state_[i]);
+}
+
 float clip_scale(double grad_norm, double clip) { return clip_factor(grad_norm, clip); }
 
 double lr_at(const TrainConfig& t, int step) {

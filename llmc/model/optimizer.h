@@ -83,6 +83,11 @@ public:
     void set_state(const std::vector<float>& m, const std::vector<float>& v, const std::vector<float>& master);
     // Copies the current parameters into the master weights (after loading parameters).
     void sync_master_from_params();
+    // The fp32 weights of the owned runs (packed): the master weights where kept, else the
+    // parameters; and the reverse, which sets the master (where kept) and the parameters (rounded
+    // to nearest in the model's dtype). Local SGD's outer step reads and writes them.
+    std::vector<float> get_weights() const;
+    void set_weights(const std::vector<float>& w);
 
 private:
     void step_offloaded(const AdamWHyper& h, int t, const float* ctl, uint32_t seed);

@@ -81,9 +81,12 @@ RankParts rank_parts(const Config& cfg, const ModelShape& shape, const ProcessGr
     return r;
 }
 // slots: the rank's in-flight micro-batches per chunk (slots_of). Activation offload (with full
-// recompute only) moves the kept layer inputs to the host row.
+// recompute only) moves the kept layer inputs to the host row. Under local SGD every rank keeps
+// its whole replica and inner optimizer whatever the ZeRO stage (which shards only the outer
+// state, in host memory: llmc/train/local_sgd.h).
 MemoryPlan memory_of(const RankParts& r, const Config& cfg, const ModelShape& shape, const ProcessGrid& grid,
                      DType dtype, const std::vector<int>& slots, int zero, Recompute rc) {
+    if (cfg.parallel.local_sgd.every > 0) zero = 0;
     const bool offload = cfg.train.offload_activations && rc == Recompute::Full;
     const int b = cfg.train.micro_batch, t = cfg.train.seq_len / grid.cp;
     const size_t activations = Model::activation_bytes_of(shape, dtype, b, t, r.layout, slots, rc, offload);
@@ -242,6 +245,7 @@ json plan_json(const Config& cfg, const ModelShape& shape, const ProcessGrid& gr
             {"tp", grid.tp},
             {"pp", grid.pp},
             {"zero", pc.zero},
+            {"local_sgd_every", pc.local_sgd.every},
             {"sequence_parallel", pc.sequence_parallel && grid.tp > 1},
             {"pp_schedule", pc.pp_schedule},
             {"pp_virtual", pc.pp_virtual},
@@ -265,8 +269,14 @@ std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessG
                            arch_name(shape.arch), shape.n_layer, shape.d_model, shape.n_head, shape.kv_heads(),
                            shape.ffn(), shape.vocab_size, dtype_name(dtype));
     if (shape.moe.enabled()) s += "  " + moe_describe(shape.moe, shape.n_layer) + "\n";
-    s += strfmt("  world %d = %s; ZeRO-%d%s; %s over %d micro-batches%s; recompute %s%s\n", grid.world,
-                grid.describe().c_str(), pc.zero, plan["sequence_parallel"].get<bool>() ? "; sequence parallel" : "",
+    const std::string local =
+        pc.local_sgd.every > 0
+            ? strfmt(" (of the outer state, in host memory); local SGD every %d steps (each rank's optimizer whole)",
+                     pc.local_sgd.every)
+            : std::string();
+    s += strfmt("  world %d = %s; ZeRO-%d%s%s; %s over %d micro-batches%s; recompute %s%s\n", grid.world,
+                grid.describe().c_str(), pc.zero, local.c_str(),
+                plan["sequence_parallel"].get<bool>() ? "; sequence parallel" : "",
                 pc.pp_schedule.c_str(), tc.grad_accum,
                 pc.pp_virtual > 1 ? strfmt(" (%d chunks per rank)", pc.pp_virtual).c_str() : "", tc.recompute.c_str(),
                 tc.offload_activations ? ", activations offloaded to the host" : "");
@@ -470,8 +480,11 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
     // with MoE the expert-parallel degree (a divisor of the experts and of dp x cp), and the rest
     // are searched
     const int cp = given.cp;
-    const std::vector<int> eps =
-        shape.moe.enabled() ? divisors(shape.moe.num_experts, shape.moe.num_experts) : std::vector<int>{1};
+    // (local SGD: ZeRO 0 or 1 and no expert parallelism, llmc/train/local_sgd.h)
+    const bool local = base.parallel.local_sgd.every > 0;
+    const int max_zero = local ? 1 : 3;
+    const std::vector<int> eps = shape.moe.enabled() && !local ? divisors(shape.moe.num_experts, shape.moe.num_experts)
+                                                               : std::vector<int>{1};
     struct Mesh {
         int tp, pp, dp, ep;
     };
@@ -518,7 +531,7 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
                     skipped.cap += variants;
                     continue;
                 }
-                for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); zero++)  // ZeRO shards over dp x cp
+                for (int zero = 0; zero <= (dp * cp > 1 ? max_zero : 0); zero++)  // ZeRO shards over dp x cp
                     for (const char* rc : {"none", "selective", "full"})
                         for (int sp = 0; sp <= (tp > 1 ? 1 : 0); sp++) {
                             if (sp && base.train.seq_len / cp % tp) continue;
@@ -554,7 +567,7 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
     std::vector<char> possible(all.size(), 1);
     for (const Group& grp : groups) {
         const ProcessGrid g = make_process_grid(grp.least.parallel, world, 0);
-        if (!some_stage_fits(grp.least, shape, g, dtype, g.dp_cp() > 1 ? 3 : 0, budget, cache))
+        if (!some_stage_fits(grp.least, shape, g, dtype, g.dp_cp() > 1 ? max_zero : 0, budget, cache))
             std::fill(possible.begin() + long(grp.begin), possible.begin() + long(grp.end), 0);
     }
     std::vector<size_t> order;

@@ -248,6 +248,7 @@ StepTime estimate_step(const Config& cfg, const ModelShape& s, const ProcessGrid
     const double bwd = 2.0 / 3.0 * rank[size_t(slow)].compute;  // one micro-batch's backward
     const double fwd = bwd / 2;
     const int n = g.dp * g.cp;
+    const bool local_sgd = pc.local_sgd.every > 0;
     double dp_exposed = 0;
     if (n > 1) {
         // every bucket (ZeRO 0-1) or unit (ZeRO 2-3) is a collective of its own: a ring latency each
@@ -261,12 +262,19 @@ StepTime estimate_step(const Config& cfg, const ModelShape& s, const ProcessGrid
         if (pc.zero == 1) dp_exposed = hidden(rs + lat * buckets, bwd) + hidden(ag + lat * buckets, fwd);
         if (pc.zero == 2) dp_exposed = m * hidden(rs + lat * units, bwd) + hidden(ag + lat * units, fwd);
         if (pc.zero == 3) dp_exposed = m * hidden(2 * ag + rs + 3 * lat * units, fwd + bwd);
+        // local SGD: no gradient collective in a step; every H steps, after the update (nothing to
+        // hide behind), the replicas' fp32 weights are summed: an all-reduce (ZeRO-0) or a
+        // reduce-scatter and an all-gather (ZeRO-1), in pieces of a bucket
+        if (local_sgd) {
+            const double w = ring_all_reduce_s(most * 4.0, n, dpl.bytes_s, 0);
+            dp_exposed = (w + 2 * lat * buckets) / pc.local_sgd.every;
+        }
     }
     t.dp_comm = dp_exposed;
     // the update: optimizer state (moments, master or fp32 parameters) read and written, the
     // gradient read, a bf16 parameter written
     const bool master = AdamW::keeps_master(dtype);
-    const double shard = pc.zero >= 1 ? most / n : most;
+    const double shard = pc.zero >= 1 && !local_sgd ? most / n : most;  // local SGD: the whole replica's
     t.optimizer = shard * (2.0 * 12.0 + dt + (master ? dt : 0.0)) / d.hbm_bytes_s;
 
     t.total = t.compute + t.tp_comm + t.pp_comm + t.bubble + t.dp_comm + t.optimizer;

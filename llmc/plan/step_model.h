@@ -30,7 +30,11 @@
 //   overlapped with that micro-batch's compute. Each collective (bucket, unit) pays the ring's
 //   latency. This is the overlap of a communication stream (Megatron's --overlap-grad-reduce);
 //   the trainer's own collectives are blocking today, so for this trainer the dp term is a
-//   lower bound.
+//   lower bound. Local SGD (parallel.local_sgd) has no gradient collective: its sync, an
+//   all-reduce of the fp32 weights (ZeRO-1: reduce-scatter and all-gather, the same ring time)
+//   after every H-th update, is exposed and counted as 1/H of it per step; the outer step's
+//   host work and the weights' copies to and from the host are not modelled, and the update
+//   covers the whole replica (the inner optimizer is not sharded).
 // - Placement: ranks are numbered tp fastest, then cp, dp, pp (llmc/parallel/process_grid.h); a group
 //   whose ranks lie within one node of plan.gpus_per_node uses NVLink; one spanning nodes with k
 //   members per node moves min(NVLink, k x InfiniBand per GPU) per member (a ring crosses each

@@ -139,6 +139,8 @@ bool in_list(const std::string& key, std::initializer_list<const char*> list) {
 // recipe the same. (precision changes the arithmetic as a layout changes the order of sums; the
 // fp8 converter has its own rule for fp8.*: other settings than the checkpoint's are refused.)
 bool harmless_key(const std::string& key) {
+    // local SGD is a training recipe (its outer optimizer and sync interval), not a layout
+    if (in_list(key, {"parallel.local_sgd."})) return false;
     return in_list(key, {"eval.", "log.", "out.", "checkpoint.", "parallel.", "plan.", "device", "precision", "fp8.",
                          "out_dir", "tokenizer", "data.val", "model.init", "model.init_seed", "train.recompute",
                          "train.offload_optimizer", "train.offload_activations",

@@ -42,8 +42,8 @@ struct ResumeChange {
 // shard set (names or sizes; a glob that matches the same shards elsewhere is not), data.shuffle,
 // train.micro_batch, train.seq_len, the tokens per step (micro_batch x seq_len x grad_accum x dp),
 // the learning rate of any remaining step (so train.steps only where the schedule depends on it),
-// the optimizer's and the model's hyperparameters, and train.seed. Harmless: how the run is laid
-// out and computed (parallel.*, device, recompute, precision; fp8.* is the fp8 converter's to
+// the optimizer's and the model's hyperparameters, parallel.local_sgd.* (the outer optimizer), and
+// train.seed. Harmless: how the run is laid out and computed (the other parallel.*, device, recompute, precision; fp8.* is the fp8 converter's to
 // refuse), evaluated, logged and saved (eval.*, log.*, out.*, checkpoint.*, out_dir, data.val,
 // tokenizer), and model.init/init_seed (the weights come from the checkpoint). Keys the saved
 // config lacks (older train_gpt) are not compared.

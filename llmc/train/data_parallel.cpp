@@ -133,11 +133,12 @@ Tensor DataParallel::alloc(size_t n) {
 }
 
 DataParallel::DataParallel(const ParamLayout& layout, Ops& ops, DType dtype, Comm& dp, int zero, double bucket_mb,
-                           bool host_staging, Comm* ep)
+                           bool host_staging, Comm* ep, bool local)
     : layout_(layout), ops_(ops), dtype_(dtype), comm_(dp), ep_(ep && ep->size() > 1 ? ep : nullptr),
-      ep_stage_(ops, ep_), zero_(zero) {
+      ep_stage_(ops, ep_), zero_(zero), local_(local) {
     if (ep_) dense_ = dense_runs(layout);
     LLMC_ASSERT(zero >= 0 && zero <= 3, "ZeRO stage outside 0..3");
+    LLMC_ASSERT(!local || (zero == 0 && !ep_), "local updates (local SGD) keep whole replicas: ZeRO-0, no ep");
     LLMC_ASSERT(layout.padded_params % pad_multiple(dp.size()) == 0, "parameters not padded for this dp");
     if (zero < 3) {
         whole_.reset(new WholeStore(ops, layout, dtype, zero < 2));
@@ -216,6 +217,12 @@ std::vector<size_t> DataParallel::shard_counts(size_t begin, size_t end) const {
     return c;
 }
 
+void DataParallel::count_gather(const std::vector<size_t>& counts, const Comm& c) {
+    size_t n = 0;
+    for (size_t x : counts) n += x;
+    bytes_sent_ += ring_bytes_gather(4.0 * double(n), c.size());
+}
+
 void DataParallel::load(Staging& s, Tensor src) {
     if (direct_) ops_.copy(s.dev.slice(0, src.n), src);
     else ops_.to_host_f32(s.host.data(), src);
@@ -266,10 +273,12 @@ void DataParallel::reduce_dense(Staging& s, size_t begin, size_t n) {
             counts.push_back(hi > lo ? hi - lo : 0);
         }
         std::vector<float> mine(counts[k]);
+        count_gather(counts, *ep_);
         ep_stage_.run_host(packed.data(), total, mine.data(), mine.size(),
                            [&](const float* in, float* out) { ep_->reduce_scatter(in, out, counts); });
         std::copy(mine.begin(), mine.end(), packed.begin() + long(count_offsets(counts)[k]));
     } else {
+        count_all_reduce(total, *ep_);
         ep_stage_.run_host(packed.data(), total, [&](float* x) { ep_->all_reduce(x, total, ReduceOp::Sum); });
     }
     p = packed.data();
@@ -300,6 +309,7 @@ void DataParallel::launch(const Bucket& b) {
     const size_t n = b.end - b.begin;
     load(send_, grad_buf_.slice(b.begin, n));
     if (zero_ == 0) {
+        count_all_reduce(n, comm_);
         post_staged(comm_.all_reduce_async(send_.data(), n, ReduceOp::Sum), [this, b, n] {
             reduce_dense(send_, b.begin, n);
             store(grad_buf_.slice(b.begin, n), send_);
@@ -308,6 +318,7 @@ void DataParallel::launch(const Bucket& b) {
     }
     const std::vector<size_t> counts = shard_counts(b.begin, b.end);
     const size_t mine = counts[size_t(dp_rank())];
+    count_gather(counts, comm_);
     post_staged(comm_.reduce_scatter_async(send_.data(), recv_.data(), counts), [this, b, mine] {
         reduce_dense(recv_, std::max(b.begin, opt_begin()), mine);
         if (mine > 0) store(grad_buf_.slice(std::max(b.begin, opt_begin()), mine), recv_);
@@ -315,7 +326,7 @@ void DataParallel::launch(const Bucket& b) {
 }
 
 std::function<void(size_t)> DataParallel::grads_ready() {
-    if (zero_ >= 2) return {};  // the units' reduce-scatters go out from release_grads
+    if (zero_ >= 2 || local_) return {};  // the units' reduce-scatters go out from release_grads
     next_bucket_ = 0;
     return [this](size_t ready_from) {
         while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].begin >= ready_from)
@@ -324,6 +335,7 @@ std::function<void(size_t)> DataParallel::grads_ready() {
 }
 
 void DataParallel::finish_grad_sync() {
+    if (local_) return;  // each rank keeps its own gradients
     if (zero_ >= 2) {  // the step-long units: the embedding, then the head
         std::vector<CommHandle> posted;
         for (int k : {int(ParamUnit::Embedding), int(ParamUnit::Head)}) {
@@ -366,6 +378,7 @@ void DataParallel::reduce_scatter_unit(int unit, Tensor grads) {
         settle();
         const size_t mine = counts[size_t(dp_rank())];
         load(send_, grads.slice(b - ub, e - b));
+        count_gather(counts, comm_);
         // added to the shard: the micro-steps' sums add up
         post_staged(comm_.reduce_scatter_async(send_.data(), recv_.data(), counts), [this, b, mine] {
             reduce_dense(recv_, std::max(b, opt_begin()), mine);
@@ -379,6 +392,7 @@ void DataParallel::posted_step_long(int unit, Tensor grads, std::vector<CommHand
     for_each_piece(unit, [&](size_t b, size_t e, const std::vector<size_t>& counts) {
         const size_t mine = counts[size_t(dp_rank())];
         float* dst = grad_shard_.slice(mine > 0 ? std::max(b, opt_begin()) - opt_begin() : 0, mine).f32();
+        count_gather(counts, comm_);
         posted->push_back(comm_.reduce_scatter_async(grads.slice(b - ub, e - b).f32(), dst, counts));
     });
 }
@@ -393,6 +407,7 @@ std::vector<CommHandle> DataParallel::gather_unit(int unit, Tensor dst) {
             ops_.copy(dst.slice(b - ub, e - b), own);
             return;
         }
+        count_gather(counts, comm_);
         if (in_place_) {
             posted.push_back(comm_.all_gather_async(own.f32(), dst.slice(b - ub, e - b).f32(), counts));
             return;
@@ -538,9 +553,10 @@ void DataParallel::grad_norm_squares(double* ss, Comm* model_parallel) {
         }
     }
     ops_.sum_squares_multi(ss, regions);
-    // stage 0 holds the whole summed gradient on every rank: only the losses' part is summed
+    // stage 0 holds the whole summed gradient on every rank: only the losses' part is summed;
+    // local updates: this replica's own gradient and losses
     if (zero_ > 0) reduce_doubles(ops_, comm_, ss, 2, ReduceOp::Sum);
-    else reduce_doubles(ops_, comm_, ss + 1, 1, ReduceOp::Sum);
+    else if (!local_) reduce_doubles(ops_, comm_, ss + 1, 1, ReduceOp::Sum);
     if (model_parallel) reduce_doubles(ops_, *model_parallel, ss, 2, ReduceOp::Sum);
 }
 
@@ -568,6 +584,7 @@ void DataParallel::after_update() {
     for (const Bucket& b : buckets_) {
         const std::vector<size_t> counts = shard_counts(b.begin, b.end);
         const size_t mine = counts[size_t(dp_rank())];
+        count_gather(counts, comm_);
         if (in_place_) {  // every bucket at once: this rank's piece is already in place (MPI_IN_PLACE)
             float* whole = param_buf_.slice(b.begin, b.end - b.begin).f32();
             posted.push_back(comm_.all_gather_async(whole + count_offsets(counts)[size_t(dp_rank())], whole, counts));
@@ -596,6 +613,13 @@ std::vector<float> DataParallel::gather_params() {
     }
     std::vector<float> whole(dp_rank() == 0 ? layout_.padded_params : 0);
     if (dp_rank() == 0) ops_.to_host_f32(whole.data(), param_buf_);
+    return whole;
+}
+
+std::vector<float> DataParallel::local_params() {
+    LLMC_ASSERT(zero_ < 3, "local_params: ZeRO-3 holds no whole parameter buffer");
+    std::vector<float> whole(layout_.padded_params);
+    ops_.to_host_f32(whole.data(), param_buf_);
     return whole;
 }
 
@@ -649,6 +673,7 @@ void DataParallel::share_dense_parts(const std::function<void(size_t, size_t, fl
         mine.resize(counts[k]);
         all.resize(c1 - c0);
         for_each_dense(lo, hi, [&](size_t flat, size_t n, size_t at) { get(flat, n, mine.data() + (at - lo)); });
+        count_gather(counts, *ep_);
         ep_stage_.run_host(mine.data(), mine.size(), all.data(), all.size(),
                            [&](const float* in, float* out) { ep_->all_gather(in, out, counts); });
         for (const auto& o : {std::make_pair(c0, lo), std::make_pair(hi, c1)})  // the others' shares

@@ -60,6 +60,18 @@
 // shard); checkpoints gather the parts the same way. ZeRO-0 keeps whole replicas (every rank
 // updates everything, as without ep). The losses are averaged over all of dp.
 //
+// Local updates (local SGD, llmc/train/local_sgd.h; built with local = true, stage 0): no
+// collective at all in the step: the gradients stay this rank's own (no bucket goes out), every
+// rank updates its whole replica from them, the gradient norm and the losses' check are this
+// replica's (summed over the model-parallel group only). LocalSgd averages the replicas every
+// parallel.local_sgd.every steps.
+//
+// bytes_sent() counts what this class's gradient and parameter collectives send from this rank
+// over the DP group (and the ep group under expert parallelism), as a ring algorithm sends them:
+// an all-reduce of B bytes 2 (p - 1) / p B, a reduce-scatter or all-gather of B bytes (the whole
+// buffer) (p - 1) / p B; the scalars of the loss and the norm and the checkpoints' gathers are not
+// counted (the trainer logs the step's difference as dp_bytes).
+//
 // The gradient norm is computed on each rank's optimizer elements (stage >= 1: its shard, or
 // under ep its owned runs) or on the replicated full gradient (stage 0) and the squares summed
 // over the group. The loss is averaged over DP.
@@ -145,8 +157,9 @@ public:
     // host_staging forces the second way (tests compare the two).
     // ep: the expert-parallel group (any communicator: its host vectors go through CommStage), null or
     // of size 1 without.
+    // local: local SGD's inner steps (zero must be 0): no gradient sync, see above.
     DataParallel(const ParamLayout& layout, Ops& ops, DType dtype, Comm& dp, int zero, double bucket_mb,
-                 bool host_staging = false, Comm* ep = nullptr);
+                 bool host_staging = false, Comm* ep = nullptr, bool local = false);
     ~DataParallel() override;
     DataParallel(const DataParallel&) = delete;
     DataParallel& operator=(const DataParallel&) = delete;
@@ -154,6 +167,12 @@ public:
     // Where the model's parameters and gradients live: whole buffers (stages 0, 1), or this class.
     ParamStore& param_store();
     int zero() const { return zero_; }
+    bool local() const { return local_; }
+    // Ring-model bytes this rank's collectives have sent so far (see above).
+    double bytes_sent() const { return bytes_sent_; }
+    // The ring model's bytes of one collective over `ranks` of `bytes` (the whole buffer).
+    static double ring_bytes_all_reduce(double bytes, int ranks) { return 2.0 * (ranks - 1) / ranks * bytes; }
+    static double ring_bytes_gather(double bytes, int ranks) { return double(ranks - 1) / ranks * bytes; }
     int dp() const { return comm_.size(); }
     int dp_rank() const { return comm_.rank(); }
     // The range of the flat buffer this rank's optimizer owns: everything at stage 0.
@@ -188,6 +207,8 @@ public:
     // This rank's whole parameter buffer (host, memory order, padded) on DP rank 0, empty
     // elsewhere; stage 3 gathers the shards. Collective.
     std::vector<float> gather_params();
+    // This rank's own whole parameter buffer (host, memory order, padded; stages 0-2).
+    std::vector<float> local_params();
     // Mean of x over the DP group (all of dp under expert parallelism).
     double mean(double x);
     // Asserts that the parameter replicas are bitwise identical on every DP rank (stages 0-2).
@@ -281,6 +302,10 @@ private:
     CommStage ep_stage_;  // the dense parts' host vectors to the ep group (NCCL: through backend memory)
     std::vector<std::pair<size_t, size_t>> dense_;  // expert parallelism: the [begin, end) runs that are not experts
     int zero_;
+    bool local_;
+    double bytes_sent_ = 0;
+    void count_all_reduce(size_t n, const Comm& c) { bytes_sent_ += ring_bytes_all_reduce(4.0 * n, c.size()); }
+    void count_gather(const std::vector<size_t>& counts, const Comm& c);
     std::vector<std::pair<size_t, size_t>> opt_runs_;
     // expert parallelism with ZeRO >= 1 (split_): the dense runs within the shard range, and each
     // ep rank's part of them as indices into their packed order ([dense_cut_[k], dense_cut_[k + 1]))

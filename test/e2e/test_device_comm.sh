@@ -1,6 +1,6 @@
 # Device-resident communication, proven on the CPU (test hook LLMC_SIM_DEVICE=1, llmc/comm/device_sim.h):
 # the CPU backend acts as device memory, and parallel.comm=nccl runs every group NCCL would carry
-# (dp, cp, tp, pp, embed, ep, expert-dp) on MPI communicators that act as NCCL (device buffers only,
+# (dp, cp, tp, pp, embed, ep, expert-dp; local SGD's sync) on MPI communicators that act as NCCL (device buffers only,
 # operations in posting order) and end the run should any buffer they are given lie outside the
 # backend's memory. parallel.comm=mpi under the hook runs the MPI-with-CUDA routes (every tensor
 # staged through host copies). Each layout trains 4 steps three ways: plain MPI on the CPU, the
@@ -48,6 +48,10 @@ check dp4_ep2_moe 4 parallel.dp=4 parallel.ep=2 parallel.zero=1 train.grad_accum
     model.moe.top_k=2 model.moe.expert_ffn_dim=32
 check dp2_ep2_zero3 2 parallel.dp=2 parallel.ep=2 parallel.zero=3 train.grad_accum=2 model.moe.num_experts=4 \
     model.moe.top_k=2 model.moe.expert_ffn_dim=32 model.moe.capacity_factor=1.0
+# local SGD: the sync's reduce-scatter and all-gather (ZeRO-1) and a mid-interval checkpoint's gathers
+# of the outer state and the replicas, host vectors through device scratch
+check dp2_local_sgd 2 parallel.dp=2 parallel.zero=1 parallel.local_sgd.every=2 parallel.local_sgd.outer_lr=0.7 \
+    parallel.local_sgd.outer_momentum=0.5 checkpoint.every=3
 # one process: the dp group of one is the simulated NCCL too
 check one 1 parallel.zero=1
 echo "device-resident groups: every route bitwise equal"

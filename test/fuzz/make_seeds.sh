@@ -32,6 +32,10 @@ ck="$W/gpt2/checkpoints/step_00000002"
 for fix in 0 1; do
     { printf "\\x0$fix"; cat "$ck/model.bin"; printf '%s' "$sep"; cat "$ck/state.bin"; } > $C/fuzz_checkpoint/step2_fix$fix.bin
 done
+# a local SGD checkpoint (state version 2: the outer state after the main one)
+./train_gpt - "${common[@]}" train.steps=3 parallel.local_sgd.every=2 "out_dir=$W/local" > /dev/null
+ck="$W/local/checkpoints/step_00000003"
+{ printf '\x01'; cat "$ck/model.bin"; printf '%s' "$sep"; cat "$ck/state.bin"; } > $C/fuzz_checkpoint/local_sgd_fix1.bin
 cp "$W/gpt2/model_00000002.bin" $C/fuzz_model_file/gpt2.bin
 cp "$W/llama/model_00000002.bin" $C/fuzz_model_file/llama.bin
 cp "$W/llama/model_00000002.safetensors" $C/fuzz_safetensors/llama.safetensors
