@@ -1696,7 +1696,8 @@ int main(int argc, char** argv) {
         });
         run("layernorm", "layernorm",
             [&](const C& c) { test_layernorm(h, c.dims[0], c.dims[1], c.dims.size() > 2 ? c.dims[2] : 0); });
-        if (want("layernorm")) guarded("layernorm_too_wide", [&] { test_layernorm_too_wide(h); });
+        // (CUDA's rule: the backward's shared-memory accumulators bound d_model; the CPU has none)
+        if (want("layernorm") && !on_cpu) guarded("layernorm_too_wide", [&] { test_layernorm_too_wide(h); });
         run("residual", "residual",
             [&](const C& c) { test_residual(h, size_t(c.dims[0]), c.dims.size() > 1 ? c.dims[1] : 0); });
         run("matmul", "matmul", [&](const C& c) {
@@ -1745,7 +1746,10 @@ int main(int argc, char** argv) {
         });
         run("cross_entropy", "cross_entropy",
             [&](const C& c) { test_cross_entropy(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3] != 0); });
-        if (want("cross_entropy")) guarded("cross_entropy_bad_targets", [&] { test_cross_entropy_bad_targets(h); });
+        // (CUDA's contract for a target outside [0, V): a NaN loss; the CPU backend's reference
+        // refuses such a target as an internal error, so the case has no CPU stand-in)
+        if (want("cross_entropy") && !on_cpu)
+            guarded("cross_entropy_bad_targets", [&] { test_cross_entropy_bad_targets(h); });
         run("cross_entropy_vp", "cross_entropy_vp", [&](const C& c) {
             test_cross_entropy_vocab_parallel(h, c.dims[0], c.dims[1], c.dims[2],
                                               std::vector<int>(c.dims.begin() + 4, c.dims.end()), c.dims[3] != 0);
