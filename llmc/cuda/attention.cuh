@@ -43,27 +43,9 @@
 
 namespace attn {
 
-// The number of key rows j in [0, Tk) with kp.at(j) <= pos (a prefix: positions increase).
-__device__ __forceinline__ int visible_keys(SeqPositions kp, int Tk, int pos) {
-    int lo = 0, hi = Tk;
-    while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (kp.at(mid) <= pos) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
-// The first query row i in [0, Tq) with qp.at(i) >= pos (Tq if none): the rows that see a key
-// at pos begin there.
-__device__ __forceinline__ int first_query_at(SeqPositions qp, int Tq, int pos) {
-    int lo = 0, hi = Tq;
-    while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (qp.at(mid) < pos) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
+// the position searches: flash::visible (keys a position sees) and flash::first_query
+using flash::first_query;
+using flash::visible;
 
 constexpr int kThreads = 128;  // 4 warps per block
 
@@ -191,7 +173,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // sM, sL and sO as set above, also when no key is visible (the loop does not run)
     // keys [0, kv_end) can be seen by this tile (its last row sees the most)
-    const int kv_end = visible_keys(kp, Tk, qp.at(min(T_, q0 + BR) - 1));
+    const int kv_end = visible(kp, Tk, qp.at(min(T_, q0 + BR) - 1));
     for (int k0 = 0; k0 < kv_end; k0 += BC) {
         load_rows(sK, ldt, qkv_kv, b, NH + kvh, k0, BC, Tk, NQKV, HS, HSP);
         load_rows(sV, ldt, qkv_kv, b, NH + NKV + kvh, k0, BC, Tk, NQKV, HS, HSP);
@@ -200,7 +182,7 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();
         for (int r = warp; r < BR; r += nwarps) {
             const int qi = q0 + r;
-            const int seen = qi < T_ ? visible_keys(kp, kv_end, qp.at(qi)) : 0;  // keys [0, seen) visible
+            const int seen = qi < T_ ? visible(kp, kv_end, qp.at(qi)) : 0;  // keys [0, seen) visible
             float mx = -INFINITY;
             for (int c = lane; c < BC; c += 32) {
                 const int kj = k0 + c;
@@ -392,7 +374,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // sDK and sDV zeroed, also for a key tile no query sees (the loops do not run)
     // the query rows that see key row k0 (and so any row of the tile) and all after them: the
     // first tile holding the first of them onwards
-    const int first_q = first_query_at(qp, T_, kp.at(k0));
+    const int first_q = first_query(qp, T_, kp.at(k0));
     for (int h = kvh * group; h < (kvh + 1) * group; h++) {
         for (int q0 = (first_q / BR) * BR; q0 < T_; q0 += BR) {
             load_rows(sQ, ldt, qkv_q, b, h, q0, BR, T_, NQKV, HS, HSP);
@@ -443,7 +425,7 @@ __global__ void __launch_bounds__(kThreads)
     load_lse_d<T, BR>((float*)(smem + L.lse), (float*)(smem + L.d), lse, D, b, h, q0, T_, NH);
     for (int idx = threadIdx.x; idx < BR * HSP; idx += blockDim.x) sDQ[(idx / HSP) * ldo + idx % HSP] = 0.0f;
     __syncthreads();  // sDQ zeroed, also for a query tile that sees no key (the loop does not run)
-    const int kv_end = visible_keys(kp, Tk, qp.at(min(T_, q0 + BR) - 1));
+    const int kv_end = visible(kp, Tk, qp.at(min(T_, q0 + BR) - 1));
     for (int k0 = 0; k0 < kv_end; k0 += BC) {
         load_rows(sK, ldt, qkv_kv, b, NH + kvh, k0, BC, Tk, NQKV, HS, HSP);
         load_rows((T*)(smem + L.v), ldt, qkv_kv, b, NH + NKV + kvh, k0, BC, Tk, NQKV, HS, HSP);

@@ -52,6 +52,17 @@ __device__ __forceinline__ int visible(SeqPositions kp, int n, int pos) {
     }
     return lo;
 }
+// The first query row i in [0, n) with qp.at(i) >= pos (n if none): the rows that see a key at
+// pos begin there.
+__device__ __forceinline__ int first_query(SeqPositions qp, int n, int pos) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (qp.at(mid) < pos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
 
 // rows [t0, t0 + R) of one head (row stride `stride` elements) -> smem [R][LD] by cp.async, 16
 // bytes a copy; rows at or past n are zero-filled (a NaN there would reach O through 0 * NaN).
@@ -69,6 +80,26 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, long long 
             z[1] = 0;
         }
     }
+}
+
+// Step j of ntiles through the K/V double buffer (buffer j & 1): starts the copy of tile j + 1
+// into the other buffer, waits for tile j's copy (the last step for every copy), then a block
+// barrier. The caller's barrier at the end of step j keeps step j + 1 from overwriting a buffer
+// still being read.
+template <int HS, int BC>
+__device__ __forceinline__ void kv_tile_ready(bf16* sK, bf16* sV, const bf16* Kg, const bf16* Vg, long long stride,
+                                              int j, int ntiles, int kv_end) {
+    constexpr int LD = HS + 8;
+    if (j + 1 < ntiles) {
+        const int next = (j + 1) & 1;
+        load_tile<HS, BC>(sK + next * BC * LD, Kg, stride, (j + 1) * BC, kv_end);
+        load_tile<HS, BC>(sV + next * BC * LD, Vg, stride, (j + 1) * BC, kv_end);
+        ptx::cp_async_commit();
+        ptx::cp_async_wait<1>();
+    } else {
+        ptx::cp_async_wait<0>();
+    }
+    __syncthreads();
 }
 
 // grid (B * NH, ceil(Tq / BR)), kThreads threads, Smem<HS, BC, MT>::total bytes of shared memory.
@@ -133,15 +164,7 @@ __global__ void __launch_bounds__(kThreads)
 
     for (int j = 0; j < ntiles; j++) {
         const int buf = j & 1, k0 = j * BC;
-        if (j + 1 < ntiles) {  // prefetch the next tile into the other buffer
-            load_tile<HS, BC>(sK + (buf ^ 1) * BC * LD, Kg, stride, k0 + BC, kv_end);
-            load_tile<HS, BC>(sV + (buf ^ 1) * BC * LD, Vg, stride, k0 + BC, kv_end);
-            ptx::cp_async_commit();
-            ptx::cp_async_wait<1>();
-        } else {
-            ptx::cp_async_wait<0>();
-        }
-        __syncthreads();
+        kv_tile_ready<HS, BC>(sK, sV, Kg, Vg, stride, j, ntiles, kv_end);
         if (j == 0 && active) {
             for (int mt = 0; mt < MT; mt++) {
                 const bf16* row =

@@ -22,17 +22,6 @@ namespace flash {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// The first query row i in [0, n) with qp.at(i) >= pos (n if none).
-__device__ __forceinline__ int first_query(SeqPositions qp, int n, int pos) {
-    int lo = 0, hi = n;
-    while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (qp.at(mid) < pos) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
-
 // K [kBR][LD], V [kBR][LD], Q [2][BQ][LD], dO [2][BQ][LD] (bf16), lse*log2e [2][BQ], D [2][BQ]
 template <int HS, int BQ> struct DkdvSmem {
     static constexpr int LD = HS + 8;
@@ -251,15 +240,7 @@ __global__ void __launch_bounds__(kThreads)
 
     for (int j = 0; j < ntiles; j++) {
         const int buf = j & 1, k0 = j * BC;
-        if (j + 1 < ntiles) {
-            load_tile<HS, BC>(sK + (buf ^ 1) * BC * LD, Kg, stride, k0 + BC, kv_end);
-            load_tile<HS, BC>(sV + (buf ^ 1) * BC * LD, Vg, stride, k0 + BC, kv_end);
-            ptx::cp_async_commit();
-            ptx::cp_async_wait<1>();
-        } else {
-            ptx::cp_async_wait<0>();
-        }
-        __syncthreads();
+        kv_tile_ready<HS, BC>(sK, sV, Kg, Vg, stride, j, ntiles, kv_end);
         if (j == 0 && active) {
             const int off = (16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
             for (int kc = 0; kc < HS / 16; kc++) {
