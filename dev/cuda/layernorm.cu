@@ -122,7 +122,7 @@ static bool run_version(bool llmc, int N, int C, const std::vector<float>& x, co
     float* partial = dev_poisoned<float>(std::max((size_t)G * 2 * C, layernorm_backward_partial_floats(N, C)));
     std::function<void()> bwd = [=] {
         if (llmc) {
-            launch_layernorm_backward<T>(0, gdx, gdw, gdb, partial, gdo, gx, gw, gm, gr, N, C);
+            launch_norm_backward<T>(0, gdx, gdw, gdb, partial, gdo, gx, gw, gm, gr, N, C);
         } else {
             ln_backward_v2<T><<<G, 256, (2 * C + 32) * 4>>>(gdx, partial, gdo, gx, gw, gm, gr, N, C, rpb);
             ln_backward_reduce_v2<T><<<ceil_div(C, 256), 256>>>(gdw, gdb, partial, G, C);

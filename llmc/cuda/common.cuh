@@ -212,16 +212,33 @@ __device__ __forceinline__ double warp_sum_d(double v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-// `scratch` is >= 32 floats of shared memory; the function syncs before reuse.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
-    __syncthreads();  // scratch may still be read by a previous call
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float r = lane < nw ? scratch[lane] : 0.0f;
-    return warp_sum(r);
+// ---- column sums of per-block partial results (the second pass of the deterministic reductions:
+// LayerNorm/RMSNorm weight gradients, the bias gradient) ----
+// dst[c] += sum_g partial[g * Q C + c] over g < G, for the Q C columns c of each partial row: columns
+// [0, C) go to dst0, [C, 2C) to dst1 (Q = 2). A block of 32 x kColSumRows threads takes 32 columns;
+// thread (x, y) adds the rows g = y, y + kColSumRows, ... in order, then thread (x, 0) adds those
+// kColSumRows sums in y order: the order depends on G alone.
+constexpr int kColSumRows = 16;
+template <class T>
+__global__ void column_sum_add_kernel(T* dst0, T* dst1, const float* partial, int G, int C, int Q) {
+    __shared__ float s_sum[kColSumRows][32];
+    const int cols = Q * C;
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (col < cols)
+        for (int g = threadIdx.y; g < G; g += kColSumRows) s += partial[(long long)g * cols + col];
+    s_sum[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();  // every row's sum of this column is in s_sum
+    if (threadIdx.y != 0 || col >= cols) return;
+    float t = 0.0f;
+    for (int y = 0; y < kColSumRows; y++) t += s_sum[y][threadIdx.x];
+    T* dst = col < C ? dst0 + col : dst1 + (col - C);
+    *dst = from_f32<T>(to_f32(*dst) + t);
+}
+template <class T>
+void launch_column_sum_add(cudaStream_t st, T* dst0, T* dst1, const float* partial, int G, int C, int Q) {
+    LLMC_LAUNCH(column_sum_add_kernel<T>, ceil_div(Q * C, 32), dim3(32, kColSumRows), 0, st, dst0, dst1, partial, G,
+                C, Q);
 }
 
 // ---- stochastic rounding fp32 -> bf16 from a counter-based hash of (seed, index) ----

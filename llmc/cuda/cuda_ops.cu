@@ -368,8 +368,8 @@ public:
         float* partial = static_cast<float*>(scratch(1, layernorm_backward_partial_floats(N, C) * sizeof(float)));
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            launch_layernorm_backward<T_>(stream_, P<T_>(dinp), P<T_>(dw), P<T_>(db), partial, P<T_>(dout),
-                                          P<T_>(inp), P<T_>(w), mean, rstd, N, C);
+            launch_norm_backward<T_>(stream_, P<T_>(dinp), P<T_>(dw), P<T_>(db), partial, P<T_>(dout), P<T_>(inp),
+                                     P<T_>(w), mean, rstd, N, C);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -545,21 +545,14 @@ public:
                           int C) override {
         same_dtype({&dinp, &dw, &dout, &inp, &w});
         if (!N) return;
-        // the grid depends on N only (same reduction order on any GPU), as layernorm_backward
-        const int rows_per_block = ceil_div(N, 512);
-        const int G = ceil_div(N, rows_per_block);
-        float* partial = static_cast<float*>(scratch(1, (size_t)G * C * sizeof(float)));
-        const size_t smem = (size_t)(C + 32) * sizeof(float);
+        // LayerNorm's backward kernels with mean 0 and no bias (layernorm.cuh)
+        float* partial = static_cast<float*>(scratch(1, layernorm_backward_partial_floats(N, C) * sizeof(float)));
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            allow_smem((const void*)rmsnorm_backward_kernel<T_>, smem, "rmsnorm backward", C);
-            LLMC_LAUNCH(rmsnorm_backward_kernel<T_>, G, 256, smem, stream_, P<T_>(dinp), partial, P<T_>(dout),
-                        P<T_>(inp), P<T_>(w), rstd, N, C, rows_per_block);
-            CUDA_CHECK_LAUNCH();
-            LLMC_LAUNCH(rmsnorm_backward_reduce_kernel<T_>, ceil_div(C, 256), 256, 0, stream_, P<T_>(dw), partial, G,
-                        C);
-            CUDA_CHECK_LAUNCH();
+            launch_norm_backward<T_>(stream_, P<T_>(dinp), P<T_>(dw), (T_*)nullptr, partial, P<T_>(dout), P<T_>(inp),
+                                     P<T_>(w), nullptr, rstd, N, C);
         });
+        CUDA_CHECK_LAUNCH();
     }
     void rope_forward(Tensor qkv, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos) override {
         rope(qkv, B, T, NH, NKV, HS, theta, pos, 1.0f, "rope_forward");
@@ -830,15 +823,6 @@ private:
         LLMC_ASSERT(N >= 0 && Vl >= 0 && vocab_begin >= 0 && V > 0,
                     strfmt("%s: need N >= 0, Vl >= 0, vocab_begin >= 0, V > 0", what));
         LLMC_ASSERT(logits.n >= (size_t)N * Vl, strfmt("%s: logits too small", what));
-    }
-    // RMSNorm's backward kernel holds a row of C in shared memory: past the device's limit
-    // (opt_in_smem: d_model ~58k on H100) the model is too wide for it (LayerNorm's launcher,
-    // llmc/cuda/layernorm.cuh, says the same of its own accumulators).
-    static void allow_smem(const void* fn, size_t bytes, const char* what, int C) {
-        int optin = 0;
-        if (!opt_in_smem(fn, bytes, &optin))
-            throw UserError(strfmt("model.d_model: %d is too wide for the CUDA %s kernel (%zu bytes of shared memory "
-                                   "per block; this GPU allows %d)", C, what, bytes, optin));
     }
     // attention takes any head size (llmc/cuda/attention.cuh pads it to a multiple of 16)
     static void check_hs(int HS) { LLMC_ASSERT(HS > 0, strfmt("attention: head size %d", HS)); }

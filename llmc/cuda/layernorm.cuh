@@ -1,5 +1,5 @@
-// LayerNorm forward (plain and fused with the residual add), a deterministic backward, and the
-// residual add. Statistics (mean, rstd) are fp32; all arithmetic is fp32. dinp, dw and db
+// LayerNorm forward (plain and fused with the residual add), a deterministic backward (which
+// RMSNorm's backward shares), and the residual add. Statistics (mean, rstd) are fp32; all arithmetic is fp32. dinp, dw and db
 // accumulate (+=); out, residual, mean and rstd are overwritten.
 // Speed: all memory-bound. One warp per row (warp shuffles only, no block barrier per row); rows
 // move in 16-byte packs of K elements (common.cuh's pack_width: K = 1 when a pointer or C does
@@ -69,39 +69,41 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* re
     }
 }
 
-// ---- backward ----
-// Pass 1 (layernorm_backward_kernel): one warp per row. Block g handles rows
+// ---- backward (LayerNorm, and RMSNorm as its special case) ----
+// Pass 1 (norm_backward_kernel): one warp per row. Block g handles rows
 // [g*rpb, min(N, (g+1)*rpb)), its warp w the rows r0 + w, r0 + w + W, ... in order. With
 // n = (x - mean) * rstd and dn = w * dout:  dinp += rstd * (dn - mean(dn) - n * mean(dn * n)).
-// Each warp adds its rows' dw (= dout * n) and db (= dout) into its own accumulators in shared
-// memory (W warps x 2 x S floats, S = ln_acc_stride); lane l's elements sit at indices = l mod 32,
-// so a warp's 32 lanes hit 32 banks and no lane touches another's (ln_acc_index). At the end the
-// block adds its warps' accumulators in warp order into partial[g][0, 2C) (dw then db).
-// Pass 2 (layernorm_backward_reduce_kernel) adds the blocks' partials in a fixed order into dw
-// and db. Every order is fixed by N, C and K: deterministic.
+// RMSNorm (RMS = true) is the same with mean = 0 and no mean(dn) term, and no bias.
+// Each warp adds its rows' dw (= dout * n) and, for LayerNorm, db (= dout) into its own
+// accumulators in shared memory (W warps x Q x S floats, Q = 2 for LayerNorm, 1 for RMSNorm,
+// S = ln_acc_stride); lane l's elements sit at indices = l mod 32, so a warp's 32 lanes hit 32
+// banks and no lane touches another's (ln_acc_index). At the end the block adds its warps'
+// accumulators in warp order into partial[g][0, Q C) (dw then db).
+// Pass 2 (common.cuh's column_sum_add_kernel) adds the blocks' partials in a fixed order into dw
+// (and db). Every order is fixed by N, C and K: deterministic.
 constexpr int kLnBwdBlocks = 1024;                  // pass 1's blocks (fewer when N is smaller)
 constexpr size_t kLnBwdSmemBudget = 32 * 1024;       // accumulators per block, W chosen to fit (W >= 1)
-constexpr int kLnReduceRows = 16;                   // pass 2: thread rows per block (x 32 columns)
 
 // Accumulator floats per warp and quantity: the lanes' packs i = lane + 32 j, j < ceil(C/K/32).
 __host__ __device__ inline int ln_acc_stride(int C, int K) { return (C / K + 31) / 32 * 32 * K; }
 // Accumulator index of element k of pack i (i = lane + 32 j): (j K + k) 32 + lane.
 __host__ __device__ inline int ln_acc_index(int i, int k, int K) { return ((i >> 5) * K + k) * 32 + (i & 31); }
 
-template <class T, int K>
-__global__ void layernorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w,
-                                          const float* mean, const float* rstd, int N, int C, int rows_per_block) {
+template <class T, int K, bool RMS>
+__global__ void norm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w,
+                                     const float* mean, const float* rstd, int N, int C, int rows_per_block) {
+    constexpr int Q = RMS ? 1 : 2;
     LLMC_EXTERN_SMEM(float, ln_smem);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
     const int nvec = C / K, S = ln_acc_stride(C, K);
-    float* acc_dw = ln_smem + (size_t)warp * 2 * S;
-    float* acc_db = acc_dw + S;
-    for (int j = lane; j < S; j += 32) acc_dw[j] = acc_db[j] = 0.0f;  // this lane's own entries
+    float* acc_dw = ln_smem + (size_t)warp * Q * S;
+    float* acc_db = acc_dw + S;  // LayerNorm only
+    for (int j = lane; j < Q * S; j += 32) acc_dw[j] = 0.0f;  // this lane's own entries
     const int r0 = blockIdx.x * rows_per_block;
     const int r1 = min(N, r0 + rows_per_block);
     for (int row = r0 + warp; row < r1; row += W) {
         const long long off = (long long)row * C;
-        const float m = mean[row], rs = rstd[row];
+        const float m = RMS ? 0.0f : mean[row], rs = rstd[row];
         float sum_dn = 0.0f, sum_dn_n = 0.0f;
         for (int i = lane; i < nvec; i += 32) {
             const Pack<T, K> pd = load_pack<K>(dout + off + i * K), px = load_pack<K>(inp + off + i * K),
@@ -113,10 +115,10 @@ __global__ void layernorm_backward_kernel(T* dinp, float* partial, const T* dout
                 sum_dn_n += dn * n;
                 const int a = ln_acc_index(i, k, K);
                 acc_dw[a] += d * n;
-                acc_db[a] += d;
+                if constexpr (!RMS) acc_db[a] += d;
             }
         }
-        const float mean_dn = warp_sum(sum_dn) / (float)C;
+        const float mean_dn = RMS ? 0.0f : warp_sum(sum_dn) / (float)C;
         const float mean_dn_n = warp_sum(sum_dn_n) / (float)C;
         for (int i = lane; i < nvec; i += 32) {
             const Pack<T, K> pd = load_pack<K>(dout + off + i * K), px = load_pack<K>(inp + off + i * K),
@@ -131,36 +133,17 @@ __global__ void layernorm_backward_kernel(T* dinp, float* partial, const T* dout
         }
     }
     __syncthreads();  // every warp's accumulators are complete
-    float* out = partial + (long long)blockIdx.x * 2 * C;
+    float* out = partial + (long long)blockIdx.x * Q * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         const int a = ln_acc_index(c / K, c % K, K);
         float sw = 0.0f, sb = 0.0f;
         for (int v = 0; v < W; v++) {
-            sw += ln_smem[(size_t)v * 2 * S + a];
-            sb += ln_smem[(size_t)v * 2 * S + S + a];
+            sw += ln_smem[(size_t)v * Q * S + a];
+            if constexpr (!RMS) sb += ln_smem[(size_t)v * Q * S + S + a];
         }
         out[c] = sw;
-        out[C + c] = sb;
+        if constexpr (!RMS) out[C + c] = sb;
     }
-}
-
-// Pass 2: dw[c] += sum_g partial[g][c], db[c] += sum_g partial[g][C + c]. A block of
-// 32 x kLnReduceRows threads takes 32 of the 2C columns; thread (x, y) adds the blocks
-// g = y, y + kLnReduceRows, ... in order, then thread (x, 0) adds those kLnReduceRows sums in order.
-template <class T>
-__global__ void layernorm_backward_reduce_kernel(T* dw, T* db, const float* partial, int G, int C) {
-    __shared__ float s_sum[kLnReduceRows][32];
-    const int col = blockIdx.x * 32 + threadIdx.x;
-    float s = 0.0f;
-    if (col < 2 * C)
-        for (int g = threadIdx.y; g < G; g += kLnReduceRows) s += partial[(long long)g * 2 * C + col];
-    s_sum[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y != 0 || col >= 2 * C) return;
-    float t = 0.0f;
-    for (int y = 0; y < kLnReduceRows; y++) t += s_sum[y][threadIdx.x];
-    T* dst = col < C ? dw + col : db + (col - C);
-    *dst = from_f32<T>(to_f32(*dst) + t);
 }
 
 // out = a + b over n elements: one pack of K per thread, the last few elements one by one.
@@ -191,42 +174,44 @@ void launch_layernorm_forward(cudaStream_t st, T* out, float* mean, float* rstd,
 }
 
 // The backward's grid, warps per block and partial sums depend on N, C and the pack width only:
-// the same reduction order on any GPU. `partial` holds layernorm_backward_partial_floats(N, C).
+// the same reduction order on any GPU. `partial` holds layernorm_backward_partial_floats(N, C)
+// (LayerNorm; RMSNorm needs half of it).
 inline int layernorm_backward_rows_per_block(int N) { return ceil_div(N, kLnBwdBlocks); }
 inline int layernorm_backward_blocks(int N) { return ceil_div(N, layernorm_backward_rows_per_block(N)); }
 inline size_t layernorm_backward_partial_floats(int N, int C) {
     return (size_t)layernorm_backward_blocks(N) * 2 * C;
 }
-// Warps per block of pass 1: the largest of 8, 4, 2 whose accumulators fit kLnBwdSmemBudget, else 1.
-inline int layernorm_backward_warps(int C, int K) {
-    const size_t per_warp = (size_t)2 * ln_acc_stride(C, K) * sizeof(float);
+// Warps per block of pass 1: the largest of 8, 4, 2 whose accumulators (Q quantities) fit
+// kLnBwdSmemBudget, else 1.
+inline int layernorm_backward_warps(int C, int K, int Q) {
+    const size_t per_warp = (size_t)Q * ln_acc_stride(C, K) * sizeof(float);
     int W = 8;
     while (W > 1 && W * per_warp > kLnBwdSmemBudget) W /= 2;
     return W;
 }
 
-// Throws UserError when C's accumulators (one warp's: 2 x ~C floats) pass the device's
-// shared-memory limit per block (d_model ~29k on H100).
+// Both passes; mean and db are null for RMSNorm. Throws UserError when C's accumulators (one
+// warp's: Q x ~C floats) pass the device's shared-memory limit per block (d_model ~29k on H100).
 template <class T>
-void launch_layernorm_backward(cudaStream_t st, T* dinp, T* dw, T* db, float* partial, const T* dout, const T* inp,
-                               const T* w, const float* mean, const float* rstd, int N, int C) {
+void launch_norm_backward(cudaStream_t st, T* dinp, T* dw, T* db, float* partial, const T* dout, const T* inp,
+                          const T* w, const float* mean, const float* rstd, int N, int C) {
+    const bool rms = mean == nullptr;
+    const int Q = rms ? 1 : 2;
     const int rows_per_block = layernorm_backward_rows_per_block(N), G = layernorm_backward_blocks(N);
     with_pack_width<T>(pack_width<T>(C, {dinp, dout, inp, w}), [&](auto k) {
         constexpr int K = decltype(k)::value;
-        const int W = layernorm_backward_warps(C, K);
-        const size_t smem = (size_t)W * 2 * ln_acc_stride(C, K) * sizeof(float);
-        auto layernorm_backward = layernorm_backward_kernel<T, K>;
+        const int W = layernorm_backward_warps(C, K, Q);
+        const size_t smem = (size_t)W * Q * ln_acc_stride(C, K) * sizeof(float);
+        auto kernel = rms ? norm_backward_kernel<T, K, true> : norm_backward_kernel<T, K, false>;
         int limit = 0;
-        if (!opt_in_smem((const void*)layernorm_backward, smem, &limit))
-            throw UserError("model.d_model: " + std::to_string(C) +
-                            " is too wide for the CUDA layernorm backward kernel (" + std::to_string(smem) +
+        if (!opt_in_smem((const void*)kernel, smem, &limit))
+            throw UserError("model.d_model: " + std::to_string(C) + " is too wide for the CUDA " +
+                            (rms ? "rmsnorm" : "layernorm") + " backward kernel (" + std::to_string(smem) +
                             " bytes of shared memory per block; this GPU allows " + std::to_string(limit) + ")");
-        LLMC_LAUNCH(layernorm_backward, G, W * 32, smem, st, dinp, partial, dout, inp, w, mean, rstd, N, C,
-                    rows_per_block);
+        LLMC_LAUNCH(kernel, G, W * 32, smem, st, dinp, partial, dout, inp, w, mean, rstd, N, C, rows_per_block);
     });
     CUDA_CHECK_LAUNCH();
-    LLMC_LAUNCH(layernorm_backward_reduce_kernel<T>, ceil_div(2 * C, 32), dim3(32, kLnReduceRows), 0, st, dw, db,
-                partial, G, C);
+    launch_column_sum_add(st, dw, db, partial, G, C, Q);
 }
 
 template <class T>

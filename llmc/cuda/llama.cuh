@@ -1,6 +1,6 @@
-// The Llama family's elementwise and normalisation ops: RMSNorm (forward and a deterministic
-// backward), rotary embedding (in place on qkv, forward and the transposed rotation for the
-// backward) and SwiGLU. All arithmetic is fp32; tensors are stored in T (fp32 or bf16) and
+// The Llama family's elementwise and normalisation ops: RMSNorm's forward (its deterministic
+// backward is LayerNorm's, layernorm.cuh), rotary embedding (in place on qkv, forward and the
+// transposed rotation for the backward) and SwiGLU. All arithmetic is fp32; tensors are stored in T (fp32 or bf16) and
 // rounded once per stored value.
 #pragma once
 #include "llmc/cuda/common.cuh"
@@ -24,49 +24,7 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const 
     if (lane == 0) rstd[row] = r;
 }
 
-// Backward, pass 1. Block g handles rows
-// [g*rpb, min(N, (g+1)*rpb)) in order, the whole block on one row at a time. With
-// n = x * rstd and dn = w * dout: dinp += rstd * (dn - n * mean(dn * n)) (accumulate);
-// the block's partial sums of dw (= dout * n) go to partial[g*C .. g*C+C).
-// dynamic smem: C floats + 32.
-template <class T>
-__global__ void rmsnorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w,
-                                        const float* rstd, int N, int C, int rows_per_block) {
-    LLMC_EXTERN_SMEM(float, rms_smem);
-    float* s_dw = rms_smem;
-    float* scratch = rms_smem + C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) s_dw[c] = 0.0f;
-    const int r0 = blockIdx.x * rows_per_block;
-    const int r1 = min(N, r0 + rows_per_block);
-    for (int row = r0; row < r1; row++) {
-        const long long off = (long long)row * C;
-        const float rs = rstd[row];
-        float sum_dn_n = 0.0f;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            const float n = to_f32(inp[off + c]) * rs;
-            sum_dn_n += to_f32(w[c]) * to_f32(dout[off + c]) * n;
-        }
-        const float mean_dn_n = block_sum(sum_dn_n, scratch) / (float)C;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            const float n = to_f32(inp[off + c]) * rs;
-            const float d = to_f32(dout[off + c]);
-            const float g = rs * (to_f32(w[c]) * d - n * mean_dn_n);
-            dinp[off + c] = from_f32<T>(to_f32(dinp[off + c]) + g);
-            s_dw[c] += d * n;
-        }
-    }
-    for (int c = threadIdx.x; c < C; c += blockDim.x) partial[(long long)blockIdx.x * C + c] = s_dw[c];
-}
-
-// Backward, pass 2: dw[c] += sum_g partial[g][c], g in increasing order.
-template <class T>
-__global__ void rmsnorm_backward_reduce_kernel(T* dw, const float* partial, int G, int C) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float s = 0.0f;
-    for (int g = 0; g < G; g++) s += partial[(long long)g * C + c];
-    dw[c] = from_f32<T>(to_f32(dw[c]) + s);
-}
+// The backward is LayerNorm's with mean 0 and no bias: launch_norm_backward (layernorm.cuh).
 
 // ---------------- rotary embedding ----------------
 constexpr int kRopeMaxHalf = 128;  // HS <= 256

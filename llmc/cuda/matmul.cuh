@@ -78,7 +78,7 @@ __global__ void gelu_backward_inplace_kernel(T* dout, const T* pre, long long n)
 // or 4 fp32 with 16-byte loads when dout is 16-byte aligned and OC a multiple of V, else 1): a warp
 // reads 32 * V consecutive elements of a row; thread (x, y) sums rows y, y + 8, ... of the chunk in
 // order; the 8 sums of a column are added in y order into partial[chunk][c]. Then
-// bias_grad_finish_kernel adds the chunks' sums in chunk order into dbias. One chunk (N <=
+// common.cuh's column_sum_add_kernel adds the chunks' sums in a fixed order into dbias. One chunk (N <=
 // kBiasRows): the first pass adds into dbias itself. The order is fixed by N and OC alone.
 constexpr int kBiasRows = 256;
 template <class T, int V>
@@ -109,14 +109,6 @@ __global__ void bias_grad_partial_kernel(float* partial, T* dbias, const T* dout
         else dbias[c] = from_f32<T>(to_f32(dbias[c]) + s);
     }
 }
-template <class T>
-__global__ void bias_grad_finish_kernel(T* dbias, const float* partial, int chunks, int OC) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= OC) return;
-    float s = 0.0f;
-    for (int k = 0; k < chunks; k++) s += partial[(long long)k * OC + c];
-    dbias[c] = from_f32<T>(to_f32(dbias[c]) + s);
-}
 // The two passes; `partial` holds bias_grad_partial_floats(N, OC) floats.
 inline size_t bias_grad_partial_floats(int N, int OC) {
     const int chunks = ceil_div(N, kBiasRows);
@@ -137,8 +129,7 @@ void launch_bias_grad(T* dbias, const T* dout, int N, int OC, float* partial, cu
     }
     CUDA_CHECK_LAUNCH();
     if (part) {
-        LLMC_LAUNCH(bias_grad_finish_kernel<T>, ceil_div(OC, 256), 256, 0, stream, dbias, (const float*)part, chunks,
-                    OC);
+        launch_column_sum_add(stream, dbias, (T*)nullptr, (const float*)part, chunks, OC, 1);
         CUDA_CHECK_LAUNCH();
     }
 }

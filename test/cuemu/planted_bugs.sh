@@ -14,15 +14,15 @@ missed=0
 # each mutation: name, file, test_gpu filter, the text replaced, its replacement
 mutate() { names+=("$1"); files+=("$2"); filters+=("$3"); olds+=("$4"); news+=("$5"); }
 names=(); files=(); filters=(); olds=(); news=()
-mutate barrier_after_scratch llmc/cuda/common.cuh rmsnorm \
-    $'if (lane == 0) scratch[warp] = v;\n    __syncthreads();' 'if (lane == 0) scratch[warp] = v;'
-mutate barrier_before_reuse llmc/cuda/common.cuh rmsnorm \
-    '__syncthreads();  // scratch may still be read by a previous call' ''
+mutate column_sum_no_barrier llmc/cuda/common.cuh rmsnorm \
+    '__syncthreads();  // every row'"'"'s sum of this column is in s_sum' ''
+mutate rmsnorm_with_mean_term llmc/cuda/layernorm.cuh rmsnorm \
+    'const float mean_dn = RMS ? 0.0f : warp_sum(sum_dn)' 'const float mean_dn = warp_sum(sum_dn)'
 mutate divergent_shuffle llmc/cuda/fp8.cuh fp8 \
     $'m = warp_max_u32(m);\n    if ((threadIdx.x & 31) == 0) atomicMax' \
     $'if ((threadIdx.x & 31) < 16) m = warp_max_u32(m);\n    if ((threadIdx.x & 31) == 0) atomicMax'
 mutate smem_half_the_accumulators llmc/cuda/layernorm.cuh layernorm \
-    '(size_t)W * 2 * ln_acc_stride(C, K) * sizeof(float)' '(size_t)W * ln_acc_stride(C, K) * sizeof(float)'
+    '(size_t)W * Q * ln_acc_stride(C, K) * sizeof(float)' '(size_t)W * ln_acc_stride(C, K) * sizeof(float)'
 mutate warps_summed_before_barrier llmc/cuda/layernorm.cuh layernorm \
     '__syncthreads();  // every warp'"'"'s accumulators are complete' ''
 mutate off_by_one_store llmc/cuda/layernorm.cuh residual \
