@@ -217,6 +217,10 @@ void dump_gradients(const Model& model, DataParallel& dp, const ParallelConfig& 
 std::string resolve_device(const Config& cfg) {
     std::string device = cfg.device;
     if (device == "auto") device = cuda_device_available() ? "cuda" : "cpu";
+    if (device == "cuda" && cfg.precision == "fp16")
+        throw UserError(strfmt("precision: \"fp16\" runs on the CPU only so far (emulated exactly): the CUDA backend has "
+                               "no fp16 kernels yet (device \"%s\"); use device \"cpu\", or \"bf16\" on CUDA",
+                               cfg.device.c_str()));
     if (device == "cuda" && !cuda_device_available())
         throw UserError("device: \"cuda\" was asked for but no CUDA device is usable (use \"cpu\" or \"auto\")");
     // fp8 runs on the CPU as fp32 with the linears' FP8 casts emulated exactly (llmc/cpu/fp8.cpp), fp16
@@ -225,9 +229,6 @@ std::string resolve_device(const Config& cfg) {
         throw UserError(strfmt("precision: \"%s\" needs device \"cuda\"; the CPU backend trains in \"fp32\" "
                                "(or \"fp16\", \"fp8\", emulated)",
                                cfg.precision.c_str()));
-    if (device == "cuda" && cfg.precision == "fp16")
-        throw UserError("precision: \"fp16\" runs on the CPU only so far (emulated exactly, device \"cpu\"): the CUDA "
-                        "backend has no fp16 kernels yet; use \"bf16\" on CUDA");
     return device;
 }
 // The communicator of the data-parallel group (and the world's): "nccl" runs DP's collectives on

@@ -161,7 +161,7 @@ const std::vector<Key>& schema() {
                 "consecutive steps with a non-finite loss or gradient norm (each skipped) that end the run "
                 "(exit code 4)"),
         [] {
-            Key k = num_key("train.loss_scale", FIELD(train.loss_scale), 0, true, NONE, false,
+            Key k = num_key("train.loss_scale", FIELD(train.loss_scale), 0, true, std::numeric_limits<float>::max(), false,
                             "precision fp16: the loss scale; \"dynamic\" starts at 65536, halves on a gradient "
                             "overflow (the step is skipped) and doubles after train.loss_scale_window clean steps; a "
                             "number is a fixed scale");
