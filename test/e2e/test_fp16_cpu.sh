@@ -12,7 +12,7 @@
 #      losses, the final weights) and take the same scale decisions (a real overflow at step 10 included);
 #  (e) the rounding happens (step 1 differs from fp32 bitwise) and fp16 trains as fp32 does (final val
 #      loss and the mean of the last 10 losses within 2% after 150 steps);
-#  (f) bad keys: exit 2 naming the key.
+#  (f) bad keys: exit 2 naming the key; train.offload_optimizer trains bitwise alike.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
 make_data
@@ -89,6 +89,12 @@ for layout in "dp 2 parallel.dp=2 train.grad_accum=2" "tp 2 parallel.tp=2" "pp 2
     close_losses "$W/l1/log.jsonl" "$W/l_$name/log.jsonl" 5e-5
     close_weights "$W/l1/model_00000010.bin" "$W/l_$name/model_00000010.bin" 5e-3 2e-2
 done
+
+# optimizer offload: the host update rounds the master weights to fp16 as the emulated AdamW does
+"$BIN" "$W/c.json" "${base[@]}" train.offload_optimizer=true "out_dir=$W/l_off" > /dev/null || die "offload failed"
+[ "$(losses "$W/l_off/log.jsonl")" = "$(losses "$W/l1/log.jsonl")" ] || die "optimizer offload changes the losses"
+cmp "$W/l1/model_00000010.bin" "$W/l_off/model_00000010.bin" || die "optimizer offload changes the weights"
+echo "  train.offload_optimizer: bitwise the same losses and weights"
 
 # ---- (e) fp16 rounds, and trains as fp32 ----
 long=(train.steps=150 train.grad_accum=1 train.micro_batch=4 train.seq_len=32 eval.every=150 eval.batches=4)
