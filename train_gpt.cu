@@ -221,6 +221,10 @@ std::string resolve_device(const Config& cfg) {
         throw UserError(strfmt("precision: \"fp16\" runs on the CPU only so far (emulated exactly): the CUDA backend has "
                                "no fp16 kernels yet (device \"%s\"); use device \"cpu\", or \"bf16\" on CUDA",
                                cfg.device.c_str()));
+    // (the emulation rounds every Tensor an upload writes: host-staged collectives, which the test
+    // hook's device memory needs, would round fp32 statistics too)
+    if (device == "cpu" && cfg.precision == "fp16" && sim_device())
+        throw UserError("precision: \"fp16\" (the CPU's emulation) does not run under the test hook LLMC_SIM_DEVICE");
     if (device == "cuda" && !cuda_device_available())
         throw UserError("device: \"cuda\" was asked for but no CUDA device is usable (use \"cpu\" or \"auto\")");
     // fp8 runs on the CPU as fp32 with the linears' FP8 casts emulated exactly (llmc/cpu/fp8.cpp), fp16
@@ -257,7 +261,7 @@ std::string resolve_comm(const ParallelConfig& pc, const std::string& device, co
 
 
 void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bool master, DType dtype,
-                        const ModelConverter& conv) {
+                        const ModelConverter& conv, bool fp16_emulated) {
     const size_t num_params = model.params.num_params;
     auto row = [&](const char* name, size_t bytes, const std::string& note) {
         log.print("  %-13s %11s  %12zu B%s\n", name, human_bytes(double(bytes)).c_str(), bytes, note.c_str());
@@ -265,7 +269,8 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
     log.print("memory per rank (ZeRO-%d over dp %s%d; %zu parameters padded to %zu):\n", m.zero,
               model.layout.cp > 1 ? "x cp " : "", m.dp, num_params, m.padded_params);
     row("parameters", m.params,
-        strfmt("  (%s%s%s)", dtype_name(dtype), m.zero >= 3 ? ", shard" : "", conv.params_note().c_str()));
+        strfmt("  (%s%s%s%s)", dtype_name(dtype), fp16_emulated ? " holding fp16 values" : "",
+               m.zero >= 3 ? ", shard" : "", conv.params_note().c_str()));
     row("gradients", m.grads, m.zero >= 2 ? "  (shard)" : "");
     const std::string opt_note = strfmt("m, v%s fp32%s", master ? ", master" : "", m.zero >= 1 ? ", shard" : "");
     row("optimizer", m.optimizer, m.host ? "  (offloaded to the host)" : "  (" + opt_note + ")");
@@ -580,7 +585,7 @@ void print_banner(Run& r, const Plan& p) {
         mem.host += Model::activation_host_bytes_of(r.shape, r.dtype, r.tc.micro_batch, r.tc.seq_len / r.grid.cp,
                                                     r.model.layout,
                                                     pipeline_slots(r.schedule[size_t(r.grid.pp_rank)], r.pc.pp_virtual));
-    print_memory_table(log, mem, r.model, r.opt.has_master(), r.dtype, *r.conv);
+    print_memory_table(log, mem, r.model, r.opt.has_master(), r.dtype, *r.conv, r.ops->emulates_fp16());
     const MemoryPlan got = r.dp.allocated(r.opt.device_bytes(), r.opt.host_bytes() + r.model.activation_host_bytes,
                                           r.model.activation_bytes);
     LLMC_ASSERT(got.params == mem.params && got.grads == mem.grads && got.optimizer == mem.optimizer &&

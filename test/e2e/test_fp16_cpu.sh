@@ -31,6 +31,8 @@ scales() { grep -o '"loss_scale":[^,}]*' "$1" | cut -d: -f2 | tr '\n' ' '; }
 LLMC_FAULT=nan:grad_5 "$BIN" "$W/c.json" "${ck[@]}" "out_dir=$W/one" > "$W/one.txt" 2>&1 || die "one process: $(tail -n 5 "$W/one.txt")"
 grep -q '^fp16: parameters, gradients and activations in IEEE half (emulated exactly on the CPU' "$W/one.txt" ||
     die "no fp16 banner line: $(head -n 3 "$W/one.txt")"
+grep -q 'parameters .*(fp32 holding fp16 values)' "$W/one.txt" || die "memory table: no fp16 note"
+grep -q 'optimizer .*(m, v, master fp32)' "$W/one.txt" || die "memory table: no master weights"
 want="65536.0 65536.0 65536.0 65536.0 131072.0 65536.0 65536.0 65536.0 65536.0 131072.0 "
 [ "$(scales "$W/one/log.jsonl")" = "$want" ] || die "loss scales: $(scales "$W/one/log.jsonl"), want $want"
 [ "$(grep -c '"skipped"' "$W/one/log.jsonl")" -eq 1 ] || die "expected exactly one skipped step"
@@ -125,5 +127,6 @@ expect_fail 2 'train.loss_scale: expected a number or "dynamic", got string "sta
 expect_fail 2 'train.loss_scale' "$BIN" "$W/c.json" train.loss_scale=0
 expect_fail 2 'train.loss_scale_window' "$BIN" "$W/c.json" train.loss_scale_window=0
 expect_fail 2 'precision: "fp16" runs on the CPU only so far' "$BIN" "$W/c.json" device=cuda
+expect_fail 2 'does not run under the test hook LLMC_SIM_DEVICE' env LLMC_SIM_DEVICE=1 "$BIN" "$W/c.json"
 echo "  bad keys: exit 2 naming the key"
 echo PASS
