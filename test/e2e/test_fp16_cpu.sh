@@ -33,6 +33,10 @@ grep -q '^fp16: parameters, gradients and activations in IEEE half (emulated exa
     die "no fp16 banner line: $(head -n 3 "$W/one.txt")"
 grep -q 'parameters .*(fp32 holding fp16 values)' "$W/one.txt" || die "memory table: no fp16 note"
 grep -q 'optimizer .*(m, v, master fp32)' "$W/one.txt" || die "memory table: no master weights"
+# --plan (device "cpu") counts what the run allocates, master weights included
+"$BIN" "$W/c.json" --plan=json > "$W/plan.json" || die "--plan failed"
+opt=$(grep -o '^  optimizer *[0-9.]* [KMG]iB *[0-9]* B' "$W/one.txt" | awk '{ print $(NF-1) }')
+grep -q "\"optimizer\":$opt[,}]" "$W/plan.json" || die "--plan's optimizer bytes are not the run's $opt: $(head -c 600 "$W/plan.json")"
 want="65536.0 65536.0 65536.0 65536.0 131072.0 65536.0 65536.0 65536.0 65536.0 131072.0 "
 [ "$(scales "$W/one/log.jsonl")" = "$want" ] || die "loss scales: $(scales "$W/one/log.jsonl"), want $want"
 [ "$(grep -c '"skipped"' "$W/one/log.jsonl")" -eq 1 ] || die "expected exactly one skipped step"
@@ -128,5 +132,6 @@ expect_fail 2 'train.loss_scale' "$BIN" "$W/c.json" train.loss_scale=0
 expect_fail 2 'train.loss_scale_window' "$BIN" "$W/c.json" train.loss_scale_window=0
 expect_fail 2 'precision: "fp16" runs on the CPU only so far' "$BIN" "$W/c.json" device=cuda
 expect_fail 2 'does not run under the test hook LLMC_SIM_DEVICE' env LLMC_SIM_DEVICE=1 "$BIN" "$W/c.json"
+expect_fail 2 'no GPU plan for it' "$BIN" "$W/c.json" device=auto --plan
 echo "  bad keys: exit 2 naming the key"
 echo PASS
