@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "llmc/cpu/cpu_ops.h"
+#include "llmc/cpu/fp16_ops.h"
 #include "llmc/cuda/cuda_ops.h"
 #include "llmc/io/checkpoint.h"
 #include "llmc/core/common.h"
@@ -198,14 +199,17 @@ WholeState gather_whole_state(const Model& model, const AdamW& opt, DataParallel
 // Test hook: with LLMC_DUMP_GRADS=<file>, the first step's summed gradient of the whole model is
 // written there (llm.c model format, fp32) before the optimizer uses it, so that layouts can be
 // compared on gradients, before AdamW amplifies rounding differences. Collective.
+// Under fp16's loss scaling the gradients are loss_scale times the true ones: the dump is unscaled.
 void dump_gradients(const Model& model, DataParallel& dp, const ParallelConfig& pc, Comm& mp,
-                    const ProcessGrid& grid) {
+                    const ProcessGrid& grid, double loss_scale) {
     const char* path = std::getenv("LLMC_DUMP_GRADS");
     if (!path || !*path) return;
     // with ZeRO >= 1 each DP rank holds the sum for its shard only: gather them like optimizer state
     std::vector<float> local = dp.gather_gradients();
     if (grid.shard_rank() != 0) return;
     std::vector<float> whole = assemble_whole(model.shape, pc, DataParallel::pad_multiple(grid.shard_size()), local, mp);
+    if (loss_scale != 1.0)
+        for (float& g : whole) g = float(double(g) / loss_scale);
     if (grid.rank == 0) model_file_write(path, model.shape, whole.data(), 3);
 }
 
@@ -213,12 +217,21 @@ void dump_gradients(const Model& model, DataParallel& dp, const ParallelConfig& 
 std::string resolve_device(const Config& cfg) {
     std::string device = cfg.device;
     if (device == "auto") device = cuda_device_available() ? "cuda" : "cpu";
+    if (device == "cuda" && cfg.precision == "fp16")
+        throw UserError(strfmt("precision: \"fp16\" runs on the CPU only so far (emulated exactly): the CUDA backend has "
+                               "no fp16 kernels yet (device \"%s\"); use device \"cpu\", or \"bf16\" on CUDA",
+                               cfg.device.c_str()));
+    // (the emulation rounds every Tensor an upload writes: host-staged collectives, which the test
+    // hook's device memory needs, would round fp32 statistics too)
+    if (device == "cpu" && cfg.precision == "fp16" && sim_device())
+        throw UserError("precision: \"fp16\" (the CPU's emulation) does not run under the test hook LLMC_SIM_DEVICE");
     if (device == "cuda" && !cuda_device_available())
         throw UserError("device: \"cuda\" was asked for but no CUDA device is usable (use \"cpu\" or \"auto\")");
-    // fp8 runs on the CPU as fp32 with the linears' FP8 casts emulated exactly (llmc/cpu/fp8.cpp)
-    if (device == "cpu" && cfg.precision != "fp32" && cfg.precision != "fp8")
+    // fp8 runs on the CPU as fp32 with the linears' FP8 casts emulated exactly (llmc/cpu/fp8.cpp), fp16
+    // as fp32 storage rounded to fp16 wherever CUDA would store fp16 (llmc/cpu/fp16_ops.h)
+    if (device == "cpu" && cfg.precision == "bf16")
         throw UserError(strfmt("precision: \"%s\" needs device \"cuda\"; the CPU backend trains in \"fp32\" "
-                               "(or \"fp8\", emulated)",
+                               "(or \"fp16\", \"fp8\", emulated)",
                                cfg.precision.c_str()));
     return device;
 }
@@ -248,7 +261,7 @@ std::string resolve_comm(const ParallelConfig& pc, const std::string& device, co
 
 
 void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bool master, DType dtype,
-                        const ModelConverter& conv) {
+                        const ModelConverter& conv, bool fp16_emulated) {
     const size_t num_params = model.params.num_params;
     auto row = [&](const char* name, size_t bytes, const std::string& note) {
         log.print("  %-13s %11s  %12zu B%s\n", name, human_bytes(double(bytes)).c_str(), bytes, note.c_str());
@@ -256,7 +269,8 @@ void print_memory_table(Logger& log, const MemoryPlan& m, const Model& model, bo
     log.print("memory per rank (ZeRO-%d over dp %s%d; %zu parameters padded to %zu):\n", m.zero,
               model.layout.cp > 1 ? "x cp " : "", m.dp, num_params, m.padded_params);
     row("parameters", m.params,
-        strfmt("  (%s%s%s)", dtype_name(dtype), m.zero >= 3 ? ", shard" : "", conv.params_note().c_str()));
+        strfmt("  (%s%s%s%s)", dtype_name(dtype), fp16_emulated ? " holding fp16 values" : "",
+               m.zero >= 3 ? ", shard" : "", conv.params_note().c_str()));
     row("gradients", m.grads, m.zero >= 2 ? "  (shard)" : "");
     const std::string opt_note = strfmt("m, v%s fp32%s", master ? ", master" : "", m.zero >= 1 ? ", shard" : "");
     row("optimizer", m.optimizer, m.host ? "  (offloaded to the host)" : "  (" + opt_note + ")");
@@ -334,7 +348,9 @@ struct Run {
           // ranks share the node's GPUs round-robin (several ranks per GPU under MPI in tests)
           cuda_device(device == "cuda" ? rt.local_rank % std::max(1, cuda_device_count()) : -1),
           groups(make_process_groups(grid, p.comm, pc.timeout_s, cuda_device)),
-          ops(device == "cpu" ? make_cpu_ops() : make_cuda_ops(cuda_device)),
+          ops(device != "cpu"                ? make_cuda_ops(cuda_device)
+              : cfg.precision == "fp16" ? make_cpu_fp16_ops()
+                                        : make_cpu_ops()),
           dtype(run_dtype(cfg.precision, device)),
           log(std::string(), rt.is_main(), false),
           schedule(make_pipeline_schedule(p.schedule, grid.pp, tc.grad_accum, pc.pp_virtual)),
@@ -428,6 +444,9 @@ double tokens_per_step(const Run& r) { return tokens_per_step(r.cfg, r.grid); }
 // What the data-parallel collectives have sent from this rank so far (DataParallel::bytes_sent's measure).
 double dp_bytes_sent(const Run& r) { return r.dp.bytes_sent() + (r.local_sgd ? r.local_sgd->bytes_sent() : 0.0); }
 
+// precision fp16: the dynamic loss scale's start (PyTorch's GradScaler's too)
+constexpr double kInitialLossScale = 65536.0;
+
 // The initial weights (random or a file), or a checkpoint to continue from: every rank reads the
 // whole checkpoint and keeps its pieces, so any layout resumes any other. No collective: train()
 // agrees on its UserErrors, so that one every rank finds is said once, by rank 0.
@@ -489,6 +508,15 @@ void init_or_resume(Run& r) {
         r.state.loader_dp = r.grid.dp;
         r.state.train_shards = shard_list(r.train_data.files());
     }
+    // precision fp16's loss scale: a fixed one is the config's; the dynamic one continues from the
+    // checkpoint (its scale and clean-step count), else starts at kInitialLossScale
+    if (cfg.precision != "fp16") {
+        r.state.loss_scale = 0.0, r.state.loss_scale_clean = 0;
+    } else if (r.tc.loss_scale > 0.0) {
+        r.state.loss_scale = r.tc.loss_scale, r.state.loss_scale_clean = 0;
+    } else if (!(r.state.loss_scale > 0.0)) {
+        r.state.loss_scale = kInitialLossScale, r.state.loss_scale_clean = 0;
+    }
     if (r.local_sgd && !outer_loaded) r.local_sgd->start(r.opt);  // the anchor: this start's weights
     if (r.rt.is_main()) {
         prepare_run_dirs(cfg, r.ckpt_dir);  // lock out_dir, check that it is writable and free
@@ -510,6 +538,13 @@ void print_banner(Run& r, const Plan& p) {
               r.device.c_str(), r.conv->describe().c_str(), arch_name(s.arch), s.n_layer, s.n_head, s.kv_heads(),
               s.d_model, s.ffn(), s.vocab_size, s.padded_vocab, s.max_seq_len);
     if (s.moe.enabled()) log.print("%s\n", moe_describe(s.moe, s.n_layer).c_str());
+    if (r.state.loss_scale > 0.0)
+        log.print("fp16: parameters, gradients and activations in IEEE half%s, fp32 master weights and moments; %s\n",
+                  r.ops->emulates_fp16() ? " (emulated exactly on the CPU: fp32 storage rounded to fp16)" : "",
+                  r.tc.loss_scale > 0.0
+                      ? strfmt("loss scale fixed at %g", r.tc.loss_scale).c_str()
+                      : strfmt("dynamic loss scale %g (halves on an overflow, doubles after %d clean steps)",
+                               r.state.loss_scale, r.tc.loss_scale_window).c_str());
     if (r.local_sgd)
         log.print("parallel: %d process%s = %s; local SGD: every %d steps the outer step (lr %g, Nesterov momentum "
                   "%g), no gradient all-reduce; outer state %s in host memory (ZeRO-%d: %s); comm %s\n",
@@ -550,7 +585,7 @@ void print_banner(Run& r, const Plan& p) {
         mem.host += Model::activation_host_bytes_of(r.shape, r.dtype, r.tc.micro_batch, r.tc.seq_len / r.grid.cp,
                                                     r.model.layout,
                                                     pipeline_slots(r.schedule[size_t(r.grid.pp_rank)], r.pc.pp_virtual));
-    print_memory_table(log, mem, r.model, r.opt.has_master(), r.dtype, *r.conv);
+    print_memory_table(log, mem, r.model, r.opt.has_master(), r.dtype, *r.conv, r.ops->emulates_fp16());
     const MemoryPlan got = r.dp.allocated(r.opt.device_bytes(), r.opt.host_bytes() + r.model.activation_host_bytes,
                                           r.model.activation_bytes);
     LLMC_ASSERT(got.params == mem.params && got.grads == mem.grads && got.optimizer == mem.optimizer &&
@@ -670,8 +705,10 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     for (int micro = 0; micro < tc.grad_accum; micro++)
         next_batch(r.train_data, r.cp, r.model.B, r.model.T, x[size_t(micro)], y[size_t(micro)]);
     // the gradient is the mean over the step's tokens: all DP ranks' (summed by the gradient sync),
-    // or under local SGD this rank's own (its AdamW alone uses it)
-    const float dloss = float(1.0 / (r.local_sgd ? tokens_per_step(r) / r.grid.dp : tokens_per_step(r)));
+    // or under local SGD this rank's own (its AdamW alone uses it); under fp16 times the loss scale
+    // S (the backward's seed: every gradient is S times the true one, step_control unscales)
+    const double S = r.state.loss_scale > 0.0 ? r.state.loss_scale : 1.0;
+    const float dloss = float(S / (r.local_sgd ? tokens_per_step(r) / r.grid.dp : tokens_per_step(r)));
     r.model.defer_losses(r.defer ? r.losses() : nullptr, r.loss_rows);
     r.pipeline.set_defer_loss(r.defer);
     // gradient buckets go out during the last micro-step's backward, none before. Test hook:
@@ -686,7 +723,7 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     nlohmann::json rec = {{"step", step + 1}};
     std::string extra;
     r.conv->end_step(*r.groups.world, rec, extra);
-    if (step == r.state.step) dump_gradients(r.model, r.dp, r.pc, *r.groups.mp, r.grid);
+    if (step == r.state.step) dump_gradients(r.model, r.dp, r.pc, *r.groups.mp, r.grid, S);
     size_t nloss = 0;
     for (size_t n : rows) nloss += n;
     if (r.defer) {  // the losses' check: finite exactly when every loss is
@@ -701,7 +738,7 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     // gradient norm (alike on every rank: both are reduced over all) skips the update (Ops::adamw_multi
     // reads the decision), weights and optimizer moments stay as they were
     r.dp.grad_norm_squares(r.readback, r.groups.norm_group());
-    r.ops->step_control(r.ctl(), r.readback, tc.grad_clip);
+    r.ops->step_control(r.ctl(), r.readback, tc.grad_clip, S);
     const double lr = lr_at(tc, step);
     const AdamWHyper h{float(lr), float(tc.beta1), float(tc.beta2), float(tc.eps), float(tc.weight_decay)};
     r.dp.before_update();
@@ -714,7 +751,7 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     r.ops->to_host_bytes(back.data(), r.readback, back.size());
     double ss[2];
     std::memcpy(ss, back.data(), sizeof(ss));
-    const double grad_norm = std::sqrt(ss[0]);
+    const double grad_norm = std::sqrt(ss[0]) / S;
     if (r.defer) {
         const float* l = reinterpret_cast<const float*>(back.data() + Run::kReadbackHead);
         for (size_t n : rows) {
@@ -731,15 +768,32 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     // host polls too; not the backend's): the most of any rank (Ops::counters)
     const OpsCounters dc = r.ops->counters() - c0;
     // and the bytes the data-parallel collectives sent; a skipped update on any rank
-    double most[7] = {double(dc.host_syncs), double(dc.h2d_bytes), double(dc.d2h_bytes), double(dc.launches),
-                      double(comm_waits() - waits0), dp_bytes_sent(r) - bytes0, finite_here ? 0.0 : 1.0};
-    if (r.grid.world > 1) r.groups.world->all_reduce(most, 7, ReduceOp::Max);
+    double most[8] = {double(dc.host_syncs), double(dc.h2d_bytes), double(dc.d2h_bytes), double(dc.launches),
+                      double(comm_waits() - waits0), dp_bytes_sent(r) - bytes0, finite_here ? 0.0 : 1.0,
+                      std::isfinite(ss[1]) ? 0.0 : 1.0};
+    if (r.grid.world > 1) r.groups.world->all_reduce(most, 8, ReduceOp::Max);
     rec.update({{"host_syncs", uint64_t(most[0])}, {"h2d_bytes", uint64_t(most[1])}, {"d2h_bytes", uint64_t(most[2])},
                 {"launches", uint64_t(most[3])}, {"comm_waits", uint64_t(most[4])},
                 {"dp_bytes", uint64_t(std::llround(most[5]))}});
     // the stop policy's count agrees on every rank (under local SGD a replica may skip alone)
     const bool finite = most[6] == 0.0;
-    r.bad_in_row = finite ? 0 : r.bad_in_row + 1;
+    // fp16: a non-finite gradient of a finite loss is an overflow of the scaled gradient. The
+    // dynamic scale halves on it (down to 1) and doubles after loss_scale_window clean steps; an
+    // overflow that halved the scale is cured by it and does not count toward max_bad_steps
+    const bool fp16 = r.state.loss_scale > 0.0, dynamic = fp16 && tc.loss_scale == 0.0;
+    const bool overflow = fp16 && !finite && most[7] == 0.0;
+    bool bad = !finite;
+    if (fp16) {
+        rec["loss_scale"] = S;
+        extra += strfmt(" | loss scale %g", S);
+        if (dynamic && overflow && S > 1.0) {
+            r.state.loss_scale = S / 2, r.state.loss_scale_clean = 0;
+            bad = false;
+        } else if (dynamic && finite && ++r.state.loss_scale_clean >= tc.loss_scale_window) {
+            r.state.loss_scale = S * 2, r.state.loss_scale_clean = 0;
+        }
+    }
+    r.bad_in_row = finite ? 0 : r.bad_in_row + bad;
     r.state.skipped += !finite;
     if (outer_step) extra += " | outer step";
     r.progress.step_done(ms);
@@ -754,9 +808,16 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
         extra = strfmt(" | MFU %.1f%%", 100.0 * mfu) + extra;
     }
     if (!finite) {
-        rec["skipped"] = "nonfinite";
+        rec["skipped"] = overflow ? "overflow" : "nonfinite";
         rec["skipped_steps"] = r.state.skipped;
-        extra += strfmt(" | skipped (non-finite): no update; %d skipped so far, %d in a row", r.state.skipped, r.bad_in_row);
+        if (overflow && !bad)
+            extra += strfmt(" | skipped (overflow): no update; loss scale %g -> %g; %d skipped so far", S,
+                            r.state.loss_scale, r.state.skipped);
+        else
+            extra += strfmt(" | skipped (%s): no update; %d skipped so far, %d in a row",
+                            overflow ? (dynamic ? "overflow at loss scale 1" : "overflow at the fixed loss scale")
+                                     : "non-finite",
+                            r.state.skipped, r.bad_in_row);
     }
     r.log.print("step %5d/%d | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s%s%s\n", step + 1, tc.steps,
                 loss, lr, grad_norm, ms, tok_s, r.progress.step_suffix().c_str(), extra.c_str());

@@ -362,8 +362,29 @@ TEST_CASE("config: out-of-range values and enums", "[config]") {
 
     std::string m = error_of([&] { load({g, "device=tpu"}); });
     CHECK_THAT(m, Catch::Contains("device") && Catch::Contains("auto, cpu, cuda"));
-    m = error_of([&] { load({g, "precision=fp16"}); });
-    CHECK_THAT(m, Catch::Contains("precision") && Catch::Contains("fp32, bf16, fp8"));
+    m = error_of([&] { load({g, "precision=fp64"}); });
+    CHECK_THAT(m, Catch::Contains("precision") && Catch::Contains("fp32, bf16, fp16, fp8"));
+    // fp16's loss scale: "dynamic" (stored as 0) or a positive number; its keys refused elsewhere
+    CHECK(load({g, "precision=fp16"}).train.loss_scale == 0.0);
+    CHECK(load({g, "precision=fp16"}).resolved["train"]["loss_scale"] == "dynamic");
+    CHECK(load({g, "precision=fp16", "train.loss_scale=dynamic"}).train.loss_scale == 0.0);
+    CHECK(load({g, "precision=fp16", "train.loss_scale=1024"}).train.loss_scale == 1024.0);
+    CHECK(load({g, "precision=fp16", "train.loss_scale=1024"}).resolved["train"]["loss_scale"] == 1024.0);
+    CHECK(load({g, "precision=fp16", "train.loss_scale_window=5"}).train.loss_scale_window == 5);
+    m = error_of([&] { load({g, "precision=fp16", "train.loss_scale=0"}); });
+    CHECK_THAT(m, Catch::Contains("train.loss_scale"));
+    m = error_of([&] { load({g, "precision=fp16", "train.loss_scale=-2"}); });
+    CHECK_THAT(m, Catch::Contains("train.loss_scale"));
+    m = error_of([&] { load({g, "precision=fp16", "train.loss_scale=auto"}); });
+    CHECK_THAT(m, Catch::Contains("train.loss_scale: expected a number or \"dynamic\""));
+    m = error_of([&] { load({g, "precision=fp16", "train.loss_scale_window=0"}); });
+    CHECK_THAT(m, Catch::Contains("train.loss_scale_window"));
+    m = error_of([&] { load({g, "precision=fp16", "train.loss_scale=8", "train.loss_scale_window=5"}); });
+    CHECK_THAT(m, Catch::Contains("train.loss_scale_window: 5 applies to the dynamic loss scale only"));
+    m = error_of([&] { load({g, "precision=bf16", "train.loss_scale=8"}); });
+    CHECK_THAT(m, Catch::Contains("train.loss_scale: 8 applies to precision \"fp16\" only"));
+    m = error_of([&] { load({g, "train.loss_scale_window=5"}); });
+    CHECK_THAT(m, Catch::Contains("train.loss_scale_window: 5 applies to precision \"fp16\" only"));
     m = error_of([&] { load({g, "fp8.recipe=dynamic"}); });
     CHECK_THAT(m, Catch::Contains("fp8.recipe") && Catch::Contains("delayed, current"));
     m = error_of([&] { load({g, "parallel.pp_layers=[2,0]"}); });

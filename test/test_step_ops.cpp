@@ -45,6 +45,7 @@ TEST_CASE("step_control: torch's clip factor and the non-finite decision", "[ada
     struct Case {
         double ss, loss_check, clip;
         float scale, update;
+        double loss_scale = 1.0;
     } cases[] = {
         {0.25, 0.0, 1.0, 1.0f, 1.0f},  // norm 0.5 < clip
         {16.0, 3.0, 1.0, float(1.0 / (4.0 + 1e-6)), 1.0f},
@@ -53,15 +54,21 @@ TEST_CASE("step_control: torch's clip factor and the non-finite decision", "[ada
         {inf, 0.0, 1.0, 0.0f, 0.0f},   // clip / inf
         {4.0, NAN, 1.0, float(1.0 / (2.0 + 1e-6)), 0.0f},  // a NaN loss
         {4.0, inf, 1.0, float(1.0 / (2.0 + 1e-6)), 0.0f},  // an infinite loss
+        // loss scaling: the gradient is 1024 x the true one (true norm 4 / 1024 x 1024 = 4 -> clipped),
+        // ctl[0] unscales: 1/1024 times the clip factor
+        {16.0 * 1024 * 1024, 0.0, 1.0, float(1.0 / (4.0 + 1e-6) / 1024.0), 1.0f, 1024.0},
+        {0.25 * 65536.0 * 65536.0, 0.0, 1.0, 1.0f / 65536.0f, 1.0f, 65536.0},  // true norm 0.5: unscaled only
+        {16.0 * 9.0, 0.0, 0.0, 1.0f / 3.0f, 1.0f, 3.0},  // clipping off: 1 / scale
+        {inf, 0.0, 1.0, 0.0f, 0.0f, 65536.0},  // an overflowed gradient: skip
     };
     for (const Case& c : cases) {
         const double ss[2] = {c.ss, c.loss_check};
         float ctl[2] = {-1.0f, -1.0f};
-        ops->step_control(ctl, ss, c.clip);
-        INFO("ss " << c.ss << " loss check " << c.loss_check << " clip " << c.clip);
+        ops->step_control(ctl, ss, c.clip, c.loss_scale);
+        INFO("ss " << c.ss << " loss check " << c.loss_check << " clip " << c.clip << " loss scale " << c.loss_scale);
         CHECK(ctl[0] == c.scale);
         CHECK(ctl[1] == c.update);
-        if (std::isfinite(c.ss)) CHECK(ctl[0] == clip_scale(std::sqrt(c.ss), c.clip));
+        if (std::isfinite(c.ss) && c.loss_scale == 1.0) CHECK(ctl[0] == clip_scale(std::sqrt(c.ss), c.clip));
     }
 }
 

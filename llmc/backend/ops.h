@@ -82,6 +82,14 @@ public:
     virtual void zero(Tensor t) = 0;
     // Backend memory, same size; converts between dtypes (fp32 <-> bf16; the CPU holds fp32 only).
     virtual void copy(Tensor dst, Tensor src) = 0;
+    // n fp32 statistics (losses) in backend memory: copied as they are, never rounded to the model's
+    // dtype (the fp16 emulation rounds every Tensor copy writes, llmc/cpu/fp16_ops.h).
+    virtual void copy_f32(float* dst, const float* src, size_t n) {
+        copy(Tensor(dst, n, DType::F32), Tensor(const_cast<float*>(src), n, DType::F32));
+    }
+    // Whether this backend emulates precision "fp16" in fp32 storage (the CPU's CpuFp16Ops): the
+    // model's tensors are fp32 holding fp16 values; AdamW then keeps fp32 master weights.
+    virtual bool emulates_fp16() const { return false; }
     // Backend memory is host memory (a host communicator may read and write it in place).
     virtual bool host_memory() const { return false; }
     // host <-> backend, converting between fp32 on the host and the tensor's dtype
@@ -295,9 +303,12 @@ public:
     virtual void sum_squares_multi(double* out, const std::vector<Tensor>& regions) = 0;
     // The step's update decision from ss (backend memory, two doubles: the summed squares of the
     // gradient, and a value that is finite when every loss was), into ctl (backend memory, two
-    // floats): ctl[0] = clip_scale(sqrt(ss[0]), clip) (llmc/model/optimizer.h: torch's factor),
+    // floats). The gradient is loss_scale times the true one (precision "fp16"'s loss scaling; 1
+    // otherwise), so that the true norm is sqrt(ss[0]) / loss_scale:
+    // ctl[0] = float(clip_scale(sqrt(ss[0]) / loss_scale, clip) / loss_scale) in double
+    // (llmc/model/optimizer.h: torch's factor; AdamW's gradient scale unscales and clips at once),
     // ctl[1] = 1 when both ss[0] and ss[1] are finite (update), else 0 (skip the step).
-    virtual void step_control(float* ctl, const double* ss, double clip) = 0;
+    virtual void step_control(float* ctl, const double* ss, double clip, double loss_scale) = 0;
     // adamw on every piece, the gradient scale ctl[0] and the decision ctl[1] read from backend
     // memory (ctl[1] == 0: nothing changes). Each piece as one adamw call would update it, bit for
     // bit; one launch (CUDA) for all pieces.

@@ -41,6 +41,7 @@ struct Key {
     std::vector<std::string> planned;  // Enum: recognised values that are not supported yet
     bool nonempty = false;             // String: "" is rejected
     bool auto_ok = false;              // Int: also accepts the string "auto", stored as 0
+    const char* word = nullptr;        // Number: also accepts this string, stored as 0
     bool* (*auto_flag)(Config&) = nullptr;  // IntList: also accepts "auto", stored as [] and this flag
     std::string help;
 };
@@ -91,9 +92,10 @@ const std::vector<Key>& schema() {
     static const std::vector<Key> keys = {
         enum_key("device", FIELD(device), {"auto", "cpu", "cuda"}, {},
                  "where to train: auto = cuda when a GPU is present, else cpu"),
-        enum_key("precision", FIELD(precision), {"fp32", "bf16", "fp8"}, {},
-                 "compute precision (fp8: the blocks' linear layers in FP8, the rest as bf16 on CUDA; on the CPU "
-                 "FP8 is emulated exactly and the rest stays fp32)"),
+        enum_key("precision", FIELD(precision), {"fp32", "bf16", "fp16", "fp8"}, {},
+                 "compute precision (fp16: IEEE half with fp32 master weights and loss scaling, emulated exactly on "
+                 "the CPU; fp8: the blocks' linear layers in FP8, the rest as bf16 on CUDA; on the CPU FP8 is "
+                 "emulated exactly and the rest stays fp32)"),
 
         enum_key("model.arch", FIELD(model.arch), {"gpt2", "llama"}, {},
                  "model family: gpt2 (llm.c's GPT-2) or llama (transformers' LlamaForCausalLM)"),
@@ -158,6 +160,16 @@ const std::vector<Key>& schema() {
         int_key("train.max_bad_steps", FIELD(train.max_bad_steps), 1, NONE,
                 "consecutive steps with a non-finite loss or gradient norm (each skipped) that end the run "
                 "(exit code 4)"),
+        [] {
+            Key k = num_key("train.loss_scale", FIELD(train.loss_scale), 0, true, std::numeric_limits<float>::max(), false,
+                            "precision fp16: the loss scale; \"dynamic\" starts at 65536, halves on a gradient "
+                            "overflow (the step is skipped) and doubles after train.loss_scale_window clean steps; a "
+                            "number is a fixed scale");
+            k.word = "dynamic";
+            return k;
+        }(),
+        int_key("train.loss_scale_window", FIELD(train.loss_scale_window), 1, NONE,
+                "precision fp16, dynamic loss scale: clean steps after which the scale doubles"),
         enum_key("train.recompute", FIELD(train.recompute), {"none", "selective", "full"}, {},
                  "activation recomputation: none; selective = keep the linear layers' inputs, recompute the "
                  "attention core and the MLP activation in backward; full = keep each layer's input, recompute the "
@@ -454,7 +466,7 @@ void check_range(const Key& k, double x, const std::string& shown) {
 std::string type_text(const Key& k) {
     switch (k.type) {
         case KType::Int: return k.auto_ok ? "an integer or \"auto\"" : "an integer";
-        case KType::Number: return "a number";
+        case KType::Number: return k.word ? strfmt("a number or \"%s\"", k.word) : "a number";
         case KType::Bool: return "a boolean (true or false)";
         case KType::String: return "a string";
         case KType::Enum: return "one of " + join(k.allowed, ", ");
@@ -504,6 +516,10 @@ void assign(const Key& k, const json& v, Config& c) {
             break;
         }
         case KType::Number: {
+            if (k.word && v.is_string() && v.get<std::string>() == k.word) {
+                *static_cast<double*>(dst) = 0.0;
+                break;
+            }
             if (!v.is_number()) wrong_type(k, v);
             double x = v.get<double>();
             check_range(k, x, v.dump());
@@ -566,7 +582,9 @@ json read_field(const Key& k, Config& c) {
         case KType::Int:
             if (k.auto_ok && *static_cast<int*>(p) == 0) return "auto";
             return *static_cast<int*>(p);
-        case KType::Number: return *static_cast<double*>(p);
+        case KType::Number:
+            if (k.word && *static_cast<double*>(p) == 0.0) return k.word;
+            return *static_cast<double*>(p);
         case KType::Bool: return *static_cast<bool*>(p);
         case KType::String:
         case KType::Enum: return *static_cast<std::string*>(p);
@@ -734,6 +752,17 @@ void check_consistency(const Config& c, bool check_files) {
                                "holds num_experts / ep whole experts)", c.parallel.ep, m.moe.num_experts));
     if (m.moe.num_experts > 0 && c.precision == "fp8")
         throw UserError("precision: fp8 with model.moe: the experts' linears have no fp8 path yet (use fp32 or bf16)");
+    // loss scaling is fp16's: another precision refuses its keys rather than ignore them
+    const TrainConfig defaults;
+    if (c.precision != "fp16" && t.loss_scale != defaults.loss_scale)
+        throw UserError(strfmt("train.loss_scale: %g applies to precision \"fp16\" only (this run is \"%s\"; remove "
+                               "the key)", t.loss_scale, c.precision.c_str()));
+    if (c.precision != "fp16" && t.loss_scale_window != defaults.loss_scale_window)
+        throw UserError(strfmt("train.loss_scale_window: %d applies to precision \"fp16\" only (this run is \"%s\"; "
+                               "remove the key)", t.loss_scale_window, c.precision.c_str()));
+    if (t.loss_scale != 0.0 && t.loss_scale_window != defaults.loss_scale_window)
+        throw UserError(strfmt("train.loss_scale_window: %d applies to the dynamic loss scale only (train.loss_scale "
+                               "is the fixed %g)", t.loss_scale_window, t.loss_scale));
     if (t.seq_len > m.max_seq_len)
         throw UserError(strfmt("train.seq_len: %d exceeds model.max_seq_len = %d (must be <= model.max_seq_len)",
                                t.seq_len, m.max_seq_len));
@@ -956,7 +985,7 @@ std::string config_usage() {
         std::string allowed;
         switch (k.type) {
             case KType::Int: allowed = k.auto_ok ? "integer|auto" : "integer"; break;
-            case KType::Number: allowed = "number"; break;
+            case KType::Number: allowed = k.word ? std::string("number|") + k.word : "number"; break;
             case KType::Bool: allowed = "true|false"; break;
             case KType::String: allowed = k.nonempty ? "non-empty string" : "string"; break;
             case KType::Enum: allowed = join(k.allowed, "|"); break;
@@ -1022,6 +1051,7 @@ Config load_config(int argc, char** argv, bool* print_config, std::string* plan)
 }
 
 DType run_dtype(const std::string& precision, const std::string& device) {
-    // fp8 keeps everything but the block linears in bf16 on CUDA and fp32 on the CPU
+    // fp8 keeps everything but the block linears in bf16 on CUDA and fp32 on the CPU; the CPU
+    // emulates fp16 in fp32 storage (llmc/cpu/fp16_ops.h)
     return precision == "bf16" || (precision == "fp8" && device == "cuda") ? DType::BF16 : DType::F32;
 }

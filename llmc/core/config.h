@@ -61,6 +61,10 @@ struct TrainConfig {
     double grad_clip = 1.0;  // 0 = off
     int seed = 1337;
     int max_bad_steps = 8;  // consecutive non-finite (skipped) steps that end the run
+    // precision "fp16": the loss scale (0 = "dynamic": starts at 2^16, halves on an overflow,
+    // doubles after loss_scale_window clean steps; a number: that scale, fixed)
+    double loss_scale = 0.0;
+    int loss_scale_window = 1000;
     std::string recompute = "none";  // none | selective | full: activations recomputed in backward
     bool offload_optimizer = false;  // AdamW's state and update on the host (llmc/model/optimizer.h)
     bool offload_activations = false;  // the kept layer inputs in host memory (llmc/model/model.h; recompute full)
@@ -148,7 +152,7 @@ struct PlanConfig {
 
 struct Config {
     std::string device = "auto";     // auto | cpu | cuda
-    std::string precision = "fp32";  // fp32 | bf16 | fp8
+    std::string precision = "fp32";  // fp32 | bf16 | fp16 | fp8
     ModelConfig model;
     DataConfig data;
     TrainConfig train;

@@ -17,9 +17,9 @@ void CpuOps::sum_squares_multi(double* out, const std::vector<Tensor>& regions) 
     *out = ss;
 }
 
-void CpuOps::step_control(float* ctl, const double* ss, double clip) {
+void CpuOps::step_control(float* ctl, const double* ss, double clip, double loss_scale) {
     ++counters_.launches;
-    ctl[0] = clip_factor(std::sqrt(ss[0]), clip);
+    ctl[0] = float(double(clip_factor(std::sqrt(ss[0]) / loss_scale, clip)) / loss_scale);
     ctl[1] = std::isfinite(ss[0]) && std::isfinite(ss[1]) ? 1.0f : 0.0f;
 }
 

@@ -87,7 +87,7 @@ public:
 
     double sum_squares(Tensor g) override;
     void sum_squares_multi(double* out, const std::vector<Tensor>& regions) override;
-    void step_control(float* ctl, const double* ss, double clip) override;
+    void step_control(float* ctl, const double* ss, double clip, double loss_scale) override;
     void adamw_multi(const std::vector<AdamWPiece>& pieces, const float* ctl, float lr, float beta1, float beta2,
                      float eps, int t) override;
     void adamw(Tensor params, float* master, Tensor grads, float* m, float* v, float lr, float beta1, float beta2,

@@ -63,14 +63,14 @@ __global__ void adamw_multi_kernel(const AdamWDesc* d, const AdamWChunk* chunks,
 }
 
 // ctl from the summed squares (Ops::step_control), in double as the host computes it.
-__global__ void step_control_kernel(float* ctl, const double* ss, double clip) {
-    const double norm = sqrt(ss[0]);
+__global__ void step_control_kernel(float* ctl, const double* ss, double clip, double loss_scale) {
+    const double norm = sqrt(ss[0]) / loss_scale;
     float f = 1.0f;
     if (clip > 0.0) {
         const double q = clip / (norm + 1e-6);
         f = (float)(q < 1.0 ? q : 1.0);
     }
-    ctl[0] = f;
+    ctl[0] = (float)((double)f / loss_scale);
     ctl[1] = isfinite(ss[0]) && isfinite(ss[1]) ? 1.0f : 0.0f;
 }
 

@@ -743,8 +743,8 @@ public:
         LLMC_LAUNCH(sum_squares_finish_kernel, 1, 256, 0, stream_, out, part + blocks, part, dtab, (int)tab.size());
         CUDA_CHECK_LAUNCH();
     }
-    void step_control(float* ctl, const double* ss, double clip) override {
-        LLMC_LAUNCH(step_control_kernel, 1, 1, 0, stream_, ctl, ss, clip);
+    void step_control(float* ctl, const double* ss, double clip, double loss_scale) override {
+        LLMC_LAUNCH(step_control_kernel, 1, 1, 0, stream_, ctl, ss, clip, loss_scale);
         CUDA_CHECK_LAUNCH();
     }
     void adamw_multi(const std::vector<AdamWPiece>& pieces, const float* ctl, float lr, float beta1, float beta2,

@@ -206,6 +206,7 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
             {"model_checksum", file_checksum(tmp_dir + "/model.bin")},
             {"config", config}};
         if (!local.empty()) meta["local_sgd"] = {{"replicas", local.dp()}};
+        if (st.loss_scale > 0.0) meta["loss_scale"] = {{"scale", st.loss_scale}, {"clean_steps", st.loss_scale_clean}};
         const std::string meta_s = meta.dump();
         const size_t nbytes = num_params * sizeof(float);
         uint64_t h = fnv1a(meta_s.data(), meta_s.size());
@@ -331,6 +332,14 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     st.loader_dp = int(meta_int(meta, "loader_dp", state_path, "", 1, INT_MAX));
     // absent in checkpoints from before they were recorded: 0 skipped, shards and config unknown
     st.skipped = meta.contains("skipped_steps") ? int(meta_int(meta, "skipped_steps", state_path, "", 0, INT_MAX)) : 0;
+    if (meta.contains("loss_scale")) {  // an fp16 run's
+        const nlohmann::json& ls = meta["loss_scale"];
+        if (!ls.is_object() || !ls.contains("scale") || !ls["scale"].is_number() || !(ls["scale"].get<double>() > 0.0) ||
+            !std::isfinite(ls["scale"].get<double>()))
+            throw UserError(strfmt("checkpoint %s: metadata \"loss_scale\" is not {\"scale\": a positive number, ...}", sp));
+        st.loss_scale = ls["scale"].get<double>();
+        st.loss_scale_clean = int(meta_int(ls, "clean_steps", state_path, "loss_scale.", 0, INT_MAX));
+    }
     if (meta.contains("train_shards")) {
         const nlohmann::json& sh = meta["train_shards"];
         bool ok = sh.is_null() || sh.is_array();

@@ -6,7 +6,7 @@
 //              all in llm.c tensor order, then (precision "fp8") the FP8 scaling state as
 //              Fp8State::save() wrote it, plus JSON metadata (step, data-loader position,
 //              seeds, the resolved config, the training shards, "fp8_bytes", the count of skipped
-//              steps) and a checksum of both files; a local SGD run (parallel.local_sgd, state
+//              steps, fp16's loss scale and its clean-step count) and a checksum of both files; a local SGD run (parallel.local_sgd, state
 //              version 2) then its outer state and the other DP ranks' replicas (LocalSgdState)
 //   DONE       the completion marker, written last
 // Tensors are stored whole (logical shape), so any later parallel layout can load them.
@@ -28,6 +28,10 @@ struct TrainState {
     LoaderPosition loader;
     int loader_dp = 1;  // data-parallel ranks the loader position counts window groups of
     int skipped = 0;    // steps skipped so far for a non-finite loss or gradient norm (0 in older checkpoints)
+    // precision "fp16": the loss scale of the next step and the clean steps since it last changed
+    // (the dynamic scale doubles when they reach train.loss_scale_window); 0: a run without one
+    double loss_scale = 0.0;
+    int loss_scale_clean = 0;
     // What an exact continuation depends on besides the above (compared on resume, llmc/run/run_dir.h):
     // the training shards as [base name, bytes] pairs (shard_list()), null in older checkpoints;
     // and, filled by checkpoint_load only, the resolved config of the run that saved it.

@@ -13,6 +13,7 @@
 
 #include "llmc/core/common.h"
 #include "llmc/precision/bf16.h"
+#include "llmc/precision/fp16.h"
 
 namespace {
 
@@ -22,15 +23,6 @@ size_t dtype_bytes(const std::string& d) {
     if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
     if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
     return 0;
-}
-
-float f16_to_f32(uint16_t h) {
-    const int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
-    float v;
-    if (exp == 0) v = std::ldexp(float(man), -24);
-    else if (exp == 31) v = man ? NAN : INFINITY;
-    else v = std::ldexp(float(man | 1024), exp - 25);
-    return sign ? -v : v;
 }
 
 // Up to `most` bytes of s around byte `at`, printable ASCII as is and every other byte as \xNN:
@@ -193,7 +185,7 @@ std::vector<float> SafetensorsReader::read(const std::string& name) const {
     } else {
         for (size_t i = 0; i < count; i++) {
             const uint16_t h = uint16_t(raw[2 * i] | (raw[2 * i + 1] << 8));
-            out[i] = e.dtype == "BF16" ? bf16_bits_to_f32(h) : f16_to_f32(h);
+            out[i] = e.dtype == "BF16" ? bf16_bits_to_f32(h) : f16_bits_to_f32(h);
         }
     }
     return out;

@@ -989,7 +989,7 @@ float Model::head_forward(SlotActs& sa, Tensor res, const int32_t* targets, int 
     sa.have_dlogits = dloss != 0.0f;
     if (defer_) {  // stays on the backend: the trainer reads every forward's losses back at once
         LLMC_ASSERT(defer_used_ + N <= defer_cap_, "deferred losses: more rows than the step's buffer holds");
-        ops.copy(Tensor(defer_ + defer_used_, N, DType::F32), Tensor(sa.losses, N, DType::F32));
+        ops.copy_f32(defer_ + defer_used_, sa.losses, N);
         defer_used_ += N;
         defer_rows_.push_back(N);
         return 0.0f;

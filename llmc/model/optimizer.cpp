@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "llmc/precision/bf16.h"
+#include "llmc/precision/fp16.h"
 #include "llmc/cpu/kernels.h"
 
 AdamW::AdamW(const ParamLayout& layout, Ops& ops, size_t begin, size_t end, Tensor params, Tensor grads,
@@ -25,7 +26,7 @@ AdamW::AdamW(const ParamLayout& layout, Ops& ops, size_t begin, size_t end, Tens
     auto alloc = [&](size_t bytes) { return offload_.enabled ? ops.alloc_host(bytes) : ops.alloc(bytes); };
     m_ = static_cast<float*>(alloc(n * sizeof(float)));
     v_ = static_cast<float*>(alloc(n * sizeof(float)));
-    if (keeps_master(params.dtype)) master_ = static_cast<float*>(alloc(n * sizeof(float)));
+    if (keeps_master(params.dtype) || ops.emulates_fp16()) master_ = static_cast<float*>(alloc(n * sizeof(float)));
     ctl_ = static_cast<float*>(ops.alloc(2 * sizeof(float)));
     if (offload_.enabled) {
         // master weights exactly for bf16 (keeps_master): the host update rounds them to bf16
@@ -168,13 +169,19 @@ void AdamW::update_piece(const Piece& pc, int s, const AdamWHyper& h, int t, flo
 #pragma omp parallel for schedule(static) if (cpu::parallel_worth(cnt))
             for (size_t i = 0; i < cnt; i++)
                 pb[i] = f32_to_bf16_stochastic(master_[r + i], hash_u32(ts, uint32_t(a - p.offset + i)));
+        } else if (master_) {  // the CPU's fp16 emulation (fp32 storage): the master rounded to the nearest half
+            float* pf = static_cast<float*>(stage_params_[s]) + j;
+            for (size_t i = 0; i < cnt; i++) pf[i] = round_f16(master_[r + i]);
         }
     }
     // the padding's parameters go back as they were (the master holds them exactly: synced from them)
     for (const auto& gap : gaps_) {
         const size_t a = std::max(gap.first, a0), b = std::min(gap.second, b0);
-        for (size_t x = a; x < b; x++)
-            static_cast<uint16_t*>(stage_params_[s])[x - a0] = f32_to_bf16_bits(master_[pc.state + (x - a0)]);
+        for (size_t x = a; x < b; x++) {
+            const float w = master_[pc.state + (x - a0)];
+            if (bf16) static_cast<uint16_t*>(stage_params_[s])[x - a0] = f32_to_bf16_bits(w);
+            else static_cast<float*>(stage_params_[s])[x - a0] = w;
+        }
     }
 }
 

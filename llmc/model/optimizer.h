@@ -45,7 +45,8 @@ public:
     // [begin, end) (empty: all of it).
     AdamW(const ParamLayout& layout, Ops& ops, size_t begin, size_t end, Tensor params, Tensor grads,
           OptimizerOffload offload = {}, Runs runs = {});
-    // fp32 master weights are kept for a model in any other dtype.
+    // fp32 master weights are kept for a model in any other dtype (and under the CPU's fp16
+    // emulation, whose fp32 tensors hold fp16 values: Ops::emulates_fp16).
     static bool keeps_master(DType model_dtype) { return model_dtype != DType::F32; }
     // The elements of one streamed piece over a range of n elements.
     static size_t offload_piece(size_t n, size_t piece) { return piece == 0 || piece > n ? n : piece; }

@@ -90,7 +90,9 @@ MemoryPlan memory_of(const RankParts& r, const Config& cfg, const ModelShape& sh
     const bool offload = cfg.train.offload_activations && rc == Recompute::Full;
     const int b = cfg.train.micro_batch, t = cfg.train.seq_len / grid.cp;
     const size_t activations = Model::activation_bytes_of(shape, dtype, b, t, r.layout, slots, rc, offload);
-    MemoryPlan m = zero_memory_plan(r.padded, grid.shard_size(), zero, dtype_size(dtype), AdamW::keeps_master(dtype),
+    // (the CPU's fp16 emulation keeps master weights beside its fp32 parameters, Ops::emulates_fp16)
+    const bool master = AdamW::keeps_master(dtype) || cfg.precision == "fp16";
+    MemoryPlan m = zero_memory_plan(r.padded, grid.shard_size(), zero, dtype_size(dtype), master,
                                     DataParallel::bucket_elems_for(cfg.parallel.bucket_mb, r.padded), activations,
                                     r.units, cfg.train.offload_optimizer, r.ep_optimizer);
     if (offload) m.host += Model::activation_host_bytes_of(shape, dtype, b, t, r.layout, slots);
@@ -196,6 +198,10 @@ std::string int_list_text(const std::vector<int>& v) {
 void check_plannable(const Config& cfg, const ModelShape& shape) {
     const ParallelConfig& pc = cfg.parallel;
     const TrainConfig& tc = cfg.train;
+    // a plan is of a GPU run unless device is "cpu", and CUDA has no fp16 yet (its sizes would be guesses)
+    if (cfg.precision == "fp16" && cfg.device != "cpu")
+        throw UserError("precision: \"fp16\" runs on the CPU only so far (emulated exactly): no GPU plan for it; plan "
+                        "with device \"cpu\", or \"bf16\" for a GPU");
     const double params = num_params_double(shape);
     if (params > kPlanMaxParams)
         throw UserError(strfmt("model: %.3g parameters (model.n_layer = %d, model.d_model = %d), %.3g bytes of "

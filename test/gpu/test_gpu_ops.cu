@@ -1201,16 +1201,21 @@ void test_step_ops(H& h) {
     h.gpu.to_host_bytes(&got, dss, sizeof got);
     report(std::memcmp(&got, &want, sizeof got) == 0, "step_ops.sum_squares_multi", sh,
            strfmt("multi=%.17g per-region=%.17g", got, want));
-    const double cases[][3] = {{16.0, 0.0, 1.0}, {0.25, 0.0, 1.0}, {16.0, 0.0, 0.0}, {NAN, 0.0, 1.0}, {4.0, INFINITY, 1.0}};
+    // {ss, loss check, clip, loss scale}
+    const double cases[][4] = {{16.0, 0.0, 1.0, 1.0},   {0.25, 0.0, 1.0, 1.0},      {16.0, 0.0, 0.0, 1.0},
+                               {NAN, 0.0, 1.0, 1.0},    {4.0, INFINITY, 1.0, 1.0},  {16.0 * 1048576.0, 0.0, 1.0, 1024.0},
+                               {144.0, 0.0, 0.0, 3.0},  {INFINITY, 0.0, 1.0, 65536.0}};
     for (const auto& c : cases) {
         float ctl[2];
         h.gpu.from_host_bytes(dss, c, 2 * sizeof(double));
-        h.gpu.step_control(dctl, dss, c[2]);
+        h.gpu.step_control(dctl, dss, c[2], c[3]);
         h.gpu.to_host_bytes(ctl, dctl, sizeof ctl);
-        const float want_scale = clip_factor(std::sqrt(c[0]), c[2]), want_update = std::isfinite(c[0]) && std::isfinite(c[1]);
+        // the contract written out (Ops::step_control), not the CPU's code
+        const float want_scale = float(double(clip_factor(std::sqrt(c[0]) / c[3], c[2])) / c[3]),
+                    want_update = std::isfinite(c[0]) && std::isfinite(c[1]);
         report((ctl[0] == want_scale || (std::isnan(ctl[0]) && std::isnan(want_scale))) && ctl[1] == want_update,
                "step_ops.step_control", sh,
-               strfmt("ss=%g check=%g clip=%g: ctl %g %g, want %g %g", c[0], c[1], c[2], ctl[0], ctl[1], want_scale,
+               strfmt("ss=%g check=%g clip=%g loss scale=%g: ctl %g %g, want %g %g", c[0], c[1], c[2], c[3], ctl[0], ctl[1], want_scale,
                       want_update));
     }
     for (bool master : {false, true}) {
