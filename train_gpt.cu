@@ -559,9 +559,11 @@ void print_banner(Run& r, const Plan& p) {
     if (r.powersgd) {
         const PowerSgdPlan& ps = r.powersgd->plan();
         log.print("parallel: %d process%s = %s; ZeRO-0; comm %s; PowerSGD rank %d: %zu matrices compressed, %zu "
-                  "elements sent as they are; %zu floats per step instead of %zu (compression %.2fx)\n",
+                  "elements sent as they are; %zu floats per step instead of %zu (compression %.2fx); error "
+                  "feedback and factors %s in host memory\n",
                   g.world, g.world == 1 ? "" : "es", g.describe().c_str(), r.groups.dp->name().c_str(), ps.rank,
-                  ps.matrices.size(), ps.plain_elems, ps.sent(), ps.total, ps.ratio());
+                  ps.matrices.size(), ps.plain_elems, ps.sent(), ps.total, ps.ratio(),
+                  human_bytes(double(r.powersgd->host_bytes())).c_str());
     } else if (r.local_sgd)
         log.print("parallel: %d process%s = %s; local SGD: every %d steps the outer step (lr %g, Nesterov momentum "
                   "%g), no gradient all-reduce; outer state %s in host memory (ZeRO-%d: %s); comm %s\n",

@@ -81,6 +81,10 @@ public:
     // sum over the DP group, the same on every rank. Collective.
     void reduce(Tensor grads);
     double bytes_sent() const { return bytes_sent_; }
+    // host memory it keeps: E, the gradient's host copy, P (with the plain elements), Q and its sum
+    size_t host_bytes() const {
+        return (error_.size() + host_.size() + send_.size() + q_.size() + qsum_.size()) * sizeof(float);
+    }
 
     const std::vector<float>& error() const { return error_; }  // this rank's E (padded, memory order)
     const std::vector<float>& q() const { return q_; }          // every matrix's Q, plan order
