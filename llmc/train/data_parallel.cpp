@@ -333,7 +333,8 @@ void DataParallel::set_compression(PowerSgd* compression) {
 }
 
 std::function<void(size_t)> DataParallel::grads_ready() {
-    if (zero_ >= 2 || local_ || compression_) return {};  // PowerSGD: all at once in finish_grad_sync  // the units' reduce-scatters go out from release_grads
+    // ZeRO-2/3: the units' reduce-scatters go out from release_grads; PowerSGD: all at once in finish_grad_sync
+    if (zero_ >= 2 || local_ || compression_) return {};
     next_bucket_ = 0;
     return [this](size_t ready_from) {
         while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].begin >= ready_from)
