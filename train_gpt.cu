@@ -43,6 +43,7 @@
 #include "llmc/run/preempt.h"
 #include "llmc/train/layout.h"
 #include "llmc/train/local_sgd.h"
+#include "llmc/train/powersgd.h"
 #include "llmc/model/optimizer.h"
 #include "llmc/parallel/pipeline.h"
 #include "llmc/parallel/pipeline_schedule.h"
@@ -165,9 +166,10 @@ void sample_wait(int n, Comm& world, int* sig) {
 
 // The whole model and optimizer state in llm.c order on world rank 0 (empty elsewhere): ZeRO
 // shards gathered over DP, then the model-parallel pieces assembled. Under local SGD also its outer
-// state and the other DP ranks' replicas. Collective over every rank.
+// state and the other DP ranks' replicas; under PowerSGD every DP rank's error feedback and Q.
+// Collective over every rank.
 WholeState gather_whole_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalSgd* local_sgd,
-                              const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid) {
+                              PowerSgd* powersgd, const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid) {
     OptimizerState local = dp.gather_optimizer_state(opt);  // DP rank 0 gets its (tp, pp) piece whole
     std::vector<float> params = dp.gather_params();
     LocalSgdState outer;  // DP rank 0: memory order
@@ -177,6 +179,9 @@ WholeState gather_whole_state(const Model& model, const AdamW& opt, DataParallel
         opt.get_state(mine.m, mine.v, mine.master);
         outer = local_sgd->gather(mine);
     }
+    std::vector<std::vector<float>> errors;  // DP rank 0: every DP rank's, memory order
+    std::vector<float> q;
+    if (powersgd) powersgd->gather(&errors, &q);
     WholeState whole;
     if (grid.shard_rank() != 0) return whole;
     const size_t pad = DataParallel::pad_multiple(grid.shard_size());
@@ -192,6 +197,11 @@ WholeState gather_whole_state(const Model& model, const AdamW& opt, DataParallel
         whole.local_sgd.momentum = assemble(outer.momentum);
         for (const ReplicaState& r : outer.replicas)
             whole.local_sgd.replicas.push_back({assemble(r.params), assemble(r.m), assemble(r.v), assemble(r.master)});
+    }
+    if (powersgd) {
+        whole.powersgd.rank = powersgd->plan().rank;
+        for (const std::vector<float>& e : errors) whole.powersgd.errors.push_back(assemble(e));
+        whole.powersgd.q = std::move(q);
     }
     return whole;
 }
@@ -225,6 +235,10 @@ std::string resolve_device(const Config& cfg) {
     // hook's device memory needs, would round fp32 statistics too)
     if (device == "cpu" && cfg.precision == "fp16" && sim_device())
         throw UserError("precision: \"fp16\" (the CPU's emulation) does not run under the test hook LLMC_SIM_DEVICE");
+    if (device == "cuda" && cfg.parallel.grad_compression == "powersgd")
+        throw UserError("parallel.grad_compression: \"powersgd\" runs on the CPU backend only (its factors are "
+                        "computed in host memory, which would copy every step's gradients through the host on a "
+                        "GPU); use \"none\" on device \"cuda\"");
     if (device == "cuda" && !cuda_device_available())
         throw UserError("device: \"cuda\" was asked for but no CUDA device is usable (use \"cpu\" or \"auto\")");
     // fp8 runs on the CPU as fp32 with the linears' FP8 casts emulated exactly (llmc/cpu/fp8.cpp), fp16
@@ -387,6 +401,10 @@ struct Run {
             }
         if (local())
             local_sgd.reset(new LocalSgd(pc.local_sgd, params.padded_params, *ops, *groups.dp, pc.zero, dp.bucket_elems()));
+        if (pc.grad_compression == "powersgd") {  // in place of the bucket all-reduce (Q drawn from train.seed)
+            powersgd.reset(new PowerSgd(params, pc.powersgd_rank, uint64_t(tc.seed), *ops, *groups.dp, dp.bucket_elems()));
+            dp.set_compression(powersgd.get());
+        }
         if (!cfg.data.val.empty())
             val_data.reset(new DataLoader(cfg.data.val, tc.micro_batch, tc.seq_len, grid.dp_rank, grid.dp, false, 0,
                                           shape.vocab_size));
@@ -425,6 +443,7 @@ struct Run {
     PipelineEngine pipeline;
     AdamW opt;
     std::unique_ptr<LocalSgd> local_sgd;  // parallel.local_sgd: the outer optimizer (null: plain data parallelism)
+    std::unique_ptr<PowerSgd> powersgd;   // parallel.grad_compression = powersgd (null: the plain all-reduce)
     DataLoader train_data;
     std::unique_ptr<DataLoader> val_data;
     std::unique_ptr<Tokenizer> tok;
@@ -442,7 +461,33 @@ struct Run {
 
 double tokens_per_step(const Run& r) { return tokens_per_step(r.cfg, r.grid); }
 // What the data-parallel collectives have sent from this rank so far (DataParallel::bytes_sent's measure).
-double dp_bytes_sent(const Run& r) { return r.dp.bytes_sent() + (r.local_sgd ? r.local_sgd->bytes_sent() : 0.0); }
+double dp_bytes_sent(const Run& r) {
+    return r.dp.bytes_sent() + (r.local_sgd ? r.local_sgd->bytes_sent() : 0.0) +
+           (r.powersgd ? r.powersgd->bytes_sent() : 0.0);
+}
+
+// PowerSGD's state from a checkpoint: each DP rank its own error feedback, and Q. A checkpoint of
+// another rank or without it (a change checkpoint.allow_changes let through) starts afresh.
+void resume_powersgd(Run& r, const PowerSgdState& saved, const std::string& from) {
+    if (!r.powersgd) {
+        if (!saved.empty())
+            r.log.print("resume: the checkpoint's PowerSGD state (rank %d) is not used: this run all-reduces the "
+                        "gradients uncompressed\n",
+                        saved.rank);
+        return;
+    }
+    if (!saved.empty() && saved.dp() != r.grid.dp)
+        throw UserError(strfmt("checkpoint.resume: %s holds the PowerSGD error feedback of %d DP ranks, this run has "
+                               "parallel.dp = %d; a PowerSGD run resumes at the dp that saved it (each DP rank "
+                               "continues its own)",
+                               from.c_str(), saved.dp(), r.grid.dp));
+    if (saved.empty() || saved.rank != r.powersgd->plan().rank || saved.q.size() != r.powersgd->q().size()) {
+        r.log.print("PowerSGD starts at step %d with no error feedback and fresh factors Q (the checkpoint has %s)\n",
+                    r.state.step, saved.empty() ? "none" : strfmt("rank %d's", saved.rank).c_str());
+        return;
+    }
+    r.powersgd->set_state(r.model.from_file_order(saved.errors[size_t(r.grid.dp_rank)].data()), saved.q);
+}
 
 // precision fp16: the dynamic loss scale's start (PyTorch's GradScaler's too)
 constexpr double kInitialLossScale = 65536.0;
@@ -500,6 +545,7 @@ void init_or_resume(Run& r) {
             r.log.print("resume: the checkpoint's local SGD state (%d replicas) is not used: this run continues DP "
                         "rank 0's weights and moments with plain data parallelism\n",
                         saved_local.dp());
+        resume_powersgd(r, whole.powersgd, from);
         r.state.loader = convert_loader_position(r.state.loader, r.state.loader_dp, r.grid.dp, cfg.data.shuffle);
         r.train_data.set_position(r.state.loader);
         r.conv->load(whole, from, r.log);
@@ -545,7 +591,15 @@ void print_banner(Run& r, const Plan& p) {
                       ? strfmt("loss scale fixed at %g", r.tc.loss_scale).c_str()
                       : strfmt("dynamic loss scale %g (halves on an overflow, doubles after %d clean steps)",
                                r.state.loss_scale, r.tc.loss_scale_window).c_str());
-    if (r.local_sgd)
+    if (r.powersgd) {
+        const PowerSgdPlan& ps = r.powersgd->plan();
+        log.print("parallel: %d process%s = %s; ZeRO-0; comm %s; PowerSGD rank %d: %zu matrices compressed, %zu "
+                  "elements sent as they are; %zu floats per step instead of %zu (compression %.2fx); error "
+                  "feedback and factors %s in host memory\n",
+                  g.world, g.world == 1 ? "" : "es", g.describe().c_str(), r.groups.dp->name().c_str(), ps.rank,
+                  ps.matrices.size(), ps.plain_elems, ps.sent(), ps.total, ps.ratio(),
+                  human_bytes(double(r.powersgd->host_bytes())).c_str());
+    } else if (r.local_sgd)
         log.print("parallel: %d process%s = %s; local SGD: every %d steps the outer step (lr %g, Nesterov momentum "
                   "%g), no gradient all-reduce; outer state %s in host memory (ZeRO-%d: %s); comm %s\n",
                   g.world, g.world == 1 ? "" : "es", g.describe().c_str(), r.local_sgd->every(), r.pc.local_sgd.outer_lr,
@@ -630,7 +684,8 @@ void save(Run& r, bool final) {
     // out.format none without checkpoints: nothing to write, so nothing to gather (a benchmark of
     // the 1.5B shape spent a minute writing 6 GB of final weights)
     if (final && r.cfg.out.format == "none" && r.cfg.checkpoint.every <= 0) return;
-    WholeState whole = gather_whole_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.pc, *r.groups.mp, r.grid);
+    WholeState whole =
+        gather_whole_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.powersgd.get(), r.pc, *r.groups.mp, r.grid);
     if (r.rt.is_main()) write_state(r, whole, final);
     r.groups.save->barrier();  // saving does not count against parallel.timeout_s
 }
@@ -775,6 +830,7 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     rec.update({{"host_syncs", uint64_t(most[0])}, {"h2d_bytes", uint64_t(most[1])}, {"d2h_bytes", uint64_t(most[2])},
                 {"launches", uint64_t(most[3])}, {"comm_waits", uint64_t(most[4])},
                 {"dp_bytes", uint64_t(std::llround(most[5]))}});
+    if (r.powersgd) rec["compression"] = r.powersgd->plan().ratio();  // floats of the plain all-reduce / sent
     // the stop policy's count agrees on every rank (under local SGD a replica may skip alone)
     const bool finite = most[6] == 0.0;
     // fp16: a non-finite gradient of a finite loss is an overflow of the scaled gradient. The

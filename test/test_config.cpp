@@ -319,6 +319,34 @@ TEST_CASE("config: parallel.local_sgd's values and combinations are checked nami
                Catch::Contains("parallel.ep: 2") && Catch::Contains("parallel.ep=1"));
 }
 
+TEST_CASE("config: parallel.grad_compression and powersgd_rank are checked naming the key", "[config][powersgd]") {
+    TempDir t;
+    std::string g = "data.train=" + t.train_glob();
+    const Config d = load({g});
+    CHECK((d.parallel.grad_compression == "none" && d.parallel.powersgd_rank == 4));
+    const Config c = load({g, "parallel.grad_compression=powersgd", "parallel.powersgd_rank=8"});
+    CHECK((c.parallel.grad_compression == "powersgd" && c.parallel.powersgd_rank == 8));
+    CHECK(c.resolved.at("parallel").at("powersgd_rank") == 8);
+    CHECK_THAT(error_of([&] { load({g, "parallel.grad_compression=topk"}); }),
+               Catch::Contains("parallel.grad_compression"));
+    for (const char* bad : {"0", "-1", "2.5"})
+        CHECK_THAT(error_of([&] { load({g, "parallel.grad_compression=powersgd", std::string("parallel.powersgd_rank=") + bad}); }),
+                   Catch::Contains("parallel.powersgd_rank"));
+    CHECK_THAT(error_of([&] { load({g, "parallel.powersgd_rank=8"}); }),
+               Catch::Contains("parallel.powersgd_rank: set (8), but parallel.grad_compression is \"none\""));
+    const std::string p = "parallel.grad_compression=powersgd";
+    CHECK_THAT(error_of([&] { load({g, p, "parallel.zero=1"}); }),
+               Catch::Contains("parallel.zero: 1") && Catch::Contains("parallel.zero=0"));
+    CHECK_THAT(error_of([&] { load({g, p, "parallel.local_sgd.every=4"}); }),
+               Catch::Contains("parallel.local_sgd.every: 4"));
+    for (const char* axis : {"tp", "pp", "cp"})
+        CHECK_THAT(error_of([&] { load({g, p, std::string("parallel.") + axis + "=2"}); }),
+                   Catch::Contains(std::string("parallel.") + axis + ": 2") &&
+                       Catch::Contains(std::string("parallel.") + axis + "=1"));
+    CHECK_THAT(error_of([&] { load({g, p, "parallel.ep=2", "model.moe.num_experts=2", "parallel.dp=2"}); }),
+               Catch::Contains("parallel.ep: 2"));
+}
+
 TEST_CASE("config: out-of-range values and enums", "[config]") {
     TempDir t;
     std::string g = "data.train=" + t.train_glob();

@@ -226,6 +226,35 @@ TEST_CASE("local SGD: no gradient all-reduce; the weights' fp32 all-reduce once 
           plan_rank_memory(cfg({{"dp", 8}}), shape, g, DType::BF16, 0, 0).optimizer);
 }
 
+TEST_CASE("PowerSGD: the all-reduce's bytes over the compression ratio, exposed", "[plan][powersgd]") {
+    const json ib = {{"nvlink_latency_us", 1e-9}, {"ib_latency_us", 1e-9}, {"ib_gb_s", 40}, {"gpus_per_node", 1}};
+    const auto cfg = [&](json parallel) {
+        return gpt_config(8, 4096, 32, 512, 64, {{"parallel", parallel}, {"plan", ib}, {"train", {{"grad_accum", 2}}}});
+    };
+    const Config c4 = cfg({{"dp", 8}, {"grad_compression", "powersgd"}, {"powersgd_rank", 4}});
+    const ModelShape s = model_shape(c4.model);
+    // d_model 4096: the layers' matrices 4096 x 4096 (qkv 12288, fc 16384 rows), wte 512 x 4096, wpe 64 x
+    // 4096; at rank 4 the model's floats over wte and wpe's factors, every layer's and the vectors
+    const double d = 4096, L = 8, r = 4, V = 512, T = 64;
+    const double factors = r * ((V + d) + (T + d) + L * ((3 * d + d) + (d + d) + (4 * d + d) + (d + 4 * d)));
+    const double vectors = L * (2 * d + 3 * d + d + 2 * d + 4 * d + d) + 2 * d;  // ln1, qkvb, projb, ln2, fcb, fcprojb; lnf
+    const double all = double(num_params(s));
+    const double ratio = powersgd_ratio(s, c4.parallel);
+    CHECK(ratio == Approx(all / (factors + vectors)).epsilon(0.01));
+    CHECK(ratio > 100);
+    // the plain all-reduce is exposed past the backward's window; PowerSGD's after it entirely
+    const StepTime plain = step_of(cfg({{"dp", 8}}));
+    const StepTime p4 = step_of(c4);
+    const double n = double(num_params_unpadded(s));
+    CHECK(p4.dp_comm == Approx(2.0 * 7 / 8 * 4 * n / ratio / 40e9).epsilon(0.02));
+    CHECK(p4.dp_comm < plain.dp_comm / 10);
+    CHECK(p4.compute == Approx(plain.compute));
+    // full rank: the plain all-reduce's bytes (fp32), exposed
+    const Config full = cfg({{"dp", 8}, {"grad_compression", "powersgd"}, {"powersgd_rank", 4096}});
+    CHECK(powersgd_ratio(s, full.parallel) == 1.0);
+    CHECK(step_of(full).dp_comm == Approx(2.0 * 7 / 8 * 4 * n / 40e9).epsilon(0.02));
+}
+
 TEST_CASE("pp_layers auto: a heavy head gives the last stage fewer layers; a light one splits evenly", "[plan]") {
     // a 256k vocabulary on d_model 1024: the head costs several layers
     Config heavy = gpt_config(24, 1024, 16, 262144, 2048,

@@ -187,6 +187,52 @@ TEST_CASE("state.bin keeps local SGD's outer state and every DP replica", "[chec
     CHECK(back.local_sgd.empty());
 }
 
+// PowerSGD's state (version 3 of state.bin): every DP rank's error feedback and Q come back bit for
+// bit; a non-finite one is named; a version that disagrees with "powersgd" is refused.
+TEST_CASE("state.bin keeps PowerSGD's error feedback of every DP rank and Q", "[checkpoint][powersgd]") {
+    const std::string dir = temp_dir();
+    const ModelShape s{2, 2, 8, 100, 128, 16};
+    const size_t n = num_params(s);
+    auto filled = [&](float base, size_t count) {
+        std::vector<float> x(count);
+        for (size_t i = 0; i < count; i++) x[i] = base + 1e-3f * float(i % 977);
+        return x;
+    };
+    TrainState st;
+    st.step = 6;
+    WholeState w = whole_of(s, 0.5f);
+    w.powersgd.rank = 4;
+    w.powersgd.errors = {filled(-1.0f, n), filled(2.0f, n)};
+    w.powersgd.q = filled(3.0f, 1234);
+    const std::string path = checkpoint_save(dir, st, s, 3, w, nlohmann::json::object(), 2);
+    int32_t header[2] = {0, 0};
+    FILE* f = std::fopen((path + "/state.bin").c_str(), "rb");
+    REQUIRE(f);
+    REQUIRE(std::fread(header, sizeof(header), 1, f) == 1);
+    std::fclose(f);
+    CHECK(header[1] == 3);
+    WholeState back;
+    CHECK(checkpoint_load(path, s, &back).step == 6);
+    CHECK(back.params == w.params);
+    CHECK(back.powersgd.rank == 4);
+    CHECK(back.powersgd.errors == w.powersgd.errors);
+    CHECK(back.powersgd.q == w.powersgd.q);
+    CHECK(back.local_sgd.empty());
+    w.powersgd.errors[1][5] = NAN;
+    CHECK_THROWS_WITH(check_finite_state(w, 7), Catch::Contains("PowerSGD error feedback of DP rank 1"));
+    w.powersgd.errors[1][5] = 0.0f;
+    w.powersgd.q[7] = INFINITY;
+    CHECK_THROWS_WITH(check_finite_state(w, 7), Catch::Contains("PowerSGD factors Q"));
+    // the version says a PowerSGD section follows: a file that says otherwise is refused
+    std::FILE* g = std::fopen((path + "/state.bin").c_str(), "r+b");
+    REQUIRE(g);
+    const int32_t v1 = 1;
+    std::fseek(g, 4, SEEK_SET);
+    REQUIRE(std::fwrite(&v1, 4, 1, g) == 1);
+    std::fclose(g);
+    CHECK_THROWS_WITH(checkpoint_load(path, s, &back), Catch::Contains("corrupt metadata (a version 1 file with \"powersgd\")"));
+}
+
 TEST_CASE("non-finite weights in a model file are named by file and tensor", "[checkpoint]") {
     const ModelShape s{2, 2, 8, 100, 128, 16};
     std::vector<float> w(num_params(s), 0.5f);
@@ -297,4 +343,8 @@ TEST_CASE("resume: every change is named; those that break an exact resume are r
                               shards),
                true) == Keys{"parallel.local_sgd.every", "parallel.local_sgd.outer_momentum"});
     CHECK(keys(resume_changes(st, config_of({{"parallel", {{"zero", 1}}}}), 2, shards), true).empty());
+    // so is PowerSGD
+    CHECK(keys(resume_changes(st, config_of({{"parallel", {{"grad_compression", "powersgd"}, {"powersgd_rank", 8}}}}), 2,
+                              shards),
+               true) == Keys{"parallel.grad_compression", "parallel.powersgd_rank"});
 }

@@ -254,6 +254,13 @@ const std::vector<Key>& schema() {
         num_key("parallel.local_sgd.outer_momentum", FIELD(parallel.local_sgd.outer_momentum), 0, false, 1, true,
                 "local SGD: Nesterov momentum of the outer SGD (0 = none; DiLoCo: 0.9)"),
 
+        enum_key("parallel.grad_compression", FIELD(parallel.grad_compression), {"none", "powersgd"}, {},
+                 "the gradients of the DP all-reduce: none = as they are; powersgd = a rank-parallel.powersgd_rank "
+                 "approximation of each matrix with error feedback (PowerSGD; ZeRO-0 over dp only, CPU backend)"),
+        int_key("parallel.powersgd_rank", FIELD(parallel.powersgd_rank), 1, NONE,
+                "PowerSGD: the rank of each matrix's approximation; a matrix with rank x (rows + cols) >= rows x cols "
+                "(rank >= its smaller side among them) is sent uncompressed"),
+
         enum_key("fp8.format", FIELD(fp8.format), {"hybrid", "e4m3"}, {},
                  "hybrid: E4M3 weights/activations, E5M2 gradients; e4m3: E4M3 everywhere"),
         enum_key("fp8.recipe", FIELD(fp8.recipe), {"delayed", "current"}, {},
@@ -717,6 +724,40 @@ void check_local_sgd(const json& j, const Config& c) {
                                p.ep, l.every));
 }
 
+// parallel.grad_compression = powersgd replaces ZeRO-0's all-reduce over the DP group
+// (llmc/train/powersgd.h): the other ZeRO stages reduce-scatter shards, local SGD has no gradient
+// all-reduce, and the tensors of tp/pp/cp/ep ranks are not the whole model's whose state the
+// checkpoint holds. powersgd_rank without powersgd would be ignored.
+void check_grad_compression(const json& j, const Config& c) {
+    const ParallelConfig& p = c.parallel;
+    if (p.grad_compression != "powersgd") {
+        if (p.powersgd_rank != Config().parallel.powersgd_rank && lookup(j, "parallel.powersgd_rank"))
+            throw UserError(strfmt("parallel.powersgd_rank: set (%d), but parallel.grad_compression is \"%s\", so it "
+                                   "would be ignored; set parallel.grad_compression=powersgd or remove it",
+                                   p.powersgd_rank, p.grad_compression.c_str()));
+        return;
+    }
+    const char* why = "PowerSGD compresses ZeRO-0's gradient all-reduce over the DP group";
+    if (p.zero != 0)
+        throw UserError(strfmt("parallel.zero: %d with parallel.grad_compression = powersgd: %s (ZeRO >= 1 "
+                               "reduce-scatters shards); use parallel.zero=0",
+                               p.zero, why));
+    if (p.local_sgd.every > 0)
+        throw UserError(strfmt("parallel.local_sgd.every: %d with parallel.grad_compression = powersgd: local SGD has "
+                               "no gradient all-reduce to compress; use one or the other",
+                               p.local_sgd.every));
+    // the error feedback holds residuals of loss-scaled gradients: a scale change would mix scales
+    if (c.precision == "fp16")
+        throw UserError("precision: fp16 with parallel.grad_compression = powersgd: the error feedback would carry "
+                        "gradients of an old loss scale into the new one; use fp32 with PowerSGD");
+    const std::pair<const char*, int> axes[] = {{"tp", p.tp}, {"pp", p.pp}, {"cp", p.cp}, {"ep", p.ep}};
+    for (const auto& a : axes)
+        if (a.second > 1)
+            throw UserError(strfmt("parallel.%s: %d with parallel.grad_compression = powersgd: %s only (its state is "
+                                   "checkpointed per DP rank for the whole model); use parallel.%s=1",
+                                   a.first, a.second, why, a.first));
+}
+
 void check_consistency(const Config& c, bool check_files) {
     const ModelConfig& m = c.model;
     const TrainConfig& t = c.train;
@@ -955,6 +996,7 @@ Config config_from_json(const json& j, bool check_files) {
         if (const json* v = lookup(j, k.path)) assign(k, *v, c);
     check_moe_keys(j, c);
     check_local_sgd(j, c);
+    check_grad_compression(j, c);
     check_consistency(c, check_files);
     c.resolved = json::object();
     for (const Key& k : schema()) set_path(c.resolved, k.path, read_field(k, c));

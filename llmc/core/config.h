@@ -124,6 +124,10 @@ struct ParallelConfig {
     double timeout_s = 300.0;   // a blocking collective or send/recv that takes longer ends the job
     bool overlap = true;        // communication posted non-blocking, waited for where its result is needed
     LocalSgdConfig local_sgd;
+    // The DP all-reduce's gradients: "none" (as they are) or "powersgd" (rank-powersgd_rank
+    // approximations of the matrices with error feedback, llmc/train/powersgd.h; ZeRO-0, dp only)
+    std::string grad_compression = "none";
+    int powersgd_rank = 4;
 };
 
 // FP8 linear layers (precision "fp8"): formats and per-tensor scaling (see llmc/precision/fp8.h).

@@ -22,7 +22,8 @@ namespace {
 constexpr int32_t STATE_MAGIC = 20241121;
 // version 2: a local SGD section follows (LocalSgdState); written only then, so that the
 // checkpoints of other runs stay readable by version-1 readers
-constexpr int32_t STATE_VERSION = 1, STATE_VERSION_LOCAL_SGD = 2;
+// version 3: a PowerSGD section follows (PowerSgdState), likewise (the two never come together)
+constexpr int32_t STATE_VERSION = 1, STATE_VERSION_LOCAL_SGD = 2, STATE_VERSION_POWERSGD = 3;
 
 bool exists(const std::string& p) {
     struct stat st;
@@ -131,6 +132,9 @@ void check_finite_state(const WholeState& whole, int step) {
     std::vector<std::pair<std::string, const std::vector<float>*>> parts = {
         {"weights", &whole.params}, {"Adam m", &whole.m}, {"Adam v", &whole.v}, {"master weights", &whole.master},
         {"local SGD anchor weights", &whole.local_sgd.anchor}, {"local SGD outer momentum", &whole.local_sgd.momentum}};
+    for (size_t k = 0; k < whole.powersgd.errors.size(); k++)
+        parts.push_back({strfmt("PowerSGD error feedback of DP rank %zu", k), &whole.powersgd.errors[k]});
+    parts.push_back({"PowerSGD factors Q", &whole.powersgd.q});
     for (size_t k = 0; k < whole.local_sgd.replicas.size(); k++) {
         const ReplicaState& r = whole.local_sgd.replicas[k];
         const std::string of = strfmt(" of DP rank %zu", k + 1);
@@ -189,6 +193,10 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
             local_ok = local_ok && r.params.size() == num_params && r.m.size() == num_params &&
                        r.v.size() == num_params && r.master.size() == whole.master.size();
         LLMC_ASSERT(local_ok, "checkpoint_save: the local SGD state has the wrong size");
+        const PowerSgdState& psgd = whole.powersgd;
+        bool psgd_ok = local.empty() || psgd.empty();
+        for (const std::vector<float>& e : psgd.errors) psgd_ok = psgd_ok && e.size() == num_params;
+        LLMC_ASSERT(psgd_ok, "checkpoint_save: the PowerSGD state has the wrong size (or comes with local SGD)");
         model_file_write(tmp_dir + "/model.bin", shape, whole.params.data(), model_version);
         fault_point("checkpoint_after_model", st.step);
         const std::vector<float>&m_l = whole.m, &v_l = whole.v, &master_l = whole.master;
@@ -207,6 +215,7 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
             {"config", config}};
         if (!local.empty()) meta["local_sgd"] = {{"replicas", local.dp()}};
         if (st.loss_scale > 0.0) meta["loss_scale"] = {{"scale", st.loss_scale}, {"clean_steps", st.loss_scale_clean}};
+        if (!psgd.empty()) meta["powersgd"] = {{"rank", psgd.rank}, {"replicas", psgd.dp()}, {"q_floats", psgd.q.size()}};
         const std::string meta_s = meta.dump();
         const size_t nbytes = num_params * sizeof(float);
         uint64_t h = fnv1a(meta_s.data(), meta_s.size());
@@ -221,7 +230,13 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
             for (const std::vector<float>* x : {&r.params, &r.m, &r.v, &r.master})
                 if (!x->empty()) local_parts.push_back(x);
         for (const std::vector<float>* x : local_parts) h = fnv1a(x->data(), nbytes, h);
-        const int32_t version = local.empty() ? STATE_VERSION : STATE_VERSION_LOCAL_SGD;
+        // PowerSGD: each DP rank's error feedback, then Q
+        std::vector<std::pair<const void*, size_t>> psgd_parts;
+        for (const std::vector<float>& e : psgd.errors) psgd_parts.push_back({e.data(), nbytes});
+        if (!psgd.empty()) psgd_parts.push_back({psgd.q.data(), psgd.q.size() * sizeof(float)});
+        for (const auto& x : psgd_parts) h = fnv1a(x.first, x.second, h);
+        const int32_t version =
+            !local.empty() ? STATE_VERSION_LOCAL_SGD : !psgd.empty() ? STATE_VERSION_POWERSGD : STATE_VERSION;
         int32_t header[8] = {STATE_MAGIC, version, int32_t(meta_s.size()), 0, 0, 0, 0, 0};
         std::memcpy(&header[4], &h, sizeof(h));
         std::vector<std::pair<const void*, size_t>> parts = {
@@ -229,6 +244,7 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
         if (!master_l.empty()) parts.push_back({master_l.data(), nbytes});
         if (!whole.fp8.empty()) parts.push_back({whole.fp8.data(), whole.fp8.size()});
         for (const std::vector<float>* x : local_parts) parts.push_back({x->data(), nbytes});
+        parts.insert(parts.end(), psgd_parts.begin(), psgd_parts.end());
         write_file_atomic(tmp_dir + "/state.bin", parts);
         fault_point("checkpoint_after_state", st.step);
     } catch (const UserError& e) {  // a full disk, say: named by the checkpoint the user will look for
@@ -300,7 +316,7 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     int32_t header[8];
     if (!in.read(reinterpret_cast<char*>(header), sizeof(header)) || header[0] != STATE_MAGIC)
         throw UserError(strfmt("checkpoint %s: not a train_gpt state file (bad magic)", sp));
-    if (header[1] != STATE_VERSION && header[1] != STATE_VERSION_LOCAL_SGD)
+    if (header[1] != STATE_VERSION && header[1] != STATE_VERSION_LOCAL_SGD && header[1] != STATE_VERSION_POWERSGD)
         throw UserError(strfmt("checkpoint %s: unsupported version %d", sp, header[1]));
     if (header[2] <= 0 || header[2] > (64 << 20)) throw UserError(strfmt("checkpoint %s: corrupt header", sp));
     uint64_t stored;
@@ -383,11 +399,26 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     if (has_local && !meta["local_sgd"].is_object())
         throw UserError(strfmt("checkpoint %s: metadata \"local_sgd\" is not an object", sp));
     if (has_local) replicas = int(meta_int(meta["local_sgd"], "replicas", state_path, "local_sgd.", 1, 1 << 20));
+    // PowerSGD (version 3): its rank, the DP ranks' error feedback, Q's floats
+    PowerSgdState psgd;
+    size_t psgd_ranks = 0, q_floats = 0;
+    const bool has_psgd = meta.contains("powersgd");
+    if (has_psgd != (header[1] == STATE_VERSION_POWERSGD))
+        throw UserError(strfmt("checkpoint %s: corrupt metadata (a version %d file %s \"powersgd\")", sp, header[1],
+                               has_psgd ? "with" : "without"));
+    if (has_psgd) {
+        const nlohmann::json& p = meta["powersgd"];
+        if (!p.is_object()) throw UserError(strfmt("checkpoint %s: metadata \"powersgd\" is not an object", sp));
+        psgd.rank = int(meta_int(p, "rank", state_path, "powersgd.", 1, INT_MAX));
+        psgd_ranks = size_t(meta_int(p, "replicas", state_path, "powersgd.", 1, 1 << 20));
+        q_floats = meta_u64(p, "q_floats", state_path, "powersgd.");
+    }
     // the rest of the file holds exactly the arrays the metadata announces: checked before any
     // allocation (a corrupt replica count would otherwise ask for that many copies of the model)
     const double per_copy = double(num_params) * sizeof(float), tensors = has_master ? 4 : 3;
     const double want = per_copy * (tensors - 1) + double(fp8_bytes) +
-                        (replicas > 0 ? per_copy * (2 + tensors * (replicas - 1)) : 0.0);
+                        (replicas > 0 ? per_copy * (2 + tensors * (replicas - 1)) : 0.0) +
+                        per_copy * double(psgd_ranks) + double(q_floats) * sizeof(float);
     const std::streamoff at = in.tellg();
     in.seekg(0, std::ios::end);
     const std::streamoff file_end = in.tellg();
@@ -414,6 +445,13 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
         r.master.resize(has_master ? num_params : 0);
         ok = ok && read(r.params) && read(r.m) && read(r.v) && read(r.master);
     }
+    psgd.errors.resize(psgd_ranks);
+    for (std::vector<float>& e : psgd.errors) {
+        e.resize(num_params);
+        ok = ok && read(e);
+    }
+    psgd.q.resize(q_floats);
+    ok = ok && read(psgd.q);
     char extra;
     if (!ok || in.read(&extra, 1))
         throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters", sp, num_params));
@@ -424,5 +462,6 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     whole->master = std::move(master_l);
     whole->fp8 = std::move(fp8);
     whole->local_sgd = std::move(local);
+    whole->powersgd = std::move(psgd);
     return st;
 }

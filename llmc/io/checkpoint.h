@@ -6,8 +6,10 @@
 //              all in llm.c tensor order, then (precision "fp8") the FP8 scaling state as
 //              Fp8State::save() wrote it, plus JSON metadata (step, data-loader position,
 //              seeds, the resolved config, the training shards, "fp8_bytes", the count of skipped
-//              steps, fp16's loss scale and its clean-step count) and a checksum of both files; a local SGD run (parallel.local_sgd, state
-//              version 2) then its outer state and the other DP ranks' replicas (LocalSgdState)
+//              steps, fp16's loss scale and its clean-step count) and a checksum of both files; a
+//              local SGD run (parallel.local_sgd, state version 2) then its outer state and the other
+//              DP ranks' replicas (LocalSgdState); a PowerSGD run (parallel.grad_compression,
+//              version 3) then every DP rank's error feedback and the factors Q (PowerSgdState)
 //   DONE       the completion marker, written last
 // Tensors are stored whole (logical shape), so any later parallel layout can load them.
 // Saving writes step_NNNNNNNN.tmp/, fsyncs, renames it, then writes DONE: a run killed at any
@@ -63,6 +65,18 @@ struct LocalSgdState {
     int dp() const { return empty() ? 0 : int(replicas.size()) + 1; }  // the replicas saved
 };
 
+// PowerSGD's state (llmc/train/powersgd.h): every DP rank's error feedback (llm.c order, zero outside
+// the compressed matrices; DP rank 0's first) and the warm-start factors Q of the compressed
+// matrices (each cols x rank, row-major, concatenated in memory order: a dp-only layout's, the only
+// one PowerSGD runs on). Empty without PowerSGD.
+struct PowerSgdState {
+    int rank = 0;
+    std::vector<std::vector<float>> errors;
+    std::vector<float> q;
+    bool empty() const { return errors.empty(); }
+    int dp() const { return int(errors.size()); }
+};
+
 // The whole model's training state in llm.c tensor order (num_params elements each):
 // what a checkpoint holds, independent of the layout that wrote it. Assembled from the ranks'
 // pieces by llmc/train/layout.h; every layout takes its pieces with Model::from_file_order.
@@ -72,6 +86,7 @@ struct WholeState {
     // reduction every rank holds the same whole-model state, so it is layout-independent too.
     std::vector<uint8_t> fp8;
     LocalSgdState local_sgd;
+    PowerSgdState powersgd;
 };
 
 // Training state that is not finite (NaN or infinite weights or moments): never written over a

@@ -244,7 +244,7 @@ void resolve_pp_layers(Config& cfg, const ModelShape& shape) {
 json plan_json(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype) {
     const ParallelConfig& pc = cfg.parallel;
     const double tokens = tokens_per_step(cfg, grid);
-    return {{"world", grid.world},
+    json plan = {{"world", grid.world},
             {"dp", grid.dp},
             {"cp", grid.cp},
             {"ep", grid.ep},
@@ -252,6 +252,7 @@ json plan_json(const Config& cfg, const ModelShape& shape, const ProcessGrid& gr
             {"pp", grid.pp},
             {"zero", pc.zero},
             {"local_sgd_every", pc.local_sgd.every},
+            {"grad_compression", pc.grad_compression},
             {"sequence_parallel", pc.sequence_parallel && grid.tp > 1},
             {"pp_schedule", pc.pp_schedule},
             {"pp_virtual", pc.pp_virtual},
@@ -265,6 +266,11 @@ json plan_json(const Config& cfg, const ModelShape& shape, const ProcessGrid& gr
             {"device", device_json(plan_device(cfg))},
             {"step_time", step_json(estimate_step(cfg, shape, grid, dtype))},
             {"memory", memory_json(plan_memory(cfg, shape, grid, dtype))}};
+    if (pc.grad_compression == "powersgd") {  // the plain all-reduce's bytes over the bytes PowerSGD sends
+        plan["powersgd_rank"] = pc.powersgd_rank;
+        plan["compression"] = powersgd_ratio(shape, pc);
+    }
+    return plan;
 }
 
 std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype) {
@@ -279,7 +285,10 @@ std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessG
         pc.local_sgd.every > 0
             ? strfmt(" (of the outer state, in host memory); local SGD every %d steps (each rank's optimizer whole)",
                      pc.local_sgd.every)
-            : std::string();
+            : plan.contains("compression")
+                ? strfmt("; PowerSGD rank %d (the gradient all-reduce's bytes / %.2f)", pc.powersgd_rank,
+                         plan["compression"].get<double>())
+                : std::string();
     s += strfmt("  world %d = %s; ZeRO-%d%s%s; %s over %d micro-batches%s; recompute %s%s\n", grid.world,
                 grid.describe().c_str(), pc.zero, local.c_str(),
                 plan["sequence_parallel"].get<bool>() ? "; sequence parallel" : "",
@@ -488,19 +497,21 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
     const int cp = given.cp;
     // (local SGD: ZeRO 0 or 1 and no expert parallelism, llmc/train/local_sgd.h)
     const bool local = base.parallel.local_sgd.every > 0;
-    const int max_zero = local ? 1 : 3;
-    const std::vector<int> eps = shape.moe.enabled() && !local ? divisors(shape.moe.num_experts, shape.moe.num_experts)
+    // (PowerSGD: ZeRO-0 over dp alone, llmc/train/powersgd.h)
+    const bool powersgd = base.parallel.grad_compression == "powersgd";
+    const int max_zero = powersgd ? 0 : local ? 1 : 3;
+    const std::vector<int> eps = shape.moe.enabled() && !local && !powersgd ? divisors(shape.moe.num_experts, shape.moe.num_experts)
                                                                : std::vector<int>{1};
     struct Mesh {
         int tp, pp, dp, ep;
     };
     std::vector<Mesh> meshes;
     for (int tp : divisors(world / cp, base.plan.gpus_per_node)) {
-        if (shape.n_head % tp || shape.kv_heads() % tp || shape.ffn() % tp) continue;
+        if (shape.n_head % tp || shape.kv_heads() % tp || shape.ffn() % tp || (powersgd && tp > 1)) continue;
         if (shape.moe.enabled() && shape.moe.expert_ffn_dim % tp) continue;
         for (int pp : divisors(world / cp / tp, shape.n_layer)) {
             const int dp = world / cp / tp / pp;
-            if (batch % dp) continue;
+            if (batch % dp || (powersgd && pp > 1)) continue;
             for (int ep : eps)
                 if (dp * cp % ep == 0) meshes.push_back({tp, pp, dp, ep});  // expert parallelism splits dp x cp
         }

@@ -7,6 +7,8 @@
 
 #include "llmc/core/common.h"
 #include "llmc/train/layout.h"
+#include "llmc/train/data_parallel.h"
+#include "llmc/train/powersgd.h"
 #include "llmc/run/mfu.h"
 #include "llmc/model/model.h"
 #include "llmc/model/optimizer.h"
@@ -189,6 +191,11 @@ std::vector<int> balance_pp_layers(const Config& cfg, const ModelShape& shape) {
     return n;
 }
 
+double powersgd_ratio(const ModelShape& s, const ParallelConfig& pc) {
+    const ParamLayout params = param_layout(s, model_layout(s, pc, 0, 0), DataParallel::pad_multiple(1));
+    return powersgd_plan(params, pc.powersgd_rank).ratio();
+}
+
 StepTime estimate_step(const Config& cfg, const ModelShape& s, const ProcessGrid& g, DType dtype) {
     const ParallelConfig& pc = cfg.parallel;
     const DeviceSpec d = plan_device(cfg);
@@ -268,6 +275,12 @@ StepTime estimate_step(const Config& cfg, const ModelShape& s, const ProcessGrid
         if (local_sgd) {
             const double w = ring_all_reduce_s(most * 4.0, n, dpl.bytes_s, 0);
             dp_exposed = (w + 2 * lat * buckets) / pc.local_sgd.every;
+        }
+        // PowerSGD: after the backward (nothing to hide behind), two fp32 all-reduces, the plain
+        // elements with every P, then every Q: the plain all-reduce's bytes over the compression ratio
+        if (pc.grad_compression == "powersgd") {
+            const double ratio = powersgd_ratio(s, pc);
+            dp_exposed = ring_all_reduce_s(most * 4.0 / ratio, n, dpl.bytes_s, 0) + 2 * 2 * lat;
         }
     }
     t.dp_comm = dp_exposed;

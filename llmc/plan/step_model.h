@@ -34,7 +34,10 @@
 //   all-reduce of the fp32 weights (ZeRO-1: reduce-scatter and all-gather, the same ring time)
 //   after every H-th update, is exposed and counted as 1/H of it per step; the outer step's
 //   host work and the weights' copies to and from the host are not modelled, and the update
-//   covers the whole replica (the inner optimizer is not sharded).
+//   covers the whole replica (the inner optimizer is not sharded). PowerSGD
+//   (parallel.grad_compression, ZeRO-0 over dp only) sends the plain all-reduce's bytes over its
+//   compression ratio (powersgd_ratio) in two all-reduces after the backward, exposed; the
+//   factors' host arithmetic and the gradients' copies are not modelled.
 // - Placement: ranks are numbered tp fastest, then cp, dp, pp (llmc/parallel/process_grid.h); a group
 //   whose ranks lie within one node of plan.gpus_per_node uses NVLink; one spanning nodes with k
 //   members per node moves min(NVLink, k x InfiniBand per GPU) per member (a ring crosses each
@@ -109,6 +112,9 @@ StageCost stage_cost(const Config& cfg, const ModelShape& shape, const DeviceSpe
 
 // The step time of cfg's layout on grid.world devices of plan_device(cfg).
 StepTime estimate_step(const Config& cfg, const ModelShape& shape, const ProcessGrid& grid, DType dtype);
+// PowerSGD's compression ratio for the whole model (tp = pp = 1) at parallel.powersgd_rank: the plain
+// all-reduce's floats over the floats it sends (llmc/train/powersgd.h)
+double powersgd_ratio(const ModelShape& shape, const ParallelConfig& pc);
 nlohmann::json step_json(const StepTime& t);
 
 // parallel.pp_layers "auto": layers per virtual stage (pp x pp_virtual of them) minimising the

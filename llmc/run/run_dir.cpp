@@ -141,6 +141,8 @@ bool in_list(const std::string& key, std::initializer_list<const char*> list) {
 bool harmless_key(const std::string& key) {
     // local SGD is a training recipe (its outer optimizer and sync interval), not a layout
     if (in_list(key, {"parallel.local_sgd."})) return false;
+    // so is PowerSGD: the gradients the optimizer sees (its state resumes only at the same rank)
+    if (in_list(key, {"parallel.grad_compression", "parallel.powersgd_rank"})) return false;
     return in_list(key, {"eval.", "log.", "out.", "checkpoint.", "parallel.", "plan.", "device", "precision", "fp8.",
                          "out_dir", "tokenizer", "data.val", "model.init", "model.init_seed", "train.recompute",
                          "train.offload_optimizer", "train.offload_activations",

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "llmc/train/powersgd.h"
+
 MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype_bytes, bool master,
                             size_t bucket_elems, size_t activation_bytes, const UnitSizes& u, bool offload_optimizer,
                             size_t optimizer_elems) {
@@ -325,8 +327,14 @@ void DataParallel::launch(const Bucket& b) {
     });
 }
 
+void DataParallel::set_compression(PowerSgd* compression) {
+    LLMC_ASSERT(!compression || (zero_ == 0 && !local_ && !ep_), "PowerSGD replaces the ZeRO-0 all-reduce only");
+    compression_ = compression;
+}
+
 std::function<void(size_t)> DataParallel::grads_ready() {
-    if (zero_ >= 2 || local_) return {};  // the units' reduce-scatters go out from release_grads
+    // ZeRO-2/3: the units' reduce-scatters go out from release_grads; PowerSGD: all at once in finish_grad_sync
+    if (zero_ >= 2 || local_ || compression_) return {};
     next_bucket_ = 0;
     return [this](size_t ready_from) {
         while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].begin >= ready_from)
@@ -336,6 +344,7 @@ std::function<void(size_t)> DataParallel::grads_ready() {
 
 void DataParallel::finish_grad_sync() {
     if (local_) return;  // each rank keeps its own gradients
+    if (compression_) return compression_->reduce(grad_buf_);
     if (zero_ >= 2) {  // the step-long units: the embedding, then the head
         std::vector<CommHandle> posted;
         for (int k : {int(ParamUnit::Embedding), int(ParamUnit::Head)}) {

@@ -66,6 +66,10 @@
 // replica's (summed over the model-parallel group only). LocalSgd averages the replicas every
 // parallel.local_sgd.every steps.
 //
+// Compressed gradients (PowerSGD, llmc/train/powersgd.h; set_compression, stage 0, no ep): no bucket
+// goes out during the backward; finish_grad_sync hands the whole gradient buffer to PowerSgd, which
+// replaces it by the compressed sum over the DP group (the same on every rank, as the all-reduce's).
+//
 // bytes_sent() counts what this class's gradient and parameter collectives send from this rank
 // over the DP group (and the ep group under expert parallelism), as a ring algorithm sends them:
 // an all-reduce of B bytes 2 (p - 1) / p B, a reduce-scatter or all-gather of B bytes (the whole
@@ -140,6 +144,8 @@ MemoryPlan zero_memory_plan(size_t padded_params, int dp, int zero, size_t dtype
                             size_t bucket_elems, size_t activation_bytes, const UnitSizes& units = UnitSizes(),
                             bool offload_optimizer = false, size_t optimizer_elems = 0);
 
+class PowerSgd;
+
 class DataParallel : public ParamStore {
 public:
     static constexpr size_t kShardAlign = 128;  // shard starts stay 512-byte aligned for vector kernels
@@ -168,6 +174,8 @@ public:
     ParamStore& param_store();
     int zero() const { return zero_; }
     bool local() const { return local_; }
+    // PowerSGD in place of the bucket all-reduce (stage 0 without ep or local updates); null: plain.
+    void set_compression(PowerSgd* compression);
     // Ring-model bytes this rank's collectives have sent so far (see above).
     double bytes_sent() const { return bytes_sent_; }
     // The ring model's bytes of one collective over `ranks` of `bytes` (the whole buffer).
@@ -303,6 +311,7 @@ private:
     std::vector<std::pair<size_t, size_t>> dense_;  // expert parallelism: the [begin, end) runs that are not experts
     int zero_;
     bool local_;
+    PowerSgd* compression_ = nullptr;
     double bytes_sent_ = 0;
     void count_all_reduce(size_t n, const Comm& c) { bytes_sent_ += ring_bytes_all_reduce(4.0 * n, c.size()); }
     void count_gather(const std::vector<size_t>& counts, const Comm& c);

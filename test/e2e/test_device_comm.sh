@@ -1,6 +1,6 @@
 # Device-resident communication, proven on the CPU (test hook LLMC_SIM_DEVICE=1, llmc/comm/device_sim.h):
 # the CPU backend acts as device memory, and parallel.comm=nccl runs every group NCCL would carry
-# (dp, cp, tp, pp, embed, ep, expert-dp; local SGD's sync) on MPI communicators that act as NCCL (device buffers only,
+# (dp, cp, tp, pp, embed, ep, expert-dp; local SGD's sync, PowerSGD's factors) on MPI communicators that act as NCCL (device buffers only,
 # operations in posting order) and end the run should any buffer they are given lie outside the
 # backend's memory. parallel.comm=mpi under the hook runs the MPI-with-CUDA routes (every tensor
 # staged through host copies). Each layout trains 4 steps three ways: plain MPI on the CPU, the
@@ -52,6 +52,9 @@ check dp2_ep2_zero3 2 parallel.dp=2 parallel.ep=2 parallel.zero=3 train.grad_acc
 # of the outer state and the replicas, host vectors through device scratch
 check dp2_local_sgd 2 parallel.dp=2 parallel.zero=1 parallel.local_sgd.every=2 parallel.local_sgd.outer_lr=0.7 \
     parallel.local_sgd.outer_momentum=0.5 checkpoint.every=3
+# PowerSGD: the gradients copied to the host, P and Q all-reduced as host vectors through device
+# scratch, and a checkpoint's gathers of every rank's error feedback
+check dp2_powersgd 2 parallel.grad_compression=powersgd parallel.powersgd_rank=2 checkpoint.every=3
 # one process: the dp group of one is the simulated NCCL too
 check one 1 parallel.zero=1
 echo "device-resident groups: every route bitwise equal"
