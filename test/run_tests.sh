@@ -26,7 +26,7 @@ failed=()
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.1f", ($16 + $17) / hz }' /proc/$$/stat; }
 # selected NAME: the end-to-end test NAME is to run (E2E names the tests to run; empty: all)
 selected() { [ -z "${E2E:-}" ] || [[ " $E2E " == *" $1 "* ]]; }
-BESIDE_EMU="test_dp_failures test_slurm test_device_comm test_local_sgd test_moe_layouts"
+BESIDE_EMU="test_slurm test_device_comm test_local_sgd test_moe_layouts"
 took() { echo "$(( $(date +%s) - $1 ))s, $(awk -v a="$(cpu_s)" -v b="$2" 'BEGIN { printf "%.1f", a - b }') s CPU"; }
 
 [ -s data/tokenizer/encoder.json ] || bash scripts/get_tokenizer.sh
