@@ -42,24 +42,31 @@ mutate flash_buffer_race llmc/cuda/flash_attention.cuh attention \
 mutate flash_dq_without_D llmc/cuda/flash_backward.cuh attention \
     'dp[n][e] = p * (dp[n][e] - Dr[i]);' 'dp[n][e] = p * dp[n][e];'
 
-for i in "${!names[@]}"; do
-    name=${names[$i]} file=${files[$i]} filter=${filters[$i]}
-    d=$W/$name
+# the mutated copies build without -g: debug information costs a quarter of the compile time
+# (16 s -> 12 s for cuda_ops.cu here) and GCC emits the same code with it or without it
+flags=()
+for f in $EMU_FLAGS; do [ "$f" = -g ] || flags+=("$f"); done
+
+# plant I: builds mutation I's copy and runs its cases; prints one line, CAUGHT or MISSED
+plant() {
+    local i=$1 name=${names[$1]} file=${files[$1]} filter=${filters[$1]}
+    local d=$W/$name t0 t1 caught="" why sched
     rm -rf "$d" && mkdir -p "$d/llmc" && cp -r llmc/cuda "$d/llmc/"
     # the mutation must apply: an unchanged file would prove nothing
     OLD=${olds[$i]} NEW=${news[$i]} perl -0pi -e 's/\Q$ENV{OLD}\E/$ENV{NEW}/' "$d/$file"
     if cmp -s "$d/$file" "$file"; then
         echo "MISSED $name: the mutation did not apply to $file (the source changed: update this script)"
-        missed=$((missed + 1)); continue
+        return
     fi
     # the mutated copies shadow llmc/cuda (-I$d first); the rest of the tree is the real one
-    if ! $CXX -I"$d" $EMU_FLAGS -x c++ -c "$d/llmc/cuda/cuda_ops.cu" -o "$d/cuda_ops.o" 2> "$d/build.log" ||
-       ! $CXX $EMU_FLAGS -o "$d/test_gpu_emu" "$B/emu/test/gpu/test_gpu_ops.o" "$d/cuda_ops.o" $B/emu/test/cuemu/cuemu.o \
+    t0=$(date +%s)
+    if ! $CXX -I"$d" "${flags[@]}" -x c++ -c "$d/llmc/cuda/cuda_ops.cu" -o "$d/cuda_ops.o" 2> "$d/build.log" ||
+       ! $CXX "${flags[@]}" -o "$d/test_gpu_emu" "$B/emu/test/gpu/test_gpu_ops.o" "$d/cuda_ops.o" $B/emu/test/cuemu/cuemu.o \
            $B/emu/test/cuemu/cublaslt.o $B/libllmc.a ${MPI_LIBS:-} -lboost_context 2>> "$d/build.log"; then
         echo "MISSED $name: the mutated copy does not build (see $d/build.log)"
-        missed=$((missed + 1)); continue
+        return
     fi
-    caught=""
+    t1=$(date +%s)
     for sched in forward-lockstep reverse-warp; do
         # (the braces take bash's own "Aborted" line: an abort is an expected outcome here)
         if ! { CUEMU_SCHEDULE=$sched CUEMU_LT_QUIET=1 LLMC_GPU_DIGEST="$d/digest.$sched" "$d/test_gpu_emu" "$filter" \
@@ -73,10 +80,23 @@ for i in "${!names[@]}"; do
         caught="the two schedules' digests differ"
     fi
     if [ -n "$caught" ]; then
-        echo "CAUGHT $name ($filter): $caught"
+        echo "CAUGHT $name ($filter): $caught (build $((t1 - t0))s, run $(($(date +%s) - t1))s)"
     else
         echo "MISSED $name ($filter): passed in both schedules with equal digests"
-        missed=$((missed + 1))
     fi
+}
+
+# the mutations are independent (each its own folder): PLANT_JOBS of them at a time (default: one
+# per core), each compile single-threaded; the lines are printed in the table's order
+jobs_max=${PLANT_JOBS:-$(nproc)}
+mkdir -p "$W" && rm -f "$W"/*.result
+for i in "${!names[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+    plant "$i" > "$W/${names[$i]}.result" 2>&1 &
+done
+wait
+for name in "${names[@]}"; do
+    cat "$W/$name.result"
+    grep -q '^CAUGHT ' "$W/$name.result" || missed=$((missed + 1))
 done
 [ $missed -eq 0 ]

@@ -13,8 +13,12 @@ cd "$(dirname "$0")/../.."
 B=${LLMC_BUILD:-build}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 problems=()
+# the CPU seconds of the children waited for so far (as in test/run_tests.sh), for each part's time
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.1f", ($16 + $17) / hz }' /proc/$$/stat; }
+took() { echo "$(( $(date +%s) - $1 ))s, $(awk -v a="$(cpu_s)" -v b="$2" 'BEGIN { printf "%.1f", a - b }') s CPU"; }
 
 echo "== emulator self-tests"
+start=$(date +%s) cpu0=$(cpu_s)
 for s in forward-lockstep reverse-warp random7-lockstep; do
     for c in reduce ballot dynamic_smem lt_rules lt_epilogues; do
         if out=$(CUEMU_SCHEDULE=$s $B/cuemu_selftest $c 2>&1); then :; else
@@ -38,15 +42,16 @@ expect_caught smem_short 'wrote past the 51072 bytes of dynamic shared memory'
 expect_caught off_by_one 'wrote past the end of a device allocation of 4000 bytes'
 expect_caught no_optin 'without opting in'
 expect_caught bad_pointer 'is not inside a device or pinned host allocation'
+echo "(self-tests: $(took $start $cpu0))"
 
 echo "== test_gpu's op cases on CudaOps under the emulator${CUEMU_FILTER:+ (filter $CUEMU_FILTER)}"
 for s in forward-lockstep reverse-warp; do
-    start=$(date +%s)
+    start=$(date +%s) cpu0=$(cpu_s)
     CUEMU_SCHEDULE=$s CUEMU_LT_QUIET=1 LLMC_GPU_DIGEST="$B/emu_digest.$s" $B/test_gpu_emu ${CUEMU_FILTER:-} \
         > "$B/emu_out.$s" 2>&1
     rc=$?
     summary=$(tail -n 1 "$B/emu_out.$s")
-    echo "$s: $summary ($(( $(date +%s) - start ))s, exit $rc)"
+    echo "$s: $summary ($(took $start $cpu0), exit $rc)"
     failed=$(grep '^FAIL' "$B/emu_out.$s")
     if [ $rc -ne 0 ] || [ -n "$failed" ]; then
         problems+=("op cases ($s)"); echo "$failed" | head -n 20
@@ -63,7 +68,9 @@ else
 fi
 
 echo "== planted bugs"
+start=$(date +%s) cpu0=$(cpu_s)
 bash test/cuemu/planted_bugs.sh || problems+=("planted bugs")
+echo "(planted bugs: $(took $start $cpu0))"
 
 if [ ${#problems[@]} -eq 0 ]; then
     echo "test-emu: passed"
