@@ -28,6 +28,15 @@ cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.1f", ($16 + $17) / hz }' /
 selected() { [ -z "${E2E:-}" ] || [[ " $E2E " == *" $1 "* ]]; }
 BESIDE_EMU="test_slurm test_device_comm test_local_sgd test_moe_layouts"
 took() { echo "$(( $(date +%s) - $1 ))s, $(awk -v a="$(cpu_s)" -v b="$2" 'BEGIN { printf "%.1f", a - b }') s CPU"; }
+# report NAME RC LOG TIMES: an end-to-end test's PASS or FAIL line (with its log's tail) and the counts
+report() {
+    if [ "$2" -eq 0 ]; then
+        echo "PASS $1 ($4)"; pass=$((pass + 1))
+    else
+        echo "FAIL $1 ($4)"; echo "$3" | tail -n 30 | sed 's/^/    /'
+        fail=$((fail + 1)); failed+=("$1")
+    fi
+}
 
 [ -s data/tokenizer/encoder.json ] || bash scripts/get_tokenizer.sh
 rm -rf "$B/beside"  # (a previous run's results of the tests run beside the emulator)
@@ -114,26 +123,12 @@ for t in test/e2e/test_*.sh; do
     if [ -d "$B/beside" ] && [[ " $BESIDE_EMU " == *" $name "* ]]; then
         # run beside the emulator's stage: its result (exit code, seconds, CPU seconds)
         read -r rc secs cpu < "$B/beside/$name.rc"
-        log=$(cat "$B/beside/$name.log")
-        if [ "$rc" -eq 0 ]; then
-            echo "PASS $name (${secs}s beside the emulator's stage, $cpu s CPU)"
-            pass=$((pass + 1))
-        else
-            echo "FAIL $name (beside the emulator's stage)"
-            echo "$log" | tail -n 30 | sed 's/^/    /'
-            fail=$((fail + 1)); failed+=("$name")
-        fi
+        report "$name" "$rc" "$(cat "$B/beside/$name.log")" "${secs}s beside the emulator's stage, $cpu s CPU"
         continue
     fi
     start=$(date +%s) cpu0=$(cpu_s)
-    if log=$(bash "$t" 2>&1); then
-        echo "PASS $name ($(took $start $cpu0))"
-        pass=$((pass + 1))
-    else
-        echo "FAIL $name"
-        echo "$log" | tail -n 30 | sed 's/^/    /'
-        fail=$((fail + 1)); failed+=("$name")
-    fi
+    log=$(bash "$t" 2>&1); rc=$?
+    report "$name" "$rc" "$log" "$(took $start $cpu0)"
 done
 
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
