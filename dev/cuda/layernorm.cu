@@ -52,6 +52,17 @@ __global__ void ln_forward_v2(T* out, float* mean, float* rstd, const T* inp, co
     if (lane == 0) mean[row] = m, rstd[row] = r;
 }
 // block g: rows [g*rpb, (g+1)*rpb), the whole block on one row; dynamic smem 2C + 32 floats
+// Sum over the block (blockDim.x a multiple of 32); every thread gets it. `scratch`: >= 32 floats of
+// shared memory; the first barrier keeps a previous call's readers ahead of this call's writers.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < nw ? scratch[lane] : 0.0f);
+}
+
 template <class T>
 __global__ void ln_backward_v2(T* dinp, float* partial, const T* dout, const T* inp, const T* w, const float* mean,
                                const float* rstd, int N, int C, int rows_per_block) {
