@@ -69,6 +69,33 @@ void CommStage::run_host(const float* in, size_t n_in, float* out, size_t n_out,
     if (n_out) ops_.to_host_bytes(out, b.ptr, n_out * sizeof(float));
 }
 
+void CommStage::all_reduce_host(float* x, size_t n, size_t piece) {
+    LLMC_ASSERT(comm_ && piece > 0, "all_reduce_host: needs a communicator and pieces of at least one float");
+    if (comm_->size() == 1) return;
+    for (size_t b = 0; b < n; b += piece) {
+        const size_t k = std::min(piece, n - b);
+        run_host(x + b, k, [&](float* y) { comm_->all_reduce(y, k, ReduceOp::Sum); });
+    }
+}
+
+std::vector<float> CommStage::gather_host(const std::vector<float>& x, int from, size_t piece) {
+    LLMC_ASSERT(comm_ && piece > 0, "gather_host: needs a communicator and pieces of at least one float");
+    const int me = comm_->rank();
+    std::vector<float> out(me == 0 ? x.size() : 0);
+    if (from == 0) {
+        if (me == 0) out = x;
+        return out;
+    }
+    std::vector<size_t> c(size_t(comm_->size()), 0);
+    for (size_t b = 0; b < x.size(); b += piece) {
+        const size_t n = std::min(piece, x.size() - b);
+        c[size_t(from)] = n;
+        run_host(x.data() + b, me == from ? n : 0, me == 0 ? out.data() + b : nullptr, me == 0 ? n : 0,
+                 [&](const float* in, float* o) { comm_->gather(in, o, c, 0); });
+    }
+    return out;
+}
+
 size_t CommStage::words(Tensor t) const {
     return direct_ ? (t.bytes() + sizeof(float) - 1) / sizeof(float) : t.n;
 }

@@ -38,6 +38,11 @@ public:
     void run_host(const float* in, size_t n_in, float* out, size_t n_out,
                   const std::function<void(const float*, float*)>& f);
 
+    // x: n host floats summed over the communicator in place, in pieces of `piece` floats. Collective.
+    void all_reduce_host(float* x, size_t n, size_t piece);
+    // Rank `from`'s host vector x (every rank passes a vector of its own, of one size) gathered to
+    // rank 0 in pieces of `piece` floats: rank 0 gets it, the others an empty vector. Collective.
+    std::vector<float> gather_host(const std::vector<float>& x, int from, size_t piece);
     // Point-to-point: a tensor as the communicator carries it. words(t): the fp32 words of a
     // message for t (a bf16 tensor of n elements: n / 2 words on the direct route, which needs n
     // even; n words through the host). A message buffer holds one tensor: on the direct route

@@ -210,10 +210,10 @@ Tensor DataParallel::opt_grads() const {
     return zero_ >= 2 ? grad_shard_ : grad_buf_.slice(opt_begin(), opt_end() - opt_begin());
 }
 
-std::vector<size_t> DataParallel::shard_counts(size_t begin, size_t end) const {
-    std::vector<size_t> c(static_cast<size_t>(dp()));
-    for (int r = 0; r < dp(); r++) {
-        const size_t lo = std::max(begin, size_t(r) * shard_), hi = std::min(end, size_t(r + 1) * shard_);
+std::vector<size_t> DataParallel::shard_counts(size_t begin, size_t end, size_t shard, int ranks) {
+    std::vector<size_t> c(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; r++) {
+        const size_t lo = std::max(begin, size_t(r) * shard), hi = std::min(end, size_t(r + 1) * shard);
         c[size_t(r)] = hi > lo ? hi - lo : 0;
     }
     return c;

@@ -181,6 +181,9 @@ public:
     // The ring model's bytes of one collective over `ranks` of `bytes` (the whole buffer).
     static double ring_bytes_all_reduce(double bytes, int ranks) { return 2.0 * (ranks - 1) / ranks * bytes; }
     static double ring_bytes_gather(double bytes, int ranks) { return double(ranks - 1) / ranks * bytes; }
+    // Every one of `ranks` ranks' share of [begin, end) when rank r holds [r shard, (r + 1) shard):
+    // the intersections, in rank order (the counts of a reduce-scatter or all-gather).
+    static std::vector<size_t> shard_counts(size_t begin, size_t end, size_t shard, int ranks);
     int dp() const { return comm_.size(); }
     int dp_rank() const { return comm_.rank(); }
     // The range of the flat buffer this rank's optimizer owns: everything at stage 0.
@@ -298,7 +301,7 @@ private:
     std::vector<CommHandle> gather_unit(int unit, Tensor dst);
     void drop_prefetched();
     // every DP rank's share of [begin, end): its intersection with that rank's shard, in rank order
-    std::vector<size_t> shard_counts(size_t begin, size_t end) const;
+    std::vector<size_t> shard_counts(size_t begin, size_t end) const { return shard_counts(begin, end, shard_, dp()); }
     // The whole buffer on DP rank 0 (empty elsewhere) from every rank's shard (shard_ elements). Collective.
     std::vector<float> gather_shards(const float* shard);
 

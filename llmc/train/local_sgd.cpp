@@ -17,13 +17,7 @@ LocalSgd::LocalSgd(const LocalSgdConfig& cfg, size_t padded, Ops& ops, Comm& dp,
 }
 
 std::vector<size_t> LocalSgd::counts(size_t begin, size_t end) const {
-    std::vector<size_t> c(size_t(comm_.size()));
-    const size_t shard = padded_ / size_t(comm_.size());
-    for (int r = 0; r < comm_.size(); r++) {
-        const size_t lo = std::max(begin, size_t(r) * shard), hi = std::min(end, size_t(r + 1) * shard);
-        c[size_t(r)] = hi > lo ? hi - lo : 0;
-    }
-    return c;
+    return DataParallel::shard_counts(begin, end, padded_ / size_t(comm_.size()), comm_.size());
 }
 
 void LocalSgd::start(const AdamW& opt) {
@@ -41,13 +35,12 @@ void LocalSgd::sync(AdamW& opt) {
     // sum[i] over the outer range: the replicas' weights summed (in place at ZeRO-0)
     std::vector<float> shard_sum(zero_ == 1 ? end_ - begin_ : 0);
     float* sum = zero_ == 0 ? w.data() : shard_sum.data();
-    for (size_t b = 0; b < padded_ && dp > 1; b += piece_) {
+    if (zero_ == 0) {
+        stage_.all_reduce_host(w.data(), padded_, piece_);
+        bytes_sent_ += DataParallel::ring_bytes_all_reduce(4.0 * double(padded_), dp);
+    }
+    for (size_t b = 0; b < padded_ && dp > 1 && zero_ == 1; b += piece_) {
         const size_t n = std::min(piece_, padded_ - b);
-        if (zero_ == 0) {
-            stage_.run_host(w.data() + b, n, [&](float* x) { comm_.all_reduce(x, n, ReduceOp::Sum); });
-            bytes_sent_ += DataParallel::ring_bytes_all_reduce(4.0 * double(n), dp);
-            continue;
-        }
         const std::vector<size_t> c = counts(b, b + n);
         const size_t mine = c[size_t(comm_.rank())];
         float* out = shard_sum.data() + (mine ? std::max(b, begin_) - begin_ : 0);
@@ -91,23 +84,6 @@ void LocalSgd::set_state(const std::vector<float>& anchor_whole, const std::vect
     std::copy(momentum_whole.begin() + long(begin_), momentum_whole.begin() + long(end_), momentum_.begin());
 }
 
-std::vector<float> LocalSgd::gather_from(const std::vector<float>& x, int from) {
-    const int me = comm_.rank();
-    std::vector<float> out(me == 0 ? x.size() : 0);
-    if (from == 0) {
-        if (me == 0) out = x;
-        return out;
-    }
-    std::vector<size_t> c(size_t(comm_.size()), 0);
-    for (size_t b = 0; b < x.size(); b += piece_) {
-        const size_t n = std::min(piece_, x.size() - b);
-        c[size_t(from)] = n;
-        stage_.run_host(x.data() + b, me == from ? n : 0, me == 0 ? out.data() + b : nullptr, me == 0 ? n : 0,
-                        [&](const float* in, float* o) { comm_.gather(in, o, c, 0); });
-    }
-    return out;
-}
-
 std::vector<float> LocalSgd::gather_ranges(const std::vector<float>& range) {
     if (zero_ == 0) return comm_.rank() == 0 ? range : std::vector<float>();
     const int me = comm_.rank();
@@ -129,10 +105,10 @@ LocalSgdState LocalSgd::gather(const ReplicaState& mine) {
     st.momentum = gather_ranges(momentum_);
     for (int k = 1; k < comm_.size(); k++) {
         ReplicaState r;
-        r.params = gather_from(mine.params, k);
-        r.m = gather_from(mine.m, k);
-        r.v = gather_from(mine.v, k);
-        r.master = gather_from(mine.master, k);
+        r.params = stage_.gather_host(mine.params, k, piece_);
+        r.m = stage_.gather_host(mine.m, k, piece_);
+        r.v = stage_.gather_host(mine.v, k, piece_);
+        r.master = stage_.gather_host(mine.master, k, piece_);
         if (comm_.rank() == 0) st.replicas.push_back(std::move(r));
     }
     return st;

@@ -76,10 +76,8 @@ public:
     void set_state(const std::vector<float>& anchor_whole, const std::vector<float>& momentum_whole);
 
 private:
-    // [begin, end) of the flat buffer as every DP rank's share of it (its intersection with that rank's range)
+    // [begin, end) of the flat buffer as every DP rank's share of it (its ZeRO-1 shard's part)
     std::vector<size_t> counts(size_t begin, size_t end) const;
-    // DP rank 0 gets DP rank `from`'s x (every rank passes a vector of its own, of one size; empty elsewhere)
-    std::vector<float> gather_from(const std::vector<float>& x, int from);
     // DP rank 0 gets the whole buffer from every rank's range (range: end - begin elements)
     std::vector<float> gather_ranges(const std::vector<float>& range);
 

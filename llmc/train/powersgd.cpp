@@ -135,10 +135,7 @@ void PowerSgd::reduce(Tensor grads) {
     const int p = comm_.size();
     round(host_.data(),
           [&](float* x, size_t n) {
-              for (size_t b = 0; b < n && p > 1; b += piece_) {
-                  const size_t k = std::min(piece_, n - b);
-                  stage_.run_host(x + b, k, [&](float* y) { comm_.all_reduce(y, k, ReduceOp::Sum); });
-              }
+              stage_.all_reduce_host(x, n, piece_);
               bytes_sent_ += DataParallel::ring_bytes_all_reduce(4.0 * double(n), p);
           },
           p);
@@ -152,22 +149,10 @@ void PowerSgd::set_state(const std::vector<float>& error, const std::vector<floa
 }
 
 void PowerSgd::gather(std::vector<std::vector<float>>* errors, std::vector<float>* q) {
-    const int me = comm_.rank();
     errors->clear();
-    if (me == 0) *q = q_;
+    if (comm_.rank() == 0) *q = q_;
     for (int from = 0; from < comm_.size(); from++) {
-        std::vector<float> out(me == 0 ? plan_.total : 0);
-        if (from == 0) {
-            if (me == 0) out = error_;
-        } else {
-            std::vector<size_t> c(size_t(comm_.size()), 0);
-            for (size_t b = 0; b < plan_.total; b += piece_) {
-                const size_t n = std::min(piece_, plan_.total - b);
-                c[size_t(from)] = n;
-                stage_.run_host(error_.data() + b, me == from ? n : 0, me == 0 ? out.data() + b : nullptr,
-                                me == 0 ? n : 0, [&](const float* in, float* o) { comm_.gather(in, o, c, 0); });
-            }
-        }
-        if (me == 0) errors->push_back(std::move(out));
+        std::vector<float> e = stage_.gather_host(error_, from, piece_);
+        if (comm_.rank() == 0) errors->push_back(std::move(e));
     }
 }
