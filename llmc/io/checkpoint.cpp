@@ -217,34 +217,27 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
         if (st.loss_scale > 0.0) meta["loss_scale"] = {{"scale", st.loss_scale}, {"clean_steps", st.loss_scale_clean}};
         if (!psgd.empty()) meta["powersgd"] = {{"rank", psgd.rank}, {"replicas", psgd.dp()}, {"q_floats", psgd.q.size()}};
         const std::string meta_s = meta.dump();
+        // after the header and the metadata: m, v (master, fp8); local SGD's anchor, momentum, then
+        // each further replica's params, m, v (and master); PowerSGD's error feedback of each DP
+        // rank, then Q. The checksum covers the metadata and all of these, in this order.
         const size_t nbytes = num_params * sizeof(float);
-        uint64_t h = fnv1a(meta_s.data(), meta_s.size());
-        h = fnv1a(m_l.data(), nbytes, h);
-        h = fnv1a(v_l.data(), nbytes, h);
-        if (!master_l.empty()) h = fnv1a(master_l.data(), nbytes, h);
-        if (!whole.fp8.empty()) h = fnv1a(whole.fp8.data(), whole.fp8.size(), h);
-        // local SGD: the anchor, the momentum, then each further replica's params, m, v (and master)
-        std::vector<const std::vector<float>*> local_parts;
-        if (!local.empty()) local_parts = {&local.anchor, &local.momentum};
+        std::vector<std::pair<const void*, size_t>> body = {{m_l.data(), nbytes}, {v_l.data(), nbytes}};
+        if (!master_l.empty()) body.push_back({master_l.data(), nbytes});
+        if (!whole.fp8.empty()) body.push_back({whole.fp8.data(), whole.fp8.size()});
+        if (!local.empty()) body.insert(body.end(), {{local.anchor.data(), nbytes}, {local.momentum.data(), nbytes}});
         for (const ReplicaState& r : local.replicas)
             for (const std::vector<float>* x : {&r.params, &r.m, &r.v, &r.master})
-                if (!x->empty()) local_parts.push_back(x);
-        for (const std::vector<float>* x : local_parts) h = fnv1a(x->data(), nbytes, h);
-        // PowerSGD: each DP rank's error feedback, then Q
-        std::vector<std::pair<const void*, size_t>> psgd_parts;
-        for (const std::vector<float>& e : psgd.errors) psgd_parts.push_back({e.data(), nbytes});
-        if (!psgd.empty()) psgd_parts.push_back({psgd.q.data(), psgd.q.size() * sizeof(float)});
-        for (const auto& x : psgd_parts) h = fnv1a(x.first, x.second, h);
+                if (!x->empty()) body.push_back({x->data(), nbytes});
+        for (const std::vector<float>& e : psgd.errors) body.push_back({e.data(), nbytes});
+        if (!psgd.empty()) body.push_back({psgd.q.data(), psgd.q.size() * sizeof(float)});
+        uint64_t h = fnv1a(meta_s.data(), meta_s.size());
+        for (const auto& x : body) h = fnv1a(x.first, x.second, h);
         const int32_t version =
             !local.empty() ? STATE_VERSION_LOCAL_SGD : !psgd.empty() ? STATE_VERSION_POWERSGD : STATE_VERSION;
         int32_t header[8] = {STATE_MAGIC, version, int32_t(meta_s.size()), 0, 0, 0, 0, 0};
         std::memcpy(&header[4], &h, sizeof(h));
-        std::vector<std::pair<const void*, size_t>> parts = {
-            {header, sizeof(header)}, {meta_s.data(), meta_s.size()}, {m_l.data(), nbytes}, {v_l.data(), nbytes}};
-        if (!master_l.empty()) parts.push_back({master_l.data(), nbytes});
-        if (!whole.fp8.empty()) parts.push_back({whole.fp8.data(), whole.fp8.size()});
-        for (const std::vector<float>* x : local_parts) parts.push_back({x->data(), nbytes});
-        parts.insert(parts.end(), psgd_parts.begin(), psgd_parts.end());
+        std::vector<std::pair<const void*, size_t>> parts = {{header, sizeof(header)}, {meta_s.data(), meta_s.size()}};
+        parts.insert(parts.end(), body.begin(), body.end());
         write_file_atomic(tmp_dir + "/state.bin", parts);
         fault_point("checkpoint_after_state", st.step);
     } catch (const UserError& e) {  // a full disk, say: named by the checkpoint the user will look for
