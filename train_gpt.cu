@@ -591,25 +591,26 @@ void print_banner(Run& r, const Plan& p) {
                       ? strfmt("loss scale fixed at %g", r.tc.loss_scale).c_str()
                       : strfmt("dynamic loss scale %g (halves on an overflow, doubles after %d clean steps)",
                                r.state.loss_scale, r.tc.loss_scale_window).c_str());
+    const std::string procs =
+        strfmt("parallel: %d process%s = %s", g.world, g.world == 1 ? "" : "es", g.describe().c_str());
     if (r.powersgd) {
         const PowerSgdPlan& ps = r.powersgd->plan();
-        log.print("parallel: %d process%s = %s; ZeRO-0; comm %s; PowerSGD rank %d: %zu matrices compressed, %zu "
-                  "elements sent as they are; %zu floats per step instead of %zu (compression %.2fx); error "
-                  "feedback and factors %s in host memory\n",
-                  g.world, g.world == 1 ? "" : "es", g.describe().c_str(), r.groups.dp->name().c_str(), ps.rank,
-                  ps.matrices.size(), ps.plain_elems, ps.sent(), ps.total, ps.ratio(),
-                  human_bytes(double(r.powersgd->host_bytes())).c_str());
-    } else if (r.local_sgd)
-        log.print("parallel: %d process%s = %s; local SGD: every %d steps the outer step (lr %g, Nesterov momentum "
-                  "%g), no gradient all-reduce; outer state %s in host memory (ZeRO-%d: %s); comm %s\n",
-                  g.world, g.world == 1 ? "" : "es", g.describe().c_str(), r.local_sgd->every(), r.pc.local_sgd.outer_lr,
-                  r.pc.local_sgd.outer_momentum, human_bytes(double(r.local_sgd->host_bytes())).c_str(),
-                  r.local_sgd->zero(), r.local_sgd->zero() ? "this rank's shard" : "whole",
-                  r.groups.dp->name().c_str());
-    else
-        log.print("parallel: %d process%s = %s; ZeRO-%d; comm %s; %zu gradient bucket%s of <= %zu elements\n", g.world,
-                  g.world == 1 ? "" : "es", g.describe().c_str(), r.dp.zero(), r.groups.dp->name().c_str(),
-                  r.dp.buckets().size(), r.dp.buckets().size() == 1 ? "" : "s", r.dp.bucket_elems());
+        log.print("%s; ZeRO-0; comm %s; PowerSGD rank %d: %zu matrices compressed, %zu elements sent as they are; "
+                  "%zu floats per step instead of %zu (compression %.2fx); error feedback and factors %s in host "
+                  "memory\n",
+                  procs.c_str(), r.groups.dp->name().c_str(), ps.rank, ps.matrices.size(), ps.plain_elems, ps.sent(),
+                  ps.total, ps.ratio(), human_bytes(double(r.powersgd->host_bytes())).c_str());
+    } else if (r.local_sgd) {
+        log.print("%s; local SGD: every %d steps the outer step (lr %g, Nesterov momentum %g), no gradient "
+                  "all-reduce; outer state %s in host memory (ZeRO-%d: %s); comm %s\n",
+                  procs.c_str(), r.local_sgd->every(), r.pc.local_sgd.outer_lr, r.pc.local_sgd.outer_momentum,
+                  human_bytes(double(r.local_sgd->host_bytes())).c_str(), r.local_sgd->zero(),
+                  r.local_sgd->zero() ? "this rank's shard" : "whole", r.groups.dp->name().c_str());
+    } else {
+        log.print("%s; ZeRO-%d; comm %s; %zu gradient bucket%s of <= %zu elements\n", procs.c_str(), r.dp.zero(),
+                  r.groups.dp->name().c_str(), r.dp.buckets().size(), r.dp.buckets().size() == 1 ? "" : "s",
+                  r.dp.bucket_elems());
+    }
     if (g.tp > 1)
         log.print("tensor parallel: %d ranks, %d heads and %d vocabulary rows each%s\n", g.tp, s.n_head / g.tp,
                   s.vocab_shard(g.tp),
