@@ -9,22 +9,12 @@
 // The float of half bits h (exact: every half is a float).
 inline float f16_bits_to_f32(uint16_t h) {
     const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    uint32_t u;
-    if (exp == 0x1fu) {
-        u = sign | 0x7f800000u | (man << 13);  // inf, NaN (payload kept)
-    } else if (exp != 0) {
-        u = sign | ((exp + 112u) << 23) | (man << 13);  // normal: rebias 15 -> 127
-    } else if (man == 0) {
-        u = sign;  // +-0
-    } else {  // subnormal: man * 2^-24, normalised into a float
-        int e = -1;
-        uint32_t m = man;
-        do {
-            m <<= 1;
-            e++;
-        } while (!(m & 0x400u));
-        u = sign | uint32_t(127 - 15 - e) << 23 | ((m & 0x3ffu) << 13);
+    if (exp == 0) {  // +-0 and the subnormals: man * 2^-24 (exact in a float)
+        const float v = float(man) * 0x1p-24f;
+        return sign ? -v : v;
     }
+    // inf and NaN (payload kept), or a normal: the exponent rebiased 15 -> 127
+    const uint32_t u = sign | (exp == 0x1fu ? 0x7f800000u : (exp + 112u) << 23) | (man << 13);
     float f;
     std::memcpy(&f, &u, 4);
     return f;
