@@ -33,6 +33,22 @@ WholeState whole_of(const ModelShape& s, float value) {
     w.v.assign(num_params(s), 0.0f);
     return w;
 }
+// count distinct floats from base on (a pattern a bit flip or a swapped array shows)
+std::vector<float> filled(float base, size_t count) {
+    std::vector<float> x(count);
+    for (size_t i = 0; i < count; i++) x[i] = base + 1e-3f * float(i % 977);
+    return x;
+}
+// The version field of a checkpoint's state.bin (its header's second int32).
+int32_t state_version(const std::string& checkpoint) {
+    int32_t header[2] = {0, 0};
+    FILE* f = std::fopen((checkpoint + "/state.bin").c_str(), "rb");
+    REQUIRE(f);
+    const bool read = std::fread(header, sizeof(header), 1, f) == 1;
+    std::fclose(f);
+    REQUIRE(read);
+    return header[1];
+}
 }  // namespace
 
 TEST_CASE("a non-finite state is never saved: the good checkpoints stay", "[checkpoint]") {
@@ -137,27 +153,18 @@ TEST_CASE("state.bin keeps local SGD's outer state and every DP replica", "[chec
     const std::string dir = temp_dir();
     const ModelShape s{2, 2, 8, 100, 128, 16};
     const size_t n = num_params(s);
-    auto filled = [&](float base) {
-        std::vector<float> x(n);
-        for (size_t i = 0; i < n; i++) x[i] = base + 1e-3f * float(i % 977);
-        return x;
-    };
     TrainState st;
     st.step = 6;
     WholeState w = whole_of(s, 0.5f);
-    w.master = filled(0.25f);
-    w.local_sgd.anchor = filled(1.0f);
-    w.local_sgd.momentum = filled(-2.0f);
+    w.master = filled(0.25f, n);
+    w.local_sgd.anchor = filled(1.0f, n);
+    w.local_sgd.momentum = filled(-2.0f, n);
     for (int k = 1; k < 3; k++)
-        w.local_sgd.replicas.push_back({filled(3.0f * k), filled(4.0f * k), filled(5.0f * k), filled(6.0f * k)});
+        w.local_sgd.replicas.push_back(
+            {filled(3.0f * k, n), filled(4.0f * k, n), filled(5.0f * k, n), filled(6.0f * k, n)});
     REQUIRE(w.local_sgd.dp() == 3);
     const std::string path = checkpoint_save(dir, st, s, 3, w, nlohmann::json::object(), 2);
-    int32_t header[2] = {0, 0};
-    FILE* f = std::fopen((path + "/state.bin").c_str(), "rb");
-    REQUIRE(f);
-    REQUIRE(std::fread(header, sizeof(header), 1, f) == 1);
-    std::fclose(f);
-    CHECK(header[1] == 2);
+    CHECK(state_version(path) == 2);
     WholeState back;
     CHECK(checkpoint_load(path, s, &back).step == 6);
     CHECK(back.params == w.params);
@@ -178,11 +185,7 @@ TEST_CASE("state.bin keeps local SGD's outer state and every DP replica", "[chec
     // a plain run's checkpoint: version 1, no local state
     st.step = 7;
     const std::string plain = checkpoint_save(dir, st, s, 3, whole_of(s, 0.5f), nlohmann::json::object(), 2);
-    f = std::fopen((plain + "/state.bin").c_str(), "rb");
-    REQUIRE(f);
-    REQUIRE(std::fread(header, sizeof(header), 1, f) == 1);
-    std::fclose(f);
-    CHECK(header[1] == 1);
+    CHECK(state_version(plain) == 1);
     CHECK(checkpoint_load(plain, s, &back).step == 7);
     CHECK(back.local_sgd.empty());
 }
@@ -193,11 +196,6 @@ TEST_CASE("state.bin keeps PowerSGD's error feedback of every DP rank and Q", "[
     const std::string dir = temp_dir();
     const ModelShape s{2, 2, 8, 100, 128, 16};
     const size_t n = num_params(s);
-    auto filled = [&](float base, size_t count) {
-        std::vector<float> x(count);
-        for (size_t i = 0; i < count; i++) x[i] = base + 1e-3f * float(i % 977);
-        return x;
-    };
     TrainState st;
     st.step = 6;
     WholeState w = whole_of(s, 0.5f);
@@ -205,12 +203,7 @@ TEST_CASE("state.bin keeps PowerSGD's error feedback of every DP rank and Q", "[
     w.powersgd.errors = {filled(-1.0f, n), filled(2.0f, n)};
     w.powersgd.q = filled(3.0f, 1234);
     const std::string path = checkpoint_save(dir, st, s, 3, w, nlohmann::json::object(), 2);
-    int32_t header[2] = {0, 0};
-    FILE* f = std::fopen((path + "/state.bin").c_str(), "rb");
-    REQUIRE(f);
-    REQUIRE(std::fread(header, sizeof(header), 1, f) == 1);
-    std::fclose(f);
-    CHECK(header[1] == 3);
+    CHECK(state_version(path) == 3);
     WholeState back;
     CHECK(checkpoint_load(path, s, &back).step == 6);
     CHECK(back.params == w.params);

@@ -64,3 +64,18 @@ close_moe() {  # close_moe A B [STEPS]: the statistics of STEPS (default 6) step
         { for (i = 1; i <= 4; i++) { d = $i - $(i + 4); if (d < 0) d = -d; if (d > 1e-5 * ($i < 0 ? -$i : $i) + 1e-12) bad++ } }
         END { exit bad > 0 || NR == 0 }' || die "MoE statistics of $2 differ from $1"
 }
+
+# converges_like_plain CONFIG PCT NAME ARGS...: 300 steps of dp2 as CONFIG gives it and with ARGS, at
+# equal tokens; dies unless plain's final val loss is below 1.2 and ARGS' within PCT% above it
+converges_like_plain() {
+    local cfg=$1 pct=$2 name=$3 a b
+    shift 3
+    local conv=(train.steps=300 eval.every=300 eval.batches=32 train.warmup_steps=10 train.lr=1e-2
+                train.micro_batch=4 train.seq_len=32 train.grad_accum=1)
+    dp_run 2 "$cfg" "${conv[@]}" "out_dir=$W/conv_plain" > /dev/null || die "plain 300 steps failed"
+    dp_run 2 "$cfg" "${conv[@]}" "$@" "out_dir=$W/conv_other" > /dev/null || die "$name 300 steps failed"
+    a=$(val_last "$W/conv_plain/log.jsonl"); b=$(val_last "$W/conv_other/log.jsonl")
+    echo "300 steps: validation loss plain dp2 $a, $name $b"
+    awk -v a="$a" -v b="$b" -v p="$pct" 'BEGIN { exit !(a < 1.2 && b <= (1 + p / 100) * a) }' ||
+        die "$name ($b) is not within $pct% of plain dp2 ($a)"
+}

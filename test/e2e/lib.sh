@@ -32,6 +32,24 @@ JSON
 
 # losses FILE: the "loss" values of a log.jsonl, one per line, exactly as written
 losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
+# val_last FILE: the last "val_loss" of a log.jsonl
+val_last() { grep -o '"val_loss":[^,}]*' "$1" | tail -n 1 | cut -d: -f2; }
+# psi FILE: the padded parameter count a run's memory table names (its start-up output)
+psi() { sed -n 's/^memory per rank .*parameters padded to \([0-9]*\)).*/\1/p' "$1"; }
+
+# resume_flipped KEY CONFIG DIR FIRST: a run of CONFIG with boolean KEY=FIRST, killed right after
+# its step-2 checkpoint, resumed in DIR with KEY the other way (its output in DIR.txt); dies unless
+# the resume ran from that checkpoint. The caller compares DIR with a straight run.
+resume_flipped() {
+    local key=$1 cfg=$2 dir=$3 first=$4 second
+    second=$([ "$first" = true ] && echo false || echo true)
+    (LLMC_FAULT=checkpoint_after_done_2 "$BIN" "$cfg" checkpoint.every=2 "$key=$first" "out_dir=$dir" || true) \
+        > /dev/null 2>&1
+    [ -f "$dir/checkpoints/step_00000002/DONE" ] || die "$key=$first: no step-2 checkpoint"
+    "$BIN" "$cfg" checkpoint.every=2 "$key=$second" "out_dir=$dir" > "$dir.txt" 2>&1 ||
+        die "resume with $key=$second failed: $(tail "$dir.txt")"
+    grep -q 'resumed from .*step_00000002' "$dir.txt" || die "did not resume from step 2: $(cat "$dir.txt")"
+}
 
 # expect_fail CODE PATTERN CMD...: the command exits with CODE and stderr matches PATTERN
 expect_fail() {

@@ -99,12 +99,7 @@ check moe dp2_ep2 2 2 $N $L $L parallel.dp=2 parallel.ep=2 parallel.zero=1 train
 for first in false true; do
     second=$([ $first = true ] && echo false || echo true)
     half="$W/resume.$first"
-    (LLMC_FAULT=checkpoint_after_done_2 "$BIN" "$W/gpt2.json" checkpoint.every=2 train.offload_activations=$first \
-        "out_dir=$half" || true) > /dev/null 2>&1  # killed after the step-2 checkpoint
-    [ -f "$half/checkpoints/step_00000002/DONE" ] || die "offload=$first: no step-2 checkpoint"
-    "$BIN" "$W/gpt2.json" checkpoint.every=2 train.offload_activations=$second "out_dir=$half" > "$half.txt" 2>&1 ||
-        die "resume with offload=$second failed: $(tail "$half.txt")"
-    grep -q 'resumed from .*step_00000002' "$half.txt" || die "did not resume from step 2: $(cat "$half.txt")"
+    resume_flipped train.offload_activations "$W/gpt2.json" "$half" $first
     same_training "$W/gpt2.one.off" "$half" "saved with offload=$first, resumed with $second"
     echo "saved with offload=$first, resumed with offload=$second: bitwise the straight run"
 done

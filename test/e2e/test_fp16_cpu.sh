@@ -108,7 +108,6 @@ long=(train.steps=150 train.grad_accum=1 train.micro_batch=4 train.seq_len=32 ev
 "$BIN" "$W/c.json" "${long[@]}" precision=fp32 "out_dir=$W/t32" > /dev/null || die "fp32 150 steps failed"
 [ "$(losses "$W/t16/log.jsonl" | head -n 1)" != "$(losses "$W/t32/log.jsonl" | head -n 1)" ] ||
     die "step 1 of fp16 equals fp32 bitwise: nothing was rounded"
-val_last() { grep -o '"val_loss":[^,}]*' "$1" | tail -n1 | cut -d: -f2; }
 mean_last10() { losses "$1" | tail -n 10 | awk '{ s += $1 } END { printf "%.6f", s / NR }'; }
 v16=$(val_last "$W/t16/log.jsonl"); v32=$(val_last "$W/t32/log.jsonl")
 m16=$(mean_last10 "$W/t16/log.jsonl"); m32=$(mean_last10 "$W/t32/log.jsonl")

@@ -26,7 +26,6 @@ cat > "$W/c.json" <<JSON
   "eval": { "every": 200, "batches": 4 },
   "out_dir": "$W/out" }
 JSON
-val_last() { grep -o '"val_loss":[^,}]*' "$1" | tail -n1 | cut -d: -f2; }
 mean_last10() { losses "$1" | tail -n 10 | awk '{ s += $1 } END { printf "%.6f", s / NR }'; }
 within() {  # within A B TOL WHAT: |A - B| <= TOL * |B|
     awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; if (b < 0) b = -b; exit !(d <= t * b) }' ||

@@ -17,7 +17,6 @@ source "$(dirname "$0")/dp_lib.sh"
 make_data
 tiny_config "$W/c.json"
 lsgd() { echo "parallel.local_sgd.every=$1" "parallel.local_sgd.outer_lr=${2:-1}" "parallel.local_sgd.outer_momentum=${3:-0}"; }
-psi() { sed -n 's/^memory per rank .*parameters padded to \([0-9]*\)).*/\1/p' "$1"; }
 dp_bytes() { grep -o '"dp_bytes":[0-9]*' "$1" | cut -d: -f2 | tr '\n' ' '; }
 
 # --- H=1 = plain dp2 with a linear inner update
@@ -49,14 +48,7 @@ echo "dp_bytes: plain $B every step; H=4 $B on steps 4, 8, 10 only (Psi = $P)"
 cmp "$W/h4_z0/model_00000010.bin" "$W/h4_z1/model_00000010.bin" || die "H=4: ZeRO-1 differs from ZeRO-0"
 
 # --- convergence at equal tokens
-conv=(train.steps=300 eval.every=300 eval.batches=32 train.warmup_steps=10 train.lr=1e-2 train.micro_batch=4
-      train.seq_len=32 train.grad_accum=1)
-dp_run 2 "$W/c.json" "${conv[@]}" "out_dir=$W/conv_plain" > /dev/null || die "plain 300 steps failed"
-dp_run 2 "$W/c.json" "${conv[@]}" $(lsgd 4) "out_dir=$W/conv_h4" > /dev/null || die "H=4 300 steps failed"
-val() { grep -o '"val_loss":[^,}]*' "$1" | tail -n 1 | cut -d: -f2; }
-a=$(val "$W/conv_plain/log.jsonl"); b=$(val "$W/conv_h4/log.jsonl")
-echo "300 steps: validation loss plain dp2 $a, H=4 $b"
-awk -v a="$a" -v b="$b" 'BEGIN { exit !(a < 1.2 && b <= 1.02 * a) }' || die "H=4 ($b) is not within 2% of plain dp2 ($a)"
+converges_like_plain "$W/c.json" 2 "H=4" $(lsgd 4)
 
 # --- resume in the middle of an interval
 ck=(train.steps=10 checkpoint.every=3 checkpoint.keep=5)

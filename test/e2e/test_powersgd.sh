@@ -14,7 +14,6 @@ source "$(dirname "$0")/dp_lib.sh"
 make_data
 tiny_config "$W/c.json"
 psgd() { echo "parallel.grad_compression=powersgd" "parallel.powersgd_rank=$1"; }
-psi() { sed -n 's/^memory per rank .*parameters padded to \([0-9]*\)).*/\1/p' "$1"; }
 dp_bytes() { grep -o '"dp_bytes":[0-9]*' "$1" | cut -d: -f2 | sort -u | tr '\n' ' '; }
 ratio() { grep -o '"compression":[0-9.e+-]*' "$1" | cut -d: -f2 | sort -u; }
 
@@ -41,14 +40,7 @@ awk -v B="$B" -v b="$b4" -v c="$c4" 'BEGIN { r = B / b; d = r - c; if (d < 0) d 
 echo "dp_bytes: plain and rank 32 $B a step; rank 4 $b4 (compression $c4)"
 
 # --- convergence at equal tokens
-conv=(train.steps=300 eval.every=300 eval.batches=32 train.warmup_steps=10 train.lr=1e-2 train.micro_batch=4
-      train.seq_len=32 train.grad_accum=1)
-dp_run 2 "$W/c.json" "${conv[@]}" "out_dir=$W/conv_plain" > /dev/null || die "plain 300 steps failed"
-dp_run 2 "$W/c.json" "${conv[@]}" $(psgd 4) "out_dir=$W/conv_r4" > /dev/null || die "rank 4 300 steps failed"
-val() { grep -o '"val_loss":[^,}]*' "$1" | tail -n 1 | cut -d: -f2; }
-a=$(val "$W/conv_plain/log.jsonl"); b=$(val "$W/conv_r4/log.jsonl")
-echo "300 steps: validation loss plain dp2 $a, PowerSGD rank 4 $b"
-awk -v a="$a" -v b="$b" 'BEGIN { exit !(a < 1.2 && b <= 1.03 * a) }' || die "rank 4 ($b) is not within 3% of plain dp2 ($a)"
+converges_like_plain "$W/c.json" 3 "PowerSGD rank 4" $(psgd 4)
 
 # --- resume
 ck=(train.steps=10 checkpoint.every=3 checkpoint.keep=5 $(psgd 4))
