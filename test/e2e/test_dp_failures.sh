@@ -109,12 +109,13 @@ echo "kill -9 of rank 1 (dp=2, survivor left running): job ended with exit $rc $
 grep -qE '^\[rank 0\] error: [a-z_]+ #[0-9]+ on the [a-z]+ group .*did not complete within parallel\.timeout_s = 3 s; stalled: world rank 1 ' \
     "$W/k9r.err" || die "rank 0 does not name the dead rank 1: $(cat "$W/k9r.err")"
 # OpenMPI's MPI_ABORT text carries the code; sometimes its show_help loses the text to the dead
-# rank ("ORTE_ERROR_LOG: Data unpack would read past end of buffer in file .../show_help.c", or
-# "... Data unpack had inadequate space in file .../show_help.c"): then only that lost message is
-# accepted in its place (the job still ended in time, after rank 0's "ending the job", above)
+# rank, with an ORTE_ERROR_LOG line from show_help.c ("Data unpack would read past end of buffer",
+# "Data unpack had inadequate space", "Out of resource": three seen in CI runs here): then only such
+# a lost-message line is accepted in its place (the job still ended in time, after rank 0's
+# "ending the job", above)
 if grep -q 'MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD' "$W/k9r.err"; then
     grep -q 'with errorcode 5' "$W/k9r.err" || die "rank 0 did not end the job with code 5: $(cat "$W/k9r.err")"
-elif grep -qE 'ORTE_ERROR_LOG: Data unpack (would read past end of buffer|had inadequate space) in file .*show_help\.c' "$W/k9r.err"; then
+elif grep -qE 'ORTE_ERROR_LOG: [A-Za-z ]+ in file [^ ]*/show_help\.c' "$W/k9r.err"; then
     echo "kill -9 of rank 1, survivor left running: OpenMPI lost its MPI_ABORT message (show_help unpack error)"
 else
     die "rank 0 did not end the job with MPI_Abort: $(cat "$W/k9r.err")"
