@@ -119,6 +119,10 @@ $(BUILD)/emu/%.o: %.cpp
 	$(CXX) $(EMU_FLAGS) -c $< -o $@
 $(BUILD)/test_gpu_emu: $(BUILD)/emu/test/gpu/test_gpu_ops.o $(BUILD)/emu/llmc/cuda/cuda_ops.o $(EMU_OBJS) $(BUILD)/libllmc.a
 	$(CXX) $(EMU_FLAGS) -o $@ $^ $(MPI_LIBS) -lboost_context
+# The trainer itself on the emulator (train_gpt.cu is plain C++; CudaOps the emulated one): device
+# "cuda" end to end in CI, slowly (test/e2e/test_fp16_cuda_emu.sh).
+$(BUILD)/train_gpt_emu: $(BUILD)/train_gpt.o $(BUILD)/emu/llmc/cuda/cuda_ops.o $(EMU_OBJS) $(BUILD)/libllmc.a
+	$(CXX) $(EMU_FLAGS) -o $@ $^ $(MPI_LIBS) -lboost_context
 $(BUILD)/cuemu_selftest: $(BUILD)/emu/test/cuemu/selftest.o $(EMU_OBJS) $(BUILD)/libllmc.a
 	$(CXX) $(EMU_FLAGS) -o $@ $^ $(MPI_LIBS) -lboost_context
 EMU_ENV   := CXX="$(CXX)" EMU_FLAGS="$(EMU_FLAGS)" MPI_LIBS="$(MPI_LIBS)"
@@ -130,7 +134,7 @@ dev/comm_check: $(BUILD)/dev/comm_check.o $(CUDA_OBJS) $(BUILD)/libllmc.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $^ $(LDLIBS)
 
 # (the emulator's tests: not under SANITIZE=1, whose library objects need ASan's runtime)
-EMU_TESTS := $(if $(filter 1,$(SANITIZE)),,$(BUILD)/test_gpu_emu $(BUILD)/cuemu_selftest)
+EMU_TESTS := $(if $(filter 1,$(SANITIZE)),,$(BUILD)/test_gpu_emu $(BUILD)/cuemu_selftest $(BUILD)/train_gpt_emu)
 test: $(BIN)train_gpt $(TOOLS) $(BUILD)/test_cpu $(if $(GPU_TEST_SRCS),$(BUILD)/test_gpu) $(EMU_TESTS)
 	LLMC_BUILD=$(BUILD) LLMC_BIN=$(BIN) LLMC_SANITIZE=$(SANITIZE) $(EMU_ENV) bash test/run_tests.sh
 

@@ -227,10 +227,6 @@ void dump_gradients(const Model& model, DataParallel& dp, const ParallelConfig& 
 std::string resolve_device(const Config& cfg) {
     std::string device = cfg.device;
     if (device == "auto") device = cuda_device_available() ? "cuda" : "cpu";
-    if (device == "cuda" && cfg.precision == "fp16")
-        throw UserError(strfmt("precision: \"fp16\" runs on the CPU only so far (emulated exactly): the CUDA backend has "
-                               "no fp16 kernels yet (device \"%s\"); use device \"cpu\", or \"bf16\" on CUDA",
-                               cfg.device.c_str()));
     // (the emulation rounds every Tensor an upload writes: host-staged collectives, which the test
     // hook's device memory needs, would round fp32 statistics too)
     if (device == "cpu" && cfg.precision == "fp16" && sim_device())

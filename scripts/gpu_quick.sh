@@ -4,8 +4,9 @@
 # what is left, a step that no longer fits is a SKIP row, and each row is written as it comes
 # (--out DIR/quick/rows.partial.md). In order of value:
 #   env; build/test_gpu one process per filter (an abort ends only its filter); the whole model
-#   GPU vs CPU (GPT-2 and Llama, fp32 and bf16); GPT-2 124M at B=8 and B=32 and the 1.5B shape
-#   at B=8 in bf16 and FP8, each beside the PyTorch peer at the same shape; a kernel table from
+#   GPU vs CPU (GPT-2 and Llama, fp32, bf16 and fp16); GPT-2 124M at B=8 and B=32 (fp16 too at
+#   B=32) and the 1.5B shape at B=8 in bf16 and FP8, each beside the PyTorch peer at the same
+#   shape (its bf16); a kernel table from
 #   ncu at 124M B=8 (each kernel's share of kernel time, and kernel time against wall time).
 # `--profile CONFIG [key=value...]`: the kernel table of any run (two steps under ncu).
 # `--kernels`: dev/cuda's kernel versions side by side: attention (forward v3/v4/v5, backward
@@ -105,7 +106,7 @@ quick_parity() {
     local arch run tol res extra
     for arch in gpt2 llama; do
         extra=""; [ $arch = llama ] && extra="model.n_kv_head=2"
-        for run in cpu_fp32 cuda_fp32 cuda_bf16; do
+        for run in cpu_fp32 cuda_fp32 cuda_bf16 cpu_fp16 cuda_fp16; do
             mkdir -p "$Q/parity_${arch}_$run"
             step "parity $arch $run" 40 ./train_gpt - device=${run%_*} precision=${run#*_} model.arch=$arch $extra \
                 model.n_layer=4 model.n_head=4 model.d_model=128 model.vocab_size=512 model.max_seq_len=64 \
@@ -119,6 +120,9 @@ quick_parity() {
             loss_tol_row "parity $arch ${run#*_}: losses GPU vs CPU" "$Q/parity_${arch}_cpu_fp32/log.jsonl" \
                 "$Q/parity_${arch}_$run/log.jsonl" $tol
         done
+        # fp16 against the CPU's exact emulation of it (on the emulator of CI: 4.4e-5 apart)
+        loss_tol_row "parity $arch fp16: losses GPU vs CPU fp16" "$Q/parity_${arch}_cpu_fp16/log.jsonl" \
+            "$Q/parity_${arch}_cuda_fp16/log.jsonl" 1e-3
     done
 }
 
@@ -238,6 +242,7 @@ stage_quick() {
     quick_parity
     quick_bench gpt2_124m "$m124" 8 bf16
     quick_bench gpt2_124m "$m124" 32 bf16
+    quick_bench gpt2_124m "$m124" 32 fp16
     # the kernel table of 124M B=8, its host share against the bench run's ms/step
     PROFILE_WALL_MS=${MS_q_gpt2_124m_bf16_8:-}
     # shellcheck disable=SC2086

@@ -25,6 +25,8 @@ TEST_CASE("flops per token of a mixture of experts count top_k of the experts", 
 TEST_CASE("GPU peak table picks the most specific entry") {
     CHECK(gpu_peak_flops("NVIDIA H100 80GB HBM3", "bf16") == Approx(989.4e12));
     CHECK(gpu_peak_flops("NVIDIA H100 PCIe", "bf16") == Approx(756e12));
+    // fp16 dense tensor-core peak = bf16's (H100 SXM datasheet: 989.4 TFLOP/s each)
+    CHECK(gpu_peak_flops("NVIDIA H100 80GB HBM3", "fp16") == Approx(989.4e12));
     CHECK(gpu_peak_flops("NVIDIA H200", "fp8") == Approx(1978.9e12));
     CHECK(gpu_peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == Approx(312e12));
     CHECK(gpu_peak_flops("NVIDIA A100 80GB PCIe", "fp32") == Approx(19.5e12));

@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
             bf16 *out_a = dev_poisoned<bf16>(n), *pre_a = dev_poisoned<bf16>(n);
             bf16 *out_b = dev_poisoned<bf16>(n), *pre_b = dev_poisoned<bf16>(n);
             // column-major pre^T[OC, N] = w^T-as-stored[IC, OC]^T inp^T[IC, N], as CudaOps::matmul_forward
-            LtGemm g{pre_a, gw, gi, OC, N, IC, true, false, IC, IC, OC, 0.0f, true};
+            LtGemm g{pre_a, gw, gi, OC, N, IC, true, false, IC, IC, OC, 0.0f, CUDA_R_16BF};
             g.bias = gbias;
             LtGemm f = g;
             f.D = out_b, f.gelu_aux = pre_b, f.aux_ld = OC;
@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
             bf16 *db_a = to_dev<bf16>(db0), *db_b = to_dev<bf16>(db0), *bgrad = dev_poisoned<bf16>(OC);
             float* part = dev_poisoned<float>(std::max<size_t>(1, bias_grad_partial_floats(N, OC)));
             // dw(as stored: IC x OC col-major) += inp^T[IC, N] (dout^T[OC, N])^T, as CudaOps::matmul_backward
-            LtGemm g{dw, gi, gd, IC, OC, N, false, true, IC, OC, IC, 1.0f, true};
+            LtGemm g{dw, gi, gd, IC, OC, N, false, true, IC, OC, IC, 1.0f, CUDA_R_16BF};
             LtGemm b = g;
             b.bgrad = bgrad;
             auto fallback = [&] {

@@ -5,7 +5,7 @@
 // Conventions
 //  - N = B*T rows. Row-major everywhere. Linear weights are [OC, IC] (PyTorch layout):
 //    out[N, OC] = inp[N, IC] @ w^T + bias.
-//  - Tensors carry their dtype: fp32 on the CPU backend; fp32 or bf16 on CUDA
+//  - Tensors carry their dtype: fp32 on the CPU backend; fp32, bf16 or fp16 on CUDA
 //    (activations, parameters and gradients share the model's dtype). Statistics that
 //    must stay accurate (LayerNorm mean/rstd, attention log-sum-exp, losses, optimizer
 //    state, master weights) are always fp32 and passed as float*.

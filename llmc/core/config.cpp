@@ -1093,7 +1093,8 @@ Config load_config(int argc, char** argv, bool* print_config, std::string* plan)
 }
 
 DType run_dtype(const std::string& precision, const std::string& device) {
-    // fp8 keeps everything but the block linears in bf16 on CUDA and fp32 on the CPU; the CPU
-    // emulates fp16 in fp32 storage (llmc/cpu/fp16_ops.h)
+    // fp8 keeps everything but the block linears in bf16 on CUDA and fp32 on the CPU; CUDA stores
+    // fp16 as IEEE half, the CPU emulates it in fp32 storage (llmc/cpu/fp16_ops.h)
+    if (precision == "fp16") return device == "cuda" ? DType::F16 : DType::F32;
     return precision == "bf16" || (precision == "fp8" && device == "cuda") ? DType::BF16 : DType::F32;
 }

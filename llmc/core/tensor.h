@@ -6,12 +6,14 @@
 
 #include "llmc/core/common.h"
 
-enum class DType : uint8_t { F32, BF16, E4M3, E5M2 };
+// F16: IEEE half (precision "fp16" on CUDA; the CPU emulates it in F32 storage)
+enum class DType : uint8_t { F32, BF16, E4M3, E5M2, F16 };
 
 inline size_t dtype_size(DType t) {
     switch (t) {
         case DType::F32: return 4;
-        case DType::BF16: return 2;
+        case DType::BF16:
+        case DType::F16: return 2;
         case DType::E4M3:
         case DType::E5M2: return 1;
     }
@@ -22,6 +24,7 @@ inline const char* dtype_name(DType t) {
     switch (t) {
         case DType::F32: return "fp32";
         case DType::BF16: return "bf16";
+        case DType::F16: return "fp16";
         case DType::E4M3: return "e4m3";
         case DType::E5M2: return "e5m2";
     }

@@ -3,7 +3,7 @@
 #include "llmc/cuda/common.cuh"
 
 // bc1 = 1 - beta1^t, bc2 = 1 - beta2^t (host). p comes from master when master != nullptr;
-// master is then updated and params gets the rounded copy (stochastic rounding for bf16,
+// master is then updated and params gets the rounded copy (stochastic rounding for bf16, nearest for fp16,
 // the random bits from hash(seed, base + index): base places the call's elements in a larger whole).
 template <class T>
 __device__ __forceinline__ void adamw_element(T* params, float* master, const T* grads, float* m, float* v, long long i,
@@ -18,10 +18,10 @@ __device__ __forceinline__ void adamw_element(T* params, float* master, const T*
     float p = master ? master[i] : to_f32(params[i]);
     p -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
     if (master) master[i] = p;
-    if constexpr (std::is_same<T, float>::value)
-        params[i] = p;
-    else
+    if constexpr (std::is_same<T, bf16>::value)
         params[i] = stochastic_round_bf16(p, hash_u32(seed, base + (uint32_t)i));
+    else  // fp32; fp16 (always with master weights) rounds to nearest, as the CPU's emulation does
+        params[i] = from_f32<T>(p);
 }
 
 template <class T>

@@ -1,4 +1,4 @@
-// Fused causal flash attention, forward and backward, never materialising T x T. In bf16 the
+// Fused causal flash attention, forward and backward, never materialising T x T. In bf16 and fp16 the
 // forward at head sizes 32, 64, 80, 96, 128, 256 runs llmc/cuda/flash_attention.cuh and the
 // backward at 32 to 128 llmc/cuda/flash_backward.cuh (registers, mma.sync, ldmatrix, cp.async);
 // everything else (fp32, other head sizes, tiles the device's shared memory cannot hold) runs
@@ -9,7 +9,7 @@
 // [B, T, 3, NH, HS]) -> out [B, T, NH, HS]; lse [B, NH, T] (fp32, log-sum-exp of the
 // scaled scores of each query row). One thread block (4 warps) per (query or key tile,
 // head, batch). All tiles live in shared memory; the tile products are done by
-// block_mm(), which is nvcuda::wmma (bf16 in, fp32 accumulate, tensor cores) for bf16
+// block_mm(), which is nvcuda::wmma (bf16/fp16 in, fp32 accumulate, tensor cores) for bf16/fp16
 // and plain fp32 FMA for fp32 (so fp32 mode matches the CPU to ~1e-6). Softmax
 // statistics, accumulators and the probabilities' normaliser are fp32.
 //
@@ -450,11 +450,11 @@ __global__ void __launch_bounds__(kThreads)
 // Any head size: the tiles hold HSP = HS rounded up to 16 columns, the padding zero (it adds
 // nothing to Q K^T, and the padded columns of O, dK, dV, dQ are never written). The scale is
 // 1/sqrt(HS). Tile sizes: the largest of the candidates whose shared memory the device allows
-// (sm_80 / sm_90 ~227 KiB per block, sm_86 / sm_89 ~99 KiB): forward bf16 64x64, then 32x32,
+// (sm_80 / sm_90 ~227 KiB per block, sm_86 / sm_89 ~99 KiB): forward bf16/fp16 64x64, then 32x32,
 // then 16x16 (fp32 from 32x32); backward 32x32, then 16x16 (fp32 then 8x8).
 inline int padded_hs(int HS) { return (HS + 15) / 16 * 16; }
 
-// false: the bf16 backward takes the general kernels (dev/cuda/attention_backward.cu's baseline)
+// false: the bf16/fp16 backward takes the general kernels (dev/cuda/attention_backward.cu's baseline)
 inline bool g_flash_backward = true;
 
 // Opts fn in to `bytes` of dynamic shared memory; false when the device allows less.
@@ -488,7 +488,7 @@ void attention_block_forward_general(T* out, float* lse, const T* qkv_q, const T
     };
     const size_t big = fwd_layout<T, 64, 64>(HSP).total, mid = fwd_layout<T, 32, 32>(HSP).total,
                  small = fwd_layout<T, 16, 16>(HSP).total;
-    if (std::is_same<T, bf16>::value && fits_smem((const void*)attention_forward_kernel<T, 64, 64>, big))
+    if (is_half_type<T> && fits_smem((const void*)attention_forward_kernel<T, 64, 64>, big))
         launch(attention_forward_kernel<T, 64, 64>, 64, big);
     else if (fits_smem((const void*)attention_forward_kernel<T, 32, 32>, mid))
         launch(attention_forward_kernel<T, 32, 32>, 32, mid);
@@ -503,7 +503,7 @@ void attention_block_forward_general(T* out, float* lse, const T* qkv_q, const T
 template <class T>
 void attention_block_forward(T* out, float* lse, const T* qkv_q, const T* qkv_kv, int B, int Tq, int Tk, int NH,
                              int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
-    if constexpr (std::is_same<T, bf16>::value) {  // the tensor-core path, where it covers HS
+    if constexpr (is_half_type<T>) {  // the tensor-core path (bf16, fp16), where it covers HS
         if (flash::forward(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st)) return;
     }
     attention_block_forward_general(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st);
@@ -530,7 +530,7 @@ void attention_block_backward(T* dq_dst, T* dkv, const T* dout, const T* qkv_q, 
     const long long rows = (long long)B * Tq * NH;
     LLMC_LAUNCH(attention_backward_d_kernel<T>, ceil_div(rows, 8), 256, 0, st, D, dout, out, B, Tq, NH, HS);
     CUDA_CHECK_LAUNCH();
-    if constexpr (std::is_same<T, bf16>::value) {  // the tensor-core path, where it covers HS
+    if constexpr (is_half_type<T>) {  // the tensor-core path (bf16, fp16), where it covers HS
         if (g_flash_backward && flash::backward(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, HS, qp, kp, accumulate, st))
             return;
     }

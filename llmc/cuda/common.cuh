@@ -4,6 +4,7 @@
 #pragma once
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -17,6 +18,7 @@
 
 #include "llmc/core/common.h"
 #include "llmc/precision/bf16.h"
+#include "llmc/precision/fp16.h"
 
 // A failing CUDA/cuBLASLt call inside the backend is a bug (or a broken device): report
 // file, line and the library's message, then abort (same policy as LLMC_ASSERT, checks_throw()
@@ -121,13 +123,20 @@ inline cublasLtMatmulPreference_t lt_preference(size_t workspace, uint32_t align
 }
 
 // ---- element access: everything is computed in fp32 ----
+// The element types of the kernels: float, bf16 and f16 (IEEE half, precision "fp16"); from_f32
+// rounds to nearest even (f16: past 65504 +-inf, as llmc/precision/fp16.h on the host).
 typedef __nv_bfloat16 bf16;
+typedef __half f16;
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(f16 x) { return __half2float(x); }
 template <class T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
 template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ f16 from_f32<f16>(float x) { return __float2half_rn(x); }
+// the 16-bit element types (bf16, f16): the tensor-core kernels' operands
+template <class T> constexpr bool is_half_type = std::is_same<T, bf16>::value || std::is_same<T, f16>::value;
 
 // `#pragma unroll` for nvcc (register arrays indexed by the loop variable stay registers); nothing
 // for the emulator's g++, which does not know the pragma

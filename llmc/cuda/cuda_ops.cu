@@ -1,4 +1,4 @@
-// CudaOps: the Ops interface (llmc/backend/ops.h) on one CUDA device, fp32 or bf16 tensors.
+// CudaOps: the Ops interface (llmc/backend/ops.h) on one CUDA device, fp32, bf16 or fp16 tensors.
 // Every op runs on the backend's stream; the host-facing copies synchronise it.
 #include <algorithm>
 #include <cstring>
@@ -51,12 +51,13 @@ static cudaError_t sort_pairs(void* tmp, size_t& tmp_bytes, const uint32_t* keys
 
 namespace {
 
-// Calls f(float{}) or f(bf16{}) according to the dtype (the element type of the kernel).
+// Calls f(float{}), f(bf16{}) or f(f16{}) according to the dtype (the element type of the kernel).
 template <class F>
 void dispatch(DType dt, F&& f) {
     switch (dt) {
         case DType::F32: f(float{}); return;
         case DType::BF16: f(bf16{}); return;
+        case DType::F16: f(f16{}); return;
         default: LLMC_ASSERT(false, strfmt("CUDA backend: unsupported dtype %s", dtype_name(dt)));
     }
 }
@@ -76,7 +77,7 @@ void same_dtype(std::initializer_list<const Tensor*> ts) {
     }
 }
 
-// dst[i] = src[i] between fp32 and bf16 (round to nearest even)
+// dst[i] = src[i] between fp32 and bf16 or fp16 (round to nearest even)
 template <class D, class S>
 __global__ void convert_kernel(D* dst, const S* src, size_t n) {
     const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -178,10 +179,13 @@ public:
             to_host_bytes(dst, src.ptr, src.bytes());
             return;
         }
-        LLMC_ASSERT(src.dtype == DType::BF16, "to_host_f32: unsupported dtype");
+        LLMC_ASSERT(src.dtype == DType::BF16 || src.dtype == DType::F16, "to_host_f32: unsupported dtype");
         std::vector<uint16_t> tmp(src.n);
         to_host_bytes(tmp.data(), src.ptr, src.bytes());
-        for (size_t i = 0; i < src.n; i++) dst[i] = host_bf16_bits_to_f32(tmp[i]);
+        if (src.dtype == DType::F16)
+            for (size_t i = 0; i < src.n; i++) dst[i] = f16_bits_to_f32(tmp[i]);
+        else
+            for (size_t i = 0; i < src.n; i++) dst[i] = host_bf16_bits_to_f32(tmp[i]);
     }
     void from_host_f32(Tensor dst, const float* src) override {
         if (!dst.n) return;
@@ -189,9 +193,12 @@ public:
             from_host_bytes(dst.ptr, src, dst.bytes());
             return;
         }
-        LLMC_ASSERT(dst.dtype == DType::BF16, "from_host_f32: unsupported dtype");
+        LLMC_ASSERT(dst.dtype == DType::BF16 || dst.dtype == DType::F16, "from_host_f32: unsupported dtype");
         std::vector<uint16_t> tmp(dst.n);
-        for (size_t i = 0; i < dst.n; i++) tmp[i] = host_f32_to_bf16_bits(src[i]);
+        if (dst.dtype == DType::F16)
+            for (size_t i = 0; i < dst.n; i++) tmp[i] = f32_to_f16_bits(src[i]);
+        else
+            for (size_t i = 0; i < dst.n; i++) tmp[i] = host_f32_to_bf16_bits(src[i]);
         from_host_bytes(dst.ptr, tmp.data(), dst.bytes());
     }
     void to_host_bytes(void* dst, const void* src, size_t bytes) override {
@@ -399,7 +406,7 @@ public:
         const bool bias_epi = bias.ptr && aligned16(bias.ptr);
         // column-major view: dst^T[OC, N] = w^T-as-stored[IC, OC]^T * inp^T[IC, N]
         LtGemm g{gelu ? pre_gelu.ptr : out.ptr, w.ptr, inp.ptr, OC, N, IC, true, false, IC, IC, OC, 0.0f,
-                 out.dtype == DType::BF16};
+                 lt_type(out.dtype)};
         g.bias = bias_epi ? bias.ptr : nullptr;
         if (gelu && (bias_epi || !bias.ptr) && OC % 8 == 0) {
             LtGemm fused = g;
@@ -429,7 +436,7 @@ public:
                          int N, int IC, int OC) override {
         same_dtype({&dinp, &dw, &dbias, &dout, &inp, &w, &pre_gelu});
         if (!N || !OC) return;
-        const bool bf = dout.dtype == DType::BF16;
+        const cudaDataType_t lt = lt_type(dout.dtype);
         const long long n = (long long)N * OC;
         const size_t es = dtype_size(dout.dtype);
         if (pre_gelu.ptr) {
@@ -442,9 +449,9 @@ public:
         }
         // dinp^T[IC, N] = w(as stored: IC x OC col-major) * dout^T[OC, N]
         if (dinp.ptr)
-            lt_.matmul(LtGemm{dinp.ptr, w.ptr, dout.ptr, IC, N, OC, false, false, IC, OC, IC, 0.0f, bf}, stream_);
+            lt_.matmul(LtGemm{dinp.ptr, w.ptr, dout.ptr, IC, N, OC, false, false, IC, OC, IC, 0.0f, lt}, stream_);
         // dw(as stored: IC x OC col-major) += inp^T[IC, N] * (dout^T[OC, N])^T; dbias = column sums of dout
-        LtGemm g{dw.ptr, inp.ptr, dout.ptr, IC, OC, N, false, true, IC, OC, IC, 1.0f, bf};
+        LtGemm g{dw.ptr, inp.ptr, dout.ptr, IC, OC, N, false, true, IC, OC, IC, 1.0f, lt};
         if (dbias.ptr) {
             LtGemm with_bgrad = g;
             with_bgrad.bgrad = bias_scratch_.get((size_t)OC * es, stream_);

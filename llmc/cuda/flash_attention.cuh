@@ -1,16 +1,16 @@
-// Causal attention forward in the FlashAttention-2 design, bf16, for the head sizes the
+// Causal attention forward in the FlashAttention-2 design, bf16 or fp16 (E), for the head sizes the
 // tensor-core path is built for (kFlashHeadSizes); llmc/cuda/attention.cuh dispatches to it and
 // keeps its own kernels for fp32, other head sizes and the backward.
 //
 // One block of 4 warps per (query tile of 64 MT rows, head, batch); each warp owns 16 MT query
 // rows (MT = 2 m-tiles for head sizes up to 64, else 1) and keeps everything of them in registers:
 //  - Q's fragments, loaded once by ldmatrix;
-//  - S = Q K^T for a key tile (16 x BC fp32 accumulators) by mma.sync m16n8k16 (bf16 in, fp32
+//  - S = Q K^T for a key tile (16 x BC fp32 accumulators) by mma.sync m16n8k16 (E in, fp32
 //    out), K's fragments by ldmatrix from shared memory;
 //  - the online softmax in base 2 with the scale folded in (s * scale * log2(e)), row maxima
 //    over the 4 lanes that share a row by two shuffles, the row sums kept per lane and summed
 //    once at the end (every lane of a row rescales by the same factor);
-//  - P rounded to bf16 straight from the S accumulators into the A registers of O += P V (the
+//  - P rounded to E straight from the S accumulators into the A registers of O += P V (the
 //    accumulator layout of two adjacent n-tiles is the A layout: llmc/cuda/ptx.cuh), V by
 //    ldmatrix.trans;
 //  - O (16 x HS fp32) in registers, divided by the row sum at the end; lse = m ln 2 + ln(l).
@@ -33,7 +33,7 @@ namespace flash {
 // kBR: the rows of a backward tile (flash_backward.cuh); the forward's are Smem<...>::BR
 constexpr int kWarps = 4, kThreads = 32 * kWarps, kBR = 16 * kWarps;
 
-// shared memory: Q [BR][LD], K [2][BC][LD], V [2][BC][LD] (bf16), BR = 16 * kWarps * MT query
+// shared memory: Q [BR][LD], K [2][BC][LD], V [2][BC][LD] (E), BR = 16 * kWarps * MT query
 // rows; LD = HS + 8 pads each row by 16 bytes, so that the 8 rows one ldmatrix phase reads start
 // in different bank groups.
 template <int HS, int BC, int MT = 1> struct Smem {
@@ -66,12 +66,12 @@ __device__ __forceinline__ int first_query(SeqPositions qp, int n, int pos) {
 
 // rows [t0, t0 + R) of one head (row stride `stride` elements) -> smem [R][LD] by cp.async, 16
 // bytes a copy; rows at or past n are zero-filled (a NaN there would reach O through 0 * NaN).
-template <int HS, int R>
-__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, long long stride, int t0, int n) {
+template <int HS, int R, class E>
+__device__ __forceinline__ void load_tile(E* dst, const E* src, long long stride, int t0, int n) {
     constexpr int LD = HS + 8, CH = HS / 8;  // 16-byte chunks per row
     for (int idx = threadIdx.x; idx < R * CH; idx += kThreads) {
         const int r = idx / CH, c = idx % CH;
-        bf16* d = dst + r * LD + c * 8;
+        E* d = dst + r * LD + c * 8;
         if (t0 + r < n) {
             ptx::cp_async_16(d, src + (long long)(t0 + r) * stride + c * 8);
         } else {
@@ -86,8 +86,8 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, long long 
 // into the other buffer, waits for tile j's copy (the last step for every copy), then a block
 // barrier. The caller's barrier at the end of step j keeps step j + 1 from overwriting a buffer
 // still being read.
-template <int HS, int BC>
-__device__ __forceinline__ void kv_tile_ready(bf16* sK, bf16* sV, const bf16* Kg, const bf16* Vg, long long stride,
+template <int HS, int BC, class E>
+__device__ __forceinline__ void kv_tile_ready(E* sK, E* sV, const E* Kg, const E* Vg, long long stride,
                                               int j, int ntiles, int kv_end) {
     constexpr int LD = HS + 8;
     if (j + 1 < ntiles) {
@@ -107,25 +107,25 @@ __device__ __forceinline__ void kv_tile_ready(bf16* sK, bf16* sV, const bf16* Kg
 // warp loads by ldmatrix feeds MT times two mma (FlashAttention-2 gives a warp 32 rows at head
 // size 64 for this reason: the operand loads from shared memory, not the tensor cores, bound
 // a 16-row warp).
-template <int HS, int BC, int MT>
+template <class E, int HS, int BC, int MT>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(bf16* out, float* lse, const bf16* qkv_q, const bf16* qkv_kv, int Tq, int Tk, int NH,
+    flash_forward_kernel(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int Tq, int Tk, int NH,
                          int NKV, float scale_log2, SeqPositions qp, SeqPositions kp) {
     static_assert(HS % 16 == 0 && BC % 16 == 0, "head size and key tile multiples of 16");
     using L = Smem<HS, BC, MT>;
     constexpr int LD = L::LD, BR = L::BR, WR = 16 * MT, NT = BC / 8, DT = HS / 8;  // S n-tiles, O n-tiles
     LLMC_EXTERN_SMEM(char, smem);
-    bf16* sQ = reinterpret_cast<bf16*>(smem + L::q);
-    bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
-    bf16* sV = reinterpret_cast<bf16*>(smem + L::v);
+    E* sQ = reinterpret_cast<E*>(smem + L::q);
+    E* sK = reinterpret_cast<E*>(smem + L::k);
+    E* sV = reinterpret_cast<E*>(smem + L::v);
 
     const int h = blockIdx.x % NH, b = blockIdx.x / NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * BR;  // heaviest (last) query tiles first
     const int kvh = h / (NH / NKV);
     const long long stride = (long long)(NH + 2 * NKV) * HS;
-    const bf16* Qg = qkv_q + (long long)b * Tq * stride + (long long)h * HS;
-    const bf16* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
-    const bf16* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
+    const E* Qg = qkv_q + (long long)b * Tq * stride + (long long)h * HS;
+    const E* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
+    const E* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
     // keys [0, kv_end) are seen by some row of the block (its last row sees the most)
@@ -167,28 +167,28 @@ __global__ void __launch_bounds__(kThreads)
         kv_tile_ready<HS, BC>(sK, sV, Kg, Vg, stride, j, ntiles, kv_end);
         if (j == 0 && active) {
             for (int mt = 0; mt < MT; mt++) {
-                const bf16* row =
+                const E* row =
                     sQ + (WR * warp + 16 * mt + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
                 for (int kc = 0; kc < HS / 16; kc++) ptx::ldmatrix_x4(qf[mt][kc], row + kc * 16);
             }
         }
         if (k0 < w_end) {
-            const bf16* tK = sK + buf * BC * LD;
-            const bf16* tV = sV + buf * BC * LD;
+            const E* tK = sK + buf * BC * LD;
+            const E* tV = sV + buf * BC * LD;
             float s[MT][NT][4];
             for (int mt = 0; mt < MT; mt++)
                 for (int n = 0; n < NT; n++)
                     for (int e = 0; e < 4; e++) s[mt][n][e] = 0.0f;
             // S = Q K^T: lane supplies key row np*16 + (lane>>4)*8 + lane%8, columns kc*16 + ((lane>>3)&1)*8
-            const bf16* krow = tK + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
+            const E* krow = tK + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
             for (int kc = 0; kc < HS / 16; kc++)
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4(r, krow + np * 16 * LD + kc * 16);
                     const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
                     for (int mt = 0; mt < MT; mt++) {
-                        ptx::mma_bf16_16816(s[mt][2 * np], qf[mt][kc], b0, s[mt][2 * np]);
-                        ptx::mma_bf16_16816(s[mt][2 * np + 1], qf[mt][kc], b1, s[mt][2 * np + 1]);
+                        ptx::mma_16816<E>(s[mt][2 * np], qf[mt][kc], b0, s[mt][2 * np]);
+                        ptx::mma_16816<E>(s[mt][2 * np + 1], qf[mt][kc], b1, s[mt][2 * np + 1]);
                     }
                 }
             if (k0 + BC > w_full) {  // the tile crosses some row's last visible key
@@ -222,22 +222,22 @@ __global__ void __launch_bounds__(kThreads)
                 }
             // O += P V: P's A registers from the S accumulators of n-tiles 2kc, 2kc+1; lane
             // supplies V row kc*16 + lane%8 + ((lane>>3)&1)*8, columns dp*16 + (lane>>4)*8
-            const bf16* vrow = tV + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+            const E* vrow = tV + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
             for (int kc = 0; kc < BC / 16; kc++) {
                 uint32_t a[MT][4];
                 for (int mt = 0; mt < MT; mt++) {
-                    a[mt][0] = ptx::pack_bf16(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-                    a[mt][1] = ptx::pack_bf16(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-                    a[mt][2] = ptx::pack_bf16(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-                    a[mt][3] = ptx::pack_bf16(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+                    a[mt][0] = ptx::pack2<E>(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                    a[mt][1] = ptx::pack2<E>(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                    a[mt][2] = ptx::pack2<E>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                    a[mt][3] = ptx::pack2<E>(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
                 }
                 for (int dp = 0; dp < HS / 16; dp++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4_trans(r, vrow + kc * 16 * LD + dp * 16);
                     const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
                     for (int mt = 0; mt < MT; mt++) {
-                        ptx::mma_bf16_16816(o[mt][2 * dp], a[mt], b0, o[mt][2 * dp]);
-                        ptx::mma_bf16_16816(o[mt][2 * dp + 1], a[mt], b1, o[mt][2 * dp + 1]);
+                        ptx::mma_16816<E>(o[mt][2 * dp], a[mt], b0, o[mt][2 * dp]);
+                        ptx::mma_16816<E>(o[mt][2 * dp + 1], a[mt], b1, o[mt][2 * dp + 1]);
                     }
                 }
             }
@@ -254,9 +254,9 @@ __global__ void __launch_bounds__(kThreads)
             const int r = w0 + 16 * mt + g + 8 * i;
             if (r >= Tq) continue;
             const float inv = li > 0.0f ? 1.0f / li : 0.0f;
-            bf16* orow = out + (((long long)b * Tq + r) * NH + h) * HS;
+            E* orow = out + (((long long)b * Tq + r) * NH + h) * HS;
             for (int d = 0; d < DT; d++) {
-                const uint32_t v = ptx::pack_bf16(o[mt][d][2 * i] * inv, o[mt][d][2 * i + 1] * inv);
+                const uint32_t v = ptx::pack2<E>(o[mt][d][2 * i] * inv, o[mt][d][2 * i + 1] * inv);
                 *reinterpret_cast<uint32_t*>(orow + d * 8 + 2 * t) = v;
             }
             if (t == 0)
@@ -265,10 +265,10 @@ __global__ void __launch_bounds__(kThreads)
         }
 }
 
-template <int HS, int BC, int MT = 1>
-bool try_forward(bf16* out, float* lse, const bf16* qkv_q, const bf16* qkv_kv, int B, int Tq, int Tk, int NH,
+template <int HS, int BC, int MT = 1, class E>
+bool try_forward(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH,
                  int NKV, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
-    auto fn = flash_forward_kernel<HS, BC, MT>;
+    auto fn = flash_forward_kernel<E, HS, BC, MT>;
     using L = Smem<HS, BC, MT>;
     int optin = 0;
     if (!opt_in_smem((const void*)fn, L::total, &optin)) return false;
@@ -281,8 +281,8 @@ bool try_forward(bf16* out, float* lse, const bf16* qkv_q, const bf16* qkv_kv, i
 
 // The flash forward for one head size: two m-tiles a warp up to head size 64 (unless
 // rows_per_warp is 16), else one; a key tile of 64 rows, else 32 (shared memory).
-template <int HS>
-bool forward_hs(bf16* out, float* lse, const bf16* qkv_q, const bf16* qkv_kv, int B, int Tq, int Tk, int NH, int NKV,
+template <int HS, class E>
+bool forward_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH, int NKV,
                 SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp) {
 #define LLMC_FLASH_TRY(BC, MT) try_forward<HS, BC, MT>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st)
     if constexpr (HS <= 64) {
@@ -299,7 +299,8 @@ bool forward_hs(bf16* out, float* lse, const bf16* qkv_q, const bf16* qkv_kv, in
 // m-tiles (32 query rows, 128 a block: at head size 64, 254 registers and no spill on sm_90);
 // larger ones one (two would spill). `rows_per_warp` 16 or 32 forces the choice for head sizes
 // up to 64 (dev/cuda's versions 4 and 5 compare them); 0 chooses.
-inline bool forward(bf16* out, float* lse, const bf16* qkv_q, const bf16* qkv_kv, int B, int Tq, int Tk, int NH,
+template <class E>
+bool forward(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH,
                     int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp = 0) {
 #define LLMC_FLASH_HS(D) \
     case D: return forward_hs<D>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st, rows_per_warp);

@@ -1,4 +1,4 @@
-// Attention backward in the FlashAttention-2 design, bf16, for the head sizes of the flash
+// Attention backward in the FlashAttention-2 design, bf16 or fp16 (E), for the head sizes of the flash
 // forward (llmc/cuda/flash_attention.cuh: its notation, tiles and helpers). Recomputes P from
 // the forward's lse; D = rowsum(dO * O) comes from attention.cuh's D kernel. Deterministic, no
 // atomics: two kernels, each owning what it writes.
@@ -22,7 +22,7 @@ namespace flash {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// K [kBR][LD], V [kBR][LD], Q [2][BQ][LD], dO [2][BQ][LD] (bf16), lse*log2e [2][BQ], D [2][BQ]
+// K [kBR][LD], V [kBR][LD], Q [2][BQ][LD], dO [2][BQ][LD] (E), lse*log2e [2][BQ], D [2][BQ]
 template <int HS, int BQ> struct DkdvSmem {
     static constexpr int LD = HS + 8;
     static constexpr size_t k = 0, v = k + (size_t)kBR * LD * 2, q = v + (size_t)kBR * LD * 2,
@@ -30,37 +30,38 @@ template <int HS, int BQ> struct DkdvSmem {
                             d = lse + (size_t)2 * BQ * 4, total = d + (size_t)2 * BQ * 4;
 };
 
-// one bf16 pair of rows r of a [*, HS] head (row stride `stride`): = or += v * scale
-__device__ __forceinline__ void store_pair(bf16* p, float x, float y, bool accumulate) {
+// one E pair of rows r of a [*, HS] head (row stride `stride`): = or += v * scale
+template <class E>
+__device__ __forceinline__ void store_pair(E* p, float x, float y, bool accumulate) {
     if (accumulate) {
         const uint32_t old = *reinterpret_cast<const uint32_t*>(p);
-        x += ptx::bf16_lo(old);
-        y += ptx::bf16_hi(old);
+        x += ptx::lo16<E>(old);
+        y += ptx::hi16<E>(old);
     }
-    *reinterpret_cast<uint32_t*>(p) = ptx::pack_bf16(x, y);
+    *reinterpret_cast<uint32_t*>(p) = ptx::pack2<E>(x, y);
 }
 
 // grid (B * NKV, ceil(Tk / kBR)), kThreads threads, DkdvSmem<HS, BQ>::total bytes
-template <int HS, int BQ>
+template <class E, int HS, int BQ>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_dkdv_kernel(bf16* dkv, const bf16* dout, const bf16* qkv_q, const bf16* qkv_kv, const float* lse,
+    flash_backward_dkdv_kernel(E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                                const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                                SeqPositions kp, bool accumulate) {
     using L = DkdvSmem<HS, BQ>;
     constexpr int LD = L::LD, NT = BQ / 8, DT = HS / 8;
     LLMC_EXTERN_SMEM(char, smem);
-    bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
-    bf16* sV = reinterpret_cast<bf16*>(smem + L::v);
-    bf16* sQ = reinterpret_cast<bf16*>(smem + L::q);
-    bf16* sO = reinterpret_cast<bf16*>(smem + L::dO);
+    E* sK = reinterpret_cast<E*>(smem + L::k);
+    E* sV = reinterpret_cast<E*>(smem + L::v);
+    E* sQ = reinterpret_cast<E*>(smem + L::q);
+    E* sO = reinterpret_cast<E*>(smem + L::dO);
     float* sL = reinterpret_cast<float*>(smem + L::lse);
     float* sD = reinterpret_cast<float*>(smem + L::d);
 
     const int kvh = blockIdx.x % NKV, b = blockIdx.x / NKV, group = NH / NKV;
     const int k0 = blockIdx.y * kBR;  // the first key tiles see the most queries: first
     const long long stride = (long long)(NH + 2 * NKV) * HS, ostride = (long long)NH * HS;
-    const bf16* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
-    const bf16* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
+    const E* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
+    const E* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
     // the (head, query tile) sequence: heads of the group in order, query tiles from the first
@@ -107,8 +108,8 @@ __global__ void __launch_bounds__(kThreads)
         }
         __syncthreads();
         if (active && qp.at(min(Tq, q0 + BQ) - 1) >= kfirst) {  // some query of the tile sees a key of the warp
-            const bf16* tQ = sQ + buf * BQ * LD;
-            const bf16* tO = sO + buf * BQ * LD;
+            const E* tQ = sQ + buf * BQ * LD;
+            const E* tO = sO + buf * BQ * LD;
             const float* tL = sL + buf * BQ;
             const float* tD = sD + buf * BQ;
             float s[NT][4], dp[NT][4];
@@ -122,12 +123,12 @@ __global__ void __launch_bounds__(kThreads)
                     uint32_t r[4];
                     ptx::ldmatrix_x4(r, tQ + (np * 16 + brow) * LD + bcol + kc * 16);
                     const uint32_t q0b[2] = {r[0], r[1]}, q1b[2] = {r[2], r[3]};
-                    ptx::mma_bf16_16816(s[2 * np], ka, q0b, s[2 * np]);
-                    ptx::mma_bf16_16816(s[2 * np + 1], ka, q1b, s[2 * np + 1]);
+                    ptx::mma_16816<E>(s[2 * np], ka, q0b, s[2 * np]);
+                    ptx::mma_16816<E>(s[2 * np + 1], ka, q1b, s[2 * np + 1]);
                     ptx::ldmatrix_x4(r, tO + (np * 16 + brow) * LD + bcol + kc * 16);
                     const uint32_t o0b[2] = {r[0], r[1]}, o1b[2] = {r[2], r[3]};
-                    ptx::mma_bf16_16816(dp[2 * np], va, o0b, dp[2 * np]);
-                    ptx::mma_bf16_16816(dp[2 * np + 1], va, o1b, dp[2 * np + 1]);
+                    ptx::mma_16816<E>(dp[2 * np], va, o0b, dp[2 * np]);
+                    ptx::mma_16816<E>(dp[2 * np + 1], va, o1b, dp[2 * np + 1]);
                 }
             }
             // P^T and dS^T (element: key row g + 8 (e >> 1), query column j * 8 + 2t + (e & 1))
@@ -142,24 +143,24 @@ __global__ void __launch_bounds__(kThreads)
                 }
             // dV += P^T dO, dK += dS^T Q
             for (int kc = 0; kc < BQ / 16; kc++) {
-                const uint32_t ap[4] = {ptx::pack_bf16(s[2 * kc][0], s[2 * kc][1]),
-                                        ptx::pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                                        ptx::pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                        ptx::pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-                const uint32_t ad[4] = {ptx::pack_bf16(dp[2 * kc][0], dp[2 * kc][1]),
-                                        ptx::pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
-                                        ptx::pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                                        ptx::pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+                const uint32_t ap[4] = {ptx::pack2<E>(s[2 * kc][0], s[2 * kc][1]),
+                                        ptx::pack2<E>(s[2 * kc][2], s[2 * kc][3]),
+                                        ptx::pack2<E>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                        ptx::pack2<E>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+                const uint32_t ad[4] = {ptx::pack2<E>(dp[2 * kc][0], dp[2 * kc][1]),
+                                        ptx::pack2<E>(dp[2 * kc][2], dp[2 * kc][3]),
+                                        ptx::pack2<E>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                        ptx::pack2<E>(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
                 for (int d2 = 0; d2 < HS / 16; d2++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4_trans(r, tO + (kc * 16 + trow) * LD + tcol + d2 * 16);
                     const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    ptx::mma_bf16_16816(dv[2 * d2], ap, b0, dv[2 * d2]);
-                    ptx::mma_bf16_16816(dv[2 * d2 + 1], ap, b1, dv[2 * d2 + 1]);
+                    ptx::mma_16816<E>(dv[2 * d2], ap, b0, dv[2 * d2]);
+                    ptx::mma_16816<E>(dv[2 * d2 + 1], ap, b1, dv[2 * d2 + 1]);
                     ptx::ldmatrix_x4_trans(r, tQ + (kc * 16 + trow) * LD + tcol + d2 * 16);
                     const uint32_t c0[2] = {r[0], r[1]}, c1[2] = {r[2], r[3]};
-                    ptx::mma_bf16_16816(dk[2 * d2], ad, c0, dk[2 * d2]);
-                    ptx::mma_bf16_16816(dk[2 * d2 + 1], ad, c1, dk[2 * d2 + 1]);
+                    ptx::mma_16816<E>(dk[2 * d2], ad, c0, dk[2 * d2]);
+                    ptx::mma_16816<E>(dk[2 * d2 + 1], ad, c1, dk[2 * d2 + 1]);
                 }
             }
         }
@@ -169,8 +170,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < 2; i++) {
         const int kj = kw0 + g + 8 * i;
         if (kj >= Tk) continue;
-        bf16* dkr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + kvh) * HS;
-        bf16* dvr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + NKV + kvh) * HS;
+        E* dkr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + kvh) * HS;
+        E* dvr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + NKV + kvh) * HS;
         for (int d = 0; d < DT; d++) {
             store_pair(dkr + d * 8 + 2 * t, dk[d][2 * i] * scale, dk[d][2 * i + 1] * scale, accumulate);
             store_pair(dvr + d * 8 + 2 * t, dv[d][2 * i], dv[d][2 * i + 1], accumulate);
@@ -186,25 +187,25 @@ template <int HS, int BC> struct DqSmem {
 };
 
 // grid (B * NH, ceil(Tq / kBR)), kThreads threads, DqSmem<HS, BC>::total bytes
-template <int HS, int BC>
+template <class E, int HS, int BC>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_dq_kernel(bf16* dq_dst, const bf16* dout, const bf16* qkv_q, const bf16* qkv_kv, const float* lse,
+    flash_backward_dq_kernel(E* dq_dst, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                              const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                              SeqPositions kp, bool accumulate) {
     using L = DqSmem<HS, BC>;
     constexpr int LD = L::LD, NT = BC / 8, DT = HS / 8;
     LLMC_EXTERN_SMEM(char, smem);
-    bf16* sQ = reinterpret_cast<bf16*>(smem + L::q);
-    bf16* sO = reinterpret_cast<bf16*>(smem + L::dO);
-    bf16* sK = reinterpret_cast<bf16*>(smem + L::k);
-    bf16* sV = reinterpret_cast<bf16*>(smem + L::v);
+    E* sQ = reinterpret_cast<E*>(smem + L::q);
+    E* sO = reinterpret_cast<E*>(smem + L::dO);
+    E* sK = reinterpret_cast<E*>(smem + L::k);
+    E* sV = reinterpret_cast<E*>(smem + L::v);
 
     const int h = blockIdx.x % NH, b = blockIdx.x / NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * kBR;  // heaviest (last) query tiles first
     const int kvh = h / (NH / NKV);
     const long long stride = (long long)(NH + 2 * NKV) * HS, ostride = (long long)NH * HS;
-    const bf16* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
-    const bf16* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
+    const E* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
+    const E* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
     const int kv_end = visible(kp, Tk, qp.at(min(Tq, q0 + kBR) - 1));
@@ -249,8 +250,8 @@ __global__ void __launch_bounds__(kThreads)
             }
         }
         if (k0 < w_end) {
-            const bf16* tK = sK + buf * BC * LD;
-            const bf16* tV = sV + buf * BC * LD;
+            const E* tK = sK + buf * BC * LD;
+            const E* tV = sV + buf * BC * LD;
             float s[NT][4], dp[NT][4];
             for (int n = 0; n < NT; n++)
                 for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
@@ -259,12 +260,12 @@ __global__ void __launch_bounds__(kThreads)
                     uint32_t r[4];
                     ptx::ldmatrix_x4(r, tK + (np * 16 + brow) * LD + bcol + kc * 16);
                     const uint32_t k0b[2] = {r[0], r[1]}, k1b[2] = {r[2], r[3]};
-                    ptx::mma_bf16_16816(s[2 * np], qf[kc], k0b, s[2 * np]);
-                    ptx::mma_bf16_16816(s[2 * np + 1], qf[kc], k1b, s[2 * np + 1]);
+                    ptx::mma_16816<E>(s[2 * np], qf[kc], k0b, s[2 * np]);
+                    ptx::mma_16816<E>(s[2 * np + 1], qf[kc], k1b, s[2 * np + 1]);
                     ptx::ldmatrix_x4(r, tV + (np * 16 + brow) * LD + bcol + kc * 16);
                     const uint32_t v0b[2] = {r[0], r[1]}, v1b[2] = {r[2], r[3]};
-                    ptx::mma_bf16_16816(dp[2 * np], of[kc], v0b, dp[2 * np]);
-                    ptx::mma_bf16_16816(dp[2 * np + 1], of[kc], v1b, dp[2 * np + 1]);
+                    ptx::mma_16816<E>(dp[2 * np], of[kc], v0b, dp[2 * np]);
+                    ptx::mma_16816<E>(dp[2 * np + 1], of[kc], v1b, dp[2 * np + 1]);
                 }
             const bool crossing = k0 + BC > w_full;
             for (int n = 0; n < NT; n++)
@@ -275,16 +276,16 @@ __global__ void __launch_bounds__(kThreads)
                     dp[n][e] = p * (dp[n][e] - Dr[i]);
                 }
             for (int kc = 0; kc < BC / 16; kc++) {  // dQ += dS K
-                const uint32_t a[4] = {ptx::pack_bf16(dp[2 * kc][0], dp[2 * kc][1]),
-                                       ptx::pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
-                                       ptx::pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                                       ptx::pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+                const uint32_t a[4] = {ptx::pack2<E>(dp[2 * kc][0], dp[2 * kc][1]),
+                                       ptx::pack2<E>(dp[2 * kc][2], dp[2 * kc][3]),
+                                       ptx::pack2<E>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                       ptx::pack2<E>(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
                 for (int d2 = 0; d2 < HS / 16; d2++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4_trans(r, tK + (kc * 16 + trow) * LD + tcol + d2 * 16);
                     const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    ptx::mma_bf16_16816(dq[2 * d2], a, b0, dq[2 * d2]);
-                    ptx::mma_bf16_16816(dq[2 * d2 + 1], a, b1, dq[2 * d2 + 1]);
+                    ptx::mma_16816<E>(dq[2 * d2], a, b0, dq[2 * d2]);
+                    ptx::mma_16816<E>(dq[2 * d2 + 1], a, b1, dq[2 * d2 + 1]);
                 }
             }
         }
@@ -294,17 +295,17 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < 2; i++) {
         const int r = w0 + g + 8 * i;
         if (r >= Tq) continue;
-        bf16* row = dq_dst + ((long long)b * Tq + r) * stride + (long long)h * HS;
+        E* row = dq_dst + ((long long)b * Tq + r) * stride + (long long)h * HS;
         for (int d = 0; d < DT; d++) store_pair(row + d * 8 + 2 * t, dq[d][2 * i] * scale, dq[d][2 * i + 1] * scale, accumulate);
     }
 }
 
-template <int HS, int BT>
-bool try_backward(bf16* dq_dst, bf16* dkv, const bf16* dout, const bf16* qkv_q, const bf16* qkv_kv, const float* lse,
+template <int HS, int BT, class E>
+bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                   const float* D, int B, int Tq, int Tk, int NH, int NKV, SeqPositions qp, SeqPositions kp,
                   bool accumulate, cudaStream_t st) {
-    auto fkv = flash_backward_dkdv_kernel<HS, BT>;
-    auto fq = flash_backward_dq_kernel<HS, BT>;
+    auto fkv = flash_backward_dkdv_kernel<E, HS, BT>;
+    auto fq = flash_backward_dq_kernel<E, HS, BT>;
     const size_t skv = DkdvSmem<HS, BT>::total, sq = DqSmem<HS, BT>::total;
     int optin = 0;
     if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem((const void*)fq, sq, &optin)) return false;
@@ -320,7 +321,8 @@ bool try_backward(bf16* dq_dst, bf16* dkv, const bf16* dout, const bf16* qkv_q, 
 
 // dK, dV and dQ by the flash kernels when they cover HS and the device's shared memory holds
 // their tiles (64 rows, else 32); false (nothing launched): the caller takes attention.cuh's.
-inline bool backward(bf16* dq_dst, bf16* dkv, const bf16* dout, const bf16* qkv_q, const bf16* qkv_kv,
+template <class E>
+bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
                      const float* lse, const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
                      SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st) {
 #define LLMC_FLASH_BWD(HSV, BT) \

@@ -8,6 +8,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "llmc/core/tensor.h"
 #include "llmc/cuda/common.cuh"
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
@@ -159,6 +160,7 @@ inline const char* lt_type_text(int t) {
     switch ((cudaDataType_t)t) {
         case CUDA_R_32F: return "fp32";
         case CUDA_R_16BF: return "bf16";
+        case CUDA_R_16F: return "fp16";
         case CUDA_R_8F_E4M3: return "e4m3";
         case CUDA_R_8F_E5M2: return "e5m2";
         default: return "?";
@@ -310,7 +312,7 @@ private:
 //    gelu(approximate="tanh"), XLA fuses only that form into it). The GELU is applied to the fp32
 //    value, before aux is rounded to the output type;
 //  - bgrad (BGRADB): bgrad[n] = sum over k of op(B)[k, n], written (not added), D unchanged.
-// bf16: A, B, D, bias, aux, bgrad all bf16, fp32 compute; fp32: all fp32, strict (no TF32).
+// type bf16 or fp16: A, B, D, bias, aux, bgrad all of it, fp32 compute; fp32: all fp32, strict (no TF32).
 struct LtGemm {
     void* D;
     const void* A;
@@ -319,14 +321,25 @@ struct LtGemm {
     bool trans_a, trans_b;
     int lda, ldb, ldd;
     float beta;
-    bool bf16;
+    cudaDataType_t type;  // CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F (lt_type)
     const void* bias = nullptr;
     void* gelu_aux = nullptr;
     int aux_ld = 0;
     void* bgrad = nullptr;
 };
 
-// One handle and one workspace for the bf16/fp32 matmuls.
+// cuBLASLt's type of a model dtype
+inline cudaDataType_t lt_type(DType d) {
+    switch (d) {
+        case DType::F32: return CUDA_R_32F;
+        case DType::BF16: return CUDA_R_16BF;
+        case DType::F16: return CUDA_R_16F;
+        default: LLMC_ASSERT(false, strfmt("cuBLASLt GEMM of %s tensors", dtype_name(d)));
+    }
+    return CUDA_R_32F;
+}
+
+// One handle and one workspace for the fp32/bf16/fp16 matmuls.
 class LtMatmul {
 public:
     static constexpr size_t kWorkspaceBytes = 32u << 20;
@@ -346,7 +359,7 @@ public:
     // takes another way. The first refusal of a GEMM with an epilogue is noted on stderr.
     bool run(const LtGemm& g, cudaStream_t stream) {
         LLMC_ASSERT(!g.bgrad || (!g.bias && !g.gelu_aux), "LtMatmul: BGRADB with another epilogue");
-        const cudaDataType_t dt = g.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+        const cudaDataType_t dt = g.type;
         LtKey key{};
         key.type_a = key.type_b = key.type_d = dt;
         key.m = g.m, key.n = g.n, key.k = g.k, key.lda = g.lda, key.ldb = g.ldb, key.ldd = g.ldd;

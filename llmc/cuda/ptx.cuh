@@ -7,12 +7,16 @@
 // per-element product (and on a device the instructions themselves).
 //
 // Notation (a warp's 32 lanes): g = lane / 4 (the "group", 0..7), t = lane % 4 (0..3).
-// A register of two bf16 holds its lower-column element in the low 16 bits.
+// E, the 16-bit element type of the operands: __nv_bfloat16 (bf16) or __half (fp16); the
+// instructions and layouts are the same for both, only the mma's type suffix differs. A register
+// of two E holds its lower-column element in the low 16 bits.
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace ptx {
 
@@ -32,26 +36,40 @@ inline Regs& warp_regs() {
 }  // namespace emu
 #endif
 
-// Two floats -> one register of two bf16 (round to nearest even), lo in the low half.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+// Two floats -> one register of two E (round to nearest even), lo in the low half; the floats
+// of the low and high halves of a register.
+template <class E> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
     return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
            ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
 }
-__device__ __forceinline__ float bf16_lo(uint32_t r) { return __bfloat162float(__ushort_as_bfloat16((unsigned short)(r & 0xffffu))); }
-__device__ __forceinline__ float bf16_hi(uint32_t r) { return __bfloat162float(__ushort_as_bfloat16((unsigned short)(r >> 16))); }
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    return (uint32_t)__half_as_ushort(__float2half_rn(lo)) | ((uint32_t)__half_as_ushort(__float2half_rn(hi)) << 16);
+}
+template <class E> __device__ __forceinline__ float half_of(unsigned short bits);
+template <> __device__ __forceinline__ float half_of<__nv_bfloat16>(unsigned short bits) {
+    return __bfloat162float(__ushort_as_bfloat16(bits));
+}
+template <> __device__ __forceinline__ float half_of<__half>(unsigned short bits) {
+    return __half2float(__ushort_as_half(bits));
+}
+template <class E> __device__ __forceinline__ float lo16(uint32_t r) { return half_of<E>((unsigned short)(r & 0xffffu)); }
+template <class E> __device__ __forceinline__ float hi16(uint32_t r) { return half_of<E>((unsigned short)(r >> 16)); }
 
-// ---- mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: D[16x8] = A[16x16] B[16x8] + C ----
-// A (row-major 16x16, 4 registers of 2 bf16):
+// ---- mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32: D[16x8] = A[16x16] B[16x8] + C ----
+// A (row-major 16x16, 4 registers of 2 E):
 //   a[0] = A[g][2t, 2t+1]      a[1] = A[g+8][2t, 2t+1]
 //   a[2] = A[g][2t+8, 2t+9]    a[3] = A[g+8][2t+8, 2t+9]
 // B (16x8 "col": k down, n across; 2 registers):
 //   b[0] = B[2t, 2t+1][g]      b[1] = B[2t+8, 2t+9][g]
 // C, D (16x8 fp32, 4 registers):
 //   c[0], c[1] = C[g][2t, 2t+1]    c[2], c[3] = C[g+8][2t, 2t+1]
-// (So an accumulator pair c[0..1] of two adjacent n-tiles is, rounded to bf16, exactly an A
+// (So an accumulator pair c[0..1] of two adjacent n-tiles is, rounded to E, exactly an A
 // register of the next product: the flash kernels reuse P from registers.)
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
-                                               const float (&c)[4]) {
+template <class E>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                          const float (&c)[4]) {
+    static_assert(std::is_same<E, __nv_bfloat16>::value || std::is_same<E, __half>::value, "bf16 or fp16 operands");
 #if defined(LLMC_CUEMU)
     const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
     emu::Regs& w = emu::warp_regs();
@@ -67,24 +85,32 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
             const uint32_t ra = w.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)];
             // B[k][col]: lane col * 4 + (k % 8) / 2, register (k >= 8), half k % 2
             const uint32_t rb = w.b[col * 4 + (k % 8) / 2][k >= 8];
-            s = fmaf(k % 2 ? bf16_hi(ra) : bf16_lo(ra), k % 2 ? bf16_hi(rb) : bf16_lo(rb), s);
+            s = fmaf(k % 2 ? hi16<E>(ra) : lo16<E>(ra), k % 2 ? hi16<E>(rb) : lo16<E>(rb), s);
         }
         d[i] = s;
     }
     __syncwarp();  // read before any lane's next instruction overwrites them
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %11, %12, %13};\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
-          "f"(c[3]));
+    if constexpr (std::is_same<E, __nv_bfloat16>::value)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%10, %11, %12, %13};\n"
+            : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+              "f"(c[3]));
+    else
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%10, %11, %12, %13};\n"
+            : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+              "f"(c[3]));
 #else
     __trap();
 #endif
 }
 
-// ---- ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: four 8x8 bf16 matrices ----
+// ---- ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: four 8x8 matrices of 16-bit elements ----
 // Lane l gives the shared address of row l % 8 of matrix l / 8 (each row 16 contiguous bytes,
 // 16-byte aligned). Lane l receives r[j] = matrix j's elements
 //   non-transposed: M_j[g][2t], M_j[g][2t+1]       (row g, two adjacent columns)

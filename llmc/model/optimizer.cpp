@@ -29,8 +29,9 @@ AdamW::AdamW(const ParamLayout& layout, Ops& ops, size_t begin, size_t end, Tens
     if (keeps_master(params.dtype) || ops.emulates_fp16()) master_ = static_cast<float*>(alloc(n * sizeof(float)));
     ctl_ = static_cast<float*>(ops.alloc(2 * sizeof(float)));
     if (offload_.enabled) {
-        // master weights exactly for bf16 (keeps_master): the host update rounds them to bf16
-        LLMC_ASSERT(params.dtype == DType::F32 || params.dtype == DType::BF16, "optimizer offload: fp32 or bf16 models");
+        // master weights exactly for bf16 and fp16 (keeps_master): the host update rounds them
+        LLMC_ASSERT(params.dtype == DType::F32 || params.dtype == DType::BF16 || params.dtype == DType::F16,
+                    "optimizer offload: fp32, bf16 or fp16 models");
         offload_.piece = offload_piece(n, offload_.piece);
         for (size_t i = 0; i < runs_.size(); i++)
             for (size_t b = runs_[i].first; b < runs_[i].second; b += offload_.piece)
@@ -145,7 +146,7 @@ void AdamW::step_offloaded(const AdamWHyper& h, int t, const float* ctl, uint32_
 }
 
 void AdamW::update_piece(const Piece& pc, int s, const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
-    const bool bf16 = params_.dtype == DType::BF16;
+    const bool bf16 = params_.dtype == DType::BF16, f16 = params_.dtype == DType::F16;
     const size_t a0 = pc.begin, b0 = a0 + pc.n;  // the piece in the flat buffer
     for (const ParamSpec& p : layout_.specs) {
         // the tensor's intersection with the piece (which lies in one owned run)
@@ -153,10 +154,10 @@ void AdamW::update_piece(const Piece& pc, int s, const AdamWHyper& h, int t, flo
         if (a >= b) continue;
         const size_t cnt = b - a, r = pc.state + (a - a0), j = a - a0;  // offsets in the state and in the piece
         const float* g = static_cast<const float*>(stage_grads_[s]) + j;
-        if (bf16) {
+        if (bf16 || f16) {
             const uint16_t* gb = static_cast<const uint16_t*>(stage_grads_[s]) + j;
 #pragma omp parallel for simd schedule(static) if (cpu::parallel_worth(cnt))
-            for (size_t i = 0; i < cnt; i++) grads_f32_[i] = bf16_bits_to_f32(gb[i]);
+            for (size_t i = 0; i < cnt; i++) grads_f32_[i] = bf16 ? bf16_bits_to_f32(gb[i]) : f16_bits_to_f32(gb[i]);
             g = grads_f32_;
         }
         // with master weights the kernel's parameter output is the master itself
@@ -169,6 +170,10 @@ void AdamW::update_piece(const Piece& pc, int s, const AdamWHyper& h, int t, flo
 #pragma omp parallel for schedule(static) if (cpu::parallel_worth(cnt))
             for (size_t i = 0; i < cnt; i++)
                 pb[i] = f32_to_bf16_stochastic(master_[r + i], hash_u32(ts, uint32_t(a - p.offset + i)));
+        } else if (f16) {  // CUDA's fp16 kernel's rounding: the master to the nearest half
+            uint16_t* ph = static_cast<uint16_t*>(stage_params_[s]) + j;
+#pragma omp parallel for schedule(static) if (cpu::parallel_worth(cnt))
+            for (size_t i = 0; i < cnt; i++) ph[i] = f32_to_f16_bits(master_[r + i]);
         } else if (master_) {  // the CPU's fp16 emulation (fp32 storage): the master rounded to the nearest half
             float* pf = static_cast<float*>(stage_params_[s]) + j;
             for (size_t i = 0; i < cnt; i++) pf[i] = round_f16(master_[r + i]);
@@ -180,6 +185,7 @@ void AdamW::update_piece(const Piece& pc, int s, const AdamWHyper& h, int t, flo
         for (size_t x = a; x < b; x++) {
             const float w = master_[pc.state + (x - a0)];
             if (bf16) static_cast<uint16_t*>(stage_params_[s])[x - a0] = f32_to_bf16_bits(w);
+            else if (f16) static_cast<uint16_t*>(stage_params_[s])[x - a0] = f32_to_f16_bits(w);
             else static_cast<float*>(stage_params_[s])[x - a0] = w;
         }
     }

@@ -198,10 +198,6 @@ std::string int_list_text(const std::vector<int>& v) {
 void check_plannable(const Config& cfg, const ModelShape& shape) {
     const ParallelConfig& pc = cfg.parallel;
     const TrainConfig& tc = cfg.train;
-    // a plan is of a GPU run unless device is "cpu", and CUDA has no fp16 yet (its sizes would be guesses)
-    if (cfg.precision == "fp16" && cfg.device != "cpu")
-        throw UserError("precision: \"fp16\" runs on the CPU only so far (emulated exactly): no GPU plan for it; plan "
-                        "with device \"cpu\", or \"bf16\" for a GPU");
     const double params = num_params_double(shape);
     if (params > kPlanMaxParams)
         throw UserError(strfmt("model: %.3g parameters (model.n_layer = %d, model.d_model = %d), %.3g bytes of "

@@ -17,7 +17,7 @@ double gpu_peak_flops(const std::string& gpu_name, const std::string& precision)
     struct Row {
         const char* match;     // substring of the upper-cased device name
         const char* not_match; // and not this one ("" = none)
-        double bf16, fp8, tf32, fp32;  // dense TFLOP/s from the vendor's datasheets
+        double bf16, fp8, tf32, fp32;  // dense TFLOP/s from the vendor's datasheets (fp16's = bf16's)
     };
     static const Row table[] = {
         {"H200", "", 989.4, 1978.9, 494.7, 66.9},
@@ -36,6 +36,6 @@ double gpu_peak_flops(const std::string& gpu_name, const std::string& precision)
         if (m.size() > best_len) best = &r, best_len = m.size();
     }
     if (!best) return 0.0;
-    double tflops = precision == "bf16" ? best->bf16 : precision == "fp8" ? best->fp8 : precision == "tf32" ? best->tf32 : best->fp32;
+    double tflops = precision == "bf16" || precision == "fp16" ? best->bf16 : precision == "fp8" ? best->fp8 : precision == "tf32" ? best->tf32 : best->fp32;
     return tflops * 1e12;
 }

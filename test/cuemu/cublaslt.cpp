@@ -10,7 +10,7 @@
 // gives and a line on stderr (CUEMU_LT_QUIET=1 silences it), so that a combination the GPU
 // refuses fails here too:
 //  - compute type 32F with scale type 32F only; layouts whose shapes disagree with op(A), op(B);
-//  - element types: all fp32, or bf16 A/B with bf16 or fp32 C/D; A/B scale pointers only with fp8;
+//  - element types: all fp32, or bf16 (fp16) A/B with bf16 (fp16) or fp32 C/D; A/B scale pointers only with fp8;
 //  - fp8: the trainer's own table of the documented rules, fp8_gemm_supported (llmc/cuda/fp8_rules.h:
 //    TN layout, the A/B and C/D type table, bias types, 16-byte alignment, in place, AMAX_D), so the
 //    stand-in and the trainer cannot disagree;
@@ -25,7 +25,7 @@
 //    and aux pointers at least as aligned as those the heuristic saw (it takes their alignment
 //    from the descriptor's pointers).
 // Not modelled: which shapes a real GPU's algorithms cover (cuBLASLt's internals), tensor-core
-// rounding, split-K order, fp16.
+// rounding, split-K order.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "llmc/precision/bf16.h"
+#include "llmc/precision/fp16.h"
 #include "llmc/cuda/fp8_rules.h"
 #include "llmc/precision/fp8.h"
 #include "test/cuemu/include/cublasLt.h"
@@ -159,7 +160,8 @@ cublasStatus_t check_problem(const cuemuLtMatmulDesc* op, const cuemuLtLayout* a
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, why + ": " + combo);
     } else {
         const bool ok = (ta == CUDA_R_32F && tb == CUDA_R_32F && tc == CUDA_R_32F && td == CUDA_R_32F) ||
-                        (ta == CUDA_R_16BF && tb == CUDA_R_16BF && tc == td && (tc == CUDA_R_16BF || tc == CUDA_R_32F));
+                        (ta == CUDA_R_16BF && tb == CUDA_R_16BF && tc == td && (tc == CUDA_R_16BF || tc == CUDA_R_32F)) ||
+                        (ta == CUDA_R_16F && tb == CUDA_R_16F && tc == td && (tc == CUDA_R_16F || tc == CUDA_R_32F));
         if (!ok) return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "type combination: " + combo);
         if (op->a_scale || op->b_scale)
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "A/B scale pointers need fp8 A/B: " + combo);
@@ -199,6 +201,7 @@ double load(const void* p, cudaDataType_t t, size_t i) {
     switch (t) {
         case CUDA_R_32F: return ((const float*)p)[i];
         case CUDA_R_16BF: return bf16_bits_to_f32(((const uint16_t*)p)[i]);
+        case CUDA_R_16F: return f16_bits_to_f32(((const uint16_t*)p)[i]);
         case CUDA_R_8F_E4M3: return fp8_decode(((const uint8_t*)p)[i], Fp8Format::E4M3);
         case CUDA_R_8F_E5M2: return fp8_decode(((const uint8_t*)p)[i], Fp8Format::E5M2);
         default: std::fprintf(stderr, "cuemu cuBLASLt: type %s not emulated\n", type_name(t)); std::abort();
@@ -208,6 +211,7 @@ void store(void* p, cudaDataType_t t, size_t i, float v) {
     switch (t) {
         case CUDA_R_32F: ((float*)p)[i] = v; return;
         case CUDA_R_16BF: ((uint16_t*)p)[i] = f32_to_bf16_bits(v); return;
+        case CUDA_R_16F: ((uint16_t*)p)[i] = f32_to_f16_bits(v); return;
         case CUDA_R_8F_E4M3: ((uint8_t*)p)[i] = fp8_encode(v, Fp8Format::E4M3); return;
         case CUDA_R_8F_E5M2: ((uint8_t*)p)[i] = fp8_encode(v, Fp8Format::E5M2); return;
         default: std::fprintf(stderr, "cuemu cuBLASLt: type %s not emulated\n", type_name(t)); std::abort();

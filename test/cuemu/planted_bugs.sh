@@ -69,7 +69,8 @@ plant() {
     t1=$(date +%s)
     for sched in forward-lockstep reverse-warp; do
         # (the braces take bash's own "Aborted" line: an abort is an expected outcome here)
-        if ! { CUEMU_SCHEDULE=$sched CUEMU_LT_QUIET=1 LLMC_GPU_DIGEST="$d/digest.$sched" "$d/test_gpu_emu" "$filter" \
+        # (fp32 and bf16: fp16 runs the same templates, and each mutant is caught without it)
+        if ! { CUEMU_SCHEDULE=$sched CUEMU_LT_QUIET=1 LLMC_TEST_DTYPES=fp32,bf16 LLMC_GPU_DIGEST="$d/digest.$sched" "$d/test_gpu_emu" "$filter" \
                > "$d/out.$sched" 2>&1; } 2> /dev/null; then
             why=$(grep -m1 -E '^cuemu|^FAIL' "$d/out.$sched" | cut -c1-160)
             caught="$sched: ${why:-exit status non-zero}"

@@ -34,6 +34,14 @@ JSON
 losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
 # val_last FILE: the last "val_loss" of a log.jsonl
 val_last() { grep -o '"val_loss":[^,}]*' "$1" | tail -n 1 | cut -d: -f2; }
+# tensors STATE: a checkpoint's state.bin past its 32-byte header and its metadata (header int32 #2)
+tensors() {
+    local meta
+    meta=$(od -An -t d4 -j 8 -N 4 "$1" | tr -d ' ')
+    tail -c +$((32 + meta + 1)) "$1"
+}
+# scales FILE: the "loss_scale" records of a log.jsonl (precision fp16), on one line
+scales() { grep -o '"loss_scale":[^,}]*' "$1" | cut -d: -f2 | tr '\n' ' '; }
 # psi FILE: the padded parameter count a run's memory table names (its start-up output)
 psi() { sed -n 's/^memory per rank .*parameters padded to \([0-9]*\)).*/\1/p' "$1"; }
 

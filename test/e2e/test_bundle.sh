@@ -21,7 +21,9 @@ fi
 [ -f "$D/env.sh" ] && [ -x "$D/train_gpt" ] && [ -x "$D/build/test_cpu" ] || die "$D is not a bundle"
 size=$(du -sm "$D" | cut -f1)
 echo "bundle $D: $size MiB"
-[ "$size" -lt 40 ] || die "bundle is $size MiB, over 40"
+# (a tripwire for what bloats it: 48 MiB since fp16's kernels joined fp32's and bf16's in train_gpt and
+# test_gpu, 13 + 12 MiB for sm_80 and sm_90, beside 18 MiB of OpenMPI runtime; test_gpu_kit bounds the kit)
+[ "$size" -lt 56 ] || die "bundle is $size MiB, over 56"
 
 # the data and configs are made outside the namespace, with the bundle's own tool
 SYNTH="$D/dev/data/synth_shards"

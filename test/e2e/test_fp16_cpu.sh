@@ -20,13 +20,6 @@ tiny_config "$W/c.json"
 sed -i 's/"precision": "fp32"/"precision": "fp16"/' "$W/c.json"
 ck=(checkpoint.every=1 checkpoint.keep=20 train.loss_scale_window=4)
 
-tensors() {  # state.bin past its header and metadata (as test_nonfinite.sh)
-    local meta
-    meta=$(od -An -t d4 -j 8 -N 4 "$1" | tr -d ' ')
-    tail -c +$((32 + meta + 1)) "$1"
-}
-scales() { grep -o '"loss_scale":[^,}]*' "$1" | cut -d: -f2 | tr '\n' ' '; }
-
 # ---- (a) a forced overflow at step 5 ----
 LLMC_FAULT=nan:grad_5 "$BIN" "$W/c.json" "${ck[@]}" "out_dir=$W/one" > "$W/one.txt" 2>&1 || die "one process: $(tail -n 5 "$W/one.txt")"
 grep -q '^fp16: parameters, gradients and activations in IEEE half (emulated exactly on the CPU' "$W/one.txt" ||
@@ -129,8 +122,6 @@ expect_fail 2 'train.loss_scale_window: 10 applies to the dynamic loss scale onl
 expect_fail 2 'train.loss_scale: expected a number or "dynamic", got string "static"' "$BIN" "$W/c.json" train.loss_scale=static
 expect_fail 2 'train.loss_scale' "$BIN" "$W/c.json" train.loss_scale=0
 expect_fail 2 'train.loss_scale_window' "$BIN" "$W/c.json" train.loss_scale_window=0
-expect_fail 2 'precision: "fp16" runs on the CPU only so far' "$BIN" "$W/c.json" device=cuda
 expect_fail 2 'does not run under the test hook LLMC_SIM_DEVICE' env LLMC_SIM_DEVICE=1 "$BIN" "$W/c.json"
-expect_fail 2 'no GPU plan for it' "$BIN" "$W/c.json" device=auto --plan
 echo "  bad keys: exit 2 naming the key"
 echo PASS

@@ -17,12 +17,6 @@ make_data
 tiny_config "$W/c.json"
 ck=(checkpoint.every=1 checkpoint.keep=20)
 
-# tensors STATE: state.bin's bytes after its 32-byte header and its metadata (header int32 #2)
-tensors() {
-    local meta
-    meta=$(od -An -t d4 -j 8 -N 4 "$1" | tr -d ' ')
-    tail -c +$((32 + meta + 1)) "$1"
-}
 # check_skipped NAME: the run in $W/NAME skipped step 4 and only step 4, and left the state as it was
 check_skipped() {
     local d="$W/$1" c="$W/$1/checkpoints"

@@ -3,16 +3,19 @@
 //  - A [16x16], Kt [16 n x 16 k] and V [16 k x 16 n] copied into shared memory by cp.async;
 //  - A by ldmatrix.x4 (the mma's A registers), Kt by ldmatrix.x4 (B = Kt^T), V by ldmatrix.x4.trans;
 //  - C1 = A Kt^T and C2 = A V + C1 (two n-tiles of mma.m16n8k16 each; C1 as the accumulator in);
-//  - C3 = bf16(C1) V with bf16(C1) packed straight from C1's accumulators into A registers (the
+//  - C3 = E(C1) V with E(C1) packed straight from C1's accumulators into A registers (the
 //    flash kernels' P-from-registers reuse).
+// E, the element type: bf16 and fp16 (the mma's two type suffixes; the values are drawn so that
+// both types hold them exactly).
 // Each output is written through the documented accumulator layout, so a wrong row or column
 // of any layout shows as a wrong element.
 // (Included by test_gpu_ops.cu inside its anonymous namespace, after report(); ptx.cuh included above.)
 
 constexpr int kPtxLD = 24;  // smem row pitch (elements): 48 bytes, 16-byte aligned rows
 
-__global__ void ptx_test_kernel(float* c1, float* c2, float* c3, const bf16* A, const bf16* Kt, const bf16* V) {
-    __shared__ __align__(128) bf16 sA[16 * kPtxLD], sK[16 * kPtxLD], sV[16 * kPtxLD];
+template <class E>
+__global__ void ptx_test_kernel(float* c1, float* c2, float* c3, const E* A, const E* Kt, const E* V) {
+    __shared__ __align__(128) E sA[16 * kPtxLD], sK[16 * kPtxLD], sV[16 * kPtxLD];
     const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
     const int r = lane / 2, c = (lane % 2) * 8;  // one 16-byte chunk of each matrix per lane
     ptx::cp_async_16(sA + r * kPtxLD + c, A + r * 16 + c);
@@ -29,14 +32,14 @@ __global__ void ptx_test_kernel(float* c1, float* c2, float* c3, const bf16* A, 
     const float zero[4] = {0, 0, 0, 0};
     for (int n = 0; n < 2; n++) {
         const uint32_t bk[2] = {k[2 * n], k[2 * n + 1]}, bv[2] = {v[2 * n], v[2 * n + 1]};
-        ptx::mma_bf16_16816(s1[n], a, bk, zero);
-        ptx::mma_bf16_16816(s2[n], a, bv, s1[n]);
+        ptx::mma_16816<E>(s1[n], a, bk, zero);
+        ptx::mma_16816<E>(s2[n], a, bv, s1[n]);
     }
-    const uint32_t p[4] = {ptx::pack_bf16(s1[0][0], s1[0][1]), ptx::pack_bf16(s1[0][2], s1[0][3]),
-                           ptx::pack_bf16(s1[1][0], s1[1][1]), ptx::pack_bf16(s1[1][2], s1[1][3])};
+    const uint32_t p[4] = {ptx::pack2<E>(s1[0][0], s1[0][1]), ptx::pack2<E>(s1[0][2], s1[0][3]),
+                           ptx::pack2<E>(s1[1][0], s1[1][1]), ptx::pack2<E>(s1[1][2], s1[1][3])};
     for (int n = 0; n < 2; n++) {
         const uint32_t bv[2] = {v[2 * n], v[2 * n + 1]};
-        ptx::mma_bf16_16816(s3[n], p, bv, zero);
+        ptx::mma_16816<E>(s3[n], p, bv, zero);
     }
     for (int n = 0; n < 2; n++)
         for (int e = 0; e < 4; e++) {
@@ -47,18 +50,22 @@ __global__ void ptx_test_kernel(float* c1, float* c2, float* c3, const bf16* A, 
         }
 }
 
+template <class E>
 void test_ptx() {
+    constexpr bool half = std::is_same<E, f16>::value;
+    auto bits = [](float x) { return half ? f32_to_f16_bits(x) : f32_to_bf16_bits(x); };
+    auto f = [](uint16_t b) { return (double)(half ? f16_bits_to_f32(b) : bf16_bits_to_f32(b)); };
     std::vector<uint16_t> hA(256), hK(256), hV(256);
     uint32_t st = 12345;
     auto rnd = [&] {
         st = st * 1664525u + 1013904223u;
-        return f32_to_bf16_bits(((st >> 8) / 16777216.0f - 0.5f) * 4.0f);
+        // 8 significant bits and |x| < 2: exact in bf16 and in fp16
+        return bits(std::ldexp(std::round(((st >> 8) / 16777216.0f - 0.5f) * 256.0f), -6));
     };
     for (int i = 0; i < 256; i++) hA[i] = rnd(), hK[i] = rnd(), hV[i] = rnd();
-    auto f = [](uint16_t b) { return (double)bf16_bits_to_f32(b); };
-    bf16 *dA, *dK, *dV;
+    E *dA, *dK, *dV;
     float* dC;
-    CUDA_CHECK(cudaMalloc(&dA, 3 * 256 * sizeof(bf16)));
+    CUDA_CHECK(cudaMalloc(&dA, 3 * 256 * sizeof(E)));
     CUDA_CHECK(cudaMalloc(&dC, 3 * 256 * sizeof(float)));
     dK = dA + 256;
     dV = dA + 512;
@@ -66,14 +73,14 @@ void test_ptx() {
     CUDA_CHECK(cudaMemcpy(dK, hK.data(), 512, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dV, hV.data(), 512, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(dC, 0xff, 3 * 256 * sizeof(float)));  // NaN: an unwritten element fails
-    LLMC_LAUNCH(ptx_test_kernel, 1, 32, 0, (cudaStream_t)0, dC, dC + 256, dC + 512, (const bf16*)dA, (const bf16*)dK,
-                (const bf16*)dV);
+    auto kernel = ptx_test_kernel<E>;
+    LLMC_LAUNCH(kernel, 1, 32, 0, (cudaStream_t)0, dC, dC + 256, dC + 512, (const E*)dA, (const E*)dK, (const E*)dV);
     CUDA_CHECK_LAUNCH();
     std::vector<float> c(768);
     CUDA_CHECK(cudaMemcpy(c.data(), dC, c.size() * sizeof(float), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaFree(dA));
     CUDA_CHECK(cudaFree(dC));
-    // reference; the bound: fp32 accumulation of 16 exact bf16 products (32 for C2)
+    // reference; the bound: fp32 accumulation of 16 exact products (32 for C2)
     double worst[3] = {0, 0, 0};
     int bad[3] = {-1, -1, -1};
     for (int i = 0; i < 16; i++)
@@ -84,7 +91,7 @@ void test_ptx() {
                 m1 += std::fabs(f(hA[i * 16 + k]) * f(hK[j * 16 + k]));
                 r2 += f(hA[i * 16 + k]) * f(hV[k * 16 + j]);
                 m2 += std::fabs(f(hA[i * 16 + k]) * f(hV[k * 16 + j]));
-                const double pk = f(f32_to_bf16_bits(c[i * 16 + k]));  // bf16(C1), C1 checked below
+                const double pk = f(bits(c[i * 16 + k]));  // E(C1), C1 checked below
                 r3 += pk * f(hV[k * 16 + j]);
                 m3 += std::fabs(pk * f(hV[k * 16 + j]));
             }
@@ -97,6 +104,6 @@ void test_ptx() {
         }
     const char* names[3] = {"ptx.mma_ldmatrix", "ptx.mma_ldmatrix_trans_acc", "ptx.mma_p_from_registers"};
     for (int o = 0; o < 3; o++)
-        report(worst[o] <= 1e-5, names[o], "[16x16x16]",
+        report(worst[o] <= 1e-5, names[o], half ? "[fp16 16x16x16]" : "[bf16 16x16x16]",
                strfmt("worst element %d: err/sum|terms|=%.3g tol=1e-05", bad[o], worst[o]));
 }

@@ -1,14 +1,14 @@
 // Op-parity test of the CUDA backend against the CPU reference backend (like ggml's
-// test-backend-ops). For every op, forward and backward, fp32 and bf16:
-//  - fresh random inputs (for bf16, rounded to bf16 first, so both backends see the same
-//    values), several shapes including odd ones;
-//  - GPU outputs poisoned (all bytes 0xFF = NaN in fp32 and bf16) before each run, so an
+// test-backend-ops). For every op, forward and backward, fp32, bf16 and fp16:
+//  - fresh random inputs (for bf16 and fp16, rounded to the dtype first, so both backends see the
+//    same values), several shapes including odd ones;
+//  - GPU outputs poisoned (all bytes 0xFF = NaN in fp32, bf16 and fp16) before each run, so an
 //    unwritten element fails; accumulate-outputs start from the same random values on
 //    both backends instead;
 //  - the GPU op runs twice and the two results must be bitwise identical (determinism); with
 //    LLMC_GPU_DIGEST=FILE each such result's hash is written to FILE, so that two processes can
 //    be compared (scripts/gpu_check.sh's ops stage compares its plain and its memcheck run);
-//  - GPU vs CPU: norm-relative error ||gpu - cpu|| / ||cpu|| <= 1e-4 (fp32) / 2e-2 (bf16);
+//  - GPU vs CPU: norm-relative error ||gpu - cpu|| / ||cpu|| <= 1e-4 (fp32) / 2e-2 (bf16) / 2e-3 (fp16);
 //    fp32 statistics (mean, rstd, lse, losses, master weights, moments) <= 1e-4 / 1e-3.
 // Attention is also compared row by row (each head's output row, each dqkv row), so that one bad
 // row cannot hide in a norm over many. The whole GPT-2 in fp32 against the committed PyTorch
@@ -101,8 +101,11 @@ public:
         for (void* p : cpu_allocs_) cpu.release(p);
         for (void* p : gpu_allocs_) gpu.release(p);
     }
-    bool bf() const { return dt == DType::BF16; }
-    double tol(bool stat) const { return bf() ? (stat ? 1e-3 : 2e-2) : 1e-4; }
+    // a 16-bit dtype (bf16 or fp16): inputs rounded to it, looser tolerances
+    bool low() const { return dt != DType::F32; }
+    double tol(bool stat) const {
+        return dt == DType::BF16 ? (stat ? 1e-3 : 2e-2) : dt == DType::F16 ? (stat ? 1e-3 : 2e-3) : 1e-4;
+    }
 
     Pair make(size_t n, bool stat = false) {
         Pair p;
@@ -134,12 +137,14 @@ public:
         return {(int32_t*)pc, (int32_t*)pg};
     }
     static float q_bf16(float x) { return host_bf16_bits_to_f32(host_f32_to_bf16_bits(x)); }
-    // random N(0, scale^2) values, rounded to bf16 unless stat or fp32
+    // x rounded to the test dtype (unchanged in fp32)
+    float q(float x) const { return dt == DType::BF16 ? q_bf16(x) : dt == DType::F16 ? round_f16(x) : x; }
+    // random N(0, scale^2) values, rounded to the dtype unless stat
     std::vector<float> rnd(size_t n, float scale, bool stat = false) {
         std::vector<float> v(n);
         for (auto& x : v) {
             x = scale * rng.normal();
-            if (bf() && !stat) x = q_bf16(x);
+            if (!stat) x = q(x);
         }
         return v;
     }
@@ -330,7 +335,7 @@ void test_layernorm(H& h, int N, int C, int off) {
     Pair inp = in_pair(n), w = h.make(C), b = h.make(C), out = h.make(n), mean = h.make(N, true),
          rstd = h.make(N, true);
     auto vin = h.rnd(n, 1.0f);
-    for (size_t i = 0; i < n; i++) vin[i] = h.bf() ? H::q_bf16(vin[i] + 0.5f) : vin[i] + 0.5f;  // non-zero mean
+    for (size_t i = 0; i < n; i++) vin[i] = h.q(vin[i] + 0.5f);  // non-zero mean
     h.up(inp, vin);
     h.up(w, h.rnd(C, 1.0f));
     h.up(b, h.rnd(C, 1.0f));
@@ -533,8 +538,7 @@ void test_attention(H& h, int B, int T, int NH, int NKV, int HS) {
 
     // backward: both sides get the reference forward's out (rounded to bf16 in bf16) and lse
     std::vector<float> vout = rout;
-    if (h.bf())
-        for (auto& x : vout) x = H::q_bf16(x);
+    for (auto& x : vout) x = h.q(x);
     h.up(out, vout);
     h.up(lse, rlse);
     Pair dout = h.make(no), dqkv = h.make(nqkv);
@@ -596,8 +600,7 @@ void test_attention_ring(H& h, int B, int T, int NH, int NKV, int HS, int cp) {
                 std::copy_n(whole.begin() + ((size_t)b * T + p.at(i)) * W, W, blk[r].begin() + ((size_t)b * t + i) * W);
     }
     auto round = [&](std::vector<float> v) {
-        if (h.bf())
-            for (auto& x : v) x = H::q_bf16(x);
+        for (auto& x : v) x = h.q(x);
         return v;
     };
     // lse with -inf rows: the same rows on both sides, compared without them
@@ -679,7 +682,7 @@ void test_rmsnorm(H& h, int N, int C, float eps) {
     const size_t n = (size_t)N * C;
     Pair inp = h.make(n), w = h.make(C), out = h.make(n), rstd = h.make(N, true);
     auto vin = h.rnd(n, 1.0f);
-    for (size_t i = 0; i < n; i++) vin[i] = h.bf() ? H::q_bf16(vin[i] + 0.5f) : vin[i] + 0.5f;  // non-zero mean
+    for (size_t i = 0; i < n; i++) vin[i] = h.q(vin[i] + 0.5f);  // non-zero mean
     h.up(inp, vin);
     h.up(w, h.rnd(C, 1.0f));
     h.cpu.rmsnorm_forward(out.c, rstd.c.f32(), inp.c, w.c, N, C, eps);
@@ -738,7 +741,7 @@ void test_rope(H& h, int B, int T, int NH, int NKV, int HS, float theta, SeqPosi
         h.det(name, sh, r[0], r[1]);
         h.compare(name + ".out", sh, x);
     }
-    if (!h.bf()) {  // in bf16 the intermediate rounding dominates
+    if (!h.low()) {  // in bf16 and fp16 the intermediate rounding dominates
         h.up_gpu(x, x0);
         h.gpu.rope_forward(x.g, B, T, NH, NKV, HS, theta, pos);
         h.gpu.rope_backward(x.g, B, T, NH, NKV, HS, theta, pos);
@@ -1116,9 +1119,8 @@ void test_adamw(H& h, size_t n, bool with_master, int t) {
     auto v0 = h.rnd(n, 0.01f, true);
     for (auto& x : v0) x = x * x;  // non-negative second moment
     std::vector<float> master0 = h.rnd(n, 1.0f, true);
-    if (with_master && h.bf())
-        for (size_t i = 0; i < n; i++) p0[i] = H::q_bf16(master0[i]);  // params = rounded master
-    if (with_master && !h.bf()) p0 = master0;
+    if (with_master)
+        for (size_t i = 0; i < n; i++) p0[i] = h.q(master0[i]);  // params = rounded master
     const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
     const uint32_t seed = 1234u + (uint32_t)t;
     h.up(params, p0), h.up(grads, g0), h.up(m, m0), h.up(v, v0), h.up(master, master0);
@@ -1138,14 +1140,14 @@ void test_adamw(H& h, size_t n, bool with_master, int t) {
     if (with_master) h.compare("adamw.master", sh, master);
     // the update itself (new - old) is small next to the values: check it separately
     // (not for bf16 params without master: their rounding step is larger than the update)
-    if (with_master || !h.bf()) {
+    if (with_master || !h.low()) {
         auto g = h.get_gpu(with_master ? master : params), c = h.get_cpu(with_master ? master : params);
         std::vector<float> dg(n), dc(n);
         const std::vector<float>& base = with_master ? master0 : p0;
         for (size_t i = 0; i < n; i++) dg[i] = g[i] - base[i], dc[i] = c[i] - base[i];
         H::compare_vec("adamw.update", sh, dg, dc, 1e-3);
     }
-    if (h.bf() && with_master) {  // stochastic rounding: each param is one of the two neighbours of master
+    if (h.dt == DType::BF16 && with_master) {  // stochastic rounding: each param is one of the two neighbours of master
         auto g = h.get_gpu(params), mm = h.get_gpu(master);
         size_t bad = 0;
         for (size_t i = 0; i < n; i++) {
@@ -1265,7 +1267,7 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
         strfmt("[%s N=%d IC=%d OC=%d bias=%d gelu=%d %s %s%s]", dtype_name(h.dt), N, IC, OC, (int)has_bias,
                (int)gelu, current ? "current" : "delayed", hybrid ? "hybrid" : "e4m3",
                off ? strfmt(" outputs+%d", off).c_str() : "");
-    const double tol = h.bf() ? 5e-2 : 5e-3;
+    const double tol = h.low() ? 5e-2 : 5e-3;
     const size_t no = (size_t)N * OC, ni = (size_t)N * IC, nw = (size_t)OC * IC;
     auto out_pair = [&](size_t n) { return off ? h.shifted(h.make(n + off), off, n) : h.make(n); };
     Pair inp = h.make(ni), w = h.make(nw), out = out_pair(no), pre = out_pair(no), bias = h.make(OC);
@@ -1338,7 +1340,7 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
     if (gelu) h.compare("matmul_backward_fp8.dout_after_gelu", sh, dout);
     auto ag = h.get_gpu(amax), ac = h.get_cpu(amax);
     if (gelu) {  // dout's amax is of the GELU'd dout, computed in each backend's own precision
-        H::compare_vec("matmul_backward_fp8.amax_dout", sh, {ag[2]}, {ac[2]}, h.bf() ? 1e-2 : 1e-5);
+        H::compare_vec("matmul_backward_fp8.amax_dout", sh, {ag[2]}, {ac[2]}, h.low() ? 1e-2 : 1e-5);
         ag[2] = ac[2];
     }
     exact("matmul_backward_fp8.amax", ag, ac);
@@ -1438,11 +1440,16 @@ void test_offload(Ops& gpu, DType dt) {
     offloaded.get_state(mb, vb, wb);
     H::compare_vec("offload.m", sh, mb, ma, 1e-5);
     H::compare_vec("offload.v", sh, vb, va, 1e-5);
-    if (dt == DType::BF16) H::compare_vec("offload.master", sh, wb, wa, 1e-5);
+    if (dt != DType::F32) H::compare_vec("offload.master", sh, wb, wa, 1e-5);
     std::vector<float> pa(n), pb(n);
     gpu.to_host_f32(pa.data(), sa.params);
     gpu.to_host_f32(pb.data(), sb.params);
     H::compare_vec("offload.params", sh, pb, pa, dt == DType::F32 ? 1e-5 : 1e-2);
+    if (dt == DType::F16) {  // both round the same master to the nearest half
+        size_t differ = 0;
+        for (size_t i = 0; i < n; i++) differ += pa[i] != pb[i];
+        report(differ <= n / 1000, "offload.params_nearest_half", sh, strfmt("differing=%zu of %zu", differ, n));
+    }
     if (dt == DType::BF16) {
         size_t differ = 0;
         for (size_t i = 0; i < n; i++) differ += pa[i] != pb[i];
@@ -1684,9 +1691,18 @@ int main(int argc, char** argv) {
         return g_fail ? 1 : 0;
     }
 
-    // (the CPU backend computes in fp32 only: in its place, fp32 alone)
-    for (DType dt : on_cpu ? std::vector<DType>{DType::F32} : std::vector<DType>{DType::F32, DType::BF16}) {
-        H h(*cpu, *gpu, dt, dt == DType::F32 ? 1 : 2);
+    // (the CPU backend computes in fp32 only: in its place, fp32 alone). LLMC_TEST_DTYPES (e.g.
+    // "fp32,bf16") runs only the dtypes it names (test/cuemu/run.sh's second schedule leaves fp16 out).
+    std::vector<DType> dtypes;
+    for (DType d : {DType::F32, DType::BF16, DType::F16}) {
+        const char* only_dt = std::getenv("LLMC_TEST_DTYPES");
+        if ((on_cpu && d != DType::F32) ||
+            (only_dt && !(("," + std::string(only_dt) + ",").find("," + std::string(dtype_name(d)) + ",") != std::string::npos)))
+            continue;
+        dtypes.push_back(d);
+    }
+    for (DType dt : dtypes) {
+        H h(*cpu, *gpu, dt, dt == DType::F32 ? 1 : dt == DType::BF16 ? 2 : 5);
         // every case of the op-case table marked Gpu (test/op_cases.h)
         auto run = [&](const char* op, const char* filter, const std::function<void(const op_cases::Case&)>& f) {
             if (!want(filter)) return;
@@ -1717,7 +1733,7 @@ int main(int argc, char** argv) {
             setenv("CUEMU_LT_REFUSE_EPILOGUES", "1", 1);
             std::unique_ptr<Ops> plain = make_cuda_ops(0);
             {
-                H hp(*cpu, *plain, dt, dt == DType::F32 ? 3 : 4);
+                H hp(*cpu, *plain, dt, dt == DType::F32 ? 3 : dt == DType::BF16 ? 4 : 6);
                 int i = 0;
                 for (const C& c : op_cases::of("matmul", op_cases::Gpu))
                     guarded(strfmt("matmul (kernels for the epilogues) case %d", i++), [&] {
@@ -1763,7 +1779,10 @@ int main(int argc, char** argv) {
         run("sum_squares", "sum_squares", [&](const C& c) { test_sum_squares(h, size_t(c.dims[0])); });
         if (want("step_ops")) guarded("step_ops", [&] { test_step_ops(h); });
         if (want("offload") && !on_cpu) guarded("offload", [&] { test_offload(*gpu, dt); });  // CUDA's copies
-        if (want("ptx") && !on_cpu && dt == DType::BF16) guarded("ptx", [&] { test_ptx(); });
+        if (want("ptx") && !on_cpu && dt == DType::BF16) {
+            guarded("ptx bf16", [&] { test_ptx<bf16>(); });
+            guarded("ptx fp16", [&] { test_ptx<f16>(); });
+        }
         if (want("reference") && dt == DType::F32) guarded("reference", [&] { test_reference(*gpu); });
         if (want("model_step") && dt == DType::F32)
             guarded("model_step", [&] {
@@ -1773,7 +1792,7 @@ int main(int argc, char** argv) {
                 test_model_step(*cpu, *gpu, llama, "llama");
                 if (!on_cpu) test_model_recompute(*gpu);  // (a bf16 model: the CPU backend has fp32 only)
             });
-        if (want("fp8")) {
+        if (want("fp8") && dt != DType::F16) {  // (fp8 is a precision of its own, beside bf16's tensors)
             std::string why;
             if (!gpu->fp8_supported(&why)) {
                 std::printf("SKIP fp8 [%s] %s\n", dtype_name(dt), why.c_str());

@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "test/cuemu/include/cuda_bf16.h"
+#include "test/cuemu/include/cuda_fp16.h"
 
 namespace nvcuda {
 namespace wmma {
@@ -40,6 +41,7 @@ inline void enter(const char* what, const void* p, unsigned ldm, size_t elem) {
 inline int lane() { return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32; }
 inline float f(float v) { return v; }
 inline float f(__nv_bfloat16 v) { return __bfloat162float(v); }
+inline float f(__half v) { return __half2float(v); }
 }  // namespace detail
 
 template <class Use, int M, int N, int K, class T, class L>
