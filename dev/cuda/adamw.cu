@@ -15,6 +15,9 @@ int main(int argc, char** argv) {
     const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.7f;
     const int t = 3;
     const float bc1 = (float)(1 - std::pow(0.9, t)), bc2 = (float)(1 - std::pow(0.95, t));
+    // the kernel's arguments (as adamw_scales, llmc/backend/ops.h, computes them); the reference below
+    // keeps the textbook form
+    const float step = (float)(lr / (1 - std::pow(0.9, t))), isb2 = (float)(1 / std::sqrt(1 - std::pow(0.95, t)));
     bool ok = true;
     if (version == 3) {
         double ref = 0;
@@ -51,7 +54,7 @@ int main(int argc, char** argv) {
     if (version == 1) {
         float *gp = to_dev<float>(p), *gg = to_dev<float>(g);
         run = [=] {
-            adamw_kernel<float><<<ceil_div(n, 256), 256>>>(gp, nullptr, gg, gm, gv, n, lr, b1, b2, bc1, bc2, eps, wd,
+            adamw_kernel<float><<<ceil_div(n, 256), 256>>>(gp, nullptr, gg, gm, gv, n, lr, b1, b2, step, isb2, eps, wd,
                                                            gs, 42u, 0u);
         };
         run();
@@ -60,7 +63,7 @@ int main(int argc, char** argv) {
         float* master = to_dev<float>(p);
         bf16 *gp = to_dev<bf16>(p), *gg = to_dev<bf16>(g);
         run = [=] {
-            adamw_kernel<bf16><<<ceil_div(n, 256), 256>>>(gp, master, gg, gm, gv, n, lr, b1, b2, bc1, bc2, eps, wd,
+            adamw_kernel<bf16><<<ceil_div(n, 256), 256>>>(gp, master, gg, gm, gv, n, lr, b1, b2, step, isb2, eps, wd,
                                                           gs, 42u, 0u);
         };
         run();

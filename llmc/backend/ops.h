@@ -15,6 +15,7 @@
 //  - Token ids are int32 in backend memory.
 //  - Every op is deterministic: the same inputs give bitwise the same outputs.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -59,6 +60,18 @@ inline float clip_factor(double norm, double clip) {
     if (clip <= 0.0) return 1.0f;
     const double f = clip / (norm + 1e-6);
     return float(f < 1.0 ? f : 1.0);
+}
+
+// AdamW's bias corrections as torch.optim.AdamW applies them: the step size lr / (1 - beta1^t) and
+// 1 / sqrt(1 - beta2^t), in double, rounded once to float (both backends compute them so). The
+// update of an element is then p -= lr wd p + step m / (sqrt(v) inv_sqrt_bc2 + eps): one square
+// root and one division (the CPU's AdamW is bound by those, not by memory).
+struct AdamWScales {
+    float step, inv_sqrt_bc2;
+};
+inline AdamWScales adamw_scales(float lr, float beta1, float beta2, int t) {
+    return {float(double(lr) / (1.0 - std::pow(double(beta1), double(t)))),
+            float(1.0 / std::sqrt(1.0 - std::pow(double(beta2), double(t))))};
 }
 
 class Ops {
@@ -315,7 +328,8 @@ public:
     virtual void adamw_multi(const std::vector<AdamWPiece>& pieces, const float* ctl, float lr, float beta1,
                              float beta2, float eps, int t) = 0;
     // AdamW on n elements. g is multiplied by grad_scale first (clipping). t = step (1-based)
-    // for bias correction. params -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * p), with p
+    // for bias correction (adamw_scales). params -= lr * weight_decay * p + step * m / (sqrt(v) *
+    // inv_sqrt_bc2 + eps) (= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * p)), with p
     // taken from master when given (fp32 master weights; params is then the rounded copy,
     // stochastic rounding when params is bf16: element i's random bits hash (seed, index_base + i),
     // so a call on a piece of a tensor rounds it as one call on the whole tensor would).

@@ -30,8 +30,9 @@ void CpuOps::adamw(Tensor params, float* master, Tensor grads, float* m, float* 
     (void)seed, (void)index_base;  // stochastic rounding only matters for bf16 params (CUDA)
     LLMC_ASSERT(grads.n == params.n, "adamw: params and grads differ in size");
     LLMC_ASSERT(t >= 1, "adamw: step t is 1-based");
+    const AdamWScales sc = adamw_scales(lr, beta1, beta2, t);
     cpu::adamw(cpu_f32(params, params.n, "adamw params"), master, cpu_f32(grads, params.n, "adamw grads"), m, v,
-               params.n, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
+               params.n, lr, sc.step, sc.inv_sqrt_bc2, beta1, beta2, eps, weight_decay, grad_scale);
 }
 
 void CpuOps::adamw_multi(const std::vector<AdamWPiece>& pieces, const float* ctl, float lr, float beta1, float beta2,
@@ -39,9 +40,10 @@ void CpuOps::adamw_multi(const std::vector<AdamWPiece>& pieces, const float* ctl
     ++counters_.launches;
     LLMC_ASSERT(t >= 1, "adamw: step t is 1-based");
     if (ctl[1] == 0.0f) return;  // skipped step
+    const AdamWScales sc = adamw_scales(lr, beta1, beta2, t);
     for (const AdamWPiece& p : pieces) {
         LLMC_ASSERT(p.grads.n == p.params.n, "adamw_multi: params and grads differ in size");
         cpu::adamw(cpu_f32(p.params, p.params.n, "adamw params"), p.master, cpu_f32(p.grads, p.params.n, "adamw grads"),
-                   p.m, p.v, p.params.n, lr, beta1, beta2, eps, p.weight_decay, ctl[0], t);
+                   p.m, p.v, p.params.n, lr, sc.step, sc.inv_sqrt_bc2, beta1, beta2, eps, p.weight_decay, ctl[0]);
     }
 }

@@ -831,26 +831,27 @@ double sum_squares(const T* g, size_t n) {
     return total;
 }
 
-// AdamW (see ops.h). master may be null; when given, the update is applied to master and
-// params receives a copy.
+// AdamW (see ops.h; step and inv_sqrt_bc2 from adamw_scales). master may be null; when given, the
+// update is applied to master and params receives a copy. (Two loops, so that neither carries the
+// master test: the loop is bound by its square root and division.)
 template <class T>
-void adamw(T* params, T* master, const T* grads, T* m, T* v, size_t n, T lr, T beta1, T beta2, T eps, T wd,
-           T grad_scale, int t) {
-    const T bc1 = (T)1 - std::pow(beta1, (T)t);
-    const T bc2 = (T)1 - std::pow(beta2, (T)t);
-#pragma omp parallel for simd schedule(static) if (parallel_worth(n))
-    for (size_t i = 0; i < n; ++i) {
+void adamw(T* params, T* master, const T* grads, T* m, T* v, size_t n, T lr, T step, T inv_sqrt_bc2, T beta1,
+           T beta2, T eps, T wd, T grad_scale) {
+    const T decay = lr * wd;
+    auto update = [&](size_t i, T p) {
         const T g = grads[i] * grad_scale;
         const T mi = beta1 * m[i] + ((T)1 - beta1) * g;
         const T vi = beta2 * v[i] + ((T)1 - beta2) * g * g;
         m[i] = mi;
         v[i] = vi;
-        const T mhat = mi / bc1;
-        const T vhat = vi / bc2;
-        T p = master ? master[i] : params[i];
-        p -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * p);
-        if (master) master[i] = p;
-        params[i] = p;
+        return p - decay * p - step * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    };
+    if (master) {
+#pragma omp parallel for simd schedule(static) if (parallel_worth(n))
+        for (size_t i = 0; i < n; ++i) params[i] = master[i] = update(i, master[i]);
+    } else {
+#pragma omp parallel for simd schedule(static) if (parallel_worth(n))
+        for (size_t i = 0; i < n; ++i) params[i] = update(i, params[i]);
     }
 }
 

@@ -2,21 +2,20 @@
 #pragma once
 #include "llmc/cuda/common.cuh"
 
-// bc1 = 1 - beta1^t, bc2 = 1 - beta2^t (host). p comes from master when master != nullptr;
+// step, inv_sqrt_bc2: adamw_scales (llmc/backend/ops.h, the host's). p comes from master when master != nullptr;
 // master is then updated and params gets the rounded copy (stochastic rounding for bf16, nearest for fp16,
 // the random bits from hash(seed, base + index): base places the call's elements in a larger whole).
 template <class T>
 __device__ __forceinline__ void adamw_element(T* params, float* master, const T* grads, float* m, float* v, long long i,
-                                              float lr, float beta1, float beta2, float bc1, float bc2, float eps,
-                                              float wd, float grad_scale, uint32_t seed, uint32_t base) {
+                                              float lr, float beta1, float beta2, float step, float inv_sqrt_bc2,
+                                              float eps, float wd, float grad_scale, uint32_t seed, uint32_t base) {
     const float g = to_f32(grads[i]) * grad_scale;
     const float mi = beta1 * m[i] + (1.0f - beta1) * g;
     const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
     m[i] = mi;
     v[i] = vi;
-    const float mhat = mi / bc1, vhat = vi / bc2;
     float p = master ? master[i] : to_f32(params[i]);
-    p -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+    p = p - (lr * wd) * p - step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
     if (master) master[i] = p;
     if constexpr (std::is_same<T, bf16>::value)
         params[i] = stochastic_round_bf16(p, hash_u32(seed, base + (uint32_t)i));
@@ -26,11 +25,11 @@ __device__ __forceinline__ void adamw_element(T* params, float* master, const T*
 
 template <class T>
 __global__ void adamw_kernel(T* params, float* master, const T* grads, float* m, float* v, long long n, float lr,
-                             float beta1, float beta2, float bc1, float bc2, float eps, float wd, float grad_scale,
+                             float beta1, float beta2, float step, float inv_sqrt_bc2, float eps, float wd, float grad_scale,
                              uint32_t seed, uint32_t base) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    adamw_element(params, master, grads, m, v, i, lr, beta1, beta2, bc1, bc2, eps, wd, grad_scale, seed, base);
+    adamw_element(params, master, grads, m, v, i, lr, beta1, beta2, step, inv_sqrt_bc2, eps, wd, grad_scale, seed, base);
 }
 
 // Multi-tensor AdamW: one launch over every piece, a block per chunk of kAdamWChunk elements of
@@ -52,13 +51,13 @@ struct AdamWChunk {
 };
 template <class T>
 __global__ void adamw_multi_kernel(const AdamWDesc* d, const AdamWChunk* chunks, const float* ctl, float lr,
-                                   float beta1, float beta2, float bc1, float bc2, float eps) {
+                                   float beta1, float beta2, float step, float inv_sqrt_bc2, float eps) {
     if (ctl[1] == 0.0f) return;
     const AdamWChunk c = chunks[blockIdx.x];
     const AdamWDesc p = d[c.piece];
     const long long end = c.begin + kAdamWChunk < p.n ? c.begin + kAdamWChunk : p.n;
     for (long long i = c.begin + threadIdx.x; i < end; i += blockDim.x)
-        adamw_element((T*)p.params, p.master, (const T*)p.grads, p.m, p.v, i, lr, beta1, beta2, bc1, bc2, eps, p.wd,
+        adamw_element((T*)p.params, p.master, (const T*)p.grads, p.m, p.v, i, lr, beta1, beta2, step, inv_sqrt_bc2, eps, p.wd,
                       ctl[0], p.seed, p.base);
 }
 

@@ -778,12 +778,11 @@ public:
             adamw_key_ = std::move(key);
             adamw_chunks_at_ = dchunks;
         }
-        const float bc1 = (float)(1.0 - std::pow((double)beta1, (double)t));
-        const float bc2 = (float)(1.0 - std::pow((double)beta2, (double)t));
+        const AdamWScales sc = adamw_scales(lr, beta1, beta2, t);
         dispatch(pieces[0].params.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             LLMC_LAUNCH(adamw_multi_kernel<T_>, (int)chunks.size(), 256, 0, stream_, ddesc, dchunks, ctl, lr, beta1,
-                                                                                     beta2, bc1, bc2, eps);
+                        beta2, sc.step, sc.inv_sqrt_bc2, eps);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -792,12 +791,11 @@ public:
         same_dtype({&params, &grads});
         LLMC_ASSERT(params.n == grads.n, "adamw: size mismatch");
         if (!params.n) return;
-        const float bc1 = (float)(1.0 - std::pow((double)beta1, (double)t));
-        const float bc2 = (float)(1.0 - std::pow((double)beta2, (double)t));
+        const AdamWScales sc = adamw_scales(lr, beta1, beta2, t);
         dispatch(params.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             LLMC_LAUNCH(adamw_kernel<T_>, blocks_for(params.n, 256), 256, 0, stream_, P<T_>(params), master,
-                        P<T_>(grads), m, v, (long long)params.n, lr, beta1, beta2, bc1, bc2, eps, weight_decay,
+                        P<T_>(grads), m, v, (long long)params.n, lr, beta1, beta2, sc.step, sc.inv_sqrt_bc2, eps, weight_decay,
                         grad_scale, seed, index_base);
         });
         CUDA_CHECK_LAUNCH();

@@ -162,8 +162,9 @@ void AdamW::update_piece(const Piece& pc, int s, const AdamWHyper& h, int t, flo
         }
         // with master weights the kernel's parameter output is the master itself
         float* params = master_ ? master_ + r : static_cast<float*>(stage_params_[s]) + j;
-        cpu::adamw(params, master_ ? master_ + r : nullptr, g, m_ + r, v_ + r, cnt, h.lr, h.beta1, h.beta2, h.eps,
-                   p.decay ? h.weight_decay : 0.0f, grad_scale, t);
+        const AdamWScales sc = adamw_scales(h.lr, h.beta1, h.beta2, t);
+        cpu::adamw(params, master_ ? master_ + r : nullptr, g, m_ + r, v_ + r, cnt, h.lr, sc.step, sc.inv_sqrt_bc2,
+                   h.beta1, h.beta2, h.eps, p.decay ? h.weight_decay : 0.0f, grad_scale);
         if (bf16) {  // the CUDA kernel's rounding: hash of (the tensor's seed, the index in the tensor)
             const uint32_t ts = tensor_seed(seed, p.offset);
             uint16_t* pb = static_cast<uint16_t*>(stage_params_[s]) + j;
