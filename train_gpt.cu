@@ -449,6 +449,7 @@ struct Run {
     const double peak_flops;
     TrainState state;
     int bad_in_row = 0;  // steps skipped in a row for a non-finite loss or gradient norm (in all: state.skipped)
+    bool grads_dumped = false;  // LLMC_DUMP_GRADS: the run's first step only
     Progress progress;
     bool defer = false;
     size_t loss_rows = 0;
@@ -775,7 +776,8 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     nlohmann::json rec = {{"step", step + 1}};
     std::string extra;
     r.conv->end_step(*r.groups.world, rec, extra);
-    if (step == r.state.step) dump_gradients(r.model, r.dp, r.pc, *r.groups.mp, r.grid, S);
+    if (!r.grads_dumped) dump_gradients(r.model, r.dp, r.pc, *r.groups.mp, r.grid, S);
+    r.grads_dumped = true;
     size_t nloss = 0;
     for (size_t n : rows) nloss += n;
     if (r.defer) {  // the losses' check: finite exactly when every loss is
