@@ -5,7 +5,8 @@
 # LLMC_BUILD (build) holds test_cpu, LLMC_BIN (empty: the repository root) prefixes train_gpt and
 # the data tools: `make test SANITIZE=1` sets them to build-asan and LLMC_SANITIZE=1.
 # E2E="test_a test_b" runs only those end-to-end tests; EMU=0 leaves out the CUDA emulator's tests.
-# Each part prints its wall and CPU seconds; BESIDE_EMU's end-to-end tests run beside the emulator.
+# Each part prints its wall and CPU seconds; BESIDE_EMU's end-to-end tests run beside the emulator, the
+# rest two at a time, ALONE's (which time themselves) one by one at the end.
 set -u
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -26,7 +27,7 @@ failed=()
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.1f", ($16 + $17) / hz }' /proc/$$/stat; }
 # selected NAME: the end-to-end test NAME is to run (E2E names the tests to run; empty: all)
 selected() { [ -z "${E2E:-}" ] || [[ " $E2E " == *" $1 "* ]]; }
-BESIDE_EMU="test_slurm test_device_comm test_local_sgd test_moe_layouts"
+BESIDE_EMU="test_slurm test_device_comm test_local_sgd test_moe_layouts test_llama_layouts test_context_parallel test_recompute test_act_offload"
 took() { echo "$(( $(date +%s) - $1 ))s, $(awk -v a="$(cpu_s)" -v b="$2" 'BEGIN { printf "%.1f", a - b }') s CPU"; }
 # report NAME RC LOG TIMES: an end-to-end test's PASS or FAIL line (with its log's tail) and the counts
 report() {
@@ -39,7 +40,6 @@ report() {
 }
 
 [ -s data/tokenizer/encoder.json ] || bash scripts/get_tokenizer.sh
-rm -rf "$B/beside"  # (a previous run's results of the tests run beside the emulator)
 
 echo "== unit tests (Catch2, CPU backend)"
 start=$(date +%s) cpu0=$(cpu_s)
@@ -84,23 +84,34 @@ else
     echo "GPU tests: skipped (no CUDA device)"
 fi
 
+# lane DIR TAG NAMES...: the end-to-end tests NAMES one after another, in the background, each leaving
+# DIR/NAME.log and DIR/NAME.rc ("exit-code seconds CPU-seconds"), then DIR/.done-TAG; with TAG "-",
+# in the foreground (no .done file)
+lane() {
+    local script='dir=$0 tag=$1; shift
+        for name in "$@"; do
+            start=$(date +%s) cpu0=$(awk -v hz="$(getconf CLK_TCK)" '"'"'{ print ($16 + $17) / hz }'"'"' /proc/$$/stat)
+            bash "test/e2e/$name.sh" > "$dir/$name.log" 2>&1; rc=$?
+            cpu=$(awk -v hz="$(getconf CLK_TCK)" -v c0="$cpu0" '"'"'{ printf "%.1f", ($16 + $17) / hz - c0 }'"'"' /proc/$$/stat)
+            echo "$rc $(( $(date +%s) - start )) $cpu" > "$dir/$name.rc"
+        done
+        [ "$tag" = - ] || touch "$dir/.done-$tag"'
+    if [ "$2" = - ]; then bash -c "$script" "$@"; else ( bash -c "$script" "$@" & ); fi
+}
+# wait_lane DIR TAG: until lane TAG has ended
+wait_lane() { while [ ! -e "$1/.done-$2" ]; do sleep 1; done; }
+L="$B/lanes"
+rm -rf "$L" && mkdir -p "$L"
+e2e_names() { for t in test/e2e/test_*.sh; do name=$(basename "$t" .sh); selected "$name" && echo "$name"; done; }
+
 if [ "${EMU:-1}" = 1 ] && [ -x $B/test_gpu_emu ] && [ -x $B/cuemu_selftest ] && [ -n "${EMU_FLAGS:-}" ]; then
-    # the CUDA source on the CPU emulator (make test-emu, about 5 minutes): one line, pass or fail
+    # the CUDA source on the CPU emulator (make test-emu, about 3-4 minutes): one line, pass or fail
     echo "== CUDA source on the CPU emulator (test/cuemu/run.sh)"
     # BESIDE_EMU's end-to-end tests leave a core idle much of their time (waiting on timeouts, on
-    # Slurm's daemons, on MPI start-ups and one-thread ranks: their CPU time is 10-70% of their wall
-    # time) and none of them times the emulator, whose checks do not depend on time: they run one
-    # after another in one process beside this stage, each leaving its result in $B/beside/; the
-    # rest of the end-to-end tests (some time themselves and need the cores) start only once they
-    # have ended. The loop below reports each in its place.
-    mkdir -p "$B/beside"
-    ( bash -c 'for name in "$@"; do
-                   start=$(date +%s) cpu0=$(awk -v hz="$(getconf CLK_TCK)" '"'"'{ print ($16 + $17) / hz }'"'"' /proc/$$/stat)
-                   bash "test/e2e/$name.sh" > "$0/$name.log" 2>&1; rc=$?
-                   cpu=$(awk -v hz="$(getconf CLK_TCK)" -v c0="$cpu0" '"'"'{ printf "%.1f", ($16 + $17) / hz - c0 }'"'"' /proc/$$/stat)
-                   echo "$rc $(( $(date +%s) - start )) $cpu" > "$0/$name.rc"
-               done
-               touch "$0/.done"' "$B/beside" $(for name in $BESIDE_EMU; do selected "$name" && echo "$name"; done) & )
+    # Slurm's daemons, on MPI start-ups and one-thread ranks) or need little of one, and none of them
+    # times the emulator, whose checks do not depend on time: they run one after another beside this
+    # stage (lane "emu"); the loop at the end reports each in its place.
+    lane "$L" emu $(for name in $BESIDE_EMU; do selected "$name" && echo "$name"; done)
     start=$(date +%s) cpu0=$(cpu_s)
     out=$(LLMC_BUILD=$B bash test/cuemu/run.sh 2>&1); rc=$?
     echo "$out" | grep -v -E '^(CAUGHT|PASS) ' | tail -n 25
@@ -110,24 +121,42 @@ if [ "${EMU:-1}" = 1 ] && [ -x $B/test_gpu_emu ] && [ -x $B/cuemu_selftest ] && 
         fail=$((fail + 1)); failed+=("test-emu")
     fi
     start=$(date +%s)
-    while [ ! -e "$B/beside/.done" ]; do sleep 1; done
+    wait_lane "$L" emu
     echo "(the tests beside it ended $(( $(date +%s) - start ))s after the emulator's stage)"
 fi
 
 echo "== end-to-end tests"
-for t in test/e2e/test_*.sh; do
-    name=$(basename "$t" .sh)
-    selected "$name" || continue
+# The rest two at a time (lane "pair" takes every second one, this shell the others), except ALONE's:
+# they time themselves or their timeouts (a rank declared dead after 3 s, a save slower than a 2 s
+# timeout, signals into a running step; test_dev_cuda builds dev/cuda, which test_gpu_kit's kit also
+# does: the two must not build it at once) and run after, one by one.
+ALONE="test_overlap test_dp_failures test_plan test_bad_input test_preempt test_gpu_check_list test_dev_cuda"
+rest=()
+for name in $(e2e_names); do
+    [ -e "$L/$name.rc" ] && continue
+    [[ " $ALONE " == *" $name "* ]] && continue
+    [ "${LLMC_SANITIZE:-0}" = 1 ] && [ "$name" = test_bundle ] && continue
+    rest+=("$name")
+done
+first=() second=()
+for i in "${!rest[@]}"; do if [ $((i % 2)) = 0 ]; then first+=("${rest[$i]}"); else second+=("${rest[$i]}"); fi; done
+start=$(date +%s)
+lane "$L" pair "${second[@]}"
+lane "$L" - "${first[@]}"
+wait_lane "$L" pair
+echo "(${#rest[@]} tests two at a time: $(( $(date +%s) - start ))s)"
+for name in $(e2e_names); do
     # the bundle packages the usual build, not build-asan's
     [ "${LLMC_SANITIZE:-0}" = 1 ] && [ "$name" = test_bundle ] && { echo "SKIP $name (SANITIZE=1)"; continue; }
-    if [ -d "$B/beside" ] && [[ " $BESIDE_EMU " == *" $name "* ]]; then
-        # run beside the emulator's stage: its result (exit code, seconds, CPU seconds)
-        read -r rc secs cpu < "$B/beside/$name.rc"
-        report "$name" "$rc" "$(cat "$B/beside/$name.log")" "${secs}s beside the emulator's stage, $cpu s CPU"
+    if [ -e "$L/$name.rc" ]; then  # run in a lane: its result (exit code, seconds, CPU seconds)
+        read -r rc secs cpu < "$L/$name.rc"
+        where="beside another test"
+        [[ " $BESIDE_EMU " == *" $name "* ]] && [ -e "$L/.done-emu" ] && where="beside the emulator's stage"
+        report "$name" "$rc" "$(cat "$L/$name.log")" "${secs}s $where, $cpu s CPU"
         continue
     fi
     start=$(date +%s) cpu0=$(cpu_s)
-    log=$(bash "$t" 2>&1); rc=$?
+    log=$(bash "test/e2e/$name.sh" 2>&1); rc=$?
     report "$name" "$rc" "$log" "$(took $start $cpu0)"
 done
 
