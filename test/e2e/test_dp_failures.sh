@@ -49,28 +49,32 @@ left=$(ps -eo stat=,args= | awk -v w="$W/killed" 'index($0, w) && $1 !~ /^Z/' | 
 
 # rank 1 hangs at step 5 (sleeps forever, alive): with parallel.timeout_s=3 the ranks waiting for it
 # in the data-parallel collective end the job within seconds, not at the 120 s test timeout; under
-# ZeRO-0 they wait in a gradient all-reduce, under ZeRO-3 in the step-long units' reduce-scatter
+# ZeRO-0 they wait in a gradient all-reduce, under ZeRO-3 in the step-long units' reduce-scatter.
+# The two jobs run at once (each mostly waits on the timeout), each into its own files.
+for zero in 0 3; do
+    ( start=$(date +%s.%N) rc=0
+      LLMC_FAULT=hang:train_step_5 LLMC_FAULT_RANK=1 dp_run 4 "$W/c.json" train.steps=50 parallel.timeout_s=3 \
+          parallel.zero=$zero "out_dir=$W/hung$zero" > "$W/hang$zero.out" 2> "$W/hang$zero.err" || rc=$?
+      echo "$rc $(echo "$(date +%s.%N) - $start" | bc)" > "$W/hang$zero.rc" ) &
+done
+wait
+sleep 1  # (then no process of either job may be left)
 for zero in 0 3; do
     want=all_reduce; [ $zero -eq 3 ] && want=reduce_scatter
-    start=$(date +%s.%N)
-    rc=0
-    LLMC_FAULT=hang:train_step_5 LLMC_FAULT_RANK=1 dp_run 4 "$W/c.json" train.steps=50 parallel.timeout_s=3 \
-        parallel.zero=$zero "out_dir=$W/hung$zero" > "$W/hang.out" 2> "$W/hang.err" || rc=$?
-    took=$(echo "$(date +%s.%N) - $start" | bc)
-    [ $rc -eq 5 ] || die "hung rank (zero=$zero): expected exit 5 (a collective stalled) before the timeout, got $rc"
+    read -r rc took < "$W/hang$zero.rc"
+    [ $rc -eq 5 ] || die "hung rank (zero=$zero): expected exit 5 (a collective stalled) before the timeout, got $rc: $(tail -n 5 "$W/hang$zero.err")"
     echo "rank 1 hung at step 5 (zero=$zero): job ended with exit $rc after ${took}s (parallel.timeout_s = 3)"
     [ "$(echo "$took < 30" | bc)" -eq 1 ] || die "hung rank: the job took ${took}s to end (timeout_s = 3)"
     [ "$(echo "$took > 3" | bc)" -eq 1 ] || die "hung rank: the job ended after ${took}s, before timeout_s = 3"
-    grep -q '^\[rank 1\] LLMC_FAULT=hang:train_step_5: this process hangs' "$W/hang.err" ||
-        die "rank 1 did not hang at step 5: $(cat "$W/hang.err")"
+    grep -q '^\[rank 1\] LLMC_FAULT=hang:train_step_5: this process hangs' "$W/hang$zero.err" ||
+        die "rank 1 did not hang at step 5: $(cat "$W/hang$zero.err")"
     # the waiting ranks name the call, its number on the group and whom they wait with, and, from
     # the reports the ranks exchange on a timeout, the rank that stalled (the one that sent none)
     grep -qE "^\[rank [023]\] error: $want #[0-9]+ on the dp group \([0-9]+ (float|double)s?; waiting with world ranks ([0-9]+, )*1(, [0-9]+)*\) did not complete within parallel\.timeout_s = 3 s; stalled: world rank 1 \(no report within 3 s: in no call, hung or dead\); waiting: rank [023] in [a-z_]+ #[0-9]+ on [a-z]+, rank [023] in [a-z_]+ #[0-9]+ on [a-z]+; ending the job\$" \
-        "$W/hang.err" || die "no message naming the stalled collective ($want) and the rank: $(cat "$W/hang.err")"
-    ! grep -q '^\[rank 1\] error:' "$W/hang.err" || die "the stalled rank reported a call: $(cat "$W/hang.err")"
-    grep -q 'step     4/50' "$W/hang.out" || die "the run did not get to step 4 before the hang"
-    ! grep -q 'step     6/50' "$W/hang.out" || die "the job went on after rank 1 hung"
-    sleep 1
+        "$W/hang$zero.err" || die "no message naming the stalled collective ($want) and the rank: $(cat "$W/hang$zero.err")"
+    ! grep -q '^\[rank 1\] error:' "$W/hang$zero.err" || die "the stalled rank reported a call: $(cat "$W/hang$zero.err")"
+    grep -q 'step     4/50' "$W/hang$zero.out" || die "the run did not get to step 4 before the hang"
+    ! grep -q 'step     6/50' "$W/hang$zero.out" || die "the job went on after rank 1 hung"
     left=$(ps -eo stat=,args= | awk -v w="$W/hung$zero" 'index($0, w) && $1 !~ /^Z/' | grep -v awk || true)
     [ -z "$left" ] || die "processes left running: $left"
 done
