@@ -86,10 +86,17 @@ fi
 
 # lane DIR TAG NAMES...: the end-to-end tests NAMES one after another, in the background, each leaving
 # DIR/NAME.log and DIR/NAME.rc ("exit-code seconds CPU-seconds"), then DIR/.done-TAG; with TAG "-",
-# in the foreground (no .done file)
+# in the foreground (no .done file). With no NAMES the lane takes its tests one at a time from the
+# queue DIR/queue (one name a line, under flock), so that lanes sharing it stay busy until it is empty.
 lane() {
     local script='dir=$0 tag=$1; shift
-        for name in "$@"; do
+        next() {
+            if [ $# -gt 0 ]; then echo "$1"; return; fi
+            flock "$dir/queue" bash -c '"'"'n=$(head -n 1 "$0"); [ -z "$n" ] || sed -i 1d "$0"; echo "$n"'"'"' "$dir/queue"
+        }
+        fixed=$#
+        while :; do
+            if [ $fixed -gt 0 ]; then [ $# -gt 0 ] || break; name=$1; shift; else name=$(next); [ -n "$name" ] || break; fi
             start=$(date +%s) cpu0=$(awk -v hz="$(getconf CLK_TCK)" '"'"'{ print ($16 + $17) / hz }'"'"' /proc/$$/stat)
             bash "test/e2e/$name.sh" > "$dir/$name.log" 2>&1; rc=$?
             cpu=$(awk -v hz="$(getconf CLK_TCK)" -v c0="$cpu0" '"'"'{ printf "%.1f", ($16 + $17) / hz - c0 }'"'"' /proc/$$/stat)
@@ -126,7 +133,8 @@ if [ "${EMU:-1}" = 1 ] && [ -x $B/test_gpu_emu ] && [ -x $B/cuemu_selftest ] && 
 fi
 
 echo "== end-to-end tests"
-# The rest two at a time (lane "pair" takes every second one, this shell the others), except ALONE's:
+# The rest two at a time (lane "pair" and this shell take them from one queue, the longest known
+# first: LONG_FIRST, from the CI logs), except ALONE's:
 # they time themselves or their timeouts (a rank declared dead after 3 s, a save slower than a 2 s
 # timeout, signals into a running step; test_dev_cuda builds dev/cuda, which test_gpu_kit's kit also
 # does: the two must not build it at once) and run after, one by one.
@@ -138,11 +146,13 @@ for name in $(e2e_names); do
     [ "${LLMC_SANITIZE:-0}" = 1 ] && [ "$name" = test_bundle ] && continue
     rest+=("$name")
 done
-first=() second=()
-for i in "${!rest[@]}"; do if [ $((i % 2)) = 0 ]; then first+=("${rest[$i]}"); else second+=("${rest[$i]}"); fi; done
+LONG_FIRST="test_fp8_cpu test_gpu_kit test_ep_layouts test_model_parallel test_bundle test_dp_equivalence"
+: > "$L/queue"
+for name in $LONG_FIRST; do [[ " ${rest[*]} " == *" $name "* ]] && echo "$name" >> "$L/queue"; done
+for name in "${rest[@]}"; do [[ " $LONG_FIRST " == *" $name "* ]] || echo "$name" >> "$L/queue"; done
 start=$(date +%s)
-lane "$L" pair "${second[@]}"
-lane "$L" - "${first[@]}"
+lane "$L" pair
+lane "$L" -
 wait_lane "$L" pair
 echo "(${#rest[@]} tests two at a time: $(( $(date +%s) - start ))s)"
 for name in $(e2e_names); do
