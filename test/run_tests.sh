@@ -27,7 +27,7 @@ failed=()
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.1f", ($16 + $17) / hz }' /proc/$$/stat; }
 # selected NAME: the end-to-end test NAME is to run (E2E names the tests to run; empty: all)
 selected() { [ -z "${E2E:-}" ] || [[ " $E2E " == *" $1 "* ]]; }
-BESIDE_EMU="test_slurm test_device_comm test_local_sgd test_moe_layouts test_llama_layouts test_context_parallel test_recompute test_act_offload"
+BESIDE_EMU="test_slurm test_device_comm test_local_sgd test_moe_layouts test_llama_layouts test_act_offload"
 took() { echo "$(( $(date +%s) - $1 ))s, $(awk -v a="$(cpu_s)" -v b="$2" 'BEGIN { printf "%.1f", a - b }') s CPU"; }
 # report NAME RC LOG TIMES: an end-to-end test's PASS or FAIL line (with its log's tail) and the counts
 report() {

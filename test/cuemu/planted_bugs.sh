@@ -43,11 +43,12 @@ mutate flash_dq_without_D llmc/cuda/flash_backward.cuh attention \
     'dp[n][e] = p * (dp[n][e] - Dr[i]);' 'dp[n][e] = p * dp[n][e];'
 
 # the mutated copies build without -g (debug information costs a quarter of the compile time, 16 s
-# -> 12 s for cuda_ops.cu here, and GCC emits the same code with it or without it) and at -O1
-# (cuda_ops.cu: 19 s at -O2, 13 s at -O1 here; the attention and matmul cases ran as fast)
+# -> 12 s for cuda_ops.cu here, and GCC emits the same code with it or without it) and at -O0:
+# cuda_ops.cu took 19 s at -O2, 13 s at -O1, 6.4 s at -O0 here, where a mutant's run, which ends at
+# its first FAIL, is a few seconds (the whole attention filter: 8.4 s at -O1, 14.5 s at -O0)
 flags=()
 for f in $EMU_FLAGS; do
-    case $f in -g) ;; -O2) flags+=(-O1) ;; *) flags+=("$f") ;; esac
+    case $f in -g) ;; -O2) flags+=(-O0) ;; *) flags+=("$f") ;; esac
 done
 
 # plant I: builds mutation I's copy and runs its cases; prints one line, CAUGHT or MISSED
