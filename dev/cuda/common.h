@@ -23,7 +23,7 @@ inline std::vector<float> rand_vec(size_t n, float scale = 1.0f, unsigned seed =
     return v;
 }
 inline void round_bf16(std::vector<float>& v) {
-    for (auto& x : v) x = host_bf16_bits_to_f32(host_f32_to_bf16_bits(x));
+    for (auto& x : v) x = bf16_bits_to_f32(f32_to_bf16_bits(x));
 }
 
 // device copy of a host fp32 vector as T
@@ -35,7 +35,7 @@ T* to_dev(const std::vector<float>& h) {
         CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
     } else {
         std::vector<uint16_t> b(h.size());
-        for (size_t i = 0; i < h.size(); i++) b[i] = host_f32_to_bf16_bits(h[i]);
+        for (size_t i = 0; i < h.size(); i++) b[i] = f32_to_bf16_bits(h[i]);
         CUDA_CHECK(cudaMemcpy(d, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
     }
     return d;
@@ -56,7 +56,7 @@ std::vector<float> to_host(const T* d, size_t n) {
     } else {
         std::vector<uint16_t> b(n);
         CUDA_CHECK(cudaMemcpy(b.data(), d, n * 2, cudaMemcpyDeviceToHost));
-        for (size_t i = 0; i < n; i++) h[i] = host_bf16_bits_to_f32(b[i]);
+        for (size_t i = 0; i < n; i++) h[i] = bf16_bits_to_f32(b[i]);
     }
     return h;
 }

@@ -192,22 +192,6 @@ template <class T, class F> void with_pack_width(int k, F&& f) {
         f(std::integral_constant<int, 1>{});
 }
 
-// ---- host-side conversion (round to nearest even; NaN stays NaN) ----
-inline uint16_t host_f32_to_bf16_bits(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
-    uint32_t lsb = (u >> 16) & 1u;
-    u += 0x7fffu + lsb;
-    return (uint16_t)(u >> 16);
-}
-inline float host_bf16_bits_to_f32(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
 // ---- warp / block reductions (fixed order: deterministic) ----
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -185,7 +185,7 @@ public:
         if (src.dtype == DType::F16)
             for (size_t i = 0; i < src.n; i++) dst[i] = f16_bits_to_f32(tmp[i]);
         else
-            for (size_t i = 0; i < src.n; i++) dst[i] = host_bf16_bits_to_f32(tmp[i]);
+            for (size_t i = 0; i < src.n; i++) dst[i] = bf16_bits_to_f32(tmp[i]);
     }
     void from_host_f32(Tensor dst, const float* src) override {
         if (!dst.n) return;
@@ -198,7 +198,7 @@ public:
         if (dst.dtype == DType::F16)
             for (size_t i = 0; i < dst.n; i++) tmp[i] = f32_to_f16_bits(src[i]);
         else
-            for (size_t i = 0; i < dst.n; i++) tmp[i] = host_f32_to_bf16_bits(src[i]);
+            for (size_t i = 0; i < dst.n; i++) tmp[i] = f32_to_bf16_bits(src[i]);
         from_host_bytes(dst.ptr, tmp.data(), dst.bytes());
     }
     void to_host_bytes(void* dst, const void* src, size_t bytes) override {

@@ -140,7 +140,7 @@ public:
         gpu.from_host_bytes(pg, v.data(), v.size() * 4);
         return {(int32_t*)pc, (int32_t*)pg};
     }
-    static float q_bf16(float x) { return host_bf16_bits_to_f32(host_f32_to_bf16_bits(x)); }
+    static float q_bf16(float x) { return bf16_bits_to_f32(f32_to_bf16_bits(x)); }
     // x rounded to the test dtype (unchanged in fp32)
     float q(float x) const { return dt == DType::BF16 ? q_bf16(x) : dt == DType::F16 ? round_f16(x) : x; }
     // random N(0, scale^2) values, rounded to the dtype unless stat
@@ -1155,16 +1155,16 @@ void test_adamw(H& h, size_t n, bool with_master, int t) {
         auto g = h.get_gpu(params), mm = h.get_gpu(master);
         size_t bad = 0;
         for (size_t i = 0; i < n; i++) {
-            uint16_t lo = host_f32_to_bf16_bits(mm[i]);
-            float a = host_bf16_bits_to_f32(lo);
+            uint16_t lo = f32_to_bf16_bits(mm[i]);
+            float a = bf16_bits_to_f32(lo);
             // neighbours: round-to-nearest value and the bf16 on the other side of master
             float x = g[i];
             bool ok = x == a;
             if (!ok) {
                 uint32_t u;
                 std::memcpy(&u, &mm[i], 4);
-                float down = host_bf16_bits_to_f32((uint16_t)(u >> 16));
-                float up = host_bf16_bits_to_f32((uint16_t)((u >> 16) + 1));
+                float down = bf16_bits_to_f32((uint16_t)(u >> 16));
+                float up = bf16_bits_to_f32((uint16_t)((u >> 16) + 1));
                 ok = x == down || x == up;
             }
             bad += !ok;
