@@ -93,7 +93,7 @@ public:
     virtual void* alloc(size_t bytes) = 0;  // zero-initialised
     virtual void release(void* p) = 0;
     virtual void zero(Tensor t) = 0;
-    // Backend memory, same size; converts between dtypes (fp32 <-> bf16; the CPU holds fp32 only).
+    // Backend memory, same size; converts between dtypes (fp32 <-> bf16 or fp16; the CPU holds fp32 only).
     virtual void copy(Tensor dst, Tensor src) = 0;
     // n fp32 statistics (losses) in backend memory: copied as they are, never rounded to the model's
     // dtype (the fp16 emulation rounds every Tensor copy writes, llmc/cpu/fp16_ops.h).

@@ -148,6 +148,7 @@ void AdamW::step_offloaded(const AdamWHyper& h, int t, const float* ctl, uint32_
 void AdamW::update_piece(const Piece& pc, int s, const AdamWHyper& h, int t, float grad_scale, uint32_t seed) {
     const bool bf16 = params_.dtype == DType::BF16, f16 = params_.dtype == DType::F16;
     const size_t a0 = pc.begin, b0 = a0 + pc.n;  // the piece in the flat buffer
+    const AdamWScales sc = adamw_scales(h.lr, h.beta1, h.beta2, t);
     for (const ParamSpec& p : layout_.specs) {
         // the tensor's intersection with the piece (which lies in one owned run)
         const size_t a = std::max(p.offset, a0), b = std::min(p.offset + p.numel, b0);
@@ -162,7 +163,6 @@ void AdamW::update_piece(const Piece& pc, int s, const AdamWHyper& h, int t, flo
         }
         // with master weights the kernel's parameter output is the master itself
         float* params = master_ ? master_ + r : static_cast<float*>(stage_params_[s]) + j;
-        const AdamWScales sc = adamw_scales(h.lr, h.beta1, h.beta2, t);
         cpu::adamw(params, master_ ? master_ + r : nullptr, g, m_ + r, v_ + r, cnt, h.lr, sc.step, sc.inv_sqrt_bc2,
                    h.beta1, h.beta2, h.eps, p.decay ? h.weight_decay : 0.0f, grad_scale);
         if (bf16) {  // the CUDA kernel's rounding: hash of (the tensor's seed, the index in the tensor)
