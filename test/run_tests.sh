@@ -90,8 +90,7 @@ fi
 # queue DIR/queue (one name a line, under flock), so that lanes sharing it stay busy until it is empty.
 lane() {
     local script='dir=$0 tag=$1; shift
-        next() {
-            if [ $# -gt 0 ]; then echo "$1"; return; fi
+        next() {  # the queue'"'"'s first name, taken off it
             flock "$dir/queue" bash -c '"'"'n=$(head -n 1 "$0"); [ -z "$n" ] || sed -i 1d "$0"; echo "$n"'"'"' "$dir/queue"
         }
         fixed=$#
