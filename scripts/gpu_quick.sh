@@ -12,7 +12,8 @@
 # `--kernels`: dev/cuda's kernel versions side by side: attention (forward v3/v4/v5, backward
 # v2/v3) at GPT-2 124M's shape and FlashAttention's benchmark shapes beside PyTorch's SDPA (issue
 # 30's peer), the fused cross entropy (v3/v5) and LayerNorm (v3/v5) at GPT-2 124M B=32's shapes,
-# the bias gradient, GELU and cuBLASLt epilogues around the matmuls (matmul_epilogue v1-v6).
+# the bias gradient, GELU and cuBLASLt epilogues around the matmuls (matmul_epilogue v1-v6), the fp8
+# GEMM forms cuBLASLt accepts and their speed against bf16 (fp8_gemm).
 # `--dry-run`: every step printed with its time limit, nothing run, nothing written.
 
 # test_gpu's filters, in the order they run (test/e2e/test_gpu_check_list.sh checks this list
@@ -273,7 +274,8 @@ stage_kernels() {
     # the memory-bound kernels of issue 29 first (the old version, then the new, at 124M B=32)
     for v in "classifier 3 32768 50257 50304" "classifier 5 32768 50257 50304" "layernorm 3 32768 768" \
              "layernorm 5 32768 768" "matmul_epilogue 1" "matmul_epilogue 2" "matmul_epilogue 3" \
-             "matmul_epilogue 4" "matmul_epilogue 5" "matmul_epilogue 6"; do
+             "matmul_epilogue 4" "matmul_epilogue 5" "matmul_epilogue 6" "fp8_gemm 48 32 64" \
+             "fp8_gemm 6400 8192 1600" "fp8_gemm 1600 8192 6400"; do
         log="$WORK/kernel_$(echo "$v" | tr ' ' '_').log"
         # shellcheck disable=SC2086
         step "$v" 60 dev/cuda/$v >"$log" 2>&1

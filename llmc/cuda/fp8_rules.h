@@ -78,10 +78,10 @@ struct LtFp8Call {
 //  8. leading dimensions cover the rows (lda >= rows of A, ...).
 //  9. in place (C and D the same address): C's layout equals D's (type and ldc == ldd).
 // 10. AMAX_D_POINTER only with an fp8 D.
-// 11. the A and B scale pointers 16-byte aligned. NOT from NVIDIA's list: assumed after an H200
-//     (cuBLASLt 13, 2026-11-26) refused every heuristic candidate of every fp8 GEMM whose scale
-//     pointers were 4-byte aligned (the heuristic, which sees no pointers, offered them); the
-//     next GPU window confirms it or this rule goes.
+// 11. the A and B scale pointers 16-byte aligned. NOT from NVIDIA's list: seen on an H200
+//     (cuBLASLt 13.1, 2026-11-27, dev/cuda/fp8_gemm): with the scale pointers 4 bytes off 16,
+//     cublasLtMatmul refuses every candidate the heuristic (which sees no pointers) offers, at
+//     every shape tried; 16-byte aligned, the same GEMMs run (dev/bench/RESULTS.md).
 // CUBLASLT_MATMUL_DESC_FAST_ACCUM (int8_t) is allowed with every combination above.
 inline bool fp8_gemm_supported(const LtFp8Call& g, std::string* why) {
     auto fail = [&](const std::string& w) {

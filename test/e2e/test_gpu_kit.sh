@@ -15,7 +15,7 @@ fi
 REUSE_BUILD=1 DIST="$K" bash "$ROOT/scripts/bundle.sh" --kit > "$W/kit.log" 2>&1 || die "bundle.sh --kit: $(tail -n 5 "$W/kit.log")"
 for f in train_gpt build/test_gpu build/test_cpu dev/data/synth_shards dev/data/prepare_text env.sh COMMIT \
          scripts/gpu_check.sh scripts/gpu_quick.sh scripts/gpu_window.sh dev/bench/torch_gpt2.py test/data/ref_model.bin test/data/ref_state.bin \
-         dev/cuda/attention_forward dev/cuda/attention_backward dev/cuda/classifier dev/cuda/layernorm dev/cuda/matmul_epilogue \
+         dev/cuda/attention_forward dev/cuda/attention_backward dev/cuda/classifier dev/cuda/layernorm dev/cuda/matmul_epilogue dev/cuda/fp8_gemm \
          dev/bench/torch_attention.py; do
     [ -e "$K/$f" ] || die "the kit lacks $f"
 done
@@ -27,7 +27,7 @@ for p in $(echo "$dry" | grep '^\[dry-run\]' | grep -oE '(\./train_gpt|build/tes
     [ -e "$K/$p" ] || die "a --quick step runs $p, which the kit lacks"
 done
 adry=$(cd /tmp && bash "$K/scripts/gpu_check.sh" --kernels --dry-run) || die "kit's --kernels --dry-run: $adry"
-for p in $(echo "$adry" | grep '^\[dry-run\]' | grep -oE '(dev/cuda/[a-z_]+|dev/bench/torch_attention.py)' | sort -u); do
+for p in $(echo "$adry" | grep '^\[dry-run\]' | grep -oE '(dev/cuda/[a-z0-9_]+|dev/bench/torch_attention.py)' | sort -u); do
     [ -e "$K/$p" ] || die "a --kernels step runs $p, which the kit lacks"
 done
 # gpu_window.sh's plumbing (no GPU here: every gpu_check stage stops at once): at most 8 files
