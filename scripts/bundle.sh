@@ -120,9 +120,9 @@ if [ $KIT = 1 ]; then
     mkdir -p "$DIST/test/data" "$DIST/dev/cuda"
     cp test/data/ref_*.bin "$DIST/test/data/"
     # dev/cuda's kernel notebooks and PyTorch's SDPA beside the attention (gpu_check --kernels)
-    make -C dev/cuda GPU_ARCH="$GPU_ARCH" attention_forward attention_backward classifier layernorm matmul_epilogue fp8_gemm
+    make -C dev/cuda GPU_ARCH="$GPU_ARCH" attention_forward attention_backward classifier layernorm matmul_epilogue fp8_gemm fp8_cast
     cp dev/cuda/attention_forward dev/cuda/attention_backward dev/cuda/classifier dev/cuda/layernorm \
-        dev/cuda/matmul_epilogue dev/cuda/fp8_gemm "$DIST/dev/cuda/"
+        dev/cuda/matmul_epilogue dev/cuda/fp8_gemm dev/cuda/fp8_cast "$DIST/dev/cuda/"
     cp dev/bench/torch_attention.py "$DIST/dev/bench/"
     size=$(du -sm "$DIST" | cut -f1)
     [ "$size" -le 60 ] || { echo "bundle --kit: $DIST is $size MiB, over 60" >&2; exit 1; }

@@ -13,7 +13,7 @@
 # v2/v3) at GPT-2 124M's shape and FlashAttention's benchmark shapes beside PyTorch's SDPA (issue
 # 30's peer), the fused cross entropy (v3/v5) and LayerNorm (v3/v5) at GPT-2 124M B=32's shapes,
 # the bias gradient, GELU and cuBLASLt epilogues around the matmuls (matmul_epilogue v1-v6), the fp8
-# GEMM forms cuBLASLt accepts and their speed against bf16 (fp8_gemm).
+# GEMM forms cuBLASLt accepts and their speed against bf16 (fp8_gemm), the fp8 casts (fp8_cast v1-v2).
 # `--dry-run`: every step printed with its time limit, nothing run, nothing written.
 
 # test_gpu's filters, in the order they run (test/e2e/test_gpu_check_list.sh checks this list
@@ -275,7 +275,7 @@ stage_kernels() {
     for v in "classifier 3 32768 50257 50304" "classifier 5 32768 50257 50304" "layernorm 3 32768 768" \
              "layernorm 5 32768 768" "matmul_epilogue 1" "matmul_epilogue 2" "matmul_epilogue 3" \
              "matmul_epilogue 4" "matmul_epilogue 5" "matmul_epilogue 6" "fp8_gemm 48 32 64" \
-             "fp8_gemm 6400 8192 1600" "fp8_gemm 1600 8192 6400"; do
+             "fp8_gemm 6400 8192 1600" "fp8_gemm 1600 8192 6400" "fp8_cast 1" "fp8_cast 2"; do
         log="$WORK/kernel_$(echo "$v" | tr ' ' '_').log"
         # shellcheck disable=SC2086
         step "$v" 60 dev/cuda/$v >"$log" 2>&1

@@ -1,7 +1,7 @@
 // FP8 linear layers on CUDA (Ops::matmul_forward_fp8 / matmul_backward_fp8, llmc/backend/ops.h):
 //  - scale_kernel: the cast's scale s and 1/s in device memory (from the host's delayed scale,
 //    or from the tensor's amax for the current recipe: no host round trip);
-//  - amax_kernel: the current recipe's amax pass;
+//  - amax_kernel: the current recipe's amax pass (one atomic per block: block_max_atomic);
 //  - cast_kernel: fp32/bf16 -> e4m3/e5m2 (cvt with satfinite: round to nearest even, saturate),
 //    fused with the amax of the unscaled tensor, writing the plain and/or the transposed copy;
 //  - Fp8Gemm: cuBLASLt fp8 GEMM, fp32 accumulation, A/B scale pointers = 1/s, fast
@@ -16,7 +16,9 @@
 // same fp32 sum rounded once into the destination. The choice is made once per problem.
 //
 // Amaxes are max-accumulated with atomicMax on the float bits of |x| (fp8_abs_bits order:
-// non-negative floats order as unsigned integers, NaN > inf > finite): exact in any order.
+// non-negative floats order as unsigned integers, NaN > inf > finite): exact in any order, one
+// atomic per block (one per warp was the likely cost behind fp8 at 0.81x of bf16 at the 1.5B
+// shape on an H200, 2026-11-27; dev/cuda/fp8_cast times the two).
 #pragma once
 #include <cuda_fp8.h>
 
@@ -41,14 +43,29 @@ __device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
     return v;
 }
 
-// *amax_bits = max(*amax_bits, max over x of fp8_abs_bits). Grid-stride; one atomic per warp.
+// *dst = max(*dst, the largest m of the block's threads): a warp max, the warps' maxima through
+// shared memory, one atomic per block (same-address atomics serialize in L2: one per warp of a
+// 52M-element cast was 1.6M of them). Every thread of the block calls it (it has a barrier).
+__device__ __forceinline__ void block_max_atomic(unsigned* dst, unsigned m) {
+    __shared__ unsigned warp_m[32];
+    const int tid = threadIdx.x + threadIdx.y * blockDim.x;
+    const int warps = (blockDim.x * blockDim.y + 31) / 32;
+    m = warp_max_u32(m);
+    if ((tid & 31) == 0) warp_m[tid >> 5] = m;
+    __syncthreads();
+    if (tid == 0) {
+        for (int w = 1; w < warps; w++) m = max(m, warp_m[w]);
+        atomicMax(dst, m);
+    }
+}
+
+// *amax_bits = max(*amax_bits, max over x of fp8_abs_bits). Grid-stride; one atomic per block.
 template <class T>
 __global__ void amax_kernel(unsigned* amax_bits, const T* x, long long n) {
     unsigned m = 0;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         m = max(m, fp8_abs_bits(to_f32(x[i])));
-    m = warp_max_u32(m);
-    if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, m);
+    block_max_atomic(amax_bits, m);
 }
 
 // Where a cast's scales sit in its slot of CudaFp8's small device buffer (floats): s at 0, 1/s
@@ -72,37 +89,46 @@ __global__ void scale_kernel(float* sc, const unsigned* amax_bits, float host_sc
 }
 
 // x [rows, cols] row-major -> codes of x * sc[0]: out [rows, cols] and/or outT [cols, rows]
-// (either may be nullptr); amax_bits (may be nullptr) max-accumulates |x|. Block (32, 8)
-// handles a 32 x 32 tile; the transposed copy goes through shared memory so that both the
-// reads and the writes are row-contiguous.
+// (either may be nullptr); amax_bits (may be nullptr) max-accumulates |x|. Block (32, 8) walks
+// 32 x 32 tiles grid-stride (a bounded grid: one amax atomic per block, kCastBlocks at most); the
+// transposed copy goes through shared memory so that both the reads and the writes are
+// row-contiguous. Under the CUDA emulator the grid is 3 blocks, so that the test shapes walk
+// several tiles a block (the loop and its second barrier are what a one-tile grid never runs).
+#ifdef LLMC_CUEMU
+constexpr int kCastBlocks = 3;
+#else
+constexpr int kCastBlocks = 1024;
+#endif
 template <class T>
 __global__ void cast_kernel(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, unsigned* amax_bits, const T* x,
                             const float* sc, int rows, int cols, Fp8Format f) {
     __shared__ __nv_fp8_storage_t tile[32][33];
-    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+    const int tiles_c = (cols + 31) / 32;
+    const long long tiles = (long long)tiles_c * ((rows + 31) / 32);
     const float s = sc[0];
     unsigned m = 0;
-    for (int i = threadIdx.y; i < 32; i += 8) {
-        const int r = r0 + i, c = c0 + threadIdx.x;
-        if (r < rows && c < cols) {
-            const float v = to_f32(x[(long long)r * cols + c]);
-            m = max(m, fp8_abs_bits(v));
-            const __nv_fp8_storage_t q = cvt(v * s, f);
-            if (out) out[(long long)r * cols + c] = q;
-            tile[i][threadIdx.x] = q;
-        }
-    }
-    if (outT) {  // uniform over the block: the barrier is safe
-        __syncthreads();
+    for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {  // uniform over the block
+        const int c0 = (int)(t % tiles_c) * 32, r0 = (int)(t / tiles_c) * 32;
         for (int i = threadIdx.y; i < 32; i += 8) {
-            const int c = c0 + i, r = r0 + threadIdx.x;
-            if (c < cols && r < rows) outT[(long long)c * rows + r] = tile[threadIdx.x][i];
+            const int r = r0 + i, c = c0 + threadIdx.x;
+            if (r < rows && c < cols) {
+                const float v = to_f32(x[(long long)r * cols + c]);
+                m = max(m, fp8_abs_bits(v));
+                const __nv_fp8_storage_t q = cvt(v * s, f);
+                if (out) out[(long long)r * cols + c] = q;
+                tile[i][threadIdx.x] = q;
+            }
+        }
+        if (outT) {  // uniform over the block: the barriers are safe
+            __syncthreads();
+            for (int i = threadIdx.y; i < 32; i += 8) {
+                const int c = c0 + i, r = r0 + threadIdx.x;
+                if (c < cols && r < rows) outT[(long long)c * rows + r] = tile[threadIdx.x][i];
+            }
+            __syncthreads();  // the next tile overwrites this one
         }
     }
-    if (amax_bits) {
-        m = warp_max_u32(m);
-        if (threadIdx.x == 0) atomicMax(amax_bits, m);
-    }
+    if (amax_bits) block_max_atomic(amax_bits, m);
 }
 
 // out[i] = (accumulate ? out[i] : 0) + src[i] (+ bias[i % OC]): the end of an fp8 GEMM that
@@ -418,8 +444,8 @@ private:
             LLMC_LAUNCH(scale_kernel, 1, 1, 0, stream, sc, c.current ? amax : nullptr, c.scale, c.format, c.margin,
                         record);
             CUDA_CHECK_LAUNCH();
-            const dim3 grid(ceil_div(cols, 32), ceil_div(rows, 32));
-            LLMC_LAUNCH(cast_kernel<T>, grid, dim3(32, 8), 0, stream, out, outT, c.current ? nullptr : record, xp, sc,
+            const long long tiles = (long long)ceil_div(cols, 32) * ceil_div(rows, 32);
+            LLMC_LAUNCH(cast_kernel<T>, (int)std::min<long long>(tiles, kCastBlocks), dim3(32, 8), 0, stream, out, outT, c.current ? nullptr : record, xp, sc,
                         rows, cols, c.format);
             CUDA_CHECK_LAUNCH();
         });

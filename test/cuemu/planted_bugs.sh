@@ -19,8 +19,10 @@ mutate column_sum_no_barrier llmc/cuda/common.cuh rmsnorm \
 mutate rmsnorm_with_mean_term llmc/cuda/layernorm.cuh rmsnorm \
     'const float mean_dn = RMS ? 0.0f : warp_sum(sum_dn)' 'const float mean_dn = warp_sum(sum_dn)'
 mutate divergent_shuffle llmc/cuda/fp8.cuh fp8 \
-    $'m = warp_max_u32(m);\n    if ((threadIdx.x & 31) == 0) atomicMax' \
-    $'if ((threadIdx.x & 31) < 16) m = warp_max_u32(m);\n    if ((threadIdx.x & 31) == 0) atomicMax'
+    $'m = warp_max_u32(m);\n    if ((tid & 31) == 0) warp_m' \
+    $'if ((tid & 31) < 16) m = warp_max_u32(m);\n    if ((tid & 31) == 0) warp_m'
+mutate fp8_cast_next_tile_race llmc/cuda/fp8.cuh fp8 \
+    '__syncthreads();  // the next tile overwrites this one' ''
 mutate smem_half_the_accumulators llmc/cuda/layernorm.cuh layernorm \
     '(size_t)W * Q * ln_acc_stride(C, K) * sizeof(float)' '(size_t)W * ln_acc_stride(C, K) * sizeof(float)'
 mutate warps_summed_before_barrier llmc/cuda/layernorm.cuh layernorm \

@@ -11,7 +11,7 @@ if [ ! -x "$NVCC" ]; then
 fi
 make -C "$ROOT/dev/cuda" -j2 GPU_ARCH=90 NVCC="$NVCC" > "$W/build.log" 2>&1 ||
     die "dev/cuda does not compile: $(grep -m3 -E 'error' "$W/build.log")"
-for t in attention_forward attention_backward layernorm classifier adamw matmul_epilogue fp8_gemm; do
+for t in attention_forward attention_backward layernorm classifier adamw matmul_epilogue fp8_gemm fp8_cast; do
     [ -x "$ROOT/dev/cuda/$t" ] || die "dev/cuda/$t was not built"
 done
-echo "PASS: dev/cuda compiles (7 kernel experiments, sm_90)"
+echo "PASS: dev/cuda compiles (8 kernel experiments, sm_90)"
