@@ -429,16 +429,16 @@ public:
             }
         });
     }
-    // dout *= gelu'(pre_gelu) (gelu_backward_inplace_kernel); dinp: one GEMM; dw: one GEMM whose
-    // BGRADB epilogue writes the bias gradient (into scratch: the contract adds it to dbias, a
-    // small kernel does). Where cuBLASLt takes no BGRADB for the problem, launch_bias_grad.
+    // dout *= gelu'(pre_gelu) (gelu_backward_inplace_kernel); dinp: one GEMM; dbias: launch_bias_grad;
+    // dw: one GEMM. Not cuBLASLt's BGRADB epilogue on the dw GEMM: on an H200 (2026-11-27,
+    // dev/cuda/matmul_epilogue v6, GPT-2 124M's fc at B 8) the GEMM with BGRADB and the add into
+    // dbias took 0.0864 ms, the plain GEMM and launch_bias_grad 0.0748 ms.
     void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
                          int N, int IC, int OC) override {
         same_dtype({&dinp, &dw, &dbias, &dout, &inp, &w, &pre_gelu});
         if (!N || !OC) return;
         const cudaDataType_t lt = lt_type(dout.dtype);
         const long long n = (long long)N * OC;
-        const size_t es = dtype_size(dout.dtype);
         if (pre_gelu.ptr) {
             dispatch(dout.dtype, [&](auto tag) {
                 using T_ = decltype(tag);
@@ -450,27 +450,15 @@ public:
         // dinp^T[IC, N] = w(as stored: IC x OC col-major) * dout^T[OC, N]
         if (dinp.ptr)
             lt_.matmul(LtGemm{dinp.ptr, w.ptr, dout.ptr, IC, N, OC, false, false, IC, OC, IC, 0.0f, lt}, stream_);
-        // dw(as stored: IC x OC col-major) += inp^T[IC, N] * (dout^T[OC, N])^T; dbias = column sums of dout
-        LtGemm g{dw.ptr, inp.ptr, dout.ptr, IC, OC, N, false, true, IC, OC, IC, 1.0f, lt};
-        if (dbias.ptr) {
-            LtGemm with_bgrad = g;
-            with_bgrad.bgrad = bias_scratch_.get((size_t)OC * es, stream_);
-            if (lt_.run(with_bgrad, stream_)) {
-                dispatch(dout.dtype, [&](auto tag) {
-                    using T_ = decltype(tag);
-                    launch_residual_forward<T_>(stream_, P<T_>(dbias), P<T_>(dbias),
-                                                static_cast<const T_*>(with_bgrad.bgrad), (long long)OC);
-                });
-                CUDA_CHECK_LAUNCH();
-                return;
-            }
+        if (dbias.ptr)
             dispatch(dout.dtype, [&](auto tag) {
                 using T_ = decltype(tag);
                 float* part = static_cast<float*>(
                     bias_scratch_.get(std::max<size_t>(1, bias_grad_partial_floats(N, OC)) * sizeof(float), stream_));
                 launch_bias_grad(P<T_>(dbias), P<T_>(dout), N, OC, part, stream_);
             });
-        }
+        // dw(as stored: IC x OC col-major) += inp^T[IC, N] * (dout^T[OC, N])^T
+        LtGemm g{dw.ptr, inp.ptr, dout.ptr, IC, OC, N, false, true, IC, OC, IC, 1.0f, lt};
         lt_.matmul(g, stream_);
     }
 
@@ -888,7 +876,7 @@ private:
     }
     LtMatmul lt_;
     GrowBuffer scratch_[4];
-    GrowBuffer bias_scratch_;  // matmul_backward: the BGRADB bias gradient, or launch_bias_grad's partial sums
+    GrowBuffer bias_scratch_;  // matmul_backward: launch_bias_grad's partial sums
     // the upload ring (from_host_bytes)
     struct Upload {
         void* host = nullptr;  // pinned, kUploadNoSync bytes

@@ -74,7 +74,8 @@ __global__ void gelu_backward_inplace_kernel(T* dout, const T* pre, long long n)
 }
 
 // ---- bias gradient: dbias[c] += sum_n dout[n, c], deterministic, no atomics ----
-// Where cuBLASLt's BGRADB epilogue is not taken. Two passes over chunks of kBiasRows rows:
+// CudaOps's and CudaFp8's (faster than cuBLASLt's BGRADB epilogue on an H200: see matmul_backward).
+// Two passes over chunks of kBiasRows rows:
 // bias_grad_partial_kernel, a block of 32 x 8 threads over 32 * V columns of one chunk (V = 8 bf16
 // or 4 fp32 with 16-byte loads when dout is 16-byte aligned and OC a multiple of V, else 1): a warp
 // reads 32 * V consecutive elements of a row; thread (x, y) sums rows y, y + 8, ... of the chunk in
@@ -311,7 +312,8 @@ private:
 //    tanh approximation, as gelu_tanh (PyTorch's _addmm_activation(use_gelu) on CUDA is its
 //    gelu(approximate="tanh"), XLA fuses only that form into it). The GELU is applied to the fp32
 //    value, before aux is rounded to the output type;
-//  - bgrad (BGRADB): bgrad[n] = sum over k of op(B)[k, n], written (not added), D unchanged.
+//  - bgrad (BGRADB): bgrad[n] = sum over k of op(B)[k, n], written (not added), D unchanged (the
+//    backend takes launch_bias_grad instead; dev/cuda/matmul_epilogue v6 times the two).
 // type bf16 or fp16: A, B, D, bias, aux, bgrad all of it, fp32 compute; fp32: all fp32, strict (no TF32).
 struct LtGemm {
     void* D;
