@@ -22,7 +22,7 @@ namespace flash {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// K [kBR][LD], V [kBR][LD], Q [2][BQ][LD], dO [2][BQ][LD] (E), lse*log2e [2][BQ], D [2][BQ]
+// K [kBR][LD], V [kBR][LD], Q [2][BQ][LD], dO [2][BQ][LD] (E), lse [2][BQ], D [2][BQ] (16-byte aligned)
 template <int HS, int BQ> struct DkdvSmem {
     static constexpr int LD = HS + 8;
     static constexpr size_t k = 0, v = k + (size_t)kBR * LD * 2, q = v + (size_t)kBR * LD * 2,
@@ -72,10 +72,18 @@ __global__ void __launch_bounds__(kThreads)
         const int h = kvh * group + i / nqt, q0 = (qt0 + i % nqt) * BQ;
         load_tile<HS, BQ>(sQ + buf * BQ * LD, qkv_q + (long long)b * Tq * stride + (long long)h * HS, stride, q0, Tq);
         load_tile<HS, BQ>(sO + buf * BQ * LD, dout + (long long)b * Tq * ostride + (long long)h * HS, ostride, q0, Tq);
-        for (int r = threadIdx.x; r < BQ; r += kThreads) {
-            const long long li = ((long long)b * NH + h) * Tq + q0 + r;
-            sL[buf * BQ + r] = q0 + r < Tq ? lse[li] * kLog2e : 0.0f;
-            sD[buf * BQ + r] = q0 + r < Tq ? D[li] : 0.0f;
+        // lse and D of the tile's rows, 4 rows a 16-byte cp.async (with Q and dO: a plain load here
+        // would stall its warp for the global latency every tile); rows past Tq and unaligned
+        // chunks element by element (past Tq: 0)
+        const long long l0 = ((long long)b * NH + h) * Tq + q0;
+        for (int idx = threadIdx.x; idx < 2 * (BQ / 4); idx += kThreads) {
+            const int r = (idx % (BQ / 4)) * 4;
+            const float* src = (idx < BQ / 4 ? lse : D) + l0 + r;
+            float* dst = (idx < BQ / 4 ? sL : sD) + buf * BQ + r;
+            if (q0 + r + 4 <= Tq && reinterpret_cast<uintptr_t>(src) % 16 == 0)
+                ptx::cp_async_16(dst, src);
+            else
+                for (int e = 0; e < 4; e++) dst[e] = q0 + r + e < Tq ? src[e] : 0.0f;
         }
     };
     load_tile<HS, kBR>(sK, Kg, stride, k0, Tk);
@@ -133,14 +141,18 @@ __global__ void __launch_bounds__(kThreads)
             }
             // P^T and dS^T (element: key row g + 8 (e >> 1), query column j * 8 + 2t + (e & 1))
             const bool full = q0 + BQ <= Tq && klast <= qp.at(q0) && kw0 + 16 <= Tk;
-            for (int j = 0; j < NT; j++)
+            for (int j = 0; j < NT; j++) {
+                const float2 l2 = *reinterpret_cast<const float2*>(tL + j * 8 + 2 * t);  // columns 2t, 2t + 1
+                const float2 d2 = *reinterpret_cast<const float2*>(tD + j * 8 + 2 * t);
                 for (int e = 0; e < 4; e++) {
                     const int c = j * 8 + 2 * t + (e & 1), qi = q0 + c;
                     const bool vis = full || (qi < Tq && kpos[e >> 1] <= qp.at(qi));
-                    const float p = vis ? exp2f(fmaf(s[j][e], scale * kLog2e, -tL[c])) : 0.0f;
+                    const float lc = (e & 1) ? l2.y : l2.x, dc = (e & 1) ? d2.y : d2.x;
+                    const float p = vis ? exp2f(fmaf(s[j][e], scale * kLog2e, -(lc * kLog2e))) : 0.0f;
                     s[j][e] = p;
-                    dp[j][e] = p * (dp[j][e] - tD[c]);
+                    dp[j][e] = p * (dp[j][e] - dc);
                 }
+            }
             // dV += P^T dO, dK += dS^T Q
             for (int kc = 0; kc < BQ / 16; kc++) {
                 const uint32_t ap[4] = {ptx::pack2<E>(s[2 * kc][0], s[2 * kc][1]),

@@ -13,6 +13,9 @@ using std::isnan;
 struct uint3 {
     unsigned x, y, z;
 };
+struct alignas(8) float2 {  // CUDA's: 8-byte aligned, so a load of one is one 8-byte access
+    float x, y;
+};
 struct dim3 {
     unsigned x, y, z;
     constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
