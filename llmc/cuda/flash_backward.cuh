@@ -2,8 +2,9 @@
 // forward (llmc/cuda/flash_attention.cuh: its notation, tiles and helpers). Recomputes P from
 // the forward's lse; D = rowsum(dO * O) comes from attention.cuh's D kernel. Deterministic, no
 // atomics: two kernels, each owning what it writes.
-//  - dK, dV: one block per (key tile of 64 rows, key/value head, batch), each warp 16 key rows,
-//    in the transposed orientation: S^T = K Q^T and dP^T = V dO^T in registers (K, V fragments
+//  - dK, dV: one block per (key tile of 64 MT rows, key/value head, batch), each warp MT m-tiles
+//    of 16 key rows (MT 2 up to head size 64: each Q and dO fragment a warp loads then feeds twice
+//    the mma, the forward's two m-tiles for the same reason), in the transposed orientation: S^T = K Q^T and dP^T = V dO^T in registers (K, V fragments
 //    by ldmatrix, Q, dO as B by ldmatrix), P^T = exp2(S^T scale log2e - lse log2e), dS^T =
 //    P^T (dP^T - D), then dV += P^T dO and dK += dS^T Q with P^T, dS^T rounded straight from the
 //    accumulators into A registers (dO, Q by ldmatrix.trans). The query tiles stream through a
@@ -22,10 +23,11 @@ namespace flash {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// K [kBR][LD], V [kBR][LD], Q [2][BQ][LD], dO [2][BQ][LD] (E), lse [2][BQ], D [2][BQ] (16-byte aligned)
-template <int HS, int BQ> struct DkdvSmem {
-    static constexpr int LD = HS + 8;
-    static constexpr size_t k = 0, v = k + (size_t)kBR * LD * 2, q = v + (size_t)kBR * LD * 2,
+// K [BK][LD], V [BK][LD] (BK = kBR MT key rows), Q [2][BQ][LD], dO [2][BQ][LD] (E), lse [2][BQ],
+// D [2][BQ] (16-byte aligned)
+template <int HS, int BQ, int MT> struct DkdvSmem {
+    static constexpr int LD = HS + 8, BK = kBR * MT;
+    static constexpr size_t k = 0, v = k + (size_t)BK * LD * 2, q = v + (size_t)BK * LD * 2,
                             dO = q + (size_t)2 * BQ * LD * 2, lse = dO + (size_t)2 * BQ * LD * 2,
                             d = lse + (size_t)2 * BQ * 4, total = d + (size_t)2 * BQ * 4;
 };
@@ -41,14 +43,14 @@ __device__ __forceinline__ void store_pair(E* p, float x, float y, bool accumula
     *reinterpret_cast<uint32_t*>(p) = ptx::pack2<E>(x, y);
 }
 
-// grid (B * NKV, ceil(Tk / kBR)), kThreads threads, DkdvSmem<HS, BQ>::total bytes
-template <class E, int HS, int BQ>
+// grid (B * NKV, ceil(Tk / (kBR MT))), kThreads threads, DkdvSmem<HS, BQ, MT>::total bytes
+template <class E, int HS, int BQ, int MT>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dkdv_kernel(E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                                const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                                SeqPositions kp, bool accumulate) {
-    using L = DkdvSmem<HS, BQ>;
-    constexpr int LD = L::LD, NT = BQ / 8, DT = HS / 8;
+    using L = DkdvSmem<HS, BQ, MT>;
+    constexpr int LD = L::LD, BK = L::BK, NT = BQ / 8, DT = HS / 8;
     LLMC_EXTERN_SMEM(char, smem);
     E* sK = reinterpret_cast<E*>(smem + L::k);
     E* sV = reinterpret_cast<E*>(smem + L::v);
@@ -58,7 +60,7 @@ __global__ void __launch_bounds__(kThreads)
     float* sD = reinterpret_cast<float*>(smem + L::d);
 
     const int kvh = blockIdx.x % NKV, b = blockIdx.x / NKV, group = NH / NKV;
-    const int k0 = blockIdx.y * kBR;  // the first key tiles see the most queries: first
+    const int k0 = blockIdx.y * BK;  // the first key tiles see the most queries: first
     const long long stride = (long long)(NH + 2 * NKV) * HS, ostride = (long long)NH * HS;
     const E* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
     const E* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
@@ -83,25 +85,37 @@ __global__ void __launch_bounds__(kThreads)
             if (q0 + r + 4 <= Tq && reinterpret_cast<uintptr_t>(src) % 16 == 0)
                 ptx::cp_async_16(dst, src);
             else
+                LLMC_UNROLL
                 for (int e = 0; e < 4; e++) dst[e] = q0 + r + e < Tq ? src[e] : 0.0f;
         }
     };
-    load_tile<HS, kBR>(sK, Kg, stride, k0, Tk);
-    load_tile<HS, kBR>(sV, Vg, stride, k0, Tk);
+    load_tile<HS, BK>(sK, Kg, stride, k0, Tk);
+    load_tile<HS, BK>(sV, Vg, stride, k0, Tk);
     if (n > 0) issue(0, 0);
     ptx::cp_async_commit();
 
-    const int kw0 = k0 + 16 * warp;  // this warp's key rows; this lane's: kw0 + g, kw0 + g + 8
+    // this warp's key rows [kw0, kw0 + 16 MT); m-tile m's lane rows: kw0 + 16 m + g, + 8
+    const int kw0 = k0 + 16 * MT * warp;
     const bool active = kw0 < Tk;
-    int kpos[2];
-    for (int i = 0; i < 2; i++) kpos[i] = kw0 + g + 8 * i < Tk ? kp.at(kw0 + g + 8 * i) : INT_MAX;
-    const int kfirst = active ? kp.at(kw0) : INT_MAX, klast = active ? kp.at(min(Tk, kw0 + 16) - 1) : INT_MAX;
-    float dk[DT][4], dv[DT][4];
-    for (int d = 0; d < DT; d++)
-        for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
-    // A rows (K, V: this warp's 16 keys); B rows, non-transposed (Q, dO as K in the forward) and
-    // transposed (dO, Q as V in the forward)
-    const int arow = 16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8, acol = (lane >> 4) * 8;
+    int kpos[MT][2];
+    LLMC_UNROLL
+    for (int m = 0; m < MT; m++)
+        LLMC_UNROLL
+        for (int i = 0; i < 2; i++) {
+            const int r = kw0 + 16 * m + g + 8 * i;
+            kpos[m][i] = r < Tk ? kp.at(r) : INT_MAX;
+        }
+    const int kfirst = active ? kp.at(kw0) : INT_MAX, klast = active ? kp.at(min(Tk, kw0 + 16 * MT) - 1) : INT_MAX;
+    float dk[MT][DT][4], dv[MT][DT][4];
+    LLMC_UNROLL
+    for (int m = 0; m < MT; m++)
+        LLMC_UNROLL
+        for (int d = 0; d < DT; d++)
+            LLMC_UNROLL
+            for (int e = 0; e < 4; e++) dk[m][d][e] = dv[m][d][e] = 0.0f;
+    // A rows (K, V: m-tile m's 16 keys at + 16 m); B rows, non-transposed (Q, dO as K in the
+    // forward) and transposed (dO, Q as V in the forward)
+    const int arow = 16 * MT * warp + (lane & 7) + ((lane >> 3) & 1) * 8, acol = (lane >> 4) * 8;
     const int brow = (lane >> 4) * 8 + (lane & 7), bcol = ((lane >> 3) & 1) * 8;
     const int trow = (lane & 7) + ((lane >> 3) & 1) * 8, tcol = (lane >> 4) * 8;
 
@@ -120,75 +134,111 @@ __global__ void __launch_bounds__(kThreads)
             const E* tO = sO + buf * BQ * LD;
             const float* tL = sL + buf * BQ;
             const float* tD = sD + buf * BQ;
-            float s[NT][4], dp[NT][4];
-            for (int j = 0; j < NT; j++)
-                for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+            float s[MT][NT][4], dp[MT][NT][4];
+            LLMC_UNROLL
+            for (int m = 0; m < MT; m++)
+                LLMC_UNROLL
+                for (int j = 0; j < NT; j++)
+                    LLMC_UNROLL
+                    for (int e = 0; e < 4; e++) s[m][j][e] = dp[m][j][e] = 0.0f;
+            LLMC_UNROLL
             for (int kc = 0; kc < HS / 16; kc++) {
-                uint32_t ka[4], va[4];
-                ptx::ldmatrix_x4(ka, sK + arow * LD + acol + kc * 16);
-                ptx::ldmatrix_x4(va, sV + arow * LD + acol + kc * 16);
+                uint32_t ka[MT][4], va[MT][4];
+                LLMC_UNROLL
+                for (int m = 0; m < MT; m++) {
+                    ptx::ldmatrix_x4(ka[m], sK + (arow + 16 * m) * LD + acol + kc * 16);
+                    ptx::ldmatrix_x4(va[m], sV + (arow + 16 * m) * LD + acol + kc * 16);
+                }
+                LLMC_UNROLL
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4(r, tQ + (np * 16 + brow) * LD + bcol + kc * 16);
                     const uint32_t q0b[2] = {r[0], r[1]}, q1b[2] = {r[2], r[3]};
-                    ptx::mma_16816<E>(s[2 * np], ka, q0b, s[2 * np]);
-                    ptx::mma_16816<E>(s[2 * np + 1], ka, q1b, s[2 * np + 1]);
+                    LLMC_UNROLL
+                    for (int m = 0; m < MT; m++) {
+                        ptx::mma_16816<E>(s[m][2 * np], ka[m], q0b, s[m][2 * np]);
+                        ptx::mma_16816<E>(s[m][2 * np + 1], ka[m], q1b, s[m][2 * np + 1]);
+                    }
                     ptx::ldmatrix_x4(r, tO + (np * 16 + brow) * LD + bcol + kc * 16);
                     const uint32_t o0b[2] = {r[0], r[1]}, o1b[2] = {r[2], r[3]};
-                    ptx::mma_16816<E>(dp[2 * np], va, o0b, dp[2 * np]);
-                    ptx::mma_16816<E>(dp[2 * np + 1], va, o1b, dp[2 * np + 1]);
+                    LLMC_UNROLL
+                    for (int m = 0; m < MT; m++) {
+                        ptx::mma_16816<E>(dp[m][2 * np], va[m], o0b, dp[m][2 * np]);
+                        ptx::mma_16816<E>(dp[m][2 * np + 1], va[m], o1b, dp[m][2 * np + 1]);
+                    }
                 }
             }
-            // P^T and dS^T (element: key row g + 8 (e >> 1), query column j * 8 + 2t + (e & 1))
-            const bool full = q0 + BQ <= Tq && klast <= qp.at(q0) && kw0 + 16 <= Tk;
+            // P^T and dS^T (element of m-tile m: key row 16 m + g + 8 (e >> 1), query column
+            // j * 8 + 2t + (e & 1))
+            const bool full = q0 + BQ <= Tq && klast <= qp.at(q0) && kw0 + 16 * MT <= Tk;
+            LLMC_UNROLL
             for (int j = 0; j < NT; j++) {
                 const float2 l2 = *reinterpret_cast<const float2*>(tL + j * 8 + 2 * t);  // columns 2t, 2t + 1
                 const float2 d2 = *reinterpret_cast<const float2*>(tD + j * 8 + 2 * t);
-                for (int e = 0; e < 4; e++) {
-                    const int c = j * 8 + 2 * t + (e & 1), qi = q0 + c;
-                    const bool vis = full || (qi < Tq && kpos[e >> 1] <= qp.at(qi));
-                    const float lc = (e & 1) ? l2.y : l2.x, dc = (e & 1) ? d2.y : d2.x;
-                    const float p = vis ? exp2f(fmaf(s[j][e], scale * kLog2e, -(lc * kLog2e))) : 0.0f;
-                    s[j][e] = p;
-                    dp[j][e] = p * (dp[j][e] - dc);
-                }
+                LLMC_UNROLL
+                for (int m = 0; m < MT; m++)
+                    LLMC_UNROLL
+                    for (int e = 0; e < 4; e++) {
+                        const int c = j * 8 + 2 * t + (e & 1), qi = q0 + c;
+                        const bool vis = full || (qi < Tq && kpos[m][e >> 1] <= qp.at(qi));
+                        const float lc = (e & 1) ? l2.y : l2.x, dc = (e & 1) ? d2.y : d2.x;
+                        const float p = vis ? exp2f(fmaf(s[m][j][e], scale * kLog2e, -(lc * kLog2e))) : 0.0f;
+                        s[m][j][e] = p;
+                        dp[m][j][e] = p * (dp[m][j][e] - dc);
+                    }
             }
             // dV += P^T dO, dK += dS^T Q
+            LLMC_UNROLL
             for (int kc = 0; kc < BQ / 16; kc++) {
-                const uint32_t ap[4] = {ptx::pack2<E>(s[2 * kc][0], s[2 * kc][1]),
-                                        ptx::pack2<E>(s[2 * kc][2], s[2 * kc][3]),
-                                        ptx::pack2<E>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                        ptx::pack2<E>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-                const uint32_t ad[4] = {ptx::pack2<E>(dp[2 * kc][0], dp[2 * kc][1]),
-                                        ptx::pack2<E>(dp[2 * kc][2], dp[2 * kc][3]),
-                                        ptx::pack2<E>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                                        ptx::pack2<E>(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+                uint32_t ap[MT][4], ad[MT][4];
+                LLMC_UNROLL
+                for (int m = 0; m < MT; m++) {
+                    ap[m][0] = ptx::pack2<E>(s[m][2 * kc][0], s[m][2 * kc][1]);
+                    ap[m][1] = ptx::pack2<E>(s[m][2 * kc][2], s[m][2 * kc][3]);
+                    ap[m][2] = ptx::pack2<E>(s[m][2 * kc + 1][0], s[m][2 * kc + 1][1]);
+                    ap[m][3] = ptx::pack2<E>(s[m][2 * kc + 1][2], s[m][2 * kc + 1][3]);
+                    ad[m][0] = ptx::pack2<E>(dp[m][2 * kc][0], dp[m][2 * kc][1]);
+                    ad[m][1] = ptx::pack2<E>(dp[m][2 * kc][2], dp[m][2 * kc][3]);
+                    ad[m][2] = ptx::pack2<E>(dp[m][2 * kc + 1][0], dp[m][2 * kc + 1][1]);
+                    ad[m][3] = ptx::pack2<E>(dp[m][2 * kc + 1][2], dp[m][2 * kc + 1][3]);
+                }
+                LLMC_UNROLL
                 for (int d2 = 0; d2 < HS / 16; d2++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4_trans(r, tO + (kc * 16 + trow) * LD + tcol + d2 * 16);
                     const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    ptx::mma_16816<E>(dv[2 * d2], ap, b0, dv[2 * d2]);
-                    ptx::mma_16816<E>(dv[2 * d2 + 1], ap, b1, dv[2 * d2 + 1]);
+                    LLMC_UNROLL
+                    for (int m = 0; m < MT; m++) {
+                        ptx::mma_16816<E>(dv[m][2 * d2], ap[m], b0, dv[m][2 * d2]);
+                        ptx::mma_16816<E>(dv[m][2 * d2 + 1], ap[m], b1, dv[m][2 * d2 + 1]);
+                    }
                     ptx::ldmatrix_x4_trans(r, tQ + (kc * 16 + trow) * LD + tcol + d2 * 16);
                     const uint32_t c0[2] = {r[0], r[1]}, c1[2] = {r[2], r[3]};
-                    ptx::mma_16816<E>(dk[2 * d2], ad, c0, dk[2 * d2]);
-                    ptx::mma_16816<E>(dk[2 * d2 + 1], ad, c1, dk[2 * d2 + 1]);
+                    LLMC_UNROLL
+                    for (int m = 0; m < MT; m++) {
+                        ptx::mma_16816<E>(dk[m][2 * d2], ad[m], c0, dk[m][2 * d2]);
+                        ptx::mma_16816<E>(dk[m][2 * d2 + 1], ad[m], c1, dk[m][2 * d2 + 1]);
+                    }
                 }
             }
         }
         __syncthreads();  // the next iteration's prefetch overwrites this buffer
     }
 
-    for (int i = 0; i < 2; i++) {
-        const int kj = kw0 + g + 8 * i;
-        if (kj >= Tk) continue;
-        E* dkr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + kvh) * HS;
-        E* dvr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + NKV + kvh) * HS;
-        for (int d = 0; d < DT; d++) {
-            store_pair(dkr + d * 8 + 2 * t, dk[d][2 * i] * scale, dk[d][2 * i + 1] * scale, accumulate);
-            store_pair(dvr + d * 8 + 2 * t, dv[d][2 * i], dv[d][2 * i + 1], accumulate);
+    LLMC_UNROLL
+    for (int m = 0; m < MT; m++)
+        LLMC_UNROLL
+        for (int i = 0; i < 2; i++) {
+            const int kj = kw0 + 16 * m + g + 8 * i;
+            if (kj >= Tk) continue;
+            E* dkr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + kvh) * HS;
+            E* dvr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + NKV + kvh) * HS;
+            LLMC_UNROLL
+            for (int d = 0; d < DT; d++) {
+                store_pair(dkr + d * 8 + 2 * t, dk[m][d][2 * i] * scale, dk[m][d][2 * i + 1] * scale, accumulate);
+                store_pair(dvr + d * 8 + 2 * t, dv[m][d][2 * i], dv[m][d][2 * i + 1], accumulate);
+            }
         }
-    }
 }
 
 // Q [kBR][LD], dO [kBR][LD], K [2][BC][LD], V [2][BC][LD]
@@ -312,17 +362,19 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-template <int HS, int BT, class E>
+// The dQ kernel with BT-key tiles, the dK/dV kernel with MT m-tiles a warp and BQ-query tiles.
+template <int HS, int BT, int MT, int BQ, class E>
 bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                   const float* D, int B, int Tq, int Tk, int NH, int NKV, SeqPositions qp, SeqPositions kp,
                   bool accumulate, cudaStream_t st) {
-    auto fkv = flash_backward_dkdv_kernel<E, HS, BT>;
+    auto fkv = flash_backward_dkdv_kernel<E, HS, BQ, MT>;
     auto fq = flash_backward_dq_kernel<E, HS, BT>;
-    const size_t skv = DkdvSmem<HS, BT>::total, sq = DqSmem<HS, BT>::total;
+    const size_t skv = DkdvSmem<HS, BQ, MT>::total, sq = DqSmem<HS, BT>::total;
     int optin = 0;
     if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem((const void*)fq, sq, &optin)) return false;
     const float scale = 1.0f / sqrtf((float)HS);
-    LLMC_LAUNCH(fkv, dim3(B * NKV, (Tk + kBR - 1) / kBR), kThreads, skv, st, dkv, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
+    constexpr int BK = kBR * MT;
+    LLMC_LAUNCH(fkv, dim3(B * NKV, (Tk + BK - 1) / BK), kThreads, skv, st, dkv, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
                 NH, NKV, scale, qp, kp, accumulate);
     CUDA_CHECK_LAUNCH();
     LLMC_LAUNCH(fq, dim3(B * NH, (Tq + kBR - 1) / kBR), kThreads, sq, st, dq_dst, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
@@ -331,20 +383,31 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
     return true;
 }
 
+// dev/cuda's attention_backward v3/v4: 16 or 32 key rows a warp in the dK/dV kernel for head
+// sizes up to 64 (0: the backend's choice, 32).
+inline int g_dkdv_rows_per_warp = 0;
+
 // dK, dV and dQ by the flash kernels when they cover HS and the device's shared memory holds
 // their tiles (64 rows, else 32); false (nothing launched): the caller takes attention.cuh's.
+// Up to head size 64 the dK/dV kernel gives each warp 32 key rows (two m-tiles) over 32-query
+// tiles (64 would take 256 accumulator registers); above, 16 key rows over tiles as dQ's.
 template <class E>
 bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
                      const float* lse, const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
                      SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st) {
-#define LLMC_FLASH_BWD(HSV, BT) \
-    try_backward<HSV, BT>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, accumulate, st)
+#define LLMC_FLASH_BWD(HSV, BT, MT, BQ) \
+    try_backward<HSV, BT, MT, BQ>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, accumulate, st)
+    const bool two = g_dkdv_rows_per_warp != 16;
     switch (HS) {
-        case 32: return LLMC_FLASH_BWD(32, 64) || LLMC_FLASH_BWD(32, 32);
-        case 64: return LLMC_FLASH_BWD(64, 64) || LLMC_FLASH_BWD(64, 32);
-        case 80: return LLMC_FLASH_BWD(80, 64) || LLMC_FLASH_BWD(80, 32);
-        case 96: return LLMC_FLASH_BWD(96, 64) || LLMC_FLASH_BWD(96, 32);
-        case 128: return LLMC_FLASH_BWD(128, 64) || LLMC_FLASH_BWD(128, 32);
+        case 32:
+            return (two && (LLMC_FLASH_BWD(32, 64, 2, 32) || LLMC_FLASH_BWD(32, 32, 2, 32))) ||
+                   LLMC_FLASH_BWD(32, 64, 1, 64) || LLMC_FLASH_BWD(32, 32, 1, 32);
+        case 64:
+            return (two && (LLMC_FLASH_BWD(64, 64, 2, 32) || LLMC_FLASH_BWD(64, 32, 2, 32))) ||
+                   LLMC_FLASH_BWD(64, 64, 1, 64) || LLMC_FLASH_BWD(64, 32, 1, 32);
+        case 80: return LLMC_FLASH_BWD(80, 64, 1, 64) || LLMC_FLASH_BWD(80, 32, 1, 32);
+        case 96: return LLMC_FLASH_BWD(96, 64, 1, 64) || LLMC_FLASH_BWD(96, 32, 1, 32);
+        case 128: return LLMC_FLASH_BWD(128, 64, 1, 64) || LLMC_FLASH_BWD(128, 32, 1, 32);
         default: return false;
     }
 #undef LLMC_FLASH_BWD
