@@ -3,10 +3,10 @@
 //   1: llmc/cuda/attention.cuh, fp32 FMA tiles (dK/dV per key tile, dQ per query tile)
 //   2: llmc/cuda/attention.cuh, bf16 wmma tiles (the trainer's bf16 backward until issue 30; now
 //      its fallback for head sizes the tensor-core path does not cover)
-//   3: llmc/cuda/flash_backward.cuh, FlashAttention-2 design, 16 key rows a warp in dK/dV (the
-//      trainer's bf16 backward until 2026-11-27; still its choice above head size 64)
-//   4: the same with 32 key rows a warp (two m-tiles) over 32-query tiles in dK/dV, the trainer's
-//      choice up to head size 64 (3 and 4 are the same kernels above 64)
+//   3: llmc/cuda/flash_backward.cuh, FlashAttention-2 design, 16 rows a warp (the trainer's bf16
+//      backward until 2026-11-27; still its choice above head size 64)
+//   4: the same with 32 rows a warp (two m-tiles): dK/dV over 32-query tiles, dQ over 32-key
+//      tiles, the trainer's choice up to head size 64 (3 and 4 are the same kernels above 64)
 //
 // Lab notebook (causal, bf16; FLOPs as FlashAttention counts them: 2.5 x the forward's 4 B NH HS T^2 / 2):
 //   v2  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): dQ 48.1 ms and dK/dV
@@ -28,11 +28,12 @@
 //       loads after issuing the cp.async of Q and dO, and two of the four warps waited for them.
 //   v3' (after 2026-11-27) lse and D travel by cp.async with Q and dO; their pairs are read as
 //       float2. Not yet measured.
-//   v4  not yet measured. Why it should be faster: per 16 x 16 x 16 product the dK/dV kernel
-//       loaded 0.56 ldmatrix.x4 (512 bytes a warp) from shared memory, more than the shared
-//       memory serves per mma.sync at the tensor cores' rate; each Q and dO fragment now feeds
-//       two m-tiles (0.375 a product: S^T, dP^T 32 loads for 64 mma, dV, dK 16 for 64). ptxas
-//       sm_90 bf16 HS 64: see the commit that added it.
+//   v4  not yet measured. Why it should be faster: per 16 x 8 x 16 mma the dK/dV kernel loaded
+//       0.56 ldmatrix.x4 (512 bytes a warp) from shared memory and the dQ kernel 0.5; with two
+//       m-tiles a warp each loaded fragment feeds two mma (dK/dV 0.375: S^T, dP^T 32 loads for
+//       64 mma, dV, dK 16 for 64; dQ 0.25: S, dP 16 for 64, dQ 8 for 32), and a warp has twice
+//       the independent mma between its loads (the forward's two m-tiles gave +14% at head size
+//       64 on the H200). ptxas sm_90 bf16 HS 64: dK/dV 255 registers, dQ 250, no spill.
 //   To measure: make -C dev/cuda attention_backward && for v in 2 3 4; do
 //     ./dev/cuda/attention_backward $v 8 1024 32 64; ./dev/cuda/attention_backward $v 8 1024 16 128; done
 #include "dev/cuda/common.h"
@@ -59,7 +60,7 @@ static bool run_version(const std::vector<float>& qkv, const std::vector<float>&
 int main(int argc, char** argv) {
     int version = kernel_arg(argc, argv, 3);
     attn::g_flash_backward = version >= 3;
-    flash::g_dkdv_rows_per_warp = version == 3 ? 16 : 0;
+    flash::g_bwd_rows_per_warp = version == 3 ? 16 : 0;
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_backward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);

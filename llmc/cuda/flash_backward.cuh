@@ -11,8 +11,9 @@
 //    cp.async double buffer in a fixed order: the heads of the group in order, each from the
 //    first query tile that sees the key tile to the last. Heaviest key tiles (the first, under
 //    the causal mask) first.
-//  - dQ: one block per (query tile, head, batch), each warp 16 query rows, as the forward: S =
-//    Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K (K by ldmatrix.trans), key tiles in order.
+//  - dQ: one block per (query tile of 64 MT rows, head, batch), each warp MT m-tiles of 16 query
+//    rows (MT 2 up to head size 64, as dK/dV's), as the forward: S = Q K^T, dP = dO V^T, dS =
+//    P (dP - D), dQ += dS K (K by ldmatrix.trans), key tiles in order.
 // Block form as the forward (positions qp, kp); accumulate: += into dq_dst / dkv (else =).
 #pragma once
 #include <climits>
@@ -241,21 +242,21 @@ __global__ void __launch_bounds__(kThreads)
         }
 }
 
-// Q [kBR][LD], dO [kBR][LD], K [2][BC][LD], V [2][BC][LD]
-template <int HS, int BC> struct DqSmem {
-    static constexpr int LD = HS + 8;
-    static constexpr size_t q = 0, dO = q + (size_t)kBR * LD * 2, k = dO + (size_t)kBR * LD * 2,
+// Q [BR][LD], dO [BR][LD] (BR = kBR MT query rows), K [2][BC][LD], V [2][BC][LD]
+template <int HS, int BC, int MT> struct DqSmem {
+    static constexpr int LD = HS + 8, BR = kBR * MT;
+    static constexpr size_t q = 0, dO = q + (size_t)BR * LD * 2, k = dO + (size_t)BR * LD * 2,
                             v = k + (size_t)2 * BC * LD * 2, total = v + (size_t)2 * BC * LD * 2;
 };
 
-// grid (B * NH, ceil(Tq / kBR)), kThreads threads, DqSmem<HS, BC>::total bytes
-template <class E, int HS, int BC>
+// grid (B * NH, ceil(Tq / (kBR MT))), kThreads threads, DqSmem<HS, BC, MT>::total bytes
+template <class E, int HS, int BC, int MT>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dq_kernel(E* dq_dst, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                              const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                              SeqPositions kp, bool accumulate) {
-    using L = DqSmem<HS, BC>;
-    constexpr int LD = L::LD, NT = BC / 8, DT = HS / 8;
+    using L = DqSmem<HS, BC, MT>;
+    constexpr int LD = L::LD, BR = L::BR, NT = BC / 8, DT = HS / 8;
     LLMC_EXTERN_SMEM(char, smem);
     E* sQ = reinterpret_cast<E*>(smem + L::q);
     E* sO = reinterpret_cast<E*>(smem + L::dO);
@@ -263,41 +264,48 @@ __global__ void __launch_bounds__(kThreads)
     E* sV = reinterpret_cast<E*>(smem + L::v);
 
     const int h = blockIdx.x % NH, b = blockIdx.x / NH;
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * kBR;  // heaviest (last) query tiles first
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * BR;  // heaviest (last) query tiles first
     const int kvh = h / (NH / NKV);
     const long long stride = (long long)(NH + 2 * NKV) * HS, ostride = (long long)NH * HS;
     const E* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
     const E* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
-    const int kv_end = visible(kp, Tk, qp.at(min(Tq, q0 + kBR) - 1));
+    const int kv_end = visible(kp, Tk, qp.at(min(Tq, q0 + BR) - 1));
     const int ntiles = (kv_end + BC - 1) / BC;
-    const int w0 = q0 + 16 * warp;
-    int seen[2];
-    float l2[2], Dr[2];
-    for (int i = 0; i < 2; i++) {
-        const int r = w0 + g + 8 * i;
-        const long long li = ((long long)b * NH + h) * Tq + r;
-        seen[i] = r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
-        l2[i] = r < Tq ? lse[li] * kLog2e : 0.0f;
-        Dr[i] = r < Tq ? D[li] : 0.0f;
-    }
+    const int w0 = q0 + 16 * MT * warp;  // this warp's query rows [w0, w0 + 16 MT); m-tile m's: w0 + 16 m + g, + 8
+    int seen[MT][2];
+    float l2[MT][2], Dr[MT][2];
+    LLMC_UNROLL
+    for (int m = 0; m < MT; m++)
+        LLMC_UNROLL
+        for (int i = 0; i < 2; i++) {
+            const int r = w0 + 16 * m + g + 8 * i;
+            const long long li = ((long long)b * NH + h) * Tq + r;
+            seen[m][i] = r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
+            l2[m][i] = r < Tq ? lse[li] * kLog2e : 0.0f;
+            Dr[m][i] = r < Tq ? D[li] : 0.0f;
+        }
     const bool active = w0 < Tq;
-    const int w_end = active ? visible(kp, kv_end, qp.at(min(Tq, w0 + 16) - 1)) : 0;
+    const int w_end = active ? visible(kp, kv_end, qp.at(min(Tq, w0 + 16 * MT) - 1)) : 0;
     const int w_full = active ? visible(kp, kv_end, qp.at(w0)) : 0;
 
-    load_tile<HS, kBR>(sQ, qkv_q + (long long)b * Tq * stride + (long long)h * HS, stride, q0, Tq);
-    load_tile<HS, kBR>(sO, dout + (long long)b * Tq * ostride + (long long)h * HS, ostride, q0, Tq);
+    load_tile<HS, BR>(sQ, qkv_q + (long long)b * Tq * stride + (long long)h * HS, stride, q0, Tq);
+    load_tile<HS, BR>(sO, dout + (long long)b * Tq * ostride + (long long)h * HS, ostride, q0, Tq);
     if (ntiles > 0) {
         load_tile<HS, BC>(sK, Kg, stride, 0, kv_end);
         load_tile<HS, BC>(sV, Vg, stride, 0, kv_end);
     }
     ptx::cp_async_commit();
 
-    uint32_t qf[HS / 16][4], of[HS / 16][4];
-    float dq[DT][4];
-    for (int d = 0; d < DT; d++)
-        for (int e = 0; e < 4; e++) dq[d][e] = 0.0f;
+    uint32_t qf[MT][HS / 16][4], of[MT][HS / 16][4];
+    float dq[MT][DT][4];
+    LLMC_UNROLL
+    for (int m = 0; m < MT; m++)
+        LLMC_UNROLL
+        for (int d = 0; d < DT; d++)
+            LLMC_UNROLL
+            for (int e = 0; e < 4; e++) dq[m][d][e] = 0.0f;
     const int brow = (lane >> 4) * 8 + (lane & 7), bcol = ((lane >> 3) & 1) * 8;
     const int trow = (lane & 7) + ((lane >> 3) & 1) * 8, tcol = (lane >> 4) * 8;
 
@@ -305,71 +313,104 @@ __global__ void __launch_bounds__(kThreads)
         const int buf = j & 1, k0 = j * BC;
         kv_tile_ready<HS, BC>(sK, sV, Kg, Vg, stride, j, ntiles, kv_end);
         if (j == 0 && active) {
-            const int off = (16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
-            for (int kc = 0; kc < HS / 16; kc++) {
-                ptx::ldmatrix_x4(qf[kc], sQ + off + kc * 16);
-                ptx::ldmatrix_x4(of[kc], sO + off + kc * 16);
-            }
+            const int off = (16 * MT * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+            LLMC_UNROLL
+            for (int m = 0; m < MT; m++)
+                LLMC_UNROLL
+                for (int kc = 0; kc < HS / 16; kc++) {
+                    ptx::ldmatrix_x4(qf[m][kc], sQ + off + 16 * m * LD + kc * 16);
+                    ptx::ldmatrix_x4(of[m][kc], sO + off + 16 * m * LD + kc * 16);
+                }
         }
         if (k0 < w_end) {
             const E* tK = sK + buf * BC * LD;
             const E* tV = sV + buf * BC * LD;
-            float s[NT][4], dp[NT][4];
-            for (int n = 0; n < NT; n++)
-                for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+            float s[MT][NT][4], dp[MT][NT][4];
+            LLMC_UNROLL
+            for (int m = 0; m < MT; m++)
+                LLMC_UNROLL
+                for (int n = 0; n < NT; n++)
+                    LLMC_UNROLL
+                    for (int e = 0; e < 4; e++) s[m][n][e] = dp[m][n][e] = 0.0f;
+            LLMC_UNROLL
             for (int kc = 0; kc < HS / 16; kc++)
+                LLMC_UNROLL
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4(r, tK + (np * 16 + brow) * LD + bcol + kc * 16);
                     const uint32_t k0b[2] = {r[0], r[1]}, k1b[2] = {r[2], r[3]};
-                    ptx::mma_16816<E>(s[2 * np], qf[kc], k0b, s[2 * np]);
-                    ptx::mma_16816<E>(s[2 * np + 1], qf[kc], k1b, s[2 * np + 1]);
+                    LLMC_UNROLL
+                    for (int m = 0; m < MT; m++) {
+                        ptx::mma_16816<E>(s[m][2 * np], qf[m][kc], k0b, s[m][2 * np]);
+                        ptx::mma_16816<E>(s[m][2 * np + 1], qf[m][kc], k1b, s[m][2 * np + 1]);
+                    }
                     ptx::ldmatrix_x4(r, tV + (np * 16 + brow) * LD + bcol + kc * 16);
                     const uint32_t v0b[2] = {r[0], r[1]}, v1b[2] = {r[2], r[3]};
-                    ptx::mma_16816<E>(dp[2 * np], of[kc], v0b, dp[2 * np]);
-                    ptx::mma_16816<E>(dp[2 * np + 1], of[kc], v1b, dp[2 * np + 1]);
+                    LLMC_UNROLL
+                    for (int m = 0; m < MT; m++) {
+                        ptx::mma_16816<E>(dp[m][2 * np], of[m][kc], v0b, dp[m][2 * np]);
+                        ptx::mma_16816<E>(dp[m][2 * np + 1], of[m][kc], v1b, dp[m][2 * np + 1]);
+                    }
                 }
             const bool crossing = k0 + BC > w_full;
-            for (int n = 0; n < NT; n++)
-                for (int e = 0; e < 4; e++) {
-                    const int i = e >> 1;
-                    const bool vis = !crossing || k0 + n * 8 + 2 * t + (e & 1) < seen[i];
-                    const float p = vis ? exp2f(fmaf(s[n][e], scale * kLog2e, -l2[i])) : 0.0f;
-                    dp[n][e] = p * (dp[n][e] - Dr[i]);
-                }
+            LLMC_UNROLL
+            for (int m = 0; m < MT; m++)
+                LLMC_UNROLL
+                for (int n = 0; n < NT; n++)
+                    LLMC_UNROLL
+                    for (int e = 0; e < 4; e++) {
+                        const int i = e >> 1;
+                        const bool vis = !crossing || k0 + n * 8 + 2 * t + (e & 1) < seen[m][i];
+                        const float p = vis ? exp2f(fmaf(s[m][n][e], scale * kLog2e, -l2[m][i])) : 0.0f;
+                        dp[m][n][e] = p * (dp[m][n][e] - Dr[m][i]);
+                    }
+            LLMC_UNROLL
             for (int kc = 0; kc < BC / 16; kc++) {  // dQ += dS K
-                const uint32_t a[4] = {ptx::pack2<E>(dp[2 * kc][0], dp[2 * kc][1]),
-                                       ptx::pack2<E>(dp[2 * kc][2], dp[2 * kc][3]),
-                                       ptx::pack2<E>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                                       ptx::pack2<E>(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+                uint32_t a[MT][4];
+                LLMC_UNROLL
+                for (int m = 0; m < MT; m++) {
+                    a[m][0] = ptx::pack2<E>(dp[m][2 * kc][0], dp[m][2 * kc][1]);
+                    a[m][1] = ptx::pack2<E>(dp[m][2 * kc][2], dp[m][2 * kc][3]);
+                    a[m][2] = ptx::pack2<E>(dp[m][2 * kc + 1][0], dp[m][2 * kc + 1][1]);
+                    a[m][3] = ptx::pack2<E>(dp[m][2 * kc + 1][2], dp[m][2 * kc + 1][3]);
+                }
+                LLMC_UNROLL
                 for (int d2 = 0; d2 < HS / 16; d2++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4_trans(r, tK + (kc * 16 + trow) * LD + tcol + d2 * 16);
                     const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    ptx::mma_16816<E>(dq[2 * d2], a, b0, dq[2 * d2]);
-                    ptx::mma_16816<E>(dq[2 * d2 + 1], a, b1, dq[2 * d2 + 1]);
+                    LLMC_UNROLL
+                    for (int m = 0; m < MT; m++) {
+                        ptx::mma_16816<E>(dq[m][2 * d2], a[m], b0, dq[m][2 * d2]);
+                        ptx::mma_16816<E>(dq[m][2 * d2 + 1], a[m], b1, dq[m][2 * d2 + 1]);
+                    }
                 }
             }
         }
         __syncthreads();
     }
 
-    for (int i = 0; i < 2; i++) {
-        const int r = w0 + g + 8 * i;
-        if (r >= Tq) continue;
-        E* row = dq_dst + ((long long)b * Tq + r) * stride + (long long)h * HS;
-        for (int d = 0; d < DT; d++) store_pair(row + d * 8 + 2 * t, dq[d][2 * i] * scale, dq[d][2 * i + 1] * scale, accumulate);
-    }
+    LLMC_UNROLL
+    for (int m = 0; m < MT; m++)
+        LLMC_UNROLL
+        for (int i = 0; i < 2; i++) {
+            const int r = w0 + 16 * m + g + 8 * i;
+            if (r >= Tq) continue;
+            E* row = dq_dst + ((long long)b * Tq + r) * stride + (long long)h * HS;
+            LLMC_UNROLL
+            for (int d = 0; d < DT; d++)
+                store_pair(row + d * 8 + 2 * t, dq[m][d][2 * i] * scale, dq[m][d][2 * i + 1] * scale, accumulate);
+        }
 }
 
-// The dQ kernel with BT-key tiles, the dK/dV kernel with MT m-tiles a warp and BQ-query tiles.
+// The dQ kernel with BT-key tiles, the dK/dV kernel with BQ-query tiles, both with MT m-tiles a warp.
 template <int HS, int BT, int MT, int BQ, class E>
 bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                   const float* D, int B, int Tq, int Tk, int NH, int NKV, SeqPositions qp, SeqPositions kp,
                   bool accumulate, cudaStream_t st) {
     auto fkv = flash_backward_dkdv_kernel<E, HS, BQ, MT>;
-    auto fq = flash_backward_dq_kernel<E, HS, BT>;
-    const size_t skv = DkdvSmem<HS, BQ, MT>::total, sq = DqSmem<HS, BT>::total;
+    auto fq = flash_backward_dq_kernel<E, HS, BT, MT>;
+    const size_t skv = DkdvSmem<HS, BQ, MT>::total, sq = DqSmem<HS, BT, MT>::total;
     int optin = 0;
     if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem((const void*)fq, sq, &optin)) return false;
     const float scale = 1.0f / sqrtf((float)HS);
@@ -377,33 +418,34 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
     LLMC_LAUNCH(fkv, dim3(B * NKV, (Tk + BK - 1) / BK), kThreads, skv, st, dkv, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
                 NH, NKV, scale, qp, kp, accumulate);
     CUDA_CHECK_LAUNCH();
-    LLMC_LAUNCH(fq, dim3(B * NH, (Tq + kBR - 1) / kBR), kThreads, sq, st, dq_dst, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
+    LLMC_LAUNCH(fq, dim3(B * NH, (Tq + BK - 1) / BK), kThreads, sq, st, dq_dst, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
                 NH, NKV, scale, qp, kp, accumulate);
     CUDA_CHECK_LAUNCH();
     return true;
 }
 
-// dev/cuda's attention_backward v3/v4: 16 or 32 key rows a warp in the dK/dV kernel for head
-// sizes up to 64 (0: the backend's choice, 32).
-inline int g_dkdv_rows_per_warp = 0;
+// dev/cuda's attention_backward v3/v4: 16 or 32 rows a warp in both kernels for head sizes up to
+// 64 (0: the backend's choice, 32).
+inline int g_bwd_rows_per_warp = 0;
 
 // dK, dV and dQ by the flash kernels when they cover HS and the device's shared memory holds
 // their tiles (64 rows, else 32); false (nothing launched): the caller takes attention.cuh's.
-// Up to head size 64 the dK/dV kernel gives each warp 32 key rows (two m-tiles) over 32-query
-// tiles (64 would take 256 accumulator registers); above, 16 key rows over tiles as dQ's.
+// Up to head size 64 each warp of both kernels owns 32 rows (two m-tiles: 32 keys over 32-query
+// tiles, 32 queries over 32-key tiles; 64-row tiles would take 256 accumulator registers);
+// above, 16 rows over 64-row tiles (32 where shared memory is short).
 template <class E>
 bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
                      const float* lse, const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
                      SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st) {
 #define LLMC_FLASH_BWD(HSV, BT, MT, BQ) \
     try_backward<HSV, BT, MT, BQ>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, accumulate, st)
-    const bool two = g_dkdv_rows_per_warp != 16;
+    const bool two = g_bwd_rows_per_warp != 16;
     switch (HS) {
         case 32:
-            return (two && (LLMC_FLASH_BWD(32, 64, 2, 32) || LLMC_FLASH_BWD(32, 32, 2, 32))) ||
+            return (two && LLMC_FLASH_BWD(32, 32, 2, 32)) ||
                    LLMC_FLASH_BWD(32, 64, 1, 64) || LLMC_FLASH_BWD(32, 32, 1, 32);
         case 64:
-            return (two && (LLMC_FLASH_BWD(64, 64, 2, 32) || LLMC_FLASH_BWD(64, 32, 2, 32))) ||
+            return (two && LLMC_FLASH_BWD(64, 32, 2, 32)) ||
                    LLMC_FLASH_BWD(64, 64, 1, 64) || LLMC_FLASH_BWD(64, 32, 1, 32);
         case 80: return LLMC_FLASH_BWD(80, 64, 1, 64) || LLMC_FLASH_BWD(80, 32, 1, 32);
         case 96: return LLMC_FLASH_BWD(96, 64, 1, 64) || LLMC_FLASH_BWD(96, 32, 1, 32);
