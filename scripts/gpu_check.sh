@@ -4,7 +4,7 @@
 #   scripts/gpu_check.sh --list                      the stages, one a line, with what each proves
 #   scripts/gpu_check.sh [--stage NAME]... [--out DIR] [--steps N]
 #   scripts/gpu_check.sh ... --deadline SECONDS             every command's limit within the time left
-#   scripts/gpu_check.sh --quick [--out DIR] [--dry-run]     about 3 minutes, one global deadline
+#   scripts/gpu_check.sh --quick [--out DIR] [--dry-run]     about 5 minutes, one global deadline
 #   scripts/gpu_check.sh --profile CONFIG [key=value...]     the kernel table of a run (ncu)
 #   scripts/gpu_check.sh --kernels                           dev/cuda's kernel versions, attention beside PyTorch
 # (--quick, --kernels and --profile: scripts/gpu_quick.sh; --dry-run prints their steps and runs nothing.)

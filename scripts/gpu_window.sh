@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU window in one command (issue 26), from the kit: gpu-kit/scripts/gpu_window.sh OUT [SECONDS]
-# Under one global deadline (SECONDS, default 420), in order of value:
+# Under one global deadline (SECONDS, default 540: one device command of at most 600 s), in order
+# of value:
 #   1. gpu_check --quick (test_gpu per filter, parity, 124M and 1.5B beside PyTorch, ncu table);
 #   2. gpu_check --kernels (dev/cuda's kernel versions; attention beside PyTorch's SDPA);
 #   3. gpu_check --profile at GPT-2 124M bf16 B=32 (the kernel table of the benchmark shape);
@@ -11,7 +12,7 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: gpu_window.sh OUT [SECONDS]}
-TOTAL=${2:-420}
+TOTAL=${2:-540}
 mkdir -p "$OUT"
 T0=$(date +%s)
 END=$((T0 + TOTAL))
@@ -30,11 +31,11 @@ stage() {
     log "$name: exit $? after $(( $(date +%s) - T0 )) s"
     [ -f "$W/$name/table.md" ] && cp "$W/$name/table.md" "$OUT/$name.md"
 }
-stage quick 240 --quick
+stage quick 330 --quick
 stage kernels 120 --kernels
 mkdir -p "$W/data"
 if [ -x dev/data/synth_shards ] && dev/data/synth_shards --out "$W/data/bench" --shards 1 --tokens 3000000 --vocab 50257 >/dev/null 2>&1; then
-    stage profile 90 --profile - device=cuda precision=bf16 model.arch=gpt2 model.n_layer=12 model.n_head=12 \
+    stage profile 60 --profile - device=cuda precision=bf16 model.arch=gpt2 model.n_layer=12 model.n_head=12 \
         model.d_model=768 model.vocab_size=50257 model.max_seq_len=1024 train.micro_batch=32 train.seq_len=1024 \
         train.grad_accum=1 data.train="$W/data/bench_*.bin" data.val= tokenizer=
 fi
