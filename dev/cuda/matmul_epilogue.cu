@@ -9,6 +9,9 @@
 //   4: GELU forward and backward, 16-byte grid-stride (gelu_forward_kernel, gelu_backward_inplace_kernel)
 //   5: forward GEMM: BIAS epilogue + gelu_forward_kernel (CudaOps's fallback) against GELU_AUX_BIAS
 //   6: dweight GEMM (k = N): plain + launch_bias_grad against BGRADB + the add into dbias
+//   7: the GELU backward and the bias gradient: gelu_backward_inplace_kernel then launch_bias_grad
+//      (the backend's two passes until 2026-11-27) against launch_gelu_bias_grad (one pass; now the
+//      backend's), which must give the same dout and dbias bit for bit
 // 1-4 are checked against the CPU; 5 and 6 compare the epilogue's results with the fallback's.
 // Measured, H200, 2026-11-27 (main 791cfe5), this default shape: 5: BIAS + kernel 0.1008 ms,
 // GELU_AUX_BIAS 0.0863 (the backend's); 6: GEMM + launch_bias_grad 0.0748 ms, BGRADB + add
@@ -96,6 +99,25 @@ int main(int argc, char** argv) {
         ok &= validate("dpre", to_host(gd, n), dpre, 2e-2);
         std::printf("forward time %.4f ms, backward time %.4f ms (in place, repeatedly)\n", bench_ms(fwd),
                     bench_ms(bwd));
+    } else if (version == 7) {
+        bf16 *gp = to_dev<bf16>(pre), *gd_a = to_dev<bf16>(dout), *gd_b = to_dev<bf16>(dout);
+        bf16 *db_a = to_dev<bf16>(db0), *db_b = to_dev<bf16>(db0);
+        float* part = dev_poisoned<float>(std::max<size_t>(1, bias_grad_partial_floats(N, OC)));
+        auto two = [=] {
+            gelu_backward_inplace_kernel<bf16><<<elementwise_blocks(n, 2), 256>>>(gd_a, gp, n);
+            launch_bias_grad(db_a, (const bf16*)gd_a, N, OC, part, nullptr);
+        };
+        auto one = [=] { launch_gelu_bias_grad(db_b, gd_b, (const bf16*)gp, N, OC, part, nullptr); };
+        two();
+        one();
+        const std::vector<float> da = to_host(gd_a, n), dbb = to_host(gd_b, n), ba = to_host(db_a, OC),
+                                 bb = to_host(db_b, OC);
+        const bool same = std::equal(da.begin(), da.end(), dbb.begin()) && std::equal(ba.begin(), ba.end(), bb.begin());
+        std::printf("  dout and dbias %s\n", same ? "bitwise equal" : "DIFFER");
+        ok &= same;
+        // (timed repeatedly in place: dout shrinks towards 0 and dbias moves; the traffic is the same)
+        std::printf("gelu kernel + launch_bias_grad %.4f ms, launch_gelu_bias_grad %.4f ms\n", bench_ms(two),
+                    bench_ms(one));
     } else {
         LtMatmul lt;
         lt.init();

@@ -324,16 +324,15 @@ public:
         if (!N || !OC) return;
         const bool bf = dout.dtype == DType::BF16;
         const long long n = (long long)N * OC;
-        with_type(dout.dtype, [&](auto tag) {
+        with_type(dout.dtype, [&](auto tag) {  // dout *= gelu'(pre_gelu) with the bias gradient's pass when there is one
             using T = decltype(tag);
-            if (pre_gelu.ptr) {
+            if (dbias.ptr) {
+                float* part = (float*)buf(5, bias_grad_partial_floats(N, OC) * sizeof(float), stream);
+                launch_gelu_bias_grad((T*)dbias.ptr, (T*)dout.ptr, (const T*)pre_gelu.ptr, N, OC, part, stream);
+            } else if (pre_gelu.ptr) {
                 LLMC_LAUNCH(gelu_backward_inplace_kernel<T>, elementwise_blocks(n, sizeof(T)), 256, 0, stream,
                             (T*)dout.ptr, (const T*)pre_gelu.ptr, n);
                 CUDA_CHECK_LAUNCH();
-            }
-            if (dbias.ptr) {
-                float* part = (float*)buf(5, bias_grad_partial_floats(N, OC) * sizeof(float), stream);
-                launch_bias_grad((T*)dbias.ptr, (const T*)dout.ptr, N, OC, part, stream);
             }
         });
         auto* qiT = (__nv_fp8_storage_t*)buf(0, (size_t)N * IC, stream);
