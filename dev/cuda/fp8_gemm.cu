@@ -51,8 +51,7 @@ static void encode(cudaDataType_t t, const std::vector<float>& v, std::vector<ui
             uint16_t h = f32_to_bf16_bits(v[i]);
             std::memcpy(&out[i * 2], &h, 2);
         } else {
-            __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v[i], __NV_SATFINITE, t == CUDA_R_8F_E4M3 ? __NV_E4M3 : __NV_E5M2);
-            out[i] = q;
+            out[i] = __nv_cvt_float_to_fp8(v[i], __NV_SATFINITE, t == CUDA_R_8F_E4M3 ? __NV_E4M3 : __NV_E5M2);
         }
     }
 }
@@ -195,7 +194,8 @@ int main(int argc, char** argv) {
         int nres = 0;
         const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, ld, pref, 16, res, &nres);
         const float alpha = 1.0f;
-        std::string what = hs == CUBLAS_STATUS_SUCCESS ? strfmt("heuristic %d", nres) : strfmt("heuristic status %d", (int)hs);
+        std::string what =
+            hs == CUBLAS_STATUS_SUCCESS ? strfmt("heuristic %d", nres) : strfmt("heuristic status %d", (int)hs);
         int ok_at = -1;
         if (hs == CUBLAS_STATUS_SUCCESS)
             for (int i = 0; i < nres && ok_at < 0; i++) {
@@ -212,7 +212,8 @@ int main(int argc, char** argv) {
             std::printf(", runs #%d", ok_at + 1);
             // correctness from a fresh C (the run above may have accumulated into it)
             CUDA_CHECK(cudaMemcpy(C, bC.data(), bC.size(), cudaMemcpyHostToDevice));
-            LT_OK(cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &f.beta, C, lc, D, ld, &res[ok_at].algo, ws, ws_bytes, 0));
+            LT_OK(cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &f.beta, C, lc, D, ld, &res[ok_at].algo, ws, ws_bytes,
+                                 0));
             std::vector<uint8_t> out(bC.size());
             CUDA_CHECK(cudaMemcpy(out.data(), D, out.size(), cudaMemcpyDeviceToHost));
             std::vector<float> got((size_t)m * n);
@@ -230,8 +231,8 @@ int main(int argc, char** argv) {
             });
             const double tf = 2.0 * m * n * k / (ms * 1e-3) / 1e12;
             if (f.a == CUDA_R_16BF) bf16_ms = ms;
-            std::printf(", rel_err %.2e, time %.4f ms, %.1f TFLOP/s", den > 0 ? std::sqrt(num / den) : std::sqrt(num), ms,
-                        tf);
+            const double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+            std::printf(", rel_err %.2e, time %.4f ms, %.1f TFLOP/s", err, ms, tf);
             if (bf16_ms > 0 && f.a != CUDA_R_16BF) std::printf(", %.2fx bf16", bf16_ms / ms);
         }
         std::printf("\n");

@@ -4,8 +4,9 @@
 // atomics: two kernels, each owning what it writes.
 //  - dK, dV: one block per (key tile of 64 MT rows, key/value head, batch), each warp MT m-tiles
 //    of 16 key rows (MT 2 up to head size 64: each Q and dO fragment a warp loads then feeds twice
-//    the mma, the forward's two m-tiles for the same reason), in the transposed orientation: S^T = K Q^T and dP^T = V dO^T in registers (K, V fragments
-//    by ldmatrix, Q, dO as B by ldmatrix), P^T = exp2(S^T scale log2e - lse log2e), dS^T =
+//    the mma, the forward's two m-tiles for the same reason), in the transposed orientation:
+//    S^T = K Q^T and dP^T = V dO^T in registers (K, V fragments by ldmatrix, Q, dO as B by
+//    ldmatrix), P^T = exp2(S^T scale log2e - lse log2e), dS^T =
 //    P^T (dP^T - D), then dV += P^T dO and dK += dS^T Q with P^T, dS^T rounded straight from the
 //    accumulators into A registers (dO, Q by ldmatrix.trans). The query tiles stream through a
 //    cp.async double buffer in a fixed order: the heads of the group in order, each from the
@@ -83,11 +84,11 @@ __global__ void __launch_bounds__(kThreads)
             const int r = (idx % (BQ / 4)) * 4;
             const float* src = (idx < BQ / 4 ? lse : D) + l0 + r;
             float* dst = (idx < BQ / 4 ? sL : sD) + buf * BQ + r;
-            if (q0 + r + 4 <= Tq && reinterpret_cast<uintptr_t>(src) % 16 == 0)
+            if (q0 + r + 4 <= Tq && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
                 ptx::cp_async_16(dst, src);
-            else
-                LLMC_UNROLL
+            } else {
                 for (int e = 0; e < 4; e++) dst[e] = q0 + r + e < Tq ? src[e] : 0.0f;
+            }
         }
     };
     load_tile<HS, BK>(sK, Kg, stride, k0, Tk);

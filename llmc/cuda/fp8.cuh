@@ -324,7 +324,8 @@ public:
         if (!N || !OC) return;
         const bool bf = dout.dtype == DType::BF16;
         const long long n = (long long)N * OC;
-        with_type(dout.dtype, [&](auto tag) {  // dout *= gelu'(pre_gelu) with the bias gradient's pass when there is one
+        // dout *= gelu'(pre_gelu), in the bias gradient's pass when there is one
+        with_type(dout.dtype, [&](auto tag) {
             using T = decltype(tag);
             if (dbias.ptr) {
                 float* part = (float*)buf(5, bias_grad_partial_floats(N, OC) * sizeof(float), stream);
@@ -444,7 +445,8 @@ private:
                         record);
             CUDA_CHECK_LAUNCH();
             const long long tiles = (long long)ceil_div(cols, 32) * ceil_div(rows, 32);
-            LLMC_LAUNCH(cast_kernel<T>, (int)std::min<long long>(tiles, kCastBlocks), dim3(32, 8), 0, stream, out, outT, c.current ? nullptr : record, xp, sc,
+            const int blocks = (int)std::min<long long>(tiles, kCastBlocks);
+            LLMC_LAUNCH(cast_kernel<T>, blocks, dim3(32, 8), 0, stream, out, outT, c.current ? nullptr : record, xp, sc,
                         rows, cols, c.format);
             CUDA_CHECK_LAUNCH();
         });

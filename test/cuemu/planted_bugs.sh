@@ -44,7 +44,7 @@ mutate flash_buffer_race llmc/cuda/flash_attention.cuh attention \
 mutate dkdv_mtile_slip llmc/cuda/flash_backward.cuh attention \
     'ptx::mma_16816<E>(s[m][2 * np + 1], ka[m], q1b' 'ptx::mma_16816<E>(s[m][2 * np + 1], ka[0], q1b'
 mutate flash_dq_without_D llmc/cuda/flash_backward.cuh attention \
-    'dp[n][e] = p * (dp[n][e] - Dr[i]);' 'dp[n][e] = p * dp[n][e];'
+    'dp[m][n][e] = p * (dp[m][n][e] - Dr[m][i]);' 'dp[m][n][e] = p * dp[m][n][e];'
 
 # the mutated copies build without -g (debug information costs a quarter of the compile time, 16 s
 # -> 12 s for cuda_ops.cu here, and GCC emits the same code with it or without it) and at -O0:
