@@ -4,11 +4,12 @@
 # of value:
 #   1. gpu_check --quick (test_gpu per filter, parity, 124M and 1.5B beside PyTorch, ncu table);
 #   2. gpu_check --kernels (dev/cuda's kernel versions; attention beside PyTorch's SDPA);
-#   3. gpu_check --profile at GPT-2 124M bf16 B=32 (the kernel table of the benchmark shape);
+#   3. gpu_check --profile of an fp8 step at the 1.5B shape's width (4 layers of d_model 1600, B=8:
+#      the casts' share beside the GEMMs'), then at GPT-2 124M bf16 B=32 (the benchmark shape);
 #   4. compute-sanitizer racecheck on the reference model and memcheck on the model step.
 # Writes at most 8 files to OUT (what the device tool brings back): quick.md, kernels.md,
-# profile.md, sanitizers.txt, RESULTS.md (the tables as gpu_check appended them), window.log and
-# logs.tgz (every stage's logs without data shards or weights, under 16 MiB).
+# profile_fp8.md, profile.md, sanitizers.txt, RESULTS.md (the tables as gpu_check appended them),
+# window.log and logs.tgz (every stage's logs without data shards or weights, under 16 MiB).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: gpu_window.sh OUT [SECONDS]}
@@ -32,12 +33,20 @@ stage() {
     [ -f "$W/$name/table.md" ] && cp "$W/$name/table.md" "$OUT/$name.md"
 }
 stage quick 330 --quick
-stage kernels 120 --kernels
+stage kernels 110 --kernels
 mkdir -p "$W/data"
 if [ -x dev/data/synth_shards ] && dev/data/synth_shards --out "$W/data/bench" --shards 1 --tokens 3000000 --vocab 50257 >/dev/null 2>&1; then
-    stage profile 60 --profile - device=cuda precision=bf16 model.arch=gpt2 model.n_layer=12 model.n_head=12 \
-        model.d_model=768 model.vocab_size=50257 model.max_seq_len=1024 train.micro_batch=32 train.seq_len=1024 \
-        train.grad_accum=1 data.train="$W/data/bench_*.bin" data.val= tokenizer=
+    data=(data.train="$W/data/bench_*.bin" data.val= tokenizer= model.arch=gpt2 model.vocab_size=50257
+          model.max_seq_len=1024 train.seq_len=1024 train.grad_accum=1)
+    # (gpu_check's profile stage writes W/profile: each table is moved aside before the next)
+    stage profile 50 --profile - device=cuda precision=fp8 model.n_layer=4 model.n_head=25 model.d_model=1600 \
+        train.micro_batch=8 "${data[@]}"
+    if [ -d "$W/profile" ]; then
+        mv "$W/profile" "$W/profile_fp8"
+        [ -f "$OUT/profile.md" ] && mv "$OUT/profile.md" "$OUT/profile_fp8.md"
+    fi
+    stage profile 60 --profile - device=cuda precision=bf16 model.n_layer=12 model.n_head=12 model.d_model=768 \
+        train.micro_batch=32 "${data[@]}"
 fi
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
 for spec in "racecheck reference" "memcheck model_step"; do
