@@ -429,33 +429,22 @@ public:
             }
         });
     }
-    // dout *= gelu'(pre_gelu) and dbias in one pass (launch_gelu_bias_grad; without a bias,
-    // gelu_backward_inplace_kernel); dinp: one GEMM; dw: one GEMM. Not cuBLASLt's BGRADB epilogue
-    // on the dw GEMM: on an H200 (2026-11-27, dev/cuda/matmul_epilogue v6, GPT-2 124M's fc at B 8)
-    // the GEMM with BGRADB and the add into dbias took 0.0864 ms, the plain GEMM and
-    // launch_bias_grad 0.0748 ms.
+    // dout *= gelu'(pre_gelu) and dbias in one pass (launch_gelu_bias_grad); dinp: one GEMM; dw:
+    // one GEMM. Not cuBLASLt's BGRADB epilogue on the dw GEMM: on an H200 (2026-11-27,
+    // dev/cuda/matmul_epilogue v6, GPT-2 124M's fc at B 8) the GEMM with BGRADB and the add into
+    // dbias took 0.0864 ms, the plain GEMM and launch_bias_grad 0.0748 ms.
     void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
                          int N, int IC, int OC) override {
         same_dtype({&dinp, &dw, &dbias, &dout, &inp, &w, &pre_gelu});
         if (!N || !OC) return;
         const cudaDataType_t lt = lt_type(dout.dtype);
-        const long long n = (long long)N * OC;
-        if (dbias.ptr) {
-            dispatch(dout.dtype, [&](auto tag) {
-                using T_ = decltype(tag);
-                float* part = static_cast<float*>(
-                    bias_scratch_.get(std::max<size_t>(1, bias_grad_partial_floats(N, OC)) * sizeof(float), stream_));
-                launch_gelu_bias_grad(P<T_>(dbias), P<T_>(dout), pre_gelu.ptr ? P<T_>(pre_gelu) : nullptr, N, OC, part,
-                                      stream_);
-            });
-        } else if (pre_gelu.ptr) {
-            dispatch(dout.dtype, [&](auto tag) {
-                using T_ = decltype(tag);
-                LLMC_LAUNCH(gelu_backward_inplace_kernel<T_>, elementwise_blocks(n, sizeof(T_)), 256, 0, stream_,
-                            P<T_>(dout), P<T_>(pre_gelu), n);
-            });
-            CUDA_CHECK_LAUNCH();
-        }
+        dispatch(dout.dtype, [&](auto tag) {
+            using T_ = decltype(tag);
+            float* part = dbias.ptr ? static_cast<float*>(bias_scratch_.get(
+                                          std::max<size_t>(1, bias_grad_partial_floats(N, OC)) * sizeof(float), stream_))
+                                    : nullptr;
+            launch_gelu_bias_grad(P<T_>(dbias), P<T_>(dout), P<T_>(pre_gelu), N, OC, part, stream_);
+        });
         // dinp^T[IC, N] = w(as stored: IC x OC col-major) * dout^T[OC, N]
         if (dinp.ptr)
             lt_.matmul(LtGemm{dinp.ptr, w.ptr, dout.ptr, IC, N, OC, false, false, IC, OC, IC, 0.0f, lt}, stream_);

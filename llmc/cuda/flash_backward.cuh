@@ -404,14 +404,14 @@ __global__ void __launch_bounds__(kThreads)
         }
 }
 
-// The dQ kernel with BT-key tiles, the dK/dV kernel with BQ-query tiles, both with MT m-tiles a warp.
-template <int HS, int BT, int MT, int BQ, class E>
+// The dQ kernel over BT-key tiles and the dK/dV kernel over BT-query tiles, both with MT m-tiles a warp.
+template <int HS, int BT, int MT, class E>
 bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                   const float* D, int B, int Tq, int Tk, int NH, int NKV, SeqPositions qp, SeqPositions kp,
                   bool accumulate, cudaStream_t st) {
-    auto fkv = flash_backward_dkdv_kernel<E, HS, BQ, MT>;
+    auto fkv = flash_backward_dkdv_kernel<E, HS, BT, MT>;
     auto fq = flash_backward_dq_kernel<E, HS, BT, MT>;
-    const size_t skv = DkdvSmem<HS, BQ, MT>::total, sq = DqSmem<HS, BT, MT>::total;
+    const size_t skv = DkdvSmem<HS, BT, MT>::total, sq = DqSmem<HS, BT, MT>::total;
     int optin = 0;
     if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem((const void*)fq, sq, &optin)) return false;
     const float scale = 1.0f / sqrtf((float)HS);
@@ -438,19 +438,19 @@ template <class E>
 bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
                      const float* lse, const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
                      SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st) {
-#define LLMC_FLASH_BWD(HSV, BT, MT, BQ) \
-    try_backward<HSV, BT, MT, BQ>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, accumulate, st)
+#define LLMC_FLASH_BWD(HSV, BT, MT) \
+    try_backward<HSV, BT, MT>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, accumulate, st)
     const bool two = g_bwd_rows_per_warp != 16;
     switch (HS) {
         case 32:
-            return (two && LLMC_FLASH_BWD(32, 32, 2, 32)) ||
-                   LLMC_FLASH_BWD(32, 64, 1, 64) || LLMC_FLASH_BWD(32, 32, 1, 32);
+            return (two && LLMC_FLASH_BWD(32, 32, 2)) ||
+                   LLMC_FLASH_BWD(32, 64, 1) || LLMC_FLASH_BWD(32, 32, 1);
         case 64:
-            return (two && LLMC_FLASH_BWD(64, 32, 2, 32)) ||
-                   LLMC_FLASH_BWD(64, 64, 1, 64) || LLMC_FLASH_BWD(64, 32, 1, 32);
-        case 80: return LLMC_FLASH_BWD(80, 64, 1, 64) || LLMC_FLASH_BWD(80, 32, 1, 32);
-        case 96: return LLMC_FLASH_BWD(96, 64, 1, 64) || LLMC_FLASH_BWD(96, 32, 1, 32);
-        case 128: return LLMC_FLASH_BWD(128, 64, 1, 64) || LLMC_FLASH_BWD(128, 32, 1, 32);
+            return (two && LLMC_FLASH_BWD(64, 32, 2)) ||
+                   LLMC_FLASH_BWD(64, 64, 1) || LLMC_FLASH_BWD(64, 32, 1);
+        case 80: return LLMC_FLASH_BWD(80, 64, 1) || LLMC_FLASH_BWD(80, 32, 1);
+        case 96: return LLMC_FLASH_BWD(96, 64, 1) || LLMC_FLASH_BWD(96, 32, 1);
+        case 128: return LLMC_FLASH_BWD(128, 64, 1) || LLMC_FLASH_BWD(128, 32, 1);
         default: return false;
     }
 #undef LLMC_FLASH_BWD

@@ -323,18 +323,11 @@ public:
         check(device, N, IC, OC, {&dinp, &dw, &dbias, &dout, &inp, &w, &pre_gelu}, "matmul_backward_fp8");
         if (!N || !OC) return;
         const bool bf = dout.dtype == DType::BF16;
-        const long long n = (long long)N * OC;
         // dout *= gelu'(pre_gelu), in the bias gradient's pass when there is one
         with_type(dout.dtype, [&](auto tag) {
             using T = decltype(tag);
-            if (dbias.ptr) {
-                float* part = (float*)buf(5, bias_grad_partial_floats(N, OC) * sizeof(float), stream);
-                launch_gelu_bias_grad((T*)dbias.ptr, (T*)dout.ptr, (const T*)pre_gelu.ptr, N, OC, part, stream);
-            } else if (pre_gelu.ptr) {
-                LLMC_LAUNCH(gelu_backward_inplace_kernel<T>, elementwise_blocks(n, sizeof(T)), 256, 0, stream,
-                            (T*)dout.ptr, (const T*)pre_gelu.ptr, n);
-                CUDA_CHECK_LAUNCH();
-            }
+            float* part = dbias.ptr ? (float*)buf(5, bias_grad_partial_floats(N, OC) * sizeof(float), stream) : nullptr;
+            launch_gelu_bias_grad((T*)dbias.ptr, (T*)dout.ptr, (const T*)pre_gelu.ptr, N, OC, part, stream);
         });
         auto* qiT = (__nv_fp8_storage_t*)buf(0, (size_t)N * IC, stream);
         auto* qwT = (__nv_fp8_storage_t*)buf(1, (size_t)OC * IC, stream);

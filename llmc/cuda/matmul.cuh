@@ -129,9 +129,18 @@ inline size_t bias_grad_partial_floats(int N, int OC) {
     const int chunks = ceil_div(N, kBiasRows);
     return chunks > 1 ? (size_t)chunks * OC : 0;
 }
-// dout *= gelu'(pre) in place (pre may be nullptr: none), then dbias += the column sums of dout.
+// dout *= gelu'(pre) in place (pre may be nullptr: none), then dbias += the column sums of dout
+// (dbias may be nullptr: none, and then no partial is needed), in one pass when there are both.
 template <class T>
 void launch_gelu_bias_grad(T* dbias, T* dout, const T* pre, int N, int OC, float* partial, cudaStream_t stream) {
+    if (!dbias) {
+        if (pre) {
+            const long long n = (long long)N * OC;
+            LLMC_LAUNCH(gelu_backward_inplace_kernel<T>, elementwise_blocks(n, sizeof(T)), 256, 0, stream, dout, pre, n);
+            CUDA_CHECK_LAUNCH();
+        }
+        return;
+    }
     constexpr int V = pack_max<T>;
     const int chunks = ceil_div(N, kBiasRows);
     LLMC_ASSERT(chunks <= 65535, "bias gradient: more rows than the grid's y dimension covers");
