@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,10 @@
 #include "llmc/cuda/fp8_rules.h"
 #include "llmc/precision/fp8.h"
 #include "test/cuemu/include/cublasLt.h"
+
+namespace cuemu {
+void enqueue(std::function<void()> f);  // test/cuemu/cuemu.h: run now, or record into a capture
+}
 
 struct cuemuLtContext {
     int unused;
@@ -322,6 +327,54 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// D = alpha op(A) op(B) (+ beta C, epilogue) of a checked call: run by cublasLtMatmul, or when the
+// graph that captured the call runs (the descriptors as they were at the call; alpha and beta are
+// host values, read at the call as cuBLASLt reads them; the scale pointers are read when it runs)
+static void lt_compute(const cuemuLtMatmulDesc& op, const cuemuLtLayout& a, const cuemuLtLayout& b,
+                       const cuemuLtLayout& c, const cuemuLtLayout& d, float alpha, float beta, const void* A,
+                       const void* B, const void* C, void* D) {
+    const double ab = (double)alpha * (op.a_scale ? *op.a_scale : 1.0f) * (op.b_scale ? *op.b_scale : 1.0f);
+    const long long m = (long long)d.rows, n = (long long)d.cols;
+    const long long k = op.ta == CUBLAS_OP_T ? (long long)a.rows : (long long)a.cols;
+    const bool ta = op.ta == CUBLAS_OP_T, tb = op.tb == CUBLAS_OP_T;
+    const cudaDataType_t bias_t = op.bias_type_set ? op.bias_type : d.type;
+    const float dscale = op.d_scale ? *op.d_scale : 1.0f;
+    const bool with_bias = adds_bias(op.epilogue), aux = writes_aux(op.epilogue);
+    // op(A) as m rows of k, op(B) as n rows of k, decoded once
+    std::vector<double> ra((size_t)m * k), rb((size_t)n * k);
+#pragma omp parallel for schedule(static)
+    for (long long i = 0; i < m; i++)
+        for (long long p = 0; p < k; p++)
+            ra[i * k + p] = load(A, a.type, ta ? (size_t)(p + i * a.ld) : (size_t)(i + p * a.ld));
+#pragma omp parallel for schedule(static)
+    for (long long j = 0; j < n; j++)
+        for (long long p = 0; p < k; p++)
+            rb[j * k + p] = load(B, b.type, tb ? (size_t)(j + p * b.ld) : (size_t)(p + j * b.ld));
+    // C may alias D (in place): each element is read before it is written, by the same iteration
+#pragma omp parallel for schedule(static)
+    for (long long j = 0; j < n; j++)
+        for (long long i = 0; i < m; i++) {
+            double s = 0.0;
+            const double *x = &ra[i * k], *y = &rb[j * k];
+            for (long long p = 0; p < k; p++) s += x[p] * y[p];
+            float v = (float)(ab * s);
+            if (beta != 0.0f) v += beta * (float)load(C, c.type, (size_t)(i + j * c.ld));
+            if (with_bias) v += (float)load(op.bias, bias_t, (size_t)i);
+            if (aux) store(op.aux, d.type, (size_t)(i + j * op.aux_ld), v);
+            if (applies_gelu(op.epilogue))
+                v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+            else if (op.epilogue == CUBLASLT_EPILOGUE_RELU || op.epilogue == CUBLASLT_EPILOGUE_RELU_BIAS)
+                v = v > 0.0f ? v : 0.0f;
+            store(D, d.type, (size_t)(i + j * d.ld), is_fp8(d.type) ? v * dscale : v);
+        }
+    if (op.epilogue == CUBLASLT_EPILOGUE_BGRADB)  // the bias gradient: op(B)'s column sums over k
+        for (long long j = 0; j < n; j++) {
+            double s = 0.0;
+            for (long long p = 0; p < k; p++) s += rb[j * k + p];
+            store(const_cast<void*>(op.bias), bias_t, (size_t)j, (float)s);
+        }
+}
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const void* alpha_p, const void* A,
                               cublasLtMatrixLayout_t a, const void* B, cublasLtMatrixLayout_t b, const void* beta_p,
                               const void* C, cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t d,
@@ -361,45 +414,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
                                                        "-byte aligned, the algorithm was chosen for " +
                                                        std::to_string(algo->data[5]));
     const float alpha = *(const float*)alpha_p, beta = *(const float*)beta_p;
-    const double ab = (double)alpha * (op->a_scale ? *op->a_scale : 1.0f) * (op->b_scale ? *op->b_scale : 1.0f);
-    const long long m = (long long)d->rows, n = (long long)d->cols;
-    const long long k = op->ta == CUBLAS_OP_T ? (long long)a->rows : (long long)a->cols;
-    const bool ta = op->ta == CUBLAS_OP_T, tb = op->tb == CUBLAS_OP_T;
-    const cudaDataType_t bias_t = op->bias_type_set ? op->bias_type : d->type;
-    const float dscale = op->d_scale ? *op->d_scale : 1.0f;
-    const bool with_bias = adds_bias(op->epilogue), aux = writes_aux(op->epilogue);
-    // op(A) as m rows of k, op(B) as n rows of k, decoded once
-    std::vector<double> ra((size_t)m * k), rb((size_t)n * k);
-#pragma omp parallel for schedule(static)
-    for (long long i = 0; i < m; i++)
-        for (long long p = 0; p < k; p++)
-            ra[i * k + p] = load(A, a->type, ta ? (size_t)(p + i * a->ld) : (size_t)(i + p * a->ld));
-#pragma omp parallel for schedule(static)
-    for (long long j = 0; j < n; j++)
-        for (long long p = 0; p < k; p++)
-            rb[j * k + p] = load(B, b->type, tb ? (size_t)(j + p * b->ld) : (size_t)(p + j * b->ld));
-    // C may alias D (in place): each element is read before it is written, by the same iteration
-#pragma omp parallel for schedule(static)
-    for (long long j = 0; j < n; j++)
-        for (long long i = 0; i < m; i++) {
-            double s = 0.0;
-            const double *x = &ra[i * k], *y = &rb[j * k];
-            for (long long p = 0; p < k; p++) s += x[p] * y[p];
-            float v = (float)(ab * s);
-            if (beta != 0.0f) v += beta * (float)load(C, c->type, (size_t)(i + j * c->ld));
-            if (with_bias) v += (float)load(op->bias, bias_t, (size_t)i);
-            if (aux) store(op->aux, d->type, (size_t)(i + j * op->aux_ld), v);
-            if (applies_gelu(op->epilogue))
-                v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-            else if (op->epilogue == CUBLASLT_EPILOGUE_RELU || op->epilogue == CUBLASLT_EPILOGUE_RELU_BIAS)
-                v = v > 0.0f ? v : 0.0f;
-            store(D, d->type, (size_t)(i + j * d->ld), is_fp8(d->type) ? v * dscale : v);
-        }
-    if (op->epilogue == CUBLASLT_EPILOGUE_BGRADB)  // the bias gradient: op(B)'s column sums over k
-        for (long long j = 0; j < n; j++) {
-            double s = 0.0;
-            for (long long p = 0; p < k; p++) s += rb[j * k + p];
-            store(const_cast<void*>(op->bias), bias_t, (size_t)j, (float)s);
-        }
+    const cuemuLtMatmulDesc o = *op;
+    const cuemuLtLayout la = *a, lb = *b, lc = *c, ld = *d;
+    cuemu::enqueue([=] { lt_compute(o, la, lb, lc, ld, alpha, beta, A, B, C, D); });
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -508,6 +508,62 @@ using cuemu::g_last;
 using cuemu::g_mu;
 
 static cudaError_t set_err(cudaError_t e) { return e == cudaSuccess ? e : (g_last = e); }
+
+// ---- stream capture and graphs ----
+namespace cuemu {
+static bool g_capturing = false, g_capture_invalid = false;
+static std::vector<std::function<void()>> g_captured;
+bool capturing() { return g_capturing; }
+void enqueue(std::function<void()> f) {
+    if (g_capturing)
+        g_captured.push_back(std::move(f));
+    else
+        f();
+}
+}  // namespace cuemu
+struct CUgraph_st {
+    std::vector<std::function<void()>> nodes;
+};
+struct CUgraphExec_st {
+    std::vector<std::function<void()>> nodes;
+};
+// what a capture may not hold: fails and invalidates the capture (cudaSuccess outside one)
+static cudaError_t capture_forbids() {
+    if (!cuemu::g_capturing) return cudaSuccess;
+    cuemu::g_capture_invalid = true;
+    return set_err(cudaErrorStreamCaptureUnsupported);
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+    if (cuemu::g_capturing) return set_err(cudaErrorStreamCaptureUnsupported);
+    cuemu::g_capturing = true;
+    cuemu::g_capture_invalid = false;
+    cuemu::g_captured.clear();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* g) {
+    *g = nullptr;
+    if (!cuemu::g_capturing) return set_err(cudaErrorInvalidValue);
+    cuemu::g_capturing = false;
+    std::vector<std::function<void()>> nodes;
+    nodes.swap(cuemu::g_captured);
+    if (cuemu::g_capture_invalid) return set_err(cudaErrorStreamCaptureInvalidated);
+    *g = new CUgraph_st{std::move(nodes)};
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsigned long long) {
+    if (!g) return set_err(cudaErrorInvalidValue);
+    *e = new CUgraphExec_st{g->nodes};
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t) {
+    if (!e) return set_err(cudaErrorInvalidValue);
+    if (cuemu::g_capturing) return capture_forbids();  // (a device allows it as a child graph; the project does not)
+    for (auto& f : e->nodes) f();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) { return delete g, cudaSuccess; }
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { return delete e, cudaSuccess; }
+
 static size_t bytes_in_use() {
     std::lock_guard<std::mutex> lk(g_mu);
     size_t n = 0;
@@ -557,11 +613,13 @@ const char* cudaGetErrorName(cudaError_t e) {
         case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
         case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
         case cudaErrorNotReady: return "cudaErrorNotReady";
+        case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+        case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     }
     return "cudaErrorUnknown";
 }
 const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() { return capture_forbids(); }
 
 static cudaError_t alloc(void** p, size_t bytes, bool pinned) {
     *p = nullptr;
@@ -593,42 +651,69 @@ static cudaError_t release(void* p, bool pinned) {
     std::free(p);
     return cudaSuccess;
 }
-cudaError_t cudaMalloc(void** p, size_t bytes) { return alloc(p, bytes, false); }
-cudaError_t cudaFree(void* p) { return release(p, false); }
-cudaError_t cudaMallocHost(void** p, size_t bytes) { return alloc(p, bytes, true); }
-cudaError_t cudaFreeHost(void* p) { return release(p, true); }
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+    if (cuemu::g_capturing) return *p = nullptr, capture_forbids();
+    return alloc(p, bytes, false);
+}
+cudaError_t cudaFree(void* p) {
+    if (cuemu::g_capturing) return capture_forbids();
+    return release(p, false);
+}
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+    if (cuemu::g_capturing) return *p = nullptr, capture_forbids();
+    return alloc(p, bytes, true);
+}
+cudaError_t cudaFreeHost(void* p) {
+    if (cuemu::g_capturing) return capture_forbids();
+    return release(p, true);
+}
 cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
     *total_b = kTotalMem;
     *free_b = kTotalMem - bytes_in_use();
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind k) {
+    if (cuemu::g_capturing) return capture_forbids();
     if (k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice) cuemu::check_range("cudaMemcpy destination", dst, bytes);
     if (k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice) cuemu::check_range("cudaMemcpy source", src, bytes);
     if (bytes) std::memmove(dst, src, bytes);
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind k, cudaStream_t) {
-    return cudaMemcpy(dst, src, bytes, k);
+    if (!cuemu::g_capturing) return cudaMemcpy(dst, src, bytes, k);
+    // a captured copy's host side must be pinned; its source is read when the graph runs
+    if (((k == cudaMemcpyHostToDevice) && bytes && !cuemu::in_alloc(src, bytes, false)) ||
+        ((k == cudaMemcpyDeviceToHost) && bytes && !cuemu::in_alloc(dst, bytes, false)))
+        return capture_forbids();
+    if (k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice) cuemu::check_range("cudaMemcpyAsync destination", dst, bytes);
+    if (k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice) cuemu::check_range("cudaMemcpyAsync source", src, bytes);
+    cuemu::enqueue([=] { cudaMemcpy(dst, src, bytes, k); });
+    return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int v, size_t bytes) {
+    if (cuemu::g_capturing) return capture_forbids();
     cuemu::check_range("cudaMemset", p, bytes);
     if (bytes) std::memset(p, v, bytes);
     return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t) { return cudaMemset(p, v, bytes); }
+cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t) {
+    if (!cuemu::g_capturing) return cudaMemset(p, v, bytes);
+    cuemu::check_range("cudaMemsetAsync", p, bytes);
+    cuemu::enqueue([=] { cudaMemset(p, v, bytes); });
+    return cudaSuccess;
+}
 
 // streams and events: distinct non-null handles, nothing behind them
 static char g_handles;
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return *s = (cudaStream_t)&g_handles, cudaSuccess; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return cudaStreamCreate(s); }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return capture_forbids(); }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return *e = (cudaEvent_t)&g_handles, cudaSuccess; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
 cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return capture_forbids(); }
+cudaError_t cudaEventQuery(cudaEvent_t) { return capture_forbids(); }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) { return *ms = 0.0f, cudaSuccess; }

@@ -21,6 +21,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -69,6 +71,12 @@ template <class T> T shfl_value(Coll k, unsigned mask, T v, int arg, int width, 
     return from_bits<T>(warp_collective(k, mask, to_bits(v), arg, width, f, l));
 }
 
+// ---- work, captured or run ----
+// Whether a stream capture is recording (cudaStreamBeginCapture); enqueue runs f now, or records
+// it into the capture's graph (kernel launches, asynchronous copies and memsets, cuBLASLt calls).
+bool capturing();
+void enqueue(std::function<void()> f);
+
 // ---- launches ----
 // Runs grid x block threads of body (called with the block's threads as fibers); aborts on any
 // violation. fn identifies the kernel (its dynamic shared-memory opt-in).
@@ -92,13 +100,17 @@ void launch(const char* name, void (*k)(P...), dim3 grid, dim3 block, size_t sme
         int i = 0;
         (check_arg(name, i++, v), ...);
     }, ctx.args);
-    run_grid(name, (const void*)k, grid, block, smem,
-             [](void* c) {
-                 Ctx* x = static_cast<Ctx*>(c);
-                 auto args = x->args;  // each thread its own copy of the parameters, as on a device
-                 std::apply(x->k, args);
-             },
-             &ctx);
+    void (*body)(void*) = [](void* c) {
+        Ctx* x = static_cast<Ctx*>(c);
+        auto args = x->args;  // each thread its own copy of the parameters, as on a device
+        std::apply(x->k, args);
+    };
+    if (!capturing()) {
+        run_grid(name, (const void*)k, grid, block, smem, body, &ctx);
+        return;
+    }
+    auto kept = std::make_shared<Ctx>(ctx);  // the graph's node keeps the launch's arguments
+    enqueue([=] { run_grid(name, (const void*)k, grid, block, smem, body, kept.get()); });
 }
 
 }  // namespace cuemu

@@ -1,5 +1,7 @@
 // cuemu: the CUDA runtime API the project calls, as synchronous stand-ins (test/cuemu/cuemu.h).
-// Streams and events exist only as handles: every launch and copy has completed when it returns.
+// Streams and events exist only as handles: every launch and copy has completed when it returns,
+// but while a stream capture lasts (cudaStreamBeginCapture) work is recorded into the graph, not
+// run; cudaGraphLaunch runs the recorded work in order.
 #pragma once
 #include <cstddef>
 #include <cmath>
@@ -29,6 +31,8 @@ enum cudaError_t {
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
 };
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -52,8 +56,17 @@ typedef cudaDataType_t cudaDataType;
 
 struct CUstream_st;
 struct CUevent_st;
+struct CUgraph_st;
+struct CUgraphExec_st;
 typedef CUstream_st* cudaStream_t;
 typedef CUevent_st* cudaEvent_t;
+typedef CUgraph_st* cudaGraph_t;
+typedef CUgraphExec_st* cudaGraphExec_t;
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
 constexpr unsigned cudaStreamNonBlocking = 1;
 constexpr unsigned cudaEventDisableTiming = 2;
 
@@ -107,3 +120,16 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);  // always cudaSuccess: every operation has completed
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b);
+
+// Stream capture, one at a time: from cudaStreamBeginCapture to cudaStreamEndCapture every launch,
+// asynchronous copy, memset and cuBLASLt call (of any stream: the emulator's streams are one) is
+// recorded, not run. What a capture may not hold fails as on a device, with
+// cudaErrorStreamCaptureUnsupported, and invalidates it (cudaStreamEndCapture then gives
+// cudaErrorStreamCaptureInvalidated): a synchronization (stream, event, device, cudaEventQuery),
+// a synchronous copy or memset, an allocation or free, an asynchronous copy from or to pageable host memory.
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);

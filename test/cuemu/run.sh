@@ -23,7 +23,7 @@ took() { echo "$(( $(date +%s) - $1 ))s, $(awk -v a="$(cpu_s)" -v b="$2" 'BEGIN 
 echo "== emulator self-tests"
 start=$(date +%s) cpu0=$(cpu_s)
 for s in forward-lockstep reverse-warp random7-lockstep; do
-    for c in reduce ballot dynamic_smem lt_rules lt_epilogues; do
+    for c in reduce ballot dynamic_smem lt_rules lt_epilogues capture; do
         if out=$(CUEMU_SCHEDULE=$s $B/cuemu_selftest $c 2>&1); then :; else
             problems+=("selftest $c ($s)"); echo "FAIL selftest $c ($s): $out" | head -n 5
         fi

@@ -183,6 +183,49 @@ int main(int argc, char** argv) {
         std::printf("PASS %s (no error caught)\n", c.c_str());
         return 0;
     }
+    if (c == "capture") {  // stream capture: work recorded, not run; the graph runs it, reading its inputs then
+        const int blocks = 2, threads = 64, n = blocks * threads;
+        float *in, *out, *host;
+        CHECK(cudaMalloc(&in, n * 4));
+        CHECK(cudaMalloc(&out, blocks * 4));
+        CHECK(cudaMallocHost(&host, n * 4));
+        CHECK(cudaMemset(out, 0, blocks * 4));
+        cudaStream_t st;
+        CHECK(cudaStreamCreate(&st));
+        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < n; i++) host[i] = 1.0f;
+        CHECK(cudaMemcpyAsync(in, host, n * 4, cudaMemcpyHostToDevice, st));
+        LAUNCH(reduce_kernel, blocks, threads, 0, out, (const float*)in, true);
+        float got[2] = {-1, -1};
+        std::vector<float> pageable(n);
+        // what a capture may not hold: a synchronization, a copy from pageable memory, an allocation
+        if (cudaStreamSynchronize(st) != cudaErrorStreamCaptureUnsupported) return fail("a sync was captured");
+        if (cudaMemcpyAsync(in, pageable.data(), n * 4, cudaMemcpyHostToDevice, st) != cudaErrorStreamCaptureUnsupported)
+            return fail("a copy from pageable memory was captured");
+        cudaGraph_t g;
+        if (cudaStreamEndCapture(st, &g) != cudaErrorStreamCaptureInvalidated || g) return fail("not invalidated");
+        (void)cudaGetLastError();
+        // again, cleanly: nothing ran at capture; each launch of the graph reads the pinned input as it is then
+        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        CHECK(cudaMemcpyAsync(in, host, n * 4, cudaMemcpyHostToDevice, st));
+        LAUNCH(reduce_kernel, blocks, threads, 0, out, (const float*)in, true);
+        CHECK(cudaStreamEndCapture(st, &g));
+        CHECK(cudaMemcpy(got, out, 8, cudaMemcpyDeviceToHost));
+        if (got[0] != 0.0f || got[1] != 0.0f) return fail("captured work ran at capture");
+        cudaGraphExec_t e;
+        CHECK(cudaGraphInstantiate(&e, g, 0));
+        for (int round = 1; round <= 2; round++) {
+            for (int i = 0; i < n; i++) host[i] = (float)round;
+            CHECK(cudaGraphLaunch(e, st));
+            CHECK(cudaMemcpy(got, out, 8, cudaMemcpyDeviceToHost));
+            if (got[0] != threads * (float)round || got[1] != threads * (float)round)
+                return fail("graph launch " + std::to_string(round) + ": sums " + std::to_string(got[0]));
+        }
+        CHECK(cudaGraphExecDestroy(e));
+        CHECK(cudaGraphDestroy(g));
+        std::printf("PASS capture\n");
+        return 0;
+    }
     if (c == "off_by_one") {
         float* out;
         CHECK(cudaMalloc(&out, 1000 * 4));
