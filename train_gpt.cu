@@ -389,6 +389,11 @@ struct Run {
           // MFU: the dense peak of this GPU and precision (0: the CPU, or a GPU not in the table)
           peak_flops(device == "cpu" ? 0.0 : gpu_peak_flops(ops->device_name(), cfg.precision)),
           progress(tc.steps, tokens_per_step(cfg, grid)) {
+        if (tc.cuda_graphs && (device == "cpu" || grid.world > 1))
+            throw UserError(device == "cpu" ? std::string("train.cuda_graphs: true needs device \"cuda\" (this run is "
+                                                          "on the CPU; set it false)")
+                                            : strfmt("train.cuda_graphs: true needs one process (this job has %d: the "
+                                                     "collectives' host waits; set it false)", grid.world));
         for (Comm* c : {groups.world.get(), groups.dp.get(), groups.cp.get(), groups.tp.get(), groups.pp.get(),
                         groups.mp.get(), groups.embed.get(), groups.ep.get(), groups.edp.get(), groups.mp_dev.get()})
             if (c) {
@@ -753,27 +758,35 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     const double t0 = now_ms(), comm0 = comm_wait_ms(), bytes0 = dp_bytes_sent(r);
     const OpsCounters c0 = r.ops->counters();
     const uint64_t waits0 = comm_waits();
-    r.model.zero_grads();
-    r.conv->begin_step();
-    for (int micro = 0; micro < tc.grad_accum; micro++)
-        next_batch(r.train_data, r.cp, r.model.B, r.model.T, x[size_t(micro)], y[size_t(micro)]);
     // the gradient is the mean over the step's tokens: all DP ranks' (summed by the gradient sync),
     // or under local SGD this rank's own (its AdamW alone uses it); under fp16 times the loss scale
     // S (the backward's seed: every gradient is S times the true one, step_control unscales)
     const double S = r.state.loss_scale > 0.0 ? r.state.loss_scale : 1.0;
     const float dloss = float(S / (r.local_sgd ? tokens_per_step(r) / r.grid.dp : tokens_per_step(r)));
+    // the backward's seed. Test hook: LLMC_FAULT=nan:grad_<n> (LLMC_FAULT_RANK on a last pipeline
+    // stage) makes step n's gradients NaN
+    const float seed = fault_point("grad", step + 1) ? NAN : dloss;
+    // train.cuda_graphs: the step's device work, to its read back, is one graph (Ops::graph_step_begin);
+    // what the step's ops take by value from the host and may change: the seed and S
+    uint64_t key = 0;
+    std::memcpy(&key, &seed, sizeof(seed));
+    key ^= uint64_t(std::hash<double>{}(S)) << 1;
+    const std::string graph = tc.cuda_graphs ? r.ops->graph_step_begin(key) : std::string();
+    r.model.zero_grads();
+    r.conv->begin_step();
+    for (int micro = 0; micro < tc.grad_accum; micro++)
+        next_batch(r.train_data, r.cp, r.model.B, r.model.T, x[size_t(micro)], y[size_t(micro)]);
     r.model.defer_losses(r.defer ? r.losses() : nullptr, r.loss_rows);
     r.pipeline.set_defer_loss(r.defer);
-    // gradient buckets go out during the last micro-step's backward, none before. Test hook:
-    // LLMC_FAULT=nan:grad_<n> (LLMC_FAULT_RANK on a last pipeline stage) makes step n's gradients NaN
-    double loss = r.pipeline.train_step(x, y, r.model.B, r.model.T, fault_point("grad", step + 1) ? NAN : dloss,
-                                        r.dp.grads_ready());
+    // gradient buckets go out during the last micro-step's backward, none before
+    double loss = r.pipeline.train_step(x, y, r.model.B, r.model.T, seed, r.dp.grads_ready());
     const std::vector<size_t> rows = r.model.take_deferred_rows();
     r.model.defer_losses(nullptr, 0);
     r.pipeline.set_defer_loss(false);
     fault_point("train_step", step + 1);  // test hook: a rank dies mid-collective
     r.dp.finish_grad_sync();
     nlohmann::json rec = {{"step", step + 1}};
+    if (!graph.empty()) rec["cuda_graph"] = graph;
     std::string extra;
     r.conv->end_step(*r.groups.world, rec, extra);
     if (!r.grads_dumped) dump_gradients(r.model, r.dp, r.pc, *r.groups.mp, r.grid, S);

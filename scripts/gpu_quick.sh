@@ -126,6 +126,24 @@ quick_parity() {
         loss_tol_row "parity $arch fp16: losses GPU vs CPU fp16" "$Q/parity_${arch}_cpu_fp16/log.jsonl" \
             "$Q/parity_${arch}_cuda_fp16/log.jsonl" 1e-3
     done
+    # train.cuda_graphs: the bf16 GPT-2 run again with graphs, bitwise the run without
+    local g="$Q/parity_gpt2_cuda_bf16_graphs"
+    mkdir -p "$g"
+    step "parity gpt2 cuda_bf16 cuda_graphs" 40 ./train_gpt - device=cuda precision=bf16 model.arch=gpt2 \
+        model.n_layer=4 model.n_head=4 model.d_model=128 model.vocab_size=512 model.max_seq_len=64 \
+        data.train="$Q/tiny_*.bin" train.micro_batch=4 train.seq_len=64 train.grad_accum=2 train.steps=10 \
+        train.lr=1e-3 checkpoint.every=0 checkpoint.resume=never out.format=llmc train.cuda_graphs=true \
+        out_dir="$g" >"$g.txt" 2>&1
+    [ "$DRY_RUN" = 1 ] && return
+    local modes
+    modes=$(grep -o '"cuda_graph":"[a-z-]*' "$g/log.jsonl" 2>/dev/null | cut -d'"' -f4 | sort | uniq -c | tr -s ' \n' ' ')
+    if cmp -s <(grep -o '"loss":[^,}]*' "$Q/parity_gpt2_cuda_bf16/log.jsonl") <(grep -o '"loss":[^,}]*' "$g/log.jsonl") &&
+        cmp -s "$Q/parity_gpt2_cuda_bf16/model_00000010.bin" "$g/model_00000010.bin"; then
+        row "parity gpt2 bf16: cuda_graphs bitwise the plain run" "PASS" "" "" "" "losses and final weights; steps:$modes"
+    else
+        row "parity gpt2 bf16: cuda_graphs bitwise the plain run" "FAIL" "" "" "" \
+            "steps:$modes; $(grep -m1 -iE 'error|abort' "$g.txt" | cut -c1-120)"
+    fi
 }
 
 # quick_bench NAME "MODEL KEYS" B PREC: train_gpt's row; the PyTorch peer's at the same shape (bf16)
@@ -244,6 +262,12 @@ stage_quick() {
     quick_ops
     quick_parity
     quick_bench gpt2_124m "$m124" 8 bf16
+    # train.cuda_graphs (off by default until measured): B=8, where the host's share is the largest
+    quick_bench gpt2_124m_graphs "$m124 train.cuda_graphs=true" 8 bf16 nopeer
+    if [ -n "${TOK_q_gpt2_124m_graphs_bf16_8:-}" ] && [ -n "${TOK_q_gpt2_124m_bf16_8:-}" ]; then
+        row "cuda_graphs / plain (gpt2_124m B=8)" "INFO" "" "" "" \
+            "$(awk -v a="$TOK_q_gpt2_124m_graphs_bf16_8" -v b="$TOK_q_gpt2_124m_bf16_8" 'BEGIN { printf "%.3f", a / b }')"
+    fi
     quick_bench gpt2_124m "$m124" 32 bf16
     quick_bench gpt2_124m "$m124" 32 fp16
     # the kernel table of 124M B=8, its host share against the bench run's ms/step

@@ -112,6 +112,18 @@ public:
     virtual void from_host_bytes(void* dst, const void* src, size_t bytes) = 0;
     virtual void synchronize() = 0;
 
+    // ---- CUDA graphs (train.cuda_graphs) ----
+    // A training step's device work begins here and ends at its first read back (to_host_bytes):
+    // the CUDA backend captures one such region into a graph after a clean warm-up and launches the
+    // graph for every later region, whose host code then queues nothing (llmc/cuda/step_graph.cuh).
+    // key: what the step passes to its ops by value and may change between steps (a change makes a
+    // new graph). Returns what the region does: "warm-up", "capture", "replay", "off: <why>" (the
+    // backend gave graphs up for this run), or "none" (a backend without graphs: the CPU).
+    virtual std::string graph_step_begin(uint64_t key) {
+        (void)key;
+        return "none";
+    }
+
     // ---- host memory and asynchronous copies (optimizer offload, llmc/model/optimizer.h) ----
     // Host memory the asynchronous copies read and write (pinned on CUDA), zero-initialised.
     virtual void* alloc_host(size_t bytes);

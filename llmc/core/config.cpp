@@ -182,6 +182,11 @@ const std::vector<Key>& schema() {
                  "with train.recompute = full: the layer inputs it keeps live in host memory (pinned on CUDA), "
                  "copied down after each layer's forward and up again for its backward, beside the compute; the "
                  "device keeps two staging buffers (bitwise the same training)"),
+        bool_key("train.cuda_graphs", FIELD(train.cuda_graphs),
+                 "device cuda, one process: after a warm-up step whose work neither waits for the host nor "
+                 "allocates, one step's device work is captured as a CUDA graph and every later step launches it "
+                 "(the host code runs as before, queuing nothing; bitwise the same training); not with offload, "
+                 "MoE or fp8"),
 
         int_key("eval.every", FIELD(eval.every), 0, NONE, "validation every N steps (0 = off)"),
         int_key("eval.batches", FIELD(eval.batches), 0, 1e6, "micro-batches per validation"),
@@ -811,6 +816,16 @@ void check_consistency(const Config& c, bool check_files) {
         throw UserError(strfmt("train.offload_activations: true needs train.recompute = \"full\" (got \"%s\"): "
                                "offload moves the layer inputs full recompute keeps to host memory",
                                t.recompute.c_str()));
+    if (t.cuda_graphs) {  // (one process: checked at start-up, llmc/run/runtime.cpp)
+        const char* why = c.device == "cpu"                   ? "device \"cpu\" has no CUDA graphs"
+                          : t.offload_optimizer               ? "train.offload_optimizer waits for its host update"
+                          : t.offload_activations             ? "train.offload_activations copies beside the graph"
+                          : m.moe.num_experts > 0             ? "model.moe routes tokens on the host"
+                          : c.precision == "fp8"              ? "precision fp8 takes its scales on the host"
+                                                              : nullptr;
+        if (why)
+            throw UserError(strfmt("train.cuda_graphs: true is not available here: %s (set it false)", why));
+    }
     if (t.warmup_steps > t.steps)
         throw UserError(strfmt("train.warmup_steps: %d exceeds train.steps = %d (must be in [0, train.steps])",
                                t.warmup_steps, t.steps));

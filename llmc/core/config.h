@@ -68,6 +68,7 @@ struct TrainConfig {
     std::string recompute = "none";  // none | selective | full: activations recomputed in backward
     bool offload_optimizer = false;  // AdamW's state and update on the host (llmc/model/optimizer.h)
     bool offload_activations = false;  // the kept layer inputs in host memory (llmc/model/model.h; recompute full)
+    bool cuda_graphs = false;  // each step's device work replayed as one CUDA graph (llmc/cuda/step_graph.cuh)
 };
 
 struct EvalConfig {

@@ -34,7 +34,9 @@ __global__ void adamw_kernel(T* params, float* master, const T* grads, float* m,
 
 // Multi-tensor AdamW: one launch over every piece, a block per chunk of kAdamWChunk elements of
 // one piece (the chunk table: piece index, first element). Each element is updated exactly as
-// adamw_kernel updates it; ctl[1] == 0 (Ops::step_control: a skipped step) changes nothing.
+// adamw_kernel updates it; ctl[1] == 0 (Ops::step_control: a skipped step) changes nothing. The
+// step's lr, step size and 1 / sqrt(bias correction 2) come from device memory (hyper[0..2]), so
+// that a CUDA graph of the step (llmc/cuda/step_graph.cuh) takes each step's values.
 constexpr long long kAdamWChunk = 4096;
 struct AdamWDesc {
     void* params;
@@ -50,9 +52,10 @@ struct AdamWChunk {
     long long begin;
 };
 template <class T>
-__global__ void adamw_multi_kernel(const AdamWDesc* d, const AdamWChunk* chunks, const float* ctl, float lr,
-                                   float beta1, float beta2, float step, float inv_sqrt_bc2, float eps) {
+__global__ void adamw_multi_kernel(const AdamWDesc* d, const AdamWChunk* chunks, const float* ctl,
+                                   const float* hyper, float beta1, float beta2, float eps) {
     if (ctl[1] == 0.0f) return;
+    const float lr = hyper[0], step = hyper[1], inv_sqrt_bc2 = hyper[2];
     const AdamWChunk c = chunks[blockIdx.x];
     const AdamWDesc p = d[c.piece];
     const long long end = c.begin + kAdamWChunk < p.n ? c.begin + kAdamWChunk : p.n;

@@ -23,10 +23,15 @@
 // A failing CUDA/cuBLASLt call inside the backend is a bug (or a broken device): report
 // file, line and the library's message, then abort (same policy as LLMC_ASSERT, checks_throw()
 // included).
+// While a training step is captured into a CUDA graph (llmc/cuda/step_graph.cuh), a failure says so.
+inline bool g_graph_capturing = false;
 inline void cuda_check_impl(cudaError_t err, const char* expr, const char* file, int line) {
     if (err != cudaSuccess) {
         std::fprintf(stderr, "CUDA error at %s:%d: %s (%s): %s\n", file, line, cudaGetErrorName(err), expr,
                      cudaGetErrorString(err));
+        if (g_graph_capturing)
+            std::fprintf(stderr, "(while capturing a training step as a CUDA graph: train.cuda_graphs false runs "
+                                 "without)\n");
         std::fflush(stderr);
         check_failed(std::string("CUDA error ") + cudaGetErrorName(err) + " at " + file + ":" + std::to_string(line) + ": " + expr);
     }
@@ -46,20 +51,30 @@ inline void cublas_check_impl(cublasStatus_t st, const char* expr, const char* f
 // each kernel launch, LtAlgoCache each cuBLASLt call it runs.
 inline uint64_t cuda_launch_count = 0;
 inline void count_launch() { ++cuda_launch_count; }
+// Device allocations and frees so far (cudaMalloc/cudaFree of the backend, its grow buffers and
+// workspaces): a CUDA graph holds pointers, so one made before an allocation may hold stale ones
+// (llmc/cuda/step_graph.cuh).
+inline uint64_t cuda_alloc_count = 0;
+// While a training step replays its CUDA graph (llmc/cuda/step_graph.cuh), the host code runs as
+// usual but queues no work: the graph holds it. Every kernel launch, cuBLASLt call, memset, device
+// copy and sort asks queue_work() first (LLMC_LAUNCH does).
+inline bool g_graph_replay = false;
+inline bool queue_work() { return !g_graph_replay; }
 
 // Every kernel launch: LLMC_LAUNCH(kernel, grid, block, dynamic smem bytes, stream, args...) is
 // kernel<<<grid, block, smem, stream>>>(args...) under nvcc, and under the CPU emulator of CI
 // (test/cuemu, LLMC_CUEMU) the emulator's launch. `kernel` is one macro argument: a template
 // with several arguments goes through a local variable. A kernel's dynamic shared memory is
 // LLMC_EXTERN_SMEM(type, name), an array of `type` 128-byte aligned, which the emulator provides
-// per block. Each launch is counted (a comma expression: one statement).
+// per block. Each launch is counted, also where a replaying graph holds it (queue_work: one
+// expression, a statement).
 #ifdef LLMC_CUEMU
 #define LLMC_LAUNCH(kernel, grid, block, smem, stream, ...) \
-    count_launch(), CUEMU_LAUNCH(kernel, grid, block, smem, stream, __VA_ARGS__)
+    count_launch(), queue_work() ? CUEMU_LAUNCH(kernel, grid, block, smem, stream, __VA_ARGS__) : void()
 #define LLMC_EXTERN_SMEM(type, name) type* const name = reinterpret_cast<type*>(::cuemu::dynamic_smem())
 #else
 #define LLMC_LAUNCH(kernel, grid, block, smem, stream, ...) \
-    count_launch(), kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+    count_launch(), queue_work() ? kernel<<<grid, block, smem, stream>>>(__VA_ARGS__) : void()
 #define LLMC_EXTERN_SMEM(type, name) extern __shared__ __align__(128) type name[]
 #endif
 
@@ -86,10 +101,12 @@ struct GrowBuffer {
     size_t bytes = 0;
     void* get(size_t n, cudaStream_t stream) {
         if (bytes < n) {
+            LLMC_ASSERT(queue_work(), "a scratch buffer grew while a CUDA graph replayed");
             CUDA_CHECK(cudaStreamSynchronize(stream));
             if (ptr) CUDA_CHECK(cudaFree(ptr));
             ptr = nullptr;
             CUDA_CHECK(cudaMalloc(&ptr, n));
+            ++cuda_alloc_count;
             bytes = n;
         }
         return ptr;

@@ -19,6 +19,7 @@
 #include "llmc/cuda/llama.cuh"
 #include "llmc/cuda/matmul.cuh"
 #include "llmc/cuda/moe.cuh"
+#include "llmc/cuda/step_graph.cuh"
 #include "llmc/backend/ops.h"
 #include "llmc/cuda/cuda_ops.h"
 
@@ -35,15 +36,19 @@ static cudaError_t sort_pairs(void* tmp, size_t& tmp_bytes, const uint32_t* keys
         tmp_bytes = 1;
         return cudaSuccess;
     }
-    std::vector<int> idx(n);
-    for (int i = 0; i < n; i++) idx[i] = i;
-    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return keys[a] < keys[b]; });
-    for (int i = 0; i < n; i++) {
-        skeys[i] = keys[idx[i]];
-        spos[i] = pos[idx[i]];
-    }
+    if (!queue_work()) return cudaSuccess;
+    cuemu::enqueue([=] {  // (a stream capture records it)
+        std::vector<int> idx(n);
+        for (int i = 0; i < n; i++) idx[i] = i;
+        std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return keys[a] < keys[b]; });
+        for (int i = 0; i < n; i++) {
+            skeys[i] = keys[idx[i]];
+            spos[i] = pos[idx[i]];
+        }
+    });
     return cudaSuccess;
 #else
+    if (tmp && !queue_work()) return cudaSuccess;
     return cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, keys, skeys, pos, spos, n, 0, bits, stream);
 #endif
 }
@@ -138,6 +143,7 @@ public:
             throw UserError(strfmt("CUDA out of memory: allocating %zu bytes (%.2f GiB free of %.2f GiB)", bytes,
                                    fr / 1073741824.0, tot / 1073741824.0));
         }
+        ++cuda_alloc_count;
         CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         note_memory_in_use();
@@ -147,18 +153,20 @@ public:
         if (!p) return;
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         CUDA_CHECK(cudaFree(p));
+        ++cuda_alloc_count;
     }
     void zero(Tensor t) override {
         if (!t.n) return;
         ++counters_.launches;
-        CUDA_CHECK(cudaMemsetAsync(t.ptr, 0, t.bytes(), stream_));
+        if (queue_work()) CUDA_CHECK(cudaMemsetAsync(t.ptr, 0, t.bytes(), stream_));
     }
     void copy(Tensor dst, Tensor src) override {
         LLMC_ASSERT(dst.n == src.n, "copy: size mismatch");
         if (!dst.n) return;
         if (dst.dtype == src.dtype) {
             ++counters_.launches;
-            CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, src.bytes(), cudaMemcpyDeviceToDevice, stream_));
+            if (queue_work())
+                CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, src.bytes(), cudaMemcpyDeviceToDevice, stream_));
             return;
         }
         const int threads = 256;
@@ -201,7 +209,11 @@ public:
             for (size_t i = 0; i < dst.n; i++) tmp[i] = f32_to_bf16_bits(src[i]);
         from_host_bytes(dst.ptr, tmp.data(), dst.bytes());
     }
+    std::string graph_step_begin(uint64_t key) override {
+        return graph_.begin(stream_, key, counters_.host_syncs - ring_waits_);
+    }
     void to_host_bytes(void* dst, const void* src, size_t bytes) override {
+        if (graph_.in_region()) graph_.end(counters_.host_syncs - ring_waits_);
         if (!bytes) return;
         counters_.d2h_bytes += bytes;
         ++counters_.host_syncs;
@@ -213,6 +225,7 @@ public:
     void from_host_bytes(void* dst, const void* src, size_t bytes) override {
         if (!bytes) return;
         counters_.h2d_bytes += bytes;
+        if (bytes <= kUploadNoSync && graph_.upload(dst, src, bytes)) return;
         if (bytes <= kUploadNoSync) {
             Upload& u = uploads_[next_upload_++ % kUploadSlots];
             if (!u.host) {
@@ -222,6 +235,7 @@ public:
                 const cudaError_t q = cudaEventQuery(u.done);
                 if (q == cudaErrorNotReady) {
                     ++counters_.host_syncs;
+                    ++ring_waits_;
                     CUDA_CHECK(cudaEventSynchronize(u.done));
                 } else {
                     CUDA_CHECK(q);
@@ -715,7 +729,7 @@ public:
         }
         if (tab.empty()) {
             ++counters_.launches;
-            CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream_));
+            if (queue_work()) CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(double), stream_));
             return;
         }
         SumSqRegion* dtab = static_cast<SumSqRegion*>(sumsq_regions_.get(tab.size() * sizeof(SumSqRegion), stream_));
@@ -747,21 +761,29 @@ public:
                             p.seed, p.index_base});
         }
         if (desc.empty()) return;
-        AdamWDesc* ddesc = static_cast<AdamWDesc*>(adamw_desc_.get(desc.size() * sizeof(AdamWDesc), stream_));
+        // the descriptors, then the step's lr, step size and 1 / sqrt(bias correction 2) (read by the
+        // kernel from device memory: a CUDA graph's step takes them as it takes the seeds)
+        const AdamWScales sc = adamw_scales(lr, beta1, beta2, t);
+        const float hyper[3] = {lr, sc.step, sc.inv_sqrt_bc2};
+        const size_t dbytes = desc.size() * sizeof(AdamWDesc);
+        std::vector<char> up(dbytes + sizeof(hyper));
+        std::memcpy(up.data(), desc.data(), dbytes);
+        std::memcpy(up.data() + dbytes, hyper, sizeof(hyper));
+        AdamWDesc* ddesc = static_cast<AdamWDesc*>(adamw_desc_.get(up.size(), stream_));
         AdamWChunk* dchunks = static_cast<AdamWChunk*>(adamw_chunks_.get(chunks.size() * sizeof(AdamWChunk), stream_));
-        // the seeds change every step, the layout never: the chunk table goes up once
-        from_host_bytes(ddesc, desc.data(), desc.size() * sizeof(AdamWDesc));
+        // the seeds and the learning rate change every step, the layout never: the chunk table goes up once
+        from_host_bytes(ddesc, up.data(), up.size());
         std::string key((const char*)chunks.data(), chunks.size() * sizeof(AdamWChunk));
         if (key != adamw_key_ || dchunks != adamw_chunks_at_) {
             from_host_bytes(dchunks, chunks.data(), chunks.size() * sizeof(AdamWChunk));
             adamw_key_ = std::move(key);
             adamw_chunks_at_ = dchunks;
         }
-        const AdamWScales sc = adamw_scales(lr, beta1, beta2, t);
+        const float* dhyper = reinterpret_cast<const float*>(reinterpret_cast<const char*>(ddesc) + dbytes);
         dispatch(pieces[0].params.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            LLMC_LAUNCH(adamw_multi_kernel<T_>, (int)chunks.size(), 256, 0, stream_, ddesc, dchunks, ctl, lr, beta1,
-                        beta2, sc.step, sc.inv_sqrt_bc2, eps);
+            LLMC_LAUNCH(adamw_multi_kernel<T_>, (int)chunks.size(), 256, 0, stream_, ddesc, dchunks, ctl, dhyper,
+                        beta1, beta2, eps);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -876,6 +898,8 @@ private:
     static constexpr size_t kUploadSlots = 8;
     Upload uploads_[kUploadSlots];
     size_t next_upload_ = 0;
+    uint64_t ring_waits_ = 0;  // the host waits for a ring slot (a graph's uploads take none)
+    StepGraph graph_;          // train.cuda_graphs (graph_step_begin)
     // the multi-tensor ops' tables, and what was uploaded last
     GrowBuffer sumsq_regions_, sumsq_part_, adamw_desc_, adamw_chunks_;
     std::string adamw_key_;

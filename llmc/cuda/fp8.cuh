@@ -209,6 +209,7 @@ public:
         if (!handle_) {  // created on first use: runs without fp8 pay nothing
             CUBLAS_CHECK(cublasLtCreate(&handle_));
             CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+            ++cuda_alloc_count;
         }
         const cudaDataType_t ta = lt_type(g.fa), tb = lt_type(g.fb), td = g.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
         LtKey key{};
@@ -418,7 +419,10 @@ private:
         LLMC_ASSERT(x.n >= (size_t)rows * cols && x.ptr, "fp8 cast: tensor too small");
         LLMC_ASSERT(slot >= 0 && slot < kScaleSlots, "fp8 cast: scale slot out of range");
         const size_t small_words = size_t(kScaleSlots + 1) * kScaleSlot;  // the slots, then the amax words
-        if (!small_) CUDA_CHECK(cudaMalloc(&small_, small_words * sizeof(float)));
+        if (!small_) {
+            CUDA_CHECK(cudaMalloc(&small_, small_words * sizeof(float)));
+            ++cuda_alloc_count;
+        }
         float* sc = static_cast<float*>(small_) + slot * kScaleSlot;
         unsigned* amax = static_cast<unsigned*>(small_) + kScaleSlots * kScaleSlot + slot;
         unsigned* record = reinterpret_cast<unsigned*>(c.amax);
@@ -429,7 +433,7 @@ private:
             using T = decltype(tag);
             const T* xp = (const T*)x.ptr;
             if (c.current) {
-                CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
+                if (queue_work()) CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
                 const int blocks = (int)std::min<long long>(1024, (n + 255) / 256);
                 LLMC_LAUNCH(amax_kernel<T>, std::max(1, blocks), 256, 0, stream, amax, xp, n);
                 CUDA_CHECK_LAUNCH();

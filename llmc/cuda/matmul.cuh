@@ -265,12 +265,14 @@ public:
             last_ = &it->second;
             new_ = false;
             if (!last_->ok) return false;
-            CUBLAS_CHECK(cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &last_->algo, ws, ws_bytes,
-                                        stream));
+            if (queue_work())
+                CUBLAS_CHECK(cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &last_->algo, ws,
+                                            ws_bytes, stream));
             count_launch();
             return true;
         }
         new_ = true;
+        LLMC_ASSERT(queue_work(), "a GEMM first seen while a CUDA graph replayed: " + key.text());
         cublasLtMatmulPreference_t pref = lt_preference(ws_bytes, key.align_a, key.align_b, key.align_d);
         cublasLtMatmulHeuristicResult_t res[kCandidates];
         int nres = 0;
@@ -376,6 +378,7 @@ public:
     void init() {
         CUBLAS_CHECK(cublasLtCreate(&handle_));
         CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+        ++cuda_alloc_count;
     }
     void destroy() {
         if (workspace_) cudaFree(workspace_);
