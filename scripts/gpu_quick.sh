@@ -287,6 +287,31 @@ stage_quick() {
     [ "$DRY_RUN" = 1 ] || echo "gpu_check --quick: $(( $(date +%s) - start )) s"
 }
 
+# ncu_stalls: why the flash backward runs at a fraction of the tensor cores (issue 30: 78 TFLOP/s at
+# HS 64 on the H200 against SDPA's 138): each of its kernels once (dev/cuda/attention_backward's
+# default version, 124M's shape B=8 T=1024 NH=12 HS=64) under ncu's warp-state, occupancy and
+# compute sections, a row each with its registers, occupancy, cycles between issues and what
+# ncu's rules say stalls it; the sections' text is in the logs (ncu_flash_backward.txt)
+ncu_stalls() {
+    local log="$WORK/ncu_flash_backward.txt" rc
+    step "ncu flash backward: stalls" 50 "$(find_ncu)" --clock-control none -k regex:flash_backward --launch-count 2 \
+        --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
+        dev/cuda/attention_backward 4 8 1024 12 64 >"$log" 2>&1
+    rc=$?
+    [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && return
+    if [ $rc -ne 0 ] || ! grep -q 'flash_backward' "$log"; then
+        row "ncu flash backward" "FAIL" "" "" "" "exit $rc: $(grep -m1 -iE 'error' "$log" | cut -c1-100)"
+        return
+    fi
+    # a row per kernel: its name, then the metrics and the stall sentences of its sections
+    awk '/flash_backward_[a-z]*_kernel/ && /Context/ { if (k) print k "\t" m; k = $1; sub(/<.*/, "", k); m = ""; next }
+         /Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued Instruction|Issue Slots Busy|SM Busy/ {
+             line = $0; gsub(/  +/, " ", line); m = m ";" line; next }
+         /stalled|Stall/ { line = $0; gsub(/^ +| +$/, "", line); m = m "; " substr(line, 1, 160) }
+         END { if (k) print k "\t" m }' "$log" |
+        while IFS=$'\t' read -r k m; do row "ncu $k (HS 64)" "INFO" "" "" "" "${m#;}"; done
+}
+
 # B T NH HS per shape: GPT-2 124M's, then FlashAttention's benchmark shapes (d_model 2048)
 ATTN_SHAPES=${ATTN_SHAPES:-"8 1024 12 64 8 1024 32 64 8 1024 16 128"}
 # kernel_row NAME LOG RC: a PASS row with the log's timing lines, or a FAIL row
@@ -317,6 +342,7 @@ stage_kernels() {
             kernel_row "attention $kind v$ver B=$b T=$t NH=$nh HS=$hs" "$log" $rc
         done
     done
+    ncu_stalls
     log="$WORK/torch_attention.log"
     # shellcheck disable=SC2086
     step "PyTorch SDPA" 90 python3 dev/bench/torch_attention.py $ATTN_SHAPES >"$log" 2>&1
