@@ -19,7 +19,7 @@
 
 # test_gpu's filters, in the order they run (test/e2e/test_gpu_check_list.sh checks this list
 # against test/gpu/test_gpu_ops.cu)
-TEST_GPU_FILTERS="ptx encoder encoder_slice layernorm residual matmul attention attention_gqa rmsnorm rope
+TEST_GPU_FILTERS="ptx encoder encoder_slice layernorm residual matmul attention attention_gqa attention_mt2 rmsnorm rope
 attention_ring swiglu moe cross_entropy cross_entropy_vp adamw sum_squares step_ops offload reference model_step fp8"
 QUICK_STEPS=${QUICK_STEPS:-10}
 

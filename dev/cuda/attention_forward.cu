@@ -6,7 +6,8 @@
 //      issue 30; now its fallback for head sizes the tensor-core path does not cover)
 //   4: llmc/cuda/flash_attention.cuh, FlashAttention-2 design, 16 query rows a warp
 //   5: the same kernel with 32 query rows a warp (MT = 2; the trainer's bf16 forward for head
-//      sizes up to 64 since this version, 16 rows above)
+//      sizes up to 64 since this version, 16 rows above); from 2026-11-27 also at head sizes 80
+//      to 128, where Q's fragments are reloaded from shared memory at each k-step of S
 //
 // Lab notebook (causal, bf16, FLOPs counted as FlashAttention counts them: 4 B NH HS T^2 / 2):
 //   v3  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): the forward kernel
@@ -32,6 +33,13 @@
 //       FlashAttention-2 gives a warp 32 rows at head size 64 (kBlockM 128, 4 warps). Registers:
 //       Q 32, O 64, S 64 per lane at HS 64 (check -Xptxas -v for spills). Prediction: the forward
 //       from 138-148 toward 200+ TFLOP/s at HS 64; HS 128 unchanged (still 16 rows).
+//   v5 above head size 64 (2026-11-27), not yet measured: at HS 128 one m-tile is 173 TFLOP/s on
+//       the H200 against SDPA's 324, and each K and V fragment feeds two mma. Two m-tiles halve
+//       the V loads per mma (0.5 -> 0.25) and cut S's (Q reloaded: 0.5 -> 0.375), at a price:
+//       O alone is 128 registers a lane, so ptxas sm_90 spills 52 bytes at 32-key tiles (116 at
+//       64; HS 96: none at 32, 44 at 64; HS 80 at 64: 242 registers, none). FlashAttention-2
+//       runs HS 128 this way (kBlockM 128, 4 warps, Q from shared memory). If it beats v4 at HS
+//       128, the trainer's choice (flash::forward_hs) follows.
 //   To measure (B T NH HS after the version; d_model 2048 as FlashAttention's benchmarks):
 //     make -C dev/cuda attention_forward && for v in 3 4 5; do ./dev/cuda/attention_forward $v 8 1024 32 64;
 //     ./dev/cuda/attention_forward $v 8 1024 16 128; done

@@ -136,7 +136,9 @@ __global__ void __launch_bounds__(kThreads)
     // and never written)
     const int w0 = q0 + WR * warp;
     int seen[MT][2];
+    LLMC_UNROLL
     for (int mt = 0; mt < MT; mt++)
+        LLMC_UNROLL
         for (int i = 0; i < 2; i++) {
             const int r = w0 + 16 * mt + g + 8 * i;
             seen[mt][i] = r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
@@ -152,11 +154,19 @@ __global__ void __launch_bounds__(kThreads)
     }
     ptx::cp_async_commit();
 
-    uint32_t qf[MT][HS / 16][4];
+    // Q's fragments: in registers for the whole key loop (one m-tile, or head sizes up to 64), else
+    // (two m-tiles above 64: O alone is 128 registers at head size 128) reloaded by ldmatrix from
+    // shared memory at each k-step of S, as FlashAttention-2 does at head size 128
+    constexpr bool QR = MT == 1 || HS <= 64;
+    uint32_t qf[QR ? MT : 1][QR ? HS / 16 : 1][4];
+    const E* qrow = sQ + (WR * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;  // m-tile 0's
     float o[MT][DT][4];
     float m[MT][2], l[MT][2];
+    LLMC_UNROLL
     for (int mt = 0; mt < MT; mt++) {
+        LLMC_UNROLL
         for (int i = 0; i < DT; i++)
+            LLMC_UNROLL
             for (int e = 0; e < 4; e++) o[mt][i][e] = 0.0f;
         m[mt][0] = m[mt][1] = -INFINITY;
         l[mt][0] = l[mt][1] = 0.0f;
@@ -165,42 +175,60 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < ntiles; j++) {
         const int buf = j & 1, k0 = j * BC;
         kv_tile_ready<HS, BC>(sK, sV, Kg, Vg, stride, j, ntiles, kv_end);
-        if (j == 0 && active) {
-            for (int mt = 0; mt < MT; mt++) {
-                const E* row =
-                    sQ + (WR * warp + 16 * mt + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
-                for (int kc = 0; kc < HS / 16; kc++) ptx::ldmatrix_x4(qf[mt][kc], row + kc * 16);
-            }
+        if constexpr (QR) {
+            if (j == 0 && active)
+                LLMC_UNROLL
+                for (int mt = 0; mt < MT; mt++)
+                    LLMC_UNROLL
+                    for (int kc = 0; kc < HS / 16; kc++) ptx::ldmatrix_x4(qf[mt][kc], qrow + 16 * mt * LD + kc * 16);
         }
         if (k0 < w_end) {
             const E* tK = sK + buf * BC * LD;
             const E* tV = sV + buf * BC * LD;
             float s[MT][NT][4];
+            LLMC_UNROLL
             for (int mt = 0; mt < MT; mt++)
+                LLMC_UNROLL
                 for (int n = 0; n < NT; n++)
+                    LLMC_UNROLL
                     for (int e = 0; e < 4; e++) s[mt][n][e] = 0.0f;
             // S = Q K^T: lane supplies key row np*16 + (lane>>4)*8 + lane%8, columns kc*16 + ((lane>>3)&1)*8
             const E* krow = tK + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
-            for (int kc = 0; kc < HS / 16; kc++)
+            LLMC_UNROLL
+            for (int kc = 0; kc < HS / 16; kc++) {
+                uint32_t qs[QR ? 1 : MT][4];  // this k-step's Q fragments (Q from shared memory)
+                if constexpr (!QR)
+                    LLMC_UNROLL
+                    for (int mt = 0; mt < MT; mt++) ptx::ldmatrix_x4(qs[mt], qrow + 16 * mt * LD + kc * 16);
+                LLMC_UNROLL
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4(r, krow + np * 16 * LD + kc * 16);
                     const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    LLMC_UNROLL
                     for (int mt = 0; mt < MT; mt++) {
-                        ptx::mma_16816<E>(s[mt][2 * np], qf[mt][kc], b0, s[mt][2 * np]);
-                        ptx::mma_16816<E>(s[mt][2 * np + 1], qf[mt][kc], b1, s[mt][2 * np + 1]);
+                        const uint32_t(&a)[4] = QR ? qf[QR ? mt : 0][QR ? kc : 0] : qs[QR ? 0 : mt];
+                        ptx::mma_16816<E>(s[mt][2 * np], a, b0, s[mt][2 * np]);
+                        ptx::mma_16816<E>(s[mt][2 * np + 1], a, b1, s[mt][2 * np + 1]);
                     }
                 }
+            }
             if (k0 + BC > w_full) {  // the tile crosses some row's last visible key
+                LLMC_UNROLL
                 for (int mt = 0; mt < MT; mt++)
+                    LLMC_UNROLL
                     for (int n = 0; n < NT; n++)
+                        LLMC_UNROLL
                         for (int e = 0; e < 4; e++)
                             if (k0 + n * 8 + 2 * t + (e & 1) >= seen[mt][e >> 1]) s[mt][n][e] = -INFINITY;
             }
             // online softmax, rows g (e = 0, 1) and g + 8 (e = 2, 3) of each m-tile
+            LLMC_UNROLL
             for (int mt = 0; mt < MT; mt++)
+                LLMC_UNROLL
                 for (int i = 0; i < 2; i++) {
                     float mx = -INFINITY;
+                    LLMC_UNROLL
                     for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[mt][n][2 * i], s[mt][n][2 * i + 1]));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -208,13 +236,16 @@ __global__ void __launch_bounds__(kThreads)
                     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
                     const float alpha = exp2f(m[mt][i] - m_use);
                     float sum = 0.0f;
+                    LLMC_UNROLL
                     for (int n = 0; n < NT; n++)
+                        LLMC_UNROLL
                         for (int e = 2 * i; e < 2 * i + 2; e++) {
                             s[mt][n][e] = exp2f(fmaf(s[mt][n][e], scale_log2, -m_use));
                             sum += s[mt][n][e];
                         }
                     l[mt][i] = l[mt][i] * alpha + sum;
                     m[mt][i] = m_new;
+                    LLMC_UNROLL
                     for (int d = 0; d < DT; d++) {
                         o[mt][d][2 * i] *= alpha;
                         o[mt][d][2 * i + 1] *= alpha;
@@ -223,18 +254,22 @@ __global__ void __launch_bounds__(kThreads)
             // O += P V: P's A registers from the S accumulators of n-tiles 2kc, 2kc+1; lane
             // supplies V row kc*16 + lane%8 + ((lane>>3)&1)*8, columns dp*16 + (lane>>4)*8
             const E* vrow = tV + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+            LLMC_UNROLL
             for (int kc = 0; kc < BC / 16; kc++) {
                 uint32_t a[MT][4];
+                LLMC_UNROLL
                 for (int mt = 0; mt < MT; mt++) {
                     a[mt][0] = ptx::pack2<E>(s[mt][2 * kc][0], s[mt][2 * kc][1]);
                     a[mt][1] = ptx::pack2<E>(s[mt][2 * kc][2], s[mt][2 * kc][3]);
                     a[mt][2] = ptx::pack2<E>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
                     a[mt][3] = ptx::pack2<E>(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
                 }
+                LLMC_UNROLL
                 for (int dp = 0; dp < HS / 16; dp++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4_trans(r, vrow + kc * 16 * LD + dp * 16);
                     const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    LLMC_UNROLL
                     for (int mt = 0; mt < MT; mt++) {
                         ptx::mma_16816<E>(o[mt][2 * dp], a[mt], b0, o[mt][2 * dp]);
                         ptx::mma_16816<E>(o[mt][2 * dp + 1], a[mt], b1, o[mt][2 * dp + 1]);
@@ -246,7 +281,9 @@ __global__ void __launch_bounds__(kThreads)
     }
 
     if (!active) return;
+    LLMC_UNROLL
     for (int mt = 0; mt < MT; mt++)
+        LLMC_UNROLL
         for (int i = 0; i < 2; i++) {
             float li = l[mt][i];
             li += __shfl_xor_sync(0xffffffffu, li, 1);
@@ -255,6 +292,7 @@ __global__ void __launch_bounds__(kThreads)
             if (r >= Tq) continue;
             const float inv = li > 0.0f ? 1.0f / li : 0.0f;
             E* orow = out + (((long long)b * Tq + r) * NH + h) * HS;
+            LLMC_UNROLL
             for (int d = 0; d < DT; d++) {
                 const uint32_t v = ptx::pack2<E>(o[mt][d][2 * i] * inv, o[mt][d][2 * i + 1] * inv);
                 *reinterpret_cast<uint32_t*>(orow + d * 8 + 2 * t) = v;
@@ -280,14 +318,18 @@ bool try_forward(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int
 }
 
 // The flash forward for one head size: two m-tiles a warp up to head size 64 (unless
-// rows_per_warp is 16), else one; a key tile of 64 rows, else 32 (shared memory).
+// rows_per_warp is 16), else one (unless rows_per_warp is 32: two, Q from shared memory, head
+// sizes 80 to 128); a key tile of 64 rows, else 32 (shared memory).
 template <int HS, class E>
 bool forward_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH, int NKV,
                 SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp) {
 #define LLMC_FLASH_TRY(BC, MT) try_forward<HS, BC, MT>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st)
-    if constexpr (HS <= 64) {
-        if (rows_per_warp != 16 && (LLMC_FLASH_TRY(64, 2) || LLMC_FLASH_TRY(32, 2))) return true;
+    if constexpr (HS <= 80) {  // (ptxas sm_90: HS 80 BC 64 242 registers, no spill)
+        if ((HS <= 64 ? rows_per_warp != 16 : rows_per_warp == 32) && (LLMC_FLASH_TRY(64, 2) || LLMC_FLASH_TRY(32, 2)))
+            return true;
         if (rows_per_warp == 32) return false;
+    } else if constexpr (HS <= 128) {  // 32-key tiles: HS 96 no spill, HS 128 52 bytes (64-key tiles: 44, 116)
+        if (rows_per_warp == 32) return LLMC_FLASH_TRY(32, 2);
     }
     if constexpr (HS == 256) return LLMC_FLASH_TRY(32, 1);
     else return LLMC_FLASH_TRY(64, 1) || LLMC_FLASH_TRY(32, 1);
@@ -297,8 +339,10 @@ bool forward_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int 
 // The flash forward when it covers HS and the device's shared memory holds its tiles; false:
 // the caller takes attention.cuh's general kernel. Head sizes up to 64 give each warp two
 // m-tiles (32 query rows, 128 a block: at head size 64, 254 registers and no spill on sm_90);
-// larger ones one (two would spill). `rows_per_warp` 16 or 32 forces the choice for head sizes
-// up to 64 (dev/cuda's versions 4 and 5 compare them); 0 chooses.
+// larger ones one. `rows_per_warp` 16 or 32 forces the choice (dev/cuda's versions 4 and 5
+// compare them; 32 above head size 64 reloads Q from shared memory, not yet measured); 0
+// chooses (g_fwd_rows_per_warp for the trainer's calls: test_gpu's attention_mt2 sets it).
+inline int g_fwd_rows_per_warp = 0;
 template <class E>
 bool forward(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH,
                     int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp = 0) {

@@ -41,6 +41,8 @@ mutate fp8_layout_NN llmc/cuda/fp8.cuh fp8 \
 mutate flash_buffer_race llmc/cuda/flash_attention.cuh attention \
     $'__syncthreads();  // the next iteration\'s prefetch overwrites this buffer\n    }\n\n    if (!active)' \
     $'}\n\n    if (!active)'
+mutate flash_q_smem_mtile llmc/cuda/flash_attention.cuh attention_mt2 \
+    'ptx::ldmatrix_x4(qs[mt], qrow + 16 * mt * LD + kc * 16)' 'ptx::ldmatrix_x4(qs[mt], qrow + kc * 16)'
 mutate dkdv_mtile_slip llmc/cuda/flash_backward.cuh attention \
     'ptx::mma_16816<E>(s[m][2 * np + 1], ka[m], q1b' 'ptx::mma_16816<E>(s[m][2 * np + 1], ka[0], q1b'
 mutate flash_dq_without_D llmc/cuda/flash_backward.cuh attention \

@@ -40,6 +40,7 @@
 #include "llmc/model/moe.h"
 #include "llmc/parallel/context_parallel.h"
 #include "llmc/cuda/common.cuh"
+#include "llmc/cuda/flash_attention.cuh"
 #include "llmc/cuda/ptx.cuh"
 #include "llmc/model/model.h"
 #include "llmc/backend/ops.h"
@@ -1766,6 +1767,14 @@ int main(int argc, char** argv) {
         run("attention", "attention_gqa", [&](const C& c) {
             if (c.dims[2] != c.dims[3]) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
         });
+        // the flash forward's two m-tiles a warp above head size 64 (Q reloaded from shared memory;
+        // the trainer's choice is one until a GPU has timed it: dev/cuda/attention_forward v5)
+        flash::g_fwd_rows_per_warp = 32;
+        run("attention", "attention_mt2", [&](const C& c) {
+            if (c.dims[4] > 64 && c.dims[4] <= 128 && c.dims[4] % 16 == 0)
+                test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
+        });
+        flash::g_fwd_rows_per_warp = 0;
         run("rmsnorm", "rmsnorm", [&](const C& c) { test_rmsnorm(h, c.dims[0], c.dims[1], c.x); });
         run("rope", "rope", [&](const C& c) {
             test_rope(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.x, SeqPositions());
