@@ -623,6 +623,7 @@ cudaError_t cudaDeviceSynchronize() { return capture_forbids(); }
 
 static cudaError_t alloc(void** p, size_t bytes, bool pinned) {
     *p = nullptr;
+    if (cuemu::g_capturing) return capture_forbids();
     const size_t total = (bytes + cuemu::kRedzone + 255) / 256 * 256;
     void* q = std::aligned_alloc(256, total);
     if (!q) return set_err(cudaErrorMemoryAllocation);
@@ -635,6 +636,7 @@ static cudaError_t alloc(void** p, size_t bytes, bool pinned) {
     return cudaSuccess;
 }
 static cudaError_t release(void* p, bool pinned) {
+    if (cuemu::g_capturing) return capture_forbids();
     if (!p) return cudaSuccess;
     {
         std::lock_guard<std::mutex> lk(g_mu);
@@ -651,22 +653,10 @@ static cudaError_t release(void* p, bool pinned) {
     std::free(p);
     return cudaSuccess;
 }
-cudaError_t cudaMalloc(void** p, size_t bytes) {
-    if (cuemu::g_capturing) return *p = nullptr, capture_forbids();
-    return alloc(p, bytes, false);
-}
-cudaError_t cudaFree(void* p) {
-    if (cuemu::g_capturing) return capture_forbids();
-    return release(p, false);
-}
-cudaError_t cudaMallocHost(void** p, size_t bytes) {
-    if (cuemu::g_capturing) return *p = nullptr, capture_forbids();
-    return alloc(p, bytes, true);
-}
-cudaError_t cudaFreeHost(void* p) {
-    if (cuemu::g_capturing) return capture_forbids();
-    return release(p, true);
-}
+cudaError_t cudaMalloc(void** p, size_t bytes) { return alloc(p, bytes, false); }
+cudaError_t cudaFree(void* p) { return release(p, false); }
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return alloc(p, bytes, true); }
+cudaError_t cudaFreeHost(void* p) { return release(p, true); }
 cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
     *total_b = kTotalMem;
     *free_b = kTotalMem - bytes_in_use();

@@ -30,6 +30,18 @@ tiny_config() {
 JSON
 }
 
+# emu_tiny_config FILE PRECISION: tiny_config on make_data's shards for build/train_gpt_emu (the
+# trainer over CudaOps on the CUDA emulator; $EMU), in PRECISION, d_model 64 over 2 heads (head
+# size 32, which the flash kernels take); a SANITIZE=1 build has no emulator binaries: SKIP
+emu_tiny_config() {
+    EMU="$ROOT/${LLMC_BUILD:-build}/train_gpt_emu"
+    if [ "${LLMC_SANITIZE:-0}" = 1 ]; then echo "SKIP (SANITIZE=1 builds no emulator binaries)"; exit 0; fi
+    [ -x "$EMU" ] || die "no $EMU (make ${LLMC_BUILD:-build}/train_gpt_emu)"
+    make_data
+    tiny_config "$1"
+    sed -i "s/\"precision\": \"fp32\"/\"precision\": \"$2\"/; s/\"d_model\": 32/\"d_model\": 64/" "$1"
+}
+
 # losses FILE: the "loss" values of a log.jsonl, one per line, exactly as written
 losses() { grep -o '"loss":[^,}]*' "$1" | cut -d: -f2; }
 # val_last FILE: the last "val_loss" of a log.jsonl

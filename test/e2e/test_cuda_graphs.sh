@@ -4,7 +4,8 @@
 #  (a) bf16, grad_accum 2, warmup and cosine lr, validation and a checkpoint between steps: step 1
 #      warms up (it allocates), step 2 is clean, step 3 is captured, later steps replay; losses,
 #      final weights and checkpoints equal the run without graphs bit for bit (the lr, step and
-#      seeds reach the graph's AdamW through uploads, each step its own);
+#      seeds reach the graph's AdamW through uploads, each step its own); the same launches a step
+#      counted, one host wait in a replayed step;
 #  (b) fp16 with the dynamic loss scale and a forced overflow at step 5 (LLMC_FAULT): a changed
 #      loss seed drops the graph (steps 5 and 6 warm up: the NaN seed, then the halved scale's),
 #      step 7 captures a new one; bitwise the run without graphs;
@@ -12,13 +13,7 @@
 #  (d) refusals, exit 2 naming the key: device cpu, two processes, optimizer offload, fp8.
 # The speed of a graph is a GPU's to measure (scripts/gpu_quick.sh's 124M rows with and without).
 source "$(dirname "$0")/lib.sh"
-EMU="$ROOT/${LLMC_BUILD:-build}/train_gpt_emu"
-if [ "${LLMC_SANITIZE:-0}" = 1 ]; then echo "SKIP (SANITIZE=1 builds no emulator binaries)"; exit 0; fi
-[ -x "$EMU" ] || die "no $EMU (make ${LLMC_BUILD:-build}/train_gpt_emu)"
-make_data
-tiny_config "$W/c.json"
-# d_model 64 over 2 heads: head size 32, the flash kernels'
-sed -i 's/"precision": "fp32"/"precision": "bf16"/; s/"d_model": 32/"d_model": 64/' "$W/c.json"
+emu_tiny_config "$W/c.json" bf16
 modes() { grep -o '"cuda_graph":"[a-z-]*' "$1" | cut -d'"' -f4 | tr '\n' ' '; }
 # same RUN_A RUN_B: equal losses, final weights and checkpoints (weights, optimizer state; the
 # header holds the config's digest)
@@ -45,7 +40,14 @@ run graphs train.cuda_graphs=true
     die "graph modes: $(modes "$W/graphs/log.jsonl")"
 [ -z "$(modes "$W/plain/log.jsonl")" ] || die "a run without graphs logged cuda_graph"
 same "$W/plain" "$W/graphs"
-echo "  bf16: $(modes "$W/graphs/log.jsonl")| bitwise the run without graphs"
+# the step counters: the same kernels (a replayed step counts those its graph ran), one host wait
+# (the read back) in a replayed step
+field() { grep -o "\"$2\":[0-9]*" "$1" | cut -d: -f2 | tr '\n' ' '; }
+[ "$(field "$W/graphs/log.jsonl" launches)" = "$(field "$W/plain/log.jsonl" launches)" ] ||
+    die "launches: graphs $(field "$W/graphs/log.jsonl" launches), plain $(field "$W/plain/log.jsonl" launches)"
+[ "$(field "$W/graphs/log.jsonl" host_syncs | cut -d' ' -f4-10)" = "1 1 1 1 1 1 1" ] ||
+    die "host_syncs of the replayed steps: $(field "$W/graphs/log.jsonl" host_syncs)"
+echo "  bf16: $(modes "$W/graphs/log.jsonl")| bitwise the run without graphs; launches $(field "$W/graphs/log.jsonl" launches | cut -d' ' -f4) a step in both"
 
 # ---- (b) fp16, dynamic loss scale, a forced overflow at step 5 ----
 f16=(precision=fp16)

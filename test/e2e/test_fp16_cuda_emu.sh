@@ -15,13 +15,7 @@
 # The device numbers of a real GPU are dev/bench's (scripts/gpu_window.sh); this proves the code paths.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
-EMU="$ROOT/${LLMC_BUILD:-build}/train_gpt_emu"
-if [ "${LLMC_SANITIZE:-0}" = 1 ]; then echo "SKIP (SANITIZE=1 builds no emulator binaries)"; exit 0; fi
-[ -x "$EMU" ] || die "no $EMU (make ${LLMC_BUILD:-build}/train_gpt_emu)"
-make_data
-tiny_config "$W/c.json"
-# d_model 64 over 2 heads: head size 32, which the flash kernels take
-sed -i 's/"precision": "fp32"/"precision": "fp16"/; s/"d_model": 32/"d_model": 64/' "$W/c.json"
+emu_tiny_config "$W/c.json" fp16
 ck=(checkpoint.every=1 checkpoint.keep=20 train.loss_scale_window=4)
 # skips FILE: STEP:WHY of each skipped step of a log.jsonl, on one line
 skips() { grep '"skipped":"' "$1" | sed 's/.*"skipped":"\([a-z-]*\)".*"step":\([0-9]*\),.*/\2:\1/' | tr '\n' ' '; }
