@@ -813,8 +813,11 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     r.dp.after_update();
     const bool outer_step = r.local_sgd && r.local_sgd->due(step + 1, tc.steps);
     if (outer_step) r.local_sgd->sync(r.opt);
-    // the step's one wait for the backend: norm, decision and losses
+    // the step's one wait for the backend: norm, decision and losses (enqueue_ms: how long the host
+    // took to queue the step's work before it; under train.cuda_graphs a replayed step's graph is
+    // launched at this read back, so there it is the time the device waited for the host)
     std::vector<char> back(Run::kReadbackHead + nloss * sizeof(float));
+    const double enqueue_ms = now_ms() - t0;
     r.ops->to_host_bytes(back.data(), r.readback, back.size());
     double ss[2];
     std::memcpy(ss, back.data(), sizeof(ss));
@@ -865,8 +868,8 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     r.state.skipped += !finite;
     if (outer_step) extra += " | outer step";
     r.progress.step_done(ms);
-    rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"comm_ms", comm_ms},
-                {"compute_ms", ms - comm_ms}, {"tok_per_s", tok_s},
+    rec.update({{"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm}, {"ms", ms}, {"enqueue_ms", enqueue_ms},
+                {"comm_ms", comm_ms}, {"compute_ms", ms - comm_ms}, {"tok_per_s", tok_s},
                 {"tokens", r.progress.tokens()}});
     // MFU on GPUs: model FLOPs (6N + 12LCT per token) over the dense peak of this GPU and precision;
     // tokens/s is the whole job's, each GPU does 1/world of the work

@@ -158,11 +158,15 @@ quick_bench() {  # name "model keys" B prec [nopeer: the PyTorch peer later, by 
     [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && { [ "$peer" = nopeer ] || quick_peer "$name" "$model" "$b" "$prec"; return; }
     if [ $rc -eq 0 ] && [ -s "$out/log.jsonl" ]; then
         parsed=$(parse_log "$out/log.jsonl")
-        local ms
-        ms=$(grep -o '"ms": *[0-9.eE+-]*' "$out/log.jsonl" | sed 's/.*: *//' | tail -n +3 | sort -g |
-             awk '{ a[NR] = $1 } END { if (NR) printf "%.1f", a[int((NR + 1) / 2)] }')
+        local ms enq
+        # medians from step 3 on: the step's wall time, and the host's time to queue it (enqueue_ms)
+        median_of() { grep -o "\"$1\": *[0-9.eE+-]*" "$out/log.jsonl" | sed 's/.*: *//' | tail -n +3 | sort -g |
+                      awk '{ a[NR] = $1 } END { if (NR) printf "%.1f", a[int((NR + 1) / 2)] }'; }
+        ms=$(median_of ms)
+        enq=$(median_of enqueue_ms)
         row "train_gpt $name $prec (B=$b, T=1024)" "PASS" "$(echo "$parsed" | cut -f1)" "$(echo "$parsed" | cut -f2)" \
-            "$(grep -i 'peak' "$out/stdout.log" | tail -n1 | sed 's/^[[:space:]]*//' | cut -c1-40)" "median ms/step $ms"
+            "$(grep -i 'peak' "$out/stdout.log" | tail -n1 | sed 's/^[[:space:]]*//' | cut -c1-40)" \
+            "median ms/step $ms, host queuing $enq"
         eval "TOK_q_${name}_${prec}_$b=$(echo "$parsed" | cut -f1)"
         eval "MS_q_${name}_${prec}_$b=$ms"
     elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then

@@ -47,6 +47,11 @@ field() { grep -o "\"$2\":[0-9]*" "$1" | cut -d: -f2 | tr '\n' ' '; }
     die "launches: graphs $(field "$W/graphs/log.jsonl" launches), plain $(field "$W/plain/log.jsonl" launches)"
 [ "$(field "$W/graphs/log.jsonl" host_syncs | cut -d' ' -f4-10)" = "1 1 1 1 1 1 1" ] ||
     die "host_syncs of the replayed steps: $(field "$W/graphs/log.jsonl" host_syncs)"
+# enqueue_ms: from the step's start to its read back, within the step's ms
+paste <(grep -o '"enqueue_ms":[0-9.e+-]*' "$W/graphs/log.jsonl" | cut -d: -f2) \
+      <(grep -o '"ms":[0-9.e+-]*' "$W/graphs/log.jsonl" | cut -d: -f2) |
+    awk '{ n++; if (!($1 > 0 && $1 <= $2)) bad++ } END { exit n == 10 && !bad ? 0 : 1 }' ||
+    die "enqueue_ms not in (0, ms] in every step: $(grep -o '"enqueue_ms":[0-9.e+-]*' "$W/graphs/log.jsonl" | tr '\n' ' ')"
 echo "  bf16: $(modes "$W/graphs/log.jsonl")| bitwise the run without graphs; launches $(field "$W/graphs/log.jsonl" launches | cut -d' ' -f4) a step in both"
 
 # ---- (b) fp16, dynamic loss scale, a forced overflow at step 5 ----

@@ -9,7 +9,7 @@ log="$W/out/log.jsonl"
 [ "$(losses "$log" | wc -l)" -eq 30 ] || die "expected 30 loss records"
 first=$(losses "$log" | head -n1); last=$(losses "$log" | tail -n1)
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }' || die "loss did not fall by 1.0: $first -> $last"
-for k in step loss lr grad_norm ms comm_ms compute_ms tok_per_s tokens; do grep -q "\"$k\":" "$log" || die "log.jsonl lacks $k"; done
+for k in step loss lr grad_norm ms enqueue_ms comm_ms compute_ms tok_per_s tokens; do grep -q "\"$k\":" "$log" || die "log.jsonl lacks $k"; done
 [ "$(grep -c '"val_loss"' "$log")" -ge 3 ] || die "expected val_loss at steps 0, 10, 20, 30"
 grep -q 'sample' "$W/run1.txt" || die "no text sample printed"
 grep -q 'parameters' "$W/run1.txt" || die "no memory table printed"
