@@ -586,6 +586,9 @@ void print_banner(Run& r, const Plan& p) {
               r.device.c_str(), r.conv->describe().c_str(), arch_name(s.arch), s.n_layer, s.n_head, s.kv_heads(),
               s.d_model, s.ffn(), s.vocab_size, s.padded_vocab, s.max_seq_len);
     if (s.moe.enabled()) log.print("%s\n", moe_describe(s.moe, s.n_layer).c_str());
+    if (r.tc.cuda_graphs)
+        log.print("cuda graphs: after a clean warm-up step, one step's device work is captured and every later "
+                  "step launches it (log.jsonl: cuda_graph)\n");
     if (r.state.loss_scale > 0.0)
         log.print("fp16: parameters, gradients and activations in IEEE half%s, fp32 master weights and moments; %s\n",
                   r.ops->emulates_fp16() ? " (emulated exactly on the CPU: fp32 storage rounded to fp16)" : "",

@@ -39,6 +39,8 @@ run graphs train.cuda_graphs=true
 [ "$(modes "$W/graphs/log.jsonl")" = "warm-up warm-up capture replay replay replay replay replay replay replay " ] ||
     die "graph modes: $(modes "$W/graphs/log.jsonl")"
 [ -z "$(modes "$W/plain/log.jsonl")" ] || die "a run without graphs logged cuda_graph"
+grep -q '^cuda graphs: after a clean warm-up step' "$W/graphs.txt" || die "no cuda graphs banner line"
+grep -q '^cuda graphs' "$W/plain.txt" && die "a run without graphs printed the cuda graphs line"
 same "$W/plain" "$W/graphs"
 # the step counters: the same kernels (a replayed step counts those its graph ran), one host wait
 # (the read back) in a replayed step
