@@ -259,10 +259,7 @@ __global__ void __launch_bounds__(kThreads)
                 uint32_t a[MT][4];
                 LLMC_UNROLL
                 for (int mt = 0; mt < MT; mt++) {
-                    a[mt][0] = ptx::pack2<E>(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-                    a[mt][1] = ptx::pack2<E>(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-                    a[mt][2] = ptx::pack2<E>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-                    a[mt][3] = ptx::pack2<E>(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+                    ptx::acc_to_a<E>(a[mt], s[mt][2 * kc], s[mt][2 * kc + 1]);
                 }
                 LLMC_UNROLL
                 for (int dp = 0; dp < HS / 16; dp++) {

@@ -195,14 +195,8 @@ __global__ void __launch_bounds__(kThreads)
                 uint32_t ap[MT][4], ad[MT][4];
                 LLMC_UNROLL
                 for (int m = 0; m < MT; m++) {
-                    ap[m][0] = ptx::pack2<E>(s[m][2 * kc][0], s[m][2 * kc][1]);
-                    ap[m][1] = ptx::pack2<E>(s[m][2 * kc][2], s[m][2 * kc][3]);
-                    ap[m][2] = ptx::pack2<E>(s[m][2 * kc + 1][0], s[m][2 * kc + 1][1]);
-                    ap[m][3] = ptx::pack2<E>(s[m][2 * kc + 1][2], s[m][2 * kc + 1][3]);
-                    ad[m][0] = ptx::pack2<E>(dp[m][2 * kc][0], dp[m][2 * kc][1]);
-                    ad[m][1] = ptx::pack2<E>(dp[m][2 * kc][2], dp[m][2 * kc][3]);
-                    ad[m][2] = ptx::pack2<E>(dp[m][2 * kc + 1][0], dp[m][2 * kc + 1][1]);
-                    ad[m][3] = ptx::pack2<E>(dp[m][2 * kc + 1][2], dp[m][2 * kc + 1][3]);
+                    ptx::acc_to_a<E>(ap[m], s[m][2 * kc], s[m][2 * kc + 1]);
+                    ptx::acc_to_a<E>(ad[m], dp[m][2 * kc], dp[m][2 * kc + 1]);
                 }
                 LLMC_UNROLL
                 for (int d2 = 0; d2 < HS / 16; d2++) {
@@ -370,10 +364,7 @@ __global__ void __launch_bounds__(kThreads)
                 uint32_t a[MT][4];
                 LLMC_UNROLL
                 for (int m = 0; m < MT; m++) {
-                    a[m][0] = ptx::pack2<E>(dp[m][2 * kc][0], dp[m][2 * kc][1]);
-                    a[m][1] = ptx::pack2<E>(dp[m][2 * kc][2], dp[m][2 * kc][3]);
-                    a[m][2] = ptx::pack2<E>(dp[m][2 * kc + 1][0], dp[m][2 * kc + 1][1]);
-                    a[m][3] = ptx::pack2<E>(dp[m][2 * kc + 1][2], dp[m][2 * kc + 1][3]);
+                    ptx::acc_to_a<E>(a[m], dp[m][2 * kc], dp[m][2 * kc + 1]);
                 }
                 LLMC_UNROLL
                 for (int d2 = 0; d2 < HS / 16; d2++) {

@@ -66,6 +66,15 @@ template <class E> __device__ __forceinline__ float hi16(uint32_t r) { return ha
 //   c[0], c[1] = C[g][2t, 2t+1]    c[2], c[3] = C[g+8][2t, 2t+1]
 // (So an accumulator pair c[0..1] of two adjacent n-tiles is, rounded to E, exactly an A
 // register of the next product: the flash kernels reuse P from registers.)
+// acc_to_a: the A registers of that next product from the accumulators of n-tiles c0 (columns
+// 0-7 of the 16 k) and c1 (8-15), rounded to E.
+template <class E>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+    a[0] = pack2<E>(c0[0], c0[1]);
+    a[1] = pack2<E>(c0[2], c0[3]);
+    a[2] = pack2<E>(c1[0], c1[1]);
+    a[3] = pack2<E>(c1[2], c1[3]);
+}
 template <class E>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                                           const float (&c)[4]) {

@@ -35,8 +35,8 @@ __global__ void ptx_test_kernel(float* c1, float* c2, float* c3, const E* A, con
         ptx::mma_16816<E>(s1[n], a, bk, zero);
         ptx::mma_16816<E>(s2[n], a, bv, s1[n]);
     }
-    const uint32_t p[4] = {ptx::pack2<E>(s1[0][0], s1[0][1]), ptx::pack2<E>(s1[0][2], s1[0][3]),
-                           ptx::pack2<E>(s1[1][0], s1[1][1]), ptx::pack2<E>(s1[1][2], s1[1][3])};
+    uint32_t p[4];
+    ptx::acc_to_a<E>(p, s1[0], s1[1]);
     for (int n = 0; n < 2; n++) {
         const uint32_t bv[2] = {v[2 * n], v[2 * n + 1]};
         ptx::mma_16816<E>(s3[n], p, bv, zero);
