@@ -64,7 +64,7 @@ public:
         LLMC_ASSERT(timeout_s > 0, "the communicator watchdog needs timeout_s > 0");
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-        CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(float)));
+        CUDA_CHECK(device_malloc(&barrier_word_, sizeof(float)));
         CUDA_CHECK(cudaMemset(barrier_word_, 0, sizeof(float)));
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         config.blocking = 0;  // calls return at once (ncclInProgress); wait() polls with a deadline
@@ -100,8 +100,8 @@ public:
             if (state == ncclSuccess) ncclCommDestroy(comm_);
             else ncclCommAbort(comm_);
         }
-        cudaFree(barrier_word_);
-        cudaFree(scratch_dev_);
+        device_free(barrier_word_);
+        device_free(scratch_dev_);
         cudaFreeHost(scratch_host_);
         for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
         cudaEventDestroy(ready_);
@@ -472,9 +472,9 @@ private:
 
     void reserve_scratch(size_t n) {
         if (n <= scratch_n_) return;
-        cudaFree(scratch_dev_);
+        device_free(scratch_dev_);
         cudaFreeHost(scratch_host_);
-        CUDA_CHECK(cudaMalloc(&scratch_dev_, n * sizeof(double)));
+        CUDA_CHECK(device_malloc(&scratch_dev_, n * sizeof(double)));
         CUDA_CHECK(cudaMallocHost(&scratch_host_, n * sizeof(double)));
         scratch_n_ = n;
     }

@@ -51,10 +51,19 @@ inline void cublas_check_impl(cublasStatus_t st, const char* expr, const char* f
 // each kernel launch, LtAlgoCache each cuBLASLt call it runs.
 inline uint64_t cuda_launch_count = 0;
 inline void count_launch() { ++cuda_launch_count; }
-// Device allocations and frees so far (cudaMalloc/cudaFree of the backend, its grow buffers and
-// workspaces): a CUDA graph holds pointers, so one made before an allocation may hold stale ones
-// (llmc/cuda/step_graph.cuh).
+// Device allocations and frees so far: a CUDA graph holds pointers, so one made before an
+// allocation may hold stale ones (llmc/cuda/step_graph.cuh). The backend allocates and frees
+// device memory only through device_malloc and device_free, which count.
 inline uint64_t cuda_alloc_count = 0;
+inline cudaError_t device_malloc(void** p, size_t bytes) {
+    ++cuda_alloc_count;
+    return cudaMalloc(p, bytes);
+}
+template <class T> cudaError_t device_malloc(T** p, size_t bytes) { return device_malloc((void**)p, bytes); }
+inline cudaError_t device_free(void* p) {
+    ++cuda_alloc_count;
+    return cudaFree(p);
+}
 // While a training step replays its CUDA graph (llmc/cuda/step_graph.cuh), the host code runs as
 // usual but queues no work: the graph holds it. Every kernel launch, cuBLASLt call, memset, device
 // copy and sort asks queue_work() first (LLMC_LAUNCH does).
@@ -103,16 +112,15 @@ struct GrowBuffer {
         if (bytes < n) {
             LLMC_ASSERT(queue_work(), "a scratch buffer grew while a CUDA graph replayed");
             CUDA_CHECK(cudaStreamSynchronize(stream));
-            if (ptr) CUDA_CHECK(cudaFree(ptr));
+            if (ptr) CUDA_CHECK(device_free(ptr));
             ptr = nullptr;
-            CUDA_CHECK(cudaMalloc(&ptr, n));
-            ++cuda_alloc_count;
+            CUDA_CHECK(device_malloc(&ptr, n));
             bytes = n;
         }
         return ptr;
     }
     void release() {  // no error checks: called from destructors
-        if (ptr) cudaFree(ptr);
+        if (ptr) device_free(ptr);
         ptr = nullptr;
         bytes = 0;
     }

@@ -135,7 +135,7 @@ public:
     void* alloc(size_t bytes) override {
         if (bytes == 0) return nullptr;
         void* p = nullptr;
-        cudaError_t err = cudaMalloc(&p, bytes);
+        cudaError_t err = device_malloc(&p, bytes);
         if (err != cudaSuccess) {
             (void)cudaGetLastError();
             size_t fr = 0, tot = 0;
@@ -143,7 +143,6 @@ public:
             throw UserError(strfmt("CUDA out of memory: allocating %zu bytes (%.2f GiB free of %.2f GiB)", bytes,
                                    fr / 1073741824.0, tot / 1073741824.0));
         }
-        ++cuda_alloc_count;
         CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
         note_memory_in_use();
@@ -152,8 +151,7 @@ public:
     void release(void* p) override {
         if (!p) return;
         CUDA_CHECK(cudaStreamSynchronize(stream_));
-        CUDA_CHECK(cudaFree(p));
-        ++cuda_alloc_count;
+        CUDA_CHECK(device_free(p));
     }
     void zero(Tensor t) override {
         if (!t.n) return;

@@ -196,7 +196,7 @@ public:
     static constexpr size_t kWorkspaceBytes = 32u << 20;
 
     void destroy() {
-        if (workspace_) cudaFree(workspace_);
+        if (workspace_) device_free(workspace_);
         if (handle_) cublasLtDestroy(handle_);
         workspace_ = nullptr;
         handle_ = nullptr;
@@ -208,8 +208,7 @@ public:
         if (!fp8_gemm_supported(fp8_call_of(g, sm), why)) return false;
         if (!handle_) {  // created on first use: runs without fp8 pay nothing
             CUBLAS_CHECK(cublasLtCreate(&handle_));
-            CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
-            ++cuda_alloc_count;
+            CUDA_CHECK(device_malloc(&workspace_, kWorkspaceBytes));
         }
         const cudaDataType_t ta = lt_type(g.fa), tb = lt_type(g.fb), td = g.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
         LtKey key{};
@@ -272,7 +271,7 @@ public:
     CudaFp8& operator=(const CudaFp8&) = delete;
     ~CudaFp8() {  // after the owner's stream is gone: cudaFree waits for the device
         for (GrowBuffer& b : buf_) b.release();
-        if (small_) cudaFree(small_);
+        if (small_) device_free(small_);
         gemm_.destroy();
     }
 
@@ -419,10 +418,7 @@ private:
         LLMC_ASSERT(x.n >= (size_t)rows * cols && x.ptr, "fp8 cast: tensor too small");
         LLMC_ASSERT(slot >= 0 && slot < kScaleSlots, "fp8 cast: scale slot out of range");
         const size_t small_words = size_t(kScaleSlots + 1) * kScaleSlot;  // the slots, then the amax words
-        if (!small_) {
-            CUDA_CHECK(cudaMalloc(&small_, small_words * sizeof(float)));
-            ++cuda_alloc_count;
-        }
+        if (!small_) CUDA_CHECK(device_malloc(&small_, small_words * sizeof(float)));
         float* sc = static_cast<float*>(small_) + slot * kScaleSlot;
         unsigned* amax = static_cast<unsigned*>(small_) + kScaleSlots * kScaleSlot + slot;
         unsigned* record = reinterpret_cast<unsigned*>(c.amax);

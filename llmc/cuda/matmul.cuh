@@ -377,11 +377,10 @@ public:
 
     void init() {
         CUBLAS_CHECK(cublasLtCreate(&handle_));
-        CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
-        ++cuda_alloc_count;
+        CUDA_CHECK(device_malloc(&workspace_, kWorkspaceBytes));
     }
     void destroy() {
-        if (workspace_) cudaFree(workspace_);
+        if (workspace_) device_free(workspace_);
         if (handle_) cublasLtDestroy(handle_);
         workspace_ = nullptr;
         handle_ = nullptr;

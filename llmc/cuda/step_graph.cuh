@@ -116,7 +116,7 @@ public:
             if (dirty_ >= kMaxDirty) {
                 state_ = State::Off;
                 why_ = strfmt("%d steps in a row waited for the host or allocated device memory (the last: %llu "
-                              "waits, %llu allocations)",
+                              "waits, %llu allocations or frees)",
                               kMaxDirty, (unsigned long long)w, (unsigned long long)a);
             }
             return;
