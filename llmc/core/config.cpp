@@ -816,7 +816,7 @@ void check_consistency(const Config& c, bool check_files) {
         throw UserError(strfmt("train.offload_activations: true needs train.recompute = \"full\" (got \"%s\"): "
                                "offload moves the layer inputs full recompute keeps to host memory",
                                t.recompute.c_str()));
-    if (t.cuda_graphs) {  // (one process: checked at start-up, llmc/run/runtime.cpp)
+    if (t.cuda_graphs) {  // (one process, and device auto resolving to the CPU: train_gpt.cu's Run)
         const char* why = c.device == "cpu"                   ? "device \"cpu\" has no CUDA graphs"
                           : t.offload_optimizer               ? "train.offload_optimizer waits for its host update"
                           : t.offload_activations             ? "train.offload_activations copies beside the graph"

@@ -662,10 +662,16 @@ cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
     *free_b = kTotalMem - bytes_in_use();
     return cudaSuccess;
 }
+// a copy's device side(s) must lie inside one device allocation (`fn` names the call)
+static void check_copy(const char* fn, void* dst, const void* src, size_t bytes, cudaMemcpyKind k) {
+    if (k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice)
+        cuemu::check_range((std::string(fn) + " destination").c_str(), dst, bytes);
+    if (k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice)
+        cuemu::check_range((std::string(fn) + " source").c_str(), src, bytes);
+}
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind k) {
     if (cuemu::g_capturing) return capture_forbids();
-    if (k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice) cuemu::check_range("cudaMemcpy destination", dst, bytes);
-    if (k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice) cuemu::check_range("cudaMemcpy source", src, bytes);
+    check_copy("cudaMemcpy", dst, src, bytes, k);
     if (bytes) std::memmove(dst, src, bytes);
     return cudaSuccess;
 }
@@ -675,8 +681,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     if (((k == cudaMemcpyHostToDevice) && bytes && !cuemu::in_alloc(src, bytes, false)) ||
         ((k == cudaMemcpyDeviceToHost) && bytes && !cuemu::in_alloc(dst, bytes, false)))
         return capture_forbids();
-    if (k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice) cuemu::check_range("cudaMemcpyAsync destination", dst, bytes);
-    if (k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice) cuemu::check_range("cudaMemcpyAsync source", src, bytes);
+    check_copy("cudaMemcpyAsync", dst, src, bytes, k);
     cuemu::enqueue([=] { cudaMemcpy(dst, src, bytes, k); });
     return cudaSuccess;
 }
