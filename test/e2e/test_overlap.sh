@@ -6,8 +6,9 @@
 #  - dp=2 ZeRO-1 (bucket reduce-scatters during backward, waited for before the optimizer; the
 #    parameter all-gathers posted together) and dp=2 ZeRO-3 (the next layer's all-gather during the
 #    current layer, forward and backward; layer reduce-scatters waited for at the next layer's):
-#    with overlap a step spends at most 30% of the delay injected per step waiting for
-#    communication (step time <= compute_ms + 0.3 x injected), without overlap at least 90%.
+#    with overlap a step spends waiting for communication at most the delay of its scalar
+#    all-reduces (loss, gradient norm: blocking calls, their results are needed at once) and 30%
+#    of the rest of the delay injected per step, without overlap at least 90% of all of it.
 #  - dp=1 x pp=2 1F1B (receives posted ahead of their action, sends waited for later): likewise,
 #    counting only the waits the delay adds (the pipeline's bubble is a wait without any delay).
 #  - with and without overlap the losses and the final weights are bitwise the same.
@@ -22,8 +23,12 @@
 # machine breaks that first, not a slow one (at D = 20 ms and micro-batches of 16 and 24 a 2-core
 # EPYC of 2026-11 computed a ZeRO-1 step in 170 ms against 240 ms of serialized bucket delays, and
 # the test failed there at every commit); so D = 10 ms and micro-batches that give each case 2-3x
-# its injected delay in compute there (ZeRO-1 640 ms vs 260, ZeRO-3 1020 vs 430, pp 265 vs 280 of
-# which the bubble hides part). A slower machine only widens the margin.
+# its injected delay in compute there (ZeRO-1 640 ms vs 260, ZeRO-3 1020 vs 430). The pipeline
+# hides a receive's delay behind the kRecvAhead actions between its post and its use, so what counts
+# there is one micro-batch's compute against D: at micro-batches of 4 (12 ms of forward and
+# backward a micro-batch on stage 0) the CI machine of 2026-11-27 waited 36-38% of the delay
+# (over the bound twice) where a slower one waited 14%; at 8, a delay of 25 ms (as a machine 2.5x
+# faster sees 10) leaves 19% here. A slower machine only widens the margin.
 # Robust on a loaded machine: comm_ms counts waits only, so slow computation does not move it;
 # load adds waits (a rank descheduled while its peer waits), never removes them, so each run is
 # judged by its least-waiting step after the first: that only makes the no-overlap bound harder
@@ -75,6 +80,10 @@ ops_zero3() { echo $(( 3 * L + 7 )); }
 # SendRecv(a_m, g_m-1), then Recv(g_M-1): M + 1 transfers; the loss (pp), the tied embedding's
 # gradient (first and last stage) and the gradient norm (model-parallel group): 3 all-reduces
 ops_pp() { echo $(( M + 4 )); }
+# the scalar all-reduces among them (blocking calls: their delay is waited for whatever the overlap)
+scalars_zero1() { echo 2; }
+scalars_zero3() { echo 2; }
+scalars_pp() { echo 3; }
 
 # measure NAME ARGS...: runs the layout with and without overlap under the delay. A pipeline waits
 # for its neighbour also without any delay (the schedule's bubble), so with BASE=1 the overlapped
@@ -98,13 +107,14 @@ measure() {
         echo "  $name without the delay: waits $base_on ms (overlap), $base_off ms (none) per step"
         comm_on=$(echo "$comm_on - $base_on" | bc -l)
     fi
-    local ops injected
+    local ops injected blocking
     ops=$(ops_$name)
     injected=$(( ops * D ))
+    blocking=$(( $(scalars_$name) * D ))
     printf "  %s: delay %d ms x %d collectives = %d ms per step; overlap: compute %.0f + comm %.0f ms; none: compute %.0f + comm %.0f ms\n" \
         "$name" $D "$ops" $injected "$compute_on" "$comm_on" "$compute_off" "$comm_off"
-    [ "$(echo "$comm_on <= 0.3 * $injected" | bc -l)" -eq 1 ] ||
-        { echo "  $name: with overlap a step waits $comm_on ms for communication, over 30% of the $injected ms injected"; return 1; }
+    [ "$(echo "$comm_on <= $blocking + 0.3 * ($injected - $blocking)" | bc -l)" -eq 1 ] ||
+        { echo "  $name: with overlap a step waits $comm_on ms for communication, over the $blocking ms of its scalar all-reduces and 30% of the other $(( injected - blocking )) ms injected"; return 1; }
     [ "$(echo "$comm_off >= 0.9 * $injected" | bc -l)" -eq 1 ] ||
         die "$name: without overlap a step waits only $comm_off ms for communication, under 90% of the $injected ms injected"
 }
@@ -120,5 +130,5 @@ check zero1 parallel.zero=1 parallel.bucket_mb=0.8 train.micro_batch=64  # bucke
 check zero3 parallel.zero=3 parallel.bucket_mb=100 train.micro_batch=96  # a layer's forward well over D
 # pp=2 1F1B: receives posted ahead, sends waited for later; 3 layers per stage
 M=24
-BASE=1 check pp parallel.pp=2 parallel.pp_schedule=1f1b train.grad_accum=$M train.micro_batch=4 model.n_layer=6
+BASE=1 check pp parallel.pp=2 parallel.pp_schedule=1f1b train.grad_accum=$M train.micro_batch=8 model.n_layer=6
 echo "PASS test_overlap"
