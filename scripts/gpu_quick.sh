@@ -20,7 +20,7 @@
 # test_gpu's filters, in the order they run (test/e2e/test_gpu_check_list.sh checks this list
 # against test/gpu/test_gpu_ops.cu)
 TEST_GPU_FILTERS="ptx encoder encoder_slice layernorm residual matmul attention attention_gqa attention_mt2 rmsnorm rope
-attention_ring swiglu moe cross_entropy cross_entropy_vp adamw sum_squares step_ops offload reference model_step fp8"
+attention_ring swiglu moe cross_entropy cross_entropy_vp adamw sum_squares step_ops step_graph offload reference model_step fp8"
 QUICK_STEPS=${QUICK_STEPS:-10}
 
 exec 9>&1  # the script's own stdout, for --dry-run's lines (a step's stdout goes to its log)

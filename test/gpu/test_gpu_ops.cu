@@ -1256,6 +1256,82 @@ void test_step_ops(H& h) {
     }
 }
 
+// CUDA graphs of a step (Ops::graph_step_begin, llmc/cuda/step_graph.cuh), on a backend of its own:
+// each step uploads its own input (x_i, small integers: the sum of squares is exact), reduces it
+// on the device, derives the clip factor from that (step_control) and reads both back, which ends
+// the region. After a warm-up outside any region (the ops' first use may allocate scratch), the
+// rules of step_graph.cuh give the modes: a clean warm-up, the capture, then replays, each step's
+// result its own input's (a replay refills the arena); an allocation or a free between steps,
+// and a changed key, drop the graph (warm-up, capture, replay again); an allocation inside three
+// regions in a row gives graphs up for the backend, and the work still runs.
+void test_step_graph() {
+    std::unique_ptr<Ops> gpu = make_cuda_ops(0);
+    const size_t n = 1000;
+    float* x = static_cast<float*>(gpu->alloc(n * sizeof(float)));
+    char* back = static_cast<char*>(gpu->alloc(64));  // ss: 2 doubles, then ctl: 2 floats
+    double* ss = reinterpret_cast<double*>(back);
+    float* ctl = reinterpret_cast<float*>(back + 2 * sizeof(double));
+    const double clip = 1.0;
+    std::vector<void*> extra;
+    int step = 0;
+    // one step under key `key`; `inside`: allocate during the region. Returns "<mode>" or "<mode> WRONG ..."
+    auto run_step = [&](uint64_t key, bool inside) {
+        step++;
+        std::vector<float> xi(n);
+        double want_ss = 0.0;
+        for (size_t j = 0; j < n; j++) {
+            xi[j] = float(int((j * 7 + size_t(step)) % 5) - 2) * float(step % 3 + 1);
+            want_ss += double(xi[j]) * double(xi[j]);
+        }
+        const std::string mode = key ? gpu->graph_step_begin(key) : "outside";
+        const double zero = 0.0;
+        gpu->from_host_bytes(x, xi.data(), n * sizeof(float));
+        gpu->from_host_bytes(ss + 1, &zero, sizeof zero);
+        if (inside) extra.push_back(gpu->alloc(256));
+        gpu->sum_squares_multi(ss, {Tensor(x, n, DType::F32)});
+        gpu->step_control(ctl, ss, clip, 1.0);
+        char got[2 * sizeof(double) + 2 * sizeof(float)];
+        gpu->to_host_bytes(got, back, sizeof got);
+        double got_ss;
+        float got_ctl[2];
+        std::memcpy(&got_ss, got, sizeof got_ss);
+        std::memcpy(got_ctl, got + 2 * sizeof(double), sizeof got_ctl);
+        const float want_scale = clip_factor(std::sqrt(want_ss), clip);  // (Ops::step_control's contract)
+        if (got_ss != want_ss || got_ctl[0] != want_scale || got_ctl[1] != 1.0f)
+            return strfmt("%s WRONG (ss %.17g ctl %g %g, want %.17g %g 1)", mode.c_str(), got_ss, got_ctl[0],
+                          got_ctl[1], want_ss, want_scale);
+        return mode;
+    };
+    auto expect = [&](const char* what, const std::vector<std::string>& want, uint64_t key, bool inside = false) {
+        std::string got, wanted;
+        for (const std::string& w : want) {
+            const std::string m = run_step(key, inside);
+            got += (got.empty() ? "" : ", ") + m;
+            wanted += (wanted.empty() ? "" : ", ") + w;
+        }
+        report(got == wanted, "step_graph", strfmt("[%s]", what), strfmt("modes %s; want %s", got.c_str(), wanted.c_str()));
+    };
+    run_step(0, false);  // the ops' first use, outside any region
+    const std::vector<std::string> fresh = {"warm-up", "capture", "replay", "replay"};
+    expect("first graph", fresh, 1);
+    extra.push_back(gpu->alloc(256));
+    expect("an allocation between steps", fresh, 1);
+    gpu->release(extra.back());
+    extra.pop_back();
+    expect("a free between steps", fresh, 1);
+    expect("a new key", fresh, 2);
+    // an allocation in a replayed region drops the graph at the next region's start; three
+    // warm-ups in a row that allocate give graphs up (the reason names the allocation)
+    expect("allocations inside the region", {"replay", "warm-up", "warm-up", "warm-up"}, 2, true);
+    const std::string off = run_step(2, false);
+    report(off.rfind("off: 3 steps in a row", 0) == 0 && off.find("1 allocations or frees") != std::string::npos &&
+               off.find("WRONG") == std::string::npos,
+           "step_graph", "[given up]", off);
+    for (void* p : extra) gpu->release(p);
+    gpu->release(back);
+    gpu->release(x);
+}
+
 // FP8 matmuls: CUDA (fp8 casts, cuBLASLt fp8 GEMM) against the CPU's exact emulation. Both
 // cast the same values with the same scales, so they differ only by the GEMM's accumulation
 // order and the output rounding, except that a value upstream of a cast that differs in its
@@ -1802,6 +1878,7 @@ int main(int argc, char** argv) {
         run("adamw", "adamw", [&](const C& c) { test_adamw(h, size_t(c.dims[0]), c.dims[1] != 0, c.dims[2]); });
         run("sum_squares", "sum_squares", [&](const C& c) { test_sum_squares(h, size_t(c.dims[0])); });
         if (want("step_ops")) guarded("step_ops", [&] { test_step_ops(h); });
+        if (want("step_graph") && !on_cpu && dt == DType::F32) guarded("step_graph", [&] { test_step_graph(); });
         if (want("offload") && !on_cpu) guarded("offload", [&] { test_offload(*gpu, dt); });  // CUDA's copies
         if (want("ptx") && !on_cpu && dt == DType::BF16) {
             guarded("ptx bf16", [&] { test_ptx<bf16>(); });
