@@ -2,8 +2,10 @@
 //  - scale_kernel: the cast's scale s and 1/s in device memory (from the host's delayed scale,
 //    or from the tensor's amax for the current recipe: no host round trip);
 //  - amax_kernel: the current recipe's amax pass (one atomic per block: block_max_atomic);
-//  - cast_kernel: fp32/bf16 -> e4m3/e5m2 (cvt with satfinite: round to nearest even, saturate),
-//    fused with the amax of the unscaled tensor, writing the plain and/or the transposed copy;
+//  - cast_vec_kernel (16-byte loads, 8-byte stores; where the shape and the pointers allow) or
+//    cast_kernel (element by element): fp32/bf16 -> e4m3/e5m2 (cvt with satfinite: round to
+//    nearest even, saturate), fused with the amax of the unscaled tensor, writing the plain and/or
+//    the transposed copy;
 //  - Fp8Gemm: cuBLASLt fp8 GEMM, fp32 accumulation, A/B scale pointers = 1/s, fast
 //    accumulation on the forward only; every call first checked against the documented rules
 //    (fp8_rules.h), the algorithm chosen by LtAlgoCache (matmul.cuh).
@@ -129,6 +131,84 @@ __global__ void cast_kernel(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, u
         }
     }
     if (amax_bits) block_max_atomic(amax_bits, m);
+}
+
+// cast_kernel's work in 16-byte loads and 8-byte stores (the same codes and amax: each element is
+// converted as there), for rows and cols multiples of 8, x 16-byte aligned and out/outT 8-byte
+// aligned (cast_vec_fits). kVecThreads threads walk 64 x 64 tiles grid-stride; a thread converts
+// chunks of 8 consecutive elements of a row (a bf16 pack, two fp32 packs) into 8 codes stored at
+// once, a warp 4 rows of 8 chunks (x's 128-byte lines whole). The transposed copy: the tile's codes
+// in shared memory (rows kVecLd bytes apart), then a thread gathers 8 codes down a column (8 rows:
+// one 8-byte store in outT's row), a warp 4 of outT's rows of 64 bytes each.
+constexpr int kVecTile = 64, kVecThreads = 256, kVecLd = kVecTile + 4;
+template <class T>
+__global__ void __launch_bounds__(kVecThreads)
+    cast_vec_kernel(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, unsigned* amax_bits, const T* x,
+                    const float* sc, int rows, int cols, Fp8Format f) {
+    constexpr int kChunks = kVecTile / 8, kItems = kVecTile * kChunks;  // chunks a tile row, chunks a tile
+    using Codes = Pack<__nv_fp8_storage_t, 8>;
+    __shared__ __nv_fp8_storage_t tile[kVecTile][kVecLd];
+    const int tiles_c = (cols + kVecTile - 1) / kVecTile;
+    const long long tiles = (long long)tiles_c * ((rows + kVecTile - 1) / kVecTile);
+    const float s = sc[0];
+    unsigned m = 0;
+    for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {  // uniform over the block
+        const int c0 = (int)(t % tiles_c) * kVecTile, r0 = (int)(t / tiles_c) * kVecTile;
+        for (int i = threadIdx.x; i < kItems; i += kVecThreads) {
+            const int r = i / kChunks, c = (i % kChunks) * 8;  // tile row, first tile column
+            if (r0 + r >= rows || c0 + c >= cols) continue;
+            const T* src = x + (long long)(r0 + r) * cols + c0 + c;
+            float v[8];
+            if constexpr (sizeof(T) == 2) {
+                const Pack<T, 8> p = load_pack<8>(src);
+                for (int e = 0; e < 8; e++) v[e] = to_f32(p.v[e]);
+            } else {
+                const Pack<T, 4> p0 = load_pack<4>(src), p1 = load_pack<4>(src + 4);
+                for (int e = 0; e < 4; e++) v[e] = to_f32(p0.v[e]), v[e + 4] = to_f32(p1.v[e]);
+            }
+            Codes q;
+            for (int e = 0; e < 8; e++) {
+                m = max(m, fp8_abs_bits(v[e]));
+                q.v[e] = cvt(v[e] * s, f);
+                tile[r][c + e] = q.v[e];
+            }
+            if (out) store_pack<8>(out + (long long)(r0 + r) * cols + c0 + c, q);
+        }
+        if (outT) {  // uniform over the block: the barriers are safe
+            __syncthreads();
+            for (int i = threadIdx.x; i < kItems; i += kVecThreads) {
+                const int c = i / kChunks, r = (i % kChunks) * 8;  // tile column (outT's row), first tile row
+                if (c0 + c >= cols || r0 + r >= rows) continue;
+                Codes q;
+                for (int e = 0; e < 8; e++) q.v[e] = tile[r + e][c];
+                store_pack<8>(outT + (long long)(c0 + c) * rows + r0 + r, q);
+            }
+            __syncthreads();  // the next tile overwrites this one
+        }
+    }
+    if (amax_bits) block_max_atomic(amax_bits, m);
+}
+
+// Whether cast_vec_kernel takes x [rows, cols] into out / outT (either may be nullptr).
+inline bool cast_vec_fits(const void* x, const void* out, const void* outT, int rows, int cols) {
+    return rows % 8 == 0 && cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(out) % 8 == 0 && reinterpret_cast<uintptr_t>(outT) % 8 == 0;
+}
+
+// The cast of x [rows, cols] (cast_kernel's contract) by cast_vec_kernel where it fits, else
+// cast_kernel: at most kCastBlocks blocks either way.
+template <class T>
+void launch_cast(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, unsigned* amax_bits, const T* x, const float* sc,
+                 int rows, int cols, Fp8Format f, cudaStream_t st) {
+    if (cast_vec_fits(x, out, outT, rows, cols)) {
+        const long long tiles = (long long)ceil_div(cols, kVecTile) * ceil_div(rows, kVecTile);
+        LLMC_LAUNCH(cast_vec_kernel<T>, (int)std::min<long long>(tiles, kCastBlocks), kVecThreads, 0, st, out, outT,
+                    amax_bits, x, sc, rows, cols, f);
+    } else {
+        const long long tiles = (long long)ceil_div(cols, 32) * ceil_div(rows, 32);
+        LLMC_LAUNCH(cast_kernel<T>, (int)std::min<long long>(tiles, kCastBlocks), dim3(32, 8), 0, st, out, outT,
+                    amax_bits, x, sc, rows, cols, f);
+    }
 }
 
 // out[i] = (accumulate ? out[i] : 0) + src[i] (+ bias[i % OC]): the end of an fp8 GEMM that
@@ -437,10 +517,7 @@ private:
             LLMC_LAUNCH(scale_kernel, 1, 1, 0, stream, sc, c.current ? amax : nullptr, c.scale, c.format, c.margin,
                         record);
             CUDA_CHECK_LAUNCH();
-            const long long tiles = (long long)ceil_div(cols, 32) * ceil_div(rows, 32);
-            const int blocks = (int)std::min<long long>(tiles, kCastBlocks);
-            LLMC_LAUNCH(cast_kernel<T>, blocks, dim3(32, 8), 0, stream, out, outT, c.current ? nullptr : record, xp, sc,
-                        rows, cols, c.format);
+            launch_cast<T>(out, outT, c.current ? nullptr : record, xp, sc, rows, cols, c.format, stream);
             CUDA_CHECK_LAUNCH();
         });
         return sc;

@@ -1342,16 +1342,19 @@ void test_step_graph() {
 // `off` > 0 places the outputs (out, pre_gelu, dinp, dw) `off` elements past an aligned address
 // (a parameter slice can sit so): cuBLASLt's fp8 GEMM takes only 16-byte aligned C/D, so these
 // run the GEMM into the fp32 scratch and add from there (CudaFp8::gemm's second way).
+// `off_in` > 0 places the cast inputs (inp, w, dout) so: the casts then go element by element
+// (cast_kernel; aligned inputs take cast_vec_kernel).
 void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool current, bool hybrid,
-                     int off = 0) {
+                     int off = 0, int off_in = 0) {
     const std::string sh =
-        strfmt("[%s N=%d IC=%d OC=%d bias=%d gelu=%d %s %s%s]", dtype_name(h.dt), N, IC, OC, (int)has_bias,
+        strfmt("[%s N=%d IC=%d OC=%d bias=%d gelu=%d %s %s%s%s]", dtype_name(h.dt), N, IC, OC, (int)has_bias,
                (int)gelu, current ? "current" : "delayed", hybrid ? "hybrid" : "e4m3",
-               off ? strfmt(" outputs+%d", off).c_str() : "");
+               off ? strfmt(" outputs+%d", off).c_str() : "", off_in ? strfmt(" inputs+%d", off_in).c_str() : "");
     const double tol = h.low() ? 5e-2 : 5e-3;
     const size_t no = (size_t)N * OC, ni = (size_t)N * IC, nw = (size_t)OC * IC;
     auto out_pair = [&](size_t n) { return off ? h.shifted(h.make(n + off), off, n) : h.make(n); };
-    Pair inp = h.make(ni), w = h.make(nw), out = out_pair(no), pre = out_pair(no), bias = h.make(OC);
+    auto in_pair = [&](size_t n) { return off_in ? h.shifted(h.make(n + off_in), off_in, n) : h.make(n); };
+    Pair inp = in_pair(ni), w = in_pair(nw), out = out_pair(no), pre = out_pair(no), bias = h.make(OC);
     Pair amax = h.make(3, true);
     const float wsig = 1.0f / std::sqrt((float)IC);
     h.up(inp, h.rnd(ni, 1.0f));
@@ -1393,7 +1396,7 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
     exact("matmul_forward_fp8.amax", h.get_gpu(amax), h.get_cpu(amax));
 
     // backward: dinp overwrite (poisoned), dw/dbias accumulate, dout modified in place with gelu
-    Pair dout = h.make(no), dinp = out_pair(ni), dw = out_pair(nw), dbias = h.make(OC);
+    Pair dout = in_pair(no), dinp = out_pair(ni), dw = out_pair(nw), dbias = h.make(OC);
     auto dout0 = h.rnd(no, 1.0f), dw0 = h.rnd(nw, 1.0f), db0 = h.rnd(OC, 1.0f);
     h.up(pre, h.rnd(no, 1.5f));
     h.up(dout, dout0), h.up(dw, dw0), h.up(dbias, db0), h.up(amax, zeros);
@@ -1900,10 +1903,10 @@ int main(int argc, char** argv) {
             } else {
                 // each case guarded on its own: a GEMM cuBLASLt refuses fails that case only
                 auto fp8_case = [&](int N, int IC, int OC, bool bias, bool gelu, bool current, bool hybrid,
-                                    int off = 0) {
-                    guarded(strfmt("fp8 N=%d IC=%d OC=%d bias=%d gelu=%d current=%d hybrid=%d off=%d", N, IC, OC,
-                                   (int)bias, (int)gelu, (int)current, (int)hybrid, off),
-                            [&] { test_fp8_matmul(h, N, IC, OC, bias, gelu, current, hybrid, off); });
+                                    int off = 0, int off_in = 0) {
+                    guarded(strfmt("fp8 N=%d IC=%d OC=%d bias=%d gelu=%d current=%d hybrid=%d off=%d off_in=%d", N,
+                                   IC, OC, (int)bias, (int)gelu, (int)current, (int)hybrid, off, off_in),
+                            [&] { test_fp8_matmul(h, N, IC, OC, bias, gelu, current, hybrid, off, off_in); });
                 };
                 for (bool current : {false, true})
                     for (bool hybrid : {true, false}) {
@@ -1921,6 +1924,9 @@ int main(int argc, char** argv) {
                 // outputs not 16-byte aligned: the fp32-scratch way, forward (bias, gelu) and backward
                 fp8_case(64, 48, 32, true, true, false, true, 1);
                 fp8_case(32, 64, 48, true, false, true, false, 2);
+                // cast inputs not 16-byte aligned: the casts element by element, delayed and current
+                fp8_case(64, 96, 384, true, true, false, true, 0, 1);
+                fp8_case(32, 64, 48, false, false, true, false, 0, 3);
                 if (!on_cpu) guarded("fp8 bad shape", [&] { test_fp8_bad_shape(h); });  // (no CPU shape rule)
             }
         }
