@@ -61,12 +61,16 @@ __device__ __forceinline__ void block_max_atomic(unsigned* dst, unsigned m) {
     }
 }
 
-// *amax_bits = max(*amax_bits, max over x of fp8_abs_bits). Grid-stride; one atomic per block.
-template <class T>
+// *amax_bits = max(*amax_bits, max over x of fp8_abs_bits). Grid-stride in packs of K elements
+// (K divides n: pack_width); one atomic per block.
+template <class T, int K>
 __global__ void amax_kernel(unsigned* amax_bits, const T* x, long long n) {
     unsigned m = 0;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        m = max(m, fp8_abs_bits(to_f32(x[i])));
+    const long long packs = n / K, stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < packs; i += stride) {
+        const Pack<T, K> p = load_pack<K>(x + i * K);
+        for (int e = 0; e < K; e++) m = max(m, fp8_abs_bits(to_f32(p.v[e])));
+    }
     block_max_atomic(amax_bits, m);
 }
 
@@ -510,8 +514,11 @@ private:
             const T* xp = (const T*)x.ptr;
             if (c.current) {
                 if (queue_work()) CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
-                const int blocks = (int)std::min<long long>(1024, (n + 255) / 256);
-                LLMC_LAUNCH(amax_kernel<T>, std::max(1, blocks), 256, 0, stream, amax, xp, n);
+                with_pack_width<T>(pack_width<T>(n, {xp}), [&](auto k) {
+                    const int blocks = (int)std::min<long long>(kCastBlocks, (n / k + 255) / 256);
+                    auto kernel = amax_kernel<T, decltype(k)::value>;  // one name for the launch macro
+                    LLMC_LAUNCH(kernel, std::max(1, blocks), 256, 0, stream, amax, xp, n);
+                });
                 CUDA_CHECK_LAUNCH();
             }
             LLMC_LAUNCH(scale_kernel, 1, 1, 0, stream, sc, c.current ? amax : nullptr, c.scale, c.format, c.margin,

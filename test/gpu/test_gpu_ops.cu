@@ -1309,7 +1309,8 @@ void test_step_graph() {
             got += (got.empty() ? "" : ", ") + m;
             wanted += (wanted.empty() ? "" : ", ") + w;
         }
-        report(got == wanted, "step_graph", strfmt("[%s]", what), strfmt("modes %s; want %s", got.c_str(), wanted.c_str()));
+        report(got == wanted, "step_graph", strfmt("[%s]", what),
+               strfmt("modes %s; want %s", got.c_str(), wanted.c_str()));
     };
     run_step(0, false);  // the ops' first use, outside any region
     const std::vector<std::string> fresh = {"warm-up", "capture", "replay", "replay"};
