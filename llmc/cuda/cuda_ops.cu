@@ -208,10 +208,10 @@ public:
         from_host_bytes(dst.ptr, tmp.data(), dst.bytes());
     }
     std::string graph_step_begin(uint64_t key) override {
-        return graph_.begin(stream_, key, counters_.host_syncs - ring_waits_);
+        return graph_.begin(stream_, key, counters_.host_syncs - upload_waits_);
     }
     void to_host_bytes(void* dst, const void* src, size_t bytes) override {
-        if (graph_.in_region()) graph_.end(counters_.host_syncs - ring_waits_);
+        if (graph_.in_region()) graph_.end(counters_.host_syncs - upload_waits_);
         if (!bytes) return;
         counters_.d2h_bytes += bytes;
         ++counters_.host_syncs;
@@ -219,11 +219,13 @@ public:
         CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
     // Small uploads (tokens, targets, tables) go through a ring of pinned slots, so that the host
-    // does not wait for the stream (it waits only for a slot whose previous copy is still queued).
+    // does not wait for the stream (it waits only for a slot whose previous copy is still queued);
+    // a larger one waits for its copy. In a CUDA graph's capture or replay every upload goes
+    // through the graph's pinned arena instead, without either wait (StepGraph::upload).
     void from_host_bytes(void* dst, const void* src, size_t bytes) override {
         if (!bytes) return;
         counters_.h2d_bytes += bytes;
-        if (bytes <= kUploadNoSync && graph_.upload(dst, src, bytes)) return;
+        if (graph_.upload(dst, src, bytes)) return;
         if (bytes <= kUploadNoSync) {
             Upload& u = uploads_[next_upload_++ % kUploadSlots];
             if (!u.host) {
@@ -233,7 +235,7 @@ public:
                 const cudaError_t q = cudaEventQuery(u.done);
                 if (q == cudaErrorNotReady) {
                     ++counters_.host_syncs;
-                    ++ring_waits_;
+                    ++upload_waits_;
                     CUDA_CHECK(cudaEventSynchronize(u.done));
                 } else {
                     CUDA_CHECK(q);
@@ -245,6 +247,7 @@ public:
             return;
         }
         ++counters_.host_syncs;
+        upload_waits_ += graph_.in_region();  // (a warm-up's: the graph's upload will not wait)
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffer may go away after return
     }
@@ -896,7 +899,8 @@ private:
     static constexpr size_t kUploadSlots = 8;
     Upload uploads_[kUploadSlots];
     size_t next_upload_ = 0;
-    uint64_t ring_waits_ = 0;  // the host waits for a ring slot (a graph's uploads take none)
+    uint64_t upload_waits_ = 0;  // uploads' host waits that a graph's uploads do not make (ring
+                                 // slots; a large upload's in a graph's warm-up region)
     StepGraph graph_;          // train.cuda_graphs (graph_step_begin)
     // the multi-tensor ops' tables, and what was uploaded last
     GrowBuffer sumsq_regions_, sumsq_part_, adamw_desc_, adamw_chunks_;

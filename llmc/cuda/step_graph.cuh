@@ -2,11 +2,11 @@
 // where each step's device work begins; the step's first read back (CudaOps::to_host_bytes) ends
 // that region. One graph holds a region's work, and later steps launch it instead of queuing their
 // kernels one by one:
-//  - warm-up: a region runs as always, and is clean when it neither waited for the host (the
-//    upload ring's waits aside: a graph does not use the ring) nor allocated or freed device memory;
+//  - warm-up: a region runs as always, and is clean when it neither waited for the host (its
+//    uploads' waits aside: a graph's uploads make none) nor allocated or freed device memory;
 //  - capture: the region after a clean one, with the same key and no allocation between, is captured
-//    (cudaStreamBeginCapture on the compute stream); its small uploads are copied into a pinned
-//    arena whose copies the graph holds; at the region's end the graph is instantiated and launched;
+//    (cudaStreamBeginCapture on the compute stream); its uploads are copied into a pinned arena
+//    whose copies the graph holds; at the region's end the graph is instantiated and launched;
 //  - replay: every later region runs the same host code, which queues nothing (queue_work(): the
 //    graph holds the work) while its uploads refill the arena, each checked to be the captured
 //    step's (destination, size) in order; at the region's end the graph is launched.
@@ -39,7 +39,7 @@ public:
         if (arena_) cudaFreeHost(arena_);
     }
 
-    // A region begins. waits: the backend's host waits so far, the upload ring's excluded.
+    // A region begins. waits: the backend's host waits so far, its uploads' excluded.
     // Returns what the region does: "warm-up", "capture", "replay", or "off: <why>".
     std::string begin(cudaStream_t st, uint64_t key, uint64_t waits) {
         LLMC_ASSERT(!in_region_, "StepGraph: a region began inside another");
@@ -79,8 +79,8 @@ public:
     }
     bool in_region() const { return in_region_; }
 
-    // A small upload of the region: false when the caller uploads it as always (warm-up), true
-    // when taken (capture: into the arena and the graph; replay: into the arena).
+    // An upload of the region: false when the caller uploads it as always (warm-up; outside a
+    // region), true when taken (capture: into the arena and the graph; replay: into the arena).
     bool upload(void* dst, const void* src, size_t bytes) {
         if (!in_region_) return false;
         const size_t span = (bytes + kAlign - 1) / kAlign * kAlign;

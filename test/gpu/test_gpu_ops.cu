@@ -1261,13 +1261,15 @@ void test_step_ops(H& h) {
 // on the device, derives the clip factor from that (step_control) and reads both back, which ends
 // the region. After a warm-up outside any region (the ops' first use may allocate scratch), the
 // rules of step_graph.cuh give the modes: a clean warm-up, the capture, then replays, each step's
-// result its own input's (a replay refills the arena); an allocation or a free between steps,
-// and a changed key, drop the graph (warm-up, capture, replay again); an allocation inside three
+// result its own input's (a replay refills the arena), an upload over kUploadNoSync too; an
+// allocation or a free between steps, and a changed key, drop the graph (warm-up, capture, replay
+// again); an allocation inside three
 // regions in a row gives graphs up for the backend, and the work still runs.
 void test_step_graph() {
     std::unique_ptr<Ops> gpu = make_cuda_ops(0);
-    const size_t n = 1000;
-    float* x = static_cast<float*>(gpu->alloc(n * sizeof(float)));
+    const size_t big = Ops::kUploadNoSync / sizeof(float) + 1000;  // an upload over the ring's slots
+    size_t n = 1000;
+    float* x = static_cast<float*>(gpu->alloc(big * sizeof(float)));
     char* back = static_cast<char*>(gpu->alloc(64));  // ss: 2 doubles, then ctl: 2 floats
     double* ss = reinterpret_cast<double*>(back);
     float* ctl = reinterpret_cast<float*>(back + 2 * sizeof(double));
@@ -1323,8 +1325,15 @@ void test_step_graph() {
     expect("a new key", fresh, 2);
     // an allocation in a replayed region drops the graph at the next region's start; three
     // warm-ups in a row that allocate give graphs up (the reason names the allocation)
-    expect("allocations inside the region", {"replay", "warm-up", "warm-up", "warm-up"}, 2, true);
-    const std::string off = run_step(2, false);
+    // an upload larger than kUploadNoSync (it waits for the stream outside a graph) goes through the
+    // graph's arena like the small ones (its reduction's scratch first grown outside a region)
+    n = big;
+    run_step(0, false);
+    expect("an upload over 1 MiB", fresh, 3);
+    n = 1000;
+    expect("a new key", fresh, 4);  // (a replay's uploads must be the captured step's)
+    expect("allocations inside the region", {"replay", "warm-up", "warm-up", "warm-up"}, 4, true);
+    const std::string off = run_step(4, false);
     report(off.rfind("off: 3 steps in a row", 0) == 0 && off.find("1 allocations or frees") != std::string::npos &&
                off.find("WRONG") == std::string::npos,
            "step_graph", "[given up]", off);
