@@ -841,13 +841,13 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     // host polls too; not the backend's): the most of any rank (Ops::counters)
     const OpsCounters dc = r.ops->counters() - c0;
     // and the bytes the data-parallel collectives sent; a skipped update on any rank
-    double most[8] = {double(dc.host_syncs), double(dc.h2d_bytes), double(dc.d2h_bytes), double(dc.launches),
+    double most[9] = {double(dc.host_syncs), double(dc.h2d_bytes), double(dc.d2h_bytes), double(dc.launches),
                       double(comm_waits() - waits0), dp_bytes_sent(r) - bytes0, finite_here ? 0.0 : 1.0,
-                      std::isfinite(ss[1]) ? 0.0 : 1.0};
-    if (r.grid.world > 1) r.groups.world->all_reduce(most, 8, ReduceOp::Max);
+                      std::isfinite(ss[1]) ? 0.0 : 1.0, double(dc.allocs)};
+    if (r.grid.world > 1) r.groups.world->all_reduce(most, 9, ReduceOp::Max);
     rec.update({{"host_syncs", uint64_t(most[0])}, {"h2d_bytes", uint64_t(most[1])}, {"d2h_bytes", uint64_t(most[2])},
                 {"launches", uint64_t(most[3])}, {"comm_waits", uint64_t(most[4])},
-                {"dp_bytes", uint64_t(std::llround(most[5]))}});
+                {"dp_bytes", uint64_t(std::llround(most[5]))}, {"allocs", uint64_t(most[8])}});
     if (r.powersgd) rec["compression"] = r.powersgd->plan().ratio();  // floats of the plain all-reduce / sent
     // the stop policy's count agrees on every rank (under local SGD a replica may skip alone)
     const bool finite = most[6] == 0.0;

@@ -38,9 +38,13 @@
 //  - launches: the kernels and device copies queued (CUDA: kernels, cuBLASLt calls, memsets and
 //    device-to-device copies; CPU: one per op call that would be one on a device).
 struct OpsCounters {
-    uint64_t host_syncs = 0, h2d_bytes = 0, d2h_bytes = 0, launches = 0;
+    // allocs: allocations and frees of backend memory (CUDA: every cudaMalloc and cudaFree of the
+    // backend, its scratch and NCCL's included; each waits for the device, and a CUDA graph holds
+    // the pointers), which a training step makes only in its first step
+    uint64_t host_syncs = 0, h2d_bytes = 0, d2h_bytes = 0, launches = 0, allocs = 0;
     OpsCounters operator-(const OpsCounters& o) const {
-        return {host_syncs - o.host_syncs, h2d_bytes - o.h2d_bytes, d2h_bytes - o.d2h_bytes, launches - o.launches};
+        return {host_syncs - o.host_syncs, h2d_bytes - o.h2d_bytes, d2h_bytes - o.d2h_bytes, launches - o.launches,
+                allocs - o.allocs};
     }
 };
 

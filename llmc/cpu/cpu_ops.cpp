@@ -12,12 +12,14 @@ constexpr size_t kAlign = 64;
 }  // namespace
 
 void* CpuOps::alloc(size_t bytes) {
+    counters_.allocs += bytes > 0;
     void* p = Ops::alloc_host(bytes);
     if (sim_device()) sim_device_register(p, bytes);
     return p;
 }
 
 void CpuOps::release(void* p) {
+    counters_.allocs += p != nullptr;
     if (sim_device()) sim_device_unregister(p);
     Ops::release_host(p);
 }

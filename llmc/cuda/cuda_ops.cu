@@ -128,6 +128,7 @@ public:
     OpsCounters counters() const override {
         OpsCounters c = counters_;
         c.launches += cuda_launch_count;
+        c.allocs = cuda_alloc_count;
         return c;
     }
 

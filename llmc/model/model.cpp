@@ -158,6 +158,10 @@ Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, ParamStore& st
     act_mem_ = ops.alloc(activation_bytes);
     carve_activations(static_cast<char*>(act_mem_), s, dt, b, t, lay, lay.sequence_parallel, rc, offload, chunks_,
                       *scratch_);
+    // expert parallelism: the routed rows' message buffer (ep_dispatch, ep_return: one at a time),
+    // sized for the most rows this rank's experts can receive, so that it never grows mid-step
+    if (s.moe.enabled() && lay.ep > 1)
+        ep_stage_.reserve(Tensor(nullptr, moe_ep_max_rows(s.moe, b * t, lay.ep, lay.cp) * size_t(s.d_model), dt));
     if (offload) {  // each slot's layer inputs, one after another (activation_host_bytes_of's sizes)
         std::vector<int> counts;
         for (const Chunk& ch : chunks_) {

@@ -128,6 +128,12 @@ CommStage::Message CommStage::take_message(Tensor like) {
     return m;
 }
 
+void CommStage::reserve(Tensor like) {
+    if (!direct_ || like.n == 0) return;
+    const size_t w = words(like);
+    pool_.push_back(Tensor(ops_.alloc(w * sizeof(float)), w, DType::F32));
+}
+
 void CommStage::release_message(Message&& m) {
     if (m.dev.ptr) pool_.push_back(m.dev);
     m = Message();

@@ -55,6 +55,10 @@ public:
     };
     // A buffer for a message like t (from a pool: release it when the transfer is done).
     Message take_message(Tensor like);
+    // One pooled buffer for the largest message like t ahead of use (the direct route; else
+    // nothing): a message that fits it takes it, so that the pool need not grow mid-step (a
+    // device allocation waits for the whole device).
+    void reserve(Tensor like);
     void release_message(Message&& m);
     void pack(Message& m, Tensor src);    // m = src
     void unpack(Tensor dst, Message& m);  // dst = m

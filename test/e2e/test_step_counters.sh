@@ -7,7 +7,11 @@
 #    the per-token losses (32 + 4 x tokens bytes), up only the token ids and targets (8 x tokens);
 #  - wait for the device at most twice;
 #  - queue at most A x (PER_LAYER x layers + PER_MICRO) + PER_STEP launches (A micro-batches, the
-#    layers this rank holds): nothing per tensor. The norm, the clip decision and AdamW are
+#    layers this rank holds): nothing per tensor;
+#  - after the first step, allocate or free no backend memory (allocs: on a GPU each cudaMalloc or
+#    cudaFree waits for the whole device, and a CUDA graph holds the pointers): the buffers are
+#    sized before, or in, the first step. Also for dp2 x ep2 MoE (allocs alone), whose routed rows
+#    vary by step: its message buffer is sized at start-up for the most rows its experts can receive. The norm, the clip decision and AdamW are
 #    multi-tensor ops; per tensor (12 a layer) they would add two launches each, far past the
 #    slack (this run measured 15 a layer and 9 a micro-batch at ZeRO-0, 5 a step; ZeRO-3 adds
 #    3.5 a layer: the unit gradient's zeroing and its reduce-scatter's staging and accumulation).
@@ -45,6 +49,14 @@ check() {  # check NAME NPROC LAYERS PER_LAYER ARGS...: LAYERS held by a rank
         local most=$((A * (per_layer * layers + PER_MICRO) + PER_STEP))
         [ "$launches" -le "$most" ] || die "$name step $s: $launches launches (at most $most)"
     done
+    no_allocs "$log" "$name"
+}
+no_allocs() {  # no_allocs LOG NAME: the steps after the first allocate and free nothing
+    local a
+    a=$(field "$1" allocs | tr '\n' ' ')
+    [ "$(field "$1" allocs | wc -l)" -eq 3 ] || die "$2: the step records lack allocs: $a"
+    [ "$(field "$1" allocs | tail -n +2 | tr '\n' ' ')" = "0 0 " ] || die "$2: allocations in steps 2 and 3 (allocs per step: $a)"
+    echo "  $2: allocs per step $a"
 }
 # one process: its group of one (comm self: no collective, no copy), and the simulated NCCL
 check one_self 1 $L 16 parallel.zero=0
@@ -53,4 +65,8 @@ check dp2_zero1 2 $L 16 parallel.dp=2 parallel.zero=1 parallel.comm=nccl
 check dp2_zero3 2 $L 20 parallel.dp=2 parallel.zero=3 parallel.comm=nccl
 check tp2 2 $L 16 parallel.tp=2 parallel.comm=nccl
 check pp2 2 $((L / 2)) 16 parallel.pp=2 parallel.comm=nccl
-echo "step counters: no parameter or gradient bytes cross, at most 2 syncs and a bounded number of launches per step"
+# MoE over dp2 x ep2 (dropless top-2 of 4 experts: the rows an expert receives vary by step)
+LLMC_SIM_DEVICE=1 dp_run 2 "$W/c.json" parallel.dp=2 parallel.ep=2 parallel.comm=nccl model.moe.num_experts=4 \
+    model.moe.top_k=2 model.moe.expert_ffn_dim=48 "out_dir=$W/ep2" > "$W/ep2.txt" 2>&1 || die "ep2 failed: $(tail -n 20 "$W/ep2.txt")"
+no_allocs "$W/ep2/log.jsonl" dp2_ep2
+echo "step counters: no parameter or gradient bytes cross, at most 2 syncs, a bounded number of launches and no allocation per step"
