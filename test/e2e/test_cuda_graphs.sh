@@ -5,7 +5,7 @@
 #      warms up (it allocates), step 2 is clean, step 3 is captured, later steps replay; losses,
 #      final weights and checkpoints equal the run without graphs bit for bit (the lr, step and
 #      seeds reach the graph's AdamW through uploads, each step its own); the same launches a step
-#      counted, one host wait in a replayed step;
+#      counted, one host wait in a replayed step, no device allocation after step 1 (allocs);
 #  (b) fp16 with the dynamic loss scale and a forced overflow at step 5 (LLMC_FAULT): a changed
 #      loss seed drops the graph (steps 5 and 6 warm up: the NaN seed, then the halved scale's),
 #      step 7 captures a new one; bitwise the run without graphs;
@@ -49,6 +49,10 @@ field() { grep -o "\"$2\":[0-9]*" "$1" | cut -d: -f2 | tr '\n' ' '; }
     die "launches: graphs $(field "$W/graphs/log.jsonl" launches), plain $(field "$W/plain/log.jsonl" launches)"
 [ "$(field "$W/graphs/log.jsonl" host_syncs | cut -d' ' -f4-10)" = "1 1 1 1 1 1 1" ] ||
     die "host_syncs of the replayed steps: $(field "$W/graphs/log.jsonl" host_syncs)"
+# no device allocation or free after the first step (validation and checkpoints between steps
+# included), as the graph's pointers need
+[ "$(field "$W/graphs/log.jsonl" allocs | cut -d' ' -f2-10)" = "0 0 0 0 0 0 0 0 0" ] ||
+    die "allocs after step 1: $(field "$W/graphs/log.jsonl" allocs)"
 # enqueue_ms: from the step's start to its read back, within the step's ms
 paste <(grep -o '"enqueue_ms":[0-9.e+-]*' "$W/graphs/log.jsonl" | cut -d: -f2) \
       <(grep -o '"ms":[0-9.e+-]*' "$W/graphs/log.jsonl" | cut -d: -f2) |
