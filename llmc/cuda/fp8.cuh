@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(kVecThreads)
                 for (int e = 0; e < 8; e++) q.v[e] = tile[r + e][c];
                 store_pack<8>(outT + (long long)(c0 + c) * rows + r0 + r, q);
             }
-            __syncthreads();  // the next tile overwrites this one
+            __syncthreads();  // the next tile's codes overwrite these
         }
     }
     if (amax_bits) block_max_atomic(amax_bits, m);

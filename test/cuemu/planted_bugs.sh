@@ -23,6 +23,8 @@ mutate divergent_shuffle llmc/cuda/fp8.cuh fp8 \
     $'if ((tid & 31) < 16) m = warp_max_u32(m);\n    if ((tid & 31) == 0) warp_m'
 mutate fp8_cast_next_tile_race llmc/cuda/fp8.cuh fp8 \
     '__syncthreads();  // the next tile overwrites this one' ''
+mutate fp8_vec_cast_next_tile_race llmc/cuda/fp8.cuh fp8 \
+    "__syncthreads();  // the next tile's codes overwrite these" ''
 mutate smem_half_the_accumulators llmc/cuda/layernorm.cuh layernorm \
     '(size_t)W * Q * ln_acc_stride(C, K) * sizeof(float)' '(size_t)W * ln_acc_stride(C, K) * sizeof(float)'
 mutate warps_summed_before_barrier llmc/cuda/layernorm.cuh layernorm \
