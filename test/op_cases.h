@@ -120,6 +120,7 @@ inline const std::vector<Case>& all() {
         {"rmsnorm", {257, 1600}, 1e-6f, Gpu},
         {"rmsnorm", {33, 4096}, 1e-5f, Gpu},
         {"rmsnorm", {9, 16384}, 1e-5f, Gpu},  // the backward past 48 KiB of shared memory
+        {"rmsnorm", {5, 13}, 1e-5f, Gpu},     // C no multiple of a pack: element by element
         // rope: B, T, NH, NKV, HS (x = theta)
         {"rope", {2, 6, 4, 2, 8}, 500.0f, Fd},
         {"rope", {2, 33, 4, 2, 16}, 10000.0f, Cpu},

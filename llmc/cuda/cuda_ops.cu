@@ -538,8 +538,7 @@ public:
         if (!N) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            LLMC_LAUNCH(rmsnorm_forward_kernel<T_>, ceil_div(N, 8), 256, 0, stream_, P<T_>(out), rstd, P<T_>(inp),
-                        P<T_>(w), N, C, eps);
+            launch_rmsnorm_forward<T_>(stream_, P<T_>(out), rstd, P<T_>(inp), P<T_>(w), N, C, eps);  // layernorm.cuh
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -569,7 +568,10 @@ public:
         if (!n) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            LLMC_LAUNCH(swiglu_forward_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(out), P<T_>(inp), F, n);
+            with_pack_width<T_>(pack_width<T_>(F, {out.ptr, inp.ptr}), [&](auto k) {
+                auto kernel = swiglu_forward_kernel<T_, decltype(k)::value>;  // one name for the launch macro
+                LLMC_LAUNCH(kernel, blocks_for(n / k, 256), 256, 0, stream_, P<T_>(out), P<T_>(inp), F, n);
+            });
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -581,8 +583,11 @@ public:
         if (!n) return;
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            LLMC_LAUNCH(swiglu_backward_kernel<T_>, blocks_for(n, 256), 256, 0, stream_, P<T_>(dinp), P<T_>(dout),
-                        P<T_>(inp), F, n);
+            with_pack_width<T_>(pack_width<T_>(F, {dinp.ptr, dout.ptr, inp.ptr}), [&](auto k) {
+                auto kernel = swiglu_backward_kernel<T_, decltype(k)::value>;
+                LLMC_LAUNCH(kernel, blocks_for(n / k, 256), 256, 0, stream_, P<T_>(dinp), P<T_>(dout), P<T_>(inp), F,
+                            n);
+            });
         });
         CUDA_CHECK_LAUNCH();
     }

@@ -16,9 +16,11 @@ constexpr int kLnFwdWarps = 8;  // forward: rows (warps) per block
 // accuracy, and a third for the output; the second and third read the row again (L1/L2).
 // If `a` and `b` are given (fused variant), the input row is a + b, rounded to T and written
 // to `residual` first (inp unused); the statistics use the rounded values (what is stored).
-template <class T, int K>
+// RMS: RMSNorm (the Llama family's): no mean pass (mean 0, not written), no bias:
+// out = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps).
+template <class T, int K, bool RMS>
 __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* residual, const T* inp, const T* a,
-                                         const T* b, const T* w, const T* bias, int N, int C) {
+                                         const T* b, const T* w, const T* bias, int N, int C, float eps) {
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N) return;
@@ -37,14 +39,14 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* re
             }
             store_pack(residual + off + i * K, r);  // this lane reads it back below
         }
-    } else {
+    } else if (!RMS) {
         for (int i = lane; i < nvec; i += 32) {
             const Pack<T, K> p = load_pack<K>(x + i * K);
             LLMC_UNROLL
             for (int k = 0; k < K; k++) s += to_f32(p.v[k]);
         }
     }
-    const float m = warp_sum(s) / (float)C;
+    const float m = RMS ? 0.0f : warp_sum(s) / (float)C;
     float v = 0.0f;
     for (int i = lane; i < nvec; i += 32) {
         const Pack<T, K> p = load_pack<K>(x + i * K);
@@ -54,17 +56,23 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* re
             v += d * d;
         }
     }
-    const float r = 1.0f / sqrtf(warp_sum(v) / (float)C + 1e-5f);
+    const float r = 1.0f / sqrtf(warp_sum(v) / (float)C + eps);
     for (int i = lane; i < nvec; i += 32) {
-        const Pack<T, K> px = load_pack<K>(x + i * K), pw = load_pack<K>(w + i * K), pb = load_pack<K>(bias + i * K);
+        const Pack<T, K> px = load_pack<K>(x + i * K), pw = load_pack<K>(w + i * K);
         Pack<T, K> o;
-        LLMC_UNROLL
-        for (int k = 0; k < K; k++)
-            o.v[k] = from_f32<T>((to_f32(px.v[k]) - m) * r * to_f32(pw.v[k]) + to_f32(pb.v[k]));
+        if constexpr (RMS) {
+            LLMC_UNROLL
+            for (int k = 0; k < K; k++) o.v[k] = from_f32<T>(to_f32(px.v[k]) * r * to_f32(pw.v[k]));
+        } else {
+            const Pack<T, K> pb = load_pack<K>(bias + i * K);
+            LLMC_UNROLL
+            for (int k = 0; k < K; k++)
+                o.v[k] = from_f32<T>((to_f32(px.v[k]) - m) * r * to_f32(pw.v[k]) + to_f32(pb.v[k]));
+        }
         store_pack(out + off + i * K, o);
     }
     if (lane == 0) {
-        mean[row] = m;
+        if (!RMS) mean[row] = m;
         rstd[row] = r;
     }
 }
@@ -167,9 +175,18 @@ template <class T>
 void launch_layernorm_forward(cudaStream_t st, T* out, float* mean, float* rstd, T* residual, const T* inp,
                               const T* a, const T* b, const T* w, const T* bias, int N, int C) {
     with_pack_width<T>(pack_width<T>(C, {out, residual, inp, a, b, w, bias}), [&](auto k) {
-        auto layernorm_forward = layernorm_forward_kernel<T, decltype(k)::value>;
+        auto layernorm_forward = layernorm_forward_kernel<T, decltype(k)::value, false>;
         LLMC_LAUNCH(layernorm_forward, ceil_div(N, kLnFwdWarps), kLnFwdWarps * 32, 0, st, out, mean, rstd, residual,
-                    inp, a, b, w, bias, N, C);
+                    inp, a, b, w, bias, N, C, 1e-5f);
+    });
+}
+// RMSNorm's forward: the same kernel without the mean and the bias.
+template <class T>
+void launch_rmsnorm_forward(cudaStream_t st, T* out, float* rstd, const T* inp, const T* w, int N, int C, float eps) {
+    with_pack_width<T>(pack_width<T>(C, {out, inp, w}), [&](auto k) {
+        auto rmsnorm_forward = layernorm_forward_kernel<T, decltype(k)::value, true>;
+        LLMC_LAUNCH(rmsnorm_forward, ceil_div(N, kLnFwdWarps), kLnFwdWarps * 32, 0, st, out, nullptr, rstd, nullptr, inp,
+                    nullptr, nullptr, w, nullptr, N, C, eps);
     });
 }
 

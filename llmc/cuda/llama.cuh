@@ -1,30 +1,13 @@
-// The Llama family's elementwise and normalisation ops: RMSNorm's forward (its deterministic
-// backward is LayerNorm's, layernorm.cuh), rotary embedding (in place on qkv, forward and the
-// transposed rotation for the backward) and SwiGLU. All arithmetic is fp32; tensors are stored in T (fp32 or bf16) and
-// rounded once per stored value.
+// The Llama family's elementwise ops: rotary embedding (in place on qkv, forward and the
+// transposed rotation for the backward) and SwiGLU (RMSNorm is layernorm.cuh's). All arithmetic
+// is fp32; tensors are stored in T (fp32, bf16 or fp16) and rounded once per stored value.
 #pragma once
 #include "llmc/cuda/common.cuh"
 #include "llmc/backend/positions.h"
 
 // ---------------- RMSNorm ----------------
-// One warp per row: rstd = 1/sqrt(mean(x^2) + eps); out = x * rstd * w.
-template <class T>
-__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const T* w, int N, int C, float eps) {
-    const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= N) return;
-    const long long off = (long long)row * C;
-    float s = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        const float x = to_f32(inp[off + c]);
-        s += x * x;
-    }
-    const float r = 1.0f / sqrtf(warp_sum(s) / (float)C + eps);
-    for (int c = lane; c < C; c += 32) out[off + c] = from_f32<T>(to_f32(inp[off + c]) * r * to_f32(w[c]));
-    if (lane == 0) rstd[row] = r;
-}
-
-// The backward is LayerNorm's with mean 0 and no bias: launch_norm_backward (layernorm.cuh).
+// Forward and backward are LayerNorm's kernels with mean 0 and no bias (layernorm.cuh:
+// launch_rmsnorm_forward, launch_norm_backward).
 
 // ---------------- rotary embedding ----------------
 constexpr int kRopeMaxHalf = 128;  // HS <= 256
@@ -56,28 +39,43 @@ __global__ void rope_kernel(T* qkv, int T_, int NQKV, int NROT, int HS, RopeFreq
 }
 
 // ---------------- SwiGLU ----------------
+// Each thread K consecutive elements of a row (common.cuh's packs: K = pack_max<T> where F and
+// the pointers allow, else 1); n = N F elements, F % K == 0.
 // inp [N, 2F] = [gate | up]; out[n, f] = silu(gate) * up, silu(g) = g / (1 + exp(-g))
-template <class T>
+template <class T, int K>
 __global__ void swiglu_forward_kernel(T* out, const T* inp, int F, long long n) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long idx = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * K;
     if (idx >= n) return;
     const long long row = idx / F;
     const int f = (int)(idx % F);
-    const float g = to_f32(inp[row * 2 * F + f]), u = to_f32(inp[row * 2 * F + F + f]);
-    out[idx] = from_f32<T>(g / (1.0f + expf(-g)) * u);
+    const Pack<T, K> pg = load_pack<K>(inp + row * 2 * F + f), pu = load_pack<K>(inp + row * 2 * F + F + f);
+    Pack<T, K> o;
+    LLMC_UNROLL
+    for (int k = 0; k < K; k++) {
+        const float g = to_f32(pg.v[k]), u = to_f32(pu.v[k]);
+        o.v[k] = from_f32<T>(g / (1.0f + expf(-g)) * u);
+    }
+    store_pack(out + idx, o);
 }
 
 // dinp [N, 2F] (overwrite): dgate = dout * up * silu'(gate), dup = dout * silu(gate), with
 // silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g)))
-template <class T>
+template <class T, int K>
 __global__ void swiglu_backward_kernel(T* dinp, const T* dout, const T* inp, int F, long long n) {
-    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long idx = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * K;
     if (idx >= n) return;
     const long long row = idx / F;
     const int f = (int)(idx % F);
-    const float g = to_f32(inp[row * 2 * F + f]), u = to_f32(inp[row * 2 * F + F + f]);
-    const float d = to_f32(dout[idx]);
-    const float e = 1.0f + expf(-g), sig = 1.0f / e;
-    dinp[row * 2 * F + f] = from_f32<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
-    dinp[row * 2 * F + F + f] = from_f32<T>(d * (g / e));
+    const Pack<T, K> pg = load_pack<K>(inp + row * 2 * F + f), pu = load_pack<K>(inp + row * 2 * F + F + f);
+    const Pack<T, K> pd = load_pack<K>(dout + idx);
+    Pack<T, K> dg, du;
+    LLMC_UNROLL
+    for (int k = 0; k < K; k++) {
+        const float g = to_f32(pg.v[k]), u = to_f32(pu.v[k]), d = to_f32(pd.v[k]);
+        const float e = 1.0f + expf(-g), sig = 1.0f / e;
+        dg.v[k] = from_f32<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
+        du.v[k] = from_f32<T>(d * (g / e));
+    }
+    store_pack(dinp + row * 2 * F + f, dg);
+    store_pack(dinp + row * 2 * F + F + f, du);
 }
