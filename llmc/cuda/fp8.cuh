@@ -122,7 +122,7 @@ __global__ void cast_kernel(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, u
                 m = max(m, fp8_abs_bits(v));
                 const __nv_fp8_storage_t q = cvt(v * s, f);
                 if (out) out[(long long)r * cols + c] = q;
-                tile[i][threadIdx.x] = q;
+                if (outT) tile[i][threadIdx.x] = q;
             }
         }
         if (outT) {  // uniform over the block: the barriers are safe
@@ -174,8 +174,9 @@ __global__ void __launch_bounds__(kVecThreads)
             for (int e = 0; e < 8; e++) {
                 m = max(m, fp8_abs_bits(v[e]));
                 q.v[e] = cvt(v[e] * s, f);
-                tile[r][c + e] = q.v[e];
             }
+            if (outT)  // (only the transposed copy reads the tile)
+                for (int e = 0; e < 8; e++) tile[r][c + e] = q.v[e];
             if (out) store_pack<8>(out + (long long)(r0 + r) * cols + c0 + c, q);
         }
         if (outT) {  // uniform over the block: the barriers are safe
