@@ -7,14 +7,15 @@
 #    the per-token losses (32 + 4 x tokens bytes), up only the token ids and targets (8 x tokens);
 #  - wait for the device at most twice;
 #  - queue at most A x (PER_LAYER x layers + PER_MICRO) + PER_STEP launches (A micro-batches, the
-#    layers this rank holds): nothing per tensor;
+#    layers this rank holds): nothing per tensor. The norm, the clip decision and AdamW are
+#    multi-tensor ops; per tensor (12 a layer) they would add two launches each, far past the
+#    slack (this run measured 15 a layer and 9 a micro-batch at ZeRO-0, 5 a step; ZeRO-3 adds
+#    3.5 a layer: the unit gradient's zeroing and its reduce-scatter's staging and accumulation);
 #  - after the first step, allocate or free no backend memory (allocs: on a GPU each cudaMalloc or
 #    cudaFree waits for the whole device, and a CUDA graph holds the pointers): the buffers are
 #    sized before, or in, the first step. Also for dp2 x ep2 MoE (allocs alone), whose routed rows
-#    vary by step: its message buffer is sized at start-up for the most rows its experts can receive. The norm, the clip decision and AdamW are
-#    multi-tensor ops; per tensor (12 a layer) they would add two launches each, far past the
-#    slack (this run measured 15 a layer and 9 a micro-batch at ZeRO-0, 5 a step; ZeRO-3 adds
-#    3.5 a layer: the unit gradient's zeroing and its reduce-scatter's staging and accumulation).
+#    vary by step: its message buffer is sized at start-up for the most rows its experts can
+#    receive.
 # (Activation offload moves the kept layer inputs on purpose: test_act_offload.sh checks those bytes
 # exactly, offload on against off. Here it is off, the default.)
 # On the code before (counters added, nothing else) every layout fails: 31 to 69 syncs a step, one

@@ -131,6 +131,8 @@ public:
         q.g = p.g.slice(off, n);
         return q;
     }
+    // n new elements `off` past an aligned address (as a slice of a larger tensor can sit)
+    Pair make_at(size_t n, size_t off) { return off ? shifted(make(n + off), off, n) : make(n); }
     // int32 array on both backends
     std::pair<int32_t*, int32_t*> ints(const std::vector<int32_t>& v) {
         void* pc = cpu.alloc(v.size() * 4);
@@ -336,8 +338,7 @@ void test_encoder_slice(H& h, int B, int T, int C, int Vp, int c0, int c1, bool 
 void test_layernorm(H& h, int N, int C, int off) {
     const std::string sh = strfmt("[%s N=%d C=%d%s]", dtype_name(h.dt), N, C, off ? strfmt(" inp+%d", off).c_str() : "");
     const size_t n = (size_t)N * C;
-    auto in_pair = [&](size_t m) { return off ? H::shifted(h.make(m + off), off, m) : h.make(m); };
-    Pair inp = in_pair(n), w = h.make(C), b = h.make(C), out = h.make(n), mean = h.make(N, true),
+    Pair inp = h.make_at(n, off), w = h.make(C), b = h.make(C), out = h.make(n), mean = h.make(N, true),
          rstd = h.make(N, true);
     auto vin = h.rnd(n, 1.0f);
     for (size_t i = 0; i < n; i++) vin[i] = h.q(vin[i] + 0.5f);  // non-zero mean
@@ -357,7 +358,7 @@ void test_layernorm(H& h, int N, int C, int off) {
     h.compare("layernorm_forward.rstd", sh, rstd);
 
     // fused residual variant
-    Pair a = in_pair(n), res = h.make(n);
+    Pair a = h.make_at(n, off), res = h.make(n);
     h.up(a, h.rnd(n, 1.0f));
     h.cpu.fused_residual_layernorm_forward(res.c, out.c, mean.c.f32(), rstd.c.f32(), a.c, inp.c, w.c, b.c, N, C);
     for (int rep = 0; rep < 2; rep++) {
@@ -412,8 +413,7 @@ void test_layernorm_too_wide(H& h) {
 // off > 0: every view starts `off` elements past an aligned address (no 16-byte packs)
 void test_residual(H& h, size_t n, int off) {
     const std::string sh = strfmt("[%s n=%zu%s]", dtype_name(h.dt), n, off ? strfmt(" off=%d", off).c_str() : "");
-    auto make = [&](size_t m) { return off ? H::shifted(h.make(m + off), off, m) : h.make(m); };
-    Pair a = make(n), b = make(n), out = make(n);
+    Pair a = h.make_at(n, off), b = h.make_at(n, off), out = h.make_at(n, off);
     h.up(a, h.rnd(n, 1.0f));
     h.up(b, h.rnd(n, 1.0f));
     h.cpu.residual_forward(out.c, a.c, b.c);
@@ -1263,8 +1263,8 @@ void test_step_ops(H& h) {
 // rules of step_graph.cuh give the modes: a clean warm-up, the capture, then replays, each step's
 // result its own input's (a replay refills the arena), an upload over kUploadNoSync too; an
 // allocation or a free between steps, and a changed key, drop the graph (warm-up, capture, replay
-// again); an allocation inside three
-// regions in a row gives graphs up for the backend, and the work still runs.
+// again); an allocation inside three regions in a row gives graphs up for the backend, and the
+// work still runs.
 void test_step_graph() {
     std::unique_ptr<Ops> gpu = make_cuda_ops(0);
     const size_t big = Ops::kUploadNoSync / sizeof(float) + 1000;  // an upload over the ring's slots
@@ -1323,8 +1323,6 @@ void test_step_graph() {
     extra.pop_back();
     expect("a free between steps", fresh, 1);
     expect("a new key", fresh, 2);
-    // an allocation in a replayed region drops the graph at the next region's start; three
-    // warm-ups in a row that allocate give graphs up (the reason names the allocation)
     // an upload larger than kUploadNoSync (it waits for the stream outside a graph) goes through the
     // graph's arena like the small ones (its reduction's scratch first grown outside a region)
     n = big;
@@ -1332,6 +1330,8 @@ void test_step_graph() {
     expect("an upload over 1 MiB", fresh, 3);
     n = 1000;
     expect("a new key", fresh, 4);  // (a replay's uploads must be the captured step's)
+    // an allocation in a replayed region drops the graph at the next region's start; three
+    // warm-ups in a row that allocate give graphs up (the reason names the allocation)
     expect("allocations inside the region", {"replay", "warm-up", "warm-up", "warm-up"}, 4, true);
     const std::string off = run_step(4, false);
     report(off.rfind("off: 3 steps in a row", 0) == 0 && off.find("1 allocations or frees") != std::string::npos &&
@@ -1362,9 +1362,8 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
                off ? strfmt(" outputs+%d", off).c_str() : "", off_in ? strfmt(" inputs+%d", off_in).c_str() : "");
     const double tol = h.low() ? 5e-2 : 5e-3;
     const size_t no = (size_t)N * OC, ni = (size_t)N * IC, nw = (size_t)OC * IC;
-    auto out_pair = [&](size_t n) { return off ? h.shifted(h.make(n + off), off, n) : h.make(n); };
-    auto in_pair = [&](size_t n) { return off_in ? h.shifted(h.make(n + off_in), off_in, n) : h.make(n); };
-    Pair inp = in_pair(ni), w = in_pair(nw), out = out_pair(no), pre = out_pair(no), bias = h.make(OC);
+    Pair inp = h.make_at(ni, off_in), w = h.make_at(nw, off_in), out = h.make_at(no, off),
+         pre = h.make_at(no, off), bias = h.make(OC);
     Pair amax = h.make(3, true);
     const float wsig = 1.0f / std::sqrt((float)IC);
     h.up(inp, h.rnd(ni, 1.0f));
@@ -1406,7 +1405,7 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
     exact("matmul_forward_fp8.amax", h.get_gpu(amax), h.get_cpu(amax));
 
     // backward: dinp overwrite (poisoned), dw/dbias accumulate, dout modified in place with gelu
-    Pair dout = in_pair(no), dinp = out_pair(ni), dw = out_pair(nw), dbias = h.make(OC);
+    Pair dout = h.make_at(no, off_in), dinp = h.make_at(ni, off), dw = h.make_at(nw, off), dbias = h.make(OC);
     auto dout0 = h.rnd(no, 1.0f), dw0 = h.rnd(nw, 1.0f), db0 = h.rnd(OC, 1.0f);
     h.up(pre, h.rnd(no, 1.5f));
     h.up(dout, dout0), h.up(dw, dw0), h.up(dbias, db0), h.up(amax, zeros);
