@@ -417,10 +417,11 @@ struct Run {
         readback = static_cast<double*>(ops->alloc(kReadbackHead + loss_rows * sizeof(float)));
     }
     ~Run() { ops->release(readback); }
-    // readback: ss[2] (DataParallel::grad_norm_squares), ctl[2] floats (Ops::step_control), padding,
-    // then loss_rows floats
-    static constexpr size_t kReadbackHead = 32;
+    // readback: ss[2] (DataParallel::grad_norm_squares), ctl[2] floats (Ops::step_control), the
+    // converter's word (ModelConverter::end_step), padding, then loss_rows floats
+    static constexpr size_t kReadbackHead = 32, kConvWordAt = 24;
     float* ctl() const { return reinterpret_cast<float*>(readback + 2); }
+    float* conv_word() const { return reinterpret_cast<float*>(reinterpret_cast<char*>(readback) + kConvWordAt); }
     bool local() const { return pc.local_sgd.every > 0; }
     float* losses() const { return reinterpret_cast<float*>(reinterpret_cast<char*>(readback) + kReadbackHead); }
     Runtime& rt;
@@ -791,7 +792,7 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
     nlohmann::json rec = {{"step", step + 1}};
     if (!graph.empty()) rec["cuda_graph"] = graph;
     std::string extra;
-    r.conv->end_step(*r.groups.world, rec, extra);
+    r.conv->end_step(*r.groups.world, r.conv_word());
     if (!r.grads_dumped) dump_gradients(r.model, r.dp, r.pc, *r.groups.mp, r.grid, S);
     r.grads_dumped = true;
     size_t nloss = 0;
@@ -834,6 +835,9 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
         loss = r.dp.mean(r.pipeline.finish_loss(loss));
     }
     // Ops::step_control's decision (alike on every rank but under local SGD: each replica's own)
+    float conv_word;
+    std::memcpy(&conv_word, back.data() + Run::kConvWordAt, sizeof(conv_word));
+    r.conv->log_step(conv_word, rec, extra);
     const bool finite_here = std::isfinite(ss[0]) && std::isfinite(ss[1]);
     const double ms = now_ms() - t0, tok_s = tokens_per_step(r) / (ms / 1000.0);
     const double comm_ms = comm_wait_ms() - comm0;  // this rank's time inside communication waits

@@ -2,7 +2,8 @@
 //  1. fp8_decode / fp8_encode against test/data/fp8_tables.json, written by
 //     dev/reference/make_fp8_tables.py from an exhaustive rational-arithmetic definition of the
 //     formats (cross-checked there against NVIDIA's cuda_fp8.h host conversion);
-//  2. the scaling state machine (history ring, margin, zeros, overflow) and its checkpoint bytes;
+//  2. the scaling state machine (history, margin, zeros, overflow) and its checkpoint bytes; the
+//     backend's steps of it (Ops::fp8_update_scales over Fp8Device) equal the host's bit for bit;
 //  3. CpuOps::matmul_forward_fp8 / matmul_backward_fp8 bit-for-bit against the fp32 ops run on
 //     inputs quantized by a quantizer written here from the decoded table alone;
 //  4. fp8_gemm_supported (llmc/cuda/fp8_rules.h: cuBLASLt's documented FP8 rules, which the CUDA
@@ -341,6 +342,102 @@ TEST_CASE("fp8: the model state indexes, updates and round-trips bit-exactly", "
     other = cfg;
     other.format = "e5m2";
     CHECK_THROWS_AS(fp8_options(other), UserError);
+}
+
+// The trainer's scaling state lives on the backend (Fp8Device; Ops::fp8_update_scales): the
+// backend's steps must be the host state's steps bit for bit (both recipes, overflows, the
+// reduction's widened form), its image must import into the checkpointed host state exactly, and
+// checkpoints written before the history was kept oldest first (a ring with any next slot) must
+// load as the same state.
+TEST_CASE("fp8: the backend's scaling state steps as the host's and checkpoints alike", "[fp8]") {
+    for (const char* recipe : {"delayed", "current"}) {
+        CAPTURE(recipe);
+        Fp8Config cfg;
+        cfg.recipe = recipe;
+        cfg.amax_history = 3;
+        cfg.margin = 1;
+        const Fp8Options opt = fp8_options(cfg);
+        Fp8State host(2, opt), start(2, opt);
+        const int n = host.size(), H = host.image_history();
+        CHECK(H == (std::string(recipe) == "delayed" ? 3 : 0));
+        // the device image, as Fp8Converter lays it out, over host memory (the CPU backend's)
+        std::vector<float> scale(n), hist(size_t(n) * H), amax(n), word(1);
+        std::vector<uint32_t> overflows(n, 0);
+        std::vector<double> wide(n);
+        start.export_image(scale.data(), hist.data());
+        CHECK(scale == std::vector<float>(n, 1.0f));
+        Fp8Device d;
+        d.n = n, d.history = H, d.margin = opt.margin, d.hybrid = opt.hybrid;
+        d.amax = amax.data(), d.scale = scale.data(), d.hist = hist.data(), d.overflows = overflows.data();
+        d.wide = wide.data();
+        CpuOps ops;
+        std::mt19937 rng(11);
+        std::uniform_real_distribution<float> ud(0.01f, 100.0f);
+        for (int step = 0; step < 6; ++step) {
+            CAPTURE(step);
+            for (auto& x : amax) x = ud(rng);
+            if (step == 1) amax[4] = 0.0f;  // a tensor of zeros keeps its scale
+            if (step == 2) amax[7] = INFINITY;
+            if (step == 3) amax[8] = NAN;
+            if (step == 4) amax[19] = NAN;
+            const int bad = host.update(amax.data());
+            const bool widened = step % 2 == 1;  // as under several ranks: through the doubles of the bits
+            if (widened) ops.fp8_widen_amaxes(d);
+            if (step == 3) CHECK(wide[8] > double(0x7F800000u));  // NaN stays above inf and every finite amax
+            ops.fp8_update_scales(d, widened, word.data());
+            CHECK(word[0] == float(bad));
+            // every cast of the model reads the backend's scale where it is given one
+            const Fp8Cast c = host.cast(1, Fp8Linear::Fc, Fp8Operand::Weight, nullptr, scale.data());
+            CHECK(c.scale_at == scale.data() + Fp8State::index(1, Fp8Linear::Fc, Fp8Operand::Weight));
+            CHECK(*c.scale_at == host.scale(1, Fp8Linear::Fc, Fp8Operand::Weight).scale());
+        }
+        CHECK(host.overflow_events() == 3);
+        CHECK(overflows[7] == 1);
+        CHECK(overflows[8] == 1);
+        CHECK(overflows[19] == 1);
+        Fp8State imported = start;
+        imported.import_image(scale.data(), hist.data(), overflows.data());
+        CHECK(imported.save() == host.save());
+        // and back: the host state's image is the backend's
+        std::vector<float> scale2(n), hist2(hist.size());
+        host.export_image(scale2.data(), hist2.data());
+        CHECK(std::memcmp(scale2.data(), scale.data(), scale.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(hist2.data(), hist.data(), hist.size() * sizeof(float)) == 0);
+    }
+
+    // a checkpoint holding each history as a ring whose oldest entry sits at `next`
+    Fp8Config cfg;
+    cfg.amax_history = 4;
+    const Fp8Options opt = fp8_options(cfg);
+    Fp8State st(1, opt);
+    std::vector<float> a(st.size());
+    for (int step = 0; step < 6; ++step) {
+        for (int i = 0; i < st.size(); ++i) a[i] = float(1 + step * 13 + i);
+        st.update(a.data());
+    }
+    const std::vector<uint8_t> bytes = st.save();
+    const size_t head = 26, per = 20 + 4 * 4;  // Fp8State::save's header; a tensor's u32 n, f32, u32 next, u64, ring
+    REQUIRE(bytes.size() == head + per * size_t(st.size()));
+    for (uint32_t next = 1; next < 4; ++next) {
+        std::vector<uint8_t> ring = bytes;
+        for (int i = 0; i < st.size(); ++i) {
+            uint8_t* t = ring.data() + head + per * size_t(i);
+            uint32_t old_next;
+            std::memcpy(&old_next, t + 8, 4);
+            REQUIRE(old_next == 0);
+            std::memcpy(t + 8, &next, 4);
+            const std::vector<float>& h = st.scale(0, Fp8Linear(i / 3 % 4), Fp8Operand(i % 3)).history();
+            for (uint32_t k = 0; k < 4; ++k) std::memcpy(t + 20 + 4 * ((next + k) % 4), &h[k], 4);
+        }
+        REQUIRE(ring != bytes);
+        Fp8State back(1, opt);
+        back.load(ring, "old.bin");
+        CHECK(back.save() == bytes);
+    }
+    std::vector<uint8_t> bad = bytes;
+    const float zero = 0.0f;
+    std::memcpy(bad.data() + head + 4, &zero, 4);  // tensor 0's scale
+    CHECK_THROWS_WITH(Fp8State(1, opt).load(bad, "x/state.bin"), Catch::Contains("x/state.bin") && Catch::Contains("corrupt"));
 }
 
 // ---------------------------------------------------------------- CPU ops

@@ -355,7 +355,7 @@ public:
 
     // ---- fp8 ----
     // FP8 linear layers (precision "fp8"; formats, scales and the recipes in llmc/precision/fp8.h).
-    // Every operand x is cast with its Fp8Cast c:
+    // Every operand x is cast with its Fp8Cast c (c.scale: *c.scale_at where that is set):
     //   s = c.current ? fp8_scale_from_amax(max|x|, c.format, c.margin, c.scale) : c.scale
     //   q(x) = fp8_decode(fp8_encode(x * s, c.format), c.format) * (1/s)
     // and, when c.amax is non-null, *c.amax = max(*c.amax, max|x|) with max|x| of the unscaled
@@ -385,6 +385,18 @@ public:
     virtual void matmul_backward_fp8(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
                                      Tensor pre_gelu, int N, int IC, int OC, const Fp8Cast& dout_cast,
                                      const Fp8Cast& inp_cast, const Fp8Cast& w_cast) {
+        throw UserError("precision fp8: the " + name() + " backend has no fp8 matmuls");
+    }
+    // The scaling state's step on the backend (Fp8Device, all of it backend memory), once per
+    // optimizer step: d.wide[i] = double(fp8_abs_bits(d.amax[i])) (exact: what a Max over ranks
+    // reduces, NaN and inf kept above every finite amax) ...
+    virtual void fp8_widen_amaxes(const Fp8Device& d) {
+        throw UserError("precision fp8: the " + name() + " backend has no fp8 matmuls");
+    }
+    // ... then fp8_update_one for every tensor i with amax = from_wide ? the float of the bits
+    // d.wide[i] : d.amax[i]; a non-finite amax adds one to d.overflows[i], and *step_overflows
+    // (backend memory) = the number of them this step, as a float. Nothing is read back.
+    virtual void fp8_update_scales(const Fp8Device& d, bool from_wide, float* step_overflows) {
         throw UserError("precision fp8: the " + name() + " backend has no fp8 matmuls");
     }
 

@@ -821,7 +821,6 @@ void check_consistency(const Config& c, bool check_files) {
                           : t.offload_optimizer               ? "train.offload_optimizer waits for its host update"
                           : t.offload_activations             ? "train.offload_activations copies beside the graph"
                           : m.moe.num_experts > 0             ? "model.moe routes tokens on the host"
-                          : c.precision == "fp8"              ? "precision fp8 takes its scales on the host"
                                                               : nullptr;
         if (why)
             throw UserError(strfmt("train.cuda_graphs: true is not available here: %s (set it false)", why));

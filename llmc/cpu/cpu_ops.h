@@ -100,6 +100,8 @@ public:
     void matmul_backward_fp8(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
                              int N, int IC, int OC, const Fp8Cast& dout_cast, const Fp8Cast& inp_cast,
                              const Fp8Cast& w_cast) override;
+    void fp8_widen_amaxes(const Fp8Device& d) override;
+    void fp8_update_scales(const Fp8Device& d, bool from_wide, float* step_overflows) override;
 
 private:
     void count_down(size_t bytes);  // a read back: bytes and a wait

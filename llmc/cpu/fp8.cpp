@@ -20,11 +20,12 @@ uint32_t amax_bits(const float* x, size_t n) {
 
 // The scale of one cast; records the tensor's amax when the cast asks for it.
 float cast_scale(const Fp8Cast& c, const float* x, size_t n) {
-    float s = c.scale;
+    const float given = c.scale_at ? *c.scale_at : c.scale;
+    float s = given;
     if (c.current || c.amax) {
         const uint32_t bits = amax_bits(x, n);
         if (c.amax) *c.amax = fp8_bits_to_float(std::max(fp8_abs_bits(*c.amax), bits));
-        if (c.current) s = fp8_scale_from_amax(fp8_bits_to_float(bits), c.format, c.margin, c.scale);
+        if (c.current) s = fp8_scale_from_amax(fp8_bits_to_float(bits), c.format, c.margin, given);
     }
     LLMC_ASSERT(s > 0.0f && fp8_is_finite(s), strfmt("fp8: scale must be finite and positive, got %g", s));
     return s;
@@ -74,4 +75,23 @@ void CpuOps::matmul_backward_fp8(Tensor dinp, Tensor dw, Tensor dbias, Tensor do
     // the kernel writes dout only for the GELU, which is not asked for here.)
     cpu::matmul_backward<float>(di, dwp, nullptr, const_cast<float*>(qd.data()), qi.data(), di ? qw.data() : nullptr,
                                 nullptr, N, IC, OC);
+}
+
+void CpuOps::fp8_widen_amaxes(const Fp8Device& d) {
+    ++counters_.launches;
+    for (int i = 0; i < d.n; ++i) d.wide[i] = double(fp8_abs_bits(d.amax[i]));
+}
+
+void CpuOps::fp8_update_scales(const Fp8Device& d, bool from_wide, float* step_overflows) {
+    ++counters_.launches;
+    int bad = 0;
+    for (int i = 0; i < d.n; ++i) {
+        const float a = from_wide ? fp8_bits_to_float(uint32_t(d.wide[i])) : d.amax[i];
+        if (fp8_update_one(a, d.scale + i, d.hist + (size_t)i * d.history, d.history, fp8_format_of(i, d.hybrid),
+                           d.margin))
+            continue;
+        ++d.overflows[i];
+        ++bad;
+    }
+    *step_overflows = float(bad);
 }

@@ -811,6 +811,15 @@ public:
 
     // ---- fp8 (llmc/cuda/fp8.cuh) ----
     bool fp8_supported(std::string* why) const override { return fp8_.supported(device_, why); }
+    void fp8_widen_amaxes(const Fp8Device& d) override {
+        if (!d.n) return;
+        LLMC_LAUNCH(fp8::widen_amaxes_kernel, 1, 256, 0, stream_, d);
+        CUDA_CHECK_LAUNCH();
+    }
+    void fp8_update_scales(const Fp8Device& d, bool from_wide, float* step_overflows) override {
+        LLMC_LAUNCH(fp8::update_scales_kernel, 1, 256, 0, stream_, d, from_wide, step_overflows);
+        CUDA_CHECK_LAUNCH();
+    }
     int fp8_dim_multiple() const override { return 16; }
     void matmul_forward_fp8(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC,
                             bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast) override {

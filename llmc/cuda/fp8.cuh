@@ -80,18 +80,42 @@ __global__ void amax_kernel(unsigned* amax_bits, const T* x, long long n) {
 constexpr int kInvScale = 4, kScaleSlot = 64, kScaleSlots = 3;
 static_assert(kInvScale * sizeof(float) % 16 == 0 && kScaleSlot * sizeof(float) % 256 == 0, "scale alignment");
 
-// One thread: sc[0] = s, sc[kInvScale] = 1/s, with s = the host's scale (amax_bits == nullptr) or
-// fp8_scale_from_amax(*amax_bits, ...) (current recipe; the same function as the CPU's, so the
-// same bits). `record` (the op's amax output, may be nullptr) max-accumulates *amax_bits.
-__global__ void scale_kernel(float* sc, const unsigned* amax_bits, float host_scale, Fp8Format f, int margin,
-                             unsigned* record) {
-    float s = host_scale;
+// One thread: sc[0] = s, sc[kInvScale] = 1/s, with s = the given scale (*scale_at, or the host's
+// value when scale_at is nullptr) or, with amax_bits (current recipe), fp8_scale_from_amax(
+// *amax_bits, ..., the given scale) (the same function as the CPU's, so the same bits). `record`
+// (the op's amax output, may be nullptr) max-accumulates *amax_bits.
+__global__ void scale_kernel(float* sc, const unsigned* amax_bits, const float* scale_at, float host_scale,
+                             Fp8Format f, int margin, unsigned* record) {
+    const float given = scale_at ? *scale_at : host_scale;
+    float s = given;
     if (amax_bits) {
-        s = fp8_scale_from_amax(__uint_as_float(*amax_bits), f, margin, host_scale);
+        s = fp8_scale_from_amax(__uint_as_float(*amax_bits), f, margin, given);
         if (record) atomicMax(record, *amax_bits);
     }
     sc[0] = s;
     sc[kInvScale] = 1.0f / s;
+}
+
+// The scaling state's step (Ops::fp8_widen_amaxes, fp8_update_scales): one block, a tensor a
+// thread (grid-stride), fp8_update_one as on the CPU; the overflow count summed in shared memory
+// (integers: exact in any order).
+__global__ void widen_amaxes_kernel(Fp8Device d) {
+    for (int i = threadIdx.x; i < d.n; i += blockDim.x) d.wide[i] = (double)fp8_abs_bits(d.amax[i]);
+}
+__global__ void update_scales_kernel(Fp8Device d, bool from_wide, float* step_overflows) {
+    __shared__ int bad;
+    if (threadIdx.x == 0) bad = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < d.n; i += blockDim.x) {
+        const float a = from_wide ? __uint_as_float((unsigned)d.wide[i]) : d.amax[i];
+        if (!fp8_update_one(a, d.scale + i, d.hist + (size_t)i * d.history, d.history, fp8_format_of(i, d.hybrid),
+                            d.margin)) {
+            d.overflows[i] += 1;
+            atomicAdd(&bad, 1);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) *step_overflows = (float)bad;
 }
 
 // x [rows, cols] row-major -> codes of x * sc[0]: out [rows, cols] and/or outT [cols, rows]
@@ -507,8 +531,8 @@ private:
         float* sc = static_cast<float*>(small_) + slot * kScaleSlot;
         unsigned* amax = static_cast<unsigned*>(small_) + kScaleSlots * kScaleSlot + slot;
         unsigned* record = reinterpret_cast<unsigned*>(c.amax);
-        LLMC_ASSERT(c.scale > 0.0f && fp8_is_finite(c.scale), strfmt("fp8: scale must be finite and positive, got %g",
-                                                                      c.scale));
+        LLMC_ASSERT(c.scale_at || (c.scale > 0.0f && fp8_is_finite(c.scale)),
+                    strfmt("fp8: scale must be finite and positive, got %g", c.scale));
         const long long n = (long long)rows * cols;
         with_type(x.dtype, [&](auto tag) {
             using T = decltype(tag);
@@ -522,8 +546,8 @@ private:
                 });
                 CUDA_CHECK_LAUNCH();
             }
-            LLMC_LAUNCH(scale_kernel, 1, 1, 0, stream, sc, c.current ? amax : nullptr, c.scale, c.format, c.margin,
-                        record);
+            LLMC_LAUNCH(scale_kernel, 1, 1, 0, stream, sc, c.current ? amax : nullptr, c.scale_at, c.scale, c.format,
+                        c.margin, record);
             CUDA_CHECK_LAUNCH();
             launch_cast<T>(out, outT, c.current ? nullptr : record, xp, sc, rows, cols, c.format, stream);
             CUDA_CHECK_LAUNCH();

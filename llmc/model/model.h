@@ -234,9 +234,12 @@ public:
         return float(sum / double(rows));
     }
 
-    void set_fp8(const Fp8State* state, float* amax) {
+    // fp8 linears: the casts of `state`'s formats and recipe, recording into amax and reading
+    // their scales from scale (backend arrays of state->size() floats: Fp8Device)
+    void set_fp8(const Fp8State* state, float* amax, const float* scale) {
         fp8_ = state;
         fp8_amax_ = amax;
+        fp8_scale_ = scale;
     }
 
 private:
@@ -326,6 +329,7 @@ private:
     // One of layer l's linears: matmul_forward / matmul_backward, or their fp8 ops (set_fp8).
     const Fp8State* fp8_ = nullptr;
     float* fp8_amax_ = nullptr;
+    const float* fp8_scale_ = nullptr;
     void linear_forward(int l, Fp8Linear lin, Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N,
                         int IC, int OC, bool gelu);
     void linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,

@@ -26,19 +26,20 @@ Fp8Cast Fp8TensorScale::cast(float* amax) const {
 }
 
 bool Fp8TensorScale::update(float amax) {
-    if (!fp8_is_finite(amax)) {
-        ++overflows_;
-        return false;
-    }
-    if (recipe_ == Fp8Recipe::Current) {
-        scale_ = fp8_scale_from_amax(amax, format_, margin_, scale_);
-        return true;
-    }
-    history_[next_] = amax;  // the oldest entry leaves the ring
-    next_ = (next_ + 1) % (uint32_t)history_.size();
-    const float hmax = *std::max_element(history_.begin(), history_.end());
-    scale_ = fp8_scale_from_amax(hmax, format_, margin_, scale_);
-    return true;
+    if (fp8_update_one(amax, &scale_, history_.data(), (int)history_.size(), format_, margin_)) return true;
+    ++overflows_;
+    return false;
+}
+
+void Fp8TensorScale::export_to(float* scale, float* hist) const {
+    *scale = scale_;
+    std::copy(history_.begin(), history_.end(), hist);
+}
+
+void Fp8TensorScale::import_from(float scale, const float* hist, uint64_t overflows) {
+    scale_ = scale;
+    std::copy(hist, hist + history_.size(), history_.begin());
+    overflows_ += overflows;
 }
 
 namespace {
@@ -60,11 +61,14 @@ bool get(const std::vector<uint8_t>& in, size_t& pos, T* v) {
 }  // namespace
 
 // Layout: u32 history length, f32 scale, u32 next slot, u64 overflow events, f32 ring[history].
-// (Format, recipe and margin belong to the options and are checked by Fp8State::load.)
+// The ring's oldest entry is at the next slot (where the next amax would go); this code keeps
+// the history oldest first and so writes next slot 0, and reads any (a checkpoint written before
+// the history was kept in time order: the same state). (Format, recipe and margin belong to
+// the options and are checked by Fp8State::load.)
 void Fp8TensorScale::save(std::vector<uint8_t>& out) const {
     put<uint32_t>(out, (uint32_t)history_.size());
     put<float>(out, scale_);
-    put<uint32_t>(out, next_);
+    put<uint32_t>(out, 0);
     put<uint64_t>(out, overflows_);
     for (float h : history_) put<float>(out, h);
 }
@@ -77,13 +81,13 @@ bool Fp8TensorScale::load(const std::vector<uint8_t>& in, size_t& pos) {
         !get(in, pos, &overflows))
         return false;
     if (n ? next >= n : next != 0) return false;
-    std::vector<float> hist(n);
-    for (auto& h : hist)
+    std::vector<float> ring(n);
+    for (auto& h : ring)
         if (!get(in, pos, &h)) return false;
+    if (!(scale > 0.0f) || !fp8_is_finite(scale)) return false;
     scale_ = scale;
-    next_ = next;
     overflows_ = overflows;
-    history_ = std::move(hist);
+    for (uint32_t k = 0; k < n; ++k) history_[k] = ring[(next + k) % n];  // oldest first
     return true;
 }
 
@@ -115,16 +119,33 @@ Fp8State::Fp8State(int n_layer, const Fp8Options& opt) : n_layer_(n_layer), opt_
     for (int l = 0; l < n_layer; ++l)
         for (int lin = 0; lin < kLinears; ++lin)
             for (int op = 0; op < kOperands; ++op) {
-                const bool grad = op == (int)Fp8Operand::GradOutput;
-                const Fp8Format f = grad && opt.hybrid ? Fp8Format::E5M2 : Fp8Format::E4M3;
+                const Fp8Format f = fp8_format_of(index(l, (Fp8Linear)lin, (Fp8Operand)op), opt.hybrid);
                 scales_.emplace_back(f, opt.recipe, opt.amax_history, opt.margin);
             }
 }
 
-Fp8Cast Fp8State::cast(int layer, Fp8Linear lin, Fp8Operand op, float* amax_array) const {
+Fp8Cast Fp8State::cast(int layer, Fp8Linear lin, Fp8Operand op, float* amax_array, const float* scale_array) const {
     LLMC_ASSERT(layer >= 0 && layer < n_layer_, "fp8: layer out of range");
     const int i = index(layer, lin, op);
-    return scales_[i].cast(amax_array ? amax_array + i : nullptr);
+    Fp8Cast c = scales_[i].cast(amax_array ? amax_array + i : nullptr);
+    if (scale_array) {
+        c.scale = 1.0f;  // not read: the op reads scale_at (and the value stays alike step to step)
+        c.scale_at = scale_array + i;
+    }
+    return c;
+}
+
+void Fp8State::export_image(float* scale, float* hist) const {
+    const int H = image_history();
+    for (size_t i = 0; i < scales_.size(); ++i) scales_[i].export_to(scale + i, hist + i * H);
+}
+
+void Fp8State::import_image(const float* scale, const float* hist, const uint32_t* overflows) {
+    const int H = image_history();
+    for (size_t i = 0; i < scales_.size(); ++i) {
+        LLMC_ASSERT(scale[i] > 0.0f && fp8_is_finite(scale[i]), "fp8: the device image holds a bad scale");
+        scales_[i].import_from(scale[i], hist + i * H, overflows[i]);
+    }
 }
 
 int Fp8State::update(const float* amaxes) {

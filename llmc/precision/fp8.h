@@ -24,10 +24,13 @@
 //      state.cast(layer, linear, operand, amax_array) for each of its operands (the forward's
 //      Input and Weight casts, the backward's GradOutput cast plus the same Input and Weight
 //      casts again; micro-steps max-combine into the same array);
-//   3. after the step, copy the array to the host and call state.update(host_amaxes), which
-//      advances every tensor's scale and returns the number of non-finite amaxes (overflow
-//      events, to log).
-//   Checkpoints store state.save() and restore it with load(): resume is bit-exact.
+//   3. after the step, advance every tensor's scale from its amax: in the trainer on the backend
+//      (Ops::fp8_update_scales over the state's device image, Fp8Device: no host round trip, so
+//      an fp8 step waits for the device once, as any step, and a CUDA graph can hold it); on the
+//      host, state.update(host_amaxes), the same arithmetic (fp8_update_one). Both count the
+//      non-finite amaxes (overflow events, to log).
+//   Checkpoints store state.save() (after export of the device image) and restore it with
+//   load(): resume is bit-exact.
 #pragma once
 #include <math.h>
 
@@ -127,20 +130,61 @@ FP8_HD inline float fp8_scale_from_amax(float amax, Fp8Format f, int margin, flo
     return (fp8_is_finite(s) && s > 0.0f) ? s : fallback;
 }
 
+// One tensor's step of the scaling state: `amax` is the step's (max over its micro-steps, in the
+// fp8_abs_bits order). Not finite: nothing changes, false (an overflow event). Current recipe
+// (history 0): scale = fp8_scale_from_amax(amax, ..., scale). Delayed: hist (the last `history`
+// step amaxes, oldest first) drops its oldest and appends amax; scale = fp8_scale_from_amax(the
+// largest of hist, ..., scale). Host and device run this same function: the same bits.
+FP8_HD inline bool fp8_update_one(float amax, float* scale, float* hist, int history, Fp8Format f, int margin) {
+    if (!fp8_is_finite(amax)) return false;
+    float m = amax;
+    for (int k = 0; k + 1 < history; ++k) {
+        hist[k] = hist[k + 1];
+        m = hist[k] > m ? hist[k] : m;
+    }
+    if (history > 0) hist[history - 1] = amax;
+    *scale = fp8_scale_from_amax(m, f, margin, *scale);
+    return true;
+}
+
+// The format of tensor `index` of a model's state (Fp8State::index): E5M2 for output gradients
+// under the hybrid format, else E4M3.
+FP8_HD inline Fp8Format fp8_format_of(int index, bool hybrid) {
+    return hybrid && index % 3 == 2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+}
+
 // How an op casts one operand (see Ops::matmul_forward_fp8 in llmc/backend/ops.h).
 struct Fp8Cast {
     Fp8Format format = Fp8Format::E4M3;
     float scale = 1.0f;     // delayed: the scale s; current: the fallback when the tensor's amax is 0 / non-finite
+    // backend memory holding `scale` instead (nullptr: the value above), read when the op runs:
+    // the trainer's casts read the state's device image, so a queued or graphed step sees the
+    // scale of its own time and the host passes no per-step value
+    const float* scale_at = nullptr;
     bool current = false;   // current recipe: s = fp8_scale_from_amax(this tensor's amax, format, margin, scale)
     int margin = 0;         // used by the current recipe (the delayed scale already includes it)
     float* amax = nullptr;  // backend memory, or nullptr: *amax = max(*amax, max|x|), ordered as fp8_abs_bits
 };
 
+// A model's scaling state in backend memory (the trainer's fp8 converter owns it; Fp8State
+// exports to and imports from it): n tensors in Fp8State::index order.
+struct Fp8Device {
+    int n = 0;
+    int history = 0;  // hist floats per tensor (the delayed recipe's amax_history; 0: current)
+    int margin = 0;
+    bool hybrid = true;  // formats: fp8_format_of(i, hybrid)
+    float* amax = nullptr;         // [n] the step's amaxes, recorded by the ops (fp8_abs_bits order)
+    float* scale = nullptr;        // [n] the casts' scales (Fp8Cast::scale_at)
+    float* hist = nullptr;         // [n * history] each tensor's last amaxes, oldest first
+    uint32_t* overflows = nullptr; // [n] overflow events since the image was imported
+    double* wide = nullptr;        // [n] the amaxes' fp8_abs_bits as doubles, for a reduction over ranks
+};
+
 // ---- host-side scaling state ----
 
-// The scale of one tensor. Delayed: a ring of the last `history` step amaxes (zeros at first);
-// after each step's update, s = fp8_scale_from_amax(max of the ring), kept when that max is 0.
-// A non-finite amax does not enter the ring, keeps s and counts as an overflow event.
+// The scale of one tensor. Delayed: the last `history` step amaxes, oldest first (zeros at
+// first); after each step's update, s = fp8_scale_from_amax(max of them), kept when that max is
+// 0. A non-finite amax does not enter the history, keeps s and counts as an overflow event.
 // Current: the op computes s itself; update() keeps the last good s as the op's fallback.
 class Fp8TensorScale {
 public:
@@ -156,7 +200,10 @@ public:
     bool update(float amax);
 
     uint64_t overflow_events() const { return overflows_; }
-    const std::vector<float>& history() const { return history_; }  // ring order, not time order
+    const std::vector<float>& history() const { return history_; }  // oldest first
+    // This tensor's part of the device image (Fp8Device), and back (adding `overflows` events).
+    void export_to(float* scale, float* hist) const;
+    void import_from(float scale, const float* hist, uint64_t overflows);
 
     void save(std::vector<uint8_t>& out) const;
     // Reads what save() wrote at `pos` (advancing it); false on a size/shape mismatch.
@@ -167,8 +214,7 @@ private:
     Fp8Recipe recipe_ = Fp8Recipe::Delayed;
     int margin_ = 0;
     float scale_ = 1.0f;
-    std::vector<float> history_;  // delayed only; size `history`
-    uint32_t next_ = 0;           // ring slot the next amax goes to
+    std::vector<float> history_;  // delayed only; size `history`, oldest first
     uint64_t overflows_ = 0;
 };
 
@@ -203,12 +249,21 @@ public:
         return scales_[index(layer, lin, op)];
     }
     // The cast for one operand this step; amax_array = the backend array of size() floats
-    // (nullptr: record nothing).
-    Fp8Cast cast(int layer, Fp8Linear lin, Fp8Operand op, float* amax_array) const;
+    // (nullptr: record nothing); scale_array (may be nullptr: this state's own scales) = the
+    // device image's scales (Fp8Device::scale), which the op then reads.
+    Fp8Cast cast(int layer, Fp8Linear lin, Fp8Operand op, float* amax_array,
+                 const float* scale_array = nullptr) const;
     // Once per optimizer step, with the host copy of the amax array (size() floats).
     // Returns the number of non-finite amaxes (overflow events) in this update.
     int update(const float* amaxes);
     uint64_t overflow_events() const;  // since the start of training (saved in checkpoints)
+    const Fp8Options& options() const { return opt_; }
+
+    // The device image (Fp8Device) in host arrays: scale[size()], hist[size() * history] (history
+    // = the delayed recipe's amax_history, else 0); import adds the image's overflow counters.
+    int image_history() const { return opt_.recipe == Fp8Recipe::Delayed ? opt_.amax_history : 0; }
+    void export_image(float* scale, float* hist) const;
+    void import_image(const float* scale, const float* hist, const uint32_t* overflows);
 
     // Bit-exact serialisation: the options, then every tensor's scale, ring and counter.
     std::vector<uint8_t> save() const;

@@ -33,8 +33,11 @@ public:
     // Start of an optimizer step.
     virtual void begin_step() {}
     // After the step's last backward, on every rank in the same order (it may be a world
-    // collective); adds the converter's fields to the step's log record and its console line.
-    virtual void end_step(Comm& world, nlohmann::json& record, std::string& line) {}
+    // collective): queues the converter's end of the step, which writes its one number for the
+    // log into *word (backend memory, read back with the step's norm and losses: no wait of its own).
+    virtual void end_step(Comm& world, float* word) {}
+    // That number, read back: the converter's fields of the step's log record and console line.
+    virtual void log_step(float word, nlohmann::json& record, std::string& line) {}
     // The converter's part of a checkpoint (WholeState::fp8), and its resumption from one.
     virtual void save(WholeState& whole) const {}
     virtual void load(const WholeState& whole, const std::string& from, Logger& log) = 0;

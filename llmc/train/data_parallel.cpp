@@ -533,10 +533,7 @@ void DataParallel::zero_grads() {
     }
 }
 
-namespace {
-// dev: n doubles in backend memory, reduced over c where c reads them (a host communicator over
-// device memory: through host copies).
-void reduce_doubles(Ops& ops, Comm& c, double* dev, size_t n, ReduceOp op) {
+void reduce_backend_doubles(Ops& ops, Comm& c, double* dev, size_t n, ReduceOp op) {
     if (c.size() == 1 || n == 0) return;
     if (c.on_device() || ops.host_memory()) {
         c.all_reduce_dev(dev, n, op);
@@ -547,7 +544,6 @@ void reduce_doubles(Ops& ops, Comm& c, double* dev, size_t n, ReduceOp op) {
     c.all_reduce(host.data(), n, op);
     ops.from_host_bytes(dev, host.data(), n * sizeof(double));
 }
-}  // namespace
 
 void DataParallel::grad_norm_squares(double* ss, Comm* model_parallel) {
     // primary copies only: TP replicas and the tied head copy would count twice
@@ -564,9 +560,9 @@ void DataParallel::grad_norm_squares(double* ss, Comm* model_parallel) {
     ops_.sum_squares_multi(ss, regions);
     // stage 0 holds the whole summed gradient on every rank: only the losses' part is summed;
     // local updates: this replica's own gradient and losses
-    if (zero_ > 0) reduce_doubles(ops_, comm_, ss, 2, ReduceOp::Sum);
-    else if (!local_) reduce_doubles(ops_, comm_, ss + 1, 1, ReduceOp::Sum);
-    if (model_parallel) reduce_doubles(ops_, *model_parallel, ss, 2, ReduceOp::Sum);
+    if (zero_ > 0) reduce_backend_doubles(ops_, comm_, ss, 2, ReduceOp::Sum);
+    else if (!local_) reduce_backend_doubles(ops_, comm_, ss + 1, 1, ReduceOp::Sum);
+    if (model_parallel) reduce_backend_doubles(ops_, *model_parallel, ss, 2, ReduceOp::Sum);
 }
 
 double DataParallel::grad_norm(Comm* model_parallel) {

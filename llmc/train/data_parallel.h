@@ -108,6 +108,9 @@ std::vector<std::pair<size_t, size_t>> zero_optimizer_runs(const ParamLayout& la
                                                            int ep_rank);
 // The elements of runs.
 size_t runs_numel(const std::vector<std::pair<size_t, size_t>>& runs);
+// dev: n doubles in backend memory, op-reduced over c where c reads them (a host communicator
+// over device memory: through host copies; a group of one: nothing).
+void reduce_backend_doubles(Ops& ops, Comm& c, double* dev, size_t n, ReduceOp op);
 // The most elements any rank's zero_optimizer_runs hold (the memory plan's): over the shards j,
 // the shard's expert elements plus ceil(nd_j / ep) of its nd_j dense ones.
 size_t zero_optimizer_most(const ParamLayout& layout, int edp, int ep);

@@ -3,6 +3,7 @@
 
 #include "llmc/train/converter.h"
 #include "llmc/precision/fp8.h"
+#include "llmc/train/data_parallel.h"
 #include "llmc/train/layout.h"
 
 namespace {
@@ -23,12 +24,14 @@ private:
     std::string precision_;
 };
 
-// FP8 linears. Every rank holds the whole model's Fp8State and one backend array of amaxes that
-// the block linears of its own layers and shards record into (Model::set_fp8). Once per
-// optimizer step the arrays of all ranks are max-reduced over the WORLD: data-parallel replicas
+// FP8 linears. Every rank holds the whole model's scaling state, on the backend (Fp8Device: the
+// amaxes that the block linears of its own layers and shards record into, the scales the casts
+// read, the amax histories; Model::set_fp8), and its host image Fp8State for checkpoints. Once per
+// optimizer step the amaxes of all ranks are max-reduced over the WORLD: data-parallel replicas
 // must cast with identical scales (else their weights drift apart), the TP shards of one tensor
 // each see only part of it, and pipeline stages own different layers. Every rank then advances
-// the same state, so rank 0's copy is the whole state that checkpoints store.
+// the same state on its backend (Ops::fp8_update_scales): no host round trip in a step, so an
+// fp8 step waits for the device once, and a CUDA graph can hold it.
 class Fp8Converter : public ModelConverter {
 public:
     Fp8Converter(const Config& cfg, Ops& ops, int tp, const std::string& device, DType rest)
@@ -53,9 +56,24 @@ public:
         need(qkv, strfmt("(n_head + 2 n_kv_head) x head_dim / parallel.tp = %ld", qkv), "model.d_model or parallel.tp");
         need(Cl, strfmt("model.d_model / parallel.tp = %ld / %d", C, tp), "model.d_model or parallel.tp");
         need(F, strfmt("the MLP width / parallel.tp = %d / %d", s.ffn(), tp), "model.ffn_dim or parallel.tp");
-        amax_ = static_cast<float*>(ops.alloc(bytes()));
+        // one block: [scale n][hist n H][overflows n] (the image, uploaded and read back as one), [amax n], [wide n]
+        const size_t n = size_t(state_.size()), H = size_t(state_.image_history());
+        image_floats_ = n * (H + 2);
+        const size_t wide_at = ((image_floats_ + n) * sizeof(float) + 7) / 8 * 8;
+        block_ = static_cast<char*>(ops.alloc(wide_at + n * sizeof(double)));
+        float* f = reinterpret_cast<float*>(block_);
+        dev_.n = int(n);
+        dev_.history = int(H);
+        dev_.margin = opt_.margin;
+        dev_.hybrid = opt_.hybrid;
+        dev_.scale = f;
+        dev_.hist = f + n;
+        dev_.overflows = reinterpret_cast<uint32_t*>(f + n * (H + 1));
+        dev_.amax = f + image_floats_;
+        dev_.wide = reinterpret_cast<double*>(block_ + wide_at);
+        upload(state_);
     }
-    ~Fp8Converter() override { ops_.release(amax_); }
+    ~Fp8Converter() override { ops_.release(block_); }
     Fp8Converter(const Fp8Converter&) = delete;
     Fp8Converter& operator=(const Fp8Converter&) = delete;
 
@@ -66,58 +84,79 @@ public:
                       delayed ? "delayed" : "current", delayed ? strfmt(", history %d", opt_.amax_history).c_str() : "",
                       opt_.margin, dtype_name(rest_), device_ == "cpu" ? " (fp8 emulated exactly on the CPU)" : "");
     }
-    void apply(Model& model) override { model.set_fp8(&state_, amax_); }
+    void apply(Model& model) override { model.set_fp8(&state_, dev_.amax, dev_.scale); }
     std::vector<MemoryRow> memory_rows() const override {
-        return {{"fp8 amaxes", bytes(),
-                 strfmt("  (%d layers x 4 linears x 3 operands, fp32; scales and history on the host)",
-                        state_.size() / 12)}};
+        return {{"fp8 scaling", image_floats_ * sizeof(float) + size_t(dev_.n) * (sizeof(float) + sizeof(double)),
+                 strfmt("  (%d layers x 4 linears x 3 operands: amaxes, scales%s)", state_.size() / 12,
+                        dev_.history ? strfmt(", %d-step amax histories", dev_.history).c_str() : "")}};
     }
     std::string params_note() const override { return "; block linears compute in fp8"; }
 
     // Forget the amaxes of the last step (and of evaluation passes).
-    void begin_step() override { ops_.zero(Tensor(amax_, size_t(state_.size()), DType::F32)); }
+    void begin_step() override { ops_.zero(Tensor(dev_.amax, size_t(dev_.n), DType::F32)); }
 
-    // The amaxes of all ranks, max-reduced, advance the scales; overflow events (non-finite
-    // amaxes, whose scales are kept) are reported.
-    void end_step(Comm& world, nlohmann::json& record, std::string& line) override {
-        const size_t n = size_t(state_.size());
-        std::vector<float> a(n);
-        ops_.to_host_bytes(a.data(), amax_, bytes());
-        // The reduction runs on the float bit patterns, as integers held exactly in doubles
-        // (every Comm reduces doubles in host memory, NCCL included). Non-negative floats order
-        // as their bits do, with inf above every finite value and NaN above inf (fp8_abs_bits,
-        // the order the ops record in), so the maximum is exact, independent of the reduction
-        // order, and a NaN or inf amax on any rank stays non-finite. A float MAX would not
-        // promise that: MPI_MAX compares with NaN false both ways and may drop it.
-        std::vector<double> bits(n);
-        for (size_t i = 0; i < n; i++) bits[i] = double(fp8_abs_bits(a[i]));
-        world.all_reduce(bits.data(), n, ReduceOp::Max);
-        for (size_t i = 0; i < n; i++) a[i] = fp8_bits_to_float(uint32_t(bits[i]));
-        const int overflows = state_.update(a.data());
+    // The amaxes of all ranks, max-reduced, advance the scales on the backend. The reduction runs
+    // on the float bit patterns, as integers held exactly in doubles: non-negative floats order as
+    // their bits do, with inf above every finite value and NaN above inf (fp8_abs_bits, the order
+    // the ops record in), so the maximum is exact, independent of the reduction order, and a NaN
+    // or inf amax on any rank stays non-finite. A float MAX would not promise that: MPI_MAX
+    // compares with NaN false both ways and may drop it.
+    void end_step(Comm& world, float* word) override {
+        const bool reduce = world.size() > 1;
+        if (reduce) {
+            ops_.fp8_widen_amaxes(dev_);
+            reduce_backend_doubles(ops_, world, dev_.wide, size_t(dev_.n), ReduceOp::Max);
+        }
+        ops_.fp8_update_scales(dev_, reduce, word);
+    }
+    // Overflow events (non-finite amaxes, whose scales are kept) are reported.
+    void log_step(float word, nlohmann::json& record, std::string& line) override {
+        const int overflows = int(word);
         record["fp8_overflows"] = overflows;
         line += overflows ? strfmt(" | fp8 linears: %d overflow event%s (non-finite amax, scale kept)", overflows,
                                    overflows == 1 ? "" : "s")
                           : std::string(" | fp8 linears");
     }
 
-    void save(WholeState& whole) const override { whole.fp8 = state_.save(); }
+    // The host state advanced by the backend's overflow counts, scales and histories (a read back:
+    // checkpoints only)
+    void save(WholeState& whole) const override {
+        std::vector<float> img(image_floats_);
+        ops_.to_host_bytes(img.data(), dev_.scale, img.size() * sizeof(float));
+        Fp8State now = state_;
+        const size_t n = size_t(dev_.n);
+        now.import_image(img.data(), img.data() + n, reinterpret_cast<const uint32_t*>(img.data() + n * (dev_.history + 1)));
+        whole.fp8 = now.save();
+    }
     // The scaling state resumes with the weights (bit-exact). A checkpoint of another precision
     // continues with a fresh state, with a note; other fp8.* settings than the checkpoint's are
     // an error (Fp8State::load).
     void load(const WholeState& whole, const std::string& from, Logger& log) override {
-        if (!whole.fp8.empty()) state_.load(whole.fp8, from + "/state.bin");
-        else log.print("note: %s holds no fp8 scaling state (saved with another precision): fp8 starts with fresh "
-                       "scales\n", from.c_str());
+        if (!whole.fp8.empty()) {
+            state_.load(whole.fp8, from + "/state.bin");
+            upload(state_);
+        } else {
+            log.print("note: %s holds no fp8 scaling state (saved with another precision): fp8 starts with fresh "
+                      "scales\n", from.c_str());
+        }
     }
 
 private:
-    size_t bytes() const { return size_t(state_.size()) * sizeof(float); }
+    // the backend's image := s's scales and histories, its overflow counters 0 (s keeps the count so far)
+    void upload(const Fp8State& s) {
+        std::vector<float> img(image_floats_, 0.0f);
+        const size_t n = size_t(dev_.n);
+        s.export_image(img.data(), img.data() + n);
+        ops_.from_host_bytes(dev_.scale, img.data(), img.size() * sizeof(float));
+    }
     Ops& ops_;
     Fp8Options opt_;
-    Fp8State state_;
+    Fp8State state_;  // the host image: what checkpoints hold up to the overflows counted since
     std::string device_;
     DType rest_;
-    float* amax_ = nullptr;
+    char* block_ = nullptr;
+    size_t image_floats_ = 0;
+    Fp8Device dev_;
 };
 
 }  // namespace

@@ -25,6 +25,8 @@ mutate fp8_cast_next_tile_race llmc/cuda/fp8.cuh fp8 \
     '__syncthreads();  // the next tile overwrites this one' ''
 mutate fp8_vec_cast_next_tile_race llmc/cuda/fp8.cuh fp8 \
     "__syncthreads();  // the next tile's codes overwrite these" ''
+mutate fp8_overflow_count_before_barrier llmc/cuda/fp8.cuh fp8 \
+    $'__syncthreads();\n    if (threadIdx.x == 0) *step_overflows' 'if (threadIdx.x == 0) *step_overflows'
 mutate smem_half_the_accumulators llmc/cuda/layernorm.cuh layernorm \
     '(size_t)W * Q * ln_acc_stride(C, K) * sizeof(float)' '(size_t)W * ln_acc_stride(C, K) * sizeof(float)'
 mutate warps_summed_before_barrier llmc/cuda/layernorm.cuh layernorm \

@@ -10,7 +10,9 @@
 #      loss seed drops the graph (steps 5 and 6 warm up: the NaN seed, then the halved scale's),
 #      step 7 captures a new one; bitwise the run without graphs;
 #  (c) the full recompute (another region) and the llama family, bitwise;
-#  (d) refusals, exit 2 naming the key: device cpu, two processes, optimizer offload, fp8.
+#  (d) fp8, delayed and current scaling: the scales advance on the device (Fp8Device), so the
+#      step is all device work: replays, bitwise the run without graphs, one host wait a step;
+#  (e) refusals, exit 2 naming the key: device cpu, two processes, optimizer offload.
 # The speed of a graph is a GPU's to measure (scripts/gpu_quick.sh's 124M rows with and without).
 source "$(dirname "$0")/lib.sh"
 emu_tiny_config "$W/c.json" bf16
@@ -85,12 +87,25 @@ same "$W/ll_plain" "$W/ll_graphs"
 grep -q replay <<< "$(modes "$W/ll_graphs/log.jsonl")" || die "llama: no replay: $(modes "$W/ll_graphs/log.jsonl")"
 echo "  full recompute, llama: bitwise the runs without graphs"
 
-# ---- (d) refusals ----
+# ---- (d) fp8 ----
+for recipe in delayed current; do
+    run f8_${recipe}_plain precision=fp8 fp8.recipe=$recipe
+    run f8_${recipe}_graphs precision=fp8 fp8.recipe=$recipe train.cuda_graphs=true
+    same "$W/f8_${recipe}_plain" "$W/f8_${recipe}_graphs"
+    m=$(modes "$W/f8_${recipe}_graphs/log.jsonl")
+    [ "$m" = "warm-up warm-up capture replay replay replay replay replay replay replay " ] || die "fp8 $recipe modes: $m"
+    [ "$(field "$W/f8_${recipe}_graphs/log.jsonl" host_syncs | cut -d' ' -f4-10)" = "1 1 1 1 1 1 1" ] ||
+        die "fp8 $recipe: host_syncs of the replayed steps: $(field "$W/f8_${recipe}_graphs/log.jsonl" host_syncs)"
+done
+# (the losses of fp8 are not bf16's: the linears ran in fp8)
+cmp -s <(losses "$W/plain/log.jsonl") <(losses "$W/f8_delayed_plain/log.jsonl") && die "fp8 losses equal bf16's"
+echo "  fp8 delayed and current: $(modes "$W/f8_delayed_graphs/log.jsonl")| bitwise the runs without graphs"
+
+# ---- (e) refusals ----
 expect_fail 2 'train.cuda_graphs: true is not available here: device "cpu"' "$BIN" "$W/c.json" train.cuda_graphs=true
 expect_fail 2 'train.cuda_graphs: .*train.offload_optimizer' "$EMU" "$W/c.json" device=cuda train.cuda_graphs=true \
     train.offload_optimizer=true
-expect_fail 2 'train.cuda_graphs: .*precision fp8' "$EMU" "$W/c.json" device=cuda train.cuda_graphs=true precision=fp8
 expect_fail 2 'train.cuda_graphs: true needs one process \(this job has 2' timeout 120 mpirun --oversubscribe -np 2 \
     "$EMU" "$W/c.json" device=cuda train.cuda_graphs=true parallel.dp=2 "out_dir=$W/dp2"
-echo "  refusals: device cpu, optimizer offload, fp8, two processes (exit 2)"
+echo "  refusals: device cpu, optimizer offload, two processes (exit 2)"
 echo PASS

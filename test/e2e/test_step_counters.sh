@@ -16,6 +16,9 @@
 #    sized before, or in, the first step. Also for dp2 x ep2 MoE (allocs alone), whose routed rows
 #    vary by step: its message buffer is sized at start-up for the most rows its experts can
 #    receive.
+# The same bounds hold in precision fp8, one process and dp2: its scaling state advances on the
+# device (Fp8Device), so the step reads back no amaxes and waits once (before, the amaxes went to
+# the host each step: 2 waits and 192 more bytes down for this model, failing the d2h bound).
 # (Activation offload moves the kept layer inputs on purpose: test_act_offload.sh checks those bytes
 # exactly, offload on against off. Here it is off, the default.)
 # On the code before (counters added, nothing else) every layout fails: 31 to 69 syncs a step, one
@@ -66,6 +69,10 @@ check dp2_zero1 2 $L 16 parallel.dp=2 parallel.zero=1 parallel.comm=nccl
 check dp2_zero3 2 $L 20 parallel.dp=2 parallel.zero=3 parallel.comm=nccl
 check tp2 2 $L 16 parallel.tp=2 parallel.comm=nccl
 check pp2 2 $((L / 2)) 16 parallel.pp=2 parallel.comm=nccl
+check one_fp8 1 $L 16 parallel.zero=0 precision=fp8
+check dp2_fp8 2 $L 16 parallel.dp=2 parallel.zero=1 parallel.comm=nccl precision=fp8
+[ "$(field "$W/one_fp8/log.jsonl" host_syncs | tr '\n' ' ')" = "$(field "$W/one_self/log.jsonl" host_syncs | tr '\n' ' ')" ] ||
+    die "fp8 waits for the device more often than fp32: $(field "$W/one_fp8/log.jsonl" host_syncs | tr '\n' ' ')"
 # MoE over dp2 x ep2 (dropless top-2 of 4 experts: the rows an expert receives vary by step)
 LLMC_SIM_DEVICE=1 dp_run 2 "$W/c.json" parallel.dp=2 parallel.ep=2 parallel.comm=nccl model.moe.num_experts=4 \
     model.moe.top_k=2 model.moe.expert_ffn_dim=48 "out_dir=$W/ep2" > "$W/ep2.txt" 2>&1 || die "ep2 failed: $(tail -n 20 "$W/ep2.txt")"

@@ -31,12 +31,14 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "llmc/cpu/cpu_ops.h"
 #include "llmc/cuda/cuda_ops.h"
 #include "llmc/core/common.h"
+#include "llmc/core/config.h"
 #include "llmc/model/moe.h"
 #include "llmc/parallel/context_parallel.h"
 #include "llmc/cuda/common.cuh"
@@ -1439,6 +1441,87 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
     exact("matmul_backward_fp8.amax", ag, ac);
 }
 
+// The trainer's fp8 scaling state on the backend (Fp8Device, Ops::fp8_widen_amaxes and
+// fp8_update_scales) against the host state's update, bit for bit: 300 tensors (more than the
+// update kernel's block of threads), a 5-step history and the current recipe, zeros, inf and NaN
+// amaxes, the widened (several ranks') form every other step; and a cast that reads its scale from
+// backend memory (Fp8Cast::scale_at) gives the same codes as one given the value.
+void test_fp8_scales(H& h) {
+    for (const char* recipe : {"delayed", "current"}) {
+        const std::string sh = strfmt("[%s %s]", dtype_name(h.dt), recipe);
+        Fp8Config cfg;
+        cfg.recipe = recipe;
+        cfg.amax_history = 5;
+        cfg.margin = 1;
+        Fp8State host(25, fp8_options(cfg));
+        const int n = host.size(), H = host.image_history();
+        // the image as Fp8Converter lays it out: scale, hist, overflows, amax, word, then the doubles
+        const size_t fl = size_t(n) * (H + 3) + 1, wide_at = (fl * 4 + 7) / 8 * 8;
+        char* block = static_cast<char*>(h.gpu.alloc(wide_at + size_t(n) * 8));
+        float* f = reinterpret_cast<float*>(block);
+        Fp8Device d;
+        d.n = n, d.history = H, d.margin = 1, d.hybrid = true;
+        d.scale = f, d.hist = f + n, d.overflows = reinterpret_cast<uint32_t*>(f + size_t(n) * (H + 1));
+        d.amax = f + size_t(n) * (H + 2);
+        float* word = d.amax + n;
+        d.wide = reinterpret_cast<double*>(block + wide_at);
+        std::vector<float> img(size_t(n) * (H + 2), 0.0f);
+        host.export_image(img.data(), img.data() + n);
+        h.gpu.from_host_bytes(f, img.data(), img.size() * 4);
+        std::mt19937 rng(3);
+        std::uniform_real_distribution<float> ud(1e-3f, 1e3f);
+        bool same = true;
+        std::string first;
+        for (int step = 0; step < 7; step++) {
+            std::vector<float> a(n);
+            for (float& x : a) x = ud(rng);
+            if (step == 1) a[0] = 0.0f, a[299] = INFINITY;
+            if (step == 3) a[257] = NAN, a[5] = 0.0f;
+            if (step == 5) a[100] = NAN;
+            const int bad = host.update(a.data());
+            h.gpu.from_host_bytes(d.amax, a.data(), a.size() * 4);
+            const bool widened = step % 2 == 1;
+            if (widened) h.gpu.fp8_widen_amaxes(d);
+            h.gpu.fp8_update_scales(d, widened, word);
+            std::vector<float> got(img.size() + 1), want(img.size());
+            h.gpu.to_host_bytes(got.data(), f, img.size() * 4);
+            h.gpu.to_host_bytes(&got[img.size()], word, 4);
+            host.export_image(want.data(), want.data() + n);
+            const bool ok = std::memcmp(got.data(), want.data(), size_t(n) * (H + 1) * 4) == 0 && got[img.size()] == bad;
+            if (!ok && same) first = strfmt("step %d: overflows %g (want %d)", step, got[img.size()], bad);
+            same = same && ok;
+            if (step == 6) {  // the overflow counters: one for each non-finite amax, on its tensor
+                const uint32_t* o = reinterpret_cast<const uint32_t*>(got.data() + size_t(n) * (H + 1));
+                const bool counts = o[299] == 1 && o[257] == 1 && o[100] == 1 && o[0] == 0 && o[5] == 0;
+                report(counts, "fp8_update_scales.overflow_counters", sh,
+                       strfmt("%u %u %u %u %u", o[299], o[257], o[100], o[0], o[5]));
+            }
+        }
+        report(same, "fp8_update_scales.equals_host_state", sh, first);
+        // a cast with scale_at = the same scale in backend memory: the same outputs and amaxes
+        const int N = 32, IC = 64, OC = 48;
+        Pair inp = h.make((size_t)N * IC), w = h.make((size_t)OC * IC), out = h.make((size_t)N * OC), amax = h.make(2, true);
+        h.up(inp, h.rnd((size_t)N * IC, 1.0f));
+        h.up(w, h.rnd((size_t)OC * IC, 0.1f));
+        const float scales[2] = {37.5f, 1024.0f};
+        h.gpu.from_host_bytes(d.scale, scales, sizeof(scales));
+        std::vector<uint8_t> r[2];
+        for (int by_pointer = 0; by_pointer < 2; by_pointer++) {
+            h.up_gpu(amax, {0.0f, 0.0f});
+            h.poison(out);
+            Fp8Cast ci, cw;
+            ci.current = cw.current = std::string(recipe) == "current";
+            ci.amax = amax.g.f32(), cw.amax = amax.g.f32() + 1;
+            if (by_pointer) ci.scale_at = d.scale, cw.scale_at = d.scale + 1;  // (ci.scale, cw.scale stay 1: unread)
+            else ci.scale = scales[0], cw.scale = scales[1];
+            h.gpu.matmul_forward_fp8(out.g, Tensor(), inp.g, w.g, Tensor(), N, IC, OC, false, ci, cw);
+            r[by_pointer] = h.raw({out, amax});
+        }
+        report(r[0] == r[1], "matmul_forward_fp8.scale_at_equals_value", sh, "");
+        h.gpu.release(block);
+    }
+}
+
 // Shapes the fp8 GEMM cannot take are a UserError, not a crash.
 void test_fp8_bad_shape(H& h) {
     Pair inp = h.make(17 * 32), w = h.make(32 * 32), out = h.make(17 * 32);
@@ -1936,6 +2019,7 @@ int main(int argc, char** argv) {
                 // cast inputs not 16-byte aligned: the casts element by element, delayed and current
                 fp8_case(64, 96, 384, true, true, false, true, 0, 1);
                 fp8_case(32, 64, 48, false, false, true, false, 0, 3);
+                guarded("fp8 scales", [&] { test_fp8_scales(h); });
                 if (!on_cpu) guarded("fp8 bad shape", [&] { test_fp8_bad_shape(h); });  // (no CPU shape rule)
             }
         }
