@@ -13,7 +13,7 @@
 # attention (forward v4/v5: 16 or 32 query rows a warp; backward v3/v4: 16 or 32 rows a warp) at
 # GPT-2 124M's shape and FlashAttention's benchmark shapes beside PyTorch's SDPA (issue 30's peer);
 # the fp8 casts (fp8_cast v1/v2/v3) and GEMM forms (fp8_gemm); cuBLASLt's epilogues against kernels
-# (matmul_epilogue v5/v6), the GELU backward fused into the bias gradient (v7), LayerNorm v5 and
+# (matmul_epilogue v5/v6), the GELU backward fused into the bias gradient (v7) or into the GEMM (v8), LayerNorm v5 and
 # the fused cross entropy v5 at GPT-2 124M B=32's shapes; then the old versions (matmul_epilogue v1-v4, LayerNorm v3, cross entropy v3).
 # `--dry-run`: every step printed with its time limit, nothing run, nothing written.
 
@@ -360,7 +360,7 @@ stage_kernels() {
     fi
     # fp8 (issue 31), then the memory-bound kernels of issue 29 at 124M B=32 (the old version, then
     # the new; the old cross entropy's CPU check alone takes tens of seconds)
-    for v in "fp8_cast 1" "fp8_cast 2" "fp8_cast 3" "fp8_gemm 6400 8192 1600" "fp8_gemm 48 32 64" "matmul_epilogue 5" "matmul_epilogue 7" \
+    for v in "fp8_cast 1" "fp8_cast 2" "fp8_cast 3" "fp8_gemm 6400 8192 1600" "fp8_gemm 48 32 64" "matmul_epilogue 5" "matmul_epilogue 7" "matmul_epilogue 8" \
              "matmul_epilogue 6" "layernorm 5 32768 768" "classifier 5 32768 50257 50304" "matmul_epilogue 1" \
              "matmul_epilogue 2" "matmul_epilogue 3" "matmul_epilogue 4" "layernorm 3 32768 768" \
              "classifier 3 32768 50257 50304"; do

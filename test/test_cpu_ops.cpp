@@ -510,6 +510,23 @@ TEST_CASE("cpu float: matmul matches double and a naive reference", "[cpu][float
         CHECK(rel_err(fdinp, dinp_ref) < kFloatTol);
         CHECK(rel_err(fdw, dw_ref) < kFloatTol);
         CHECK(rel_err(fdb, db_ref) < kFloatTol);
+        if (gelu) {
+            // dinp through a GELU (dinp_gelu: its input, here pre's values in inp's shape) is, bit
+            // for bit, what the GELU's own linear did with it before: the next backward's
+            // pre_gelu multiplying its dout (dinp) in place
+            FVec gin(fdinp.size()), fused(fdinp.size()), dw2(dw.size(), 0.0f), dw3(dw.size(), 0.0f), fdout2 = to_f(G);
+            for (size_t i = 0; i < gin.size(); ++i) gin[i] = fpre[i % fpre.size()] * 0.75f;
+            ops->matmul_backward(T32(fused), T32(dw2), Tensor(), T32(fdout2), T32(finp), T32(fw), Tensor(), N, IC, OC,
+                                 T32(gin));
+            FVec plain(fdinp.size()), fdout3 = to_f(G);
+            ops->matmul_backward(T32(plain), T32(dw3), Tensor(), T32(fdout3), T32(finp), T32(fw), Tensor(), N, IC, OC);
+            CHECK(plain != fused);  // the GELU's backward acted
+            // the former way: a linear N -> IC whose pre-activation was gin takes dout = plain
+            FVec x((size_t)N * N, 0.5f), wx((size_t)IC * N, 0.25f), dwx((size_t)IC * N, 0.0f);
+            ops->matmul_backward(Tensor(), T32(dwx), Tensor(), T32(plain), T32(x), T32(wx), T32(gin), N, N, IC);
+            CHECK(std::memcmp(plain.data(), fused.data(), fused.size() * sizeof(float)) == 0);
+            CHECK(dw2 == dw3);
+        }
     }
     // no bias: out = inp @ w^T
     FVec finp = to_f(inp), fw = to_f(w), fout((size_t)N * OC);

@@ -12,7 +12,11 @@
 //   7: the GELU backward and the bias gradient: gelu_backward_inplace_kernel then launch_bias_grad
 //      (the backend's two passes until 2026-11-27) against launch_gelu_bias_grad (one pass; now the
 //      backend's), which must give the same dout and dbias bit for bit
-// 1-4 are checked against the CPU; 5 and 6 compare the epilogue's results with the fallback's.
+//   8: the GELU's backward for the next linear's input gradient (GPT-2's fc_proj: dinp [N, OC] =
+//      dout [N, IC] w, the fc's pre-activation [N, OC]) and the fc's bias gradient: the GEMM, then
+//      launch_gelu_bias_grad (the backend's until 2026-11-27), against cuBLASLt's DGELU epilogue on
+//      the GEMM, then launch_bias_grad (now the backend's: one pass less over N x OC)
+// 1-4 are checked against the CPU; 5, 6 and 8 compare the epilogue's results with the fallback's.
 // Measured, H200, 2026-11-27 (main 791cfe5), this default shape: 5: BIAS + kernel 0.1008 ms,
 // GELU_AUX_BIAS 0.0863 (the backend's); 6: GEMM + launch_bias_grad 0.0748 ms, BGRADB + add
 // 0.0864: the backend now takes launch_bias_grad (it took BGRADB before).
@@ -124,7 +128,31 @@ int main(int argc, char** argv) {
         auto inp = rand_vec((size_t)N * IC, 1.0f, 4), w = rand_vec((size_t)OC * IC, 0.036f, 5);
         round_bf16(inp), round_bf16(w);
         bf16 *gi = to_dev<bf16>(inp), *gw = to_dev<bf16>(w), *gbias = to_dev<bf16>(db0);
-        if (version == 5) {
+        if (version == 8) {
+            // fc_proj's input gradient: its in = OC (the fc's out), its out = IC; dinp^T[OC, N] =
+            // w(as stored: OC x IC col-major) dout^T[IC, N], as CudaOps::matmul_backward
+            bf16 *gdo = to_dev<bf16>(rand_vec((size_t)N * IC, 1.0f, 7)), *gpre = to_dev<bf16>(pre);
+            bf16 *dinp_a = dev_poisoned<bf16>(n), *dinp_b = dev_poisoned<bf16>(n);
+            bf16 *db_a = to_dev<bf16>(db0), *db_b = to_dev<bf16>(db0);
+            float* part = dev_poisoned<float>(std::max<size_t>(1, bias_grad_partial_floats(N, OC)));
+            LtGemm g{dinp_a, gw, gdo, OC, N, IC, false, false, OC, IC, OC, 0.0f, CUDA_R_16BF};
+            LtGemm f = g;
+            f.D = dinp_b, f.dgelu_aux = gpre, f.aux_ld = OC;
+            auto before = [&] {
+                lt.matmul(g, nullptr);
+                launch_gelu_bias_grad(db_a, dinp_a, (const bf16*)gpre, N, OC, part, nullptr);
+            };
+            auto now = [&] {
+                ok &= lt.run(f, nullptr);
+                launch_bias_grad(db_b, (const bf16*)dinp_b, N, OC, part, nullptr);
+            };
+            before();
+            now();
+            ok &= validate("dpre", to_host(dinp_b, n), to_host(dinp_a, n), 2e-2);
+            ok &= validate("dbias", to_host(db_b, OC), to_host(db_a, OC), 2e-2);
+            std::printf("GEMM + launch_gelu_bias_grad %.4f ms, DGELU GEMM + launch_bias_grad %.4f ms (dbias accumulating)\n",
+                        bench_ms(before), bench_ms(now));
+        } else if (version == 5) {
             bf16 *out_a = dev_poisoned<bf16>(n), *pre_a = dev_poisoned<bf16>(n);
             bf16 *out_b = dev_poisoned<bf16>(n), *pre_b = dev_poisoned<bf16>(n);
             // column-major pre^T[OC, N] = w^T-as-stored[IC, OC]^T inp^T[IC, N], as CudaOps::matmul_forward

@@ -190,10 +190,14 @@ public:
                                 int OC, bool gelu) = 0;
     // Backward of matmul_forward. If pre_gelu is non-empty, dout is first multiplied in
     // place by gelu'(pre_gelu) (dout is then the gradient of the pre-activation).
-    // dinp = dout @ w (overwrite; skipped when dinp is empty);
+    // dinp = dout @ w (overwrite; skipped when dinp is empty). With dinp_gelu (only with dinp: the
+    // input of the GELU whose output inp was, GPT-2's fc pre-activation under fc_proj), dinp =
+    // (dout @ w) * gelu'(dinp_gelu), the gradient of that pre-activation: the GELU's backward
+    // applied to the product before its rounding to the dtype (CUDA: cuBLASLt's DGELU epilogue;
+    // where cuBLASLt runs none, the rounded product and then a kernel, fixed per problem).
     // dw += dout^T @ inp; dbias += column sums of dout (skipped when dbias is empty).
     virtual void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                                 Tensor pre_gelu, int N, int IC, int OC) = 0;
+                                 Tensor pre_gelu, int N, int IC, int OC, Tensor dinp_gelu = Tensor()) = 0;
 
     // ---- attention ----
     // qkv [B,T,NH+2*NKV,HS] (per token: NH query heads, then NKV key heads, then NKV value

@@ -64,8 +64,8 @@ void CpuFp16Ops::matmul_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor 
     round_tensor_f16(pre_gelu);
 }
 void CpuFp16Ops::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                                 Tensor pre_gelu, int N, int IC, int OC) {
-    CpuOps::matmul_backward(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC);
+                                 Tensor pre_gelu, int N, int IC, int OC, Tensor dinp_gelu) {
+    CpuOps::matmul_backward(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC, dinp_gelu);  // dinp rounded once
     round_tensor_f16(dinp);
     round_tensor_f16(dw);
     round_tensor_f16(dbias);

@@ -13,7 +13,7 @@ void CpuOps::matmul_forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, T
 }
 
 void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                             Tensor pre_gelu, int N, int IC, int OC) {
+                             Tensor pre_gelu, int N, int IC, int OC, Tensor dinp_gelu) {
     ++counters_.launches;
     const size_t NO = (size_t)N * OC, NI = (size_t)N * IC;
     float* di = dinp ? cpu_f32(dinp, NI, "matmul dinp") : nullptr;
@@ -21,6 +21,12 @@ void CpuOps::matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, 
     const float* pg = pre_gelu ? cpu_f32(pre_gelu, NO, "pre_gelu") : nullptr;
     cpu::matmul_backward(di, cpu_f32(dw, (size_t)OC * IC, "matmul dw"), db, cpu_f32(dout, NO, "matmul dout"),
                          cpu_f32(inp, NI, "matmul inp"), cpu_f32(w, (size_t)OC * IC, "matmul w"), pg, N, IC, OC);
+    if (dinp_gelu) {  // in fp32 the product has no rounding to skip: the GELU's backward as pre_gelu's
+        LLMC_ASSERT(di, "matmul_backward: dinp_gelu without dinp");
+        const float* g = cpu_f32(dinp_gelu, NI, "dinp_gelu");
+#pragma omp parallel for simd schedule(static) if (cpu::parallel_worth(NI))
+        for (size_t i = 0; i < NI; ++i) di[i] *= cpu::gelu_grad(g[i]);
+    }
 }
 
 void CpuOps::swiglu_forward(Tensor out, Tensor inp, int N, int F) {

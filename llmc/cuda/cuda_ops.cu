@@ -445,13 +445,15 @@ public:
             }
         });
     }
-    // dout *= gelu'(pre_gelu) and dbias in one pass (launch_gelu_bias_grad); dinp: one GEMM; dw:
-    // one GEMM. Not cuBLASLt's BGRADB epilogue on the dw GEMM: on an H200 (2026-11-27,
-    // dev/cuda/matmul_epilogue v6, GPT-2 124M's fc at B 8) the GEMM with BGRADB and the add into
-    // dbias took 0.0864 ms, the plain GEMM and launch_bias_grad 0.0748 ms.
+    // dout *= gelu'(pre_gelu) and dbias in one pass (launch_gelu_bias_grad); dinp: one GEMM, with
+    // dinp_gelu cuBLASLt's DGELU epilogue (else the GEMM, then gelu_backward_inplace_kernel; the
+    // way fixed per problem); dw: one GEMM. Not cuBLASLt's BGRADB epilogue on the dw GEMM: on an
+    // H200 (2026-11-27, dev/cuda/matmul_epilogue v6, GPT-2 124M's fc at B 8) the GEMM with BGRADB
+    // and the add into dbias took 0.0864 ms, the plain GEMM and launch_bias_grad 0.0748 ms.
     void matmul_backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
-                         int N, int IC, int OC) override {
-        same_dtype({&dinp, &dw, &dbias, &dout, &inp, &w, &pre_gelu});
+                         int N, int IC, int OC, Tensor dinp_gelu) override {
+        same_dtype({&dinp, &dw, &dbias, &dout, &inp, &w, &pre_gelu, &dinp_gelu});
+        LLMC_ASSERT(!dinp_gelu.ptr || dinp.ptr, "matmul_backward: dinp_gelu without dinp");
         if (!N || !OC) return;
         const cudaDataType_t lt = lt_type(dout.dtype);
         dispatch(dout.dtype, [&](auto tag) {
@@ -462,8 +464,22 @@ public:
             launch_gelu_bias_grad(P<T_>(dbias), P<T_>(dout), P<T_>(pre_gelu), N, OC, part, stream_);
         });
         // dinp^T[IC, N] = w(as stored: IC x OC col-major) * dout^T[OC, N]
-        if (dinp.ptr)
-            lt_.matmul(LtGemm{dinp.ptr, w.ptr, dout.ptr, IC, N, OC, false, false, IC, OC, IC, 0.0f, lt}, stream_);
+        if (dinp.ptr) {
+            const LtGemm g{dinp.ptr, w.ptr, dout.ptr, IC, N, OC, false, false, IC, OC, IC, 0.0f, lt};
+            LtGemm fused = g;
+            fused.dgelu_aux = dinp_gelu.ptr, fused.aux_ld = IC;  // dinp_gelu^T[IC, N], as dinp
+            if (!dinp_gelu.ptr || IC % 8 != 0 || !lt_.run(fused, stream_)) {
+                lt_.matmul(g, stream_);
+                if (dinp_gelu.ptr)
+                    dispatch(dout.dtype, [&](auto tag) {
+                        using T_ = decltype(tag);
+                        const long long n = (long long)N * IC;
+                        LLMC_LAUNCH(gelu_backward_inplace_kernel<T_>, elementwise_blocks(n, sizeof(T_)), 256, 0,
+                                    stream_, P<T_>(dinp), P<T_>(dinp_gelu), n);
+                        CUDA_CHECK_LAUNCH();
+                    });
+            }
+        }
         // dw(as stored: IC x OC col-major) += inp^T[IC, N] * (dout^T[OC, N])^T
         LtGemm g{dw.ptr, inp.ptr, dout.ptr, IC, OC, N, false, true, IC, OC, IC, 1.0f, lt};
         lt_.matmul(g, stream_);

@@ -201,6 +201,7 @@ inline const char* lt_epilogue_text(int e) {
         case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
         case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
         case CUBLASLT_EPILOGUE_BGRADB: return "BGRADB";
+        case CUBLASLT_EPILOGUE_DGELU: return "DGELU";
         default: return "?";
     }
 }
@@ -341,6 +342,9 @@ private:
 //    tanh approximation, as gelu_tanh (PyTorch's _addmm_activation(use_gelu) on CUDA is its
 //    gelu(approximate="tanh"), XLA fuses only that form into it). The GELU is applied to the fp32
 //    value, before aux is rounded to the output type;
+//  - dgelu_aux (DGELU): D = the product times gelu_tanh_grad(aux) (aux: the GELU's input, m x n
+//    with leading dimension aux_ld, a multiple of 8: GELU_AUX's layout), applied to the fp32
+//    value before D's rounding: a GELU's backward in the GEMM of the gradient through it;
 //  - bgrad (BGRADB): bgrad[n] = sum over k of op(B)[k, n], written (not added), D unchanged (the
 //    backend takes launch_bias_grad instead; dev/cuda/matmul_epilogue v6 times the two).
 // type bf16 or fp16: A, B, D, bias, aux, bgrad all of it, fp32 compute; fp32: all fp32, strict (no TF32).
@@ -355,6 +359,7 @@ struct LtGemm {
     cudaDataType_t type;  // CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F (lt_type)
     const void* bias = nullptr;
     void* gelu_aux = nullptr;
+    const void* dgelu_aux = nullptr;
     int aux_ld = 0;
     void* bgrad = nullptr;
 };
@@ -390,6 +395,8 @@ public:
     // takes another way. The first refusal of a GEMM with an epilogue is noted on stderr.
     bool run(const LtGemm& g, cudaStream_t stream) {
         LLMC_ASSERT(!g.bgrad || (!g.bias && !g.gelu_aux), "LtMatmul: BGRADB with another epilogue");
+        LLMC_ASSERT(!g.dgelu_aux || (!g.bias && !g.gelu_aux && !g.bgrad), "LtMatmul: DGELU with another epilogue");
+        const void* aux = g.gelu_aux ? g.gelu_aux : g.dgelu_aux;
         const cudaDataType_t dt = g.type;
         LtKey key{};
         key.type_a = key.type_b = key.type_d = dt;
@@ -398,13 +405,14 @@ public:
         key.align_a = lt_align_of(g.A), key.align_b = lt_align_of(g.B), key.align_d = lt_align_of(g.D);
         const void* bias_ptr = g.bgrad ? g.bgrad : g.bias;
         cublasLtEpilogue_t epi = g.bgrad                  ? CUBLASLT_EPILOGUE_BGRADB
+                                 : g.dgelu_aux          ? CUBLASLT_EPILOGUE_DGELU
                                  : g.gelu_aux && g.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                  : g.gelu_aux           ? CUBLASLT_EPILOGUE_GELU_AUX
                                  : g.bias               ? CUBLASLT_EPILOGUE_BIAS
                                                         : CUBLASLT_EPILOGUE_DEFAULT;
         key.epilogue = epi;
         if (bias_ptr) key.type_bias = dt, key.align_bias = lt_align_of(bias_ptr);
-        if (g.gelu_aux) key.aux_ld = g.aux_ld, key.align_aux = lt_align_of(g.gelu_aux);
+        if (aux) key.aux_ld = g.aux_ld, key.align_aux = lt_align_of(aux);
 
         cublasLtMatmulDesc_t op;
         CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -419,9 +427,9 @@ public:
             set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &dt, sizeof(dt));
             set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr));
         }
-        if (g.gelu_aux) {
+        if (aux) {
             const int64_t aux_ld = g.aux_ld;
-            set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.gelu_aux, sizeof(g.gelu_aux));
+            set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux));
             set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld));
         }
         cublasLtMatrixLayout_t la, lb, ld;

@@ -577,11 +577,12 @@ void Model::linear_forward(int l, Fp8Linear lin, Tensor out, Tensor pre_gelu, Te
 }
 
 void Model::linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp,
-                           Tensor w, Tensor pre_gelu, int N, int IC, int OC) {
+                           Tensor w, Tensor pre_gelu, int N, int IC, int OC, Tensor dinp_gelu) {
     if (!fp8_) {
-        ops.matmul_backward(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC);
+        ops.matmul_backward(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC, dinp_gelu);
         return;
     }
+    LLMC_ASSERT(!dinp_gelu, "linear_backward: fp8 takes the GELU's backward in the next linear (pre_gelu)");
     ops.matmul_backward_fp8(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC,
                             fp8_->cast(l, lin, Fp8Operand::GradOutput, fp8_amax_, fp8_scale_),
                             fp8_->cast(l, lin, Fp8Operand::Input, nullptr, fp8_scale_),
@@ -938,11 +939,12 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
         ops.swiglu_backward(dpre, dact, pre, int(N), Fl);
         linear_backward(l, Fp8Linear::Fc, partial, grad_span(GateW, UpW, l), Tensor(), dpre, x,
                         param_span(GateW, UpW, l), Tensor(), int(N), C, 2 * Fl);
-    } else {  // the GELU's backward runs inside (dact becomes the pre-activation's gradient)
+    } else {  // dact: the pre-activation's gradient, the GELU's backward in fc_proj's dinp GEMM (fp8: in fc's)
+        const bool in_dinp = !fp8_;
         linear_backward(l, Fp8Linear::FcProj, dact, grad(FcOutW, l), k.biases ? grad(FcOutB, l) : Tensor(), dy, act,
-                        param(FcOutW, l), Tensor(), int(N), Fl, C);
-        linear_backward(l, Fp8Linear::Fc, partial, grad(FcW, l), grad(FcB, l), dact, x, param(FcW, l), pre, int(N), C,
-                        Fl);
+                        param(FcOutW, l), Tensor(), int(N), Fl, C, in_dinp ? pre : Tensor());
+        linear_backward(l, Fp8Linear::Fc, partial, grad(FcW, l), grad(FcB, l), dact, x, param(FcW, l),
+                        in_dinp ? Tensor() : pre, int(N), C, Fl);
     }
     Tensor dx = tp.reduce_rows(partial, rows);
     norm_backward(dres, dx, L.residual2.slice(0, nl * C), Norm2W, l, L.ln2_mean, L.ln2_rstd, int(nl));

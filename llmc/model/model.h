@@ -333,7 +333,7 @@ private:
     void linear_forward(int l, Fp8Linear lin, Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N,
                         int IC, int OC, bool gelu);
     void linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                         Tensor pre_gelu, int N, int IC, int OC);
+                         Tensor pre_gelu, int N, int IC, int OC, Tensor dinp_gelu = Tensor());
     float head_forward(SlotActs& s, Tensor res, const int32_t* targets, int b, int t, float dloss);
     void head_backward(SlotActs& s, Tensor res, int b, int t);
     // The family's norm (LayerNorm with bias, or RMSNorm), and its backward with sequence

@@ -3,7 +3,9 @@
 // and matmul calls of cuBLASLt. Epilogues as cuBLASLt documents them (cublasLt.h,
 // cublasLtEpilogue_t): BIAS, RELU(_BIAS), GELU(_BIAS) with the tanh-approximation GELU applied to
 // the fp32 value; GELU_AUX(_BIAS) also write that value before the GELU (bias added) to the aux
-// matrix (EPILOGUE_AUX_POINTER, leading dimension EPILOGUE_AUX_LD, the D type); BGRADB writes
+// matrix (EPILOGUE_AUX_POINTER, leading dimension EPILOGUE_AUX_LD, the D type); DGELU multiplies
+// the fp32 value by the tanh-approximation GELU's derivative at the aux matrix's element (read
+// from the same place in the same layout: the GELU's input); BGRADB writes
 // bias[j] = sum over k of op(B)[k, j] (fp64 sum, then the bias type: D's) to BIAS_POINTER and
 // leaves D as without it (not scaled by alpha: the trainer passes alpha = 1). Before computing,
 // both calls refuse what the cuBLASLt documentation lists as unsupported, with the status cuBLASLt
@@ -15,7 +17,7 @@
 //    TN layout, the A/B and C/D type table, bias types, 16-byte alignment, in place, AMAX_D), so the
 //    stand-in and the trainer cannot disagree;
 //  - an epilogue that takes a bias (or writes its gradient) without BIAS_POINTER; GELU_AUX(_BIAS)
-//    without EPILOGUE_AUX_POINTER, or with EPILOGUE_AUX_LD below the rows of D or not a multiple
+//    or DGELU without EPILOGUE_AUX_POINTER, or with EPILOGUE_AUX_LD below the rows of D or not a multiple
 //    of 8, or an aux type other than D's; the aux and bias-gradient epilogues with fp8 (not
 //    modelled here);
 //  - with CUEMU_LT_REFUSE_EPILOGUES=1 (a test's knob), the aux and bias-gradient epilogues, as a
@@ -116,6 +118,7 @@ bool applies_gelu(cublasLtEpilogue_t e) {
            e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
 }
 bool writes_aux(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS; }
+bool uses_aux(cublasLtEpilogue_t e) { return writes_aux(e) || e == CUBLASLT_EPILOGUE_DGELU; }  // (DGELU reads it)
 
 // A call as llmc/cuda/fp8_rules.h judges it (the emulated device is sm_90).
 LtFp8Call fp8_call(const cuemuLtMatmulDesc* op, const cuemuLtLayout* a, const cuemuLtLayout* b, const cuemuLtLayout* c,
@@ -177,12 +180,12 @@ cublasStatus_t check_problem(const cuemuLtMatmulDesc* op, const cuemuLtLayout* a
     const cublasLtEpilogue_t e = op->epilogue;
     if ((adds_bias(e) || e == CUBLASLT_EPILOGUE_BGRADB) && !op->bias)
         return refuse(CUBLAS_STATUS_INVALID_VALUE, "bias or bias-gradient epilogue without a bias pointer");
-    if ((writes_aux(e) || e == CUBLASLT_EPILOGUE_BGRADB) && (is_fp8(ta) || is_fp8(tb)))
+    if ((uses_aux(e) || e == CUBLASLT_EPILOGUE_BGRADB) && (is_fp8(ta) || is_fp8(tb)))
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "aux or bias-gradient epilogue with fp8 (not emulated): " + combo);
     const char* knob = std::getenv("CUEMU_LT_REFUSE_EPILOGUES");
-    if ((writes_aux(e) || e == CUBLASLT_EPILOGUE_BGRADB) && knob && std::string(knob) == "1")
+    if ((uses_aux(e) || e == CUBLASLT_EPILOGUE_BGRADB) && knob && std::string(knob) == "1")
         return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "aux or bias-gradient epilogue (CUEMU_LT_REFUSE_EPILOGUES=1)");
-    if (writes_aux(e)) {
+    if (uses_aux(e)) {
         if (!op->aux) return refuse(CUBLAS_STATUS_INVALID_VALUE, "GELU aux epilogue without EPILOGUE_AUX_POINTER");
         if (op->aux_ld < (int64_t)m || op->aux_ld % 8 != 0)
             return refuse(CUBLAS_STATUS_INVALID_VALUE, "EPILOGUE_AUX_LD " + std::to_string(op->aux_ld) +
@@ -254,6 +257,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
                 case CUBLASLT_EPILOGUE_GELU_BIAS:
                 case CUBLASLT_EPILOGUE_GELU_AUX:
                 case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+                case CUBLASLT_EPILOGUE_DGELU:
                 case CUBLASLT_EPILOGUE_BGRADB: return st;
             }
             return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "epilogue not emulated");
@@ -363,6 +367,12 @@ static void lt_compute(const cuemuLtMatmulDesc& op, const cuemuLtLayout& a, cons
             if (aux) store(op.aux, d.type, (size_t)(i + j * op.aux_ld), v);
             if (applies_gelu(op.epilogue))
                 v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+            else if (op.epilogue == CUBLASLT_EPILOGUE_DGELU) {
+                const float x = (float)load(op.aux, d.type, (size_t)(i + j * op.aux_ld));
+                const float th = tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x));
+                v *= 0.5f * (1.0f + th) +
+                     0.5f * x * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+            }
             else if (op.epilogue == CUBLASLT_EPILOGUE_RELU || op.epilogue == CUBLASLT_EPILOGUE_RELU_BIAS)
                 v = v > 0.0f ? v : 0.0f;
             store(D, d.type, (size_t)(i + j * d.ld), is_fp8(d.type) ? v * dscale : v);
@@ -403,13 +413,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
     }
     if (op->bias && align_of(op->bias) < elem_size(op->bias_type_set ? op->bias_type : d->type))
         return refuse(CUBLAS_STATUS_INVALID_VALUE, "bias not aligned to its element");
-    if (writes_aux(op->epilogue) && align_of(op->aux) < elem_size(d->type))
+    if (uses_aux(op->epilogue) && align_of(op->aux) < elem_size(d->type))
         return refuse(CUBLAS_STATUS_INVALID_VALUE, "aux not aligned to its element");
     if (algo && op->bias && align_of(op->bias) < algo->data[4])
         return refuse(CUBLAS_STATUS_INVALID_VALUE, "the bias is " + std::to_string(align_of(op->bias)) +
                                                        "-byte aligned, the algorithm was chosen for " +
                                                        std::to_string(algo->data[4]));
-    if (algo && writes_aux(op->epilogue) && align_of(op->aux) < algo->data[5])
+    if (algo && uses_aux(op->epilogue) && align_of(op->aux) < algo->data[5])
         return refuse(CUBLAS_STATUS_INVALID_VALUE, "the aux is " + std::to_string(align_of(op->aux)) +
                                                        "-byte aligned, the algorithm was chosen for " +
                                                        std::to_string(algo->data[5]));

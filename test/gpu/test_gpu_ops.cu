@@ -490,6 +490,27 @@ void test_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, int bias
         if (has_bias) h.compare("matmul_backward.dbias", sh2, dbias);
         if (gelu) h.compare("matmul_backward.dout_after_gelu", sh2, dout);
     }
+    // the backward of a linear after the GELU (GPT-2's fc_proj, here with inp in its place): dinp
+    // through the GELU whose input is gin (CUDA: cuBLASLt's DGELU epilogue; under the emulator's
+    // second run, which refuses it, the GEMM and then the kernel)
+    if (gelu) {
+        const std::string sh3 = sh.substr(0, sh.size() - 1) + " dinp through a GELU]";
+        Pair dout = make(no), dinp = make(ni), dw = make(nw), gin = make(ni);
+        auto dout0 = h.rnd(no, 1.0f), dw0 = h.rnd(nw, 1.0f);
+        h.up(gin, h.rnd(ni, 1.5f));
+        h.up(dout, dout0), h.up(dw, dw0);
+        h.cpu.matmul_backward(dinp.c, dw.c, Tensor(), dout.c, inp.c, w.c, Tensor(), N, IC, OC, gin.c);
+        for (int rep = 0; rep < 2; rep++) {
+            h.up_gpu(dout, dout0), h.up_gpu(dw, dw0);
+            h.poison(dinp);
+            h.gpu.matmul_backward(dinp.g, dw.g, Tensor(), dout.g, inp.g, w.g, Tensor(), N, IC, OC, gin.g);
+            r[rep] = h.raw({dinp, dw, dout});
+        }
+        h.det("matmul_backward", sh3, r[0], r[1]);
+        h.compare("matmul_backward.dinp", sh3, dinp);
+        h.compare("matmul_backward.dw", sh3, dw);
+        h.compare("matmul_backward.dout_unchanged", sh3, dout);
+    }
 }
 
 // qkv [BT, NH + 2*NKV, HS] -> [BT, 3, NH, HS] with every key/value head repeated for the query

@@ -49,6 +49,7 @@ enum cublasLtEpilogue_t {
     CUBLASLT_EPILOGUE_GELU_BIAS = 36,
     CUBLASLT_EPILOGUE_GELU_AUX = 160,
     CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 164,
+    CUBLASLT_EPILOGUE_DGELU = 192,
     CUBLASLT_EPILOGUE_BGRADB = 512,
 };
 enum cublasLtMatmulPreferenceAttributes_t {
