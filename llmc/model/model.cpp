@@ -832,16 +832,17 @@ void Model::experts_backward(int l, LayerActs& L, Tensor dy, int e0, const std::
         Tensor xin = L.xperm.slice(r0 * C, n * C), pre = L.fch_pre.slice(r0 * PRE, n * PRE);
         Tensor act = L.fch_gelu.slice(r0 * Fe, n * Fe), dperm = dy.slice(r0 * C, n * C);
         Tensor dact = S.dfch.slice(r0 * Fe, n * Fe);
+        // (GELU: dact is the pre-activation's gradient, the GELU's backward in this GEMM, as the dense MLP's)
         ops.matmul_backward(dact, grad(FcOutW, l, e), block_.biases ? grad(FcOutB, l, e) : Tensor(), dperm, act,
-                            param(FcOutW, l, e), Tensor(), int(n), Fe, C);
+                            param(FcOutW, l, e), Tensor(), int(n), Fe, C, block_.swiglu ? Tensor() : pre);
         if (block_.swiglu) {  // the rows' input gradients overwrite their output gradients, already used
             Tensor dpre = S.dpre.slice(r0 * PRE, n * PRE);
             ops.swiglu_backward(dpre, dact, pre, int(n), Fe);
             ops.matmul_backward(dperm, grad_span(GateW, UpW, l, e), Tensor(), dpre, xin, param_span(GateW, UpW, l, e),
                                 Tensor(), int(n), C, 2 * Fe);
         } else {
-            ops.matmul_backward(dperm, grad(FcW, l, e), grad(FcB, l, e), dact, xin, param(FcW, l, e), pre, int(n), C,
-                                Fe);
+            ops.matmul_backward(dperm, grad(FcW, l, e), grad(FcB, l, e), dact, xin, param(FcW, l, e), Tensor(), int(n),
+                                C, Fe);
         }
     }
 }
