@@ -19,7 +19,7 @@
 
 # test_gpu's filters, in the order they run (test/e2e/test_gpu_check_list.sh checks this list
 # against test/gpu/test_gpu_ops.cu)
-TEST_GPU_FILTERS="ptx encoder encoder_slice layernorm residual matmul attention attention_gqa attention_mt2 rmsnorm rope
+TEST_GPU_FILTERS="ptx encoder encoder_slice layernorm residual matmul attention attention_gqa attention_mt2 attention_bwd32 rmsnorm rope
 attention_ring swiglu moe cross_entropy cross_entropy_vp adamw sum_squares step_ops step_graph offload reference model_step fp8"
 QUICK_STEPS=${QUICK_STEPS:-10}
 
@@ -338,7 +338,7 @@ stage_kernels() {
     set -- $ATTN_SHAPES
     while [ $# -ge 4 ]; do
         b=$1; t=$2; nh=$3; hs=$4; shift 4
-        for v in "forward 4" "forward 5" "backward 3" "backward 4"; do
+        for v in "forward 4" "forward 5" "backward 3" "backward 4" "backward 5"; do
             kind=${v% *}; ver=${v#* }
             log="$WORK/attention_${kind}_v${ver}_B${b}_T${t}_NH${nh}_HS${hs}.log"
             step "attention $kind v$ver B=$b T=$t NH=$nh HS=$hs" 60 dev/cuda/attention_$kind "$ver" "$b" "$t" "$nh" "$hs" >"$log" 2>&1

@@ -416,9 +416,12 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
     return true;
 }
 
-// dev/cuda's attention_backward v3/v4: 16 or 32 rows a warp in both kernels for head sizes up to
-// 64 (0: the backend's choice, 32).
+// dev/cuda's attention_backward v3/v4/v5: 16 or 32 rows a warp in both kernels for head sizes up
+// to 64 (0: the backend's choice, 32); and the tile: 32 takes the 32-row tiles that a device short
+// of shared memory runs (sm_86/sm_89's 99 KiB at head size 128), 0 the 64-row ones where they fit
+// (v5, and test_gpu's attention_bwd32, which so covers that way on any device).
 inline int g_bwd_rows_per_warp = 0;
+inline int g_bwd_tile = 0;
 
 // dK, dV and dQ by the flash kernels when they cover HS and the device's shared memory holds
 // their tiles (64 rows, else 32); false (nothing launched): the caller takes attention.cuh's.
@@ -431,17 +434,17 @@ bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
                      SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st) {
 #define LLMC_FLASH_BWD(HSV, BT, MT) \
     try_backward<HSV, BT, MT>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, accumulate, st)
-    const bool two = g_bwd_rows_per_warp != 16;
+    const bool two = g_bwd_rows_per_warp != 16, wide = g_bwd_tile != 32;
     switch (HS) {
         case 32:
             return (two && LLMC_FLASH_BWD(32, 32, 2)) ||
-                   LLMC_FLASH_BWD(32, 64, 1) || LLMC_FLASH_BWD(32, 32, 1);
+                   (wide && LLMC_FLASH_BWD(32, 64, 1)) || LLMC_FLASH_BWD(32, 32, 1);
         case 64:
             return (two && LLMC_FLASH_BWD(64, 32, 2)) ||
-                   LLMC_FLASH_BWD(64, 64, 1) || LLMC_FLASH_BWD(64, 32, 1);
-        case 80: return LLMC_FLASH_BWD(80, 64, 1) || LLMC_FLASH_BWD(80, 32, 1);
-        case 96: return LLMC_FLASH_BWD(96, 64, 1) || LLMC_FLASH_BWD(96, 32, 1);
-        case 128: return LLMC_FLASH_BWD(128, 64, 1) || LLMC_FLASH_BWD(128, 32, 1);
+                   (wide && LLMC_FLASH_BWD(64, 64, 1)) || LLMC_FLASH_BWD(64, 32, 1);
+        case 80: return (wide && LLMC_FLASH_BWD(80, 64, 1)) || LLMC_FLASH_BWD(80, 32, 1);
+        case 96: return (wide && LLMC_FLASH_BWD(96, 64, 1)) || LLMC_FLASH_BWD(96, 32, 1);
+        case 128: return (wide && LLMC_FLASH_BWD(128, 64, 1)) || LLMC_FLASH_BWD(128, 32, 1);
         default: return false;
     }
 #undef LLMC_FLASH_BWD

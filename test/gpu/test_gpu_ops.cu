@@ -43,6 +43,7 @@
 #include "llmc/parallel/context_parallel.h"
 #include "llmc/cuda/common.cuh"
 #include "llmc/cuda/flash_attention.cuh"
+#include "llmc/cuda/flash_backward.cuh"
 #include "llmc/cuda/ptx.cuh"
 #include "llmc/model/model.h"
 #include "llmc/backend/ops.h"
@@ -1967,6 +1968,14 @@ int main(int argc, char** argv) {
                 test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
         });
         flash::g_fwd_rows_per_warp = 0;
+        // the flash backward's 32-row tiles, 16 rows a warp: what a device short of shared memory
+        // (sm_86/sm_89 at head size 128) runs, and dev/cuda/attention_backward v5
+        flash::g_bwd_rows_per_warp = 16, flash::g_bwd_tile = 32;
+        run("attention", "attention_bwd32", [&](const C& c) {
+            if (c.dims[1] <= 257 && c.dims[4] % 16 == 0 && c.dims[4] >= 32 && c.dims[4] <= 128)
+                test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
+        });
+        flash::g_bwd_rows_per_warp = 0, flash::g_bwd_tile = 0;
         run("rmsnorm", "rmsnorm", [&](const C& c) { test_rmsnorm(h, c.dims[0], c.dims[1], c.x); });
         run("rope", "rope", [&](const C& c) {
             test_rope(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.x, SeqPositions());
