@@ -361,7 +361,7 @@ TEST_CASE("fp8: the backend's scaling state steps as the host's and checkpoints 
         const int n = host.size(), H = host.image_history();
         CHECK(H == (std::string(recipe) == "delayed" ? 3 : 0));
         // the device image, as Fp8Converter lays it out, over host memory (the CPU backend's)
-        std::vector<float> scale(n), hist(size_t(n) * H), amax(n), word(1);
+        std::vector<float> scale(n), hist(size_t(n) * H), amax(n), word(1), inv(size_t(n) * kFp8InvStride, -1.0f);
         std::vector<uint32_t> overflows(n, 0);
         std::vector<double> wide(n);
         start.export_image(scale.data(), hist.data());
@@ -369,7 +369,7 @@ TEST_CASE("fp8: the backend's scaling state steps as the host's and checkpoints 
         Fp8Device d;
         d.n = n, d.history = H, d.margin = opt.margin, d.hybrid = opt.hybrid;
         d.amax = amax.data(), d.scale = scale.data(), d.hist = hist.data(), d.overflows = overflows.data();
-        d.wide = wide.data();
+        d.wide = wide.data(), d.inv = inv.data();
         CpuOps ops;
         std::mt19937 rng(11);
         std::uniform_real_distribution<float> ud(0.01f, 100.0f);
@@ -386,9 +386,15 @@ TEST_CASE("fp8: the backend's scaling state steps as the host's and checkpoints 
             if (step == 3) CHECK(wide[8] > double(0x7F800000u));  // NaN stays above inf and every finite amax
             ops.fp8_update_scales(d, widened, word.data());
             CHECK(word[0] == float(bad));
+            bool inv_ok = true;  // 1/scale beside every scale, for the delayed casts' GEMMs
+            for (int i = 0; i < n; ++i) inv_ok = inv_ok && inv[size_t(i) * kFp8InvStride] == 1.0f / scale[i];
+            CHECK(inv_ok);
             // every cast of the model reads the backend's scale where it is given one
-            const Fp8Cast c = host.cast(1, Fp8Linear::Fc, Fp8Operand::Weight, nullptr, scale.data());
+            const Fp8Cast c = host.cast(1, Fp8Linear::Fc, Fp8Operand::Weight, nullptr, scale.data(), inv.data());
             CHECK(c.scale_at == scale.data() + Fp8State::index(1, Fp8Linear::Fc, Fp8Operand::Weight));
+            // (the current recipe computes its own scale: no inverse to take)
+            CHECK(c.inv_at == (c.current ? nullptr : inv.data() + kFp8InvStride * Fp8State::index(1, Fp8Linear::Fc,
+                                                                                                   Fp8Operand::Weight)));
             CHECK(*c.scale_at == host.scale(1, Fp8Linear::Fc, Fp8Operand::Weight).scale());
         }
         CHECK(host.overflow_events() == 3);

@@ -108,8 +108,10 @@ __global__ void update_scales_kernel(Fp8Device d, bool from_wide, float* step_ov
     __syncthreads();
     for (int i = threadIdx.x; i < d.n; i += blockDim.x) {
         const float a = from_wide ? __uint_as_float((unsigned)d.wide[i]) : d.amax[i];
-        if (!fp8_update_one(a, d.scale + i, d.hist + (size_t)i * d.history, d.history, fp8_format_of(i, d.hybrid),
-                            d.margin)) {
+        const bool ok = fp8_update_one(a, d.scale + i, d.hist + (size_t)i * d.history, d.history,
+                                       fp8_format_of(i, d.hybrid), d.margin);
+        if (d.inv) d.inv[(size_t)i * kFp8InvStride] = 1.0f / d.scale[i];
+        if (!ok) {
             d.overflows[i] += 1;
             atomicAdd(&bad, 1);
         }
@@ -407,13 +409,13 @@ public:
         const bool bf = out.dtype == DType::BF16;
         auto* qi = (__nv_fp8_storage_t*)buf(0, (size_t)N * IC, stream);
         auto* qw = (__nv_fp8_storage_t*)buf(1, (size_t)OC * IC, stream);
-        const float* si = cast(ci, inp, N, IC, qi, nullptr, 0, stream);
-        const float* sw = cast(cw, w, OC, IC, qw, nullptr, 1, stream);
+        const CastScales si = cast(ci, inp, N, IC, qi, nullptr, 0, stream);
+        const CastScales sw = cast(cw, w, OC, IC, qw, nullptr, 1, stream);
         void* dst = gelu ? pre_gelu.ptr : out.ptr;
         // column-major dst^T[OC, N] = w (IC x OC, transposed) x inp^T (IC x N): TN with k = IC
         const bool epi = bf && bias.ptr && ((uintptr_t)bias.ptr % 16 == 0);
-        Fp8GemmArgs g{dst, bf, epi ? bias.ptr : nullptr, qw, cw.format, sw + kInvScale, qi, ci.format,
-                      si + kInvScale, OC, N, IC, false, true};
+        Fp8GemmArgs g{dst, bf, epi ? bias.ptr : nullptr, qw, cw.format, sw.inv, qi, ci.format, si.inv, OC, N, IC,
+                      false, true};
         gemm(g, out.dtype, epi ? nullptr : bias.ptr, "matmul_forward_fp8", stream);
         if (gelu) {
             const long long n = (long long)N * OC;
@@ -442,17 +444,17 @@ public:
         auto* qwT = (__nv_fp8_storage_t*)buf(1, (size_t)OC * IC, stream);
         auto* qd = (__nv_fp8_storage_t*)buf(2, (size_t)N * OC, stream);
         auto* qdT = (__nv_fp8_storage_t*)buf(3, (size_t)N * OC, stream);
-        const float* sd = cast(cd, dout, N, OC, dinp.ptr ? qd : nullptr, qdT, 2, stream);
-        const float* si = cast(ci, inp, N, IC, nullptr, qiT, 0, stream);
+        const CastScales sd = cast(cd, dout, N, OC, dinp.ptr ? qd : nullptr, qdT, 2, stream);
+        const CastScales si = cast(ci, inp, N, IC, nullptr, qiT, 0, stream);
         if (dinp.ptr) {
-            const float* sw = cast(cw, w, OC, IC, nullptr, qwT, 1, stream);
+            const CastScales sw = cast(cw, w, OC, IC, nullptr, qwT, 1, stream);
             // column-major dinp^T[IC, N] = w^T stored [IC][OC] (k = OC) x dout^T (OC x N)
-            gemm(Fp8GemmArgs{dinp.ptr, bf, nullptr, qwT, cw.format, sw + kInvScale, qd, cd.format, sd + kInvScale,
+            gemm(Fp8GemmArgs{dinp.ptr, bf, nullptr, qwT, cw.format, sw.inv, qd, cd.format, sd.inv,
                              IC, N, OC, false, false},
                  dout.dtype, nullptr, "matmul_backward_fp8 (dinp)", stream);
         }
         // column-major dw (IC x OC) += inp^T stored [IC][N] (k = N) x dout stored [OC][N]
-        gemm(Fp8GemmArgs{dw.ptr, bf, nullptr, qiT, ci.format, si + kInvScale, qdT, cd.format, sd + kInvScale, IC,
+        gemm(Fp8GemmArgs{dw.ptr, bf, nullptr, qiT, ci.format, si.inv, qdT, cd.format, sd.inv, IC,
                          OC, N, true, false},
              dout.dtype, nullptr, "matmul_backward_fp8 (dw)", stream);
     }
@@ -521,9 +523,15 @@ private:
     }
 
     // Casts x [rows, cols] into out and/or outT with cast c; `slot` (0..2) owns the scale pair
-    // and amax scratch. Returns the device pointer to s (1/s at + kInvScale).
-    const float* cast(const Fp8Cast& c, Tensor x, int rows, int cols, __nv_fp8_storage_t* out,
-                      __nv_fp8_storage_t* outT, int slot, cudaStream_t stream) {
+    // and amax scratch. Returns the device pointers to s and 1/s: a delayed cast given both
+    // (Fp8Cast::scale_at, inv_at: the trainer's scaling state) uses them as they are, with no
+    // scale kernel; otherwise scale_kernel writes them into the slot.
+    struct CastScales {
+        const float* s;
+        const float* inv;
+    };
+    CastScales cast(const Fp8Cast& c, Tensor x, int rows, int cols, __nv_fp8_storage_t* out,
+                    __nv_fp8_storage_t* outT, int slot, cudaStream_t stream) {
         LLMC_ASSERT(x.n >= (size_t)rows * cols && x.ptr, "fp8 cast: tensor too small");
         LLMC_ASSERT(slot >= 0 && slot < kScaleSlots, "fp8 cast: scale slot out of range");
         const size_t small_words = size_t(kScaleSlots + 1) * kScaleSlot;  // the slots, then the amax words
@@ -534,6 +542,15 @@ private:
         LLMC_ASSERT(c.scale_at || (c.scale > 0.0f && fp8_is_finite(c.scale)),
                     strfmt("fp8: scale must be finite and positive, got %g", c.scale));
         const long long n = (long long)rows * cols;
+        if (!c.current && c.scale_at && c.inv_at) {
+            LLMC_ASSERT((uintptr_t)c.inv_at % 16 == 0, "fp8 cast: inv_at must be 16-byte aligned (a cuBLASLt scale pointer)");
+            with_type(x.dtype, [&](auto tag) {
+                using T = decltype(tag);
+                launch_cast<T>(out, outT, record, (const T*)x.ptr, c.scale_at, rows, cols, c.format, stream);
+            });
+            CUDA_CHECK_LAUNCH();
+            return {c.scale_at, c.inv_at};
+        }
         with_type(x.dtype, [&](auto tag) {
             using T = decltype(tag);
             const T* xp = (const T*)x.ptr;
@@ -552,7 +569,7 @@ private:
             launch_cast<T>(out, outT, c.current ? nullptr : record, xp, sc, rows, cols, c.format, stream);
             CUDA_CHECK_LAUNCH();
         });
-        return sc;
+        return {sc, sc + kInvScale};
     }
 
     // grow-only scratch, one per slot: 0 inp casts, 1 weight casts, 2/3 dout casts, 4 the fp32

@@ -572,8 +572,8 @@ void Model::linear_forward(int l, Fp8Linear lin, Tensor out, Tensor pre_gelu, Te
         return;
     }
     ops.matmul_forward_fp8(out, pre_gelu, inp, w, bias, N, IC, OC, gelu,
-                           fp8_->cast(l, lin, Fp8Operand::Input, fp8_amax_, fp8_scale_),
-                           fp8_->cast(l, lin, Fp8Operand::Weight, fp8_amax_, fp8_scale_));
+                           fp8_->cast(l, lin, Fp8Operand::Input, fp8_amax_, fp8_scale_, fp8_inv_),
+                           fp8_->cast(l, lin, Fp8Operand::Weight, fp8_amax_, fp8_scale_, fp8_inv_));
 }
 
 void Model::linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp,
@@ -584,9 +584,9 @@ void Model::linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor
     }
     LLMC_ASSERT(!dinp_gelu, "linear_backward: fp8 takes the GELU's backward in the next linear (pre_gelu)");
     ops.matmul_backward_fp8(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC,
-                            fp8_->cast(l, lin, Fp8Operand::GradOutput, fp8_amax_, fp8_scale_),
-                            fp8_->cast(l, lin, Fp8Operand::Input, nullptr, fp8_scale_),
-                            fp8_->cast(l, lin, Fp8Operand::Weight, nullptr, fp8_scale_));
+                            fp8_->cast(l, lin, Fp8Operand::GradOutput, fp8_amax_, fp8_scale_, fp8_inv_),
+                            fp8_->cast(l, lin, Fp8Operand::Input, nullptr, fp8_scale_, fp8_inv_),
+                            fp8_->cast(l, lin, Fp8Operand::Weight, nullptr, fp8_scale_, fp8_inv_));
 }
 
 // The family's norm: LayerNorm (weight and bias) or RMSNorm (weight only, fp32 statistics).

@@ -235,11 +235,12 @@ public:
     }
 
     // fp8 linears: the casts of `state`'s formats and recipe, recording into amax and reading
-    // their scales from scale (backend arrays of state->size() floats: Fp8Device)
-    void set_fp8(const Fp8State* state, float* amax, const float* scale) {
+    // their scales from scale and inv (backend arrays: Fp8Device)
+    void set_fp8(const Fp8State* state, float* amax, const float* scale, const float* inv) {
         fp8_ = state;
         fp8_amax_ = amax;
         fp8_scale_ = scale;
+        fp8_inv_ = inv;
     }
 
 private:
@@ -330,6 +331,7 @@ private:
     const Fp8State* fp8_ = nullptr;
     float* fp8_amax_ = nullptr;
     const float* fp8_scale_ = nullptr;
+    const float* fp8_inv_ = nullptr;
     void linear_forward(int l, Fp8Linear lin, Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N,
                         int IC, int OC, bool gelu);
     void linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,

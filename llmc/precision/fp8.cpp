@@ -124,13 +124,15 @@ Fp8State::Fp8State(int n_layer, const Fp8Options& opt) : n_layer_(n_layer), opt_
             }
 }
 
-Fp8Cast Fp8State::cast(int layer, Fp8Linear lin, Fp8Operand op, float* amax_array, const float* scale_array) const {
+Fp8Cast Fp8State::cast(int layer, Fp8Linear lin, Fp8Operand op, float* amax_array, const float* scale_array,
+                       const float* inv_array) const {
     LLMC_ASSERT(layer >= 0 && layer < n_layer_, "fp8: layer out of range");
     const int i = index(layer, lin, op);
     Fp8Cast c = scales_[i].cast(amax_array ? amax_array + i : nullptr);
     if (scale_array) {
         c.scale = 1.0f;  // not read: the op reads scale_at (and the value stays alike step to step)
         c.scale_at = scale_array + i;
+        if (inv_array && !c.current) c.inv_at = inv_array + (size_t)i * kFp8InvStride;
     }
     return c;
 }

@@ -161,10 +161,16 @@ struct Fp8Cast {
     // the trainer's casts read the state's device image, so a queued or graphed step sees the
     // scale of its own time and the host passes no per-step value
     const float* scale_at = nullptr;
+    // with scale_at, the delayed recipe: 1/scale there too (16-byte aligned: it is a cuBLASLt scale
+    // pointer, llmc/cuda/fp8_rules.h rule 11), so that the op computes neither (CUDA: no scale kernel)
+    const float* inv_at = nullptr;
     bool current = false;   // current recipe: s = fp8_scale_from_amax(this tensor's amax, format, margin, scale)
     int margin = 0;         // used by the current recipe (the delayed scale already includes it)
     float* amax = nullptr;  // backend memory, or nullptr: *amax = max(*amax, max|x|), ordered as fp8_abs_bits
 };
+
+// Fp8Device::inv's stride: one 16-byte aligned float a tensor (cuBLASLt's scale pointers)
+constexpr int kFp8InvStride = 4;
 
 // A model's scaling state in backend memory (the trainer's fp8 converter owns it; Fp8State
 // exports to and imports from it): n tensors in Fp8State::index order.
@@ -175,6 +181,7 @@ struct Fp8Device {
     bool hybrid = true;  // formats: fp8_format_of(i, hybrid)
     float* amax = nullptr;         // [n] the step's amaxes, recorded by the ops (fp8_abs_bits order)
     float* scale = nullptr;        // [n] the casts' scales (Fp8Cast::scale_at)
+    float* inv = nullptr;          // [n * kFp8InvStride] 1 / scale, every kFp8InvStride floats (may be nullptr)
     float* hist = nullptr;         // [n * history] each tensor's last amaxes, oldest first
     uint32_t* overflows = nullptr; // [n] overflow events since the image was imported
     double* wide = nullptr;        // [n] the amaxes' fp8_abs_bits as doubles, for a reduction over ranks
@@ -251,8 +258,9 @@ public:
     // The cast for one operand this step; amax_array = the backend array of size() floats
     // (nullptr: record nothing); scale_array (may be nullptr: this state's own scales) = the
     // device image's scales (Fp8Device::scale), which the op then reads.
-    Fp8Cast cast(int layer, Fp8Linear lin, Fp8Operand op, float* amax_array,
-                 const float* scale_array = nullptr) const;
+    // inv_array (may be nullptr): the image's 1/scale (Fp8Device::inv), given to delayed casts.
+    Fp8Cast cast(int layer, Fp8Linear lin, Fp8Operand op, float* amax_array, const float* scale_array = nullptr,
+                 const float* inv_array = nullptr) const;
     // Once per optimizer step, with the host copy of the amax array (size() floats).
     // Returns the number of non-finite amaxes (overflow events) in this update.
     int update(const float* amaxes);

@@ -56,12 +56,14 @@ public:
         need(qkv, strfmt("(n_head + 2 n_kv_head) x head_dim / parallel.tp = %ld", qkv), "model.d_model or parallel.tp");
         need(Cl, strfmt("model.d_model / parallel.tp = %ld / %d", C, tp), "model.d_model or parallel.tp");
         need(F, strfmt("the MLP width / parallel.tp = %d / %d", s.ffn(), tp), "model.ffn_dim or parallel.tp");
-        // one block: [scale n][hist n H][overflows n] (the image, uploaded and read back as one), [amax n], [wide n]
-        const size_t n = size_t(state_.size()), H = size_t(state_.image_history());
+        // one block: [inv n x kFp8InvStride] (first: 16-byte aligned), then [scale n][hist n H][overflows
+        // n] (the image, uploaded and read back as one), [amax n], [wide n]
+        const size_t n = size_t(state_.size()), H = size_t(state_.image_history()), inv = n * kFp8InvStride;
         image_floats_ = n * (H + 2);
-        const size_t wide_at = ((image_floats_ + n) * sizeof(float) + 7) / 8 * 8;
+        const size_t wide_at = ((inv + image_floats_ + n) * sizeof(float) + 7) / 8 * 8;
         block_ = static_cast<char*>(ops.alloc(wide_at + n * sizeof(double)));
-        float* f = reinterpret_cast<float*>(block_);
+        dev_.inv = reinterpret_cast<float*>(block_);
+        float* f = dev_.inv + inv;
         dev_.n = int(n);
         dev_.history = int(H);
         dev_.margin = opt_.margin;
@@ -84,9 +86,10 @@ public:
                       delayed ? "delayed" : "current", delayed ? strfmt(", history %d", opt_.amax_history).c_str() : "",
                       opt_.margin, dtype_name(rest_), device_ == "cpu" ? " (fp8 emulated exactly on the CPU)" : "");
     }
-    void apply(Model& model) override { model.set_fp8(&state_, dev_.amax, dev_.scale); }
+    void apply(Model& model) override { model.set_fp8(&state_, dev_.amax, dev_.scale, dev_.inv); }
     std::vector<MemoryRow> memory_rows() const override {
-        return {{"fp8 scaling", image_floats_ * sizeof(float) + size_t(dev_.n) * (sizeof(float) + sizeof(double)),
+        return {{"fp8 scaling",
+                 (image_floats_ + size_t(dev_.n) * (kFp8InvStride + 1)) * sizeof(float) + size_t(dev_.n) * sizeof(double),
                  strfmt("  (%d layers x 4 linears x 3 operands: amaxes, scales%s)", state_.size() / 12,
                         dev_.history ? strfmt(", %d-step amax histories", dev_.history).c_str() : "")}};
     }
@@ -142,12 +145,15 @@ public:
     }
 
 private:
-    // the backend's image := s's scales and histories, its overflow counters 0 (s keeps the count so far)
+    // the backend's image := s's scales and histories (and 1/scale), its overflow counters 0 (s keeps
+    // the count so far)
     void upload(const Fp8State& s) {
-        std::vector<float> img(image_floats_, 0.0f);
         const size_t n = size_t(dev_.n);
-        s.export_image(img.data(), img.data() + n);
-        ops_.from_host_bytes(dev_.scale, img.data(), img.size() * sizeof(float));
+        std::vector<float> img(n * kFp8InvStride + image_floats_, 0.0f);
+        float* im = img.data() + n * kFp8InvStride;
+        s.export_image(im, im + n);
+        for (size_t i = 0; i < n; i++) img[i * kFp8InvStride] = 1.0f / im[i];  // as fp8_update_scales writes it
+        ops_.from_host_bytes(dev_.inv, img.data(), img.size() * sizeof(float));
     }
     Ops& ops_;
     Fp8Options opt_;

@@ -48,7 +48,7 @@ within "$m8" "$m32" 0.02 "mean of the last 10 losses, fp8 vs fp32"
 grep -q 'precision fp8: linears fp8 (e4m3/e5m2, delayed, history 16, margin 0), rest fp32 (fp8 emulated exactly on the CPU)' \
     "$W/fp8.txt" || die "no precision line: $(head -n 1 "$W/fp8.txt")"
 grep -q 'parameters .*(fp32; block linears compute in fp8)' "$W/fp8.txt" || die "memory table: no fp8 note"
-grep -q 'fp8 scaling .* 4032 B  (4 layers x 4 linears x 3 operands: amaxes, scales, 16-step amax histories)' "$W/fp8.txt" || die "memory table: no fp8 scaling row"
+grep -q 'fp8 scaling .* 4800 B  (4 layers x 4 linears x 3 operands: amaxes, scales, 16-step amax histories)' "$W/fp8.txt" || die "memory table: no fp8 scaling row"
 [ "$(grep -c '^step .*| fp8 linears' "$W/fp8.txt")" -eq 200 ] || die "step lines do not say fp8"
 [ "$(grep -c '"fp8_overflows":0' "$W/fp8/log.jsonl")" -eq 200 ] || die "log.jsonl: no fp8_overflows per step"
 grep -q 'precision fp32 |' "$W/fp32.txt" || die "the fp32 run's start-up line changed"

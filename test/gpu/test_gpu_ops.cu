@@ -1477,11 +1477,12 @@ void test_fp8_scales(H& h) {
         cfg.margin = 1;
         Fp8State host(25, fp8_options(cfg));
         const int n = host.size(), H = host.image_history();
-        // the image as Fp8Converter lays it out: scale, hist, overflows, amax, word, then the doubles
-        const size_t fl = size_t(n) * (H + 3) + 1, wide_at = (fl * 4 + 7) / 8 * 8;
+        // the image as Fp8Converter lays it out: inv, scale, hist, overflows, amax, word, the doubles
+        const size_t ni = size_t(n) * kFp8InvStride, fl = ni + size_t(n) * (H + 3) + 1, wide_at = (fl * 4 + 7) / 8 * 8;
         char* block = static_cast<char*>(h.gpu.alloc(wide_at + size_t(n) * 8));
-        float* f = reinterpret_cast<float*>(block);
+        float* f = reinterpret_cast<float*>(block) + ni;
         Fp8Device d;
+        d.inv = reinterpret_cast<float*>(block);
         d.n = n, d.history = H, d.margin = 1, d.hybrid = true;
         d.scale = f, d.hist = f + n, d.overflows = reinterpret_cast<uint32_t*>(f + size_t(n) * (H + 1));
         d.amax = f + size_t(n) * (H + 2);
@@ -1509,7 +1510,12 @@ void test_fp8_scales(H& h) {
             h.gpu.to_host_bytes(got.data(), f, img.size() * 4);
             h.gpu.to_host_bytes(&got[img.size()], word, 4);
             host.export_image(want.data(), want.data() + n);
-            const bool ok = std::memcmp(got.data(), want.data(), size_t(n) * (H + 1) * 4) == 0 && got[img.size()] == bad;
+            std::vector<float> inv(ni);
+            h.gpu.to_host_bytes(inv.data(), d.inv, ni * 4);
+            bool inv_ok = true;  // 1/scale beside every scale (the delayed casts' GEMM scale pointers)
+            for (int i = 0; i < n; i++) inv_ok = inv_ok && inv[size_t(i) * kFp8InvStride] == 1.0f / want[i];
+            const bool ok = std::memcmp(got.data(), want.data(), size_t(n) * (H + 1) * 4) == 0 && got[img.size()] == bad &&
+                            inv_ok;
             if (!ok && same) first = strfmt("step %d: overflows %g (want %d)", step, got[img.size()], bad);
             same = same && ok;
             if (step == 6) {  // the overflow counters: one for each non-finite amax, on its tensor
@@ -1520,13 +1526,18 @@ void test_fp8_scales(H& h) {
             }
         }
         report(same, "fp8_update_scales.equals_host_state", sh, first);
-        // a cast with scale_at = the same scale in backend memory: the same outputs and amaxes
+        // a cast with scale_at = the same scale in backend memory (and, delayed, inv_at = its inverse:
+        // no scale kernel): the same outputs and amaxes
         const int N = 32, IC = 64, OC = 48;
         Pair inp = h.make((size_t)N * IC), w = h.make((size_t)OC * IC), out = h.make((size_t)N * OC), amax = h.make(2, true);
         h.up(inp, h.rnd((size_t)N * IC, 1.0f));
         h.up(w, h.rnd((size_t)OC * IC, 0.1f));
         const float scales[2] = {37.5f, 1024.0f};
         h.gpu.from_host_bytes(d.scale, scales, sizeof(scales));
+        for (int i = 0; i < 2; i++) {
+            const float v = 1.0f / scales[i];
+            h.gpu.from_host_bytes(d.inv + i * kFp8InvStride, &v, sizeof(v));
+        }
         std::vector<uint8_t> r[2];
         for (int by_pointer = 0; by_pointer < 2; by_pointer++) {
             h.up_gpu(amax, {0.0f, 0.0f});
@@ -1535,6 +1546,7 @@ void test_fp8_scales(H& h) {
             ci.current = cw.current = std::string(recipe) == "current";
             ci.amax = amax.g.f32(), cw.amax = amax.g.f32() + 1;
             if (by_pointer) ci.scale_at = d.scale, cw.scale_at = d.scale + 1;  // (ci.scale, cw.scale stay 1: unread)
+            if (by_pointer && !ci.current) ci.inv_at = d.inv, cw.inv_at = d.inv + kFp8InvStride;
             else ci.scale = scales[0], cw.scale = scales[1];
             h.gpu.matmul_forward_fp8(out.g, Tensor(), inp.g, w.g, Tensor(), N, IC, OC, false, ci, cw);
             r[by_pointer] = h.raw({out, amax});
