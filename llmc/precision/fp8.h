@@ -265,7 +265,6 @@ public:
     // Returns the number of non-finite amaxes (overflow events) in this update.
     int update(const float* amaxes);
     uint64_t overflow_events() const;  // since the start of training (saved in checkpoints)
-    const Fp8Options& options() const { return opt_; }
 
     // The device image (Fp8Device) in host arrays: scale[size()], hist[size() * history] (history
     // = the delayed recipe's amax_history, else 0); import adds the image's overflow counters.
