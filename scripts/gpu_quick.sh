@@ -338,7 +338,7 @@ stage_kernels() {
     set -- $ATTN_SHAPES
     while [ $# -ge 4 ]; do
         b=$1; t=$2; nh=$3; hs=$4; shift 4
-        for v in "forward 4" "forward 5" "backward 3" "backward 4" "backward 5"; do
+        for v in "forward 4" "forward 5" "backward 3" "backward 4" "backward 5" "backward 6"; do
             kind=${v% *}; ver=${v#* }
             log="$WORK/attention_${kind}_v${ver}_B${b}_T${t}_NH${nh}_HS${hs}.log"
             step "attention $kind v$ver B=$b T=$t NH=$nh HS=$hs" 60 dev/cuda/attention_$kind "$ver" "$b" "$t" "$nh" "$hs" >"$log" 2>&1

@@ -10,6 +10,8 @@
 //   5: 16 rows a warp over 32-row tiles (the way a device short of shared memory takes, e.g.
 //      sm_86 at head size 128): half of v3's S and dP accumulators a warp (at head size 128 the
 //      dK/dV kernel holds 128 accumulator registers for dK and dV alone), twice the tile steps
+//   6: v3's 64-row tiles, 16 rows a warp, the dK/dV kernel taking each query tile in two passes of
+//      32 columns (head sizes 64 and 128; v5's live S^T and dP^T accumulators with v3's barriers)
 //
 // Lab notebook (causal, bf16; FLOPs as FlashAttention counts them: 2.5 x the forward's 4 B NH HS T^2 / 2):
 //   v2  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): dQ 48.1 ms and dK/dV
@@ -42,7 +44,10 @@
 //       thread (dK/dV, dQ): HS 64 v3 235, 168; v4 255, 250; v5 168, 161: v5 alone fits three
 //       blocks of 4 warps an SM (12 warps to hide the mma and ldmatrix latencies, against 8; its
 //       shared memory 37 KiB a block); HS 128 v3 255 with 8 bytes spilled, 251; v5 247, 242, no spill.
-//   To measure: make -C dev/cuda attention_backward && for v in 2 3 4 5; do
+//   v6  not yet measured (written 2026-11-27 with v5, for the same question). ptxas sm_90 bf16
+//       dK/dV: HS 64 168 (4 bytes spilled: bounded to three blocks an SM, 170 without, which
+//       ptxas's allocation rounds to 176, room for two); HS 128 247, no spill (v3's 255).
+//   To measure: make -C dev/cuda attention_backward && for v in 2 3 4 5 6; do
 //     ./dev/cuda/attention_backward $v 8 1024 32 64; ./dev/cuda/attention_backward $v 8 1024 16 128; done
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
@@ -68,8 +73,9 @@ static bool run_version(const std::vector<float>& qkv, const std::vector<float>&
 int main(int argc, char** argv) {
     int version = kernel_arg(argc, argv, 3);
     attn::g_flash_backward = version >= 3;
-    flash::g_bwd_rows_per_warp = version == 3 || version == 5 ? 16 : 0;
+    flash::g_bwd_rows_per_warp = version == 3 || version >= 5 ? 16 : 0;
     flash::g_bwd_tile = version == 5 ? 32 : 0;
+    flash::g_bwd_pass = version == 6 ? 32 : 0;
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_backward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);

@@ -10,8 +10,8 @@
 //    P^T (dP^T - D), then dV += P^T dO and dK += dS^T Q with P^T, dS^T rounded straight from the
 //    accumulators into A registers (dO, Q by ldmatrix.trans). The query tiles stream through a
 //    cp.async double buffer in a fixed order: the heads of the group in order, each from the
-//    first query tile that sees the key tile to the last. Heaviest key tiles (the first, under
-//    the causal mask) first.
+//    first query tile that sees the key tile to the last (a tile's columns in passes of QH where
+//    asked: g_bwd_pass). Heaviest key tiles (the first, under the causal mask) first.
 //  - dQ: one block per (query tile of 64 MT rows, head, batch), each warp MT m-tiles of 16 query
 //    rows (MT 2 up to head size 64, as dK/dV's), as the forward: S = Q K^T, dP = dO V^T, dS =
 //    P (dP - D), dQ += dS K (K by ldmatrix.trans), key tiles in order.
@@ -45,14 +45,19 @@ __device__ __forceinline__ void store_pair(E* p, float x, float y, bool accumula
     *reinterpret_cast<uint32_t*>(p) = ptx::pack2<E>(x, y);
 }
 
-// grid (B * NKV, ceil(Tk / (kBR MT))), kThreads threads, DkdvSmem<HS, BQ, MT>::total bytes
-template <class E, int HS, int BQ, int MT>
-__global__ void __launch_bounds__(kThreads)
+// grid (B * NKV, ceil(Tk / (kBR MT))), kThreads threads, DkdvSmem<HS, BQ, MT>::total bytes. QH (a
+// multiple of 16 dividing BQ): the query columns of a tile taken at once, in order (BQ: the whole
+// tile; less: fewer live S^T and dP^T accumulators, the same sums in the same order)
+// (Up to head size 64, 32 columns at once with one m-tile: three blocks an SM, 168 registers at
+// most: at 170 ptxas's allocation, rounded up to 176, left room for two.)
+template <class E, int HS, int BQ, int MT, int QH = BQ>
+__global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 : 0)
     flash_backward_dkdv_kernel(E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                                const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                                SeqPositions kp, bool accumulate) {
     using L = DkdvSmem<HS, BQ, MT>;
-    constexpr int LD = L::LD, BK = L::BK, NT = BQ / 8, DT = HS / 8;
+    constexpr int LD = L::LD, BK = L::BK, NT = QH / 8, DT = HS / 8;
+    static_assert(QH % 16 == 0 && BQ % QH == 0, "dK/dV: QH must be a multiple of 16 dividing BQ");
     LLMC_EXTERN_SMEM(char, smem);
     E* sK = reinterpret_cast<E*>(smem + L::k);
     E* sV = reinterpret_cast<E*>(smem + L::v);
@@ -136,87 +141,91 @@ __global__ void __launch_bounds__(kThreads)
             const E* tO = sO + buf * BQ * LD;
             const float* tL = sL + buf * BQ;
             const float* tD = sD + buf * BQ;
-            float s[MT][NT][4], dp[MT][NT][4];
-            LLMC_UNROLL
-            for (int m = 0; m < MT; m++)
-                LLMC_UNROLL
-                for (int j = 0; j < NT; j++)
-                    LLMC_UNROLL
-                    for (int e = 0; e < 4; e++) s[m][j][e] = dp[m][j][e] = 0.0f;
-            LLMC_UNROLL
-            for (int kc = 0; kc < HS / 16; kc++) {
-                uint32_t ka[MT][4], va[MT][4];
-                LLMC_UNROLL
-                for (int m = 0; m < MT; m++) {
-                    ptx::ldmatrix_x4(ka[m], sK + (arow + 16 * m) * LD + acol + kc * 16);
-                    ptx::ldmatrix_x4(va[m], sV + (arow + 16 * m) * LD + acol + kc * 16);
-                }
-                LLMC_UNROLL
-                for (int np = 0; np < NT / 2; np++) {
-                    uint32_t r[4];
-                    ptx::ldmatrix_x4(r, tQ + (np * 16 + brow) * LD + bcol + kc * 16);
-                    const uint32_t q0b[2] = {r[0], r[1]}, q1b[2] = {r[2], r[3]};
-                    LLMC_UNROLL
-                    for (int m = 0; m < MT; m++) {
-                        ptx::mma_16816<E>(s[m][2 * np], ka[m], q0b, s[m][2 * np]);
-                        ptx::mma_16816<E>(s[m][2 * np + 1], ka[m], q1b, s[m][2 * np + 1]);
-                    }
-                    ptx::ldmatrix_x4(r, tO + (np * 16 + brow) * LD + bcol + kc * 16);
-                    const uint32_t o0b[2] = {r[0], r[1]}, o1b[2] = {r[2], r[3]};
-                    LLMC_UNROLL
-                    for (int m = 0; m < MT; m++) {
-                        ptx::mma_16816<E>(dp[m][2 * np], va[m], o0b, dp[m][2 * np]);
-                        ptx::mma_16816<E>(dp[m][2 * np + 1], va[m], o1b, dp[m][2 * np + 1]);
-                    }
-                }
-            }
-            // P^T and dS^T (element of m-tile m: key row 16 m + g + 8 (e >> 1), query column
-            // j * 8 + 2t + (e & 1))
-            const bool full = q0 + BQ <= Tq && klast <= qp.at(q0) && kw0 + 16 * MT <= Tk;
-            LLMC_UNROLL
-            for (int j = 0; j < NT; j++) {
-                const float2 l2 = *reinterpret_cast<const float2*>(tL + j * 8 + 2 * t);  // columns 2t, 2t + 1
-                const float2 d2 = *reinterpret_cast<const float2*>(tD + j * 8 + 2 * t);
+            for (int pc = 0; pc < BQ; pc += QH) {  // the tile's columns [pc, pc + QH)
+                if (q0 + pc >= Tq) break;
+                if (qp.at(min(Tq, q0 + pc + QH) - 1) < kfirst) continue;  // none of them sees a key of the warp
+                float s[MT][NT][4], dp[MT][NT][4];
                 LLMC_UNROLL
                 for (int m = 0; m < MT; m++)
                     LLMC_UNROLL
-                    for (int e = 0; e < 4; e++) {
-                        const int c = j * 8 + 2 * t + (e & 1), qi = q0 + c;
-                        const bool vis = full || (qi < Tq && kpos[m][e >> 1] <= qp.at(qi));
-                        const float lc = (e & 1) ? l2.y : l2.x, dc = (e & 1) ? d2.y : d2.x;
-                        const float p = vis ? exp2f(fmaf(s[m][j][e], scale * kLog2e, -(lc * kLog2e))) : 0.0f;
-                        s[m][j][e] = p;
-                        dp[m][j][e] = p * (dp[m][j][e] - dc);
-                    }
-            }
-            // dV += P^T dO, dK += dS^T Q
-            LLMC_UNROLL
-            for (int kc = 0; kc < BQ / 16; kc++) {
-                uint32_t ap[MT][4], ad[MT][4];
+                    for (int j = 0; j < NT; j++)
+                        LLMC_UNROLL
+                        for (int e = 0; e < 4; e++) s[m][j][e] = dp[m][j][e] = 0.0f;
                 LLMC_UNROLL
-                for (int m = 0; m < MT; m++) {
-                    ptx::acc_to_a<E>(ap[m], s[m][2 * kc], s[m][2 * kc + 1]);
-                    ptx::acc_to_a<E>(ad[m], dp[m][2 * kc], dp[m][2 * kc + 1]);
-                }
-                LLMC_UNROLL
-                for (int d2 = 0; d2 < HS / 16; d2++) {
-                    uint32_t r[4];
-                    ptx::ldmatrix_x4_trans(r, tO + (kc * 16 + trow) * LD + tcol + d2 * 16);
-                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                for (int kc = 0; kc < HS / 16; kc++) {
+                    uint32_t ka[MT][4], va[MT][4];
                     LLMC_UNROLL
                     for (int m = 0; m < MT; m++) {
-                        ptx::mma_16816<E>(dv[m][2 * d2], ap[m], b0, dv[m][2 * d2]);
-                        ptx::mma_16816<E>(dv[m][2 * d2 + 1], ap[m], b1, dv[m][2 * d2 + 1]);
+                        ptx::ldmatrix_x4(ka[m], sK + (arow + 16 * m) * LD + acol + kc * 16);
+                        ptx::ldmatrix_x4(va[m], sV + (arow + 16 * m) * LD + acol + kc * 16);
                     }
-                    ptx::ldmatrix_x4_trans(r, tQ + (kc * 16 + trow) * LD + tcol + d2 * 16);
-                    const uint32_t c0[2] = {r[0], r[1]}, c1[2] = {r[2], r[3]};
                     LLMC_UNROLL
-                    for (int m = 0; m < MT; m++) {
-                        ptx::mma_16816<E>(dk[m][2 * d2], ad[m], c0, dk[m][2 * d2]);
-                        ptx::mma_16816<E>(dk[m][2 * d2 + 1], ad[m], c1, dk[m][2 * d2 + 1]);
+                    for (int np = 0; np < NT / 2; np++) {
+                        uint32_t r[4];
+                        ptx::ldmatrix_x4(r, tQ + (pc + np * 16 + brow) * LD + bcol + kc * 16);
+                        const uint32_t q0b[2] = {r[0], r[1]}, q1b[2] = {r[2], r[3]};
+                        LLMC_UNROLL
+                        for (int m = 0; m < MT; m++) {
+                            ptx::mma_16816<E>(s[m][2 * np], ka[m], q0b, s[m][2 * np]);
+                            ptx::mma_16816<E>(s[m][2 * np + 1], ka[m], q1b, s[m][2 * np + 1]);
+                        }
+                        ptx::ldmatrix_x4(r, tO + (pc + np * 16 + brow) * LD + bcol + kc * 16);
+                        const uint32_t o0b[2] = {r[0], r[1]}, o1b[2] = {r[2], r[3]};
+                        LLMC_UNROLL
+                        for (int m = 0; m < MT; m++) {
+                            ptx::mma_16816<E>(dp[m][2 * np], va[m], o0b, dp[m][2 * np]);
+                            ptx::mma_16816<E>(dp[m][2 * np + 1], va[m], o1b, dp[m][2 * np + 1]);
+                        }
                     }
                 }
-            }
+                // P^T and dS^T (element of m-tile m: key row 16 m + g + 8 (e >> 1), query column
+                // pc + j * 8 + 2t + (e & 1))
+                const bool full = q0 + pc + QH <= Tq && klast <= qp.at(q0 + pc) && kw0 + 16 * MT <= Tk;
+                LLMC_UNROLL
+                for (int j = 0; j < NT; j++) {
+                    const float2 l2 = *reinterpret_cast<const float2*>(tL + pc + j * 8 + 2 * t);  // columns 2t, 2t + 1
+                    const float2 d2 = *reinterpret_cast<const float2*>(tD + pc + j * 8 + 2 * t);
+                    LLMC_UNROLL
+                    for (int m = 0; m < MT; m++)
+                        LLMC_UNROLL
+                        for (int e = 0; e < 4; e++) {
+                            const int qi = q0 + pc + j * 8 + 2 * t + (e & 1);
+                            const bool vis = full || (qi < Tq && kpos[m][e >> 1] <= qp.at(qi));
+                            const float lc = (e & 1) ? l2.y : l2.x, dc = (e & 1) ? d2.y : d2.x;
+                            const float p = vis ? exp2f(fmaf(s[m][j][e], scale * kLog2e, -(lc * kLog2e))) : 0.0f;
+                            s[m][j][e] = p;
+                            dp[m][j][e] = p * (dp[m][j][e] - dc);
+                        }
+                }
+                // dV += P^T dO, dK += dS^T Q
+                LLMC_UNROLL
+                for (int kc = 0; kc < QH / 16; kc++) {
+                    uint32_t ap[MT][4], ad[MT][4];
+                    LLMC_UNROLL
+                    for (int m = 0; m < MT; m++) {
+                        ptx::acc_to_a<E>(ap[m], s[m][2 * kc], s[m][2 * kc + 1]);
+                        ptx::acc_to_a<E>(ad[m], dp[m][2 * kc], dp[m][2 * kc + 1]);
+                    }
+                    LLMC_UNROLL
+                    for (int d2 = 0; d2 < HS / 16; d2++) {
+                        uint32_t r[4];
+                        ptx::ldmatrix_x4_trans(r, tO + (pc + kc * 16 + trow) * LD + tcol + d2 * 16);
+                        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                        LLMC_UNROLL
+                        for (int m = 0; m < MT; m++) {
+                            ptx::mma_16816<E>(dv[m][2 * d2], ap[m], b0, dv[m][2 * d2]);
+                            ptx::mma_16816<E>(dv[m][2 * d2 + 1], ap[m], b1, dv[m][2 * d2 + 1]);
+                        }
+                        ptx::ldmatrix_x4_trans(r, tQ + (pc + kc * 16 + trow) * LD + tcol + d2 * 16);
+                        const uint32_t c0[2] = {r[0], r[1]}, c1[2] = {r[2], r[3]};
+                        LLMC_UNROLL
+                        for (int m = 0; m < MT; m++) {
+                            ptx::mma_16816<E>(dk[m][2 * d2], ad[m], c0, dk[m][2 * d2]);
+                            ptx::mma_16816<E>(dk[m][2 * d2 + 1], ad[m], c1, dk[m][2 * d2 + 1]);
+                        }
+                    }
+                }
+            }  // the column passes
         }
         __syncthreads();  // the next iteration's prefetch overwrites this buffer
     }
@@ -395,12 +404,13 @@ __global__ void __launch_bounds__(kThreads)
         }
 }
 
-// The dQ kernel over BT-key tiles and the dK/dV kernel over BT-query tiles, both with MT m-tiles a warp.
-template <int HS, int BT, int MT, class E>
+// The dQ kernel over BT-key tiles and the dK/dV kernel over BT-query tiles, both with MT m-tiles a
+// warp (the dK/dV kernel QH query columns at once).
+template <int HS, int BT, int MT, int QH = BT, class E>
 bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                   const float* D, int B, int Tq, int Tk, int NH, int NKV, SeqPositions qp, SeqPositions kp,
                   bool accumulate, cudaStream_t st) {
-    auto fkv = flash_backward_dkdv_kernel<E, HS, BT, MT>;
+    auto fkv = flash_backward_dkdv_kernel<E, HS, BT, MT, QH>;
     auto fq = flash_backward_dq_kernel<E, HS, BT, MT>;
     const size_t skv = DkdvSmem<HS, BT, MT>::total, sq = DqSmem<HS, BT, MT>::total;
     int optin = 0;
@@ -419,9 +429,12 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
 // dev/cuda's attention_backward v3/v4/v5: 16 or 32 rows a warp in both kernels for head sizes up
 // to 64 (0: the backend's choice, 32); and the tile: 32 takes the 32-row tiles that a device short
 // of shared memory runs (sm_86/sm_89's 99 KiB at head size 128), 0 the 64-row ones where they fit
-// (v5, and test_gpu's attention_bwd32, which so covers that way on any device).
+// (v5, and test_gpu's attention_bwd32, which so covers that way on any device); and at head sizes
+// 64 and 128 on 64-row tiles, 16 rows a warp: 32 has the dK/dV kernel take each 64-query tile in
+// two passes of 32 columns (v6: v3's tiles and barriers with v5's live accumulators), 0 in one.
 inline int g_bwd_rows_per_warp = 0;
 inline int g_bwd_tile = 0;
+inline int g_bwd_pass = 0;
 
 // dK, dV and dQ by the flash kernels when they cover HS and the device's shared memory holds
 // their tiles (64 rows, else 32); false (nothing launched): the caller takes attention.cuh's.
@@ -432,19 +445,22 @@ template <class E>
 bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
                      const float* lse, const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
                      SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st) {
-#define LLMC_FLASH_BWD(HSV, BT, MT) \
-    try_backward<HSV, BT, MT>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, accumulate, st)
-    const bool two = g_bwd_rows_per_warp != 16, wide = g_bwd_tile != 32;
+#define LLMC_FLASH_BWD(HSV, BT, MT, ...) \
+    try_backward<HSV, BT, MT, ##__VA_ARGS__>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, \
+                                             accumulate, st)
+    const bool two = g_bwd_rows_per_warp != 16, wide = g_bwd_tile != 32, halves = g_bwd_pass == 32;
     switch (HS) {
         case 32:
             return (two && LLMC_FLASH_BWD(32, 32, 2)) ||
                    (wide && LLMC_FLASH_BWD(32, 64, 1)) || LLMC_FLASH_BWD(32, 32, 1);
         case 64:
-            return (two && LLMC_FLASH_BWD(64, 32, 2)) ||
+            return (two && LLMC_FLASH_BWD(64, 32, 2)) || (wide && halves && LLMC_FLASH_BWD(64, 64, 1, 32)) ||
                    (wide && LLMC_FLASH_BWD(64, 64, 1)) || LLMC_FLASH_BWD(64, 32, 1);
         case 80: return (wide && LLMC_FLASH_BWD(80, 64, 1)) || LLMC_FLASH_BWD(80, 32, 1);
         case 96: return (wide && LLMC_FLASH_BWD(96, 64, 1)) || LLMC_FLASH_BWD(96, 32, 1);
-        case 128: return (wide && LLMC_FLASH_BWD(128, 64, 1)) || LLMC_FLASH_BWD(128, 32, 1);
+        case 128:
+            return (wide && halves && LLMC_FLASH_BWD(128, 64, 1, 32)) || (wide && LLMC_FLASH_BWD(128, 64, 1)) ||
+                   LLMC_FLASH_BWD(128, 32, 1);
         default: return false;
     }
 #undef LLMC_FLASH_BWD

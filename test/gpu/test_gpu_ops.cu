@@ -1981,13 +1981,19 @@ int main(int argc, char** argv) {
         });
         flash::g_fwd_rows_per_warp = 0;
         // the flash backward's 32-row tiles, 16 rows a warp: what a device short of shared memory
-        // (sm_86/sm_89 at head size 128) runs, and dev/cuda/attention_backward v5
+        // (sm_86/sm_89 at head size 128) runs, and dev/cuda/attention_backward v5; then its dK/dV
+        // kernel over 64-row tiles in passes of 32 query columns (v6, head sizes 64 and 128)
         flash::g_bwd_rows_per_warp = 16, flash::g_bwd_tile = 32;
         run("attention", "attention_bwd32", [&](const C& c) {
             if (c.dims[1] <= 257 && c.dims[4] % 16 == 0 && c.dims[4] >= 32 && c.dims[4] <= 128)
                 test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
         });
-        flash::g_bwd_rows_per_warp = 0, flash::g_bwd_tile = 0;
+        flash::g_bwd_tile = 0, flash::g_bwd_pass = 32;
+        run("attention", "attention_bwd32", [&](const C& c) {
+            if (c.dims[1] <= 257 && (c.dims[4] == 64 || c.dims[4] == 128))
+                test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
+        });
+        flash::g_bwd_rows_per_warp = 0, flash::g_bwd_pass = 0;
         run("rmsnorm", "rmsnorm", [&](const C& c) { test_rmsnorm(h, c.dims[0], c.dims[1], c.x); });
         run("rope", "rope", [&](const C& c) {
             test_rope(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.x, SeqPositions());
