@@ -329,16 +329,14 @@ kernel_row() {
         row "$1" "FAIL" "" "" "" "exit $3; ${res:-no time}; $(grep -m1 -iE 'mismatch|error|max|FAIL' "$2" | cut -c1-100)"
     fi
 }
-stage_kernels() {
-    [ -n "$DEADLINE" ] || DEADLINE=$(( $(date +%s) + ${QUICK_SECONDS:-170} ))
+# attn_runs VERSION...: dev/cuda's attention programs at every shape of ATTN_SHAPES, a row each
+attn_runs() {
     local b t nh hs v kind ver log rc
-    # attention first (the versions still in question: forward 16 or 32 query rows a warp, backward
-    # 16 or 32 rows a warp), beside PyTorch's SDPA at the same shapes
     # shellcheck disable=SC2086
     set -- $ATTN_SHAPES
     while [ $# -ge 4 ]; do
         b=$1; t=$2; nh=$3; hs=$4; shift 4
-        for v in "forward 4" "forward 5" "backward 3" "backward 4" "backward 5" "backward 6"; do
+        for v in "${VERSIONS[@]}"; do
             kind=${v% *}; ver=${v#* }
             log="$WORK/attention_${kind}_v${ver}_B${b}_T${t}_NH${nh}_HS${hs}.log"
             step "attention $kind v$ver B=$b T=$t NH=$nh HS=$hs" 60 dev/cuda/attention_$kind "$ver" "$b" "$t" "$nh" "$hs" >"$log" 2>&1
@@ -347,7 +345,16 @@ stage_kernels() {
             kernel_row "attention $kind v$ver B=$b T=$t NH=$nh HS=$hs" "$log" $rc
         done
     done
-    ncu_stalls
+}
+stage_kernels() {
+    [ -n "$DEADLINE" ] || DEADLINE=$(( $(date +%s) + ${QUICK_SECONDS:-170} ))
+    local log rc v
+    local -a VERSIONS
+    # attention first: the trainer's versions at every shape, then PyTorch's SDPA at the same shapes
+    # (the peer), then the versions still in question (backward v6, v5 and v3 against v4; the
+    # forward's 16 rows a warp against 32), then ncu's stall rows
+    VERSIONS=("forward 5" "backward 4")
+    attn_runs
     log="$WORK/torch_attention.log"
     # shellcheck disable=SC2086
     step "PyTorch SDPA" 90 python3 dev/bench/torch_attention.py $ATTN_SHAPES >"$log" 2>&1
@@ -358,6 +365,9 @@ stage_kernels() {
             row "PyTorch SDPA $(echo "$res" | cut -d' ' -f2-5)" "PASS" "" "" "" "$(echo "$res" | cut -d' ' -f6-)"
         done < <(grep '^TORCH_ATTN' "$log")
     fi
+    VERSIONS=("backward 6" "backward 5" "backward 3" "forward 4")
+    attn_runs
+    ncu_stalls
     # fp8 (issue 31), then the memory-bound kernels of issue 29 at 124M B=32 (the old version, then
     # the new; the old cross entropy's CPU check alone takes tens of seconds)
     for v in "fp8_cast 1" "fp8_cast 2" "fp8_cast 3" "fp8_gemm 6400 8192 1600" "fp8_gemm 48 32 64" "matmul_epilogue 5" "matmul_epilogue 7" "matmul_epilogue 8" \
