@@ -85,14 +85,6 @@ void CpuOps::fp8_widen_amaxes(const Fp8Device& d) {
 void CpuOps::fp8_update_scales(const Fp8Device& d, bool from_wide, float* step_overflows) {
     ++counters_.launches;
     int bad = 0;
-    for (int i = 0; i < d.n; ++i) {
-        const float a = from_wide ? fp8_bits_to_float(uint32_t(d.wide[i])) : d.amax[i];
-        const bool ok = fp8_update_one(a, d.scale + i, d.hist + (size_t)i * d.history, d.history,
-                                       fp8_format_of(i, d.hybrid), d.margin);
-        if (d.inv) d.inv[(size_t)i * kFp8InvStride] = 1.0f / d.scale[i];
-        if (ok) continue;
-        ++d.overflows[i];
-        ++bad;
-    }
+    for (int i = 0; i < d.n; ++i) bad += !fp8_device_step(d, i, from_wide);
     *step_overflows = float(bad);
 }

@@ -470,14 +470,10 @@ public:
             fused.dgelu_aux = dinp_gelu.ptr, fused.aux_ld = IC;  // dinp_gelu^T[IC, N], as dinp
             if (!dinp_gelu.ptr || IC % 8 != 0 || !lt_.run(fused, stream_)) {
                 lt_.matmul(g, stream_);
-                if (dinp_gelu.ptr)
-                    dispatch(dout.dtype, [&](auto tag) {
-                        using T_ = decltype(tag);
-                        const long long n = (long long)N * IC;
-                        LLMC_LAUNCH(gelu_backward_inplace_kernel<T_>, elementwise_blocks(n, sizeof(T_)), 256, 0,
-                                    stream_, P<T_>(dinp), P<T_>(dinp_gelu), n);
-                        CUDA_CHECK_LAUNCH();
-                    });
+                dispatch(dout.dtype, [&](auto tag) {  // (no dbias: the GELU's backward alone, if any)
+                    using T_ = decltype(tag);
+                    launch_gelu_bias_grad((T_*)nullptr, P<T_>(dinp), P<T_>(dinp_gelu), N, IC, nullptr, stream_);
+                });
             }
         }
         // dw(as stored: IC x OC col-major) += inp^T[IC, N] * (dout^T[OC, N])^T

@@ -97,7 +97,7 @@ __global__ void scale_kernel(float* sc, const unsigned* amax_bits, const float* 
 }
 
 // The scaling state's step (Ops::fp8_widen_amaxes, fp8_update_scales): one block, a tensor a
-// thread (grid-stride), fp8_update_one as on the CPU; the overflow count summed in shared memory
+// thread (grid-stride), fp8_device_step as on the CPU; the overflow count summed in shared memory
 // (integers: exact in any order).
 __global__ void widen_amaxes_kernel(Fp8Device d) {
     for (int i = threadIdx.x; i < d.n; i += blockDim.x) d.wide[i] = (double)fp8_abs_bits(d.amax[i]);
@@ -106,16 +106,8 @@ __global__ void update_scales_kernel(Fp8Device d, bool from_wide, float* step_ov
     __shared__ int bad;
     if (threadIdx.x == 0) bad = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < d.n; i += blockDim.x) {
-        const float a = from_wide ? __uint_as_float((unsigned)d.wide[i]) : d.amax[i];
-        const bool ok = fp8_update_one(a, d.scale + i, d.hist + (size_t)i * d.history, d.history,
-                                       fp8_format_of(i, d.hybrid), d.margin);
-        if (d.inv) d.inv[(size_t)i * kFp8InvStride] = 1.0f / d.scale[i];
-        if (!ok) {
-            d.overflows[i] += 1;
-            atomicAdd(&bad, 1);
-        }
-    }
+    for (int i = threadIdx.x; i < d.n; i += blockDim.x)
+        if (!fp8_device_step(d, i, from_wide)) atomicAdd(&bad, 1);
     __syncthreads();
     if (threadIdx.x == 0) *step_overflows = (float)bad;
 }
@@ -542,34 +534,31 @@ private:
         LLMC_ASSERT(c.scale_at || (c.scale > 0.0f && fp8_is_finite(c.scale)),
                     strfmt("fp8: scale must be finite and positive, got %g", c.scale));
         const long long n = (long long)rows * cols;
-        if (!c.current && c.scale_at && c.inv_at) {
-            LLMC_ASSERT((uintptr_t)c.inv_at % 16 == 0, "fp8 cast: inv_at must be 16-byte aligned (a cuBLASLt scale pointer)");
-            with_type(x.dtype, [&](auto tag) {
-                using T = decltype(tag);
-                launch_cast<T>(out, outT, record, (const T*)x.ptr, c.scale_at, rows, cols, c.format, stream);
-            });
-            CUDA_CHECK_LAUNCH();
-            return {c.scale_at, c.inv_at};
-        }
+        const bool given = !c.current && c.scale_at && c.inv_at;
+        LLMC_ASSERT(!given || (uintptr_t)c.inv_at % 16 == 0,
+                    "fp8 cast: inv_at must be 16-byte aligned (a cuBLASLt scale pointer)");
         with_type(x.dtype, [&](auto tag) {
             using T = decltype(tag);
             const T* xp = (const T*)x.ptr;
-            if (c.current) {
-                if (queue_work()) CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
-                with_pack_width<T>(pack_width<T>(n, {xp}), [&](auto k) {
-                    const int blocks = (int)std::min<long long>(kCastBlocks, (n / k + 255) / 256);
-                    auto kernel = amax_kernel<T, decltype(k)::value>;  // one name for the launch macro
-                    LLMC_LAUNCH(kernel, std::max(1, blocks), 256, 0, stream, amax, xp, n);
-                });
+            if (!given) {  // s and 1/s into the slot (the current recipe: from the tensor's amax)
+                if (c.current) {
+                    if (queue_work()) CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
+                    with_pack_width<T>(pack_width<T>(n, {xp}), [&](auto k) {
+                        const int blocks = (int)std::min<long long>(kCastBlocks, (n / k + 255) / 256);
+                        auto kernel = amax_kernel<T, decltype(k)::value>;  // one name for the launch macro
+                        LLMC_LAUNCH(kernel, std::max(1, blocks), 256, 0, stream, amax, xp, n);
+                    });
+                    CUDA_CHECK_LAUNCH();
+                }
+                LLMC_LAUNCH(scale_kernel, 1, 1, 0, stream, sc, c.current ? amax : nullptr, c.scale_at, c.scale,
+                            c.format, c.margin, record);
                 CUDA_CHECK_LAUNCH();
             }
-            LLMC_LAUNCH(scale_kernel, 1, 1, 0, stream, sc, c.current ? amax : nullptr, c.scale_at, c.scale, c.format,
-                        c.margin, record);
-            CUDA_CHECK_LAUNCH();
-            launch_cast<T>(out, outT, c.current ? nullptr : record, xp, sc, rows, cols, c.format, stream);
+            launch_cast<T>(out, outT, c.current ? nullptr : record, xp, given ? c.scale_at : sc, rows, cols, c.format,
+                           stream);
             CUDA_CHECK_LAUNCH();
         });
-        return {sc, sc + kInvScale};
+        return given ? CastScales{c.scale_at, c.inv_at} : CastScales{sc, sc + kInvScale};
     }
 
     // grow-only scratch, one per slot: 0 inp casts, 1 weight casts, 2/3 dout casts, 4 the fp32

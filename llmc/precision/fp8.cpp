@@ -137,6 +137,26 @@ Fp8Cast Fp8State::cast(int layer, Fp8Linear lin, Fp8Operand op, float* amax_arra
     return c;
 }
 
+namespace {
+size_t fp8_wide_at(int n, int history) {  // bytes before Fp8Device::wide, a multiple of 8
+    return ((size_t(n) * (kFp8InvStride + 1) + fp8_image_floats(n, history)) * sizeof(float) + 7) / 8 * 8;
+}
+}  // namespace
+
+size_t fp8_device_bytes(int n, int history) { return fp8_wide_at(n, history) + size_t(n) * sizeof(double); }
+
+Fp8Device fp8_device_in(void* block, int n, int history, int margin, bool hybrid) {
+    Fp8Device d;
+    d.n = n, d.history = history, d.margin = margin, d.hybrid = hybrid;
+    d.inv = static_cast<float*>(block);
+    d.scale = d.inv + size_t(n) * kFp8InvStride;
+    d.hist = d.scale + n;
+    d.overflows = reinterpret_cast<uint32_t*>(d.hist + size_t(n) * history);
+    d.amax = d.scale + fp8_image_floats(n, history);
+    d.wide = reinterpret_cast<double*>(static_cast<char*>(block) + fp8_wide_at(n, history));
+    return d;
+}
+
 void Fp8State::export_image(float* scale, float* hist) const {
     const int H = image_history();
     for (size_t i = 0; i < scales_.size(); ++i) scales_[i].export_to(scale + i, hist + i * H);

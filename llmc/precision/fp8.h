@@ -181,11 +181,30 @@ struct Fp8Device {
     bool hybrid = true;  // formats: fp8_format_of(i, hybrid)
     float* amax = nullptr;         // [n] the step's amaxes, recorded by the ops (fp8_abs_bits order)
     float* scale = nullptr;        // [n] the casts' scales (Fp8Cast::scale_at)
-    float* inv = nullptr;          // [n * kFp8InvStride] 1 / scale, every kFp8InvStride floats (may be nullptr)
+    float* inv = nullptr;          // [n * kFp8InvStride] 1 / scale, every kFp8InvStride floats
     float* hist = nullptr;         // [n * history] each tensor's last amaxes, oldest first
     uint32_t* overflows = nullptr; // [n] overflow events since the image was imported
     double* wide = nullptr;        // [n] the amaxes' fp8_abs_bits as doubles, for a reduction over ranks
 };
+
+// Tensor i's step of an Fp8Device (Ops::fp8_update_scales; host and device alike): its amax (the
+// reduced one in `wide` when from_wide), fp8_update_one, 1/scale beside the scale, and an
+// overflow event counted on a non-finite amax (false).
+FP8_HD inline bool fp8_device_step(const Fp8Device& d, int i, bool from_wide) {
+    const float a = from_wide ? fp8_bits_to_float((uint32_t)d.wide[i]) : d.amax[i];
+    const bool ok = fp8_update_one(a, d.scale + i, d.hist + (size_t)i * d.history, d.history,
+                                   fp8_format_of(i, d.hybrid), d.margin);
+    d.inv[(size_t)i * kFp8InvStride] = 1.0f / d.scale[i];
+    if (!ok) d.overflows[i] += 1;
+    return ok;
+}
+
+// An Fp8Device in one backend block of fp8_device_bytes(n, history): inv first (16-byte aligned
+// where the block is), then the image: scale, hist, overflows (fp8_image_floats floats, what an
+// upload writes after inv and a checkpoint reads back), then amax, then wide (8-byte aligned).
+inline size_t fp8_image_floats(int n, int history) { return size_t(n) * (history + 2); }
+size_t fp8_device_bytes(int n, int history);
+Fp8Device fp8_device_in(void* block, int n, int history, int margin, bool hybrid);
 
 // ---- host-side scaling state ----
 

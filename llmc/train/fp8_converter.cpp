@@ -56,23 +56,9 @@ public:
         need(qkv, strfmt("(n_head + 2 n_kv_head) x head_dim / parallel.tp = %ld", qkv), "model.d_model or parallel.tp");
         need(Cl, strfmt("model.d_model / parallel.tp = %ld / %d", C, tp), "model.d_model or parallel.tp");
         need(F, strfmt("the MLP width / parallel.tp = %d / %d", s.ffn(), tp), "model.ffn_dim or parallel.tp");
-        // one block: [inv n x kFp8InvStride] (first: 16-byte aligned), then [scale n][hist n H][overflows
-        // n] (the image, uploaded and read back as one), [amax n], [wide n]
-        const size_t n = size_t(state_.size()), H = size_t(state_.image_history()), inv = n * kFp8InvStride;
-        image_floats_ = n * (H + 2);
-        const size_t wide_at = ((inv + image_floats_ + n) * sizeof(float) + 7) / 8 * 8;
-        block_ = static_cast<char*>(ops.alloc(wide_at + n * sizeof(double)));
-        dev_.inv = reinterpret_cast<float*>(block_);
-        float* f = dev_.inv + inv;
-        dev_.n = int(n);
-        dev_.history = int(H);
-        dev_.margin = opt_.margin;
-        dev_.hybrid = opt_.hybrid;
-        dev_.scale = f;
-        dev_.hist = f + n;
-        dev_.overflows = reinterpret_cast<uint32_t*>(f + n * (H + 1));
-        dev_.amax = f + image_floats_;
-        dev_.wide = reinterpret_cast<double*>(block_ + wide_at);
+        const int n = state_.size(), H = state_.image_history();
+        block_ = ops.alloc(fp8_device_bytes(n, H));
+        dev_ = fp8_device_in(block_, n, H, opt_.margin, opt_.hybrid);
         upload(state_);
     }
     ~Fp8Converter() override { ops_.release(block_); }
@@ -88,8 +74,7 @@ public:
     }
     void apply(Model& model) override { model.set_fp8(&state_, dev_.amax, dev_.scale, dev_.inv); }
     std::vector<MemoryRow> memory_rows() const override {
-        return {{"fp8 scaling",
-                 (image_floats_ + size_t(dev_.n) * (kFp8InvStride + 1)) * sizeof(float) + size_t(dev_.n) * sizeof(double),
+        return {{"fp8 scaling", fp8_device_bytes(dev_.n, dev_.history),
                  strfmt("  (%d layers x 4 linears x 3 operands: amaxes, scales%s)", state_.size() / 12,
                         dev_.history ? strfmt(", %d-step amax histories", dev_.history).c_str() : "")}};
     }
@@ -124,11 +109,12 @@ public:
     // The host state advanced by the backend's overflow counts, scales and histories (a read back:
     // checkpoints only)
     void save(WholeState& whole) const override {
-        std::vector<float> img(image_floats_);
+        std::vector<float> img(fp8_image_floats(dev_.n, dev_.history));
         ops_.to_host_bytes(img.data(), dev_.scale, img.size() * sizeof(float));
         Fp8State now = state_;
-        const size_t n = size_t(dev_.n);
-        now.import_image(img.data(), img.data() + n, reinterpret_cast<const uint32_t*>(img.data() + n * (dev_.history + 1)));
+        const size_t n = size_t(dev_.n);  // the image: scale[n], hist[n H], overflows[n] (fp8_device_in)
+        now.import_image(img.data(), img.data() + n,
+                         reinterpret_cast<const uint32_t*>(img.data() + n * (dev_.history + 1)));
         whole.fp8 = now.save();
     }
     // The scaling state resumes with the weights (bit-exact). A checkpoint of another precision
@@ -149,8 +135,8 @@ private:
     // the count so far)
     void upload(const Fp8State& s) {
         const size_t n = size_t(dev_.n);
-        std::vector<float> img(n * kFp8InvStride + image_floats_, 0.0f);
-        float* im = img.data() + n * kFp8InvStride;
+        std::vector<float> img(n * kFp8InvStride + fp8_image_floats(dev_.n, dev_.history), 0.0f);
+        float* im = img.data() + n * kFp8InvStride;  // (the image follows inv: fp8_device_in)
         s.export_image(im, im + n);
         for (size_t i = 0; i < n; i++) img[i * kFp8InvStride] = 1.0f / im[i];  // as fp8_update_scales writes it
         ops_.from_host_bytes(dev_.inv, img.data(), img.size() * sizeof(float));
@@ -160,8 +146,7 @@ private:
     Fp8State state_;  // the host image: what checkpoints hold up to the overflows counted since
     std::string device_;
     DType rest_;
-    char* block_ = nullptr;
-    size_t image_floats_ = 0;
+    void* block_ = nullptr;  // dev_'s (fp8_device_in)
     Fp8Device dev_;
 };
 

@@ -1477,18 +1477,13 @@ void test_fp8_scales(H& h) {
         cfg.margin = 1;
         Fp8State host(25, fp8_options(cfg));
         const int n = host.size(), H = host.image_history();
-        // the image as Fp8Converter lays it out: inv, scale, hist, overflows, amax, word, the doubles
-        const size_t ni = size_t(n) * kFp8InvStride, fl = ni + size_t(n) * (H + 3) + 1, wide_at = (fl * 4 + 7) / 8 * 8;
-        char* block = static_cast<char*>(h.gpu.alloc(wide_at + size_t(n) * 8));
-        float* f = reinterpret_cast<float*>(block) + ni;
-        Fp8Device d;
-        d.inv = reinterpret_cast<float*>(block);
-        d.n = n, d.history = H, d.margin = 1, d.hybrid = true;
-        d.scale = f, d.hist = f + n, d.overflows = reinterpret_cast<uint32_t*>(f + size_t(n) * (H + 1));
-        d.amax = f + size_t(n) * (H + 2);
-        float* word = d.amax + n;
-        d.wide = reinterpret_cast<double*>(block + wide_at);
-        std::vector<float> img(size_t(n) * (H + 2), 0.0f);
+        // the state in one block as Fp8Converter holds it (fp8_device_in), the step's word beside it
+        const size_t ni = size_t(n) * kFp8InvStride;
+        void* block = h.gpu.alloc(fp8_device_bytes(n, H));
+        const Fp8Device d = fp8_device_in(block, n, H, 1, true);
+        float* f = d.scale;
+        float* word = static_cast<float*>(h.gpu.alloc(sizeof(float)));
+        std::vector<float> img(fp8_image_floats(n, H), 0.0f);
         host.export_image(img.data(), img.data() + n);
         h.gpu.from_host_bytes(f, img.data(), img.size() * 4);
         std::mt19937 rng(3);
@@ -1553,6 +1548,7 @@ void test_fp8_scales(H& h) {
         }
         report(r[0] == r[1], "matmul_forward_fp8.scale_at_equals_value", sh, "");
         h.gpu.release(block);
+        h.gpu.release(word);
     }
 }
 
