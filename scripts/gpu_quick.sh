@@ -10,7 +10,7 @@
 #   ncu at 124M B=8 (each kernel's share of kernel time, and kernel time against wall time).
 # `--profile CONFIG [key=value...]`: the kernel table of any run (two steps under ncu).
 # `--kernels`: dev/cuda's kernel versions side by side, in order of what is still in question:
-# attention (forward v4/v5: 16 or 32 query rows a warp; backward v3/v4: 16 or 32 rows a warp) at
+# attention (forward v4/v5: 16 or 32 query rows a warp; backward v3-v6: rows a warp, tiles, passes) at
 # GPT-2 124M's shape and FlashAttention's benchmark shapes beside PyTorch's SDPA (issue 30's peer);
 # the fp8 casts (fp8_cast v1/v2/v3) and GEMM forms (fp8_gemm); cuBLASLt's epilogues against kernels
 # (matmul_epilogue v5/v6), the GELU backward fused into the bias gradient (v7) or into the GEMM (v8), LayerNorm v5 and
@@ -301,7 +301,7 @@ ncu_stalls() {
     local log="$WORK/ncu_flash_backward.txt" rc
     step "ncu flash backward: stalls" 50 "$(find_ncu)" --clock-control none -k regex:flash_backward --launch-count 2 \
         --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
-        dev/cuda/attention_backward 4 8 1024 12 64 >"$log" 2>&1
+        dev/cuda/attention_backward 6 8 1024 12 64 >"$log" 2>&1
     rc=$?
     [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && return
     if [ $rc -ne 0 ] || ! grep -q 'flash_backward' "$log"; then
@@ -350,10 +350,11 @@ stage_kernels() {
     [ -n "$DEADLINE" ] || DEADLINE=$(( $(date +%s) + ${QUICK_SECONDS:-170} ))
     local log rc v
     local -a VERSIONS
-    # attention first: the trainer's versions at every shape, then PyTorch's SDPA at the same shapes
-    # (the peer), then the versions still in question (backward v6, v5 and v3 against v4; the
-    # forward's 16 rows a warp against 32), then ncu's stall rows
-    VERSIONS=("forward 5" "backward 4")
+    # attention first: the trainer's versions at every shape (the forward's v5; the backward's v6 at
+    # head size 64, v3 at 128), then PyTorch's SDPA at the same shapes (the peer), then ncu's stall
+    # rows of the trainer's backward, then the other versions (backward v4 and v5; the forward's 16
+    # rows a warp against 32)
+    VERSIONS=("forward 5" "backward 6" "backward 3")
     attn_runs
     log="$WORK/torch_attention.log"
     # shellcheck disable=SC2086
@@ -365,9 +366,9 @@ stage_kernels() {
             row "PyTorch SDPA $(echo "$res" | cut -d' ' -f2-5)" "PASS" "" "" "" "$(echo "$res" | cut -d' ' -f6-)"
         done < <(grep '^TORCH_ATTN' "$log")
     fi
-    VERSIONS=("backward 6" "backward 5" "backward 3" "forward 4")
-    attn_runs
     ncu_stalls
+    VERSIONS=("backward 4" "backward 5" "forward 4")
+    attn_runs
     # fp8 (issue 31), then the memory-bound kernels of issue 29 at 124M B=32 (the old version, then
     # the new; the old cross entropy's CPU check alone takes tens of seconds)
     for v in "fp8_cast 1" "fp8_cast 2" "fp8_cast 3" "fp8_gemm 6400 8192 1600" "fp8_gemm 48 32 64" "matmul_epilogue 5" "matmul_epilogue 7" "matmul_epilogue 8" \

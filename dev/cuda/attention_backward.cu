@@ -6,12 +6,14 @@
 //   3: llmc/cuda/flash_backward.cuh, FlashAttention-2 design, 16 rows a warp (the trainer's bf16
 //      backward until 2026-11-27; still its choice above head size 64)
 //   4: the same with 32 rows a warp (two m-tiles): dK/dV over 32-query tiles, dQ over 32-key
-//      tiles, the trainer's choice up to head size 64 (3 and 4 are the same kernels above 64)
+//      tiles, the trainer's choice up to head size 64 from 2026-11-27 until the fourth GPU window
+//      timed v6 (still its choice at 32; 3 and 4 are the same kernels above 64)
 //   5: 16 rows a warp over 32-row tiles (the way a device short of shared memory takes, e.g.
 //      sm_86 at head size 128): half of v3's S and dP accumulators a warp (at head size 128 the
 //      dK/dV kernel holds 128 accumulator registers for dK and dV alone), twice the tile steps
 //   6: v3's 64-row tiles, 16 rows a warp, the dK/dV kernel taking each query tile in two passes of
-//      32 columns (head sizes 64 and 128; v5's live S^T and dP^T accumulators with v3's barriers)
+//      32 columns (head sizes 64 and 128; v5's live S^T and dP^T accumulators with v3's barriers):
+//      the trainer's choice at head size 64 since the fourth GPU window
 //
 // Lab notebook (causal, bf16; FLOPs as FlashAttention counts them: 2.5 x the forward's 4 B NH HS T^2 / 2):
 //   v2  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): dQ 48.1 ms and dK/dV
@@ -47,6 +49,14 @@
 //   v6  not yet measured (written 2026-11-27 with v5, for the same question). ptxas sm_90 bf16
 //       dK/dV: HS 64 168 (4 bytes spilled: bounded to three blocks an SM, 170 without, which
 //       ptxas's allocation rounds to 176, room for two); HS 128 247, no spill (v3's 255).
+//   v3-v6 measured, H200, 2026-11-27 (main b24a415, dev/bench/RESULTS.md's fourth window), B 8
+//       T 1024, ms (TFLOP/s): HS 64 NH 12: v3 0.3297 (97.7), v4 0.3479 (92.6), v5 0.3176 (101.4),
+//       v6 0.2916 (110.4; again 0.2941 beside v4's 0.3495); HS 64 NH 32: v3 0.8406, v4 0.8597,
+//       v5 0.8032, v6 0.7509 (114.4); HS 128 NH 16: v3 0.6825 (125.9), v4 0.6821, v5 0.7403,
+//       v6 0.7035. PyTorch's SDPA in the same call: 0.2180 (147.8), 0.4499 (190.9), 0.3991
+//       (215.2). So v4's two m-tiles (255 registers, two blocks an SM) lost to one m-tile at
+//       head size 64, and v6's passes (168 registers, three blocks) won: the trainer takes v6 at
+//       head size 64, v3 at 128. v6 is still 1.3-1.7x SDPA's time.
 //   To measure: make -C dev/cuda attention_backward && for v in 2 3 4 5 6; do
 //     ./dev/cuda/attention_backward $v 8 1024 32 64; ./dev/cuda/attention_backward $v 8 1024 16 128; done
 #include "dev/cuda/common.h"
@@ -73,9 +83,9 @@ static bool run_version(const std::vector<float>& qkv, const std::vector<float>&
 int main(int argc, char** argv) {
     int version = kernel_arg(argc, argv, 3);
     attn::g_flash_backward = version >= 3;
-    flash::g_bwd_rows_per_warp = version == 3 || version >= 5 ? 16 : 0;
+    flash::g_bwd_rows_per_warp = version == 4 ? 32 : 16;
     flash::g_bwd_tile = version == 5 ? 32 : 0;
-    flash::g_bwd_pass = version == 6 ? 32 : 0;
+    flash::g_bwd_pass = version == 6 ? 32 : 64;
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_backward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);

@@ -3,17 +3,18 @@
 // the forward's lse; D = rowsum(dO * O) comes from attention.cuh's D kernel. Deterministic, no
 // atomics: two kernels, each owning what it writes.
 //  - dK, dV: one block per (key tile of 64 MT rows, key/value head, batch), each warp MT m-tiles
-//    of 16 key rows (MT 2 up to head size 64: each Q and dO fragment a warp loads then feeds twice
-//    the mma, the forward's two m-tiles for the same reason), in the transposed orientation:
-//    S^T = K Q^T and dP^T = V dO^T in registers (K, V fragments by ldmatrix, Q, dO as B by
-//    ldmatrix), P^T = exp2(S^T scale log2e - lse log2e), dS^T =
+//    of 16 key rows (MT 2 at head size 32, and at 64 on request: each Q and dO fragment a warp
+//    loads then feeds twice the mma, the forward's two m-tiles for the same reason), in the
+//    transposed orientation: S^T = K Q^T and dP^T = V dO^T in registers (K, V fragments by
+//    ldmatrix, Q, dO as B by ldmatrix), P^T = exp2(S^T scale log2e - lse log2e), dS^T =
 //    P^T (dP^T - D), then dV += P^T dO and dK += dS^T Q with P^T, dS^T rounded straight from the
 //    accumulators into A registers (dO, Q by ldmatrix.trans). The query tiles stream through a
 //    cp.async double buffer in a fixed order: the heads of the group in order, each from the
 //    first query tile that sees the key tile to the last (a tile's columns in passes of QH where
-//    asked: g_bwd_pass). Heaviest key tiles (the first, under the causal mask) first.
+//    asked: g_bwd_pass, the choice at head size 64). Heaviest key tiles (the first, under the
+//    causal mask) first.
 //  - dQ: one block per (query tile of 64 MT rows, head, batch), each warp MT m-tiles of 16 query
-//    rows (MT 2 up to head size 64, as dK/dV's), as the forward: S = Q K^T, dP = dO V^T, dS =
+//    rows (MT as dK/dV's), as the forward: S = Q K^T, dP = dO V^T, dS =
 //    P (dP - D), dQ += dS K (K by ldmatrix.trans), key tiles in order.
 // Block form as the forward (positions qp, kp); accumulate: += into dq_dst / dkv (else =).
 #pragma once
@@ -426,21 +427,24 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
     return true;
 }
 
-// dev/cuda's attention_backward v3/v4/v5: 16 or 32 rows a warp in both kernels for head sizes up
-// to 64 (0: the backend's choice, 32); and the tile: 32 takes the 32-row tiles that a device short
-// of shared memory runs (sm_86/sm_89's 99 KiB at head size 128), 0 the 64-row ones where they fit
-// (v5, and test_gpu's attention_bwd32, which so covers that way on any device); and at head sizes
-// 64 and 128 on 64-row tiles, 16 rows a warp: 32 has the dK/dV kernel take each 64-query tile in
-// two passes of 32 columns (v6: v3's tiles and barriers with v5's live accumulators), 0 in one.
+// dev/cuda's attention_backward v3-v6 (0: the backend's choice, what the H200 measured fastest
+// on 2026-11-27, dev/bench/RESULTS.md's fourth window): rows a warp in both kernels up to head size
+// 64 (16, or 32 = two m-tiles; the choice: 16 at head size 64, 32 at 32); the tile (32: the
+// 32-row tiles that a device short of shared memory runs, sm_86/sm_89's 99 KiB at head size 128,
+// so that test_gpu's attention_bwd32 covers that way on any device; 0: 64-row tiles where they
+// fit); on 64-row tiles at 16 rows a warp, the dK/dV kernel's pass over each query tile (32: two
+// passes of 32 columns, v6, the choice at head size 64; 64: one pass, v3, the choice at 128).
 inline int g_bwd_rows_per_warp = 0;
 inline int g_bwd_tile = 0;
 inline int g_bwd_pass = 0;
 
 // dK, dV and dQ by the flash kernels when they cover HS and the device's shared memory holds
 // their tiles (64 rows, else 32); false (nothing launched): the caller takes attention.cuh's.
-// Up to head size 64 each warp of both kernels owns 32 rows (two m-tiles: 32 keys over 32-query
-// tiles, 32 queries over 32-key tiles; 64-row tiles would take 256 accumulator registers);
-// above, 16 rows over 64-row tiles (32 where shared memory is short).
+// Head size 32: each warp of both kernels owns 32 rows (two m-tiles over 32-row tiles); 64: 16
+// rows over 64-row tiles, the dK/dV kernel in two passes of 32 query columns (H200: 16-17% faster
+// than two m-tiles; by ptxas 168 registers a thread against 255, three blocks an SM against two,
+// the likely cause, not profiled); above,
+// 16 rows over 64-row tiles in one pass (32-row tiles where shared memory is short).
 template <class E>
 bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
                      const float* lse, const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
@@ -448,7 +452,9 @@ bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
 #define LLMC_FLASH_BWD(HSV, BT, MT, ...) \
     try_backward<HSV, BT, MT, ##__VA_ARGS__>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, \
                                              accumulate, st)
-    const bool two = g_bwd_rows_per_warp != 16, wide = g_bwd_tile != 32, halves = g_bwd_pass == 32;
+    const int rows = g_bwd_rows_per_warp ? g_bwd_rows_per_warp : HS == 64 ? 16 : 32;
+    const int pass = g_bwd_pass ? g_bwd_pass : HS == 64 ? 32 : 64;
+    const bool two = rows != 16, wide = g_bwd_tile != 32, halves = pass == 32;
     switch (HS) {
         case 32:
             return (two && LLMC_FLASH_BWD(32, 32, 2)) ||

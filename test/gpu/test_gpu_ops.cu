@@ -1976,9 +1976,11 @@ int main(int argc, char** argv) {
                 test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
         });
         flash::g_fwd_rows_per_warp = 0;
-        // the flash backward's 32-row tiles, 16 rows a warp: what a device short of shared memory
-        // (sm_86/sm_89 at head size 128) runs, and dev/cuda/attention_backward v5; then its dK/dV
-        // kernel over 64-row tiles in passes of 32 query columns (v6, head sizes 64 and 128)
+        // the flash backward's ways that `attention` does not take (its choice: dev/cuda/attention_backward
+        // v6 at head size 64, two m-tiles at 32, v3 above): the 32-row tiles, 16 rows a warp, that a
+        // device short of shared memory (sm_86/sm_89 at head size 128) runs (v5); the dK/dV kernel's
+        // two passes of 32 query columns at head size 128 (v6); at head size 64 two m-tiles (v4) and
+        // one pass (v3)
         flash::g_bwd_rows_per_warp = 16, flash::g_bwd_tile = 32;
         run("attention", "attention_bwd32", [&](const C& c) {
             if (c.dims[1] <= 257 && c.dims[4] % 16 == 0 && c.dims[4] >= 32 && c.dims[4] <= 128)
@@ -1986,9 +1988,14 @@ int main(int argc, char** argv) {
         });
         flash::g_bwd_tile = 0, flash::g_bwd_pass = 32;
         run("attention", "attention_bwd32", [&](const C& c) {
-            if (c.dims[1] <= 257 && (c.dims[4] == 64 || c.dims[4] == 128))
-                test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
+            if (c.dims[1] <= 257 && c.dims[4] == 128) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
         });
+        for (int rows : {32, 16}) {
+            flash::g_bwd_rows_per_warp = rows, flash::g_bwd_pass = 64;
+            run("attention", "attention_bwd32", [&](const C& c) {
+                if (c.dims[1] <= 257 && c.dims[4] == 64) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
+            });
+        }
         flash::g_bwd_rows_per_warp = 0, flash::g_bwd_pass = 0;
         run("rmsnorm", "rmsnorm", [&](const C& c) { test_rmsnorm(h, c.dims[0], c.dims[1], c.x); });
         run("rope", "rope", [&](const C& c) {
