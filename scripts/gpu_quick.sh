@@ -351,9 +351,9 @@ stage_kernels() {
     local log rc v
     local -a VERSIONS
     # attention first: the trainer's versions at every shape (the forward's v5; the backward's v6 at
-    # head size 64, v3 at 128), then PyTorch's SDPA at the same shapes (the peer), then ncu's stall
-    # rows of the trainer's backward, then the other versions (backward v4 and v5; the forward's 16
-    # rows a warp against 32)
+    # head size 64, v3 at 128), then PyTorch's SDPA at the same shapes (the peer), then the version
+    # in question (backward v7: dQ from dS^T in memory), ncu's stall rows of the trainer's backward,
+    # then the other versions (backward v4 and v5; the forward's 16 rows a warp against 32)
     VERSIONS=("forward 5" "backward 6" "backward 3")
     attn_runs
     log="$WORK/torch_attention.log"
@@ -366,6 +366,8 @@ stage_kernels() {
             row "PyTorch SDPA $(echo "$res" | cut -d' ' -f2-5)" "PASS" "" "" "" "$(echo "$res" | cut -d' ' -f6-)"
         done < <(grep '^TORCH_ATTN' "$log")
     fi
+    VERSIONS=("backward 7")
+    attn_runs
     ncu_stalls
     VERSIONS=("backward 4" "backward 5" "forward 4")
     attn_runs

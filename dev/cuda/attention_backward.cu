@@ -14,6 +14,8 @@
 //   6: v3's 64-row tiles, 16 rows a warp, the dK/dV kernel taking each query tile in two passes of
 //      32 columns (head sizes 64 and 128; v5's live S^T and dP^T accumulators with v3's barriers):
 //      the trainer's choice at head size 64 since the fourth GPU window
+//   7: the trainer's ways (v6 at head size 64, v3 at 128) with dQ from the dS^T that the dK/dV
+//      kernel writes to memory (B NH T T bf16 of scratch) instead of recomputing S and dP
 //
 // Lab notebook (causal, bf16; FLOPs as FlashAttention counts them: 2.5 x the forward's 4 B NH HS T^2 / 2):
 //   v2  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): dQ 48.1 ms and dK/dV
@@ -57,8 +59,17 @@
 //       (215.2). So v4's two m-tiles (255 registers, two blocks an SM) lost to one m-tile at
 //       head size 64, and v6's passes (168 registers, three blocks) won: the trainer takes v6 at
 //       head size 64, v3 at 128. v6 is still 1.3-1.7x SDPA's time.
+//   v7  not yet measured (written 2026-11-27 after the fourth window). Why it should be faster:
+//       the dQ kernel does three products a key tile (S, dP again, then dQ) where FlashAttention-2
+//       does one (its dK/dV kernel adds dS K into dQ with fp32 atomics: not deterministic); here
+//       the dK/dV kernel stores the dS^T it already holds (rounded as dK's product takes it) and
+//       the dQ kernel reads it back: one product and 2 B NH T^2/2 bytes written and read (100 MB
+//       at B 8 NH 12 T 1024, ~0.035 ms each way at ~3 TB/s) against two products recomputed (about
+//       2/3 of v6's dQ kernel, ~0.08 ms of its ~0.13 by the window's numbers). Prediction at HS 64
+//       NH 12: 0.29 ms -> ~0.24. Cost: the scratch (805 MB at GPT-2 124M B 32; capped at 2 GiB).
 //   To measure: make -C dev/cuda attention_backward && for v in 2 3 4 5 6; do
 //     ./dev/cuda/attention_backward $v 8 1024 32 64; ./dev/cuda/attention_backward $v 8 1024 16 128; done
+//   (for v in 2 3 4 5 6 7)
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
 
@@ -85,7 +96,8 @@ int main(int argc, char** argv) {
     attn::g_flash_backward = version >= 3;
     flash::g_bwd_rows_per_warp = version == 4 ? 32 : 16;
     flash::g_bwd_tile = version == 5 ? 32 : 0;
-    flash::g_bwd_pass = version == 6 ? 32 : 64;
+    flash::g_bwd_pass = version == 6 ? 32 : version == 7 ? 0 : 64;
+    flash::g_bwd_ds = version == 7 ? 1 : 0;
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_backward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);

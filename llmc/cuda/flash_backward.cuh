@@ -18,6 +18,7 @@
 //    P (dP - D), dQ += dS K (K by ldmatrix.trans), key tiles in order.
 // Block form as the forward (positions qp, kp); accumulate: += into dq_dst / dkv (else =).
 #pragma once
+#include <algorithm>
 #include <climits>
 
 #include "llmc/cuda/flash_attention.cuh"
@@ -25,6 +26,9 @@
 namespace flash {
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// rows (and row length) of the dS^T scratch of one head: n rounded up to whole 64-row tiles
+__host__ __device__ __forceinline__ int ds_rows(int n) { return (n + 63) / 64 * 64; }
 
 // K [BK][LD], V [BK][LD] (BK = kBR MT key rows), Q [2][BQ][LD], dO [2][BQ][LD] (E), lse [2][BQ],
 // D [2][BQ] (16-byte aligned)
@@ -50,10 +54,12 @@ __device__ __forceinline__ void store_pair(E* p, float x, float y, bool accumula
 // multiple of 16 dividing BQ): the query columns of a tile taken at once, in order (BQ: the whole
 // tile; less: fewer live S^T and dP^T accumulators, the same sums in the same order)
 // (Up to head size 64, 32 columns at once with one m-tile: three blocks an SM, 168 registers at
-// most: at 170 ptxas's allocation, rounded up to 176, left room for two.)
-template <class E, int HS, int BQ, int MT, int QH = BQ>
+// most: at 170 ptxas's allocation, rounded up to 176, left room for two.) DS: also writes dS^T,
+// rounded to E as dK's product takes it, into ds [B NH][ds_rows(Tk)][ds_rows(Tq)] (key-major) for
+// flash_backward_dq_ds_kernel: every element some query sees of every tile it visits.
+template <class E, int HS, int BQ, int MT, int QH = BQ, bool DS = false>
 __global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 : 0)
-    flash_backward_dkdv_kernel(E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
+    flash_backward_dkdv_kernel(E* dkv, E* ds, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                                const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                                SeqPositions kp, bool accumulate) {
     using L = DkdvSmem<HS, BQ, MT>;
@@ -129,6 +135,9 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 
 
     for (int i = 0; i < n; i++) {
         const int buf = i & 1, q0 = (qt0 + i % nqt) * BQ;
+        // DS: the offset in ds of this tile's head at the warp's key row kw0 + g (m-tile 0's lane row)
+        // and query q0 (int: try_backward caps the scratch at 2^30 elements)
+        const int dso = DS ? ((b * NH + kvh * group + i / nqt) * ds_rows(Tk) + kw0 + g) * ds_rows(Tq) + q0 : 0;
         if (i + 1 < n) {
             issue(i + 1, buf ^ 1);
             ptx::cp_async_commit();
@@ -206,6 +215,17 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 
                     for (int m = 0; m < MT; m++) {
                         ptx::acc_to_a<E>(ap[m], s[m][2 * kc], s[m][2 * kc + 1]);
                         ptx::acc_to_a<E>(ad[m], dp[m][2 * kc], dp[m][2 * kc + 1]);
+                    }
+                    if constexpr (DS) {  // A's registers: rows g, g + 8 by columns 2t, 2t + 8 (as pairs)
+                        const int ld = ds_rows(Tq);
+                        LLMC_UNROLL
+                        for (int m = 0; m < MT; m++)
+                            LLMC_UNROLL
+                            for (int r = 0; r < 4; r++) {
+                                if (kw0 + 16 * m + g + 8 * (r & 1) >= Tk) continue;
+                                const int o = dso + (16 * m + 8 * (r & 1)) * ld + pc + kc * 16 + 8 * (r >> 1) + 2 * t;
+                                *reinterpret_cast<uint32_t*>(ds + o) = ad[m][r];
+                            }
                     }
                     LLMC_UNROLL
                     for (int d2 = 0; d2 < HS / 16; d2++) {
@@ -405,24 +425,154 @@ __global__ void __launch_bounds__(kThreads)
         }
 }
 
+// dS^T [64 keys][64 queries] (E) and K [64][LD], both double-buffered
+template <int HS> struct DqDsSmem {
+    static constexpr int LD = HS + 8, LDS = 64 + 8;
+    static constexpr size_t s = 0, k = s + (size_t)2 * 64 * LDS * 2, total = k + (size_t)2 * 64 * LD * 2;
+};
+
+// dQ = dS K from the dS^T that flash_backward_dkdv_kernel<..., DS = true> wrote: one product a key
+// tile where the dQ kernel above recomputes S and dP for it (three). grid (B * NH, ceil(Tq / 64)),
+// kThreads threads, DqDsSmem<HS>::total bytes; each warp 16 query rows, its dS rows by
+// ldmatrix.trans from the key-major tile. The scratch holds nothing where no query sees the key
+// (tiles the dK/dV kernel skipped, or a warp's skipped columns): each warp zeroes those of its
+// rows in the tiles that cross its diagonal before reading them.
+template <class E, int HS>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_dq_ds_kernel(E* dq_dst, const E* ds, const E* qkv_kv, int Tq, int Tk, int NH, int NKV,
+                                float scale, SeqPositions qp, SeqPositions kp, bool accumulate) {
+    using L = DqDsSmem<HS>;
+    constexpr int LD = L::LD, LDS = L::LDS, DT = HS / 8;
+    LLMC_EXTERN_SMEM(char, smem);
+    E* sS = reinterpret_cast<E*>(smem + L::s);
+    E* sK = reinterpret_cast<E*>(smem + L::k);
+
+    const int h = blockIdx.x % NH, b = blockIdx.x / NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * 64;  // heaviest (last) query tiles first
+    const int kvh = h / (NH / NKV);
+    const long long stride = (long long)(NH + 2 * NKV) * HS;
+    const E* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
+    const E* Sg = ds + ((long long)b * NH + h) * ds_rows(Tk) * ds_rows(Tq) + q0;  // row k: + k ds_rows(Tq)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+    const int kv_end = visible(kp, Tk, qp.at(min(Tq, q0 + 64) - 1));
+    const int ntiles = (kv_end + 63) / 64;
+    const int w0 = q0 + 16 * warp;  // this warp's query rows [w0, w0 + 16)
+    const bool active = w0 < Tq;
+    int seen[2];  // the keys rows g and g + 8 see
+    LLMC_UNROLL
+    for (int i = 0; i < 2; i++) {
+        const int r = w0 + g + 8 * i;
+        seen[i] = r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
+    }
+    const int w_end = active ? visible(kp, kv_end, qp.at(min(Tq, w0 + 16) - 1)) : 0;
+    const int w_full = active ? visible(kp, kv_end, qp.at(w0)) : 0;
+
+    auto issue = [&](int j, int buf) {
+        load_tile<64, 64>(sS + buf * 64 * LDS, Sg, ds_rows(Tq), j * 64, kv_end);
+        load_tile<HS, 64>(sK + buf * 64 * LD, Kg, stride, j * 64, kv_end);
+    };
+    if (ntiles > 0) issue(0, 0);
+    ptx::cp_async_commit();
+
+    float dq[DT][4];
+    LLMC_UNROLL
+    for (int d = 0; d < DT; d++)
+        LLMC_UNROLL
+        for (int e = 0; e < 4; e++) dq[d][e] = 0.0f;
+    // A (dS, 16 queries x 16 keys) from the key-major tile by ldmatrix.trans: matrix i = lane / 8
+    // holds keys 8 (i / 2) + lane % 8, queries 8 (i % 2) onwards; B (K) as the dQ kernel's
+    const int srow = (lane & 7) + (lane >> 4) * 8, scol = 16 * warp + ((lane >> 3) & 1) * 8;
+    const int trow = (lane & 7) + ((lane >> 3) & 1) * 8, tcol = (lane >> 4) * 8;
+
+    for (int j = 0; j < ntiles; j++) {
+        const int buf = j & 1, k0 = j * 64;
+        if (j + 1 < ntiles) {
+            issue(j + 1, buf ^ 1);
+            ptx::cp_async_commit();
+            ptx::cp_async_wait<1>();
+        } else {
+            ptx::cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (k0 < w_end) {
+            E* tS = sS + buf * 64 * LDS;
+            const E* tK = sK + buf * 64 * LD;
+            if (k0 + 64 > w_full) {  // crossing this warp's diagonal: its rows' unseen keys to 0
+                LLMC_UNROLL
+                for (int i = 0; i < 2; i++)
+                    for (int c = 16 * t; c < 16 * t + 16; c++)
+                        if (k0 + c >= seen[i]) reinterpret_cast<uint16_t*>(tS)[c * LDS + 16 * warp + g + 8 * i] = 0;
+                __syncwarp();
+            }
+            LLMC_UNROLL
+            for (int kc = 0; kc < 4; kc++) {  // dQ += dS K, 16 keys at a time
+                uint32_t a[4];
+                ptx::ldmatrix_x4_trans(a, tS + (kc * 16 + srow) * LDS + scol);
+                LLMC_UNROLL
+                for (int d2 = 0; d2 < HS / 16; d2++) {
+                    uint32_t r[4];
+                    ptx::ldmatrix_x4_trans(r, tK + (kc * 16 + trow) * LD + tcol + d2 * 16);
+                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                    ptx::mma_16816<E>(dq[2 * d2], a, b0, dq[2 * d2]);
+                    ptx::mma_16816<E>(dq[2 * d2 + 1], a, b1, dq[2 * d2 + 1]);
+                }
+            }
+        }
+        __syncthreads();  // the next step's prefetch overwrites this buffer
+    }
+
+    LLMC_UNROLL
+    for (int i = 0; i < 2; i++) {
+        const int r = w0 + g + 8 * i;
+        if (r >= Tq) continue;
+        E* row = dq_dst + ((long long)b * Tq + r) * stride + (long long)h * HS;
+        LLMC_UNROLL
+        for (int d = 0; d < DT; d++)
+            store_pair(row + d * 8 + 2 * t, dq[d][2 * i] * scale, dq[d][2 * i + 1] * scale, accumulate);
+    }
+}
+
+// dev/cuda's attention_backward v7: dQ from the dS^T the dK/dV kernel writes (1) instead of
+// recomputing S and dP (0), on the trainer's ways at head sizes 64 (v6) and 128 (v3): B NH
+// ds_rows(Tk) ds_rows(Tq) E of scratch (g_ds_scratch), at most g_ds_max_bytes (else recomputed)
+inline int g_bwd_ds = 0;
+inline size_t g_ds_max_bytes = size_t(2) << 30;
+inline GrowBuffer g_ds_scratch;
+
 // The dQ kernel over BT-key tiles and the dK/dV kernel over BT-query tiles, both with MT m-tiles a
-// warp (the dK/dV kernel QH query columns at once).
-template <int HS, int BT, int MT, int QH = BT, class E>
+// warp (the dK/dV kernel QH query columns at once); DS: dQ by flash_backward_dq_ds_kernel.
+template <int HS, int BT, int MT, int QH = BT, bool DS = false, class E>
 bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                   const float* D, int B, int Tq, int Tk, int NH, int NKV, SeqPositions qp, SeqPositions kp,
                   bool accumulate, cudaStream_t st) {
-    auto fkv = flash_backward_dkdv_kernel<E, HS, BT, MT, QH>;
-    auto fq = flash_backward_dq_kernel<E, HS, BT, MT>;
-    const size_t skv = DkdvSmem<HS, BT, MT>::total, sq = DqSmem<HS, BT, MT>::total;
+    static_assert(!DS || (BT == 64 && MT == 1), "dS^T through memory: 64-row tiles, one m-tile");
+    auto fkv = flash_backward_dkdv_kernel<E, HS, BT, MT, QH, DS>;
+    const void* fq;  // (the dS kernel instantiated only where DS)
+    if constexpr (DS) fq = (const void*)flash_backward_dq_ds_kernel<E, HS>;
+    else fq = (const void*)flash_backward_dq_kernel<E, HS, BT, MT>;
+    const size_t skv = DkdvSmem<HS, BT, MT>::total, sq = DS ? DqDsSmem<HS>::total : DqSmem<HS, BT, MT>::total;
+    const size_t ds_elems = DS ? (size_t)B * NH * ds_rows(Tk) * ds_rows(Tq) : 0;
+    if constexpr (DS) {  // within the cap, and int offsets
+        if (ds_elems > std::min(g_ds_max_bytes / sizeof(E), size_t(1) << 30)) return false;
+    }
     int optin = 0;
-    if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem((const void*)fq, sq, &optin)) return false;
+    if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem(fq, sq, &optin)) return false;
+    E* ds = DS ? static_cast<E*>(g_ds_scratch.get(ds_elems * sizeof(E), st)) : nullptr;
     const float scale = 1.0f / sqrtf((float)HS);
     constexpr int BK = kBR * MT;
-    LLMC_LAUNCH(fkv, dim3(B * NKV, (Tk + BK - 1) / BK), kThreads, skv, st, dkv, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
-                NH, NKV, scale, qp, kp, accumulate);
+    LLMC_LAUNCH(fkv, dim3(B * NKV, (Tk + BK - 1) / BK), kThreads, skv, st, dkv, ds, dout, qkv_q, qkv_kv, lse, D, Tq,
+                Tk, NH, NKV, scale, qp, kp, accumulate);
     CUDA_CHECK_LAUNCH();
-    LLMC_LAUNCH(fq, dim3(B * NH, (Tq + BK - 1) / BK), kThreads, sq, st, dq_dst, dout, qkv_q, qkv_kv, lse, D, Tq, Tk,
-                NH, NKV, scale, qp, kp, accumulate);
+    if constexpr (DS) {
+        auto fqs = flash_backward_dq_ds_kernel<E, HS>;
+        LLMC_LAUNCH(fqs, dim3(B * NH, (Tq + 63) / 64), kThreads, sq, st, dq_dst, ds, qkv_kv, Tq, Tk, NH, NKV, scale,
+                    qp, kp, accumulate);
+    } else {
+        auto fqr = flash_backward_dq_kernel<E, HS, BT, MT>;
+        LLMC_LAUNCH(fqr, dim3(B * NH, (Tq + BK - 1) / BK), kThreads, sq, st, dq_dst, dout, qkv_q, qkv_kv, lse, D, Tq,
+                    Tk, NH, NKV, scale, qp, kp, accumulate);
+    }
     CUDA_CHECK_LAUNCH();
     return true;
 }
@@ -455,17 +605,21 @@ bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
     const int rows = g_bwd_rows_per_warp ? g_bwd_rows_per_warp : HS == 64 ? 16 : 32;
     const int pass = g_bwd_pass ? g_bwd_pass : HS == 64 ? 32 : 64;
     const bool two = rows != 16, wide = g_bwd_tile != 32, halves = pass == 32;
+    // dS^T through memory (g_bwd_ds): at head sizes 64 (two passes) and 128 (one), the trainer's ways
+    const bool ds = g_bwd_ds == 1 && !two && wide;
     switch (HS) {
         case 32:
             return (two && LLMC_FLASH_BWD(32, 32, 2)) ||
                    (wide && LLMC_FLASH_BWD(32, 64, 1)) || LLMC_FLASH_BWD(32, 32, 1);
         case 64:
-            return (two && LLMC_FLASH_BWD(64, 32, 2)) || (wide && halves && LLMC_FLASH_BWD(64, 64, 1, 32)) ||
-                   (wide && LLMC_FLASH_BWD(64, 64, 1)) || LLMC_FLASH_BWD(64, 32, 1);
+            return (two && LLMC_FLASH_BWD(64, 32, 2)) || (ds && halves && LLMC_FLASH_BWD(64, 64, 1, 32, true)) ||
+                   (wide && halves && LLMC_FLASH_BWD(64, 64, 1, 32)) || (wide && LLMC_FLASH_BWD(64, 64, 1)) ||
+                   LLMC_FLASH_BWD(64, 32, 1);
         case 80: return (wide && LLMC_FLASH_BWD(80, 64, 1)) || LLMC_FLASH_BWD(80, 32, 1);
         case 96: return (wide && LLMC_FLASH_BWD(96, 64, 1)) || LLMC_FLASH_BWD(96, 32, 1);
         case 128:
-            return (wide && halves && LLMC_FLASH_BWD(128, 64, 1, 32)) || (wide && LLMC_FLASH_BWD(128, 64, 1)) ||
+            return (wide && halves && LLMC_FLASH_BWD(128, 64, 1, 32)) ||
+                   (ds && LLMC_FLASH_BWD(128, 64, 1, 64, true)) || (wide && LLMC_FLASH_BWD(128, 64, 1)) ||
                    LLMC_FLASH_BWD(128, 32, 1);
         default: return false;
     }

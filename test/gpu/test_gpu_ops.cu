@@ -1980,7 +1980,7 @@ int main(int argc, char** argv) {
         // v6 at head size 64, two m-tiles at 32, v3 above): the 32-row tiles, 16 rows a warp, that a
         // device short of shared memory (sm_86/sm_89 at head size 128) runs (v5); the dK/dV kernel's
         // two passes of 32 query columns at head size 128 (v6); at head size 64 two m-tiles (v4) and
-        // one pass (v3)
+        // one pass (v3); dQ from dS^T in memory (v7)
         flash::g_bwd_rows_per_warp = 16, flash::g_bwd_tile = 32;
         run("attention", "attention_bwd32", [&](const C& c) {
             if (c.dims[1] <= 257 && c.dims[4] % 16 == 0 && c.dims[4] >= 32 && c.dims[4] <= 128)
@@ -1996,7 +1996,12 @@ int main(int argc, char** argv) {
                 if (c.dims[1] <= 257 && c.dims[4] == 64) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
             });
         }
-        flash::g_bwd_rows_per_warp = 0, flash::g_bwd_pass = 0;
+        // dQ from the dS^T the dK/dV kernel writes (v7) at head sizes 64 and 128, every T and GQA case
+        flash::g_bwd_rows_per_warp = 0, flash::g_bwd_pass = 0, flash::g_bwd_ds = 1;
+        run("attention", "attention_bwd32", [&](const C& c) {
+            if (c.dims[4] == 64 || c.dims[4] == 128) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
+        });
+        flash::g_bwd_ds = 0;
         run("rmsnorm", "rmsnorm", [&](const C& c) { test_rmsnorm(h, c.dims[0], c.dims[1], c.x); });
         run("rope", "rope", [&](const C& c) {
             test_rope(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.x, SeqPositions());
@@ -2007,6 +2012,13 @@ int main(int argc, char** argv) {
         run("attention_ring", "attention_ring", [&](const C& c) {
             test_attention_ring(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5]);
         });
+        // the same blocks with dQ from the dS^T in memory (attention_backward v7: positions, +=)
+        flash::g_bwd_ds = 1;
+        run("attention_ring", "attention_ring", [&](const C& c) {
+            if (c.dims[4] == 64 || c.dims[4] == 128)
+                test_attention_ring(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5]);
+        });
+        flash::g_bwd_ds = 0;
         run("swiglu", "swiglu", [&](const C& c) { test_swiglu(h, c.dims[0], c.dims[1]); });
         run("moe", "moe", [&](const C& c) {
             test_moe(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4] ? c.dims[4] : c.dims[0] * c.dims[2]);
