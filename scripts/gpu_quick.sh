@@ -350,11 +350,12 @@ stage_kernels() {
     [ -n "$DEADLINE" ] || DEADLINE=$(( $(date +%s) + ${QUICK_SECONDS:-170} ))
     local log rc v
     local -a VERSIONS
-    # attention first: the trainer's versions at every shape (the forward's v5; the backward's v6 at
-    # head size 64, v3 at 128), then PyTorch's SDPA at the same shapes (the peer), then the version
-    # in question (backward v7: dQ from dS^T in memory), ncu's stall rows of the trainer's backward,
-    # then the other versions (backward v4 and v5; the forward's 16 rows a warp against 32)
-    VERSIONS=("forward 5" "backward 6" "backward 3")
+    # attention first: the trainer's versions at every shape (the forward's v5 at head size 64, v4
+    # at 128, where v5's two m-tiles ran 192 TFLOP/s in the fourth window against v4's 173 in the
+    # third: to compare in one call; the backward's v6 at 64, v3 at 128), then PyTorch's SDPA at
+    # the same shapes (the peer), then the version in question (backward v7: dQ from dS^T in
+    # memory), ncu's stall rows of the trainer's backward, then backward v4 and v5
+    VERSIONS=("forward 5" "forward 4" "backward 6" "backward 3")
     attn_runs
     log="$WORK/torch_attention.log"
     # shellcheck disable=SC2086
@@ -369,7 +370,7 @@ stage_kernels() {
     VERSIONS=("backward 7")
     attn_runs
     ncu_stalls
-    VERSIONS=("backward 4" "backward 5" "forward 4")
+    VERSIONS=("backward 4" "backward 5")
     attn_runs
     # fp8 (issue 31), then the memory-bound kernels of issue 29 at 124M B=32 (the old version, then
     # the new; the old cross entropy's CPU check alone takes tens of seconds)

@@ -82,7 +82,8 @@ static bool run_version(const std::vector<float>& qkv, const std::vector<float>&
     T *dq = to_dev<T>(qkv), *ddo = to_dev<T>(dout), *dout_ = to_dev<T>(out), *dd = dev_poisoned<T>(nqkv);
     float* dl = to_dev<float>(lse);
     float* D = dev_poisoned<float>((size_t)B * NH * Tn);
-    auto run = [=] { attn::attention_backward<T>(dd, ddo, dq, dout_, dl, D, B, Tn, NH, NH, HS, 0); };
+    static GrowBuffer ds;  // v7's dS^T
+    auto run = [=] { attn::attention_backward<T>(dd, ddo, dq, dout_, dl, D, B, Tn, NH, NH, HS, 0, &ds); };
     run();
     bool ok = validate("dqkv", to_host(dd, nqkv), ref, tol);
     float ms = bench_ms(run);

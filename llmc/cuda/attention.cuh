@@ -548,13 +548,16 @@ void attention_merge(T* out, float* lse, const T* blk_out, const float* blk_lse,
 }
 
 // D: scratch of B*NH*Tq floats. accumulate: += into dq_dst's q heads and dkv's k, v heads (else =).
+// ds_scratch: where the flash backward may keep dS (flash::g_bwd_ds); nullptr: it recomputes.
 template <class T>
 void attention_block_backward(T* dq_dst, T* dkv, const T* dout, const T* qkv_q, const T* qkv_kv, const T* out,
                               const float* lse, float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
-                              SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st) {
+                              SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st,
+                              GrowBuffer* ds_scratch = nullptr) {
     launch_attention_backward_d(D, dout, out, B, Tq, NH, HS, st);
     if constexpr (is_half_type<T>) {  // the tensor-core path (bf16, fp16), where it covers HS
-        if (g_flash_backward && flash::backward(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, HS, qp, kp, accumulate, st))
+        if (g_flash_backward && flash::backward(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, HS, qp,
+                                                kp, accumulate, st, ds_scratch))
             return;
     }
     const int HSP = padded_hs(HS);
@@ -587,9 +590,9 @@ void attention_block_backward(T* dq_dst, T* dkv, const T* dout, const T* qkv_q, 
 
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* D, int B,
-                        int T_, int NH, int NKV, int HS, cudaStream_t st) {
+                        int T_, int NH, int NKV, int HS, cudaStream_t st, GrowBuffer* ds_scratch = nullptr) {
     attention_block_backward(dqkv, dqkv, dout, qkv, qkv, out, lse, D, B, T_, T_, NH, NKV, HS, SeqPositions(),
-                             SeqPositions(), false, st);
+                             SeqPositions(), false, st, ds_scratch);
 }
 
 }  // namespace attn

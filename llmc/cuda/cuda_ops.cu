@@ -108,7 +108,8 @@ public:
         for (cudaEvent_t e : copy_tails_)
             if (e) cudaEventDestroy(e);
         for (GrowBuffer& b : scratch_) b.release();
-        for (GrowBuffer* b : {&sumsq_regions_, &sumsq_part_, &adamw_desc_, &adamw_chunks_, &bias_scratch_})
+        for (GrowBuffer* b :
+             {&sumsq_regions_, &sumsq_part_, &adamw_desc_, &adamw_chunks_, &bias_scratch_, &ds_scratch_})
             b->release();
         for (Upload& u : uploads_) {
             if (u.host) cudaFreeHost(u.host);
@@ -502,7 +503,7 @@ public:
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             attn::attention_backward<T_>(P<T_>(dqkv), P<T_>(dout), P<T_>(qkv), P<T_>(out), lse, D, B, T, NH, NKV, HS,
-                                         stream_);
+                                         stream_, &ds_scratch_);
         });
     }
 
@@ -540,7 +541,8 @@ public:
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             attn::attention_block_backward<T_>(P<T_>(dq), P<T_>(dkv), P<T_>(dout), P<T_>(qkv_q), P<T_>(qkv_kv),
-                                               P<T_>(out), lse, D, B, Tq, Tk, NH, NKV, HS, qp, kp, true, stream_);
+                                               P<T_>(out), lse, D, B, Tq, Tk, NH, NKV, HS, qp, kp, true, stream_,
+                                               &ds_scratch_);
         });
     }
 
@@ -918,6 +920,7 @@ private:
     LtMatmul lt_;
     GrowBuffer scratch_[4];
     GrowBuffer bias_scratch_;  // matmul_backward: launch_bias_grad's partial sums
+    GrowBuffer ds_scratch_;    // the flash backward's dS^T where flash::g_bwd_ds asks for it
     // the upload ring (from_host_bytes)
     struct Upload {
         void* host = nullptr;  // pinned, kUploadNoSync bytes

@@ -535,17 +535,16 @@ __global__ void __launch_bounds__(kThreads)
 
 // dev/cuda's attention_backward v7: dQ from the dS^T the dK/dV kernel writes (1) instead of
 // recomputing S and dP (0), on the trainer's ways at head sizes 64 (v6) and 128 (v3): B NH
-// ds_rows(Tk) ds_rows(Tq) E of scratch (g_ds_scratch), at most g_ds_max_bytes (else recomputed)
+// ds_rows(Tk) ds_rows(Tq) E of the caller's scratch, at most g_ds_max_bytes (else recomputed)
 inline int g_bwd_ds = 0;
 inline size_t g_ds_max_bytes = size_t(2) << 30;
-inline GrowBuffer g_ds_scratch;
 
 // The dQ kernel over BT-key tiles and the dK/dV kernel over BT-query tiles, both with MT m-tiles a
 // warp (the dK/dV kernel QH query columns at once); DS: dQ by flash_backward_dq_ds_kernel.
 template <int HS, int BT, int MT, int QH = BT, bool DS = false, class E>
 bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                   const float* D, int B, int Tq, int Tk, int NH, int NKV, SeqPositions qp, SeqPositions kp,
-                  bool accumulate, cudaStream_t st) {
+                  bool accumulate, cudaStream_t st, GrowBuffer* ds_scratch) {
     static_assert(!DS || (BT == 64 && MT == 1), "dS^T through memory: 64-row tiles, one m-tile");
     auto fkv = flash_backward_dkdv_kernel<E, HS, BT, MT, QH, DS>;
     const void* fq;  // (the dS kernel instantiated only where DS)
@@ -558,7 +557,7 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
     }
     int optin = 0;
     if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem(fq, sq, &optin)) return false;
-    E* ds = DS ? static_cast<E*>(g_ds_scratch.get(ds_elems * sizeof(E), st)) : nullptr;
+    E* ds = DS ? static_cast<E*>(ds_scratch->get(ds_elems * sizeof(E), st)) : nullptr;
     const float scale = 1.0f / sqrtf((float)HS);
     constexpr int BK = kBR * MT;
     LLMC_LAUNCH(fkv, dim3(B * NKV, (Tk + BK - 1) / BK), kThreads, skv, st, dkv, ds, dout, qkv_q, qkv_kv, lse, D, Tq,
@@ -598,15 +597,15 @@ inline int g_bwd_pass = 0;
 template <class E>
 bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
                      const float* lse, const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
-                     SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st) {
+                     SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st, GrowBuffer* ds_scratch) {
 #define LLMC_FLASH_BWD(HSV, BT, MT, ...) \
     try_backward<HSV, BT, MT, ##__VA_ARGS__>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, \
-                                             accumulate, st)
+                                             accumulate, st, ds_scratch)
     const int rows = g_bwd_rows_per_warp ? g_bwd_rows_per_warp : HS == 64 ? 16 : 32;
     const int pass = g_bwd_pass ? g_bwd_pass : HS == 64 ? 32 : 64;
     const bool two = rows != 16, wide = g_bwd_tile != 32, halves = pass == 32;
     // dS^T through memory (g_bwd_ds): at head sizes 64 (two passes) and 128 (one), the trainer's ways
-    const bool ds = g_bwd_ds == 1 && !two && wide;
+    const bool ds = g_bwd_ds == 1 && ds_scratch && !two && wide;
     switch (HS) {
         case 32:
             return (two && LLMC_FLASH_BWD(32, 32, 2)) ||
