@@ -292,29 +292,29 @@ stage_quick() {
     [ "$DRY_RUN" = 1 ] || echo "gpu_check --quick: $(( $(date +%s) - start )) s"
 }
 
-# ncu_stalls: why the flash backward runs at a fraction of the tensor cores (issue 30: 78 TFLOP/s at
-# HS 64 on the H200 against SDPA's 138): each of its kernels once (dev/cuda/attention_backward's
-# default version, 124M's shape B=8 T=1024 NH=12 HS=64) under ncu's warp-state, occupancy and
-# compute sections, a row each with its registers, occupancy, cycles between issues and what
-# ncu's rules say stalls it; the sections' text is in the logs (ncu_flash_backward.txt)
+# ncu_stalls KIND VERSION HS NH: why a flash kernel runs at a fraction of the tensor cores (issue 30:
+# the backward at HS 64 and the forward at HS 128 are SDPA's furthest behind): each kernel of
+# dev/cuda/attention_KIND VERSION once (B=8 T=1024) under ncu's warp-state, occupancy and compute
+# sections, a row each with its registers, occupancy, cycles between issues and what ncu's rules
+# say stalls it; the sections' text is in the logs (ncu_flash_KIND_HS*.txt)
 ncu_stalls() {
-    local log="$WORK/ncu_flash_backward.txt" rc
-    step "ncu flash backward: stalls" 50 "$(find_ncu)" --clock-control none -k regex:flash_backward --launch-count 2 \
-        --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
-        dev/cuda/attention_backward 6 8 1024 12 64 >"$log" 2>&1
+    local kind=$1 ver=$2 hs=$3 nh=$4 log="$WORK/ncu_flash_$1_HS$3.txt" rc
+    step "ncu flash $kind v$ver HS $hs: stalls" 50 "$(find_ncu)" --clock-control none -k "regex:flash_$kind" \
+        --launch-count 2 --section WarpStateStats --section Occupancy --section LaunchStats \
+        --section ComputeWorkloadAnalysis dev/cuda/attention_"$kind" "$ver" 8 1024 "$nh" "$hs" >"$log" 2>&1
     rc=$?
     [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && return
-    if [ $rc -ne 0 ] || ! grep -q 'flash_backward' "$log"; then
-        row "ncu flash backward" "FAIL" "" "" "" "exit $rc: $(grep -m1 -iE 'error' "$log" | cut -c1-100)"
+    if [ $rc -ne 0 ] || ! grep -q "flash_$kind" "$log"; then
+        row "ncu flash $kind v$ver HS $hs" "FAIL" "" "" "" "exit $rc: $(grep -m1 -iE 'error' "$log" | cut -c1-100)"
         return
     fi
     # a row per kernel: its name, then the metrics and the stall sentences of its sections
-    awk '/flash_backward_[a-z]*_kernel/ && /Context/ { if (k) print k "\t" m; k = $1; sub(/<.*/, "", k); m = ""; next }
+    awk '/flash_[a-z_]*kernel/ && /Context/ { if (k) print k "\t" m; k = $1; sub(/<.*/, "", k); m = ""; next }
          /Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued Instruction|Issue Slots Busy|SM Busy/ {
              line = $0; gsub(/  +/, " ", line); m = m ";" line; next }
          /stalled|Stall/ { line = $0; gsub(/^ +| +$/, "", line); m = m "; " substr(line, 1, 160) }
          END { if (k) print k "\t" m }' "$log" |
-        while IFS=$'\t' read -r k m; do row "ncu $k (HS 64)" "INFO" "" "" "" "${m#;}"; done
+        while IFS=$'\t' read -r k m; do row "ncu $k v$ver (HS $hs)" "INFO" "" "" "" "${m#;}"; done
 }
 
 # B T NH HS per shape: GPT-2 124M's, then FlashAttention's benchmark shapes (d_model 2048)
@@ -354,7 +354,8 @@ stage_kernels() {
     # at 128, where v5's two m-tiles ran 192 TFLOP/s in the fourth window against v4's 173 in the
     # third: to compare in one call; the backward's v6 at 64, v3 at 128), then PyTorch's SDPA at
     # the same shapes (the peer), then the version in question (backward v7: dQ from dS^T in
-    # memory), ncu's stall rows of the trainer's backward, then backward v4 and v5
+    # memory), ncu's stall rows of the trainer's backward at HS 64 and the forward's two m-tiles at
+    # HS 128, then backward v4 and v5
     VERSIONS=("forward 5" "forward 4" "backward 6" "backward 3")
     attn_runs
     log="$WORK/torch_attention.log"
@@ -369,7 +370,8 @@ stage_kernels() {
     fi
     VERSIONS=("backward 7")
     attn_runs
-    ncu_stalls
+    ncu_stalls backward 6 64 12
+    ncu_stalls forward 5 128 16
     VERSIONS=("backward 4" "backward 5")
     attn_runs
     # fp8 (issue 31), then the memory-bound kernels of issue 29 at 124M B=32 (the old version, then
