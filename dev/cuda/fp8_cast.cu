@@ -85,10 +85,10 @@ int main(int argc, char** argv) {
                                                                                         Fp8Format::E4M3);
         else if (v == 1)
             fp8::cast_kernel<bf16><<<(int)std::min<long long>(tiles, fp8::kCastBlocks), dim3(32, 8)>>>(
-                o, oT, amax + 1, x, sc, rows, cols, Fp8Format::E4M3);
+                o, oT, amax + 1, x, sc, rows, cols, Fp8Format::E4M3, false);
         else
             fp8::cast_vec_kernel<bf16><<<(int)std::min<long long>(vtiles, fp8::kCastBlocks), fp8::kVecThreads>>>(
-                o, oT, amax + 2, x, sc, rows, cols, Fp8Format::E4M3);
+                o, oT, amax + 2, x, sc, rows, cols, Fp8Format::E4M3, false);
         CUDA_CHECK(cudaGetLastError());
     };
     // reference: version 1, itself checked against the host's conversion

@@ -359,7 +359,8 @@ public:
 
     // ---- fp8 ----
     // FP8 linear layers (precision "fp8"; formats, scales and the recipes in llmc/precision/fp8.h).
-    // Every operand x is cast with its Fp8Cast c (c.scale: *c.scale_at where that is set):
+    // Every operand x (with c.gelu: gelu_tanh of the tensor given, in fp32) is cast with its Fp8Cast
+    // c (c.scale: *c.scale_at where that is set):
     //   s = c.current ? fp8_scale_from_amax(max|x|, c.format, c.margin, c.scale) : c.scale
     //   q(x) = fp8_decode(fp8_encode(x * s, c.format), c.format) * (1/s)
     // and, when c.amax is non-null, *c.amax = max(*c.amax, max|x|) with max|x| of the unscaled

@@ -31,8 +31,15 @@ float cast_scale(const Fp8Cast& c, const float* x, size_t n) {
     return s;
 }
 
-// q(x) for every element, into a new buffer
+// q(x) for every element, into a new buffer (c.gelu: of gelu(x))
 std::vector<float> quantized(const Fp8Cast& c, const float* x, size_t n) {
+    std::vector<float> g;
+    if (c.gelu) {
+        g.resize(n);
+#pragma omp parallel for schedule(static) if (cpu::parallel_worth(n))
+        for (size_t i = 0; i < n; ++i) g[i] = cpu::gelu(x[i]);
+        x = g.data();
+    }
     const float s = cast_scale(c, x, n);
     const float inv = 1.0f / s;
     std::vector<float> q(n);

@@ -61,15 +61,17 @@ __device__ __forceinline__ void block_max_atomic(unsigned* dst, unsigned m) {
     }
 }
 
-// *amax_bits = max(*amax_bits, max over x of fp8_abs_bits). Grid-stride in packs of K elements
-// (K divides n: pack_width); one atomic per block.
+// The value a cast takes from element x: x, or gelu_tanh(x) in fp32 (Fp8Cast::gelu)
+__device__ __forceinline__ float operand(float x, bool gelu) { return gelu ? gelu_tanh(x) : x; }
+// *amax_bits = max(*amax_bits, max over x of fp8_abs_bits) (of operand(x, gelu)). Grid-stride in
+// packs of K elements (K divides n: pack_width); one atomic per block.
 template <class T, int K>
-__global__ void amax_kernel(unsigned* amax_bits, const T* x, long long n) {
+__global__ void amax_kernel(unsigned* amax_bits, const T* x, long long n, bool gelu) {
     unsigned m = 0;
     const long long packs = n / K, stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < packs; i += stride) {
         const Pack<T, K> p = load_pack<K>(x + i * K);
-        for (int e = 0; e < K; e++) m = max(m, fp8_abs_bits(to_f32(p.v[e])));
+        for (int e = 0; e < K; e++) m = max(m, fp8_abs_bits(operand(to_f32(p.v[e]), gelu)));
     }
     block_max_atomic(amax_bits, m);
 }
@@ -112,8 +114,8 @@ __global__ void update_scales_kernel(Fp8Device d, bool from_wide, float* step_ov
     if (threadIdx.x == 0) *step_overflows = (float)bad;
 }
 
-// x [rows, cols] row-major -> codes of x * sc[0]: out [rows, cols] and/or outT [cols, rows]
-// (either may be nullptr); amax_bits (may be nullptr) max-accumulates |x|. Block (32, 8) walks
+// x [rows, cols] row-major -> codes of operand(x, gelu) * sc[0]: out [rows, cols] and/or outT
+// [cols, rows] (either may be nullptr); amax_bits (may be nullptr) max-accumulates |operand(x)|. Block (32, 8) walks
 // 32 x 32 tiles grid-stride (a bounded grid: one amax atomic per block, kCastBlocks at most); the
 // transposed copy goes through shared memory so that both the reads and the writes are
 // row-contiguous. Under the CUDA emulator the grid is 3 blocks, so that the test shapes walk
@@ -125,7 +127,7 @@ constexpr int kCastBlocks = 1024;
 #endif
 template <class T>
 __global__ void cast_kernel(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, unsigned* amax_bits, const T* x,
-                            const float* sc, int rows, int cols, Fp8Format f) {
+                            const float* sc, int rows, int cols, Fp8Format f, bool gelu) {
     __shared__ __nv_fp8_storage_t tile[32][33];
     const int tiles_c = (cols + 31) / 32;
     const long long tiles = (long long)tiles_c * ((rows + 31) / 32);
@@ -136,7 +138,7 @@ __global__ void cast_kernel(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, u
         for (int i = threadIdx.y; i < 32; i += 8) {
             const int r = r0 + i, c = c0 + threadIdx.x;
             if (r < rows && c < cols) {
-                const float v = to_f32(x[(long long)r * cols + c]);
+                const float v = operand(to_f32(x[(long long)r * cols + c]), gelu);
                 m = max(m, fp8_abs_bits(v));
                 const __nv_fp8_storage_t q = cvt(v * s, f);
                 if (out) out[(long long)r * cols + c] = q;
@@ -166,7 +168,7 @@ constexpr int kVecTile = 64, kVecThreads = 256, kVecLd = kVecTile + 4;
 template <class T>
 __global__ void __launch_bounds__(kVecThreads)
     cast_vec_kernel(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, unsigned* amax_bits, const T* x,
-                    const float* sc, int rows, int cols, Fp8Format f) {
+                    const float* sc, int rows, int cols, Fp8Format f, bool gelu) {
     constexpr int kChunks = kVecTile / 8, kItems = kVecTile * kChunks;  // chunks a tile row, chunks a tile
     using Codes = Pack<__nv_fp8_storage_t, 8>;
     __shared__ __nv_fp8_storage_t tile[kVecTile][kVecLd];
@@ -190,6 +192,7 @@ __global__ void __launch_bounds__(kVecThreads)
             }
             Codes q;
             for (int e = 0; e < 8; e++) {
+                v[e] = operand(v[e], gelu);
                 m = max(m, fp8_abs_bits(v[e]));
                 q.v[e] = cvt(v[e] * s, f);
             }
@@ -222,15 +225,15 @@ inline bool cast_vec_fits(const void* x, const void* out, const void* outT, int 
 // cast_kernel: at most kCastBlocks blocks either way.
 template <class T>
 void launch_cast(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, unsigned* amax_bits, const T* x, const float* sc,
-                 int rows, int cols, Fp8Format f, cudaStream_t st) {
+                 int rows, int cols, Fp8Format f, cudaStream_t st, bool gelu = false) {
     if (cast_vec_fits(x, out, outT, rows, cols)) {
         const long long tiles = (long long)ceil_div(cols, kVecTile) * ceil_div(rows, kVecTile);
         LLMC_LAUNCH(cast_vec_kernel<T>, (int)std::min<long long>(tiles, kCastBlocks), kVecThreads, 0, st, out, outT,
-                    amax_bits, x, sc, rows, cols, f);
+                    amax_bits, x, sc, rows, cols, f, gelu);
     } else {
         const long long tiles = (long long)ceil_div(cols, 32) * ceil_div(rows, 32);
         LLMC_LAUNCH(cast_kernel<T>, (int)std::min<long long>(tiles, kCastBlocks), dim3(32, 8), 0, st, out, outT,
-                    amax_bits, x, sc, rows, cols, f);
+                    amax_bits, x, sc, rows, cols, f, gelu);
     }
 }
 
@@ -546,7 +549,7 @@ private:
                     with_pack_width<T>(pack_width<T>(n, {xp}), [&](auto k) {
                         const int blocks = (int)std::min<long long>(kCastBlocks, (n / k + 255) / 256);
                         auto kernel = amax_kernel<T, decltype(k)::value>;  // one name for the launch macro
-                        LLMC_LAUNCH(kernel, std::max(1, blocks), 256, 0, stream, amax, xp, n);
+                        LLMC_LAUNCH(kernel, std::max(1, blocks), 256, 0, stream, amax, xp, n, c.gelu);
                     });
                     CUDA_CHECK_LAUNCH();
                 }
@@ -555,7 +558,7 @@ private:
                 CUDA_CHECK_LAUNCH();
             }
             launch_cast<T>(out, outT, c.current ? nullptr : record, xp, given ? c.scale_at : sc, rows, cols, c.format,
-                           stream);
+                           stream, c.gelu);
             CUDA_CHECK_LAUNCH();
         });
         return given ? CastScales{c.scale_at, c.inv_at} : CastScales{sc, sc + kInvScale};

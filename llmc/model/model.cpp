@@ -564,28 +564,32 @@ Tensor Model::residual_grad(int b, int t) const {
 // the backward records the output gradient's and casts input and weight again with the
 // forward's scales but records nothing (same tensors: their amaxes are already in).
 void Model::linear_forward(int l, Fp8Linear lin, Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N,
-                          int IC, int OC, bool gelu) {
+                          int IC, int OC, bool gelu, bool inp_gelu) {
     // A forward-only pass with a row count the fp8 GEMM cannot take (sampling's short windows
     // on CUDA; training shapes are checked at start-up) runs this linear in the model's dtype.
-    if (!fp8_ || N % ops.fp8_dim_multiple() != 0) {
+    if (!fp8_linear(N)) {
+        LLMC_ASSERT(!inp_gelu, "linear_forward: the GELU in the input's cast is fp8's");
         ops.matmul_forward(out, pre_gelu, inp, w, bias, N, IC, OC, gelu);
         return;
     }
-    ops.matmul_forward_fp8(out, pre_gelu, inp, w, bias, N, IC, OC, gelu,
-                           fp8_->cast(l, lin, Fp8Operand::Input, fp8_amax_, fp8_scale_, fp8_inv_),
+    Fp8Cast ci = fp8_->cast(l, lin, Fp8Operand::Input, fp8_amax_, fp8_scale_, fp8_inv_);
+    ci.gelu = inp_gelu;
+    ops.matmul_forward_fp8(out, pre_gelu, inp, w, bias, N, IC, OC, gelu, ci,
                            fp8_->cast(l, lin, Fp8Operand::Weight, fp8_amax_, fp8_scale_, fp8_inv_));
 }
 
 void Model::linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp,
-                           Tensor w, Tensor pre_gelu, int N, int IC, int OC, Tensor dinp_gelu) {
+                           Tensor w, Tensor pre_gelu, int N, int IC, int OC, Tensor dinp_gelu, bool inp_gelu) {
     if (!fp8_) {
+        LLMC_ASSERT(!inp_gelu, "linear_backward: the GELU in the input's cast is fp8's");
         ops.matmul_backward(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC, dinp_gelu);
         return;
     }
     LLMC_ASSERT(!dinp_gelu, "linear_backward: fp8 takes the GELU's backward in the next linear (pre_gelu)");
+    Fp8Cast ci = fp8_->cast(l, lin, Fp8Operand::Input, nullptr, fp8_scale_, fp8_inv_);
+    ci.gelu = inp_gelu;
     ops.matmul_backward_fp8(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC,
-                            fp8_->cast(l, lin, Fp8Operand::GradOutput, fp8_amax_, fp8_scale_, fp8_inv_),
-                            fp8_->cast(l, lin, Fp8Operand::Input, nullptr, fp8_scale_, fp8_inv_),
+                            fp8_->cast(l, lin, Fp8Operand::GradOutput, fp8_amax_, fp8_scale_, fp8_inv_), ci,
                             fp8_->cast(l, lin, Fp8Operand::Weight, nullptr, fp8_scale_, fp8_inv_));
 }
 
@@ -665,15 +669,20 @@ float Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t, float 
         ops.residual_forward(res3, res2, y);
         return aux;
     }
+    // fp8 with a GELU: fc writes the pre-activation alone and fc_proj's input cast applies the
+    // GELU (in fp32, no GELU output written and read again)
+    const bool gelu_in_cast = !k.swiglu && fp8_linear(int(N));
     if (k.swiglu) {
         linear_forward(l, Fp8Linear::Fc, pre, Tensor(), x, param_span(GateW, UpW, l), Tensor(), int(N), C, 2 * Fl,
                        false);
         ops.swiglu_forward(act, pre, int(N), Fl);
+    } else if (gelu_in_cast) {
+        linear_forward(l, Fp8Linear::Fc, pre, Tensor(), x, param(FcW, l), param(FcB, l), int(N), C, Fl, false);
     } else {
         linear_forward(l, Fp8Linear::Fc, act, pre, x, param(FcW, l), param(FcB, l), int(N), C, Fl, true);
     }
-    linear_forward(l, Fp8Linear::FcProj, partial, Tensor(), act, param(FcOutW, l),
-                   bias_here ? param(FcOutB, l) : Tensor(), int(N), Fl, C, false);
+    linear_forward(l, Fp8Linear::FcProj, partial, Tensor(), gelu_in_cast ? pre : act, param(FcOutW, l),
+                   bias_here ? param(FcOutB, l) : Tensor(), int(N), Fl, C, false, gelu_in_cast);
     y = tp.reduce_rows(partial, rows);
     ops.residual_forward(res3, res2, y);
     return 0.0f;
@@ -924,8 +933,9 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
         // may apply it in the GEMM's epilogue to the unrounded pre-activation (CUDA's cuBLASLt
         // GELU_AUX_BIAS), which no elementwise GELU of the kept pre-activation reproduces bit for
         // bit; the linear run again writes the kept pre-activation again, with the same bits.
+        // (fp8 keeps no GELU output: fc_proj's casts apply the GELU to the kept pre-activation)
         if (dense_mlp && k.swiglu) ops.swiglu_forward(act, pre, int(N), Fl);
-        else if (dense_mlp)
+        else if (dense_mlp && !fp8_linear(int(N)))
             linear_forward(l, Fp8Linear::Fc, act, pre, x, param(FcW, l), param(FcB, l), int(N), C, Fl, true);
     }
 
@@ -940,10 +950,12 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
         ops.swiglu_backward(dpre, dact, pre, int(N), Fl);
         linear_backward(l, Fp8Linear::Fc, partial, grad_span(GateW, UpW, l), Tensor(), dpre, x,
                         param_span(GateW, UpW, l), Tensor(), int(N), C, 2 * Fl);
-    } else {  // dact: the pre-activation's gradient, the GELU's backward in fc_proj's dinp GEMM (fp8: in fc's)
+    } else {  // dact: the pre-activation's gradient, the GELU's backward in fc_proj's dinp GEMM (fp8: in fc's;
+              // fp8's fc_proj casts GELU(pre) as its input, as in the forward)
         const bool in_dinp = !fp8_;
-        linear_backward(l, Fp8Linear::FcProj, dact, grad(FcOutW, l), k.biases ? grad(FcOutB, l) : Tensor(), dy, act,
-                        param(FcOutW, l), Tensor(), int(N), Fl, C, in_dinp ? pre : Tensor());
+        linear_backward(l, Fp8Linear::FcProj, dact, grad(FcOutW, l), k.biases ? grad(FcOutB, l) : Tensor(), dy,
+                        in_dinp ? act : pre, param(FcOutW, l), Tensor(), int(N), Fl, C, in_dinp ? pre : Tensor(),
+                        !in_dinp);
         linear_backward(l, Fp8Linear::Fc, partial, grad(FcW, l), grad(FcB, l), dact, x, param(FcW, l),
                         in_dinp ? Tensor() : pre, int(N), C, Fl);
     }

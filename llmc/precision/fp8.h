@@ -167,6 +167,9 @@ struct Fp8Cast {
     bool current = false;   // current recipe: s = fp8_scale_from_amax(this tensor's amax, format, margin, scale)
     int margin = 0;         // used by the current recipe (the delayed scale already includes it)
     float* amax = nullptr;  // backend memory, or nullptr: *amax = max(*amax, max|x|), ordered as fp8_abs_bits
+    // the operand is gelu_tanh of the tensor given (a GELU's pre-activation), computed in fp32 in
+    // the cast: the model keeps no GELU output for fp8's fc_proj (Ops "fp8")
+    bool gelu = false;
 };
 
 // Fp8Device::inv's stride: one 16-byte aligned float a tensor (cuBLASLt's scale pointers)

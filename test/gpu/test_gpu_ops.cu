@@ -1378,12 +1378,15 @@ void test_step_graph() {
 // run the GEMM into the fp32 scratch and add from there (CudaFp8::gemm's second way).
 // `off_in` > 0 places the cast inputs (inp, w, dout) so: the casts then go element by element
 // (cast_kernel; aligned inputs take cast_vec_kernel).
+// `inp_gelu`: inp is a GELU's pre-activation, the GELU applied in its casts (Fp8Cast::gelu, as the
+// model's fc_proj in fp8), in each backend's own fp32 GELU: its amax is compared to 1e-5.
 void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool current, bool hybrid,
-                     int off = 0, int off_in = 0) {
+                     int off = 0, int off_in = 0, bool inp_gelu = false) {
     const std::string sh =
-        strfmt("[%s N=%d IC=%d OC=%d bias=%d gelu=%d %s %s%s%s]", dtype_name(h.dt), N, IC, OC, (int)has_bias,
+        strfmt("[%s N=%d IC=%d OC=%d bias=%d gelu=%d %s %s%s%s%s]", dtype_name(h.dt), N, IC, OC, (int)has_bias,
                (int)gelu, current ? "current" : "delayed", hybrid ? "hybrid" : "e4m3",
-               off ? strfmt(" outputs+%d", off).c_str() : "", off_in ? strfmt(" inputs+%d", off_in).c_str() : "");
+               off ? strfmt(" outputs+%d", off).c_str() : "", off_in ? strfmt(" inputs+%d", off_in).c_str() : "",
+               inp_gelu ? " inp_gelu" : "");
     const double tol = h.low() ? 5e-2 : 5e-3;
     const size_t no = (size_t)N * OC, ni = (size_t)N * IC, nw = (size_t)OC * IC;
     Pair inp = h.make_at(ni, off_in), w = h.make_at(nw, off_in), out = h.make_at(no, off),
@@ -1405,21 +1408,30 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
         c.amax = a;
         return c;
     };
+    auto cast_inp = [&](float* a) {
+        Fp8Cast c = cast(Fp8Format::E4M3, 1.0f, a);
+        c.gelu = inp_gelu;
+        return c;
+    };
     const std::vector<float> zeros(3, 0.0f);
-    auto exact = [&](const std::string& name, const std::vector<float>& g, const std::vector<float>& c) {
+    auto exact = [&](const std::string& name, std::vector<float> g, const std::vector<float>& c) {
+        if (inp_gelu) {  // the input's amax is of each backend's GELU
+            H::compare_vec(name + "_input", sh, {g[0]}, {c[0]}, 1e-5);
+            g[0] = c[0];
+        }
         report(g == c, name, sh, strfmt("gpu=%.9g,%.9g,%.9g cpu=%.9g,%.9g,%.9g", g[0], g[1], g[2], c[0], c[1], c[2]));
     };
     Tensor bc = has_bias ? bias.c : Tensor(), bg = has_bias ? bias.g : Tensor();
     Tensor pc = gelu ? pre.c : Tensor(), pg = gelu ? pre.g : Tensor();
 
     h.up(amax, zeros);
-    h.cpu.matmul_forward_fp8(out.c, pc, inp.c, w.c, bc, N, IC, OC, gelu, cast(Fp8Format::E4M3, 1.0f, amax.c.f32()),
+    h.cpu.matmul_forward_fp8(out.c, pc, inp.c, w.c, bc, N, IC, OC, gelu, cast_inp(amax.c.f32()),
                              cast(Fp8Format::E4M3, wsig, amax.c.f32() + 1));
     std::vector<uint8_t> r[2];
     for (int rep = 0; rep < 2; rep++) {
         h.poison(out), h.poison(pre);
         h.up_gpu(amax, zeros);
-        h.gpu.matmul_forward_fp8(out.g, pg, inp.g, w.g, bg, N, IC, OC, gelu, cast(Fp8Format::E4M3, 1.0f, amax.g.f32()),
+        h.gpu.matmul_forward_fp8(out.g, pg, inp.g, w.g, bg, N, IC, OC, gelu, cast_inp(amax.g.f32()),
                                  cast(Fp8Format::E4M3, wsig, amax.g.f32() + 1));
         r[rep] = gelu ? h.raw({out, pre, amax}) : h.raw({out, amax});
     }
@@ -1435,8 +1447,7 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
     h.up(dout, dout0), h.up(dw, dw0), h.up(dbias, db0), h.up(amax, zeros);
     Tensor dbc = has_bias ? dbias.c : Tensor(), dbg = has_bias ? dbias.g : Tensor();
     auto bwd_casts = [&](float* a) {
-        return std::vector<Fp8Cast>{cast(gf, 1.0f, a + 2), cast(Fp8Format::E4M3, 1.0f, a),
-                                    cast(Fp8Format::E4M3, wsig, a + 1)};
+        return std::vector<Fp8Cast>{cast(gf, 1.0f, a + 2), cast_inp(a), cast(Fp8Format::E4M3, wsig, a + 1)};
     };
     auto cc = bwd_casts(amax.c.f32());
     h.cpu.matmul_backward_fp8(dinp.c, dw.c, dbc, dout.c, inp.c, w.c, pc, N, IC, OC, cc[0], cc[1], cc[2]);
@@ -2058,10 +2069,12 @@ int main(int argc, char** argv) {
             } else {
                 // each case guarded on its own: a GEMM cuBLASLt refuses fails that case only
                 auto fp8_case = [&](int N, int IC, int OC, bool bias, bool gelu, bool current, bool hybrid,
-                                    int off = 0, int off_in = 0) {
-                    guarded(strfmt("fp8 N=%d IC=%d OC=%d bias=%d gelu=%d current=%d hybrid=%d off=%d off_in=%d", N,
-                                   IC, OC, (int)bias, (int)gelu, (int)current, (int)hybrid, off, off_in),
-                            [&] { test_fp8_matmul(h, N, IC, OC, bias, gelu, current, hybrid, off, off_in); });
+                                    int off = 0, int off_in = 0, bool inp_gelu = false) {
+                    guarded(strfmt("fp8 N=%d IC=%d OC=%d bias=%d gelu=%d current=%d hybrid=%d off=%d off_in=%d "
+                                   "inp_gelu=%d",
+                                   N, IC, OC, (int)bias, (int)gelu, (int)current, (int)hybrid, off, off_in,
+                                   (int)inp_gelu),
+                            [&] { test_fp8_matmul(h, N, IC, OC, bias, gelu, current, hybrid, off, off_in, inp_gelu); });
                 };
                 for (bool current : {false, true})
                     for (bool hybrid : {true, false}) {
@@ -2082,6 +2095,10 @@ int main(int argc, char** argv) {
                 // cast inputs not 16-byte aligned: the casts element by element, delayed and current
                 fp8_case(64, 96, 384, true, true, false, true, 0, 1);
                 fp8_case(32, 64, 48, false, false, true, false, 0, 3);
+                // the GELU in the input's casts (fp8's fc_proj): vector and element-by-element casts,
+                // delayed and current
+                fp8_case(64, 384, 96, true, false, false, true, 0, 0, true);
+                fp8_case(32, 64, 48, true, false, true, false, 0, 1, true);
                 guarded("fp8 scales", [&] { test_fp8_scales(h); });
                 if (!on_cpu) guarded("fp8 bad shape", [&] { test_fp8_bad_shape(h); });  // (no CPU shape rule)
             }
