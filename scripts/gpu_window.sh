@@ -33,7 +33,7 @@ stage() {
     [ -f "$W/$name/table.md" ] && cp "$W/$name/table.md" "$OUT/$name.md"
 }
 stage quick 330 --quick
-stage kernels 110 --kernels
+stage kernels 150 --kernels
 mkdir -p "$W/data"
 if [ -x dev/data/synth_shards ] && dev/data/synth_shards --out "$W/data/bench" --shards 1 --tokens 3000000 --vocab 50257 >/dev/null 2>&1; then
     data=(data.train="$W/data/bench_*.bin" data.val= tokenizer= model.arch=gpt2 model.vocab_size=50257
