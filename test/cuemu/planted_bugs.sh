@@ -51,6 +51,10 @@ mutate dkdv_mtile_slip llmc/cuda/flash_backward.cuh attention \
     'ptx::mma_16816<E>(s[m][2 * np + 1], ka[m], q1b' 'ptx::mma_16816<E>(s[m][2 * np + 1], ka[0], q1b'
 mutate flash_dq_without_D llmc/cuda/flash_backward.cuh attention \
     'dp[m][n][e] = p * (dp[m][n][e] - Dr[m][i]);' 'dp[m][n][e] = p * dp[m][n][e];'
+mutate flash_ds_unseen_keys_read llmc/cuda/flash_backward.cuh attention_ring \
+    'if (k0 + 64 > w_full) {  // crossing' 'if (false && k0 + 64 > w_full) {  // crossing'
+mutate fp8_vec_cast_gelu_dropped llmc/cuda/fp8.cuh fp8 \
+    'v[e] = operand(v[e], gelu);' '(void)gelu;'
 
 # the mutated copies build without -g (debug information costs a quarter of the compile time, 16 s
 # -> 12 s for cuda_ops.cu here, and GCC emits the same code with it or without it) and at -O0:
