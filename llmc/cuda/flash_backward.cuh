@@ -30,6 +30,21 @@ constexpr float kLog2e = 1.4426950408889634f;
 // rows (and row length) of the dS^T scratch of one head: n rounded up to whole 64-row tiles
 __host__ __device__ __forceinline__ int ds_rows(int n) { return (n + 63) / 64 * 64; }
 
+// Step i of n through a cp.async double buffer (buffer i & 1) whose copies `issue(j, buf)` starts:
+// starts step i + 1's into the other buffer, waits for step i's, then a block barrier (the
+// caller's barrier at the end of step i keeps step i + 1 from overwriting a buffer being read).
+template <class F>
+__device__ __forceinline__ void stream_step(int i, int n, F&& issue) {
+    if (i + 1 < n) {
+        issue(i + 1, (i + 1) & 1);
+        ptx::cp_async_commit();
+        ptx::cp_async_wait<1>();
+    } else {
+        ptx::cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
 // K [BK][LD], V [BK][LD] (BK = kBR MT key rows), Q [2][BQ][LD], dO [2][BQ][LD] (E), lse [2][BQ],
 // D [2][BQ] (16-byte aligned)
 template <int HS, int BQ, int MT> struct DkdvSmem {
@@ -138,14 +153,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 
         // DS: the offset in ds of this tile's head at the warp's key row kw0 + g (m-tile 0's lane row)
         // and query q0 (int: try_backward caps the scratch at 2^30 elements)
         const int dso = DS ? ((b * NH + kvh * group + i / nqt) * ds_rows(Tk) + kw0 + g) * ds_rows(Tq) + q0 : 0;
-        if (i + 1 < n) {
-            issue(i + 1, buf ^ 1);
-            ptx::cp_async_commit();
-            ptx::cp_async_wait<1>();
-        } else {
-            ptx::cp_async_wait<0>();
-        }
-        __syncthreads();
+        stream_step(i, n, issue);
         if (active && qp.at(min(Tq, q0 + BQ) - 1) >= kfirst) {  // some query of the tile sees a key of the warp
             const E* tQ = sQ + buf * BQ * LD;
             const E* tO = sO + buf * BQ * LD;
@@ -487,14 +495,7 @@ __global__ void __launch_bounds__(kThreads)
 
     for (int j = 0; j < ntiles; j++) {
         const int buf = j & 1, k0 = j * 64;
-        if (j + 1 < ntiles) {
-            issue(j + 1, buf ^ 1);
-            ptx::cp_async_commit();
-            ptx::cp_async_wait<1>();
-        } else {
-            ptx::cp_async_wait<0>();
-        }
-        __syncthreads();
+        stream_step(j, ntiles, issue);
         if (k0 < w_end) {
             E* tS = sS + buf * 64 * LDS;
             const E* tK = sK + buf * 64 * LD;
