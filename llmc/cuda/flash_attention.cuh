@@ -204,12 +204,10 @@ __global__ void __launch_bounds__(kThreads)
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4(r, krow + np * 16 * LD + kc * 16);
-                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
                     LLMC_UNROLL
                     for (int mt = 0; mt < MT; mt++) {
                         const uint32_t(&a)[4] = QR ? qf[QR ? mt : 0][QR ? kc : 0] : qs[QR ? 0 : mt];
-                        ptx::mma_16816<E>(s[mt][2 * np], a, b0, s[mt][2 * np]);
-                        ptx::mma_16816<E>(s[mt][2 * np + 1], a, b1, s[mt][2 * np + 1]);
+                        ptx::mma_16816_x2<E>(s[mt][2 * np], s[mt][2 * np + 1], a, r);
                     }
                 }
             }
@@ -265,12 +263,8 @@ __global__ void __launch_bounds__(kThreads)
                 for (int dp = 0; dp < HS / 16; dp++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4_trans(r, vrow + kc * 16 * LD + dp * 16);
-                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
                     LLMC_UNROLL
-                    for (int mt = 0; mt < MT; mt++) {
-                        ptx::mma_16816<E>(o[mt][2 * dp], a[mt], b0, o[mt][2 * dp]);
-                        ptx::mma_16816<E>(o[mt][2 * dp + 1], a[mt], b1, o[mt][2 * dp + 1]);
-                    }
+                    for (int mt = 0; mt < MT; mt++) ptx::mma_16816_x2<E>(o[mt][2 * dp], o[mt][2 * dp + 1], a[mt], r);
                 }
             }
         }

@@ -181,19 +181,11 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 
                     for (int np = 0; np < NT / 2; np++) {
                         uint32_t r[4];
                         ptx::ldmatrix_x4(r, tQ + (pc + np * 16 + brow) * LD + bcol + kc * 16);
-                        const uint32_t q0b[2] = {r[0], r[1]}, q1b[2] = {r[2], r[3]};
                         LLMC_UNROLL
-                        for (int m = 0; m < MT; m++) {
-                            ptx::mma_16816<E>(s[m][2 * np], ka[m], q0b, s[m][2 * np]);
-                            ptx::mma_16816<E>(s[m][2 * np + 1], ka[m], q1b, s[m][2 * np + 1]);
-                        }
+                        for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(s[m][2 * np], s[m][2 * np + 1], ka[m], r);
                         ptx::ldmatrix_x4(r, tO + (pc + np * 16 + brow) * LD + bcol + kc * 16);
-                        const uint32_t o0b[2] = {r[0], r[1]}, o1b[2] = {r[2], r[3]};
                         LLMC_UNROLL
-                        for (int m = 0; m < MT; m++) {
-                            ptx::mma_16816<E>(dp[m][2 * np], va[m], o0b, dp[m][2 * np]);
-                            ptx::mma_16816<E>(dp[m][2 * np + 1], va[m], o1b, dp[m][2 * np + 1]);
-                        }
+                        for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(dp[m][2 * np], dp[m][2 * np + 1], va[m], r);
                     }
                 }
                 // P^T and dS^T (element of m-tile m: key row 16 m + g + 8 (e >> 1), query column
@@ -239,19 +231,11 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 
                     for (int d2 = 0; d2 < HS / 16; d2++) {
                         uint32_t r[4];
                         ptx::ldmatrix_x4_trans(r, tO + (pc + kc * 16 + trow) * LD + tcol + d2 * 16);
-                        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
                         LLMC_UNROLL
-                        for (int m = 0; m < MT; m++) {
-                            ptx::mma_16816<E>(dv[m][2 * d2], ap[m], b0, dv[m][2 * d2]);
-                            ptx::mma_16816<E>(dv[m][2 * d2 + 1], ap[m], b1, dv[m][2 * d2 + 1]);
-                        }
+                        for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(dv[m][2 * d2], dv[m][2 * d2 + 1], ap[m], r);
                         ptx::ldmatrix_x4_trans(r, tQ + (pc + kc * 16 + trow) * LD + tcol + d2 * 16);
-                        const uint32_t c0[2] = {r[0], r[1]}, c1[2] = {r[2], r[3]};
                         LLMC_UNROLL
-                        for (int m = 0; m < MT; m++) {
-                            ptx::mma_16816<E>(dk[m][2 * d2], ad[m], c0, dk[m][2 * d2]);
-                            ptx::mma_16816<E>(dk[m][2 * d2 + 1], ad[m], c1, dk[m][2 * d2 + 1]);
-                        }
+                        for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(dk[m][2 * d2], dk[m][2 * d2 + 1], ad[m], r);
                     }
                 }
             }  // the column passes
@@ -371,19 +355,11 @@ __global__ void __launch_bounds__(kThreads)
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4(r, tK + (np * 16 + brow) * LD + bcol + kc * 16);
-                    const uint32_t k0b[2] = {r[0], r[1]}, k1b[2] = {r[2], r[3]};
                     LLMC_UNROLL
-                    for (int m = 0; m < MT; m++) {
-                        ptx::mma_16816<E>(s[m][2 * np], qf[m][kc], k0b, s[m][2 * np]);
-                        ptx::mma_16816<E>(s[m][2 * np + 1], qf[m][kc], k1b, s[m][2 * np + 1]);
-                    }
+                    for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(s[m][2 * np], s[m][2 * np + 1], qf[m][kc], r);
                     ptx::ldmatrix_x4(r, tV + (np * 16 + brow) * LD + bcol + kc * 16);
-                    const uint32_t v0b[2] = {r[0], r[1]}, v1b[2] = {r[2], r[3]};
                     LLMC_UNROLL
-                    for (int m = 0; m < MT; m++) {
-                        ptx::mma_16816<E>(dp[m][2 * np], of[m][kc], v0b, dp[m][2 * np]);
-                        ptx::mma_16816<E>(dp[m][2 * np + 1], of[m][kc], v1b, dp[m][2 * np + 1]);
-                    }
+                    for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(dp[m][2 * np], dp[m][2 * np + 1], of[m][kc], r);
                 }
             const bool crossing = k0 + BC > w_full;
             LLMC_UNROLL
@@ -408,12 +384,8 @@ __global__ void __launch_bounds__(kThreads)
                 for (int d2 = 0; d2 < HS / 16; d2++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4_trans(r, tK + (kc * 16 + trow) * LD + tcol + d2 * 16);
-                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
                     LLMC_UNROLL
-                    for (int m = 0; m < MT; m++) {
-                        ptx::mma_16816<E>(dq[m][2 * d2], a[m], b0, dq[m][2 * d2]);
-                        ptx::mma_16816<E>(dq[m][2 * d2 + 1], a[m], b1, dq[m][2 * d2 + 1]);
-                    }
+                    for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(dq[m][2 * d2], dq[m][2 * d2 + 1], a[m], r);
                 }
             }
         }
@@ -514,9 +486,7 @@ __global__ void __launch_bounds__(kThreads)
                 for (int d2 = 0; d2 < HS / 16; d2++) {
                     uint32_t r[4];
                     ptx::ldmatrix_x4_trans(r, tK + (kc * 16 + trow) * LD + tcol + d2 * 16);
-                    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                    ptx::mma_16816<E>(dq[2 * d2], a, b0, dq[2 * d2]);
-                    ptx::mma_16816<E>(dq[2 * d2 + 1], a, b1, dq[2 * d2 + 1]);
+                    ptx::mma_16816_x2<E>(dq[2 * d2], dq[2 * d2 + 1], a, r);
                 }
             }
         }

@@ -118,6 +118,15 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
     __trap();
 #endif
 }
+// Two adjacent n-tiles of one product, B from one ldmatrix.x4 r (r[0..1]: the first n-tile's b
+// registers, r[2..3]: the second's): c0 += a b0, c1 += a b1.
+template <class E>
+__device__ __forceinline__ void mma_16816_x2(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&r)[4]) {
+    const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+    mma_16816<E>(c0, a, b0, c0);
+    mma_16816<E>(c1, a, b1, c1);
+}
 
 // ---- ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: four 8x8 matrices of 16-bit elements ----
 // Lane l gives the shared address of row l % 8 of matrix l / 8 (each row 16 contiguous bytes,

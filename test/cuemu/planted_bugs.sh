@@ -48,7 +48,8 @@ mutate flash_buffer_race llmc/cuda/flash_attention.cuh attention \
 mutate flash_q_smem_mtile llmc/cuda/flash_attention.cuh attention_mt2 \
     'ptx::ldmatrix_x4(qs[mt], qrow + 16 * mt * LD + kc * 16)' 'ptx::ldmatrix_x4(qs[mt], qrow + kc * 16)'
 mutate dkdv_mtile_slip llmc/cuda/flash_backward.cuh attention \
-    'ptx::mma_16816<E>(s[m][2 * np + 1], ka[m], q1b' 'ptx::mma_16816<E>(s[m][2 * np + 1], ka[0], q1b'
+    'ptx::mma_16816_x2<E>(s[m][2 * np], s[m][2 * np + 1], ka[m], r)' \
+    'ptx::mma_16816_x2<E>(s[m][2 * np], s[m][2 * np + 1], ka[0], r)'
 mutate flash_dq_without_D llmc/cuda/flash_backward.cuh attention \
     'dp[m][n][e] = p * (dp[m][n][e] - Dr[m][i]);' 'dp[m][n][e] = p * dp[m][n][e];'
 mutate flash_ds_unseen_keys_read llmc/cuda/flash_backward.cuh attention_ring \
