@@ -382,9 +382,10 @@ public:
                                     int OC, bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast) {
         throw UserError("precision fp8: the " + name() + " backend has no fp8 matmuls");
     }
-    // As matmul_backward: first dout *= gelu'(pre_gelu) in place when pre_gelu is given; dbias +=
-    // column sums of that (unquantized) dout; then dinp = q(dout) @ q(w) (overwrite, skipped when
-    // dinp is empty) and dw += q(dout)^T @ q(inp). The casts of inp and w should repeat the
+    // As matmul_backward: first d = dout * gelu'(pre_gelu) rounded to dout's dtype when pre_gelu is
+    // given (else d = dout); dbias += column sums of that (unquantized) d; then dinp = q(d) @ q(w)
+    // (overwrite, skipped when dinp is empty) and dw += q(d)^T @ q(inp). dout afterwards holds d
+    // or dout (CUDA computes d inside the cast where it can and then leaves dout alone). The casts of inp and w should repeat the
     // forward's (same scale; amax may be nullptr, they were recorded in the forward; w is not
     // cast at all when dinp is empty).
     virtual void matmul_backward_fp8(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,

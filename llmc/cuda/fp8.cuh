@@ -63,15 +63,22 @@ __device__ __forceinline__ void block_max_atomic(unsigned* dst, unsigned m) {
 
 // The value a cast takes from element x: x, or gelu_tanh(x) in fp32 (Fp8Cast::gelu)
 __device__ __forceinline__ float operand(float x, bool gelu) { return gelu ? gelu_tanh(x) : x; }
-// *amax_bits = max(*amax_bits, max over x of fp8_abs_bits) (of operand(x, gelu)). Grid-stride in
-// packs of K elements (K divides n: pack_width); one atomic per block.
+// The value an output-gradient cast takes from element x with `pre` (the GELU's backward fused in
+// the cast): x * gelu'(p) rounded to T, as launch_gelu_bias_grad stores it; x without.
+template <class T> __device__ __forceinline__ float grad_operand(T x, const T* pre, T p) {
+    return pre ? to_f32(from_f32<T>(to_f32(x) * gelu_tanh_grad(to_f32(p)))) : to_f32(x);
+}
+// *amax_bits = max(*amax_bits, max over x of fp8_abs_bits) (of operand(x, gelu), or with `pre` of
+// grad_operand). Grid-stride in packs of K elements (K divides n: pack_width); one atomic per block.
 template <class T, int K>
-__global__ void amax_kernel(unsigned* amax_bits, const T* x, long long n, bool gelu) {
+__global__ void amax_kernel(unsigned* amax_bits, const T* x, const T* pre, long long n, bool gelu) {
     unsigned m = 0;
     const long long packs = n / K, stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < packs; i += stride) {
         const Pack<T, K> p = load_pack<K>(x + i * K);
-        for (int e = 0; e < K; e++) m = max(m, fp8_abs_bits(operand(to_f32(p.v[e]), gelu)));
+        Pack<T, K> g = p;
+        if (pre) g = load_pack<K>(pre + i * K);
+        for (int e = 0; e < K; e++) m = max(m, fp8_abs_bits(operand(grad_operand(p.v[e], pre, g.v[e]), gelu)));
     }
     block_max_atomic(amax_bits, m);
 }
@@ -158,79 +165,120 @@ __global__ void cast_kernel(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, u
 }
 
 // cast_kernel's work in 16-byte loads and 8-byte stores (the same codes and amax: each element is
-// converted as there), for rows and cols multiples of 8, x 16-byte aligned and out/outT 8-byte
-// aligned (cast_vec_fits). kVecThreads threads walk 64 x 64 tiles grid-stride; a thread converts
-// chunks of 8 consecutive elements of a row (a bf16 pack, two fp32 packs) into 8 codes stored at
-// once, a warp 4 rows of 8 chunks (x's 128-byte lines whole). The transposed copy: the tile's codes
-// in shared memory (rows kVecLd bytes apart), then a thread gathers 8 codes down a column (8 rows:
-// one 8-byte store in outT's row), a warp 4 of outT's rows of 64 bytes each.
+// converted as there), for rows and cols multiples of 8, x (and pre) 16-byte aligned and out/outT
+// 8-byte aligned (cast_vec_fits). kVecThreads threads walk 64 x 64 tiles grid-stride; a thread
+// converts chunks of 8 consecutive elements of a row (a bf16 pack, two fp32 packs) into 8 codes
+// stored at once, a warp 4 rows of 8 chunks (x's 128-byte lines whole). The transposed copy: the
+// tile's codes in shared memory (rows kVecLd bytes apart), then a thread gathers 8 codes down a
+// column (8 rows: one 8-byte store in outT's row), a warp 4 of outT's rows of 64 bytes each.
+// The output-gradient cast of a linear with a bias or a GELU before it also takes:
+//  - `pre` (may be nullptr): the GELU's backward, each element x * gelu'(pre) rounded to T
+//    (grad_operand: launch_gelu_bias_grad's values, not stored: the casts are their only reader);
+//  - `colsum` (may be nullptr): the bias gradient's first pass, colsum[tile row][c] = the sum of
+//    the tile's 64 rows of column c (of the values cast, before the scale), in a fixed order: a
+//    thread's rows in order, the 4 lanes of a warp that share its chunk by two shuffles, the 8
+//    warps in order; column_sum_add_kernel adds the tile rows. One read of the gradient instead
+//    of three (GELU backward and bias gradient, then the cast).
 constexpr int kVecTile = 64, kVecThreads = 256, kVecLd = kVecTile + 4;
 template <class T>
 __global__ void __launch_bounds__(kVecThreads)
-    cast_vec_kernel(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, unsigned* amax_bits, const T* x,
-                    const float* sc, int rows, int cols, Fp8Format f, bool gelu) {
+    cast_vec_kernel(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, unsigned* amax_bits, const T* x, const T* pre,
+                    float* colsum, const float* sc, int rows, int cols, Fp8Format f, bool gelu) {
     constexpr int kChunks = kVecTile / 8, kItems = kVecTile * kChunks;  // chunks a tile row, chunks a tile
+    constexpr int kWarpsV = kVecThreads / 32;
+    static_assert(32 % kChunks == 0 && kItems % kVecThreads == 0, "a thread's chunks share their columns");
     using Codes = Pack<__nv_fp8_storage_t, 8>;
     __shared__ __nv_fp8_storage_t tile[kVecTile][kVecLd];
+    __shared__ float wsum[kWarpsV][kVecTile];  // colsum: each warp's column sums of the tile
     const int tiles_c = (cols + kVecTile - 1) / kVecTile;
     const long long tiles = (long long)tiles_c * ((rows + kVecTile - 1) / kVecTile);
     const float s = sc[0];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     unsigned m = 0;
     for (long long t = blockIdx.x; t < tiles; t += gridDim.x) {  // uniform over the block
         const int c0 = (int)(t % tiles_c) * kVecTile, r0 = (int)(t / tiles_c) * kVecTile;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // colsum: this thread's chunk, its rows
         for (int i = threadIdx.x; i < kItems; i += kVecThreads) {
             const int r = i / kChunks, c = (i % kChunks) * 8;  // tile row, first tile column
             if (r0 + r >= rows || c0 + c >= cols) continue;
-            const T* src = x + (long long)(r0 + r) * cols + c0 + c;
+            const long long at = (long long)(r0 + r) * cols + c0 + c;
             float v[8];
             if constexpr (sizeof(T) == 2) {
-                const Pack<T, 8> p = load_pack<8>(src);
-                for (int e = 0; e < 8; e++) v[e] = to_f32(p.v[e]);
+                const Pack<T, 8> p = load_pack<8>(x + at);
+                Pack<T, 8> g = p;
+                if (pre) g = load_pack<8>(pre + at);
+                for (int e = 0; e < 8; e++) v[e] = grad_operand(p.v[e], pre, g.v[e]);
             } else {
-                const Pack<T, 4> p0 = load_pack<4>(src), p1 = load_pack<4>(src + 4);
-                for (int e = 0; e < 4; e++) v[e] = to_f32(p0.v[e]), v[e + 4] = to_f32(p1.v[e]);
+                for (int h = 0; h < 8; h += 4) {
+                    const Pack<T, 4> p = load_pack<4>(x + at + h);
+                    Pack<T, 4> g = p;
+                    if (pre) g = load_pack<4>(pre + at + h);
+                    for (int e = 0; e < 4; e++) v[h + e] = grad_operand(p.v[e], pre, g.v[e]);
+                }
             }
             Codes q;
             for (int e = 0; e < 8; e++) {
                 v[e] = operand(v[e], gelu);
+                acc[e] += v[e];
                 m = max(m, fp8_abs_bits(v[e]));
                 q.v[e] = cvt(v[e] * s, f);
             }
             if (outT)  // (only the transposed copy reads the tile)
                 for (int e = 0; e < 8; e++) tile[r][c + e] = q.v[e];
-            if (out) store_pack<8>(out + (long long)(r0 + r) * cols + c0 + c, q);
+            if (out) store_pack<8>(out + at, q);
         }
-        if (outT) {  // uniform over the block: the barriers are safe
-            __syncthreads();
-            for (int i = threadIdx.x; i < kItems; i += kVecThreads) {
-                const int c = i / kChunks, r = (i % kChunks) * 8;  // tile column (outT's row), first tile row
-                if (c0 + c >= cols || r0 + r >= rows) continue;
-                Codes q;
-                for (int e = 0; e < 8; e++) q.v[e] = tile[r + e][c];
-                store_pack<8>(outT + (long long)(c0 + c) * rows + r0 + r, q);
+        if (colsum)  // lanes l, l ^ 8, l ^ 16, l ^ 24 hold chunk l % 8: their sum into lane l < 8
+            for (int e = 0; e < 8; e++) {
+                acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 8);
+                acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 16);
+                if (lane < kChunks) wsum[warp][lane * 8 + e] = acc[e];
             }
-            __syncthreads();  // the next tile's codes overwrite these
+        if (outT || colsum) {  // uniform over the block: the barriers are safe
+            __syncthreads();
+            if (outT)
+                for (int i = threadIdx.x; i < kItems; i += kVecThreads) {
+                    const int c = i / kChunks, r = (i % kChunks) * 8;  // tile column (outT's row), first tile row
+                    if (c0 + c >= cols || r0 + r >= rows) continue;
+                    Codes q;
+                    for (int e = 0; e < 8; e++) q.v[e] = tile[r + e][c];
+                    store_pack<8>(outT + (long long)(c0 + c) * rows + r0 + r, q);
+                }
+            if (colsum && threadIdx.x < kVecTile && c0 + (int)threadIdx.x < cols) {
+                float sum = 0.0f;
+                for (int w = 0; w < kWarpsV; w++) sum += wsum[w][threadIdx.x];
+                colsum[(t / tiles_c) * cols + c0 + threadIdx.x] = sum;
+            }
+            __syncthreads();  // the next tile's codes and sums overwrite these
         }
     }
     if (amax_bits) block_max_atomic(amax_bits, m);
 }
 
-// Whether cast_vec_kernel takes x [rows, cols] into out / outT (either may be nullptr).
-inline bool cast_vec_fits(const void* x, const void* out, const void* outT, int rows, int cols) {
+// Whether cast_vec_kernel takes x [rows, cols] (with pre, may be nullptr) into out / outT (either
+// may be nullptr).
+inline bool cast_vec_fits(const void* x, const void* out, const void* outT, int rows, int cols,
+                          const void* pre = nullptr) {
     return rows % 8 == 0 && cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(out) % 8 == 0 && reinterpret_cast<uintptr_t>(outT) % 8 == 0;
+           reinterpret_cast<uintptr_t>(pre) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0 &&
+           reinterpret_cast<uintptr_t>(outT) % 8 == 0;
 }
+// cast_vec_kernel's colsum: floats of a cast of x [rows, cols], and its tile rows
+inline int colsum_rows(int rows) { return ceil_div(rows, kVecTile); }
+inline size_t colsum_floats(int rows, int cols) { return (size_t)colsum_rows(rows) * cols; }
 
 // The cast of x [rows, cols] (cast_kernel's contract) by cast_vec_kernel where it fits, else
-// cast_kernel: at most kCastBlocks blocks either way.
+// cast_kernel: at most kCastBlocks blocks either way. `pre` and `colsum` (cast_vec_kernel's) only
+// where it fits (the caller asks cast_vec_fits first).
 template <class T>
 void launch_cast(__nv_fp8_storage_t* out, __nv_fp8_storage_t* outT, unsigned* amax_bits, const T* x, const float* sc,
-                 int rows, int cols, Fp8Format f, cudaStream_t st, bool gelu = false) {
-    if (cast_vec_fits(x, out, outT, rows, cols)) {
+                 int rows, int cols, Fp8Format f, cudaStream_t st, bool gelu = false, const T* pre = nullptr,
+                 float* colsum = nullptr) {
+    if (cast_vec_fits(x, out, outT, rows, cols, pre)) {
         const long long tiles = (long long)ceil_div(cols, kVecTile) * ceil_div(rows, kVecTile);
         LLMC_LAUNCH(cast_vec_kernel<T>, (int)std::min<long long>(tiles, kCastBlocks), kVecThreads, 0, st, out, outT,
-                    amax_bits, x, sc, rows, cols, f, gelu);
+                    amax_bits, x, pre, colsum, sc, rows, cols, f, gelu);
     } else {
+        LLMC_ASSERT(!pre && !colsum, "fp8 cast: the GELU backward and the column sums need the vector cast");
         const long long tiles = (long long)ceil_div(cols, 32) * ceil_div(rows, 32);
         LLMC_LAUNCH(cast_kernel<T>, (int)std::min<long long>(tiles, kCastBlocks), dim3(32, 8), 0, st, out, outT,
                     amax_bits, x, sc, rows, cols, f, gelu);
@@ -429,17 +477,28 @@ public:
         check(device, N, IC, OC, {&dinp, &dw, &dbias, &dout, &inp, &w, &pre_gelu}, "matmul_backward_fp8");
         if (!N || !OC) return;
         const bool bf = dout.dtype == DType::BF16;
-        // dout *= gelu'(pre_gelu), in the bias gradient's pass when there is one
-        with_type(dout.dtype, [&](auto tag) {
-            using T = decltype(tag);
-            float* part = dbias.ptr ? (float*)buf(5, bias_grad_partial_floats(N, OC) * sizeof(float), stream) : nullptr;
-            launch_gelu_bias_grad((T*)dbias.ptr, (T*)dout.ptr, (const T*)pre_gelu.ptr, N, OC, part, stream);
-        });
         auto* qiT = (__nv_fp8_storage_t*)buf(0, (size_t)N * IC, stream);
         auto* qwT = (__nv_fp8_storage_t*)buf(1, (size_t)OC * IC, stream);
-        auto* qd = (__nv_fp8_storage_t*)buf(2, (size_t)N * OC, stream);
+        auto* qd = dinp.ptr ? (__nv_fp8_storage_t*)buf(2, (size_t)N * OC, stream) : nullptr;
         auto* qdT = (__nv_fp8_storage_t*)buf(3, (size_t)N * OC, stream);
-        const CastScales sd = cast(cd, dout, N, OC, dinp.ptr ? qd : nullptr, qdT, 2, stream);
+        // dout * gelu'(pre_gelu) and the bias gradient: in dout's cast where the vector cast takes it
+        // (dout is then left as it was), else first in place by launch_gelu_bias_grad
+        const bool fused = cast_vec_fits(dout.ptr, qd, qdT, N, OC, pre_gelu.ptr);
+        float* colsum = fused && dbias.ptr ? (float*)buf(5, colsum_floats(N, OC) * sizeof(float), stream) : nullptr;
+        if (!fused)
+            with_type(dout.dtype, [&](auto tag) {
+                using T = decltype(tag);
+                float* part =
+                    dbias.ptr ? (float*)buf(5, bias_grad_partial_floats(N, OC) * sizeof(float), stream) : nullptr;
+                launch_gelu_bias_grad((T*)dbias.ptr, (T*)dout.ptr, (const T*)pre_gelu.ptr, N, OC, part, stream);
+            });
+        const CastScales sd = cast(cd, dout, N, OC, qd, qdT, 2, stream, fused ? pre_gelu.ptr : nullptr, colsum);
+        if (colsum)
+            with_type(dout.dtype, [&](auto tag) {
+                using T = decltype(tag);
+                launch_column_sum_add(stream, (T*)dbias.ptr, (T*)nullptr, colsum, colsum_rows(N), OC, 1);
+                CUDA_CHECK_LAUNCH();
+            });
         const CastScales si = cast(ci, inp, N, IC, nullptr, qiT, 0, stream);
         if (dinp.ptr) {
             const CastScales sw = cast(cw, w, OC, IC, nullptr, qwT, 1, stream);
@@ -520,13 +579,16 @@ private:
     // Casts x [rows, cols] into out and/or outT with cast c; `slot` (0..2) owns the scale pair
     // and amax scratch. Returns the device pointers to s and 1/s: a delayed cast given both
     // (Fp8Cast::scale_at, inv_at: the trainer's scaling state) uses them as they are, with no
-    // scale kernel; otherwise scale_kernel writes them into the slot.
+    // scale kernel; otherwise scale_kernel writes them into the slot. `pre` and `colsum`: as
+    // cast_vec_kernel's (only where cast_vec_fits; the current recipe's amax is then of the
+    // GELU-backward values).
     struct CastScales {
         const float* s;
         const float* inv;
     };
     CastScales cast(const Fp8Cast& c, Tensor x, int rows, int cols, __nv_fp8_storage_t* out,
-                    __nv_fp8_storage_t* outT, int slot, cudaStream_t stream) {
+                    __nv_fp8_storage_t* outT, int slot, cudaStream_t stream, const void* pre = nullptr,
+                    float* colsum = nullptr) {
         LLMC_ASSERT(x.n >= (size_t)rows * cols && x.ptr, "fp8 cast: tensor too small");
         LLMC_ASSERT(slot >= 0 && slot < kScaleSlots, "fp8 cast: scale slot out of range");
         const size_t small_words = size_t(kScaleSlots + 1) * kScaleSlot;  // the slots, then the amax words
@@ -543,13 +605,14 @@ private:
         with_type(x.dtype, [&](auto tag) {
             using T = decltype(tag);
             const T* xp = (const T*)x.ptr;
+            const T* pp = (const T*)pre;
             if (!given) {  // s and 1/s into the slot (the current recipe: from the tensor's amax)
                 if (c.current) {
                     if (queue_work()) CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
-                    with_pack_width<T>(pack_width<T>(n, {xp}), [&](auto k) {
+                    with_pack_width<T>(pack_width<T>(n, {xp, pp}), [&](auto k) {
                         const int blocks = (int)std::min<long long>(kCastBlocks, (n / k + 255) / 256);
                         auto kernel = amax_kernel<T, decltype(k)::value>;  // one name for the launch macro
-                        LLMC_LAUNCH(kernel, std::max(1, blocks), 256, 0, stream, amax, xp, n, c.gelu);
+                        LLMC_LAUNCH(kernel, std::max(1, blocks), 256, 0, stream, amax, xp, pp, n, c.gelu);
                     });
                     CUDA_CHECK_LAUNCH();
                 }
@@ -558,7 +621,7 @@ private:
                 CUDA_CHECK_LAUNCH();
             }
             launch_cast<T>(out, outT, c.current ? nullptr : record, xp, given ? c.scale_at : sc, rows, cols, c.format,
-                           stream, c.gelu);
+                           stream, c.gelu, pp, colsum);
             CUDA_CHECK_LAUNCH();
         });
         return given ? CastScales{c.scale_at, c.inv_at} : CastScales{sc, sc + kInvScale};

@@ -24,7 +24,7 @@ mutate divergent_shuffle llmc/cuda/fp8.cuh fp8 \
 mutate fp8_cast_next_tile_race llmc/cuda/fp8.cuh fp8 \
     '__syncthreads();  // the next tile overwrites this one' ''
 mutate fp8_vec_cast_next_tile_race llmc/cuda/fp8.cuh fp8 \
-    "__syncthreads();  // the next tile's codes overwrite these" ''
+    "__syncthreads();  // the next tile's codes and sums overwrite these" ''
 mutate fp8_overflow_count_before_barrier llmc/cuda/fp8.cuh fp8 \
     $'__syncthreads();\n    if (threadIdx.x == 0) *step_overflows' 'if (threadIdx.x == 0) *step_overflows'
 mutate smem_half_the_accumulators llmc/cuda/layernorm.cuh layernorm \
@@ -56,6 +56,8 @@ mutate flash_ds_unseen_keys_read llmc/cuda/flash_backward.cuh attention_ring \
     'if (k0 + 64 > w_full) {  // crossing' 'if (false && k0 + 64 > w_full) {  // crossing'
 mutate fp8_vec_cast_gelu_dropped llmc/cuda/fp8.cuh fp8 \
     'v[e] = operand(v[e], gelu);' '(void)gelu;'
+mutate fp8_colsum_half_the_lanes llmc/cuda/fp8.cuh fp8 \
+    'acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 16);' ''
 
 # the mutated copies build without -g (debug information costs a quarter of the compile time, 16 s
 # -> 12 s for cuda_ops.cu here, and GCC emits the same code with it or without it) and at -O0:

@@ -1440,7 +1440,8 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
     if (gelu) H::compare_vec("matmul_forward_fp8.pre_gelu", sh, h.get_gpu(pre), h.get_cpu(pre), tol);
     exact("matmul_forward_fp8.amax", h.get_gpu(amax), h.get_cpu(amax));
 
-    // backward: dinp overwrite (poisoned), dw/dbias accumulate, dout modified in place with gelu
+    // backward: dinp overwrite (poisoned), dw/dbias accumulate; with gelu, dout * gelu'(pre) is checked
+    // through dbias, dinp and dw (dout afterwards: either, as Ops::matmul_backward_fp8 allows)
     Pair dout = h.make_at(no, off_in), dinp = h.make_at(ni, off), dw = h.make_at(nw, off), dbias = h.make(OC);
     auto dout0 = h.rnd(no, 1.0f), dw0 = h.rnd(nw, 1.0f), db0 = h.rnd(OC, 1.0f);
     h.up(pre, h.rnd(no, 1.5f));
@@ -1465,7 +1466,6 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
     for (size_t i = 0; i < nw; i++) dwg[i] -= dw0[i], dwc[i] -= dw0[i];
     H::compare_vec("matmul_backward_fp8.dw_increment", sh, dwg, dwc, tol);
     if (has_bias) h.compare("matmul_backward_fp8.dbias", sh, dbias);
-    if (gelu) h.compare("matmul_backward_fp8.dout_after_gelu", sh, dout);
     auto ag = h.get_gpu(amax), ac = h.get_cpu(amax);
     if (gelu) {  // dout's amax is of the GELU'd dout, computed in each backend's own precision
         H::compare_vec("matmul_backward_fp8.amax_dout", sh, {ag[2]}, {ac[2]}, h.low() ? 1e-2 : 1e-5);
