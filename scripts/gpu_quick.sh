@@ -359,9 +359,9 @@ stage_kernels() {
     # attention first: the trainer's versions at every shape (the forward's v5 at head size 64, v4
     # at 128, where v5's two m-tiles ran 192 TFLOP/s in the fourth window against v4's 173 in the
     # third: to compare in one call; the backward's v6 at 64, v3 at 128), then PyTorch's SDPA at
-    # the same shapes (the peer), then the version in question (backward v7: dQ from dS^T in
-    # memory), ncu's stall rows of the trainer's backward at HS 64 and the forward's two m-tiles at
-    # HS 128, then backward v4 and v5
+    # the same shapes (the peer), then the versions in question (backward v7: dQ from dS^T in
+    # memory; forward v6: 128-key tiles, at head size 64 only), ncu's stall rows of the trainer's
+    # backward at HS 64 and the forward's two m-tiles at HS 128, then backward v4 and v5
     VERSIONS=("forward 5" "forward 4" "backward 6" "backward 3")
     attn_runs
     log="$WORK/torch_attention.log"
@@ -376,6 +376,8 @@ stage_kernels() {
     fi
     VERSIONS=("backward 7")
     attn_runs
+    VERSIONS=("forward 6")
+    ATTN_SHAPES="8 1024 12 64 8 1024 32 64" attn_runs
     ncu_stalls backward 6 64 12
     ncu_stalls forward 5 128 16
     VERSIONS=("backward 4" "backward 5")

@@ -8,6 +8,7 @@
 //   5: the same kernel with 32 query rows a warp (MT = 2; the trainer's bf16 forward for head
 //      sizes up to 64 since this version, 16 rows above); from 2026-11-27 also at head sizes 80
 //      to 128, where Q's fragments are reloaded from shared memory at each k-step of S
+//   6: version 5 with 128-key tiles (head sizes 32 and 64)
 //
 // Lab notebook (causal, bf16, FLOPs counted as FlashAttention counts them: 4 B NH HS T^2 / 2):
 //   v3  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): the forward kernel
@@ -40,8 +41,23 @@
 //       64; HS 96: none at 32, 44 at 64; HS 80 at 64: 242 registers, none). FlashAttention-2
 //       runs HS 128 this way (kBlockM 128, 4 warps, Q from shared memory). If it beats v4 at HS
 //       128, the trainer's choice (flash::forward_hs) follows.
+//   v4, v5 measured (H200, main b24a415, fourth window): v5 156.8 TFLOP/s at NH=12 HS=64 (v4
+//       138.6), 169.7 at NH=32 HS=64, 192.0 at NH=16 HS=128 (v4 171-173 in the third window);
+//       SDPA in the same call 183.2, 267.5, 335.1. v5 is the trainer's forward at head sizes up
+//       to 64; at 128 the trainer keeps v4 until one call times both.
+//   v6  not yet measured (written 2026-11-27 without a GPU): v5 with 128-key tiles at head sizes
+//       32 and 64 (FlashAttention-2's 128 x 128 tiles at head size 64), Q's fragments reloaded
+//       from shared memory at each k-step (S alone is 128 registers a lane). Why it might be
+//       faster: the fourth window's rates say v5's cost per head is twice SDPA's once the grid
+//       is full (NH 12 -> 32 at B=8: v5 +120 us for 20 heads, SDPA +58 us), so what v5 loses is
+//       per key tile, not the grid's tail. Per key tile a warp pays fixed latency (the cp.async
+//       wait and two block barriers, the row maxima's shuffles, the O rescale): 128 keys pay it
+//       once for twice the mma. The price: Q's 8 extra ldmatrix a tile (the K and V ones stay
+//       32 each) and 90 KiB of shared memory a block (two blocks an SM on sm_80/sm_90; sm_86/89
+//       refuse it: v6 then reports that it does not cover the shape). If it beats v5 at HS 64,
+//       the trainer's choice (flash::forward_hs) follows.
 //   To measure (B T NH HS after the version; d_model 2048 as FlashAttention's benchmarks):
-//     make -C dev/cuda attention_forward && for v in 3 4 5; do ./dev/cuda/attention_forward $v 8 1024 32 64;
+//     make -C dev/cuda attention_forward && for v in 3 4 5 6; do ./dev/cuda/attention_forward $v 8 1024 32 64;
 //     ./dev/cuda/attention_forward $v 8 1024 16 128; done
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
@@ -107,8 +123,9 @@ int main(int argc, char** argv) {
             };
         else
             run = [=] {
-                const int rows = version == 4 ? 16 : 32;
-                if (!flash::forward(dout, dlse, dqkv, dqkv, B, T, T, NH, NH, HS, SeqPositions(), SeqPositions(), 0, rows))
+                const int rows = version == 4 ? 16 : 32, key_tile = version == 6 ? 128 : 0;
+                if (!flash::forward(dout, dlse, dqkv, dqkv, B, T, T, NH, NH, HS, SeqPositions(), SeqPositions(), 0, rows,
+                                    key_tile))
                     std::printf("v%d does not cover HS=%d (see flash::forward)\n", version, HS), std::exit(1);
             };
         run();

@@ -528,7 +528,8 @@ template <class T>
 void attention_block_forward(T* out, float* lse, const T* qkv_q, const T* qkv_kv, int B, int Tq, int Tk, int NH,
                              int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
     if constexpr (is_half_type<T>) {  // the tensor-core path (bf16, fp16), where it covers HS
-        if (flash::forward(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st, flash::g_fwd_rows_per_warp))
+        if (flash::forward(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st, flash::g_fwd_rows_per_warp,
+                           flash::g_fwd_key_tile))
             return;
     }
     attention_block_forward_general(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st);

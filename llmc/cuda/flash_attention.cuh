@@ -14,7 +14,8 @@
 //    accumulator layout of two adjacent n-tiles is the A layout: llmc/cuda/ptx.cuh), V by
 //    ldmatrix.trans;
 //  - O (16 x HS fp32) in registers, divided by the row sum at the end; lse = m ln 2 + ln(l).
-// K/V tiles stream through a double buffer filled by cp.async while the previous tile is
+// K/V tiles (64 keys, or 32 where shared memory is short; 128 on request at head sizes up to 64,
+// forward_hs) stream through a double buffer filled by cp.async while the previous tile is
 // computed. Tiles past the last key a warp's rows see are skipped; only tiles that cross a
 // row's last visible key are masked element by element. The query tiles of the whole grid run
 // heaviest first (the tile index is blockIdx.y, counted from the end; blockIdx.x = head, batch).
@@ -135,14 +136,18 @@ __global__ void __launch_bounds__(kThreads)
     // [0, seen[mt][i]) visible (rows past Tq are computed on zero Q as if they saw everything,
     // and never written)
     const int w0 = q0 + WR * warp;
+    // (two m-tiles above head size 64 find them again in each crossing tile instead of keeping them:
+    // at head size 128 ptxas sm_90 spilled 52 bytes with them kept, none without)
+    constexpr bool kLazySeen = MT == 2 && HS > 64;
+    auto seen_of = [&](int mt, int i) {
+        const int r = w0 + 16 * mt + g + 8 * i;
+        return r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
+    };
     int seen[MT][2];
     LLMC_UNROLL
     for (int mt = 0; mt < MT; mt++)
         LLMC_UNROLL
-        for (int i = 0; i < 2; i++) {
-            const int r = w0 + 16 * mt + g + 8 * i;
-            seen[mt][i] = r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
-        }
+        for (int i = 0; i < 2; i++) seen[mt][i] = kLazySeen ? 0 : seen_of(mt, i);
     const bool active = w0 < Tq;
     const int w_end = active ? visible(kp, kv_end, qp.at(min(Tq, w0 + WR) - 1)) : 0;  // tiles past it: skipped
     const int w_full = active ? visible(kp, kv_end, qp.at(w0)) : 0;  // keys before it: no mask
@@ -154,10 +159,11 @@ __global__ void __launch_bounds__(kThreads)
     }
     ptx::cp_async_commit();
 
-    // Q's fragments: in registers for the whole key loop (one m-tile, or head sizes up to 64), else
-    // (two m-tiles above 64: O alone is 128 registers at head size 128) reloaded by ldmatrix from
-    // shared memory at each k-step of S, as FlashAttention-2 does at head size 128
-    constexpr bool QR = MT == 1 || HS <= 64;
+    // Q's fragments: in registers for the whole key loop (one m-tile, or head sizes up to 64 with
+    // key tiles up to 64), else (two m-tiles above 64: O alone is 128 registers at head size 128;
+    // 128-key tiles: S alone is 128) reloaded by ldmatrix from shared memory at each k-step of S,
+    // as FlashAttention-2 does
+    constexpr bool QR = MT == 1 || (HS <= 64 && BC <= 64);
     uint32_t qf[QR ? MT : 1][QR ? HS / 16 : 1][4];
     const E* qrow = sQ + (WR * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;  // m-tile 0's
     float o[MT][DT][4];
@@ -215,10 +221,14 @@ __global__ void __launch_bounds__(kThreads)
                 LLMC_UNROLL
                 for (int mt = 0; mt < MT; mt++)
                     LLMC_UNROLL
-                    for (int n = 0; n < NT; n++)
+                    for (int i = 0; i < 2; i++) {
+                        const int sn = kLazySeen ? seen_of(mt, i) : seen[mt][i];
                         LLMC_UNROLL
-                        for (int e = 0; e < 4; e++)
-                            if (k0 + n * 8 + 2 * t + (e & 1) >= seen[mt][e >> 1]) s[mt][n][e] = -INFINITY;
+                        for (int n = 0; n < NT; n++)
+                            LLMC_UNROLL
+                            for (int e = 2 * i; e < 2 * i + 2; e++)
+                                if (k0 + n * 8 + 2 * t + (e & 1) >= sn) s[mt][n][e] = -INFINITY;
+                    }
             }
             // online softmax, rows g (e = 0, 1) and g + 8 (e = 2, 3) of each m-tile
             LLMC_UNROLL
@@ -310,11 +320,16 @@ bool try_forward(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int
 
 // The flash forward for one head size: two m-tiles a warp up to head size 64 (unless
 // rows_per_warp is 16), else one (unless rows_per_warp is 32: two, Q from shared memory, head
-// sizes 80 to 128); a key tile of 64 rows, else 32 (shared memory).
+// sizes 80 to 128); a key tile of 64 rows, else 32 (shared memory). key_tile 128 (head sizes up
+// to 64, two m-tiles): FlashAttention-2's 128 x 128 tiles, Q from shared memory, or false.
 template <int HS, class E>
 bool forward_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH, int NKV,
-                SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp) {
+                SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp, int key_tile) {
 #define LLMC_FLASH_TRY(BC, MT) try_forward<HS, BC, MT>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st)
+    if (key_tile == 128) {
+        if constexpr (HS <= 64) return rows_per_warp != 16 && LLMC_FLASH_TRY(128, 2);
+        return false;
+    }
     if constexpr (HS <= 80) {  // (ptxas sm_90: HS 80 BC 64 242 registers, no spill)
         if ((HS <= 64 ? rows_per_warp != 16 : rows_per_warp == 32) && (LLMC_FLASH_TRY(64, 2) || LLMC_FLASH_TRY(32, 2)))
             return true;
@@ -333,12 +348,15 @@ bool forward_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int 
 // larger ones one. `rows_per_warp` 16 or 32 forces the choice (dev/cuda's versions 4 and 5
 // compare them; 32 above head size 64 reloads Q from shared memory, not yet measured); 0
 // chooses (g_fwd_rows_per_warp for the trainer's calls: test_gpu's attention_mt2 sets it).
-inline int g_fwd_rows_per_warp = 0;
+// `key_tile` 128 asks for 128-key tiles (forward_hs; dev/cuda's version 6; 0: the choice,
+// g_fwd_key_tile for the trainer's calls: test_gpu's attention_fwd128 sets it).
+inline int g_fwd_rows_per_warp = 0, g_fwd_key_tile = 0;
 template <class E>
 bool forward(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH,
-                    int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp = 0) {
+                    int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp = 0,
+                    int key_tile = 0) {
 #define LLMC_FLASH_HS(D) \
-    case D: return forward_hs<D>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st, rows_per_warp);
+    case D: return forward_hs<D>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st, rows_per_warp, key_tile);
     switch (HS) {
         LLMC_FLASH_HS(32)
         LLMC_FLASH_HS(64)

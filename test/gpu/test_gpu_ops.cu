@@ -1440,8 +1440,7 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
     if (gelu) H::compare_vec("matmul_forward_fp8.pre_gelu", sh, h.get_gpu(pre), h.get_cpu(pre), tol);
     exact("matmul_forward_fp8.amax", h.get_gpu(amax), h.get_cpu(amax));
 
-    // backward: dinp overwrite (poisoned), dw/dbias accumulate; with gelu, dout * gelu'(pre) is checked
-    // through dbias, dinp and dw (dout afterwards: either, as Ops::matmul_backward_fp8 allows)
+    // backward: dinp overwrite (poisoned), dw/dbias accumulate, dout modified in place with gelu
     Pair dout = h.make_at(no, off_in), dinp = h.make_at(ni, off), dw = h.make_at(nw, off), dbias = h.make(OC);
     auto dout0 = h.rnd(no, 1.0f), dw0 = h.rnd(nw, 1.0f), db0 = h.rnd(OC, 1.0f);
     h.up(pre, h.rnd(no, 1.5f));
@@ -1979,14 +1978,17 @@ int main(int argc, char** argv) {
         run("attention", "attention_gqa", [&](const C& c) {
             if (c.dims[2] != c.dims[3]) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
         });
-        // the flash forward's two m-tiles a warp above head size 64 (Q reloaded from shared memory;
-        // the trainer's choice is one until a GPU has timed it: dev/cuda/attention_forward v5)
+        // the flash forward's two m-tiles a warp where the trainer does not take them (Q reloaded
+        // from shared memory; dev/cuda/attention_forward v5 above head size 64, v6 at 32 and 64
+        // with 128-key tiles: the trainer's choices until a GPU has timed them)
         flash::g_fwd_rows_per_warp = 32;
         run("attention", "attention_mt2", [&](const C& c) {
-            if (c.dims[4] > 64 && c.dims[4] <= 128 && c.dims[4] % 16 == 0)
-                test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
+            const int hs = c.dims[4];
+            if (hs % 16 || hs > 128 || (hs <= 64 && hs != 32 && hs != 64)) return;
+            flash::g_fwd_key_tile = hs <= 64 ? 128 : 0;
+            test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], hs);
         });
-        flash::g_fwd_rows_per_warp = 0;
+        flash::g_fwd_rows_per_warp = 0, flash::g_fwd_key_tile = 0;
         // the flash backward's ways that `attention` does not take (its choice: dev/cuda/attention_backward
         // v6 at head size 64, two m-tiles at 32, v3 above): the 32-row tiles, 16 rows a warp, that a
         // device short of shared memory (sm_86/sm_89 at head size 128) runs (v5); the dK/dV kernel's
