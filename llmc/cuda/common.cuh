@@ -201,6 +201,18 @@ template <int K, class T> __device__ __forceinline__ void store_pack(T* p, const
     check_pack_alignment<K>(p);
     *reinterpret_cast<Pack<T, K>*>(p) = x;
 }
+// A compiler barrier on a pack held in registers (an empty asm that claims to change its words):
+// what was computed from the pack before it is computed again after, not kept alive in between
+// (a kernel that holds many packs across a reduction keeps them, not their float conversions).
+// No code; nothing under the emulator.
+template <class T, int K> __device__ __forceinline__ void opaque(Pack<T, K>& p) {
+#ifndef LLMC_CUEMU
+    static_assert(sizeof(p) % 4 == 0, "opaque: packs of whole 32-bit words");
+    uint32_t* u = reinterpret_cast<uint32_t*>(&p);
+    LLMC_UNROLL
+    for (int i = 0; i < (int)(sizeof(p) / 4); i++) asm volatile("" : "+r"(u[i]));
+#endif
+}
 // pack_max<T> when every non-null pointer is 16-byte aligned and rows of `row` elements keep
 // that alignment, else 1
 template <class T> inline int pack_width(long long row, std::initializer_list<const void*> ptrs) {

@@ -97,7 +97,11 @@ __host__ __device__ inline int ln_acc_stride(int C, int K) { return (C / K + 31)
 // Accumulator index of element k of pack i (i = lane + 32 j): (j K + k) 32 + lane.
 __host__ __device__ inline int ln_acc_index(int i, int k, int K) { return ((i >> 5) * K + k) * 32 + (i & 31); }
 
-template <class T, int K, bool RMS>
+// P > 0 (a row of at most 32 P packs): each lane keeps its P packs of w in registers for all its
+// rows, and loads a row's dout, inp and dinp packs at once into registers before any arithmetic
+// (3 P loads in flight a lane instead of one pass's 2-3, and no second read of dout and inp). The
+// same arithmetic in the same order as P = 0 (every row length): the same bits.
+template <class T, int K, bool RMS, int P = 0>
 __global__ void norm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* w,
                                      const float* mean, const float* rstd, int N, int C, int rows_per_block) {
     constexpr int Q = RMS ? 1 : 2;
@@ -109,35 +113,79 @@ __global__ void norm_backward_kernel(T* dinp, float* partial, const T* dout, con
     for (int j = lane; j < Q * S; j += 32) acc_dw[j] = 0.0f;  // this lane's own entries
     const int r0 = blockIdx.x * rows_per_block;
     const int r1 = min(N, r0 + rows_per_block);
-    for (int row = r0 + warp; row < r1; row += W) {
-        const long long off = (long long)row * C;
-        const float m = RMS ? 0.0f : mean[row], rs = rstd[row];
-        float sum_dn = 0.0f, sum_dn_n = 0.0f;
-        for (int i = lane; i < nvec; i += 32) {
-            const Pack<T, K> pd = load_pack<K>(dout + off + i * K), px = load_pack<K>(inp + off + i * K),
-                             pw = load_pack<K>(w + i * K);
+    // one pack's share of the sums and of the accumulators (pack i of a row), then its dinp
+    auto pack_sums = [&](int i, const Pack<T, K>& pd, const Pack<T, K>& px, const Pack<T, K>& pw, float m, float rs,
+                         float& sum_dn, float& sum_dn_n) {
+        LLMC_UNROLL
+        for (int k = 0; k < K; k++) {
+            const float d = to_f32(pd.v[k]), n = (to_f32(px.v[k]) - m) * rs, dn = to_f32(pw.v[k]) * d;
+            sum_dn += dn;
+            sum_dn_n += dn * n;
+            const int a = ln_acc_index(i, k, K);
+            acc_dw[a] += d * n;
+            if constexpr (!RMS) acc_db[a] += d;
+        }
+    };
+    auto pack_dinp = [&](Pack<T, K>& pg, const Pack<T, K>& pd, const Pack<T, K>& px, const Pack<T, K>& pw, float m,
+                         float rs, float mean_dn, float mean_dn_n) {
+        LLMC_UNROLL
+        for (int k = 0; k < K; k++) {
+            const float n = (to_f32(px.v[k]) - m) * rs, dn = to_f32(pw.v[k]) * to_f32(pd.v[k]);
+            pg.v[k] = from_f32<T>(to_f32(pg.v[k]) + rs * (dn - mean_dn - n * mean_dn_n));
+        }
+    };
+    if constexpr (P > 0) {
+        Pack<T, K> pw[P];
+        LLMC_UNROLL
+        for (int j = 0; j < P; j++)
+            if (lane + 32 * j < nvec) pw[j] = load_pack<K>(w + (lane + 32 * j) * K);
+        for (int row = r0 + warp; row < r1; row += W) {
+            const long long off = (long long)row * C;
+            Pack<T, K> pd[P], px[P], pg[P];
             LLMC_UNROLL
-            for (int k = 0; k < K; k++) {
-                const float d = to_f32(pd.v[k]), n = (to_f32(px.v[k]) - m) * rs, dn = to_f32(pw.v[k]) * d;
-                sum_dn += dn;
-                sum_dn_n += dn * n;
-                const int a = ln_acc_index(i, k, K);
-                acc_dw[a] += d * n;
-                if constexpr (!RMS) acc_db[a] += d;
+            for (int j = 0; j < P; j++) {
+                const int i = lane + 32 * j;
+                if (i < nvec) {
+                    pd[j] = load_pack<K>(dout + off + i * K);
+                    px[j] = load_pack<K>(inp + off + i * K);
+                    pg[j] = load_pack<K>(dinp + off + i * K);
+                }
+            }
+            const float m = RMS ? 0.0f : mean[row], rs = rstd[row];
+            float sum_dn = 0.0f, sum_dn_n = 0.0f;
+            LLMC_UNROLL
+            for (int j = 0; j < P; j++)
+                if (lane + 32 * j < nvec) pack_sums(lane + 32 * j, pd[j], px[j], pw[j], m, rs, sum_dn, sum_dn_n);
+            const float mean_dn = RMS ? 0.0f : warp_sum(sum_dn) / (float)C;
+            const float mean_dn_n = warp_sum(sum_dn_n) / (float)C;
+            LLMC_UNROLL
+            for (int j = 0; j < P; j++) {
+                const int i = lane + 32 * j;
+                if (i < nvec) {
+                    if constexpr (sizeof(Pack<T, K>) % 4 == 0) {  // n and dn again from the packs (ptxas:
+                        opaque(pd[j]), opaque(px[j]), opaque(pw[j]);  // kept as floats, P 8 spilled)
+                    }
+                    pack_dinp(pg[j], pd[j], px[j], pw[j], m, rs, mean_dn, mean_dn_n);
+                    store_pack(dinp + off + i * K, pg[j]);
+                }
             }
         }
-        const float mean_dn = RMS ? 0.0f : warp_sum(sum_dn) / (float)C;
-        const float mean_dn_n = warp_sum(sum_dn_n) / (float)C;
-        for (int i = lane; i < nvec; i += 32) {
-            const Pack<T, K> pd = load_pack<K>(dout + off + i * K), px = load_pack<K>(inp + off + i * K),
-                             pw = load_pack<K>(w + i * K);
-            Pack<T, K> pg = load_pack<K>(dinp + off + i * K);
-            LLMC_UNROLL
-            for (int k = 0; k < K; k++) {
-                const float n = (to_f32(px.v[k]) - m) * rs, dn = to_f32(pw.v[k]) * to_f32(pd.v[k]);
-                pg.v[k] = from_f32<T>(to_f32(pg.v[k]) + rs * (dn - mean_dn - n * mean_dn_n));
+    } else {
+        for (int row = r0 + warp; row < r1; row += W) {
+            const long long off = (long long)row * C;
+            const float m = RMS ? 0.0f : mean[row], rs = rstd[row];
+            float sum_dn = 0.0f, sum_dn_n = 0.0f;
+            for (int i = lane; i < nvec; i += 32)
+                pack_sums(i, load_pack<K>(dout + off + i * K), load_pack<K>(inp + off + i * K),
+                          load_pack<K>(w + i * K), m, rs, sum_dn, sum_dn_n);
+            const float mean_dn = RMS ? 0.0f : warp_sum(sum_dn) / (float)C;
+            const float mean_dn_n = warp_sum(sum_dn_n) / (float)C;
+            for (int i = lane; i < nvec; i += 32) {
+                Pack<T, K> pg = load_pack<K>(dinp + off + i * K);
+                pack_dinp(pg, load_pack<K>(dout + off + i * K), load_pack<K>(inp + off + i * K),
+                          load_pack<K>(w + i * K), m, rs, mean_dn, mean_dn_n);
+                store_pack(dinp + off + i * K, pg);
             }
-            store_pack(dinp + off + i * K, pg);
         }
     }
     __syncthreads();  // every warp's accumulators are complete
@@ -207,6 +255,9 @@ inline int layernorm_backward_warps(int C, int K, int Q) {
     return W;
 }
 
+// Whether pass 1 keeps rows in registers where they fit (norm_backward_kernel's P; false: every row
+// streamed twice, dev/cuda/layernorm's version 5, to compare).
+inline bool g_ln_bwd_registers = true;
 // Both passes; mean and db are null for RMSNorm. Throws UserError when C's accumulators (one
 // warp's: Q x ~C floats) pass the device's shared-memory limit per block (d_model ~29k on H100).
 template <class T>
@@ -219,7 +270,12 @@ void launch_norm_backward(cudaStream_t st, T* dinp, T* dw, T* db, float* partial
         constexpr int K = decltype(k)::value;
         const int W = layernorm_backward_warps(C, K, Q);
         const size_t smem = (size_t)W * Q * ln_acc_stride(C, K) * sizeof(float);
-        auto kernel = rms ? norm_backward_kernel<T, K, true> : norm_backward_kernel<T, K, false>;
+        // a row of at most 128 or 256 packs: kept in registers (P 4 or 8), else streamed twice
+        const int P = g_ln_bwd_registers ? (C / K <= 32 * 4 ? 4 : C / K <= 32 * 8 ? 8 : 0) : 0;
+        auto kernel = rms ? (P == 4 ? norm_backward_kernel<T, K, true, 4>
+                             : P == 8 ? norm_backward_kernel<T, K, true, 8> : norm_backward_kernel<T, K, true>)
+                          : (P == 4 ? norm_backward_kernel<T, K, false, 4>
+                             : P == 8 ? norm_backward_kernel<T, K, false, 8> : norm_backward_kernel<T, K, false>);
         int limit = 0;
         if (!opt_in_smem((const void*)kernel, smem, &limit))
             throw UserError("model.d_model: " + std::to_string(C) + " is too wide for the CUDA " +

@@ -56,6 +56,8 @@ mutate flash_ds_unseen_keys_read llmc/cuda/flash_backward.cuh attention_ring \
     'if (k0 + 64 > w_full) {  // crossing' 'if (false && k0 + 64 > w_full) {  // crossing'
 mutate fp8_vec_cast_gelu_dropped llmc/cuda/fp8.cuh fp8 \
     'v[e] = operand(v[e], gelu);' '(void)gelu;'
+mutate ln_bwd_registers_dinp_unread llmc/cuda/layernorm.cuh layernorm \
+    'pg[j] = load_pack<K>(dinp + off + i * K);' 'pg[j] = pd[j];'
 mutate fp8_colsum_half_the_lanes llmc/cuda/fp8.cuh fp8 \
     'acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 16);' ''
 

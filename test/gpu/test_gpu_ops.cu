@@ -44,6 +44,7 @@
 #include "llmc/cuda/common.cuh"
 #include "llmc/cuda/flash_attention.cuh"
 #include "llmc/cuda/flash_backward.cuh"
+#include "llmc/cuda/layernorm.cuh"
 #include "llmc/cuda/ptx.cuh"
 #include "llmc/model/model.h"
 #include "llmc/backend/ops.h"
@@ -387,12 +388,17 @@ void test_layernorm(H& h, int N, int C, int off) {
     auto dinp0 = h.rnd(n, 1.0f), dw0 = h.rnd(C, 1.0f), db0 = h.rnd(C, 1.0f);
     h.up(dinp, dinp0), h.up(dw, dw0), h.up(db, db0);
     h.cpu.layernorm_backward(dinp.c, dw.c, db.c, dout.c, inp.c, w.c, mean.c.f32(), rstd.c.f32(), N, C);
-    for (int rep = 0; rep < 2; rep++) {
+    // (a third run streams every row twice instead of keeping it in registers: the same bits)
+    std::vector<uint8_t> streamed;
+    for (int rep = 0; rep < 3; rep++) {
         h.up_gpu(dinp, dinp0), h.up_gpu(dw, dw0), h.up_gpu(db, db0);
+        g_ln_bwd_registers = rep < 2;
         h.gpu.layernorm_backward(dinp.g, dw.g, db.g, dout.g, inp.g, w.g, mean.g.f32(), rstd.g.f32(), N, C);
-        r[rep] = h.raw({dinp, dw, db});
+        g_ln_bwd_registers = true;
+        (rep < 2 ? r[rep] : streamed) = h.raw({dinp, dw, db});
     }
     h.det("layernorm_backward", sh, r[0], r[1]);
+    h.det("layernorm_backward_streamed_rows", sh, r[0], streamed);
     h.compare("layernorm_backward.dinp", sh, dinp);
     h.compare("layernorm_backward.dw", sh, dw);
     h.compare("layernorm_backward.db", sh, db);
@@ -731,12 +737,16 @@ void test_rmsnorm(H& h, int N, int C, float eps) {
     auto dinp0 = h.rnd(n, 1.0f), dw0 = h.rnd(C, 1.0f);
     h.up(dinp, dinp0), h.up(dw, dw0);
     h.cpu.rmsnorm_backward(dinp.c, dw.c, dout.c, inp.c, w.c, rstd.c.f32(), N, C);
-    for (int rep = 0; rep < 2; rep++) {
+    std::vector<uint8_t> streamed;  // (as test_layernorm's)
+    for (int rep = 0; rep < 3; rep++) {
         h.up_gpu(dinp, dinp0), h.up_gpu(dw, dw0);
+        g_ln_bwd_registers = rep < 2;
         h.gpu.rmsnorm_backward(dinp.g, dw.g, dout.g, inp.g, w.g, rstd.g.f32(), N, C);
-        r[rep] = h.raw({dinp, dw});
+        g_ln_bwd_registers = true;
+        (rep < 2 ? r[rep] : streamed) = h.raw({dinp, dw});
     }
     h.det("rmsnorm_backward", sh, r[0], r[1]);
+    h.det("rmsnorm_backward_streamed_rows", sh, r[0], streamed);
     h.compare("rmsnorm_backward.dinp", sh, dinp);
     h.compare("rmsnorm_backward.dw", sh, dw);
 }
