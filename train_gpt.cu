@@ -394,6 +394,9 @@ struct Run {
                                                           "on the CPU; set it false)")
                                             : strfmt("train.cuda_graphs: true needs one process (this job has %d: the "
                                                      "collectives' host waits; set it false)", grid.world));
+        if (device == "cuda")  // (the CPU backend has one way of each: the keys are ignored there)
+            set_cuda_kernel_choices(cfg.kernels.attention_forward, cfg.kernels.attention_backward,
+                                    cfg.kernels.layernorm_backward);
         for (Comm* c : {groups.world.get(), groups.dp.get(), groups.cp.get(), groups.tp.get(), groups.pp.get(),
                         groups.mp.get(), groups.embed.get(), groups.ep.get(), groups.edp.get(), groups.mp_dev.get()})
             if (c) {

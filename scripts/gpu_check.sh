@@ -7,7 +7,8 @@
 #   scripts/gpu_check.sh --quick [--out DIR] [--dry-run]     about 5 minutes, one global deadline
 #   scripts/gpu_check.sh --profile CONFIG [key=value...]     the kernel table of a run (ncu)
 #   scripts/gpu_check.sh --kernels                           dev/cuda's kernel versions, attention beside PyTorch
-# (--quick, --kernels and --profile: scripts/gpu_quick.sh; --dry-run prints their steps and runs nothing.)
+#   scripts/gpu_check.sh --variants                          the step with each kernels.* way beside the default
+# (--quick, --kernels, --variants and --profile: scripts/gpu_quick.sh; --dry-run prints their steps and runs nothing.)
 # Without --stage, every stage in order. Each stage appends its table (date, commit, GPU) to
 # dev/bench/RESULTS.md as soon as it finishes; --out DIR also copies the table and the stage's logs
 # to DIR/NAME/, and writes each row to DIR/NAME/rows.partial.md the moment it is known (what a
@@ -30,7 +31,7 @@ describe() {
 }
 usage() {
     echo "usage: $0 --list | [--stage NAME]... [--out DIR] [--steps N] [--deadline SECONDS]" \
-         "| --quick [--out DIR] [--dry-run] | --kernels" \
+         "| --quick [--out DIR] [--dry-run] | --kernels | --variants" \
          "| --profile CONFIG [key=value...]   (stages: ${STAGES[*]})" >&2
     exit 2
 }
@@ -50,6 +51,7 @@ while [ $# -gt 0 ]; do
         --steps) [ $# -ge 2 ] || usage; STEPS="$2"; shift ;;
         --quick) WANT+=(quick) ;;
         --kernels) WANT+=(kernels) ;;
+        --variants) WANT+=(variants) ;;
         --deadline) [ $# -ge 2 ] && [[ "$2" =~ ^[0-9]+$ ]] || usage; DEADLINE=$(( $(date +%s) + $2 )); shift ;;
         --dry-run) DRY_RUN=1 ;;
         --profile) [ $# -ge 2 ] || usage
@@ -60,7 +62,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ ${#WANT[@]} -gt 0 ] || WANT=("${STAGES[@]}")
-if [ "$DRY_RUN" = 1 ] && [[ " ${WANT[*]} " != *" quick "* && " ${WANT[*]} " != *" profile "* && " ${WANT[*]} " != *" kernels "* ]]; then
+if [ "$DRY_RUN" = 1 ] && [[ " ${WANT[*]} " != *" quick "* && " ${WANT[*]} " != *" profile "* && " ${WANT[*]} " != *" kernels "* && " ${WANT[*]} " != *" variants "* ]]; then
     echo "gpu_check: --dry-run goes with --quick or --profile" >&2; exit 2
 fi
 

@@ -15,6 +15,7 @@
 # the fp8 casts (fp8_cast v4: the output-gradient cast fused with the bias gradient, then v3) and GEMM forms (fp8_gemm); cuBLASLt's epilogues against kernels
 # (matmul_epilogue v5/v6), the GELU backward fused into the bias gradient (v7) or into the GEMM (v8), LayerNorm v5 and
 # the fused cross entropy v5 at GPT-2 124M B=32's shapes; then the old versions (matmul_epilogue v1-v4, LayerNorm v3, cross entropy v3).
+# `--variants`: the training step with each kernels.* config way beside the default (stage_variants).
 # `--dry-run`: every step printed with its time limit, nothing run, nothing written.
 
 # test_gpu's filters, in the order they run (test/e2e/test_gpu_check_list.sh checks this list
@@ -152,7 +153,7 @@ quick_bench() {  # name "model keys" B prec [nopeer: the PyTorch peer later, by 
     echo "== quick: bench $name $prec B=$b"
     # shellcheck disable=SC2086
     # (the 1.5B runs took 42-48 s on the H200, most of it start-up)
-    quick_train "bench $name $prec B=$b" "$([ "$name" = gpt2_1558m ] && echo 90 || echo 60)" "$out" device=cuda precision=$prec $model train.micro_batch=$b \
+    quick_train "bench $name $prec B=$b" "$([[ "$name" == gpt2_1558m* ]] && echo 90 || echo 60)" "$out" device=cuda precision=$prec $model train.micro_batch=$b \
         train.seq_len=1024 train.grad_accum=1 train.steps=$QUICK_STEPS train.lr=3e-4 train.lr_schedule=constant
     local rc=$?
     [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && { [ "$peer" = nopeer ] || quick_peer "$name" "$model" "$b" "$prec"; return; }
@@ -398,6 +399,37 @@ stage_kernels() {
         [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && continue
         kernel_row "$v" "$log" $rc
     done
+}
+
+# `--variants`: the training step with each kernels.* way a GPU has not yet chosen (config
+# section "kernels"), beside the default in the same call: GPT-2 124M bf16 B=32 with the flash
+# backward's dQ from dS (v7) and the forward's 128-key tiles (v6), then the 1.5B shape in bf16
+# with LayerNorm's backward streamed (the default keeps rows in registers) when the time allows.
+# A ratio row each (variant / default): above 1, the default should follow.
+variant_ratio() {  # label TOK_variant TOK_default
+    [ -n "$2" ] && [ -n "$3" ] || return 0
+    row "$1" "INFO" "" "" "" "$(awk -v a="$2" -v b="$3" 'BEGIN { printf "%.3f (variant / default)", a / b }')"
+}
+stage_variants() {
+    [ -n "$DEADLINE" ] || DEADLINE=$(( $(date +%s) + ${QUICK_SECONDS:-170} ))
+    local m124="model.arch=gpt2 model.n_layer=12 model.n_head=12 model.d_model=768 model.vocab_size=50257 model.max_seq_len=1024"
+    local m1558="model.arch=gpt2 model.n_layer=48 model.n_head=25 model.d_model=1600 model.vocab_size=50257 model.max_seq_len=1024"
+    quick_data
+    quick_bench gpt2_124m "$m124" 32 bf16 nopeer
+    quick_bench gpt2_124m_dq_from_ds "$m124 kernels.attention_backward=dq_from_ds" 32 bf16 nopeer
+    variant_ratio "kernels.attention_backward=dq_from_ds (gpt2_124m B=32)" "${TOK_q_gpt2_124m_dq_from_ds_bf16_32:-}" \
+        "${TOK_q_gpt2_124m_bf16_32:-}"
+    quick_bench gpt2_124m_keys128 "$m124 kernels.attention_forward=keys128" 32 bf16 nopeer
+    variant_ratio "kernels.attention_forward=keys128 (gpt2_124m B=32)" "${TOK_q_gpt2_124m_keys128_bf16_32:-}" \
+        "${TOK_q_gpt2_124m_bf16_32:-}"
+    if [ "$DRY_RUN" = 1 ] || [ "$(left)" -ge 110 ]; then
+        quick_bench gpt2_1558m "$m1558" 8 bf16 nopeer
+        quick_bench gpt2_1558m_ln_streamed "$m1558 kernels.layernorm_backward=streamed" 8 bf16 nopeer
+        variant_ratio "kernels.layernorm_backward=streamed (gpt2_1558m B=8)" \
+            "${TOK_q_gpt2_1558m_ln_streamed_bf16_8:-}" "${TOK_q_gpt2_1558m_bf16_8:-}"
+    else
+        row "variants at the 1.5B shape" "SKIP" "" "" "" "needs about 100 s; $(left) s left"
+    fi
 }
 
 stage_profile() {

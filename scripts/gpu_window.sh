@@ -4,10 +4,11 @@
 # of value:
 #   1. gpu_check --quick (test_gpu per filter, parity, 124M and 1.5B beside PyTorch, ncu table);
 #   2. gpu_check --kernels (dev/cuda's kernel versions; attention beside PyTorch's SDPA);
+#   2b. gpu_check --variants (the step with each kernels.* config way beside the default);
 #   3. gpu_check --profile of an fp8 step at the 1.5B shape's width (4 layers of d_model 1600, B=8:
 #      the casts' share beside the GEMMs'), then at GPT-2 124M bf16 B=32 (the benchmark shape);
 #   4. compute-sanitizer racecheck on the reference model and memcheck on the model step.
-# Writes at most 8 files to OUT (what the device tool brings back): quick.md, kernels.md,
+# Writes at most 9 files to OUT (what the device tool brings back): quick.md, kernels.md, variants.md,
 # profile_fp8.md, profile.md, sanitizers.txt, RESULTS.md (the tables as gpu_check appended them),
 # window.log and logs.tgz (every stage's logs without data shards or weights, under 16 MiB).
 set -u
@@ -34,6 +35,7 @@ stage() {
 }
 stage quick 330 --quick
 stage kernels 150 --kernels
+stage variants 120 --variants
 mkdir -p "$W/data"
 if [ -x dev/data/synth_shards ] && dev/data/synth_shards --out "$W/data/bench" --shards 1 --tokens 3000000 --vocab 50257 >/dev/null 2>&1; then
     data=(data.train="$W/data/bench_*.bin" data.val= tokenizer= model.arch=gpt2 model.vocab_size=50257

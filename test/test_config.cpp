@@ -415,6 +415,14 @@ TEST_CASE("config: out-of-range values and enums", "[config]") {
     CHECK_THAT(m, Catch::Contains("train.loss_scale_window: 5 applies to precision \"fp16\" only"));
     m = error_of([&] { load({g, "fp8.recipe=dynamic"}); });
     CHECK_THAT(m, Catch::Contains("fp8.recipe") && Catch::Contains("delayed, current"));
+    m = error_of([&] { load({g, "kernels.attention_backward=v7"}); });
+    CHECK_THAT(m, Catch::Contains("kernels.attention_backward") && Catch::Contains("auto, dq_from_ds"));
+    m = error_of([&] { load({g, "kernels.attention_forward=128"}); });
+    CHECK_THAT(m, Catch::Contains("kernels.attention_forward") && Catch::Contains("auto, keys128"));
+    m = error_of([&] { load({g, "kernels.layernorm_backward=registers"}); });
+    CHECK_THAT(m, Catch::Contains("kernels.layernorm_backward") && Catch::Contains("auto, streamed"));
+    CHECK(load({g, "kernels.layernorm_backward=streamed"}).kernels.layernorm_backward == "streamed");
+    CHECK(load({g}).kernels.attention_backward == "auto");
     m = error_of([&] { load({g, "parallel.pp_layers=[2,0]"}); });
     CHECK_THAT(m, Catch::Contains("parallel.pp_layers") && Catch::Contains(">= 1"));
     m = error_of([&] { load({g, "parallel.pp_layers=3"}); });

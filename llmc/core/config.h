@@ -139,6 +139,14 @@ struct Fp8Config {
     int margin = 0;                  // scale = 2^-margin * fp8_max / amax
 };
 
+// The CUDA kernels' ways where more than one is built and a GPU has not yet chosen between them
+// (device cuda; the CPU backend ignores these): "auto" is the measured choice.
+struct KernelsConfig {
+    std::string attention_forward = "auto";   // auto | keys128 (dev/cuda/attention_forward v6)
+    std::string attention_backward = "auto";  // auto | dq_from_ds (dev/cuda/attention_backward v7)
+    std::string layernorm_backward = "auto";  // auto (rows in registers) | streamed (dev/cuda/layernorm v5)
+};
+
 // The planner (train_gpt --plan): the cluster it plans for.
 // The device and link numbers are the table's (llmc/plan/step_model.cpp) for plan.gpu where 0.
 struct PlanConfig {
@@ -167,6 +175,7 @@ struct Config {
     CheckpointConfig checkpoint;
     ParallelConfig parallel;
     Fp8Config fp8;
+    KernelsConfig kernels;
     PlanConfig plan;
     std::string tokenizer_dir;  // key "tokenizer": folder with encoder.json + vocab.bpe ("" = ids only)
     std::string out_dir = "out";

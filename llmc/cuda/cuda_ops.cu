@@ -960,6 +960,18 @@ bool cuda_device_available() {
     return n > 0;
 }
 
+void set_cuda_kernel_choices(const std::string& attention_forward, const std::string& attention_backward,
+                             const std::string& layernorm_backward) {
+    auto pick = [](const char* key, const std::string& v, const char* other) {
+        if (v != "auto" && v != other)
+            throw UserError(strfmt("%s: \"%s\" is not one of auto, %s", key, v.c_str(), other));
+        return v == other;
+    };
+    flash::g_fwd_key_tile = pick("kernels.attention_forward", attention_forward, "keys128") ? 128 : 0;
+    flash::g_bwd_ds = pick("kernels.attention_backward", attention_backward, "dq_from_ds") ? 1 : 0;
+    g_ln_bwd_registers = !pick("kernels.layernorm_backward", layernorm_backward, "streamed");
+}
+
 std::unique_ptr<Ops> make_cuda_ops(int device_index) {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);

@@ -9,4 +9,8 @@
 // Throws UserError when no CUDA device is usable.
 std::unique_ptr<Ops> make_cuda_ops(int device_index);
 bool cuda_device_available();
+// The kernels' ways (config section "kernels": KernelsConfig), for every CudaOps of the process;
+// set before the first step. Unknown names: UserError naming the key.
+void set_cuda_kernel_choices(const std::string& attention_forward, const std::string& attention_backward,
+                             const std::string& layernorm_backward);
 int cuda_device_count();  // 0 when the query fails

@@ -527,7 +527,7 @@ std::vector<LayoutChoice> search_layouts(const Config& base, const ModelShape& s
         const int per_rank = int(batch / dp);
         for (const Sched& sc : scheds) {
             if (shape.n_layer < pp * sc.v) continue;
-            Group grp{all.size(), 0, {}};
+            Group grp{all.size(), 0, base};  // (least: the first candidate replaces it)
             for (int mb : divisors(per_rank, 64)) {
                 const int ga = per_rank / mb;
                 if (sc.v > 1 && ga % pp) continue;
