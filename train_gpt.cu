@@ -377,7 +377,7 @@ struct Run {
           // with context parallelism the activations hold this rank's seq_len / cp tokens of each sequence
           model(shape, *ops, dtype, tc.micro_batch, tc.seq_len / grid.cp, dp.param_store(), p.layout, &tp,
                 pipeline_slots(schedule[size_t(grid.pp_rank)], pc.pp_virtual), parse_recompute(tc.recompute), &cp,
-                groups.ep.get(), tc.offload_activations),
+                groups.ep.get(), tc.offload_activations, cfg.precision == "fp8"),
           pipeline(model, *ops, groups.pp.get(), groups.embed.get(), schedule, tc.grad_accum, pc.pp_virtual),
           // this rank's ZeRO range; offloaded: streamed in pieces of a gradient bucket
           opt(params, *ops, dp.opt_begin(), dp.opt_end(), dp.opt_params(), dp.opt_grads(),

@@ -362,6 +362,44 @@ TEST_CASE("activation memory per layer against Megatron's formula, term by term"
     }
 }
 
+// fp8 with a GELU MLP: fc2's input casts apply the GELU to fc1's kept output, so no layer keeps
+// the GELU's output (N F bytes of dtype a layer, the largest single term at 4h); one buffer for the
+// forwards the fp8 GEMM cannot take, whatever the layer count. A gated MLP (Llama) keeps its
+// activation as before.
+TEST_CASE("fp8 keeps no GELU output per layer: the terms and the carve agree", "[plan]") {
+    for (const char* arch : {"gpt2", "llama"}) {
+        INFO(arch);
+        Config cfg = gpt_config(4, 256, 4, 512, 128, {{"model", {{"arch", arch}}}});
+        const ModelShape shape = model_shape(cfg.model);
+        ModelShape more = shape;
+        more.n_layer = shape.n_layer + 1;
+        const ModelLayout lay = model_layout(shape, cfg.parallel, 0, 0), lay_more = model_layout(more, cfg.parallel, 0, 0);
+        const int b = 2, s = 128;
+        for (const char* rc_name : {"none", "selective", "full"}) {
+            INFO(rc_name);
+            const Recompute rc = parse_recompute(rc_name);
+            auto per_layer = [&](bool fp8) {
+                return double(Model::activation_bytes_of(more, DType::BF16, b, s, lay_more, {1}, rc, false, fp8)) -
+                       double(Model::activation_bytes_of(shape, DType::BF16, b, s, lay, {1}, rc, false, fp8));
+            };
+            auto terms = [&](bool fp8) {
+                double sum = 0;
+                for (const ActivationTerm& t : activation_terms(shape, DType::BF16, b, s, 1, false, rc, fp8)) sum += t.ours;
+                return sum;
+            };
+            CHECK(terms(true) == per_layer(true));
+            const double gelu_out = double(b) * s * shape.ffn() * 2;  // bf16
+            const bool saves = std::string(arch) == "gpt2" && rc == Recompute::None;
+            CHECK(per_layer(false) - per_layer(true) == (saves ? gelu_out : 0.0));
+            // the whole model: no recompute saves L GELU outputs less the one shared buffer; full and
+            // selective recompute kept one already
+            const double whole = double(Model::activation_bytes_of(shape, DType::BF16, b, s, lay, {1}, rc, false, false)) -
+                                 double(Model::activation_bytes_of(shape, DType::BF16, b, s, lay, {1}, rc, false, true));
+            CHECK(whole == (saves ? (shape.n_layer - 1) * gelu_out : 0.0));
+        }
+    }
+}
+
 TEST_CASE("--plan=search: every result fits and equals the memory plan, fastest first, deterministic", "[plan]") {
     // GPT-2 124M on 8 GPUs, 32 sequences of 1024 per step
     const json base = {{"parallel", {{"dp", 8}}}, {"train", {{"micro_batch", 4}}}, {"plan", {{"world", 8}}}};

@@ -68,6 +68,9 @@ struct Model::Scratch {
     // Recompute: the buffers of a layer's activations that every layer shares (the attention core's
     // and the activation's outputs with Selective; a whole set with Full), empty otherwise.
     LayerActs recomputed{};
+    // fp8 with a GELU MLP (no layer keeps its GELU output): the GELU output of a forward whose rows
+    // the fp8 GEMM cannot take, used within its layer
+    Tensor gelu_out;
     // Activation offload: the residual stream between layers, [nl, C] each (layer i's input in
     // staging[i % 2]); empty otherwise.
     Tensor staging[2];
@@ -110,8 +113,9 @@ Recompute parse_recompute(const std::string& name) {
 }
 
 Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, ParamStore& store, const ModelLayout& lay,
-           TensorParallel* tp, std::vector<int> slots, Recompute rc, ContextParallel* cp, Comm* ep, bool offload)
-    : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), recompute(rc), offload_activations(offload),
+           TensorParallel* tp, std::vector<int> slots, Recompute rc, ContextParallel* cp, Comm* ep, bool offload,
+           bool fp8)
+    : shape(s), ops(o), dtype(dt), B(b), T(t), layout(lay), recompute(rc), offload_activations(offload), fp8_acts(fp8),
       params(store.layout()),
       block_(block_of(s.arch)), tp_(tp), store_(store), cp_(cp), ep_(ep), ep_stage_(o, ep) {
     if (!tp_) {
@@ -154,9 +158,9 @@ Model::Model(const ModelShape& s, Ops& o, DType dt, int b, int t, ParamStore& st
     chunks_ = make_chunks(s, lay, std::move(slots));
     scratch_ = new Scratch();
     activation_bytes =
-        carve_activations(nullptr, s, dt, b, t, lay, lay.sequence_parallel, rc, offload, chunks_, *scratch_);
+        carve_activations(nullptr, s, dt, b, t, lay, lay.sequence_parallel, rc, offload, fp8, chunks_, *scratch_);
     act_mem_ = ops.alloc(activation_bytes);
-    carve_activations(static_cast<char*>(act_mem_), s, dt, b, t, lay, lay.sequence_parallel, rc, offload, chunks_,
+    carve_activations(static_cast<char*>(act_mem_), s, dt, b, t, lay, lay.sequence_parallel, rc, offload, fp8, chunks_,
                       *scratch_);
     // expert parallelism: the routed rows' message buffer (ep_dispatch, ep_return: one at a time),
     // sized for the most rows this rank's experts can receive, so that it never grows mid-step
@@ -196,7 +200,7 @@ std::vector<Model::Chunk> Model::make_chunks(const ModelShape& s, const ModelLay
 }
 
 size_t Model::activation_bytes_of(const ModelShape& s, DType dt, int b, int t, const ModelLayout& lay,
-                                  const std::vector<int>& slots, Recompute rc, bool offload) {
+                                  const std::vector<int>& slots, Recompute rc, bool offload, bool fp8) {
     // A slot's buffers take the same bytes wherever they fall (every take starts 256-aligned), so the
     // total is affine in each chunk's slot count: carved with one slot per chunk, and once more with
     // two for each chunk that holds more, it is known for any count without building the slots
@@ -205,7 +209,7 @@ size_t Model::activation_bytes_of(const ModelShape& s, DType dt, int b, int t, c
     const auto carved = [&](const std::vector<int>& sl) {
         std::vector<Chunk> chunks = make_chunks(s, lay, sl);
         Scratch scratch;
-        return carve_activations(nullptr, s, dt, b, t, lay, lay.sequence_parallel, rc, offload, chunks, scratch);
+        return carve_activations(nullptr, s, dt, b, t, lay, lay.sequence_parallel, rc, offload, fp8, chunks, scratch);
     };
     const size_t one = carved(ones);
     size_t total = one;
@@ -229,7 +233,7 @@ size_t Model::activation_host_bytes_of(const ModelShape& s, DType dt, int b, int
 }
 
 size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, int B, int T, const ModelLayout& layout,
-                                bool sp, Recompute rc, bool offload, std::vector<Chunk>& chunks, Scratch& S) {
+                                bool sp, Recompute rc, bool offload, bool fp8, std::vector<Chunk>& chunks, Scratch& S) {
     const Block block = block_of(shape.arch);
     const size_t tpn = size_t(layout.tp);
     const size_t N = size_t(B) * T, C = shape.d_model, NHl = shape.n_head / tpn, Cl = C / tpn;
@@ -243,6 +247,8 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
     // the experts' rows: this rank's pairs, or under expert parallelism the rows its experts receive
     const size_t R = moe.enabled() ? moe_ep_max_rows(moe, int(N), layout.ep, layout.cp) : 0;
     Carver cv{base};
+    // fp8 with a GELU MLP: no GELU output per layer (one for the forwards the fp8 GEMM cannot take)
+    const bool gelu_in_cast = fp8 && !block.swiglu;
     // A layer's buffers; with core = false the attention core's and the activation's outputs are
     // left as they are (the shared ones of Selective). An MoE layer's MLP buffers hold its
     // permuted rows, all kept (Selective recomputes only its attention core). Full recompute's
@@ -258,7 +264,7 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
         L.ln2 = cv.take(nl * C, dt);
         L.ln2_mean = mean ? cv.take_f32(nl) : nullptr;
         L.ln2_rstd = cv.take_f32(nl);
-        size_t pre = dense_mlp ? N * PREl : 0, act = dense_mlp && core ? N * Fl : 0;
+        size_t pre = dense_mlp ? N * PREl : 0, act = dense_mlp && core && !gelu_in_cast ? N * Fl : 0;
         if (moe_mlp) {
             L.router_logits = cv.take(N * E, dt);
             L.probs = cv.take_f32(N * E);
@@ -283,6 +289,8 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
         shared.atty = cv.take(N * Cl, dt);
         shared.att_lse = cv.take_f32(N * NHl);
         shared.fch_gelu = cv.take(N * Fl, dt);
+    } else if (gelu_in_cast) {
+        S.gelu_out = cv.take(N * Fl, dt);
     }
     for (Chunk& ch : chunks) {
         for (SlotActs& sa : ch.slots) {
@@ -342,7 +350,8 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
 size_t Model::activation_bytes_without_sp() const {
     std::vector<Chunk> chunks = chunks_;
     Scratch s;
-    return carve_activations(nullptr, shape, dtype, B, T, layout, false, recompute, offload_activations, chunks, s);
+    return carve_activations(nullptr, shape, dtype, B, T, layout, false, recompute, offload_activations, fp8_acts,
+                             chunks, s);
 }
 
 size_t Model::activation_bytes_without_cp() const {
@@ -351,7 +360,7 @@ size_t Model::activation_bytes_without_cp() const {
     whole.cp = 1;
     Scratch s;
     return carve_activations(nullptr, shape, dtype, B, T * layout.cp, whole, layout.sequence_parallel, recompute,
-                             offload_activations, chunks, s);
+                             offload_activations, fp8_acts, chunks, s);
 }
 
 Model::~Model() {
@@ -643,7 +652,9 @@ float Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t, float 
     Tensor res2 = L.residual2.slice(0, nl * C), ln2 = L.ln2.slice(0, nl * C), res3 = L.residual3.slice(0, nl * C);
     const bool dense_mlp = !shape.moe.is_moe_layer(l);  // an MoE layer's buffers hold its permuted rows
     Tensor pre = dense_mlp ? L.fch_pre.slice(0, N * (k.swiglu ? 2 : 1) * Fl) : Tensor();
-    Tensor act = dense_mlp ? L.fch_gelu.slice(0, N * Fl) : Tensor();
+    // (fp8 with a GELU MLP keeps no GELU output per layer: S.gelu_out, for a forward whose rows the
+    // fp8 GEMM cannot take, read within the layer)
+    Tensor act = dense_mlp ? (S.gelu_out.ptr ? S.gelu_out : L.fch_gelu).slice(0, N * Fl) : Tensor();
     Tensor full = S.full.slice(0, nC), partial = S.partial.slice(0, nC), rows = S.rows.slice(0, nl * C);
 
     norm_forward(ln1, L.ln1_mean, L.ln1_rstd, res, Norm1W, l, int(nl));
@@ -924,7 +935,9 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
     Tensor dact = S.dfch.slice(0, N * Fl), dqkv = S.dqkv.slice(0, N * QKVl), datty = S.datty.slice(0, N * Cl);
     const bool dense_mlp = !shape.moe.is_moe_layer(l);  // an MoE layer's buffers hold its permuted rows
     Tensor pre = dense_mlp ? L.fch_pre.slice(0, N * (k.swiglu ? 2 : 1) * Fl) : Tensor();
-    Tensor act = dense_mlp ? L.fch_gelu.slice(0, N * Fl) : Tensor();
+    Tensor act = dense_mlp ? (S.gelu_out.ptr ? S.gelu_out : L.fch_gelu).slice(0, N * Fl) : Tensor();
+    LLMC_ASSERT(!(S.gelu_out.ptr && dense_mlp && !k.swiglu && !fp8_linear(int(N))),
+                "Model: built for fp8 linears (no GELU output kept per layer), but this backward is not fp8");
     Tensor x = tp.gather_rows(L.ln2.slice(0, nl * C), full);  // SP: gathered again rather than kept
     if (recompute == Recompute::Selective) {  // the attention core and the activation again, into the shared buffers
         cp_->attention_forward(L.atty.slice(0, N * Cl), L.att_lse, L.qkv.slice(0, N * QKVl), b, t, NHl, NKVl, HS,

@@ -85,11 +85,15 @@ public:
     Model(const ModelShape& shape, Ops& ops, DType dtype, int B, int T, ParamStore& store,
           const ModelLayout& layout = ModelLayout(), TensorParallel* tp = nullptr, std::vector<int> slots = {},
           Recompute recompute = Recompute::None, ContextParallel* cp = nullptr, Comm* ep = nullptr,
-          bool offload_activations = false);
+          bool offload_activations = false, bool fp8 = false);
+    // fp8 (the run's linears are fp8: set_fp8 follows before the first step): a GELU MLP keeps no
+    // GELU output per layer (fc_proj's casts apply the GELU to the kept pre-activation), only one
+    // buffer for a forward whose rows the fp8 GEMM cannot take (sampling's short windows).
     // The bytes of activations such a model allocates (activation_bytes), without building it;
     // offload: activation offload (needs Recompute::Full).
     static size_t activation_bytes_of(const ModelShape& shape, DType dtype, int B, int T, const ModelLayout& layout,
-                                      const std::vector<int>& slots, Recompute recompute, bool offload = false);
+                                      const std::vector<int>& slots, Recompute recompute, bool offload = false,
+                                      bool fp8 = false);
     // The host memory of activation offload (activation_host_bytes): per chunk and slot each layer's
     // input, B*T (/ tp with sequence parallelism) rows of d_model, 256-byte aligned. Each crosses
     // twice a step: down in forward, up in backward.
@@ -106,6 +110,7 @@ public:
     const ModelLayout layout;
     const Recompute recompute;
     const bool offload_activations;
+    const bool fp8_acts;  // constructed for fp8 linears (no GELU output kept per layer)
 
     const ParamLayout& params;  // the store's: this rank's tensors in memory order, its units
     size_t activation_bytes = 0;
@@ -302,7 +307,7 @@ private:
     // sequence_parallel: the layout's, or false to measure the same layout without it.
     static size_t carve_activations(char* base, const ModelShape& shape, DType dtype, int B, int T,
                                     const ModelLayout& layout, bool sequence_parallel, Recompute recompute,
-                                    bool offload, std::vector<Chunk>& chunks, Scratch& s);
+                                    bool offload, bool fp8, std::vector<Chunk>& chunks, Scratch& s);
 
     Tensor positions_table(int t);                   // this rank's rows of wpe (context parallelism)
     void scatter_positions_grad(Tensor drows, int t);  // and their gradient into wpe's

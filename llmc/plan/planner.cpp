@@ -89,7 +89,8 @@ MemoryPlan memory_of(const RankParts& r, const Config& cfg, const ModelShape& sh
     if (cfg.parallel.local_sgd.every > 0) zero = 0;
     const bool offload = cfg.train.offload_activations && rc == Recompute::Full;
     const int b = cfg.train.micro_batch, t = cfg.train.seq_len / grid.cp;
-    const size_t activations = Model::activation_bytes_of(shape, dtype, b, t, r.layout, slots, rc, offload);
+    const size_t activations =
+        Model::activation_bytes_of(shape, dtype, b, t, r.layout, slots, rc, offload, cfg.precision == "fp8");
     // (the CPU's fp16 emulation keeps master weights beside its fp32 parameters, Ops::emulates_fp16)
     const bool master = AdamW::keeps_master(dtype) || cfg.precision == "fp16";
     MemoryPlan m = zero_memory_plan(r.padded, grid.shard_size(), zero, dtype_size(dtype), master,
@@ -343,7 +344,7 @@ std::string plan_text(const Config& cfg, const ModelShape& shape, const ProcessG
 }
 
 std::vector<ActivationTerm> activation_terms(const ModelShape& shape, DType dtype, int b, int s, int tp, bool sp,
-                                             Recompute rc) {
+                                             Recompute rc, bool fp8) {
     // ours: the buffers Model::carve_activations takes per layer, by the same sizes
     const double dt = dtype_size(dtype), t = tp, N = double(b) * s, C = shape.d_model, hd = shape.head_dim();
     const double nl = sp && tp > 1 ? N / t : N;  // rows of the residual stream and the norms
@@ -367,7 +368,9 @@ std::vector<ActivationTerm> activation_terms(const ModelShape& shape, DType dtyp
         {"MLP LayerNorm input", full ? 0 : nl * C * dt, full ? 0 : 2 * sbh / tsp},
         {"fc1 input (LayerNorm output)", full ? 0 : nl * C * dt, full ? 0 : 2 * sbh / tsp},
         {"activation input (fc1 output)", full ? 0 : N * pre / t * dt, full ? 0 : 8 * sbh / tpar},
-        {"fc2 input (activation output)", none ? N * F / t * dt : 0, full ? 0 : 8 * sbh / tpar},
+        // (fp8 with a GELU: fc2's input casts apply the GELU to fc1's kept output; nothing more kept)
+        {"fc2 input (activation output)", none && !(fp8 && shape.arch != Arch::Llama) ? N * F / t * dt : 0,
+         full ? 0 : 8 * sbh / tpar},
         {"MLP dropout mask", 0, full ? 0 : sbh / tsp},
         {"norm statistics (fp32)", full ? 0 : 2 * stats, 0},
         {"attention log-sum-exp (fp32)", none ? N * shape.n_head / t * 4.0 : 0, 0},

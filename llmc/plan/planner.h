@@ -84,7 +84,7 @@ struct ActivationTerm {
     double ours = 0, paper = 0;
 };
 std::vector<ActivationTerm> activation_terms(const ModelShape& shape, DType dtype, int b, int s, int tp, bool sp,
-                                             Recompute rc);
+                                             Recompute rc, bool fp8 = false);
 
 // --plan=search: layouts of plan.world GPUs (dp, tp, pp, schedule, chunks per rank, ZeRO stage,
 // recompute, micro-batch, sequence parallelism) at cfg's global batch (micro_batch x grad_accum x
