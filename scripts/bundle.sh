@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds dist/: a relocatable folder that runs train_gpt on a machine without OpenMPI (issue 12).
 #   CUDA=1 GPU_ARCH="80 90" JOBS=1 DIST=dist scripts/bundle.sh      (or: make bundle)
-# It holds train_gpt, build/test_cpu, build/test_gpu (CUDA=1), the data tools, scripts/gpu_check.sh,
+# It holds train_gpt, build/test_cpu (not in the kit), build/test_gpu (CUDA=1), the data tools, scripts/gpu_check.sh,
 # and this machine's OpenMPI runtime under dist/mpi/ in the layout of its install prefix (/usr),
 # so that OPAL_PREFIX relocates it: mpirun/orterun/orted, the MCA plugins, the help files,
 # /etc/openmpi, PMIx, and every library they and the binaries load that a base system lacks
@@ -34,7 +34,8 @@ if [ "${REUSE_BUILD:-0}" = 1 ]; then
     EXE=train_gpt; TOOLS_DIR=dev/data; TESTS_DIR=build
     [ -x build/test_gpu ] || CUDA=0
 else
-    bins=("$B/train_gpt" "$B/dev/data/synth_shards" "$B/dev/data/prepare_text" "$B/test_cpu")
+    bins=("$B/train_gpt" "$B/dev/data/synth_shards" "$B/dev/data/prepare_text")
+    [ $KIT = 1 ] || bins+=("$B/test_cpu")
     [ "$CUDA" = 0 ] || bins+=("$B/test_gpu")
     make -j"$JOBS" CUDA="$CUDA" GPU_ARCH="$GPU_ARCH" CPU_ARCH="$CPU_ARCH" BUILD=$B BIN=$B/ "${bins[@]}"
     EXE=$B/train_gpt; TOOLS_DIR=$B/dev/data; TESTS_DIR=$B
@@ -55,7 +56,9 @@ mkdir -p "$DIST/build" "$DIST/dev/data" "$DIST/dev/bench" "$DIST/dev/reference" 
     "$M/$(rel "$LIBDIR")" "$M/etc"
 cp "$EXE" "$DIST/"
 cp "$TOOLS_DIR/synth_shards" "$TOOLS_DIR/prepare_text" "$DIST/dev/data/"
-cp "$TESTS_DIR/test_cpu" "$DIST/build/"
+# (the kit leaves out the CPU unit tests: nothing a GPU window runs reads them, and its 60 MiB go
+# to the kernels)
+[ $KIT = 1 ] || cp "$TESTS_DIR/test_cpu" "$DIST/build/"
 [ "$CUDA" = 0 ] || cp "$TESTS_DIR/test_gpu" "$DIST/build/"
 cp scripts/gpu_check.sh scripts/gpu_quick.sh scripts/gpu_window.sh "$DIST/scripts/"
 # the helpers gpu_check's stages run besides the binaries: the PyTorch peer, the overlap table,

@@ -8,7 +8,7 @@
 //   5: the same kernel with 32 query rows a warp (MT = 2; the trainer's bf16 forward for head
 //      sizes up to 64 since this version, 16 rows above); from 2026-11-27 also at head sizes 80
 //      to 128, where Q's fragments are reloaded from shared memory at each k-step of S
-//   6: version 5 with 128-key tiles (head sizes 32 and 64)
+//   6: version 5 with 128-key tiles (head size 64)
 //
 // Lab notebook (causal, bf16, FLOPs counted as FlashAttention counts them: 4 B NH HS T^2 / 2):
 //   v3  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): the forward kernel
@@ -45,8 +45,8 @@
 //       138.6), 169.7 at NH=32 HS=64, 192.0 at NH=16 HS=128 (v4 171-173 in the third window);
 //       SDPA in the same call 183.2, 267.5, 335.1. v5 is the trainer's forward at head sizes up
 //       to 64; at 128 the trainer keeps v4 until one call times both.
-//   v6  not yet measured (written 2026-11-27 without a GPU): v5 with 128-key tiles at head sizes
-//       32 and 64 (FlashAttention-2's 128 x 128 tiles at head size 64), Q's fragments reloaded
+//   v6  not yet measured (written 2026-11-27 without a GPU): v5 with 128-key tiles at head size
+//       64 (FlashAttention-2's 128 x 128 tiles there), Q's fragments reloaded
 //       from shared memory at each k-step (S alone is 128 registers a lane). Why it might be
 //       faster: the fourth window's rates say v5's cost per head is twice SDPA's once the grid
 //       is full (NH 12 -> 32 at B=8: v5 +120 us for 20 heads, SDPA +58 us), so what v5 loses is

@@ -274,8 +274,8 @@ const std::vector<Key>& schema() {
         int_key("fp8.margin", FIELD(fp8.margin), 0, 32, "scale = fp8_max / amax / 2^margin"),
 
         enum_key("kernels.attention_forward", FIELD(kernels.attention_forward), {"auto", "keys128"}, {},
-                 "device cuda: the flash forward's key tiles; auto = 64 keys; keys128 = 128 keys at head sizes 32 "
-                 "and 64 (FlashAttention-2's tiles; dev/cuda/attention_forward v6), auto elsewhere. The same "
+                 "device cuda: the flash forward's key tiles; auto = 64 keys; keys128 = 128 keys at head size 64 "
+                 "(FlashAttention-2's tiles; dev/cuda/attention_forward v6), auto elsewhere. The same "
                  "results up to the softmax's summation order; the CPU backend ignores it"),
         enum_key("kernels.attention_backward", FIELD(kernels.attention_backward), {"auto", "dq_from_ds"}, {},
                  "device cuda: the flash backward; auto = dQ recomputed in its own kernel; dq_from_ds = the dK/dV "

@@ -14,7 +14,7 @@
 //    accumulator layout of two adjacent n-tiles is the A layout: llmc/cuda/ptx.cuh), V by
 //    ldmatrix.trans;
 //  - O (16 x HS fp32) in registers, divided by the row sum at the end; lse = m ln 2 + ln(l).
-// K/V tiles (64 keys, or 32 where shared memory is short; 128 on request at head sizes up to 64,
+// K/V tiles (64 keys, or 32 where shared memory is short; 128 on request at head size 64,
 // forward_hs) stream through a double buffer filled by cp.async while the previous tile is
 // computed. Tiles past the last key a warp's rows see are skipped; only tiles that cross a
 // row's last visible key are masked element by element. The query tiles of the whole grid run
@@ -320,14 +320,14 @@ bool try_forward(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int
 
 // The flash forward for one head size: two m-tiles a warp up to head size 64 (unless
 // rows_per_warp is 16), else one (unless rows_per_warp is 32: two, Q from shared memory, head
-// sizes 80 to 128); a key tile of 64 rows, else 32 (shared memory). key_tile 128 (head sizes up
-// to 64, two m-tiles): FlashAttention-2's 128 x 128 tiles, Q from shared memory, or false.
+// sizes 80 to 128); a key tile of 64 rows, else 32 (shared memory). key_tile 128 (head size 64,
+// two m-tiles): FlashAttention-2's 128 x 128 tiles, Q from shared memory, or false.
 template <int HS, class E>
 bool forward_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH, int NKV,
                 SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp, int key_tile) {
 #define LLMC_FLASH_TRY(BC, MT) try_forward<HS, BC, MT>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st)
     if (key_tile == 128) {
-        if constexpr (HS <= 64) return rows_per_warp != 16 && LLMC_FLASH_TRY(128, 2);
+        if constexpr (HS == 64) return rows_per_warp != 16 && LLMC_FLASH_TRY(128, 2);
         return false;
     }
     if constexpr (HS <= 80) {  // (ptxas sm_90: HS 80 BC 64 242 registers, no spill)

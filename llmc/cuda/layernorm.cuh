@@ -97,7 +97,7 @@ __host__ __device__ inline int ln_acc_stride(int C, int K) { return (C / K + 31)
 // Accumulator index of element k of pack i (i = lane + 32 j): (j K + k) 32 + lane.
 __host__ __device__ inline int ln_acc_index(int i, int k, int K) { return ((i >> 5) * K + k) * 32 + (i & 31); }
 
-// P > 0 (a row of at most 32 P packs): each lane keeps its P packs of w in registers for all its
+// P > 0 (16-bit T, a row of at most 32 P packs): each lane keeps its P packs of w in registers for all its
 // rows, and loads a row's dout, inp and dinp packs at once into registers before any arithmetic
 // (3 P loads in flight a lane instead of one pass's 2-3, and no second read of dout and inp). The
 // same arithmetic in the same order as P = 0 (every row length): the same bits.
@@ -255,6 +255,15 @@ inline int layernorm_backward_warps(int C, int K, int Q) {
     return W;
 }
 
+// norm_backward_kernel<T, K, rms, P> (P 4, 8 only for 16-bit T in packs, K > 1)
+template <class T, int K>
+auto norm_backward_of(bool rms, int P) {
+    if constexpr (K > 1 && sizeof(T) == 2) {
+        if (P == 4) return rms ? norm_backward_kernel<T, K, true, 4> : norm_backward_kernel<T, K, false, 4>;
+        if (P == 8) return rms ? norm_backward_kernel<T, K, true, 8> : norm_backward_kernel<T, K, false, 8>;
+    }
+    return rms ? norm_backward_kernel<T, K, true> : norm_backward_kernel<T, K, false>;
+}
 // Whether pass 1 keeps rows in registers where they fit (norm_backward_kernel's P; false: every row
 // streamed twice, dev/cuda/layernorm's version 5, to compare).
 inline bool g_ln_bwd_registers = true;
@@ -270,12 +279,11 @@ void launch_norm_backward(cudaStream_t st, T* dinp, T* dw, T* db, float* partial
         constexpr int K = decltype(k)::value;
         const int W = layernorm_backward_warps(C, K, Q);
         const size_t smem = (size_t)W * Q * ln_acc_stride(C, K) * sizeof(float);
-        // a row of at most 128 or 256 packs: kept in registers (P 4 or 8), else streamed twice
-        const int P = g_ln_bwd_registers ? (C / K <= 32 * 4 ? 4 : C / K <= 32 * 8 ? 8 : 0) : 0;
-        auto kernel = rms ? (P == 4 ? norm_backward_kernel<T, K, true, 4>
-                             : P == 8 ? norm_backward_kernel<T, K, true, 8> : norm_backward_kernel<T, K, true>)
-                          : (P == 4 ? norm_backward_kernel<T, K, false, 4>
-                             : P == 8 ? norm_backward_kernel<T, K, false, 8> : norm_backward_kernel<T, K, false>);
+        // a row of at most 128 or 256 16-byte packs: kept in registers (P 4 or 8), else streamed twice
+        // (fp32, and element by element, K = 1: always streamed, no register kernels built for them)
+        const int P = K > 1 && sizeof(T) == 2 && g_ln_bwd_registers ? (C / K <= 32 * 4 ? 4 : C / K <= 32 * 8 ? 8 : 0)
+                                                                     : 0;
+        auto kernel = norm_backward_of<T, K>(rms, P);
         int limit = 0;
         if (!opt_in_smem((const void*)kernel, smem, &limit))
             throw UserError("model.d_model: " + std::to_string(C) + " is too wide for the CUDA " +

@@ -13,7 +13,8 @@ if [ ! -x "$ROOT/build/test_gpu" ]; then
     echo "no CUDA build here: the kit was refused as it must be"; exit 0
 fi
 REUSE_BUILD=1 DIST="$K" bash "$ROOT/scripts/bundle.sh" --kit > "$W/kit.log" 2>&1 || die "bundle.sh --kit: $(tail -n 5 "$W/kit.log")"
-for f in train_gpt build/test_gpu build/test_cpu dev/data/synth_shards dev/data/prepare_text env.sh COMMIT \
+[ ! -e "$K/build/test_cpu" ] || die "the kit holds build/test_cpu (nothing on the device runs it)"
+for f in train_gpt build/test_gpu dev/data/synth_shards dev/data/prepare_text env.sh COMMIT \
          scripts/gpu_check.sh scripts/gpu_quick.sh scripts/gpu_window.sh dev/bench/torch_gpt2.py test/data/ref_model.bin test/data/ref_state.bin \
          dev/cuda/attention_forward dev/cuda/attention_backward dev/cuda/classifier dev/cuda/layernorm dev/cuda/matmul_epilogue dev/cuda/fp8_gemm dev/cuda/fp8_cast \
          dev/bench/torch_attention.py; do
