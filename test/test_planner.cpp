@@ -365,8 +365,10 @@ TEST_CASE("activation memory per layer against Megatron's formula, term by term"
 // fp8 with a GELU MLP: fc2's input casts apply the GELU to fc1's kept output, so no layer keeps
 // the GELU's output (N F bytes of dtype a layer, the largest single term at 4h); one buffer for the
 // forwards the fp8 GEMM cannot take, whatever the layer count. A gated MLP (Llama) keeps its
-// activation as before.
-TEST_CASE("fp8 keeps no GELU output per layer: the terms and the carve agree", "[plan]") {
+// activation as before. Every fp8 layer keeps its linears' inputs cast transposed (a byte an
+// element: Fp8Stash).
+TEST_CASE("fp8 activations: no GELU output per layer, the transposed input casts; the terms and the carve agree",
+          "[plan]") {
     for (const char* arch : {"gpt2", "llama"}) {
         INFO(arch);
         Config cfg = gpt_config(4, 256, 4, 512, 128, {{"model", {{"arch", arch}}}});
@@ -388,14 +390,18 @@ TEST_CASE("fp8 keeps no GELU output per layer: the terms and the carve agree", "
                 return sum;
             };
             CHECK(terms(true) == per_layer(true));
-            const double gelu_out = double(b) * s * shape.ffn() * 2;  // bf16
+            const double N = double(b) * s, gelu_out = N * shape.ffn() * 2;  // bf16
+            // the linears' transposed input casts (Fp8Stash): a byte an input element, and 256 for
+            // the four 1/s; full recompute keeps one set for all layers
+            const double stash = N * (3.0 * shape.d_model + shape.ffn()) + 256;
             const bool saves = std::string(arch) == "gpt2" && rc == Recompute::None;
-            CHECK(per_layer(false) - per_layer(true) == (saves ? gelu_out : 0.0));
-            // the whole model: no recompute saves L GELU outputs less the one shared buffer; full and
-            // selective recompute kept one already
-            const double whole = double(Model::activation_bytes_of(shape, DType::BF16, b, s, lay, {1}, rc, false, false)) -
-                                 double(Model::activation_bytes_of(shape, DType::BF16, b, s, lay, {1}, rc, false, true));
-            CHECK(whole == (saves ? (shape.n_layer - 1) * gelu_out : 0.0));
+            const bool full = rc == Recompute::Full;
+            CHECK(per_layer(true) - per_layer(false) == (full ? 0.0 : stash) - (saves ? gelu_out : 0.0));
+            // the whole model: no recompute saves L GELU outputs less the one shared buffer (full and
+            // selective recompute kept one already) and adds L stashes (full: one)
+            const double whole = double(Model::activation_bytes_of(shape, DType::BF16, b, s, lay, {1}, rc, false, true)) -
+                                 double(Model::activation_bytes_of(shape, DType::BF16, b, s, lay, {1}, rc, false, false));
+            CHECK(whole == (full ? 1 : shape.n_layer) * stash - (saves ? (shape.n_layer - 1) * gelu_out : 0.0));
         }
     }
 }

@@ -377,9 +377,11 @@ public:
     // N, IC and OC of the fp8 ops must be multiples of this (CUDA: 16, the fp8 GEMM's alignment).
     virtual int fp8_dim_multiple() const { return 1; }
     // As matmul_forward with out = q(inp) @ q(w)^T + bias (then the GELU as matmul_forward).
-    // Throws UserError when the backend or the shape is not supported.
+    // Throws UserError when the backend or the shape is not supported. `stash` (may be empty): see
+    // Fp8Stash; the forward fills it where the backend keeps one.
     virtual void matmul_forward_fp8(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC,
-                                    int OC, bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast) {
+                                    int OC, bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast,
+                                    const Fp8Stash& stash = Fp8Stash()) {
         throw UserError("precision fp8: the " + name() + " backend has no fp8 matmuls");
     }
     // As matmul_backward: first d = dout * gelu'(pre_gelu) rounded to dout's dtype when pre_gelu is
@@ -387,10 +389,12 @@ public:
     // (overwrite, skipped when dinp is empty) and dw += q(d)^T @ q(inp). dout afterwards holds d
     // or dout (CUDA computes d inside the cast where it can and then leaves dout alone). The casts of inp and w should repeat the
     // forward's (same scale; amax may be nullptr, they were recorded in the forward; w is not
-    // cast at all when dinp is empty).
+    // cast at all when dinp is empty). `stash`: the one the forward of this inp filled (inp
+    // unchanged since, the same inp_cast): the backend may read inp's cast from it instead.
     virtual void matmul_backward_fp8(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
                                      Tensor pre_gelu, int N, int IC, int OC, const Fp8Cast& dout_cast,
-                                     const Fp8Cast& inp_cast, const Fp8Cast& w_cast) {
+                                     const Fp8Cast& inp_cast, const Fp8Cast& w_cast,
+                                     const Fp8Stash& stash = Fp8Stash()) {
         throw UserError("precision fp8: the " + name() + " backend has no fp8 matmuls");
     }
     // The scaling state's step on the backend (Fp8Device, all of it backend memory), once per

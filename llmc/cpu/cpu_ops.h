@@ -93,13 +93,15 @@ public:
     void adamw(Tensor params, float* master, Tensor grads, float* m, float* v, float lr, float beta1, float beta2,
                float eps, float weight_decay, float grad_scale, int t, uint32_t seed, uint32_t index_base = 0) override;
 
-    // fp8 emulation (llmc/cpu/fp8.cpp): exact q() casts into scratch, then the fp32 matmul
+    // fp8 emulation (llmc/cpu/fp8.cpp): exact q() casts into scratch, then the fp32 matmul (no
+    // Fp8Stash: the backward casts inp again, the same values)
     bool fp8_supported(std::string* why) const override { return true; }
     void matmul_forward_fp8(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC,
-                            bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast) override;
+                            bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast,
+                            const Fp8Stash& stash = Fp8Stash()) override;
     void matmul_backward_fp8(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
                              int N, int IC, int OC, const Fp8Cast& dout_cast, const Fp8Cast& inp_cast,
-                             const Fp8Cast& w_cast) override;
+                             const Fp8Cast& w_cast, const Fp8Stash& stash = Fp8Stash()) override;
     void fp8_widen_amaxes(const Fp8Device& d) override;
     void fp8_update_scales(const Fp8Device& d, bool from_wide, float* step_overflows) override;
 

@@ -51,7 +51,7 @@ std::vector<float> quantized(const Fp8Cast& c, const float* x, size_t n) {
 }  // namespace
 
 void CpuOps::matmul_forward_fp8(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC,
-                                int OC, bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast) {
+                                int OC, bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast, const Fp8Stash&) {
     ++counters_.launches;
     const size_t NO = (size_t)N * OC, NI = (size_t)N * IC, NW = (size_t)OC * IC;
     float* pg = gelu ? cpu_f32(pre_gelu, NO, "pre_gelu") : nullptr;
@@ -63,7 +63,7 @@ void CpuOps::matmul_forward_fp8(Tensor out, Tensor pre_gelu, Tensor inp, Tensor 
 
 void CpuOps::matmul_backward_fp8(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
                                  Tensor pre_gelu, int N, int IC, int OC, const Fp8Cast& dout_cast,
-                                 const Fp8Cast& inp_cast, const Fp8Cast& w_cast) {
+                                 const Fp8Cast& inp_cast, const Fp8Cast& w_cast, const Fp8Stash&) {
     ++counters_.launches;
     const size_t NO = (size_t)N * OC, NI = (size_t)N * IC, NW = (size_t)OC * IC;
     float* di = dinp ? cpu_f32(dinp, NI, "matmul dinp") : nullptr;

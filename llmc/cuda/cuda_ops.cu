@@ -836,13 +836,14 @@ public:
     }
     int fp8_dim_multiple() const override { return 16; }
     void matmul_forward_fp8(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC,
-                            bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast) override {
-        fp8_.forward(out, pre_gelu, inp, w, bias, N, IC, OC, gelu, inp_cast, w_cast, device_, stream_);
+                            bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast,
+                            const Fp8Stash& stash = Fp8Stash()) override {
+        fp8_.forward(out, pre_gelu, inp, w, bias, N, IC, OC, gelu, inp_cast, w_cast, stash, device_, stream_);
     }
     void matmul_backward_fp8(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
                              int N, int IC, int OC, const Fp8Cast& dout_cast, const Fp8Cast& inp_cast,
-                             const Fp8Cast& w_cast) override {
-        fp8_.backward(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC, dout_cast, inp_cast, w_cast, device_,
+                             const Fp8Cast& w_cast, const Fp8Stash& stash = Fp8Stash()) override {
+        fp8_.backward(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC, dout_cast, inp_cast, w_cast, stash, device_,
                       stream_);
     }
 

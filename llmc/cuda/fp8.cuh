@@ -92,9 +92,10 @@ static_assert(kInvScale * sizeof(float) % 16 == 0 && kScaleSlot * sizeof(float) 
 // One thread: sc[0] = s, sc[kInvScale] = 1/s, with s = the given scale (*scale_at, or the host's
 // value when scale_at is nullptr) or, with amax_bits (current recipe), fp8_scale_from_amax(
 // *amax_bits, ..., the given scale) (the same function as the CPU's, so the same bits). `record`
-// (the op's amax output, may be nullptr) max-accumulates *amax_bits.
+// (the op's amax output, may be nullptr) max-accumulates *amax_bits. inv_copy (may be nullptr):
+// 1/s there too.
 __global__ void scale_kernel(float* sc, const unsigned* amax_bits, const float* scale_at, float host_scale,
-                             Fp8Format f, int margin, unsigned* record) {
+                             Fp8Format f, int margin, unsigned* record, float* inv_copy) {
     const float given = scale_at ? *scale_at : host_scale;
     float s = given;
     if (amax_bits) {
@@ -103,6 +104,7 @@ __global__ void scale_kernel(float* sc, const unsigned* amax_bits, const float* 
     }
     sc[0] = s;
     sc[kInvScale] = 1.0f / s;
+    if (inv_copy) *inv_copy = 1.0f / s;  // (an Fp8Stash's: the backward's scale pointer)
 }
 
 // The scaling state's step (Ops::fp8_widen_amaxes, fp8_update_scales): one block, a tensor a
@@ -444,15 +446,18 @@ public:
         return supported_;
     }
 
+    // stash (may be empty): the input's transposed cast and its 1/s for the backward (Fp8Stash)
     void forward(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC, bool gelu,
-                 const Fp8Cast& ci, const Fp8Cast& cw, int device, cudaStream_t stream) {
+                 const Fp8Cast& ci, const Fp8Cast& cw, const Fp8Stash& stash, int device, cudaStream_t stream) {
         check(device, N, IC, OC, {&out, &pre_gelu, &inp, &w, &bias}, "matmul_forward_fp8");
         LLMC_ASSERT(!gelu || pre_gelu.ptr, "matmul_forward_fp8: gelu needs pre_gelu");
         if (!N || !OC) return;
         const bool bf = out.dtype == DType::BF16;
         auto* qi = (__nv_fp8_storage_t*)buf(0, (size_t)N * IC, stream);
         auto* qw = (__nv_fp8_storage_t*)buf(1, (size_t)OC * IC, stream);
-        const CastScales si = cast(ci, inp, N, IC, qi, nullptr, 0, stream);
+        check_stash(stash, ci);
+        const CastScales si = cast(ci, inp, N, IC, qi, (__nv_fp8_storage_t*)stash.qT, 0, stream, nullptr, nullptr,
+                                   stash.qT && !given(ci) ? stash.inv : nullptr);
         const CastScales sw = cast(cw, w, OC, IC, qw, nullptr, 1, stream);
         void* dst = gelu ? pre_gelu.ptr : out.ptr;
         // column-major dst^T[OC, N] = w (IC x OC, transposed) x inp^T (IC x N): TN with k = IC
@@ -471,13 +476,16 @@ public:
         }
     }
 
+    // stash (may be empty): what the forward of inp left (inp's transposed cast and 1/s): inp is not
+    // cast again
     void backward(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu, int N,
-                  int IC, int OC, const Fp8Cast& cd, const Fp8Cast& ci, const Fp8Cast& cw, int device,
-                  cudaStream_t stream) {
+                  int IC, int OC, const Fp8Cast& cd, const Fp8Cast& ci, const Fp8Cast& cw, const Fp8Stash& stash,
+                  int device, cudaStream_t stream) {
         check(device, N, IC, OC, {&dinp, &dw, &dbias, &dout, &inp, &w, &pre_gelu}, "matmul_backward_fp8");
         if (!N || !OC) return;
         const bool bf = dout.dtype == DType::BF16;
-        auto* qiT = (__nv_fp8_storage_t*)buf(0, (size_t)N * IC, stream);
+        check_stash(stash, ci);
+        auto* qiT = stash.qT ? (__nv_fp8_storage_t*)stash.qT : (__nv_fp8_storage_t*)buf(0, (size_t)N * IC, stream);
         auto* qwT = (__nv_fp8_storage_t*)buf(1, (size_t)OC * IC, stream);
         auto* qd = dinp.ptr ? (__nv_fp8_storage_t*)buf(2, (size_t)N * OC, stream) : nullptr;
         auto* qdT = (__nv_fp8_storage_t*)buf(3, (size_t)N * OC, stream);
@@ -499,7 +507,8 @@ public:
                 launch_column_sum_add(stream, (T*)dbias.ptr, (T*)nullptr, colsum, colsum_rows(N), OC, 1);
                 CUDA_CHECK_LAUNCH();
             });
-        const CastScales si = cast(ci, inp, N, IC, nullptr, qiT, 0, stream);
+        const CastScales si = stash.qT ? CastScales{nullptr, given(ci) ? ci.inv_at : stash.inv}
+                                       : cast(ci, inp, N, IC, nullptr, qiT, 0, stream);
         if (dinp.ptr) {
             const CastScales sw = cast(cw, w, OC, IC, nullptr, qwT, 1, stream);
             // column-major dinp^T[IC, N] = w^T stored [IC][OC] (k = OC) x dout^T (OC x N)
@@ -586,9 +595,15 @@ private:
         const float* s;
         const float* inv;
     };
+    // A delayed cast with its scale and 1/s in backend memory (Fp8Cast::scale_at, inv_at): no scale kernel.
+    static bool given(const Fp8Cast& c) { return !c.current && c.scale_at && c.inv_at; }
+    static void check_stash(const Fp8Stash& st, const Fp8Cast& c) {
+        LLMC_ASSERT(!st.qT || given(c) || (st.inv && (uintptr_t)st.inv % 16 == 0),
+                    "fp8 stash: inv must be a 16-byte aligned float (a cuBLASLt scale pointer)");
+    }
     CastScales cast(const Fp8Cast& c, Tensor x, int rows, int cols, __nv_fp8_storage_t* out,
                     __nv_fp8_storage_t* outT, int slot, cudaStream_t stream, const void* pre = nullptr,
-                    float* colsum = nullptr) {
+                    float* colsum = nullptr, float* inv_copy = nullptr) {
         LLMC_ASSERT(x.n >= (size_t)rows * cols && x.ptr, "fp8 cast: tensor too small");
         LLMC_ASSERT(slot >= 0 && slot < kScaleSlots, "fp8 cast: scale slot out of range");
         const size_t small_words = size_t(kScaleSlots + 1) * kScaleSlot;  // the slots, then the amax words
@@ -599,7 +614,8 @@ private:
         LLMC_ASSERT(c.scale_at || (c.scale > 0.0f && fp8_is_finite(c.scale)),
                     strfmt("fp8: scale must be finite and positive, got %g", c.scale));
         const long long n = (long long)rows * cols;
-        const bool given = !c.current && c.scale_at && c.inv_at;
+        const bool given = this->given(c);
+        LLMC_ASSERT(!given || !inv_copy, "fp8 cast: a given 1/s needs no copy");
         LLMC_ASSERT(!given || (uintptr_t)c.inv_at % 16 == 0,
                     "fp8 cast: inv_at must be 16-byte aligned (a cuBLASLt scale pointer)");
         with_type(x.dtype, [&](auto tag) {
@@ -617,7 +633,7 @@ private:
                     CUDA_CHECK_LAUNCH();
                 }
                 LLMC_LAUNCH(scale_kernel, 1, 1, 0, stream, sc, c.current ? amax : nullptr, c.scale_at, c.scale,
-                            c.format, c.margin, record);
+                            c.format, c.margin, record, inv_copy);
                 CUDA_CHECK_LAUNCH();
             }
             launch_cast<T>(out, outT, c.current ? nullptr : record, xp, given ? c.scale_at : sc, rows, cols, c.format,

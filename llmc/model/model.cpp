@@ -21,6 +21,9 @@ struct Model::LayerActs {
     // MoE layers (model.moe): fch_pre and fch_gelu hold the permuted rows (up to N * top_k),
     // expert by expert; xperm and yperm the experts' inputs and outputs in the same rows.
     Tensor router_logits, xperm, yperm;
+    // fp8 (the model built for it): each dense linear's Fp8Stash (by Fp8Linear), the transposed
+    // cast of its input that the forward leaves for the backward
+    Fp8Stash fp8[4];
     float *probs = nullptr, *gate = nullptr;           // [N, E], [N, K]
     int32_t *expert = nullptr, *row_of = nullptr;      // [N, K] (backend memory)
     std::vector<int> count, offset;                    // the last forward's expert rows (host; expert-major under ep)
@@ -279,6 +282,17 @@ size_t Model::carve_activations(char* base, const ModelShape& shape, DType dt, i
         L.fch_pre = cv.take(pre, dt);
         if (act) L.fch_gelu = cv.take(act, dt);
         L.residual3 = cv.take(nl * C, dt);
+        if (fp8) {  // the linears' Fp8Stash: their inputs' codes (bytes), then the four 1/s 16 bytes apart
+            auto codes = [&](size_t cols) { return cv.take((N * cols + 3) / 4, DType::F32).ptr; };
+            L.fp8[int(Fp8Linear::Qkv)].qT = codes(C);
+            L.fp8[int(Fp8Linear::AttnProj)].qT = codes(Cl);
+            if (dense_mlp) {
+                L.fp8[int(Fp8Linear::Fc)].qT = codes(C);
+                L.fp8[int(Fp8Linear::FcProj)].qT = codes(Fl);
+            }
+            float* inv = cv.take_f32(16);
+            for (int i = 0; i < 4; i++) L.fp8[i].inv = inv ? inv + 4 * i : nullptr;
+        }
     };
     LayerActs& shared = S.recomputed;
     if (rc == Recompute::Full) carve_layer(shared, true, true, moe.enabled());
@@ -571,9 +585,11 @@ Tensor Model::residual_grad(int b, int t) const {
 
 // The linears of a block. In fp8 the forward records the amaxes of the input and the weight;
 // the backward records the output gradient's and casts input and weight again with the
-// forward's scales but records nothing (same tensors: their amaxes are already in).
-void Model::linear_forward(int l, Fp8Linear lin, Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N,
-                          int IC, int OC, bool gelu, bool inp_gelu) {
+// forward's scales but records nothing (same tensors: their amaxes are already in). The input's
+// transposed cast comes from the layer's Fp8Stash where the model keeps them (L.fp8: built for
+// fp8) and the backend fills them (CUDA): the forward writes it, the backward reads it.
+void Model::linear_forward(int l, const LayerActs& L, Fp8Linear lin, Tensor out, Tensor pre_gelu, Tensor inp, Tensor w,
+                           Tensor bias, int N, int IC, int OC, bool gelu, bool inp_gelu) {
     // A forward-only pass with a row count the fp8 GEMM cannot take (sampling's short windows
     // on CUDA; training shapes are checked at start-up) runs this linear in the model's dtype.
     if (!fp8_linear(N)) {
@@ -584,11 +600,12 @@ void Model::linear_forward(int l, Fp8Linear lin, Tensor out, Tensor pre_gelu, Te
     Fp8Cast ci = fp8_->cast(l, lin, Fp8Operand::Input, fp8_amax_, fp8_scale_, fp8_inv_);
     ci.gelu = inp_gelu;
     ops.matmul_forward_fp8(out, pre_gelu, inp, w, bias, N, IC, OC, gelu, ci,
-                           fp8_->cast(l, lin, Fp8Operand::Weight, fp8_amax_, fp8_scale_, fp8_inv_));
+                           fp8_->cast(l, lin, Fp8Operand::Weight, fp8_amax_, fp8_scale_, fp8_inv_), L.fp8[int(lin)]);
 }
 
-void Model::linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp,
-                           Tensor w, Tensor pre_gelu, int N, int IC, int OC, Tensor dinp_gelu, bool inp_gelu) {
+void Model::linear_backward(int l, const LayerActs& L, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout,
+                            Tensor inp, Tensor w, Tensor pre_gelu, int N, int IC, int OC, Tensor dinp_gelu,
+                            bool inp_gelu) {
     if (!fp8_) {
         LLMC_ASSERT(!inp_gelu, "linear_backward: the GELU in the input's cast is fp8's");
         ops.matmul_backward(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC, dinp_gelu);
@@ -599,7 +616,7 @@ void Model::linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor
     ci.gelu = inp_gelu;
     ops.matmul_backward_fp8(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC,
                             fp8_->cast(l, lin, Fp8Operand::GradOutput, fp8_amax_, fp8_scale_, fp8_inv_), ci,
-                            fp8_->cast(l, lin, Fp8Operand::Weight, nullptr, fp8_scale_, fp8_inv_));
+                            fp8_->cast(l, lin, Fp8Operand::Weight, nullptr, fp8_scale_, fp8_inv_), L.fp8[int(lin)]);
 }
 
 // The family's norm: LayerNorm (weight and bias) or RMSNorm (weight only, fp32 statistics).
@@ -659,11 +676,11 @@ float Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t, float 
 
     norm_forward(ln1, L.ln1_mean, L.ln1_rstd, res, Norm1W, l, int(nl));
     Tensor x = tp.gather_rows(ln1, full);
-    linear_forward(l, Fp8Linear::Qkv, qkv, Tensor(), x, param_span(k.qkv_first, k.qkv_last, l),
+    linear_forward(l, L, Fp8Linear::Qkv, qkv, Tensor(), x, param_span(k.qkv_first, k.qkv_last, l),
                    k.biases ? param(QkvB, l) : Tensor(), int(N), C, QKVl, false);
     if (k.rope) ops.rope_forward(qkv, b, t, NHl, NKVl, HS, shape.rope_theta, cp_->positions(t));
     cp_->attention_forward(atty, L.att_lse, qkv, b, t, NHl, NKVl, HS, S.ring);
-    linear_forward(l, Fp8Linear::AttnProj, partial, Tensor(), atty, param(AttnOutW, l),
+    linear_forward(l, L, Fp8Linear::AttnProj, partial, Tensor(), atty, param(AttnOutW, l),
                    bias_here ? param(AttnOutB, l) : Tensor(), int(N), Cl, C, false);
     Tensor y = tp.reduce_rows(partial, rows);
     if (k.layernorm) {
@@ -684,15 +701,15 @@ float Model::layer_forward(int l, LayerActs& L, Tensor res, int b, int t, float 
     // GELU (in fp32, no GELU output written and read again)
     const bool gelu_in_cast = !k.swiglu && fp8_linear(int(N));
     if (k.swiglu) {
-        linear_forward(l, Fp8Linear::Fc, pre, Tensor(), x, param_span(GateW, UpW, l), Tensor(), int(N), C, 2 * Fl,
+        linear_forward(l, L, Fp8Linear::Fc, pre, Tensor(), x, param_span(GateW, UpW, l), Tensor(), int(N), C, 2 * Fl,
                        false);
         ops.swiglu_forward(act, pre, int(N), Fl);
     } else if (gelu_in_cast) {
-        linear_forward(l, Fp8Linear::Fc, pre, Tensor(), x, param(FcW, l), param(FcB, l), int(N), C, Fl, false);
+        linear_forward(l, L, Fp8Linear::Fc, pre, Tensor(), x, param(FcW, l), param(FcB, l), int(N), C, Fl, false);
     } else {
-        linear_forward(l, Fp8Linear::Fc, act, pre, x, param(FcW, l), param(FcB, l), int(N), C, Fl, true);
+        linear_forward(l, L, Fp8Linear::Fc, act, pre, x, param(FcW, l), param(FcB, l), int(N), C, Fl, true);
     }
-    linear_forward(l, Fp8Linear::FcProj, partial, Tensor(), gelu_in_cast ? pre : act, param(FcOutW, l),
+    linear_forward(l, L, Fp8Linear::FcProj, partial, Tensor(), gelu_in_cast ? pre : act, param(FcOutW, l),
                    bias_here ? param(FcOutB, l) : Tensor(), int(N), Fl, C, false, gelu_in_cast);
     y = tp.reduce_rows(partial, rows);
     ops.residual_forward(res3, res2, y);
@@ -949,7 +966,7 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
         // (fp8 keeps no GELU output: fc_proj's casts apply the GELU to the kept pre-activation)
         if (dense_mlp && k.swiglu) ops.swiglu_forward(act, pre, int(N), Fl);
         else if (dense_mlp && !fp8_linear(int(N)))
-            linear_forward(l, Fp8Linear::Fc, act, pre, x, param(FcW, l), param(FcB, l), int(N), C, Fl, true);
+            linear_forward(l, L, Fp8Linear::Fc, act, pre, x, param(FcW, l), param(FcB, l), int(N), C, Fl, true);
     }
 
     // MLP
@@ -957,32 +974,32 @@ void Model::layer_backward(int l, LayerActs& L, Tensor res_in, int b, int t) {
     if (shape.moe.is_moe_layer(l)) {
         moe_backward(l, L, partial, dy, x, int(N));
     } else if (k.swiglu) {
-        linear_backward(l, Fp8Linear::FcProj, dact, grad(FcOutW, l), Tensor(), dy, act, param(FcOutW, l), Tensor(),
+        linear_backward(l, L, Fp8Linear::FcProj, dact, grad(FcOutW, l), Tensor(), dy, act, param(FcOutW, l), Tensor(),
                         int(N), Fl, C);
         Tensor dpre = S.dpre.slice(0, N * 2 * Fl);
         ops.swiglu_backward(dpre, dact, pre, int(N), Fl);
-        linear_backward(l, Fp8Linear::Fc, partial, grad_span(GateW, UpW, l), Tensor(), dpre, x,
+        linear_backward(l, L, Fp8Linear::Fc, partial, grad_span(GateW, UpW, l), Tensor(), dpre, x,
                         param_span(GateW, UpW, l), Tensor(), int(N), C, 2 * Fl);
     } else {  // dact: the pre-activation's gradient, the GELU's backward in fc_proj's dinp GEMM (fp8: in fc's;
               // fp8's fc_proj casts GELU(pre) as its input, as in the forward)
         const bool in_dinp = !fp8_;
-        linear_backward(l, Fp8Linear::FcProj, dact, grad(FcOutW, l), k.biases ? grad(FcOutB, l) : Tensor(), dy,
+        linear_backward(l, L, Fp8Linear::FcProj, dact, grad(FcOutW, l), k.biases ? grad(FcOutB, l) : Tensor(), dy,
                         in_dinp ? act : pre, param(FcOutW, l), Tensor(), int(N), Fl, C, in_dinp ? pre : Tensor(),
                         !in_dinp);
-        linear_backward(l, Fp8Linear::Fc, partial, grad(FcW, l), grad(FcB, l), dact, x, param(FcW, l),
+        linear_backward(l, L, Fp8Linear::Fc, partial, grad(FcW, l), grad(FcB, l), dact, x, param(FcW, l),
                         in_dinp ? Tensor() : pre, int(N), C, Fl);
     }
     Tensor dx = tp.reduce_rows(partial, rows);
     norm_backward(dres, dx, L.residual2.slice(0, nl * C), Norm2W, l, L.ln2_mean, L.ln2_rstd, int(nl));
     // attention
     dy = tp.gather_rows(dres, full_grad);
-    linear_backward(l, Fp8Linear::AttnProj, datty, grad(AttnOutW, l), k.biases ? grad(AttnOutB, l) : Tensor(), dy,
+    linear_backward(l, L, Fp8Linear::AttnProj, datty, grad(AttnOutW, l), k.biases ? grad(AttnOutB, l) : Tensor(), dy,
                     L.atty.slice(0, N * Cl), param(AttnOutW, l), Tensor(), int(N), Cl, C);
     cp_->attention_backward(dqkv, datty, L.qkv.slice(0, N * QKVl), L.atty.slice(0, N * Cl), L.att_lse, b, t, NHl,
                             NKVl, HS, S.ring);
     if (k.rope) ops.rope_backward(dqkv, b, t, NHl, NKVl, HS, shape.rope_theta, cp_->positions(t));
     x = tp.gather_rows(L.ln1.slice(0, nl * C), full);
-    linear_backward(l, Fp8Linear::Qkv, partial, grad_span(k.qkv_first, k.qkv_last, l),
+    linear_backward(l, L, Fp8Linear::Qkv, partial, grad_span(k.qkv_first, k.qkv_last, l),
                     k.biases ? grad(QkvB, l) : Tensor(), dqkv, x, param_span(k.qkv_first, k.qkv_last, l), Tensor(),
                     int(N), C, QKVl);
     dx = tp.reduce_rows(partial, rows);

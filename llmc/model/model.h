@@ -338,10 +338,12 @@ private:
     const float* fp8_scale_ = nullptr;
     const float* fp8_inv_ = nullptr;
     // inp_gelu (fp8 only): inp is a GELU's pre-activation, the GELU applied in the input's cast
-    void linear_forward(int l, Fp8Linear lin, Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N,
-                        int IC, int OC, bool gelu, bool inp_gelu = false);
-    void linear_backward(int l, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w,
-                         Tensor pre_gelu, int N, int IC, int OC, Tensor dinp_gelu = Tensor(), bool inp_gelu = false);
+    // (L: the layer's activations, whose Fp8Stash of lin the fp8 ops take)
+    void linear_forward(int l, const LayerActs& L, Fp8Linear lin, Tensor out, Tensor pre_gelu, Tensor inp, Tensor w,
+                        Tensor bias, int N, int IC, int OC, bool gelu, bool inp_gelu = false);
+    void linear_backward(int l, const LayerActs& L, Fp8Linear lin, Tensor dinp, Tensor dw, Tensor dbias, Tensor dout,
+                         Tensor inp, Tensor w, Tensor pre_gelu, int N, int IC, int OC, Tensor dinp_gelu = Tensor(),
+                         bool inp_gelu = false);
     // whether the linears of N rows run in fp8 (a forward-only pass of other N runs the model's dtype)
     bool fp8_linear(int N) const { return fp8_ && N % ops.fp8_dim_multiple() == 0; }
     float head_forward(SlotActs& s, Tensor res, const int32_t* targets, int b, int t, float dloss);

@@ -374,6 +374,9 @@ std::vector<ActivationTerm> activation_terms(const ModelShape& shape, DType dtyp
         {"MLP dropout mask", 0, full ? 0 : sbh / tsp},
         {"norm statistics (fp32)", full ? 0 : 2 * stats, 0},
         {"attention log-sum-exp (fp32)", none ? N * shape.n_head / t * 4.0 : 0, 0},
+        // fp8: the linears' inputs cast transposed for the backward (1 byte an element; Fp8Stash),
+        // and their four 1/s (one 256-byte piece)
+        {"fp8 transposed input casts", fp8 && !full ? N * (2 * C + C / t + F / t) + 256 : 0, 0},
     };
     return v;
 }

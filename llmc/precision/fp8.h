@@ -172,6 +172,17 @@ struct Fp8Cast {
     bool gelu = false;
 };
 
+// Where an fp8 linear's forward leaves its input's transposed cast for the backward (the fp8
+// tensor cores take only the "TN" form, so the weight gradient's GEMM reads the input transposed:
+// the forward writes it beside the plain copy it casts anyway, and the backward casts the input
+// no more). Backend memory the model keeps with the layer's activations: qT rows x cols bytes of
+// codes, inv one float (1/s; 16-byte aligned: a cuBLASLt scale pointer). Empty (qT nullptr): none.
+// The CPU backend keeps none (it casts again: the same values).
+struct Fp8Stash {
+    void* qT = nullptr;
+    float* inv = nullptr;
+};
+
 // Fp8Device::inv's stride: one 16-byte aligned float a tensor (cuBLASLt's scale pointers)
 constexpr int kFp8InvStride = 4;
 

@@ -58,6 +58,8 @@ mutate fp8_vec_cast_gelu_dropped llmc/cuda/fp8.cuh fp8 \
     'v[e] = operand(v[e], gelu);' '(void)gelu;'
 mutate ln_bwd_registers_dinp_unread llmc/cuda/layernorm.cuh layernorm \
     'pg[j] = load_pack<K>(dinp + off + i * K);' 'pg[j] = pd[j];'
+mutate fp8_stash_left_unwritten llmc/cuda/fp8.cuh fp8 \
+    'cast(ci, inp, N, IC, qi, (__nv_fp8_storage_t*)stash.qT, 0, stream' 'cast(ci, inp, N, IC, qi, nullptr, 0, stream'
 mutate fp8_colsum_half_the_lanes llmc/cuda/fp8.cuh fp8 \
     'acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 16);' ''
 

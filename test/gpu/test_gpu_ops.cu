@@ -1446,6 +1446,7 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
         r[rep] = gelu ? h.raw({out, pre, amax}) : h.raw({out, amax});
     }
     h.det("matmul_forward_fp8", sh, r[0], r[1]);
+    const std::vector<uint8_t> fwd_plain = r[0];
     H::compare_vec("matmul_forward_fp8.out", sh, h.get_gpu(out), h.get_cpu(out), tol);
     if (gelu) H::compare_vec("matmul_forward_fp8.pre_gelu", sh, h.get_gpu(pre), h.get_cpu(pre), tol);
     exact("matmul_forward_fp8.amax", h.get_gpu(amax), h.get_cpu(amax));
@@ -1453,7 +1454,8 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
     // backward: dinp overwrite (poisoned), dw/dbias accumulate, dout modified in place with gelu
     Pair dout = h.make_at(no, off_in), dinp = h.make_at(ni, off), dw = h.make_at(nw, off), dbias = h.make(OC);
     auto dout0 = h.rnd(no, 1.0f), dw0 = h.rnd(nw, 1.0f), db0 = h.rnd(OC, 1.0f);
-    h.up(pre, h.rnd(no, 1.5f));
+    const std::vector<float> pre_b = h.rnd(no, 1.5f);
+    h.up(pre, pre_b);
     h.up(dout, dout0), h.up(dw, dw0), h.up(dbias, db0), h.up(amax, zeros);
     Tensor dbc = has_bias ? dbias.c : Tensor(), dbg = has_bias ? dbias.g : Tensor();
     auto bwd_casts = [&](float* a) {
@@ -1469,6 +1471,8 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
         r[rep] = h.raw({dinp, dw, dbias, dout, amax});
     }
     h.det("matmul_backward_fp8", sh, r[0], r[1]);
+    const std::vector<uint8_t> bwd_plain = h.raw({dinp, dw, dbias});
+    const std::vector<float> amax_plain = h.get_gpu(amax);
     H::compare_vec("matmul_backward_fp8.dinp", sh, h.get_gpu(dinp), h.get_cpu(dinp), tol);
     // dw accumulates onto N(0,1) values: compare the increments, which carry the fp8 GEMM
     auto dwg = h.get_gpu(dw), dwc = h.get_cpu(dw);
@@ -1481,6 +1485,30 @@ void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool
         ag[2] = ac[2];
     }
     exact("matmul_backward_fp8.amax", ag, ac);
+
+    // Fp8Stash (the model's way): the forward also writes inp's transposed cast and 1/s there, the
+    // backward reads them instead of casting inp again: the same bits as without (CUDA's backward
+    // then records no input amax, the forward did; the CPU keeps no stash and casts again)
+    {
+        const bool keeps = h.gpu.name() != h.cpu.name();
+        Pair stq = h.make((ni + 3) / 4, true), sti = h.make(4, true);
+        const Fp8Stash st{stq.g.ptr, sti.g.f32()};
+        h.poison(out), h.poison(pre), h.poison(stq), h.poison(sti);
+        h.up_gpu(amax, zeros);
+        h.gpu.matmul_forward_fp8(out.g, pg, inp.g, w.g, bg, N, IC, OC, gelu, cast_inp(amax.g.f32()),
+                                 cast(Fp8Format::E4M3, wsig, amax.g.f32() + 1), st);
+        h.det("matmul_forward_fp8_stash", sh, fwd_plain, gelu ? h.raw({out, pre, amax}) : h.raw({out, amax}));
+        h.up_gpu(pre, pre_b), h.up_gpu(dout, dout0), h.up_gpu(dw, dw0), h.up_gpu(dbias, db0), h.up_gpu(amax, zeros);
+        h.poison(dinp);
+        auto cg = bwd_casts(amax.g.f32());
+        h.gpu.matmul_backward_fp8(dinp.g, dw.g, dbg, dout.g, inp.g, w.g, pg, N, IC, OC, cg[0], cg[1], cg[2], st);
+        h.det("matmul_backward_fp8_stash", sh, bwd_plain, h.raw({dinp, dw, dbias}));
+        const std::vector<float> a = h.get_gpu(amax);
+        const float want0 = keeps ? 0.0f : amax_plain[0];
+        report(a[0] == want0 && a[1] == amax_plain[1] && a[2] == amax_plain[2], "matmul_backward_fp8_stash.amax", sh,
+               strfmt("input %g (want %g), weight %g (%g), output gradient %g (%g)", a[0], want0, a[1],
+                      amax_plain[1], a[2], amax_plain[2]));
+    }
 }
 
 // The trainer's fp8 scaling state on the backend (Fp8Device, Ops::fp8_widen_amaxes and
