@@ -105,23 +105,25 @@ $(BUILD)/cpu_gemm_bench: $(BUILD)/dev/bench/cpu_gemm_bench.o
 $(BUILD)/test_gpu: $(GPU_TEST_SRCS:%.cu=$(BUILD)/%.o) $(CUDA_OBJS) $(BUILD)/libllmc.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $^ $(LDLIBS)
 
-# The CUDA source on the CPU (test/cuemu, see its README section): llmc/cuda/cuda_ops.cu and test_gpu's
+# The CUDA source on the CPU (test/cuemu, see its README section): llmc/cuda's backend and test_gpu's
 # op cases compiled by g++ against the emulator (each CUDA thread a fiber, blocks over OpenMP).
 # `make test-emu` builds build/test_gpu_emu and runs test/cuemu/run.sh (two schedules, planted bugs).
 EMU_FLAGS := -O2 -g $(CPU_ARCH) -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -Itest/cuemu/include $(MPI_CFLAGS) \
              -DLLMC_CUEMU -MMD -MP
 EMU_OBJS  := $(patsubst %.cpp,$(BUILD)/emu/%.o,$(wildcard test/cuemu/cuemu.cpp test/cuemu/cublaslt.cpp))
+# the backend's translation units (NCCL's communicator is not emulated)
+EMU_CUDA_OBJS := $(patsubst %.cu,$(BUILD)/emu/%.o,$(filter-out llmc/cuda/comm_nccl.cu,$(wildcard llmc/cuda/*.cu)))
 $(BUILD)/emu/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_FLAGS) -x c++ -c $< -o $@
 $(BUILD)/emu/%.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_FLAGS) -c $< -o $@
-$(BUILD)/test_gpu_emu: $(BUILD)/emu/test/gpu/test_gpu_ops.o $(BUILD)/emu/llmc/cuda/cuda_ops.o $(EMU_OBJS) $(BUILD)/libllmc.a
+$(BUILD)/test_gpu_emu: $(BUILD)/emu/test/gpu/test_gpu_ops.o $(EMU_CUDA_OBJS) $(EMU_OBJS) $(BUILD)/libllmc.a
 	$(CXX) $(EMU_FLAGS) -o $@ $^ $(MPI_LIBS) -lboost_context
 # The trainer itself on the emulator (train_gpt.cu is plain C++; CudaOps the emulated one): device
 # "cuda" end to end in CI, slowly (test/e2e/test_fp16_cuda_emu.sh).
-$(BUILD)/train_gpt_emu: $(BUILD)/train_gpt.o $(BUILD)/emu/llmc/cuda/cuda_ops.o $(EMU_OBJS) $(BUILD)/libllmc.a
+$(BUILD)/train_gpt_emu: $(BUILD)/train_gpt.o $(EMU_CUDA_OBJS) $(EMU_OBJS) $(BUILD)/libllmc.a
 	$(CXX) $(EMU_FLAGS) -o $@ $^ $(MPI_LIBS) -lboost_context
 $(BUILD)/cuemu_selftest: $(BUILD)/emu/test/cuemu/selftest.o $(EMU_OBJS) $(BUILD)/libllmc.a
 	$(CXX) $(EMU_FLAGS) -o $@ $^ $(MPI_LIBS) -lboost_context

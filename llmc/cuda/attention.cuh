@@ -35,6 +35,7 @@
 
 #include <type_traits>
 
+#include "llmc/cuda/attention_ops.h"
 #include "llmc/cuda/common.cuh"
 #include "llmc/cuda/flash_attention.cuh"
 #include "llmc/cuda/flash_backward.cuh"
@@ -522,8 +523,7 @@ void attention_block_forward_general(T* out, float* lse, const T* qkv_q, const T
         too_wide("forward", HS, small);
 }
 
-// Tq query rows of qkv_q against Tk key rows of qkv_kv (the whole attention: qkv_q == qkv_kv,
-// Tq == Tk, default positions)
+// the entry points (declared in attention_ops.h)
 template <class T>
 void attention_block_forward(T* out, float* lse, const T* qkv_q, const T* qkv_kv, int B, int Tq, int Tk, int NH,
                              int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
@@ -548,13 +548,11 @@ void attention_merge(T* out, float* lse, const T* blk_out, const float* blk_lse,
     CUDA_CHECK_LAUNCH();
 }
 
-// D: scratch of B*NH*Tq floats. accumulate: += into dq_dst's q heads and dkv's k, v heads (else =).
-// ds_scratch: where the flash backward may keep dS (flash::g_bwd_ds); nullptr: it recomputes.
 template <class T>
 void attention_block_backward(T* dq_dst, T* dkv, const T* dout, const T* qkv_q, const T* qkv_kv, const T* out,
                               const float* lse, float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
                               SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st,
-                              GrowBuffer* ds_scratch = nullptr) {
+                              GrowBuffer* ds_scratch) {
     launch_attention_backward_d(D, dout, out, B, Tq, NH, HS, st);
     if constexpr (is_half_type<T>) {  // the tensor-core path (bf16, fp16), where it covers HS
         if (g_flash_backward && flash::backward(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, HS, qp,
@@ -591,7 +589,7 @@ void attention_block_backward(T* dq_dst, T* dkv, const T* dout, const T* qkv_q, 
 
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* D, int B,
-                        int T_, int NH, int NKV, int HS, cudaStream_t st, GrowBuffer* ds_scratch = nullptr) {
+                        int T_, int NH, int NKV, int HS, cudaStream_t st, GrowBuffer* ds_scratch) {
     attention_block_backward(dqkv, dqkv, dout, qkv, qkv, out, lse, D, B, T_, T_, NH, NKV, HS, SeqPositions(),
                              SeqPositions(), false, st, ds_scratch);
 }

@@ -10,7 +10,7 @@
 #endif
 
 #include "llmc/cuda/adamw.cuh"
-#include "llmc/cuda/attention.cuh"
+#include "llmc/cuda/attention_ops.h"
 #include "llmc/cuda/classifier.cuh"
 #include "llmc/cuda/common.cuh"
 #include "llmc/cuda/encoder.cuh"
@@ -53,6 +53,12 @@ static cudaError_t sort_pairs(void* tmp, size_t& tmp_bytes, const uint32_t* keys
 #endif
 }
 #include "llmc/backend/rope.h"
+
+namespace attn {  // instantiated in llmc/cuda/attention.cu
+LLMC_ATTENTION_ENTRY_POINTS(extern, float)
+LLMC_ATTENTION_ENTRY_POINTS(extern, bf16)
+LLMC_ATTENTION_ENTRY_POINTS(extern, f16)
+}  // namespace attn
 
 namespace {
 
@@ -921,7 +927,7 @@ private:
     LtMatmul lt_;
     GrowBuffer scratch_[4];
     GrowBuffer bias_scratch_;  // matmul_backward: launch_bias_grad's partial sums
-    GrowBuffer ds_scratch_;    // the flash backward's dS^T where flash::g_bwd_ds asks for it
+    GrowBuffer ds_scratch_;    // the flash backward's dS^T where kernels.attention_backward asks for it
     // the upload ring (from_host_bytes)
     struct Upload {
         void* host = nullptr;  // pinned, kUploadNoSync bytes
@@ -968,8 +974,8 @@ void set_cuda_kernel_choices(const std::string& attention_forward, const std::st
             throw UserError(strfmt("%s: \"%s\" is not one of auto, %s", key, v.c_str(), other));
         return v == other;
     };
-    flash::g_fwd_key_tile = pick("kernels.attention_forward", attention_forward, "keys128") ? 128 : 0;
-    flash::g_bwd_ds = pick("kernels.attention_backward", attention_backward, "dq_from_ds") ? 1 : 0;
+    attn::set_kernel_choices(pick("kernels.attention_forward", attention_forward, "keys128"),
+                             pick("kernels.attention_backward", attention_backward, "dq_from_ds"));
     g_ln_bwd_registers = !pick("kernels.layernorm_backward", layernorm_backward, "streamed");
 }
 

@@ -514,6 +514,10 @@ namespace cuemu {
 static bool g_capturing = false, g_capture_invalid = false;
 static std::vector<std::function<void()>> g_captured;
 bool capturing() { return g_capturing; }
+void enqueue_grid(const char* name, const void* fn, dim3 grid, dim3 block, size_t smem, void (*body)(void*),
+                  std::shared_ptr<void> ctx) {
+    enqueue([=] { run_grid(name, fn, grid, block, smem, body, ctx.get()); });
+}
 void enqueue(std::function<void()> f) {
     if (g_capturing)
         g_captured.push_back(std::move(f));

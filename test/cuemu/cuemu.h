@@ -82,6 +82,9 @@ void enqueue(std::function<void()> f);
 // violation. fn identifies the kernel (its dynamic shared-memory opt-in).
 cudaError_t run_grid(const char* name, const void* fn, dim3 grid, dim3 block, size_t smem,
                      void (*body)(void*), void* ctx);
+// a run_grid that a stream capture records (its node keeps ctx)
+void enqueue_grid(const char* name, const void* fn, dim3 grid, dim3 block, size_t smem, void (*body)(void*),
+                  std::shared_ptr<void> ctx);
 // a pointer argument must be null or inside a device / pinned host allocation
 void check_pointer_arg(const char* kernel, int index, const void* p);
 
@@ -89,13 +92,16 @@ template <class T> void check_arg(const char* k, int i, const T& v) {
     if constexpr (std::is_pointer<T>::value) check_pointer_arg(k, i, (const void*)v);
 }
 
-template <class... P, class... A>
-void launch(const char* name, void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t, A&&... a) {
-    static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
+// The launch proper, one instantiation per kernel signature P (the call sites' argument types
+// only convert into the parameters' tuple, in launch below: the emulator's compile time is mostly
+// these instantiations)
+template <class... P>
+void launch_args(const char* name, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                 const std::tuple<std::decay_t<P>...>& args) {
     struct Ctx {
         void (*k)(P...);
         std::tuple<std::decay_t<P>...> args;
-    } ctx{k, std::tuple<std::decay_t<P>...>(std::forward<A>(a)...)};
+    } ctx{k, args};  // (copies only: tuples' moves would be as many instantiations again)
     std::apply([&](const auto&... v) {
         int i = 0;
         (check_arg(name, i++, v), ...);
@@ -109,8 +115,16 @@ void launch(const char* name, void (*k)(P...), dim3 grid, dim3 block, size_t sme
         run_grid(name, (const void*)k, grid, block, smem, body, &ctx);
         return;
     }
-    auto kept = std::make_shared<Ctx>(ctx);  // the graph's node keeps the launch's arguments
-    enqueue([=] { run_grid(name, (const void*)k, grid, block, smem, body, kept.get()); });
+    // the graph's node keeps the launch's arguments (a deleter without a type of its own: one
+    // shared_ptr instantiation for every kernel)
+    void (*del)(void*) = [](void* c) { delete static_cast<Ctx*>(c); };
+    enqueue_grid(name, (const void*)k, grid, block, smem, body, std::shared_ptr<void>(static_cast<void*>(new Ctx(ctx)), del));
+}
+
+template <class... P, class... A>
+void launch(const char* name, void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t, A&&... a) {
+    static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong number of arguments");
+    launch_args<P...>(name, k, grid, block, smem, std::tuple<std::decay_t<P>...>(std::forward<A>(a)...));
 }
 
 }  // namespace cuemu

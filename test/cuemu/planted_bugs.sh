@@ -11,9 +11,11 @@ B=${LLMC_BUILD:-build}
 W=$B/planted
 missed=0
 
-# each mutation: name, file, test_gpu filter, the text replaced, its replacement
-mutate() { names+=("$1"); files+=("$2"); filters+=("$3"); olds+=("$4"); news+=("$5"); }
-names=(); files=(); filters=(); olds=(); news=()
+# each mutation: name, file, test_gpu filter, the text replaced, its replacement, and the dtypes its
+# cases run in (default fp32,bf16: fp16 runs the same templates as bf16; the flash kernels run in
+# bf16 and fp16 only, so their mutations run bf16 alone)
+mutate() { names+=("$1"); files+=("$2"); filters+=("$3"); olds+=("$4"); news+=("$5"); dtypes+=("${6:-fp32,bf16}"); }
+names=(); files=(); filters=(); olds=(); news=(); dtypes=()
 mutate column_sum_no_barrier llmc/cuda/common.cuh rmsnorm \
     '__syncthreads();  // every row'"'"'s sum of this column is in s_sum' ''
 mutate rmsnorm_with_mean_term llmc/cuda/layernorm.cuh rmsnorm \
@@ -44,16 +46,16 @@ mutate fp8_layout_NN llmc/cuda/fp8.cuh fp8 \
     'CUBLASLT_MATMUL_DESC_TRANSA, &opT' 'CUBLASLT_MATMUL_DESC_TRANSA, &opN'
 mutate flash_buffer_race llmc/cuda/flash_attention.cuh attention \
     $'__syncthreads();  // the next iteration\'s prefetch overwrites this buffer\n    }\n\n    if (!active)' \
-    $'}\n\n    if (!active)'
+    $'}\n\n    if (!active)' bf16
 mutate flash_q_smem_mtile llmc/cuda/flash_attention.cuh attention_mt2 \
-    'ptx::ldmatrix_x4(qs[mt], qrow + 16 * mt * LD + kc * 16)' 'ptx::ldmatrix_x4(qs[mt], qrow + kc * 16)'
+    'ptx::ldmatrix_x4(qs[mt], qrow + 16 * mt * LD + kc * 16)' 'ptx::ldmatrix_x4(qs[mt], qrow + kc * 16)' bf16
 mutate dkdv_mtile_slip llmc/cuda/flash_backward.cuh attention \
     'ptx::mma_16816_x2<E>(s[m][2 * np], s[m][2 * np + 1], ka[m], r)' \
-    'ptx::mma_16816_x2<E>(s[m][2 * np], s[m][2 * np + 1], ka[0], r)'
+    'ptx::mma_16816_x2<E>(s[m][2 * np], s[m][2 * np + 1], ka[0], r)' bf16
 mutate flash_dq_without_D llmc/cuda/flash_backward.cuh attention \
-    'dp[m][n][e] = p * (dp[m][n][e] - Dr[m][i]);' 'dp[m][n][e] = p * dp[m][n][e];'
+    'dp[m][n][e] = p * (dp[m][n][e] - Dr[m][i]);' 'dp[m][n][e] = p * dp[m][n][e];' bf16
 mutate flash_ds_unseen_keys_read llmc/cuda/flash_backward.cuh attention_ring \
-    'if (k0 + 64 > w_full) {  // crossing' 'if (false && k0 + 64 > w_full) {  // crossing'
+    'if (k0 + 64 > w_full) {  // crossing' 'if (false && k0 + 64 > w_full) {  // crossing' bf16
 mutate fp8_vec_cast_gelu_dropped llmc/cuda/fp8.cuh fp8 \
     'v[e] = operand(v[e], gelu);' '(void)gelu;'
 mutate ln_bwd_registers_dinp_unread llmc/cuda/layernorm.cuh layernorm \
@@ -66,10 +68,20 @@ mutate fp8_colsum_half_the_lanes llmc/cuda/fp8.cuh fp8 \
 # the mutated copies build without -g (debug information costs a quarter of the compile time, 16 s
 # -> 12 s for cuda_ops.cu here, and GCC emits the same code with it or without it) and at -O0:
 # cuda_ops.cu took 19 s at -O2, 13 s at -O1, 6.4 s at -O0 here, where a mutant's run, which ends at
-# its first FAIL, is a few seconds (the whole attention filter: 8.4 s at -O1, 14.5 s at -O0)
+# its first FAIL, is a few seconds (the whole attention filter: 8.4 s at -O1, 14.5 s at -O0). With
+# 2026-11-27's kernels: cuda_ops.cu 9.8 s and attention.cu 5.4 s at -O0 (one file, 30 s, before the
+# split and the emulator's leaner launch)
 flags=()
 for f in $EMU_FLAGS; do
     case $f in -g) ;; -O2) flags+=(-O0) ;; *) flags+=("$f") ;; esac
+done
+
+# the backend's translation units as the Makefile's EMU_CUDA_OBJS (each with its dependency file)
+tus=()
+for tu in llmc/cuda/*.cu; do
+    [ "$tu" = llmc/cuda/comm_nccl.cu ] && continue
+    [ -s "$B/emu/${tu%.cu}.d" ] || { echo "planted bugs: $B/emu/${tu%.cu}.d missing (make test-emu builds it)"; exit 1; }
+    tus+=("$tu")
 done
 
 # plant I: builds mutation I's copy and runs its cases; prints one line, CAUGHT or MISSED
@@ -83,20 +95,35 @@ plant() {
         echo "MISSED $name: the mutation did not apply to $file (the source changed: update this script)"
         return
     fi
-    # the mutated copies shadow llmc/cuda (-I$d first); the rest of the tree is the real one
+    # the mutated copies shadow llmc/cuda (-I$d first); the rest of the tree is the real one. Only
+    # the backend's translation units that include the mutated file (their make dependencies) are
+    # compiled again; the others link as make built them
     t0=$(date +%s)
-    if ! $CXX -I"$d" "${flags[@]}" -x c++ -c "$d/llmc/cuda/cuda_ops.cu" -o "$d/cuda_ops.o" 2> "$d/build.log" ||
-       ! $CXX "${flags[@]}" -o "$d/test_gpu_emu" "$B/emu/test/gpu/test_gpu_ops.o" "$d/cuda_ops.o" $B/emu/test/cuemu/cuemu.o \
+    local objs=() tu o
+    : > "$d/build.log"
+    for tu in "${tus[@]}"; do
+        o=$B/emu/${tu%.cu}.o
+        if grep -q -F -w -- "$file" "${o%.o}.d"; then
+            $CXX -I"$d" "${flags[@]}" -x c++ -c "$d/$tu" -o "$d/$(basename "$o")" 2>> "$d/build.log" ||
+                { echo "MISSED $name: the mutated copy of $tu does not build (see $d/build.log)"; return; }
+            o=$d/$(basename "$o")
+        fi
+        objs+=("$o")
+    done
+    if ! $CXX "${flags[@]}" -o "$d/test_gpu_emu" "$B/emu/test/gpu/test_gpu_ops.o" "${objs[@]}" $B/emu/test/cuemu/cuemu.o \
            $B/emu/test/cuemu/cublaslt.o $B/libllmc.a ${MPI_LIBS:-} -lboost_context 2>> "$d/build.log"; then
-        echo "MISSED $name: the mutated copy does not build (see $d/build.log)"
+        echo "MISSED $name: the mutated copy does not link (see $d/build.log)"
+        return
+    fi
+    if ! grep -q "^$d/" <(printf '%s\n' "${objs[@]}"); then
+        echo "MISSED $name: no translation unit includes $file (none was built again)"
         return
     fi
     t1=$(date +%s)
     for sched in forward-lockstep reverse-warp; do
         # (the braces take bash's own "Aborted" line: an abort is an expected outcome here)
-        # (fp32 and bf16: fp16 runs the same templates, and each mutant is caught without it; the first
-        # FAIL ends the run)
-        if ! { CUEMU_SCHEDULE=$sched CUEMU_LT_QUIET=1 LLMC_TEST_DTYPES=fp32,bf16 LLMC_TEST_FAIL_FAST=1 \
+        # (the first FAIL ends the run)
+        if ! { CUEMU_SCHEDULE=$sched CUEMU_LT_QUIET=1 LLMC_TEST_DTYPES=${dtypes[$i]} LLMC_TEST_FAIL_FAST=1 \
                    LLMC_GPU_DIGEST="$d/digest.$sched" "$d/test_gpu_emu" "$filter" \
                > "$d/out.$sched" 2>&1; } 2> /dev/null; then
             why=$(grep -m1 -E '^cuemu|^FAIL' "$d/out.$sched" | cut -c1-160)

@@ -1,0 +1,16 @@
+// The attention kernels' own translation unit: CudaOps's attention entry points (llmc/cuda/attention_ops.h)
+// for fp32, bf16 and fp16, with every flash and general kernel they launch.
+#include "llmc/cuda/attention.cuh"
+
+namespace attn {
+
+void set_kernel_choices(bool keys128, bool dq_from_ds) {
+    flash::g_fwd_key_tile = keys128 ? 128 : 0;
+    flash::g_bwd_ds = dq_from_ds ? 1 : 0;
+}
+
+LLMC_ATTENTION_ENTRY_POINTS(, float)
+LLMC_ATTENTION_ENTRY_POINTS(, bf16)
+LLMC_ATTENTION_ENTRY_POINTS(, f16)
+
+}  // namespace attn
