@@ -7,7 +7,8 @@
 #     the determinism-checked results are equal (reverse-warp runs fp32 and bf16 only: fp16's
 #     kernels are bf16's templates, whose races the second schedule already looks for; and it
 #     leaves out the long cases, T = 1024 attention: the same kernels and tile loops as T = 257's,
-#     more tiles. Those results of forward-lockstep are left out of the comparison);
+#     more tiles. Those results of forward-lockstep are left out of the comparison; forward-lockstep
+#     runs them in fp32 and bf16, not fp16);
 #  3. planted bugs in copies of the kernels, each caught (test/cuemu/planted_bugs.sh).
 # CUEMU_FILTER=NAME runs only test_gpu's cases NAME (its filter argument; default: all).
 # Ends with "test-emu: passed" or "test-emu: FAILED (...)"; exit 1 on failure.
@@ -51,7 +52,7 @@ echo "== test_gpu's op cases on CudaOps under the emulator${CUEMU_FILTER:+ (filt
 for s in forward-lockstep reverse-warp; do
     start=$(date +%s) cpu0=$(cpu_s)
     dtypes=fp32,bf16,fp16 long=0; [ $s = reverse-warp ] && dtypes=fp32,bf16 long=1
-    CUEMU_SCHEDULE=$s CUEMU_LT_QUIET=1 LLMC_TEST_DTYPES=$dtypes LLMC_TEST_SKIP_LONG=$long \
+    CUEMU_SCHEDULE=$s CUEMU_LT_QUIET=1 LLMC_TEST_DTYPES=$dtypes LLMC_TEST_SKIP_LONG=$long LLMC_TEST_LONG_DTYPES=fp32,bf16 \
         LLMC_GPU_DIGEST="$B/emu_digest.$s" $B/test_gpu_emu ${CUEMU_FILTER:-} > "$B/emu_out.$s" 2>&1
     rc=$?
     summary=$(tail -n 1 "$B/emu_out.$s")

@@ -1958,9 +1958,15 @@ int main(int argc, char** argv) {
     for (DType dt : dtypes) {
         H h(*cpu, *gpu, dt, dt == DType::F32 ? 1 : dt == DType::BF16 ? 2 : 5);
         // every case of the op-case table marked Gpu (test/op_cases.h)
-        // LLMC_TEST_SKIP_LONG=1 leaves out the cases marked Long (the emulator's second schedule)
-        static const bool skip_long =
+        // LLMC_TEST_SKIP_LONG=1 leaves out the cases marked Long (the emulator's second schedule);
+        // LLMC_TEST_LONG_DTYPES (e.g. "fp32,bf16") runs them only in the dtypes it names (the first
+        // schedule: fp16's are bf16's templates, 25 s of T = 1024 attention there)
+        static const bool skip_long_always =
             std::getenv("LLMC_TEST_SKIP_LONG") && std::string(std::getenv("LLMC_TEST_SKIP_LONG")) == "1";
+        const char* long_dt = std::getenv("LLMC_TEST_LONG_DTYPES");
+        const bool skip_long = skip_long_always ||
+                               (long_dt && ("," + std::string(long_dt) + ",").find("," + std::string(dtype_name(dt)) +
+                                                                                 ",") == std::string::npos);
         auto run = [&](const char* op, const char* filter, const std::function<void(const op_cases::Case&)>& f) {
             if (!want(filter)) return;
             int i = 0;
