@@ -614,15 +614,15 @@ private:
         LLMC_ASSERT(c.scale_at || (c.scale > 0.0f && fp8_is_finite(c.scale)),
                     strfmt("fp8: scale must be finite and positive, got %g", c.scale));
         const long long n = (long long)rows * cols;
-        const bool given = this->given(c);
-        LLMC_ASSERT(!given || !inv_copy, "fp8 cast: a given 1/s needs no copy");
-        LLMC_ASSERT(!given || (uintptr_t)c.inv_at % 16 == 0,
+        const bool from_state = given(c);
+        LLMC_ASSERT(!from_state || !inv_copy, "fp8 cast: a given 1/s needs no copy");
+        LLMC_ASSERT(!from_state || (uintptr_t)c.inv_at % 16 == 0,
                     "fp8 cast: inv_at must be 16-byte aligned (a cuBLASLt scale pointer)");
         with_type(x.dtype, [&](auto tag) {
             using T = decltype(tag);
             const T* xp = (const T*)x.ptr;
             const T* pp = (const T*)pre;
-            if (!given) {  // s and 1/s into the slot (the current recipe: from the tensor's amax)
+            if (!from_state) {  // s and 1/s into the slot (the current recipe: from the tensor's amax)
                 if (c.current) {
                     if (queue_work()) CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream));
                     with_pack_width<T>(pack_width<T>(n, {xp, pp}), [&](auto k) {
@@ -636,11 +636,11 @@ private:
                             c.format, c.margin, record, inv_copy);
                 CUDA_CHECK_LAUNCH();
             }
-            launch_cast<T>(out, outT, c.current ? nullptr : record, xp, given ? c.scale_at : sc, rows, cols, c.format,
-                           stream, c.gelu, pp, colsum);
+            launch_cast<T>(out, outT, c.current ? nullptr : record, xp, from_state ? c.scale_at : sc, rows, cols,
+                           c.format, stream, c.gelu, pp, colsum);
             CUDA_CHECK_LAUNCH();
         });
-        return given ? CastScales{c.scale_at, c.inv_at} : CastScales{sc, sc + kInvScale};
+        return from_state ? CastScales{c.scale_at, c.inv_at} : CastScales{sc, sc + kInvScale};
     }
 
     // grow-only scratch, one per slot: 0 inp casts, 1 weight casts, 2/3 dout casts, 4 the fp32
