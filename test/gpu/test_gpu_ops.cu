@@ -2141,11 +2141,6 @@ int main(int argc, char** argv) {
                     }
                 // the weight-gradient GEMM of the H200 report (k=64, m=48, n=32: D fp32 in place)
                 fp8_case(64, 48, 32, true, true, false, false);
-                fp8_case(256, 768, 2304, true, false, false, true);
-                fp8_case(128, 768, 3072, true, true, true, true);
-                // the weight-gradient GEMM's k is the token count: 16k and 64k tokens
-                fp8_case(16384, 64, 128, true, false, false, true);
-                fp8_case(65536, 64, 64, false, false, true, true);
                 // outputs not 16-byte aligned: the fp32-scratch way, forward (bias, gelu) and backward
                 fp8_case(64, 48, 32, true, true, false, true, 1);
                 fp8_case(32, 64, 48, true, false, true, false, 2);
@@ -2158,6 +2153,13 @@ int main(int argc, char** argv) {
                 fp8_case(32, 64, 48, true, false, true, false, 0, 1, true);
                 guarded("fp8 scales", [&] { test_fp8_scales(h); });
                 if (!on_cpu) guarded("fp8 bad shape", [&] { test_fp8_bad_shape(h); });  // (no CPU shape rule)
+                // the large ones last (the emulator's planted bugs stop at the first FAIL: 10 s of
+                // the 11 s fp32 pass there): GPT-2's shapes, and the weight-gradient GEMM's k is the
+                // token count: 16k and 64k tokens
+                fp8_case(256, 768, 2304, true, false, false, true);
+                fp8_case(128, 768, 3072, true, true, true, true);
+                fp8_case(16384, 64, 128, true, false, false, true);
+                fp8_case(65536, 64, 64, false, false, true, true);
             }
         }
     }
