@@ -118,7 +118,8 @@ void launch_args(const char* name, void (*k)(P...), dim3 grid, dim3 block, size_
     // the graph's node keeps the launch's arguments (a deleter without a type of its own: one
     // shared_ptr instantiation for every kernel)
     void (*del)(void*) = [](void* c) { delete static_cast<Ctx*>(c); };
-    enqueue_grid(name, (const void*)k, grid, block, smem, body, std::shared_ptr<void>(static_cast<void*>(new Ctx(ctx)), del));
+    enqueue_grid(name, (const void*)k, grid, block, smem, body,
+                 std::shared_ptr<void>(static_cast<void*>(new Ctx(ctx)), del));
 }
 
 template <class... P, class... A>
