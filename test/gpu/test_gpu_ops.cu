@@ -1947,12 +1947,14 @@ int main(int argc, char** argv) {
 
     // (the CPU backend computes in fp32 only: in its place, fp32 alone). LLMC_TEST_DTYPES (e.g.
     // "fp32,bf16") runs only the dtypes it names (test/cuemu/run.sh's second schedule leaves fp16 out).
+    // names(list, d): a comma-separated list of dtype names ("fp32,bf16") holds d's
+    auto names = [](const char* list, DType d) {
+        return ("," + std::string(list) + ",").find("," + std::string(dtype_name(d)) + ",") != std::string::npos;
+    };
     std::vector<DType> dtypes;
     for (DType d : {DType::F32, DType::BF16, DType::F16}) {
         const char* only_dt = std::getenv("LLMC_TEST_DTYPES");
-        if ((on_cpu && d != DType::F32) ||
-            (only_dt && !(("," + std::string(only_dt) + ",").find("," + std::string(dtype_name(d)) + ",") != std::string::npos)))
-            continue;
+        if ((on_cpu && d != DType::F32) || (only_dt && !names(only_dt, d))) continue;
         dtypes.push_back(d);
     }
     for (DType dt : dtypes) {
@@ -1964,9 +1966,7 @@ int main(int argc, char** argv) {
         static const bool skip_long_always =
             std::getenv("LLMC_TEST_SKIP_LONG") && std::string(std::getenv("LLMC_TEST_SKIP_LONG")) == "1";
         const char* long_dt = std::getenv("LLMC_TEST_LONG_DTYPES");
-        const bool skip_long = skip_long_always ||
-                               (long_dt && ("," + std::string(long_dt) + ",").find("," + std::string(dtype_name(dt)) +
-                                                                                 ",") == std::string::npos);
+        const bool skip_long = skip_long_always || (long_dt && !names(long_dt, dt));
         auto run = [&](const char* op, const char* filter, const std::function<void(const op_cases::Case&)>& f) {
             if (!want(filter)) return;
             int i = 0;
