@@ -583,11 +583,11 @@ Tensor Model::residual_grad(int b, int t) const {
     return scratch_->dresidual.slice(0, local_rows(b, t) * shape.d_model);
 }
 
-// The linears of a block. In fp8 the forward records the amaxes of the input and the weight;
-// the backward records the output gradient's and casts input and weight again with the
-// forward's scales but records nothing (same tensors: their amaxes are already in). The input's
-// transposed cast comes from the layer's Fp8Stash where the model keeps them (L.fp8: built for
-// fp8) and the backend fills them (CUDA): the forward writes it, the backward reads it.
+// The linears of a block. In fp8 the forward records the amaxes of the input and the weight,
+// and writes the input's transposed cast into the layer's Fp8Stash (L.fp8, where the model was
+// built for fp8 and the backend keeps one: CUDA); the backward records the output gradient's and
+// reads that stash, or casts the input again (the CPU), and casts the weight again, all with the
+// forward's scales and recording nothing (same tensors: their amaxes are already in).
 void Model::linear_forward(int l, const LayerActs& L, Fp8Linear lin, Tensor out, Tensor pre_gelu, Tensor inp, Tensor w,
                            Tensor bias, int N, int IC, int OC, bool gelu, bool inp_gelu) {
     // A forward-only pass with a row count the fp8 GEMM cannot take (sampling's short windows
