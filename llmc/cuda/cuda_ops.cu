@@ -14,7 +14,7 @@
 #include "llmc/cuda/classifier.cuh"
 #include "llmc/cuda/common.cuh"
 #include "llmc/cuda/encoder.cuh"
-#include "llmc/cuda/fp8.cuh"
+#include "llmc/cuda/fp8_ops.h"
 #include "llmc/cuda/layernorm.cuh"
 #include "llmc/cuda/llama.cuh"
 #include "llmc/cuda/matmul.cuh"
@@ -829,28 +829,23 @@ public:
         CUDA_CHECK_LAUNCH();
     }
 
-    // ---- fp8 (llmc/cuda/fp8.cuh) ----
-    bool fp8_supported(std::string* why) const override { return fp8_.supported(device_, why); }
-    void fp8_widen_amaxes(const Fp8Device& d) override {
-        if (!d.n) return;
-        LLMC_LAUNCH(fp8::widen_amaxes_kernel, 1, 256, 0, stream_, d);
-        CUDA_CHECK_LAUNCH();
-    }
+    // ---- fp8 (llmc/cuda/fp8_ops.h; the kernels in fp8.cu) ----
+    bool fp8_supported(std::string* why) const override { return fp8::supported(*fp8_, device_, why); }
+    void fp8_widen_amaxes(const Fp8Device& d) override { fp8::widen_amaxes(d, stream_); }
     void fp8_update_scales(const Fp8Device& d, bool from_wide, float* step_overflows) override {
-        LLMC_LAUNCH(fp8::update_scales_kernel, 1, 256, 0, stream_, d, from_wide, step_overflows);
-        CUDA_CHECK_LAUNCH();
+        fp8::update_scales(d, from_wide, step_overflows, stream_);
     }
     int fp8_dim_multiple() const override { return 16; }
     void matmul_forward_fp8(Tensor out, Tensor pre_gelu, Tensor inp, Tensor w, Tensor bias, int N, int IC, int OC,
                             bool gelu, const Fp8Cast& inp_cast, const Fp8Cast& w_cast,
                             const Fp8Stash& stash = Fp8Stash()) override {
-        fp8_.forward(out, pre_gelu, inp, w, bias, N, IC, OC, gelu, inp_cast, w_cast, stash, device_, stream_);
+        fp8::forward(*fp8_, out, pre_gelu, inp, w, bias, N, IC, OC, gelu, inp_cast, w_cast, stash, device_, stream_);
     }
     void matmul_backward_fp8(Tensor dinp, Tensor dw, Tensor dbias, Tensor dout, Tensor inp, Tensor w, Tensor pre_gelu,
                              int N, int IC, int OC, const Fp8Cast& dout_cast, const Fp8Cast& inp_cast,
                              const Fp8Cast& w_cast, const Fp8Stash& stash = Fp8Stash()) override {
-        fp8_.backward(dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC, dout_cast, inp_cast, w_cast, stash, device_,
-                      stream_);
+        fp8::backward(*fp8_, dinp, dw, dbias, dout, inp, w, pre_gelu, N, IC, OC, dout_cast, inp_cast, w_cast, stash,
+                      device_, stream_);
     }
 
 private:
@@ -943,7 +938,8 @@ private:
     GrowBuffer sumsq_regions_, sumsq_part_, adamw_desc_, adamw_chunks_;
     std::string adamw_key_;
     const void* adamw_chunks_at_ = nullptr;
-    mutable fp8::CudaFp8 fp8_;  // fp8 casts, GEMMs and their scratch (mutable: fp8_supported caches its answer)
+    // fp8 casts, GEMMs and their scratch (fp8_supported caches its answer there)
+    fp8::CudaFp8Ptr fp8_ = fp8::make_cuda_fp8();
 };
 
 }  // namespace

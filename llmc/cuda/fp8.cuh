@@ -1,4 +1,5 @@
-// FP8 linear layers on CUDA (Ops::matmul_forward_fp8 / matmul_backward_fp8, llmc/backend/ops.h):
+// FP8 linear layers on CUDA (Ops::matmul_forward_fp8 / matmul_backward_fp8, llmc/backend/ops.h; CudaOps
+// reaches them through llmc/cuda/fp8_ops.h, and llmc/cuda/fp8.cu compiles this file):
 //  - scale_kernel: the cast's scale s and 1/s in device memory (from the host's delayed scale,
 //    or from the tensor's amax for the current recipe: no host round trip);
 //  - amax_kernel: the current recipe's amax pass (one atomic per block: block_max_atomic);
