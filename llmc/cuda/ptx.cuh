@@ -3,8 +3,8 @@
 // On a device (sm_80+) each is one `asm volatile`; under the CUDA emulator (LLMC_CUEMU,
 // test/cuemu) each is a CPU twin that follows the documented layout exactly, built from the
 // warp primitives the emulator has: it gathers the other lanes' registers (a per-warp exchange
-// between two __syncwarp), then computes this lane's share. test/gpu/test_gpu_ops.cu's `ptx` filter checks the twins against a naive
-// per-element product (and on a device the instructions themselves).
+// behind a __syncwarp), then computes this lane's share. test/gpu/test_gpu_ops.cu's `ptx` filter
+// checks the twins against a naive per-element product (and on a device the instructions themselves).
 //
 // Notation (a warp's 32 lanes): g = lane / 4 (the "group", 0..7), t = lane % 4 (0..3).
 // E, the 16-bit element type of the operands: __nv_bfloat16 (bf16) or __half (fp16); the
@@ -23,15 +23,29 @@ namespace ptx {
 #if defined(LLMC_CUEMU)
 namespace emu {
 // The twins' exchange of registers within a warp: each lane writes its own, a __syncwarp, each
-// reads the lanes the layout names, a __syncwarp (two collectives instead of one shuffle per
-// register and lane). Per OS thread is per block under the emulator, as __shared__ is.
+// reads the lanes the layout names (one collective instead of one shuffle per register and lane).
+// Per OS thread is per block under the emulator, as __shared__ is.
+// ldmatrix's exchange (p: the rows' addresses) ends with a second __syncwarp: the rows are read
+// through it, and the instruction has read every lane's rows before any lane goes on (to write
+// them, say). The mma's (a, b: register values, no memory) takes two buffers in turn instead: a
+// lane writes exchange n + 2's registers into exchange n's buffer only after exchange n + 1's
+// __syncwarp, which every lane reaches after its reads of exchange n (an mma is warp-wide: every
+// lane makes the same exchanges, so the lanes' turns agree).
 struct Regs {
     uint32_t a[32][4], b[32][2];
+};
+struct WarpExchange {
+    Regs mma[2];
+    unsigned char turn[32];
     const char* p[32];
 };
-inline Regs& warp_regs() {
-    static thread_local Regs w[32];  // up to 1024 threads a block
+inline WarpExchange& warp_exchange() {
+    static thread_local WarpExchange w[32];  // up to 1024 threads a block
     return w[threadIdx.x / 32];
+}
+inline Regs& mma_regs() {  // this lane's buffer for its next mma
+    WarpExchange& x = warp_exchange();
+    return x.mma[x.turn[threadIdx.x % 32]++ & 1];
 }
 }  // namespace emu
 #endif
@@ -81,24 +95,34 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
     static_assert(std::is_same<E, __nv_bfloat16>::value || std::is_same<E, __half>::value, "bf16 or fp16 operands");
 #if defined(LLMC_CUEMU)
     const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-    emu::Regs& w = emu::warp_regs();
+    emu::Regs& w = emu::mma_regs();
     for (int i = 0; i < 4; i++) w.a[lane][i] = a[i];
     w.b[lane][0] = b[0];
     w.b[lane][1] = b[1];
     __syncwarp();  // every lane's registers are in
-    for (int i = 0; i < 4; i++) {
-        const int row = g + (i >> 1) * 8, col = 2 * t + (i & 1);
-        float s = c[i];
-        for (int k = 0; k < 16; k++) {
-            // A[row][k]: lane (row % 8) * 4 + (k % 8) / 2, register (row >= 8) + 2 (k >= 8), half k % 2
-            const uint32_t ra = w.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)];
-            // B[k][col]: lane col * 4 + (k % 8) / 2, register (k >= 8), half k % 2
-            const uint32_t rb = w.b[col * 4 + (k % 8) / 2][k >= 8];
-            s = fmaf(k % 2 ? hi16<E>(ra) : lo16<E>(ra), k % 2 ? hi16<E>(rb) : lo16<E>(rb), s);
+    // this lane's rows g + 8h of A and columns 2t + h of B (h = 0, 1), k = 0..15, as floats: lane
+    // g * 4 + q holds A[g + 8h][2q, 2q+1] in register h and A[g + 8h][2q+8, 2q+9] in register h + 2;
+    // lane n * 4 + q holds B[2q, 2q+1][n] in register 0 and B[2q+8, 2q+9][n] in register 1
+    float av[2][16], bv[2][16];
+    for (int q = 0; q < 4; q++)
+        for (int h = 0; h < 2; h++) {
+            const uint32_t* ra = w.a[g * 4 + q];
+            const uint32_t* rb = w.b[(2 * t + h) * 4 + q];
+            av[h][2 * q] = lo16<E>(ra[h]), av[h][2 * q + 1] = hi16<E>(ra[h]);
+            av[h][2 * q + 8] = lo16<E>(ra[h + 2]), av[h][2 * q + 9] = hi16<E>(ra[h + 2]);
+            bv[h][2 * q] = lo16<E>(rb[0]), bv[h][2 * q + 1] = hi16<E>(rb[0]);
+            bv[h][2 * q + 8] = lo16<E>(rb[1]), bv[h][2 * q + 9] = hi16<E>(rb[1]);
         }
-        d[i] = s;
+    // d[i] = D[g + 8 (i >> 1)][2t + (i & 1)]: c[i] then each k in order, one fmaf each (the four
+    // sums side by side)
+    float s0 = c[0], s1 = c[1], s2 = c[2], s3 = c[3];
+    for (int k = 0; k < 16; k++) {
+        s0 = fmaf(av[0][k], bv[0][k], s0);
+        s1 = fmaf(av[0][k], bv[1][k], s1);
+        s2 = fmaf(av[1][k], bv[0][k], s2);
+        s3 = fmaf(av[1][k], bv[1][k], s3);
     }
-    __syncwarp();  // read before any lane's next instruction overwrites them
+    d[0] = s0, d[1] = s1, d[2] = s2, d[3] = s3;
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     if constexpr (std::is_same<E, __nv_bfloat16>::value)
         asm volatile(
@@ -147,7 +171,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 #if defined(LLMC_CUEMU)
     const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-    emu::Regs& w = emu::warp_regs();
+    emu::WarpExchange& w = emu::warp_exchange();
     w.p[lane] = (const char*)row;
     __syncwarp();
     for (int j = 0; j < 4; j++) std::memcpy(&r[j], w.p[j * 8 + g] + 4 * t, 4);  // row g of matrix j, columns 2t, 2t+1
@@ -164,7 +188,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
 #if defined(LLMC_CUEMU)
     const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-    emu::Regs& w = emu::warp_regs();
+    emu::WarpExchange& w = emu::warp_exchange();
     w.p[lane] = (const char*)row;
     __syncwarp();
     for (int j = 0; j < 4; j++) {  // column g of matrix j, rows 2t, 2t+1

@@ -242,7 +242,7 @@ void resume(Block& b, ThreadState& t) {
 
 bool same_site(const ThreadState& a, const ThreadState& b) {
     return a.kind == b.kind && a.mask == b.mask && a.width == b.width && a.line == b.line &&
-           std::strcmp(a.file, b.file) == 0;
+           (a.file == b.file || std::strcmp(a.file, b.file) == 0);
 }
 
 // Completes every warp collective of warp w whose mask has fully arrived; true if any did. With
