@@ -117,6 +117,7 @@ if [ "${EMU:-1}" = 1 ] && [ -x $B/test_gpu_emu ] && [ -x $B/cuemu_selftest ] && 
     # Slurm's daemons, on MPI start-ups and one-thread ranks) or need little of one, and none of them
     # times the emulator, whose checks do not depend on time: they run one after another beside this
     # stage (lane "emu"); the loop at the end reports each in its place.
+    touch "$L/emu.started"
     lane "$L" emu $(for name in $BESIDE_EMU; do selected "$name" && echo "$name"; done)
     start=$(date +%s) cpu0=$(cpu_s)
     out=$(LLMC_BUILD=$B bash test/cuemu/run.sh 2>&1); rc=$?
@@ -126,26 +127,26 @@ if [ "${EMU:-1}" = 1 ] && [ -x $B/test_gpu_emu ] && [ -x $B/cuemu_selftest ] && 
     else
         fail=$((fail + 1)); failed+=("test-emu")
     fi
-    start=$(date +%s)
-    wait_lane "$L" emu
-    echo "(the tests beside it ended $(( $(date +%s) - start ))s after the emulator's stage)"
 fi
 
 echo "== end-to-end tests"
 # The rest two at a time (lane "pair" and this shell take them from one queue, the longest known
-# first: LONG_FIRST, from the CI logs), except ALONE's:
+# first: LONG_FIRST, from the CI logs), starting as the emulator's stage ends, beside what is left
+# of lane "emu" (a core waiting for that lane to end would idle), except ALONE's:
 # they time themselves or their timeouts (a rank declared dead after 3 s, a save slower than a 2 s
 # timeout, signals into a running step; test_dev_cuda builds dev/cuda, which test_gpu_kit's kit also
 # does: the two must not build it at once) and run after, one by one.
 ALONE="test_overlap test_dp_failures test_plan test_bad_input test_preempt test_gpu_check_list test_dev_cuda"
 rest=()
+emu_lane=0
+[ -e "$L/emu.started" ] && emu_lane=1
 for name in $(e2e_names); do
-    [ -e "$L/$name.rc" ] && continue
+    [ $emu_lane = 1 ] && [[ " $BESIDE_EMU " == *" $name "* ]] && continue
     [[ " $ALONE " == *" $name "* ]] && continue
     [ "${LLMC_SANITIZE:-0}" = 1 ] && [ "$name" = test_bundle ] && continue
     rest+=("$name")
 done
-LONG_FIRST="test_fp8_cpu test_gpu_kit test_ep_layouts test_model_parallel test_bundle test_dp_equivalence"
+LONG_FIRST="test_gpu_kit test_fp8_cpu test_ep_layouts test_model_parallel test_bundle test_dp_equivalence"
 : > "$L/queue"
 for name in $LONG_FIRST; do [[ " ${rest[*]} " == *" $name "* ]] && echo "$name" >> "$L/queue"; done
 for name in "${rest[@]}"; do [[ " $LONG_FIRST " == *" $name "* ]] || echo "$name" >> "$L/queue"; done
@@ -154,13 +155,17 @@ lane "$L" pair
 lane "$L" -
 wait_lane "$L" pair
 echo "(${#rest[@]} tests two at a time: $(( $(date +%s) - start ))s)"
+if [ $emu_lane = 1 ]; then
+    wait_lane "$L" emu
+    echo "(lane emu, the tests begun beside the emulator's stage, ended $(( $(stat -c %Y "$L/.done-emu") - start ))s after it)"
+fi
 for name in $(e2e_names); do
     # the bundle packages the usual build, not build-asan's
     [ "${LLMC_SANITIZE:-0}" = 1 ] && [ "$name" = test_bundle ] && { echo "SKIP $name (SANITIZE=1)"; continue; }
     if [ -e "$L/$name.rc" ]; then  # run in a lane: its result (exit code, seconds, CPU seconds)
         read -r rc secs cpu < "$L/$name.rc"
         where="beside another test"
-        [[ " $BESIDE_EMU " == *" $name "* ]] && [ -e "$L/.done-emu" ] && where="beside the emulator's stage"
+        [[ " $BESIDE_EMU " == *" $name "* ]] && [ -e "$L/.done-emu" ] && where="in lane emu"
         report "$name" "$rc" "$(cat "$L/$name.log")" "${secs}s $where, $cpu s CPU"
         continue
     fi
