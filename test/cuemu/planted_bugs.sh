@@ -73,7 +73,7 @@ mutate fp8_colsum_half_the_lanes llmc/cuda/fp8.cuh fp8 \
 # split and the emulator's leaner launch)
 flags=()
 for f in $EMU_FLAGS; do
-    case $f in -g) ;; -O2) flags+=(-O0) ;; *) flags+=("$f") ;; esac
+    case $f in -g|-g1) ;; -O2) flags+=(-O0) ;; *) flags+=("$f") ;; esac
 done
 
 # the backend's translation units as the Makefile's EMU_CUDA_OBJS (each with its dependency file)
