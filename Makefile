@@ -36,8 +36,10 @@ CXXFLAGS  += -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_C
 NVCCFLAGS ?= -O3
 NVCCFLAGS += -std=c++17 -I. $(MPI_CFLAGS) -Xcompiler -fopenmp,-Wall -MMD -MP \
              $(foreach a,$(GPU_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) --expt-relaxed-constexpr
-LDLIBS    := -L$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart \
-             $(MPI_LIBS) -lgomp -lpthread
+# (cuBLASLt is not linked: the backend loads it on first use, llmc/cuda/common.cuh's lt(); the rpath
+# still finds it there)
+LDLIBS    := -L$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart \
+             $(MPI_LIBS) -lgomp -lpthread -ldl
 
 # BUILD holds objects and tests; BIN prefixes train_gpt and the data tools (empty: the repository root).
 # scripts/bundle.sh builds with BUILD=build-dist BIN=build-dist/ so that it leaves the usual build alone.

@@ -6,6 +6,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#if !defined(LLMC_CUEMU)
+#include <dlfcn.h>
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -45,6 +48,47 @@ inline void cublas_check_impl(cublasStatus_t st, const char* expr, const char* f
 }
 #define CUDA_CHECK(x) cuda_check_impl((x), #x, __FILE__, __LINE__)
 #define CUBLAS_CHECK(x) cublas_check_impl((x), #x, __FILE__, __LINE__)
+
+// cuBLASLt's functions, loaded from libcublasLt.so.<major> by the first call (dlopen) instead of
+// linked: the library's static initialisation costs ~0.4 s of CPU in every process that loads it
+// (0.5 s for `train_gpt --help` linked, 0.03 s without), and most processes of the CUDA build run
+// no GEMM on a GPU: every rank of a CPU run, --plan, --help (87 processes in
+// test/e2e/test_model_parallel.sh). Called as lt().cublasLtMatmul(...). Under the emulator (LLMC_CUEMU),
+// its own functions (test/cuemu/cublaslt.cpp). A library that cannot be loaded is the user's
+// installation: UserError naming it (exit code 2 in the trainer).
+#define LLMC_LT_FUNCTIONS(X)                                                                                    \
+    X(cublasLtCreate) X(cublasLtDestroy) X(cublasLtMatmul) X(cublasLtMatmulAlgoGetHeuristic)                   \
+    X(cublasLtMatmulDescCreate) X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                 \
+    X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute) \
+    X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)
+struct LtApi {
+#define LLMC_LT_MEMBER(f) decltype(&::f) f = nullptr;
+    LLMC_LT_FUNCTIONS(LLMC_LT_MEMBER)
+#undef LLMC_LT_MEMBER
+};
+#define LLMC_LT_STR2(x) #x
+#define LLMC_LT_STR(x) LLMC_LT_STR2(x)
+inline const LtApi& lt() {
+    static const LtApi api = [] {
+        LtApi a;
+#if defined(LLMC_CUEMU)
+#define LLMC_LT_BIND(f) a.f = &::f;
+#else
+        const char* lib = "libcublasLt.so." LLMC_LT_STR(CUBLAS_VER_MAJOR);
+        void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+        if (!h) throw UserError(strfmt("device=cuda: cannot load cuBLASLt: %s", dlerror()));
+#define LLMC_LT_BIND(f)                                                        \
+    if (!(a.f = reinterpret_cast<decltype(a.f)>(dlsym(h, #f))))                \
+        throw UserError(strfmt("device=cuda: %s has no %s (older than the CUDA headers train_gpt was built with?)", \
+                               lib, #f));
+#endif
+        LLMC_LT_FUNCTIONS(LLMC_LT_BIND)
+#undef LLMC_LT_BIND
+        return a;
+    }();
+    return api;
+}
+
 // After a kernel launch: catches launch-configuration errors at once.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
 // Kernels and cuBLASLt calls queued by this process (Ops::counters' launches): LLMC_LAUNCH counts
@@ -133,10 +177,10 @@ struct GrowBuffer {
 inline cublasLtMatmulPreference_t lt_preference(size_t workspace, uint32_t align_a, uint32_t align_b,
                                                 uint32_t align_d) {
     cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(lt().cublasLtMatmulPreferenceCreate(&pref));
     const uint32_t red = CUBLASLT_REDUCTION_SCHEME_MASK;
     auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, const void* v, size_t n) {
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, v, n));
+        CUBLAS_CHECK(lt().cublasLtMatmulPreferenceSetAttribute(pref, attr, v, n));
     };
     set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
     set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof(red));

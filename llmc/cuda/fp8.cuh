@@ -354,7 +354,7 @@ public:
 
     void destroy() {
         if (workspace_) device_free(workspace_);
-        if (handle_) cublasLtDestroy(handle_);
+        if (handle_) lt().cublasLtDestroy(handle_);
         workspace_ = nullptr;
         handle_ = nullptr;
     }
@@ -364,7 +364,7 @@ public:
     bool matmul(const Fp8GemmArgs& g, int sm, cudaStream_t stream, std::string* why) {
         if (!fp8_gemm_supported(fp8_call_of(g, sm), why)) return false;
         if (!handle_) {  // created on first use: runs without fp8 pay nothing
-            CUBLAS_CHECK(cublasLtCreate(&handle_));
+            CUBLAS_CHECK(lt().cublasLtCreate(&handle_));
             CUDA_CHECK(device_malloc(&workspace_, kWorkspaceBytes));
         }
         const cudaDataType_t ta = lt_type(g.fa), tb = lt_type(g.fb), td = g.d_bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -377,35 +377,35 @@ public:
         if (g.bias) key.type_bias = CUDA_R_16BF, key.align_bias = lt_align_of(g.bias);
 
         cublasLtMatmulDesc_t op;
-        CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        CUBLAS_CHECK(lt().cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.a_scale,
+        CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
+        CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
+        CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.a_scale,
                                                     sizeof(g.a_scale)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale,
+        CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale,
                                                     sizeof(g.b_scale)));
         const int8_t fast = g.fast_accum ? 1 : 0;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+        CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
         if (g.bias) {
             const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
             const cudaDataType_t bt = CUDA_R_16BF;
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+            CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+            CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
             CUBLAS_CHECK(
-                cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+                lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
         }
         cublasLtMatrixLayout_t la, lb, ld;
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, ta, g.k, g.m, g.k));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, tb, g.k, g.n, g.k));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, td, g.m, g.n, g.m));
+        CUBLAS_CHECK(lt().cublasLtMatrixLayoutCreate(&la, ta, g.k, g.m, g.k));
+        CUBLAS_CHECK(lt().cublasLtMatrixLayoutCreate(&lb, tb, g.k, g.n, g.k));
+        CUBLAS_CHECK(lt().cublasLtMatrixLayoutCreate(&ld, td, g.m, g.n, g.m));
         const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
         const bool ok = algos_.run(key, handle_, op, &alpha, g.A, la, g.B, lb, &beta, g.D, ld, g.D, ld, workspace_,
                                    kWorkspaceBytes, stream);
-        cublasLtMatrixLayoutDestroy(la);
-        cublasLtMatrixLayoutDestroy(lb);
-        cublasLtMatrixLayoutDestroy(ld);
-        cublasLtMatmulDescDestroy(op);
+        lt().cublasLtMatrixLayoutDestroy(la);
+        lt().cublasLtMatrixLayoutDestroy(lb);
+        lt().cublasLtMatrixLayoutDestroy(ld);
+        lt().cublasLtMatmulDescDestroy(op);
         if (!ok && why)
             *why = strfmt("cuBLASLt accepted none of its %d candidate algorithms (%s)", algos_.tried(),
                           algos_.refusals().c_str());

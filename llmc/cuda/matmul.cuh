@@ -267,7 +267,7 @@ public:
             new_ = false;
             if (!last_->ok) return false;
             if (queue_work())
-                CUBLAS_CHECK(cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &last_->algo, ws,
+                CUBLAS_CHECK(lt().cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &last_->algo, ws,
                                             ws_bytes, stream));
             count_launch();
             return true;
@@ -278,8 +278,8 @@ public:
         cublasLtMatmulHeuristicResult_t res[kCandidates];
         int nres = 0;
         const cublasStatus_t hs =
-            cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, ld, pref, kCandidates, res, &nres);
-        cublasLtMatmulPreferenceDestroy(pref);
+            lt().cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, ld, pref, kCandidates, res, &nres);
+        lt().cublasLtMatmulPreferenceDestroy(pref);
         Entry e{false, {}, 0, ""};
         if (hs != CUBLAS_STATUS_SUCCESS) {  // NOT_SUPPORTED: no algorithm for the problem
             nres = 0;
@@ -294,7 +294,7 @@ public:
             }
             e.tried++;
             const cublasStatus_t st =
-                cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &res[i].algo, ws, ws_bytes, stream);
+                lt().cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &res[i].algo, ws, ws_bytes, stream);
             if (st == CUBLAS_STATUS_SUCCESS) {
                 count_launch();
                 e.ok = true;
@@ -381,12 +381,12 @@ public:
     static constexpr size_t kWorkspaceBytes = 32u << 20;
 
     void init() {
-        CUBLAS_CHECK(cublasLtCreate(&handle_));
+        CUBLAS_CHECK(lt().cublasLtCreate(&handle_));
         CUDA_CHECK(device_malloc(&workspace_, kWorkspaceBytes));
     }
     void destroy() {
         if (workspace_) device_free(workspace_);
-        if (handle_) cublasLtDestroy(handle_);
+        if (handle_) lt().cublasLtDestroy(handle_);
         workspace_ = nullptr;
         handle_ = nullptr;
     }
@@ -415,9 +415,9 @@ public:
         if (aux) key.aux_ld = g.aux_ld, key.align_aux = lt_align_of(aux);
 
         cublasLtMatmulDesc_t op;
-        CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        CUBLAS_CHECK(lt().cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         auto set = [&](cublasLtMatmulDescAttributes_t a, const void* v, size_t n) {
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, a, v, n));
+            CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, a, v, n));
         };
         cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
         set(CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
@@ -433,16 +433,16 @@ public:
             set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld));
         }
         cublasLtMatrixLayout_t la, lb, ld;
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, dt, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, dt, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, g.m, g.n, g.ldd));
+        CUBLAS_CHECK(lt().cublasLtMatrixLayoutCreate(&la, dt, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda));
+        CUBLAS_CHECK(lt().cublasLtMatrixLayoutCreate(&lb, dt, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb));
+        CUBLAS_CHECK(lt().cublasLtMatrixLayoutCreate(&ld, dt, g.m, g.n, g.ldd));
         const float alpha = 1.0f;
         const bool ok = algos_.run(key, handle_, op, &alpha, g.A, la, g.B, lb, &g.beta, g.D, ld, g.D, ld, workspace_,
                                    kWorkspaceBytes, stream);
-        cublasLtMatrixLayoutDestroy(la);
-        cublasLtMatrixLayoutDestroy(lb);
-        cublasLtMatrixLayoutDestroy(ld);
-        cublasLtMatmulDescDestroy(op);
+        lt().cublasLtMatrixLayoutDestroy(la);
+        lt().cublasLtMatrixLayoutDestroy(lb);
+        lt().cublasLtMatrixLayoutDestroy(ld);
+        lt().cublasLtMatmulDescDestroy(op);
         if (!ok && algos_.decided_now() && epi != CUBLASLT_EPILOGUE_DEFAULT)
             std::fprintf(stderr, "cuBLASLt: no algorithm for %s (%s): kernels instead of the epilogue\n",
                          key.text().c_str(), algos_.refusals().c_str());
