@@ -72,7 +72,9 @@ quick_env() {
     local v
     v=$(python3 -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>/dev/null) || v="not importable"
     row "PyTorch" "INFO" "" "" "" "$v"
-    v=$(ldd ./train_gpt 2>/dev/null | awk '/nccl|cublasLt|cudart/ { printf "%s ", $1 }')
+    v=$(ldd ./train_gpt 2>/dev/null | awk '/nccl|cudart/ { printf "%s ", $1 }')
+    # cuBLASLt is loaded on first use (llmc/cuda/common.cuh's lt()): the soname the loader's cache holds
+    v+=$(ldconfig -p 2>/dev/null | awk '/libcublasLt\.so\./ { printf "%s (dlopen) ", $1; exit }')
     row "libraries" "INFO" "" "" "" "${v:-ldd found none}"
 }
 
