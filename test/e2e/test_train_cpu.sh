@@ -1,6 +1,7 @@
 # A short CPU training run on a generated shard: the loss falls, every record has its keys, step
 # lines show tokens and an ETA, a summary ends the run, the final weights are written in llm.c's
-# and transformers' formats (out.format) and both reload, and a second run is bit-identical.
+# and transformers' formats (out.format) and both reload, a second run is bit-identical, and a CPU
+# run of the CUDA build loads no cuBLASLt.
 source "$(dirname "$0")/lib.sh"
 make_data
 tiny_config "$W/c.json"
@@ -54,3 +55,8 @@ expect_fail 2 'out\.format' "$BIN" "$W/c.json" out.format=onnx
 # determinism: the same config gives bitwise the same losses
 "$BIN" "$W/c.json" train.steps=30 "out_dir=$W/out3" > /dev/null
 diff <(losses "$log") <(losses "$W/out3/log.jsonl") || die "two identical runs differ"
+# A CPU run loads no cuBLASLt (the CUDA build loads it on the first GEMM on a GPU, llmc/cuda/common.cuh's
+# lt(): linked, its constructors cost every process of a run ~0.5 s of CPU, every rank and --plan too)
+LD_DEBUG=files "$BIN" "$W/c.json" train.steps=1 train.warmup_steps=0 "out_dir=$W/out4" > /dev/null 2> "$W/ld.txt" || die "one-step run failed"
+grep -q 'libcublasLt' "$W/ld.txt" && die "a CPU run loaded cuBLASLt: $(grep -m1 'libcublasLt' "$W/ld.txt")"
+grep -q 'file=libgomp' "$W/ld.txt" || die "LD_DEBUG=files shows no library loads (the check above proves nothing)"
