@@ -109,6 +109,7 @@ wait_lane() { while [ ! -e "$1/.done-$2" ]; do sleep 1; done; }
 L="$B/lanes"
 rm -rf "$L" && mkdir -p "$L"
 e2e_names() { for t in test/e2e/test_*.sh; do name=$(basename "$t" .sh); selected "$name" && echo "$name"; done; }
+emu_lane=0  # 1: lane "emu" runs BESIDE_EMU's tests
 
 if [ "${EMU:-1}" = 1 ] && [ -x $B/test_gpu_emu ] && [ -x $B/cuemu_selftest ] && [ -n "${EMU_FLAGS:-}" ]; then
     # the CUDA source on the CPU emulator (make test-emu, about 3-4 minutes): one line, pass or fail
@@ -117,7 +118,7 @@ if [ "${EMU:-1}" = 1 ] && [ -x $B/test_gpu_emu ] && [ -x $B/cuemu_selftest ] && 
     # Slurm's daemons, on MPI start-ups and one-thread ranks) or need little of one, and none of them
     # times the emulator, whose checks do not depend on time: they run one after another beside this
     # stage (lane "emu"); the loop at the end reports each in its place.
-    touch "$L/emu.started"
+    emu_lane=1
     lane "$L" emu $(for name in $BESIDE_EMU; do selected "$name" && echo "$name"; done)
     start=$(date +%s) cpu0=$(cpu_s)
     out=$(LLMC_BUILD=$B bash test/cuemu/run.sh 2>&1); rc=$?
@@ -138,8 +139,6 @@ echo "== end-to-end tests"
 # does: the two must not build it at once) and run after, one by one.
 ALONE="test_overlap test_dp_failures test_plan test_bad_input test_preempt test_gpu_check_list test_dev_cuda"
 rest=()
-emu_lane=0
-[ -e "$L/emu.started" ] && emu_lane=1
 for name in $(e2e_names); do
     [ $emu_lane = 1 ] && [[ " $BESIDE_EMU " == *" $name "* ]] && continue
     [[ " $ALONE " == *" $name "* ]] && continue
