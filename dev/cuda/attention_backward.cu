@@ -16,6 +16,8 @@
 //      the trainer's choice at head size 64 since the fourth GPU window
 //   7: the trainer's ways (v6 at head size 64, v3 at 128) with dQ from the dS^T that the dK/dV
 //      kernel writes to memory (B NH T T bf16 of scratch) instead of recomputing S and dP
+//   8: one kernel (llmc/cuda/flash_backward_fused.cuh, head sizes 64 and 128): v6's dK/dV kernel
+//      that also adds dQ += dS K into fp32 accumulators, deterministically
 //
 // Lab notebook (causal, bf16; FLOPs as FlashAttention counts them: 2.5 x the forward's 4 B NH HS T^2 / 2):
 //   v2  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): dQ 48.1 ms and dK/dV
@@ -67,9 +69,24 @@
 //       at B 8 NH 12 T 1024, ~0.035 ms each way at ~3 TB/s) against two products recomputed (about
 //       2/3 of v6's dQ kernel, ~0.08 ms of its ~0.13 by the window's numbers). Prediction at HS 64
 //       NH 12: 0.29 ms -> ~0.24. Cost: the scratch (805 MB at GPT-2 124M B 32; capped at 2 GiB).
+//   v8  not yet measured (written 2026-11-28 without a GPU): one kernel, FlashAttention-2's shape
+//       (llmc/cuda/flash_backward_fused.cuh). v6's dK/dV kernel leaves each tile's dS^T in shared
+//       memory, and after a barrier each warp adds dS K for 16 query rows into fp32 dQ
+//       accumulators (fp32 reductions into L2, each address always from the same thread, in the
+//       block's fixed key tile order: deterministic without FA2's order-dependent atomics); a
+//       small kernel sums the splits' accumulators and rounds. Per 64 x 64 tile a warp issues 80
+//       ldmatrix and 128 mma (dK/dV) + 20 and 32 (dQ) where v6 issues 80 and 128 + 48 and 96 (its
+//       dQ kernel recomputes S and dP): 29% fewer mma, 22% fewer ldmatrix, one launch less. The
+//       price: a third barrier-bounded phase per tile, 4 KB of reductions a warp per tile, and
+//       zeroing and summing the accumulators (splits x B NH T HS floats: 25 MB a split at B 8 NH 12
+//       T 1024 HS 64). B NKV blocks alone underfill the device at small batches, so each block
+//       takes a split of the head's key tiles (fused_splits: 4 splits at B 8 NH 12 on 132 SMs).
+//       ptxas sm_90: 168 registers at head size 64 (three blocks an SM), 248 at 128, no spill.
+//       Prediction at HS 64 NH 12: v6's 0.29 ms -> ~0.23 (the dQ kernel's ~0.11 ms replaced by
+//       ~0.05 of extra work in the dK/dV kernel).
 //   To measure: make -C dev/cuda attention_backward && for v in 2 3 4 5 6; do
 //     ./dev/cuda/attention_backward $v 8 1024 32 64; ./dev/cuda/attention_backward $v 8 1024 16 128; done
-//   (for v in 2 3 4 5 6 7)
+//   (for v in 2 3 4 5 6 7 8)
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
 
@@ -82,7 +99,7 @@ static bool run_version(const std::vector<float>& qkv, const std::vector<float>&
     T *dq = to_dev<T>(qkv), *ddo = to_dev<T>(dout), *dout_ = to_dev<T>(out), *dd = dev_poisoned<T>(nqkv);
     float* dl = to_dev<float>(lse);
     float* D = dev_poisoned<float>((size_t)B * NH * Tn);
-    static GrowBuffer ds;  // v7's dS^T
+    static GrowBuffer ds;  // v7's dS^T, v8's dQ accumulators
     auto run = [=] { attn::attention_backward<T>(dd, ddo, dq, dout_, dl, D, B, Tn, NH, NH, HS, 0, &ds); };
     run();
     bool ok = validate("dqkv", to_host(dd, nqkv), ref, tol);
@@ -97,8 +114,8 @@ int main(int argc, char** argv) {
     attn::g_flash_backward = version >= 3;
     flash::g_bwd_rows_per_warp = version == 4 ? 32 : 16;
     flash::g_bwd_tile = version == 5 ? 32 : 0;
-    flash::g_bwd_pass = version == 6 ? 32 : version == 7 ? 0 : 64;
-    flash::g_bwd_ds = version == 7 ? 1 : 0;
+    flash::g_bwd_pass = version == 6 ? 32 : version >= 7 ? 0 : 64;
+    flash::g_bwd_ds = version == 7 ? 1 : version == 8 ? 2 : 0;
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_backward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);

@@ -277,11 +277,12 @@ const std::vector<Key>& schema() {
                  "device cuda: the flash forward's key tiles; auto = 64 keys; keys128 = 128 keys at head size 64 "
                  "(FlashAttention-2's tiles; dev/cuda/attention_forward v6), auto elsewhere. The same "
                  "results up to the softmax's summation order; the CPU backend ignores it"),
-        enum_key("kernels.attention_backward", FIELD(kernels.attention_backward), {"auto", "dq_from_ds"}, {},
-                 "device cuda: the flash backward; auto = dQ recomputed in its own kernel; dq_from_ds = the dK/dV "
-                 "kernel also writes dS to a scratch buffer (2 bytes a visible query-key pair) and dQ = dS K reads "
-                 "it (dev/cuda/attention_backward v7), at head sizes 64 and 128, auto elsewhere; the CPU backend "
-                 "ignores it"),
+        enum_key("kernels.attention_backward", FIELD(kernels.attention_backward), {"auto", "dq_from_ds", "fused"},
+                 {}, "device cuda: the flash backward; auto = dQ recomputed in its own kernel; dq_from_ds = the "
+                 "dK/dV kernel also writes dS to a scratch buffer (2 bytes a visible query-key pair) and dQ = dS K "
+                 "reads it (dev/cuda/attention_backward v7); fused = one kernel that also adds dS K into fp32 dQ "
+                 "accumulators, deterministically (v8; 4 bytes a dQ element a split); both at head sizes 64 and "
+                 "128, auto elsewhere; the CPU backend ignores it"),
         enum_key("kernels.layernorm_backward", FIELD(kernels.layernorm_backward), {"auto", "streamed"}, {},
                  "device cuda: auto = each row kept in registers where d_model allows (up to 2048 in bf16); "
                  "streamed = every row read twice (dev/cuda/layernorm v5); the same bits either way; the CPU "

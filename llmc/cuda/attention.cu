@@ -4,9 +4,9 @@
 
 namespace attn {
 
-void set_kernel_choices(bool keys128, bool dq_from_ds) {
+void set_kernel_choices(bool keys128, int backward) {
     flash::g_fwd_key_tile = keys128 ? 128 : 0;
-    flash::g_bwd_ds = dq_from_ds ? 1 : 0;
+    flash::g_bwd_ds = backward;
 }
 
 LLMC_ATTENTION_ENTRY_POINTS(, float)

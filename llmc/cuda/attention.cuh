@@ -38,7 +38,7 @@
 #include "llmc/cuda/attention_ops.h"
 #include "llmc/cuda/common.cuh"
 #include "llmc/cuda/flash_attention.cuh"
-#include "llmc/cuda/flash_backward.cuh"
+#include "llmc/cuda/flash_backward_fused.cuh"
 #include "llmc/backend/positions.h"
 #include "llmc/core/common.h"
 

@@ -20,7 +20,7 @@ template <class T>
 void attention_merge(T* out, float* lse, const T* blk_out, const float* blk_lse, int B, int T_, int NH, int HS,
                      cudaStream_t st);
 // D: scratch of B*NH*Tq floats. accumulate: += into dq_dst's q heads and dkv's k, v heads (else =).
-// ds_scratch: where the flash backward may keep dS (flash::g_bwd_ds); nullptr: it recomputes.
+// ds_scratch: where the flash backward may keep dS or its dQ accumulators (flash::g_bwd_ds); nullptr: it recomputes.
 template <class T>
 void attention_block_backward(T* dq_dst, T* dkv, const T* dout, const T* qkv_q, const T* qkv_kv, const T* out,
                               const float* lse, float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
@@ -31,8 +31,9 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
                         int T_, int NH, int NKV, int HS, cudaStream_t st, GrowBuffer* ds_scratch = nullptr);
 
 // The config's kernels.attention_forward and kernels.attention_backward (train_gpt's
-// set_cuda_kernel_choices): 128-key forward tiles at head size 64, dQ from the dS^T in memory
-void set_kernel_choices(bool keys128, bool dq_from_ds);
+// set_cuda_kernel_choices): 128-key forward tiles at head size 64; the backward: dQ recomputed (0),
+// from the dS^T in memory (1), or the fused kernel (2)
+void set_kernel_choices(bool keys128, int backward);
 
 // The instantiations for element type T: attention.cu defines them (LLMC_ATTENTION_ENTRY_POINTS(, T)),
 // cuda_ops.cu declares them (LLMC_ATTENTION_ENTRY_POINTS(extern, T)).

@@ -922,7 +922,7 @@ private:
     LtMatmul lt_;
     GrowBuffer scratch_[4];
     GrowBuffer bias_scratch_;  // matmul_backward: launch_bias_grad's partial sums
-    GrowBuffer ds_scratch_;    // the flash backward's dS^T where kernels.attention_backward asks for it
+    GrowBuffer ds_scratch_;    // the flash backward's dS^T or fp32 dQ where kernels.attention_backward asks
     // the upload ring (from_host_bytes)
     struct Upload {
         void* host = nullptr;  // pinned, kUploadNoSync bytes
@@ -970,8 +970,9 @@ void set_cuda_kernel_choices(const std::string& attention_forward, const std::st
             throw UserError(strfmt("%s: \"%s\" is not one of auto, %s", key, v.c_str(), other));
         return v == other;
     };
+    const bool fused = attention_backward == "fused";
     attn::set_kernel_choices(pick("kernels.attention_forward", attention_forward, "keys128"),
-                             pick("kernels.attention_backward", attention_backward, "dq_from_ds"));
+                             fused ? 2 : pick("kernels.attention_backward", attention_backward, "dq_from_ds") ? 1 : 0);
     g_ln_bwd_registers = !pick("kernels.layernorm_backward", layernorm_backward, "streamed");
 }
 

@@ -65,6 +65,178 @@ __device__ __forceinline__ void store_pair(E* p, float x, float y, bool accumula
     *reinterpret_cast<uint32_t*>(p) = ptx::pack2<E>(x, y);
 }
 
+// The copies (cp.async, not committed) of query tile [q0, q0 + BQ) of head h, batch b into buffer
+// buf of a dK/dV kernel's shared memory (DkdvSmem): Q, dO, and their rows' lse and D.
+template <int HS, int BQ, class E>
+__device__ __forceinline__ void load_query_tile(E* sQ, E* sO, float* sL, float* sD, int buf, const E* qkv_q,
+                                                const E* dout, const float* lse, const float* D, int b, int h, int q0,
+                                                int Tq, int NH, long long stride, long long ostride) {
+    constexpr int LD = HS + 8;
+    load_tile<HS, BQ>(sQ + buf * BQ * LD, qkv_q + (long long)b * Tq * stride + (long long)h * HS, stride, q0, Tq);
+    load_tile<HS, BQ>(sO + buf * BQ * LD, dout + (long long)b * Tq * ostride + (long long)h * HS, ostride, q0, Tq);
+    // lse and D of the tile's rows, 4 rows a 16-byte cp.async (with Q and dO: a plain load here
+    // would stall its warp for the global latency every tile); rows past Tq and unaligned
+    // chunks element by element (past Tq: 0)
+    const long long l0 = ((long long)b * NH + h) * Tq + q0;
+    for (int idx = threadIdx.x; idx < 2 * (BQ / 4); idx += kThreads) {
+        const int r = (idx % (BQ / 4)) * 4;
+        const float* src = (idx < BQ / 4 ? lse : D) + l0 + r;
+        float* dst = (idx < BQ / 4 ? sL : sD) + buf * BQ + r;
+        if (q0 + r + 4 <= Tq && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+            ptx::cp_async_16(dst, src);
+        } else {
+            for (int e = 0; e < 4; e++) dst[e] = q0 + r + e < Tq ? src[e] : 0.0f;
+        }
+    }
+}
+
+// This warp's dK (times scale) and dV of keys [kw0, kw0 + 16 MT), key/value head kvh, batch b, into
+// dkv's k and v heads (= or +=).
+template <int HS, int MT, class E>
+__device__ __forceinline__ void store_dkdv(E* dkv, const float (&dk)[MT][HS / 8][4], const float (&dv)[MT][HS / 8][4],
+                                           int b, int kvh, int kw0, int Tk, int NH, int NKV, float scale,
+                                           bool accumulate) {
+    const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    const long long stride = (long long)(NH + 2 * NKV) * HS;
+    LLMC_UNROLL
+    for (int m = 0; m < MT; m++)
+        LLMC_UNROLL
+        for (int i = 0; i < 2; i++) {
+            const int kj = kw0 + 16 * m + g + 8 * i;
+            if (kj >= Tk) continue;
+            E* dkr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + kvh) * HS;
+            E* dvr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + NKV + kvh) * HS;
+            LLMC_UNROLL
+            for (int d = 0; d < HS / 8; d++) {
+                store_pair(dkr + d * 8 + 2 * t, dk[m][d][2 * i] * scale, dk[m][d][2 * i + 1] * scale, accumulate);
+                store_pair(dvr + d * 8 + 2 * t, dv[m][d][2 * i], dv[m][d][2 * i + 1], accumulate);
+            }
+        }
+}
+
+// Where a dK/dV kernel also keeps the dS^T it computes: nowhere, in memory for
+// flash_backward_dq_ds_kernel (v7), or in shared memory for the dQ product of the fused kernel
+// (llmc/cuda/flash_backward_fused.cuh, v8).
+enum class DsTo { none, global, shared };
+
+// dS^T's columns [c0, c1) of this warp's 16 MT key rows to 0, in the pattern the lane writes them
+// (ds: at the lane's row g of the warp's first m-tile; row stride ld).
+template <class E, int MT>
+__device__ __forceinline__ void zero_ds_cols(E* ds, int ld, int c0, int c1) {
+    const int t = threadIdx.x % 4;
+    LLMC_UNROLL
+    for (int m = 0; m < MT; m++)
+        LLMC_UNROLL
+        for (int i = 0; i < 2; i++)
+            for (int c = c0 + 2 * t; c < c1; c += 8) *reinterpret_cast<uint32_t*>(ds + (16 * m + 8 * i) * ld + c) = 0;
+}
+
+// One query tile's share of this warp's dK and dV, the body of the dK/dV kernels: queries [q0,
+// q0 + BQ) (Q tQ, dO tO, lse tL, D tD in shared memory) against the warp's keys [kw0, kw0 + 16 MT)
+// (K sK, V sV in shared memory, the block's first key at row 0; kpos: the positions of the lane's
+// rows, kfirst and klast: of the warp's first and last key), QH query columns at a time. DST: dS^T
+// also to ds (at the lane's row g of m-tile 0 and query column q0; row stride ds_ld).
+template <class E, int HS, int BQ, int MT, int QH, DsTo DST>
+__device__ __forceinline__ void dkdv_query_tile(float (&dk)[MT][HS / 8][4], float (&dv)[MT][HS / 8][4],
+                                                const E* sK, const E* sV, const E* tQ, const E* tO, const float* tL,
+                                                const float* tD, int q0, int Tq, int Tk, int kw0, int kfirst,
+                                                int klast, const int (&kpos)[MT][2], SeqPositions qp, float scale,
+                                                E* ds, int ds_ld) {
+    constexpr int LD = HS + 8, NT = QH / 8;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    (void)g;  // (DST global only)
+    // A rows (K, V: m-tile m's 16 keys at + 16 m); B rows, non-transposed (Q, dO as K in the
+    // forward) and transposed (dO, Q as V in the forward)
+    const int arow = 16 * MT * warp + (lane & 7) + ((lane >> 3) & 1) * 8, acol = (lane >> 4) * 8;
+    const int brow = (lane >> 4) * 8 + (lane & 7), bcol = ((lane >> 3) & 1) * 8;
+    const int trow = (lane & 7) + ((lane >> 3) & 1) * 8, tcol = (lane >> 4) * 8;
+    for (int pc = 0; pc < BQ; pc += QH) {  // the tile's columns [pc, pc + QH)
+        if (q0 + pc >= Tq) {  // (the dS^T in shared memory: 0 past the last query)
+            if constexpr (DST == DsTo::shared) zero_ds_cols<E, MT>(ds, ds_ld, pc, BQ);
+            break;
+        }
+        if (qp.at(min(Tq, q0 + pc + QH) - 1) < kfirst) {  // none of them sees a key of the warp
+            if constexpr (DST == DsTo::shared) zero_ds_cols<E, MT>(ds, ds_ld, pc, pc + QH);
+            continue;
+        }
+        float s[MT][NT][4], dp[MT][NT][4];
+        LLMC_UNROLL
+        for (int m = 0; m < MT; m++)
+            LLMC_UNROLL
+            for (int j = 0; j < NT; j++)
+                LLMC_UNROLL
+                for (int e = 0; e < 4; e++) s[m][j][e] = dp[m][j][e] = 0.0f;
+        LLMC_UNROLL
+        for (int kc = 0; kc < HS / 16; kc++) {
+            uint32_t ka[MT][4], va[MT][4];
+            LLMC_UNROLL
+            for (int m = 0; m < MT; m++) {
+                ptx::ldmatrix_x4(ka[m], sK + (arow + 16 * m) * LD + acol + kc * 16);
+                ptx::ldmatrix_x4(va[m], sV + (arow + 16 * m) * LD + acol + kc * 16);
+            }
+            LLMC_UNROLL
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t r[4];
+                ptx::ldmatrix_x4(r, tQ + (pc + np * 16 + brow) * LD + bcol + kc * 16);
+                LLMC_UNROLL
+                for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(s[m][2 * np], s[m][2 * np + 1], ka[m], r);
+                ptx::ldmatrix_x4(r, tO + (pc + np * 16 + brow) * LD + bcol + kc * 16);
+                LLMC_UNROLL
+                for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(dp[m][2 * np], dp[m][2 * np + 1], va[m], r);
+            }
+        }
+        // P^T and dS^T (element of m-tile m: key row 16 m + g + 8 (e >> 1), query column
+        // pc + j * 8 + 2t + (e & 1))
+        const bool full = q0 + pc + QH <= Tq && klast <= qp.at(q0 + pc) && kw0 + 16 * MT <= Tk;
+        LLMC_UNROLL
+        for (int j = 0; j < NT; j++) {
+            const float2 l2 = *reinterpret_cast<const float2*>(tL + pc + j * 8 + 2 * t);  // columns 2t, 2t + 1
+            const float2 d2 = *reinterpret_cast<const float2*>(tD + pc + j * 8 + 2 * t);
+            LLMC_UNROLL
+            for (int m = 0; m < MT; m++)
+                LLMC_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int qi = q0 + pc + j * 8 + 2 * t + (e & 1);
+                    const bool vis = full || (qi < Tq && kpos[m][e >> 1] <= qp.at(qi));
+                    const float lc = (e & 1) ? l2.y : l2.x, dc = (e & 1) ? d2.y : d2.x;
+                    const float p = vis ? exp2f(fmaf(s[m][j][e], scale * kLog2e, -(lc * kLog2e))) : 0.0f;
+                    s[m][j][e] = p;
+                    dp[m][j][e] = p * (dp[m][j][e] - dc);
+                }
+        }
+        // dV += P^T dO, dK += dS^T Q
+        LLMC_UNROLL
+        for (int kc = 0; kc < QH / 16; kc++) {
+            uint32_t ap[MT][4], ad[MT][4];
+            LLMC_UNROLL
+            for (int m = 0; m < MT; m++) {
+                ptx::acc_to_a<E>(ap[m], s[m][2 * kc], s[m][2 * kc + 1]);
+                ptx::acc_to_a<E>(ad[m], dp[m][2 * kc], dp[m][2 * kc + 1]);
+            }
+            if constexpr (DST != DsTo::none) {  // A's registers: rows g, g + 8 by columns 2t, 2t + 8 (as pairs)
+                LLMC_UNROLL
+                for (int m = 0; m < MT; m++)
+                    LLMC_UNROLL
+                    for (int r = 0; r < 4; r++) {  // (in memory the keys before Tk; in shared memory all: 0 past it)
+                        if (DST == DsTo::global && kw0 + 16 * m + g + 8 * (r & 1) >= Tk) continue;
+                        const int o = (16 * m + 8 * (r & 1)) * ds_ld + pc + kc * 16 + 8 * (r >> 1) + 2 * t;
+                        *reinterpret_cast<uint32_t*>(ds + o) = ad[m][r];
+                    }
+            }
+            LLMC_UNROLL
+            for (int d2 = 0; d2 < HS / 16; d2++) {
+                uint32_t r[4];
+                ptx::ldmatrix_x4_trans(r, tO + (pc + kc * 16 + trow) * LD + tcol + d2 * 16);
+                LLMC_UNROLL
+                for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(dv[m][2 * d2], dv[m][2 * d2 + 1], ap[m], r);
+                ptx::ldmatrix_x4_trans(r, tQ + (pc + kc * 16 + trow) * LD + tcol + d2 * 16);
+                LLMC_UNROLL
+                for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(dk[m][2 * d2], dk[m][2 * d2 + 1], ad[m], r);
+            }
+        }
+    }  // the column passes
+}
+
 // grid (B * NKV, ceil(Tk / (kBR MT))), kThreads threads, DkdvSmem<HS, BQ, MT>::total bytes. QH (a
 // multiple of 16 dividing BQ): the query columns of a tile taken at once, in order (BQ: the whole
 // tile; less: fewer live S^T and dP^T accumulators, the same sums in the same order)
@@ -78,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 
                                const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                                SeqPositions kp, bool accumulate) {
     using L = DkdvSmem<HS, BQ, MT>;
-    constexpr int LD = L::LD, BK = L::BK, NT = QH / 8, DT = HS / 8;
+    constexpr int LD = L::LD, BK = L::BK, DT = HS / 8;
     static_assert(QH % 16 == 0 && BQ % QH == 0, "dK/dV: QH must be a multiple of 16 dividing BQ");
     LLMC_EXTERN_SMEM(char, smem);
     E* sK = reinterpret_cast<E*>(smem + L::k);
@@ -93,30 +265,15 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 
     const long long stride = (long long)(NH + 2 * NKV) * HS, ostride = (long long)NH * HS;
     const E* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
     const E* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
 
     // the (head, query tile) sequence: heads of the group in order, query tiles from the first
     // that holds a row seeing key k0
     const int first_q = first_query(qp, Tq, kp.at(k0));
     const int qt0 = first_q / BQ, nqt = first_q < Tq ? (Tq + BQ - 1) / BQ - qt0 : 0, n = group * nqt;
     auto issue = [&](int i, int buf) {
-        const int h = kvh * group + i / nqt, q0 = (qt0 + i % nqt) * BQ;
-        load_tile<HS, BQ>(sQ + buf * BQ * LD, qkv_q + (long long)b * Tq * stride + (long long)h * HS, stride, q0, Tq);
-        load_tile<HS, BQ>(sO + buf * BQ * LD, dout + (long long)b * Tq * ostride + (long long)h * HS, ostride, q0, Tq);
-        // lse and D of the tile's rows, 4 rows a 16-byte cp.async (with Q and dO: a plain load here
-        // would stall its warp for the global latency every tile); rows past Tq and unaligned
-        // chunks element by element (past Tq: 0)
-        const long long l0 = ((long long)b * NH + h) * Tq + q0;
-        for (int idx = threadIdx.x; idx < 2 * (BQ / 4); idx += kThreads) {
-            const int r = (idx % (BQ / 4)) * 4;
-            const float* src = (idx < BQ / 4 ? lse : D) + l0 + r;
-            float* dst = (idx < BQ / 4 ? sL : sD) + buf * BQ + r;
-            if (q0 + r + 4 <= Tq && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
-                ptx::cp_async_16(dst, src);
-            } else {
-                for (int e = 0; e < 4; e++) dst[e] = q0 + r + e < Tq ? src[e] : 0.0f;
-            }
-        }
+        load_query_tile<HS, BQ>(sQ, sO, sL, sD, buf, qkv_q, dout, lse, D, b, kvh * group + i / nqt,
+                                (qt0 + i % nqt) * BQ, Tq, NH, stride, ostride);
     };
     load_tile<HS, BK>(sK, Kg, stride, k0, Tk);
     load_tile<HS, BK>(sV, Vg, stride, k0, Tk);
@@ -142,11 +299,6 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 
         for (int d = 0; d < DT; d++)
             LLMC_UNROLL
             for (int e = 0; e < 4; e++) dk[m][d][e] = dv[m][d][e] = 0.0f;
-    // A rows (K, V: m-tile m's 16 keys at + 16 m); B rows, non-transposed (Q, dO as K in the
-    // forward) and transposed (dO, Q as V in the forward)
-    const int arow = 16 * MT * warp + (lane & 7) + ((lane >> 3) & 1) * 8, acol = (lane >> 4) * 8;
-    const int brow = (lane >> 4) * 8 + (lane & 7), bcol = ((lane >> 3) & 1) * 8;
-    const int trow = (lane & 7) + ((lane >> 3) & 1) * 8, tcol = (lane >> 4) * 8;
 
     for (int i = 0; i < n; i++) {
         const int buf = i & 1, q0 = (qt0 + i % nqt) * BQ;
@@ -155,108 +307,14 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 
         const int dso = DS ? ((b * NH + kvh * group + i / nqt) * ds_rows(Tk) + kw0 + g) * ds_rows(Tq) + q0 : 0;
         stream_step(i, n, issue);
         if (active && qp.at(min(Tq, q0 + BQ) - 1) >= kfirst) {  // some query of the tile sees a key of the warp
-            const E* tQ = sQ + buf * BQ * LD;
-            const E* tO = sO + buf * BQ * LD;
-            const float* tL = sL + buf * BQ;
-            const float* tD = sD + buf * BQ;
-            for (int pc = 0; pc < BQ; pc += QH) {  // the tile's columns [pc, pc + QH)
-                if (q0 + pc >= Tq) break;
-                if (qp.at(min(Tq, q0 + pc + QH) - 1) < kfirst) continue;  // none of them sees a key of the warp
-                float s[MT][NT][4], dp[MT][NT][4];
-                LLMC_UNROLL
-                for (int m = 0; m < MT; m++)
-                    LLMC_UNROLL
-                    for (int j = 0; j < NT; j++)
-                        LLMC_UNROLL
-                        for (int e = 0; e < 4; e++) s[m][j][e] = dp[m][j][e] = 0.0f;
-                LLMC_UNROLL
-                for (int kc = 0; kc < HS / 16; kc++) {
-                    uint32_t ka[MT][4], va[MT][4];
-                    LLMC_UNROLL
-                    for (int m = 0; m < MT; m++) {
-                        ptx::ldmatrix_x4(ka[m], sK + (arow + 16 * m) * LD + acol + kc * 16);
-                        ptx::ldmatrix_x4(va[m], sV + (arow + 16 * m) * LD + acol + kc * 16);
-                    }
-                    LLMC_UNROLL
-                    for (int np = 0; np < NT / 2; np++) {
-                        uint32_t r[4];
-                        ptx::ldmatrix_x4(r, tQ + (pc + np * 16 + brow) * LD + bcol + kc * 16);
-                        LLMC_UNROLL
-                        for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(s[m][2 * np], s[m][2 * np + 1], ka[m], r);
-                        ptx::ldmatrix_x4(r, tO + (pc + np * 16 + brow) * LD + bcol + kc * 16);
-                        LLMC_UNROLL
-                        for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(dp[m][2 * np], dp[m][2 * np + 1], va[m], r);
-                    }
-                }
-                // P^T and dS^T (element of m-tile m: key row 16 m + g + 8 (e >> 1), query column
-                // pc + j * 8 + 2t + (e & 1))
-                const bool full = q0 + pc + QH <= Tq && klast <= qp.at(q0 + pc) && kw0 + 16 * MT <= Tk;
-                LLMC_UNROLL
-                for (int j = 0; j < NT; j++) {
-                    const float2 l2 = *reinterpret_cast<const float2*>(tL + pc + j * 8 + 2 * t);  // columns 2t, 2t + 1
-                    const float2 d2 = *reinterpret_cast<const float2*>(tD + pc + j * 8 + 2 * t);
-                    LLMC_UNROLL
-                    for (int m = 0; m < MT; m++)
-                        LLMC_UNROLL
-                        for (int e = 0; e < 4; e++) {
-                            const int qi = q0 + pc + j * 8 + 2 * t + (e & 1);
-                            const bool vis = full || (qi < Tq && kpos[m][e >> 1] <= qp.at(qi));
-                            const float lc = (e & 1) ? l2.y : l2.x, dc = (e & 1) ? d2.y : d2.x;
-                            const float p = vis ? exp2f(fmaf(s[m][j][e], scale * kLog2e, -(lc * kLog2e))) : 0.0f;
-                            s[m][j][e] = p;
-                            dp[m][j][e] = p * (dp[m][j][e] - dc);
-                        }
-                }
-                // dV += P^T dO, dK += dS^T Q
-                LLMC_UNROLL
-                for (int kc = 0; kc < QH / 16; kc++) {
-                    uint32_t ap[MT][4], ad[MT][4];
-                    LLMC_UNROLL
-                    for (int m = 0; m < MT; m++) {
-                        ptx::acc_to_a<E>(ap[m], s[m][2 * kc], s[m][2 * kc + 1]);
-                        ptx::acc_to_a<E>(ad[m], dp[m][2 * kc], dp[m][2 * kc + 1]);
-                    }
-                    if constexpr (DS) {  // A's registers: rows g, g + 8 by columns 2t, 2t + 8 (as pairs)
-                        const int ld = ds_rows(Tq);
-                        LLMC_UNROLL
-                        for (int m = 0; m < MT; m++)
-                            LLMC_UNROLL
-                            for (int r = 0; r < 4; r++) {
-                                if (kw0 + 16 * m + g + 8 * (r & 1) >= Tk) continue;
-                                const int o = dso + (16 * m + 8 * (r & 1)) * ld + pc + kc * 16 + 8 * (r >> 1) + 2 * t;
-                                *reinterpret_cast<uint32_t*>(ds + o) = ad[m][r];
-                            }
-                    }
-                    LLMC_UNROLL
-                    for (int d2 = 0; d2 < HS / 16; d2++) {
-                        uint32_t r[4];
-                        ptx::ldmatrix_x4_trans(r, tO + (pc + kc * 16 + trow) * LD + tcol + d2 * 16);
-                        LLMC_UNROLL
-                        for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(dv[m][2 * d2], dv[m][2 * d2 + 1], ap[m], r);
-                        ptx::ldmatrix_x4_trans(r, tQ + (pc + kc * 16 + trow) * LD + tcol + d2 * 16);
-                        LLMC_UNROLL
-                        for (int m = 0; m < MT; m++) ptx::mma_16816_x2<E>(dk[m][2 * d2], dk[m][2 * d2 + 1], ad[m], r);
-                    }
-                }
-            }  // the column passes
+            dkdv_query_tile<E, HS, BQ, MT, QH, DS ? DsTo::global : DsTo::none>(
+                dk, dv, sK, sV, sQ + buf * BQ * LD, sO + buf * BQ * LD, sL + buf * BQ, sD + buf * BQ, q0, Tq, Tk, kw0,
+                kfirst, klast, kpos, qp, scale, DS ? ds + dso : nullptr, ds_rows(Tq));
         }
         __syncthreads();  // the next iteration's prefetch overwrites this buffer
     }
 
-    LLMC_UNROLL
-    for (int m = 0; m < MT; m++)
-        LLMC_UNROLL
-        for (int i = 0; i < 2; i++) {
-            const int kj = kw0 + 16 * m + g + 8 * i;
-            if (kj >= Tk) continue;
-            E* dkr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + kvh) * HS;
-            E* dvr = dkv + ((long long)b * Tk + kj) * stride + (long long)(NH + NKV + kvh) * HS;
-            LLMC_UNROLL
-            for (int d = 0; d < DT; d++) {
-                store_pair(dkr + d * 8 + 2 * t, dk[m][d][2 * i] * scale, dk[m][d][2 * i + 1] * scale, accumulate);
-                store_pair(dvr + d * 8 + 2 * t, dv[m][d][2 * i], dv[m][d][2 * i + 1], accumulate);
-            }
-        }
+    store_dkdv<HS, MT>(dkv, dk, dv, b, kvh, kw0, Tk, NH, NKV, scale, accumulate);
 }
 
 // Q [BR][LD], dO [BR][LD] (BR = kBR MT query rows), K [2][BC][LD], V [2][BC][LD]
@@ -506,7 +564,9 @@ __global__ void __launch_bounds__(kThreads)
 
 // dev/cuda's attention_backward v7: dQ from the dS^T the dK/dV kernel writes (1) instead of
 // recomputing S and dP (0), on the trainer's ways at head sizes 64 (v6) and 128 (v3): B NH
-// ds_rows(Tk) ds_rows(Tq) E of the caller's scratch, at most g_ds_max_bytes (else recomputed)
+// ds_rows(Tk) ds_rows(Tq) E of the caller's scratch, at most g_ds_max_bytes (else recomputed);
+// v8 (2): one kernel, dQ accumulated in fp32 (llmc/cuda/flash_backward_fused.cuh), its
+// accumulators in the same scratch under the same cap
 inline int g_bwd_ds = 0;
 inline size_t g_ds_max_bytes = size_t(2) << 30;
 
@@ -545,55 +605,6 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
     }
     CUDA_CHECK_LAUNCH();
     return true;
-}
-
-// dev/cuda's attention_backward v3-v6 (0: the backend's choice, what the H200 measured fastest
-// on 2026-11-27, dev/bench/RESULTS.md's fourth window): rows a warp in both kernels up to head size
-// 64 (16, or 32 = two m-tiles; the choice: 16 at head size 64, 32 at 32); the tile (32: the
-// 32-row tiles that a device short of shared memory runs, sm_86/sm_89's 99 KiB at head size 128,
-// so that test_gpu's attention_bwd32 covers that way on any device; 0: 64-row tiles where they
-// fit); on 64-row tiles at 16 rows a warp, the dK/dV kernel's pass over each query tile (32: two
-// passes of 32 columns, v6, the choice at head size 64; 64: one pass, v3, the choice at 128).
-inline int g_bwd_rows_per_warp = 0;
-inline int g_bwd_tile = 0;
-inline int g_bwd_pass = 0;
-
-// dK, dV and dQ by the flash kernels when they cover HS and the device's shared memory holds
-// their tiles (64 rows, else 32); false (nothing launched): the caller takes attention.cuh's.
-// Head size 32: each warp of both kernels owns 32 rows (two m-tiles over 32-row tiles); 64: 16
-// rows over 64-row tiles, the dK/dV kernel in two passes of 32 query columns (H200: 16-17% faster
-// than two m-tiles; by ptxas 168 registers a thread against 255, three blocks an SM against two,
-// the likely cause, not profiled); above,
-// 16 rows over 64-row tiles in one pass (32-row tiles where shared memory is short).
-template <class E>
-bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
-                     const float* lse, const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
-                     SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st, GrowBuffer* ds_scratch) {
-#define LLMC_FLASH_BWD(HSV, BT, MT, ...) \
-    try_backward<HSV, BT, MT, ##__VA_ARGS__>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, \
-                                             accumulate, st, ds_scratch)
-    const int rows = g_bwd_rows_per_warp ? g_bwd_rows_per_warp : HS == 64 ? 16 : 32;
-    const int pass = g_bwd_pass ? g_bwd_pass : HS == 64 ? 32 : 64;
-    const bool two = rows != 16, wide = g_bwd_tile != 32, halves = pass == 32;
-    // dS^T through memory (g_bwd_ds): at head sizes 64 (two passes) and 128 (one), the trainer's ways
-    const bool ds = g_bwd_ds == 1 && ds_scratch && !two && wide;
-    switch (HS) {
-        case 32:
-            return (two && LLMC_FLASH_BWD(32, 32, 2)) ||
-                   (wide && LLMC_FLASH_BWD(32, 64, 1)) || LLMC_FLASH_BWD(32, 32, 1);
-        case 64:
-            return (two && LLMC_FLASH_BWD(64, 32, 2)) || (ds && halves && LLMC_FLASH_BWD(64, 64, 1, 32, true)) ||
-                   (wide && halves && LLMC_FLASH_BWD(64, 64, 1, 32)) || (wide && LLMC_FLASH_BWD(64, 64, 1)) ||
-                   LLMC_FLASH_BWD(64, 32, 1);
-        case 80: return (wide && LLMC_FLASH_BWD(80, 64, 1)) || LLMC_FLASH_BWD(80, 32, 1);
-        case 96: return (wide && LLMC_FLASH_BWD(96, 64, 1)) || LLMC_FLASH_BWD(96, 32, 1);
-        case 128:
-            return (wide && halves && LLMC_FLASH_BWD(128, 64, 1, 32)) ||
-                   (ds && LLMC_FLASH_BWD(128, 64, 1, 64, true)) || (wide && LLMC_FLASH_BWD(128, 64, 1)) ||
-                   LLMC_FLASH_BWD(128, 32, 1);
-        default: return false;
-    }
-#undef LLMC_FLASH_BWD
 }
 
 }  // namespace flash

@@ -172,7 +172,8 @@ template <class T> inline T atomicAdd(T* p, T v) {
     if constexpr (std::is_integral<T>::value) {
         return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
     } else {
-        T old = __atomic_load_n(p, __ATOMIC_SEQ_CST), want;
+        T old, want;
+        __atomic_load(p, &old, __ATOMIC_SEQ_CST);
         do want = old + v;
         while (!__atomic_compare_exchange(p, &old, &want, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
         return old;

@@ -56,6 +56,10 @@ mutate flash_dq_without_D llmc/cuda/flash_backward.cuh attention \
     'dp[m][n][e] = p * (dp[m][n][e] - Dr[m][i]);' 'dp[m][n][e] = p * dp[m][n][e];' bf16
 mutate flash_ds_unseen_keys_read llmc/cuda/flash_backward.cuh attention_ring \
     'if (k0 + 64 > w_full) {  // crossing' 'if (false && k0 + 64 > w_full) {  // crossing' bf16
+mutate fused_ds_before_barrier llmc/cuda/flash_backward_fused.cuh attention_fused \
+    '__syncthreads();  // the tile'"'"'s dS^T, every warp'"'"'s keys' '' bf16
+mutate fused_ds_stale_where_skipped llmc/cuda/flash_backward_fused.cuh attention_fused \
+    'zero_ds_cols<E, 1>(dsw, LDS, 0, BQ);' ';' bf16
 mutate fp8_vec_cast_gelu_dropped llmc/cuda/fp8.cuh fp8 \
     'v[e] = operand(v[e], gelu);' '(void)gelu;'
 mutate ln_bwd_registers_dinp_unread llmc/cuda/layernorm.cuh layernorm \

@@ -43,7 +43,7 @@
 #include "llmc/parallel/context_parallel.h"
 #include "llmc/cuda/common.cuh"
 #include "llmc/cuda/flash_attention.cuh"
-#include "llmc/cuda/flash_backward.cuh"
+#include "llmc/cuda/flash_backward_fused.cuh"
 #include "llmc/cuda/layernorm.cuh"
 #include "llmc/cuda/ptx.cuh"
 #include "llmc/model/model.h"
@@ -2069,7 +2069,17 @@ int main(int argc, char** argv) {
         run("attention", "attention_bwd32", [&](const C& c) {
             if (flash_dtype && c.dims[1] <= variant_max_t && (c.dims[4] == 64 || c.dims[4] == 128)) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
         });
-        flash::g_bwd_ds = 0;
+        // one kernel, dQ in fp32 accumulators (v8) at head sizes 64 and 128: the splits the device's size
+        // chooses (several for these small grids), then one split
+        flash::g_bwd_ds = 2;
+        for (int splits : {0, 1}) {
+            flash::g_fused_splits = splits;
+            run("attention", "attention_fused", [&](const C& c) {
+                if (flash_dtype && c.dims[1] <= variant_max_t && (c.dims[4] == 64 || c.dims[4] == 128))
+                    test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
+            });
+        }
+        flash::g_bwd_ds = 0, flash::g_fused_splits = 0;
         run("rmsnorm", "rmsnorm", [&](const C& c) { test_rmsnorm(h, c.dims[0], c.dims[1], c.x); });
         run("rope", "rope", [&](const C& c) {
             test_rope(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.x, SeqPositions());
@@ -2081,11 +2091,13 @@ int main(int argc, char** argv) {
             test_attention_ring(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5]);
         });
         // the same blocks with dQ from the dS^T in memory (attention_backward v7: positions, +=)
-        flash::g_bwd_ds = 1;
-        run("attention_ring", "attention_ring", [&](const C& c) {
-            if (c.dims[4] == 64 || c.dims[4] == 128)
-                test_attention_ring(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5]);
-        });
+        for (int way : {1, 2}) {  // and with the fused kernel (v8)
+            flash::g_bwd_ds = way;
+            run("attention_ring", "attention_ring", [&](const C& c) {
+                if (c.dims[4] == 64 || c.dims[4] == 128)
+                    test_attention_ring(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5]);
+            });
+        }
         flash::g_bwd_ds = 0;
         run("swiglu", "swiglu", [&](const C& c) { test_swiglu(h, c.dims[0], c.dims[1]); });
         run("moe", "moe", [&](const C& c) {
