@@ -38,6 +38,17 @@ __host__ __device__ __forceinline__ int split_tile(int s, int S, int m) {
     return (m / 2) * 2 * S + (m % 2 ? 2 * S - 1 - s : s);
 }
 
+// p[0] += x, p[1] += y in global memory, each element atomically (p 8-byte aligned): one vector
+// reduction on sm_90 (red.global.add.v2.f32), two elsewhere
+__device__ __forceinline__ void add_pair(float* p, float x, float y) {
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900) || defined(LLMC_CUEMU)
+    atomicAdd(reinterpret_cast<float2*>(p), float2{x, y});
+#else
+    atomicAdd(p, x);
+    atomicAdd(p + 1, y);
+#endif
+}
+
 // grid (B * NKV, splits), kThreads threads, FusedSmem<HS>::total bytes. dq_acc: splits x [B NH][Tq][HS]
 // floats, zero. QH: dkdv_query_tile's query columns at once.
 template <class E, int HS, int QH>
@@ -143,10 +154,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 0)
                     if (r >= Tq) continue;
                     float* p = arow + (long long)r * HS + dh + 2 * t;
                     LLMC_UNROLL
-                    for (int d = 0; d < DQ / 8; d++) {
-                        atomicAdd(p + d * 8, dq[d][2 * i2]);
-                        atomicAdd(p + d * 8 + 1, dq[d][2 * i2 + 1]);
-                    }
+                    for (int d = 0; d < DQ / 8; d++) add_pair(p + d * 8, dq[d][2 * i2], dq[d][2 * i2 + 1]);
                 }
             }
         }

@@ -179,6 +179,8 @@ template <class T> inline T atomicAdd(T* p, T v) {
         return old;
     }
 }
+// sm_90's vector form: each element atomically (CUDA's guarantee), not the pair as one
+inline float2 atomicAdd(float2* p, float2 v) { return float2{atomicAdd(&p->x, v.x), atomicAdd(&p->y, v.y)}; }
 template <class T> inline T atomicMax(T* p, T v) {
     T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
     while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
