@@ -242,13 +242,13 @@ __global__ void __launch_bounds__(kThreads)
                     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                     const float m_new = fmaxf(m[mt][i], mx * scale_log2);
                     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
-                    const float alpha = exp2f(m[mt][i] - m_use);
+                    const float alpha = ptx::exp2_ftz(m[mt][i] - m_use);
                     float sum = 0.0f;
                     LLMC_UNROLL
                     for (int n = 0; n < NT; n++)
                         LLMC_UNROLL
                         for (int e = 2 * i; e < 2 * i + 2; e++) {
-                            s[mt][n][e] = exp2f(fmaf(s[mt][n][e], scale_log2, -m_use));
+                            s[mt][n][e] = ptx::exp2_ftz(fmaf(s[mt][n][e], scale_log2, -m_use));
                             sum += s[mt][n][e];
                         }
                     l[mt][i] = l[mt][i] * alpha + sum;

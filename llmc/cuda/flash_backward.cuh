@@ -199,7 +199,7 @@ __device__ __forceinline__ void dkdv_query_tile(float (&dk)[MT][HS / 8][4], floa
                     const int qi = q0 + pc + j * 8 + 2 * t + (e & 1);
                     const bool vis = full || (qi < Tq && kpos[m][e >> 1] <= qp.at(qi));
                     const float lc = (e & 1) ? l2.y : l2.x, dc = (e & 1) ? d2.y : d2.x;
-                    const float p = vis ? exp2f(fmaf(s[m][j][e], scale * kLog2e, -(lc * kLog2e))) : 0.0f;
+                    const float p = vis ? ptx::exp2_ftz(fmaf(s[m][j][e], scale * kLog2e, -(lc * kLog2e))) : 0.0f;
                     s[m][j][e] = p;
                     dp[m][j][e] = p * (dp[m][j][e] - dc);
                 }
@@ -326,7 +326,7 @@ template <int HS, int BC, int MT> struct DqSmem {
 
 // grid (B * NH, ceil(Tq / (kBR MT))), kThreads threads, DqSmem<HS, BC, MT>::total bytes
 template <class E, int HS, int BC, int MT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, HS <= 64 && BC == 64 && MT == 1 ? 3 : 0)
     flash_backward_dq_kernel(E* dq_dst, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                              const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                              SeqPositions kp, bool accumulate) {
@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(kThreads)
                     for (int e = 0; e < 4; e++) {
                         const int i = e >> 1;
                         const bool vis = !crossing || k0 + n * 8 + 2 * t + (e & 1) < seen[m][i];
-                        const float p = vis ? exp2f(fmaf(s[m][n][e], scale * kLog2e, -l2[m][i])) : 0.0f;
+                        const float p = vis ? ptx::exp2_ftz(fmaf(s[m][n][e], scale * kLog2e, -l2[m][i])) : 0.0f;
                         dp[m][n][e] = p * (dp[m][n][e] - Dr[m][i]);
                     }
             LLMC_UNROLL

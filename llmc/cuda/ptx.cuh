@@ -207,6 +207,25 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 #endif
 }
 
+// ---- ex2.approx.ftz.f32: 2^x, subnormal inputs and results flushed to 0 ----
+// What --use_fast_math makes of exp2f, and FlashAttention's exponential. exp2f itself is
+// ex2.approx.f32, which ptxas sm_90 wraps in three more instructions for subnormal results (a
+// compare and two predicated multiplies: 64 exp2f took 472 instructions, these 280). The softmax
+// probabilities it takes away are below 2^-126, nothing to the sums they enter. Not volatile: a
+// pure function the compiler may schedule. The emulator's twin: exp2f, subnormal results to 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+#if defined(LLMC_CUEMU)
+    const float y = exp2f(x);
+    return y < 1.17549435e-38f ? 0.0f : y;  // (y >= 0 or NaN)
+#elif defined(__CUDA_ARCH__)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
+
 // ---- cp.async.cg.shared.global (16 bytes) + commit_group / wait_group ----
 // Each thread's copies since its last commit form a group; wait<N> returns when at most N of
 // this thread's groups are still in flight (their smem is then written; other threads' copies

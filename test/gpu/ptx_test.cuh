@@ -107,3 +107,47 @@ void test_ptx() {
         report(worst[o] <= 1e-5, names[o], half ? "[fp16 16x16x16]" : "[bf16 16x16x16]",
                strfmt("worst element %d: err/sum|terms|=%.3g tol=1e-05", bad[o], worst[o]));
 }
+
+// ptx::exp2_ftz (ex2.approx.ftz.f32) against 2^x in double: relative error within 2^-21 (the PTX
+// ISA gives ex2.approx a maximum relative error of 2^-22.5 or so: 2 ulp) where 2^x is normal, 0
+// exactly where it is subnormal (x < -126: the flush), 0 at -inf, NaN at NaN.
+__global__ void ptx_exp2_kernel(float* y, const float* x, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = ptx::exp2_ftz(x[i]);
+}
+
+void test_ptx_exp2() {
+    std::vector<float> x;
+    for (float v = -150.0f; v <= 100.0f; v += 0.3125f) x.push_back(v);  // 800 inputs, exact in fp32
+    for (float v : {-125.99f, -126.01f, 0.0f, -0.0f, 1e-40f, 0.5f, -INFINITY, NAN}) x.push_back(v);
+    const int n = (int)x.size();
+    float *dx, *dy;
+    CUDA_CHECK(cudaMalloc(&dx, 2 * n * sizeof(float)));
+    dy = dx + n;
+    CUDA_CHECK(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(dy, 0xff, n * sizeof(float)));
+    LLMC_LAUNCH(ptx_exp2_kernel, (n + 127) / 128, 128, 0, (cudaStream_t)0, dy, dx, n);
+    CUDA_CHECK_LAUNCH();
+    std::vector<float> y(n);
+    CUDA_CHECK(cudaMemcpy(y.data(), dy, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(dx));
+    double worst = 0;
+    int bad = -1;
+    std::string why;
+    for (int i = 0; i < n && why.empty(); i++) {
+        const double ref = std::exp2((double)x[i]);
+        if (std::isnan(x[i])) {
+            if (!std::isnan(y[i])) why = strfmt("2^NaN gave %g", y[i]);
+        } else if (ref < 1.1754943508222875e-38) {  // subnormal (or 0) in fp32: flushed
+            if (y[i] != 0.0f) why = strfmt("2^%g gave %g, not 0", x[i], y[i]);
+        } else {
+            const double e = std::fabs(y[i] - ref) / ref;
+            if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e, bad = i;
+        }
+    }
+    if (why.empty() && worst > std::ldexp(1.0, -21))
+        why = strfmt("2^%g: relative error %.3g above 2^-21", x[bad], worst);
+    report(why.empty(), "ptx.exp2_ftz", strfmt("[%d inputs]", n).c_str(),
+           why.empty() ? strfmt("worst relative error %.3g (input %g) tol=2^-21", worst, bad >= 0 ? x[bad] : 0.0f)
+                       : why);
+}

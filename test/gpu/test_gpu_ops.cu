@@ -2121,6 +2121,7 @@ int main(int argc, char** argv) {
         if (want("ptx") && !on_cpu && dt == DType::BF16) {
             guarded("ptx bf16", [&] { test_ptx<bf16>(); });
             guarded("ptx fp16", [&] { test_ptx<f16>(); });
+            guarded("ptx exp2", [&] { test_ptx_exp2(); });
         }
         if (want("reference") && dt == DType::F32) guarded("reference", [&] { test_reference(*gpu); });
         if (want("model_step") && dt == DType::F32)
