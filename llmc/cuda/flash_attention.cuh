@@ -330,11 +330,11 @@ bool forward_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int 
         if constexpr (HS == 64) return rows_per_warp != 16 && LLMC_FLASH_TRY(128, 2);
         return false;
     }
-    if constexpr (HS <= 80) {  // (ptxas sm_90: HS 80 BC 64 242 registers, no spill)
+    if constexpr (HS <= 80) {  // (ptxas sm_90: HS 80 BC 64 243 registers, no spill)
         if ((HS <= 64 ? rows_per_warp != 16 : rows_per_warp == 32) && (LLMC_FLASH_TRY(64, 2) || LLMC_FLASH_TRY(32, 2)))
             return true;
         if (rows_per_warp == 32) return false;
-    } else if constexpr (HS <= 128) {  // 32-key tiles: HS 96 no spill, HS 128 52 bytes (64-key tiles: 44, 116)
+    } else if constexpr (HS <= 128) {  // 32-key tiles: no spill at HS 96 and 128 (64-key tiles: none, 36 bytes)
         if (rows_per_warp == 32) return LLMC_FLASH_TRY(32, 2);
     }
     if constexpr (HS == 256) return LLMC_FLASH_TRY(32, 1);
