@@ -4,7 +4,7 @@
 #  - kernels.layernorm_backward=streamed: losses and final weights bitwise the default (rows kept in
 #    registers: the same arithmetic in the same order);
 #  - kernels.attention_backward=dq_from_ds: one more device allocation in step 1 (its dS scratch),
-#    losses within 1% of the default's;
+#    losses within 1% of the default's; =fused likewise (its fp32 dQ accumulators);
 #  - kernels.attention_forward=keys128: the softmax rescaled at other tile boundaries, so not
 #    bitwise the default (which shows the key reached the forward), losses within 1%;
 #  - the CPU backend ignores the section; a bad value is exit 2 naming the key.
@@ -33,6 +33,11 @@ run dq_from_ds kernels.attention_backward=dq_from_ds
 [ "$(allocs1 dq_from_ds)" = $(( $(allocs1 auto) + 1 )) ] ||
     die "kernels.attention_backward=dq_from_ds: step 1 allocated $(allocs1 dq_from_ds), the default $(allocs1 auto) (no dS scratch?)"
 within dq_from_ds kernels.attention_backward=dq_from_ds
+# one kernel: its dQ accumulators are one more allocation in step 1; dQ summed in fp32 in another order
+run fused kernels.attention_backward=fused
+[ "$(allocs1 fused)" = $(( $(allocs1 auto) + 1 )) ] ||
+    die "kernels.attention_backward=fused: step 1 allocated $(allocs1 fused), the default $(allocs1 auto) (no accumulators?)"
+within fused kernels.attention_backward=fused
 # 128-key tiles: the online softmax rescales at other tile boundaries: not bitwise the default
 run keys128 kernels.attention_forward=keys128
 cmp -s <(losses "$W/auto/log.jsonl") <(losses "$W/keys128/log.jsonl") &&
@@ -42,4 +47,4 @@ within keys128 kernels.attention_forward=keys128
 "$BIN" "$W/c.json" precision=fp32 kernels.attention_backward=dq_from_ds train.steps=2 "out_dir=$W/cpu" > "$W/cpu.txt" 2>&1 ||
     die "the CPU backend refused kernels.*: $(tail -n 3 "$W/cpu.txt")"
 expect_fail 2 'kernels.attention_forward.*auto, keys128' "$EMU" "$W/c.json" device=cuda kernels.attention_forward=fast
-echo "PASS: kernels.layernorm_backward=streamed bitwise the default; dq_from_ds (its scratch) and keys128 within 1%; the CPU ignores them"
+echo "PASS: kernels.layernorm_backward=streamed bitwise the default; dq_from_ds, fused (their scratch) and keys128 within 1%; the CPU ignores them"
