@@ -395,8 +395,8 @@ struct Run {
                                             : strfmt("train.cuda_graphs: true needs one process (this job has %d: the "
                                                      "collectives' host waits; set it false)", grid.world));
         if (device == "cuda")  // (the CPU backend has one way of each: the keys are ignored there)
-            set_cuda_kernel_choices(cfg.kernels.attention_forward, cfg.kernels.attention_backward,
-                                    cfg.kernels.layernorm_backward);
+            set_cuda_kernel_ways(*ops, cuda_kernel_ways(cfg.kernels.attention_forward, cfg.kernels.attention_backward,
+                                                        cfg.kernels.layernorm_backward));
         for (Comm* c : {groups.world.get(), groups.dp.get(), groups.cp.get(), groups.tp.get(), groups.pp.get(),
                         groups.mp.get(), groups.embed.get(), groups.ep.get(), groups.edp.get(), groups.mp_dev.get()})
             if (c) {

@@ -90,6 +90,8 @@
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
 
+static KernelWays g_ways;  // the version's (main)
+
 template <class T>
 static bool run_version(const std::vector<float>& qkv, const std::vector<float>& dout, std::vector<float> out,
                         const std::vector<float>& lse, const std::vector<float>& ref, int B, int Tn, int NH, int HS,
@@ -100,7 +102,7 @@ static bool run_version(const std::vector<float>& qkv, const std::vector<float>&
     float* dl = to_dev<float>(lse);
     float* D = dev_poisoned<float>((size_t)B * NH * Tn);
     static GrowBuffer ds;  // v7's dS^T, v8's dQ accumulators
-    auto run = [=] { attn::attention_backward<T>(dd, ddo, dq, dout_, dl, D, B, Tn, NH, NH, HS, 0, &ds); };
+    auto run = [=] { attn::attention_backward<T>(dd, ddo, dq, dout_, dl, D, B, Tn, NH, NH, HS, 0, g_ways, &ds); };
     run();
     bool ok = validate("dqkv", to_host(dd, nqkv), ref, tol);
     float ms = bench_ms(run);
@@ -111,11 +113,11 @@ static bool run_version(const std::vector<float>& qkv, const std::vector<float>&
 
 int main(int argc, char** argv) {
     int version = kernel_arg(argc, argv, 3);
-    attn::g_flash_backward = version >= 3;
-    flash::g_bwd_rows_per_warp = version == 4 ? 32 : 16;
-    flash::g_bwd_tile = version == 5 ? 32 : 0;
-    flash::g_bwd_pass = version == 6 ? 32 : version >= 7 ? 0 : 64;
-    flash::g_bwd_ds = version == 7 ? 1 : version == 8 ? 2 : 0;
+    g_ways.flash_backward = version >= 3;
+    g_ways.bwd_rows_per_warp = version == 4 ? 32 : 16;
+    g_ways.bwd_tile = version == 5 ? 32 : 0;
+    g_ways.bwd_pass = version == 6 ? 32 : version >= 7 ? 0 : 64;
+    g_ways.bwd_dq = version == 7 ? 1 : version == 8 ? 2 : 0;
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_backward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);

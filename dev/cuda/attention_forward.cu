@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
         if (version == 1)
             run = [=] { attention_forward_naive<<<ceil_div(B * NH * T, 128), 128>>>(dout, dlse, dqkv, B, T, NH, HS); };
         else
-            run = [=] { attn::attention_forward<float>(dout, dlse, dqkv, B, T, NH, NH, HS, 0); };
+            run = [=] { attn::attention_forward<float>(dout, dlse, dqkv, B, T, NH, NH, HS, 0, KernelWays()); };
         run();
         ok &= validate("out", to_host(dout, no), out, 1e-4);
         ok &= validate("lse", to_host(dlse, nl), lse, 1e-4);

@@ -22,7 +22,7 @@
 //      memory an SM, little L1 left), each lane one pack of dout, inp and w in flight per pass,
 //      and the second pass reads dout and inp again.
 //   6: the backward keeps the row in registers (the backend's since 2026-11-27, where a row is at
-//      most 256 packs: C <= 2048 in bf16; g_ln_bwd_registers = false gives version 5's kernel):
+//      most 256 packs: C <= 2048 in bf16; keep_rows = false gives version 5's kernel):
 //      each lane loads its w packs once for all its rows, and a row's dout, inp and dinp packs at
 //      once (3 x 7 16-byte loads in flight a lane at C=1600 instead of 2-3), then computes: no
 //      second read of dout and inp. Same arithmetic in the same order: the same bits as version 5
@@ -111,6 +111,8 @@ __global__ void ln_backward_reduce_v2(T* dw, T* db, const float* partial, int G,
     db[c] = from_f32<T>(to_f32(db[c]) + sb);
 }
 
+static bool keep_rows = false;  // launch_norm_backward's (main: the version's)
+
 template <class T>
 static bool run_version(bool llmc, int N, int C, const std::vector<float>& x, const std::vector<float>& w,
                         const std::vector<float>& b, const std::vector<float>& dout, double tol) {
@@ -143,7 +145,7 @@ static bool run_version(bool llmc, int N, int C, const std::vector<float>& x, co
     float* partial = dev_poisoned<float>(std::max((size_t)G * 2 * C, layernorm_backward_partial_floats(N, C)));
     std::function<void()> bwd = [=] {
         if (llmc) {
-            launch_norm_backward<T>(0, gdx, gdw, gdb, partial, gdo, gx, gw, gm, gr, N, C);
+            launch_norm_backward<T>(0, gdx, gdw, gdb, partial, gdo, gx, gw, gm, gr, N, C, keep_rows);
         } else {
             ln_backward_v2<T><<<G, 256, (2 * C + 32) * 4>>>(gdx, partial, gdo, gx, gw, gm, gr, N, C, rpb);
             ln_backward_reduce_v2<T><<<ceil_div(C, 256), 256>>>(gdw, gdb, partial, G, C);
@@ -164,7 +166,7 @@ int main(int argc, char** argv) {
     const std::vector<int> d = bench_case("layernorm", argc, argv, 2);
     int N = d[0], C = d[1];
     std::printf("layernorm v%d N=%d C=%d\n", version, N, C);
-    g_ln_bwd_registers = version == 6;  // (versions 4 and 5: every row streamed twice)
+    keep_rows = version == 6;  // (versions 4 and 5: every row streamed twice)
     auto x = rand_vec((size_t)N * C, 2.0f, 1), w = rand_vec(C, 1.0f, 2), b = rand_vec(C, 1.0f, 3),
          dout = rand_vec((size_t)N * C, 1.0f, 4);
     bool ok = true;

@@ -4,11 +4,6 @@
 
 namespace attn {
 
-void set_kernel_choices(bool keys128, int backward) {
-    flash::g_fwd_key_tile = keys128 ? 128 : 0;
-    flash::g_bwd_ds = backward;
-}
-
 LLMC_ATTENTION_ENTRY_POINTS(, float)
 LLMC_ATTENTION_ENTRY_POINTS(, bf16)
 LLMC_ATTENTION_ENTRY_POINTS(, f16)

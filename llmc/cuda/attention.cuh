@@ -479,9 +479,6 @@ __global__ void __launch_bounds__(kThreads)
 // then 16x16 (fp32 from 32x32); backward 32x32, then 16x16 (fp32 then 8x8).
 inline int padded_hs(int HS) { return (HS + 15) / 16 * 16; }
 
-// false: the bf16/fp16 backward takes the general kernels (dev/cuda/attention_backward.cu's baseline)
-inline bool g_flash_backward = true;
-
 // Opts fn in to `bytes` of dynamic shared memory; false when the device allows less.
 inline bool fits_smem(const void* fn, size_t bytes) {
     int optin = 0;
@@ -526,18 +523,20 @@ void attention_block_forward_general(T* out, float* lse, const T* qkv_q, const T
 // the entry points (declared in attention_ops.h)
 template <class T>
 void attention_block_forward(T* out, float* lse, const T* qkv_q, const T* qkv_kv, int B, int Tq, int Tk, int NH,
-                             int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
+                             int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st,
+                             const KernelWays& ways) {
     if constexpr (is_half_type<T>) {  // the tensor-core path (bf16, fp16), where it covers HS
-        if (flash::forward(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st, flash::g_fwd_rows_per_warp,
-                           flash::g_fwd_key_tile))
+        if (flash::forward(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st, ways.fwd_rows_per_warp,
+                           ways.fwd_key_tile))
             return;
     }
     attention_block_forward_general(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st);
 }
 
 template <class T>
-void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int NH, int NKV, int HS, cudaStream_t st) {
-    attention_block_forward(out, lse, qkv, qkv, B, T_, T_, NH, NKV, HS, SeqPositions(), SeqPositions(), st);
+void attention_forward(T* out, float* lse, const T* qkv, int B, int T_, int NH, int NKV, int HS, cudaStream_t st,
+                       const KernelWays& ways) {
+    attention_block_forward(out, lse, qkv, qkv, B, T_, T_, NH, NKV, HS, SeqPositions(), SeqPositions(), st, ways);
 }
 
 template <class T>
@@ -552,11 +551,11 @@ template <class T>
 void attention_block_backward(T* dq_dst, T* dkv, const T* dout, const T* qkv_q, const T* qkv_kv, const T* out,
                               const float* lse, float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
                               SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st,
-                              GrowBuffer* ds_scratch) {
+                              const KernelWays& ways, GrowBuffer* ds_scratch) {
     launch_attention_backward_d(D, dout, out, B, Tq, NH, HS, st);
     if constexpr (is_half_type<T>) {  // the tensor-core path (bf16, fp16), where it covers HS
-        if (g_flash_backward && flash::backward(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, HS, qp,
-                                                kp, accumulate, st, ds_scratch))
+        if (ways.flash_backward && flash::backward(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, HS,
+                                                   qp, kp, accumulate, st, ways, ds_scratch))
             return;
     }
     const int HSP = padded_hs(HS);
@@ -589,9 +588,10 @@ void attention_block_backward(T* dq_dst, T* dkv, const T* dout, const T* qkv_q, 
 
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, float* D, int B,
-                        int T_, int NH, int NKV, int HS, cudaStream_t st, GrowBuffer* ds_scratch) {
+                        int T_, int NH, int NKV, int HS, cudaStream_t st, const KernelWays& ways,
+                        GrowBuffer* ds_scratch) {
     attention_block_backward(dqkv, dqkv, dout, qkv, qkv, out, lse, D, B, T_, T_, NH, NKV, HS, SeqPositions(),
-                             SeqPositions(), false, st, ds_scratch);
+                             SeqPositions(), false, st, ways, ds_scratch);
 }
 
 }  // namespace attn

@@ -104,6 +104,7 @@ public:
         CUDA_CHECK(cudaStreamCreate(&stream_));
         lt_.init();
     }
+    void set_ways(const KernelWays& w) { ways_ = w; }
     ~CudaOps() override {
         cudaStreamSynchronize(stream_);
         for (cudaStream_t& s : copy_streams_)
@@ -399,7 +400,7 @@ public:
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             launch_norm_backward<T_>(stream_, P<T_>(dinp), P<T_>(dw), P<T_>(db), partial, P<T_>(dout), P<T_>(inp),
-                                     P<T_>(w), mean, rstd, N, C);
+                                     P<T_>(w), mean, rstd, N, C, ways_.ln_bwd_registers);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -496,7 +497,7 @@ public:
         if (!B || !T) return;
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            attn::attention_forward<T_>(P<T_>(out), lse, P<T_>(qkv), B, T, NH, NKV, HS, stream_);
+            attn::attention_forward<T_>(P<T_>(out), lse, P<T_>(qkv), B, T, NH, NKV, HS, stream_, ways_);
         });
     }
     void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, const float* lse, int B, int T, int NH,
@@ -509,7 +510,7 @@ public:
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             attn::attention_backward<T_>(P<T_>(dqkv), P<T_>(dout), P<T_>(qkv), P<T_>(out), lse, D, B, T, NH, NKV, HS,
-                                         stream_, &ds_scratch_);
+                                         stream_, ways_, &ds_scratch_);
         });
     }
 
@@ -524,7 +525,7 @@ public:
         dispatch(out.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             attn::attention_block_forward<T_>(P<T_>(out), lse, P<T_>(qkv_q), P<T_>(qkv_kv), B, Tq, Tk, NH, NKV, HS, qp,
-                                              kp, stream_);
+                                              kp, stream_, ways_);
         });
     }
     void attention_merge(Tensor out, float* lse, Tensor blk_out, const float* blk_lse, int B, int T, int NH,
@@ -548,7 +549,7 @@ public:
             using T_ = decltype(tag);
             attn::attention_block_backward<T_>(P<T_>(dq), P<T_>(dkv), P<T_>(dout), P<T_>(qkv_q), P<T_>(qkv_kv),
                                                P<T_>(out), lse, D, B, Tq, Tk, NH, NKV, HS, qp, kp, true, stream_,
-                                               &ds_scratch_);
+                                               ways_, &ds_scratch_);
         });
     }
 
@@ -571,7 +572,7 @@ public:
         dispatch(dout.dtype, [&](auto tag) {
             using T_ = decltype(tag);
             launch_norm_backward<T_>(stream_, P<T_>(dinp), P<T_>(dw), (T_*)nullptr, partial, P<T_>(dout), P<T_>(inp),
-                                     P<T_>(w), nullptr, rstd, N, C);
+                                     P<T_>(w), nullptr, rstd, N, C, ways_.ln_bwd_registers);
         });
         CUDA_CHECK_LAUNCH();
     }
@@ -922,7 +923,8 @@ private:
     LtMatmul lt_;
     GrowBuffer scratch_[4];
     GrowBuffer bias_scratch_;  // matmul_backward: launch_bias_grad's partial sums
-    GrowBuffer ds_scratch_;    // the flash backward's dS^T or fp32 dQ where kernels.attention_backward asks
+    GrowBuffer ds_scratch_;    // the flash backward's dS^T or fp32 dQ where ways_.bwd_dq asks
+    KernelWays ways_;          // the kernels' ways (set_cuda_kernel_ways)
     // the upload ring (from_host_bytes)
     struct Upload {
         void* host = nullptr;  // pinned, kUploadNoSync bytes
@@ -963,17 +965,29 @@ bool cuda_device_available() {
     return n > 0;
 }
 
-void set_cuda_kernel_choices(const std::string& attention_forward, const std::string& attention_backward,
-                             const std::string& layernorm_backward) {
-    auto pick = [](const char* key, const std::string& v, const char* other) {
-        if (v != "auto" && v != other)
-            throw UserError(strfmt("%s: \"%s\" is not one of auto, %s", key, v.c_str(), other));
-        return v == other;
+KernelWays cuda_kernel_ways(const std::string& attention_forward, const std::string& attention_backward,
+                            const std::string& layernorm_backward) {
+    // the position of v among auto and the others (auto: 0)
+    auto pick = [](const char* key, const std::string& v, std::initializer_list<const char*> others) {
+        int i = 0;
+        std::string names = "auto";
+        for (const char* o : others) {
+            i++;
+            if (v == o) return i;
+            names += std::string(", ") + o;
+        }
+        if (v != "auto") throw UserError(strfmt("%s: \"%s\" is not one of %s", key, v.c_str(), names.c_str()));
+        return 0;
     };
-    const bool fused = attention_backward == "fused";
-    attn::set_kernel_choices(pick("kernels.attention_forward", attention_forward, "keys128"),
-                             fused ? 2 : pick("kernels.attention_backward", attention_backward, "dq_from_ds") ? 1 : 0);
-    g_ln_bwd_registers = !pick("kernels.layernorm_backward", layernorm_backward, "streamed");
+    KernelWays w;
+    w.fwd_key_tile = pick("kernels.attention_forward", attention_forward, {"keys128"}) ? 128 : 0;
+    w.bwd_dq = pick("kernels.attention_backward", attention_backward, {"dq_from_ds", "fused"});
+    w.ln_bwd_registers = !pick("kernels.layernorm_backward", layernorm_backward, {"streamed"});
+    return w;
+}
+
+void set_cuda_kernel_ways(Ops& ops, const KernelWays& ways) {
+    if (CudaOps* c = dynamic_cast<CudaOps*>(&ops)) c->set_ways(ways);
 }
 
 std::unique_ptr<Ops> make_cuda_ops(int device_index) {

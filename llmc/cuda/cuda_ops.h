@@ -5,12 +5,16 @@
 #include <memory>
 
 #include "llmc/backend/ops.h"
+#include "llmc/cuda/kernel_ways.h"
 
 // Throws UserError when no CUDA device is usable.
 std::unique_ptr<Ops> make_cuda_ops(int device_index);
 bool cuda_device_available();
-// The kernels' ways (config section "kernels": KernelsConfig), for every CudaOps of the process;
-// set before the first step. Unknown names: UserError naming the key.
-void set_cuda_kernel_choices(const std::string& attention_forward, const std::string& attention_backward,
-                             const std::string& layernorm_backward);
+// The kernels' ways the config section "kernels" (KernelsConfig) names; unknown names: UserError
+// naming the key.
+KernelWays cuda_kernel_ways(const std::string& attention_forward, const std::string& attention_backward,
+                            const std::string& layernorm_backward);
+// The ways of a CUDA backend's kernels from now on (before the first step; between test cases);
+// nothing for another backend.
+void set_cuda_kernel_ways(Ops& ops, const KernelWays& ways);
 int cuda_device_count();  // 0 when the query fails

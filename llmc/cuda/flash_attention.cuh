@@ -347,10 +347,9 @@ bool forward_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int 
 // m-tiles (32 query rows, 128 a block: at head size 64, 254 registers and no spill on sm_90);
 // larger ones one. `rows_per_warp` 16 or 32 forces the choice (dev/cuda's versions 4 and 5
 // compare them; 32 above head size 64 reloads Q from shared memory, not yet measured); 0
-// chooses (g_fwd_rows_per_warp for the trainer's calls: test_gpu's attention_mt2 sets it).
+// chooses (KernelWays::fwd_rows_per_warp for the trainer's calls: test_gpu's attention_mt2 sets it).
 // `key_tile` 128 asks for 128-key tiles (forward_hs; dev/cuda's version 6; 0: the choice,
-// g_fwd_key_tile for the trainer's calls: test_gpu's attention_fwd128 sets it).
-inline int g_fwd_rows_per_warp = 0, g_fwd_key_tile = 0;
+// KernelWays::fwd_key_tile for the trainer's calls: kernels.attention_forward=keys128).
 template <class E>
 bool forward(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH,
                     int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp = 0,

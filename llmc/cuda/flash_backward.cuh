@@ -11,7 +11,7 @@
 //    accumulators into A registers (dO, Q by ldmatrix.trans). The query tiles stream through a
 //    cp.async double buffer in a fixed order: the heads of the group in order, each from the
 //    first query tile that sees the key tile to the last (a tile's columns in passes of QH where
-//    asked: g_bwd_pass, the choice at head size 64). Heaviest key tiles (the first, under the
+//    asked: KernelWays::bwd_pass, the choice at head size 64). Heaviest key tiles (the first, under the
 //    causal mask) first.
 //  - dQ: one block per (query tile of 64 MT rows, head, batch), each warp MT m-tiles of 16 query
 //    rows (MT as dK/dV's), as the forward: S = Q K^T, dP = dO V^T, dS =
@@ -562,20 +562,14 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// dev/cuda's attention_backward v7: dQ from the dS^T the dK/dV kernel writes (1) instead of
-// recomputing S and dP (0), on the trainer's ways at head sizes 64 (v6) and 128 (v3): B NH
-// ds_rows(Tk) ds_rows(Tq) E of the caller's scratch, at most g_ds_max_bytes (else recomputed);
-// v8 (2): one kernel, dQ accumulated in fp32 (llmc/cuda/flash_backward_fused.cuh), its
-// accumulators in the same scratch under the same cap
-inline int g_bwd_ds = 0;
-inline size_t g_ds_max_bytes = size_t(2) << 30;
-
 // The dQ kernel over BT-key tiles and the dK/dV kernel over BT-query tiles, both with MT m-tiles a
-// warp (the dK/dV kernel QH query columns at once); DS: dQ by flash_backward_dq_ds_kernel.
+// warp (the dK/dV kernel QH query columns at once); DS: dQ by flash_backward_dq_ds_kernel from the
+// dS^T in ds_scratch (dev/cuda's attention_backward v7: B NH ds_rows(Tk) ds_rows(Tq) E, at most
+// max_bytes, else false).
 template <int HS, int BT, int MT, int QH = BT, bool DS = false, class E>
 bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                   const float* D, int B, int Tq, int Tk, int NH, int NKV, SeqPositions qp, SeqPositions kp,
-                  bool accumulate, cudaStream_t st, GrowBuffer* ds_scratch) {
+                  bool accumulate, cudaStream_t st, GrowBuffer* ds_scratch, size_t max_bytes) {
     static_assert(!DS || (BT == 64 && MT == 1), "dS^T through memory: 64-row tiles, one m-tile");
     auto fkv = flash_backward_dkdv_kernel<E, HS, BT, MT, QH, DS>;
     const void* fq;  // (the dS kernel instantiated only where DS)
@@ -584,7 +578,7 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
     const size_t skv = DkdvSmem<HS, BT, MT>::total, sq = DS ? DqDsSmem<HS>::total : DqSmem<HS, BT, MT>::total;
     const size_t ds_elems = DS ? (size_t)B * NH * ds_rows(Tk) * ds_rows(Tq) : 0;
     if constexpr (DS) {  // within the cap, and int offsets
-        if (ds_elems > std::min(g_ds_max_bytes / sizeof(E), size_t(1) << 30)) return false;
+        if (ds_elems > std::min(max_bytes / sizeof(E), size_t(1) << 30)) return false;
     }
     int optin = 0;
     if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem(fq, sq, &optin)) return false;

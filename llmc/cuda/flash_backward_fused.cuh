@@ -21,6 +21,7 @@
 // among the flash backward's ways (flash::backward).
 #pragma once
 #include "llmc/cuda/flash_backward.cuh"
+#include "llmc/cuda/kernel_ways.h"
 
 namespace flash {
 
@@ -204,15 +205,13 @@ inline int fused_splits(int heads, int key_tiles, int slots) {
     return best;
 }
 
-// 0: fused_splits chooses; else that many (capped at the key tiles): test_gpu's cases take 1 and the choice
-inline int g_fused_splits = 0;
-
 // dK, dV and dQ by the fused kernel when it covers HS and the device's shared memory holds its tiles
-// and the accumulators fit g_ds_max_bytes of the caller's scratch; false: nothing launched.
+// and the accumulators fit max_bytes of the caller's scratch; false: nothing launched. force_splits:
+// that many splits (capped at the key tiles: test_gpu's cases take 1 and the choice); 0: fused_splits.
 template <int HS, int QH, class E>
 bool try_fused(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse, const float* D,
                int B, int Tq, int Tk, int NH, int NKV, SeqPositions qp, SeqPositions kp, bool accumulate,
-               cudaStream_t st, GrowBuffer* scratch) {
+               cudaStream_t st, GrowBuffer* scratch, size_t max_bytes, int force_splits) {
     auto fn = flash_backward_fused_kernel<E, HS, QH>;
     const size_t smem = FusedSmem<HS>::total;
     int optin = 0, dev = 0, sms = 0;
@@ -225,10 +224,10 @@ bool try_fused(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv
     const int by_smem = std::max(1, (optin + 1024) / (int)(smem + 1024));
     const int slots = sms * std::min(by_smem, HS <= 64 ? 3 : 2);
     const int key_tiles = (Tk + kBR - 1) / kBR;
-    int splits = g_fused_splits > 0 ? std::min(g_fused_splits, key_tiles) : fused_splits(B * NKV, key_tiles, slots);
+    int splits = force_splits > 0 ? std::min(force_splits, key_tiles) : fused_splits(B * NKV, key_tiles, slots);
     const size_t split_bytes = (size_t)B * NH * Tq * HS * sizeof(float);
-    while (splits > 1 && splits * split_bytes > g_ds_max_bytes) splits--;
-    if (split_bytes > g_ds_max_bytes) return false;
+    while (splits > 1 && splits * split_bytes > max_bytes) splits--;
+    if (split_bytes > max_bytes) return false;
     float* acc = static_cast<float*>(scratch->get(splits * split_bytes, st));
     if (queue_work()) CUDA_CHECK(cudaMemsetAsync(acc, 0, splits * split_bytes, st));
     const float scale = 1.0f / sqrtf((float)HS);
@@ -242,17 +241,15 @@ bool try_fused(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv
     return true;
 }
 
-// dev/cuda's attention_backward v3-v6 (0: the backend's choice, what the H200 measured fastest
-// on 2026-11-27, dev/bench/RESULTS.md's fourth window): rows a warp in both kernels up to head size
-// 64 (16, or 32 = two m-tiles; the choice: 16 at head size 64, 32 at 32); the tile (32: the
-// 32-row tiles that a device short of shared memory runs, sm_86/sm_89's 99 KiB at head size 128,
-// so that test_gpu's attention_bwd32 covers that way on any device; 0: 64-row tiles where they
-// fit); on 64-row tiles at 16 rows a warp, the dK/dV kernel's pass over each query tile (32: two
-// passes of 32 columns, v6, the choice at head size 64; 64: one pass, v3, the choice at 128).
-inline int g_bwd_rows_per_warp = 0;
-inline int g_bwd_tile = 0;
-inline int g_bwd_pass = 0;
-
+// The ways (KernelWays; dev/cuda's attention_backward v3-v8; 0: the backend's choice, what the
+// H200 measured fastest on 2026-11-27, dev/bench/RESULTS.md's fourth window): rows a warp in both
+// kernels up to head size 64 (bwd_rows_per_warp 16, or 32 = two m-tiles; the choice: 16 at head
+// size 64, 32 at 32); the tile (bwd_tile 32: the 32-row tiles that a device short of shared memory
+// runs, sm_86/sm_89's 99 KiB at head size 128, so that test_gpu's attention_bwd32 covers that way on
+// any device; 0: 64-row tiles where they fit); on 64-row tiles at 16 rows a warp, the dK/dV
+// kernel's pass over each query tile (bwd_pass 32: two passes of 32 columns, v6, the choice at head
+// size 64; 64: one pass, v3, the choice at 128); dQ (bwd_dq: 0 its own kernel, 1 from the dS^T in
+// memory, v7, 2 the fused kernel, v8, at head sizes 64 and 128).
 // dK, dV and dQ by the flash kernels when they cover HS and the device's shared memory holds
 // their tiles (64 rows, else 32); false (nothing launched): the caller takes attention.cuh's.
 // Head size 32: each warp of both kernels owns 32 rows (two m-tiles over 32-row tiles); 64: 16
@@ -263,24 +260,22 @@ inline int g_bwd_pass = 0;
 template <class E>
 bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
                      const float* lse, const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS,
-                     SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st, GrowBuffer* ds_scratch) {
+                     SeqPositions qp, SeqPositions kp, bool accumulate, cudaStream_t st, const KernelWays& w,
+                     GrowBuffer* ds_scratch) {
 #define LLMC_FLASH_BWD(HSV, BT, MT, ...) \
     try_backward<HSV, BT, MT, ##__VA_ARGS__>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, \
-                                             accumulate, st, ds_scratch)
-    const int rows = g_bwd_rows_per_warp ? g_bwd_rows_per_warp : HS == 64 ? 16 : 32;
-    const int pass = g_bwd_pass ? g_bwd_pass : HS == 64 ? 32 : 64;
-    const bool two = rows != 16, wide = g_bwd_tile != 32, halves = pass == 32;
-    // dS^T through memory (g_bwd_ds 1): at head sizes 64 (two passes) and 128 (one), the trainer's ways
-    const bool ds = g_bwd_ds == 1 && ds_scratch && !two && wide;
-    // one kernel (g_bwd_ds 2) at head sizes 64 and 128, the dK/dV part in two passes of 32 query columns
-    if (g_bwd_ds == 2 && wide) {
-        if (HS == 64 && try_fused<64, 32>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp,
-                                          accumulate, st, ds_scratch))
-            return true;
-        if (HS == 128 && try_fused<128, 32>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp,
-                                            accumulate, st, ds_scratch))
-            return true;
-    }
+                                             accumulate, st, ds_scratch, w.scratch_max_bytes)
+#define LLMC_FLASH_FUSED(HSV)                                                                                   \
+    try_fused<HSV, 32>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, accumulate, st,   \
+                       ds_scratch, w.scratch_max_bytes, w.fused_splits)
+    const int rows = w.bwd_rows_per_warp ? w.bwd_rows_per_warp : HS == 64 ? 16 : 32;
+    const int pass = w.bwd_pass ? w.bwd_pass : HS == 64 ? 32 : 64;
+    const bool two = rows != 16, wide = w.bwd_tile != 32, halves = pass == 32;
+    // dS^T through memory (bwd_dq 1): at head sizes 64 (two passes) and 128 (one), the trainer's ways
+    const bool ds = w.bwd_dq == 1 && ds_scratch && !two && wide;
+    // one kernel (bwd_dq 2) at head sizes 64 and 128, the dK/dV part in two passes of 32 query columns
+    if (w.bwd_dq == 2 && wide && ((HS == 64 && LLMC_FLASH_FUSED(64)) || (HS == 128 && LLMC_FLASH_FUSED(128))))
+        return true;
     switch (HS) {
         case 32:
             return (two && LLMC_FLASH_BWD(32, 32, 2)) ||
@@ -298,6 +293,7 @@ bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
         default: return false;
     }
 #undef LLMC_FLASH_BWD
+#undef LLMC_FLASH_FUSED
 }
 
 }  // namespace flash

@@ -264,14 +264,13 @@ auto norm_backward_of(bool rms, int P) {
     }
     return rms ? norm_backward_kernel<T, K, true> : norm_backward_kernel<T, K, false>;
 }
-// Whether pass 1 keeps rows in registers where they fit (norm_backward_kernel's P; false: every row
-// streamed twice, dev/cuda/layernorm's version 5, to compare).
-inline bool g_ln_bwd_registers = true;
 // Both passes; mean and db are null for RMSNorm. Throws UserError when C's accumulators (one
 // warp's: Q x ~C floats) pass the device's shared-memory limit per block (d_model ~29k on H100).
+// keep_rows: pass 1 keeps rows in registers where they fit (norm_backward_kernel's P; false: every
+// row streamed twice, dev/cuda/layernorm's version 5, KernelWays::ln_bwd_registers).
 template <class T>
 void launch_norm_backward(cudaStream_t st, T* dinp, T* dw, T* db, float* partial, const T* dout, const T* inp,
-                          const T* w, const float* mean, const float* rstd, int N, int C) {
+                          const T* w, const float* mean, const float* rstd, int N, int C, bool keep_rows = true) {
     const bool rms = mean == nullptr;
     const int Q = rms ? 1 : 2;
     const int rows_per_block = layernorm_backward_rows_per_block(N), G = layernorm_backward_blocks(N);
@@ -281,8 +280,7 @@ void launch_norm_backward(cudaStream_t st, T* dinp, T* dw, T* db, float* partial
         const size_t smem = (size_t)W * Q * ln_acc_stride(C, K) * sizeof(float);
         // a row of at most 128 or 256 16-byte packs: kept in registers (P 4 or 8), else streamed twice
         // (fp32, and element by element, K = 1: always streamed, no register kernels built for them)
-        const int P = K > 1 && sizeof(T) == 2 && g_ln_bwd_registers ? (C / K <= 32 * 4 ? 4 : C / K <= 32 * 8 ? 8 : 0)
-                                                                     : 0;
+        const int P = K > 1 && sizeof(T) == 2 && keep_rows ? (C / K <= 32 * 4 ? 4 : C / K <= 32 * 8 ? 8 : 0) : 0;
         auto kernel = norm_backward_of<T, K>(rms, P);
         int limit = 0;
         if (!opt_in_smem((const void*)kernel, smem, &limit))

@@ -392,9 +392,11 @@ void test_layernorm(H& h, int N, int C, int off) {
     std::vector<uint8_t> streamed;
     for (int rep = 0; rep < 3; rep++) {
         h.up_gpu(dinp, dinp0), h.up_gpu(dw, dw0), h.up_gpu(db, db0);
-        g_ln_bwd_registers = rep < 2;
+        KernelWays ways;
+        ways.ln_bwd_registers = rep < 2;
+        set_cuda_kernel_ways(h.gpu, ways);
         h.gpu.layernorm_backward(dinp.g, dw.g, db.g, dout.g, inp.g, w.g, mean.g.f32(), rstd.g.f32(), N, C);
-        g_ln_bwd_registers = true;
+        set_cuda_kernel_ways(h.gpu, KernelWays());
         (rep < 2 ? r[rep] : streamed) = h.raw({dinp, dw, db});
     }
     h.det("layernorm_backward", sh, r[0], r[1]);
@@ -740,9 +742,11 @@ void test_rmsnorm(H& h, int N, int C, float eps) {
     std::vector<uint8_t> streamed;  // (as test_layernorm's)
     for (int rep = 0; rep < 3; rep++) {
         h.up_gpu(dinp, dinp0), h.up_gpu(dw, dw0);
-        g_ln_bwd_registers = rep < 2;
+        KernelWays ways;
+        ways.ln_bwd_registers = rep < 2;
+        set_cuda_kernel_ways(h.gpu, ways);
         h.gpu.rmsnorm_backward(dinp.g, dw.g, dout.g, inp.g, w.g, rstd.g.f32(), N, C);
-        g_ln_bwd_registers = true;
+        set_cuda_kernel_ways(h.gpu, KernelWays());
         (rep < 2 ? r[rep] : streamed) = h.raw({dinp, dw});
     }
     h.det("rmsnorm_backward", sh, r[0], r[1]);
@@ -2034,52 +2038,63 @@ int main(int argc, char** argv) {
 #else
         const int variant_max_t = 1 << 30;
 #endif
-        flash::g_fwd_rows_per_warp = 32;
+        // (each variant on this CudaOps's ways, then its defaults again)
+        auto ways = [&](const KernelWays& w) { set_cuda_kernel_ways(*gpu, w); };
+        KernelWays w;
+        w.fwd_rows_per_warp = 32;
         run("attention", "attention_mt2", [&](const C& c) {
             const int hs = c.dims[4];
             if (!flash_dtype || hs % 16 || hs > 128 || hs < 64 || (hs == 64 && c.dims[1] > 257) ||
                 c.dims[1] > variant_max_t)
                 return;
-            flash::g_fwd_key_tile = hs == 64 ? 128 : 0;
+            w.fwd_key_tile = hs == 64 ? 128 : 0;
+            ways(w);
             test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], hs);
         });
-        flash::g_fwd_rows_per_warp = 0, flash::g_fwd_key_tile = 0;
+        w = KernelWays();
         // the flash backward's ways that `attention` does not take (its choice: dev/cuda/attention_backward
         // v6 at head size 64, two m-tiles at 32, v3 above): the 32-row tiles, 16 rows a warp, that a
         // device short of shared memory (sm_86/sm_89 at head size 128) runs (v5); the dK/dV kernel's
         // two passes of 32 query columns at head size 128 (v6); at head size 64 two m-tiles (v4) and
         // one pass (v3); dQ from dS^T in memory (v7)
-        flash::g_bwd_rows_per_warp = 16, flash::g_bwd_tile = 32;
+        w.bwd_rows_per_warp = 16, w.bwd_tile = 32;
+        ways(w);
         run("attention", "attention_bwd32", [&](const C& c) {
             if (flash_dtype && c.dims[1] <= 257 && c.dims[4] % 16 == 0 && c.dims[4] >= 32 && c.dims[4] <= 128)
                 test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
         });
-        flash::g_bwd_tile = 0, flash::g_bwd_pass = 32;
+        w.bwd_tile = 0, w.bwd_pass = 32;
+        ways(w);
         run("attention", "attention_bwd32", [&](const C& c) {
             if (flash_dtype && c.dims[1] <= 257 && c.dims[4] == 128) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
         });
         for (int rows : {32, 16}) {
-            flash::g_bwd_rows_per_warp = rows, flash::g_bwd_pass = 64;
+            w.bwd_rows_per_warp = rows, w.bwd_pass = 64;
+            ways(w);
             run("attention", "attention_bwd32", [&](const C& c) {
                 if (flash_dtype && c.dims[1] <= 257 && c.dims[4] == 64) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
             });
         }
         // dQ from the dS^T the dK/dV kernel writes (v7) at head sizes 64 and 128, every GQA case
-        flash::g_bwd_rows_per_warp = 0, flash::g_bwd_pass = 0, flash::g_bwd_ds = 1;
+        w = KernelWays();
+        w.bwd_dq = 1;
+        ways(w);
         run("attention", "attention_bwd32", [&](const C& c) {
             if (flash_dtype && c.dims[1] <= variant_max_t && (c.dims[4] == 64 || c.dims[4] == 128)) test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
         });
         // one kernel, dQ in fp32 accumulators (v8) at head sizes 64 and 128: the splits the device's size
         // chooses (several for these small grids), then one split
-        flash::g_bwd_ds = 2;
+        w.bwd_dq = 2;
         for (int splits : {0, 1}) {
-            flash::g_fused_splits = splits;
+            w.fused_splits = splits;
+            ways(w);
             run("attention", "attention_fused", [&](const C& c) {
                 if (flash_dtype && c.dims[1] <= variant_max_t && (c.dims[4] == 64 || c.dims[4] == 128))
                     test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
             });
         }
-        flash::g_bwd_ds = 0, flash::g_fused_splits = 0;
+        w = KernelWays();
+        ways(w);
         run("rmsnorm", "rmsnorm", [&](const C& c) { test_rmsnorm(h, c.dims[0], c.dims[1], c.x); });
         run("rope", "rope", [&](const C& c) {
             test_rope(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.x, SeqPositions());
@@ -2091,14 +2106,15 @@ int main(int argc, char** argv) {
             test_attention_ring(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5]);
         });
         // the same blocks with dQ from the dS^T in memory (attention_backward v7: positions, +=)
-        for (int way : {1, 2}) {  // and with the fused kernel (v8)
-            flash::g_bwd_ds = way;
+        for (int dq : {1, 2}) {  // and with the fused kernel (v8)
+            w.bwd_dq = dq;
+            ways(w);
             run("attention_ring", "attention_ring", [&](const C& c) {
                 if (c.dims[4] == 64 || c.dims[4] == 128)
                     test_attention_ring(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5]);
             });
         }
-        flash::g_bwd_ds = 0;
+        ways(KernelWays());
         run("swiglu", "swiglu", [&](const C& c) { test_swiglu(h, c.dims[0], c.dims[1]); });
         run("moe", "moe", [&](const C& c) {
             test_moe(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4] ? c.dims[4] : c.dims[0] * c.dims[2]);

@@ -1,0 +1,23 @@
+// The ways of the CUDA kernels that have more than one: the config section "kernels" chooses among
+// them (cuda_kernel_ways), test_gpu's variant filters and dev/cuda's versions force them. Each
+// CudaOps holds one (set_cuda_kernel_ways) and hands it to the launchers, so that no kernel choice is
+// global state. Every default is the backend's choice, what a GPU measured fastest.
+// (Plain C++: llmc/cuda/cuda_ops.h includes it.)
+#pragma once
+#include <cstddef>
+
+struct KernelWays {
+    // flash attention forward (flash::forward): query rows a warp (16 or 32; 0: the choice) and the
+    // key tile (128: 128-key tiles at head size 64, dev/cuda/attention_forward v6; 0: the choice)
+    int fwd_rows_per_warp = 0, fwd_key_tile = 0;
+    // flash attention backward (flash::backward; false: attention.cuh's general kernels, dev/cuda's
+    // attention_backward v1 and v2): rows a warp, tile rows and the dK/dV kernel's query columns a
+    // pass (0: the choice; dev/cuda's v3-v6); dQ: 0 recomputed in its own kernel, 1 from the dS^T
+    // in memory (v7), 2 the fused kernel (v8), with its splits of the key tiles (0: the choice)
+    bool flash_backward = true;
+    int bwd_rows_per_warp = 0, bwd_tile = 0, bwd_pass = 0, bwd_dq = 0, fused_splits = 0;
+    size_t scratch_max_bytes = size_t(2) << 30;  // v7's dS^T or v8's dQ accumulators at most (else 0)
+    // LayerNorm/RMSNorm backward: rows kept in registers where d_model allows (false: every row read
+    // twice, dev/cuda/layernorm v5)
+    bool ln_bwd_registers = true;
+};
