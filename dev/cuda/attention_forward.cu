@@ -62,7 +62,10 @@
 //       head size 64 2792 -> 2584 instructions (254 -> 247 registers), v4 at 128 2280 -> 2176; the
 //       backward's dQ kernels 5-10% fewer. A softmax probability below 2^-126 becomes 0. Spills
 //       went with the instructions: v5 above head size 64 at 32-key tiles none at 96 and 128 (were
-//       0 and 52 bytes), at 64-key tiles none and 36 (were 44 and 116).
+//       0 and 52 bytes), at 64-key tiles none and 36 (were 44 and 116). And O is rescaled only
+//       when some row of the warp's 8 found a larger maximum (a warp vote; alpha is exactly 1
+//       otherwise): 2 DT multiplies a lane a tile saved where no maximum moved (the emulator's
+//       digests: bitwise the same results).
 //   To measure (B T NH HS after the version; d_model 2048 as FlashAttention's benchmarks):
 //     make -C dev/cuda attention_forward && for v in 3 4 5 6; do ./dev/cuda/attention_forward $v 8 1024 32 64;
 //     ./dev/cuda/attention_forward $v 8 1024 16 128; done

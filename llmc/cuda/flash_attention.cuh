@@ -253,11 +253,15 @@ __global__ void __launch_bounds__(kThreads)
                         }
                     l[mt][i] = l[mt][i] * alpha + sum;
                     m[mt][i] = m_new;
-                    LLMC_UNROLL
-                    for (int d = 0; d < DT; d++) {
-                        o[mt][d][2 * i] *= alpha;
-                        o[mt][d][2 * i + 1] *= alpha;
-                    }
+                    // O's rows rescaled only where some row of the warp's 8 found a larger maximum
+                    // (elsewhere alpha is exactly 1: the products would change nothing); a warp-uniform
+                    // vote for 2 DT multiplies a lane
+                    if (__any_sync(0xffffffffu, alpha != 1.0f))
+                        LLMC_UNROLL
+                        for (int d = 0; d < DT; d++) {
+                            o[mt][d][2 * i] *= alpha;
+                            o[mt][d][2 * i + 1] *= alpha;
+                        }
                 }
             // O += P V: P's A registers from the S accumulators of n-tiles 2kc, 2kc+1; lane
             // supplies V row kc*16 + lane%8 + ((lane>>3)&1)*8, columns dp*16 + (lane>>4)*8
