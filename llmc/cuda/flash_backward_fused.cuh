@@ -113,9 +113,10 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 0)
             for (int e = 0; e < 4; e++) dk[0][d][e] = dv[0][d][e] = 0.0f;
 
         // Per query tile two barriers, as the dK/dV kernel: stream_step's, and the one between the
-        // dS^T's writes and the dQ product's reads. stream_step(i + 1) overwrites the buffer that
-        // step i - 1 read only after every warp passed step i's second barrier, and step i + 1
-        // writes dS^T after its own barrier, which every warp reaches after step i's dQ product.
+        // dS^T's writes and the dQ product's reads (no third at the step's end): stream_step(i + 1)
+        // starts the copies into the buffer that step i read, and a warp gets there only after step
+        // i's second barrier, which every warp passed after its reads; step i + 1 writes dS^T after
+        // stream_step(i + 1)'s barrier, which every warp reaches after step i's dQ product.
         for (int i = 0; i < n; i++) {
             const int buf = i & 1, h = kvh * group + i / nqt, q0 = (qt0 + i % nqt) * BQ;
             stream_step(i, n, issue);
