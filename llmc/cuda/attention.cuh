@@ -1,7 +1,7 @@
 // Fused causal flash attention, forward and backward, never materialising T x T. In bf16 and fp16 the
 // forward at head sizes 32, 64, 80, 96, 128, 256 runs llmc/cuda/flash_attention.cuh and the
 // backward at 32 to 128 llmc/cuda/flash_backward.cuh and flash_backward_fused.cuh (registers,
-// mma.sync, ldmatrix, cp.async; the fused kernel's choice among the ways at the end of the latter);
+// mma.sync, ldmatrix, cp.async; the choice among the backward's ways at the end of the latter);
 // everything else (fp32, other head sizes, tiles the device's shared memory cannot hold) runs
 // the general kernels below.
 //
