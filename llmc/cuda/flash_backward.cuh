@@ -52,6 +52,15 @@ template <int HS, int BQ, int MT> struct DkdvSmem {
     static constexpr size_t k = 0, v = k + (size_t)BK * LD * 2, q = v + (size_t)BK * LD * 2,
                             dO = q + (size_t)2 * BQ * LD * 2, lse = dO + (size_t)2 * BQ * LD * 2,
                             d = lse + (size_t)2 * BQ * 4, total = d + (size_t)2 * BQ * 4;
+    template <class E> struct Tiles {  // the tiles' places in a block's shared memory
+        E *k, *v, *q, *dO;
+        float *lse, *d;
+    };
+    template <class E> __device__ __forceinline__ static Tiles<E> tiles(char* smem) {
+        return {reinterpret_cast<E*>(smem + k),       reinterpret_cast<E*>(smem + v),
+                reinterpret_cast<E*>(smem + q),       reinterpret_cast<E*>(smem + dO),
+                reinterpret_cast<float*>(smem + lse), reinterpret_cast<float*>(smem + d)};
+    }
 };
 
 // one E pair of rows r of a [*, HS] head (row stride `stride`): = or += v * scale
@@ -253,12 +262,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 
     constexpr int LD = L::LD, BK = L::BK, DT = HS / 8;
     static_assert(QH % 16 == 0 && BQ % QH == 0, "dK/dV: QH must be a multiple of 16 dividing BQ");
     LLMC_EXTERN_SMEM(char, smem);
-    E* sK = reinterpret_cast<E*>(smem + L::k);
-    E* sV = reinterpret_cast<E*>(smem + L::v);
-    E* sQ = reinterpret_cast<E*>(smem + L::q);
-    E* sO = reinterpret_cast<E*>(smem + L::dO);
-    float* sL = reinterpret_cast<float*>(smem + L::lse);
-    float* sD = reinterpret_cast<float*>(smem + L::d);
+    const auto sm = L::template tiles<E>(smem);
 
     const int kvh = blockIdx.x % NKV, b = blockIdx.x / NKV, group = NH / NKV;
     const int k0 = blockIdx.y * BK;  // the first key tiles see the most queries: first
@@ -272,11 +276,11 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 
     const int first_q = first_query(qp, Tq, kp.at(k0));
     const int qt0 = first_q / BQ, nqt = first_q < Tq ? (Tq + BQ - 1) / BQ - qt0 : 0, n = group * nqt;
     auto issue = [&](int i, int buf) {
-        load_query_tile<HS, BQ>(sQ, sO, sL, sD, buf, qkv_q, dout, lse, D, b, kvh * group + i / nqt,
+        load_query_tile<HS, BQ>(sm.q, sm.dO, sm.lse, sm.d, buf, qkv_q, dout, lse, D, b, kvh * group + i / nqt,
                                 (qt0 + i % nqt) * BQ, Tq, NH, stride, ostride);
     };
-    load_tile<HS, BK>(sK, Kg, stride, k0, Tk);
-    load_tile<HS, BK>(sV, Vg, stride, k0, Tk);
+    load_tile<HS, BK>(sm.k, Kg, stride, k0, Tk);
+    load_tile<HS, BK>(sm.v, Vg, stride, k0, Tk);
     if (n > 0) issue(0, 0);
     ptx::cp_async_commit();
 
@@ -308,8 +312,8 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 && MT == 1 && QH == 32 ? 3 
         stream_step(i, n, issue);
         if (active && qp.at(min(Tq, q0 + BQ) - 1) >= kfirst) {  // some query of the tile sees a key of the warp
             dkdv_query_tile<E, HS, BQ, MT, QH, DS ? DsTo::global : DsTo::none>(
-                dk, dv, sK, sV, sQ + buf * BQ * LD, sO + buf * BQ * LD, sL + buf * BQ, sD + buf * BQ, q0, Tq, Tk, kw0,
-                kfirst, klast, kpos, qp, scale, DS ? ds + dso : nullptr, ds_rows(Tq));
+                dk, dv, sm.k, sm.v, sm.q + buf * BQ * LD, sm.dO + buf * BQ * LD, sm.lse + buf * BQ, sm.d + buf * BQ,
+                q0, Tq, Tk, kw0, kfirst, klast, kpos, qp, scale, DS ? ds + dso : nullptr, ds_rows(Tq));
         }
         __syncthreads();  // the next iteration's prefetch overwrites this buffer
     }

@@ -60,14 +60,8 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 0)
     constexpr int BQ = kBR, BK = kBR, LD = HS + 8, LDS = FusedSmem<HS>::LDS, DT = HS / 8;
     constexpr int DQ = HS <= 64 ? HS : 32;  // dQ's columns at once (ptxas sm_90, two passes of 32 query
     // columns: 168 registers at head size 64, 248 at 128 with 32 columns at once, no spill; 64 at once spills)
-    using L = typename FusedSmem<HS>::Base;
     LLMC_EXTERN_SMEM(char, smem);
-    E* sK = reinterpret_cast<E*>(smem + L::k);
-    E* sV = reinterpret_cast<E*>(smem + L::v);
-    E* sQ = reinterpret_cast<E*>(smem + L::q);
-    E* sO = reinterpret_cast<E*>(smem + L::dO);
-    float* sL = reinterpret_cast<float*>(smem + L::lse);
-    float* sD = reinterpret_cast<float*>(smem + L::d);
+    const auto sm = FusedSmem<HS>::Base::template tiles<E>(smem);
     E* sS = reinterpret_cast<E*>(smem + FusedSmem<HS>::s);
 
     const int kvh = blockIdx.x % NKV, b = blockIdx.x / NKV, group = NH / NKV, nb = gridDim.x / NKV;
@@ -91,12 +85,12 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 0)
         const int first_q = first_query(qp, Tq, kpos0);
         const int qt0 = first_q / BQ, nqt = first_q < Tq ? (Tq + BQ - 1) / BQ - qt0 : 0, n = group * nqt;
         auto issue = [&](int i, int buf) {
-            load_query_tile<HS, BQ>(sQ, sO, sL, sD, buf, qkv_q, dout, lse, D, b, kvh * group + i / nqt,
+            load_query_tile<HS, BQ>(sm.q, sm.dO, sm.lse, sm.d, buf, qkv_q, dout, lse, D, b, kvh * group + i / nqt,
                                     (qt0 + i % nqt) * BQ, Tq, NH, stride, ostride);
         };
-        __syncthreads();  // the previous key tile's dQ products have read sK
-        load_tile<HS, BK>(sK, Kg, stride, k0, Tk);
-        load_tile<HS, BK>(sV, Vg, stride, k0, Tk);
+        __syncthreads();  // the previous key tile's dQ products have read K
+        load_tile<HS, BK>(sm.k, Kg, stride, k0, Tk);
+        load_tile<HS, BK>(sm.v, Vg, stride, k0, Tk);
         if (n > 0) issue(0, 0);
         ptx::cp_async_commit();
 
@@ -121,9 +115,9 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 0)
             const int buf = i & 1, h = kvh * group + i / nqt, q0 = (qt0 + i % nqt) * BQ;
             stream_step(i, n, issue);
             if (active && qp.at(min(Tq, q0 + BQ) - 1) >= kfirst)  // some query of the tile sees a key of the warp
-                dkdv_query_tile<E, HS, BQ, 1, QH, DsTo::shared>(dk, dv, sK, sV, sQ + buf * BQ * LD, sO + buf * BQ * LD,
-                                                                sL + buf * BQ, sD + buf * BQ, q0, Tq, Tk, kw0, kfirst,
-                                                                klast, kpos, qp, scale, dsw, LDS);
+                dkdv_query_tile<E, HS, BQ, 1, QH, DsTo::shared>(
+                    dk, dv, sm.k, sm.v, sm.q + buf * BQ * LD, sm.dO + buf * BQ * LD, sm.lse + buf * BQ,
+                    sm.d + buf * BQ, q0, Tq, Tk, kw0, kfirst, klast, kpos, qp, scale, dsw, LDS);
             else
                 zero_ds_cols<E, 1>(dsw, LDS, 0, BQ);
             __syncthreads();  // the tile's dS^T, every warp's keys
@@ -146,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 0)
                     LLMC_UNROLL
                     for (int d2 = 0; d2 < DQ / 16; d2++) {
                         uint32_t r[4];
-                        ptx::ldmatrix_x4_trans(r, sK + (kc * 16 + trow) * LD + tcol + dh + d2 * 16);
+                        ptx::ldmatrix_x4_trans(r, sm.k + (kc * 16 + trow) * LD + tcol + dh + d2 * 16);
                         ptx::mma_16816_x2<E>(dq[2 * d2], dq[2 * d2 + 1], a, r);
                     }
                 }
