@@ -623,6 +623,39 @@ void test_attention(H& h, int B, int T, int NH, int NKV, int HS) {
 // over cp ranks: every (rank, block) pair in the ring's order, each op on the same inputs on both
 // backends (the CPU's results of the previous op, rounded to bf16 in bf16). Rows that see no key
 // of a block must have lse -inf on both (and out 0).
+// The fused backward's splits of a head's key tiles (flash::split_tile, host code): for every count
+// of splits S and tiles, each tile in exactly one split, each split's tiles increasing (the order
+// its dQ reductions take), and the splits' query-tile work (a causal tile's: tiles - its index)
+// less than 2S apart (every S-th tile instead would drift apart each round: 20 at 39 tiles, 2
+// splits); fused_splits within [1, tiles]. The op cases reach a few of these (at most 5 tiles, one
+// split or one tile a split).
+void test_fused_splits() {
+    std::string why;
+    for (int tiles = 1; tiles <= 40 && why.empty(); tiles++)
+        for (int S = 1; S <= tiles && why.empty(); S++) {
+            std::vector<int> seen(tiles, 0);
+            long long lo = 1LL << 40, hi = 0;
+            for (int s = 0; s < S; s++) {
+                long long work = 0;
+                for (int m = 0, prev = -1;; m++) {
+                    const int kt = flash::split_tile(s, S, m);
+                    if (kt >= tiles) break;
+                    if (kt <= prev) why = strfmt("split %d of %d: tile %d after %d", s, S, kt, prev);
+                    seen[kt]++, prev = kt, work += tiles - kt;
+                }
+                lo = std::min(lo, work), hi = std::max(hi, work);
+            }
+            for (int t = 0; t < tiles && why.empty(); t++)
+                if (seen[t] != 1) why = strfmt("%d tiles, %d splits: tile %d in %d splits", tiles, S, t, seen[t]);
+            if (why.empty() && hi - lo >= 2 * S)
+                why = strfmt("%d tiles, %d splits: work %lld to %lld", tiles, S, lo, hi);
+            const int f = flash::fused_splits(S * 7, tiles, 396);
+            if (why.empty() && (f < 1 || f > tiles)) why = strfmt("fused_splits(%d, %d, 396) = %d", S * 7, tiles, f);
+        }
+    report(why.empty(), "attention_fused.splits", "[1-40 key tiles, every split count]",
+           why.empty() ? "every tile once, in order; work within a round" : why);
+}
+
 void test_attention_ring(H& h, int B, int T, int NH, int NKV, int HS, int cp) {
     const std::string sh =
         strfmt("[%s B=%d T=%d NH=%d NKV=%d HS=%d cp=%d]", dtype_name(h.dt), B, T, NH, NKV, HS, cp);
@@ -2084,6 +2117,7 @@ int main(int argc, char** argv) {
         });
         // one kernel, dQ in fp32 accumulators (v8) at head sizes 64 and 128: the splits the device's size
         // chooses (several for these small grids), then one split
+        if (want("attention_fused") && dt == DType::BF16) guarded("attention_fused splits", [&] { test_fused_splits(); });
         w.bwd_dq = 2;
         for (int splits : {0, 1}) {
             w.fused_splits = splits;
