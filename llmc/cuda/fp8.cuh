@@ -378,22 +378,22 @@ public:
 
         cublasLtMatmulDesc_t op;
         CUBLAS_CHECK(lt().cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        auto set = [&](cublasLtMatmulDescAttributes_t a, const void* v, size_t n) {  // (as LtMatmul's)
+            CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, a, v, n));
+        };
         const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-        CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)));
-        CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)));
-        CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.a_scale,
-                                                    sizeof(g.a_scale)));
-        CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale,
-                                                    sizeof(g.b_scale)));
+        set(CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT));
+        set(CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN));
+        set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g.a_scale, sizeof(g.a_scale));
+        set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g.b_scale, sizeof(g.b_scale));
         const int8_t fast = g.fast_accum ? 1 : 0;
-        CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+        set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
         if (g.bias) {
             const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
             const cudaDataType_t bt = CUDA_R_16BF;
-            CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-            CUBLAS_CHECK(lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
-            CUBLAS_CHECK(
-                lt().cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias)));
+            set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+            set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt));
+            set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof(g.bias));
         }
         cublasLtMatrixLayout_t la, lb, ld;
         CUBLAS_CHECK(lt().cublasLtMatrixLayoutCreate(&la, ta, g.k, g.m, g.k));

@@ -268,7 +268,7 @@ public:
             if (!last_->ok) return false;
             if (queue_work())
                 CUBLAS_CHECK(lt().cublasLtMatmul(h, op, alpha, A, la, B, lb, beta, C, lc, D, ld, &last_->algo, ws,
-                                            ws_bytes, stream));
+                                                 ws_bytes, stream));
             count_launch();
             return true;
         }

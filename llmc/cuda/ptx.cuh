@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cfloat>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -216,7 +217,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 __device__ __forceinline__ float exp2_ftz(float x) {
 #if defined(LLMC_CUEMU)
     const float y = exp2f(x);
-    return y < 1.17549435e-38f ? 0.0f : y;  // (y >= 0 or NaN)
+    return y < FLT_MIN ? 0.0f : y;  // (y >= 0 or NaN)
 #elif defined(__CUDA_ARCH__)
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
