@@ -5,7 +5,7 @@ CUDA      ?= 1
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 CXX       ?= g++
-GPU_ARCH  ?= 80 90
+GPU_ARCH  ?= 80 90a
 
 MPI_CFLAGS := $(shell mpicxx --showme:compile 2>/dev/null) -DOMPI_SKIP_MPICXX
 MPI_LIBS   := $(shell mpicxx --showme:link 2>/dev/null)
@@ -35,7 +35,10 @@ CXXFLAGS  ?= -O3 $(CPU_ARCH)
 CXXFLAGS  += -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I. $(MPI_CFLAGS) -MMD -MP
 NVCCFLAGS ?= -O3
 NVCCFLAGS += -std=c++17 -I. $(MPI_CFLAGS) -Xcompiler -fopenmp,-Wall -MMD -MP \
-             $(foreach a,$(GPU_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) --expt-relaxed-constexpr
+             $(foreach a,$(GPU_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) --expt-relaxed-constexpr \
+             $(if $(filter 90a,$(GPU_ARCH)),-DLLMC_SM90A)
+# (90a: sm_90 with Hopper's arch-specific instructions, wgmma: llmc/cuda/flash_forward_wgmma.cuh; its
+# code runs on sm_90 devices only, as sm_90's would. LLMC_SM90A tells the host code it is there.)
 # (cuBLASLt is not linked: the backend loads it on first use, llmc/cuda/common.cuh's lt(); the rpath
 # still finds it there)
 LDLIBS    := -L$(CUDA_HOME)/lib64 -Xlinker -rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart \
@@ -156,7 +159,7 @@ check-layout:
 bundle:
 	CUDA=$(CUDA) GPU_ARCH="$(GPU_ARCH)" bash scripts/bundle.sh
 
-# gpu-kit/: everything a GPU window runs, built here for sm_90 (GPU_ARCH="80 90" for both), with
+# gpu-kit/: everything a GPU window runs, built here for sm_90a (GPU_ARCH="80 90a" for both), with
 # the test data: copy it to the GPU machine and run gpu-kit/scripts/gpu_check.sh --quick (docs/gpu.md).
 gpu-kit:
 	$(if $(filter command line,$(origin GPU_ARCH)),GPU_ARCH="$(GPU_ARCH)") bash scripts/bundle.sh --kit

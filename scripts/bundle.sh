@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds dist/: a relocatable folder that runs train_gpt on a machine without OpenMPI (issue 12).
-#   CUDA=1 GPU_ARCH="80 90" JOBS=1 DIST=dist scripts/bundle.sh      (or: make bundle)
+#   CUDA=1 GPU_ARCH="80 90a" JOBS=1 DIST=dist scripts/bundle.sh      (or: make bundle)
 # It holds train_gpt, build/test_cpu (not in the kit), build/test_gpu (CUDA=1), the data tools, scripts/gpu_check.sh,
 # and this machine's OpenMPI runtime under dist/mpi/ in the layout of its install prefix (/usr),
 # so that OPAL_PREFIX relocates it: mpirun/orterun/orted, the MCA plugins, the help files,
@@ -11,7 +11,7 @@
 # build-dist/, leaving the usual build alone. REUSE_BUILD=1 packages this checkout's usual build
 # instead (built already; not portable): what test/e2e/test_bundle.sh does, in seconds.
 # --kit (make gpu-kit, issue 26): the folder a GPU window needs, built here so that nothing compiles
-# on the device: CUDA, GPU_ARCH 90 and CPU_ARCH -march=x86-64-v3 unless set, DIST gpu-kit, and also
+# on the device: CUDA, GPU_ARCH 90a and CPU_ARCH -march=x86-64-v3 unless set, DIST gpu-kit, and also
 # the test data test_gpu's whole-model reference reads (test/data/ref_*.bin), dev/cuda's attention,
 # classifier and LayerNorm binaries and the attention's PyTorch peer; at most 60 MiB.
 set -euo pipefail
@@ -19,10 +19,10 @@ cd "$(dirname "$0")/.."
 KIT=0
 [ "${1:-}" = --kit ] && KIT=1
 if [ $KIT = 1 ]; then
-    CUDA=1; GPU_ARCH=${GPU_ARCH:-90}; CPU_ARCH=${CPU_ARCH:--march=x86-64-v3}; DIST=${DIST:-gpu-kit}
+    CUDA=1; GPU_ARCH=${GPU_ARCH:-90a}; CPU_ARCH=${CPU_ARCH:--march=x86-64-v3}; DIST=${DIST:-gpu-kit}
 fi
 CUDA=${CUDA:-1}
-GPU_ARCH=${GPU_ARCH:-80 90}
+GPU_ARCH=${GPU_ARCH:-80 90a}
 CPU_ARCH=${CPU_ARCH:--march=x86-64-v2}
 JOBS=${JOBS:-1}
 DIST=${DIST:-dist}

@@ -111,7 +111,7 @@ row() {  # stage result tok_s mfu peak notes (a note's newlines and pipes would 
 # build TARGET...: make the targets for this GPU (in the repository; the bundle has them built)
 build() {
     [ -f Makefile ] || return 0
-    if ! make -j"$JOBS" GPU_ARCH="$GPU_CC" "$@" >>"$WORK/build.log" 2>&1; then
+    if ! make -j"$JOBS" GPU_ARCH="$GPU_CC$([ "$GPU_CC" = 90 ] && echo a)" "$@" >>"$WORK/build.log" 2>&1; then
         row "build $* (sm_$GPU_CC)" "FAIL" "" "" "" "see build.log: $(grep -m1 -i error "$WORK/build.log" | cut -c1-80)"
     fi
 }
@@ -491,7 +491,7 @@ stage_bench() {
     torch_peer gpt2_124m 12 12 768
     torch_peer gpt2_1558m 48 25 1600
     echo "== dev/cuda kernel experiments"
-    if make -C dev/cuda -j"$JOBS" GPU_ARCH="$GPU_CC" >"$WORK/dev_cuda_build.log" 2>&1; then
+    if make -C dev/cuda -j"$JOBS" GPU_ARCH="$GPU_CC$([ "$GPU_CC" = 90 ] && echo a)" >"$WORK/dev_cuda_build.log" 2>&1; then
         for spec in "attention_forward 2" "attention_forward 3" "attention_backward 1" "attention_backward 2" \
                     "layernorm 2" "layernorm 3" "classifier 2" "classifier 3" "adamw 1" "adamw 2" "adamw 3"; do
             set -- $spec

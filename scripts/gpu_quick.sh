@@ -20,7 +20,7 @@
 
 # test_gpu's filters, in the order they run (test/e2e/test_gpu_check_list.sh checks this list
 # against test/gpu/test_gpu_ops.cu)
-TEST_GPU_FILTERS="ptx encoder encoder_slice layernorm residual matmul attention attention_gqa attention_mt2 attention_bwd32 attention_fused rmsnorm rope
+TEST_GPU_FILTERS="ptx encoder encoder_slice layernorm residual matmul attention attention_gqa attention_mt2 attention_bwd32 attention_fused attention_wgmma rmsnorm rope
 attention_ring swiglu moe cross_entropy cross_entropy_vp adamw sum_squares step_ops step_graph offload reference model_step fp8"
 QUICK_STEPS=${QUICK_STEPS:-10}
 
@@ -362,10 +362,11 @@ stage_kernels() {
     # attention first: the trainer's versions at every shape (the forward's v5 at head size 64, v4
     # at 128, where v5's two m-tiles ran 192 TFLOP/s in the fourth window against v4's 173 in the
     # third: to compare in one call; the backward's v6 at 64, v3 at 128), then PyTorch's SDPA at
-    # the same shapes (the peer), then the versions in question (backward v8: one kernel, dQ in
-    # fp32 accumulators; v7: dQ from dS^T in memory; forward v6: 128-key tiles, at head size 64
-    # only), ncu's stall rows of the trainer's backward at HS 64 and of v8, and the forward's two
-    # m-tiles at HS 128, then backward v4 and v5
+    # the same shapes (the peer), then the versions in question (forward v7: wgmma, at head size
+    # 64 only; backward v8: one kernel, dQ in fp32 accumulators; v7: dQ from dS^T in memory;
+    # forward v6: 128-key tiles, at head size 64 only), ncu's stall rows of the trainer's backward
+    # at HS 64, of v8 and of forward v7, and the forward's two m-tiles at HS 128, then backward v4
+    # and v5
     VERSIONS=("forward 5" "forward 4" "backward 6" "backward 3")
     attn_runs
     log="$WORK/torch_attention.log"
@@ -378,12 +379,15 @@ stage_kernels() {
             row "PyTorch SDPA $(echo "$res" | cut -d' ' -f2-5)" "PASS" "" "" "" "$(echo "$res" | cut -d' ' -f6-)"
         done < <(grep '^TORCH_ATTN' "$log")
     fi
+    VERSIONS=("forward 7")
+    ATTN_SHAPES="8 1024 12 64 8 1024 32 64" attn_runs
     VERSIONS=("backward 8" "backward 7")
     attn_runs
     VERSIONS=("forward 6")
     ATTN_SHAPES="8 1024 12 64 8 1024 32 64" attn_runs
     ncu_stalls backward 6 64 12
     ncu_stalls backward 8 64 12
+    ncu_stalls forward 7 64 12
     ncu_stalls forward 5 128 16
     VERSIONS=("backward 4" "backward 5")
     attn_runs
@@ -407,7 +411,8 @@ stage_kernels() {
 
 # `--variants`: the training step with each kernels.* way a GPU has not yet chosen (config
 # section "kernels"), beside the default in the same call: GPT-2 124M bf16 B=32 with the flash
-# backward in one kernel (v8), its dQ from dS (v7) and the forward's 128-key tiles (v6), then the 1.5B shape in bf16
+# forward on wgmma (v7), the backward in one kernel (v8), its dQ from dS (v7) and the forward's
+# 128-key tiles (v6), then the 1.5B shape in bf16
 # with LayerNorm's backward streamed (the default keeps rows in registers) when the time allows.
 # A ratio row each (variant / default): above 1, the default should follow.
 variant_ratio() {  # label TOK_variant TOK_default
@@ -420,6 +425,9 @@ stage_variants() {
     local m1558="model.arch=gpt2 model.n_layer=48 model.n_head=25 model.d_model=1600 model.vocab_size=50257 model.max_seq_len=1024"
     quick_data
     quick_bench gpt2_124m "$m124" 32 bf16 nopeer
+    quick_bench gpt2_124m_wgmma "$m124 kernels.attention_forward=wgmma" 32 bf16 nopeer
+    variant_ratio "kernels.attention_forward=wgmma (gpt2_124m B=32)" "${TOK_q_gpt2_124m_wgmma_bf16_32:-}" \
+        "${TOK_q_gpt2_124m_bf16_32:-}"
     quick_bench gpt2_124m_fused "$m124 kernels.attention_backward=fused" 32 bf16 nopeer
     variant_ratio "kernels.attention_backward=fused (gpt2_124m B=32)" "${TOK_q_gpt2_124m_fused_bf16_32:-}" \
         "${TOK_q_gpt2_124m_bf16_32:-}"

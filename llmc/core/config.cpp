@@ -273,10 +273,11 @@ const std::vector<Key>& schema() {
         int_key("fp8.amax_history", FIELD(fp8.amax_history), 1, 1024, "steps of amax history (delayed recipe)"),
         int_key("fp8.margin", FIELD(fp8.margin), 0, 32, "scale = fp8_max / amax / 2^margin"),
 
-        enum_key("kernels.attention_forward", FIELD(kernels.attention_forward), {"auto", "keys128"}, {},
-                 "device cuda: the flash forward's key tiles; auto = 64 keys; keys128 = 128 keys at head size 64 "
-                 "(FlashAttention-2's tiles; dev/cuda/attention_forward v6), auto elsewhere. The same "
-                 "results up to the softmax's summation order; the CPU backend ignores it"),
+        enum_key("kernels.attention_forward", FIELD(kernels.attention_forward), {"auto", "keys128", "wgmma"}, {},
+                 "device cuda: the flash forward; auto = 64-key tiles on mma.sync; keys128 = 128-key tiles at head "
+                 "size 64 (FlashAttention-2's tiles; dev/cuda/attention_forward v6); wgmma = Hopper's warpgroup "
+                 "MMA at head size 64 on an sm_90 device with a build for sm_90a (v7); auto elsewhere. The same "
+                 "results up to the summation order; the CPU backend ignores it"),
         enum_key("kernels.attention_backward", FIELD(kernels.attention_backward), {"auto", "dq_from_ds", "fused"},
                  {}, "device cuda: the flash backward; auto = dQ recomputed in its own kernel; dq_from_ds = the "
                  "dK/dV kernel also writes dS to a scratch buffer (2 bytes a visible query-key pair) and dQ = dS K "

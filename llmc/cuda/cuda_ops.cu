@@ -980,7 +980,9 @@ KernelWays cuda_kernel_ways(const std::string& attention_forward, const std::str
         return 0;
     };
     KernelWays w;
-    w.fwd_key_tile = pick("kernels.attention_forward", attention_forward, {"keys128"}) ? 128 : 0;
+    const int fwd = pick("kernels.attention_forward", attention_forward, {"keys128", "wgmma"});
+    w.fwd_key_tile = fwd == 1 ? 128 : 0;
+    w.fwd_wgmma = fwd == 2;
     w.bwd_dq = pick("kernels.attention_backward", attention_backward, {"dq_from_ds", "fused"});
     w.ln_bwd_registers = !pick("kernels.layernorm_backward", layernorm_backward, {"streamed"});
     return w;

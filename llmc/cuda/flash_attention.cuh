@@ -67,10 +67,10 @@ __device__ __forceinline__ int first_query(SeqPositions qp, int n, int pos) {
 
 // rows [t0, t0 + R) of one head (row stride `stride` elements) -> smem [R][LD] by cp.async, 16
 // bytes a copy; rows at or past n are zero-filled (a NaN there would reach O through 0 * NaN).
-template <int HS, int R, class E>
+template <int HS, int R, int NTH = kThreads, class E>
 __device__ __forceinline__ void load_tile(E* dst, const E* src, long long stride, int t0, int n) {
     constexpr int LD = HS + 8, CH = HS / 8;  // 16-byte chunks per row
-    for (int idx = threadIdx.x; idx < R * CH; idx += kThreads) {
+    for (int idx = threadIdx.x; idx < R * CH; idx += NTH) {
         const int r = idx / CH, c = idx % CH;
         E* d = dst + r * LD + c * 8;
         if (t0 + r < n) {
@@ -322,6 +322,12 @@ bool try_forward(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int
     return true;
 }
 
+}  // namespace flash
+
+#include "llmc/cuda/flash_forward_wgmma.cuh"
+
+namespace flash {
+
 // The flash forward for one head size: two m-tiles a warp up to head size 64 (unless
 // rows_per_warp is 16), else one (unless rows_per_warp is 32: two, Q from shared memory, head
 // sizes 80 to 128); a key tile of 64 rows, else 32 (shared memory). key_tile 128 (head size 64,
@@ -354,10 +360,14 @@ bool forward_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int 
 // chooses (KernelWays::fwd_rows_per_warp for the trainer's calls: test_gpu's attention_mt2 sets it).
 // `key_tile` 128 asks for 128-key tiles (forward_hs; dev/cuda's version 6; 0: the choice,
 // KernelWays::fwd_key_tile for the trainer's calls: kernels.attention_forward=keys128).
+// `wgmma`: the warpgroup-MMA kernel (flash_forward_wgmma.cuh) where it applies (head size 64 on an
+// sm_90 device with sm_90a code; KernelWays::fwd_wgmma, kernels.attention_forward=wgmma), else the
+// others.
 template <class E>
 bool forward(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH,
                     int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp = 0,
-                    int key_tile = 0) {
+                    int key_tile = 0, bool wgmma = false) {
+    if (wgmma && try_forward_wgmma(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st)) return true;
 #define LLMC_FLASH_HS(D) \
     case D: return forward_hs<D>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st, rows_per_warp, key_tile);
     switch (HS) {

@@ -16,6 +16,8 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -250,6 +252,146 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N> __device__ __forceinline__ void cp_async_wait() {
 #if !defined(LLMC_CUEMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// ---- wgmma (sm_90a): warpgroup-wide D[64xN] (+)= A[64x16] B[16xN], A in registers, B in shared ----
+// A warpgroup is 4 consecutive warps (threads 128k .. 128k + 127) executing the instruction
+// together; warp q of it (q = warp % 4) owns rows 16q .. 16q + 15 of A and D, in the layouts of
+// mma.m16n8k16 above (CUTLASS's SM90 GMMA traits say the same: A 64x16 "RS" and C 64xN):
+//   a[0] = A[16q+g][2t, 2t+1]   a[1] = A[16q+g+8][2t, 2t+1]   a[2], a[3]: columns 2t+8, 2t+9
+//   d[i][0..1] = D[16q+g][8i+2t, +1]   d[i][2..3] = D[16q+g+8][8i+2t, +1]   (i < N/8)
+// So S = Q K^T lands in the registers an mma.sync kernel keeps, and acc_to_a turns it into the A
+// of the next product unchanged. B (N x 16, "K-major": each of B's N columns is 16 contiguous k)
+// comes from a shared-memory descriptor; the one form used here is the 128-byte swizzle:
+//   a tile of rows of 128 bytes (64 16-bit k), row n at n * 128, in atoms of 8 rows (1024
+//   bytes, 1024-byte aligned: SBO = 1024); the 16-byte chunk c of row n stored at chunk
+//   c ^ (n % 8) (address bits 4-6 ^= bits 7-9). The k-step kc of a row starts kc * 32 bytes
+//   in: the descriptor's start address advances by that, and the hardware swizzles the address
+//   it forms, so the same XOR finds the chunk (LBO is unused for swizzled K-major layouts).
+// Ordering: wgmma.fence before the first wgmma that reads registers written since (A, D);
+// commit_group closes this thread's issued wgmma into a group; wait_group<N> returns with at
+// most N groups in flight, and only then may D be read (wgmma_wait's operand fence keeps the
+// compiler from moving reads of D above it). Shared memory written by threads (st.shared,
+// cp.async) reaches wgmma's reads (the async proxy) only after fence.proxy.async
+// (fence_proxy_async) and the barrier that orders the writers before the readers.
+// The emulator's twin computes at the issue (the same fmaf order as mma_16816's, k in order),
+// decodes B's addresses from the descriptor's bits as the hardware does, and aborts on an issue
+// with no wgmma.fence since this thread's last wait (the rule as these kernels keep it).
+#if defined(LLMC_CUEMU)
+namespace emu {
+inline bool& wg_fenced() {
+    static thread_local bool f[1024];  // per thread of the block (per OS thread is per block)
+    return f[threadIdx.x];
+}
+}  // namespace emu
+#endif
+
+// The descriptor of a 128-byte-swizzled K-major tile at `tile` (shared memory, 1024-byte aligned),
+// advanced `bytes` into its rows (a multiple of 16: the k-step's 32 bytes).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* tile, int bytes) {
+#if defined(LLMC_CUEMU)
+    const uint32_t addr = (uint32_t)((const char*)tile - ::cuemu::dynamic_smem());
+#else
+    const uint32_t addr = smem_addr(tile);
+#endif
+    const uint64_t start = ((addr + (uint32_t)bytes) >> 4) & 0x3fffu, lbo = 1, sbo = 1024 >> 4;
+    return start | (lbo << 16) | (sbo << 32) | (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(LLMC_CUEMU)
+    emu::wg_fenced() = true;
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if !defined(LLMC_CUEMU) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// wait_group 0 and the compiler fence over the accumulators d (N/8 x 4 floats)
+template <int NT> __device__ __forceinline__ void wgmma_wait0(float (&d)[NT][4]) {
+#if defined(LLMC_CUEMU)
+    emu::wg_fenced() = false;
+    (void)d;
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    for (int i = 0; i < NT; i++)
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async() {
+#if !defined(LLMC_CUEMU) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// wgmma.mma_async.sync.aligned.m64n64k16.f32.{bf16,f16}.{bf16,f16}: d = a b (+ d if accumulate)
+template <class E>
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b,
+                                                bool accumulate) {
+    static_assert(std::is_same<E, __nv_bfloat16>::value || std::is_same<E, __half>::value, "bf16 or fp16 operands");
+#if defined(LLMC_CUEMU)
+    if (!emu::wg_fenced()) {
+        std::fprintf(stderr, "cuemu: wgmma_m64n64k16 issued with no wgmma.fence since this thread's last wait\n");
+        std::abort();
+    }
+    if ((desc_b >> 62) != 1) {
+        std::fprintf(stderr, "cuemu: wgmma_m64n64k16: the twin reads 128-byte-swizzled B only\n");
+        std::abort();
+    }
+    const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
+    emu::Regs& w = emu::mma_regs();
+    for (int i = 0; i < 4; i++) w.a[lane][i] = a[i];
+    __syncwarp();
+    float av[2][16];  // rows g, g + 8 of this warp's A
+    for (int q = 0; q < 4; q++)
+        for (int h = 0; h < 2; h++) {
+            const uint32_t* ra = w.a[g * 4 + q];
+            av[h][2 * q] = lo16<E>(ra[h]), av[h][2 * q + 1] = hi16<E>(ra[h]);
+            av[h][2 * q + 8] = lo16<E>(ra[h + 2]), av[h][2 * q + 9] = hi16<E>(ra[h + 2]);
+        }
+    const char* smem = ::cuemu::dynamic_smem();
+    const uint32_t start = uint32_t(desc_b & 0x3fffu) << 4, sbo = uint32_t((desc_b >> 32) & 0x3fffu) << 4;
+    auto b_at = [&](int n, int k) {  // B[k][n]: the address the descriptor forms, then the swizzle
+        uint32_t off = start + uint32_t(n / 8) * sbo + uint32_t(n % 8) * 128 + uint32_t(k) * 2;
+        off ^= ((off >> 7) & 7u) << 4;
+        unsigned short bits;
+        std::memcpy(&bits, smem + off, 2);
+        return half_of<E>(bits);
+    };
+    for (int i = 0; i < 8; i++) {
+        float bv[2][16];
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 16; k++) bv[h][k] = b_at(8 * i + 2 * t + h, k);
+        float s0 = accumulate ? d[i][0] : 0.0f, s1 = accumulate ? d[i][1] : 0.0f;
+        float s2 = accumulate ? d[i][2] : 0.0f, s3 = accumulate ? d[i][3] : 0.0f;
+        for (int k = 0; k < 16; k++) {
+            s0 = fmaf(av[0][k], bv[0][k], s0);
+            s1 = fmaf(av[0][k], bv[1][k], s1);
+            s2 = fmaf(av[1][k], bv[0][k], s2);
+            s3 = fmaf(av[1][k], bv[1][k], s3);
+        }
+        d[i][0] = s0, d[i][1] = s1, d[i][2] = s2, d[i][3] = s3;
+    }
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LLMC_WGMMA_64(T)                                                                                           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"                                                    \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %37, p, 1, 1, 0;\n}\n" \
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])                                                                                            \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"((int)accumulate), "l"(desc_b))
+    if constexpr (std::is_same<E, __nv_bfloat16>::value) LLMC_WGMMA_64("bf16");
+    else LLMC_WGMMA_64("f16");
+#undef LLMC_WGMMA_64
+#else
+    (void)d, (void)a, (void)desc_b, (void)accumulate;
+    __trap();
 #endif
 }
 

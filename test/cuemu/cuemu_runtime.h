@@ -21,6 +21,10 @@ struct alignas(8) float2 {  // CUDA's: 8-byte aligned, so a load of one is one 8
 struct alignas(16) float4 {  // CUDA's: 16-byte aligned
     float x, y, z, w;
 };
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 struct dim3 {
     unsigned x, y, z;
     constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}

@@ -60,6 +60,10 @@ mutate fused_ds_before_barrier llmc/cuda/flash_backward_fused.cuh attention_fuse
     '__syncthreads();  // the tile'"'"'s dS^T, every warp'"'"'s keys' '' bf16
 mutate fused_ds_stale_where_skipped llmc/cuda/flash_backward_fused.cuh attention_fused \
     'zero_ds_cols<E, 1>(dsw, LDS, 0, BQ);' ';' bf16
+mutate wgmma_vt_unswizzled llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
+    'dst + sw128(row, p / 4) + (p % 4) * 4' 'dst + row * 128 + (p / 4) * 16 + (p % 4) * 4' bf16
+mutate wgmma_pv_without_fence llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
+    $'s[2 * kc + 1]);\n            ptx::wgmma_fence();' 's[2 * kc + 1]);' bf16
 mutate fp8_vec_cast_gelu_dropped llmc/cuda/fp8.cuh fp8 \
     'v[e] = operand(v[e], gelu);' '(void)gelu;'
 mutate ln_bwd_registers_dinp_unread llmc/cuda/layernorm.cuh layernorm \

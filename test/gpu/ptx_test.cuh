@@ -9,6 +9,11 @@
 // both types hold them exactly).
 // Each output is written through the documented accumulator layout, so a wrong row or column
 // of any layout shows as a wrong element.
+// ptx.wgmma (test_ptx_wgmma): the warpgroup MMA of the wgmma flash forward, with its helpers
+// (flash_forward_wgmma.cuh: the swizzled K tile by cp.async, V^T by wg_fetch_v/wg_store_vt):
+// two warpgroups, A [128 x 64] (each warpgroup 64 rows, its registers filled straight from the
+// documented layout, not by ldmatrix), Bt [64 n x 64 k], V [64 k x 64 n]: D1 = A Bt^T (four
+// k-steps, the descriptor advanced 32 bytes each) and D2 = E(D1) V (P from D1's registers).
 // (Included by test_gpu_ops.cu inside its anonymous namespace, after report(); ptx.cuh included above.)
 
 constexpr int kPtxLD = 24;  // smem row pitch (elements): 48 bytes, 16-byte aligned rows
@@ -150,4 +155,112 @@ void test_ptx_exp2() {
     report(why.empty(), "ptx.exp2_ftz", strfmt("[%d inputs]", n).c_str(),
            why.empty() ? strfmt("worst relative error %.3g (input %g) tol=2^-21", worst, bad >= 0 ? x[bad] : 0.0f)
                        : why);
+}
+
+template <class E>
+__global__ void ptx_wgmma_kernel(float* d1, float* d2, const E* A, const E* Bt, const E* V) {
+    char* smem = flash::smem_1024();
+    char* sB = smem;
+    char* sVt = smem + 8192;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    flash::wg_load_k(sB, Bt, 64, 0, 64);
+    ptx::cp_async_commit();
+    uint4 v[2];
+    flash::wg_fetch_v(v, V, 64, 0, 64);
+    flash::wg_store_vt(sVt, v);
+    uint32_t a[4][4];
+    auto pair = [&](int r, int c) {  // A[r][c], A[r][c + 1] in one register
+        uint32_t x;
+        std::memcpy(&x, A + r * 64 + c, 4);
+        return x;
+    };
+    for (int kc = 0; kc < 4; kc++) {
+        const int r = 16 * w + g, c = 16 * kc + 2 * t;
+        a[kc][0] = pair(r, c), a[kc][1] = pair(r + 8, c), a[kc][2] = pair(r, c + 8), a[kc][3] = pair(r + 8, c + 8);
+    }
+    ptx::cp_async_wait<0>();
+    ptx::fence_proxy_async();
+    __syncthreads();
+    float s[8][4], o[8][4];
+    ptx::wgmma_fence();
+    for (int kc = 0; kc < 4; kc++) ptx::wgmma_m64n64k16<E>(s, a[kc], ptx::wgmma_desc_sw128(sB, kc * 32), kc > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait0(s);
+    uint32_t p[4][4];
+    for (int kc = 0; kc < 4; kc++) ptx::acc_to_a<E>(p[kc], s[2 * kc], s[2 * kc + 1]);
+    ptx::wgmma_fence();
+    for (int kc = 0; kc < 4; kc++) ptx::wgmma_m64n64k16<E>(o, p[kc], ptx::wgmma_desc_sw128(sVt, kc * 32), kc > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait0(o);
+    for (int i = 0; i < 8; i++)
+        for (int e = 0; e < 4; e++) {
+            const int idx = (16 * w + g + 8 * (e >> 1)) * 64 + 8 * i + 2 * t + (e & 1);
+            d1[idx] = s[i][e];
+            d2[idx] = o[i][e];
+        }
+}
+
+template <class E>
+void test_ptx_wgmma() {
+    constexpr bool half = std::is_same<E, f16>::value;
+    const char* what = half ? "[fp16 128x64x64, two warpgroups]" : "[bf16 128x64x64, two warpgroups]";
+    if (!flash::wgmma_available()) {
+        std::printf("SKIP ptx.wgmma %s: not an sm_90 device with sm_90a code\n", what);
+        return;
+    }
+    auto bits = [](float x) { return half ? f32_to_f16_bits(x) : f32_to_bf16_bits(x); };
+    auto f = [](uint16_t b) { return (double)(half ? f16_bits_to_f32(b) : bf16_bits_to_f32(b)); };
+    std::vector<uint16_t> hA(128 * 64), hB(64 * 64), hV(64 * 64);
+    uint32_t st = 777;
+    auto rnd = [&] {  // 8 significant bits, |x| < 2: exact in both types
+        st = st * 1664525u + 1013904223u;
+        return bits(std::ldexp(std::round(((st >> 8) / 16777216.0f - 0.5f) * 256.0f), -6));
+    };
+    for (auto& x : hA) x = rnd();
+    for (auto& x : hB) x = rnd();
+    for (auto& x : hV) x = rnd();
+    E* dA;
+    float* dD;
+    CUDA_CHECK(cudaMalloc(&dA, (hA.size() + hB.size() + hV.size()) * sizeof(E)));
+    CUDA_CHECK(cudaMalloc(&dD, 2 * 128 * 64 * sizeof(float)));
+    E* dB = dA + hA.size();
+    E* dV = dB + hB.size();
+    CUDA_CHECK(cudaMemcpy(dA, hA.data(), hA.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dB, hB.data(), hB.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dV, hV.data(), hV.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(dD, 0xff, 2 * 128 * 64 * sizeof(float)));  // NaN: an unwritten element fails
+    auto kernel = ptx_wgmma_kernel<E>;
+    const size_t bytes = 16384 + flash::kWgSlack;
+    int optin = 0;
+    if (!opt_in_smem((const void*)kernel, bytes, &optin)) throw std::runtime_error("ptx.wgmma: shared memory");
+    LLMC_LAUNCH(kernel, 1, 256, bytes, (cudaStream_t)0, dD, dD + 128 * 64, (const E*)dA, (const E*)dB, (const E*)dV);
+    CUDA_CHECK_LAUNCH();
+    std::vector<float> d(2 * 128 * 64);
+    CUDA_CHECK(cudaMemcpy(d.data(), dD, d.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(dA));
+    CUDA_CHECK(cudaFree(dD));
+    double worst[2] = {0, 0};
+    int bad[2] = {-1, -1};
+    for (int r = 0; r < 128; r++)
+        for (int n = 0; n < 64; n++) {
+            double r1 = 0, m1 = 0, r2 = 0, m2 = 0;
+            for (int k = 0; k < 64; k++) {
+                r1 += f(hA[r * 64 + k]) * f(hB[n * 64 + k]);
+                m1 += std::fabs(f(hA[r * 64 + k]) * f(hB[n * 64 + k]));
+                const double pk = f(bits(d[r * 64 + k]));  // E(D1), D1 checked here too
+                r2 += pk * f(hV[k * 64 + n]);
+                m2 += std::fabs(pk * f(hV[k * 64 + n]));
+            }
+            const double got[2] = {d[r * 64 + n], d[128 * 64 + r * 64 + n]}, ref[2] = {r1, r2}, mag[2] = {m1, m2};
+            for (int o = 0; o < 2; o++) {
+                const double e = std::fabs(got[o] - ref[o]) / (mag[o] + 1e-30);
+                if (!(e <= worst[o])) worst[o] = std::isnan(e) ? INFINITY : e, bad[o] = r * 64 + n;
+            }
+        }
+    const char* names[2] = {"ptx.wgmma_swizzled_k", "ptx.wgmma_p_from_registers_vt"};
+    for (int o = 0; o < 2; o++)
+        report(worst[o] <= 1e-5, names[o], what,
+               bad[o] < 0 ? std::string("every element exact")
+                          : strfmt("worst: row %d col %d, err/sum|terms|=%.3g tol=1e-05", bad[o] / 64, bad[o] % 64,
+                                   worst[o]));
 }

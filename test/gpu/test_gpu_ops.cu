@@ -2127,6 +2127,29 @@ int main(int argc, char** argv) {
                     test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
             });
         }
+        // the flash forward on Hopper's wgmma (v7) at head size 64, the multi-head, grouped-query and
+        // ring-block cases (positions); where the build or the device has no wgmma, one SKIP line
+        w = KernelWays();
+        w.fwd_wgmma = true;
+        ways(w);
+        if (want("attention_wgmma") && flash_dtype) {  // the config's name for it reaches KernelWays
+            const KernelWays parsed = cuda_kernel_ways("wgmma", "auto", "auto");
+            report(parsed.fwd_wgmma && parsed.fwd_key_tile == 0, "attention_wgmma.config", dtype_name(dt),
+                   strfmt("kernels.attention_forward=wgmma: fwd_wgmma %d, fwd_key_tile %d", (int)parsed.fwd_wgmma,
+                          parsed.fwd_key_tile));
+        }
+        if (want("attention_wgmma") && flash_dtype && !flash::wgmma_available())
+            std::printf("SKIP attention_wgmma [%s]: not an sm_90 device with sm_90a code\n", dtype_name(dt));
+        else {
+            run("attention", "attention_wgmma", [&](const C& c) {
+                if (flash_dtype && c.dims[1] <= variant_max_t && c.dims[4] == 64)
+                    test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
+            });
+            run("attention_ring", "attention_wgmma", [&](const C& c) {
+                if (flash_dtype && c.dims[1] <= variant_max_t && c.dims[4] == 64)
+                    test_attention_ring(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5]);
+            });
+        }
         w = KernelWays();
         ways(w);
         run("rmsnorm", "rmsnorm", [&](const C& c) { test_rmsnorm(h, c.dims[0], c.dims[1], c.x); });
@@ -2172,6 +2195,8 @@ int main(int argc, char** argv) {
             guarded("ptx bf16", [&] { test_ptx<bf16>(); });
             guarded("ptx fp16", [&] { test_ptx<f16>(); });
             guarded("ptx exp2", [&] { test_ptx_exp2(); });
+            guarded("ptx wgmma bf16", [&] { test_ptx_wgmma<bf16>(); });
+            guarded("ptx wgmma fp16", [&] { test_ptx_wgmma<f16>(); });
         }
         if (want("reference") && dt == DType::F32) guarded("reference", [&] { test_reference(*gpu); });
         if (want("model_step") && dt == DType::F32)

@@ -1,0 +1,268 @@
+// The flash forward on Hopper's warpgroup MMA (sm_90a; dev/cuda/attention_forward v7,
+// kernels.attention_forward=wgmma), head size 64, bf16 or fp16: what flash_forward_kernel computes
+// (FlashAttention-2's online softmax, P from registers, the same masks and skips), with each
+// product one wgmma for a warpgroup of four warps instead of eight mma.sync a warp, and K and V
+// read by the tensor cores from shared memory instead of ldmatrix into registers. Part of
+// llmc/cuda/flash_attention.cuh (included there, after what it uses: visible, load_tile).
+//
+// One block of two warpgroups (8 warps, 256 threads) per (128 query rows, head, batch); warpgroup
+// wg owns rows [64 wg, 64 wg + 64) of the block's, warp q of it 16 of them, as ptx.cuh's wgmma
+// layout gives them. Per key tile of 64:
+//   S = Q K^T: four wgmma m64n64k16 (k-steps of 16 head columns), Q's A fragments in registers
+//     (ldmatrix once), K from a 128-byte-swizzled tile: row n = key n, 128 bytes of head columns;
+//   the online softmax on S's registers (rows g and g + 8 of each warp's 16, 16 keys a lane);
+//   O += P V: four wgmma m64n64k16 (k-steps of 16 keys), P's A fragments from S's registers
+//     (acc_to_a), V from a swizzled tile of V^T: row n = head column n, 128 bytes of keys.
+// K streams by cp.async into the swizzled places; V^T cannot (a copy does not transpose): each
+// thread loads two keys' 16 bytes of one head chunk (warp w: head columns 8w..8w+7, lane: keys
+// 2 lane, 2 lane + 1) into registers during the tile before, and stores 8 words of two keys after
+// it (a warp's 32 stores then fall in 32 different banks: the swizzle spreads the chunk index).
+// Every wgmma waits for its group at once (no overlap of a warpgroup's own softmax and MMA: the
+// other warpgroups of the SM supply that, as with mma.sync); FlashAttention-3's producer warps,
+// TMA and intra-warpgroup pipelining are the next steps, once a GPU has timed this one.
+#pragma once
+
+namespace flash {
+
+constexpr int kWgThreads = 256, kWgRows = 128, kWgBC = 64;
+
+// shared memory, from a 1024-byte-aligned base: K [2][64][128 bytes], V^T [2][64][128 bytes]
+// (each 8 KiB tile 1024-byte aligned, as the swizzle's atoms must be), Q [128][HS + 8] (ldmatrix's
+// padded rows)
+struct WgSmem {
+    static constexpr size_t k = 0, vt = 2 * 8192, q = 4 * 8192, total = q + (size_t)kWgRows * 72 * 2;
+};
+
+// The dynamic shared memory from its first 1024-byte boundary (a launch asks for kWgSlack bytes
+// more; the emulator's is 1024-byte aligned)
+#if defined(LLMC_CUEMU)
+constexpr size_t kWgSlack = 0;
+__device__ __forceinline__ char* smem_1024() { return ::cuemu::dynamic_smem(); }
+#else
+constexpr size_t kWgSlack = 1024;
+__device__ __forceinline__ char* smem_1024() {
+    extern __shared__ __align__(1024) char wg_smem[];
+    return wg_smem + ((1024 - (ptx::smem_addr(wg_smem) & 1023)) & 1023);
+}
+#endif
+
+// The byte offset of 16-byte chunk c (0-7) of row r in a 128-byte-swizzled tile.
+__device__ __forceinline__ int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+// K rows [t0, t0 + 64) (64 head columns) into the swizzled tile by cp.async; rows at or past n zero
+template <class E>
+__device__ __forceinline__ void wg_load_k(char* dst, const E* src, long long stride, int t0, int n) {
+    for (int idx = threadIdx.x; idx < kWgBC * 8; idx += kWgThreads) {
+        const int r = idx / 8, c = idx % 8;
+        char* d = dst + sw128(r, c);
+        if (t0 + r < n) {
+            ptx::cp_async_16(d, src + (long long)(t0 + r) * stride + c * 8);
+        } else {
+            uint64_t* z = reinterpret_cast<uint64_t*>(d);
+            z[0] = 0;
+            z[1] = 0;
+        }
+    }
+}
+
+// This thread's share of V rows [t0, t0 + 64): keys t0 + 2 lane and + 1, head columns 8 warp ..
+// 8 warp + 7 (zero past n)
+template <class E>
+__device__ __forceinline__ void wg_fetch_v(uint4 (&v)[2], const E* src, long long stride, int t0, int n) {
+    const int key = t0 + 2 * (int)(threadIdx.x % 32), c = (int)(threadIdx.x / 32);
+    for (int i = 0; i < 2; i++)
+        v[i] = key + i < n ? *reinterpret_cast<const uint4*>(src + (long long)(key + i) * stride + c * 8)
+                           : make_uint4(0, 0, 0, 0);
+}
+// ... and stored transposed: V^T row 8 warp + i, keys 2 lane and 2 lane + 1 in one word
+__device__ __forceinline__ void wg_store_vt(char* dst, const uint4 (&v)[2]) {
+    const int p = (int)(threadIdx.x % 32), c = (int)(threadIdx.x / 32);
+    const uint32_t w0[4] = {v[0].x, v[0].y, v[0].z, v[0].w}, w1[4] = {v[1].x, v[1].y, v[1].z, v[1].w};
+    LLMC_UNROLL
+    for (int i = 0; i < 8; i++) {
+        const int row = 8 * c + i;
+        const uint32_t a = w0[i / 2], b = w1[i / 2];
+        const uint32_t word = i % 2 == 0 ? (a & 0xffffu) | (b << 16) : (a >> 16) | (b & 0xffff0000u);
+        *reinterpret_cast<uint32_t*>(dst + sw128(row, p / 4) + (p % 4) * 4) = word;
+    }
+}
+
+// grid (B * NH, ceil(Tq / 128)), 256 threads, WgSmem::total + kWgSlack bytes of shared memory.
+template <class E>
+__global__ void __launch_bounds__(kWgThreads)
+    flash_forward_wgmma_kernel(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int Tq, int Tk, int NH,
+                               int NKV, float scale_log2, SeqPositions qp, SeqPositions kp) {
+    constexpr int HS = 64, BC = kWgBC, LD = HS + 8, NT = BC / 8, DT = HS / 8;
+    char* smem = smem_1024();
+    char* sK = smem + WgSmem::k;
+    char* sVt = smem + WgSmem::vt;
+    E* sQ = reinterpret_cast<E*>(smem + WgSmem::q);
+
+    const int h = blockIdx.x % NH, b = blockIdx.x / NH;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * kWgRows;  // heaviest (last) query tiles first
+    const int kvh = h / (NH / NKV);
+    const long long stride = (long long)(NH + 2 * NKV) * HS;
+    const E* Qg = qkv_q + (long long)b * Tq * stride + (long long)h * HS;
+    const E* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
+    const E* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+    const int kv_end = visible(kp, Tk, qp.at(min(Tq, q0 + kWgRows) - 1));
+    const int ntiles = (kv_end + BC - 1) / BC;
+    // the warpgroup's rows [wg0, wg0 + 64): tiles past what its last row sees are skipped by all
+    // four warps together (a wgmma is the warpgroup's); this warp's rows [w0, w0 + 16)
+    const int wg0 = q0 + 64 * (warp / 4), w0 = q0 + 16 * warp;
+    const int wg_end = wg0 < Tq ? visible(kp, kv_end, qp.at(min(Tq, wg0 + 64) - 1)) : 0;
+    const bool active = w0 < Tq;
+    const int w_full = active ? visible(kp, kv_end, qp.at(w0)) : 0;  // keys before it: no mask
+    int seen[2];
+    LLMC_UNROLL
+    for (int i = 0; i < 2; i++) {
+        const int r = w0 + g + 8 * i;
+        seen[i] = r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
+    }
+
+    load_tile<HS, kWgRows, kWgThreads>(sQ, Qg, stride, q0, Tq);
+    uint4 vnext[2];
+    if (ntiles > 0) {
+        wg_load_k(sK, Kg, stride, 0, kv_end);
+        wg_fetch_v(vnext, Vg, stride, 0, kv_end);
+        wg_store_vt(sVt, vnext);
+    }
+    ptx::cp_async_commit();
+
+    uint32_t qf[HS / 16][4];
+    float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    LLMC_UNROLL
+    for (int d = 0; d < DT; d++)
+        LLMC_UNROLL
+        for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
+
+    for (int j = 0; j < ntiles; j++) {
+        const int buf = j & 1, k0 = j * BC;
+        if (j + 1 < ntiles) {  // the next tile: K by cp.async, V into registers until this one is done
+            wg_load_k(sK + (buf ^ 1) * 8192, Kg, stride, k0 + BC, kv_end);
+            ptx::cp_async_commit();
+            wg_fetch_v(vnext, Vg, stride, k0 + BC, kv_end);
+            ptx::cp_async_wait<1>();
+        } else {
+            ptx::cp_async_wait<0>();
+        }
+        ptx::fence_proxy_async();  // this thread's K copies and V^T stores, to the tensor cores' reads
+        __syncthreads();
+        if (j == 0) {
+            const E* qrow = sQ + (16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+            LLMC_UNROLL
+            for (int kc = 0; kc < HS / 16; kc++) ptx::ldmatrix_x4(qf[kc], qrow + kc * 16);
+        }
+        if (k0 < wg_end) {
+            float s[NT][4];
+            ptx::wgmma_fence();
+            LLMC_UNROLL
+            for (int kc = 0; kc < HS / 16; kc++)
+                ptx::wgmma_m64n64k16<E>(s, qf[kc], ptx::wgmma_desc_sw128(sK + buf * 8192, kc * 32), kc > 0);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait0(s);
+            if (k0 + BC > w_full) {  // the tile crosses some row's last visible key
+                LLMC_UNROLL
+                for (int i = 0; i < 2; i++)
+                    LLMC_UNROLL
+                    for (int n = 0; n < NT; n++)
+                        LLMC_UNROLL
+                        for (int e = 2 * i; e < 2 * i + 2; e++)
+                            if (k0 + n * 8 + 2 * t + (e & 1) >= seen[i]) s[n][e] = -INFINITY;
+            }
+            LLMC_UNROLL
+            for (int i = 0; i < 2; i++) {
+                float mx = -INFINITY;
+                LLMC_UNROLL
+                for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float m_new = fmaxf(m[i], mx * scale_log2);
+                const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
+                const float alpha = ptx::exp2_ftz(m[i] - m_use);
+                float sum = 0.0f;
+                LLMC_UNROLL
+                for (int n = 0; n < NT; n++)
+                    LLMC_UNROLL
+                    for (int e = 2 * i; e < 2 * i + 2; e++) {
+                        s[n][e] = ptx::exp2_ftz(fmaf(s[n][e], scale_log2, -m_use));
+                        sum += s[n][e];
+                    }
+                l[i] = l[i] * alpha + sum;
+                m[i] = m_new;
+                LLMC_UNROLL
+                for (int d = 0; d < DT; d++) {
+                    o[d][2 * i] *= alpha;
+                    o[d][2 * i + 1] *= alpha;
+                }
+            }
+            uint32_t pa[BC / 16][4];
+            LLMC_UNROLL
+            for (int kc = 0; kc < BC / 16; kc++) ptx::acc_to_a<E>(pa[kc], s[2 * kc], s[2 * kc + 1]);
+            ptx::wgmma_fence();
+            LLMC_UNROLL
+            for (int kc = 0; kc < BC / 16; kc++)
+                ptx::wgmma_m64n64k16<E>(o, pa[kc], ptx::wgmma_desc_sw128(sVt + buf * 8192, kc * 32), true);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait0(o);
+        }
+        // the next tile's V^T into the other buffer (its last reader, tile j - 1's O += P V, has
+        // been waited for by every warpgroup before this iteration's barrier)
+        if (j + 1 < ntiles) wg_store_vt(sVt + (buf ^ 1) * 8192, vnext);
+        __syncthreads();  // the next iteration's copies overwrite this tile's K buffer
+    }
+
+    if (!active) return;
+    LLMC_UNROLL
+    for (int i = 0; i < 2; i++) {
+        float li = l[i];
+        li += __shfl_xor_sync(0xffffffffu, li, 1);
+        li += __shfl_xor_sync(0xffffffffu, li, 2);
+        const int r = w0 + g + 8 * i;
+        if (r >= Tq) continue;
+        const float inv = li > 0.0f ? 1.0f / li : 0.0f;
+        E* orow = out + (((long long)b * Tq + r) * NH + h) * HS;
+        LLMC_UNROLL
+        for (int d = 0; d < DT; d++)
+            *reinterpret_cast<uint32_t*>(orow + d * 8 + 2 * t) = ptx::pack2<E>(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
+        if (t == 0)
+            lse[((long long)b * NH + h) * Tq + r] = li > 0.0f ? m[i] * 0.6931471805599453f + logf(li) : -INFINITY;
+    }
+}
+
+// Whether this build and device run the wgmma forward: an sm_90 device and a build with sm_90a
+// code (GPU_ARCH naming 90a defines LLMC_SM90A); the emulator always.
+inline bool wgmma_available() {
+#if defined(LLMC_CUEMU)
+    return true;
+#elif defined(LLMC_SM90A)
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return major == 9 && minor == 0;
+#else
+    return false;
+#endif
+}
+
+template <class E>
+bool try_forward_wgmma(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH, int NKV,
+                       int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
+    if (HS != 64 || !wgmma_available()) return false;
+    auto fn = flash_forward_wgmma_kernel<E>;
+    const size_t bytes = WgSmem::total + kWgSlack;
+    int optin = 0;
+    if (!opt_in_smem((const void*)fn, bytes, &optin)) return false;
+    const float scale_log2 = 1.4426950408889634f / sqrtf((float)HS);
+    LLMC_LAUNCH(fn, dim3(B * NH, (Tq + kWgRows - 1) / kWgRows), kWgThreads, bytes, st, out, lse, qkv_q, qkv_kv, Tq,
+                Tk, NH, NKV, scale_log2, qp, kp);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+}  // namespace flash
