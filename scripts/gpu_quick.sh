@@ -362,8 +362,7 @@ stage_kernels() {
     # attention first: the trainer's versions at every shape (the forward's v5 at head size 64, v4
     # at 128, where v5's two m-tiles ran 192 TFLOP/s in the fourth window against v4's 173 in the
     # third: to compare in one call; the backward's v6 at 64, v3 at 128), then PyTorch's SDPA at
-    # the same shapes (the peer), then the versions in question (forward v7: wgmma, at head size
-    # 64 only; backward v8: one kernel, dQ in fp32 accumulators; v7: dQ from dS^T in memory;
+    # the same shapes (the peer), then the versions in question (forward v7: wgmma; backward v8: one kernel, dQ in fp32 accumulators; v7: dQ from dS^T in memory;
     # forward v6: 128-key tiles, at head size 64 only), ncu's stall rows of the trainer's backward
     # at HS 64, of v8 and of forward v7, and the forward's two m-tiles at HS 128, then backward v4
     # and v5
@@ -380,7 +379,7 @@ stage_kernels() {
         done < <(grep '^TORCH_ATTN' "$log")
     fi
     VERSIONS=("forward 7")
-    ATTN_SHAPES="8 1024 12 64 8 1024 32 64" attn_runs
+    attn_runs
     VERSIONS=("backward 8" "backward 7")
     attn_runs
     VERSIONS=("forward 6")

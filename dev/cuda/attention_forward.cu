@@ -9,7 +9,7 @@
 //      sizes up to 64 since this version, 16 rows above); from 2026-11-27 also at head sizes 80
 //      to 128, where Q's fragments are reloaded from shared memory at each k-step of S
 //   6: version 5 with 128-key tiles (head size 64)
-//   7: llmc/cuda/flash_forward_wgmma.cuh, Hopper's warpgroup MMA (head size 64, sm_90a)
+//   7: llmc/cuda/flash_forward_wgmma.cuh, Hopper's warpgroup MMA (head sizes 64 and 128, sm_90a)
 //
 // Lab notebook (causal, bf16, FLOPs counted as FlashAttention counts them: 4 B NH HS T^2 / 2):
 //   v3  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): the forward kernel
@@ -71,8 +71,9 @@
 //       one instruction a warpgroup (m64n64k16) where v5 issues eight mma.sync a warp and the
 //       ldmatrix that feed them: K and V^T are read by the tensor cores straight from 128-byte-
 //       swizzled shared memory (V transposed on its way in, through registers). Static counts
-//       (ptxas sm_90a): 1792 instructions, 128 registers (two blocks of 256 threads an SM: 16
-//       warps, against v5's 8), no spill. Each warpgroup waits for its own wgmma at once; the
+//       (ptxas sm_90a): at head size 64 1792 instructions, 128 registers (two blocks of 256
+//       threads an SM: 16 warps, against v5's 8), at 128 2064 and 208 (one block: 8 warps, v4's
+//       4); no spill. Each warpgroup waits for its own wgmma at once; the
 //       other warpgroups of the SM overlap it. Checked on the emulator (test_gpu attention_wgmma,
 //       ptx.wgmma_*); the descriptor's form (K-major, 128-byte swizzle, SBO 1024) and the fragment
 //       layouts are CUTLASS's and the PTX ISA's, to be confirmed by test_gpu ptx on a GPU.
@@ -145,7 +146,8 @@ int main(int argc, char** argv) {
             run = [=] {
                 if (!flash::try_forward_wgmma(dout, dlse, dqkv, dqkv, B, T, T, NH, NH, HS, SeqPositions(), SeqPositions(),
                                               0))
-                    std::printf("v7 needs head size 64 on an sm_90 device with sm_90a code (HS=%d)\n", HS), std::exit(1);
+                    std::printf("v7 needs head size 64 or 128 on an sm_90 device with sm_90a code (HS=%d)\n", HS),
+                        std::exit(1);
             };
         else
             run = [=] {

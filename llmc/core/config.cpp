@@ -276,7 +276,7 @@ const std::vector<Key>& schema() {
         enum_key("kernels.attention_forward", FIELD(kernels.attention_forward), {"auto", "keys128", "wgmma"}, {},
                  "device cuda: the flash forward; auto = 64-key tiles on mma.sync; keys128 = 128-key tiles at head "
                  "size 64 (FlashAttention-2's tiles; dev/cuda/attention_forward v6); wgmma = Hopper's warpgroup "
-                 "MMA at head size 64 on an sm_90 device with a build for sm_90a (v7); auto elsewhere. The same "
+                 "MMA at head sizes 64 and 128 on an sm_90 device with a build for sm_90a (v7); auto elsewhere. The same "
                  "results up to the summation order; the CPU backend ignores it"),
         enum_key("kernels.attention_backward", FIELD(kernels.attention_backward), {"auto", "dq_from_ds", "fused"},
                  {}, "device cuda: the flash backward; auto = dQ recomputed in its own kernel; dq_from_ds = the "

@@ -360,7 +360,7 @@ bool forward_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int 
 // chooses (KernelWays::fwd_rows_per_warp for the trainer's calls: test_gpu's attention_mt2 sets it).
 // `key_tile` 128 asks for 128-key tiles (forward_hs; dev/cuda's version 6; 0: the choice,
 // KernelWays::fwd_key_tile for the trainer's calls: kernels.attention_forward=keys128).
-// `wgmma`: the warpgroup-MMA kernel (flash_forward_wgmma.cuh) where it applies (head size 64 on an
+// `wgmma`: the warpgroup-MMA kernel (flash_forward_wgmma.cuh) where it applies (head sizes 64, 128 on an
 // sm_90 device with sm_90a code; KernelWays::fwd_wgmma, kernels.attention_forward=wgmma), else the
 // others.
 template <class E>

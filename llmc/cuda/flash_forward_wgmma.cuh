@@ -1,6 +1,6 @@
 // The flash forward on Hopper's warpgroup MMA (sm_90a; dev/cuda/attention_forward v7,
-// kernels.attention_forward=wgmma), head size 64, bf16 or fp16: what flash_forward_kernel computes
-// (FlashAttention-2's online softmax, P from registers, the same masks and skips), with each
+// kernels.attention_forward=wgmma), head sizes 64 and 128, bf16 or fp16: what flash_forward_kernel
+// computes (FlashAttention-2's online softmax, P from registers, the same masks and skips), with each
 // product one wgmma for a warpgroup of four warps instead of eight mma.sync a warp, and K and V
 // read by the tensor cores from shared memory instead of ldmatrix into registers. Part of
 // llmc/cuda/flash_attention.cuh (included there, after what it uses: visible, load_tile).
@@ -8,29 +8,32 @@
 // One block of two warpgroups (8 warps, 256 threads) per (128 query rows, head, batch); warpgroup
 // wg owns rows [64 wg, 64 wg + 64) of the block's, warp q of it 16 of them, as ptx.cuh's wgmma
 // layout gives them. Per key tile of 64:
-//   S = Q K^T: four wgmma m64n64k16 (k-steps of 16 head columns), Q's A fragments in registers
-//     (ldmatrix once), K from a 128-byte-swizzled tile: row n = key n, 128 bytes of head columns;
+//   S = Q K^T: HS / 16 wgmma m64n64k16 (k-steps of 16 head columns), Q's A fragments in
+//     registers (ldmatrix once), K from 128-byte-swizzled tiles: row n = key n, 128 bytes (64)
+//     of head columns, a tile for each 64 of them;
 //   the online softmax on S's registers (rows g and g + 8 of each warp's 16, 16 keys a lane);
-//   O += P V: four wgmma m64n64k16 (k-steps of 16 keys), P's A fragments from S's registers
+//   O += P V: four wgmma m64nHSk16 (k-steps of 16 keys), P's A fragments from S's registers
 //     (acc_to_a), V from a swizzled tile of V^T: row n = head column n, 128 bytes of keys.
 // K streams by cp.async into the swizzled places; V^T cannot (a copy does not transpose): each
-// thread loads two keys' 16 bytes of one head chunk (warp w: head columns 8w..8w+7, lane: keys
-// 2 lane, 2 lane + 1) into registers during the tile before, and stores 8 words of two keys after
-// it (a warp's 32 stores then fall in 32 different banks: the swizzle spreads the chunk index).
+// thread loads two keys' 16 bytes of one head chunk (warp w: head columns 8w..8w+7, and 64 on at
+// head size 128; lane: keys 2 lane, 2 lane + 1) into registers during the tile before, and stores
+// 8 words of two keys after it (a warp's 32 stores fall in 32 banks: the swizzle spreads the chunk).
 // Every wgmma waits for its group at once (no overlap of a warpgroup's own softmax and MMA: the
 // other warpgroups of the SM supply that, as with mma.sync); FlashAttention-3's producer warps,
 // TMA and intra-warpgroup pipelining are the next steps, once a GPU has timed this one.
+// ptxas sm_90a: 128 registers at head size 64 (two blocks an SM), 208 at 128 (one); no spill.
 #pragma once
 
 namespace flash {
 
 constexpr int kWgThreads = 256, kWgRows = 128, kWgBC = 64;
 
-// shared memory, from a 1024-byte-aligned base: K [2][64][128 bytes], V^T [2][64][128 bytes]
-// (each 8 KiB tile 1024-byte aligned, as the swizzle's atoms must be), Q [128][HS + 8] (ldmatrix's
-// padded rows)
-struct WgSmem {
-    static constexpr size_t k = 0, vt = 2 * 8192, q = 4 * 8192, total = q + (size_t)kWgRows * 72 * 2;
+// shared memory, from a 1024-byte-aligned base: K [2][HS / 64][64 keys][128 bytes], V^T [2][HS][128
+// bytes] (every tile a multiple of 1024 bytes from the base, as the swizzle's atoms must be), Q
+// [128][HS + 8] (ldmatrix's padded rows)
+template <int HS> struct WgSmem {
+    static constexpr size_t kt = (size_t)HS / 64 * 8192, vtt = (size_t)HS * 128;  // a buffer's bytes
+    static constexpr size_t k = 0, vt = 2 * kt, q = vt + 2 * vtt, total = q + (size_t)kWgRows * (HS + 8) * 2;
 };
 
 // The dynamic shared memory from its first 1024-byte boundary (a launch asks for kWgSlack bytes
@@ -49,12 +52,14 @@ __device__ __forceinline__ char* smem_1024() {
 // The byte offset of 16-byte chunk c (0-7) of row r in a 128-byte-swizzled tile.
 __device__ __forceinline__ int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
-// K rows [t0, t0 + 64) (64 head columns) into the swizzled tile by cp.async; rows at or past n zero
-template <class E>
+// K rows [t0, t0 + 64) into the swizzled tiles (head columns 64 s .. 64 s + 63 in tile s) by
+// cp.async; rows at or past n zero
+template <int HS, class E>
 __device__ __forceinline__ void wg_load_k(char* dst, const E* src, long long stride, int t0, int n) {
-    for (int idx = threadIdx.x; idx < kWgBC * 8; idx += kWgThreads) {
-        const int r = idx / 8, c = idx % 8;
-        char* d = dst + sw128(r, c);
+    constexpr int CH = HS / 8;
+    for (int idx = threadIdx.x; idx < kWgBC * CH; idx += kWgThreads) {
+        const int r = idx / CH, c = idx % CH;
+        char* d = dst + (c / 8) * 8192 + sw128(r, c % 8);
         if (t0 + r < n) {
             ptx::cp_async_16(d, src + (long long)(t0 + r) * stride + c * 8);
         } else {
@@ -65,38 +70,47 @@ __device__ __forceinline__ void wg_load_k(char* dst, const E* src, long long str
     }
 }
 
-// This thread's share of V rows [t0, t0 + 64): keys t0 + 2 lane and + 1, head columns 8 warp ..
-// 8 warp + 7 (zero past n)
-template <class E>
-__device__ __forceinline__ void wg_fetch_v(uint4 (&v)[2], const E* src, long long stride, int t0, int n) {
-    const int key = t0 + 2 * (int)(threadIdx.x % 32), c = (int)(threadIdx.x / 32);
-    for (int i = 0; i < 2; i++)
-        v[i] = key + i < n ? *reinterpret_cast<const uint4*>(src + (long long)(key + i) * stride + c * 8)
-                           : make_uint4(0, 0, 0, 0);
-}
-// ... and stored transposed: V^T row 8 warp + i, keys 2 lane and 2 lane + 1 in one word
-__device__ __forceinline__ void wg_store_vt(char* dst, const uint4 (&v)[2]) {
-    const int p = (int)(threadIdx.x % 32), c = (int)(threadIdx.x / 32);
-    const uint32_t w0[4] = {v[0].x, v[0].y, v[0].z, v[0].w}, w1[4] = {v[1].x, v[1].y, v[1].z, v[1].w};
+// This thread's share of V rows [t0, t0 + 64): keys t0 + 2 lane and + 1, head columns 8 c ..
+// 8 c + 7 for c = warp + 8 h, h < HS / 64 (zero past n)
+template <int HS, class E>
+__device__ __forceinline__ void wg_fetch_v(uint4 (&v)[HS / 64][2], const E* src, long long stride, int t0, int n) {
+    const int key = t0 + 2 * (int)(threadIdx.x % 32), warp = (int)(threadIdx.x / 32);
     LLMC_UNROLL
-    for (int i = 0; i < 8; i++) {
-        const int row = 8 * c + i;
-        const uint32_t a = w0[i / 2], b = w1[i / 2];
-        const uint32_t word = i % 2 == 0 ? (a & 0xffffu) | (b << 16) : (a >> 16) | (b & 0xffff0000u);
-        *reinterpret_cast<uint32_t*>(dst + sw128(row, p / 4) + (p % 4) * 4) = word;
+    for (int h = 0; h < HS / 64; h++)
+        LLMC_UNROLL
+        for (int i = 0; i < 2; i++)
+            v[h][i] = key + i < n ? *reinterpret_cast<const uint4*>(src + (long long)(key + i) * stride + (warp + 8 * h) * 8)
+                                  : make_uint4(0, 0, 0, 0);
+}
+// ... and stored transposed: V^T row 8 c + i, keys 2 lane and 2 lane + 1 in one word
+template <int HS> __device__ __forceinline__ void wg_store_vt(char* dst, const uint4 (&v)[HS / 64][2]) {
+    const int p = (int)(threadIdx.x % 32), warp = (int)(threadIdx.x / 32);
+    LLMC_UNROLL
+    for (int h = 0; h < HS / 64; h++) {
+        const uint32_t w0[4] = {v[h][0].x, v[h][0].y, v[h][0].z, v[h][0].w};
+        const uint32_t w1[4] = {v[h][1].x, v[h][1].y, v[h][1].z, v[h][1].w};
+        LLMC_UNROLL
+        for (int i = 0; i < 8; i++) {
+            const int row = 8 * (warp + 8 * h) + i;
+            const uint32_t a = w0[i / 2], b = w1[i / 2];
+            const uint32_t word = i % 2 == 0 ? (a & 0xffffu) | (b << 16) : (a >> 16) | (b & 0xffff0000u);
+            *reinterpret_cast<uint32_t*>(dst + sw128(row, p / 4) + (p % 4) * 4) = word;
+        }
     }
 }
 
-// grid (B * NH, ceil(Tq / 128)), 256 threads, WgSmem::total + kWgSlack bytes of shared memory.
-template <class E>
+// grid (B * NH, ceil(Tq / 128)), 256 threads, WgSmem<HS>::total + kWgSlack bytes of shared memory.
+template <class E, int HS>
 __global__ void __launch_bounds__(kWgThreads)
     flash_forward_wgmma_kernel(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int Tq, int Tk, int NH,
                                int NKV, float scale_log2, SeqPositions qp, SeqPositions kp) {
-    constexpr int HS = 64, BC = kWgBC, LD = HS + 8, NT = BC / 8, DT = HS / 8;
+    static_assert(HS == 64 || HS == 128, "the wgmma shapes of ptx.cuh");
+    using L = WgSmem<HS>;
+    constexpr int BC = kWgBC, LD = HS + 8, NT = BC / 8, DT = HS / 8;
     char* smem = smem_1024();
-    char* sK = smem + WgSmem::k;
-    char* sVt = smem + WgSmem::vt;
-    E* sQ = reinterpret_cast<E*>(smem + WgSmem::q);
+    char* sK = smem + L::k;
+    char* sVt = smem + L::vt;
+    E* sQ = reinterpret_cast<E*>(smem + L::q);
 
     const int h = blockIdx.x % NH, b = blockIdx.x / NH;
     const int q0 = (gridDim.y - 1 - blockIdx.y) * kWgRows;  // heaviest (last) query tiles first
@@ -123,11 +137,11 @@ __global__ void __launch_bounds__(kWgThreads)
     }
 
     load_tile<HS, kWgRows, kWgThreads>(sQ, Qg, stride, q0, Tq);
-    uint4 vnext[2];
+    uint4 vnext[HS / 64][2];
     if (ntiles > 0) {
-        wg_load_k(sK, Kg, stride, 0, kv_end);
-        wg_fetch_v(vnext, Vg, stride, 0, kv_end);
-        wg_store_vt(sVt, vnext);
+        wg_load_k<HS>(sK, Kg, stride, 0, kv_end);
+        wg_fetch_v<HS>(vnext, Vg, stride, 0, kv_end);
+        wg_store_vt<HS>(sVt, vnext);
     }
     ptx::cp_async_commit();
 
@@ -141,9 +155,9 @@ __global__ void __launch_bounds__(kWgThreads)
     for (int j = 0; j < ntiles; j++) {
         const int buf = j & 1, k0 = j * BC;
         if (j + 1 < ntiles) {  // the next tile: K by cp.async, V into registers until this one is done
-            wg_load_k(sK + (buf ^ 1) * 8192, Kg, stride, k0 + BC, kv_end);
+            wg_load_k<HS>(sK + (buf ^ 1) * L::kt, Kg, stride, k0 + BC, kv_end);
             ptx::cp_async_commit();
-            wg_fetch_v(vnext, Vg, stride, k0 + BC, kv_end);
+            wg_fetch_v<HS>(vnext, Vg, stride, k0 + BC, kv_end);
             ptx::cp_async_wait<1>();
         } else {
             ptx::cp_async_wait<0>();
@@ -160,7 +174,8 @@ __global__ void __launch_bounds__(kWgThreads)
             ptx::wgmma_fence();
             LLMC_UNROLL
             for (int kc = 0; kc < HS / 16; kc++)
-                ptx::wgmma_m64n64k16<E>(s, qf[kc], ptx::wgmma_desc_sw128(sK + buf * 8192, kc * 32), kc > 0);
+                ptx::wgmma_m64k16<E, 64>(s, qf[kc], ptx::wgmma_desc_sw128(sK + buf * L::kt + kc / 4 * 8192, kc % 4 * 32),
+                                         kc > 0);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(s);
             if (k0 + BC > w_full) {  // the tile crosses some row's last visible key
@@ -204,13 +219,13 @@ __global__ void __launch_bounds__(kWgThreads)
             ptx::wgmma_fence();
             LLMC_UNROLL
             for (int kc = 0; kc < BC / 16; kc++)
-                ptx::wgmma_m64n64k16<E>(o, pa[kc], ptx::wgmma_desc_sw128(sVt + buf * 8192, kc * 32), true);
+                ptx::wgmma_m64k16<E, HS>(o, pa[kc], ptx::wgmma_desc_sw128(sVt + buf * L::vtt, kc * 32), true);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(o);
         }
         // the next tile's V^T into the other buffer (its last reader, tile j - 1's O += P V, has
         // been waited for by every warpgroup before this iteration's barrier)
-        if (j + 1 < ntiles) wg_store_vt(sVt + (buf ^ 1) * 8192, vnext);
+        if (j + 1 < ntiles) wg_store_vt<HS>(sVt + (buf ^ 1) * L::vtt, vnext);
         __syncthreads();  // the next iteration's copies overwrite this tile's K buffer
     }
 
@@ -250,12 +265,11 @@ inline bool wgmma_available() {
 #endif
 }
 
-template <class E>
-bool try_forward_wgmma(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH, int NKV,
-                       int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
-    if (HS != 64 || !wgmma_available()) return false;
-    auto fn = flash_forward_wgmma_kernel<E>;
-    const size_t bytes = WgSmem::total + kWgSlack;
+template <int HS, class E>
+bool try_forward_wgmma_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH,
+                          int NKV, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
+    auto fn = flash_forward_wgmma_kernel<E, HS>;
+    const size_t bytes = WgSmem<HS>::total + kWgSlack;
     int optin = 0;
     if (!opt_in_smem((const void*)fn, bytes, &optin)) return false;
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)HS);
@@ -263,6 +277,15 @@ bool try_forward_wgmma(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int 
                 Tk, NH, NKV, scale_log2, qp, kp);
     CUDA_CHECK_LAUNCH();
     return true;
+}
+// The wgmma forward where it applies (head sizes 64 and 128, wgmma_available, the device's shared
+// memory: 52 KiB a block at 64, 99 KiB at 128); false: the caller takes another
+template <class E>
+bool try_forward_wgmma(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH, int NKV,
+                       int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
+    if ((HS != 64 && HS != 128) || !wgmma_available()) return false;
+    return HS == 64 ? try_forward_wgmma_hs<64>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st)
+                    : try_forward_wgmma_hs<128>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st);
 }
 
 }  // namespace flash

@@ -10,7 +10,7 @@ struct KernelWays {
     // flash attention forward (flash::forward): query rows a warp (16 or 32; 0: the choice) and the
     // key tile (128: 128-key tiles at head size 64, dev/cuda/attention_forward v6; 0: the choice)
     int fwd_rows_per_warp = 0, fwd_key_tile = 0;
-    // ... on Hopper's warpgroup MMA where it applies (head size 64, sm_90a; dev/cuda's v7)
+    // ... on Hopper's warpgroup MMA where it applies (head sizes 64 and 128, sm_90a; dev/cuda's v7)
     bool fwd_wgmma = false;
     // flash attention backward (flash::backward; false: attention.cuh's general kernels, dev/cuda's
     // attention_backward v1 and v2): rows a warp, tile rows and the dK/dV kernel's query columns a

@@ -332,18 +332,20 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
-// wgmma.mma_async.sync.aligned.m64n64k16.f32.{bf16,f16}.{bf16,f16}: d = a b (+ d if accumulate)
-template <class E>
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b,
-                                                bool accumulate) {
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}, N = 64 or 128:
+// d = a b (+ d if accumulate)
+template <class E, int N>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b,
+                                             bool accumulate) {
     static_assert(std::is_same<E, __nv_bfloat16>::value || std::is_same<E, __half>::value, "bf16 or fp16 operands");
+    static_assert(N == 64 || N == 128, "the shapes the flash forward uses");
 #if defined(LLMC_CUEMU)
     if (!emu::wg_fenced()) {
-        std::fprintf(stderr, "cuemu: wgmma_m64n64k16 issued with no wgmma.fence since this thread's last wait\n");
+        std::fprintf(stderr, "cuemu: wgmma issued with no wgmma.fence since this thread's last wait\n");
         std::abort();
     }
     if ((desc_b >> 62) != 1) {
-        std::fprintf(stderr, "cuemu: wgmma_m64n64k16: the twin reads 128-byte-swizzled B only\n");
+        std::fprintf(stderr, "cuemu: wgmma: the twin reads 128-byte-swizzled B only\n");
         std::abort();
     }
     const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
@@ -366,7 +368,7 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t
         std::memcpy(&bits, smem + off, 2);
         return half_of<E>(bits);
     };
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < N / 8; i++) {
         float bv[2][16];
         for (int h = 0; h < 2; h++)
             for (int k = 0; k < 16; k++) bv[h][k] = b_at(8 * i + 2 * t + h, k);
@@ -381,14 +383,43 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t
         d[i][0] = s0, d[i][1] = s1, d[i][2] = s2, d[i][3] = s3;
     }
 #elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define LLMC_WGMMA_64(T)                                                                                           \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"                                                    \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %37, p, 1, 1, 0;\n}\n" \
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])                                                                                            \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"((int)accumulate), "l"(desc_b))
-    if constexpr (std::is_same<E, __nv_bfloat16>::value) LLMC_WGMMA_64("bf16");
-    else LLMC_WGMMA_64("f16");
-#undef LLMC_WGMMA_64
+    // the operands: N / 2 accumulators, a's four registers, the accumulate flag, the descriptor
+#define LLMC_WG_D(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define LLMC_WG_IN "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"((int)accumulate), "l"(desc_b)
+    constexpr bool bf = std::is_same<E, __nv_bfloat16>::value;
+    if constexpr (N == 64) {
+#define LLMC_WG_64(T)                                                                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " "                               \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "               \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "     \
+                 "{%32, %33, %34, %35}, %37, p, 1, 1, 0;\n}\n"                                           \
+                 : LLMC_WG_D(0), LLMC_WG_D(1), LLMC_WG_D(2), LLMC_WG_D(3), LLMC_WG_D(4),                 \
+                   LLMC_WG_D(5), LLMC_WG_D(6), LLMC_WG_D(7)                                              \
+                 : LLMC_WG_IN)
+        if constexpr (bf) LLMC_WG_64("bf16");
+        else LLMC_WG_64("f16");
+#undef LLMC_WG_64
+    } else {
+#define LLMC_WG_128(T)                                                                                   \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " "                              \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "               \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "      \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "      \
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "     \
+                 "{%64, %65, %66, %67}, %69, p, 1, 1, 0;\n}\n"                                           \
+                 : LLMC_WG_D(0), LLMC_WG_D(1), LLMC_WG_D(2), LLMC_WG_D(3), LLMC_WG_D(4),                 \
+                   LLMC_WG_D(5), LLMC_WG_D(6), LLMC_WG_D(7), LLMC_WG_D(8), LLMC_WG_D(9),                 \
+                   LLMC_WG_D(10), LLMC_WG_D(11), LLMC_WG_D(12), LLMC_WG_D(13), LLMC_WG_D(14),            \
+                   LLMC_WG_D(15)                                                                         \
+                 : LLMC_WG_IN)
+        if constexpr (bf) LLMC_WG_128("bf16");
+        else LLMC_WG_128("f16");
+#undef LLMC_WG_128
+    }
+#undef LLMC_WG_D
+#undef LLMC_WG_IN
 #else
     (void)d, (void)a, (void)desc_b, (void)accumulate;
     __trap();

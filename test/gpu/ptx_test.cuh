@@ -12,8 +12,9 @@
 // ptx.wgmma (test_ptx_wgmma): the warpgroup MMA of the wgmma flash forward, with its helpers
 // (flash_forward_wgmma.cuh: the swizzled K tile by cp.async, V^T by wg_fetch_v/wg_store_vt):
 // two warpgroups, A [128 x 64] (each warpgroup 64 rows, its registers filled straight from the
-// documented layout, not by ldmatrix), Bt [64 n x 64 k], V [64 k x 64 n]: D1 = A Bt^T (four
-// k-steps, the descriptor advanced 32 bytes each) and D2 = E(D1) V (P from D1's registers).
+// documented layout, not by ldmatrix), Bt [64 n x 64 k], V [64 k x 128 n]: D1 = A Bt^T (m64n64k16,
+// four k-steps, the descriptor advanced 32 bytes each), D2 = E(D1) V[:, :64] (P from D1's
+// registers) and D3 = E(D1) V (m64n128k16: V^T's 128 rows in 16 atoms).
 // (Included by test_gpu_ops.cu inside its anonymous namespace, after report(); ptx.cuh included above.)
 
 constexpr int kPtxLD = 24;  // smem row pitch (elements): 48 bytes, 16-byte aligned rows
@@ -158,16 +159,19 @@ void test_ptx_exp2() {
 }
 
 template <class E>
-__global__ void ptx_wgmma_kernel(float* d1, float* d2, const E* A, const E* Bt, const E* V) {
+__global__ void ptx_wgmma_kernel(float* d1, float* d2, float* d3, const E* A, const E* Bt, const E* V) {
     char* smem = flash::smem_1024();
     char* sB = smem;
-    char* sVt = smem + 8192;
+    char* sVt = smem + 8192;      // V[:, :64]^T, 64 rows
+    char* sVt2 = smem + 2 * 8192;  // V^T, 128 rows
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    flash::wg_load_k(sB, Bt, 64, 0, 64);
+    flash::wg_load_k<64>(sB, Bt, 64, 0, 64);
     ptx::cp_async_commit();
-    uint4 v[2];
-    flash::wg_fetch_v(v, V, 64, 0, 64);
-    flash::wg_store_vt(sVt, v);
+    uint4 v[1][2], v2[2][2];
+    flash::wg_fetch_v<64>(v, V, 128, 0, 64);
+    flash::wg_store_vt<64>(sVt, v);
+    flash::wg_fetch_v<128>(v2, V, 128, 0, 64);
+    flash::wg_store_vt<128>(sVt2, v2);
     uint32_t a[4][4];
     auto pair = [&](int r, int c) {  // A[r][c], A[r][c + 1] in one register
         uint32_t x;
@@ -183,34 +187,42 @@ __global__ void ptx_wgmma_kernel(float* d1, float* d2, const E* A, const E* Bt, 
     __syncthreads();
     float s[8][4], o[8][4];
     ptx::wgmma_fence();
-    for (int kc = 0; kc < 4; kc++) ptx::wgmma_m64n64k16<E>(s, a[kc], ptx::wgmma_desc_sw128(sB, kc * 32), kc > 0);
+    for (int kc = 0; kc < 4; kc++) ptx::wgmma_m64k16<E, 64>(s, a[kc], ptx::wgmma_desc_sw128(sB, kc * 32), kc > 0);
     ptx::wgmma_commit();
     ptx::wgmma_wait0(s);
     uint32_t p[4][4];
     for (int kc = 0; kc < 4; kc++) ptx::acc_to_a<E>(p[kc], s[2 * kc], s[2 * kc + 1]);
     ptx::wgmma_fence();
-    for (int kc = 0; kc < 4; kc++) ptx::wgmma_m64n64k16<E>(o, p[kc], ptx::wgmma_desc_sw128(sVt, kc * 32), kc > 0);
+    for (int kc = 0; kc < 4; kc++) ptx::wgmma_m64k16<E, 64>(o, p[kc], ptx::wgmma_desc_sw128(sVt, kc * 32), kc > 0);
     ptx::wgmma_commit();
     ptx::wgmma_wait0(o);
-    for (int i = 0; i < 8; i++)
+    float o2[16][4];
+    ptx::wgmma_fence();
+    for (int kc = 0; kc < 4; kc++) ptx::wgmma_m64k16<E, 128>(o2, p[kc], ptx::wgmma_desc_sw128(sVt2, kc * 32), kc > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait0(o2);
+    for (int i = 0; i < 16; i++)
         for (int e = 0; e < 4; e++) {
-            const int idx = (16 * w + g + 8 * (e >> 1)) * 64 + 8 * i + 2 * t + (e & 1);
-            d1[idx] = s[i][e];
-            d2[idx] = o[i][e];
+            const int r = 16 * w + g + 8 * (e >> 1), c = 8 * i + 2 * t + (e & 1);
+            if (i < 8) {
+                d1[r * 64 + c] = s[i][e];
+                d2[r * 64 + c] = o[i][e];
+            }
+            d3[r * 128 + c] = o2[i][e];
         }
 }
 
 template <class E>
 void test_ptx_wgmma() {
     constexpr bool half = std::is_same<E, f16>::value;
-    const char* what = half ? "[fp16 128x64x64, two warpgroups]" : "[bf16 128x64x64, two warpgroups]";
+    const char* what = half ? "[fp16, two warpgroups]" : "[bf16, two warpgroups]";
     if (!flash::wgmma_available()) {
         std::printf("SKIP ptx.wgmma %s: not an sm_90 device with sm_90a code\n", what);
         return;
     }
     auto bits = [](float x) { return half ? f32_to_f16_bits(x) : f32_to_bf16_bits(x); };
     auto f = [](uint16_t b) { return (double)(half ? f16_bits_to_f32(b) : bf16_bits_to_f32(b)); };
-    std::vector<uint16_t> hA(128 * 64), hB(64 * 64), hV(64 * 64);
+    std::vector<uint16_t> hA(128 * 64), hB(64 * 64), hV(64 * 128);
     uint32_t st = 777;
     auto rnd = [&] {  // 8 significant bits, |x| < 2: exact in both types
         st = st * 1664525u + 1013904223u;
@@ -222,45 +234,54 @@ void test_ptx_wgmma() {
     E* dA;
     float* dD;
     CUDA_CHECK(cudaMalloc(&dA, (hA.size() + hB.size() + hV.size()) * sizeof(E)));
-    CUDA_CHECK(cudaMalloc(&dD, 2 * 128 * 64 * sizeof(float)));
+    const size_t nd = 2 * 128 * 64 + 128 * 128;
+    CUDA_CHECK(cudaMalloc(&dD, nd * sizeof(float)));
     E* dB = dA + hA.size();
     E* dV = dB + hB.size();
     CUDA_CHECK(cudaMemcpy(dA, hA.data(), hA.size() * 2, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dB, hB.data(), hB.size() * 2, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dV, hV.data(), hV.size() * 2, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(dD, 0xff, 2 * 128 * 64 * sizeof(float)));  // NaN: an unwritten element fails
+    CUDA_CHECK(cudaMemset(dD, 0xff, nd * sizeof(float)));  // NaN: an unwritten element fails
     auto kernel = ptx_wgmma_kernel<E>;
-    const size_t bytes = 16384 + flash::kWgSlack;
+    const size_t bytes = 4 * 8192 + flash::kWgSlack;
     int optin = 0;
     if (!opt_in_smem((const void*)kernel, bytes, &optin)) throw std::runtime_error("ptx.wgmma: shared memory");
-    LLMC_LAUNCH(kernel, 1, 256, bytes, (cudaStream_t)0, dD, dD + 128 * 64, (const E*)dA, (const E*)dB, (const E*)dV);
+    LLMC_LAUNCH(kernel, 1, 256, bytes, (cudaStream_t)0, dD, dD + 128 * 64, dD + 2 * 128 * 64, (const E*)dA,
+                (const E*)dB, (const E*)dV);
     CUDA_CHECK_LAUNCH();
-    std::vector<float> d(2 * 128 * 64);
+    std::vector<float> d(nd);
     CUDA_CHECK(cudaMemcpy(d.data(), dD, d.size() * sizeof(float), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaFree(dA));
     CUDA_CHECK(cudaFree(dD));
-    double worst[2] = {0, 0};
-    int bad[2] = {-1, -1};
+    // the worst element of each output, err / sum|terms| (as the mma's check)
+    double worst[3] = {0, 0, 0};
+    int bad_r[3] = {-1, -1, -1}, bad_c[3] = {-1, -1, -1};
+    auto note = [&](int o, int r, int c, double got, double ref, double mag) {
+        const double e = std::fabs(got - ref) / (mag + 1e-30);
+        if (!(e <= worst[o])) worst[o] = std::isnan(e) ? INFINITY : e, bad_r[o] = r, bad_c[o] = c;
+    };
     for (int r = 0; r < 128; r++)
-        for (int n = 0; n < 64; n++) {
+        for (int n = 0; n < 128; n++) {
             double r1 = 0, m1 = 0, r2 = 0, m2 = 0;
             for (int k = 0; k < 64; k++) {
-                r1 += f(hA[r * 64 + k]) * f(hB[n * 64 + k]);
-                m1 += std::fabs(f(hA[r * 64 + k]) * f(hB[n * 64 + k]));
+                if (n < 64) {
+                    r1 += f(hA[r * 64 + k]) * f(hB[n * 64 + k]);
+                    m1 += std::fabs(f(hA[r * 64 + k]) * f(hB[n * 64 + k]));
+                }
                 const double pk = f(bits(d[r * 64 + k]));  // E(D1), D1 checked here too
-                r2 += pk * f(hV[k * 64 + n]);
-                m2 += std::fabs(pk * f(hV[k * 64 + n]));
+                r2 += pk * f(hV[k * 128 + n]);
+                m2 += std::fabs(pk * f(hV[k * 128 + n]));
             }
-            const double got[2] = {d[r * 64 + n], d[128 * 64 + r * 64 + n]}, ref[2] = {r1, r2}, mag[2] = {m1, m2};
-            for (int o = 0; o < 2; o++) {
-                const double e = std::fabs(got[o] - ref[o]) / (mag[o] + 1e-30);
-                if (!(e <= worst[o])) worst[o] = std::isnan(e) ? INFINITY : e, bad[o] = r * 64 + n;
+            if (n < 64) {
+                note(0, r, n, d[r * 64 + n], r1, m1);
+                note(1, r, n, d[128 * 64 + r * 64 + n], r2, m2);
             }
+            note(2, r, n, d[2 * 128 * 64 + r * 128 + n], r2, m2);
         }
-    const char* names[2] = {"ptx.wgmma_swizzled_k", "ptx.wgmma_p_from_registers_vt"};
-    for (int o = 0; o < 2; o++)
+    const char* names[3] = {"ptx.wgmma_swizzled_k", "ptx.wgmma_p_from_registers_vt", "ptx.wgmma_n128"};
+    for (int o = 0; o < 3; o++)
         report(worst[o] <= 1e-5, names[o], what,
-               bad[o] < 0 ? std::string("every element exact")
-                          : strfmt("worst: row %d col %d, err/sum|terms|=%.3g tol=1e-05", bad[o] / 64, bad[o] % 64,
-                                   worst[o]));
+               bad_r[o] < 0 ? std::string("every element exact")
+                            : strfmt("worst: row %d col %d, err/sum|terms|=%.3g tol=1e-05", bad_r[o], bad_c[o],
+                                     worst[o]));
 }

@@ -2127,8 +2127,9 @@ int main(int argc, char** argv) {
                     test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
             });
         }
-        // the flash forward on Hopper's wgmma (v7) at head size 64, the multi-head, grouped-query and
-        // ring-block cases (positions); where the build or the device has no wgmma, one SKIP line
+        // the flash forward on Hopper's wgmma (v7) at head sizes 64 and 128, the multi-head,
+        // grouped-query and ring-block cases (positions); where the build or the device has no wgmma,
+        // one SKIP line
         w = KernelWays();
         w.fwd_wgmma = true;
         ways(w);
@@ -2142,11 +2143,11 @@ int main(int argc, char** argv) {
             std::printf("SKIP attention_wgmma [%s]: not an sm_90 device with sm_90a code\n", dtype_name(dt));
         else {
             run("attention", "attention_wgmma", [&](const C& c) {
-                if (flash_dtype && c.dims[1] <= variant_max_t && c.dims[4] == 64)
+                if (flash_dtype && c.dims[1] <= variant_max_t && (c.dims[4] == 64 || c.dims[4] == 128))
                     test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
             });
             run("attention_ring", "attention_wgmma", [&](const C& c) {
-                if (flash_dtype && c.dims[1] <= variant_max_t && c.dims[4] == 64)
+                if (flash_dtype && c.dims[1] <= variant_max_t && (c.dims[4] == 64 || c.dims[4] == 128))
                     test_attention_ring(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5]);
             });
         }
