@@ -18,6 +18,8 @@
 //      kernel writes to memory (B NH T T bf16 of scratch) instead of recomputing S and dP
 //   8: one kernel (llmc/cuda/flash_backward_fused.cuh, head sizes 64 and 128): v6's dK/dV kernel
 //      that also adds dQ += dS K into fp32 accumulators, deterministically
+//   9: the trainer's dK/dV kernel with the dQ kernel on Hopper's wgmma
+//      (llmc/cuda/flash_backward_wgmma.cuh; head sizes 64 and 128, sm_90a)
 //
 // Lab notebook (causal, bf16; FLOPs as FlashAttention counts them: 2.5 x the forward's 4 B NH HS T^2 / 2):
 //   v2  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): dQ 48.1 ms and dK/dV
@@ -84,9 +86,19 @@
 //       ptxas sm_90: 168 registers at head size 64 (three blocks an SM), 248 at 128, no spill.
 //       Prediction at HS 64 NH 12: v6's 0.29 ms -> ~0.23 (the dQ kernel's ~0.11 ms replaced by
 //       ~0.05 of extra work in the dK/dV kernel).
+//   v9  not yet measured (written 2026-11-28 without a GPU): v6's dK/dV kernel (v3's at 128) and
+//       the dQ kernel on wgmma, the wgmma forward's shape (attention_forward v7: two warpgroups a
+//       block, 64 query rows each): S = Q K^T and dP = dO V^T as HS/16 wgmma m64n64k16 each with K
+//       and V read from 128-byte-swizzled tiles, dQ += dS K as four wgmma m64nHSk16 from a swizzled
+//       K^T (transposed through registers). Where v6's dQ kernel issues 32 ldmatrix and 96 mma.sync a
+//       warp per 64 x 64 tile (at head size 64), this one issues 12 wgmma a warpgroup and no
+//       ldmatrix after the first tile. ptxas sm_90a: 189 registers at head size 64 (one block of
+//       256 threads an SM: 8 warps, against v6's dQ kernel's 12; at 128 registers ptxas spilled
+//       128 bytes), 2280 instructions; at 128, Q's and dO's fragments reloaded each tile and the
+//       two products one after the other, 229 registers, 2752 instructions; no spill.
 //   To measure: make -C dev/cuda attention_backward && for v in 2 3 4 5 6; do
 //     ./dev/cuda/attention_backward $v 8 1024 32 64; ./dev/cuda/attention_backward $v 8 1024 16 128; done
-//   (for v in 2 3 4 5 6 7 8)
+//   (for v in 2 3 4 5 6 7 8 9)
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
 
@@ -117,10 +129,14 @@ int main(int argc, char** argv) {
     g_ways.bwd_rows_per_warp = version == 4 ? 32 : 16;
     g_ways.bwd_tile = version == 5 ? 32 : 0;
     g_ways.bwd_pass = version == 6 ? 32 : version >= 7 ? 0 : 64;
-    g_ways.bwd_dq = version == 7 ? 1 : version == 8 ? 2 : 0;
+    g_ways.bwd_dq = version == 7 ? 1 : version == 8 ? 2 : version == 9 ? 3 : 0;
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_backward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);
+    if (version == 9 && ((HS != 64 && HS != 128) || !flash::wgmma_available())) {
+        std::printf("v9 needs head size 64 or 128 on an sm_90 device with sm_90a code (HS=%d)\n", HS);
+        return 1;
+    }
     const size_t nqkv = (size_t)B * T * 3 * NH * HS, no = (size_t)B * T * NH * HS;
     auto qkv = rand_vec(nqkv, 2.0f, 1), dout = rand_vec(no, 1.0f, 2);
     if (version >= 2) round_bf16(qkv), round_bf16(dout);

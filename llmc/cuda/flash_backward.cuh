@@ -566,20 +566,36 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+}  // namespace flash
+
+#include "llmc/cuda/flash_backward_wgmma.cuh"
+
+namespace flash {
+
 // The dQ kernel over BT-key tiles and the dK/dV kernel over BT-query tiles, both with MT m-tiles a
 // warp (the dK/dV kernel QH query columns at once); DS: dQ by flash_backward_dq_ds_kernel from the
 // dS^T in ds_scratch (dev/cuda's attention_backward v7: B NH ds_rows(Tk) ds_rows(Tq) E, at most
-// max_bytes, else false).
+// max_bytes, else false); wgmma_dq: dQ by flash_backward_dq_wgmma_kernel (v9: head sizes 64 and
+// 128 where wgmma_available, else false).
 template <int HS, int BT, int MT, int QH = BT, bool DS = false, class E>
 bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                   const float* D, int B, int Tq, int Tk, int NH, int NKV, SeqPositions qp, SeqPositions kp,
-                  bool accumulate, cudaStream_t st, GrowBuffer* ds_scratch, size_t max_bytes) {
+                  bool accumulate, cudaStream_t st, GrowBuffer* ds_scratch, size_t max_bytes, bool wgmma_dq = false) {
     static_assert(!DS || (BT == 64 && MT == 1), "dS^T through memory: 64-row tiles, one m-tile");
+    constexpr bool kWgHs = HS == 64 || HS == 128;
+    if (wgmma_dq && (DS || !kWgHs || !wgmma_available())) return false;
     auto fkv = flash_backward_dkdv_kernel<E, HS, BT, MT, QH, DS>;
-    const void* fq;  // (the dS kernel instantiated only where DS)
-    if constexpr (DS) fq = (const void*)flash_backward_dq_ds_kernel<E, HS>;
-    else fq = (const void*)flash_backward_dq_kernel<E, HS, BT, MT>;
-    const size_t skv = DkdvSmem<HS, BT, MT>::total, sq = DS ? DqDsSmem<HS>::total : DqSmem<HS, BT, MT>::total;
+    const void* fq;  // (the dS kernel instantiated only where DS, the wgmma one at its head sizes)
+    size_t sq;
+    if constexpr (DS) {
+        fq = (const void*)flash_backward_dq_ds_kernel<E, HS>, sq = DqDsSmem<HS>::total;
+    } else if constexpr (kWgHs) {
+        if (wgmma_dq) fq = (const void*)flash_backward_dq_wgmma_kernel<E, HS>, sq = WgDqSmem<HS>::total + kWgSlack;
+        else fq = (const void*)flash_backward_dq_kernel<E, HS, BT, MT>, sq = DqSmem<HS, BT, MT>::total;
+    } else {
+        fq = (const void*)flash_backward_dq_kernel<E, HS, BT, MT>, sq = DqSmem<HS, BT, MT>::total;
+    }
+    const size_t skv = DkdvSmem<HS, BT, MT>::total;
     const size_t ds_elems = DS ? (size_t)B * NH * ds_rows(Tk) * ds_rows(Tq) : 0;
     if constexpr (DS) {  // within the cap, and int offsets
         if (ds_elems > std::min(max_bytes / sizeof(E), size_t(1) << 30)) return false;
@@ -596,6 +612,12 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
         auto fqs = flash_backward_dq_ds_kernel<E, HS>;
         LLMC_LAUNCH(fqs, dim3(B * NH, (Tq + 63) / 64), kThreads, sq, st, dq_dst, ds, qkv_kv, Tq, Tk, NH, NKV, scale,
                     qp, kp, accumulate);
+    } else if (kWgHs && wgmma_dq) {
+        if constexpr (kWgHs) {
+            auto fqw = flash_backward_dq_wgmma_kernel<E, HS>;
+            LLMC_LAUNCH(fqw, dim3(B * NH, (Tq + kWgRows - 1) / kWgRows), kWgThreads, sq, st, dq_dst, dout, qkv_q,
+                        qkv_kv, lse, D, Tq, Tk, NH, NKV, scale, qp, kp, accumulate);
+        }
     } else {
         auto fqr = flash_backward_dq_kernel<E, HS, BT, MT>;
         LLMC_LAUNCH(fqr, dim3(B * NH, (Tq + BK - 1) / BK), kThreads, sq, st, dq_dst, dout, qkv_q, qkv_kv, lse, D, Tq,

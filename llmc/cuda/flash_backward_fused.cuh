@@ -244,7 +244,8 @@ bool try_fused(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv
 // any device; 0: 64-row tiles where they fit); on 64-row tiles at 16 rows a warp, the dK/dV
 // kernel's pass over each query tile (bwd_pass 32: two passes of 32 columns, v6, the choice at head
 // size 64; 64: one pass, v3, the choice at 128); dQ (bwd_dq: 0 its own kernel, 1 from the dS^T in
-// memory, v7, 2 the fused kernel, v8, at head sizes 64 and 128).
+// memory, v7, 2 the fused kernel, v8, at head sizes 64 and 128, 3 its own kernel on wgmma, v9, at
+// head sizes 64 and 128 where wgmma_available).
 // dK, dV and dQ by the flash kernels when they cover HS and the device's shared memory holds
 // their tiles (64 rows, else 32); false (nothing launched): the caller takes attention.cuh's.
 // Head size 32: each warp of both kernels owns 32 rows (two m-tiles over 32-row tiles); 64: 16
@@ -259,7 +260,7 @@ bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
                      GrowBuffer* ds_scratch) {
 #define LLMC_FLASH_BWD(HSV, BT, MT, ...) \
     try_backward<HSV, BT, MT, ##__VA_ARGS__>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, \
-                                             accumulate, st, ds_scratch, w.scratch_max_bytes)
+                                             accumulate, st, ds_scratch, w.scratch_max_bytes, wq)
 #define LLMC_FLASH_FUSED(HSV)                                                                                   \
     try_fused<HSV, 32>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, accumulate, st,   \
                        ds_scratch, w.scratch_max_bytes, w.fused_splits)
@@ -268,25 +269,32 @@ bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
     const bool two = rows != 16, wide = w.bwd_tile != 32, halves = pass == 32;
     // dS^T through memory (bwd_dq 1): at head sizes 64 (two passes) and 128 (one), the trainer's ways
     const bool ds = w.bwd_dq == 1 && ds_scratch && !two && wide;
+    // dQ on wgmma (bwd_dq 3) beside the chosen dK/dV kernel, where wgmma_available (else as 0)
+    bool wq = w.bwd_dq == 3 && (HS == 64 || HS == 128) && wgmma_available();
     // one kernel (bwd_dq 2) at head sizes 64 and 128, the dK/dV part in two passes of 32 query columns
     if (w.bwd_dq == 2 && wide && ((HS == 64 && LLMC_FLASH_FUSED(64)) || (HS == 128 && LLMC_FLASH_FUSED(128))))
         return true;
-    switch (HS) {
-        case 32:
-            return (two && LLMC_FLASH_BWD(32, 32, 2)) ||
-                   (wide && LLMC_FLASH_BWD(32, 64, 1)) || LLMC_FLASH_BWD(32, 32, 1);
-        case 64:
-            return (two && LLMC_FLASH_BWD(64, 32, 2)) || (ds && halves && LLMC_FLASH_BWD(64, 64, 1, 32, true)) ||
-                   (wide && halves && LLMC_FLASH_BWD(64, 64, 1, 32)) || (wide && LLMC_FLASH_BWD(64, 64, 1)) ||
-                   LLMC_FLASH_BWD(64, 32, 1);
-        case 80: return (wide && LLMC_FLASH_BWD(80, 64, 1)) || LLMC_FLASH_BWD(80, 32, 1);
-        case 96: return (wide && LLMC_FLASH_BWD(96, 64, 1)) || LLMC_FLASH_BWD(96, 32, 1);
-        case 128:
-            return (wide && halves && LLMC_FLASH_BWD(128, 64, 1, 32)) ||
-                   (ds && LLMC_FLASH_BWD(128, 64, 1, 64, true)) || (wide && LLMC_FLASH_BWD(128, 64, 1)) ||
-                   LLMC_FLASH_BWD(128, 32, 1);
-        default: return false;
-    }
+    auto run = [&]() -> bool {
+        switch (HS) {
+            case 32:
+                return (two && LLMC_FLASH_BWD(32, 32, 2)) ||
+                       (wide && LLMC_FLASH_BWD(32, 64, 1)) || LLMC_FLASH_BWD(32, 32, 1);
+            case 64:
+                return (two && LLMC_FLASH_BWD(64, 32, 2)) || (ds && halves && LLMC_FLASH_BWD(64, 64, 1, 32, true)) ||
+                       (wide && halves && LLMC_FLASH_BWD(64, 64, 1, 32)) || (wide && LLMC_FLASH_BWD(64, 64, 1)) ||
+                       LLMC_FLASH_BWD(64, 32, 1);
+            case 80: return (wide && LLMC_FLASH_BWD(80, 64, 1)) || LLMC_FLASH_BWD(80, 32, 1);
+            case 96: return (wide && LLMC_FLASH_BWD(96, 64, 1)) || LLMC_FLASH_BWD(96, 32, 1);
+            case 128:
+                return (wide && halves && LLMC_FLASH_BWD(128, 64, 1, 32)) ||
+                       (ds && LLMC_FLASH_BWD(128, 64, 1, 64, true)) || (wide && LLMC_FLASH_BWD(128, 64, 1)) ||
+                       LLMC_FLASH_BWD(128, 32, 1);
+            default: return false;
+        }
+    };
+    if (wq && run()) return true;
+    wq = false;  // (the wgmma dQ kernel's shared memory refused: the dQ kernel of the others)
+    return run();
 #undef LLMC_FLASH_BWD
 #undef LLMC_FLASH_FUSED
 }

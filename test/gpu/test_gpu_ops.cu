@@ -2127,17 +2127,20 @@ int main(int argc, char** argv) {
                     test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
             });
         }
-        // the flash forward on Hopper's wgmma (v7) at head sizes 64 and 128, the multi-head,
-        // grouped-query and ring-block cases (positions); where the build or the device has no wgmma,
-        // one SKIP line
+        // the flash forward and the backward's dQ kernel on Hopper's wgmma (attention_forward v7,
+        // attention_backward v9) at head sizes 64 and 128, the multi-head, grouped-query and
+        // ring-block cases (positions); where the build or the device has no wgmma, one SKIP line
         w = KernelWays();
         w.fwd_wgmma = true;
+        w.bwd_dq = 3;
         ways(w);
         if (want("attention_wgmma") && flash_dtype) {  // the config's name for it reaches KernelWays
-            const KernelWays parsed = cuda_kernel_ways("wgmma", "auto", "auto");
-            report(parsed.fwd_wgmma && parsed.fwd_key_tile == 0, "attention_wgmma.config", dtype_name(dt),
-                   strfmt("kernels.attention_forward=wgmma: fwd_wgmma %d, fwd_key_tile %d", (int)parsed.fwd_wgmma,
-                          parsed.fwd_key_tile));
+            const KernelWays parsed = cuda_kernel_ways("wgmma", "wgmma_dq", "auto");
+            report(parsed.fwd_wgmma && parsed.fwd_key_tile == 0 && parsed.bwd_dq == 3, "attention_wgmma.config",
+                   dtype_name(dt),
+                   strfmt("kernels.attention_forward=wgmma, attention_backward=wgmma_dq: fwd_wgmma %d, "
+                          "fwd_key_tile %d, bwd_dq %d",
+                          (int)parsed.fwd_wgmma, parsed.fwd_key_tile, parsed.bwd_dq));
         }
         if (want("attention_wgmma") && flash_dtype && !flash::wgmma_available())
             std::printf("SKIP attention_wgmma [%s]: not an sm_90 device with sm_90a code\n", dtype_name(dt));
