@@ -362,8 +362,8 @@ stage_kernels() {
     # attention first: the trainer's versions at every shape (the forward's v5 at head size 64, v4
     # at 128, where v5's two m-tiles ran 192 TFLOP/s in the fourth window against v4's 173 in the
     # third: to compare in one call; the backward's v6 at 64, v3 at 128), then PyTorch's SDPA at
-    # the same shapes (the peer), then the versions in question (forward v7 and backward v9: wgmma;
-    # backward v8: one kernel, dQ in fp32 accumulators; v7: dQ from dS^T in memory;
+    # the same shapes (the peer), then the versions in question (forward v7 and backward v9, v10:
+    # wgmma; backward v8: one kernel, dQ in fp32 accumulators; v7: dQ from dS^T in memory;
     # forward v6: 128-key tiles, at head size 64 only), ncu's stall rows of the trainer's backward
     # at HS 64, of v8 and of forward v7, and the forward's two m-tiles at HS 128, then backward v4
     # and v5
@@ -383,6 +383,8 @@ stage_kernels() {
     attn_runs
     VERSIONS=("backward 8" "backward 9" "backward 7")
     attn_runs
+    VERSIONS=("backward 10")
+    ATTN_SHAPES="8 1024 12 64 8 1024 32 64" attn_runs
     VERSIONS=("forward 6")
     ATTN_SHAPES="8 1024 12 64 8 1024 32 64" attn_runs
     ncu_stalls backward 6 64 12
@@ -411,9 +413,9 @@ stage_kernels() {
 
 # `--variants`: the training step with each kernels.* way a GPU has not yet chosen (config
 # section "kernels"), beside the default in the same call: GPT-2 124M bf16 B=32 with the flash
-# forward on wgmma (v7), the backward's dQ on wgmma (v9), in one kernel (v8) and from dS (v7), and
-# the forward's 128-key tiles (v6); then the 1.5B shape in bf16 with LayerNorm's backward streamed
-# (the default keeps rows in registers) when the time allows.
+# forward on wgmma (v7), the backward on wgmma (v10) and its dQ alone (v9), in one kernel (v8) and
+# from dS (v7), and the forward's 128-key tiles (v6); then the 1.5B shape in bf16 with LayerNorm's
+# backward streamed (the default keeps rows in registers) when the time allows.
 # A ratio row each (variant / default): above 1, the default should follow.
 variant_ratio() {  # label TOK_variant TOK_default
     [ -n "$2" ] && [ -n "$3" ] || return 0
@@ -427,6 +429,9 @@ stage_variants() {
     quick_bench gpt2_124m "$m124" 32 bf16 nopeer
     quick_bench gpt2_124m_wgmma "$m124 kernels.attention_forward=wgmma" 32 bf16 nopeer
     variant_ratio "kernels.attention_forward=wgmma (gpt2_124m B=32)" "${TOK_q_gpt2_124m_wgmma_bf16_32:-}" \
+        "${TOK_q_gpt2_124m_bf16_32:-}"
+    quick_bench gpt2_124m_wgmma_bwd "$m124 kernels.attention_backward=wgmma" 32 bf16 nopeer
+    variant_ratio "kernels.attention_backward=wgmma (gpt2_124m B=32)" "${TOK_q_gpt2_124m_wgmma_bwd_bf16_32:-}" \
         "${TOK_q_gpt2_124m_bf16_32:-}"
     quick_bench gpt2_124m_wgmma_dq "$m124 kernels.attention_backward=wgmma_dq" 32 bf16 nopeer
     variant_ratio "kernels.attention_backward=wgmma_dq (gpt2_124m B=32)" "${TOK_q_gpt2_124m_wgmma_dq_bf16_32:-}" \

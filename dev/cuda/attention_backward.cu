@@ -20,6 +20,7 @@
 //      that also adds dQ += dS K into fp32 accumulators, deterministically
 //   9: the trainer's dK/dV kernel with the dQ kernel on Hopper's wgmma
 //      (llmc/cuda/flash_backward_wgmma.cuh; head sizes 64 and 128, sm_90a)
+//  10: both kernels on wgmma (head size 64)
 //
 // Lab notebook (causal, bf16; FLOPs as FlashAttention counts them: 2.5 x the forward's 4 B NH HS T^2 / 2):
 //   v2  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): dQ 48.1 ms and dK/dV
@@ -96,9 +97,16 @@
 //       256 threads an SM: 8 warps, against v6's dQ kernel's 12; at 128 registers ptxas spilled
 //       128 bytes), 2280 instructions; at 128, Q's and dO's fragments reloaded each tile and the
 //       two products one after the other, 229 registers, 2752 instructions; no spill.
+//   v10 not yet measured (written 2026-11-28 without a GPU): v9 with the dK/dV kernel on wgmma too
+//       (head size 64): two warpgroups a block of 128 keys, per query tile of 64 S^T = K Q^T and
+//       dP^T = V dO^T (K's and V's A fragments kept in registers, Q and dO from swizzled tiles),
+//       then dV += P^T dO and dK += dS^T Q from swizzled tiles of dO^T and Q^T (both transposed
+//       through registers): 16 wgmma a warpgroup per tile where v6 issues 80 ldmatrix and 128
+//       mma.sync a warp. ptxas sm_90a: 254 registers (one block of 256 threads an SM: 8 warps,
+//       v6's has 12), 3152 instructions, no spill.
 //   To measure: make -C dev/cuda attention_backward && for v in 2 3 4 5 6; do
 //     ./dev/cuda/attention_backward $v 8 1024 32 64; ./dev/cuda/attention_backward $v 8 1024 16 128; done
-//   (for v in 2 3 4 5 6 7 8 9)
+//   (for v in 2 3 4 5 6 7 8 9 10)
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
 
@@ -129,12 +137,13 @@ int main(int argc, char** argv) {
     g_ways.bwd_rows_per_warp = version == 4 ? 32 : 16;
     g_ways.bwd_tile = version == 5 ? 32 : 0;
     g_ways.bwd_pass = version == 6 ? 32 : version >= 7 ? 0 : 64;
-    g_ways.bwd_dq = version == 7 ? 1 : version == 8 ? 2 : version == 9 ? 3 : 0;
+    g_ways.bwd_dq = version == 7 ? 1 : version == 8 ? 2 : version == 9 ? 3 : version == 10 ? 4 : 0;
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_backward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);
-    if (version == 9 && ((HS != 64 && HS != 128) || !flash::wgmma_available())) {
-        std::printf("v9 needs head size 64 or 128 on an sm_90 device with sm_90a code (HS=%d)\n", HS);
+    if (version >= 9 && ((HS != 64 && (version == 10 || HS != 128)) || !flash::wgmma_available())) {
+        std::printf("v%d needs head size %s on an sm_90 device with sm_90a code (HS=%d)\n", version,
+                    version == 10 ? "64" : "64 or 128", HS);
         return 1;
     }
     const size_t nqkv = (size_t)B * T * 3 * NH * HS, no = (size_t)B * T * NH * HS;

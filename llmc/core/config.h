@@ -143,7 +143,7 @@ struct Fp8Config {
 // (device cuda; the CPU backend ignores these): "auto" is the measured choice.
 struct KernelsConfig {
     std::string attention_forward = "auto";   // auto | keys128 | wgmma (dev/cuda/attention_forward v6, v7)
-    std::string attention_backward = "auto";  // auto | dq_from_ds | fused | wgmma_dq (attention_backward v7-v9)
+    std::string attention_backward = "auto";  // auto | dq_from_ds | fused | wgmma_dq | wgmma (v7-v10)
     std::string layernorm_backward = "auto";  // auto (rows in registers) | streamed (dev/cuda/layernorm v5)
 };
 

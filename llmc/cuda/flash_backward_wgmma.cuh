@@ -180,4 +180,207 @@ __global__ void __launch_bounds__(kWgThreads)
     }
 }
 
+
+// The dK/dV kernel on wgmma (v10, head size 64): one block of two warpgroups per (128 keys,
+// key/value head, batch), warpgroup wg keys [64 wg, 64 wg + 64) of the block's, warp q of it 16,
+// over the (head, query tile of 64) sequence of the mma.sync kernel (the group's heads in order,
+// each from the first query tile that sees the block's first key); per query tile:
+//   S^T = K Q^T and dP^T = V dO^T: four wgmma m64n64k16 each, K's and V's A fragments in registers
+//     (ldmatrix once), Q and dO from 128-byte-swizzled tiles (cp.async);
+//   P^T and dS^T = P^T (dP^T - D) on the accumulators (lse and D of the tile's 64 queries from
+//     shared memory);
+//   dV += P^T dO and dK += dS^T Q: four wgmma m64n64k16 each, P^T's and dS^T's A fragments from the
+//     accumulators, dO and Q from swizzled tiles of dO^T and Q^T (transposed through registers as
+//     the forward's V^T).
+// Shared memory from a 1024-byte boundary: Q, dO, Q^T, dO^T [2][8 KiB] each (swizzled), K and V
+// [128][HS + 8] (ldmatrix's padded rows), lse and D [2][64].
+struct WgDkdvSmem {
+    static constexpr int HS = 64;
+    static constexpr size_t q = 0, dO = 2 * 8192, qT = 4 * 8192, dOT = 6 * 8192, k = 8 * 8192,
+                            v = k + (size_t)kWgRows * (HS + 8) * 2, lse = v + (size_t)kWgRows * (HS + 8) * 2,
+                            d = lse + 2 * 64 * 4, total = d + 2 * 64 * 4;
+};
+
+// grid (B * NKV, ceil(Tk / 128)), 256 threads, WgDkdvSmem::total + kWgSlack bytes
+template <class E>
+__global__ void __launch_bounds__(kWgThreads)
+    flash_backward_dkdv_wgmma_kernel(E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
+                                     const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
+                                     SeqPositions kp, bool accumulate) {
+    using L = WgDkdvSmem;
+    constexpr int HS = L::HS, BQ = 64, LD = HS + 8, NT = BQ / 8, DT = HS / 8, KC = HS / 16;
+    char* smem = smem_1024();
+    char* sQ = smem + L::q;
+    char* sO = smem + L::dO;
+    char* sQT = smem + L::qT;
+    char* sOT = smem + L::dOT;
+    E* sK = reinterpret_cast<E*>(smem + L::k);
+    E* sV = reinterpret_cast<E*>(smem + L::v);
+    float* sL = reinterpret_cast<float*>(smem + L::lse);
+    float* sD = reinterpret_cast<float*>(smem + L::d);
+
+    const int kvh = blockIdx.x % NKV, b = blockIdx.x / NKV, group = NH / NKV;
+    const int k0 = blockIdx.y * kWgRows;  // the first key tiles see the most queries: first
+    const long long stride = (long long)(NH + 2 * NKV) * HS, ostride = (long long)NH * HS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+    // the (head, query tile) sequence: heads of the group in order, query tiles from the first
+    // that holds a row seeing key k0
+    const int first_q = first_query(qp, Tq, kp.at(k0));
+    const int qt0 = first_q / BQ, nqt = first_q < Tq ? (Tq + BQ - 1) / BQ - qt0 : 0, n = group * nqt;
+    auto q_of = [&](int i) { return qkv_q + (long long)b * Tq * stride + (long long)(kvh * group + i / nqt) * HS; };
+    auto o_of = [&](int i) { return dout + (long long)b * Tq * ostride + (long long)(kvh * group + i / nqt) * HS; };
+    // step i's copies into buffer buf: Q and dO (cp.async, swizzled), lse and D (cp.async where
+    // whole 16-byte chunks lie before Tq, else element by element, 0 past it)
+    auto issue = [&](int i, int buf) {
+        const int q0 = (qt0 + i % nqt) * BQ;
+        wg_load_k<HS>(sQ + buf * 8192, q_of(i), stride, q0, Tq);
+        wg_load_k<HS>(sO + buf * 8192, o_of(i), ostride, q0, Tq);
+        const long long l0 = ((long long)b * NH + kvh * group + i / nqt) * Tq + q0;
+        const int idx = threadIdx.x;
+        if (idx < 2 * (BQ / 4)) {
+            const int r = (idx % (BQ / 4)) * 4;
+            const float* src = (idx < BQ / 4 ? lse : D) + l0 + r;
+            float* dst = (idx < BQ / 4 ? sL : sD) + buf * BQ + r;
+            if (q0 + r + 4 <= Tq && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+                ptx::cp_async_16(dst, src);
+            } else {
+                for (int e = 0; e < 4; e++) dst[e] = q0 + r + e < Tq ? src[e] : 0.0f;
+            }
+        }
+    };
+    uint4 qn[1][2], on[1][2];  // the next step's Q and dO rows, to be stored transposed
+    auto fetch = [&](int i) {
+        const int q0 = (qt0 + i % nqt) * BQ;
+        wg_fetch_v<HS>(qn, q_of(i), stride, q0, Tq);
+        wg_fetch_v<HS>(on, o_of(i), ostride, q0, Tq);
+    };
+    load_tile<HS, kWgRows, kWgThreads>(sK, qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS, stride, k0,
+                                      Tk);
+    load_tile<HS, kWgRows, kWgThreads>(sV, qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS,
+                                      stride, k0, Tk);
+    if (n > 0) {
+        issue(0, 0);
+        fetch(0);
+        wg_store_vt<HS>(sQT, qn);
+        wg_store_vt<HS>(sOT, on);
+    }
+    ptx::cp_async_commit();
+
+    // the warpgroup's keys [wk0, wk0 + 64), this warp's [kw0, kw0 + 16), the lane's kw0 + g and + 8
+    const int wk0 = k0 + 64 * (warp / 4), kw0 = k0 + 16 * warp;
+    const int wkfirst = wk0 < Tk ? kp.at(wk0) : INT_MAX;
+    int kpos[2];
+    LLMC_UNROLL
+    for (int i = 0; i < 2; i++) {
+        const int r = kw0 + g + 8 * i;
+        kpos[i] = r < Tk ? kp.at(r) : INT_MAX;
+    }
+    const int klast = kw0 < Tk ? kp.at(min(Tk, kw0 + 16) - 1) : INT_MAX;
+    const int arow = (16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+    uint32_t kf[KC][4], vf[KC][4];
+    float dk[1][DT][4], dv[1][DT][4];
+    LLMC_UNROLL
+    for (int d = 0; d < DT; d++)
+        LLMC_UNROLL
+        for (int e = 0; e < 4; e++) dk[0][d][e] = dv[0][d][e] = 0.0f;
+
+    for (int i = 0; i < n; i++) {
+        const int buf = i & 1, q0 = (qt0 + i % nqt) * BQ;
+        if (i + 1 < n) {
+            issue(i + 1, buf ^ 1);
+            ptx::cp_async_commit();
+            fetch(i + 1);
+            ptx::cp_async_wait<1>();
+        } else {
+            ptx::cp_async_wait<0>();
+        }
+        ptx::fence_proxy_async();  // this thread's copies and transposed stores, to the tensor cores
+        __syncthreads();
+        if (i == 0)
+            LLMC_UNROLL
+            for (int kc = 0; kc < KC; kc++) {
+                ptx::ldmatrix_x4(kf[kc], sK + arow + kc * 16);
+                ptx::ldmatrix_x4(vf[kc], sV + arow + kc * 16);
+            }
+        // the warpgroup's four warps together: some query of the tile sees its first key
+        if (wk0 < Tk && qp.at(min(Tq, q0 + BQ) - 1) >= wkfirst) {
+            float s[NT][4], dp[NT][4];
+            ptx::wgmma_fence();
+            LLMC_UNROLL
+            for (int kc = 0; kc < KC; kc++)
+                ptx::wgmma_m64k16<E, 64>(s, kf[kc], ptx::wgmma_desc_sw128(sQ + buf * 8192, kc * 32), kc > 0);
+            LLMC_UNROLL
+            for (int kc = 0; kc < KC; kc++)
+                ptx::wgmma_m64k16<E, 64>(dp, vf[kc], ptx::wgmma_desc_sw128(sO + buf * 8192, kc * 32), kc > 0);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait0(s);
+            ptx::wgmma_wait0(dp);
+            // P^T and dS^T (element: key row kw0 + g + 8 (e >> 1), query q0 + 8 j + 2t + (e & 1))
+            const bool full = q0 + BQ <= Tq && klast <= qp.at(q0) && kw0 + 16 <= Tk;
+            LLMC_UNROLL
+            for (int j = 0; j < NT; j++) {
+                const float2 l2 = *reinterpret_cast<const float2*>(sL + buf * BQ + j * 8 + 2 * t);
+                const float2 d2 = *reinterpret_cast<const float2*>(sD + buf * BQ + j * 8 + 2 * t);
+                LLMC_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    const int qi = q0 + j * 8 + 2 * t + (e & 1);
+                    const bool vis = full || (qi < Tq && kpos[e >> 1] <= qp.at(qi));
+                    const float lc = (e & 1) ? l2.y : l2.x, dc = (e & 1) ? d2.y : d2.x;
+                    const float p = vis ? ptx::exp2_ftz(fmaf(s[j][e], scale * kLog2e, -(lc * kLog2e))) : 0.0f;
+                    s[j][e] = p;
+                    dp[j][e] = p * (dp[j][e] - dc);
+                }
+            }
+            uint32_t ap[BQ / 16][4], ad[BQ / 16][4];
+            LLMC_UNROLL
+            for (int kc = 0; kc < BQ / 16; kc++) {
+                ptx::acc_to_a<E>(ap[kc], s[2 * kc], s[2 * kc + 1]);
+                ptx::acc_to_a<E>(ad[kc], dp[2 * kc], dp[2 * kc + 1]);
+            }
+            ptx::wgmma_fence();
+            LLMC_UNROLL
+            for (int kc = 0; kc < BQ / 16; kc++)
+                ptx::wgmma_m64k16<E, 64>(dv[0], ap[kc], ptx::wgmma_desc_sw128(sOT + buf * 8192, kc * 32), true);
+            LLMC_UNROLL
+            for (int kc = 0; kc < BQ / 16; kc++)
+                ptx::wgmma_m64k16<E, 64>(dk[0], ad[kc], ptx::wgmma_desc_sw128(sQT + buf * 8192, kc * 32), true);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait0(dv[0]);
+            ptx::wgmma_wait0(dk[0]);
+        }
+        // the next step's Q^T and dO^T into the other buffers (their last readers, step i - 1's
+        // products, were waited for by every warpgroup before this iteration's barrier)
+        if (i + 1 < n) {
+            wg_store_vt<HS>(sQT + (buf ^ 1) * 8192, qn);
+            wg_store_vt<HS>(sOT + (buf ^ 1) * 8192, on);
+        }
+        __syncthreads();  // the next iteration's copies overwrite this step's buffers
+    }
+
+    store_dkdv<HS, 1>(dkv, dk, dv, b, kvh, kw0, Tk, NH, NKV, scale, accumulate);
+}
+
+// dK, dV and dQ on wgmma (v10: head size 64, wgmma_available, the device's shared memory: 102 and
+// 85 KiB a block); false: nothing launched
+template <class E>
+bool try_backward_wgmma(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
+                        const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS, SeqPositions qp,
+                        SeqPositions kp, bool accumulate, cudaStream_t st) {
+    if (HS != 64 || !wgmma_available()) return false;
+    auto fkv = flash_backward_dkdv_wgmma_kernel<E>;
+    auto fq = flash_backward_dq_wgmma_kernel<E, 64>;
+    const size_t skv = WgDkdvSmem::total + kWgSlack, sq = WgDqSmem<64>::total + kWgSlack;
+    int optin = 0;
+    if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem((const void*)fq, sq, &optin)) return false;
+    const float scale = 1.0f / sqrtf((float)HS);
+    LLMC_LAUNCH(fkv, dim3(B * NKV, (Tk + kWgRows - 1) / kWgRows), kWgThreads, skv, st, dkv, dout, qkv_q, qkv_kv, lse,
+                D, Tq, Tk, NH, NKV, scale, qp, kp, accumulate);
+    CUDA_CHECK_LAUNCH();
+    LLMC_LAUNCH(fq, dim3(B * NH, (Tq + kWgRows - 1) / kWgRows), kWgThreads, sq, st, dq_dst, dout, qkv_q, qkv_kv, lse, D,
+                Tq, Tk, NH, NKV, scale, qp, kp, accumulate);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
 }  // namespace flash

@@ -66,6 +66,8 @@ mutate wgmma_pv_without_fence llmc/cuda/flash_forward_wgmma.cuh attention_wgmma 
     $'s[2 * kc + 1]);\n            ptx::wgmma_fence();' 's[2 * kc + 1]);' bf16
 mutate wgmma_dq_without_D llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
     'dp[n][e] = p * (dp[n][e] - Dr[i]);' 'dp[n][e] = p * dp[n][e];' bf16
+mutate wgmma_dkdv_unmasked llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
+    'const bool vis = full || (qi < Tq && kpos[e >> 1] <= qp.at(qi));' 'const bool vis = true;' bf16
 mutate fp8_vec_cast_gelu_dropped llmc/cuda/fp8.cuh fp8 \
     'v[e] = operand(v[e], gelu);' '(void)gelu;'
 mutate ln_bwd_registers_dinp_unread llmc/cuda/layernorm.cuh layernorm \
