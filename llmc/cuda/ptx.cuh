@@ -269,6 +269,11 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 //   c ^ (n % 8) (address bits 4-6 ^= bits 7-9). The k-step kc of a row starts kc * 32 bytes
 //   in: the descriptor's start address advances by that, and the hardware swizzles the address
 //   it forms, so the same XOR finds the chunk (LBO is unused for swizzled K-major layouts).
+// TB (imm-trans-b 1, "MN-major"; not used by the kernels yet: test_gpu's ptx.wgmma_mn_major asks
+// a GPU whether this reading of the ISA is the hardware's): B[k][n] at (n % 64) * 2 + (n / 64) * LBO
+// + (k % 8) * 128 + (k / 8) * SBO bytes from the start, swizzled alike: a row-major [k][64 n] tile
+// of 128-byte rows as it lies (CUTLASS's canonical ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO))), so V or
+// K could be read as they come by cp.async instead of transposed through registers.
 // Ordering: wgmma.fence before the first wgmma that reads registers written since (A, D);
 // commit_group closes this thread's issued wgmma into a group; wait_group<N> returns with at
 // most N groups in flight, and only then may D be read (wgmma_wait's operand fence keeps the
@@ -297,6 +302,11 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* tile, int bytes
 #endif
     const uint64_t start = ((addr + (uint32_t)bytes) >> 4) & 0x3fffu, lbo = 1, sbo = 1024 >> 4;
     return start | (lbo << 16) | (sbo << 32) | (uint64_t(1) << 62);
+}
+// ... of an MN-major tile (TB): 8-row groups of k 1024 bytes apart (SBO), 64-column blocks of n
+// `lbo` bytes apart
+__device__ __forceinline__ uint64_t wgmma_desc_sw128_mn(const void* tile, int bytes, int lbo) {
+    return (wgmma_desc_sw128(tile, bytes) & ~(uint64_t(0x3fff) << 16)) | (uint64_t((lbo >> 4) & 0x3fff) << 16);
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -333,8 +343,8 @@ __device__ __forceinline__ void fence_proxy_async() {
 }
 
 // wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}, N = 64 or 128:
-// d = a b (+ d if accumulate)
-template <class E, int N>
+// d = a b (+ d if accumulate); TB: B MN-major (imm-trans-b 1)
+template <class E, int N, bool TB = false>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b,
                                              bool accumulate) {
     static_assert(std::is_same<E, __nv_bfloat16>::value || std::is_same<E, __half>::value, "bf16 or fp16 operands");
@@ -361,8 +371,11 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], const uint32_
         }
     const char* smem = ::cuemu::dynamic_smem();
     const uint32_t start = uint32_t(desc_b & 0x3fffu) << 4, sbo = uint32_t((desc_b >> 32) & 0x3fffu) << 4;
+    const uint32_t lbo = uint32_t((desc_b >> 16) & 0x3fffu) << 4;
     auto b_at = [&](int n, int k) {  // B[k][n]: the address the descriptor forms, then the swizzle
-        uint32_t off = start + uint32_t(n / 8) * sbo + uint32_t(n % 8) * 128 + uint32_t(k) * 2;
+        uint32_t off = TB ? start + uint32_t(n % 64) * 2 + uint32_t(n / 64) * lbo + uint32_t(k % 8) * 128 +
+                                uint32_t(k / 8) * sbo
+                          : start + uint32_t(n / 8) * sbo + uint32_t(n % 8) * 128 + uint32_t(k) * 2;
         off ^= ((off >> 7) & 7u) << 4;
         unsigned short bits;
         std::memcpy(&bits, smem + off, 2);
@@ -383,9 +396,9 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], const uint32_
         d[i][0] = s0, d[i][1] = s1, d[i][2] = s2, d[i][3] = s3;
     }
 #elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    // the operands: N / 2 accumulators, a's four registers, the accumulate flag, the descriptor
+    // the operands: N / 2 accumulators, a's four registers, the accumulate flag, the descriptor, TB
 #define LLMC_WG_D(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
-#define LLMC_WG_IN "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"((int)accumulate), "l"(desc_b)
+#define LLMC_WG_IN "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"((int)accumulate), "l"(desc_b), "n"((int)TB)
     constexpr bool bf = std::is_same<E, __nv_bfloat16>::value;
     if constexpr (N == 64) {
 #define LLMC_WG_64(T)                                                                                    \
@@ -393,7 +406,7 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], const uint32_
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " "                               \
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "               \
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "     \
-                 "{%32, %33, %34, %35}, %37, p, 1, 1, 0;\n}\n"                                           \
+                 "{%32, %33, %34, %35}, %37, p, 1, 1, %38;\n}\n"                                         \
                  : LLMC_WG_D(0), LLMC_WG_D(1), LLMC_WG_D(2), LLMC_WG_D(3), LLMC_WG_D(4),                 \
                    LLMC_WG_D(5), LLMC_WG_D(6), LLMC_WG_D(7)                                              \
                  : LLMC_WG_IN)
@@ -408,7 +421,7 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], const uint32_
                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "      \
                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "      \
                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "     \
-                 "{%64, %65, %66, %67}, %69, p, 1, 1, 0;\n}\n"                                           \
+                 "{%64, %65, %66, %67}, %69, p, 1, 1, %70;\n}\n"                                         \
                  : LLMC_WG_D(0), LLMC_WG_D(1), LLMC_WG_D(2), LLMC_WG_D(3), LLMC_WG_D(4),                 \
                    LLMC_WG_D(5), LLMC_WG_D(6), LLMC_WG_D(7), LLMC_WG_D(8), LLMC_WG_D(9),                 \
                    LLMC_WG_D(10), LLMC_WG_D(11), LLMC_WG_D(12), LLMC_WG_D(13), LLMC_WG_D(14),            \
