@@ -152,13 +152,10 @@ __global__ void __launch_bounds__(kWgThreads)
                     const float p = vis ? ptx::exp2_ftz(fmaf(s[n][e], scale * kLog2e, -l2[i])) : 0.0f;
                     dp[n][e] = p * (dp[n][e] - Dr[i]);
                 }
-            uint32_t da[BC / 16][4];  // dQ += dS K
-            LLMC_UNROLL
-            for (int kc = 0; kc < BC / 16; kc++) ptx::acc_to_a<E>(da[kc], dp[2 * kc], dp[2 * kc + 1]);
+            uint32_t da[4][4];  // dQ += dS K
+            wg_acc_a<E>(da, dp);
             ptx::wgmma_fence();
-            LLMC_UNROLL
-            for (int kc = 0; kc < BC / 16; kc++)
-                ptx::wgmma_m64k16<E, HS>(dq, da[kc], ptx::wgmma_desc_sw128(sKT + buf * L::ktt, kc * 32), true);
+            wg_issue_acc<E, HS>(dq, da, sKT + buf * L::ktt);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(dq);
         }
@@ -332,19 +329,12 @@ __global__ void __launch_bounds__(kWgThreads)
                     dp[j][e] = p * (dp[j][e] - dc);
                 }
             }
-            uint32_t ap[BQ / 16][4], ad[BQ / 16][4];
-            LLMC_UNROLL
-            for (int kc = 0; kc < BQ / 16; kc++) {
-                ptx::acc_to_a<E>(ap[kc], s[2 * kc], s[2 * kc + 1]);
-                ptx::acc_to_a<E>(ad[kc], dp[2 * kc], dp[2 * kc + 1]);
-            }
+            uint32_t ap[4][4], ad[4][4];  // dV += P^T dO, dK += dS^T Q: one group
+            wg_acc_a<E>(ap, s);
+            wg_acc_a<E>(ad, dp);
             ptx::wgmma_fence();
-            LLMC_UNROLL
-            for (int kc = 0; kc < BQ / 16; kc++)
-                ptx::wgmma_m64k16<E, 64>(dv[0], ap[kc], ptx::wgmma_desc_sw128(sOT + buf * 8192, kc * 32), true);
-            LLMC_UNROLL
-            for (int kc = 0; kc < BQ / 16; kc++)
-                ptx::wgmma_m64k16<E, 64>(dk[0], ad[kc], ptx::wgmma_desc_sw128(sQT + buf * 8192, kc * 32), true);
+            wg_issue_acc<E, 64>(dv[0], ap, sOT + buf * 8192);
+            wg_issue_acc<E, 64>(dk[0], ad, sQT + buf * 8192);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(dv[0]);
             ptx::wgmma_wait0(dk[0]);

@@ -99,6 +99,20 @@ template <int HS> __device__ __forceinline__ void wg_store_vt(char* dst, const u
     }
 }
 
+// The products whose A is another product's accumulators (O += P V here, dQ += dS K, dV += P^T dO
+// and dK += dS^T Q in flash_backward_wgmma.cuh), over 64 rows of X: wg_acc_a rounds the
+// accumulators p (64 columns) into the four k-steps' A fragments (n-tiles 2 kc and 2 kc + 1);
+template <class E> __device__ __forceinline__ void wg_acc_a(uint32_t (&a)[4][4], const float (&p)[8][4]) {
+    LLMC_UNROLL
+    for (int kc = 0; kc < 4; kc++) ptx::acc_to_a<E>(a[kc], p[2 * kc], p[2 * kc + 1]);
+}
+// wg_issue_acc issues the four wgmma m64nNk16 (not committed), X^T from the swizzled tile xt (N rows)
+template <class E, int N>
+__device__ __forceinline__ void wg_issue_acc(float (&d)[N / 8][4], const uint32_t (&a)[4][4], const char* xt) {
+    LLMC_UNROLL
+    for (int kc = 0; kc < 4; kc++) ptx::wgmma_m64k16<E, N>(d, a[kc], ptx::wgmma_desc_sw128(xt, kc * 32), true);
+}
+
 // grid (B * NH, ceil(Tq / 128)), 256 threads, WgSmem<HS>::total + kWgSlack bytes of shared memory.
 template <class E, int HS>
 __global__ void __launch_bounds__(kWgThreads)
@@ -213,13 +227,10 @@ __global__ void __launch_bounds__(kWgThreads)
                     o[d][2 * i + 1] *= alpha;
                 }
             }
-            uint32_t pa[BC / 16][4];
-            LLMC_UNROLL
-            for (int kc = 0; kc < BC / 16; kc++) ptx::acc_to_a<E>(pa[kc], s[2 * kc], s[2 * kc + 1]);
+            uint32_t pa[4][4];  // O += P V
+            wg_acc_a<E>(pa, s);
             ptx::wgmma_fence();
-            LLMC_UNROLL
-            for (int kc = 0; kc < BC / 16; kc++)
-                ptx::wgmma_m64k16<E, HS>(o, pa[kc], ptx::wgmma_desc_sw128(sVt + buf * L::vtt, kc * 32), true);
+            wg_issue_acc<E, HS>(o, pa, sVt + buf * L::vtt);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(o);
         }

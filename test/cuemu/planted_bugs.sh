@@ -63,7 +63,7 @@ mutate fused_ds_stale_where_skipped llmc/cuda/flash_backward_fused.cuh attention
 mutate wgmma_vt_unswizzled llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     'dst + sw128(row, p / 4) + (p % 4) * 4' 'dst + row * 128 + (p / 4) * 16 + (p % 4) * 4' bf16
 mutate wgmma_pv_without_fence llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
-    $'s[2 * kc + 1]);\n            ptx::wgmma_fence();' 's[2 * kc + 1]);' bf16
+    $'wg_acc_a<E>(pa, s);\n            ptx::wgmma_fence();' 'wg_acc_a<E>(pa, s);' bf16
 mutate wgmma_dq_without_D llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
     'dp[n][e] = p * (dp[n][e] - Dr[i]);' 'dp[n][e] = p * dp[n][e];' bf16
 mutate wgmma_dkdv_unmasked llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
