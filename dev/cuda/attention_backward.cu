@@ -93,10 +93,10 @@
 //       and V read from 128-byte-swizzled tiles, dQ += dS K as four wgmma m64nHSk16 from a swizzled
 //       K^T (transposed through registers). Where v6's dQ kernel issues 32 ldmatrix and 96 mma.sync a
 //       warp per 64 x 64 tile (at head size 64), this one issues 12 wgmma a warpgroup and no
-//       ldmatrix after the first tile. ptxas sm_90a: 189 registers at head size 64 (one block of
+//       ldmatrix after the first tile. ptxas sm_90a: 166 registers at head size 64 (one block of
 //       256 threads an SM: 8 warps, against v6's dQ kernel's 12; at 128 registers ptxas spilled
-//       128 bytes), 2280 instructions; at 128, Q's and dO's fragments reloaded each tile and the
-//       two products one after the other, 229 registers, 2752 instructions; no spill.
+//       128 bytes), 2384 instructions; at 128, Q's and dO's fragments reloaded each tile and the
+//       two products one after the other, 216 registers, 2856 instructions; no spill.
 //   v10 not yet measured (written 2026-11-28 without a GPU): v9 with the dK/dV kernel on wgmma too
 //       (head size 64): two warpgroups a block of 128 keys, per query tile of 64 S^T = K Q^T and
 //       dP^T = V dO^T (K's and V's A fragments kept in registers, Q and dO from swizzled tiles),

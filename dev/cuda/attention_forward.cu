@@ -71,8 +71,8 @@
 //       one instruction a warpgroup (m64n64k16) where v5 issues eight mma.sync a warp and the
 //       ldmatrix that feed them: K and V^T are read by the tensor cores straight from 128-byte-
 //       swizzled shared memory (V transposed on its way in, through registers). Static counts
-//       (ptxas sm_90a): at head size 64 1792 instructions, 128 registers (two blocks of 256
-//       threads an SM: 16 warps, against v5's 8), at 128 2064 and 208 (one block: 8 warps, v4's
+//       (ptxas sm_90a): at head size 64 1792 instructions, 126 registers (two blocks of 256
+//       threads an SM: 16 warps, against v5's 8), at 128 2072 and 204 (one block: 8 warps, v4's
 //       4); no spill. Each warpgroup waits for its own wgmma at once; the
 //       other warpgroups of the SM overlap it. Checked on the emulator (test_gpu attention_wgmma,
 //       ptx.wgmma_*); the descriptor's form (K-major, 128-byte swizzle, SBO 1024) and the fragment

@@ -44,29 +44,16 @@ __global__ void __launch_bounds__(kWgThreads)
     E* sQ = reinterpret_cast<E*>(smem + L::q);
     E* sO = reinterpret_cast<E*>(smem + L::dO);
 
-    const int h = blockIdx.x % NH, b = blockIdx.x / NH;
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * kWgRows;  // heaviest (last) query tiles first
-    const int kvh = h / (NH / NKV);
-    const long long stride = (long long)(NH + 2 * NKV) * HS, ostride = (long long)NH * HS;
-    const E* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
-    const E* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
+    const WgRows<HS, E> R(qkv_kv, Tq, Tk, NH, NKV, qp, kp);
+    const int h = R.h, b = R.b, q0 = R.q0, kv_end = R.kv_end, ntiles = R.ntiles, wg_end = R.wg_end, w0 = R.w0;
+    const long long stride = R.stride, ostride = (long long)NH * HS;
+    const E *Kg = R.Kg, *Vg = R.Vg;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-
-    const int kv_end = visible(kp, Tk, qp.at(min(Tq, q0 + kWgRows) - 1));
-    const int ntiles = (kv_end + BC - 1) / BC;
-    // the warpgroup's rows [wg0, wg0 + 64) (tiles past what its last row sees: skipped by its four
-    // warps together); this warp's [w0, w0 + 16), the lane's w0 + g and + 8
-    const int wg0 = q0 + 64 * (warp / 4), w0 = q0 + 16 * warp;
-    const int wg_end = wg0 < Tq ? visible(kp, kv_end, qp.at(min(Tq, wg0 + 64) - 1)) : 0;
-    const bool active = w0 < Tq;
-    const int w_full = active ? visible(kp, kv_end, qp.at(w0)) : 0;
-    int seen[2];
-    float l2[2], Dr[2];
+    float l2[2], Dr[2];  // the lane's rows' lse (base 2) and D
     LLMC_UNROLL
     for (int i = 0; i < 2; i++) {
         const int r = w0 + g + 8 * i;
         const long long li = ((long long)b * NH + h) * Tq + r;
-        seen[i] = r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
         l2[i] = r < Tq ? lse[li] * kLog2e : 0.0f;
         Dr[i] = r < Tq ? D[li] : 0.0f;
     }
@@ -142,13 +129,13 @@ __global__ void __launch_bounds__(kWgThreads)
                 ptx::wgmma_commit();
                 ptx::wgmma_wait0(dp);
             }
-            const bool crossing = k0 + BC > w_full;
+            const bool crossing = k0 + BC > R.w_full;
             LLMC_UNROLL
             for (int n = 0; n < NT; n++)
                 LLMC_UNROLL
                 for (int e = 0; e < 4; e++) {
                     const int i = e >> 1;
-                    const bool vis = !crossing || k0 + n * 8 + 2 * t + (e & 1) < seen[i];
+                    const bool vis = !crossing || k0 + n * 8 + 2 * t + (e & 1) < R.seen[i];
                     const float p = vis ? ptx::exp2_ftz(fmaf(s[n][e], scale * kLog2e, -l2[i])) : 0.0f;
                     dp[n][e] = p * (dp[n][e] - Dr[i]);
                 }
@@ -165,7 +152,7 @@ __global__ void __launch_bounds__(kWgThreads)
         __syncthreads();  // the next iteration's copies overwrite this tile's K and V buffers
     }
 
-    if (!active) return;
+    if (!R.active) return;
     LLMC_UNROLL
     for (int i = 0; i < 2; i++) {
         const int r = w0 + g + 8 * i;

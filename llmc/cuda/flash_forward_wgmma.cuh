@@ -21,7 +21,7 @@
 // Every wgmma waits for its group at once (no overlap of a warpgroup's own softmax and MMA: the
 // other warpgroups of the SM supply that, as with mma.sync); FlashAttention-3's producer warps,
 // TMA and intra-warpgroup pipelining are the next steps, once a GPU has timed this one.
-// ptxas sm_90a: 128 registers at head size 64 (two blocks an SM), 208 at 128 (one); no spill.
+// ptxas sm_90a: 126 registers at head size 64 (two blocks an SM), 204 at 128 (one); no spill.
 #pragma once
 
 namespace flash {
@@ -99,6 +99,39 @@ template <int HS> __device__ __forceinline__ void wg_store_vt(char* dst, const u
     }
 }
 
+// Where a query-row block of the wgmma kernels (the forward's, the dQ kernel's) stands: head h of
+// batch b, its key/value head kvh and pointers Kg, Vg (row stride `stride`), rows [q0, q0 + 128)
+// (the heaviest, last, first), keys [0, kv_end) seen by some row in ntiles tiles; the warpgroup's
+// rows [wg0, wg0 + 64), tiles from wg_end on skipped by its four warps together (a wgmma is the
+// warpgroup's); this warp's rows [w0, w0 + 16) (active: some before Tq), keys before w_full seen by
+// all of them; the lane's rows w0 + g and + 8, keys [0, seen[i]) visible to row i.
+template <int HS, class E> struct WgRows {
+    int h, b, kvh, q0, kv_end, ntiles, wg0, wg_end, w0, w_full, seen[2];
+    bool active;
+    long long stride;
+    const E *Kg, *Vg;
+    __device__ __forceinline__ WgRows(const E* qkv_kv, int Tq, int Tk, int NH, int NKV, SeqPositions qp,
+                                      SeqPositions kp) {
+        h = blockIdx.x % NH, b = blockIdx.x / NH, kvh = h / (NH / NKV);
+        q0 = (gridDim.y - 1 - blockIdx.y) * kWgRows;
+        stride = (long long)(NH + 2 * NKV) * HS;
+        Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
+        Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
+        kv_end = visible(kp, Tk, qp.at(min(Tq, q0 + kWgRows) - 1));
+        ntiles = (kv_end + kWgBC - 1) / kWgBC;
+        const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
+        wg0 = q0 + 64 * (warp / 4), w0 = q0 + 16 * warp;
+        wg_end = wg0 < Tq ? visible(kp, kv_end, qp.at(min(Tq, wg0 + 64) - 1)) : 0;
+        active = w0 < Tq;
+        w_full = active ? visible(kp, kv_end, qp.at(w0)) : 0;
+        LLMC_UNROLL
+        for (int i = 0; i < 2; i++) {
+            const int r = w0 + g + 8 * i;
+            seen[i] = r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
+        }
+    }
+};
+
 // The products whose A is another product's accumulators (O += P V here, dQ += dS K, dV += P^T dO
 // and dK += dS^T Q in flash_backward_wgmma.cuh), over 64 rows of X: wg_acc_a rounds the
 // accumulators p (64 columns) into the four k-steps' A fragments (n-tiles 2 kc and 2 kc + 1);
@@ -126,29 +159,11 @@ __global__ void __launch_bounds__(kWgThreads)
     char* sVt = smem + L::vt;
     E* sQ = reinterpret_cast<E*>(smem + L::q);
 
-    const int h = blockIdx.x % NH, b = blockIdx.x / NH;
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * kWgRows;  // heaviest (last) query tiles first
-    const int kvh = h / (NH / NKV);
-    const long long stride = (long long)(NH + 2 * NKV) * HS;
-    const E* Qg = qkv_q + (long long)b * Tq * stride + (long long)h * HS;
-    const E* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
-    const E* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
+    const WgRows<HS, E> R(qkv_kv, Tq, Tk, NH, NKV, qp, kp);
+    const int h = R.h, b = R.b, q0 = R.q0, kv_end = R.kv_end, ntiles = R.ntiles, wg_end = R.wg_end, w0 = R.w0;
+    const long long stride = R.stride;
+    const E *Kg = R.Kg, *Vg = R.Vg, *Qg = qkv_q + (long long)b * Tq * stride + (long long)h * HS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-
-    const int kv_end = visible(kp, Tk, qp.at(min(Tq, q0 + kWgRows) - 1));
-    const int ntiles = (kv_end + BC - 1) / BC;
-    // the warpgroup's rows [wg0, wg0 + 64): tiles past what its last row sees are skipped by all
-    // four warps together (a wgmma is the warpgroup's); this warp's rows [w0, w0 + 16)
-    const int wg0 = q0 + 64 * (warp / 4), w0 = q0 + 16 * warp;
-    const int wg_end = wg0 < Tq ? visible(kp, kv_end, qp.at(min(Tq, wg0 + 64) - 1)) : 0;
-    const bool active = w0 < Tq;
-    const int w_full = active ? visible(kp, kv_end, qp.at(w0)) : 0;  // keys before it: no mask
-    int seen[2];
-    LLMC_UNROLL
-    for (int i = 0; i < 2; i++) {
-        const int r = w0 + g + 8 * i;
-        seen[i] = r < Tq ? visible(kp, kv_end, qp.at(r)) : kv_end;
-    }
 
     load_tile<HS, kWgRows, kWgThreads>(sQ, Qg, stride, q0, Tq);
     uint4 vnext[HS / 64][2];
@@ -192,14 +207,14 @@ __global__ void __launch_bounds__(kWgThreads)
                                          kc > 0);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(s);
-            if (k0 + BC > w_full) {  // the tile crosses some row's last visible key
+            if (k0 + BC > R.w_full) {  // the tile crosses some row's last visible key
                 LLMC_UNROLL
                 for (int i = 0; i < 2; i++)
                     LLMC_UNROLL
                     for (int n = 0; n < NT; n++)
                         LLMC_UNROLL
                         for (int e = 2 * i; e < 2 * i + 2; e++)
-                            if (k0 + n * 8 + 2 * t + (e & 1) >= seen[i]) s[n][e] = -INFINITY;
+                            if (k0 + n * 8 + 2 * t + (e & 1) >= R.seen[i]) s[n][e] = -INFINITY;
             }
             LLMC_UNROLL
             for (int i = 0; i < 2; i++) {
@@ -240,7 +255,7 @@ __global__ void __launch_bounds__(kWgThreads)
         __syncthreads();  // the next iteration's copies overwrite this tile's K buffer
     }
 
-    if (!active) return;
+    if (!R.active) return;
     LLMC_UNROLL
     for (int i = 0; i < 2; i++) {
         float li = l[i];
