@@ -338,13 +338,15 @@ kernel_row() {
         row "$1" "FAIL" "" "" "" "exit $3; ${res:-no time}; $(grep -m1 -iE 'mismatch|error|max|FAIL' "$2" | cut -c1-100)"
     fi
 }
-# attn_runs VERSION...: dev/cuda's attention programs at every shape of ATTN_SHAPES, a row each
+# attn_runs: dev/cuda's attention programs VERSIONS at every shape of ATTN_SHAPES (those of head
+# size ONLY_HS where it is set), a row each
 attn_runs() {
     local b t nh hs v kind ver log rc
     # shellcheck disable=SC2086
     set -- $ATTN_SHAPES
     while [ $# -ge 4 ]; do
         b=$1; t=$2; nh=$3; hs=$4; shift 4
+        [ -z "${ONLY_HS:-}" ] || [ "$hs" = "$ONLY_HS" ] || continue
         for v in "${VERSIONS[@]}"; do
             kind=${v% *}; ver=${v#* }
             log="$WORK/attention_${kind}_v${ver}_B${b}_T${t}_NH${nh}_HS${hs}.log"
@@ -359,16 +361,17 @@ stage_kernels() {
     [ -n "$DEADLINE" ] || DEADLINE=$(( $(date +%s) + ${QUICK_SECONDS:-170} ))
     local log rc v
     local -a VERSIONS
-    # attention first: the trainer's versions at every shape (the forward's v5 at head size 64, v4
-    # at 128, where v5's two m-tiles ran 192 TFLOP/s in the fourth window against v4's 173 in the
-    # third: to compare in one call; the backward's v6 at 64, v3 at 128), then PyTorch's SDPA at
-    # the same shapes (the peer), then the versions in question (forward v7 and backward v9, v10:
-    # wgmma; backward v8: one kernel, dQ in fp32 accumulators; v7: dQ from dS^T in memory;
-    # forward v6: 128-key tiles, at head size 64 only), ncu's stall rows of the trainer's backward
-    # at HS 64, of v8 and of forward v7, and the forward's two m-tiles at HS 128, then backward v4
-    # and v5
-    VERSIONS=("forward 5" "forward 4" "backward 6" "backward 3")
-    attn_runs
+    # attention first: at each shape the trainer's versions and Hopper's wgmma ones beside them
+    # (forward v5 and v7, backward v6 and v10 at head size 64; forward v4 and v7, backward v3 and v9
+    # at 128), then PyTorch's SDPA at the same shapes (the peer), then the other versions in
+    # question (backward v9 at 64, v8: one kernel, dQ in fp32 accumulators, v7: dQ from dS^T in
+    # memory; forward v5 at 128, where its two m-tiles ran 192 TFLOP/s in the fourth window against
+    # v4's 173 in the third; forward v6: 128-key tiles, at 64), ncu's stall rows (the trainer's
+    # backward at HS 64, v8, forward v7, the forward's two m-tiles at HS 128), then backward v4, v5
+    VERSIONS=("forward 5" "forward 7" "backward 6" "backward 10")
+    ONLY_HS=64 attn_runs
+    VERSIONS=("forward 4" "forward 7" "backward 3" "backward 9")
+    ONLY_HS=128 attn_runs
     log="$WORK/torch_attention.log"
     # shellcheck disable=SC2086
     step "PyTorch SDPA" 90 python3 dev/bench/torch_attention.py $ATTN_SHAPES >"$log" 2>&1
@@ -379,14 +382,14 @@ stage_kernels() {
             row "PyTorch SDPA $(echo "$res" | cut -d' ' -f2-5)" "PASS" "" "" "" "$(echo "$res" | cut -d' ' -f6-)"
         done < <(grep '^TORCH_ATTN' "$log")
     fi
-    VERSIONS=("forward 7")
+    VERSIONS=("backward 9")
+    ONLY_HS=64 attn_runs
+    VERSIONS=("backward 8" "backward 7")
     attn_runs
-    VERSIONS=("backward 8" "backward 9" "backward 7")
-    attn_runs
-    VERSIONS=("backward 10")
-    ATTN_SHAPES="8 1024 12 64 8 1024 32 64" attn_runs
+    VERSIONS=("forward 5")
+    ONLY_HS=128 attn_runs
     VERSIONS=("forward 6")
-    ATTN_SHAPES="8 1024 12 64 8 1024 32 64" attn_runs
+    ONLY_HS=64 attn_runs
     ncu_stalls backward 6 64 12
     ncu_stalls backward 8 64 12
     ncu_stalls forward 7 64 12
