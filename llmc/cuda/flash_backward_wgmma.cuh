@@ -104,10 +104,10 @@ __global__ void __launch_bounds__(kWgThreads)
                 ptx::wgmma_fence();
                 LLMC_UNROLL
                 for (int kc = 0; kc < KC; kc++)
-                    ptx::wgmma_m64k16<E, 64>(s, qf[kc], ptx::wgmma_desc_sw128(tK + kc / 4 * 8192, kc % 4 * 32), kc > 0);
+                    ptx::wgmma_m64k16<E, 64>(s, qf[kc], wg_kdesc(tK, kc), kc > 0);
                 LLMC_UNROLL
                 for (int kc = 0; kc < KC; kc++)
-                    ptx::wgmma_m64k16<E, 64>(dp, of[kc], ptx::wgmma_desc_sw128(tV + kc / 4 * 8192, kc % 4 * 32), kc > 0);
+                    ptx::wgmma_m64k16<E, 64>(dp, of[kc], wg_kdesc(tV, kc), kc > 0);
                 ptx::wgmma_commit();
                 ptx::wgmma_wait0(s);
                 ptx::wgmma_wait0(dp);
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kWgThreads)
                 ptx::wgmma_fence();
                 LLMC_UNROLL
                 for (int kc = 0; kc < KC; kc++)
-                    ptx::wgmma_m64k16<E, 64>(s, qf[kc], ptx::wgmma_desc_sw128(tK + kc / 4 * 8192, kc % 4 * 32), kc > 0);
+                    ptx::wgmma_m64k16<E, 64>(s, qf[kc], wg_kdesc(tK, kc), kc > 0);
                 ptx::wgmma_commit();
                 ptx::wgmma_wait0(s);
                 LLMC_UNROLL
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kWgThreads)
                 ptx::wgmma_fence();
                 LLMC_UNROLL
                 for (int kc = 0; kc < KC; kc++)
-                    ptx::wgmma_m64k16<E, 64>(dp, qf[kc], ptx::wgmma_desc_sw128(tV + kc / 4 * 8192, kc % 4 * 32), kc > 0);
+                    ptx::wgmma_m64k16<E, 64>(dp, qf[kc], wg_kdesc(tV, kc), kc > 0);
                 ptx::wgmma_commit();
                 ptx::wgmma_wait0(dp);
             }

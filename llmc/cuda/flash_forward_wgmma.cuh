@@ -52,6 +52,11 @@ __device__ __forceinline__ char* smem_1024() {
 // The byte offset of 16-byte chunk c (0-7) of row r in a 128-byte-swizzled tile.
 __device__ __forceinline__ int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
+// The descriptor of k-step kc (head columns 16 kc ..) of K (or Q, dO, V) in wg_load_k's tiles
+__device__ __forceinline__ uint64_t wg_kdesc(const char* tiles, int kc) {
+    return ptx::wgmma_desc_sw128(tiles + kc / 4 * 8192, kc % 4 * 32);
+}
+
 // K rows [t0, t0 + 64) into the swizzled tiles (head columns 64 s .. 64 s + 63 in tile s) by
 // cp.async; rows at or past n zero
 template <int HS, class E>
@@ -79,8 +84,9 @@ __device__ __forceinline__ void wg_fetch_v(uint4 (&v)[HS / 64][2], const E* src,
     for (int h = 0; h < HS / 64; h++)
         LLMC_UNROLL
         for (int i = 0; i < 2; i++)
-            v[h][i] = key + i < n ? *reinterpret_cast<const uint4*>(src + (long long)(key + i) * stride + (warp + 8 * h) * 8)
-                                  : make_uint4(0, 0, 0, 0);
+            v[h][i] = key + i < n
+                          ? *reinterpret_cast<const uint4*>(src + (long long)(key + i) * stride + (warp + 8 * h) * 8)
+                          : make_uint4(0, 0, 0, 0);
 }
 // ... and stored transposed: V^T row 8 c + i, keys 2 lane and 2 lane + 1 in one word
 template <int HS> __device__ __forceinline__ void wg_store_vt(char* dst, const uint4 (&v)[HS / 64][2]) {
@@ -203,8 +209,7 @@ __global__ void __launch_bounds__(kWgThreads)
             ptx::wgmma_fence();
             LLMC_UNROLL
             for (int kc = 0; kc < HS / 16; kc++)
-                ptx::wgmma_m64k16<E, 64>(s, qf[kc], ptx::wgmma_desc_sw128(sK + buf * L::kt + kc / 4 * 8192, kc % 4 * 32),
-                                         kc > 0);
+                ptx::wgmma_m64k16<E, 64>(s, qf[kc], wg_kdesc(sK + buf * L::kt, kc), kc > 0);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(s);
             if (k0 + BC > R.w_full) {  // the tile crosses some row's last visible key
@@ -267,7 +272,8 @@ __global__ void __launch_bounds__(kWgThreads)
         E* orow = out + (((long long)b * Tq + r) * NH + h) * HS;
         LLMC_UNROLL
         for (int d = 0; d < DT; d++)
-            *reinterpret_cast<uint32_t*>(orow + d * 8 + 2 * t) = ptx::pack2<E>(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
+            *reinterpret_cast<uint32_t*>(orow + d * 8 + 2 * t) =
+                ptx::pack2<E>(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
         if (t == 0)
             lse[((long long)b * NH + h) * Tq + r] = li > 0.0f ? m[i] * 0.6931471805599453f + logf(li) : -INFINITY;
     }
@@ -280,7 +286,8 @@ inline bool wgmma_available() {
     return true;
 #elif defined(LLMC_SM90A)
     int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
         (void)cudaGetLastError();
         return false;

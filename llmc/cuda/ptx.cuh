@@ -280,14 +280,31 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 // compiler from moving reads of D above it). Shared memory written by threads (st.shared,
 // cp.async) reaches wgmma's reads (the async proxy) only after fence.proxy.async
 // (fence_proxy_async) and the barrier that orders the writers before the readers.
-// The emulator's twin computes at the issue (the same fmaf order as mma_16816's, k in order),
-// decodes B's addresses from the descriptor's bits as the hardware does, and aborts on an issue
-// with no wgmma.fence since this thread's last wait (the rule as these kernels keep it).
+// The emulator's twin keeps each issued wgmma and computes it at the wait that completes its group,
+// as late as the hardware may: it reads A's registers and B's shared memory then, and writes D then
+// (a kernel that changes A or B, or reads D, before its wait sees it go wrong in CI). It sums as
+// mma_16816's twin does (k in order), decodes B's addresses from the descriptor's bits as the
+// hardware does, and aborts on an issue with no wgmma.fence since this thread's last wait (the rule
+// as these kernels keep it).
 #if defined(LLMC_CUEMU)
 namespace emu {
-inline bool& wg_fenced() {
-    static thread_local bool f[1024];  // per thread of the block (per OS thread is per block)
-    return f[threadIdx.x];
+// one issued wgmma: where its accumulators and A registers live, its descriptor and flag, and the
+// product (wgmma_run<E, N, TB>)
+struct WgOp {
+    void (*run)(const WgOp&);
+    float* d;
+    const uint32_t* a;
+    uint64_t desc;
+    bool accumulate;
+};
+struct WgState {
+    bool fenced;
+    int issued, committed;  // the first `committed` of the `issued` ops are in committed groups
+    WgOp ops[32];
+};
+inline WgState& wg_state() {
+    static thread_local WgState s[1024];  // per thread of the block (per OS thread is per block)
+    return s[threadIdx.x];
 }
 }  // namespace emu
 #endif
@@ -311,7 +328,7 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128_mn(const void* tile, int by
 
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(LLMC_CUEMU)
-    emu::wg_fenced() = true;
+    emu::wg_state().fenced = true;
 #elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #else
@@ -319,14 +336,19 @@ __device__ __forceinline__ void wgmma_fence() {
 #endif
 }
 __device__ __forceinline__ void wgmma_commit() {
-#if !defined(LLMC_CUEMU) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if defined(LLMC_CUEMU)
+    emu::wg_state().committed = emu::wg_state().issued;
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
 // wait_group 0 and the compiler fence over the accumulators d (N/8 x 4 floats)
 template <int NT> __device__ __forceinline__ void wgmma_wait0(float (&d)[NT][4]) {
 #if defined(LLMC_CUEMU)
-    emu::wg_fenced() = false;
+    emu::WgState& w = emu::wg_state();  // the committed groups' products, in issue order
+    for (int i = 0; i < w.committed; i++) w.ops[i].run(w.ops[i]);
+    for (int i = w.committed; i < w.issued; i++) w.ops[i - w.committed] = w.ops[i];
+    w.issued -= w.committed, w.committed = 0, w.fenced = false;
     (void)d;
 #elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -342,24 +364,17 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
-// wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}, N = 64 or 128:
-// d = a b (+ d if accumulate); TB: B MN-major (imm-trans-b 1)
-template <class E, int N, bool TB = false>
-__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b,
-                                             bool accumulate) {
-    static_assert(std::is_same<E, __nv_bfloat16>::value || std::is_same<E, __half>::value, "bf16 or fp16 operands");
-    static_assert(N == 64 || N == 128, "the shapes the flash forward uses");
 #if defined(LLMC_CUEMU)
-    if (!emu::wg_fenced()) {
-        std::fprintf(stderr, "cuemu: wgmma issued with no wgmma.fence since this thread's last wait\n");
-        std::abort();
-    }
-    if ((desc_b >> 62) != 1) {
-        std::fprintf(stderr, "cuemu: wgmma: the twin reads 128-byte-swizzled B only\n");
-        std::abort();
-    }
+namespace emu {
+// the twin's product of one wgmma (WgOp), at its wait: every lane of the warp runs its ops in the
+// same order, so the register exchange lines up as the mma's does
+template <class E, int N, bool TB> void wgmma_run(const WgOp& op) {
+    const uint32_t* a = op.a;
+    const uint64_t desc_b = op.desc;
+    const bool accumulate = op.accumulate;
+    float (*d)[4] = reinterpret_cast<float (*)[4]>(op.d);
     const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-    emu::Regs& w = emu::mma_regs();
+    Regs& w = mma_regs();
     for (int i = 0; i < 4; i++) w.a[lane][i] = a[i];
     __syncwarp();
     float av[2][16];  // rows g, g + 8 of this warp's A
@@ -395,6 +410,29 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], const uint32_
         }
         d[i][0] = s0, d[i][1] = s1, d[i][2] = s2, d[i][3] = s3;
     }
+}
+}  // namespace emu
+#endif
+
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}, N = 64 or 128:
+// d = a b (+ d if accumulate); TB: B MN-major (imm-trans-b 1)
+template <class E, int N, bool TB = false>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b,
+                                             bool accumulate) {
+    static_assert(std::is_same<E, __nv_bfloat16>::value || std::is_same<E, __half>::value, "bf16 or fp16 operands");
+    static_assert(N == 64 || N == 128, "the shapes the flash forward uses");
+#if defined(LLMC_CUEMU)
+    emu::WgState& st = emu::wg_state();
+    if (!st.fenced) {
+        std::fprintf(stderr, "cuemu: wgmma issued with no wgmma.fence since this thread's last wait\n");
+        std::abort();
+    }
+    if ((desc_b >> 62) != 1 || st.issued == 32) {
+        std::fprintf(stderr, "cuemu: wgmma: %s\n",
+                     st.issued == 32 ? "32 issued and not waited for" : "the twin reads 128-byte-swizzled B only");
+        std::abort();
+    }
+    st.ops[st.issued++] = emu::WgOp{&emu::wgmma_run<E, N, TB>, &d[0][0], a, desc_b, accumulate};
 #elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
     // the operands: N / 2 accumulators, a's four registers, the accumulate flag, the descriptor, TB
 #define LLMC_WG_D(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
