@@ -74,6 +74,25 @@ __device__ __forceinline__ void store_pair(E* p, float x, float y, bool accumula
     *reinterpret_cast<uint32_t*>(p) = ptx::pack2<E>(x, y);
 }
 
+// The lse and D of query rows [q0, q0 + BQ) from lse + l0 and D + l0 into sL and sD, 4 rows a 16-byte
+// cp.async (not committed; beside the tile's Q and dO: a plain load here would stall its warp for
+// the global latency every tile); rows past Tq and unaligned chunks element by element (past Tq: 0).
+// NTH: the block's threads.
+template <int BQ, int NTH = kThreads>
+__device__ __forceinline__ void load_lse_d(float* sL, float* sD, const float* lse, const float* D, long long l0, int q0,
+                                           int Tq) {
+    for (int idx = threadIdx.x; idx < 2 * (BQ / 4); idx += NTH) {
+        const int r = (idx % (BQ / 4)) * 4;
+        const float* src = (idx < BQ / 4 ? lse : D) + l0 + r;
+        float* dst = (idx < BQ / 4 ? sL : sD) + r;
+        if (q0 + r + 4 <= Tq && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+            ptx::cp_async_16(dst, src);
+        } else {
+            for (int e = 0; e < 4; e++) dst[e] = q0 + r + e < Tq ? src[e] : 0.0f;
+        }
+    }
+}
+
 // The copies (cp.async, not committed) of query tile [q0, q0 + BQ) of head h, batch b into buffer
 // buf of a dK/dV kernel's shared memory (DkdvSmem): Q, dO, and their rows' lse and D.
 template <int HS, int BQ, class E>
@@ -83,20 +102,7 @@ __device__ __forceinline__ void load_query_tile(E* sQ, E* sO, float* sL, float* 
     constexpr int LD = HS + 8;
     load_tile<HS, BQ>(sQ + buf * BQ * LD, qkv_q + (long long)b * Tq * stride + (long long)h * HS, stride, q0, Tq);
     load_tile<HS, BQ>(sO + buf * BQ * LD, dout + (long long)b * Tq * ostride + (long long)h * HS, ostride, q0, Tq);
-    // lse and D of the tile's rows, 4 rows a 16-byte cp.async (with Q and dO: a plain load here
-    // would stall its warp for the global latency every tile); rows past Tq and unaligned
-    // chunks element by element (past Tq: 0)
-    const long long l0 = ((long long)b * NH + h) * Tq + q0;
-    for (int idx = threadIdx.x; idx < 2 * (BQ / 4); idx += kThreads) {
-        const int r = (idx % (BQ / 4)) * 4;
-        const float* src = (idx < BQ / 4 ? lse : D) + l0 + r;
-        float* dst = (idx < BQ / 4 ? sL : sD) + buf * BQ + r;
-        if (q0 + r + 4 <= Tq && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
-            ptx::cp_async_16(dst, src);
-        } else {
-            for (int e = 0; e < 4; e++) dst[e] = q0 + r + e < Tq ? src[e] : 0.0f;
-        }
-    }
+    load_lse_d<BQ>(sL + buf * BQ, sD + buf * BQ, lse, D, ((long long)b * NH + h) * Tq + q0, q0, Tq);
 }
 
 // This warp's dK (times scale) and dV of keys [kw0, kw0 + 16 MT), key/value head kvh, batch b, into
@@ -585,15 +591,13 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
     constexpr bool kWgHs = HS == 64 || HS == 128;
     if (wgmma_dq && (DS || !kWgHs || !wgmma_available())) return false;
     auto fkv = flash_backward_dkdv_kernel<E, HS, BT, MT, QH, DS>;
-    const void* fq;  // (the dS kernel instantiated only where DS, the wgmma one at its head sizes)
-    size_t sq;
+    // the dQ kernel (the dS one instantiated only where DS, the wgmma one at its head sizes)
+    const void* fq = (const void*)flash_backward_dq_kernel<E, HS, BT, MT>;
+    size_t sq = DqSmem<HS, BT, MT>::total;
     if constexpr (DS) {
         fq = (const void*)flash_backward_dq_ds_kernel<E, HS>, sq = DqDsSmem<HS>::total;
     } else if constexpr (kWgHs) {
         if (wgmma_dq) fq = (const void*)flash_backward_dq_wgmma_kernel<E, HS>, sq = WgDqSmem<HS>::total + kWgSlack;
-        else fq = (const void*)flash_backward_dq_kernel<E, HS, BT, MT>, sq = DqSmem<HS, BT, MT>::total;
-    } else {
-        fq = (const void*)flash_backward_dq_kernel<E, HS, BT, MT>, sq = DqSmem<HS, BT, MT>::total;
     }
     const size_t skv = DkdvSmem<HS, BT, MT>::total;
     const size_t ds_elems = DS ? (size_t)B * NH * ds_rows(Tk) * ds_rows(Tq) : 0;

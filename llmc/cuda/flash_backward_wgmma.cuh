@@ -102,12 +102,8 @@ __global__ void __launch_bounds__(kWgThreads)
                         ptx::ldmatrix_x4(of[kc], sO + frag + kc * 16);
                     }
                 ptx::wgmma_fence();
-                LLMC_UNROLL
-                for (int kc = 0; kc < KC; kc++)
-                    ptx::wgmma_m64k16<E, 64>(s, qf[kc], wg_kdesc(tK, kc), kc > 0);
-                LLMC_UNROLL
-                for (int kc = 0; kc < KC; kc++)
-                    ptx::wgmma_m64k16<E, 64>(dp, of[kc], wg_kdesc(tV, kc), kc > 0);
+                wg_issue_k<E>(s, qf, tK);
+                wg_issue_k<E>(dp, of, tV);
                 ptx::wgmma_commit();
                 ptx::wgmma_wait0(s);
                 ptx::wgmma_wait0(dp);
@@ -115,17 +111,13 @@ __global__ void __launch_bounds__(kWgThreads)
                 LLMC_UNROLL
                 for (int kc = 0; kc < KC; kc++) ptx::ldmatrix_x4(qf[kc], sQ + frag + kc * 16);
                 ptx::wgmma_fence();
-                LLMC_UNROLL
-                for (int kc = 0; kc < KC; kc++)
-                    ptx::wgmma_m64k16<E, 64>(s, qf[kc], wg_kdesc(tK, kc), kc > 0);
+                wg_issue_k<E>(s, qf, tK);
                 ptx::wgmma_commit();
                 ptx::wgmma_wait0(s);
                 LLMC_UNROLL
                 for (int kc = 0; kc < KC; kc++) ptx::ldmatrix_x4(qf[kc], sO + frag + kc * 16);
                 ptx::wgmma_fence();
-                LLMC_UNROLL
-                for (int kc = 0; kc < KC; kc++)
-                    ptx::wgmma_m64k16<E, 64>(dp, qf[kc], wg_kdesc(tV, kc), kc > 0);
+                wg_issue_k<E>(dp, qf, tV);
                 ptx::wgmma_commit();
                 ptx::wgmma_wait0(dp);
             }
@@ -214,24 +206,13 @@ __global__ void __launch_bounds__(kWgThreads)
     const int qt0 = first_q / BQ, nqt = first_q < Tq ? (Tq + BQ - 1) / BQ - qt0 : 0, n = group * nqt;
     auto q_of = [&](int i) { return qkv_q + (long long)b * Tq * stride + (long long)(kvh * group + i / nqt) * HS; };
     auto o_of = [&](int i) { return dout + (long long)b * Tq * ostride + (long long)(kvh * group + i / nqt) * HS; };
-    // step i's copies into buffer buf: Q and dO (cp.async, swizzled), lse and D (cp.async where
-    // whole 16-byte chunks lie before Tq, else element by element, 0 past it)
+    // step i's copies into buffer buf: Q and dO (cp.async, swizzled), lse and D (load_lse_d)
     auto issue = [&](int i, int buf) {
         const int q0 = (qt0 + i % nqt) * BQ;
         wg_load_k<HS>(sQ + buf * 8192, q_of(i), stride, q0, Tq);
         wg_load_k<HS>(sO + buf * 8192, o_of(i), ostride, q0, Tq);
-        const long long l0 = ((long long)b * NH + kvh * group + i / nqt) * Tq + q0;
-        const int idx = threadIdx.x;
-        if (idx < 2 * (BQ / 4)) {
-            const int r = (idx % (BQ / 4)) * 4;
-            const float* src = (idx < BQ / 4 ? lse : D) + l0 + r;
-            float* dst = (idx < BQ / 4 ? sL : sD) + buf * BQ + r;
-            if (q0 + r + 4 <= Tq && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
-                ptx::cp_async_16(dst, src);
-            } else {
-                for (int e = 0; e < 4; e++) dst[e] = q0 + r + e < Tq ? src[e] : 0.0f;
-            }
-        }
+        load_lse_d<BQ, kWgThreads>(sL + buf * BQ, sD + buf * BQ, lse, D,
+                                   ((long long)b * NH + kvh * group + i / nqt) * Tq + q0, q0, Tq);
     };
     uint4 qn[1][2], on[1][2];  // the next step's Q and dO rows, to be stored transposed
     auto fetch = [&](int i) {
@@ -291,12 +272,8 @@ __global__ void __launch_bounds__(kWgThreads)
         if (wk0 < Tk && qp.at(min(Tq, q0 + BQ) - 1) >= wkfirst) {
             float s[NT][4], dp[NT][4];
             ptx::wgmma_fence();
-            LLMC_UNROLL
-            for (int kc = 0; kc < KC; kc++)
-                ptx::wgmma_m64k16<E, 64>(s, kf[kc], ptx::wgmma_desc_sw128(sQ + buf * 8192, kc * 32), kc > 0);
-            LLMC_UNROLL
-            for (int kc = 0; kc < KC; kc++)
-                ptx::wgmma_m64k16<E, 64>(dp, vf[kc], ptx::wgmma_desc_sw128(sO + buf * 8192, kc * 32), kc > 0);
+            wg_issue_k<E>(s, kf, sQ + buf * 8192);
+            wg_issue_k<E>(dp, vf, sO + buf * 8192);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(s);
             ptx::wgmma_wait0(dp);

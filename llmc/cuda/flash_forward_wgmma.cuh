@@ -57,6 +57,15 @@ __device__ __forceinline__ uint64_t wg_kdesc(const char* tiles, int kc) {
     return ptx::wgmma_desc_sw128(tiles + kc / 4 * 8192, kc % 4 * 32);
 }
 
+// The products whose B is a wg_load_k tile (S = Q K^T, dP = dO V^T, and the dK/dV kernel's S^T and
+// dP^T): KC k-steps of wgmma m64n64k16 into d (the first overwriting it), A's fragments a, issued
+// and not committed
+template <class E, int KC>
+__device__ __forceinline__ void wg_issue_k(float (&d)[8][4], const uint32_t (&a)[KC][4], const char* tiles) {
+    LLMC_UNROLL
+    for (int kc = 0; kc < KC; kc++) ptx::wgmma_m64k16<E, 64>(d, a[kc], wg_kdesc(tiles, kc), kc > 0);
+}
+
 // K rows [t0, t0 + 64) into the swizzled tiles (head columns 64 s .. 64 s + 63 in tile s) by
 // cp.async; rows at or past n zero
 template <int HS, class E>
@@ -207,9 +216,7 @@ __global__ void __launch_bounds__(kWgThreads)
         if (k0 < wg_end) {
             float s[NT][4];
             ptx::wgmma_fence();
-            LLMC_UNROLL
-            for (int kc = 0; kc < HS / 16; kc++)
-                ptx::wgmma_m64k16<E, 64>(s, qf[kc], wg_kdesc(sK + buf * L::kt, kc), kc > 0);
+            wg_issue_k<E>(s, qf, sK + buf * L::kt);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(s);
             if (k0 + BC > R.w_full) {  // the tile crosses some row's last visible key
