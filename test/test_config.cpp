@@ -418,8 +418,10 @@ TEST_CASE("config: out-of-range values and enums", "[config]") {
     m = error_of([&] { load({g, "kernels.attention_backward=v7"}); });
     CHECK_THAT(m, Catch::Contains("kernels.attention_backward") && Catch::Contains("auto, dq_from_ds, fused, wgmma_dq, wgmma"));
     m = error_of([&] { load({g, "kernels.attention_forward=128"}); });
-    CHECK_THAT(m, Catch::Contains("kernels.attention_forward") && Catch::Contains("auto, keys128, wgmma"));
+    CHECK_THAT(m, Catch::Contains("kernels.attention_forward") &&
+                      Catch::Contains("auto, keys128, wgmma, wgmma_pipelined"));
     CHECK(load({g, "kernels.attention_forward=wgmma"}).kernels.attention_forward == "wgmma");
+    CHECK(load({g, "kernels.attention_forward=wgmma_pipelined"}).kernels.attention_forward == "wgmma_pipelined");
     m = error_of([&] { load({g, "kernels.layernorm_backward=registers"}); });
     CHECK_THAT(m, Catch::Contains("kernels.layernorm_backward") && Catch::Contains("auto, streamed"));
     CHECK(load({g, "kernels.layernorm_backward=streamed"}).kernels.layernorm_backward == "streamed");

@@ -10,6 +10,7 @@
 //      to 128, where Q's fragments are reloaded from shared memory at each k-step of S
 //   6: version 5 with 128-key tiles (head size 64)
 //   7: llmc/cuda/flash_forward_wgmma.cuh, Hopper's warpgroup MMA (head sizes 64 and 128, sm_90a)
+//   8: version 7 with the softmax of each key tile overlapping the previous tile's PV product
 //
 // Lab notebook (causal, bf16, FLOPs counted as FlashAttention counts them: 4 B NH HS T^2 / 2):
 //   v3  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): the forward kernel
@@ -77,8 +78,21 @@
 //       other warpgroups of the SM overlap it. Checked on the emulator (test_gpu attention_wgmma,
 //       ptx.wgmma_*); the descriptor's form (K-major, 128-byte swizzle, SBO 1024) and the fragment
 //       layouts are CUTLASS's and the PTX ISA's, to be confirmed by test_gpu ptx on a GPU.
+//   v8  not yet measured (written 2026-11-28 without a GPU): v7 with FlashAttention-3's intra-
+//       warpgroup pipelining. Iteration j issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} as two
+//       groups, waits for S_j alone (wait_group 1), and runs tile j's softmax while the tensor
+//       cores compute the PV product; then waits for O and rescales it. In v7 the tensor cores of a
+//       warpgroup idle through its softmax unless the SM's other warpgroups fill them. The price is
+//       registers: P_{j-1}'s A fragments stay untouched until O's wait while S_j is live, so 162
+//       registers at head size 64 (one block of 8 warps an SM where v7 runs two: at 128 registers
+//       ptxas spills 20 bytes) and 230 at 128 (v7: 204; one block either way); no spill. FA3
+//       reports 570 -> 620-660 TFLOP/s from this at head size 128 (its ablation, H100). Note for
+//       every wgmma kernel: ptxas serializes all of a kernel's wgmma (info C7520, "wgmma.mma_async
+//       instructions are serialized") when a wgmma.fence and its wgmma sit in different branches;
+//       a first draft of v8 did, and v7 with it: each path now fences, issues, commits and waits
+//       in one branch, and test_dev_cuda fails on the message.
 //   To measure (B T NH HS after the version; d_model 2048 as FlashAttention's benchmarks):
-//     make -C dev/cuda attention_forward && for v in 3 4 5 6 7; do ./dev/cuda/attention_forward $v 8 1024 32 64;
+//     make -C dev/cuda attention_forward && for v in 3 4 5 6 7 8; do ./dev/cuda/attention_forward $v 8 1024 32 64;
 //     ./dev/cuda/attention_forward $v 8 1024 16 128; done
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
@@ -142,11 +156,12 @@ int main(int argc, char** argv) {
                 attn::attention_block_forward_general<bf16>(dout, dlse, dqkv, dqkv, B, T, T, NH, NH, HS,
                                                             SeqPositions(), SeqPositions(), 0);
             };
-        else if (version == 7)
+        else if (version == 7 || version == 8)
             run = [=] {
                 if (!flash::try_forward_wgmma(dout, dlse, dqkv, dqkv, B, T, T, NH, NH, HS, SeqPositions(), SeqPositions(),
-                                              0))
-                    std::printf("v7 needs head size 64 or 128 on an sm_90 device with sm_90a code (HS=%d)\n", HS),
+                                              0, version == 8))
+                    std::printf("v%d needs head size 64 or 128 on an sm_90 device with sm_90a code (HS=%d)\n", version,
+                                HS),
                         std::exit(1);
             };
         else

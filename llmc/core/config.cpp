@@ -273,10 +273,13 @@ const std::vector<Key>& schema() {
         int_key("fp8.amax_history", FIELD(fp8.amax_history), 1, 1024, "steps of amax history (delayed recipe)"),
         int_key("fp8.margin", FIELD(fp8.margin), 0, 32, "scale = fp8_max / amax / 2^margin"),
 
-        enum_key("kernels.attention_forward", FIELD(kernels.attention_forward), {"auto", "keys128", "wgmma"}, {},
-                 "device cuda: the flash forward; auto = 64-key tiles on mma.sync; keys128 = 128-key tiles at head "
-                 "size 64 (FlashAttention-2's tiles; dev/cuda/attention_forward v6); wgmma = Hopper's warpgroup "
-                 "MMA at head sizes 64 and 128 on an sm_90 device with a build for sm_90a (v7); auto elsewhere. "
+        enum_key("kernels.attention_forward", FIELD(kernels.attention_forward),
+                 {"auto", "keys128", "wgmma", "wgmma_pipelined"}, {},
+                 "device cuda: the flash forward; auto = 64-key tiles on mma.sync; keys128 = 128-key tiles at "
+                 "head size 64 (FlashAttention-2's tiles; dev/cuda/attention_forward v6); wgmma = Hopper's warpgroup "
+                 "MMA at head sizes 64 and 128 on an sm_90 device with a build for sm_90a (v7); wgmma_pipelined = "
+                 "the same with each key tile's softmax overlapping the previous tile's PV product (v8); auto "
+                 "elsewhere. "
                  "The same results up to the summation order; the CPU backend ignores it"),
         enum_key("kernels.attention_backward", FIELD(kernels.attention_backward),
                  {"auto", "dq_from_ds", "fused", "wgmma_dq", "wgmma"}, {},

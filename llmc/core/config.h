@@ -142,7 +142,7 @@ struct Fp8Config {
 // The CUDA kernels' ways where more than one is built and a GPU has not yet chosen between them
 // (device cuda; the CPU backend ignores these): "auto" is the measured choice.
 struct KernelsConfig {
-    std::string attention_forward = "auto";   // auto | keys128 | wgmma (dev/cuda/attention_forward v6, v7)
+    std::string attention_forward = "auto";   // auto | keys128 | wgmma | wgmma_pipelined (attention_forward v6-v8)
     std::string attention_backward = "auto";  // auto | dq_from_ds | fused | wgmma_dq | wgmma (v7-v10)
     std::string layernorm_backward = "auto";  // auto (rows in registers) | streamed (dev/cuda/layernorm v5)
 };

@@ -137,6 +137,7 @@ __global__ void __launch_bounds__(kWgThreads)
             wg_issue_acc<E, HS>(dq, da, sKT + buf * L::ktt);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(dq);
+            ptx::wgmma_keep_a(da);
         }
         // the next tile's K^T into the other buffer (its last reader, tile j - 1's dQ product, was
         // waited for by every warpgroup before this iteration's barrier)
@@ -302,6 +303,8 @@ __global__ void __launch_bounds__(kWgThreads)
             ptx::wgmma_commit();
             ptx::wgmma_wait0(dv[0]);
             ptx::wgmma_wait0(dk[0]);
+            ptx::wgmma_keep_a(ap);
+            ptx::wgmma_keep_a(ad);
         }
         // the next step's Q^T and dO^T into the other buffers (their last readers, step i - 1's
         // products, were waited for by every warpgroup before this iteration's barrier)

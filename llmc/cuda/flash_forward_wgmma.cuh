@@ -1,5 +1,5 @@
-// The flash forward on Hopper's warpgroup MMA (sm_90a; dev/cuda/attention_forward v7,
-// kernels.attention_forward=wgmma), head sizes 64 and 128, bf16 or fp16: what flash_forward_kernel
+// The flash forward on Hopper's warpgroup MMA (sm_90a; dev/cuda/attention_forward v7 and v8,
+// kernels.attention_forward=wgmma and wgmma_pipelined), head sizes 64 and 128, bf16 or fp16: what flash_forward_kernel
 // computes (FlashAttention-2's online softmax, P from registers, the same masks and skips), with each
 // product one wgmma for a warpgroup of four warps instead of eight mma.sync a warp, and K and V
 // read by the tensor cores from shared memory instead of ldmatrix into registers. Part of
@@ -18,10 +18,12 @@
 // thread loads two keys' 16 bytes of one head chunk (warp w: head columns 8w..8w+7, and 64 on at
 // head size 128; lane: keys 2 lane, 2 lane + 1) into registers during the tile before, and stores
 // 8 words of two keys after it (a warp's 32 stores fall in 32 banks: the swizzle spreads the chunk).
-// Every wgmma waits for its group at once (no overlap of a warpgroup's own softmax and MMA: the
-// other warpgroups of the SM supply that, as with mma.sync); FlashAttention-3's producer warps,
-// TMA and intra-warpgroup pipelining are the next steps, once a GPU has timed this one.
-// ptxas sm_90a: 126 registers at head size 64 (two blocks an SM), 204 at 128 (one); no spill.
+// v7 waits for each group at once (no overlap of a warpgroup's own softmax and MMA: the other
+// warpgroups of the SM supply that, as with mma.sync); v8 (PIPE) overlaps tile j's softmax with tile
+// j - 1's PV product, FlashAttention-3's intra-warpgroup pipelining. Its producer warps and TMA are
+// the next steps, once a GPU has timed these.
+// ptxas sm_90a: v7 126 registers at head size 64 (two blocks an SM), 204 at 128 (one); v8 162 and
+// 230 (one block); no spill.
 #pragma once
 
 namespace flash {
@@ -161,14 +163,61 @@ __device__ __forceinline__ void wg_issue_acc(float (&d)[N / 8][4], const uint32_
     for (int kc = 0; kc < 4; kc++) ptx::wgmma_m64k16<E, N>(d, a[kc], ptx::wgmma_desc_sw128(xt, kc * 32), true);
 }
 
+// The online softmax of one key tile k0 on this thread's S accumulators s (rows g and g + 8 of its
+// warp's 16; masked where the tile crosses some row's last visible key): s becomes P = exp2(s scale
+// - m), the row maxima m and sums l move on, alpha[i] the factor O's row i takes (O itself is the
+// caller's: under the pipelined kernel's PV product still in flight)
+template <int HS, class E, int NT>
+__device__ __forceinline__ void wg_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                           const WgRows<HS, E>& R, int k0, float scale_log2) {
+    const int t = threadIdx.x % 4;
+    if (k0 + kWgBC > R.w_full) {  // the tile crosses some row's last visible key
+        LLMC_UNROLL
+        for (int i = 0; i < 2; i++)
+            LLMC_UNROLL
+            for (int n = 0; n < NT; n++)
+                LLMC_UNROLL
+                for (int e = 2 * i; e < 2 * i + 2; e++)
+                    if (k0 + n * 8 + 2 * t + (e & 1) >= R.seen[i]) s[n][e] = -INFINITY;
+    }
+    LLMC_UNROLL
+    for (int i = 0; i < 2; i++) {
+        float mx = -INFINITY;
+        LLMC_UNROLL
+        for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[i], mx * scale_log2);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
+        alpha[i] = ptx::exp2_ftz(m[i] - m_use);
+        float sum = 0.0f;
+        LLMC_UNROLL
+        for (int n = 0; n < NT; n++)
+            LLMC_UNROLL
+            for (int e = 2 * i; e < 2 * i + 2; e++) {
+                s[n][e] = ptx::exp2_ftz(fmaf(s[n][e], scale_log2, -m_use));
+                sum += s[n][e];
+            }
+        l[i] = l[i] * alpha[i] + sum;
+        m[i] = m_new;
+    }
+}
+
 // grid (B * NH, ceil(Tq / 128)), 256 threads, WgSmem<HS>::total + kWgSlack bytes of shared memory.
-template <class E, int HS>
+// PIPE (dev/cuda/attention_forward v8, kernels.attention_forward=wgmma_pipelined; v7 without):
+// FlashAttention-3's intra-warpgroup pipelining. Iteration j issues S_j = Q K_j^T and then O += P_{j-1}
+// V_{j-1} as two groups, waits for the first (wait_group 1), runs tile j's softmax while the tensor
+// cores still compute the second, and only then waits for O and rescales it. So V_j is needed one
+// iteration later than K_j: it is stored (transposed) at the end of iteration j, and one more
+// iteration issues the last tile's PV. P_{j-1}'s A registers stay untouched until O's wait (the
+// softmax writes S_j's), as wgmma's reading of registers asks.
+template <class E, int HS, bool PIPE>
 __global__ void __launch_bounds__(kWgThreads)
     flash_forward_wgmma_kernel(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int Tq, int Tk, int NH,
                                int NKV, float scale_log2, SeqPositions qp, SeqPositions kp) {
     static_assert(HS == 64 || HS == 128, "the wgmma shapes of ptx.cuh");
     using L = WgSmem<HS>;
-    constexpr int BC = kWgBC, LD = HS + 8, NT = BC / 8, DT = HS / 8;
+    constexpr int BC = kWgBC, LD = HS + 8, NT = BC / 8, DT = HS / 8, LAG = PIPE ? 1 : 0;
     char* smem = smem_1024();
     char* sK = smem + L::k;
     char* sVt = smem + L::vt;
@@ -184,28 +233,34 @@ __global__ void __launch_bounds__(kWgThreads)
     uint4 vnext[HS / 64][2];
     if (ntiles > 0) {
         wg_load_k<HS>(sK, Kg, stride, 0, kv_end);
-        wg_fetch_v<HS>(vnext, Vg, stride, 0, kv_end);
-        wg_store_vt<HS>(sVt, vnext);
+        if (!PIPE) {
+            wg_fetch_v<HS>(vnext, Vg, stride, 0, kv_end);
+            wg_store_vt<HS>(sVt, vnext);
+        }
     }
     ptx::cp_async_commit();
 
-    uint32_t qf[HS / 16][4];
+    uint32_t qf[HS / 16][4], pa[4][4];  // Q's fragments; P's (the tile whose O += P V is next)
     float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     LLMC_UNROLL
     for (int d = 0; d < DT; d++)
         LLMC_UNROLL
         for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
 
-    for (int j = 0; j < ntiles; j++) {
-        const int buf = j & 1, k0 = j * BC;
-        if (j + 1 < ntiles) {  // the next tile: K by cp.async, V into registers until this one is done
+    // iteration j: S of tile j (j < ntiles), O += P V of tile j - LAG (j >= LAG); V of tile j + 1 - LAG
+    // fetched into registers during it and stored at its end (V^T buffer (j + 1 - LAG) & 1, whose last
+    // reader, tile j - 1 - LAG's PV, every warpgroup waited for in iteration j - 1)
+    for (int j = 0; j < ntiles + LAG; j++) {
+        const int buf = j & 1, k0 = j * BC, jv = j + 1 - LAG;
+        if (j + 1 < ntiles) {  // the next tile's K by cp.async
             wg_load_k<HS>(sK + (buf ^ 1) * L::kt, Kg, stride, k0 + BC, kv_end);
             ptx::cp_async_commit();
-            wg_fetch_v<HS>(vnext, Vg, stride, k0 + BC, kv_end);
-            ptx::cp_async_wait<1>();
-        } else {
-            ptx::cp_async_wait<0>();
         }
+        if (jv < ntiles) wg_fetch_v<HS>(vnext, Vg, stride, jv * BC, kv_end);
+        if (j + 1 < ntiles)
+            ptx::cp_async_wait<1>();
+        else
+            ptx::cp_async_wait<0>();
         ptx::fence_proxy_async();  // this thread's K copies and V^T stores, to the tensor cores' reads
         __syncthreads();
         if (j == 0) {
@@ -213,57 +268,52 @@ __global__ void __launch_bounds__(kWgThreads)
             LLMC_UNROLL
             for (int kc = 0; kc < HS / 16; kc++) ptx::ldmatrix_x4(qf[kc], qrow + kc * 16);
         }
-        if (k0 < wg_end) {
-            float s[NT][4];
+        const bool do_s = j < ntiles && k0 < wg_end;          // uniform over the warpgroup
+        const bool do_pv = PIPE && j >= 1 && k0 - BC < wg_end;  // tile j - 1's PV (pipelined)
+        // (each path issues, commits and waits within one branch: ptxas serializes every wgmma of
+        // the kernel (C7520) when a fence and its wgmma sit in different branches)
+        float s[NT][4], alpha[2];
+        if (do_s && do_pv) {  // pipelined: S_j, then tile j - 1's PV under tile j's softmax
+            ptx::wgmma_fence();
+            wg_issue_k<E>(s, qf, sK + buf * L::kt);
+            ptx::wgmma_commit();
+            wg_issue_acc<E, HS>(o, pa, sVt + (buf ^ 1) * L::vtt);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait<1>(s);
+            wg_softmax(s, m, l, alpha, R, k0, scale_log2);
+            ptx::wgmma_wait<0>(o);
+            ptx::wgmma_keep_a(pa);
+        } else if (do_s) {
             ptx::wgmma_fence();
             wg_issue_k<E>(s, qf, sK + buf * L::kt);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(s);
-            if (k0 + BC > R.w_full) {  // the tile crosses some row's last visible key
-                LLMC_UNROLL
-                for (int i = 0; i < 2; i++)
-                    LLMC_UNROLL
-                    for (int n = 0; n < NT; n++)
-                        LLMC_UNROLL
-                        for (int e = 2 * i; e < 2 * i + 2; e++)
-                            if (k0 + n * 8 + 2 * t + (e & 1) >= R.seen[i]) s[n][e] = -INFINITY;
-            }
-            LLMC_UNROLL
-            for (int i = 0; i < 2; i++) {
-                float mx = -INFINITY;
-                LLMC_UNROLL
-                for (int n = 0; n < NT; n++) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float m_new = fmaxf(m[i], mx * scale_log2);
-                const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with no key yet
-                const float alpha = ptx::exp2_ftz(m[i] - m_use);
-                float sum = 0.0f;
-                LLMC_UNROLL
-                for (int n = 0; n < NT; n++)
-                    LLMC_UNROLL
-                    for (int e = 2 * i; e < 2 * i + 2; e++) {
-                        s[n][e] = ptx::exp2_ftz(fmaf(s[n][e], scale_log2, -m_use));
-                        sum += s[n][e];
-                    }
-                l[i] = l[i] * alpha + sum;
-                m[i] = m_new;
-                LLMC_UNROLL
-                for (int d = 0; d < DT; d++) {
-                    o[d][2 * i] *= alpha;
-                    o[d][2 * i + 1] *= alpha;
-                }
-            }
-            uint32_t pa[4][4];  // O += P V
-            wg_acc_a<E>(pa, s);
+            wg_softmax(s, m, l, alpha, R, k0, scale_log2);
+        } else if (do_pv) {  // the last tile's PV
             ptx::wgmma_fence();
-            wg_issue_acc<E, HS>(o, pa, sVt + buf * L::vtt);
+            wg_issue_acc<E, HS>(o, pa, sVt + (buf ^ 1) * L::vtt);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(o);
+            ptx::wgmma_keep_a(pa);
         }
-        // the next tile's V^T into the other buffer (its last reader, tile j - 1's O += P V, has
-        // been waited for by every warpgroup before this iteration's barrier)
-        if (j + 1 < ntiles) wg_store_vt<HS>(sVt + (buf ^ 1) * L::vtt, vnext);
+        if (do_s) {
+            LLMC_UNROLL
+            for (int d = 0; d < DT; d++)
+                LLMC_UNROLL
+                for (int i = 0; i < 2; i++) {
+                    o[d][2 * i] *= alpha[i];
+                    o[d][2 * i + 1] *= alpha[i];
+                }
+            wg_acc_a<E>(pa, s);
+            if (!PIPE) {  // O += P V now
+                ptx::wgmma_fence();
+                wg_issue_acc<E, HS>(o, pa, sVt + buf * L::vtt);
+                ptx::wgmma_commit();
+                ptx::wgmma_wait0(o);
+                ptx::wgmma_keep_a(pa);
+            }
+        }
+        if (jv < ntiles) wg_store_vt<HS>(sVt + (jv & 1) * L::vtt, vnext);
         __syncthreads();  // the next iteration's copies overwrite this tile's K buffer
     }
 
@@ -305,10 +355,10 @@ inline bool wgmma_available() {
 #endif
 }
 
-template <int HS, class E>
+template <int HS, bool PIPE, class E>
 bool try_forward_wgmma_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH,
                           int NKV, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
-    auto fn = flash_forward_wgmma_kernel<E, HS>;
+    auto fn = PIPE ? flash_forward_wgmma_kernel<E, HS, true> : flash_forward_wgmma_kernel<E, HS, false>;
     const size_t bytes = WgSmem<HS>::total + kWgSlack;
     int optin = 0;
     if (!opt_in_smem((const void*)fn, bytes, &optin)) return false;
@@ -319,13 +369,16 @@ bool try_forward_wgmma_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, i
     return true;
 }
 // The wgmma forward where it applies (head sizes 64 and 128, wgmma_available, the device's shared
-// memory: 52 KiB a block at 64, 99 KiB at 128); false: the caller takes another
+// memory: 52 KiB a block at 64, 99 KiB at 128); `pipelined` the kernel's PIPE (v8, else v7); false:
+// the caller takes another
 template <class E>
 bool try_forward_wgmma(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH, int NKV,
-                       int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
+                       int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st, bool pipelined = false) {
     if ((HS != 64 && HS != 128) || !wgmma_available()) return false;
-    return HS == 64 ? try_forward_wgmma_hs<64>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st)
-                    : try_forward_wgmma_hs<128>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st);
+#define LLMC_WG_FWD(D, P) try_forward_wgmma_hs<D, P>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st)
+    if (pipelined) return HS == 64 ? LLMC_WG_FWD(64, true) : LLMC_WG_FWD(128, true);
+    return HS == 64 ? LLMC_WG_FWD(64, false) : LLMC_WG_FWD(128, false);
+#undef LLMC_WG_FWD
 }
 
 }  // namespace flash

@@ -10,8 +10,9 @@ struct KernelWays {
     // flash attention forward (flash::forward): query rows a warp (16 or 32; 0: the choice) and the
     // key tile (128: 128-key tiles at head size 64, dev/cuda/attention_forward v6; 0: the choice)
     int fwd_rows_per_warp = 0, fwd_key_tile = 0;
-    // ... on Hopper's warpgroup MMA where it applies (head sizes 64 and 128, sm_90a; dev/cuda's v7)
-    bool fwd_wgmma = false;
+    // ... on Hopper's warpgroup MMA where it applies (head sizes 64 and 128, sm_90a): 1 dev/cuda's v7,
+    // 2 v8 (its softmax overlapping the previous tile's PV product); 0 not
+    int fwd_wgmma = 0;
     // flash attention backward (flash::backward; false: attention.cuh's general kernels, dev/cuda's
     // attention_backward v1 and v2): rows a warp, tile rows and the dK/dV kernel's query columns a
     // pass (0: the choice; dev/cuda's v3-v6); dQ: 0 recomputed in its own kernel, 1 from the dS^T

@@ -276,16 +276,17 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 // K could be read as they come by cp.async instead of transposed through registers.
 // Ordering: wgmma.fence before the first wgmma that reads registers written since (A, D);
 // commit_group closes this thread's issued wgmma into a group; wait_group<N> returns with at
-// most N groups in flight, and only then may D be read (wgmma_wait's operand fence keeps the
-// compiler from moving reads of D above it). Shared memory written by threads (st.shared,
+// most N groups in flight, and only then may the completed groups' D be read, or their A
+// registers change (wgmma_wait's operand fence keeps the compiler from moving reads of D above it,
+// wgmma_keep_a the compiler from reusing A's registers before it). Shared memory written by threads (st.shared,
 // cp.async) reaches wgmma's reads (the async proxy) only after fence.proxy.async
 // (fence_proxy_async) and the barrier that orders the writers before the readers.
-// The emulator's twin keeps each issued wgmma and computes it at the wait that completes its group,
-// as late as the hardware may: it reads A's registers and B's shared memory then, and writes D then
-// (a kernel that changes A or B, or reads D, before its wait sees it go wrong in CI). It sums as
-// mma_16816's twin does (k in order), decodes B's addresses from the descriptor's bits as the
-// hardware does, and aborts on an issue with no wgmma.fence since this thread's last wait (the rule
-// as these kernels keep it).
+// The emulator's twin keeps each issued wgmma and its group and computes it at the wait that
+// completes that group (wait_group N: all but the N most recent), as late as the hardware may: it
+// reads A's registers and B's shared memory then, and writes D then (a kernel that changes A or B,
+// or reads D, before its wait sees it go wrong in CI). It sums as mma_16816's twin does (k in
+// order), decodes B's addresses from the descriptor's bits as the hardware does, and aborts on an
+// issue with no wgmma.fence since this thread's last wait (the rule as these kernels keep it).
 #if defined(LLMC_CUEMU)
 namespace emu {
 // one issued wgmma: where its accumulators and A registers live, its descriptor and flag, and the
@@ -299,7 +300,8 @@ struct WgOp {
 };
 struct WgState {
     bool fenced;
-    int issued, committed;  // the first `committed` of the `issued` ops are in committed groups
+    int issued, groups;  // ops issued and not yet run; committed groups not yet completed
+    int group_end[32];   // committed group i holds ops [group_end[i - 1], group_end[i]) (from 0)
     WgOp ops[32];
 };
 inline WgState& wg_state() {
@@ -337,25 +339,51 @@ __device__ __forceinline__ void wgmma_fence() {
 }
 __device__ __forceinline__ void wgmma_commit() {
 #if defined(LLMC_CUEMU)
-    emu::wg_state().committed = emu::wg_state().issued;
+    emu::WgState& w = emu::wg_state();
+    if (w.groups == 32) {
+        std::fprintf(stderr, "cuemu: wgmma: 32 groups committed and not waited for\n");
+        std::abort();
+    }
+    w.group_end[w.groups++] = w.issued;  // (an empty group is a group, as wait_group counts them)
 #elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
-// wait_group 0 and the compiler fence over the accumulators d (N/8 x 4 floats)
-template <int NT> __device__ __forceinline__ void wgmma_wait0(float (&d)[NT][4]) {
+// wait_group N: returns with at most the N most recent committed groups in flight; then the
+// compiler fence over d (NT x 4 floats), the accumulators of the groups completed (reads of d stay
+// below it)
+template <int N, int NT> __device__ __forceinline__ void wgmma_wait(float (&d)[NT][4]) {
+    static_assert(N >= 0 && N <= 7, "wgmma.wait_group's immediate");
 #if defined(LLMC_CUEMU)
-    emu::WgState& w = emu::wg_state();  // the committed groups' products, in issue order
-    for (int i = 0; i < w.committed; i++) w.ops[i].run(w.ops[i]);
-    for (int i = w.committed; i < w.issued; i++) w.ops[i - w.committed] = w.ops[i];
-    w.issued -= w.committed, w.committed = 0, w.fenced = false;
+    emu::WgState& w = emu::wg_state();  // the oldest groups' products, in issue order
+    const int done = w.groups - N;
+    if (done > 0) {
+        const int upto = w.group_end[done - 1];
+        for (int i = 0; i < upto; i++) w.ops[i].run(w.ops[i]);
+        for (int i = upto; i < w.issued; i++) w.ops[i - upto] = w.ops[i];
+        for (int g = done; g < w.groups; g++) w.group_end[g - done] = w.group_end[g] - upto;
+        w.issued -= upto, w.groups -= done;
+    }
+    w.fenced = false;
     (void)d;
 #elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
     for (int i = 0; i < NT; i++)
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
 #else
     __trap();
+#endif
+}
+template <int NT> __device__ __forceinline__ void wgmma_wait0(float (&d)[NT][4]) { wgmma_wait<0>(d); }
+// After the wait that completes a wgmma whose A came from registers a: keeps a's registers holding
+// their values until here (the compiler may otherwise give them to other values once the issue has
+// read them, while the tensor cores still may)
+__device__ __forceinline__ void wgmma_keep_a(const uint32_t (&a)[4][4]) {
+#if !defined(LLMC_CUEMU) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    for (int i = 0; i < 4; i++)
+        for (int e = 0; e < 4; e++) asm volatile("" ::"r"(a[i][e]) : "memory");
+#else
+    (void)a;
 #endif
 }
 __device__ __forceinline__ void fence_proxy_async() {

@@ -63,9 +63,11 @@ mutate fused_ds_stale_where_skipped llmc/cuda/flash_backward_fused.cuh attention
 mutate wgmma_vt_unswizzled llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     'dst + sw128(row, p / 4) + (p % 4) * 4' 'dst + row * 128 + (p / 4) * 16 + (p % 4) * 4' bf16
 mutate wgmma_pv_without_fence llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
-    $'wg_acc_a<E>(pa, s);\n            ptx::wgmma_fence();' 'wg_acc_a<E>(pa, s);' bf16
+    $'// O += P V now\n                ptx::wgmma_fence();' '// O += P V now' bf16
 mutate wgmma_s_read_before_wait llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
-    $'ptx::wgmma_wait0(s);\n            if (k0 + BC > R.w_full)' 'if (k0 + BC > R.w_full)' bf16
+    $'ptx::wgmma_wait0(s);\n            wg_softmax' 'wg_softmax' bf16
+mutate wgmma_pipelined_p_overwritten_in_flight llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
+    $'scale_log2);\n            ptx::wgmma_wait<0>(o);' $'scale_log2);\n            wg_acc_a<E>(pa, s);\n            ptx::wgmma_wait<0>(o);' bf16
 mutate wgmma_dq_without_D llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
     'dp[n][e] = p * (dp[n][e] - Dr[i]);' 'dp[n][e] = p * dp[n][e];' bf16
 mutate wgmma_dkdv_unmasked llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \

@@ -7,8 +7,9 @@
 #    losses within 1% of the default's; =fused likewise (its fp32 dQ accumulators);
 #  - kernels.attention_forward=keys128: the softmax rescaled at other tile boundaries, so not
 #    bitwise the default (which shows the key reached the forward), losses within 1%;
-#  - kernels.attention_forward=wgmma, attention_backward=wgmma_dq and =wgmma: bitwise the default
-#    here (the emulator's wgmma sums in the mma's order, over the same 64-row tiles; test_gpu
+#  - kernels.attention_forward=wgmma and =wgmma_pipelined, attention_backward=wgmma_dq and =wgmma:
+#    bitwise the default here (the emulator's wgmma sums in the mma's order, over the same 64-row
+#    tiles; the pipelined forward rescales O at the same points of the same sums; test_gpu
 #    attention_wgmma checks the kernels themselves);
 #  - the CPU backend ignores the section; a bad value is exit 2 naming the key.
 source "$(dirname "$0")/lib.sh"
@@ -50,6 +51,9 @@ within keys128 kernels.attention_forward=keys128
 run wgmma kernels.attention_forward=wgmma
 cmp <(losses "$W/auto/log.jsonl") <(losses "$W/wgmma/log.jsonl") || die "attention_forward=wgmma: losses differ"
 cmp "$W/auto/model_00000004.bin" "$W/wgmma/model_00000004.bin" || die "attention_forward=wgmma: weights differ"
+run wgmma_pipe kernels.attention_forward=wgmma_pipelined
+cmp <(losses "$W/auto/log.jsonl") <(losses "$W/wgmma_pipe/log.jsonl") || die "attention_forward=wgmma_pipelined: losses differ"
+cmp "$W/auto/model_00000004.bin" "$W/wgmma_pipe/model_00000004.bin" || die "attention_forward=wgmma_pipelined: weights differ"
 run wgmma_dq kernels.attention_backward=wgmma_dq
 cmp <(losses "$W/auto/log.jsonl") <(losses "$W/wgmma_dq/log.jsonl") || die "attention_backward=wgmma_dq: losses differ"
 cmp "$W/auto/model_00000004.bin" "$W/wgmma_dq/model_00000004.bin" || die "attention_backward=wgmma_dq: weights differ"
@@ -58,5 +62,5 @@ cmp <(losses "$W/auto/log.jsonl") <(losses "$W/wgmma_bwd/log.jsonl") || die "att
 cmp "$W/auto/model_00000004.bin" "$W/wgmma_bwd/model_00000004.bin" || die "attention_backward=wgmma: weights differ"
 "$BIN" "$W/c.json" precision=fp32 kernels.attention_backward=dq_from_ds train.steps=2 "out_dir=$W/cpu" > "$W/cpu.txt" 2>&1 ||
     die "the CPU backend refused kernels.*: $(tail -n 3 "$W/cpu.txt")"
-expect_fail 2 'kernels.attention_forward.*auto, keys128, wgmma' "$EMU" "$W/c.json" device=cuda kernels.attention_forward=fast
-echo "PASS: kernels.layernorm_backward=streamed, attention_forward=wgmma, attention_backward=wgmma_dq and =wgmma bitwise the default; dq_from_ds, fused (their scratch) and keys128 within 1%; the CPU ignores them"
+expect_fail 2 'kernels.attention_forward.*auto, keys128, wgmma, wgmma_pipelined' "$EMU" "$W/c.json" device=cuda kernels.attention_forward=fast
+echo "PASS: kernels.layernorm_backward=streamed, attention_forward=wgmma and =wgmma_pipelined, attention_backward=wgmma_dq and =wgmma bitwise the default; dq_from_ds, fused (their scratch) and keys128 within 1%; the CPU ignores them"

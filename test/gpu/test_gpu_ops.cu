@@ -2127,34 +2127,34 @@ int main(int argc, char** argv) {
                     test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
             });
         }
-        // the flash forward and the backward on Hopper's wgmma (attention_forward v7; attention_backward
-        // v9, the dQ kernel, then v10, the dK/dV kernel too at head size 64) at head sizes 64 and 128,
-        // the multi-head, grouped-query and ring-block cases (positions); where the build or the device
-        // has no wgmma, one SKIP line
+        // the flash forward and the backward on Hopper's wgmma at head sizes 64 and 128, the
+        // multi-head, grouped-query and ring-block cases (positions): attention_forward v7 with
+        // attention_backward v9 (the dQ kernel), then v8 (pipelined) with v10 (the dK/dV kernel too
+        // at head size 64; v9 at 128); where the build or the device has no wgmma, one SKIP line
         if (want("attention_wgmma") && flash_dtype) {  // the config's names for them reach KernelWays
             const KernelWays parsed = cuda_kernel_ways("wgmma", "wgmma_dq", "auto");
-            const KernelWays both = cuda_kernel_ways("auto", "wgmma", "auto");
-            report(parsed.fwd_wgmma && parsed.fwd_key_tile == 0 && parsed.bwd_dq == 3 && both.bwd_dq == 4 &&
-                       !both.fwd_wgmma,
+            const KernelWays both = cuda_kernel_ways("wgmma_pipelined", "wgmma", "auto");
+            report(parsed.fwd_wgmma == 1 && parsed.fwd_key_tile == 0 && parsed.bwd_dq == 3 && both.bwd_dq == 4 &&
+                       both.fwd_wgmma == 2 && both.fwd_key_tile == 0,
                    "attention_wgmma.config", dtype_name(dt),
                    strfmt("kernels.attention_forward=wgmma, attention_backward=wgmma_dq: fwd_wgmma %d, "
-                          "fwd_key_tile %d, bwd_dq %d; attention_backward=wgmma: bwd_dq %d",
-                          (int)parsed.fwd_wgmma, parsed.fwd_key_tile, parsed.bwd_dq, both.bwd_dq));
+                          "fwd_key_tile %d, bwd_dq %d; =wgmma_pipelined, =wgmma: fwd_wgmma %d, bwd_dq %d",
+                          parsed.fwd_wgmma, parsed.fwd_key_tile, parsed.bwd_dq, both.fwd_wgmma, both.bwd_dq));
         }
         if (want("attention_wgmma") && flash_dtype && !flash::wgmma_available())
             std::printf("SKIP attention_wgmma [%s]: not an sm_90 device with sm_90a code\n", dtype_name(dt));
         else
             for (int bwd : {3, 4}) {
                 w = KernelWays();
-                w.fwd_wgmma = true;
+                w.fwd_wgmma = bwd - 2;
                 w.bwd_dq = bwd;
                 ways(w);
                 run("attention", "attention_wgmma", [&](const C& c) {
-                    if (flash_dtype && c.dims[1] <= variant_max_t && (c.dims[4] == 64 || (bwd == 3 && c.dims[4] == 128)))
+                    if (flash_dtype && c.dims[1] <= variant_max_t && (c.dims[4] == 64 || c.dims[4] == 128))
                         test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
                 });
                 run("attention_ring", "attention_wgmma", [&](const C& c) {
-                    if (flash_dtype && c.dims[1] <= variant_max_t && (c.dims[4] == 64 || (bwd == 3 && c.dims[4] == 128)))
+                    if (flash_dtype && c.dims[1] <= variant_max_t && (c.dims[4] == 64 || c.dims[4] == 128))
                         test_attention_ring(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5]);
                 });
             }
