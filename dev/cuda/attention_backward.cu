@@ -21,6 +21,8 @@
 //   9: the trainer's dK/dV kernel with the dQ kernel on Hopper's wgmma
 //      (llmc/cuda/flash_backward_wgmma.cuh; head sizes 64 and 128, sm_90a)
 //  10: both kernels on wgmma (head size 64)
+//  11: v10 with the dQ kernel pipelined: each key tile's dS computed under the previous tile's dQ
+//      product (head size 64)
 //
 // Lab notebook (causal, bf16; FLOPs as FlashAttention counts them: 2.5 x the forward's 4 B NH HS T^2 / 2):
 //   v2  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): dQ 48.1 ms and dK/dV
@@ -104,9 +106,17 @@
 //       through registers): 16 wgmma a warpgroup per tile where v6 issues 80 ldmatrix and 128
 //       mma.sync a warp. ptxas sm_90a: 254 registers (one block of 256 threads an SM: 8 warps,
 //       v6's has 12), 3152 instructions, no spill.
+//   v11 not yet measured (written 2026-11-28 without a GPU): v10 with the forward's v8 pipelining in
+//       the dQ kernel: iteration j issues S_j and dP_j as one group and dQ += dS_{j-1} K_{j-1} as a
+//       second, waits for the first alone (wait_group 1), computes dS_j (exp2, the masks, P (dP -
+//       D)) while the tensor cores run the dQ product, then waits for dQ. In v9/v10 the tensor cores
+//       of a warpgroup idle through its dS unless the other warpgroup fills them (one block an SM).
+//       dS_{j-1}'s A fragments stay live across the iteration: ptxas sm_90a 192 registers (v9's
+//       kernel 166), still one block an SM; no spill. The dK/dV kernel (253 registers) has no room
+//       for the same without reloading K's and V's fragments.
 //   To measure: make -C dev/cuda attention_backward && for v in 2 3 4 5 6; do
 //     ./dev/cuda/attention_backward $v 8 1024 32 64; ./dev/cuda/attention_backward $v 8 1024 16 128; done
-//   (for v in 2 3 4 5 6 7 8 9 10)
+//   (for v in 2 3 4 5 6 7 8 9 10 11)
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
 
@@ -133,17 +143,21 @@ static bool run_version(const std::vector<float>& qkv, const std::vector<float>&
 
 int main(int argc, char** argv) {
     int version = kernel_arg(argc, argv, 3);
+    if (version < 1 || version > 11) {
+        std::printf("attention_backward: version %d is not one of 1-11 (see attention_backward.cu's top)\n", version);
+        return 1;
+    }
     g_ways.flash_backward = version >= 3;
     g_ways.bwd_rows_per_warp = version == 4 ? 32 : 16;
     g_ways.bwd_tile = version == 5 ? 32 : 0;
     g_ways.bwd_pass = version == 6 ? 32 : version >= 7 ? 0 : 64;
-    g_ways.bwd_dq = version == 7 ? 1 : version == 8 ? 2 : version == 9 ? 3 : version == 10 ? 4 : 0;
+    g_ways.bwd_dq = version >= 7 ? version - 6 : 0;
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_backward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);
-    if (version >= 9 && ((HS != 64 && (version == 10 || HS != 128)) || !flash::wgmma_available())) {
+    if (version >= 9 && ((HS != 64 && (version >= 10 || HS != 128)) || !flash::wgmma_available())) {
         std::printf("v%d needs head size %s on an sm_90 device with sm_90a code (HS=%d)\n", version,
-                    version == 10 ? "64" : "64 or 128", HS);
+                    version >= 10 ? "64" : "64 or 128", HS);
         return 1;
     }
     const size_t nqkv = (size_t)B * T * 3 * NH * HS, no = (size_t)B * T * NH * HS;

@@ -129,6 +129,10 @@ __global__ void attention_forward_naive(float* out, float* lse, const float* qkv
 
 int main(int argc, char** argv) {
     int version = kernel_arg(argc, argv, 4);
+    if (version < 1 || version > 8) {
+        std::printf("attention_forward: version %d is not one of 1-8 (see the top of attention_forward.cu)\n", version);
+        return 1;
+    }
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_forward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);

@@ -597,7 +597,8 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
     if constexpr (DS) {
         fq = (const void*)flash_backward_dq_ds_kernel<E, HS>, sq = DqDsSmem<HS>::total;
     } else if constexpr (kWgHs) {
-        if (wgmma_dq) fq = (const void*)flash_backward_dq_wgmma_kernel<E, HS>, sq = WgDqSmem<HS>::total + kWgSlack;
+        if (wgmma_dq)
+            fq = (const void*)flash_backward_dq_wgmma_kernel<E, HS, false>, sq = WgDqSmem<HS>::total + kWgSlack;
     }
     const size_t skv = DkdvSmem<HS, BT, MT>::total;
     const size_t ds_elems = DS ? (size_t)B * NH * ds_rows(Tk) * ds_rows(Tq) : 0;
@@ -618,7 +619,7 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
                     qp, kp, accumulate);
     } else if (kWgHs && wgmma_dq) {
         if constexpr (kWgHs) {
-            auto fqw = flash_backward_dq_wgmma_kernel<E, HS>;
+            auto fqw = flash_backward_dq_wgmma_kernel<E, HS, false>;
             LLMC_LAUNCH(fqw, dim3(B * NH, (Tq + kWgRows - 1) / kWgRows), kWgThreads, sq, st, dq_dst, dout, qkv_q,
                         qkv_kv, lse, D, Tq, Tk, NH, NKV, scale, qp, kp, accumulate);
         }

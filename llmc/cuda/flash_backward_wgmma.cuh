@@ -1,5 +1,5 @@
 // The flash backward's dQ kernel on Hopper's warpgroup MMA (sm_90a; dev/cuda/attention_backward
-// v9, kernels.attention_backward=wgmma_dq), head sizes 64 and 128, bf16 or fp16: what
+// v9, kernels.attention_backward=wgmma_dq; pipelined v11), head sizes 64 and 128, bf16 or fp16: what
 // flash_backward_dq_kernel computes (S = Q K^T, dP = dO V^T, dS = P (dP - D), dQ += dS K over the
 // key tiles in order, the same masks and skips), each product one wgmma a warpgroup, beside the
 // dK/dV kernel of the trainer's choice. Part of llmc/cuda/flash_backward.cuh (included there after
@@ -27,16 +27,21 @@ template <int HS> struct WgDqSmem {
                             total = dO + (size_t)kWgRows * (HS + 8) * 2;
 };
 
-// grid (B * NH, ceil(Tq / 128)), 256 threads, WgDqSmem<HS>::total + kWgSlack bytes
-template <class E, int HS>
+// grid (B * NH, ceil(Tq / 128)), 256 threads, WgDqSmem<HS>::total + kWgSlack bytes.
+// PIPE (head size 64; dev/cuda/attention_backward v11, kernels.attention_backward=wgmma_pipelined):
+// the forward's v8 pipelining here: iteration j issues S_j and dP_j as one group and dQ += dS_{j-1}
+// K_{j-1} as a second, waits for the first (wait_group 1), computes dS_j while the tensor cores run
+// the dQ product, then waits for it; K_j^T is stored at the end of iteration j, one iteration later.
+template <class E, int HS, bool PIPE>
 __global__ void __launch_bounds__(kWgThreads)
     flash_backward_dq_wgmma_kernel(E* dq_dst, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                                    const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                                    SeqPositions kp, bool accumulate) {
     static_assert(HS == 64 || HS == 128, "the wgmma shapes of ptx.cuh");
     using L = WgDqSmem<HS>;
-    constexpr int BC = kWgBC, LD = HS + 8, NT = BC / 8, DT = HS / 8, KC = HS / 16;
+    constexpr int BC = kWgBC, LD = HS + 8, NT = BC / 8, DT = HS / 8, KC = HS / 16, LAG = PIPE ? 1 : 0;
     constexpr bool QR = HS <= 64;  // Q's and dO's fragments kept in registers
+    static_assert(QR || !PIPE, "pipelined at head size 64 (Q's and dO's fragments in registers)");
     char* smem = smem_1024();
     char* sK = smem + L::k;
     char* sV = smem + L::v;
@@ -64,84 +69,119 @@ __global__ void __launch_bounds__(kWgThreads)
     if (ntiles > 0) {
         wg_load_k<HS>(sK, Kg, stride, 0, kv_end);
         wg_load_k<HS>(sV, Vg, stride, 0, kv_end);
-        wg_fetch_v<HS>(knext, Kg, stride, 0, kv_end);
-        wg_store_vt<HS>(sKT, knext);
+        if (!PIPE) {
+            wg_fetch_v<HS>(knext, Kg, stride, 0, kv_end);
+            wg_store_vt<HS>(sKT, knext);
+        }
     }
     ptx::cp_async_commit();
 
     const int frag = (16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;  // ldmatrix's row
-    uint32_t qf[KC][4], of[QR ? KC : 1][4];
+    // Q's and dO's fragments (of unused above head size 64), dS's (the tile whose dQ product is next)
+    uint32_t qf[KC][4], of[KC][4], da[4][4];
     float dq[DT][4];
     LLMC_UNROLL
     for (int d = 0; d < DT; d++)
         LLMC_UNROLL
         for (int e = 0; e < 4; e++) dq[d][e] = 0.0f;
+    // dS = P (dP - D) of key tile k0 into dp, from S's accumulators s
+    auto ds_of = [&](const float (&s)[NT][4], float (&dp)[NT][4], int k0) {
+        const bool crossing = k0 + BC > R.w_full;
+        LLMC_UNROLL
+        for (int n = 0; n < NT; n++)
+            LLMC_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int i = e >> 1;
+                const bool vis = !crossing || k0 + n * 8 + 2 * t + (e & 1) < R.seen[i];
+                const float p = vis ? ptx::exp2_ftz(fmaf(s[n][e], scale * kLog2e, -l2[i])) : 0.0f;
+                dp[n][e] = p * (dp[n][e] - Dr[i]);
+            }
+    };
 
-    for (int j = 0; j < ntiles; j++) {
-        const int buf = j & 1, k0 = j * BC;
-        if (j + 1 < ntiles) {  // the next tile: K, V by cp.async, K^T into registers until this one is done
+    // iteration j: S, dP and dS of tile j (j < ntiles), dQ += dS K of tile j - LAG (j >= LAG); K^T of
+    // tile j + 1 - LAG fetched into registers during it and stored at its end (K^T buffer
+    // (j + 1 - LAG) & 1, whose last reader, tile j - 1 - LAG's dQ product, every warpgroup waited for
+    // in iteration j - 1)
+    for (int j = 0; j < ntiles + LAG; j++) {
+        const int buf = j & 1, k0 = j * BC, jk = j + 1 - LAG;
+        if (j + 1 < ntiles) {  // the next tile's K, V by cp.async
             wg_load_k<HS>(sK + (buf ^ 1) * L::kt, Kg, stride, k0 + BC, kv_end);
             wg_load_k<HS>(sV + (buf ^ 1) * L::kt, Vg, stride, k0 + BC, kv_end);
             ptx::cp_async_commit();
-            wg_fetch_v<HS>(knext, Kg, stride, k0 + BC, kv_end);
-            ptx::cp_async_wait<1>();
-        } else {
-            ptx::cp_async_wait<0>();
         }
+        if (jk < ntiles) wg_fetch_v<HS>(knext, Kg, stride, jk * BC, kv_end);
+        if (j + 1 < ntiles)
+            ptx::cp_async_wait<1>();
+        else
+            ptx::cp_async_wait<0>();
         ptx::fence_proxy_async();  // this thread's copies and K^T stores, to the tensor cores' reads
         __syncthreads();
-        if (k0 < wg_end) {
-            const char* tK = sK + buf * L::kt;
-            const char* tV = sV + buf * L::kt;
-            float s[NT][4], dp[NT][4];
-            if constexpr (QR) {
-                if (j == 0)
-                    LLMC_UNROLL
-                    for (int kc = 0; kc < KC; kc++) {
-                        ptx::ldmatrix_x4(qf[kc], sQ + frag + kc * 16);
-                        ptx::ldmatrix_x4(of[kc], sO + frag + kc * 16);
-                    }
-                ptx::wgmma_fence();
-                wg_issue_k<E>(s, qf, tK);
-                wg_issue_k<E>(dp, of, tV);
-                ptx::wgmma_commit();
-                ptx::wgmma_wait0(s);
-                ptx::wgmma_wait0(dp);
-            } else {  // one operand's fragments at a time (qf holds Q's, then dO's)
+        if constexpr (QR) {
+            if (j == 0)
                 LLMC_UNROLL
-                for (int kc = 0; kc < KC; kc++) ptx::ldmatrix_x4(qf[kc], sQ + frag + kc * 16);
-                ptx::wgmma_fence();
-                wg_issue_k<E>(s, qf, tK);
-                ptx::wgmma_commit();
-                ptx::wgmma_wait0(s);
-                LLMC_UNROLL
-                for (int kc = 0; kc < KC; kc++) ptx::ldmatrix_x4(qf[kc], sO + frag + kc * 16);
-                ptx::wgmma_fence();
-                wg_issue_k<E>(dp, qf, tV);
-                ptx::wgmma_commit();
-                ptx::wgmma_wait0(dp);
-            }
-            const bool crossing = k0 + BC > R.w_full;
-            LLMC_UNROLL
-            for (int n = 0; n < NT; n++)
-                LLMC_UNROLL
-                for (int e = 0; e < 4; e++) {
-                    const int i = e >> 1;
-                    const bool vis = !crossing || k0 + n * 8 + 2 * t + (e & 1) < R.seen[i];
-                    const float p = vis ? ptx::exp2_ftz(fmaf(s[n][e], scale * kLog2e, -l2[i])) : 0.0f;
-                    dp[n][e] = p * (dp[n][e] - Dr[i]);
+                for (int kc = 0; kc < KC; kc++) {
+                    ptx::ldmatrix_x4(qf[kc], sQ + frag + kc * 16);
+                    ptx::ldmatrix_x4(of[kc], sO + frag + kc * 16);
                 }
-            uint32_t da[4][4];  // dQ += dS K
-            wg_acc_a<E>(da, dp);
+        }
+        const char* tK = sK + buf * L::kt;
+        const char* tV = sV + buf * L::kt;
+        const bool do_s = j < ntiles && k0 < wg_end;            // uniform over the warpgroup
+        const bool do_dq = PIPE && j >= 1 && k0 - BC < wg_end;  // tile j - 1's dQ product (pipelined)
+        // (each path fences, issues, commits and waits in one branch: see the forward's v8)
+        float s[NT][4], dp[NT][4];
+        if (do_s && do_dq) {  // pipelined: S_j and dP_j, then tile j - 1's dQ product under tile j's dS
             ptx::wgmma_fence();
-            wg_issue_acc<E, HS>(dq, da, sKT + buf * L::ktt);
+            wg_issue_k<E>(s, qf, tK);
+            wg_issue_k<E>(dp, of, tV);
+            ptx::wgmma_commit();
+            wg_issue_acc<E, HS>(dq, da, sKT + (buf ^ 1) * L::ktt);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait<1>(s);
+            ptx::wgmma_wait<1>(dp);
+            ds_of(s, dp, k0);
+            ptx::wgmma_wait<0>(dq);
+            ptx::wgmma_keep_a(da);
+        } else if (do_s && QR) {
+            ptx::wgmma_fence();
+            wg_issue_k<E>(s, qf, tK);
+            wg_issue_k<E>(dp, of, tV);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait0(s);
+            ptx::wgmma_wait0(dp);
+            ds_of(s, dp, k0);
+        } else if (do_s) {  // one operand's fragments at a time (qf holds Q's, then dO's)
+            LLMC_UNROLL
+            for (int kc = 0; kc < KC; kc++) ptx::ldmatrix_x4(qf[kc], sQ + frag + kc * 16);
+            ptx::wgmma_fence();
+            wg_issue_k<E>(s, qf, tK);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait0(s);
+            LLMC_UNROLL
+            for (int kc = 0; kc < KC; kc++) ptx::ldmatrix_x4(qf[kc], sO + frag + kc * 16);
+            ptx::wgmma_fence();
+            wg_issue_k<E>(dp, qf, tV);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait0(dp);
+            ds_of(s, dp, k0);
+        } else if (do_dq) {  // the last tile's dQ product
+            ptx::wgmma_fence();
+            wg_issue_acc<E, HS>(dq, da, sKT + (buf ^ 1) * L::ktt);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(dq);
             ptx::wgmma_keep_a(da);
         }
-        // the next tile's K^T into the other buffer (its last reader, tile j - 1's dQ product, was
-        // waited for by every warpgroup before this iteration's barrier)
-        if (j + 1 < ntiles) wg_store_vt<HS>(sKT + (buf ^ 1) * L::ktt, knext);
+        if (do_s) {
+            wg_acc_a<E>(da, dp);
+            if (!PIPE) {  // dQ += dS K now
+                ptx::wgmma_fence();
+                wg_issue_acc<E, HS>(dq, da, sKT + buf * L::ktt);
+                ptx::wgmma_commit();
+                ptx::wgmma_wait0(dq);
+                ptx::wgmma_keep_a(da);
+            }
+        }
+        if (jk < ntiles) wg_store_vt<HS>(sKT + (jk & 1) * L::ktt, knext);
         __syncthreads();  // the next iteration's copies overwrite this tile's K and V buffers
     }
 
@@ -319,14 +359,14 @@ __global__ void __launch_bounds__(kWgThreads)
 }
 
 // dK, dV and dQ on wgmma (v10: head size 64, wgmma_available, the device's shared memory: 102 and
-// 85 KiB a block); false: nothing launched
+// 85 KiB a block; `pipelined`: the dQ kernel's PIPE, v11); false: nothing launched
 template <class E>
 bool try_backward_wgmma(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                         const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS, SeqPositions qp,
-                        SeqPositions kp, bool accumulate, cudaStream_t st) {
+                        SeqPositions kp, bool accumulate, cudaStream_t st, bool pipelined = false) {
     if (HS != 64 || !wgmma_available()) return false;
     auto fkv = flash_backward_dkdv_wgmma_kernel<E>;
-    auto fq = flash_backward_dq_wgmma_kernel<E, 64>;
+    auto fq = pipelined ? flash_backward_dq_wgmma_kernel<E, 64, true> : flash_backward_dq_wgmma_kernel<E, 64, false>;
     const size_t skv = WgDkdvSmem::total + kWgSlack, sq = WgDqSmem<64>::total + kWgSlack;
     int optin = 0;
     if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem((const void*)fq, sq, &optin)) return false;

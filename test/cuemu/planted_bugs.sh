@@ -68,6 +68,8 @@ mutate wgmma_s_read_before_wait llmc/cuda/flash_forward_wgmma.cuh attention_wgmm
     $'ptx::wgmma_wait0(s);\n            wg_softmax' 'wg_softmax' bf16
 mutate wgmma_pipelined_p_overwritten_in_flight llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     $'scale_log2);\n            ptx::wgmma_wait<0>(o);' $'scale_log2);\n            wg_acc_a<E>(pa, s);\n            ptx::wgmma_wait<0>(o);' bf16
+mutate wgmma_pipelined_ds_overwritten_in_flight llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
+    $'ds_of(s, dp, k0);\n            ptx::wgmma_wait<0>(dq);' $'ds_of(s, dp, k0);\n            wg_acc_a<E>(da, dp);\n            ptx::wgmma_wait<0>(dq);' bf16
 mutate wgmma_dq_without_D llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
     'dp[n][e] = p * (dp[n][e] - Dr[i]);' 'dp[n][e] = p * dp[n][e];' bf16
 mutate wgmma_dkdv_unmasked llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
