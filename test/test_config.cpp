@@ -417,7 +417,7 @@ TEST_CASE("config: out-of-range values and enums", "[config]") {
     CHECK_THAT(m, Catch::Contains("fp8.recipe") && Catch::Contains("delayed, current"));
     m = error_of([&] { load({g, "kernels.attention_backward=v7"}); });
     CHECK_THAT(m, Catch::Contains("kernels.attention_backward") &&
-                      Catch::Contains("auto, dq_from_ds, fused, wgmma_dq, wgmma, wgmma_pipelined"));
+                      Catch::Contains("auto, dq_from_ds, fused, wgmma_dq, wgmma, wgmma_pipelined, wgmma_ss"));
     CHECK(load({g, "kernels.attention_backward=wgmma_pipelined"}).kernels.attention_backward == "wgmma_pipelined");
     m = error_of([&] { load({g, "kernels.attention_forward=128"}); });
     CHECK_THAT(m, Catch::Contains("kernels.attention_forward") &&

@@ -23,6 +23,8 @@
 //  10: both kernels on wgmma (head size 64)
 //  11: v10 with the dQ kernel pipelined: each key tile's dS computed under the previous tile's dQ
 //      product (head size 64)
+//  12: both kernels on wgmma, the dK/dV kernel's K and V from shared memory (head sizes 64 and 128;
+//      v10 and v11 at 128 are this)
 //
 // Lab notebook (causal, bf16; FLOPs as FlashAttention counts them: 2.5 x the forward's 4 B NH HS T^2 / 2):
 //   v2  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): dQ 48.1 ms and dK/dV
@@ -114,9 +116,19 @@
 //       dS_{j-1}'s A fragments stay live across the iteration: ptxas sm_90a 192 registers (v9's
 //       kernel 166), still one block an SM; no spill. The dK/dV kernel (253 registers) has no room
 //       for the same without reloading K's and V's fragments.
+//   v12 not yet measured (written 2026-11-28 without a GPU): the dK/dV kernel's first products (S^T =
+//       K Q^T, dP^T = V dO^T) with A from shared memory too (wgmma "SS": K's and V's rows in
+//       128-byte-swizzled tiles, a warpgroup's 64 keys each, read by the tensor cores through a
+//       descriptor) instead of 32 registers of fragments a thread (64 at head size 128, beside dK and
+//       dV's 128 accumulators: v10 cannot run there). FlashAttention-3's backward reads them so.
+//       Also since this version, in v10 too: Q^T and dO^T are transposed from the Q and dO tiles
+//       once they have landed in shared memory (at the end of the step before, after one barrier),
+//       not from registers loaded a step ahead. ptxas sm_90a: v10 229 registers (was 253), v12 231
+//       at head size 64 and 254 at 128; no spill (with the register transposes, 68 bytes of spill at
+//       128). Shared memory: 97 KiB at 64, 194 KiB at 128 (an sm_90 device's 227 holds it).
 //   To measure: make -C dev/cuda attention_backward && for v in 2 3 4 5 6; do
 //     ./dev/cuda/attention_backward $v 8 1024 32 64; ./dev/cuda/attention_backward $v 8 1024 16 128; done
-//   (for v in 2 3 4 5 6 7 8 9 10 11)
+//   (for v in 2 3 4 5 6 7 8 9 10 11 12)
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
 
@@ -143,8 +155,8 @@ static bool run_version(const std::vector<float>& qkv, const std::vector<float>&
 
 int main(int argc, char** argv) {
     int version = kernel_arg(argc, argv, 3);
-    if (version < 1 || version > 11) {
-        std::printf("attention_backward: version %d is not one of 1-11 (see attention_backward.cu's top)\n", version);
+    if (version < 1 || version > 12) {
+        std::printf("attention_backward: version %d is not one of 1-12 (see attention_backward.cu's top)\n", version);
         return 1;
     }
     g_ways.flash_backward = version >= 3;
@@ -155,9 +167,8 @@ int main(int argc, char** argv) {
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];
     std::printf("attention_backward v%d B=%d T=%d NH=%d HS=%d\n", version, B, T, NH, HS);
-    if (version >= 9 && ((HS != 64 && (version >= 10 || HS != 128)) || !flash::wgmma_available())) {
-        std::printf("v%d needs head size %s on an sm_90 device with sm_90a code (HS=%d)\n", version,
-                    version >= 10 ? "64" : "64 or 128", HS);
+    if (version >= 9 && ((HS != 64 && HS != 128) || !flash::wgmma_available())) {
+        std::printf("v%d needs head size 64 or 128 on an sm_90 device with sm_90a code (HS=%d)\n", version, HS);
         return 1;
     }
     const size_t nqkv = (size_t)B * T * 3 * NH * HS, no = (size_t)B * T * NH * HS;

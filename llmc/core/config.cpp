@@ -282,15 +282,16 @@ const std::vector<Key>& schema() {
                  "elsewhere. "
                  "The same results up to the summation order; the CPU backend ignores it"),
         enum_key("kernels.attention_backward", FIELD(kernels.attention_backward),
-                 {"auto", "dq_from_ds", "fused", "wgmma_dq", "wgmma", "wgmma_pipelined"}, {},
+                 {"auto", "dq_from_ds", "fused", "wgmma_dq", "wgmma", "wgmma_pipelined", "wgmma_ss"}, {},
                  "device cuda: the flash backward; auto = dQ recomputed in its own kernel; dq_from_ds = the "
                  "dK/dV kernel also writes dS to a scratch buffer (2 bytes a visible query-key pair) and dQ = dS K "
                  "reads it (dev/cuda/attention_backward v7); fused = one kernel that also adds dS K into fp32 dQ "
                  "accumulators, deterministically (v8; 4 bytes a dQ element a split); wgmma_dq = the dQ kernel "
                  "on Hopper's warpgroup MMA on an sm_90 device with a build for sm_90a (v9); wgmma = the dK/dV "
-                 "kernel on it too at head size 64 (v10; at 128 as wgmma_dq); wgmma_pipelined = wgmma with each "
-                 "key tile's dS overlapping the previous tile's dQ product (v11; at 128 as wgmma_dq); these five "
-                 "at head sizes 64 and 128, auto elsewhere; the CPU backend ignores it"),
+                 "kernel on it too (v10; v12 at head size 128); wgmma_pipelined = wgmma with each key tile's dS "
+                 "overlapping the previous tile's dQ product (v11, head size 64); wgmma_ss = wgmma with the dK/dV "
+                 "kernel's K and V read from shared memory by the tensor cores (v12); these six at head sizes 64 "
+                 "and 128, auto elsewhere; the CPU backend ignores it"),
         enum_key("kernels.layernorm_backward", FIELD(kernels.layernorm_backward), {"auto", "streamed"}, {},
                  "device cuda: auto = each row kept in registers where d_model allows (up to 2048 in bf16); "
                  "streamed = every row read twice (dev/cuda/layernorm v5); the same bits either way; the CPU "

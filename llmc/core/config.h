@@ -143,7 +143,7 @@ struct Fp8Config {
 // (device cuda; the CPU backend ignores these): "auto" is the measured choice.
 struct KernelsConfig {
     std::string attention_forward = "auto";   // auto | keys128 | wgmma | wgmma_pipelined (attention_forward v6-v8)
-    // auto | dq_from_ds | fused | wgmma_dq | wgmma | wgmma_pipelined (dev/cuda/attention_backward v7-v11)
+    // auto | dq_from_ds | fused | wgmma_dq | wgmma | wgmma_pipelined | wgmma_ss (attention_backward v7-v12)
     std::string attention_backward = "auto";
     std::string layernorm_backward = "auto";  // auto (rows in registers) | streamed (dev/cuda/layernorm v5)
 };

@@ -984,7 +984,7 @@ KernelWays cuda_kernel_ways(const std::string& attention_forward, const std::str
     w.fwd_key_tile = fwd == 1 ? 128 : 0;
     w.fwd_wgmma = fwd >= 2 ? fwd - 1 : 0;
     w.bwd_dq = pick("kernels.attention_backward", attention_backward,
-                    {"dq_from_ds", "fused", "wgmma_dq", "wgmma", "wgmma_pipelined"});
+                    {"dq_from_ds", "fused", "wgmma_dq", "wgmma", "wgmma_pipelined", "wgmma_ss"});
     w.ln_bwd_registers = !pick("kernels.layernorm_backward", layernorm_backward, {"streamed"});
     return w;
 }

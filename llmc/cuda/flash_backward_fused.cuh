@@ -245,8 +245,9 @@ bool try_fused(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv
 // kernel's pass over each query tile (bwd_pass 32: two passes of 32 columns, v6, the choice at head
 // size 64; 64: one pass, v3, the choice at 128); dQ (bwd_dq: 0 its own kernel, 1 from the dS^T in
 // memory, v7, 2 the fused kernel, v8, at head sizes 64 and 128, 3 its own kernel on wgmma, v9, at
-// head sizes 64 and 128 where wgmma_available, 4 the dK/dV kernel too, v10, at head size 64, 5 as 4
-// with the dQ kernel pipelined, v11).
+// head sizes 64 and 128 where wgmma_available, 4 the dK/dV kernel too, v10 at head size 64 (v12 at
+// 128), 5 as 4 with the dQ kernel pipelined at 64, v11, 6 the dK/dV kernel with K and V from shared
+// memory, v12).
 // dK, dV and dQ by the flash kernels when they cover HS and the device's shared memory holds
 // their tiles (64 rows, else 32); false (nothing launched): the caller takes attention.cuh's.
 // Head size 32: each warp of both kernels owns 32 rows (two m-tiles over 32-row tiles); 64: 16
@@ -270,10 +271,10 @@ bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
     const bool two = rows != 16, wide = w.bwd_tile != 32, halves = pass == 32;
     // dS^T through memory (bwd_dq 1): at head sizes 64 (two passes) and 128 (one), the trainer's ways
     const bool ds = w.bwd_dq == 1 && ds_scratch && !two && wide;
-    // both kernels on wgmma (bwd_dq 4, 5) at head size 64; dQ on wgmma (bwd_dq 3, and 4, 5 at 128)
-    // beside the chosen dK/dV kernel; where wgmma_available (else as 0)
+    // both kernels on wgmma (bwd_dq 4-6) at head sizes 64 and 128; dQ on wgmma alone (bwd_dq 3, and
+    // where those are refused) beside the chosen dK/dV kernel; where wgmma_available (else as 0)
     if (w.bwd_dq >= 4 && try_backward_wgmma(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, HS, qp, kp,
-                                            accumulate, st, w.bwd_dq == 5))
+                                            accumulate, st, w.bwd_dq == 5, w.bwd_dq == 6))
         return true;
     bool wq = w.bwd_dq >= 3 && (HS == 64 || HS == 128) && wgmma_available();
     // one kernel (bwd_dq 2) at head sizes 64 and 128, the dK/dV part in two passes of 32 query columns

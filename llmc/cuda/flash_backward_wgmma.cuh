@@ -198,40 +198,47 @@ __global__ void __launch_bounds__(kWgThreads)
 }
 
 
-// The dK/dV kernel on wgmma (v10, head size 64): one block of two warpgroups per (128 keys,
-// key/value head, batch), warpgroup wg keys [64 wg, 64 wg + 64) of the block's, warp q of it 16,
-// over the (head, query tile of 64) sequence of the mma.sync kernel (the group's heads in order,
-// each from the first query tile that sees the block's first key); per query tile:
-//   S^T = K Q^T and dP^T = V dO^T: four wgmma m64n64k16 each, K's and V's A fragments in registers
-//     (ldmatrix once), Q and dO from 128-byte-swizzled tiles (cp.async);
+// The dK/dV kernel on wgmma (v10, head size 64; SS: v12, head sizes 64 and 128): one block of two
+// warpgroups per (128 keys, key/value head, batch), warpgroup wg keys [64 wg, 64 wg + 64) of the
+// block's, warp q of it 16, over the (head, query tile of 64) sequence of the mma.sync kernel (the
+// group's heads in order, each from the first query tile that sees the block's first key); per
+// query tile:
+//   S^T = K Q^T and dP^T = V dO^T: HS / 16 wgmma m64n64k16 each, K's and V's A fragments in
+//     registers (ldmatrix once), Q and dO from 128-byte-swizzled tiles (cp.async); SS: K and V
+//     from shared memory too (wgmma_m64n64k16_ss: their rows in swizzled tiles, a warpgroup's 64
+//     keys each), not from 32 registers of fragments a thread (64 at head size 128, where the
+//     accumulators dK and dV alone are 128);
 //   P^T and dS^T = P^T (dP^T - D) on the accumulators (lse and D of the tile's 64 queries from
 //     shared memory);
-//   dV += P^T dO and dK += dS^T Q: four wgmma m64n64k16 each, P^T's and dS^T's A fragments from the
-//     accumulators, dO and Q from swizzled tiles of dO^T and Q^T (transposed through registers as
-//     the forward's V^T).
-// Shared memory from a 1024-byte boundary: Q, dO, Q^T, dO^T [2][8 KiB] each (swizzled), K and V
-// [128][HS + 8] (ldmatrix's padded rows), lse and D [2][64].
-struct WgDkdvSmem {
-    static constexpr int HS = 64;
-    static constexpr size_t q = 0, dO = 2 * 8192, qT = 4 * 8192, dOT = 6 * 8192, k = 8 * 8192,
-                            v = k + (size_t)kWgRows * (HS + 8) * 2, lse = v + (size_t)kWgRows * (HS + 8) * 2,
+//   dV += P^T dO and dK += dS^T Q: four wgmma m64nHSk16 each, P^T's and dS^T's A fragments from
+//     the accumulators, dO and Q from swizzled tiles of dO^T and Q^T, transposed from the Q and dO
+//     tiles once they have landed (at the end of the step before; registers hold a row only from
+//     its load to its store).
+// Shared memory from a 1024-byte boundary: Q, dO, Q^T, dO^T [2][HS / 64 x 8 KiB] each (swizzled),
+// K and V [128][HS + 8] (ldmatrix's padded rows; SS: [2 warpgroups][HS / 64][8 KiB] swizzled), lse
+// and D [2][64]: 102 KiB at head size 64 (SS 97), 194 KiB at 128.
+template <int HS, bool SS> struct WgDkdvSmem {
+    static constexpr size_t qb = (size_t)HS / 64 * 8192, kv = SS ? 2 * qb : (size_t)kWgRows * (HS + 8) * 2;
+    static constexpr size_t q = 0, dO = 2 * qb, qT = 4 * qb, dOT = 6 * qb, k = 8 * qb, v = k + kv, lse = v + kv,
                             d = lse + 2 * 64 * 4, total = d + 2 * 64 * 4;
 };
 
-// grid (B * NKV, ceil(Tk / 128)), 256 threads, WgDkdvSmem::total + kWgSlack bytes
-template <class E>
+// grid (B * NKV, ceil(Tk / 128)), 256 threads, WgDkdvSmem<HS, SS>::total + kWgSlack bytes
+template <class E, int HS, bool SS>
 __global__ void __launch_bounds__(kWgThreads)
     flash_backward_dkdv_wgmma_kernel(E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                                      const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                                      SeqPositions kp, bool accumulate) {
-    using L = WgDkdvSmem;
-    constexpr int HS = L::HS, BQ = 64, LD = HS + 8, NT = BQ / 8, DT = HS / 8, KC = HS / 16;
+    static_assert(HS == 64 || (SS && HS == 128), "head size 64; 128 with K and V from shared memory");
+    using L = WgDkdvSmem<HS, SS>;
+    constexpr int BQ = 64, LD = HS + 8, NT = BQ / 8, DT = HS / 8, KC = HS / 16;
+    constexpr size_t QB = L::qb;
     char* smem = smem_1024();
     char* sQ = smem + L::q;
     char* sO = smem + L::dO;
     char* sQT = smem + L::qT;
     char* sOT = smem + L::dOT;
-    E* sK = reinterpret_cast<E*>(smem + L::k);
+    E* sK = reinterpret_cast<E*>(smem + L::k);  // (SS: swizzled tiles, not E rows)
     E* sV = reinterpret_cast<E*>(smem + L::v);
     float* sL = reinterpret_cast<float*>(smem + L::lse);
     float* sD = reinterpret_cast<float*>(smem + L::d);
@@ -250,28 +257,37 @@ __global__ void __launch_bounds__(kWgThreads)
     // step i's copies into buffer buf: Q and dO (cp.async, swizzled), lse and D (load_lse_d)
     auto issue = [&](int i, int buf) {
         const int q0 = (qt0 + i % nqt) * BQ;
-        wg_load_k<HS>(sQ + buf * 8192, q_of(i), stride, q0, Tq);
-        wg_load_k<HS>(sO + buf * 8192, o_of(i), ostride, q0, Tq);
+        wg_load_k<HS>(sQ + buf * QB, q_of(i), stride, q0, Tq);
+        wg_load_k<HS>(sO + buf * QB, o_of(i), ostride, q0, Tq);
         load_lse_d<BQ, kWgThreads>(sL + buf * BQ, sD + buf * BQ, lse, D,
                                    ((long long)b * NH + kvh * group + i / nqt) * Tq + q0, q0, Tq);
     };
-    uint4 qn[1][2], on[1][2];  // the next step's Q and dO rows, to be stored transposed
-    auto fetch = [&](int i) {
-        const int q0 = (qt0 + i % nqt) * BQ;
-        wg_fetch_v<HS>(qn, q_of(i), stride, q0, Tq);
-        wg_fetch_v<HS>(on, o_of(i), ostride, q0, Tq);
+    // Q^T and dO^T of buffer buf from its Q and dO tiles (landed and seen by every thread: the
+    // registers live only from the load to the store)
+    auto transpose = [&](int buf) {
+        uint4 x[HS / 64][2];
+        wg_fetch_vt_smem<HS>(x, sQ + buf * QB);
+        wg_store_vt<HS>(sQT + buf * QB, x);
+        wg_fetch_vt_smem<HS>(x, sO + buf * QB);
+        wg_store_vt<HS>(sOT + buf * QB, x);
     };
-    load_tile<HS, kWgRows, kWgThreads>(sK, qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS, stride, k0,
-                                      Tk);
-    load_tile<HS, kWgRows, kWgThreads>(sV, qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS,
-                                      stride, k0, Tk);
-    if (n > 0) {
-        issue(0, 0);
-        fetch(0);
-        wg_store_vt<HS>(sQT, qn);
-        wg_store_vt<HS>(sOT, on);
+    const E* Kg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + kvh) * HS;
+    const E* Vg = qkv_kv + (long long)b * Tk * stride + (long long)(NH + NKV + kvh) * HS;
+    if constexpr (SS) {  // each warpgroup's 64 keys in its own tiles
+        LLMC_UNROLL
+        for (int w = 0; w < 2; w++) {
+            wg_load_k<HS>(smem + L::k + w * QB, Kg, stride, k0 + 64 * w, Tk);
+            wg_load_k<HS>(smem + L::v + w * QB, Vg, stride, k0 + 64 * w, Tk);
+        }
+    } else {
+        load_tile<HS, kWgRows, kWgThreads>(sK, Kg, stride, k0, Tk);
+        load_tile<HS, kWgRows, kWgThreads>(sV, Vg, stride, k0, Tk);
     }
+    if (n > 0) issue(0, 0);
     ptx::cp_async_commit();
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+    if (n > 0) transpose(0);
 
     // the warpgroup's keys [wk0, wk0 + 64), this warp's [kw0, kw0 + 16), the lane's kw0 + g and + 8
     const int wk0 = k0 + 64 * (warp / 4), kw0 = k0 + 16 * warp;
@@ -284,7 +300,7 @@ __global__ void __launch_bounds__(kWgThreads)
     }
     const int klast = kw0 < Tk ? kp.at(min(Tk, kw0 + 16) - 1) : INT_MAX;
     const int arow = (16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
-    uint32_t kf[KC][4], vf[KC][4];
+    uint32_t kf[SS ? 1 : KC][4], vf[SS ? 1 : KC][4];  // K's and V's fragments (not SS)
     float dk[1][DT][4], dv[1][DT][4];
     LLMC_UNROLL
     for (int d = 0; d < DT; d++)
@@ -293,28 +309,37 @@ __global__ void __launch_bounds__(kWgThreads)
 
     for (int i = 0; i < n; i++) {
         const int buf = i & 1, q0 = (qt0 + i % nqt) * BQ;
-        if (i + 1 < n) {
+        if (i + 1 < n) {  // the next step's copies, under this one's products (landed: its end)
             issue(i + 1, buf ^ 1);
             ptx::cp_async_commit();
-            fetch(i + 1);
-            ptx::cp_async_wait<1>();
-        } else {
-            ptx::cp_async_wait<0>();
         }
         ptx::fence_proxy_async();  // this thread's copies and transposed stores, to the tensor cores
         __syncthreads();
-        if (i == 0)
-            LLMC_UNROLL
-            for (int kc = 0; kc < KC; kc++) {
-                ptx::ldmatrix_x4(kf[kc], sK + arow + kc * 16);
-                ptx::ldmatrix_x4(vf[kc], sV + arow + kc * 16);
-            }
+        if constexpr (!SS) {
+            if (i == 0)
+                LLMC_UNROLL
+                for (int kc = 0; kc < KC; kc++) {
+                    ptx::ldmatrix_x4(kf[kc], sK + arow + kc * 16);
+                    ptx::ldmatrix_x4(vf[kc], sV + arow + kc * 16);
+                }
+        }
         // the warpgroup's four warps together: some query of the tile sees its first key
         if (wk0 < Tk && qp.at(min(Tq, q0 + BQ) - 1) >= wkfirst) {
             float s[NT][4], dp[NT][4];
             ptx::wgmma_fence();
-            wg_issue_k<E>(s, kf, sQ + buf * 8192);
-            wg_issue_k<E>(dp, vf, sO + buf * 8192);
+            if constexpr (SS) {
+                const char* wk = smem + L::k + (warp / 4) * QB;
+                const char* wv = smem + L::v + (warp / 4) * QB;
+                LLMC_UNROLL
+                for (int kc = 0; kc < KC; kc++)
+                    ptx::wgmma_m64n64k16_ss<E>(s, wg_kdesc(wk, kc), wg_kdesc(sQ + buf * QB, kc), kc > 0);
+                LLMC_UNROLL
+                for (int kc = 0; kc < KC; kc++)
+                    ptx::wgmma_m64n64k16_ss<E>(dp, wg_kdesc(wv, kc), wg_kdesc(sO + buf * QB, kc), kc > 0);
+            } else {
+                wg_issue_k<E>(s, kf, sQ + buf * QB);
+                wg_issue_k<E>(dp, vf, sO + buf * QB);
+            }
             ptx::wgmma_commit();
             ptx::wgmma_wait0(s);
             ptx::wgmma_wait0(dp);
@@ -338,36 +363,44 @@ __global__ void __launch_bounds__(kWgThreads)
             wg_acc_a<E>(ap, s);
             wg_acc_a<E>(ad, dp);
             ptx::wgmma_fence();
-            wg_issue_acc<E, 64>(dv[0], ap, sOT + buf * 8192);
-            wg_issue_acc<E, 64>(dk[0], ad, sQT + buf * 8192);
+            wg_issue_acc<E, HS>(dv[0], ap, sOT + buf * QB);
+            wg_issue_acc<E, HS>(dk[0], ad, sQT + buf * QB);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(dv[0]);
             ptx::wgmma_wait0(dk[0]);
             ptx::wgmma_keep_a(ap);
             ptx::wgmma_keep_a(ad);
         }
-        // the next step's Q^T and dO^T into the other buffers (their last readers, step i - 1's
-        // products, were waited for by every warpgroup before this iteration's barrier)
-        if (i + 1 < n) {
-            wg_store_vt<HS>(sQT + (buf ^ 1) * 8192, qn);
-            wg_store_vt<HS>(sOT + (buf ^ 1) * 8192, on);
-        }
-        __syncthreads();  // the next iteration's copies overwrite this step's buffers
+        // the next step's copies landed for every thread (and this step's buffers free: the next
+        // iteration's copies overwrite them); then its Q^T and dO^T into the other buffers (their last
+        // readers, step i - 1's products, were waited for by every warpgroup before the last barrier)
+        ptx::cp_async_wait<0>();
+        __syncthreads();
+        if (i + 1 < n) transpose(buf ^ 1);
     }
 
     store_dkdv<HS, 1>(dkv, dk, dv, b, kvh, kw0, Tk, NH, NKV, scale, accumulate);
 }
 
-// dK, dV and dQ on wgmma (v10: head size 64, wgmma_available, the device's shared memory: 102 and
-// 85 KiB a block; `pipelined`: the dQ kernel's PIPE, v11); false: nothing launched
+// dK, dV and dQ on wgmma: the dK/dV kernel with K and V from registers (v10, head size 64) or from
+// shared memory (`ss`: v12, and always at head size 128), the dQ kernel pipelined or not (v11);
+// where wgmma_available and the device's shared memory holds the tiles (dK/dV: 102 KiB at 64, 97
+// with ss, 194 at 128; dQ: 85 and 165 KiB); false: nothing launched
 template <class E>
 bool try_backward_wgmma(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                         const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS, SeqPositions qp,
-                        SeqPositions kp, bool accumulate, cudaStream_t st, bool pipelined = false) {
-    if (HS != 64 || !wgmma_available()) return false;
-    auto fkv = flash_backward_dkdv_wgmma_kernel<E>;
-    auto fq = pipelined ? flash_backward_dq_wgmma_kernel<E, 64, true> : flash_backward_dq_wgmma_kernel<E, 64, false>;
-    const size_t skv = WgDkdvSmem::total + kWgSlack, sq = WgDqSmem<64>::total + kWgSlack;
+                        SeqPositions kp, bool accumulate, cudaStream_t st, bool pipelined = false, bool ss = false) {
+    if ((HS != 64 && HS != 128) || !wgmma_available()) return false;
+    using Fn = void (*)(E*, const E*, const E*, const E*, const float*, const float*, int, int, int, int, float,
+                        SeqPositions, SeqPositions, bool);
+    Fn fkv = flash_backward_dkdv_wgmma_kernel<E, 128, true>, fq = flash_backward_dq_wgmma_kernel<E, 128, false>;
+    size_t skv = WgDkdvSmem<128, true>::total + kWgSlack, sq = WgDqSmem<128>::total + kWgSlack;
+    if (HS == 64) {
+        fkv = ss ? flash_backward_dkdv_wgmma_kernel<E, 64, true> : flash_backward_dkdv_wgmma_kernel<E, 64, false>;
+        skv = (ss ? WgDkdvSmem<64, true>::total : WgDkdvSmem<64, false>::total) + kWgSlack;
+        fq = pipelined ? flash_backward_dq_wgmma_kernel<E, 64, true> : flash_backward_dq_wgmma_kernel<E, 64, false>;
+        sq = WgDqSmem<64>::total + kWgSlack;
+    }
     int optin = 0;
     if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem((const void*)fq, sq, &optin)) return false;
     const float scale = 1.0f / sqrtf((float)HS);

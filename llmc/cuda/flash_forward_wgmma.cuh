@@ -116,6 +116,17 @@ template <int HS> __device__ __forceinline__ void wg_store_vt(char* dst, const u
     }
 }
 
+// ... or from shared memory: the same rows of wg_load_k's swizzled tiles (head columns 64 h .. in
+// tile h) once they have landed (the dK/dV kernel's Q^T and dO^T)
+template <int HS> __device__ __forceinline__ void wg_fetch_vt_smem(uint4 (&v)[HS / 64][2], const char* tiles) {
+    const int lane = (int)(threadIdx.x % 32), warp = (int)(threadIdx.x / 32);
+    LLMC_UNROLL
+    for (int h = 0; h < HS / 64; h++)
+        LLMC_UNROLL
+        for (int i = 0; i < 2; i++)
+            v[h][i] = *reinterpret_cast<const uint4*>(tiles + h * 8192 + sw128(2 * lane + i, warp));
+}
+
 // Where a query-row block of the wgmma kernels (the forward's, the dQ kernel's) stands: head h of
 // batch b, its key/value head kvh and pointers Kg, Vg (row stride `stride`), rows [q0, q0 + 128)
 // (the heaviest, last, first), keys [0, kv_end) seen by some row in ntiles tiles; the warpgroup's

@@ -294,8 +294,8 @@ namespace emu {
 struct WgOp {
     void (*run)(const WgOp&);
     float* d;
-    const uint32_t* a;
-    uint64_t desc;
+    const uint32_t* a;  // A's registers (nullptr: A from shared memory, desc_a)
+    uint64_t desc, desc_a;
     bool accumulate;
 };
 struct WgState {
@@ -397,32 +397,44 @@ namespace emu {
 // the twin's product of one wgmma (WgOp), at its wait: every lane of the warp runs its ops in the
 // same order, so the register exchange lines up as the mma's does
 template <class E, int N, bool TB> void wgmma_run(const WgOp& op) {
-    const uint32_t* a = op.a;
+    const uint32_t* a = op.a;  // (nullptr: A from shared memory)
     const uint64_t desc_b = op.desc;
     const bool accumulate = op.accumulate;
     float (*d)[4] = reinterpret_cast<float (*)[4]>(op.d);
     const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-    Regs& w = mma_regs();
-    for (int i = 0; i < 4; i++) w.a[lane][i] = a[i];
-    __syncwarp();
-    float av[2][16];  // rows g, g + 8 of this warp's A
-    for (int q = 0; q < 4; q++)
-        for (int h = 0; h < 2; h++) {
-            const uint32_t* ra = w.a[g * 4 + q];
-            av[h][2 * q] = lo16<E>(ra[h]), av[h][2 * q + 1] = hi16<E>(ra[h]);
-            av[h][2 * q + 8] = lo16<E>(ra[h + 2]), av[h][2 * q + 9] = hi16<E>(ra[h + 2]);
-        }
     const char* smem = ::cuemu::dynamic_smem();
-    const uint32_t start = uint32_t(desc_b & 0x3fffu) << 4, sbo = uint32_t((desc_b >> 32) & 0x3fffu) << 4;
-    const uint32_t lbo = uint32_t((desc_b >> 16) & 0x3fffu) << 4;
-    auto b_at = [&](int n, int k) {  // B[k][n]: the address the descriptor forms, then the swizzle
-        uint32_t off = TB ? start + uint32_t(n % 64) * 2 + uint32_t(n / 64) * lbo + uint32_t(k % 8) * 128 +
-                                uint32_t(k / 8) * sbo
-                          : start + uint32_t(n / 8) * sbo + uint32_t(n % 8) * 128 + uint32_t(k) * 2;
+    // the half at byte `off` of a K-major, 128-byte-swizzled tile (A's or B's): the address the
+    // descriptor forms, then the swizzle
+    auto half_at = [&](uint32_t off) {
         off ^= ((off >> 7) & 7u) << 4;
         unsigned short bits;
         std::memcpy(&bits, smem + off, 2);
         return half_of<E>(bits);
+    };
+    float av[2][16];  // rows g, g + 8 of this warp's A
+    if (a) {          // from the warp's registers, as mma_16816's twin exchanges them
+        Regs& w = mma_regs();
+        for (int i = 0; i < 4; i++) w.a[lane][i] = a[i];
+        __syncwarp();
+        for (int q = 0; q < 4; q++)
+            for (int h = 0; h < 2; h++) {
+                const uint32_t* ra = w.a[g * 4 + q];
+                av[h][2 * q] = lo16<E>(ra[h]), av[h][2 * q + 1] = hi16<E>(ra[h]);
+                av[h][2 * q + 8] = lo16<E>(ra[h + 2]), av[h][2 * q + 9] = hi16<E>(ra[h + 2]);
+            }
+    } else {  // from shared memory: row m = 16 (warp % 4) + g + 8 h of the warpgroup's 64
+        const uint32_t sa = uint32_t(op.desc_a & 0x3fffu) << 4, sbo_a = uint32_t((op.desc_a >> 32) & 0x3fffu) << 4;
+        for (int h = 0; h < 2; h++) {
+            const uint32_t m = 16 * ((threadIdx.x / 32) % 4) + g + 8 * h;
+            for (int k = 0; k < 16; k++) av[h][k] = half_at(sa + (m / 8) * sbo_a + (m % 8) * 128 + uint32_t(k) * 2);
+        }
+    }
+    const uint32_t start = uint32_t(desc_b & 0x3fffu) << 4, sbo = uint32_t((desc_b >> 32) & 0x3fffu) << 4;
+    const uint32_t lbo = uint32_t((desc_b >> 16) & 0x3fffu) << 4;
+    auto b_at = [&](int n, int k) {  // B[k][n]
+        return half_at(TB ? start + uint32_t(n % 64) * 2 + uint32_t(n / 64) * lbo + uint32_t(k % 8) * 128 +
+                                uint32_t(k / 8) * sbo
+                          : start + uint32_t(n / 8) * sbo + uint32_t(n % 8) * 128 + uint32_t(k) * 2);
     };
     for (int i = 0; i < N / 8; i++) {
         float bv[2][16];
@@ -460,7 +472,7 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], const uint32_
                      st.issued == 32 ? "32 issued and not waited for" : "the twin reads 128-byte-swizzled B only");
         std::abort();
     }
-    st.ops[st.issued++] = emu::WgOp{&emu::wgmma_run<E, N, TB>, &d[0][0], a, desc_b, accumulate};
+    st.ops[st.issued++] = emu::WgOp{&emu::wgmma_run<E, N, TB>, &d[0][0], a, desc_b, 0, accumulate};
 #elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
     // the operands: N / 2 accumulators, a's four registers, the accumulate flag, the descriptor, TB
 #define LLMC_WG_D(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
@@ -501,6 +513,49 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], const uint32_
 #undef LLMC_WG_IN
 #else
     (void)d, (void)a, (void)desc_b, (void)accumulate;
+    __trap();
+#endif
+}
+
+// wgmma.mma_async.sync.aligned.m64n64k16.f32.{bf16,f16}.{bf16,f16} with A from shared memory too
+// ("SS"): d = a b (+ d if accumulate), A (64 x 16, K-major: row m's 16 k contiguous) by a
+// descriptor of the same form as B's (wgmma_desc_sw128: row m of the warpgroup's 64 at (m / 8) SBO
+// + (m % 8) 128 bytes from the start, swizzled), warp q of the warpgroup getting rows 16q .. 16q + 15
+// of D as with A from registers. No register of A to keep: only D's wait matters.
+template <class E>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
+                                                   bool accumulate) {
+    static_assert(std::is_same<E, __nv_bfloat16>::value || std::is_same<E, __half>::value, "bf16 or fp16 operands");
+#if defined(LLMC_CUEMU)
+    emu::WgState& st = emu::wg_state();
+    if (!st.fenced) {
+        std::fprintf(stderr, "cuemu: wgmma issued with no wgmma.fence since this thread's last wait\n");
+        std::abort();
+    }
+    if ((desc_b >> 62) != 1 || (desc_a >> 62) != 1 || st.issued == 32) {
+        std::fprintf(stderr, "cuemu: wgmma: %s\n",
+                     st.issued == 32 ? "32 issued and not waited for"
+                                     : "the twin reads 128-byte-swizzled A and B only");
+        std::abort();
+    }
+    st.ops[st.issued++] = emu::WgOp{&emu::wgmma_run<E, 64, false>, &d[0][0], nullptr, desc_b, desc_a, accumulate};
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LLMC_WG_D(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define LLMC_WG_SS(T)                                                                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " "                               \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "               \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "     \
+                 "%32, %33, p, 1, 1, 0, 0;\n}\n"                                                         \
+                 : LLMC_WG_D(0), LLMC_WG_D(1), LLMC_WG_D(2), LLMC_WG_D(3), LLMC_WG_D(4),                 \
+                   LLMC_WG_D(5), LLMC_WG_D(6), LLMC_WG_D(7)                                              \
+                 : "l"(desc_a), "l"(desc_b), "r"((int)accumulate))
+    if constexpr (std::is_same<E, __nv_bfloat16>::value) LLMC_WG_SS("bf16");
+    else LLMC_WG_SS("f16");
+#undef LLMC_WG_SS
+#undef LLMC_WG_D
+#else
+    (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
     __trap();
 #endif
 }

@@ -7,8 +7,8 @@
 #    losses within 1% of the default's; =fused likewise (its fp32 dQ accumulators);
 #  - kernels.attention_forward=keys128: the softmax rescaled at other tile boundaries, so not
 #    bitwise the default (which shows the key reached the forward), losses within 1%;
-#  - kernels.attention_forward=wgmma and =wgmma_pipelined, attention_backward=wgmma_dq, =wgmma and
-#    =wgmma_pipelined: bitwise the default here (the emulator's wgmma sums in the mma's order, over
+#  - kernels.attention_forward=wgmma and =wgmma_pipelined, attention_backward=wgmma_dq, =wgmma,
+#    =wgmma_pipelined and =wgmma_ss: bitwise the default here (the emulator's wgmma sums in the mma's order, over
 #    the same 64-row tiles; the pipelined kernels add the same products in the same order; test_gpu
 #    attention_wgmma checks the kernels themselves);
 #  - the CPU backend ignores the section; a bad value is exit 2 naming the key.
@@ -63,7 +63,10 @@ cmp "$W/auto/model_00000004.bin" "$W/wgmma_bwd/model_00000004.bin" || die "atten
 run wgmma_bwd_pipe kernels.attention_backward=wgmma_pipelined
 cmp <(losses "$W/auto/log.jsonl") <(losses "$W/wgmma_bwd_pipe/log.jsonl") || die "attention_backward=wgmma_pipelined: losses differ"
 cmp "$W/auto/model_00000004.bin" "$W/wgmma_bwd_pipe/model_00000004.bin" || die "attention_backward=wgmma_pipelined: weights differ"
+run wgmma_ss kernels.attention_backward=wgmma_ss
+cmp <(losses "$W/auto/log.jsonl") <(losses "$W/wgmma_ss/log.jsonl") || die "attention_backward=wgmma_ss: losses differ"
+cmp "$W/auto/model_00000004.bin" "$W/wgmma_ss/model_00000004.bin" || die "attention_backward=wgmma_ss: weights differ"
 "$BIN" "$W/c.json" precision=fp32 kernels.attention_backward=dq_from_ds train.steps=2 "out_dir=$W/cpu" > "$W/cpu.txt" 2>&1 ||
     die "the CPU backend refused kernels.*: $(tail -n 3 "$W/cpu.txt")"
 expect_fail 2 'kernels.attention_forward.*auto, keys128, wgmma, wgmma_pipelined' "$EMU" "$W/c.json" device=cuda kernels.attention_forward=fast
-echo "PASS: kernels.layernorm_backward=streamed, attention_forward=wgmma and =wgmma_pipelined, attention_backward=wgmma_dq, =wgmma and =wgmma_pipelined bitwise the default; dq_from_ds, fused (their scratch) and keys128 within 1%; the CPU ignores them"
+echo "PASS: kernels.layernorm_backward=streamed, attention_forward=wgmma and =wgmma_pipelined, attention_backward=wgmma_dq, =wgmma, =wgmma_pipelined and =wgmma_ss bitwise the default; dq_from_ds, fused (their scratch) and keys128 within 1%; the CPU ignores them"

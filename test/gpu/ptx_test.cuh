@@ -16,7 +16,9 @@
 // four k-steps, the descriptor advanced 32 bytes each), D2 = E(D1) V[:, :64] (P from D1's
 // registers) and D3 = E(D1) V (m64n128k16: V^T's 128 rows in 16 atoms); D4 = D3 with V read as it
 // lies, MN-major (imm-trans-b 1; not used by the kernels yet: on a GPU the check of ptx.cuh's
-// reading of the ISA's MN-major layout, on the emulator only that the twin follows that reading).
+// reading of the ISA's MN-major layout, on the emulator only that the twin follows that reading);
+// D5 = D1 with A from shared memory too (wgmma_m64n64k16_ss: A's swizzled tiles by cp.async, a
+// warpgroup's 64 rows each, as the dK/dV kernel's K and V).
 // (Included by test_gpu_ops.cu inside its anonymous namespace, after report(); ptx.cuh included above.)
 
 constexpr int kPtxLD = 24;  // smem row pitch (elements): 48 bytes, 16-byte aligned rows
@@ -161,15 +163,19 @@ void test_ptx_exp2() {
 }
 
 template <class E>
-__global__ void ptx_wgmma_kernel(float* d1, float* d2, float* d3, float* d4, const E* A, const E* Bt, const E* V) {
+__global__ void ptx_wgmma_kernel(float* d1, float* d2, float* d3, float* d4, float* d5, const E* A, const E* Bt,
+                                 const E* V) {
     char* smem = flash::smem_1024();
     char* sB = smem;
     char* sVt = smem + 8192;      // V[:, :64]^T, 64 rows
     char* sVt2 = smem + 2 * 8192;  // V^T, 128 rows
     char* sVmn = smem + 4 * 8192;  // V as it lies: [64 k][64 n] swizzled, n 64-127 8 KiB on
+    char* sA = smem + 6 * 8192;    // A's rows 0-63, then 64-127 (8 KiB on)
     const int w = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     flash::wg_load_k<64>(sB, Bt, 64, 0, 64);
     flash::wg_load_k<128>(sVmn, V, 128, 0, 64);
+    flash::wg_load_k<64>(sA, A, 64, 0, 64);
+    flash::wg_load_k<64>(sA + 8192, A + 64 * 64, 64, 0, 64);
     ptx::cp_async_commit();
     uint4 v[1][2], v2[2][2];
     flash::wg_fetch_v<64>(v, V, 128, 0, 64);
@@ -211,12 +217,19 @@ __global__ void ptx_wgmma_kernel(float* d1, float* d2, float* d3, float* d4, con
         ptx::wgmma_m64k16<E, 128, true>(o3, p[kc], ptx::wgmma_desc_sw128_mn(sVmn, kc * 2048, 8192), kc > 0);
     ptx::wgmma_commit();
     ptx::wgmma_wait0(o3);
+    float s5[8][4];
+    ptx::wgmma_fence();
+    for (int kc = 0; kc < 4; kc++)
+        ptx::wgmma_m64n64k16_ss<E>(s5, flash::wg_kdesc(sA + (w / 4) * 8192, kc), flash::wg_kdesc(sB, kc), kc > 0);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait0(s5);
     for (int i = 0; i < 16; i++)
         for (int e = 0; e < 4; e++) {
             const int r = 16 * w + g + 8 * (e >> 1), c = 8 * i + 2 * t + (e & 1);
             if (i < 8) {
                 d1[r * 64 + c] = s[i][e];
                 d2[r * 64 + c] = o[i][e];
+                d5[r * 64 + c] = s5[i][e];
             }
             d3[r * 128 + c] = o2[i][e];
             d4[r * 128 + c] = o3[i][e];
@@ -245,7 +258,7 @@ void test_ptx_wgmma() {
     E* dA;
     float* dD;
     CUDA_CHECK(cudaMalloc(&dA, (hA.size() + hB.size() + hV.size()) * sizeof(E)));
-    const size_t nd = 2 * 128 * 64 + 2 * 128 * 128;
+    const size_t nd = 3 * 128 * 64 + 2 * 128 * 128;
     CUDA_CHECK(cudaMalloc(&dD, nd * sizeof(float)));
     E* dB = dA + hA.size();
     E* dV = dB + hB.size();
@@ -254,19 +267,20 @@ void test_ptx_wgmma() {
     CUDA_CHECK(cudaMemcpy(dV, hV.data(), hV.size() * 2, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(dD, 0xff, nd * sizeof(float)));  // NaN: an unwritten element fails
     auto kernel = ptx_wgmma_kernel<E>;
-    const size_t bytes = 6 * 8192 + flash::kWgSlack;
+    const size_t bytes = 8 * 8192 + flash::kWgSlack;
     int optin = 0;
     if (!opt_in_smem((const void*)kernel, bytes, &optin)) throw std::runtime_error("ptx.wgmma: shared memory");
+    float* d5 = dD + 2 * 128 * 64 + 2 * 128 * 128;
     LLMC_LAUNCH(kernel, 1, 256, bytes, (cudaStream_t)0, dD, dD + 128 * 64, dD + 2 * 128 * 64,
-                dD + 2 * 128 * 64 + 128 * 128, (const E*)dA, (const E*)dB, (const E*)dV);
+                dD + 2 * 128 * 64 + 128 * 128, d5, (const E*)dA, (const E*)dB, (const E*)dV);
     CUDA_CHECK_LAUNCH();
     std::vector<float> d(nd);
     CUDA_CHECK(cudaMemcpy(d.data(), dD, d.size() * sizeof(float), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaFree(dA));
     CUDA_CHECK(cudaFree(dD));
     // the worst element of each output, err / sum|terms| (as the mma's check)
-    double worst[4] = {0, 0, 0, 0};
-    int bad_r[4] = {-1, -1, -1, -1}, bad_c[4] = {-1, -1, -1, -1};
+    double worst[5] = {0, 0, 0, 0, 0};
+    int bad_r[5] = {-1, -1, -1, -1, -1}, bad_c[5] = {-1, -1, -1, -1, -1};
     auto note = [&](int o, int r, int c, double got, double ref, double mag) {
         const double e = std::fabs(got - ref) / (mag + 1e-30);
         if (!(e <= worst[o])) worst[o] = std::isnan(e) ? INFINITY : e, bad_r[o] = r, bad_c[o] = c;
@@ -285,14 +299,15 @@ void test_ptx_wgmma() {
             }
             if (n < 64) {
                 note(0, r, n, d[r * 64 + n], r1, m1);
+                note(4, r, n, d[2 * 128 * 64 + 2 * 128 * 128 + r * 64 + n], r1, m1);
                 note(1, r, n, d[128 * 64 + r * 64 + n], r2, m2);
             }
             note(2, r, n, d[2 * 128 * 64 + r * 128 + n], r2, m2);
             note(3, r, n, d[2 * 128 * 64 + 128 * 128 + r * 128 + n], r2, m2);
         }
-    const char* names[4] = {"ptx.wgmma_swizzled_k", "ptx.wgmma_p_from_registers_vt", "ptx.wgmma_n128",
-                            "ptx.wgmma_mn_major"};
-    for (int o = 0; o < 4; o++)
+    const char* names[5] = {"ptx.wgmma_swizzled_k", "ptx.wgmma_p_from_registers_vt", "ptx.wgmma_n128",
+                            "ptx.wgmma_mn_major", "ptx.wgmma_a_from_shared"};
+    for (int o = 0; o < 5; o++)
         report(worst[o] <= 1e-5, names[o], what,
                bad_r[o] < 0 ? std::string("every element exact")
                             : strfmt("worst: row %d col %d, err/sum|terms|=%.3g tol=1e-05", bad_r[o], bad_c[o],

@@ -2129,32 +2129,34 @@ int main(int argc, char** argv) {
         }
         // the flash forward and the backward on Hopper's wgmma at head sizes 64 and 128, the
         // multi-head, grouped-query and ring-block cases (positions): attention_forward v7 with
-        // attention_backward v9 (the dQ kernel), v8 (pipelined) with v10 (the dK/dV kernel too at
-        // head size 64; v9 at 128), v7 with v11 (v10, its dQ kernel pipelined; head size 64); where
-        // the build or the device has no wgmma, one SKIP line
+        // attention_backward v9 (the dQ kernel), v8 (pipelined) with v10 (the dK/dV kernel too; v12
+        // at head size 128), v7 with v11 (v10, its dQ kernel pipelined) and v12 (K and V from shared
+        // memory) at 64; where the build or the device has no wgmma, one SKIP line
         if (want("attention_wgmma") && flash_dtype) {  // the config's names for them reach KernelWays
             const KernelWays parsed = cuda_kernel_ways("wgmma", "wgmma_dq", "auto");
             const KernelWays both = cuda_kernel_ways("wgmma_pipelined", "wgmma", "auto");
             const KernelWays pipe = cuda_kernel_ways("auto", "wgmma_pipelined", "auto");
+            const KernelWays ss = cuda_kernel_ways("auto", "wgmma_ss", "auto");
             report(parsed.fwd_wgmma == 1 && parsed.fwd_key_tile == 0 && parsed.bwd_dq == 3 && both.bwd_dq == 4 &&
-                       both.fwd_wgmma == 2 && both.fwd_key_tile == 0 && pipe.bwd_dq == 5 && pipe.fwd_wgmma == 0,
+                       both.fwd_wgmma == 2 && both.fwd_key_tile == 0 && pipe.bwd_dq == 5 && pipe.fwd_wgmma == 0 &&
+                       ss.bwd_dq == 6,
                    "attention_wgmma.config", dtype_name(dt),
                    strfmt("kernels.attention_forward=wgmma, attention_backward=wgmma_dq: fwd_wgmma %d, "
                           "fwd_key_tile %d, bwd_dq %d; =wgmma_pipelined, =wgmma: fwd_wgmma %d, bwd_dq %d; "
-                          "attention_backward=wgmma_pipelined: bwd_dq %d",
+                          "attention_backward=wgmma_pipelined: bwd_dq %d; =wgmma_ss: %d",
                           parsed.fwd_wgmma, parsed.fwd_key_tile, parsed.bwd_dq, both.fwd_wgmma, both.bwd_dq,
-                          pipe.bwd_dq));
+                          pipe.bwd_dq, ss.bwd_dq));
         }
         if (want("attention_wgmma") && flash_dtype && !flash::wgmma_available())
             std::printf("SKIP attention_wgmma [%s]: not an sm_90 device with sm_90a code\n", dtype_name(dt));
         else
-            for (int bwd : {3, 4, 5}) {
+            for (int bwd : {3, 4, 5, 6}) {
                 w = KernelWays();
                 w.fwd_wgmma = bwd == 4 ? 2 : 1;
                 w.bwd_dq = bwd;
                 ways(w);
-                // (5 at head size 128 is 3's kernels)
-                auto hs_ok = [&](int hs) { return hs == 64 || (hs == 128 && bwd != 5); };
+                // (at head size 128, 5 and 6 are 4's kernels)
+                auto hs_ok = [&](int hs) { return hs == 64 || (hs == 128 && bwd <= 4); };
                 run("attention", "attention_wgmma", [&](const C& c) {
                     if (flash_dtype && c.dims[1] <= variant_max_t && hs_ok(c.dims[4]))
                         test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
