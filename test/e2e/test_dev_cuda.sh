@@ -13,11 +13,37 @@ make -C "$ROOT/dev/cuda" -j2 GPU_ARCH=90a NVCC="$NVCC" > "$W/build.log" 2>&1 ||
     die "dev/cuda does not compile: $(grep -m3 -E 'error' "$W/build.log")"
 # ptxas serializes every wgmma of a kernel when it cannot prove a wgmma.fence and the wgmma after it
 # warpgroup-uniform (a fence in one branch, its wgmma in another): a performance loss it reports only
-# as an info line, which would cost the wgmma kernels their overlap unseen until a GPU timed them
-if grep -q 'C7520' "$W/build.log"; then
-    die "ptxas serializes wgmma: $(grep -m1 -o 'C7520.*function .[A-Za-z0-9_]*' "$W/build.log")"
+# as an info line, which would cost the wgmma kernels their overlap unseen until a GPU timed them.
+# Every wgmma kernel, both types, compiled here for sm_90a alone (make may have built dev/cuda
+# before this test, and its programs instantiate only the kernels they launch; a new wgmma kernel
+# belongs in this list); none may spill either
+cat > "$W/wgmma_kernels.cu" <<'EOF'
+#include "llmc/cuda/attention.cuh"
+template <class E> void wgmma_kernels() {
+    (void)&flash::flash_forward_wgmma_kernel<E, 64, false>, (void)&flash::flash_forward_wgmma_kernel<E, 64, true>;
+    (void)&flash::flash_forward_wgmma_kernel<E, 128, false>, (void)&flash::flash_forward_wgmma_kernel<E, 128, true>;
+    (void)&flash::flash_backward_dq_wgmma_kernel<E, 64, false>;
+    (void)&flash::flash_backward_dq_wgmma_kernel<E, 64, true>;
+    (void)&flash::flash_backward_dq_wgmma_kernel<E, 128, false>;
+    (void)&flash::flash_backward_dkdv_wgmma_kernel<E, 64, false>;
+    (void)&flash::flash_backward_dkdv_wgmma_kernel<E, 64, true>;
+    (void)&flash::flash_backward_dkdv_wgmma_kernel<E, 128, true>;
+}
+template void wgmma_kernels<__nv_bfloat16>();
+template void wgmma_kernels<__half>();
+EOF
+"$NVCC" -std=c++17 -I"$ROOT" -arch=sm_90a -DLLMC_SM90A --expt-relaxed-constexpr -Xptxas -v -cubin \
+    -o "$W/wgmma_kernels.cubin" "$W/wgmma_kernels.cu" > "$W/wgmma.log" 2>&1 ||
+    die "the wgmma kernels: $(grep -m3 error "$W/wgmma.log")"
+nk=$(grep -c "Compiling entry function '_ZN5flash.*wgmma_kernel" "$W/wgmma.log")
+[ "$nk" -eq 20 ] || die "ptxas compiled $nk wgmma kernels, not 20"
+if grep -q 'C7520' "$W/wgmma.log" "$W/build.log"; then
+    die "ptxas serializes wgmma: $(grep -h -m1 -o 'C7520.*function .[A-Za-z0-9_]*' "$W/wgmma.log" "$W/build.log")"
+fi
+if grep 'spill stores' "$W/wgmma.log" | grep -qv ' 0 bytes spill stores'; then
+    die "a wgmma kernel spills: $(grep -E '[1-9][0-9]* bytes spill stores' "$W/wgmma.log" | head -1)"
 fi
 for t in attention_forward attention_backward layernorm classifier adamw matmul_epilogue fp8_gemm fp8_cast; do
     [ -x "$ROOT/dev/cuda/$t" ] || die "dev/cuda/$t was not built"
 done
-echo "PASS: dev/cuda compiles (8 kernel experiments, sm_90a)"
+echo "PASS: dev/cuda compiles (8 kernel experiments, sm_90a); 20 wgmma kernels: no serialized wgmma, no spill"
