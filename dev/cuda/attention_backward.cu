@@ -21,8 +21,8 @@
 //   9: the trainer's dK/dV kernel with the dQ kernel on Hopper's wgmma
 //      (llmc/cuda/flash_backward_wgmma.cuh; head sizes 64 and 128, sm_90a)
 //  10: both kernels on wgmma (head size 64)
-//  11: v10 with the dQ kernel pipelined: each key tile's dS computed under the previous tile's dQ
-//      product (head size 64)
+//  11: both kernels pipelined: each tile's dS under the previous tile's products (head size 64; the
+//      dK/dV kernel's K and V from shared memory, as v12)
 //  12: both kernels on wgmma, the dK/dV kernel's K and V from shared memory (head sizes 64 and 128;
 //      v10 and v11 at 128 are this)
 //
@@ -115,7 +115,9 @@
 //       of a warpgroup idle through its dS unless the other warpgroup fills them (one block an SM).
 //       dS_{j-1}'s A fragments stay live across the iteration: ptxas sm_90a 192 registers (v9's
 //       kernel 166), still one block an SM; no spill. The dK/dV kernel (253 registers) has no room
-//       for the same without reloading K's and V's fragments.
+//       for the same without reloading K's and V's fragments: since v12 (below) v11's dK/dV kernel
+//       is v12's, pipelined the same way (step i - 1's dV and dK products under step i's P^T and
+//       dS^T): 254 registers, no spill.
 //   v12 not yet measured (written 2026-11-28 without a GPU): the dK/dV kernel's first products (S^T =
 //       K Q^T, dP^T = V dO^T) with A from shared memory too (wgmma "SS": K's and V's rows in
 //       128-byte-swizzled tiles, a warpgroup's 64 keys each, read by the tensor cores through a

@@ -288,8 +288,8 @@ const std::vector<Key>& schema() {
                  "reads it (dev/cuda/attention_backward v7); fused = one kernel that also adds dS K into fp32 dQ "
                  "accumulators, deterministically (v8; 4 bytes a dQ element a split); wgmma_dq = the dQ kernel "
                  "on Hopper's warpgroup MMA on an sm_90 device with a build for sm_90a (v9); wgmma = the dK/dV "
-                 "kernel on it too (v10; v12 at head size 128); wgmma_pipelined = wgmma with each key tile's dS "
-                 "overlapping the previous tile's dQ product (v11, head size 64); wgmma_ss = wgmma with the dK/dV "
+                 "kernel on it too (v10; v12 at head size 128); wgmma_pipelined = both kernels with each tile's dS "
+                 "overlapping the previous tile's products (v11, head size 64); wgmma_ss = wgmma with the dK/dV "
                  "kernel's K and V read from shared memory by the tensor cores (v12); these six at head sizes 64 "
                  "and 128, auto elsewhere; the CPU backend ignores it"),
         enum_key("kernels.layernorm_backward", FIELD(kernels.layernorm_backward), {"auto", "streamed"}, {},

@@ -246,8 +246,8 @@ bool try_fused(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv
 // size 64; 64: one pass, v3, the choice at 128); dQ (bwd_dq: 0 its own kernel, 1 from the dS^T in
 // memory, v7, 2 the fused kernel, v8, at head sizes 64 and 128, 3 its own kernel on wgmma, v9, at
 // head sizes 64 and 128 where wgmma_available, 4 the dK/dV kernel too, v10 at head size 64 (v12 at
-// 128), 5 as 4 with the dQ kernel pipelined at 64, v11, 6 the dK/dV kernel with K and V from shared
-// memory, v12).
+// 128), 5 both kernels pipelined at 64, v11, 6 the dK/dV kernel with K and V from shared memory,
+// v12).
 // dK, dV and dQ by the flash kernels when they cover HS and the device's shared memory holds
 // their tiles (64 rows, else 32); false (nothing launched): the caller takes attention.cuh's.
 // Head size 32: each warp of both kernels owns 32 rows (two m-tiles over 32-row tiles); 64: 16

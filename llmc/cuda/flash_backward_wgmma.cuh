@@ -214,6 +214,8 @@ __global__ void __launch_bounds__(kWgThreads)
 //     the accumulators, dO and Q from swizzled tiles of dO^T and Q^T, transposed from the Q and dO
 //     tiles once they have landed (at the end of the step before; registers hold a row only from
 //     its load to its store).
+// PIPE (v11, SS at head size 64): step i - 1's dV and dK products under step i's P^T and dS^T, as
+// the dQ kernel's PIPE (P^T's and dS^T's fragments kept until their wait: ptxas 254 registers).
 // Shared memory from a 1024-byte boundary: Q, dO, Q^T, dO^T [2][HS / 64 x 8 KiB] each (swizzled),
 // K and V [128][HS + 8] (ldmatrix's padded rows; SS: [2 warpgroups][HS / 64][8 KiB] swizzled), lse
 // and D [2][64]: 102 KiB at head size 64 (SS 97), 194 KiB at 128.
@@ -224,14 +226,15 @@ template <int HS, bool SS> struct WgDkdvSmem {
 };
 
 // grid (B * NKV, ceil(Tk / 128)), 256 threads, WgDkdvSmem<HS, SS>::total + kWgSlack bytes
-template <class E, int HS, bool SS>
+template <class E, int HS, bool SS, bool PIPE>
 __global__ void __launch_bounds__(kWgThreads)
     flash_backward_dkdv_wgmma_kernel(E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                                      const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                                      SeqPositions kp, bool accumulate) {
     static_assert(HS == 64 || (SS && HS == 128), "head size 64; 128 with K and V from shared memory");
+    static_assert(!PIPE || (SS && HS == 64), "pipelined: head size 64, K and V from shared memory");
     using L = WgDkdvSmem<HS, SS>;
-    constexpr int BQ = 64, LD = HS + 8, NT = BQ / 8, DT = HS / 8, KC = HS / 16;
+    constexpr int BQ = 64, LD = HS + 8, NT = BQ / 8, DT = HS / 8, KC = HS / 16, LAG = PIPE ? 1 : 0;
     constexpr size_t QB = L::qb;
     char* smem = smem_1024();
     char* sQ = smem + L::q;
@@ -307,8 +310,48 @@ __global__ void __launch_bounds__(kWgThreads)
         LLMC_UNROLL
         for (int e = 0; e < 4; e++) dk[0][d][e] = dv[0][d][e] = 0.0f;
 
-    for (int i = 0; i < n; i++) {
-        const int buf = i & 1, q0 = (qt0 + i % nqt) * BQ;
+    // P^T and dS^T of the step at q0 (lse and D in buffer buf) on S^T's and dP^T's accumulators
+    // (element: key row kw0 + g + 8 (e >> 1), query q0 + 8 j + 2t + (e & 1))
+    auto p_ds = [&](float (&s)[NT][4], float (&dp)[NT][4], int buf, int q0) {
+        const bool full = q0 + BQ <= Tq && klast <= qp.at(q0) && kw0 + 16 <= Tk;
+        LLMC_UNROLL
+        for (int j = 0; j < NT; j++) {
+            const float2 l2 = *reinterpret_cast<const float2*>(sL + buf * BQ + j * 8 + 2 * t);
+            const float2 d2 = *reinterpret_cast<const float2*>(sD + buf * BQ + j * 8 + 2 * t);
+            LLMC_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int qi = q0 + j * 8 + 2 * t + (e & 1);
+                const bool vis = full || (qi < Tq && kpos[e >> 1] <= qp.at(qi));
+                const float lc = (e & 1) ? l2.y : l2.x, dc = (e & 1) ? d2.y : d2.x;
+                const float p = vis ? ptx::exp2_ftz(fmaf(s[j][e], scale * kLog2e, -(lc * kLog2e))) : 0.0f;
+                s[j][e] = p;
+                dp[j][e] = p * (dp[j][e] - dc);
+            }
+        }
+    };
+    // S^T = K Q^T and dP^T = V dO^T of buffer buf, issued (not committed)
+    auto issue_s_dp = [&](float (&s)[NT][4], float (&dp)[NT][4], int buf) {
+        if constexpr (SS) {
+            const char* wk = smem + L::k + (warp / 4) * QB;
+            const char* wv = smem + L::v + (warp / 4) * QB;
+            LLMC_UNROLL
+            for (int kc = 0; kc < KC; kc++)
+                ptx::wgmma_m64n64k16_ss<E>(s, wg_kdesc(wk, kc), wg_kdesc(sQ + buf * QB, kc), kc > 0);
+            LLMC_UNROLL
+            for (int kc = 0; kc < KC; kc++)
+                ptx::wgmma_m64n64k16_ss<E>(dp, wg_kdesc(wv, kc), wg_kdesc(sO + buf * QB, kc), kc > 0);
+        } else {
+            wg_issue_k<E>(s, kf, sQ + buf * QB);
+            wg_issue_k<E>(dp, vf, sO + buf * QB);
+        }
+    };
+    uint32_t ap[4][4], ad[4][4];  // P^T's and dS^T's fragments (the step whose dV, dK products are next)
+
+    // iteration i: S^T, dP^T, P^T and dS^T of step i (i < n); dV += P^T dO and dK += dS^T Q of step
+    // i - LAG (their Q^T, dO^T in buffer (i - LAG) & 1: the end of iteration i - 1 writes the other)
+    bool prev = false;  // step i - 1 was this warpgroup's (its products pending under PIPE)
+    for (int i = 0; i < (n > 0 ? n + LAG : 0); i++) {
+        const int buf = i & 1, q0 = (qt0 + (i < n ? i : 0) % nqt) * BQ;
         if (i + 1 < n) {  // the next step's copies, under this one's products (landed: its end)
             issue(i + 1, buf ^ 1);
             ptx::cp_async_commit();
@@ -324,56 +367,60 @@ __global__ void __launch_bounds__(kWgThreads)
                 }
         }
         // the warpgroup's four warps together: some query of the tile sees its first key
-        if (wk0 < Tk && qp.at(min(Tq, q0 + BQ) - 1) >= wkfirst) {
-            float s[NT][4], dp[NT][4];
+        const bool act = i < n && wk0 < Tk && qp.at(min(Tq, q0 + BQ) - 1) >= wkfirst;
+        const bool acc = PIPE && prev;  // step i - 1's products (pipelined)
+        // (each path fences, issues, commits and waits in one branch: see the forward's v8)
+        float s[NT][4], dp[NT][4];
+        if (act && acc) {  // pipelined: step i's S^T and dP^T, then step i - 1's products under its dS^T
             ptx::wgmma_fence();
-            if constexpr (SS) {
-                const char* wk = smem + L::k + (warp / 4) * QB;
-                const char* wv = smem + L::v + (warp / 4) * QB;
-                LLMC_UNROLL
-                for (int kc = 0; kc < KC; kc++)
-                    ptx::wgmma_m64n64k16_ss<E>(s, wg_kdesc(wk, kc), wg_kdesc(sQ + buf * QB, kc), kc > 0);
-                LLMC_UNROLL
-                for (int kc = 0; kc < KC; kc++)
-                    ptx::wgmma_m64n64k16_ss<E>(dp, wg_kdesc(wv, kc), wg_kdesc(sO + buf * QB, kc), kc > 0);
-            } else {
-                wg_issue_k<E>(s, kf, sQ + buf * QB);
-                wg_issue_k<E>(dp, vf, sO + buf * QB);
-            }
+            issue_s_dp(s, dp, buf);
+            ptx::wgmma_commit();
+            wg_issue_acc<E, HS>(dv[0], ap, sOT + (buf ^ 1) * QB);
+            wg_issue_acc<E, HS>(dk[0], ad, sQT + (buf ^ 1) * QB);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait<1>(s);
+            ptx::wgmma_wait<1>(dp);
+            p_ds(s, dp, buf, q0);
+            ptx::wgmma_wait<0>(dv[0]);
+            ptx::wgmma_wait<0>(dk[0]);
+            ptx::wgmma_keep_a(ap);
+            ptx::wgmma_keep_a(ad);
+        } else if (act) {
+            ptx::wgmma_fence();
+            issue_s_dp(s, dp, buf);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(s);
             ptx::wgmma_wait0(dp);
-            // P^T and dS^T (element: key row kw0 + g + 8 (e >> 1), query q0 + 8 j + 2t + (e & 1))
-            const bool full = q0 + BQ <= Tq && klast <= qp.at(q0) && kw0 + 16 <= Tk;
-            LLMC_UNROLL
-            for (int j = 0; j < NT; j++) {
-                const float2 l2 = *reinterpret_cast<const float2*>(sL + buf * BQ + j * 8 + 2 * t);
-                const float2 d2 = *reinterpret_cast<const float2*>(sD + buf * BQ + j * 8 + 2 * t);
-                LLMC_UNROLL
-                for (int e = 0; e < 4; e++) {
-                    const int qi = q0 + j * 8 + 2 * t + (e & 1);
-                    const bool vis = full || (qi < Tq && kpos[e >> 1] <= qp.at(qi));
-                    const float lc = (e & 1) ? l2.y : l2.x, dc = (e & 1) ? d2.y : d2.x;
-                    const float p = vis ? ptx::exp2_ftz(fmaf(s[j][e], scale * kLog2e, -(lc * kLog2e))) : 0.0f;
-                    s[j][e] = p;
-                    dp[j][e] = p * (dp[j][e] - dc);
-                }
-            }
-            uint32_t ap[4][4], ad[4][4];  // dV += P^T dO, dK += dS^T Q: one group
-            wg_acc_a<E>(ap, s);
-            wg_acc_a<E>(ad, dp);
+            p_ds(s, dp, buf, q0);
+        } else if (acc) {  // step i - 1's products alone
             ptx::wgmma_fence();
-            wg_issue_acc<E, HS>(dv[0], ap, sOT + buf * QB);
-            wg_issue_acc<E, HS>(dk[0], ad, sQT + buf * QB);
+            wg_issue_acc<E, HS>(dv[0], ap, sOT + (buf ^ 1) * QB);
+            wg_issue_acc<E, HS>(dk[0], ad, sQT + (buf ^ 1) * QB);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(dv[0]);
             ptx::wgmma_wait0(dk[0]);
             ptx::wgmma_keep_a(ap);
             ptx::wgmma_keep_a(ad);
         }
-        // the next step's copies landed for every thread (and this step's buffers free: the next
-        // iteration's copies overwrite them); then its Q^T and dO^T into the other buffers (their last
-        // readers, step i - 1's products, were waited for by every warpgroup before the last barrier)
+        if (act) {
+            wg_acc_a<E>(ap, s);
+            wg_acc_a<E>(ad, dp);
+            if (!PIPE) {  // dV += P^T dO, dK += dS^T Q now: one group
+                ptx::wgmma_fence();
+                wg_issue_acc<E, HS>(dv[0], ap, sOT + buf * QB);
+                wg_issue_acc<E, HS>(dk[0], ad, sQT + buf * QB);
+                ptx::wgmma_commit();
+                ptx::wgmma_wait0(dv[0]);
+                ptx::wgmma_wait0(dk[0]);
+                ptx::wgmma_keep_a(ap);
+                ptx::wgmma_keep_a(ad);
+            }
+        }
+        prev = act;
+        // the next step's copies landed for every thread (and this step's Q, dO buffers free: the
+        // next iteration's copies overwrite them); then its Q^T and dO^T into the other buffers
+        // (their last readers, step i - 1's products, were waited for by every warpgroup before
+        // this barrier)
         ptx::cp_async_wait<0>();
         __syncthreads();
         if (i + 1 < n) transpose(buf ^ 1);
@@ -383,7 +430,8 @@ __global__ void __launch_bounds__(kWgThreads)
 }
 
 // dK, dV and dQ on wgmma: the dK/dV kernel with K and V from registers (v10, head size 64) or from
-// shared memory (`ss`: v12, and always at head size 128), the dQ kernel pipelined or not (v11);
+// shared memory (`ss`: v12, and always at head size 128), both kernels pipelined at head size 64
+// (`pipelined`: v11, the dK/dV kernel's K and V from shared memory);
 // where wgmma_available and the device's shared memory holds the tiles (dK/dV: 102 KiB at 64, 97
 // with ss, 194 at 128; dQ: 85 and 165 KiB); false: nothing launched
 template <class E>
@@ -393,11 +441,14 @@ bool try_backward_wgmma(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const 
     if ((HS != 64 && HS != 128) || !wgmma_available()) return false;
     using Fn = void (*)(E*, const E*, const E*, const E*, const float*, const float*, int, int, int, int, float,
                         SeqPositions, SeqPositions, bool);
-    Fn fkv = flash_backward_dkdv_wgmma_kernel<E, 128, true>, fq = flash_backward_dq_wgmma_kernel<E, 128, false>;
+    Fn fkv = flash_backward_dkdv_wgmma_kernel<E, 128, true, false>;
+    Fn fq = flash_backward_dq_wgmma_kernel<E, 128, false>;
     size_t skv = WgDkdvSmem<128, true>::total + kWgSlack, sq = WgDqSmem<128>::total + kWgSlack;
     if (HS == 64) {
-        fkv = ss ? flash_backward_dkdv_wgmma_kernel<E, 64, true> : flash_backward_dkdv_wgmma_kernel<E, 64, false>;
-        skv = (ss ? WgDkdvSmem<64, true>::total : WgDkdvSmem<64, false>::total) + kWgSlack;
+        fkv = pipelined ? flash_backward_dkdv_wgmma_kernel<E, 64, true, true>
+              : ss      ? flash_backward_dkdv_wgmma_kernel<E, 64, true, false>
+                        : flash_backward_dkdv_wgmma_kernel<E, 64, false, false>;
+        skv = (pipelined || ss ? WgDkdvSmem<64, true>::total : WgDkdvSmem<64, false>::total) + kWgSlack;
         fq = pipelined ? flash_backward_dq_wgmma_kernel<E, 64, true> : flash_backward_dq_wgmma_kernel<E, 64, false>;
         sq = WgDqSmem<64>::total + kWgSlack;
     }

@@ -70,6 +70,8 @@ mutate wgmma_pipelined_p_overwritten_in_flight llmc/cuda/flash_forward_wgmma.cuh
     $'scale_log2);\n            ptx::wgmma_wait<0>(o);' $'scale_log2);\n            wg_acc_a<E>(pa, s);\n            ptx::wgmma_wait<0>(o);' bf16
 mutate wgmma_pipelined_ds_overwritten_in_flight llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
     $'ds_of(s, dp, k0);\n            ptx::wgmma_wait<0>(dq);' $'ds_of(s, dp, k0);\n            wg_acc_a<E>(da, dp);\n            ptx::wgmma_wait<0>(dq);' bf16
+mutate wgmma_pipelined_pt_overwritten_in_flight llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
+    $'p_ds(s, dp, buf, q0);\n            ptx::wgmma_wait<0>(dv[0]);' $'p_ds(s, dp, buf, q0);\n            wg_acc_a<E>(ap, s);\n            ptx::wgmma_wait<0>(dv[0]);' bf16
 mutate wgmma_ss_one_warpgroups_keys llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
     'const char* wk = smem + L::k + (warp / 4) * QB;' 'const char* wk = smem + L::k;' bf16
 mutate wgmma_dq_without_D llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
