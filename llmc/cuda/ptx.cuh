@@ -454,6 +454,32 @@ template <class E, int N, bool TB> void wgmma_run(const WgOp& op) {
 }  // namespace emu
 #endif
 
+#if defined(LLMC_CUEMU)
+namespace emu {
+// the twin's issue: the ordering and the forms it checks, then the op kept for its wait
+inline void wg_issue(const WgOp& op) {
+    WgState& st = wg_state();
+    const char* why = !st.fenced              ? "issued with no wgmma.fence since this thread's last wait"
+                      : st.issued == 32       ? "32 issued and not waited for"
+                      : (op.desc >> 62) != 1 ? "the twin reads 128-byte-swizzled B only"
+                      : !op.a && (op.desc_a >> 62) != 1 ? "the twin reads 128-byte-swizzled A only"
+                                                        : nullptr;
+    if (why) {
+        std::fprintf(stderr, "cuemu: wgmma %s\n", why);
+        std::abort();
+    }
+    st.ops[st.issued++] = op;
+}
+}  // namespace emu
+#endif
+// The 32 accumulators of an m64n64 wgmma's D (operands 0-31) in its asm, and the register list
+#define LLMC_WG_D(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define LLMC_WG_D64 \
+    LLMC_WG_D(0), LLMC_WG_D(1), LLMC_WG_D(2), LLMC_WG_D(3), LLMC_WG_D(4), LLMC_WG_D(5), LLMC_WG_D(6), LLMC_WG_D(7)
+#define LLMC_WG_R64                                                                   \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+    "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+
 // wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16}, N = 64 or 128:
 // d = a b (+ d if accumulate); TB: B MN-major (imm-trans-b 1)
 template <class E, int N, bool TB = false>
@@ -462,31 +488,17 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], const uint32_
     static_assert(std::is_same<E, __nv_bfloat16>::value || std::is_same<E, __half>::value, "bf16 or fp16 operands");
     static_assert(N == 64 || N == 128, "the shapes the flash forward uses");
 #if defined(LLMC_CUEMU)
-    emu::WgState& st = emu::wg_state();
-    if (!st.fenced) {
-        std::fprintf(stderr, "cuemu: wgmma issued with no wgmma.fence since this thread's last wait\n");
-        std::abort();
-    }
-    if ((desc_b >> 62) != 1 || st.issued == 32) {
-        std::fprintf(stderr, "cuemu: wgmma: %s\n",
-                     st.issued == 32 ? "32 issued and not waited for" : "the twin reads 128-byte-swizzled B only");
-        std::abort();
-    }
-    st.ops[st.issued++] = emu::WgOp{&emu::wgmma_run<E, N, TB>, &d[0][0], a, desc_b, 0, accumulate};
+    emu::wg_issue(emu::WgOp{&emu::wgmma_run<E, N, TB>, &d[0][0], a, desc_b, 0, accumulate});
 #elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
     // the operands: N / 2 accumulators, a's four registers, the accumulate flag, the descriptor, TB
-#define LLMC_WG_D(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
 #define LLMC_WG_IN "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"((int)accumulate), "l"(desc_b), "n"((int)TB)
     constexpr bool bf = std::is_same<E, __nv_bfloat16>::value;
     if constexpr (N == 64) {
 #define LLMC_WG_64(T)                                                                                    \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " "                               \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "               \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "     \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " LLMC_WG_R64 ", "              \
                  "{%32, %33, %34, %35}, %37, p, 1, 1, %38;\n}\n"                                         \
-                 : LLMC_WG_D(0), LLMC_WG_D(1), LLMC_WG_D(2), LLMC_WG_D(3), LLMC_WG_D(4),                 \
-                   LLMC_WG_D(5), LLMC_WG_D(6), LLMC_WG_D(7)                                              \
+                 : LLMC_WG_D64                                                                           \
                  : LLMC_WG_IN)
         if constexpr (bf) LLMC_WG_64("bf16");
         else LLMC_WG_64("f16");
@@ -509,7 +521,6 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 8][4], const uint32_
         else LLMC_WG_128("f16");
 #undef LLMC_WG_128
     }
-#undef LLMC_WG_D
 #undef LLMC_WG_IN
 #else
     (void)d, (void)a, (void)desc_b, (void)accumulate;
@@ -527,37 +538,24 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t de
                                                    bool accumulate) {
     static_assert(std::is_same<E, __nv_bfloat16>::value || std::is_same<E, __half>::value, "bf16 or fp16 operands");
 #if defined(LLMC_CUEMU)
-    emu::WgState& st = emu::wg_state();
-    if (!st.fenced) {
-        std::fprintf(stderr, "cuemu: wgmma issued with no wgmma.fence since this thread's last wait\n");
-        std::abort();
-    }
-    if ((desc_b >> 62) != 1 || (desc_a >> 62) != 1 || st.issued == 32) {
-        std::fprintf(stderr, "cuemu: wgmma: %s\n",
-                     st.issued == 32 ? "32 issued and not waited for"
-                                     : "the twin reads 128-byte-swizzled A and B only");
-        std::abort();
-    }
-    st.ops[st.issued++] = emu::WgOp{&emu::wgmma_run<E, 64, false>, &d[0][0], nullptr, desc_b, desc_a, accumulate};
+    emu::wg_issue(emu::WgOp{&emu::wgmma_run<E, 64, false>, &d[0][0], nullptr, desc_b, desc_a, accumulate});
 #elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define LLMC_WG_D(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
 #define LLMC_WG_SS(T)                                                                                    \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " "                               \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "               \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "     \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " LLMC_WG_R64 ", "              \
                  "%32, %33, p, 1, 1, 0, 0;\n}\n"                                                         \
-                 : LLMC_WG_D(0), LLMC_WG_D(1), LLMC_WG_D(2), LLMC_WG_D(3), LLMC_WG_D(4),                 \
-                   LLMC_WG_D(5), LLMC_WG_D(6), LLMC_WG_D(7)                                              \
+                 : LLMC_WG_D64                                                                           \
                  : "l"(desc_a), "l"(desc_b), "r"((int)accumulate))
     if constexpr (std::is_same<E, __nv_bfloat16>::value) LLMC_WG_SS("bf16");
     else LLMC_WG_SS("f16");
 #undef LLMC_WG_SS
-#undef LLMC_WG_D
 #else
     (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
     __trap();
 #endif
 }
+#undef LLMC_WG_D
+#undef LLMC_WG_D64
+#undef LLMC_WG_R64
 
 }  // namespace ptx

@@ -20,10 +20,13 @@ run() {  # DIR ARGS...: a device run into $W/DIR
     "$EMU" "$W/c.json" device=cuda out.format=llmc model.n_head=1 model.max_seq_len=256 train.seq_len=144 \
         train.micro_batch=1 train.steps=4 "out_dir=$W/$d" "$@" > "$W/$d.txt" 2>&1 || die "$d: $(tail -n 5 "$W/$d.txt")"
 }
+bitwise() {  # DIR KEY=VALUE: a run with the key whose losses and final weights are the default's
+    run "$1" "kernels.$2"
+    cmp <(losses "$W/auto/log.jsonl") <(losses "$W/$1/log.jsonl") || die "$2: losses differ"
+    cmp "$W/auto/model_00000004.bin" "$W/$1/model_00000004.bin" || die "$2: weights differ"
+}
 run auto
-run streamed kernels.layernorm_backward=streamed
-cmp <(losses "$W/auto/log.jsonl") <(losses "$W/streamed/log.jsonl") || die "layernorm_backward=streamed: losses differ"
-cmp "$W/auto/model_00000004.bin" "$W/streamed/model_00000004.bin" || die "layernorm_backward=streamed: weights differ"
+bitwise streamed layernorm_backward=streamed
 within() {  # RUN KEY: the run's losses within 1% of the default's
     paste <(losses "$W/auto/log.jsonl") <(losses "$W/$1/log.jsonl") |
         awk -v k="$2" '{ r = ($2 - $1) / $1; if (r < 0) r = -r; if (r > 0.01) { print k ": loss " $2 " against " $1; bad = 1 } }
@@ -48,24 +51,12 @@ cmp -s <(losses "$W/auto/log.jsonl") <(losses "$W/keys128/log.jsonl") &&
     cmp -s "$W/auto/model_00000004.bin" "$W/keys128/model_00000004.bin" &&
     die "kernels.attention_forward=keys128: bitwise the default (did the key reach the forward?)"
 within keys128 kernels.attention_forward=keys128
-run wgmma kernels.attention_forward=wgmma
-cmp <(losses "$W/auto/log.jsonl") <(losses "$W/wgmma/log.jsonl") || die "attention_forward=wgmma: losses differ"
-cmp "$W/auto/model_00000004.bin" "$W/wgmma/model_00000004.bin" || die "attention_forward=wgmma: weights differ"
-run wgmma_pipe kernels.attention_forward=wgmma_pipelined
-cmp <(losses "$W/auto/log.jsonl") <(losses "$W/wgmma_pipe/log.jsonl") || die "attention_forward=wgmma_pipelined: losses differ"
-cmp "$W/auto/model_00000004.bin" "$W/wgmma_pipe/model_00000004.bin" || die "attention_forward=wgmma_pipelined: weights differ"
-run wgmma_dq kernels.attention_backward=wgmma_dq
-cmp <(losses "$W/auto/log.jsonl") <(losses "$W/wgmma_dq/log.jsonl") || die "attention_backward=wgmma_dq: losses differ"
-cmp "$W/auto/model_00000004.bin" "$W/wgmma_dq/model_00000004.bin" || die "attention_backward=wgmma_dq: weights differ"
-run wgmma_bwd kernels.attention_backward=wgmma
-cmp <(losses "$W/auto/log.jsonl") <(losses "$W/wgmma_bwd/log.jsonl") || die "attention_backward=wgmma: losses differ"
-cmp "$W/auto/model_00000004.bin" "$W/wgmma_bwd/model_00000004.bin" || die "attention_backward=wgmma: weights differ"
-run wgmma_bwd_pipe kernels.attention_backward=wgmma_pipelined
-cmp <(losses "$W/auto/log.jsonl") <(losses "$W/wgmma_bwd_pipe/log.jsonl") || die "attention_backward=wgmma_pipelined: losses differ"
-cmp "$W/auto/model_00000004.bin" "$W/wgmma_bwd_pipe/model_00000004.bin" || die "attention_backward=wgmma_pipelined: weights differ"
-run wgmma_ss kernels.attention_backward=wgmma_ss
-cmp <(losses "$W/auto/log.jsonl") <(losses "$W/wgmma_ss/log.jsonl") || die "attention_backward=wgmma_ss: losses differ"
-cmp "$W/auto/model_00000004.bin" "$W/wgmma_ss/model_00000004.bin" || die "attention_backward=wgmma_ss: weights differ"
+bitwise wgmma attention_forward=wgmma
+bitwise wgmma_pipe attention_forward=wgmma_pipelined
+bitwise wgmma_dq attention_backward=wgmma_dq
+bitwise wgmma_bwd attention_backward=wgmma
+bitwise wgmma_bwd_pipe attention_backward=wgmma_pipelined
+bitwise wgmma_ss attention_backward=wgmma_ss
 "$BIN" "$W/c.json" precision=fp32 kernels.attention_backward=dq_from_ds train.steps=2 "out_dir=$W/cpu" > "$W/cpu.txt" 2>&1 ||
     die "the CPU backend refused kernels.*: $(tail -n 3 "$W/cpu.txt")"
 expect_fail 2 'kernels.attention_forward.*auto, keys128, wgmma, wgmma_pipelined' "$EMU" "$W/c.json" device=cuda kernels.attention_forward=fast
