@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kWgThreads)
         const char* tV = sV + buf * L::kt;
         const bool do_s = j < ntiles && k0 < wg_end;            // uniform over the warpgroup
         const bool do_dq = PIPE && j >= 1 && k0 - BC < wg_end;  // tile j - 1's dQ product (pipelined)
-        // (each path fences, issues, commits and waits in one branch: see the forward's v8)
+        // (each path fences, issues, commits and waits in one branch: see ptx.cuh's C7520 note)
         float s[NT][4], dp[NT][4];
         if (do_s && do_dq) {  // pipelined: S_j and dP_j, then tile j - 1's dQ product under tile j's dS
             ptx::wgmma_fence();
@@ -165,21 +165,11 @@ __global__ void __launch_bounds__(kWgThreads)
             ptx::wgmma_wait0(dp);
             ds_of(s, dp, k0);
         } else if (do_dq) {  // the last tile's dQ product
-            ptx::wgmma_fence();
-            wg_issue_acc<E, HS>(dq, da, sKT + (buf ^ 1) * L::ktt);
-            ptx::wgmma_commit();
-            ptx::wgmma_wait0(dq);
-            ptx::wgmma_keep_a(da);
+            wg_acc_product<E, HS>(dq, da, sKT + (buf ^ 1) * L::ktt);
         }
         if (do_s) {
             wg_acc_a<E>(da, dp);
-            if (!PIPE) {  // dQ += dS K now
-                ptx::wgmma_fence();
-                wg_issue_acc<E, HS>(dq, da, sKT + buf * L::ktt);
-                ptx::wgmma_commit();
-                ptx::wgmma_wait0(dq);
-                ptx::wgmma_keep_a(da);
-            }
+            if (!PIPE) wg_acc_product<E, HS>(dq, da, sKT + buf * L::ktt);  // dQ += dS K now
         }
         if (jk < ntiles) wg_store_vt<HS>(sKT + (jk & 1) * L::ktt, knext);
         __syncthreads();  // the next iteration's copies overwrite this tile's K and V buffers
@@ -346,6 +336,18 @@ __global__ void __launch_bounds__(kWgThreads)
         }
     };
     uint32_t ap[4][4], ad[4][4];  // P^T's and dS^T's fragments (the step whose dV, dK products are next)
+    // dV += P^T dO and dK += dS^T Q with dO^T, Q^T in buffer buf, issued (not committed) ...
+    auto issue_dv_dk = [&](int buf) {
+        wg_issue_acc<E, HS>(dv[0], ap, sOT + buf * QB);
+        wg_issue_acc<E, HS>(dk[0], ad, sQT + buf * QB);
+    };
+    // ... and their wait (the A registers kept until it)
+    auto wait_dv_dk = [&] {
+        ptx::wgmma_wait<0>(dv[0]);
+        ptx::wgmma_wait<0>(dk[0]);
+        ptx::wgmma_keep_a(ap);
+        ptx::wgmma_keep_a(ad);
+    };
 
     // iteration i: S^T, dP^T, P^T and dS^T of step i (i < n); dV += P^T dO and dK += dS^T Q of step
     // i - LAG (their Q^T, dO^T in buffer (i - LAG) & 1: the end of iteration i - 1 writes the other)
@@ -369,22 +371,18 @@ __global__ void __launch_bounds__(kWgThreads)
         // the warpgroup's four warps together: some query of the tile sees its first key
         const bool act = i < n && wk0 < Tk && qp.at(min(Tq, q0 + BQ) - 1) >= wkfirst;
         const bool acc = PIPE && prev;  // step i - 1's products (pipelined)
-        // (each path fences, issues, commits and waits in one branch: see the forward's v8)
+        // (each path fences, issues, commits and waits in one branch: see ptx.cuh's C7520 note)
         float s[NT][4], dp[NT][4];
         if (act && acc) {  // pipelined: step i's S^T and dP^T, then step i - 1's products under its dS^T
             ptx::wgmma_fence();
             issue_s_dp(s, dp, buf);
             ptx::wgmma_commit();
-            wg_issue_acc<E, HS>(dv[0], ap, sOT + (buf ^ 1) * QB);
-            wg_issue_acc<E, HS>(dk[0], ad, sQT + (buf ^ 1) * QB);
+            issue_dv_dk(buf ^ 1);
             ptx::wgmma_commit();
             ptx::wgmma_wait<1>(s);
             ptx::wgmma_wait<1>(dp);
             p_ds(s, dp, buf, q0);
-            ptx::wgmma_wait<0>(dv[0]);
-            ptx::wgmma_wait<0>(dk[0]);
-            ptx::wgmma_keep_a(ap);
-            ptx::wgmma_keep_a(ad);
+            wait_dv_dk();
         } else if (act) {
             ptx::wgmma_fence();
             issue_s_dp(s, dp, buf);
@@ -394,26 +392,18 @@ __global__ void __launch_bounds__(kWgThreads)
             p_ds(s, dp, buf, q0);
         } else if (acc) {  // step i - 1's products alone
             ptx::wgmma_fence();
-            wg_issue_acc<E, HS>(dv[0], ap, sOT + (buf ^ 1) * QB);
-            wg_issue_acc<E, HS>(dk[0], ad, sQT + (buf ^ 1) * QB);
+            issue_dv_dk(buf ^ 1);
             ptx::wgmma_commit();
-            ptx::wgmma_wait0(dv[0]);
-            ptx::wgmma_wait0(dk[0]);
-            ptx::wgmma_keep_a(ap);
-            ptx::wgmma_keep_a(ad);
+            wait_dv_dk();
         }
         if (act) {
             wg_acc_a<E>(ap, s);
             wg_acc_a<E>(ad, dp);
             if (!PIPE) {  // dV += P^T dO, dK += dS^T Q now: one group
                 ptx::wgmma_fence();
-                wg_issue_acc<E, HS>(dv[0], ap, sOT + buf * QB);
-                wg_issue_acc<E, HS>(dk[0], ad, sQT + buf * QB);
+                issue_dv_dk(buf);
                 ptx::wgmma_commit();
-                ptx::wgmma_wait0(dv[0]);
-                ptx::wgmma_wait0(dk[0]);
-                ptx::wgmma_keep_a(ap);
-                ptx::wgmma_keep_a(ad);
+                wait_dv_dk();
             }
         }
         prev = act;

@@ -173,6 +173,16 @@ __device__ __forceinline__ void wg_issue_acc(float (&d)[N / 8][4], const uint32_
     LLMC_UNROLL
     for (int kc = 0; kc < 4; kc++) ptx::wgmma_m64k16<E, N>(d, a[kc], ptx::wgmma_desc_sw128(xt, kc * 32), true);
 }
+// ... and wg_acc_product runs them as a group of their own: fenced, issued, committed and waited
+// for in one place (see ptx.cuh's C7520 note)
+template <class E, int N>
+__device__ __forceinline__ void wg_acc_product(float (&d)[N / 8][4], const uint32_t (&a)[4][4], const char* xt) {
+    ptx::wgmma_fence();
+    wg_issue_acc<E, N>(d, a, xt);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait0(d);
+    ptx::wgmma_keep_a(a);
+}
 
 // The online softmax of one key tile k0 on this thread's S accumulators s (rows g and g + 8 of its
 // warp's 16; masked where the tile crosses some row's last visible key): s becomes P = exp2(s scale
@@ -281,8 +291,7 @@ __global__ void __launch_bounds__(kWgThreads)
         }
         const bool do_s = j < ntiles && k0 < wg_end;          // uniform over the warpgroup
         const bool do_pv = PIPE && j >= 1 && k0 - BC < wg_end;  // tile j - 1's PV (pipelined)
-        // (each path issues, commits and waits within one branch: ptxas serializes every wgmma of
-        // the kernel (C7520) when a fence and its wgmma sit in different branches)
+        // (each path fences, issues, commits and waits in one branch: see ptx.cuh's C7520 note)
         float s[NT][4], alpha[2];
         if (do_s && do_pv) {  // pipelined: S_j, then tile j - 1's PV under tile j's softmax
             ptx::wgmma_fence();
@@ -301,11 +310,7 @@ __global__ void __launch_bounds__(kWgThreads)
             ptx::wgmma_wait0(s);
             wg_softmax(s, m, l, alpha, R, k0, scale_log2);
         } else if (do_pv) {  // the last tile's PV
-            ptx::wgmma_fence();
-            wg_issue_acc<E, HS>(o, pa, sVt + (buf ^ 1) * L::vtt);
-            ptx::wgmma_commit();
-            ptx::wgmma_wait0(o);
-            ptx::wgmma_keep_a(pa);
+            wg_acc_product<E, HS>(o, pa, sVt + (buf ^ 1) * L::vtt);
         }
         if (do_s) {
             LLMC_UNROLL
@@ -316,13 +321,7 @@ __global__ void __launch_bounds__(kWgThreads)
                     o[d][2 * i + 1] *= alpha[i];
                 }
             wg_acc_a<E>(pa, s);
-            if (!PIPE) {  // O += P V now
-                ptx::wgmma_fence();
-                wg_issue_acc<E, HS>(o, pa, sVt + buf * L::vtt);
-                ptx::wgmma_commit();
-                ptx::wgmma_wait0(o);
-                ptx::wgmma_keep_a(pa);
-            }
+            if (!PIPE) wg_acc_product<E, HS>(o, pa, sVt + buf * L::vtt);  // O += P V now
         }
         if (jv < ntiles) wg_store_vt<HS>(sVt + (jv & 1) * L::vtt, vnext);
         __syncthreads();  // the next iteration's copies overwrite this tile's K buffer

@@ -278,9 +278,13 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 // commit_group closes this thread's issued wgmma into a group; wait_group<N> returns with at
 // most N groups in flight, and only then may the completed groups' D be read, or their A
 // registers change (wgmma_wait's operand fence keeps the compiler from moving reads of D above it,
-// wgmma_keep_a the compiler from reusing A's registers before it). Shared memory written by threads (st.shared,
-// cp.async) reaches wgmma's reads (the async proxy) only after fence.proxy.async
-// (fence_proxy_async) and the barrier that orders the writers before the readers.
+// wgmma_keep_a the compiler from reusing A's registers before it). Shared memory written by
+// threads (st.shared, cp.async) reaches wgmma's reads (the async proxy) only after
+// fence.proxy.async (fence_proxy_async) and the barrier that orders the writers before the readers.
+// C7520: where ptxas cannot prove a wgmma.fence and the wgmma after it warpgroup-uniform (the fence
+// in one branch, its wgmma in another), it serializes every wgmma of the kernel and says so only in
+// an information line; so each path of a kernel fences, issues, commits and waits in one branch
+// (test_dev_cuda fails on the line).
 // The emulator's twin keeps each issued wgmma and its group and computes it at the wait that
 // completes that group (wait_group N: all but the N most recent), as late as the hardware may: it
 // reads A's registers and B's shared memory then, and writes D then (a kernel that changes A or B,
@@ -403,13 +407,17 @@ template <class E, int N, bool TB> void wgmma_run(const WgOp& op) {
     float (*d)[4] = reinterpret_cast<float (*)[4]>(op.d);
     const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
     const char* smem = ::cuemu::dynamic_smem();
-    // the half at byte `off` of a K-major, 128-byte-swizzled tile (A's or B's): the address the
-    // descriptor forms, then the swizzle
+    // the half at byte `off` of a 128-byte-swizzled tile (A's or B's): the address the descriptor
+    // forms, then the swizzle; kmajor: row r's element k of a K-major one (start and SBO from `desc`)
     auto half_at = [&](uint32_t off) {
         off ^= ((off >> 7) & 7u) << 4;
         unsigned short bits;
         std::memcpy(&bits, smem + off, 2);
         return half_of<E>(bits);
+    };
+    auto kmajor = [&](uint64_t desc, uint32_t r, uint32_t k) {
+        const uint32_t start = uint32_t(desc & 0x3fffu) << 4, sbo = uint32_t((desc >> 32) & 0x3fffu) << 4;
+        return half_at(start + (r / 8) * sbo + (r % 8) * 128 + k * 2);
     };
     float av[2][16];  // rows g, g + 8 of this warp's A
     if (a) {          // from the warp's registers, as mma_16816's twin exchanges them
@@ -423,18 +431,15 @@ template <class E, int N, bool TB> void wgmma_run(const WgOp& op) {
                 av[h][2 * q + 8] = lo16<E>(ra[h + 2]), av[h][2 * q + 9] = hi16<E>(ra[h + 2]);
             }
     } else {  // from shared memory: row m = 16 (warp % 4) + g + 8 h of the warpgroup's 64
-        const uint32_t sa = uint32_t(op.desc_a & 0x3fffu) << 4, sbo_a = uint32_t((op.desc_a >> 32) & 0x3fffu) << 4;
-        for (int h = 0; h < 2; h++) {
-            const uint32_t m = 16 * ((threadIdx.x / 32) % 4) + g + 8 * h;
-            for (int k = 0; k < 16; k++) av[h][k] = half_at(sa + (m / 8) * sbo_a + (m % 8) * 128 + uint32_t(k) * 2);
-        }
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 16; k++) av[h][k] = kmajor(op.desc_a, 16 * ((threadIdx.x / 32) % 4) + g + 8 * h, k);
     }
     const uint32_t start = uint32_t(desc_b & 0x3fffu) << 4, sbo = uint32_t((desc_b >> 32) & 0x3fffu) << 4;
     const uint32_t lbo = uint32_t((desc_b >> 16) & 0x3fffu) << 4;
     auto b_at = [&](int n, int k) {  // B[k][n]
-        return half_at(TB ? start + uint32_t(n % 64) * 2 + uint32_t(n / 64) * lbo + uint32_t(k % 8) * 128 +
-                                uint32_t(k / 8) * sbo
-                          : start + uint32_t(n / 8) * sbo + uint32_t(n % 8) * 128 + uint32_t(k) * 2);
+        return TB ? half_at(start + uint32_t(n % 64) * 2 + uint32_t(n / 64) * lbo + uint32_t(k % 8) * 128 +
+                            uint32_t(k / 8) * sbo)
+                  : kmajor(desc_b, n, k);
     };
     for (int i = 0; i < N / 8; i++) {
         float bv[2][16];
@@ -451,11 +456,6 @@ template <class E, int N, bool TB> void wgmma_run(const WgOp& op) {
         d[i][0] = s0, d[i][1] = s1, d[i][2] = s2, d[i][3] = s3;
     }
 }
-}  // namespace emu
-#endif
-
-#if defined(LLMC_CUEMU)
-namespace emu {
 // the twin's issue: the ordering and the forms it checks, then the op kept for its wait
 inline void wg_issue(const WgOp& op) {
     WgState& st = wg_state();

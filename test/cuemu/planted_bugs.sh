@@ -62,8 +62,8 @@ mutate fused_ds_stale_where_skipped llmc/cuda/flash_backward_fused.cuh attention
     'zero_ds_cols<E, 1>(dsw, LDS, 0, BQ);' ';' bf16
 mutate wgmma_vt_unswizzled llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     'dst + sw128(row, p / 4) + (p % 4) * 4' 'dst + row * 128 + (p / 4) * 16 + (p % 4) * 4' bf16
-mutate wgmma_pv_without_fence llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
-    $'// O += P V now\n                ptx::wgmma_fence();' '// O += P V now' bf16
+mutate wgmma_acc_product_without_fence llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
+    $'    ptx::wgmma_fence();\n    wg_issue_acc<E, N>(d, a, xt);' '    wg_issue_acc<E, N>(d, a, xt);' bf16
 mutate wgmma_s_read_before_wait llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     $'ptx::wgmma_wait0(s);\n            wg_softmax' 'wg_softmax' bf16
 mutate wgmma_pipelined_p_overwritten_in_flight llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
@@ -71,7 +71,7 @@ mutate wgmma_pipelined_p_overwritten_in_flight llmc/cuda/flash_forward_wgmma.cuh
 mutate wgmma_pipelined_ds_overwritten_in_flight llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
     $'ds_of(s, dp, k0);\n            ptx::wgmma_wait<0>(dq);' $'ds_of(s, dp, k0);\n            wg_acc_a<E>(da, dp);\n            ptx::wgmma_wait<0>(dq);' bf16
 mutate wgmma_pipelined_pt_overwritten_in_flight llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
-    $'p_ds(s, dp, buf, q0);\n            ptx::wgmma_wait<0>(dv[0]);' $'p_ds(s, dp, buf, q0);\n            wg_acc_a<E>(ap, s);\n            ptx::wgmma_wait<0>(dv[0]);' bf16
+    $'p_ds(s, dp, buf, q0);\n            wait_dv_dk();' $'p_ds(s, dp, buf, q0);\n            wg_acc_a<E>(ap, s);\n            wait_dv_dk();' bf16
 mutate wgmma_ss_one_warpgroups_keys llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
     'const char* wk = smem + L::k + (warp / 4) * QB;' 'const char* wk = smem + L::k;' bf16
 mutate wgmma_dq_without_D llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
