@@ -396,7 +396,8 @@ struct Run {
                                                      "collectives' host waits; set it false)", grid.world));
         if (device == "cuda")  // (the CPU backend has one way of each: the keys are ignored there)
             set_cuda_kernel_ways(*ops, cuda_kernel_ways(cfg.kernels.attention_forward, cfg.kernels.attention_backward,
-                                                        cfg.kernels.layernorm_backward));
+                                                        cfg.kernels.layernorm_backward,
+                                                        cfg.kernels.attention_wgmma_layout));
         for (Comm* c : {groups.world.get(), groups.dp.get(), groups.cp.get(), groups.tp.get(), groups.pp.get(),
                         groups.mp.get(), groups.embed.get(), groups.ep.get(), groups.edp.get(), groups.mp_dev.get()})
             if (c) {

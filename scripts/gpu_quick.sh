@@ -363,15 +363,17 @@ stage_kernels() {
     local -a VERSIONS
     # attention first: at each shape the trainer's versions and Hopper's wgmma ones beside them
     # (forward v5, v7 and v8 (pipelined), backward v6, v10, v11 (pipelined) and v12 (K and V from
-    # shared memory) at head size 64; forward v4, v7 and v8, backward v3, v9 and v12 at 128), then
-    # PyTorch's SDPA at the same shapes (the peer), then the other versions in question (backward
-    # v9 at 64, v8: one kernel, dQ in fp32 accumulators, v7: dQ from dS^T in memory; forward v5 at
+    # shared memory) at head size 64; forward v4, v7 and v8, backward v3, v9 and v12 at 128; forward
+    # v10 and backward v13, V, K, Q and dO read MN-major, at both), then PyTorch's SDPA at the same
+    # shapes (the peer), then the other versions in question (backward v9, forward v9 and backward
+    # v14 at 64, v8: one kernel, dQ in fp32 accumulators, v7: dQ from dS^T in memory; forward v5 at
     # 128, where its two m-tiles ran 192 TFLOP/s in the fourth window against v4's 173 in the third;
     # forward v6: 128-key tiles, at 64), ncu's stall rows (the trainer's backward at HS 64, v8,
     # forward v7 and v8, the forward's two m-tiles at HS 128), then backward v4, v5
-    VERSIONS=("forward 5" "forward 7" "forward 8" "backward 6" "backward 10" "backward 11" "backward 12")
+    VERSIONS=("forward 5" "forward 7" "forward 8" "forward 10" "backward 6" "backward 10" "backward 11" "backward 12"
+              "backward 13")
     ONLY_HS=64 attn_runs
-    VERSIONS=("forward 4" "forward 7" "forward 8" "backward 3" "backward 9" "backward 12")
+    VERSIONS=("forward 4" "forward 7" "forward 8" "forward 10" "backward 3" "backward 9" "backward 12" "backward 13")
     ONLY_HS=128 attn_runs
     log="$WORK/torch_attention.log"
     # shellcheck disable=SC2086
@@ -383,7 +385,7 @@ stage_kernels() {
             row "PyTorch SDPA $(echo "$res" | cut -d' ' -f2-5)" "PASS" "" "" "" "$(echo "$res" | cut -d' ' -f6-)"
         done < <(grep '^TORCH_ATTN' "$log")
     fi
-    VERSIONS=("backward 9")
+    VERSIONS=("backward 9" "forward 9" "backward 14")
     ONLY_HS=64 attn_runs
     VERSIONS=("backward 8" "backward 7")
     attn_runs
@@ -419,7 +421,7 @@ stage_kernels() {
 # `--variants`: the training step with each kernels.* way a GPU has not yet chosen (config
 # section "kernels"), beside the default in the same call: GPT-2 124M bf16 B=32 with the flash
 # forward on wgmma (v7, then v8: pipelined), the backward on wgmma (v10, v11: pipelined, v12: K and
-# V from shared memory) and its dQ alone (v9), in one kernel (v8) and from dS (v7), and the
+# V from shared memory), v8 and v10 with V, K, Q and dO read MN-major (v10, v13) and dQ alone (v9), in one kernel (v8) and from dS (v7), and the
 # forward's 128-key tiles (v6); then the 1.5B shape in bf16 with LayerNorm's backward streamed (the
 # default keeps rows in registers) when the time allows.
 # A ratio row each (variant / default): above 1, the default should follow.
@@ -448,6 +450,10 @@ stage_variants() {
     quick_bench gpt2_124m_wgmma_ss "$m124 kernels.attention_backward=wgmma_ss" 32 bf16 nopeer
     variant_ratio "kernels.attention_backward=wgmma_ss (gpt2_124m B=32)" "${TOK_q_gpt2_124m_wgmma_ss_bf16_32:-}" \
         "${TOK_q_gpt2_124m_bf16_32:-}"
+    local mn="kernels.attention_forward=wgmma_pipelined kernels.attention_backward=wgmma"
+    quick_bench gpt2_124m_wgmma_mn "$m124 $mn kernels.attention_wgmma_layout=mn_major" 32 bf16 nopeer
+    variant_ratio "attention_forward=wgmma_pipelined, attention_backward=wgmma, mn_major (gpt2_124m B=32)" \
+        "${TOK_q_gpt2_124m_wgmma_mn_bf16_32:-}" "${TOK_q_gpt2_124m_bf16_32:-}"
     quick_bench gpt2_124m_wgmma_dq "$m124 kernels.attention_backward=wgmma_dq" 32 bf16 nopeer
     variant_ratio "kernels.attention_backward=wgmma_dq (gpt2_124m B=32)" "${TOK_q_gpt2_124m_wgmma_dq_bf16_32:-}" \
         "${TOK_q_gpt2_124m_bf16_32:-}"

@@ -428,6 +428,20 @@ TEST_CASE("config: out-of-range values and enums", "[config]") {
     CHECK_THAT(m, Catch::Contains("kernels.layernorm_backward") && Catch::Contains("auto, streamed"));
     CHECK(load({g, "kernels.layernorm_backward=streamed"}).kernels.layernorm_backward == "streamed");
     CHECK(load({g}).kernels.attention_backward == "auto");
+    m = error_of([&] { load({g, "kernels.attention_wgmma_layout=k_major"}); });
+    CHECK_THAT(m, Catch::Contains("kernels.attention_wgmma_layout") && Catch::Contains("auto, mn_major"));
+    CHECK(load({g, "kernels.attention_forward=wgmma", "kernels.attention_wgmma_layout=mn_major"})
+              .kernels.attention_wgmma_layout == "mn_major");
+    CHECK(load({g, "kernels.attention_backward=wgmma_ss", "kernels.attention_wgmma_layout=mn_major"})
+              .kernels.attention_wgmma_layout == "mn_major");
+    m = error_of([&] { load({g, "kernels.attention_wgmma_layout=mn_major"}); });
+    CHECK_THAT(m, Catch::Contains("kernels.attention_wgmma_layout: \"mn_major\" applies to the wgmma ways") &&
+                      Catch::Contains("neither is one (\"auto\", \"auto\")"));
+    m = error_of([&] {
+        load({g, "kernels.attention_backward=wgmma_pipelined", "kernels.attention_wgmma_layout=mn_major"});
+    });
+    CHECK_THAT(m, Catch::Contains("kernels.attention_wgmma_layout: \"mn_major\" is not built for "
+                                  "kernels.attention_backward \"wgmma_pipelined\""));
     m = error_of([&] { load({g, "parallel.pp_layers=[2,0]"}); });
     CHECK_THAT(m, Catch::Contains("parallel.pp_layers") && Catch::Contains(">= 1"));
     m = error_of([&] { load({g, "parallel.pp_layers=3"}); });

@@ -11,6 +11,7 @@
 //   6: version 5 with 128-key tiles (head size 64)
 //   7: llmc/cuda/flash_forward_wgmma.cuh, Hopper's warpgroup MMA (head sizes 64 and 128, sm_90a)
 //   8: version 7 with the softmax of each key tile overlapping the previous tile's PV product
+//   9, 10: versions 7 and 8 with V read by the tensor cores as it lies (MN-major), not transposed
 //
 // Lab notebook (causal, bf16, FLOPs counted as FlashAttention counts them: 4 B NH HS T^2 / 2):
 //   v3  H200, GPT-2 124M step under Nsight Compute (issue 30, main 15afec7): the forward kernel
@@ -91,8 +92,17 @@
 //       instructions are serialized") when a wgmma.fence and its wgmma sit in different branches;
 //       a first draft of v8 did, and v7 with it: each path now fences, issues, commits and waits
 //       in one branch, and test_dev_cuda fails on the message.
+//   v9, v10 not yet measured (written 2026-11-28 without a GPU): v7 and v8 with V's tile copied by
+//       cp.async as K's is (the same 128-byte-swizzled rows: key n, 64 head columns a tile) and
+//       read by the PV product MN-major (imm-trans-b 1, ptx.cuh's TB), as FlashAttention-3 reads
+//       its bf16 V. v7/v8 bring each thread's share of V into registers during the tile before
+//       and store it transposed (16 4-byte shared stores a thread at head size 64, 32 at 128), and
+//       keep those 8 (16) registers live across the tile. ptxas sm_90a, head size 64 / 128: v9
+//       112 / 175 registers (v7 124 / 204), v10 161 / 216 (v8 162 / 230); v10 at 64 bounded to
+//       128 for two blocks of 8 warps an SM (v8 spills 20 bytes there), no spill. Depends on
+//       test_gpu's ptx.wgmma_mn_major passing on a GPU (the descriptor's LBO/SBO roles for MN-major).
 //   To measure (B T NH HS after the version; d_model 2048 as FlashAttention's benchmarks):
-//     make -C dev/cuda attention_forward && for v in 3 4 5 6 7 8; do ./dev/cuda/attention_forward $v 8 1024 32 64;
+//     make -C dev/cuda attention_forward && for v in 3 4 5 6 7 8 9 10; do ./dev/cuda/attention_forward $v 8 1024 32 64;
 //     ./dev/cuda/attention_forward $v 8 1024 16 128; done
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
@@ -129,8 +139,9 @@ __global__ void attention_forward_naive(float* out, float* lse, const float* qkv
 
 int main(int argc, char** argv) {
     int version = kernel_arg(argc, argv, 4);
-    if (version < 1 || version > 8) {
-        std::printf("attention_forward: version %d is not one of 1-8 (see the top of attention_forward.cu)\n", version);
+    if (version < 1 || version > 10) {
+        std::printf("attention_forward: version %d is not one of 1-10 (see the top of attention_forward.cu)\n",
+                    version);
         return 1;
     }
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
@@ -160,10 +171,10 @@ int main(int argc, char** argv) {
                 attn::attention_block_forward_general<bf16>(dout, dlse, dqkv, dqkv, B, T, T, NH, NH, HS,
                                                             SeqPositions(), SeqPositions(), 0);
             };
-        else if (version == 7 || version == 8)
+        else if (version >= 7)
             run = [=] {
                 if (!flash::try_forward_wgmma(dout, dlse, dqkv, dqkv, B, T, T, NH, NH, HS, SeqPositions(), SeqPositions(),
-                                              0, version == 8))
+                                              0, version % 2 == 0, version >= 9))
                     std::printf("v%d needs head size 64 or 128 on an sm_90 device with sm_90a code (HS=%d)\n", version,
                                 HS),
                         std::exit(1);

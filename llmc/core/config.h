@@ -146,6 +146,9 @@ struct KernelsConfig {
     // auto | dq_from_ds | fused | wgmma_dq | wgmma | wgmma_pipelined | wgmma_ss (attention_backward v7-v12)
     std::string attention_backward = "auto";
     std::string layernorm_backward = "auto";  // auto (rows in registers) | streamed (dev/cuda/layernorm v5)
+    // auto (transposed copies) | mn_major (the wgmma ways' V, K, Q, dO as they lie: attention_forward
+    // v9/v10, attention_backward v13/v14)
+    std::string attention_wgmma_layout = "auto";
 };
 
 // The planner (train_gpt --plan): the cluster it plans for.

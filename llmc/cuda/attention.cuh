@@ -528,7 +528,7 @@ void attention_block_forward(T* out, float* lse, const T* qkv_q, const T* qkv_kv
                              const KernelWays& ways) {
     if constexpr (is_half_type<T>) {  // the tensor-core path (bf16, fp16), where it covers HS
         if (flash::forward(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st, ways.fwd_rows_per_warp,
-                           ways.fwd_key_tile, ways.fwd_wgmma))
+                           ways.fwd_key_tile, ways.fwd_wgmma, ways.wgmma_mn))
             return;
     }
     attention_block_forward_general(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st);

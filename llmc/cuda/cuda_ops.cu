@@ -966,7 +966,7 @@ bool cuda_device_available() {
 }
 
 KernelWays cuda_kernel_ways(const std::string& attention_forward, const std::string& attention_backward,
-                            const std::string& layernorm_backward) {
+                            const std::string& layernorm_backward, const std::string& attention_wgmma_layout) {
     // the position of v among auto and the others (auto: 0)
     auto pick = [](const char* key, const std::string& v, std::initializer_list<const char*> others) {
         int i = 0;
@@ -986,6 +986,7 @@ KernelWays cuda_kernel_ways(const std::string& attention_forward, const std::str
     w.bwd_dq = pick("kernels.attention_backward", attention_backward,
                     {"dq_from_ds", "fused", "wgmma_dq", "wgmma", "wgmma_pipelined", "wgmma_ss"});
     w.ln_bwd_registers = !pick("kernels.layernorm_backward", layernorm_backward, {"streamed"});
+    w.wgmma_mn = pick("kernels.attention_wgmma_layout", attention_wgmma_layout, {"mn_major"}) == 1;
     return w;
 }
 

@@ -13,7 +13,7 @@ bool cuda_device_available();
 // The kernels' ways the config section "kernels" (KernelsConfig) names; unknown names: UserError
 // naming the key.
 KernelWays cuda_kernel_ways(const std::string& attention_forward, const std::string& attention_backward,
-                            const std::string& layernorm_backward);
+                            const std::string& layernorm_backward, const std::string& attention_wgmma_layout = "auto");
 // The ways of a CUDA backend's kernels from now on (before the first step; between test cases);
 // nothing for another backend.
 void set_cuda_kernel_ways(Ops& ops, const KernelWays& ways);

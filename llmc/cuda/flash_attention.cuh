@@ -362,12 +362,13 @@ bool forward_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int 
 // KernelWays::fwd_key_tile for the trainer's calls: kernels.attention_forward=keys128).
 // `wgmma` 1 or 2: the warpgroup-MMA kernel (flash_forward_wgmma.cuh; 2 pipelined) where it applies
 // (head sizes 64, 128 on an sm_90 device with sm_90a code; KernelWays::fwd_wgmma,
-// kernels.attention_forward=wgmma or wgmma_pipelined), else the others.
+// kernels.attention_forward=wgmma or wgmma_pipelined), else the others; `wgmma_mn` its V read
+// MN-major (KernelWays::wgmma_mn).
 template <class E>
 bool forward(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH,
                     int NKV, int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st, int rows_per_warp = 0,
-                    int key_tile = 0, int wgmma = 0) {
-    if (wgmma && try_forward_wgmma(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st, wgmma == 2))
+                    int key_tile = 0, int wgmma = 0, bool wgmma_mn = false) {
+    if (wgmma && try_forward_wgmma(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, HS, qp, kp, st, wgmma == 2, wgmma_mn))
         return true;
 #define LLMC_FLASH_HS(D) \
     case D: return forward_hs<D>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st, rows_per_warp, key_tile);

@@ -582,11 +582,12 @@ namespace flash {
 // warp (the dK/dV kernel QH query columns at once); DS: dQ by flash_backward_dq_ds_kernel from the
 // dS^T in ds_scratch (dev/cuda's attention_backward v7: B NH ds_rows(Tk) ds_rows(Tq) E, at most
 // max_bytes, else false); wgmma_dq: dQ by flash_backward_dq_wgmma_kernel (v9: head sizes 64 and
-// 128 where wgmma_available, else false).
+// 128 where wgmma_available, else false), its K read MN-major with wgmma_mn.
 template <int HS, int BT, int MT, int QH = BT, bool DS = false, class E>
 bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                   const float* D, int B, int Tq, int Tk, int NH, int NKV, SeqPositions qp, SeqPositions kp,
-                  bool accumulate, cudaStream_t st, GrowBuffer* ds_scratch, size_t max_bytes, bool wgmma_dq = false) {
+                  bool accumulate, cudaStream_t st, GrowBuffer* ds_scratch, size_t max_bytes, bool wgmma_dq = false,
+                  bool wgmma_mn = false) {
     static_assert(!DS || (BT == 64 && MT == 1), "dS^T through memory: 64-row tiles, one m-tile");
     constexpr bool kWgHs = HS == 64 || HS == 128;
     if (wgmma_dq && (DS || !kWgHs || !wgmma_available())) return false;
@@ -598,7 +599,9 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
         fq = (const void*)flash_backward_dq_ds_kernel<E, HS>, sq = DqDsSmem<HS>::total;
     } else if constexpr (kWgHs) {
         if (wgmma_dq)
-            fq = (const void*)flash_backward_dq_wgmma_kernel<E, HS, false>, sq = WgDqSmem<HS>::total + kWgSlack;
+            fq = wgmma_mn ? (const void*)flash_backward_dq_wgmma_kernel<E, HS, false, true>
+                          : (const void*)flash_backward_dq_wgmma_kernel<E, HS, false, false>,
+            sq = (wgmma_mn ? WgDqSmem<HS, true>::total : WgDqSmem<HS>::total) + kWgSlack;
     }
     const size_t skv = DkdvSmem<HS, BT, MT>::total;
     const size_t ds_elems = DS ? (size_t)B * NH * ds_rows(Tk) * ds_rows(Tq) : 0;
@@ -619,7 +622,8 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
                     qp, kp, accumulate);
     } else if (kWgHs && wgmma_dq) {
         if constexpr (kWgHs) {
-            auto fqw = flash_backward_dq_wgmma_kernel<E, HS, false>;
+            auto fqw = wgmma_mn ? flash_backward_dq_wgmma_kernel<E, HS, false, true>
+                                : flash_backward_dq_wgmma_kernel<E, HS, false, false>;
             LLMC_LAUNCH(fqw, dim3(B * NH, (Tq + kWgRows - 1) / kWgRows), kWgThreads, sq, st, dq_dst, dout, qkv_q,
                         qkv_kv, lse, D, Tq, Tk, NH, NKV, scale, qp, kp, accumulate);
         }

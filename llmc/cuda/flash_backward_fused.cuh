@@ -262,7 +262,7 @@ bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
                      GrowBuffer* ds_scratch) {
 #define LLMC_FLASH_BWD(HSV, BT, MT, ...) \
     try_backward<HSV, BT, MT, ##__VA_ARGS__>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, \
-                                             accumulate, st, ds_scratch, w.scratch_max_bytes, wq)
+                                             accumulate, st, ds_scratch, w.scratch_max_bytes, wq, w.wgmma_mn)
 #define LLMC_FLASH_FUSED(HSV)                                                                                   \
     try_fused<HSV, 32>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, accumulate, st,   \
                        ds_scratch, w.scratch_max_bytes, w.fused_splits)
@@ -274,7 +274,8 @@ bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
     // both kernels on wgmma (bwd_dq 4-6) at head sizes 64 and 128; dQ on wgmma alone (bwd_dq 3, and
     // where those are refused) beside the chosen dK/dV kernel; where wgmma_available (else as 0)
     if (w.bwd_dq >= 4 && try_backward_wgmma(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, HS, qp, kp,
-                                            accumulate, st, w.bwd_dq == 5, w.bwd_dq == 6))
+                                            accumulate, st, w.bwd_dq == 5, w.bwd_dq == 6,
+                                            w.wgmma_mn && w.bwd_dq != 5))
         return true;
     bool wq = w.bwd_dq >= 3 && (HS == 64 || HS == 128) && wgmma_available();
     // one kernel (bwd_dq 2) at head sizes 64 and 128, the dK/dV part in two passes of 32 query columns

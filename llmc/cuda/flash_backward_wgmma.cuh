@@ -13,18 +13,19 @@
 //     (cp.async, as the forward's K);
 //   dS = P (dP - D) on the accumulators, P = exp2(S scale log2e - lse log2e);
 //   dQ += dS K: four wgmma m64nHSk16, dS's A fragments from the accumulators (acc_to_a), K from a
-//     swizzled tile of K^T (transposed through registers, as the forward's V^T).
+//     swizzled tile of K^T (transposed through registers, as the forward's V^T); MN
+//     (kernels.attention_wgmma_layout=mn_major): K's own tile read MN-major, no K^T.
 // ptxas sm_90a: see dev/cuda/attention_backward.cu's notes (v9).
 #pragma once
 
 namespace flash {
 
 // shared memory from a 1024-byte boundary: K, V [2][HS / 64][64 keys][128 bytes], K^T [2][HS][128
-// bytes], Q and dO [128][HS + 8]
-template <int HS> struct WgDqSmem {
+// bytes] (not MN), Q and dO [128][HS + 8]
+template <int HS, bool MN = false> struct WgDqSmem {
     static constexpr size_t kt = (size_t)HS / 64 * 8192, ktt = (size_t)HS * 128;  // a buffer's bytes
-    static constexpr size_t k = 0, v = 2 * kt, kT = 4 * kt, q = kT + 2 * ktt, dO = q + (size_t)kWgRows * (HS + 8) * 2,
-                            total = dO + (size_t)kWgRows * (HS + 8) * 2;
+    static constexpr size_t k = 0, v = 2 * kt, kT = 4 * kt, q = kT + (MN ? 0 : 2 * ktt),
+                            dO = q + (size_t)kWgRows * (HS + 8) * 2, total = dO + (size_t)kWgRows * (HS + 8) * 2;
 };
 
 // grid (B * NH, ceil(Tq / 128)), 256 threads, WgDqSmem<HS>::total + kWgSlack bytes.
@@ -32,20 +33,21 @@ template <int HS> struct WgDqSmem {
 // the forward's v8 pipelining here: iteration j issues S_j and dP_j as one group and dQ += dS_{j-1}
 // K_{j-1} as a second, waits for the first (wait_group 1), computes dS_j while the tensor cores run
 // the dQ product, then waits for it; K_j^T is stored at the end of iteration j, one iteration later.
-template <class E, int HS, bool PIPE>
+template <class E, int HS, bool PIPE, bool MN>
 __global__ void __launch_bounds__(kWgThreads)
     flash_backward_dq_wgmma_kernel(E* dq_dst, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                                    const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                                    SeqPositions kp, bool accumulate) {
     static_assert(HS == 64 || HS == 128, "the wgmma shapes of ptx.cuh");
-    using L = WgDqSmem<HS>;
+    using L = WgDqSmem<HS, MN>;
     constexpr int BC = kWgBC, LD = HS + 8, NT = BC / 8, DT = HS / 8, KC = HS / 16, LAG = PIPE ? 1 : 0;
     constexpr bool QR = HS <= 64;  // Q's and dO's fragments kept in registers
     static_assert(QR || !PIPE, "pipelined at head size 64 (Q's and dO's fragments in registers)");
+    static_assert(!(PIPE && MN), "MN not pipelined (tile j - 1's dQ product would read the K buffer being copied)");
     char* smem = smem_1024();
     char* sK = smem + L::k;
     char* sV = smem + L::v;
-    char* sKT = smem + L::kT;
+    char* sKT = smem + L::kT;  // (not MN)
     E* sQ = reinterpret_cast<E*>(smem + L::q);
     E* sO = reinterpret_cast<E*>(smem + L::dO);
 
@@ -69,7 +71,7 @@ __global__ void __launch_bounds__(kWgThreads)
     if (ntiles > 0) {
         wg_load_k<HS>(sK, Kg, stride, 0, kv_end);
         wg_load_k<HS>(sV, Vg, stride, 0, kv_end);
-        if (!PIPE) {
+        if (!PIPE && !MN) {
             wg_fetch_v<HS>(knext, Kg, stride, 0, kv_end);
             wg_store_vt<HS>(sKT, knext);
         }
@@ -109,7 +111,7 @@ __global__ void __launch_bounds__(kWgThreads)
             wg_load_k<HS>(sV + (buf ^ 1) * L::kt, Vg, stride, k0 + BC, kv_end);
             ptx::cp_async_commit();
         }
-        if (jk < ntiles) wg_fetch_v<HS>(knext, Kg, stride, jk * BC, kv_end);
+        if (!MN && jk < ntiles) wg_fetch_v<HS>(knext, Kg, stride, jk * BC, kv_end);
         if (j + 1 < ntiles)
             ptx::cp_async_wait<1>();
         else
@@ -169,9 +171,9 @@ __global__ void __launch_bounds__(kWgThreads)
         }
         if (do_s) {
             wg_acc_a<E>(da, dp);
-            if (!PIPE) wg_acc_product<E, HS>(dq, da, sKT + buf * L::ktt);  // dQ += dS K now
+            if (!PIPE) wg_acc_product<E, HS, MN>(dq, da, MN ? tK : sKT + buf * L::ktt);  // dQ += dS K now
         }
-        if (jk < ntiles) wg_store_vt<HS>(sKT + (jk & 1) * L::ktt, knext);
+        if (!MN && jk < ntiles) wg_store_vt<HS>(sKT + (jk & 1) * L::ktt, knext);
         __syncthreads();  // the next iteration's copies overwrite this tile's K and V buffers
     }
 
@@ -206,30 +208,34 @@ __global__ void __launch_bounds__(kWgThreads)
 //     its load to its store).
 // PIPE (v11, SS at head size 64): step i - 1's dV and dK products under step i's P^T and dS^T, as
 // the dQ kernel's PIPE (P^T's and dS^T's fragments kept until their wait: ptxas 254 registers).
+// MN (kernels.attention_wgmma_layout=mn_major; not PIPE): dV and dK read dO's and Q's own tiles
+// MN-major: no Q^T, dO^T, and no transposing step.
 // Shared memory from a 1024-byte boundary: Q, dO, Q^T, dO^T [2][HS / 64 x 8 KiB] each (swizzled),
 // K and V [128][HS + 8] (ldmatrix's padded rows; SS: [2 warpgroups][HS / 64][8 KiB] swizzled), lse
-// and D [2][64]: 102 KiB at head size 64 (SS 97), 194 KiB at 128.
-template <int HS, bool SS> struct WgDkdvSmem {
+// and D [2][64]: 102 KiB at head size 64 (SS 97), 194 KiB at 128; MN without Q^T, dO^T: 70 (SS 65),
+// 130.
+template <int HS, bool SS, bool MN = false> struct WgDkdvSmem {
     static constexpr size_t qb = (size_t)HS / 64 * 8192, kv = SS ? 2 * qb : (size_t)kWgRows * (HS + 8) * 2;
-    static constexpr size_t q = 0, dO = 2 * qb, qT = 4 * qb, dOT = 6 * qb, k = 8 * qb, v = k + kv, lse = v + kv,
-                            d = lse + 2 * 64 * 4, total = d + 2 * 64 * 4;
+    static constexpr size_t q = 0, dO = 2 * qb, qT = 4 * qb, dOT = 6 * qb, k = (MN ? 4 : 8) * qb, v = k + kv,
+                            lse = v + kv, d = lse + 2 * 64 * 4, total = d + 2 * 64 * 4;
 };
 
-// grid (B * NKV, ceil(Tk / 128)), 256 threads, WgDkdvSmem<HS, SS>::total + kWgSlack bytes
-template <class E, int HS, bool SS, bool PIPE>
+// grid (B * NKV, ceil(Tk / 128)), 256 threads, WgDkdvSmem<HS, SS, MN>::total + kWgSlack bytes
+template <class E, int HS, bool SS, bool PIPE, bool MN>
 __global__ void __launch_bounds__(kWgThreads)
     flash_backward_dkdv_wgmma_kernel(E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                                      const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                                      SeqPositions kp, bool accumulate) {
     static_assert(HS == 64 || (SS && HS == 128), "head size 64; 128 with K and V from shared memory");
     static_assert(!PIPE || (SS && HS == 64), "pipelined: head size 64, K and V from shared memory");
-    using L = WgDkdvSmem<HS, SS>;
+    static_assert(!(PIPE && MN), "MN not pipelined (step i - 1's products would read the buffers being copied)");
+    using L = WgDkdvSmem<HS, SS, MN>;
     constexpr int BQ = 64, LD = HS + 8, NT = BQ / 8, DT = HS / 8, KC = HS / 16, LAG = PIPE ? 1 : 0;
     constexpr size_t QB = L::qb;
     char* smem = smem_1024();
     char* sQ = smem + L::q;
     char* sO = smem + L::dO;
-    char* sQT = smem + L::qT;
+    char* sQT = smem + L::qT;  // (not MN)
     char* sOT = smem + L::dOT;
     E* sK = reinterpret_cast<E*>(smem + L::k);  // (SS: swizzled tiles, not E rows)
     E* sV = reinterpret_cast<E*>(smem + L::v);
@@ -258,6 +264,7 @@ __global__ void __launch_bounds__(kWgThreads)
     // Q^T and dO^T of buffer buf from its Q and dO tiles (landed and seen by every thread: the
     // registers live only from the load to the store)
     auto transpose = [&](int buf) {
+        if constexpr (MN) return;
         uint4 x[HS / 64][2];
         wg_fetch_vt_smem<HS>(x, sQ + buf * QB);
         wg_store_vt<HS>(sQT + buf * QB, x);
@@ -336,10 +343,10 @@ __global__ void __launch_bounds__(kWgThreads)
         }
     };
     uint32_t ap[4][4], ad[4][4];  // P^T's and dS^T's fragments (the step whose dV, dK products are next)
-    // dV += P^T dO and dK += dS^T Q with dO^T, Q^T in buffer buf, issued (not committed) ...
+    // dV += P^T dO and dK += dS^T Q with dO^T, Q^T in buffer buf (MN: dO, Q), issued (not committed) ...
     auto issue_dv_dk = [&](int buf) {
-        wg_issue_acc<E, HS>(dv[0], ap, sOT + buf * QB);
-        wg_issue_acc<E, HS>(dk[0], ad, sQT + buf * QB);
+        wg_issue_acc<E, HS, MN>(dv[0], ap, (MN ? sO : sOT) + buf * QB);
+        wg_issue_acc<E, HS, MN>(dk[0], ad, (MN ? sQ : sQT) + buf * QB);
     };
     // ... and their wait (the A registers kept until it)
     auto wait_dv_dk = [&] {
@@ -421,27 +428,41 @@ __global__ void __launch_bounds__(kWgThreads)
 
 // dK, dV and dQ on wgmma: the dK/dV kernel with K and V from registers (v10, head size 64) or from
 // shared memory (`ss`: v12, and always at head size 128), both kernels pipelined at head size 64
-// (`pipelined`: v11, the dK/dV kernel's K and V from shared memory);
+// (`pipelined`: v11, the dK/dV kernel's K and V from shared memory); `mn`: not pipelined, Q, dO and
+// K read MN-major as they lie (v13 as v10/v12, v14 as v12);
 // where wgmma_available and the device's shared memory holds the tiles (dK/dV: 102 KiB at 64, 97
-// with ss, 194 at 128; dQ: 85 and 165 KiB); false: nothing launched
+// with ss, 194 at 128; with mn 70, 66 and 130; dQ: 85 and 165 KiB, 69 and 133 with mn); false:
+// nothing launched
 template <class E>
 bool try_backward_wgmma(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                         const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS, SeqPositions qp,
-                        SeqPositions kp, bool accumulate, cudaStream_t st, bool pipelined = false, bool ss = false) {
-    if ((HS != 64 && HS != 128) || !wgmma_available()) return false;
+                        SeqPositions kp, bool accumulate, cudaStream_t st, bool pipelined = false, bool ss = false,
+                        bool mn = false) {
+    if ((HS != 64 && HS != 128) || !wgmma_available() || (pipelined && mn)) return false;
     using Fn = void (*)(E*, const E*, const E*, const E*, const float*, const float*, int, int, int, int, float,
                         SeqPositions, SeqPositions, bool);
-    Fn fkv = flash_backward_dkdv_wgmma_kernel<E, 128, true, false>;
-    Fn fq = flash_backward_dq_wgmma_kernel<E, 128, false>;
-    size_t skv = WgDkdvSmem<128, true>::total + kWgSlack, sq = WgDqSmem<128>::total + kWgSlack;
-    if (HS == 64) {
-        fkv = pipelined ? flash_backward_dkdv_wgmma_kernel<E, 64, true, true>
-              : ss      ? flash_backward_dkdv_wgmma_kernel<E, 64, true, false>
-                        : flash_backward_dkdv_wgmma_kernel<E, 64, false, false>;
-        skv = (pipelined || ss ? WgDkdvSmem<64, true>::total : WgDkdvSmem<64, false>::total) + kWgSlack;
-        fq = pipelined ? flash_backward_dq_wgmma_kernel<E, 64, true> : flash_backward_dq_wgmma_kernel<E, 64, false>;
-        sq = WgDqSmem<64>::total + kWgSlack;
+    Fn fkv = flash_backward_dkdv_wgmma_kernel<E, 128, true, false, false>;
+    Fn fq = flash_backward_dq_wgmma_kernel<E, 128, false, false>;
+    size_t skv = WgDkdvSmem<128, true>::total, sq = WgDqSmem<128>::total;
+    if (HS == 64 && pipelined) {
+        fkv = flash_backward_dkdv_wgmma_kernel<E, 64, true, true, false>;
+        fq = flash_backward_dq_wgmma_kernel<E, 64, true, false>;
+        skv = WgDkdvSmem<64, true>::total, sq = WgDqSmem<64>::total;
+    } else if (HS == 64) {
+        fkv = mn ? (ss ? flash_backward_dkdv_wgmma_kernel<E, 64, true, false, true>
+                       : flash_backward_dkdv_wgmma_kernel<E, 64, false, false, true>)
+                 : (ss ? flash_backward_dkdv_wgmma_kernel<E, 64, true, false, false>
+                       : flash_backward_dkdv_wgmma_kernel<E, 64, false, false, false>);
+        fq = mn ? flash_backward_dq_wgmma_kernel<E, 64, false, true> : flash_backward_dq_wgmma_kernel<E, 64, false, false>;
+        skv = mn ? (ss ? WgDkdvSmem<64, true, true>::total : WgDkdvSmem<64, false, true>::total)
+                 : (ss ? WgDkdvSmem<64, true>::total : WgDkdvSmem<64, false>::total);
+        sq = mn ? WgDqSmem<64, true>::total : WgDqSmem<64>::total;
+    } else if (mn) {
+        fkv = flash_backward_dkdv_wgmma_kernel<E, 128, true, false, true>;
+        fq = flash_backward_dq_wgmma_kernel<E, 128, false, true>;
+        skv = WgDkdvSmem<128, true, true>::total, sq = WgDqSmem<128, true>::total;
     }
+    skv += kWgSlack, sq += kWgSlack;
     int optin = 0;
     if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem((const void*)fq, sq, &optin)) return false;
     const float scale = 1.0f / sqrtf((float)HS);

@@ -18,12 +18,16 @@
 // thread loads two keys' 16 bytes of one head chunk (warp w: head columns 8w..8w+7, and 64 on at
 // head size 128; lane: keys 2 lane, 2 lane + 1) into registers during the tile before, and stores
 // 8 words of two keys after it (a warp's 32 stores fall in 32 banks: the swizzle spreads the chunk).
+// MN (v9, v10; kernels.attention_wgmma_layout=mn_major): V's tile copied by cp.async as K's is and
+// read by the PV product MN-major, as it lies (FlashAttention-3's bf16 V): no registers, no
+// transposing stores.
 // v7 waits for each group at once (no overlap of a warpgroup's own softmax and MMA: the other
 // warpgroups of the SM supply that, as with mma.sync); v8 (PIPE) overlaps tile j's softmax with tile
 // j - 1's PV product, FlashAttention-3's intra-warpgroup pipelining. Its producer warps and TMA are
 // the next steps, once a GPU has timed these.
-// ptxas sm_90a: v7 126 registers at head size 64 (two blocks an SM), 204 at 128 (one); v8 162 and
-// 230 (one block); no spill.
+// ptxas sm_90a, registers at head size 64 / 128: v7 124 / 204, v8 162 / 230, v9 112 / 175, v10 128
+// (bounded for two blocks an SM; 161 unbounded) / 216; no spill. Two blocks of 256 threads an SM
+// where 128 or fewer: v7, v9, v10 at 64.
 #pragma once
 
 namespace flash {
@@ -167,18 +171,22 @@ template <class E> __device__ __forceinline__ void wg_acc_a(uint32_t (&a)[4][4],
     LLMC_UNROLL
     for (int kc = 0; kc < 4; kc++) ptx::acc_to_a<E>(a[kc], p[2 * kc], p[2 * kc + 1]);
 }
-// wg_issue_acc issues the four wgmma m64nNk16 (not committed), X^T from the swizzled tile xt (N rows)
-template <class E, int N>
+// wg_issue_acc issues the four wgmma m64nNk16 (not committed), X^T from the swizzled tile xt (N rows);
+// MN (kernels.attention_wgmma_layout=mn_major): X itself, as wg_load_k lays its 64 rows down (N
+// columns in N / 64 tiles 8 KiB apart), read MN-major (ptx.cuh's TB: k-step kc 16 rows, 2 KiB in)
+template <class E, int N, bool MN = false>
 __device__ __forceinline__ void wg_issue_acc(float (&d)[N / 8][4], const uint32_t (&a)[4][4], const char* xt) {
     LLMC_UNROLL
-    for (int kc = 0; kc < 4; kc++) ptx::wgmma_m64k16<E, N>(d, a[kc], ptx::wgmma_desc_sw128(xt, kc * 32), true);
+    for (int kc = 0; kc < 4; kc++)
+        ptx::wgmma_m64k16<E, N, MN>(
+            d, a[kc], MN ? ptx::wgmma_desc_sw128_mn(xt, kc * 2048, 8192) : ptx::wgmma_desc_sw128(xt, kc * 32), true);
 }
 // ... and wg_acc_product runs them as a group of their own: fenced, issued, committed and waited
 // for in one place (see ptx.cuh's C7520 note)
-template <class E, int N>
+template <class E, int N, bool MN = false>
 __device__ __forceinline__ void wg_acc_product(float (&d)[N / 8][4], const uint32_t (&a)[4][4], const char* xt) {
     ptx::wgmma_fence();
-    wg_issue_acc<E, N>(d, a, xt);
+    wg_issue_acc<E, N, MN>(d, a, xt);
     ptx::wgmma_commit();
     ptx::wgmma_wait0(d);
     ptx::wgmma_keep_a(a);
@@ -232,8 +240,8 @@ __device__ __forceinline__ void wg_softmax(float (&s)[NT][4], float (&m)[2], flo
 // iteration later than K_j: it is stored (transposed) at the end of iteration j, and one more
 // iteration issues the last tile's PV. P_{j-1}'s A registers stay untouched until O's wait (the
 // softmax writes S_j's), as wgmma's reading of registers asks.
-template <class E, int HS, bool PIPE>
-__global__ void __launch_bounds__(kWgThreads)
+template <class E, int HS, bool PIPE, bool MN>
+__global__ void __launch_bounds__(kWgThreads, HS == 64 && MN ? 2 : 1)  // (v10: 128 registers, no spill)
     flash_forward_wgmma_kernel(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int Tq, int Tk, int NH,
                                int NKV, float scale_log2, SeqPositions qp, SeqPositions kp) {
     static_assert(HS == 64 || HS == 128, "the wgmma shapes of ptx.cuh");
@@ -241,7 +249,7 @@ __global__ void __launch_bounds__(kWgThreads)
     constexpr int BC = kWgBC, LD = HS + 8, NT = BC / 8, DT = HS / 8, LAG = PIPE ? 1 : 0;
     char* smem = smem_1024();
     char* sK = smem + L::k;
-    char* sVt = smem + L::vt;
+    char* sVt = smem + L::vt;  // (MN: V's rows as they lie)
     E* sQ = reinterpret_cast<E*>(smem + L::q);
 
     const WgRows<HS, E> R(qkv_kv, Tq, Tk, NH, NKV, qp, kp);
@@ -251,12 +259,17 @@ __global__ void __launch_bounds__(kWgThreads)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 
     load_tile<HS, kWgRows, kWgThreads>(sQ, Qg, stride, q0, Tq);
-    uint4 vnext[HS / 64][2];
+    uint4 vnext[MN ? 1 : HS / 64][2];  // (MN: unused)
+    // V of tile jv into buffer jv & 1: by cp.async (MN), else into registers (the store follows)
+    auto fetch_v = [&](int jv) {
+        if constexpr (MN) wg_load_k<HS>(sVt + (jv & 1) * L::vtt, Vg, stride, jv * BC, kv_end);
+        else wg_fetch_v<HS>(vnext, Vg, stride, jv * BC, kv_end);
+    };
     if (ntiles > 0) {
         wg_load_k<HS>(sK, Kg, stride, 0, kv_end);
         if (!PIPE) {
-            wg_fetch_v<HS>(vnext, Vg, stride, 0, kv_end);
-            wg_store_vt<HS>(sVt, vnext);
+            fetch_v(0);
+            if constexpr (!MN) wg_store_vt<HS>(sVt, vnext);
         }
     }
     ptx::cp_async_commit();
@@ -269,20 +282,17 @@ __global__ void __launch_bounds__(kWgThreads)
         for (int e = 0; e < 4; e++) o[d][e] = 0.0f;
 
     // iteration j: S of tile j (j < ntiles), O += P V of tile j - LAG (j >= LAG); V of tile j + 1 - LAG
-    // fetched into registers during it and stored at its end (V^T buffer (j + 1 - LAG) & 1, whose last
-    // reader, tile j - 1 - LAG's PV, every warpgroup waited for in iteration j - 1)
+    // fetched during it into V buffer (j + 1 - LAG) & 1, whose last reader, tile j - 1 - LAG's PV, every
+    // warpgroup waited for in iteration j - 1 (into registers and stored at its end; MN: copied, one
+    // group with K's, landed by the next iteration's wait)
     for (int j = 0; j < ntiles + LAG; j++) {
         const int buf = j & 1, k0 = j * BC, jv = j + 1 - LAG;
-        if (j + 1 < ntiles) {  // the next tile's K by cp.async
+        if (j + 1 < ntiles)  // the next tile's K by cp.async
             wg_load_k<HS>(sK + (buf ^ 1) * L::kt, Kg, stride, k0 + BC, kv_end);
-            ptx::cp_async_commit();
-        }
-        if (jv < ntiles) wg_fetch_v<HS>(vnext, Vg, stride, jv * BC, kv_end);
-        if (j + 1 < ntiles)
-            ptx::cp_async_wait<1>();
-        else
-            ptx::cp_async_wait<0>();
-        ptx::fence_proxy_async();  // this thread's K copies and V^T stores, to the tensor cores' reads
+        if (jv < ntiles) fetch_v(jv);
+        ptx::cp_async_commit();  // (perhaps empty)
+        ptx::cp_async_wait<1>();  // every group but this iteration's
+        ptx::fence_proxy_async();  // this thread's copies and V^T stores, to the tensor cores' reads
         __syncthreads();
         if (j == 0) {
             const E* qrow = sQ + (16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
@@ -297,7 +307,7 @@ __global__ void __launch_bounds__(kWgThreads)
             ptx::wgmma_fence();
             wg_issue_k<E>(s, qf, sK + buf * L::kt);
             ptx::wgmma_commit();
-            wg_issue_acc<E, HS>(o, pa, sVt + (buf ^ 1) * L::vtt);
+            wg_issue_acc<E, HS, MN>(o, pa, sVt + (buf ^ 1) * L::vtt);
             ptx::wgmma_commit();
             ptx::wgmma_wait<1>(s);
             wg_softmax(s, m, l, alpha, R, k0, scale_log2);
@@ -310,7 +320,7 @@ __global__ void __launch_bounds__(kWgThreads)
             ptx::wgmma_wait0(s);
             wg_softmax(s, m, l, alpha, R, k0, scale_log2);
         } else if (do_pv) {  // the last tile's PV
-            wg_acc_product<E, HS>(o, pa, sVt + (buf ^ 1) * L::vtt);
+            wg_acc_product<E, HS, MN>(o, pa, sVt + (buf ^ 1) * L::vtt);
         }
         if (do_s) {
             LLMC_UNROLL
@@ -321,9 +331,10 @@ __global__ void __launch_bounds__(kWgThreads)
                     o[d][2 * i + 1] *= alpha[i];
                 }
             wg_acc_a<E>(pa, s);
-            if (!PIPE) wg_acc_product<E, HS>(o, pa, sVt + buf * L::vtt);  // O += P V now
+            if (!PIPE) wg_acc_product<E, HS, MN>(o, pa, sVt + buf * L::vtt);  // O += P V now
         }
-        if (jv < ntiles) wg_store_vt<HS>(sVt + (jv & 1) * L::vtt, vnext);
+        if constexpr (!MN)
+            if (jv < ntiles) wg_store_vt<HS>(sVt + (jv & 1) * L::vtt, vnext);
         __syncthreads();  // the next iteration's copies overwrite this tile's K buffer
     }
 
@@ -365,10 +376,10 @@ inline bool wgmma_available() {
 #endif
 }
 
-template <int HS, bool PIPE, class E>
+template <int HS, bool PIPE, bool MN, class E>
 bool try_forward_wgmma_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH,
                           int NKV, SeqPositions qp, SeqPositions kp, cudaStream_t st) {
-    auto fn = PIPE ? flash_forward_wgmma_kernel<E, HS, true> : flash_forward_wgmma_kernel<E, HS, false>;
+    auto fn = flash_forward_wgmma_kernel<E, HS, PIPE, MN>;
     const size_t bytes = WgSmem<HS>::total + kWgSlack;
     int optin = 0;
     if (!opt_in_smem((const void*)fn, bytes, &optin)) return false;
@@ -379,15 +390,18 @@ bool try_forward_wgmma_hs(E* out, float* lse, const E* qkv_q, const E* qkv_kv, i
     return true;
 }
 // The wgmma forward where it applies (head sizes 64 and 128, wgmma_available, the device's shared
-// memory: 52 KiB a block at 64, 99 KiB at 128); `pipelined` the kernel's PIPE (v8, else v7); false:
-// the caller takes another
+// memory: 52 KiB a block at 64, 99 KiB at 128); `pipelined` the kernel's PIPE (v8, else v7), `mn`
+// its MN (V read as it lies: v9, v10); false: the caller takes another
 template <class E>
 bool try_forward_wgmma(E* out, float* lse, const E* qkv_q, const E* qkv_kv, int B, int Tq, int Tk, int NH, int NKV,
-                       int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st, bool pipelined = false) {
+                       int HS, SeqPositions qp, SeqPositions kp, cudaStream_t st, bool pipelined = false,
+                       bool mn = false) {
     if ((HS != 64 && HS != 128) || !wgmma_available()) return false;
-#define LLMC_WG_FWD(D, P) try_forward_wgmma_hs<D, P>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st)
-    if (pipelined) return HS == 64 ? LLMC_WG_FWD(64, true) : LLMC_WG_FWD(128, true);
-    return HS == 64 ? LLMC_WG_FWD(64, false) : LLMC_WG_FWD(128, false);
+#define LLMC_WG_FWD(D, P, M) try_forward_wgmma_hs<D, P, M>(out, lse, qkv_q, qkv_kv, B, Tq, Tk, NH, NKV, qp, kp, st)
+#define LLMC_WG_FWD_HS(P, M) (HS == 64 ? LLMC_WG_FWD(64, P, M) : LLMC_WG_FWD(128, P, M))
+    if (mn) return pipelined ? LLMC_WG_FWD_HS(true, true) : LLMC_WG_FWD_HS(false, true);
+    return pipelined ? LLMC_WG_FWD_HS(true, false) : LLMC_WG_FWD_HS(false, false);
+#undef LLMC_WG_FWD_HS
 #undef LLMC_WG_FWD
 }
 

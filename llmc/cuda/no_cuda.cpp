@@ -6,7 +6,8 @@
 
 __attribute__((weak)) int cuda_device_count() { return 0; }
 __attribute__((weak)) bool cuda_device_available() { return false; }
-__attribute__((weak)) KernelWays cuda_kernel_ways(const std::string&, const std::string&, const std::string&) {
+__attribute__((weak)) KernelWays cuda_kernel_ways(const std::string&, const std::string&, const std::string&,
+                                                  const std::string&) {
     return KernelWays();
 }
 __attribute__((weak)) void set_cuda_kernel_ways(Ops&, const KernelWays&) {}

@@ -63,7 +63,11 @@ mutate fused_ds_stale_where_skipped llmc/cuda/flash_backward_fused.cuh attention
 mutate wgmma_vt_unswizzled llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     'dst + sw128(row, p / 4) + (p % 4) * 4' 'dst + row * 128 + (p / 4) * 16 + (p % 4) * 4' bf16
 mutate wgmma_acc_product_without_fence llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
-    $'    ptx::wgmma_fence();\n    wg_issue_acc<E, N>(d, a, xt);' '    wg_issue_acc<E, N>(d, a, xt);' bf16
+    $'    ptx::wgmma_fence();\n    wg_issue_acc<E, N, MN>(d, a, xt);' '    wg_issue_acc<E, N, MN>(d, a, xt);' bf16
+mutate wgmma_mn_kstep_one_row_group llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
+    'ptx::wgmma_desc_sw128_mn(xt, kc * 2048, 8192)' 'ptx::wgmma_desc_sw128_mn(xt, kc * 1024, 8192)' bf16
+mutate wgmma_mn_v_into_buffer_in_use llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
+    'wg_load_k<HS>(sVt + (jv & 1) * L::vtt' 'wg_load_k<HS>(sVt + ((jv + 1) & 1) * L::vtt' bf16
 mutate wgmma_s_read_before_wait llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     $'ptx::wgmma_wait0(s);\n            wg_softmax' 'wg_softmax' bf16
 mutate wgmma_pipelined_p_overwritten_in_flight llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \

@@ -8,7 +8,8 @@
 #  - kernels.attention_forward=keys128: the softmax rescaled at other tile boundaries, so not
 #    bitwise the default (which shows the key reached the forward), losses within 1%;
 #  - kernels.attention_forward=wgmma and =wgmma_pipelined, attention_backward=wgmma_dq, =wgmma,
-#    =wgmma_pipelined and =wgmma_ss: bitwise the default here (the emulator's wgmma sums in the mma's order, over
+#    =wgmma_pipelined and =wgmma_ss, and with attention_wgmma_layout=mn_major (V, K, Q, dO read as
+#    they lie; refused with the pipelined backward and without a wgmma way): bitwise the default here (the emulator's wgmma sums in the mma's order, over
 #    the same 64-row tiles; the pipelined kernels add the same products in the same order; test_gpu
 #    attention_wgmma checks the kernels themselves);
 #  - the CPU backend ignores the section; a bad value is exit 2 naming the key.
@@ -20,10 +21,12 @@ run() {  # DIR ARGS...: a device run into $W/DIR
     "$EMU" "$W/c.json" device=cuda out.format=llmc model.n_head=1 model.max_seq_len=256 train.seq_len=144 \
         train.micro_batch=1 train.steps=4 "out_dir=$W/$d" "$@" > "$W/$d.txt" 2>&1 || die "$d: $(tail -n 5 "$W/$d.txt")"
 }
-bitwise() {  # DIR KEY=VALUE: a run with the key whose losses and final weights are the default's
-    run "$1" "kernels.$2"
-    cmp <(losses "$W/auto/log.jsonl") <(losses "$W/$1/log.jsonl") || die "$2: losses differ"
-    cmp "$W/auto/model_00000004.bin" "$W/$1/model_00000004.bin" || die "$2: weights differ"
+bitwise() {  # DIR KEY=VALUE...: a run with the keys whose losses and final weights are the default's
+    local d=$1
+    shift
+    run "$d" "${@/#/kernels.}"
+    cmp <(losses "$W/auto/log.jsonl") <(losses "$W/$d/log.jsonl") || die "$*: losses differ"
+    cmp "$W/auto/model_00000004.bin" "$W/$d/model_00000004.bin" || die "$*: weights differ"
 }
 run auto
 bitwise streamed layernorm_backward=streamed
@@ -57,7 +60,13 @@ bitwise wgmma_dq attention_backward=wgmma_dq
 bitwise wgmma_bwd attention_backward=wgmma
 bitwise wgmma_bwd_pipe attention_backward=wgmma_pipelined
 bitwise wgmma_ss attention_backward=wgmma_ss
+bitwise wgmma_mn attention_forward=wgmma_pipelined attention_backward=wgmma attention_wgmma_layout=mn_major
+bitwise wgmma_dq_mn attention_forward=wgmma attention_backward=wgmma_dq attention_wgmma_layout=mn_major
+expect_fail 2 'kernels.attention_wgmma_layout.*wgmma_pipelined' "$EMU" "$W/c.json" device=cuda \
+    kernels.attention_backward=wgmma_pipelined kernels.attention_wgmma_layout=mn_major
+expect_fail 2 'kernels.attention_wgmma_layout.*neither is one' "$EMU" "$W/c.json" device=cuda \
+    kernels.attention_forward=keys128 kernels.attention_wgmma_layout=mn_major
 "$BIN" "$W/c.json" precision=fp32 kernels.attention_backward=dq_from_ds train.steps=2 "out_dir=$W/cpu" > "$W/cpu.txt" 2>&1 ||
     die "the CPU backend refused kernels.*: $(tail -n 3 "$W/cpu.txt")"
 expect_fail 2 'kernels.attention_forward.*auto, keys128, wgmma, wgmma_pipelined' "$EMU" "$W/c.json" device=cuda kernels.attention_forward=fast
-echo "PASS: kernels.layernorm_backward=streamed, attention_forward=wgmma and =wgmma_pipelined, attention_backward=wgmma_dq, =wgmma, =wgmma_pipelined and =wgmma_ss bitwise the default; dq_from_ds, fused (their scratch) and keys128 within 1%; the CPU ignores them"
+echo "PASS: kernels.layernorm_backward=streamed, attention_forward=wgmma and =wgmma_pipelined, attention_backward=wgmma_dq, =wgmma, =wgmma_pipelined and =wgmma_ss, and attention_wgmma_layout=mn_major, bitwise the default; dq_from_ds, fused (their scratch) and keys128 within 1%; the CPU ignores them"

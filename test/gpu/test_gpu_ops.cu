@@ -2131,29 +2131,34 @@ int main(int argc, char** argv) {
         // multi-head, grouped-query and ring-block cases (positions): attention_forward v7 with
         // attention_backward v9 (the dQ kernel), v8 (pipelined) with v10 (the dK/dV kernel too; v12
         // at head size 128), v7 with v11 (v10, its dQ kernel pipelined) and v12 (K and V from shared
-        // memory) at 64; where the build or the device has no wgmma, one SKIP line
+        // memory) at 64; V, K, Q and dO read MN-major: v9 with v13 (v10/v12's), v10 with v14 (v12's)
+        // at 64; where the build or the device has no wgmma, one SKIP line
         if (want("attention_wgmma") && flash_dtype) {  // the config's names for them reach KernelWays
             const KernelWays parsed = cuda_kernel_ways("wgmma", "wgmma_dq", "auto");
             const KernelWays both = cuda_kernel_ways("wgmma_pipelined", "wgmma", "auto");
             const KernelWays pipe = cuda_kernel_ways("auto", "wgmma_pipelined", "auto");
             const KernelWays ss = cuda_kernel_ways("auto", "wgmma_ss", "auto");
+            const KernelWays mn = cuda_kernel_ways("wgmma", "wgmma", "auto", "mn_major");
             report(parsed.fwd_wgmma == 1 && parsed.fwd_key_tile == 0 && parsed.bwd_dq == 3 && both.bwd_dq == 4 &&
                        both.fwd_wgmma == 2 && both.fwd_key_tile == 0 && pipe.bwd_dq == 5 && pipe.fwd_wgmma == 0 &&
-                       ss.bwd_dq == 6,
+                       ss.bwd_dq == 6 && !ss.wgmma_mn && mn.wgmma_mn && mn.bwd_dq == 4 && mn.fwd_wgmma == 1,
                    "attention_wgmma.config", dtype_name(dt),
                    strfmt("kernels.attention_forward=wgmma, attention_backward=wgmma_dq: fwd_wgmma %d, "
                           "fwd_key_tile %d, bwd_dq %d; =wgmma_pipelined, =wgmma: fwd_wgmma %d, bwd_dq %d; "
-                          "attention_backward=wgmma_pipelined: bwd_dq %d; =wgmma_ss: %d",
+                          "attention_backward=wgmma_pipelined: bwd_dq %d; =wgmma_ss: %d, wgmma_mn %d; "
+                          "attention_wgmma_layout=mn_major: %d",
                           parsed.fwd_wgmma, parsed.fwd_key_tile, parsed.bwd_dq, both.fwd_wgmma, both.bwd_dq,
-                          pipe.bwd_dq, ss.bwd_dq));
+                          pipe.bwd_dq, ss.bwd_dq, (int)ss.wgmma_mn, (int)mn.wgmma_mn));
         }
         if (want("attention_wgmma") && flash_dtype && !flash::wgmma_available())
             std::printf("SKIP attention_wgmma [%s]: not an sm_90 device with sm_90a code\n", dtype_name(dt));
         else
-            for (int bwd : {3, 4, 5, 6}) {
+            for (const int pass : {0, 1, 2, 3, 4, 5}) {
+                const int bwd = pass < 4 ? 3 + pass : pass == 4 ? 4 : 6;
                 w = KernelWays();
-                w.fwd_wgmma = bwd == 4 ? 2 : 1;
+                w.fwd_wgmma = pass == 1 || pass == 5 ? 2 : 1;
                 w.bwd_dq = bwd;
+                w.wgmma_mn = pass >= 4;
                 ways(w);
                 // (at head size 128, 5 and 6 are 4's kernels)
                 auto hs_ok = [&](int hs) { return hs == 64 || (hs == 128 && bwd <= 4); };
