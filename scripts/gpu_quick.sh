@@ -20,7 +20,7 @@
 
 # test_gpu's filters, in the order they run (test/e2e/test_gpu_check_list.sh checks this list
 # against test/gpu/test_gpu_ops.cu)
-TEST_GPU_FILTERS="ptx encoder encoder_slice layernorm residual matmul attention attention_gqa attention_mt2 attention_bwd32 attention_fused attention_wgmma rmsnorm rope
+TEST_GPU_FILTERS="ptx encoder encoder_slice layernorm residual matmul attention attention_gqa attention_mt2 attention_bwd32 attention_fused attention_wgmma attention_wgmma_mn rmsnorm rope
 attention_ring swiglu moe cross_entropy cross_entropy_vp adamw sum_squares step_ops step_graph offload reference model_step fp8"
 QUICK_STEPS=${QUICK_STEPS:-10}
 
@@ -364,14 +364,14 @@ stage_kernels() {
     # attention first: at each shape the trainer's versions and Hopper's wgmma ones beside them
     # (forward v5, v7 and v8 (pipelined), backward v6, v10, v11 (pipelined) and v12 (K and V from
     # shared memory) at head size 64; forward v4, v7 and v8, backward v3, v9 and v12 at 128; forward
-    # v10 and backward v13, V, K, Q and dO read MN-major, at both), then PyTorch's SDPA at the same
-    # shapes (the peer), then the other versions in question (backward v9, forward v9 and backward
+    # v10 and backward v13, V, K, Q and dO read MN-major, at both, and v15, v11 so, at 64), then
+    # PyTorch's SDPA at the same shapes (the peer), then the other versions in question (backward v9, forward v9 and backward
     # v14 at 64, v8: one kernel, dQ in fp32 accumulators, v7: dQ from dS^T in memory; forward v5 at
     # 128, where its two m-tiles ran 192 TFLOP/s in the fourth window against v4's 173 in the third;
     # forward v6: 128-key tiles, at 64), ncu's stall rows (the trainer's backward at HS 64, v8,
     # forward v7 and v8, the forward's two m-tiles at HS 128), then backward v4, v5
     VERSIONS=("forward 5" "forward 7" "forward 8" "forward 10" "backward 6" "backward 10" "backward 11" "backward 12"
-              "backward 13")
+              "backward 13" "backward 15")
     ONLY_HS=64 attn_runs
     VERSIONS=("forward 4" "forward 7" "forward 8" "forward 10" "backward 3" "backward 9" "backward 12" "backward 13")
     ONLY_HS=128 attn_runs

@@ -25,7 +25,7 @@
 //      dK/dV kernel's K and V from shared memory, as v12)
 //  12: both kernels on wgmma, the dK/dV kernel's K and V from shared memory (head sizes 64 and 128;
 //      v10 and v11 at 128 are this)
-//  13, 14: v10 and v12 with K (dQ), Q and dO (dK/dV) read by the tensor cores as they lie
+//  13-15: v10, v12 and v11 with K (dQ), Q and dO (dK/dV) read by the tensor cores as they lie
 //      (MN-major), not transposed (13 at head size 128 is 14)
 //
 // Lab notebook (causal, bf16; FLOPs as FlashAttention counts them: 2.5 x the forward's 4 B NH HS T^2 / 2):
@@ -130,19 +130,20 @@
 //       not from registers loaded a step ahead. ptxas sm_90a: v10 229 registers (was 253), v12 231
 //       at head size 64 and 254 at 128; no spill (with the register transposes, 68 bytes of spill at
 //       128). Shared memory: 97 KiB at 64, 194 KiB at 128 (an sm_90 device's 227 holds it).
-//   v13, v14 not yet measured (written 2026-11-28 without a GPU): v10 and v12 with the dV += P^T dO,
+//   v13-v15 not yet measured (written 2026-11-28 without a GPU): v10, v12, v11 with the dV += P^T dO,
 //       dK += dS^T Q and dQ += dS K products reading dO's, Q's and K's own tiles MN-major
 //       (imm-trans-b 1) instead of transposed copies: the dK/dV kernel no longer transposes Q and
 //       dO (its step's second barrier then only orders the buffers), the dQ kernel no longer
 //       fetches K a tile ahead into 8 (16) registers and stores it transposed; shared memory 101 ->
 //       69 KiB at 64 (SS 97 -> 65), 193 -> 129 at 128, the dQ kernel's 84 -> 68 and 164 -> 132.
-//       FlashAttention-3 reads them so. Not pipelined (v11): step i - 1's products would read the
-//       buffers step i + 1's copies fill. ptxas sm_90a: dQ 158 registers at 64, 197 at 128 (v9's 166,
-//       216); dK/dV 232 (v13 at 64), 231 (v14 at 64), 253 (128); no spill. Depends on test_gpu's
-//       ptx.wgmma_mn_major on a GPU.
+//       FlashAttention-3 reads them so. v15 (v11's pipelining): step i - 1's products read its K
+//       (dQ), Q and dO (dK/dV) while step i + 1's copies land, so those have three buffers (dK/dV
+//       82 KiB, dQ 77). ptxas sm_90a: dQ 158 registers at 64, 197 at 128 (v9's 166,
+//       216); dK/dV 232 (v13 at 64), 231 (v14 at 64), 253 (128); v15 dQ 180 (v11's 192), dK/dV
+//       255 (254); no spill. Depends on test_gpu's ptx.wgmma_mn_major on a GPU.
 //   To measure: make -C dev/cuda attention_backward && for v in 2 3 4 5 6; do
 //     ./dev/cuda/attention_backward $v 8 1024 32 64; ./dev/cuda/attention_backward $v 8 1024 16 128; done
-//   (for v in 2 3 4 5 6 7 8 9 10 11 12 13 14)
+//   (for v in 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
 #include "dev/cuda/common.h"
 #include "llmc/cuda/attention.cuh"
 
@@ -169,15 +170,15 @@ static bool run_version(const std::vector<float>& qkv, const std::vector<float>&
 
 int main(int argc, char** argv) {
     int version = kernel_arg(argc, argv, 3);
-    if (version < 1 || version > 14) {
-        std::printf("attention_backward: version %d is not one of 1-14 (see attention_backward.cu's top)\n", version);
+    if (version < 1 || version > 15) {
+        std::printf("attention_backward: version %d is not one of 1-15 (see attention_backward.cu's top)\n", version);
         return 1;
     }
     g_ways.flash_backward = version >= 3;
     g_ways.bwd_rows_per_warp = version == 4 ? 32 : 16;
     g_ways.bwd_tile = version == 5 ? 32 : 0;
     g_ways.bwd_pass = version == 6 ? 32 : version >= 7 ? 0 : 64;
-    g_ways.bwd_dq = version == 13 ? 4 : version == 14 ? 6 : version >= 7 ? version - 6 : 0;
+    g_ways.bwd_dq = version == 13 ? 4 : version == 14 ? 6 : version == 15 ? 5 : version >= 7 ? version - 6 : 0;
     g_ways.wgmma_mn = version >= 13;
     const std::vector<int> d = bench_case("attention", argc, argv, 4);  // B T NH NKV HS; NKV = NH here
     int B = d[0], T = d[1], NH = d[2], HS = d[d.size() - 1];

@@ -293,10 +293,10 @@ const std::vector<Key>& schema() {
                  "kernel's K and V read from shared memory by the tensor cores (v12); these six at head sizes 64 "
                  "and 128, auto elsewhere; the CPU backend ignores it"),
         enum_key("kernels.attention_wgmma_layout", FIELD(kernels.attention_wgmma_layout), {"auto", "mn_major"}, {},
-                 "device cuda: the wgmma ways of attention_forward and attention_backward (but wgmma_pipelined's "
-                 "backward); auto = V (forward), K, Q and dO (backward) transposed into shared memory for the "
-                 "tensor cores; mn_major = read by them as they lie (MN-major; attention_forward v9/v10, "
-                 "attention_backward v13/v14); the same results; the CPU backend ignores it"),
+                 "device cuda: the wgmma ways of attention_forward and attention_backward; auto = V (forward), "
+                 "K, Q and dO (backward) transposed into shared memory for the tensor cores; mn_major = read by "
+                 "them as they lie (MN-major; attention_forward v9/v10, attention_backward v13-v15); the same "
+                 "results; the CPU backend ignores it"),
         enum_key("kernels.layernorm_backward", FIELD(kernels.layernorm_backward), {"auto", "streamed"}, {},
                  "device cuda: auto = each row kept in registers where d_model allows (up to 2048 in bf16); "
                  "streamed = every row read twice (dev/cuda/layernorm v5); the same bits either way; the CPU "
@@ -826,10 +826,6 @@ void check_consistency(const Config& c, bool check_files) {
         throw UserError(strfmt("parallel.ep: %d does not divide model.moe.num_experts = %d (each expert-parallel rank "
                                "holds num_experts / ep whole experts)", c.parallel.ep, m.moe.num_experts));
     const KernelsConfig& kc = c.kernels;
-    if (kc.attention_wgmma_layout != "auto" && kc.attention_backward == "wgmma_pipelined")
-        throw UserError(strfmt("kernels.attention_wgmma_layout: \"%s\" is not built for kernels.attention_backward "
-                               "\"wgmma_pipelined\" (its products in flight read the transposed copies; use wgmma or "
-                               "wgmma_ss, or remove the key)", kc.attention_wgmma_layout.c_str()));
     if (kc.attention_wgmma_layout != "auto" && kc.attention_forward.compare(0, 5, "wgmma") != 0 &&
         kc.attention_backward.compare(0, 5, "wgmma") != 0)
         throw UserError(strfmt("kernels.attention_wgmma_layout: \"%s\" applies to the wgmma ways of "

@@ -147,7 +147,7 @@ struct KernelsConfig {
     std::string attention_backward = "auto";
     std::string layernorm_backward = "auto";  // auto (rows in registers) | streamed (dev/cuda/layernorm v5)
     // auto (transposed copies) | mn_major (the wgmma ways' V, K, Q, dO as they lie: attention_forward
-    // v9/v10, attention_backward v13/v14)
+    // v9/v10, attention_backward v13-v15)
     std::string attention_wgmma_layout = "auto";
 };
 

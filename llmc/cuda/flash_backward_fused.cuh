@@ -275,7 +275,7 @@ bool backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv,
     // where those are refused) beside the chosen dK/dV kernel; where wgmma_available (else as 0)
     if (w.bwd_dq >= 4 && try_backward_wgmma(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, HS, qp, kp,
                                             accumulate, st, w.bwd_dq == 5, w.bwd_dq == 6,
-                                            w.wgmma_mn && w.bwd_dq != 5))
+                                            w.wgmma_mn))
         return true;
     bool wq = w.bwd_dq >= 3 && (HS == 64 || HS == 128) && wgmma_available();
     // one kernel (bwd_dq 2) at head sizes 64 and 128, the dK/dV part in two passes of 32 query columns

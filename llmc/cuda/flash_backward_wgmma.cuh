@@ -20,11 +20,11 @@
 
 namespace flash {
 
-// shared memory from a 1024-byte boundary: K, V [2][HS / 64][64 keys][128 bytes], K^T [2][HS][128
-// bytes] (not MN), Q and dO [128][HS + 8]
-template <int HS, bool MN = false> struct WgDqSmem {
+// shared memory from a 1024-byte boundary: K [NK][HS / 64][64 keys][128 bytes] (NK = 3 where PIPE and
+// MN, else 2), V [2][HS / 64][64 keys][128 bytes], K^T [2][HS][128 bytes] (not MN), Q and dO [128][HS + 8]
+template <int HS, bool MN = false, int NK = 2> struct WgDqSmem {
     static constexpr size_t kt = (size_t)HS / 64 * 8192, ktt = (size_t)HS * 128;  // a buffer's bytes
-    static constexpr size_t k = 0, v = 2 * kt, kT = 4 * kt, q = kT + (MN ? 0 : 2 * ktt),
+    static constexpr size_t k = 0, v = NK * kt, kT = v + 2 * kt, q = kT + (MN ? 0 : 2 * ktt),
                             dO = q + (size_t)kWgRows * (HS + 8) * 2, total = dO + (size_t)kWgRows * (HS + 8) * 2;
 };
 
@@ -33,17 +33,19 @@ template <int HS, bool MN = false> struct WgDqSmem {
 // the forward's v8 pipelining here: iteration j issues S_j and dP_j as one group and dQ += dS_{j-1}
 // K_{j-1} as a second, waits for the first (wait_group 1), computes dS_j while the tensor cores run
 // the dQ product, then waits for it; K_j^T is stored at the end of iteration j, one iteration later.
+// PIPE and MN: K_{j - 1}'s tile is tile j - 1's dQ product's operand while K_{j + 1}'s copy lands: K
+// has three buffers (tile j in buffer j % 3).
 template <class E, int HS, bool PIPE, bool MN>
 __global__ void __launch_bounds__(kWgThreads)
     flash_backward_dq_wgmma_kernel(E* dq_dst, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                                    const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                                    SeqPositions kp, bool accumulate) {
     static_assert(HS == 64 || HS == 128, "the wgmma shapes of ptx.cuh");
-    using L = WgDqSmem<HS, MN>;
+    constexpr int NK = PIPE && MN ? 3 : 2;  // K's buffers
+    using L = WgDqSmem<HS, MN, NK>;
     constexpr int BC = kWgBC, LD = HS + 8, NT = BC / 8, DT = HS / 8, KC = HS / 16, LAG = PIPE ? 1 : 0;
     constexpr bool QR = HS <= 64;  // Q's and dO's fragments kept in registers
     static_assert(QR || !PIPE, "pipelined at head size 64 (Q's and dO's fragments in registers)");
-    static_assert(!(PIPE && MN), "MN not pipelined (tile j - 1's dQ product would read the K buffer being copied)");
     char* smem = smem_1024();
     char* sK = smem + L::k;
     char* sV = smem + L::v;
@@ -100,6 +102,8 @@ __global__ void __launch_bounds__(kWgThreads)
             }
     };
 
+    // the dQ product's K of tile jq (MN: K's own tile, else K^T's)
+    auto kq = [&](int jq) -> const char* { return MN ? sK + jq % NK * L::kt : sKT + (jq & 1) * L::ktt; };
     // iteration j: S, dP and dS of tile j (j < ntiles), dQ += dS K of tile j - LAG (j >= LAG); K^T of
     // tile j + 1 - LAG fetched into registers during it and stored at its end (K^T buffer
     // (j + 1 - LAG) & 1, whose last reader, tile j - 1 - LAG's dQ product, every warpgroup waited for
@@ -107,7 +111,7 @@ __global__ void __launch_bounds__(kWgThreads)
     for (int j = 0; j < ntiles + LAG; j++) {
         const int buf = j & 1, k0 = j * BC, jk = j + 1 - LAG;
         if (j + 1 < ntiles) {  // the next tile's K, V by cp.async
-            wg_load_k<HS>(sK + (buf ^ 1) * L::kt, Kg, stride, k0 + BC, kv_end);
+            wg_load_k<HS>(sK + (j + 1) % NK * L::kt, Kg, stride, k0 + BC, kv_end);
             wg_load_k<HS>(sV + (buf ^ 1) * L::kt, Vg, stride, k0 + BC, kv_end);
             ptx::cp_async_commit();
         }
@@ -126,7 +130,7 @@ __global__ void __launch_bounds__(kWgThreads)
                     ptx::ldmatrix_x4(of[kc], sO + frag + kc * 16);
                 }
         }
-        const char* tK = sK + buf * L::kt;
+        const char* tK = sK + j % NK * L::kt;
         const char* tV = sV + buf * L::kt;
         const bool do_s = j < ntiles && k0 < wg_end;            // uniform over the warpgroup
         const bool do_dq = PIPE && j >= 1 && k0 - BC < wg_end;  // tile j - 1's dQ product (pipelined)
@@ -137,7 +141,7 @@ __global__ void __launch_bounds__(kWgThreads)
             wg_issue_k<E>(s, qf, tK);
             wg_issue_k<E>(dp, of, tV);
             ptx::wgmma_commit();
-            wg_issue_acc<E, HS>(dq, da, sKT + (buf ^ 1) * L::ktt);
+            wg_issue_acc<E, HS, MN>(dq, da, kq(j - 1));
             ptx::wgmma_commit();
             ptx::wgmma_wait<1>(s);
             ptx::wgmma_wait<1>(dp);
@@ -167,11 +171,11 @@ __global__ void __launch_bounds__(kWgThreads)
             ptx::wgmma_wait0(dp);
             ds_of(s, dp, k0);
         } else if (do_dq) {  // the last tile's dQ product
-            wg_acc_product<E, HS>(dq, da, sKT + (buf ^ 1) * L::ktt);
+            wg_acc_product<E, HS, MN>(dq, da, kq(j - 1));
         }
         if (do_s) {
             wg_acc_a<E>(da, dp);
-            if (!PIPE) wg_acc_product<E, HS, MN>(dq, da, MN ? tK : sKT + buf * L::ktt);  // dQ += dS K now
+            if (!PIPE) wg_acc_product<E, HS, MN>(dq, da, kq(j));  // dQ += dS K now
         }
         if (!MN && jk < ntiles) wg_store_vt<HS>(sKT + (jk & 1) * L::ktt, knext);
         __syncthreads();  // the next iteration's copies overwrite this tile's K and V buffers
@@ -208,16 +212,17 @@ __global__ void __launch_bounds__(kWgThreads)
 //     its load to its store).
 // PIPE (v11, SS at head size 64): step i - 1's dV and dK products under step i's P^T and dS^T, as
 // the dQ kernel's PIPE (P^T's and dS^T's fragments kept until their wait: ptxas 254 registers).
-// MN (kernels.attention_wgmma_layout=mn_major; not PIPE): dV and dK read dO's and Q's own tiles
-// MN-major: no Q^T, dO^T, and no transposing step.
-// Shared memory from a 1024-byte boundary: Q, dO, Q^T, dO^T [2][HS / 64 x 8 KiB] each (swizzled),
-// K and V [128][HS + 8] (ldmatrix's padded rows; SS: [2 warpgroups][HS / 64][8 KiB] swizzled), lse
-// and D [2][64]: 102 KiB at head size 64 (SS 97), 194 KiB at 128; MN without Q^T, dO^T: 70 (SS 65),
-// 130.
-template <int HS, bool SS, bool MN = false> struct WgDkdvSmem {
+// MN (kernels.attention_wgmma_layout=mn_major): dV and dK read dO's and Q's own tiles MN-major: no
+// Q^T, dO^T, and no transposing step; with PIPE, step i - 1's products read its Q and dO while step
+// i + 1's land: three buffers of each (step i in buffer i % 3).
+// Shared memory from a 1024-byte boundary: Q, dO [NQ][HS / 64 x 8 KiB] each (swizzled; NQ = 3 where
+// PIPE and MN, else 2), Q^T, dO^T [2][HS / 64 x 8 KiB] (not MN), K and V [128][HS + 8] (ldmatrix's
+// padded rows; SS: [2 warpgroups][HS / 64][8 KiB] swizzled), lse and D [2][64]: 102 KiB at head size
+// 64 (SS 97), 194 KiB at 128; MN 70 (SS 66, PIPE 82), 130.
+template <int HS, bool SS, bool MN = false, int NQ = 2> struct WgDkdvSmem {
     static constexpr size_t qb = (size_t)HS / 64 * 8192, kv = SS ? 2 * qb : (size_t)kWgRows * (HS + 8) * 2;
-    static constexpr size_t q = 0, dO = 2 * qb, qT = 4 * qb, dOT = 6 * qb, k = (MN ? 4 : 8) * qb, v = k + kv,
-                            lse = v + kv, d = lse + 2 * 64 * 4, total = d + 2 * 64 * 4;
+    static constexpr size_t q = 0, dO = NQ * qb, qT = 2 * NQ * qb, dOT = qT + 2 * qb, k = MN ? qT : dOT + 2 * qb,
+                            v = k + kv, lse = v + kv, d = lse + 2 * 64 * 4, total = d + 2 * 64 * 4;
 };
 
 // grid (B * NKV, ceil(Tk / 128)), 256 threads, WgDkdvSmem<HS, SS, MN>::total + kWgSlack bytes
@@ -228,8 +233,8 @@ __global__ void __launch_bounds__(kWgThreads)
                                      SeqPositions kp, bool accumulate) {
     static_assert(HS == 64 || (SS && HS == 128), "head size 64; 128 with K and V from shared memory");
     static_assert(!PIPE || (SS && HS == 64), "pipelined: head size 64, K and V from shared memory");
-    static_assert(!(PIPE && MN), "MN not pipelined (step i - 1's products would read the buffers being copied)");
-    using L = WgDkdvSmem<HS, SS, MN>;
+    constexpr int NQ = PIPE && MN ? 3 : 2;  // Q's and dO's buffers
+    using L = WgDkdvSmem<HS, SS, MN, NQ>;
     constexpr int BQ = 64, LD = HS + 8, NT = BQ / 8, DT = HS / 8, KC = HS / 16, LAG = PIPE ? 1 : 0;
     constexpr size_t QB = L::qb;
     char* smem = smem_1024();
@@ -253,18 +258,19 @@ __global__ void __launch_bounds__(kWgThreads)
     const int qt0 = first_q / BQ, nqt = first_q < Tq ? (Tq + BQ - 1) / BQ - qt0 : 0, n = group * nqt;
     auto q_of = [&](int i) { return qkv_q + (long long)b * Tq * stride + (long long)(kvh * group + i / nqt) * HS; };
     auto o_of = [&](int i) { return dout + (long long)b * Tq * ostride + (long long)(kvh * group + i / nqt) * HS; };
-    // step i's copies into buffer buf: Q and dO (cp.async, swizzled), lse and D (load_lse_d)
-    auto issue = [&](int i, int buf) {
-        const int q0 = (qt0 + i % nqt) * BQ;
-        wg_load_k<HS>(sQ + buf * QB, q_of(i), stride, q0, Tq);
-        wg_load_k<HS>(sO + buf * QB, o_of(i), ostride, q0, Tq);
-        load_lse_d<BQ, kWgThreads>(sL + buf * BQ, sD + buf * BQ, lse, D,
+    // step i's copies: Q and dO (cp.async, swizzled) into buffer i % NQ, lse and D (load_lse_d) into i & 1
+    auto issue = [&](int i) {
+        const int q0 = (qt0 + i % nqt) * BQ, qb = i % NQ, lb = i & 1;
+        wg_load_k<HS>(sQ + qb * QB, q_of(i), stride, q0, Tq);
+        wg_load_k<HS>(sO + qb * QB, o_of(i), ostride, q0, Tq);
+        load_lse_d<BQ, kWgThreads>(sL + lb * BQ, sD + lb * BQ, lse, D,
                                    ((long long)b * NH + kvh * group + i / nqt) * Tq + q0, q0, Tq);
     };
-    // Q^T and dO^T of buffer buf from its Q and dO tiles (landed and seen by every thread: the
-    // registers live only from the load to the store)
-    auto transpose = [&](int buf) {
+    // Q^T and dO^T of step i (buffers i & 1) from its Q and dO tiles (landed and seen by every thread:
+    // the registers live only from the load to the store)
+    auto transpose = [&](int i) {
         if constexpr (MN) return;
+        const int buf = i & 1;
         uint4 x[HS / 64][2];
         wg_fetch_vt_smem<HS>(x, sQ + buf * QB);
         wg_store_vt<HS>(sQT + buf * QB, x);
@@ -283,7 +289,7 @@ __global__ void __launch_bounds__(kWgThreads)
         load_tile<HS, kWgRows, kWgThreads>(sK, Kg, stride, k0, Tk);
         load_tile<HS, kWgRows, kWgThreads>(sV, Vg, stride, k0, Tk);
     }
-    if (n > 0) issue(0, 0);
+    if (n > 0) issue(0);
     ptx::cp_async_commit();
     ptx::cp_async_wait<0>();
     __syncthreads();
@@ -326,8 +332,9 @@ __global__ void __launch_bounds__(kWgThreads)
             }
         }
     };
-    // S^T = K Q^T and dP^T = V dO^T of buffer buf, issued (not committed)
-    auto issue_s_dp = [&](float (&s)[NT][4], float (&dp)[NT][4], int buf) {
+    // S^T = K Q^T and dP^T = V dO^T of step i, issued (not committed)
+    auto issue_s_dp = [&](float (&s)[NT][4], float (&dp)[NT][4], int i) {
+        const int buf = i % NQ;
         if constexpr (SS) {
             const char* wk = smem + L::k + (warp / 4) * QB;
             const char* wv = smem + L::v + (warp / 4) * QB;
@@ -343,10 +350,11 @@ __global__ void __launch_bounds__(kWgThreads)
         }
     };
     uint32_t ap[4][4], ad[4][4];  // P^T's and dS^T's fragments (the step whose dV, dK products are next)
-    // dV += P^T dO and dK += dS^T Q with dO^T, Q^T in buffer buf (MN: dO, Q), issued (not committed) ...
-    auto issue_dv_dk = [&](int buf) {
-        wg_issue_acc<E, HS, MN>(dv[0], ap, (MN ? sO : sOT) + buf * QB);
-        wg_issue_acc<E, HS, MN>(dk[0], ad, (MN ? sQ : sQT) + buf * QB);
+    // dV += P^T dO and dK += dS^T Q of step i with its dO^T, Q^T (MN: dO, Q), issued (not committed) ...
+    auto issue_dv_dk = [&](int i) {
+        const size_t off = (MN ? i % NQ : i & 1) * QB;
+        wg_issue_acc<E, HS, MN>(dv[0], ap, (MN ? sO : sOT) + off);
+        wg_issue_acc<E, HS, MN>(dk[0], ad, (MN ? sQ : sQT) + off);
     };
     // ... and their wait (the A registers kept until it)
     auto wait_dv_dk = [&] {
@@ -357,12 +365,13 @@ __global__ void __launch_bounds__(kWgThreads)
     };
 
     // iteration i: S^T, dP^T, P^T and dS^T of step i (i < n); dV += P^T dO and dK += dS^T Q of step
-    // i - LAG (their Q^T, dO^T in buffer (i - LAG) & 1: the end of iteration i - 1 writes the other)
+    // i - LAG (their Q^T, dO^T in buffer (i - LAG) & 1: the end of iteration i - 1 writes the other;
+    // MN: their Q, dO in buffer (i - LAG) % NQ, which step i + 1's copies do not fill)
     bool prev = false;  // step i - 1 was this warpgroup's (its products pending under PIPE)
     for (int i = 0; i < (n > 0 ? n + LAG : 0); i++) {
         const int buf = i & 1, q0 = (qt0 + (i < n ? i : 0) % nqt) * BQ;
         if (i + 1 < n) {  // the next step's copies, under this one's products (landed: its end)
-            issue(i + 1, buf ^ 1);
+            issue(i + 1);
             ptx::cp_async_commit();
         }
         ptx::fence_proxy_async();  // this thread's copies and transposed stores, to the tensor cores
@@ -382,9 +391,9 @@ __global__ void __launch_bounds__(kWgThreads)
         float s[NT][4], dp[NT][4];
         if (act && acc) {  // pipelined: step i's S^T and dP^T, then step i - 1's products under its dS^T
             ptx::wgmma_fence();
-            issue_s_dp(s, dp, buf);
+            issue_s_dp(s, dp, i);
             ptx::wgmma_commit();
-            issue_dv_dk(buf ^ 1);
+            issue_dv_dk(i - 1);
             ptx::wgmma_commit();
             ptx::wgmma_wait<1>(s);
             ptx::wgmma_wait<1>(dp);
@@ -392,14 +401,14 @@ __global__ void __launch_bounds__(kWgThreads)
             wait_dv_dk();
         } else if (act) {
             ptx::wgmma_fence();
-            issue_s_dp(s, dp, buf);
+            issue_s_dp(s, dp, i);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(s);
             ptx::wgmma_wait0(dp);
             p_ds(s, dp, buf, q0);
         } else if (acc) {  // step i - 1's products alone
             ptx::wgmma_fence();
-            issue_dv_dk(buf ^ 1);
+            issue_dv_dk(i - 1);
             ptx::wgmma_commit();
             wait_dv_dk();
         }
@@ -408,19 +417,19 @@ __global__ void __launch_bounds__(kWgThreads)
             wg_acc_a<E>(ad, dp);
             if (!PIPE) {  // dV += P^T dO, dK += dS^T Q now: one group
                 ptx::wgmma_fence();
-                issue_dv_dk(buf);
+                issue_dv_dk(i);
                 ptx::wgmma_commit();
                 wait_dv_dk();
             }
         }
         prev = act;
-        // the next step's copies landed for every thread (and this step's Q, dO buffers free: the
-        // next iteration's copies overwrite them); then its Q^T and dO^T into the other buffers
-        // (their last readers, step i - 1's products, were waited for by every warpgroup before
-        // this barrier)
+        // the next step's copies landed for every thread (and the Q, dO buffers the next iteration's
+        // copies fill free: this step's, MN with PIPE step i - 1's); then its Q^T and dO^T into the
+        // other buffers (their last readers, step i - 1's products, were waited for by every
+        // warpgroup before this barrier)
         ptx::cp_async_wait<0>();
         __syncthreads();
-        if (i + 1 < n) transpose(buf ^ 1);
+        if (i + 1 < n) transpose(i + 1);
     }
 
     store_dkdv<HS, 1>(dkv, dk, dv, b, kvh, kw0, Tk, NH, NKV, scale, accumulate);
@@ -428,23 +437,27 @@ __global__ void __launch_bounds__(kWgThreads)
 
 // dK, dV and dQ on wgmma: the dK/dV kernel with K and V from registers (v10, head size 64) or from
 // shared memory (`ss`: v12, and always at head size 128), both kernels pipelined at head size 64
-// (`pipelined`: v11, the dK/dV kernel's K and V from shared memory); `mn`: not pipelined, Q, dO and
-// K read MN-major as they lie (v13 as v10/v12, v14 as v12);
+// (`pipelined`: v11, the dK/dV kernel's K and V from shared memory); `mn`: Q, dO and K read MN-major
+// as they lie (v13 as v10/v12, v14 as v12, v15 as v11);
 // where wgmma_available and the device's shared memory holds the tiles (dK/dV: 102 KiB at 64, 97
-// with ss, 194 at 128; with mn 70, 66 and 130; dQ: 85 and 165 KiB, 69 and 133 with mn); false:
-// nothing launched
+// with ss, 194 at 128; with mn 70, 66 (82 pipelined) and 130; dQ: 85 and 165 KiB, 69 (77
+// pipelined) and 133 with mn); false: nothing launched
 template <class E>
 bool try_backward_wgmma(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                         const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS, SeqPositions qp,
                         SeqPositions kp, bool accumulate, cudaStream_t st, bool pipelined = false, bool ss = false,
                         bool mn = false) {
-    if ((HS != 64 && HS != 128) || !wgmma_available() || (pipelined && mn)) return false;
+    if ((HS != 64 && HS != 128) || !wgmma_available()) return false;
     using Fn = void (*)(E*, const E*, const E*, const E*, const float*, const float*, int, int, int, int, float,
                         SeqPositions, SeqPositions, bool);
     Fn fkv = flash_backward_dkdv_wgmma_kernel<E, 128, true, false, false>;
     Fn fq = flash_backward_dq_wgmma_kernel<E, 128, false, false>;
     size_t skv = WgDkdvSmem<128, true>::total, sq = WgDqSmem<128>::total;
-    if (HS == 64 && pipelined) {
+    if (HS == 64 && pipelined && mn) {
+        fkv = flash_backward_dkdv_wgmma_kernel<E, 64, true, true, true>;
+        fq = flash_backward_dq_wgmma_kernel<E, 64, true, true>;
+        skv = WgDkdvSmem<64, true, true, 3>::total, sq = WgDqSmem<64, true, 3>::total;
+    } else if (HS == 64 && pipelined) {
         fkv = flash_backward_dkdv_wgmma_kernel<E, 64, true, true, false>;
         fq = flash_backward_dq_wgmma_kernel<E, 64, true, false>;
         skv = WgDkdvSmem<64, true>::total, sq = WgDqSmem<64>::total;

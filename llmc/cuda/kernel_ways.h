@@ -13,9 +13,9 @@ struct KernelWays {
     // ... on Hopper's warpgroup MMA where it applies (head sizes 64 and 128, sm_90a): 1 dev/cuda's v7,
     // 2 v8 (its softmax overlapping the previous tile's PV product); 0 not
     int fwd_wgmma = 0;
-    // the wgmma kernels' second operands (V in the forward; K, Q and dO in the backward, not
-    // pipelined) read by the tensor cores MN-major, as they lie, instead of from transposed copies
-    // (attention_forward v9/v10, attention_backward v13/v14)
+    // the wgmma kernels' second operands (V in the forward; K, Q and dO in the backward) read by the
+    // tensor cores MN-major, as they lie, instead of from transposed copies (attention_forward
+    // v9/v10, attention_backward v13-v15)
     bool wgmma_mn = false;
     // flash attention backward (flash::backward; false: attention.cuh's general kernels, dev/cuda's
     // attention_backward v1 and v2): rows a warp, tile rows and the dK/dV kernel's query columns a

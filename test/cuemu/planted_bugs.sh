@@ -64,10 +64,14 @@ mutate wgmma_vt_unswizzled llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     'dst + sw128(row, p / 4) + (p % 4) * 4' 'dst + row * 128 + (p / 4) * 16 + (p % 4) * 4' bf16
 mutate wgmma_acc_product_without_fence llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     $'    ptx::wgmma_fence();\n    wg_issue_acc<E, N, MN>(d, a, xt);' '    wg_issue_acc<E, N, MN>(d, a, xt);' bf16
-mutate wgmma_mn_kstep_one_row_group llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
+mutate wgmma_mn_kstep_one_row_group llmc/cuda/flash_forward_wgmma.cuh attention_wgmma_mn \
     'ptx::wgmma_desc_sw128_mn(xt, kc * 2048, 8192)' 'ptx::wgmma_desc_sw128_mn(xt, kc * 1024, 8192)' bf16
-mutate wgmma_mn_v_into_buffer_in_use llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
+mutate wgmma_mn_v_into_buffer_in_use llmc/cuda/flash_forward_wgmma.cuh attention_wgmma_mn \
     'wg_load_k<HS>(sVt + (jv & 1) * L::vtt' 'wg_load_k<HS>(sVt + ((jv + 1) & 1) * L::vtt' bf16
+mutate wgmma_mn_pipelined_two_k_buffers llmc/cuda/flash_backward_wgmma.cuh attention_wgmma_mn \
+    'constexpr int NK = PIPE && MN ? 3 : 2;' 'constexpr int NK = 2;' bf16
+mutate wgmma_mn_pipelined_two_q_buffers llmc/cuda/flash_backward_wgmma.cuh attention_wgmma_mn \
+    'constexpr int NQ = PIPE && MN ? 3 : 2;' 'constexpr int NQ = 2;' bf16
 mutate wgmma_s_read_before_wait llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     $'ptx::wgmma_wait0(s);\n            wg_softmax' 'wg_softmax' bf16
 mutate wgmma_pipelined_p_overwritten_in_flight llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \

@@ -9,7 +9,7 @@
 #    bitwise the default (which shows the key reached the forward), losses within 1%;
 #  - kernels.attention_forward=wgmma and =wgmma_pipelined, attention_backward=wgmma_dq, =wgmma,
 #    =wgmma_pipelined and =wgmma_ss, and with attention_wgmma_layout=mn_major (V, K, Q, dO read as
-#    they lie; refused with the pipelined backward and without a wgmma way): bitwise the default here (the emulator's wgmma sums in the mma's order, over
+#    they lie; refused without a wgmma way): bitwise the default here (the emulator's wgmma sums in the mma's order, over
 #    the same 64-row tiles; the pipelined kernels add the same products in the same order; test_gpu
 #    attention_wgmma checks the kernels themselves);
 #  - the CPU backend ignores the section; a bad value is exit 2 naming the key.
@@ -62,8 +62,7 @@ bitwise wgmma_bwd_pipe attention_backward=wgmma_pipelined
 bitwise wgmma_ss attention_backward=wgmma_ss
 bitwise wgmma_mn attention_forward=wgmma_pipelined attention_backward=wgmma attention_wgmma_layout=mn_major
 bitwise wgmma_dq_mn attention_forward=wgmma attention_backward=wgmma_dq attention_wgmma_layout=mn_major
-expect_fail 2 'kernels.attention_wgmma_layout.*wgmma_pipelined' "$EMU" "$W/c.json" device=cuda \
-    kernels.attention_backward=wgmma_pipelined kernels.attention_wgmma_layout=mn_major
+bitwise wgmma_pipe_mn attention_backward=wgmma_pipelined attention_wgmma_layout=mn_major
 expect_fail 2 'kernels.attention_wgmma_layout.*neither is one' "$EMU" "$W/c.json" device=cuda \
     kernels.attention_forward=keys128 kernels.attention_wgmma_layout=mn_major
 "$BIN" "$W/c.json" precision=fp32 kernels.attention_backward=dq_from_ds train.steps=2 "out_dir=$W/cpu" > "$W/cpu.txt" 2>&1 ||

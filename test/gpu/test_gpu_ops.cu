@@ -2131,8 +2131,9 @@ int main(int argc, char** argv) {
         // multi-head, grouped-query and ring-block cases (positions): attention_forward v7 with
         // attention_backward v9 (the dQ kernel), v8 (pipelined) with v10 (the dK/dV kernel too; v12
         // at head size 128), v7 with v11 (v10, its dQ kernel pipelined) and v12 (K and V from shared
-        // memory) at 64; V, K, Q and dO read MN-major: v9 with v13 (v10/v12's), v10 with v14 (v12's)
-        // at 64; where the build or the device has no wgmma, one SKIP line
+        // memory) at 64; V, K, Q and dO read MN-major (filter attention_wgmma_mn): v9 with v13
+        // (v10/v12's), v10 with v14 (v12's) and with v15 (v11's) at 64; where the build or the
+        // device has no wgmma, one SKIP line a filter
         if (want("attention_wgmma") && flash_dtype) {  // the config's names for them reach KernelWays
             const KernelWays parsed = cuda_kernel_ways("wgmma", "wgmma_dq", "auto");
             const KernelWays both = cuda_kernel_ways("wgmma_pipelined", "wgmma", "auto");
@@ -2150,23 +2151,33 @@ int main(int argc, char** argv) {
                           parsed.fwd_wgmma, parsed.fwd_key_tile, parsed.bwd_dq, both.fwd_wgmma, both.bwd_dq,
                           pipe.bwd_dq, ss.bwd_dq, (int)ss.wgmma_mn, (int)mn.wgmma_mn));
         }
-        if (want("attention_wgmma") && flash_dtype && !flash::wgmma_available())
-            std::printf("SKIP attention_wgmma [%s]: not an sm_90 device with sm_90a code\n", dtype_name(dt));
-        else
-            for (const int pass : {0, 1, 2, 3, 4, 5}) {
-                const int bwd = pass < 4 ? 3 + pass : pass == 4 ? 4 : 6;
+        struct WgPass {
+            int fwd, bwd;  // KernelWays::fwd_wgmma, bwd_dq
+            bool mn;       // KernelWays::wgmma_mn: its own filter (an abort on a GPU ends only it)
+        };
+        auto wgmma_skip = [&](const char* filter, bool wanted) {
+            if (wanted && flash_dtype && !flash::wgmma_available())
+                std::printf("SKIP %s [%s]: not an sm_90 device with sm_90a code\n", filter, dtype_name(dt));
+        };
+        wgmma_skip("attention_wgmma", want("attention_wgmma"));
+        wgmma_skip("attention_wgmma_mn", want("attention_wgmma_mn"));
+        if (flash::wgmma_available())
+            for (const WgPass p : {WgPass{1, 3, false}, WgPass{2, 4, false}, WgPass{1, 5, false}, WgPass{1, 6, false},
+                                   WgPass{1, 4, true}, WgPass{2, 6, true}, WgPass{2, 5, true}}) {
+                const char* filter = p.mn ? "attention_wgmma_mn" : "attention_wgmma";
+                const int bwd = p.bwd;
                 w = KernelWays();
-                w.fwd_wgmma = pass == 1 || pass == 5 ? 2 : 1;
+                w.fwd_wgmma = p.fwd;
                 w.bwd_dq = bwd;
-                w.wgmma_mn = pass >= 4;
+                w.wgmma_mn = p.mn;
                 ways(w);
                 // (at head size 128, 5 and 6 are 4's kernels)
                 auto hs_ok = [&](int hs) { return hs == 64 || (hs == 128 && bwd <= 4); };
-                run("attention", "attention_wgmma", [&](const C& c) {
+                run("attention", filter, [&](const C& c) {
                     if (flash_dtype && c.dims[1] <= variant_max_t && hs_ok(c.dims[4]))
                         test_attention(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4]);
                 });
-                run("attention_ring", "attention_wgmma", [&](const C& c) {
+                run("attention_ring", filter, [&](const C& c) {
                     if (flash_dtype && c.dims[1] <= variant_max_t && hs_ok(c.dims[4]))
                         test_attention_ring(h, c.dims[0], c.dims[1], c.dims[2], c.dims[3], c.dims[4], c.dims[5]);
                 });
