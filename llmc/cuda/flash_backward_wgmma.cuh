@@ -28,7 +28,7 @@ template <int HS, bool MN = false, int NK = 2> struct WgDqSmem {
                             dO = q + (size_t)kWgRows * (HS + 8) * 2, total = dO + (size_t)kWgRows * (HS + 8) * 2;
 };
 
-// grid (B * NH, ceil(Tq / 128)), 256 threads, WgDqSmem<HS>::total + kWgSlack bytes.
+// grid (B * NH, ceil(Tq / 128)), 256 threads, WgDqSmem<HS, MN, NK>::total + kWgSlack bytes.
 // PIPE (head size 64; dev/cuda/attention_backward v11, kernels.attention_backward=wgmma_pipelined):
 // the forward's v8 pipelining here: iteration j issues S_j and dP_j as one group and dQ += dS_{j-1}
 // K_{j-1} as a second, waits for the first (wait_group 1), computes dS_j while the tensor cores run
@@ -225,7 +225,7 @@ template <int HS, bool SS, bool MN = false, int NQ = 2> struct WgDkdvSmem {
                             v = k + kv, lse = v + kv, d = lse + 2 * 64 * 4, total = d + 2 * 64 * 4;
 };
 
-// grid (B * NKV, ceil(Tk / 128)), 256 threads, WgDkdvSmem<HS, SS, MN>::total + kWgSlack bytes
+// grid (B * NKV, ceil(Tk / 128)), 256 threads, WgDkdvSmem<HS, SS, MN, NQ>::total + kWgSlack bytes
 template <class E, int HS, bool SS, bool PIPE, bool MN>
 __global__ void __launch_bounds__(kWgThreads)
     flash_backward_dkdv_wgmma_kernel(E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
