@@ -420,10 +420,11 @@ stage_kernels() {
 
 # `--variants`: the training step with each kernels.* way a GPU has not yet chosen (config
 # section "kernels"), beside the default in the same call: GPT-2 124M bf16 B=32 with the flash
-# forward on wgmma (v7, then v8: pipelined), the backward on wgmma (v10, v11: pipelined, v12: K and
-# V from shared memory), v8 and v10 with V, K, Q and dO read MN-major (v10, v13) and dQ alone (v9), in one kernel (v8) and from dS (v7), and the
-# forward's 128-key tiles (v6); then the 1.5B shape in bf16 with LayerNorm's backward streamed (the
-# default keeps rows in registers) when the time allows.
+# forward and backward both pipelined on wgmma with V, K, Q and dO read MN-major (forward v10,
+# backward v15) and transposed (v8, v11), then the forward on wgmma alone (v7, v8), the backward
+# (v10, v11: pipelined, v12: K and V from shared memory) and its dQ alone (v9), in one kernel (v8)
+# and from dS (v7), and the forward's 128-key tiles (v6); then the 1.5B shape in bf16 with
+# LayerNorm's backward streamed (the default keeps rows in registers) when the time allows.
 # A ratio row each (variant / default): above 1, the default should follow.
 variant_ratio() {  # label TOK_variant TOK_default
     [ -n "$2" ] && [ -n "$3" ] || return 0
@@ -435,6 +436,15 @@ stage_variants() {
     local m1558="model.arch=gpt2 model.n_layer=48 model.n_head=25 model.d_model=1600 model.vocab_size=50257 model.max_seq_len=1024"
     quick_data
     quick_bench gpt2_124m "$m124" 32 bf16 nopeer
+    # first both pipelined ways together, V, K, Q and dO MN-major and transposed (the candidates for a
+    # new default), then each way alone
+    local pipe="kernels.attention_forward=wgmma_pipelined kernels.attention_backward=wgmma_pipelined"
+    quick_bench gpt2_124m_wgmma_all_mn "$m124 $pipe kernels.attention_wgmma_layout=mn_major" 32 bf16 nopeer
+    variant_ratio "attention_forward=wgmma_pipelined, attention_backward=wgmma_pipelined, mn_major (gpt2_124m B=32)" \
+        "${TOK_q_gpt2_124m_wgmma_all_mn_bf16_32:-}" "${TOK_q_gpt2_124m_bf16_32:-}"
+    quick_bench gpt2_124m_wgmma_all "$m124 $pipe" 32 bf16 nopeer
+    variant_ratio "attention_forward=wgmma_pipelined, attention_backward=wgmma_pipelined (gpt2_124m B=32)" \
+        "${TOK_q_gpt2_124m_wgmma_all_bf16_32:-}" "${TOK_q_gpt2_124m_bf16_32:-}"
     quick_bench gpt2_124m_wgmma "$m124 kernels.attention_forward=wgmma" 32 bf16 nopeer
     variant_ratio "kernels.attention_forward=wgmma (gpt2_124m B=32)" "${TOK_q_gpt2_124m_wgmma_bf16_32:-}" \
         "${TOK_q_gpt2_124m_bf16_32:-}"
@@ -450,10 +460,6 @@ stage_variants() {
     quick_bench gpt2_124m_wgmma_ss "$m124 kernels.attention_backward=wgmma_ss" 32 bf16 nopeer
     variant_ratio "kernels.attention_backward=wgmma_ss (gpt2_124m B=32)" "${TOK_q_gpt2_124m_wgmma_ss_bf16_32:-}" \
         "${TOK_q_gpt2_124m_bf16_32:-}"
-    local mn="kernels.attention_forward=wgmma_pipelined kernels.attention_backward=wgmma"
-    quick_bench gpt2_124m_wgmma_mn "$m124 $mn kernels.attention_wgmma_layout=mn_major" 32 bf16 nopeer
-    variant_ratio "attention_forward=wgmma_pipelined, attention_backward=wgmma, mn_major (gpt2_124m B=32)" \
-        "${TOK_q_gpt2_124m_wgmma_mn_bf16_32:-}" "${TOK_q_gpt2_124m_bf16_32:-}"
     quick_bench gpt2_124m_wgmma_dq "$m124 kernels.attention_backward=wgmma_dq" 32 bf16 nopeer
     variant_ratio "kernels.attention_backward=wgmma_dq (gpt2_124m B=32)" "${TOK_q_gpt2_124m_wgmma_dq_bf16_32:-}" \
         "${TOK_q_gpt2_124m_bf16_32:-}"

@@ -20,6 +20,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#if defined(LLMC_CUEMU)
+#include <vector>
+#endif
 
 namespace ptx {
 
@@ -232,12 +235,43 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // ---- cp.async.cg.shared.global (16 bytes) + commit_group / wait_group ----
 // Each thread's copies since its last commit form a group; wait<N> returns when at most N of
 // this thread's groups are still in flight (their smem is then written; other threads' copies
-// need a __syncthreads as well). Both addresses 16-byte aligned. Under the emulator the copy
-// is synchronous and the waits are no-ops (a missing __syncthreads still shows as a race under
-// its schedules).
+// need a __syncthreads as well). Both addresses 16-byte aligned. The emulator's twin lands a copy
+// as it is issued under the forward schedules, and under the others (cuemu::late_copies) at the
+// wait that completes its group, the 16 bytes read at the issue: a buffer overwritten while a
+// read of it may still be pending shows under the first, a read before its wait under the
+// second, each as results that differ between the schedules (or are wrong).
+#if defined(LLMC_CUEMU)
+namespace emu {
+struct CpCopy {
+    void* dst;
+    unsigned char bytes[16];
+    int group;  // the commit that closes it: the thread's commits before the issue
+};
+struct CpState {
+    uint64_t block = 0;  // cuemu::block_serial of the block these are from
+    int commits = 0;
+    std::vector<CpCopy> pending;  // in issue order
+};
+inline CpState& cp_state() {  // this thread's, fresh in each block
+    static thread_local CpState s[1024];
+    CpState& st = s[threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)];
+    if (st.block != ::cuemu::block_serial()) st = CpState{::cuemu::block_serial(), 0, {}};
+    return st;
+}
+}  // namespace emu
+#endif
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
 #if defined(LLMC_CUEMU)
-    std::memcpy(smem, gmem, 16);
+    if (::cuemu::late_copies()) {
+        emu::CpState& st = emu::cp_state();
+        emu::CpCopy c;
+        c.dst = smem;
+        std::memcpy(c.bytes, gmem, 16);
+        c.group = st.commits;
+        st.pending.push_back(c);
+    } else {
+        std::memcpy(smem, gmem, 16);
+    }
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
 #else
@@ -245,12 +279,23 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
-#if !defined(LLMC_CUEMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(LLMC_CUEMU)
+    if (::cuemu::late_copies()) emu::cp_state().commits++;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
-#if !defined(LLMC_CUEMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(LLMC_CUEMU)
+    if (::cuemu::late_copies()) {  // every committed group but the N most recent lands
+        emu::CpState& st = emu::cp_state();
+        size_t kept = 0;
+        for (const emu::CpCopy& c : st.pending)
+            if (c.group < st.commits - N) std::memcpy(c.dst, c.bytes, 16);
+            else st.pending[kept++] = c;
+        st.pending.resize(kept);
+    }
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }

@@ -165,8 +165,10 @@ struct Block {
     void (*body)(void*);
     void* ctx;
     char* smem = nullptr;
+    uint64_t serial = 0;
 };
 thread_local Block* t_blk = nullptr;
+thread_local uint64_t t_serial = 0;  // the blocks run on this OS thread
 thread_local ThreadState* t_cur = nullptr;
 
 // dynamic shared memory, one buffer per OS thread (room for the opt-in maximum and the guard),
@@ -402,6 +404,8 @@ const uint3& block_idx() { return t_blk->bid; }
 const dim3& block_dim() { return t_blk->bdim; }
 const dim3& grid_dim() { return t_blk->gdim; }
 char* dynamic_smem() { return t_blk->smem; }
+uint64_t block_serial() { return t_blk->serial; }
+bool late_copies() { return schedule().order != Order::Forward; }
 
 uint64_t warp_collective(Coll kind, unsigned mask, uint64_t value, int arg, int width, const char* file, int line) {
     ThreadState* t = t_cur;
@@ -479,6 +483,7 @@ cudaError_t run_grid(const char* name, const void* fn, dim3 grid, dim3 block, si
         b.body = body;
         b.ctx = c;
         b.smem = t_smem.get();
+        b.serial = ++t_serial;
         CUEMU_UNPOISON(b.smem, kOptinSmem + kSmemGuard);
         std::memset(b.smem, kNaN, smem);
         fill_guard(b.smem + smem, kSmemGuard);

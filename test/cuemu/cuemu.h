@@ -10,7 +10,10 @@
 //    abort prints the block's threads and where each waits;
 //  - schedules: CUEMU_SCHEDULE=ORDER-GRAIN, ORDER forward | reverse | random[SEED], GRAIN lockstep
 //    (every thread runs to its next synchronisation point, round by round) or warp (one warp runs
-//    until it blocks before the next starts), so that a race shows up as different results;
+//    until it blocks before the next starts), so that a race shows up as different results; under
+//    ORDER forward an asynchronous copy (ptx.cuh's cp.async twin) lands as it is issued, under the
+//    others at the wait that completes its group (the earliest and the latest a device may), so that
+//    a buffer overwritten too early and a read before its wait both show as different results;
 //  - memory: device allocations carry a guarded tail (a store past the end aborts at the end of
 //    the launch; under ASan it is poisoned), pointer arguments and copies must lie in device (or
 //    pinned host) allocations, dynamic shared memory is NaN-filled per block and guarded past the
@@ -49,6 +52,8 @@ const uint3& block_idx();
 const dim3& block_dim();
 const dim3& grid_dim();
 char* dynamic_smem();
+uint64_t block_serial();  // a number of the block now running, unique on this OS thread
+bool late_copies();       // asynchronous copies land at their wait (ORDER reverse or random)
 
 // ---- warp collectives (all go through one rendezvous) ----
 enum class Coll { Shfl, ShflUp, ShflDown, ShflXor, Ballot, SyncWarp, Wmma };

@@ -47,6 +47,9 @@ mutate fp8_layout_NN llmc/cuda/fp8.cuh fp8 \
 mutate flash_buffer_race llmc/cuda/flash_attention.cuh attention \
     $'__syncthreads();  // the next iteration\'s prefetch overwrites this buffer\n    }\n\n    if (!active)' \
     $'}\n\n    if (!active)' bf16
+mutate flash_last_kv_tile_not_waited llmc/cuda/flash_attention.cuh attention \
+    $'ptx::cp_async_wait<1>();\n    } else {\n        ptx::cp_async_wait<0>();' \
+    $'ptx::cp_async_wait<1>();\n    } else {\n        ptx::cp_async_wait<1>();' bf16
 mutate flash_q_smem_mtile llmc/cuda/flash_attention.cuh attention_mt2 \
     'ptx::ldmatrix_x4(qs[mt], qrow + 16 * mt * LD + kc * 16)' 'ptx::ldmatrix_x4(qs[mt], qrow + kc * 16)' bf16
 mutate dkdv_mtile_slip llmc/cuda/flash_backward.cuh attention \
@@ -72,6 +75,8 @@ mutate wgmma_mn_pipelined_two_k_buffers llmc/cuda/flash_backward_wgmma.cuh atten
     'constexpr int NK = PIPE && MN ? 3 : 2;' 'constexpr int NK = 2;' bf16
 mutate wgmma_mn_pipelined_two_q_buffers llmc/cuda/flash_backward_wgmma.cuh attention_wgmma_mn \
     'constexpr int NQ = PIPE && MN ? 3 : 2;' 'constexpr int NQ = 2;' bf16
+mutate wgmma_k_waited_too_late llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
+    "ptx::cp_async_wait<1>();  // every group but this iteration's" 'ptx::cp_async_wait<2>();' bf16
 mutate wgmma_s_read_before_wait llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     $'ptx::wgmma_wait0(s);\n            wg_softmax' 'wg_softmax' bf16
 mutate wgmma_pipelined_p_overwritten_in_flight llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
