@@ -236,10 +236,10 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // Each thread's copies since its last commit form a group; wait<N> returns when at most N of
 // this thread's groups are still in flight (their smem is then written; other threads' copies
 // need a __syncthreads as well). Both addresses 16-byte aligned. The emulator's twin lands a copy
-// as it is issued under the forward schedules, and under the others (cuemu::late_copies) at the
-// wait that completes its group, the 16 bytes read at the issue: a buffer overwritten while a
-// read of it may still be pending shows under the first, a read before its wait under the
-// second, each as results that differ between the schedules (or are wrong).
+// as it is issued under the forward schedules, and under the others (cuemu::async_reads_early)
+// at the wait that completes its group, the 16 bytes read at the issue: a buffer overwritten
+// while a read of it may still be pending shows under the first, a read before its wait under
+// the second, each as results that differ between the schedules (or are wrong).
 #if defined(LLMC_CUEMU)
 namespace emu {
 struct CpCopy {
@@ -262,7 +262,7 @@ inline CpState& cp_state() {  // this thread's, fresh in each block
 #endif
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
 #if defined(LLMC_CUEMU)
-    if (::cuemu::late_copies()) {
+    if (::cuemu::async_reads_early()) {
         emu::CpState& st = emu::cp_state();
         emu::CpCopy c;
         c.dst = smem;
@@ -280,14 +280,14 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(LLMC_CUEMU)
-    if (::cuemu::late_copies()) emu::cp_state().commits++;
+    if (::cuemu::async_reads_early()) emu::cp_state().commits++;
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
 #if defined(LLMC_CUEMU)
-    if (::cuemu::late_copies()) {  // every committed group but the N most recent lands
+    if (::cuemu::async_reads_early()) {  // every committed group but the N most recent lands
         emu::CpState& st = emu::cp_state();
         size_t kept = 0;
         for (const emu::CpCopy& c : st.pending)
@@ -333,7 +333,10 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 // The emulator's twin keeps each issued wgmma and its group and computes it at the wait that
 // completes that group (wait_group N: all but the N most recent), as late as the hardware may: it
 // reads A's registers and B's shared memory then, and writes D then (a kernel that changes A or B,
-// or reads D, before its wait sees it go wrong in CI). It sums as mma_16816's twin does (k in
+// or reads D, before its wait sees it go wrong in CI). Under the reverse and random schedules
+// (cuemu::async_reads_early) it computes each at its issue instead, as early as the hardware may
+// (a kernel that issues before its operands are in shared memory, e.g. above the barrier that
+// publishes other threads' copies, goes wrong there). It sums as mma_16816's twin does (k in
 // order), decodes B's addresses from the descriptor's bits as the hardware does, and aborts on an
 // issue with no wgmma.fence since this thread's last wait (the rule as these kernels keep it).
 #if defined(LLMC_CUEMU)
@@ -348,14 +351,17 @@ struct WgOp {
     bool accumulate;
 };
 struct WgState {
+    uint64_t block;  // cuemu::block_serial of the block this is from
     bool fenced;
     int issued, groups;  // ops issued and not yet run; committed groups not yet completed
     int group_end[32];   // committed group i holds ops [group_end[i - 1], group_end[i]) (from 0)
     WgOp ops[32];
 };
-inline WgState& wg_state() {
+inline WgState& wg_state() {  // this thread's, fresh in each block
     static thread_local WgState s[1024];  // per thread of the block (per OS thread is per block)
-    return s[threadIdx.x];
+    WgState& st = s[threadIdx.x];
+    if (st.block != ::cuemu::block_serial()) st = WgState{::cuemu::block_serial(), false, 0, 0, {}, {}};
+    return st;
 }
 }  // namespace emu
 #endif
@@ -513,7 +519,8 @@ inline void wg_issue(const WgOp& op) {
         std::fprintf(stderr, "cuemu: wgmma %s\n", why);
         std::abort();
     }
-    st.ops[st.issued++] = op;
+    if (::cuemu::async_reads_early()) op.run(op);  // computed now (its group then counts no ops)
+    else st.ops[st.issued++] = op;
 }
 }  // namespace emu
 #endif

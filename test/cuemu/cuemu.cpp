@@ -405,7 +405,7 @@ const dim3& block_dim() { return t_blk->bdim; }
 const dim3& grid_dim() { return t_blk->gdim; }
 char* dynamic_smem() { return t_blk->smem; }
 uint64_t block_serial() { return t_blk->serial; }
-bool late_copies() { return schedule().order != Order::Forward; }
+bool async_reads_early() { return schedule().order != Order::Forward; }
 
 uint64_t warp_collective(Coll kind, unsigned mask, uint64_t value, int arg, int width, const char* file, int line) {
     ThreadState* t = t_cur;

@@ -11,9 +11,11 @@
 //  - schedules: CUEMU_SCHEDULE=ORDER-GRAIN, ORDER forward | reverse | random[SEED], GRAIN lockstep
 //    (every thread runs to its next synchronisation point, round by round) or warp (one warp runs
 //    until it blocks before the next starts), so that a race shows up as different results; under
-//    ORDER forward an asynchronous copy (ptx.cuh's cp.async twin) lands as it is issued, under the
-//    others at the wait that completes its group (the earliest and the latest a device may), so that
-//    a buffer overwritten too early and a read before its wait both show as different results;
+//    ORDER forward the asynchronous operations (ptx.cuh's cp.async and wgmma twins) write as early
+//    and read as late as a device may (a copy lands at its issue, a wgmma reads its operands at the
+//    wait that completes it), under the others the reverse (async_reads_early: a copy lands at its
+//    wait, a wgmma reads at its issue), so that a buffer overwritten while a read of it may be
+//    pending and a read before its data is ready both show as different results;
 //  - memory: device allocations carry a guarded tail (a store past the end aborts at the end of
 //    the launch; under ASan it is poisoned), pointer arguments and copies must lie in device (or
 //    pinned host) allocations, dynamic shared memory is NaN-filled per block and guarded past the
@@ -53,7 +55,7 @@ const dim3& block_dim();
 const dim3& grid_dim();
 char* dynamic_smem();
 uint64_t block_serial();  // a number of the block now running, unique on this OS thread
-bool late_copies();       // asynchronous copies land at their wait (ORDER reverse or random)
+bool async_reads_early();  // copies land at their wait, wgmma reads at its issue (ORDER reverse, random)
 
 // ---- warp collectives (all go through one rendezvous) ----
 enum class Coll { Shfl, ShflUp, ShflDown, ShflXor, Ballot, SyncWarp, Wmma };

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make test-emu: the CUDA source on the CPU emulator (test/cuemu/cuemu.h).
 #  1. the emulator's own tests (build/cuemu_selftest): the good kernels and the cuBLASLt rules and epilogues
-#     pass in three schedules, each broken kernel is caught with its message;
+#     pass in three schedules, each broken kernel is caught with its message (the two async ones
+#     under reverse-warp, the schedule that lands copies late and lets wgmma read early);
 #  2. test_gpu's op cases on CudaOps compiled for the emulator (build/test_gpu_emu), in the
 #     schedules forward-lockstep and reverse-warp: every case passes and the two runs' digests of
 #     the determinism-checked results are equal (reverse-warp runs fp32 and bf16 only: fp16's
@@ -46,6 +47,10 @@ expect_caught smem_short 'wrote past the 51072 bytes of dynamic shared memory'
 expect_caught off_by_one 'wrote past the end of a device allocation of 4000 bytes'
 expect_caught no_optin 'without opting in'
 expect_caught bad_pointer 'is not inside a device or pinned host allocation'
+# (a read of a copy before its wait, a wgmma issued before its operand is written: the schedules
+# that land copies late and read early, reverse and random, show them; forward hides them)
+CUEMU_SCHEDULE=reverse-warp expect_caught copy_unwaited 'copy read before its wait'
+CUEMU_SCHEDULE=reverse-warp expect_caught wgmma_early 'wgmma read B before it was written'
 echo "(self-tests: $(took $start $cpu0))"
 
 echo "== test_gpu's op cases on CudaOps under the emulator${CUEMU_FILTER:+ (filter $CUEMU_FILTER)}"

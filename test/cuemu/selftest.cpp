@@ -14,6 +14,10 @@
 //   lt_rules          the cuBLASLt stand-in: a transposed GEMM with leading dimensions, bias and
 //                     scale pointers against a host loop; refused: fp8 not TN, E5M2 x E5M2, fp8
 //                     with a misaligned pointer, fp8 with an fp32 C and bf16 D, bf16 x fp32 (good)
+//   copy_unwaited     a cp.async read with no wait_group before it (right where copies land at
+//                     their issue, ORDER forward; NaN where at their wait, the other orders)
+//   wgmma_early       a wgmma issued above the barrier behind which other threads write its B
+//                     (right where it reads at its wait, ORDER forward; wrong where at its issue)
 //   lt_epilogues      the stand-in's GELU_AUX_BIAS (aux = bias-added value, D = its tanh GELU) and
 //                     BGRADB (op(B)'s column sums) against host loops; refused: an aux leading
 //                     dimension not a multiple of 8 or below the rows, no aux pointer, BGRADB
@@ -27,6 +31,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include "llmc/cuda/ptx.cuh"
 #include "llmc/precision/bf16.h"
 #include "llmc/precision/fp8.h"
 
@@ -100,6 +105,42 @@ __global__ void barrier_in_branch_kernel(float* out) {
 __global__ void store_kernel(float* out, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i <= n) out[i] = 1.0f;  // the bug: <= instead of <
+}
+
+// 16 floats a thread copied by cp.async into dynamic shared memory and read back with no
+// wait_group (the bug) after the commit
+__global__ void copy_unwaited_kernel(float* out, const float* in) {
+    float* s = reinterpret_cast<float*>(::cuemu::dynamic_smem());
+    ptx::cp_async_16(s + 4 * threadIdx.x, in + 4 * threadIdx.x);
+    ptx::cp_async_commit();
+    __syncthreads();
+    out[threadIdx.x] = s[4 * threadIdx.x];
+}
+// D = A B (m64n64k16 x 4, A all ones) by warpgroup 1 of B's 64 x 64 tile (K-major, 128-byte
+// swizzled), which warpgroup 0 writes; the bug: warpgroup 1 issues before the barrier behind which
+// the writes are, and waits after it. out[n] = D[0][n] = the sum over k of B[n][k]
+__global__ void wgmma_early_kernel(float* out, const __nv_bfloat16* b) {
+    char* tile = ::cuemu::dynamic_smem();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp < 4)
+        for (int i = threadIdx.x; i < 64 * 8; i += 128) {  // row n = i / 8, 16-byte chunk c = i % 8
+            const int n = i / 8, c = i % 8;
+            std::memcpy(tile + n * 128 + ((c ^ (n % 8)) << 4), b + n * 64 + c * 8, 16);
+        }
+    float d[8][4];
+    uint32_t a[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};  // bf16 1.0 pairs
+    if (warp >= 4) {
+        ptx::wgmma_fence();
+        for (int kc = 0; kc < 4; kc++)
+            ptx::wgmma_m64k16<__nv_bfloat16, 64>(d, a, ptx::wgmma_desc_sw128(tile, kc * 32), kc > 0);
+        ptx::wgmma_commit();
+    }
+    __syncthreads();
+    if (warp >= 4) {
+        ptx::wgmma_wait0(d);
+        if (warp == 4 && lane < 4)  // row 0: d[i][0..1] at columns 8 i + 2 lane, + 1
+            for (int i = 0; i < 8; i++) out[8 * i + 2 * lane] = d[i][0], out[8 * i + 2 * lane + 1] = d[i][1];
+    }
 }
 
 int fail(const std::string& why) {
@@ -418,7 +459,46 @@ int main(int argc, char** argv) {
         std::printf("PASS lt_epilogues\n");
         return 0;
     }
+    if (c == "copy_unwaited") {
+        std::vector<float> h(32 * 4), got(32);
+        for (size_t i = 0; i < h.size(); i++) h[i] = (float)i;
+        float *in, *out;
+        CHECK(cudaMalloc(&in, h.size() * 4));
+        CHECK(cudaMalloc(&out, 32 * 4));
+        CHECK(cudaMemcpy(in, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+        LAUNCH(copy_unwaited_kernel, 1, 32, 32 * 16, out, (const float*)in);
+        CHECK(cudaGetLastError());
+        CHECK(cudaMemcpy(got.data(), out, 32 * 4, cudaMemcpyDeviceToHost));
+        for (int t = 0; t < 32; t++)
+            if (got[t] != h[4 * t]) return fail("copy read before its wait: thread " + std::to_string(t) + " read " +
+                                                std::to_string(got[t]) + ", copied " + std::to_string(h[4 * t]));
+        std::printf("PASS %s (the copies landed at their issue)\n", c.c_str());
+        return 0;
+    }
+    if (c == "wgmma_early") {
+        std::vector<uint16_t> hb(64 * 64);
+        for (int n = 0; n < 64; n++)
+            for (int k = 0; k < 64; k++) hb[n * 64 + k] = f32_to_bf16_bits((float)((n + k) % 5) - 2.0f);
+        __nv_bfloat16* b;
+        float* out;
+        std::vector<float> got(64);
+        CHECK(cudaMalloc(&b, hb.size() * 2));
+        CHECK(cudaMalloc(&out, 64 * 4));
+        CHECK(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+        LAUNCH(wgmma_early_kernel, 1, 256, 8192, out, (const __nv_bfloat16*)b);
+        CHECK(cudaGetLastError());
+        CHECK(cudaMemcpy(got.data(), out, 64 * 4, cudaMemcpyDeviceToHost));
+        for (int n = 0; n < 64; n++) {
+            float want = 0;
+            for (int k = 0; k < 64; k++) want += (float)((n + k) % 5) - 2.0f;
+            if (got[n] != want) return fail("wgmma read B before it was written: D[0][" + std::to_string(n) +
+                                            "] = " + std::to_string(got[n]) + ", want " + std::to_string(want));
+        }
+        std::printf("PASS %s (the wgmma read at its wait)\n", c.c_str());
+        return 0;
+    }
     std::fprintf(stderr, "usage: cuemu_selftest reduce|ballot|dynamic_smem|missing_barrier|divergent_shuffle|"
-                         "barrier_in_branch|smem_short|off_by_one|no_optin|bad_pointer|lt_rules|lt_epilogues\n");
+                         "barrier_in_branch|smem_short|off_by_one|no_optin|bad_pointer|lt_rules|lt_epilogues|"
+                         "copy_unwaited|wgmma_early\n");
     return 2;
 }
