@@ -364,7 +364,8 @@ stage_kernels() {
     # attention first: at each shape the trainer's versions and Hopper's wgmma ones beside them
     # (forward v5, v7 and v8 (pipelined), backward v6, v10, v11 (pipelined) and v12 (K and V from
     # shared memory) at head size 64; forward v4, v7 and v8, backward v3, v9 and v12 at 128; forward
-    # v10 and backward v13, V, K, Q and dO read MN-major, at both, and v15, v11 so, at 64), then
+    # v10 and backward v13, V, K, Q and dO read MN-major, at both, and v15, v11 so, at 64; backward
+    # v11 at 128 too: its dQ kernel pipelined, Q and dO from shared memory), then
     # PyTorch's SDPA at the same shapes (the peer), then the other versions in question (backward v9, forward v9 and backward
     # v14 at 64, v8: one kernel, dQ in fp32 accumulators, v7: dQ from dS^T in memory; forward v5 at
     # 128, where its two m-tiles ran 192 TFLOP/s in the fourth window against v4's 173 in the third;
@@ -373,7 +374,8 @@ stage_kernels() {
     VERSIONS=("forward 5" "forward 7" "forward 8" "forward 10" "backward 6" "backward 10" "backward 11" "backward 12"
               "backward 13" "backward 15")
     ONLY_HS=64 attn_runs
-    VERSIONS=("forward 4" "forward 7" "forward 8" "forward 10" "backward 3" "backward 9" "backward 12" "backward 13")
+    VERSIONS=("forward 4" "forward 7" "forward 8" "forward 10" "backward 3" "backward 9" "backward 11" "backward 12"
+              "backward 13")
     ONLY_HS=128 attn_runs
     log="$WORK/torch_attention.log"
     # shellcheck disable=SC2086

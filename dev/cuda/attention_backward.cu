@@ -22,9 +22,10 @@
 //      (llmc/cuda/flash_backward_wgmma.cuh; head sizes 64 and 128, sm_90a)
 //  10: both kernels on wgmma (head size 64)
 //  11: both kernels pipelined: each tile's dS under the previous tile's products (head size 64; the
-//      dK/dV kernel's K and V from shared memory, as v12)
+//      dK/dV kernel's K and V from shared memory, as v12); at 128 v12's dK/dV kernel and the dQ
+//      kernel pipelined, its Q and dO read by the tensor cores from shared memory
 //  12: both kernels on wgmma, the dK/dV kernel's K and V from shared memory (head sizes 64 and 128;
-//      v10 and v11 at 128 are this)
+//      v10 at 128 is this)
 //  13-15: v10, v12 and v11 with K (dQ), Q and dO (dK/dV) read by the tensor cores as they lie
 //      (MN-major), not transposed (13 at head size 128 is 14)
 //
@@ -130,6 +131,12 @@
 //       not from registers loaded a step ahead. ptxas sm_90a: v10 229 registers (was 253), v12 231
 //       at head size 64 and 254 at 128; no spill (with the register transposes, 68 bytes of spill at
 //       128). Shared memory: 97 KiB at 64, 194 KiB at 128 (an sm_90 device's 227 holds it).
+//   v11 at head size 128 (written 2026-11-28 without a GPU, not yet measured): the dQ kernel's S = Q
+//       K^T and dP = dO V^T with Q and dO from swizzled shared memory (wgmma's SS form, as
+//       FlashAttention-3's backward) instead of ldmatrix fragments (64 registers at 128, reloaded
+//       each tile with S waited for before dP), so both products issue as one group and the dQ
+//       product of the tile before runs under dS, as at 64. ptxas sm_90a: 206 registers (v9: 216;
+//       v15 at 128: 186), no spill. Shared memory 161 KiB (v15: 145).
 //   v13-v15 not yet measured (written 2026-11-28 without a GPU): v10, v12, v11 with the dV += P^T dO,
 //       dK += dS^T Q and dQ += dS K products reading dO's, Q's and K's own tiles MN-major
 //       (imm-trans-b 1) instead of transposed copies: the dK/dV kernel no longer transposes Q and

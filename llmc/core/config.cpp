@@ -289,9 +289,9 @@ const std::vector<Key>& schema() {
                  "accumulators, deterministically (v8; 4 bytes a dQ element a split); wgmma_dq = the dQ kernel "
                  "on Hopper's warpgroup MMA on an sm_90 device with a build for sm_90a (v9); wgmma = the dK/dV "
                  "kernel on it too (v10; v12 at head size 128); wgmma_pipelined = both kernels with each tile's dS "
-                 "overlapping the previous tile's products (v11, head size 64); wgmma_ss = wgmma with the dK/dV "
-                 "kernel's K and V read from shared memory by the tensor cores (v12); these six at head sizes 64 "
-                 "and 128, auto elsewhere; the CPU backend ignores it"),
+                 "overlapping the previous tile's products (v11; at head size 128 the dQ kernel's alone); wgmma_ss "
+                 "= wgmma with the dK/dV kernel's K and V read from shared memory by the tensor cores (v12); these "
+                 "six at head sizes 64 and 128, auto elsewhere; the CPU backend ignores it"),
         enum_key("kernels.attention_wgmma_layout", FIELD(kernels.attention_wgmma_layout), {"auto", "mn_major"}, {},
                  "device cuda: the wgmma ways of attention_forward and attention_backward; auto = V (forward), "
                  "K, Q and dO (backward) transposed into shared memory for the tensor cores; mn_major = read by "

@@ -22,10 +22,12 @@ namespace flash {
 
 // shared memory from a 1024-byte boundary: K [NK][HS / 64][64 keys][128 bytes] (NK = 3 where PIPE and
 // MN, else 2), V [2][HS / 64][64 keys][128 bytes], K^T [2][HS][128 bytes] (not MN), Q and dO [128][HS + 8]
-template <int HS, bool MN = false, int NK = 2> struct WgDqSmem {
+// (QS: [2 warpgroups][HS / 64][64 rows][128 bytes] each, swizzled)
+template <int HS, bool MN = false, int NK = 2, bool QS = false> struct WgDqSmem {
     static constexpr size_t kt = (size_t)HS / 64 * 8192, ktt = (size_t)HS * 128;  // a buffer's bytes
-    static constexpr size_t k = 0, v = NK * kt, kT = v + 2 * kt, q = kT + (MN ? 0 : 2 * ktt),
-                            dO = q + (size_t)kWgRows * (HS + 8) * 2, total = dO + (size_t)kWgRows * (HS + 8) * 2;
+    static constexpr size_t rows = QS ? 2 * kt : (size_t)kWgRows * (HS + 8) * 2;  // Q's (dO's) bytes
+    static constexpr size_t k = 0, v = NK * kt, kT = v + 2 * kt, q = kT + (MN ? 0 : 2 * ktt), dO = q + rows,
+                            total = dO + rows;
 };
 
 // grid (B * NH, ceil(Tq / 128)), 256 threads, WgDqSmem<HS, MN, NK>::total + kWgSlack bytes.
@@ -34,7 +36,9 @@ template <int HS, bool MN = false, int NK = 2> struct WgDqSmem {
 // K_{j-1} as a second, waits for the first (wait_group 1), computes dS_j while the tensor cores run
 // the dQ product, then waits for it; K_j^T is stored at the end of iteration j, one iteration later.
 // PIPE and MN: K_{j - 1}'s tile is tile j - 1's dQ product's operand while K_{j + 1}'s copy lands: K
-// has three buffers (tile j in buffer j % 3).
+// has three buffers (tile j in buffer j % 3). PIPE at head size 128 (QS): S and dP read Q and dO from
+// swizzled shared memory (wgmma's SS form, as FlashAttention-3's backward), since their fragments
+// would not fit in registers beside the pipeline's; at 64 they stay in registers.
 template <class E, int HS, bool PIPE, bool MN>
 __global__ void __launch_bounds__(kWgThreads)
     flash_backward_dq_wgmma_kernel(E* dq_dst, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
@@ -42,15 +46,15 @@ __global__ void __launch_bounds__(kWgThreads)
                                    SeqPositions kp, bool accumulate) {
     static_assert(HS == 64 || HS == 128, "the wgmma shapes of ptx.cuh");
     constexpr int NK = PIPE && MN ? 3 : 2;  // K's buffers
-    using L = WgDqSmem<HS, MN, NK>;
+    constexpr bool QR = HS <= 64;           // Q's and dO's fragments kept in registers
+    constexpr bool QS = PIPE && !QR;        // ... else from swizzled shared memory where pipelined
+    using L = WgDqSmem<HS, MN, NK, QS>;
     constexpr int BC = kWgBC, LD = HS + 8, NT = BC / 8, DT = HS / 8, KC = HS / 16, LAG = PIPE ? 1 : 0;
-    constexpr bool QR = HS <= 64;  // Q's and dO's fragments kept in registers
-    static_assert(QR || !PIPE, "pipelined at head size 64 (Q's and dO's fragments in registers)");
     char* smem = smem_1024();
     char* sK = smem + L::k;
     char* sV = smem + L::v;
     char* sKT = smem + L::kT;  // (not MN)
-    E* sQ = reinterpret_cast<E*>(smem + L::q);
+    E* sQ = reinterpret_cast<E*>(smem + L::q);  // (QS: swizzled tiles, not E rows)
     E* sO = reinterpret_cast<E*>(smem + L::dO);
 
     const WgRows<HS, E> R(qkv_kv, Tq, Tk, NH, NKV, qp, kp);
@@ -58,6 +62,8 @@ __global__ void __launch_bounds__(kWgThreads)
     const long long stride = R.stride, ostride = (long long)NH * HS;
     const E *Kg = R.Kg, *Vg = R.Vg;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const char* wq = smem + L::q + (warp / 4) * L::kt;   // QS: this warpgroup's 64 rows of Q
+    const char* wo = smem + L::dO + (warp / 4) * L::kt;  // ... and of dO
     float l2[2], Dr[2];  // the lane's rows' lse (base 2) and D
     LLMC_UNROLL
     for (int i = 0; i < 2; i++) {
@@ -67,8 +73,18 @@ __global__ void __launch_bounds__(kWgThreads)
         Dr[i] = r < Tq ? D[li] : 0.0f;
     }
 
-    load_tile<HS, kWgRows, kWgThreads>(sQ, qkv_q + (long long)b * Tq * stride + (long long)h * HS, stride, q0, Tq);
-    load_tile<HS, kWgRows, kWgThreads>(sO, dout + (long long)b * Tq * ostride + (long long)h * HS, ostride, q0, Tq);
+    const E* Qg = qkv_q + (long long)b * Tq * stride + (long long)h * HS;
+    const E* Og = dout + (long long)b * Tq * ostride + (long long)h * HS;
+    if constexpr (QS) {
+        LLMC_UNROLL
+        for (int w = 0; w < 2; w++) {
+            wg_load_k<HS>(smem + L::q + w * L::kt, Qg, stride, q0 + 64 * w, Tq);
+            wg_load_k<HS>(smem + L::dO + w * L::kt, Og, ostride, q0 + 64 * w, Tq);
+        }
+    } else {
+        load_tile<HS, kWgRows, kWgThreads>(sQ, Qg, stride, q0, Tq);
+        load_tile<HS, kWgRows, kWgThreads>(sO, Og, ostride, q0, Tq);
+    }
     uint4 knext[HS / 64][2];
     if (ntiles > 0) {
         wg_load_k<HS>(sK, Kg, stride, 0, kv_end);
@@ -81,8 +97,9 @@ __global__ void __launch_bounds__(kWgThreads)
     ptx::cp_async_commit();
 
     const int frag = (16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;  // ldmatrix's row
-    // Q's and dO's fragments (of unused above head size 64), dS's (the tile whose dQ product is next)
-    uint32_t qf[KC][4], of[KC][4], da[4][4];
+    // Q's and dO's fragments (of unused above head size 64, both with QS), dS's (the tile whose dQ
+    // product is next)
+    uint32_t qf[QS ? 1 : KC][4], of[QR ? KC : 1][4], da[4][4];
     float dq[DT][4];
     LLMC_UNROLL
     for (int d = 0; d < DT; d++)
@@ -102,6 +119,21 @@ __global__ void __launch_bounds__(kWgThreads)
             }
     };
 
+    // S = Q K^T and dP = dO V^T with K, V in tK, tV, issued (not committed): Q's and dO's fragments
+    // from registers, or (QS) Q and dO from shared memory
+    auto issue_s_dp = [&](float (&s)[NT][4], float (&dp)[NT][4], const char* tK, const char* tV) {
+        if constexpr (QS) {
+            LLMC_UNROLL
+            for (int kc = 0; kc < KC; kc++)
+                ptx::wgmma_m64n64k16_ss<E>(s, wg_kdesc(wq, kc), wg_kdesc(tK, kc), kc > 0);
+            LLMC_UNROLL
+            for (int kc = 0; kc < KC; kc++)
+                ptx::wgmma_m64n64k16_ss<E>(dp, wg_kdesc(wo, kc), wg_kdesc(tV, kc), kc > 0);
+        } else {
+            wg_issue_k<E>(s, qf, tK);
+            wg_issue_k<E>(dp, of, tV);
+        }
+    };
     // the dQ product's K of tile jq (MN: K's own tile, else K^T's)
     auto kq = [&](int jq) -> const char* { return MN ? sK + jq % NK * L::kt : sKT + (jq & 1) * L::ktt; };
     // iteration j: S, dP and dS of tile j (j < ntiles), dQ += dS K of tile j - LAG (j >= LAG); K^T of
@@ -138,8 +170,7 @@ __global__ void __launch_bounds__(kWgThreads)
         float s[NT][4], dp[NT][4];
         if (do_s && do_dq) {  // pipelined: S_j and dP_j, then tile j - 1's dQ product under tile j's dS
             ptx::wgmma_fence();
-            wg_issue_k<E>(s, qf, tK);
-            wg_issue_k<E>(dp, of, tV);
+            issue_s_dp(s, dp, tK, tV);
             ptx::wgmma_commit();
             wg_issue_acc<E, HS, MN>(dq, da, kq(j - 1));
             ptx::wgmma_commit();
@@ -148,28 +179,29 @@ __global__ void __launch_bounds__(kWgThreads)
             ds_of(s, dp, k0);
             ptx::wgmma_wait<0>(dq);
             ptx::wgmma_keep_a(da);
-        } else if (do_s && QR) {
+        } else if (do_s && (QR || QS)) {
             ptx::wgmma_fence();
-            wg_issue_k<E>(s, qf, tK);
-            wg_issue_k<E>(dp, of, tV);
+            issue_s_dp(s, dp, tK, tV);
             ptx::wgmma_commit();
             ptx::wgmma_wait0(s);
             ptx::wgmma_wait0(dp);
             ds_of(s, dp, k0);
         } else if (do_s) {  // one operand's fragments at a time (qf holds Q's, then dO's)
-            LLMC_UNROLL
-            for (int kc = 0; kc < KC; kc++) ptx::ldmatrix_x4(qf[kc], sQ + frag + kc * 16);
-            ptx::wgmma_fence();
-            wg_issue_k<E>(s, qf, tK);
-            ptx::wgmma_commit();
-            ptx::wgmma_wait0(s);
-            LLMC_UNROLL
-            for (int kc = 0; kc < KC; kc++) ptx::ldmatrix_x4(qf[kc], sO + frag + kc * 16);
-            ptx::wgmma_fence();
-            wg_issue_k<E>(dp, qf, tV);
-            ptx::wgmma_commit();
-            ptx::wgmma_wait0(dp);
-            ds_of(s, dp, k0);
+            if constexpr (!QS) {
+                LLMC_UNROLL
+                for (int kc = 0; kc < KC; kc++) ptx::ldmatrix_x4(qf[kc], sQ + frag + kc * 16);
+                ptx::wgmma_fence();
+                wg_issue_k<E>(s, qf, tK);
+                ptx::wgmma_commit();
+                ptx::wgmma_wait0(s);
+                LLMC_UNROLL
+                for (int kc = 0; kc < KC; kc++) ptx::ldmatrix_x4(qf[kc], sO + frag + kc * 16);
+                ptx::wgmma_fence();
+                wg_issue_k<E>(dp, qf, tV);
+                ptx::wgmma_commit();
+                ptx::wgmma_wait0(dp);
+                ds_of(s, dp, k0);
+            }
         } else if (do_dq) {  // the last tile's dQ product
             wg_acc_product<E, HS, MN>(dq, da, kq(j - 1));
         }
@@ -437,11 +469,12 @@ __global__ void __launch_bounds__(kWgThreads)
 
 // dK, dV and dQ on wgmma: the dK/dV kernel with K and V from registers (v10, head size 64) or from
 // shared memory (`ss`: v12, and always at head size 128), both kernels pipelined at head size 64
-// (`pipelined`: v11, the dK/dV kernel's K and V from shared memory); `mn`: Q, dO and K read MN-major
-// as they lie (v13 as v10/v12, v14 as v12, v15 as v11);
+// (`pipelined`: v11, the dK/dV kernel's K and V from shared memory; at 128 the dQ kernel alone, its
+// Q and dO from shared memory); `mn`: Q, dO and K read MN-major as they lie (v13 as v10/v12, v14 as
+// v12, v15 as v11);
 // where wgmma_available and the device's shared memory holds the tiles (dK/dV: 102 KiB at 64, 97
-// with ss, 194 at 128; with mn 70, 66 (82 pipelined) and 130; dQ: 85 and 165 KiB, 69 (77
-// pipelined) and 133 with mn); false: nothing launched
+// with ss, 194 at 128; with mn 70, 66 (82 pipelined) and 130; dQ: 85 and 165 KiB (161 pipelined),
+// with mn 69 (77 pipelined) and 133 (145 pipelined)); false: nothing launched
 template <class E>
 bool try_backward_wgmma(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
                         const float* D, int B, int Tq, int Tk, int NH, int NKV, int HS, SeqPositions qp,
@@ -470,6 +503,12 @@ bool try_backward_wgmma(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const 
         skv = mn ? (ss ? WgDkdvSmem<64, true, true>::total : WgDkdvSmem<64, false, true>::total)
                  : (ss ? WgDkdvSmem<64, true>::total : WgDkdvSmem<64, false>::total);
         sq = mn ? WgDqSmem<64, true>::total : WgDqSmem<64>::total;
+    } else if (pipelined) {  // head size 128: v12's dK/dV kernel, the dQ kernel pipelined (Q, dO in shared memory)
+        fkv = mn ? flash_backward_dkdv_wgmma_kernel<E, 128, true, false, true>
+                 : flash_backward_dkdv_wgmma_kernel<E, 128, true, false, false>;
+        fq = mn ? flash_backward_dq_wgmma_kernel<E, 128, true, true> : flash_backward_dq_wgmma_kernel<E, 128, true, false>;
+        skv = mn ? WgDkdvSmem<128, true, true>::total : WgDkdvSmem<128, true>::total;
+        sq = mn ? WgDqSmem<128, true, 3, true>::total : WgDqSmem<128, false, 2, true>::total;
     } else if (mn) {
         fkv = flash_backward_dkdv_wgmma_kernel<E, 128, true, false, true>;
         fq = flash_backward_dq_wgmma_kernel<E, 128, false, true>;

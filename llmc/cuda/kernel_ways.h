@@ -22,8 +22,8 @@ struct KernelWays {
     // pass (0: the choice; dev/cuda's v3-v6); dQ: 0 recomputed in its own kernel, 1 from the dS^T
     // in memory (v7), 2 the fused kernel (v8), with its splits of the key tiles (0: the choice), 3
     // its own kernel on Hopper's wgmma (v9; head sizes 64 and 128, sm_90a), 4 the dK/dV kernel on
-    // wgmma too (v10 at head size 64, v12 at 128), 5 both pipelined at 64 (v11), 6 the dK/dV kernel
-    // with K and V from shared memory (v12)
+    // wgmma too (v10 at head size 64, v12 at 128), 5 both pipelined (v11; at 128 the dQ kernel
+    // alone), 6 the dK/dV kernel with K and V from shared memory (v12)
     bool flash_backward = true;
     int bwd_rows_per_warp = 0, bwd_tile = 0, bwd_pass = 0, bwd_dq = 0, fused_splits = 0;
     size_t scratch_max_bytes = size_t(2) << 30;  // v7's dS^T or v8's dQ accumulators at most (else 0)

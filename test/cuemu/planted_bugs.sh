@@ -87,6 +87,8 @@ mutate wgmma_pipelined_pt_overwritten_in_flight llmc/cuda/flash_backward_wgmma.c
     $'p_ds(s, dp, buf, q0);\n            wait_dv_dk();' $'p_ds(s, dp, buf, q0);\n            wg_acc_a<E>(ap, s);\n            wait_dv_dk();' bf16
 mutate wgmma_ss_one_warpgroups_keys llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
     'const char* wk = smem + L::k + (warp / 4) * QB;' 'const char* wk = smem + L::k;' bf16
+mutate wgmma_dq_ss_one_warpgroups_rows llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
+    'const char* wq = smem + L::q + (warp / 4) * L::kt;' 'const char* wq = smem + L::q;' bf16
 mutate wgmma_dq_without_D llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
     'dp[n][e] = p * (dp[n][e] - Dr[i]);' 'dp[n][e] = p * dp[n][e];' bf16
 mutate wgmma_dkdv_unmasked llmc/cuda/flash_backward_wgmma.cuh attention_wgmma \
