@@ -601,7 +601,7 @@ bool try_backward(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv
         if (wgmma_dq)
             fq = wgmma_mn ? (const void*)flash_backward_dq_wgmma_kernel<E, HS, false, true>
                           : (const void*)flash_backward_dq_wgmma_kernel<E, HS, false, false>,
-            sq = (wgmma_mn ? WgDqSmem<HS, true>::total : WgDqSmem<HS>::total) + kWgSlack;
+            sq = (wgmma_mn ? WgDqSmem<HS, false, true>::total : WgDqSmem<HS, false, false>::total) + kWgSlack;
     }
     const size_t skv = DkdvSmem<HS, BT, MT>::total;
     const size_t ds_elems = DS ? (size_t)B * NH * ds_rows(Tk) * ds_rows(Tq) : 0;

@@ -20,17 +20,20 @@
 
 namespace flash {
 
-// shared memory from a 1024-byte boundary: K [NK][HS / 64][64 keys][128 bytes] (NK = 3 where PIPE and
-// MN, else 2), V [2][HS / 64][64 keys][128 bytes], K^T [2][HS][128 bytes] (not MN), Q and dO [128][HS + 8]
-// (QS: [2 warpgroups][HS / 64][64 rows][128 bytes] each, swizzled)
-template <int HS, bool MN = false, int NK = 2, bool QS = false> struct WgDqSmem {
+// The dQ kernel's shared memory (its PIPE and MN; the kernel and its launchers take the layout from
+// here), from a 1024-byte boundary: K [nk][HS / 64][64 keys][128 bytes] (nk = 3 where PIPE and MN,
+// else 2), V [2][HS / 64][64 keys][128 bytes], K^T [2][HS][128 bytes] (not MN), Q and dO [128][HS +
+// 8] (qs, pipelined above head size 64: [2 warpgroups][HS / 64][64 rows][128 bytes] each, swizzled)
+template <int HS, bool PIPE, bool MN> struct WgDqSmem {
+    static constexpr int nk = PIPE && MN ? 3 : 2;
+    static constexpr bool qs = PIPE && HS > 64;
     static constexpr size_t kt = (size_t)HS / 64 * 8192, ktt = (size_t)HS * 128;  // a buffer's bytes
-    static constexpr size_t rows = QS ? 2 * kt : (size_t)kWgRows * (HS + 8) * 2;  // Q's (dO's) bytes
-    static constexpr size_t k = 0, v = NK * kt, kT = v + 2 * kt, q = kT + (MN ? 0 : 2 * ktt), dO = q + rows,
+    static constexpr size_t rows = qs ? 2 * kt : (size_t)kWgRows * (HS + 8) * 2;  // Q's (dO's) bytes
+    static constexpr size_t k = 0, v = nk * kt, kT = v + 2 * kt, q = kT + (MN ? 0 : 2 * ktt), dO = q + rows,
                             total = dO + rows;
 };
 
-// grid (B * NH, ceil(Tq / 128)), 256 threads, WgDqSmem<HS, MN, NK>::total + kWgSlack bytes.
+// grid (B * NH, ceil(Tq / 128)), 256 threads, WgDqSmem<HS, PIPE, MN>::total + kWgSlack bytes.
 // PIPE (head size 64; dev/cuda/attention_backward v11, kernels.attention_backward=wgmma_pipelined):
 // the forward's v8 pipelining here: iteration j issues S_j and dP_j as one group and dQ += dS_{j-1}
 // K_{j-1} as a second, waits for the first (wait_group 1), computes dS_j while the tensor cores run
@@ -45,10 +48,10 @@ __global__ void __launch_bounds__(kWgThreads)
                                    const float* D, int Tq, int Tk, int NH, int NKV, float scale, SeqPositions qp,
                                    SeqPositions kp, bool accumulate) {
     static_assert(HS == 64 || HS == 128, "the wgmma shapes of ptx.cuh");
-    constexpr int NK = PIPE && MN ? 3 : 2;  // K's buffers
-    constexpr bool QR = HS <= 64;           // Q's and dO's fragments kept in registers
-    constexpr bool QS = PIPE && !QR;        // ... else from swizzled shared memory where pipelined
-    using L = WgDqSmem<HS, MN, NK, QS>;
+    using L = WgDqSmem<HS, PIPE, MN>;
+    constexpr int NK = L::nk;        // K's buffers
+    constexpr bool QR = HS <= 64;    // Q's and dO's fragments kept in registers
+    constexpr bool QS = L::qs;       // ... else from swizzled shared memory where pipelined
     constexpr int BC = kWgBC, LD = HS + 8, NT = BC / 8, DT = HS / 8, KC = HS / 16, LAG = PIPE ? 1 : 0;
     char* smem = smem_1024();
     char* sK = smem + L::k;
@@ -134,6 +137,18 @@ __global__ void __launch_bounds__(kWgThreads)
             wg_issue_k<E>(dp, of, tV);
         }
     };
+    // ... or above head size 64 unpipelined, one at a time: d = X B^T, X's fragments (Q's or dO's rows
+    // x) into qf, B from tile, as a group of its own (fenced, issued, committed and waited for here)
+    auto reloaded_product = [&](float (&d)[NT][4], const E* x, const char* tile) {
+        if constexpr (!QS && !QR) {
+            LLMC_UNROLL
+            for (int kc = 0; kc < KC; kc++) ptx::ldmatrix_x4(qf[kc], x + frag + kc * 16);
+            ptx::wgmma_fence();
+            wg_issue_k<E>(d, qf, tile);
+            ptx::wgmma_commit();
+            ptx::wgmma_wait0(d);
+        }
+    };
     // the dQ product's K of tile jq (MN: K's own tile, else K^T's)
     auto kq = [&](int jq) -> const char* { return MN ? sK + jq % NK * L::kt : sKT + (jq & 1) * L::ktt; };
     // iteration j: S, dP and dS of tile j (j < ntiles), dQ += dS K of tile j - LAG (j >= LAG); K^T of
@@ -187,21 +202,9 @@ __global__ void __launch_bounds__(kWgThreads)
             ptx::wgmma_wait0(dp);
             ds_of(s, dp, k0);
         } else if (do_s) {  // one operand's fragments at a time (qf holds Q's, then dO's)
-            if constexpr (!QS) {
-                LLMC_UNROLL
-                for (int kc = 0; kc < KC; kc++) ptx::ldmatrix_x4(qf[kc], sQ + frag + kc * 16);
-                ptx::wgmma_fence();
-                wg_issue_k<E>(s, qf, tK);
-                ptx::wgmma_commit();
-                ptx::wgmma_wait0(s);
-                LLMC_UNROLL
-                for (int kc = 0; kc < KC; kc++) ptx::ldmatrix_x4(qf[kc], sO + frag + kc * 16);
-                ptx::wgmma_fence();
-                wg_issue_k<E>(dp, qf, tV);
-                ptx::wgmma_commit();
-                ptx::wgmma_wait0(dp);
-                ds_of(s, dp, k0);
-            }
+            reloaded_product(s, sQ, tK);
+            reloaded_product(dp, sO, tV);
+            ds_of(s, dp, k0);
         } else if (do_dq) {  // the last tile's dQ product
             wg_acc_product<E, HS, MN>(dq, da, kq(j - 1));
         }
@@ -247,17 +250,19 @@ __global__ void __launch_bounds__(kWgThreads)
 // MN (kernels.attention_wgmma_layout=mn_major): dV and dK read dO's and Q's own tiles MN-major: no
 // Q^T, dO^T, and no transposing step; with PIPE, step i - 1's products read its Q and dO while step
 // i + 1's land: three buffers of each (step i in buffer i % 3).
-// Shared memory from a 1024-byte boundary: Q, dO [NQ][HS / 64 x 8 KiB] each (swizzled; NQ = 3 where
+// Shared memory from a 1024-byte boundary: Q, dO [nq][HS / 64 x 8 KiB] each (swizzled; nq = 3 where
 // PIPE and MN, else 2), Q^T, dO^T [2][HS / 64 x 8 KiB] (not MN), K and V [128][HS + 8] (ldmatrix's
 // padded rows; SS: [2 warpgroups][HS / 64][8 KiB] swizzled), lse and D [2][64]: 102 KiB at head size
-// 64 (SS 97), 194 KiB at 128; MN 70 (SS 66, PIPE 82), 130.
-template <int HS, bool SS, bool MN = false, int NQ = 2> struct WgDkdvSmem {
+// 64 (SS 97), 194 KiB at 128; MN 70 (SS 66, PIPE 82), 130. (The kernel and its launcher take the
+// layout, by the kernel's SS, PIPE and MN, from here.)
+template <int HS, bool SS, bool PIPE, bool MN> struct WgDkdvSmem {
+    static constexpr int nq = PIPE && MN ? 3 : 2;
     static constexpr size_t qb = (size_t)HS / 64 * 8192, kv = SS ? 2 * qb : (size_t)kWgRows * (HS + 8) * 2;
-    static constexpr size_t q = 0, dO = NQ * qb, qT = 2 * NQ * qb, dOT = qT + 2 * qb, k = MN ? qT : dOT + 2 * qb,
+    static constexpr size_t q = 0, dO = nq * qb, qT = 2 * nq * qb, dOT = qT + 2 * qb, k = MN ? qT : dOT + 2 * qb,
                             v = k + kv, lse = v + kv, d = lse + 2 * 64 * 4, total = d + 2 * 64 * 4;
 };
 
-// grid (B * NKV, ceil(Tk / 128)), 256 threads, WgDkdvSmem<HS, SS, MN, NQ>::total + kWgSlack bytes
+// grid (B * NKV, ceil(Tk / 128)), 256 threads, WgDkdvSmem<HS, SS, PIPE, MN>::total + kWgSlack bytes
 template <class E, int HS, bool SS, bool PIPE, bool MN>
 __global__ void __launch_bounds__(kWgThreads)
     flash_backward_dkdv_wgmma_kernel(E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
@@ -265,8 +270,8 @@ __global__ void __launch_bounds__(kWgThreads)
                                      SeqPositions kp, bool accumulate) {
     static_assert(HS == 64 || (SS && HS == 128), "head size 64; 128 with K and V from shared memory");
     static_assert(!PIPE || (SS && HS == 64), "pipelined: head size 64, K and V from shared memory");
-    constexpr int NQ = PIPE && MN ? 3 : 2;  // Q's and dO's buffers
-    using L = WgDkdvSmem<HS, SS, MN, NQ>;
+    using L = WgDkdvSmem<HS, SS, PIPE, MN>;
+    constexpr int NQ = L::nq;  // Q's and dO's buffers
     constexpr int BQ = 64, LD = HS + 8, NT = BQ / 8, DT = HS / 8, KC = HS / 16, LAG = PIPE ? 1 : 0;
     constexpr size_t QB = L::qb;
     char* smem = smem_1024();
@@ -467,6 +472,28 @@ __global__ void __launch_bounds__(kWgThreads)
     store_dkdv<HS, 1>(dkv, dk, dv, b, kvh, kw0, Tk, NH, NKV, scale, accumulate);
 }
 
+// The two kernels of one choice: the dQ kernel's PIPE and MN, the dK/dV kernel's SS (always at head
+// size 128) and PIPE (at 64), launched where the device's shared memory holds both
+template <int HS, bool SS, bool PIPE, bool MN, class E>
+bool launch_backward_wgmma(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const E* qkv_kv, const float* lse,
+                           const float* D, int B, int Tq, int Tk, int NH, int NKV, SeqPositions qp, SeqPositions kp,
+                           bool accumulate, cudaStream_t st) {
+    constexpr bool kv_ss = SS || PIPE || HS == 128, kv_pipe = PIPE && HS == 64;
+    auto fkv = flash_backward_dkdv_wgmma_kernel<E, HS, kv_ss, kv_pipe, MN>;
+    auto fq = flash_backward_dq_wgmma_kernel<E, HS, PIPE, MN>;
+    const size_t skv = WgDkdvSmem<HS, kv_ss, kv_pipe, MN>::total + kWgSlack;
+    const size_t sq = WgDqSmem<HS, PIPE, MN>::total + kWgSlack;
+    int optin = 0;
+    if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem((const void*)fq, sq, &optin)) return false;
+    const float scale = 1.0f / sqrtf((float)HS);
+    LLMC_LAUNCH(fkv, dim3(B * NKV, (Tk + kWgRows - 1) / kWgRows), kWgThreads, skv, st, dkv, dout, qkv_q, qkv_kv, lse,
+                D, Tq, Tk, NH, NKV, scale, qp, kp, accumulate);
+    CUDA_CHECK_LAUNCH();
+    LLMC_LAUNCH(fq, dim3(B * NH, (Tq + kWgRows - 1) / kWgRows), kWgThreads, sq, st, dq_dst, dout, qkv_q, qkv_kv, lse, D,
+                Tq, Tk, NH, NKV, scale, qp, kp, accumulate);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
 // dK, dV and dQ on wgmma: the dK/dV kernel with K and V from registers (v10, head size 64) or from
 // shared memory (`ss`: v12, and always at head size 128), both kernels pipelined at head size 64
 // (`pipelined`: v11, the dK/dV kernel's K and V from shared memory; at 128 the dQ kernel alone, its
@@ -481,50 +508,17 @@ bool try_backward_wgmma(E* dq_dst, E* dkv, const E* dout, const E* qkv_q, const 
                         SeqPositions kp, bool accumulate, cudaStream_t st, bool pipelined = false, bool ss = false,
                         bool mn = false) {
     if ((HS != 64 && HS != 128) || !wgmma_available()) return false;
-    using Fn = void (*)(E*, const E*, const E*, const E*, const float*, const float*, int, int, int, int, float,
-                        SeqPositions, SeqPositions, bool);
-    Fn fkv = flash_backward_dkdv_wgmma_kernel<E, 128, true, false, false>;
-    Fn fq = flash_backward_dq_wgmma_kernel<E, 128, false, false>;
-    size_t skv = WgDkdvSmem<128, true>::total, sq = WgDqSmem<128>::total;
-    if (HS == 64 && pipelined && mn) {
-        fkv = flash_backward_dkdv_wgmma_kernel<E, 64, true, true, true>;
-        fq = flash_backward_dq_wgmma_kernel<E, 64, true, true>;
-        skv = WgDkdvSmem<64, true, true, 3>::total, sq = WgDqSmem<64, true, 3>::total;
-    } else if (HS == 64 && pipelined) {
-        fkv = flash_backward_dkdv_wgmma_kernel<E, 64, true, true, false>;
-        fq = flash_backward_dq_wgmma_kernel<E, 64, true, false>;
-        skv = WgDkdvSmem<64, true>::total, sq = WgDqSmem<64>::total;
-    } else if (HS == 64) {
-        fkv = mn ? (ss ? flash_backward_dkdv_wgmma_kernel<E, 64, true, false, true>
-                       : flash_backward_dkdv_wgmma_kernel<E, 64, false, false, true>)
-                 : (ss ? flash_backward_dkdv_wgmma_kernel<E, 64, true, false, false>
-                       : flash_backward_dkdv_wgmma_kernel<E, 64, false, false, false>);
-        fq = mn ? flash_backward_dq_wgmma_kernel<E, 64, false, true> : flash_backward_dq_wgmma_kernel<E, 64, false, false>;
-        skv = mn ? (ss ? WgDkdvSmem<64, true, true>::total : WgDkdvSmem<64, false, true>::total)
-                 : (ss ? WgDkdvSmem<64, true>::total : WgDkdvSmem<64, false>::total);
-        sq = mn ? WgDqSmem<64, true>::total : WgDqSmem<64>::total;
-    } else if (pipelined) {  // head size 128: v12's dK/dV kernel, the dQ kernel pipelined (Q, dO in shared memory)
-        fkv = mn ? flash_backward_dkdv_wgmma_kernel<E, 128, true, false, true>
-                 : flash_backward_dkdv_wgmma_kernel<E, 128, true, false, false>;
-        fq = mn ? flash_backward_dq_wgmma_kernel<E, 128, true, true> : flash_backward_dq_wgmma_kernel<E, 128, true, false>;
-        skv = mn ? WgDkdvSmem<128, true, true>::total : WgDkdvSmem<128, true>::total;
-        sq = mn ? WgDqSmem<128, true, 3, true>::total : WgDqSmem<128, false, 2, true>::total;
-    } else if (mn) {
-        fkv = flash_backward_dkdv_wgmma_kernel<E, 128, true, false, true>;
-        fq = flash_backward_dq_wgmma_kernel<E, 128, false, true>;
-        skv = WgDkdvSmem<128, true, true>::total, sq = WgDqSmem<128, true>::total;
-    }
-    skv += kWgSlack, sq += kWgSlack;
-    int optin = 0;
-    if (!opt_in_smem((const void*)fkv, skv, &optin) || !opt_in_smem((const void*)fq, sq, &optin)) return false;
-    const float scale = 1.0f / sqrtf((float)HS);
-    LLMC_LAUNCH(fkv, dim3(B * NKV, (Tk + kWgRows - 1) / kWgRows), kWgThreads, skv, st, dkv, dout, qkv_q, qkv_kv, lse,
-                D, Tq, Tk, NH, NKV, scale, qp, kp, accumulate);
-    CUDA_CHECK_LAUNCH();
-    LLMC_LAUNCH(fq, dim3(B * NH, (Tq + kWgRows - 1) / kWgRows), kWgThreads, sq, st, dq_dst, dout, qkv_q, qkv_kv, lse, D,
-                Tq, Tk, NH, NKV, scale, qp, kp, accumulate);
-    CUDA_CHECK_LAUNCH();
-    return true;
+#define LLMC_WG_BWD(D_, S, P, M)                                                                                 \
+    launch_backward_wgmma<D_, S, P, M>(dq_dst, dkv, dout, qkv_q, qkv_kv, lse, D, B, Tq, Tk, NH, NKV, qp, kp, \
+                                       accumulate, st)
+#define LLMC_WG_BWD_MN(D_, S, P) (mn ? LLMC_WG_BWD(D_, S, P, true) : LLMC_WG_BWD(D_, S, P, false))
+#define LLMC_WG_BWD_HS(D_)                                                                       \
+    (pipelined ? LLMC_WG_BWD_MN(D_, true, true)                                                  \
+               : ss || D_ == 128 ? LLMC_WG_BWD_MN(D_, true, false) : LLMC_WG_BWD_MN(D_, false, false))
+    return HS == 64 ? LLMC_WG_BWD_HS(64) : LLMC_WG_BWD_HS(128);
+#undef LLMC_WG_BWD_HS
+#undef LLMC_WG_BWD_MN
+#undef LLMC_WG_BWD
 }
 
 }  // namespace flash

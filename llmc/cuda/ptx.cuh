@@ -242,6 +242,16 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 // the second, each as results that differ between the schedules (or are wrong).
 #if defined(LLMC_CUEMU)
 namespace emu {
+// this thread's element of a per-thread state array (one array per OS thread, i.e. per block being
+// run), fresh in each block: value-initialised, with its member `block` set to cuemu::block_serial
+template <class S> S& thread_state(S (&s)[1024]) {
+    S& st = s[threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)];
+    if (st.block != ::cuemu::block_serial()) {
+        st = S{};
+        st.block = ::cuemu::block_serial();
+    }
+    return st;
+}
 struct CpCopy {
     void* dst;
     unsigned char bytes[16];
@@ -254,9 +264,7 @@ struct CpState {
 };
 inline CpState& cp_state() {  // this thread's, fresh in each block
     static thread_local CpState s[1024];
-    CpState& st = s[threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)];
-    if (st.block != ::cuemu::block_serial()) st = CpState{::cuemu::block_serial(), 0, {}};
-    return st;
+    return thread_state(s);
 }
 }  // namespace emu
 #endif
@@ -358,10 +366,8 @@ struct WgState {
     WgOp ops[32];
 };
 inline WgState& wg_state() {  // this thread's, fresh in each block
-    static thread_local WgState s[1024];  // per thread of the block (per OS thread is per block)
-    WgState& st = s[threadIdx.x];
-    if (st.block != ::cuemu::block_serial()) st = WgState{::cuemu::block_serial(), false, 0, 0, {}, {}};
-    return st;
+    static thread_local WgState s[1024];
+    return thread_state(s);
 }
 }  // namespace emu
 #endif

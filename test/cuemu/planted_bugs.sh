@@ -72,9 +72,9 @@ mutate wgmma_mn_kstep_one_row_group llmc/cuda/flash_forward_wgmma.cuh attention_
 mutate wgmma_mn_v_into_buffer_in_use llmc/cuda/flash_forward_wgmma.cuh attention_wgmma_mn \
     'wg_load_k<HS>(sVt + (jv & 1) * L::vtt' 'wg_load_k<HS>(sVt + ((jv + 1) & 1) * L::vtt' bf16
 mutate wgmma_mn_pipelined_two_k_buffers llmc/cuda/flash_backward_wgmma.cuh attention_wgmma_mn \
-    'constexpr int NK = PIPE && MN ? 3 : 2;' 'constexpr int NK = 2;' bf16
+    'static constexpr int nk = PIPE && MN ? 3 : 2;' 'static constexpr int nk = 2;' bf16
 mutate wgmma_mn_pipelined_two_q_buffers llmc/cuda/flash_backward_wgmma.cuh attention_wgmma_mn \
-    'constexpr int NQ = PIPE && MN ? 3 : 2;' 'constexpr int NQ = 2;' bf16
+    'static constexpr int nq = PIPE && MN ? 3 : 2;' 'static constexpr int nq = 2;' bf16
 mutate wgmma_k_waited_too_late llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     "ptx::cp_async_wait<1>();  // every group but this iteration's" 'ptx::cp_async_wait<2>();' bf16
 mutate wgmma_s_read_before_wait llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
