@@ -346,7 +346,9 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 // (a kernel that issues before its operands are in shared memory, e.g. above the barrier that
 // publishes other threads' copies, goes wrong there). It sums as mma_16816's twin does (k in
 // order), decodes B's addresses from the descriptor's bits as the hardware does, and aborts on an
-// issue with no wgmma.fence since this thread's last wait (the rule as these kernels keep it).
+// issue with no wgmma.fence since this thread's last wait (the rule as these kernels keep it), and
+// on a read of shared memory the async proxy was not shown (cuemu::async_view: a store or copy with
+// no fence_proxy_async and __syncthreads after it, or one made while the wgmma was in flight).
 #if defined(LLMC_CUEMU)
 namespace emu {
 // one issued wgmma: where its accumulators and A registers live, its descriptor and flag, and the
@@ -448,7 +450,9 @@ __device__ __forceinline__ void wgmma_keep_a(const uint32_t (&a)[4][4]) {
 #endif
 }
 __device__ __forceinline__ void fence_proxy_async() {
-#if !defined(LLMC_CUEMU) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if defined(LLMC_CUEMU)
+    ::cuemu::fence_proxy_async();  // the next barrier shows shared memory to the twin's reads
+#elif defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
@@ -464,12 +468,16 @@ template <class E, int N, bool TB> void wgmma_run(const WgOp& op) {
     float (*d)[4] = reinterpret_cast<float (*)[4]>(op.d);
     const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
     const char* smem = ::cuemu::dynamic_smem();
+    const char* view = ::cuemu::async_view();
     // the half at byte `off` of a 128-byte-swizzled tile (A's or B's): the address the descriptor
-    // forms, then the swizzle; kmajor: row r's element k of a K-major one (start and SBO from `desc`)
+    // forms, then the swizzle (and the bytes the async proxy was shown, or an abort); kmajor: row
+    // r's element k of a K-major one (start and SBO from `desc`)
     auto half_at = [&](uint32_t off) {
         off ^= ((off >> 7) & 7u) << 4;
-        unsigned short bits;
+        unsigned short bits, seen;
         std::memcpy(&bits, smem + off, 2);
+        std::memcpy(&seen, view + off, 2);
+        if (bits != seen) ::cuemu::async_view_stale(off, "wgmma");
         return half_of<E>(bits);
     };
     auto kmajor = [&](uint64_t desc, uint32_t r, uint32_t k) {

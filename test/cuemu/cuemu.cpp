@@ -165,6 +165,9 @@ struct Block {
     void (*body)(void*);
     void* ctx;
     char* smem = nullptr;
+    size_t smem_bytes = 0;
+    char* view = nullptr;       // the async proxy's view of smem (null: not made yet, the NaN fill)
+    bool proxy_fenced = false;  // a thread ran fence_proxy_async since the last barrier
     uint64_t serial = 0;
 };
 thread_local Block* t_blk = nullptr;
@@ -182,7 +185,7 @@ struct SmemBuffer {
         return p;
     }
 };
-thread_local SmemBuffer t_smem;
+thread_local SmemBuffer t_smem, t_view;
 
 const char* coll_name(Coll k) {
     switch (k) {
@@ -328,6 +331,11 @@ bool release_barrier(Block& b) {
         fail(b, fmt("__syncthreads (%s:%d) reached by %d threads while %d have exited", base(first->file), first->line,
                     at, b.exited));
     for (ThreadState& t : b.th) t.wait = Wait::Run;
+    if (b.proxy_fenced) {  // the writes before the fences (and any since: leniently) reach the async proxy
+        if (!b.view) b.view = t_view.get();
+        std::memcpy(b.view, b.smem, b.smem_bytes);
+        b.proxy_fenced = false;
+    }
     return true;
 }
 
@@ -406,6 +414,21 @@ const dim3& grid_dim() { return t_blk->gdim; }
 char* dynamic_smem() { return t_blk->smem; }
 uint64_t block_serial() { return t_blk->serial; }
 bool async_reads_early() { return schedule().order != Order::Forward; }
+void fence_proxy_async() { t_blk->proxy_fenced = true; }
+const char* async_view() {
+    Block& b = *t_blk;
+    if (!b.view) {
+        b.view = t_view.get();
+        std::memset(b.view, kNaN, b.smem_bytes);
+    }
+    return b.view;
+}
+void async_view_stale(size_t offset, const char* what) {
+    fail(*t_blk, fmt("%s read byte %zu of shared memory, which differs from the async proxy's view of it (shared "
+                     "memory at the last __syncthreads after a fence.proxy.async): written without "
+                     "fence.proxy.async and __syncthreads between the write and the %s, or while it was in flight",
+                     what, offset, what));
+}
 
 uint64_t warp_collective(Coll kind, unsigned mask, uint64_t value, int arg, int width, const char* file, int line) {
     ThreadState* t = t_cur;
@@ -483,6 +506,7 @@ cudaError_t run_grid(const char* name, const void* fn, dim3 grid, dim3 block, si
         b.body = body;
         b.ctx = c;
         b.smem = t_smem.get();
+        b.smem_bytes = smem;
         b.serial = ++t_serial;
         CUEMU_UNPOISON(b.smem, kOptinSmem + kSmemGuard);
         std::memset(b.smem, kNaN, smem);

@@ -56,6 +56,15 @@ const dim3& grid_dim();
 char* dynamic_smem();
 uint64_t block_serial();  // a number of the block now running, unique on this OS thread
 bool async_reads_early();  // copies land at their wait, wgmma reads at its issue (ORDER reverse, random)
+// The async proxy (wgmma's reads of shared memory by descriptor) sees what threads wrote there
+// (st.shared, cp.async: the generic proxy) only after the writer's fence.proxy.async and a
+// barrier. The emulator keeps that view of the block's dynamic shared memory: a copy taken when a
+// __syncthreads is released that some thread reached after a fence_proxy_async (the fence, then
+// the barrier: CUTLASS's order). async_view: the view (the launch's NaN fill before the first such
+// barrier); async_view_stale: a wgmma read a byte where shared memory and the view differ (aborts).
+void fence_proxy_async();
+const char* async_view();
+[[noreturn]] void async_view_stale(size_t offset, const char* what);
 
 // ---- warp collectives (all go through one rendezvous) ----
 enum class Coll { Shfl, ShflUp, ShflDown, ShflXor, Ballot, SyncWarp, Wmma };

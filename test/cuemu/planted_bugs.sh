@@ -77,6 +77,8 @@ mutate wgmma_mn_pipelined_two_q_buffers llmc/cuda/flash_backward_wgmma.cuh atten
     'static constexpr int nq = PIPE && MN ? 3 : 2;' 'static constexpr int nq = 2;' bf16
 mutate wgmma_k_waited_too_late llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     "ptx::cp_async_wait<1>();  // every group but this iteration's" 'ptx::cp_async_wait<2>();' bf16
+mutate wgmma_proxy_fence_dropped llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
+    "ptx::fence_proxy_async();  // this thread's copies and V^T stores, to the tensor cores' reads" '' bf16
 mutate wgmma_s_read_before_wait llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \
     $'ptx::wgmma_wait0(s);\n            wg_softmax' 'wg_softmax' bf16
 mutate wgmma_pipelined_p_overwritten_in_flight llmc/cuda/flash_forward_wgmma.cuh attention_wgmma \

@@ -2,7 +2,8 @@
 # make test-emu: the CUDA source on the CPU emulator (test/cuemu/cuemu.h).
 #  1. the emulator's own tests (build/cuemu_selftest): the good kernels and the cuBLASLt rules and epilogues
 #     pass in three schedules, each broken kernel is caught with its message (the two async ones
-#     under reverse-warp, the schedule that lands copies late and lets wgmma read early);
+#     under reverse-warp, the schedule that lands copies late and lets wgmma read early; the
+#     unfenced one, whose wgmma reads what the async proxy was not shown, in any);
 #  2. test_gpu's op cases on CudaOps compiled for the emulator (build/test_gpu_emu), in the
 #     schedules forward-lockstep and reverse-warp: every case passes and the two runs' digests of
 #     the determinism-checked results are equal (reverse-warp runs fp32 and bf16 only: fp16's
@@ -25,7 +26,7 @@ took() { echo "$(( $(date +%s) - $1 ))s, $(awk -v a="$(cpu_s)" -v b="$2" 'BEGIN 
 echo "== emulator self-tests"
 start=$(date +%s) cpu0=$(cpu_s)
 for s in forward-lockstep reverse-warp random7-lockstep; do
-    for c in reduce ballot dynamic_smem lt_rules lt_epilogues capture; do
+    for c in reduce ballot dynamic_smem lt_rules lt_epilogues capture wgmma_tile; do
         if out=$(CUEMU_SCHEDULE=$s $B/cuemu_selftest $c 2>&1); then :; else
             problems+=("selftest $c ($s)"); echo "FAIL selftest $c ($s): $out" | head -n 5
         fi
@@ -51,6 +52,7 @@ expect_caught bad_pointer 'is not inside a device or pinned host allocation'
 # that land copies late and read early, reverse and random, show them; forward hides them)
 CUEMU_SCHEDULE=reverse-warp expect_caught copy_unwaited 'copy read before its wait'
 CUEMU_SCHEDULE=reverse-warp expect_caught wgmma_early 'wgmma read B before it was written'
+expect_caught proxy_unfenced "differs from the async proxy's view"
 echo "(self-tests: $(took $start $cpu0))"
 
 echo "== test_gpu's op cases on CudaOps under the emulator${CUEMU_FILTER:+ (filter $CUEMU_FILTER)}"

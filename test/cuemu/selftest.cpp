@@ -16,8 +16,11 @@
 //                     with a misaligned pointer, fp8 with an fp32 C and bf16 D, bf16 x fp32 (good)
 //   copy_unwaited     a cp.async read with no wait_group before it (right where copies land at
 //                     their issue, ORDER forward; NaN where at their wait, the other orders)
+//   wgmma_tile        a wgmma of B that other threads wrote, fenced and published (good)
 //   wgmma_early       a wgmma issued above the barrier behind which other threads write its B
 //                     (right where it reads at its wait, ORDER forward; wrong where at its issue)
+//   proxy_unfenced    B written and published with no fence.proxy.async (abort: the async
+//                     proxy's view differs)
 //   lt_epilogues      the stand-in's GELU_AUX_BIAS (aux = bias-added value, D = its tanh GELU) and
 //                     BGRADB (op(B)'s column sums) against host loops; refused: an aux leading
 //                     dimension not a multiple of 8 or below the rows, no aux pointer, BGRADB
@@ -117,26 +120,32 @@ __global__ void copy_unwaited_kernel(float* out, const float* in) {
     out[threadIdx.x] = s[4 * threadIdx.x];
 }
 // D = A B (m64n64k16 x 4, A all ones) by warpgroup 1 of B's 64 x 64 tile (K-major, 128-byte
-// swizzled), which warpgroup 0 writes; the bug: warpgroup 1 issues before the barrier behind which
-// the writes are, and waits after it. out[n] = D[0][n] = the sum over k of B[n][k]
-__global__ void wgmma_early_kernel(float* out, const __nv_bfloat16* b) {
+// swizzled), which warpgroup 0 writes, fences (fence.proxy.async) and publishes with a barrier.
+// early (the bug of wgmma_early): warpgroup 1 issues before that barrier and waits after it;
+// fence = false (the bug of proxy_unfenced): the writers do not fence. out[n] = D[0][n] = the sum
+// over k of B[n][k]
+__global__ void wgmma_tile_kernel(float* out, const __nv_bfloat16* b, bool early, bool fence) {
     char* tile = ::cuemu::dynamic_smem();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp < 4)
+    if (warp < 4) {
         for (int i = threadIdx.x; i < 64 * 8; i += 128) {  // row n = i / 8, 16-byte chunk c = i % 8
             const int n = i / 8, c = i % 8;
             std::memcpy(tile + n * 128 + ((c ^ (n % 8)) << 4), b + n * 64 + c * 8, 16);
         }
+        if (fence) ptx::fence_proxy_async();
+    }
     float d[8][4];
     uint32_t a[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};  // bf16 1.0 pairs
-    if (warp >= 4) {
+    auto issue = [&] {
         ptx::wgmma_fence();
         for (int kc = 0; kc < 4; kc++)
             ptx::wgmma_m64k16<__nv_bfloat16, 64>(d, a, ptx::wgmma_desc_sw128(tile, kc * 32), kc > 0);
         ptx::wgmma_commit();
-    }
+    };
+    if (warp >= 4 && early) issue();
     __syncthreads();
     if (warp >= 4) {
+        if (!early) issue();
         ptx::wgmma_wait0(d);
         if (warp == 4 && lane < 4)  // row 0: d[i][0..1] at columns 8 i + 2 lane, + 1
             for (int i = 0; i < 8; i++) out[8 * i + 2 * lane] = d[i][0], out[8 * i + 2 * lane + 1] = d[i][1];
@@ -475,7 +484,7 @@ int main(int argc, char** argv) {
         std::printf("PASS %s (the copies landed at their issue)\n", c.c_str());
         return 0;
     }
-    if (c == "wgmma_early") {
+    if (c == "wgmma_early" || c == "wgmma_tile" || c == "proxy_unfenced") {
         std::vector<uint16_t> hb(64 * 64);
         for (int n = 0; n < 64; n++)
             for (int k = 0; k < 64; k++) hb[n * 64 + k] = f32_to_bf16_bits((float)((n + k) % 5) - 2.0f);
@@ -485,7 +494,7 @@ int main(int argc, char** argv) {
         CHECK(cudaMalloc(&b, hb.size() * 2));
         CHECK(cudaMalloc(&out, 64 * 4));
         CHECK(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
-        LAUNCH(wgmma_early_kernel, 1, 256, 8192, out, (const __nv_bfloat16*)b);
+        LAUNCH(wgmma_tile_kernel, 1, 256, 8192, out, (const __nv_bfloat16*)b, c == "wgmma_early", c != "proxy_unfenced");
         CHECK(cudaGetLastError());
         CHECK(cudaMemcpy(got.data(), out, 64 * 4, cudaMemcpyDeviceToHost));
         for (int n = 0; n < 64; n++) {
@@ -494,11 +503,11 @@ int main(int argc, char** argv) {
             if (got[n] != want) return fail("wgmma read B before it was written: D[0][" + std::to_string(n) +
                                             "] = " + std::to_string(got[n]) + ", want " + std::to_string(want));
         }
-        std::printf("PASS %s (the wgmma read at its wait)\n", c.c_str());
+        std::printf("PASS %s%s\n", c.c_str(), c == "wgmma_tile" ? "" : " (the wgmma read at its wait)");
         return 0;
     }
     std::fprintf(stderr, "usage: cuemu_selftest reduce|ballot|dynamic_smem|missing_barrier|divergent_shuffle|"
                          "barrier_in_branch|smem_short|off_by_one|no_optin|bad_pointer|lt_rules|lt_epilogues|"
-                         "copy_unwaited|wgmma_early\n");
+                         "copy_unwaited|wgmma_early|wgmma_tile|proxy_unfenced\n");
     return 2;
 }
