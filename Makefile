@@ -64,7 +64,8 @@ LINK_LIBS := $(LDLIBS)
 endif
 TEST_SRCS := $(wildcard test/test_*.cpp)
 TEST_OBJS := $(TEST_SRCS:%.cpp=$(BUILD)/%.o)
-GPU_TEST_SRCS := $(if $(filter 0,$(CUDA)),,$(wildcard test/gpu/*.cu))
+# (test_gpu.cu is test_gpu's one translation unit: it includes test/gpu/cases_*.cuh)
+GPU_TEST_SRCS := $(if $(filter 0,$(CUDA)),,test/gpu/test_gpu.cu)
 TOOLS     := $(patsubst %.cpp,$(BIN)%,$(wildcard dev/data/*.cpp))
 
 .PHONY: all test clean bundle gpu-kit fuzz check-layout test-emu
@@ -132,7 +133,7 @@ $(BUILD)/emu/%.o: %.cu
 $(BUILD)/emu/%.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_FLAGS) -c $< -o $@
-$(BUILD)/test_gpu_emu: $(BUILD)/emu/test/gpu/test_gpu_ops.o $(EMU_CUDA_OBJS) $(EMU_OBJS) $(BUILD)/libllmc.a
+$(BUILD)/test_gpu_emu: $(BUILD)/emu/test/gpu/test_gpu.o $(EMU_CUDA_OBJS) $(EMU_OBJS) $(BUILD)/libllmc.a
 	$(CXX) $(EMU_FLAGS) -o $@ $^ $(MPI_LIBS) -lboost_context
 # The trainer itself on the emulator (train_gpt.cu is plain C++; CudaOps the emulated one): device
 # "cuda" end to end in CI, slowly (test/e2e/test_fp16_cuda_emu.sh).

@@ -3,7 +3,7 @@
 //   - the CPU tests (test/test_cpu_ops.cpp, test/test_llama_ops.cpp): finite differences in
 //     double on the cases marked Fd (tiny: one central difference per element), and CpuOps
 //     (float) against the double templates on the cases marked Cpu;
-//   - the GPU parity tests (test/gpu/test_gpu_ops.cu): CUDA against CpuOps on the cases
+//   - the GPU parity tests (test/gpu/test_gpu.cu): CUDA against CpuOps on the cases
 //     marked Gpu, in fp32, bf16 and fp16 (Long: a long case, which the CUDA emulator's second
 //     schedule leaves out, LLMC_TEST_SKIP_LONG);
 //   - the kernel experiments (dev/cuda/*.cu): their default shape is the op's Bench case.

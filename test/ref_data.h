@@ -1,6 +1,6 @@
 // The committed PyTorch reference for GPT-2 (dev/reference/gpt2_reference.py, float64, Debian's
 // python3-torch), read by the CPU parity test (test/test_parity.cpp) and the GPU tests
-// (test/gpu/test_gpu_ops.cu). Two files:
+// (test/gpu/cases_model.cuh). Two files:
 //   test/data/ref_model.bin  tiny GPT-2 weights, llm.c checkpoint format (version 3, fp32)
 //   test/data/ref_state.bin  the debug state:
 //     int32 header[256]: [0] magic 20241121 [1] version 1 [2] B [3] T [4] V [5] Vp

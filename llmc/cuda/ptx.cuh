@@ -3,7 +3,7 @@
 // On a device (sm_80+) each is one `asm volatile`; under the CUDA emulator (LLMC_CUEMU,
 // test/cuemu) each is a CPU twin that follows the documented layout exactly, built from the
 // warp primitives the emulator has: it gathers the other lanes' registers (a per-warp exchange
-// behind a __syncwarp), then computes this lane's share. test/gpu/test_gpu_ops.cu's `ptx` filter
+// behind a __syncwarp), then computes this lane's share. test/gpu/cases_ptx.cuh's `ptx` filter
 // checks the twins against a naive per-element product (and on a device the instructions themselves).
 //
 // Notation (a warp's 32 lanes): g = lane / 4 (the "group", 0..7), t = lane % 4 (0..3).

@@ -2,7 +2,7 @@
 # Planted bugs: builds test_gpu_emu from mutated copies of llmc/cuda (one mutation each) and
 # expects every one to be caught: test_gpu's cases for the mutated op fail, abort, or give
 # different digests in the two schedules. Prints one line per mutation; exit 1 if any was missed.
-# Needs build/emu/test/gpu/test_gpu_ops.o and the emulator's objects (make test-emu builds them);
+# Needs build/emu/test/gpu/test_gpu.o and the emulator's objects (make test-emu builds them);
 # CXX, EMU_FLAGS, MPI_LIBS come from the Makefile.
 set -u
 cd "$(dirname "$0")/../.."
@@ -149,7 +149,7 @@ plant() {
         fi
         objs+=("$o")
     done
-    if ! $CXX "${flags[@]}" -o "$d/test_gpu_emu" "$B/emu/test/gpu/test_gpu_ops.o" "${objs[@]}" $B/emu/test/cuemu/cuemu.o \
+    if ! $CXX "${flags[@]}" -o "$d/test_gpu_emu" "$B/emu/test/gpu/test_gpu.o" "${objs[@]}" $B/emu/test/cuemu/cuemu.o \
            $B/emu/test/cuemu/cublaslt.o $B/libllmc.a ${MPI_LIBS:-} -lboost_context 2>> "$d/build.log"; then
         echo "MISSED $name: the mutated copy does not link (see $d/build.log)"
         return

@@ -30,8 +30,8 @@ before=$(md5sum "$ROOT/dev/bench/RESULTS.md")
 dry=$(bash "$G" --quick --dry-run --out "$W/q") || die "--quick --dry-run failed: $dry"
 [ "$(md5sum "$ROOT/dev/bench/RESULTS.md")" = "$before" ] || die "--dry-run wrote dev/bench/RESULTS.md"
 [ ! -e "$W/q" ] || die "--dry-run wrote --out"
-# the filter list of scripts/gpu_quick.sh is test_gpu's (test/gpu/test_gpu_ops.cu: run(op, filter) and want(filter))
-filters=$(grep -oE 'run\("[a-z_0-9]+", "[a-z_0-9]+"|want\("[a-z_0-9]+"\)' "$ROOT/test/gpu/test_gpu_ops.cu" |
+# the filter list of scripts/gpu_quick.sh is test_gpu's (test/gpu/test_gpu.cu: run(op, filter) and want(filter))
+filters=$(grep -oE 'run\("[a-z_0-9]+", "[a-z_0-9]+"|want\("[a-z_0-9]+"\)' "$ROOT/test/gpu/test_gpu.cu" |
           sed -E 's/.*"([a-z_0-9]+)"\)?$/\1/' | sort -u)
 for f in $filters; do
     grep -qE "^\[dry-run\] test_gpu $f +<=" <<<"$dry" || die "--quick runs no 'test_gpu $f'"

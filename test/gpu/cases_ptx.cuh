@@ -18,8 +18,13 @@
 // lies, MN-major (imm-trans-b 1; not used by the kernels yet: on a GPU the check of ptx.cuh's
 // reading of the ISA's MN-major layout, on the emulator only that the twin follows that reading);
 // D5 = D1 with A from shared memory too (wgmma_m64n64k16_ss: A's swizzled tiles by cp.async, a
-// warpgroup's 64 rows each, as the dK/dV kernel's K and V).
-// (Included by test_gpu_ops.cu inside its anonymous namespace, after report(); ptx.cuh included above.)
+// warpgroup's 64 rows each, as the dK/dV kernel's K and V). Part of test_gpu.cu.
+#pragma once
+#include "llmc/cuda/flash_attention.cuh"
+#include "llmc/cuda/ptx.cuh"
+#include "test/gpu/harness.h"
+
+namespace gpu_test {
 
 constexpr int kPtxLD = 24;  // smem row pitch (elements): 48 bytes, 16-byte aligned rows
 
@@ -313,3 +318,13 @@ void test_ptx_wgmma() {
                             : strfmt("worst: row %d col %d, err/sum|terms|=%.3g tol=1e-05", bad_r[o], bad_c[o],
                                      worst[o]));
 }
+
+void test_ptx_all() {
+    guarded("ptx bf16", [&] { test_ptx<bf16>(); });
+    guarded("ptx fp16", [&] { test_ptx<f16>(); });
+    guarded("ptx exp2", [&] { test_ptx_exp2(); });
+    guarded("ptx wgmma bf16", [&] { test_ptx_wgmma<bf16>(); });
+    guarded("ptx wgmma fp16", [&] { test_ptx_wgmma<f16>(); });
+}
+
+}  // namespace gpu_test
