@@ -175,8 +175,9 @@ FUZZ_CXX      ?= clang++
 FUZZ_SECONDS  ?= 60
 FUZZ_FLAGS    := -O1 -gline-tables-only -std=c++17 -fopenmp -I. $(MPI_CFLAGS) -fsanitize=address,undefined \
                  -fno-sanitize-recover=undefined -fno-omit-frame-pointer -MMD -MP
-FUZZ_LIB_SRCS := llmc/core/common.cpp llmc/core/config.cpp llmc/data/shard.cpp llmc/data/dataloader.cpp llmc/io/checkpoint.cpp \
-                 llmc/io/model_file.cpp llmc/model/param_table.cpp llmc/model/families.cpp llmc/io/safetensors.cpp llmc/data/tokenizer.cpp
+FUZZ_LIB_SRCS := llmc/core/common.cpp llmc/core/config.cpp llmc/core/config_schema.cpp llmc/data/shard.cpp \
+                 llmc/data/dataloader.cpp llmc/io/checkpoint.cpp llmc/io/model_file.cpp llmc/model/param_table.cpp \
+                 llmc/model/families.cpp llmc/io/safetensors.cpp llmc/data/tokenizer.cpp
 FUZZ_BINS     := $(patsubst test/fuzz/%.cpp,$(BUILD)/fuzz/bin/%,$(wildcard test/fuzz/fuzz_*.cpp))
 
 .PRECIOUS: $(BUILD)/fuzz/obj/%.o

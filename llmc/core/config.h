@@ -1,5 +1,5 @@
 // The run's configuration: JSON file + command-line overrides -> a validated Config.
-// Every key has a schema entry (type, default, allowed values) in config.cpp; errors
+// Every key has a schema entry (type, default, allowed values) in config_schema.cpp; errors
 // name the key path and what is allowed, and are UserErrors (exit code 2).
 #pragma once
 #include <string>
@@ -196,7 +196,7 @@ struct Config {
 Config load_config(int argc, char** argv, bool* print_config, std::string* plan = nullptr);
 
 // The command-line help: usage line, flags, and every config key with its default and
-// allowed values (generated from the schema table in config.cpp).
+// allowed values (generated from the schema table in config_schema.cpp).
 std::string config_usage();
 
 // Validates a JSON object against the schema and builds the Config (also used by tests

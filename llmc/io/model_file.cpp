@@ -34,7 +34,7 @@ ModelShape model_file_shape(const std::string& path, int* version) {
     s.n_head = h[5];
     s.d_model = h[6];
     s.padded_vocab = h[7];
-    const int big = 1 << 26;  // config.cpp's kMaxModelDim: keeps the shape arithmetic defined
+    const int big = 1 << 26;  // config_schema.cpp's kMaxModelDim: keeps the shape arithmetic defined
     if (s.max_seq_len <= 0 || s.vocab_size <= 0 || s.n_layer <= 0 || s.n_head <= 0 || s.d_model <= 0 ||
         s.padded_vocab < s.vocab_size || s.d_model % s.n_head != 0 || s.max_seq_len > big || s.vocab_size > big ||
         s.padded_vocab > big || s.n_layer > big || s.d_model > big)
@@ -62,7 +62,7 @@ ModelShape model_file_shape(const std::string& path, int* version) {
         s.moe.expert_ffn_dim = h[16];
         s.moe.every = h[17];
         if (h[14] < 2 || h[14] > 4096 || h[15] < 1 || h[15] > h[14] || h[16] <= 0 || h[16] > big || h[17] < 1 ||
-            h[17] > s.n_layer)  // (4096: config.cpp's bound on model.moe.num_experts)
+            h[17] > s.n_layer)  // (4096: config_schema.cpp's bound on model.moe.num_experts)
             throw UserError(strfmt("model file %s: invalid mixture-of-experts shape in header (num_experts %d, top_k "
                                    "%d, expert_ffn_dim %d, every %d)", path.c_str(), h[14], h[15], h[16], h[17]));
     }
