@@ -468,22 +468,41 @@ template <class E, int N, bool TB> void wgmma_run(const WgOp& op) {
     float (*d)[4] = reinterpret_cast<float (*)[4]>(op.d);
     const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
     const char* smem = ::cuemu::dynamic_smem();
-    const char* view = ::cuemu::async_view();
     // the half at byte `off` of a 128-byte-swizzled tile (A's or B's): the address the descriptor
-    // forms, then the swizzle (and the bytes the async proxy was shown, or an abort); kmajor: row
-    // r's element k of a K-major one (start and SBO from `desc`)
+    // forms, then the swizzle
     auto half_at = [&](uint32_t off) {
         off ^= ((off >> 7) & 7u) << 4;
-        unsigned short bits, seen;
+        unsigned short bits;
         std::memcpy(&bits, smem + off, 2);
-        std::memcpy(&seen, view + off, 2);
-        if (bits != seen) ::cuemu::async_view_stale(off, "wgmma");
         return half_of<E>(bits);
     };
-    auto kmajor = [&](uint64_t desc, uint32_t r, uint32_t k) {
+    // the byte of row r's element k of a K-major tile (start and SBO from `desc`); of B[k][n]
+    auto kmajor_off = [](uint64_t desc, uint32_t r, uint32_t k) {
         const uint32_t start = uint32_t(desc & 0x3fffu) << 4, sbo = uint32_t((desc >> 32) & 0x3fffu) << 4;
-        return half_at(start + (r / 8) * sbo + (r % 8) * 128 + k * 2);
+        return start + (r / 8) * sbo + (r % 8) * 128 + k * 2;
     };
+    const uint32_t start = uint32_t(desc_b & 0x3fffu) << 4, sbo = uint32_t((desc_b >> 32) & 0x3fffu) << 4;
+    const uint32_t lbo = uint32_t((desc_b >> 16) & 0x3fffu) << 4;
+    auto b_off = [&](int n, int k) {
+        return TB ? start + uint32_t(n % 64) * 2 + uint32_t(n / 64) * lbo + uint32_t(k % 8) * 128 +
+                        uint32_t(k / 8) * sbo
+                  : kmajor_off(desc_b, uint32_t(n), uint32_t(k));
+    };
+    // The async proxy's view (cuemu::async_view): every 16-byte chunk this op reads, once a warp,
+    // must hold what it was shown (the swizzle moves whole chunks); B's chunks hold 8 n (MN-major)
+    // or 8 k (K-major), A's (from shared memory) 8 k
+    if (lane == 0) {
+        const char* view = ::cuemu::async_view();
+        auto seen = [&](uint32_t off) {
+            off ^= ((off >> 7) & 7u) << 4;
+            if (std::memcmp(smem + off, view + off, 16) != 0) ::cuemu::async_view_stale(off, "wgmma");
+        };
+        for (int n = 0; n < N; n += TB ? 8 : 1)
+            for (int k = 0; k < 16; k += TB ? 1 : 8) seen(b_off(n, k));
+        if (!a)
+            for (uint32_t m = 0; m < 64; m++)
+                for (uint32_t k = 0; k < 16; k += 8) seen(kmajor_off(op.desc_a, m, k));
+    }
     float av[2][16];  // rows g, g + 8 of this warp's A
     if (a) {          // from the warp's registers, as mma_16816's twin exchanges them
         Regs& w = mma_regs();
@@ -497,15 +516,10 @@ template <class E, int N, bool TB> void wgmma_run(const WgOp& op) {
             }
     } else {  // from shared memory: row m = 16 (warp % 4) + g + 8 h of the warpgroup's 64
         for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 16; k++) av[h][k] = kmajor(op.desc_a, 16 * ((threadIdx.x / 32) % 4) + g + 8 * h, k);
+            for (int k = 0; k < 16; k++)
+                av[h][k] = half_at(kmajor_off(op.desc_a, 16 * ((threadIdx.x / 32) % 4) + g + 8 * h, uint32_t(k)));
     }
-    const uint32_t start = uint32_t(desc_b & 0x3fffu) << 4, sbo = uint32_t((desc_b >> 32) & 0x3fffu) << 4;
-    const uint32_t lbo = uint32_t((desc_b >> 16) & 0x3fffu) << 4;
-    auto b_at = [&](int n, int k) {  // B[k][n]
-        return TB ? half_at(start + uint32_t(n % 64) * 2 + uint32_t(n / 64) * lbo + uint32_t(k % 8) * 128 +
-                            uint32_t(k / 8) * sbo)
-                  : kmajor(desc_b, n, k);
-    };
+    auto b_at = [&](int n, int k) { return half_at(b_off(n, k)); };  // B[k][n]
     for (int i = 0; i < N / 8; i++) {
         float bv[2][16];
         for (int h = 0; h < 2; h++)
