@@ -468,12 +468,12 @@ template <class E, int N, bool TB> void wgmma_run(const WgOp& op) {
     float (*d)[4] = reinterpret_cast<float (*)[4]>(op.d);
     const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
     const char* smem = ::cuemu::dynamic_smem();
-    // the half at byte `off` of a 128-byte-swizzled tile (A's or B's): the address the descriptor
-    // forms, then the swizzle
+    // byte `off` of a 128-byte-swizzled tile (A's or B's), the address the descriptor forms, where
+    // the swizzle puts it (whole 16-byte chunks move); the half there
+    auto swizzled = [](uint32_t off) { return off ^ (((off >> 7) & 7u) << 4); };
     auto half_at = [&](uint32_t off) {
-        off ^= ((off >> 7) & 7u) << 4;
         unsigned short bits;
-        std::memcpy(&bits, smem + off, 2);
+        std::memcpy(&bits, smem + swizzled(off), 2);
         return half_of<E>(bits);
     };
     // the byte of row r's element k of a K-major tile (start and SBO from `desc`); of B[k][n]
@@ -489,12 +489,12 @@ template <class E, int N, bool TB> void wgmma_run(const WgOp& op) {
                   : kmajor_off(desc_b, uint32_t(n), uint32_t(k));
     };
     // The async proxy's view (cuemu::async_view): every 16-byte chunk this op reads, once a warp,
-    // must hold what it was shown (the swizzle moves whole chunks); B's chunks hold 8 n (MN-major)
-    // or 8 k (K-major), A's (from shared memory) 8 k
+    // must hold what it was shown; B's chunks hold 8 n (MN-major) or 8 k (K-major), A's (from
+    // shared memory) 8 k
     if (lane == 0) {
         const char* view = ::cuemu::async_view();
         auto seen = [&](uint32_t off) {
-            off ^= ((off >> 7) & 7u) << 4;
+            off = swizzled(off);
             if (std::memcmp(smem + off, view + off, 16) != 0) ::cuemu::async_view_stale(off, "wgmma");
         };
         for (int n = 0; n < N; n += TB ? 8 : 1)

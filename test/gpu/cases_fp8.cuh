@@ -22,7 +22,7 @@ namespace gpu_test {
 // `inp_gelu`: inp is a GELU's pre-activation, the GELU applied in its casts (Fp8Cast::gelu, as the
 // model's fc_proj in fp8), in each backend's own fp32 GELU: its amax is compared to 1e-5.
 void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool current, bool hybrid,
-                     int off, int off_in, bool inp_gelu) {
+                     int off = 0, int off_in = 0, bool inp_gelu = false) {
     const std::string sh =
         strfmt("[%s N=%d IC=%d OC=%d bias=%d gelu=%d %s %s%s%s%s]", dtype_name(h.dt), N, IC, OC, (int)has_bias,
                (int)gelu, current ? "current" : "delayed", hybrid ? "hybrid" : "e4m3",

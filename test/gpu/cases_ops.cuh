@@ -198,8 +198,8 @@ void test_residual(H& h, size_t n, int off) {
 // op_offset > 0: every operand starts op_offset elements into its allocation (misaligned for
 // vector loads and cuBLASLt's 16-byte alignment), as tensors inside a flat buffer may.
 // way: appended to the shape's text (the cases run twice under the emulator, see main).
-void test_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, int bias_offset, int op_offset,
-                 const char* way) {
+void test_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, int bias_offset = 0, int op_offset = 0,
+                 const char* way = "") {
     const std::string sh = strfmt("[%s N=%d IC=%d OC=%d bias=%d gelu=%d bias_off=%d op_off=%d%s]", dtype_name(h.dt),
                                   N, IC, OC, (int)has_bias, (int)gelu, bias_offset, op_offset, way);
     const size_t no = (size_t)N * OC, ni = (size_t)N * IC, nw = (size_t)OC * IC;

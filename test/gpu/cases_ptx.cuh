@@ -319,12 +319,4 @@ void test_ptx_wgmma() {
                                      worst[o]));
 }
 
-void test_ptx_all() {
-    guarded("ptx bf16", [&] { test_ptx<bf16>(); });
-    guarded("ptx fp16", [&] { test_ptx<f16>(); });
-    guarded("ptx exp2", [&] { test_ptx_exp2(); });
-    guarded("ptx wgmma bf16", [&] { test_ptx_wgmma<bf16>(); });
-    guarded("ptx wgmma fp16", [&] { test_ptx_wgmma<f16>(); });
-}
-
 }  // namespace gpu_test

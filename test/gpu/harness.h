@@ -1,13 +1,14 @@
 // test_gpu's harness (test/gpu/test_gpu.cu says what test_gpu checks, and runs it):
 // the counts and the PASS/FAIL lines, the digests of determinism-checked results, H (one test
-// dtype's tensors on both backends, their inputs, comparisons and determinism checks), and the
-// cases each test/gpu/cases_*.cuh defines. Everything is in namespace gpu_test.
+// dtype's tensors on both backends, their inputs, comparisons and determinism checks). The cases
+// (test/gpu/cases_*.cuh) and test_gpu.cu build on it, in namespace gpu_test.
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -28,14 +29,31 @@
 
 namespace gpu_test {
 
-extern int g_pass, g_fail;
-extern std::vector<std::string> g_digest;  // "check shape hash" of every determinism-checked result
-void digest(const std::string& name, const std::string& shape, const void* bytes, size_t n);
+inline int g_pass = 0, g_fail = 0;
+inline std::vector<std::string> g_digest;  // "check shape hash" of every determinism-checked result
+
+inline void digest(const std::string& name, const std::string& shape, const void* bytes, size_t n) {
+    g_digest.push_back(strfmt("%s %s %016llx", name.c_str(), shape.c_str(), (unsigned long long)fnv1a(bytes, n)));
+}
+
 // one PASS or FAIL line; LLMC_TEST_FAIL_FAST=1: the first FAIL ends the process (exit 1):
 // test/cuemu/planted_bugs.sh needs one failure per mutant, not all of them
-void report(bool ok, const std::string& name, const std::string& shape, const std::string& detail);
+inline void report(bool ok, const std::string& name, const std::string& shape, const std::string& detail) {
+    std::printf("%s %s %s %s\n", ok ? "PASS" : "FAIL", name.c_str(), shape.c_str(), detail.c_str());
+    std::fflush(stdout);
+    (ok ? g_pass : g_fail)++;
+    static const bool fail_fast = std::getenv("LLMC_TEST_FAIL_FAST") && std::string(std::getenv("LLMC_TEST_FAIL_FAST")) == "1";
+    if (!ok && fail_fast) std::exit(1);
+}
+
 // f run as one case: an exception (a failed CUDA/cuBLASLt check, LLMC_ASSERT) is a FAIL line naming it
-void guarded(const std::string& what, const std::function<void()>& f);
+inline void guarded(const std::string& what, const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const std::exception& e) {
+        report(false, what, "", std::string("exception: ") + e.what());
+    }
+}
 
 struct Rng {
     uint64_t s;
@@ -215,43 +233,5 @@ public:
 private:
     std::vector<void*> cpu_allocs_, gpu_allocs_;
 };
-
-// ---- the cases, by file ----
-// cases_ops.cuh: the ops but attention and fp8
-void test_encoder(H& h, int B, int T, int C, int V);
-void test_encoder_slice(H& h, int B, int T, int C, int Vp, int c0, int c1, bool with_wpe);
-void test_layernorm(H& h, int N, int C, int off);
-void test_layernorm_too_wide(H& h);
-void test_residual(H& h, size_t n, int off);
-void test_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, int bias_offset = 0, int op_offset = 0,
-                 const char* way = "");
-void test_rmsnorm(H& h, int N, int C, float eps);
-void test_rope(H& h, int B, int T, int NH, int NKV, int HS, float theta, SeqPositions pos);
-void test_swiglu(H& h, int N, int F);
-void test_moe(H& h, int N, int E, int K, int C, int cap);
-void test_cross_entropy(H& h, int N, int V, int Vp, bool backward);
-void test_cross_entropy_bad_targets(H& h);
-void test_cross_entropy_vocab_parallel(H& h, int N, int V, int Vp, const std::vector<int>& cuts, bool backward);
-void test_cross_entropy_big(H& h);
-void test_adamw(H& h, size_t n, bool with_master, int t);
-void test_sum_squares(H& h, size_t n);
-void test_step_ops(H& h);
-void test_step_graph();
-// cases_attention.cuh
-void test_attention(H& h, int B, int T, int NH, int NKV, int HS);
-void test_fused_splits();
-void test_attention_ring(H& h, int B, int T, int NH, int NKV, int HS, int cp);
-// cases_fp8.cuh
-void test_fp8_matmul(H& h, int N, int IC, int OC, bool has_bias, bool gelu, bool current, bool hybrid, int off = 0,
-                     int off_in = 0, bool inp_gelu = false);
-void test_fp8_scales(H& h);
-void test_fp8_bad_shape(H& h);
-// cases_model.cuh
-void test_offload(Ops& gpu, DType dt);
-void test_reference(Ops& gpu);
-void test_model_step(Ops& cpu, Ops& gpu, const ModelShape& s, const char* name);
-void test_model_recompute(Ops& gpu);
-// cases_ptx.cuh: the `ptx` filter's checks, each guarded
-void test_ptx_all();
 
 }  // namespace gpu_test

@@ -25,9 +25,8 @@
 // Prints "GPU tests: skipped (no CUDA device)" and exits 0 without a device.
 // The cases live in test/gpu/cases_*.cuh (ops, attention, fp8, model, ptx), the harness in
 // harness.h; this file is their one translation unit (each part alone cost nvcc the same ~14 s of
-// headers again): the harness's counts and lines, and main, which runs the filters.
+// headers again) and main, which runs the filters.
 #include <cstring>
-#include <exception>
 #include <memory>
 
 #include "llmc/cuda/common.cuh"
@@ -38,33 +37,6 @@
 #include "test/gpu/cases_fp8.cuh"
 #include "test/gpu/cases_model.cuh"
 #include "test/gpu/cases_ptx.cuh"
-
-namespace gpu_test {
-
-int g_pass = 0, g_fail = 0;
-std::vector<std::string> g_digest;
-
-void digest(const std::string& name, const std::string& shape, const void* bytes, size_t n) {
-    g_digest.push_back(strfmt("%s %s %016llx", name.c_str(), shape.c_str(), (unsigned long long)fnv1a(bytes, n)));
-}
-
-void report(bool ok, const std::string& name, const std::string& shape, const std::string& detail) {
-    std::printf("%s %s %s %s\n", ok ? "PASS" : "FAIL", name.c_str(), shape.c_str(), detail.c_str());
-    std::fflush(stdout);
-    (ok ? g_pass : g_fail)++;
-    static const bool fail_fast = std::getenv("LLMC_TEST_FAIL_FAST") && std::string(std::getenv("LLMC_TEST_FAIL_FAST")) == "1";
-    if (!ok && fail_fast) std::exit(1);
-}
-
-void guarded(const std::string& what, const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const std::exception& e) {
-        report(false, what, "", std::string("exception: ") + e.what());
-    }
-}
-
-}  // namespace gpu_test
 
 using namespace gpu_test;
 
@@ -341,7 +313,13 @@ int main(int argc, char** argv) {
         if (want("step_ops")) guarded("step_ops", [&] { test_step_ops(h); });
         if (want("step_graph") && !on_cpu && dt == DType::F32) guarded("step_graph", [&] { test_step_graph(); });
         if (want("offload") && !on_cpu) guarded("offload", [&] { test_offload(*gpu, dt); });  // CUDA's copies
-        if (want("ptx") && !on_cpu && dt == DType::BF16) test_ptx_all();
+        if (want("ptx") && !on_cpu && dt == DType::BF16) {
+            guarded("ptx bf16", [&] { test_ptx<bf16>(); });
+            guarded("ptx fp16", [&] { test_ptx<f16>(); });
+            guarded("ptx exp2", [&] { test_ptx_exp2(); });
+            guarded("ptx wgmma bf16", [&] { test_ptx_wgmma<bf16>(); });
+            guarded("ptx wgmma fp16", [&] { test_ptx_wgmma<f16>(); });
+        }
         if (want("reference") && dt == DType::F32) guarded("reference", [&] { test_reference(*gpu); });
         if (want("model_step") && dt == DType::F32)
             guarded("model_step", [&] {
