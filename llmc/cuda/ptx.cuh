@@ -2,9 +2,10 @@
 // device function each, with the register layout the PTX ISA gives it written beside it.
 // On a device (sm_80+) each is one `asm volatile`; under the CUDA emulator (LLMC_CUEMU,
 // test/cuemu) each is a CPU twin that follows the documented layout exactly, built from the
-// warp primitives the emulator has: it gathers the other lanes' registers (a per-warp exchange
-// behind a __syncwarp), then computes this lane's share. test/gpu/cases_ptx.cuh's `ptx` filter
-// checks the twins against a naive per-element product (and on a device the instructions themselves).
+// warp primitives the emulator has: it gathers the lanes' registers (a per-warp exchange behind a
+// __syncwarp), the first lane past it computes the warp's result, and each lane takes its share.
+// test/gpu/cases_ptx.cuh's `ptx` filter checks the twins against a naive per-element product (and
+// on a device the instructions themselves).
 //
 // Notation (a warp's 32 lanes): g = lane / 4 (the "group", 0..7), t = lane % 4 (0..3).
 // E, the 16-bit element type of the operands: __nv_bfloat16 (bf16) or __half (fp16); the
@@ -28,22 +29,29 @@ namespace ptx {
 
 #if defined(LLMC_CUEMU)
 namespace emu {
-// The twins' exchange of registers within a warp: each lane writes its own, a __syncwarp, each
-// reads the lanes the layout names (one collective instead of one shuffle per register and lane).
-// Per OS thread is per block under the emulator, as __shared__ is.
-// ldmatrix's exchange (p: the rows' addresses) ends with a second __syncwarp: the rows are read
-// through it, and the instruction has read every lane's rows before any lane goes on (to write
-// them, say). The mma's (a, b: register values, no memory) takes two buffers in turn instead: a
-// lane writes exchange n + 2's registers into exchange n's buffer only after exchange n + 1's
-// __syncwarp, which every lane reaches after its reads of exchange n (an mma is warp-wide: every
-// lane makes the same exchanges, so the lanes' turns agree).
-struct Regs {
-    uint32_t a[32][4], b[32][2];
+// The twins' exchange of registers within a warp: each lane writes its own, a __syncwarp, then the
+// first lane past it computes the whole warp's results into the exchange (a warp-wide product is
+// one small GEMM: cheaper at once than lane by lane) and each lane takes its share. Per OS thread
+// is per block under the emulator, as __shared__ is. An exchange has two buffers taken in turn: a
+// lane writes exchange n + 2's operands into exchange n's buffer only after exchange n + 1's
+// __syncwarp, which every lane reaches after taking its share of exchange n (each instruction is
+// warp-wide: every lane makes the same exchanges, so the lanes' turns agree). ldmatrix's rows are
+// read by the first lane past its __syncwarp, before any lane goes on (to write them, say), as the
+// instruction reads every lane's rows before any lane proceeds.
+struct Regs {  // mma_16816 (one n-tile of B) and mma_16816_x2 (two); wgmma's A from registers: a alone
+    uint32_t a[32][4], b[32][4];
+    float c[32][8];  // the lanes' accumulators: C in, D out
+    bool done;       // the first lane past the __syncwarp computed D
+};
+struct Rows {  // ldmatrix: the lanes' row addresses, then the registers each lane receives
+    const char* p[32];
+    uint32_t r[32][4];
+    bool done;
 };
 struct WarpExchange {
     Regs mma[2];
-    unsigned char turn[32];
-    const char* p[32];
+    Rows ldm[2];
+    unsigned char turn[32], ldm_turn[32];
 };
 inline WarpExchange& warp_exchange() {
     static thread_local WarpExchange w[32];  // up to 1024 threads a block
@@ -52,6 +60,10 @@ inline WarpExchange& warp_exchange() {
 inline Regs& mma_regs() {  // this lane's buffer for its next mma
     WarpExchange& x = warp_exchange();
     return x.mma[x.turn[threadIdx.x % 32]++ & 1];
+}
+inline Rows& ldm_rows() {  // this lane's buffer for its next ldmatrix
+    WarpExchange& x = warp_exchange();
+    return x.ldm[x.ldm_turn[threadIdx.x % 32]++ & 1];
 }
 }  // namespace emu
 #endif
@@ -95,40 +107,66 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c0)[4],
     a[2] = pack2<E>(c1[0], c1[1]);
     a[3] = pack2<E>(c1[2], c1[3]);
 }
+#if defined(LLMC_CUEMU)
+namespace emu {
+// The emulator's mma: D = A B + C for NT n-tiles of 8 (one, or mma_16816_x2's two) of the whole
+// warp, from the exchange's registers (the layouts above) into its accumulators. Each element of D
+// is C, then each k in order, one fmaf each, as the lanes' own sums would be.
+template <class E, int NT>
+void mma_warp(Regs& w) {
+    float A[16][16], B[16][8 * NT], D[16][8 * NT];
+    for (int l = 0; l < 32; l++) {
+        const int g = l / 4, q = l % 4;
+        for (int h = 0; h < 2; h++) {  // lane g * 4 + q: A[g + 8h][2q, 2q+1] in a[h], [2q+8, 2q+9] in a[h + 2]
+            float* row = A[g + 8 * h];
+            row[2 * q] = lo16<E>(w.a[l][h]), row[2 * q + 1] = hi16<E>(w.a[l][h]);
+            row[2 * q + 8] = lo16<E>(w.a[l][h + 2]), row[2 * q + 9] = hi16<E>(w.a[l][h + 2]);
+        }
+        for (int j = 0; j < NT; j++) {
+            // lane n * 4 + q: B[2q, 2q+1][n] in b[2j], B[2q+8, 2q+9][n] in b[2j + 1] (n-tile j)
+            const int n = 8 * j + g;
+            B[2 * q][n] = lo16<E>(w.b[l][2 * j]), B[2 * q + 1][n] = hi16<E>(w.b[l][2 * j]);
+            B[2 * q + 8][n] = lo16<E>(w.b[l][2 * j + 1]), B[2 * q + 9][n] = hi16<E>(w.b[l][2 * j + 1]);
+            // lane g * 4 + t: C[g][2t, 2t+1] in c[4j], c[4j + 1], C[g + 8][2t, 2t+1] in c[4j + 2], c[4j + 3]
+            for (int i = 0; i < 4; i++) D[g + 8 * (i >> 1)][8 * j + 2 * q + (i & 1)] = w.c[l][4 * j + i];
+        }
+    }
+    for (int r = 0; r < 16; r++)
+        for (int k = 0; k < 16; k++)
+            for (int n = 0; n < 8 * NT; n++) D[r][n] = fmaf(A[r][k], B[k][n], D[r][n]);
+    for (int l = 0; l < 32; l++)
+        for (int j = 0; j < NT; j++)
+            for (int i = 0; i < 4; i++) w.c[l][4 * j + i] = D[l / 4 + 8 * (i >> 1)][8 * j + 2 * (l % 4) + (i & 1)];
+}
+// This lane's part of an mma of NT n-tiles: its A registers, its 2 NT B registers, its
+// accumulators (acc[j]: n-tile j's C in, D out).
+template <class E, int NT>
+void mma_twin(float (&acc)[NT][4], const uint32_t (&a)[4], const uint32_t* b) {
+    const int lane = (int)(threadIdx.x % 32);
+    Regs& w = mma_regs();
+    for (int i = 0; i < 4; i++) w.a[lane][i] = a[i];
+    for (int i = 0; i < 2 * NT; i++) w.b[lane][i] = b[i];
+    for (int j = 0; j < NT; j++)
+        for (int i = 0; i < 4; i++) w.c[lane][4 * j + i] = acc[j][i];
+    w.done = false;
+    __syncwarp();  // every lane's registers are in
+    if (!w.done) {
+        mma_warp<E, NT>(w);
+        w.done = true;
+    }
+    for (int j = 0; j < NT; j++)
+        for (int i = 0; i < 4; i++) acc[j][i] = w.c[lane][4 * j + i];
+}
+}  // namespace emu
+#endif
 template <class E>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                                           const float (&c)[4]) {
     static_assert(std::is_same<E, __nv_bfloat16>::value || std::is_same<E, __half>::value, "bf16 or fp16 operands");
 #if defined(LLMC_CUEMU)
-    const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-    emu::Regs& w = emu::mma_regs();
-    for (int i = 0; i < 4; i++) w.a[lane][i] = a[i];
-    w.b[lane][0] = b[0];
-    w.b[lane][1] = b[1];
-    __syncwarp();  // every lane's registers are in
-    // this lane's rows g + 8h of A and columns 2t + h of B (h = 0, 1), k = 0..15, as floats: lane
-    // g * 4 + q holds A[g + 8h][2q, 2q+1] in register h and A[g + 8h][2q+8, 2q+9] in register h + 2;
-    // lane n * 4 + q holds B[2q, 2q+1][n] in register 0 and B[2q+8, 2q+9][n] in register 1
-    float av[2][16], bv[2][16];
-    for (int q = 0; q < 4; q++)
-        for (int h = 0; h < 2; h++) {
-            const uint32_t* ra = w.a[g * 4 + q];
-            const uint32_t* rb = w.b[(2 * t + h) * 4 + q];
-            av[h][2 * q] = lo16<E>(ra[h]), av[h][2 * q + 1] = hi16<E>(ra[h]);
-            av[h][2 * q + 8] = lo16<E>(ra[h + 2]), av[h][2 * q + 9] = hi16<E>(ra[h + 2]);
-            bv[h][2 * q] = lo16<E>(rb[0]), bv[h][2 * q + 1] = hi16<E>(rb[0]);
-            bv[h][2 * q + 8] = lo16<E>(rb[1]), bv[h][2 * q + 9] = hi16<E>(rb[1]);
-        }
-    // d[i] = D[g + 8 (i >> 1)][2t + (i & 1)]: c[i] then each k in order, one fmaf each (the four
-    // sums side by side)
-    float s0 = c[0], s1 = c[1], s2 = c[2], s3 = c[3];
-    for (int k = 0; k < 16; k++) {
-        s0 = fmaf(av[0][k], bv[0][k], s0);
-        s1 = fmaf(av[0][k], bv[1][k], s1);
-        s2 = fmaf(av[1][k], bv[0][k], s2);
-        s3 = fmaf(av[1][k], bv[1][k], s3);
-    }
-    d[0] = s0, d[1] = s1, d[2] = s2, d[3] = s3;
+    float acc[1][4] = {{c[0], c[1], c[2], c[3]}};
+    emu::mma_twin<E, 1>(acc, a, b);
+    for (int i = 0; i < 4; i++) d[i] = acc[0][i];
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     if constexpr (std::is_same<E, __nv_bfloat16>::value)
         asm volatile(
@@ -153,9 +191,16 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 template <class E>
 __device__ __forceinline__ void mma_16816_x2(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
                                              const uint32_t (&r)[4]) {
+#if defined(LLMC_CUEMU)  // one exchange for both products
+    float acc[2][4];
+    for (int i = 0; i < 4; i++) acc[0][i] = c0[i], acc[1][i] = c1[i];
+    emu::mma_twin<E, 2>(acc, a, r);
+    for (int i = 0; i < 4; i++) c0[i] = acc[0][i], c1[i] = acc[1][i];
+#else
     const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
     mma_16816<E>(c0, a, b0, c0);
     mma_16816<E>(c1, a, b1, c1);
+#endif
 }
 
 // ---- ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: four 8x8 matrices of 16-bit elements ----
@@ -174,14 +219,40 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 #endif
 }
 
+#if defined(LLMC_CUEMU)
+namespace emu {
+// ldmatrix.x4's twin: this lane's row address in, its four registers out (TRANS: .trans)
+template <bool TRANS>
+void ldmatrix_twin(uint32_t (&r)[4], const void* row) {
+    const int lane = (int)(threadIdx.x % 32);
+    Rows& w = ldm_rows();
+    w.p[lane] = (const char*)row;
+    w.done = false;
+    __syncwarp();  // every lane's row address is in
+    if (!w.done) {  // every lane's registers, read now
+        for (int l = 0; l < 32; l++) {
+            const int g = l / 4, t = l % 4;
+            for (int j = 0; j < 4; j++) {
+                if (!TRANS) {  // row g of matrix j, columns 2t, 2t+1
+                    std::memcpy(&w.r[l][j], w.p[j * 8 + g] + 4 * t, 4);
+                } else {  // column g of matrix j, rows 2t, 2t+1
+                    uint16_t lo, hi;
+                    std::memcpy(&lo, w.p[j * 8 + 2 * t] + 2 * g, 2);
+                    std::memcpy(&hi, w.p[j * 8 + 2 * t + 1] + 2 * g, 2);
+                    w.r[l][j] = (uint32_t)lo | ((uint32_t)hi << 16);
+                }
+            }
+        }
+        w.done = true;
+    }
+    for (int j = 0; j < 4; j++) r[j] = w.r[lane][j];
+}
+}  // namespace emu
+#endif
+
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 #if defined(LLMC_CUEMU)
-    const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-    emu::WarpExchange& w = emu::warp_exchange();
-    w.p[lane] = (const char*)row;
-    __syncwarp();
-    for (int j = 0; j < 4; j++) std::memcpy(&r[j], w.p[j * 8 + g] + 4 * t, 4);  // row g of matrix j, columns 2t, 2t+1
-    __syncwarp();
+    emu::ldmatrix_twin<false>(r, row);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -193,17 +264,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
 #if defined(LLMC_CUEMU)
-    const int lane = (int)(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-    emu::WarpExchange& w = emu::warp_exchange();
-    w.p[lane] = (const char*)row;
-    __syncwarp();
-    for (int j = 0; j < 4; j++) {  // column g of matrix j, rows 2t, 2t+1
-        uint16_t lo, hi;
-        std::memcpy(&lo, w.p[j * 8 + 2 * t] + 2 * g, 2);
-        std::memcpy(&hi, w.p[j * 8 + 2 * t + 1] + 2 * g, 2);
-        r[j] = (uint32_t)lo | ((uint32_t)hi << 16);
-    }
-    __syncwarp();
+    emu::ldmatrix_twin<true>(r, row);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -476,6 +537,11 @@ template <class E, int N, bool TB> void wgmma_run(const WgOp& op) {
         std::memcpy(&bits, smem + swizzled(off), 2);
         return half_of<E>(bits);
     };
+    auto eight_at = [&](uint32_t off, float* x) {  // the 8 halves of the 16-byte chunk at off
+        unsigned short bits[8];
+        std::memcpy(bits, smem + swizzled(off), 16);
+        for (int e = 0; e < 8; e++) x[e] = half_of<E>(bits[e]);
+    };
     // the byte of row r's element k of a K-major tile (start and SBO from `desc`); of B[k][n]
     auto kmajor_off = [](uint64_t desc, uint32_t r, uint32_t k) {
         const uint32_t start = uint32_t(desc & 0x3fffu) << 4, sbo = uint32_t((desc >> 32) & 0x3fffu) << 4;
@@ -514,16 +580,18 @@ template <class E, int N, bool TB> void wgmma_run(const WgOp& op) {
                 av[h][2 * q] = lo16<E>(ra[h]), av[h][2 * q + 1] = hi16<E>(ra[h]);
                 av[h][2 * q + 8] = lo16<E>(ra[h + 2]), av[h][2 * q + 9] = hi16<E>(ra[h + 2]);
             }
-    } else {  // from shared memory: row m = 16 (warp % 4) + g + 8 h of the warpgroup's 64
+    } else {  // from shared memory: row m = 16 (warp % 4) + g + 8 h of the warpgroup's 64 (k 0-7, 8-15)
         for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 16; k++)
-                av[h][k] = half_at(kmajor_off(op.desc_a, 16 * ((threadIdx.x / 32) % 4) + g + 8 * h, uint32_t(k)));
+            for (int k = 0; k < 16; k += 8)
+                eight_at(kmajor_off(op.desc_a, 16 * ((threadIdx.x / 32) % 4) + g + 8 * h, uint32_t(k)), &av[h][k]);
     }
-    auto b_at = [&](int n, int k) { return half_at(b_off(n, k)); };  // B[k][n]
     for (int i = 0; i < N / 8; i++) {
-        float bv[2][16];
+        float bv[2][16];  // B[k][n] of columns n = 8i + 2t + h (K-major: k 0-7 and 8-15 a chunk each)
         for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 16; k++) bv[h][k] = b_at(8 * i + 2 * t + h, k);
+            for (int k = 0; k < 16; k += TB ? 1 : 8) {
+                if (TB) bv[h][k] = half_at(b_off(8 * i + 2 * t + h, k));
+                else eight_at(b_off(8 * i + 2 * t + h, k), &bv[h][k]);
+            }
         float s0 = accumulate ? d[i][0] : 0.0f, s1 = accumulate ? d[i][1] : 0.0f;
         float s2 = accumulate ? d[i][2] : 0.0f, s3 = accumulate ? d[i][3] : 0.0f;
         for (int k = 0; k < 16; k++) {

@@ -332,6 +332,66 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// dst[r k + p] = the element (r, p) of a matrix of `rows` rows of k stored at src[p + r ld]
+// (pcontig) or src[r + p ld], read in the order it lies in memory (64 rows at a time where r is
+// the contiguous index), each element as load() decodes it
+template <class Get>
+static void decode_as(double* dst, Get get, long long rows, long long k, bool pcontig, size_t ld) {
+    if (pcontig) {
+#pragma omp parallel for schedule(static)
+        for (long long r = 0; r < rows; r++)
+            for (long long p = 0; p < k; p++) dst[r * k + p] = get((size_t)p + (size_t)r * ld);
+    } else {
+        constexpr long long R = 64;
+#pragma omp parallel for schedule(static)
+        for (long long r0 = 0; r0 < rows; r0 += R) {
+            const long long r1 = std::min(rows, r0 + R);
+            for (long long p = 0; p < k; p++)
+                for (long long r = r0; r < r1; r++) dst[r * k + p] = get((size_t)r + (size_t)p * ld);
+        }
+    }
+}
+static void decode(double* dst, const void* src, cudaDataType_t t, long long rows, long long k, bool pcontig,
+                   size_t ld) {
+    switch (t) {  // the common types without load()'s switch per element
+        case CUDA_R_32F:
+            return decode_as(dst, [src](size_t i) { return (double)((const float*)src)[i]; }, rows, k, pcontig, ld);
+        case CUDA_R_16BF:
+            return decode_as(dst, [src](size_t i) { return (double)bf16_bits_to_f32(((const uint16_t*)src)[i]); },
+                             rows, k, pcontig, ld);
+        default: return decode_as(dst, [src, t](size_t i) { return load(src, t, i); }, rows, k, pcontig, ld);
+    }
+}
+
+// out[ii][jj] = the dot product of rows i0 + ii of ra and j0 + jj of rb (k each): four partial
+// sums side by side, of p = 0, 4, 8, ..., of 1, 5, 9, ..., (the products are exact in double; the
+// sum's order is not modelled: a GPU's differs anyway), the tail of k into the first, then
+// (s0 + s1) + (s2 + s3). A tile of I x J at once reads each row once for the tile.
+typedef double v4d __attribute__((vector_size(32)));
+template <int I, int J>
+static void dots(const double* ra, const double* rb, long long k, long long i0, long long j0, double (&out)[I][J]) {
+    v4d acc[I][J] = {};
+    long long p = 0;
+    for (; p + 4 <= k; p += 4) {
+        v4d x[I], y[J];
+#pragma GCC unroll 4
+        for (int ii = 0; ii < I; ii++) std::memcpy(&x[ii], ra + (i0 + ii) * k + p, sizeof(v4d));
+#pragma GCC unroll 4
+        for (int jj = 0; jj < J; jj++) std::memcpy(&y[jj], rb + (j0 + jj) * k + p, sizeof(v4d));
+#pragma GCC unroll 4
+        for (int ii = 0; ii < I; ii++)
+#pragma GCC unroll 4
+            for (int jj = 0; jj < J; jj++) acc[ii][jj] += x[ii] * y[jj];
+    }
+    for (int ii = 0; ii < I; ii++)
+        for (int jj = 0; jj < J; jj++) {
+            const double *x = ra + (i0 + ii) * k, *y = rb + (j0 + jj) * k;
+            double s0 = acc[ii][jj][0];
+            for (long long r = p; r < k; r++) s0 += x[r] * y[r];
+            out[ii][jj] = (s0 + acc[ii][jj][1]) + (acc[ii][jj][2] + acc[ii][jj][3]);
+        }
+}
+
 // D = alpha op(A) op(B) (+ beta C, epilogue) of a checked call: run by cublasLtMatmul, or when the
 // graph that captured the call runs (the descriptors as they were at the call; alpha and beta are
 // host values, read at the call as cuBLASLt reads them; the scale pointers are read when it runs)
@@ -347,46 +407,43 @@ static void lt_compute(const cuemuLtMatmulDesc& op, const cuemuLtLayout& a, cons
     const bool with_bias = adds_bias(op.epilogue), aux = writes_aux(op.epilogue);
     // op(A) as m rows of k, op(B) as n rows of k, decoded once
     std::unique_ptr<double[]> ra(new double[(size_t)m * k]), rb(new double[(size_t)n * k]);  // (every one written)
+    decode(ra.get(), A, a.type, m, k, ta, (size_t)a.ld);
+    decode(rb.get(), B, b.type, n, k, !tb, (size_t)b.ld);
+    // C may alias D (in place): each element is read before it is written, by the same iteration.
+    // Tiles of 2 x 4 elements (dots)
+    auto finish = [&](long long i, long long j, double s) {
+        float v = (float)(ab * s);
+        if (beta != 0.0f) v += beta * (float)load(C, c.type, (size_t)(i + j * c.ld));
+        if (with_bias) v += (float)load(op.bias, bias_t, (size_t)i);
+        if (aux) store(op.aux, d.type, (size_t)(i + j * op.aux_ld), v);
+        if (applies_gelu(op.epilogue))
+            v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+        else if (op.epilogue == CUBLASLT_EPILOGUE_DGELU) {
+            const float x = (float)load(op.aux, d.type, (size_t)(i + j * op.aux_ld));
+            const float th = tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x));
+            v *= 0.5f * (1.0f + th) +
+                 0.5f * x * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+        }
+        else if (op.epilogue == CUBLASLT_EPILOGUE_RELU || op.epilogue == CUBLASLT_EPILOGUE_RELU_BIAS)
+            v = v > 0.0f ? v : 0.0f;
+        store(D, d.type, (size_t)(i + j * d.ld), is_fp8(d.type) ? v * dscale : v);
+    };
 #pragma omp parallel for schedule(static)
-    for (long long i = 0; i < m; i++)
-        for (long long p = 0; p < k; p++)
-            ra[i * k + p] = load(A, a.type, ta ? (size_t)(p + i * a.ld) : (size_t)(i + p * a.ld));
-#pragma omp parallel for schedule(static)
-    for (long long j = 0; j < n; j++)
-        for (long long p = 0; p < k; p++)
-            rb[j * k + p] = load(B, b.type, tb ? (size_t)(j + p * b.ld) : (size_t)(p + j * b.ld));
-    // C may alias D (in place): each element is read before it is written, by the same iteration
-#pragma omp parallel for schedule(static)
-    for (long long j = 0; j < n; j++)
-        for (long long i = 0; i < m; i++) {
-            // four partial sums side by side (the products are exact in double; the sum's
-            // order is not modelled: a GPU's differs anyway)
-            const double *x = &ra[i * k], *y = &rb[j * k];
-            double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-            long long p = 0;
-            for (; p + 4 <= k; p += 4) {
-                s0 += x[p] * y[p];
-                s1 += x[p + 1] * y[p + 1];
-                s2 += x[p + 2] * y[p + 2];
-                s3 += x[p + 3] * y[p + 3];
+    for (long long i0 = 0; i0 < m; i0 += 2)
+        for (long long j0 = 0; j0 < n; j0 += 4) {
+            if (i0 + 2 <= m && j0 + 4 <= n) {
+                double o[2][4];
+                dots<2, 4>(ra.get(), rb.get(), k, i0, j0, o);
+                for (int ii = 0; ii < 2; ii++)
+                    for (int jj = 0; jj < 4; jj++) finish(i0 + ii, j0 + jj, o[ii][jj]);
+            } else {
+                for (long long i = i0; i < std::min(m, i0 + 2); i++)
+                    for (long long j = j0; j < std::min(n, j0 + 4); j++) {
+                        double o[1][1];
+                        dots<1, 1>(ra.get(), rb.get(), k, i, j, o);
+                        finish(i, j, o[0][0]);
+                    }
             }
-            for (; p < k; p++) s0 += x[p] * y[p];
-            const double s = (s0 + s1) + (s2 + s3);
-            float v = (float)(ab * s);
-            if (beta != 0.0f) v += beta * (float)load(C, c.type, (size_t)(i + j * c.ld));
-            if (with_bias) v += (float)load(op.bias, bias_t, (size_t)i);
-            if (aux) store(op.aux, d.type, (size_t)(i + j * op.aux_ld), v);
-            if (applies_gelu(op.epilogue))
-                v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-            else if (op.epilogue == CUBLASLT_EPILOGUE_DGELU) {
-                const float x = (float)load(op.aux, d.type, (size_t)(i + j * op.aux_ld));
-                const float th = tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x));
-                v *= 0.5f * (1.0f + th) +
-                     0.5f * x * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
-            }
-            else if (op.epilogue == CUBLASLT_EPILOGUE_RELU || op.epilogue == CUBLASLT_EPILOGUE_RELU_BIAS)
-                v = v > 0.0f ? v : 0.0f;
-            store(D, d.type, (size_t)(i + j * d.ld), is_fp8(d.type) ? v * dscale : v);
         }
     if (op.epilogue == CUBLASLT_EPILOGUE_BGRADB)  // the bias gradient: op(B)'s column sums over k
         for (long long j = 0; j < n; j++) {
