@@ -1,8 +1,8 @@
 // The attention entry points CudaOps calls (llmc/cuda/attention.cuh defines them with every kernel
-// they launch; llmc/cuda/attention.cu instantiates them for fp32, bf16 and fp16). cuda_ops.cu
-// includes this header alone and declares the instantiations extern, so the attention kernels
-// compile in their own translation unit beside the rest of the backend, and a change to them
-// (a planted bug of test/cuemu among them) rebuilds only that one.
+// they launch; llmc/cuda/attention_f32.cu, _bf16.cu and _f16.cu instantiate them, a type each).
+// cuda_ops.cu includes this header alone and declares the instantiations extern, so the attention
+// kernels compile in their own translation units beside the rest of the backend, and a change to
+// them (a planted bug of test/cuemu among them) rebuilds only those.
 #pragma once
 #include "llmc/backend/positions.h"
 #include "llmc/cuda/common.cuh"
@@ -36,8 +36,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
                         int T_, int NH, int NKV, int HS, cudaStream_t st, const KernelWays& ways,
                         GrowBuffer* ds_scratch = nullptr);
 
-// The instantiations for element type T: attention.cu defines them (LLMC_ATTENTION_ENTRY_POINTS(, T)),
-// cuda_ops.cu declares them (LLMC_ATTENTION_ENTRY_POINTS(extern, T)).
+// The instantiations for element type T: attention_<T>.cu defines them
+// (LLMC_ATTENTION_ENTRY_POINTS(, T)), cuda_ops.cu declares them (LLMC_ATTENTION_ENTRY_POINTS(extern, T)).
 #define LLMC_ATTENTION_ENTRY_POINTS(EXTERN, T)                                                                     \
     EXTERN template void attention_forward<T>(T*, float*, const T*, int, int, int, int, int, cudaStream_t,       \
                                               const KernelWays&);                                                 \

@@ -54,7 +54,7 @@ static cudaError_t sort_pairs(void* tmp, size_t& tmp_bytes, const uint32_t* keys
 }
 #include "llmc/backend/rope.h"
 
-namespace attn {  // instantiated in llmc/cuda/attention.cu
+namespace attn {  // instantiated in llmc/cuda/attention_{f32,bf16,f16}.cu
 LLMC_ATTENTION_ENTRY_POINTS(extern, float)
 LLMC_ATTENTION_ENTRY_POINTS(extern, bf16)
 LLMC_ATTENTION_ENTRY_POINTS(extern, f16)

@@ -115,7 +115,8 @@ mutate fp8_colsum_half_the_lanes llmc/cuda/fp8.cuh fp8 \
 # cuda_ops.cu took 19 s at -O2, 13 s at -O1, 6.4 s at -O0 here, where a mutant's run, which ends at
 # its first FAIL, is a few seconds (the whole attention filter: 8.4 s at -O1, 14.5 s at -O0). With
 # 2026-11-27's kernels: cuda_ops.cu 9.8 s and attention.cu 5.4 s at -O0 (one file, 30 s, before the
-# split and the emulator's leaner launch)
+# split and the emulator's leaner launch); 2026-11-28: attention.cu 11.9 s, split by element type
+# attention_bf16.cu 5.6 s, _f16 5.7 s, _f32 1.9 s
 flags=()
 for f in $EMU_FLAGS; do
     case $f in -g|-g1) ;; -O2) flags+=(-O0) ;; *) flags+=("$f") ;; esac
@@ -142,13 +143,16 @@ plant() {
     fi
     # the mutated copies shadow llmc/cuda (-I$d first); the rest of the tree is the real one. Only
     # the backend's translation units that include the mutated file (their make dependencies) are
-    # compiled again; the others link as make built them
+    # compiled again, and of those of one element type (attention_f32.cu, _bf16, _f16) only the
+    # types the mutation's cases run (the others' code is not run by them); the rest link as make
+    # built them
     t0=$(date +%s)
-    local objs=() tu o
+    local objs=() tu o ty
     : > "$d/build.log"
     for tu in "${tus[@]}"; do
         o=$B/emu/${tu%.cu}.o
-        if grep -q -F -w -- "$file" "${o%.o}.d"; then
+        case $tu in *_f32.cu) ty=fp32 ;; *_bf16.cu) ty=bf16 ;; *_f16.cu) ty=fp16 ;; *) ty="" ;; esac
+        if grep -q -F -w -- "$file" "${o%.o}.d" && { [ -z "$ty" ] || [[ ,${dtypes[$i]}, == *,$ty,* ]]; }; then
             $CXX -I"$d" "${flags[@]}" -x c++ -c "$d/$tu" -o "$d/$(basename "$o")" 2>> "$d/build.log" ||
                 { echo "MISSED $name: the mutated copy of $tu does not build (see $d/build.log)"; return; }
             o=$d/$(basename "$o")
