@@ -14,8 +14,14 @@
 //   5: same as 4 in bf16. NOT YET MEASURED ON A GPU. To measure (v3 beside it, same card):
 //        ./dev/cuda/classifier 3 32768 50257 50304 && ./dev/cuda/classifier 5 32768 50257 50304
 //      and under ncu: ncu -k regex:cross_entropy ./dev/cuda/classifier 5 32768 50257 50304
-//   Next, if v5 stays far from the bandwidth bound: keep the row in shared memory between the
-//   passes (100 KB of bf16 per GPT-2 row: one read from DRAM guaranteed, two blocks per SM).
+//      Measured in the fourth window only inside the step (ncu, 124M B=32, H200, b24a415): 2.25 ms a
+//      step, 2.9 TB/s counting the row read and written once.
+//   6: v5 with the row kept in shared memory between the passes (KernelWays::ce_row_in_smem; 98 KiB
+//      of bf16 a GPT-2 row, two blocks an SM): read from memory once. The same loads in the same
+//      order, so the same bits as v5 (checked here: a v5 run beside it on the same logits).
+//      NOT YET MEASURED ON A GPU. Prediction: near the bound of reading and writing once (~1.5 ms
+//      at N=32768 on an H200) if v5's second read was mostly DRAM; no gain if it was L2. If
+//      faster, it becomes the backend's default (KernelWays::ce_row_in_smem = true).
 #include "dev/cuda/common.h"
 #include "llmc/cuda/classifier.cuh"
 
@@ -66,7 +72,7 @@ __global__ void ce_v2(T* logits, float* losses, const int32_t* targets, int V, i
 template <class T>
 static std::function<void()> llmc_or_v2(int version, T* gx, float* gl, const int* gt, int N, int V, int Vp,
                                         float dloss) {
-    if (version >= 4) return [=] { launch_cross_entropy<T>(0, gx, gl, gt, N, V, Vp, dloss); };
+    if (version >= 4) return [=] { launch_cross_entropy<T>(0, gx, gl, gt, N, V, Vp, dloss, version == 6); };
     return [=] { ce_v2<T><<<N, 512>>>(gx, gl, gt, V, Vp, dloss); };
 }
 
@@ -74,7 +80,11 @@ int main(int argc, char** argv) {
     int version = kernel_arg(argc, argv, 5);
     const std::vector<int> d = bench_case("cross_entropy", argc, argv, 3);
     int N = d[0], V = d[1], Vp = d[2];
-    const bool bf = version == 3 || version == 5;
+    if (version < 1 || version > 6) {
+        std::printf("classifier: version %d is not one of 1-6 (see the top of classifier.cu)\n", version);
+        return 1;
+    }
+    const bool bf = version == 3 || version >= 5;
     std::printf("classifier v%d N=%d V=%d Vp=%d\n", version, N, V, Vp);
     auto logits = rand_vec((size_t)N * Vp, 4.0f, 1);
     if (bf) round_bf16(logits);
@@ -94,6 +104,15 @@ int main(int argc, char** argv) {
         run = llmc_or_v2<bf16>(version, gx, gl, gt, N, V, Vp, dloss);
         run();
         ok &= validate("dlogits", to_host(gx, (size_t)N * Vp), ref, 2e-2);
+        if (version == 6) {  // bit for bit v5's, on the same logits
+            bf16* gx5 = to_dev<bf16>(logits);
+            float* gl5 = dev_poisoned<float>(N);
+            llmc_or_v2<bf16>(5, gx5, gl5, gt, N, V, Vp, dloss)();
+            const bool same = to_host(gx, (size_t)N * Vp) == to_host(gx5, (size_t)N * Vp) &&
+                              to_host(gl, N) == to_host(gl5, N);
+            std::printf("v6 bitwise v5: %s\n", same ? "yes" : "NO");
+            ok &= same;
+        }
     } else {
         float* gx = to_dev<float>(logits);
         if (version == 1)

@@ -5,7 +5,8 @@
 // slice (partial), then, once the slices' statistics are combined, the loss and the slice's
 // gradient (finish).
 // Speed: memory-bound (GPT-2's 50304 columns: a row is read for the statistics, read again,
-// mostly from L2, for the gradient, and written once). Rows move in 16-byte packs
+// mostly from L2, for the gradient, and written once; with KernelWays::ce_row_in_smem the first
+// read keeps the row in shared memory for the second, where the row fits). Rows move in 16-byte packs
 // (common.cuh's pack_width); each pass takes one exp2 per element (the running sum is rescaled
 // once per pack, when the pack raises the running max); the block's reduction has a fixed
 // order, so the results are deterministic.
@@ -70,8 +71,10 @@ constexpr int kCeUnroll = 4;
 // whole pack one each; then a warp butterfly, and a butterfly over the warps' results. The order
 // is fixed for a given blockDim and K. Every thread gets (M, S); (-inf, 0) when n == 0. Every
 // thread of the block must call it (it synchronises). blockDim.x a multiple of 32 (<= 1024).
+// keep (shared memory, 16-byte aligned; nullptr: none): each value read is also stored there at
+// its column, for a second pass after the barrier (the same loads in the same order: the same M, S).
 template <class T, int K>
-__device__ void block_max_sumexp(const T* x, int n, float& M, float& S) {
+__device__ void block_max_sumexp(const T* x, int n, float& M, float& S, T* keep = nullptr) {
     __shared__ float s_m[32], s_s[32];
     const int bd = blockDim.x, nvec = n / K;
     float m = -INFINITY, s = 0.0f;
@@ -82,18 +85,23 @@ __device__ void block_max_sumexp(const T* x, int n, float& M, float& S) {
         for (int u = 0; u < kCeUnroll; u++) p[u] = load_pack<K>(x + (i + u * bd) * K);
         LLMC_UNROLL
         for (int u = 0; u < kCeUnroll; u++) {
+            if (keep) store_pack(keep + (i + u * bd) * K, p[u]);
             float f[K];
             pack_to_f32(p[u], f);
             add_sumexp(m, s, f);
         }
     }
     for (; i < nvec; i += bd) {
+        const Pack<T, K> p = load_pack<K>(x + i * K);
+        if (keep) store_pack(keep + i * K, p);
         float f[K];
-        pack_to_f32(load_pack<K>(x + i * K), f);
+        pack_to_f32(p, f);
         add_sumexp(m, s, f);
     }
     for (int c = nvec * K + threadIdx.x; c < n; c += bd) {
-        const float f[1] = {to_f32(x[c])};
+        const T v = x[c];
+        if (keep) keep[c] = v;
+        const float f[1] = {to_f32(v)};
         add_sumexp(m, s, f);
     }
     warp_lse_combine(m, s);
@@ -116,10 +124,11 @@ __device__ __forceinline__ float ce_grad(float x, int c, int nreal, int target, 
     return c < nreal ? (exp2f(fmaf(x, kLog2e, -lse_log2e)) - (c == target ? 1.0f : 0.0f)) * dloss : 0.0f;
 }
 
-// The row x[0, n) := its gradient (ce_grad: the real columns are [0, nreal)). Packs as in
-// block_max_sumexp (all loads of a step before its stores).
+// The row x[0, n) := its gradient (ce_grad: the real columns are [0, nreal)), its values read from
+// src (x itself, or the row kept in shared memory: n columns, of which only the real ones are
+// used). Packs as in block_max_sumexp (all loads of a step before its stores).
 template <class T, int K>
-__device__ void write_ce_grad(T* x, int n, int nreal, int target, float lse, float dloss) {
+__device__ void write_ce_grad(T* x, const T* src, int n, int nreal, int target, float lse, float dloss) {
     const int bd = blockDim.x, nvec = n / K;
     const float ll = lse * kLog2e;
     auto grad = [&](Pack<T, K>& p, int c0) {
@@ -130,7 +139,7 @@ __device__ void write_ce_grad(T* x, int n, int nreal, int target, float lse, flo
     for (; i + (kCeUnroll - 1) * bd < nvec; i += kCeUnroll * bd) {
         Pack<T, K> p[kCeUnroll];
         LLMC_UNROLL
-        for (int u = 0; u < kCeUnroll; u++) p[u] = load_pack<K>(x + (i + u * bd) * K);
+        for (int u = 0; u < kCeUnroll; u++) p[u] = load_pack<K>(src + (i + u * bd) * K);
         LLMC_UNROLL
         for (int u = 0; u < kCeUnroll; u++) {
             grad(p[u], (i + u * bd) * K);
@@ -138,29 +147,38 @@ __device__ void write_ce_grad(T* x, int n, int nreal, int target, float lse, flo
         }
     }
     for (; i < nvec; i += bd) {
-        Pack<T, K> p = load_pack<K>(x + i * K);
+        Pack<T, K> p = load_pack<K>(src + i * K);
         grad(p, i * K);
         store_pack(x + i * K, p);
     }
     for (int c = nvec * K + threadIdx.x; c < n; c += bd)
-        x[c] = from_f32<T>(ce_grad(to_f32(x[c]), c, nreal, target, ll, dloss));
+        x[c] = from_f32<T>(ce_grad(to_f32(src[c]), c, nreal, target, ll, dloss));
 }
 
 // One block per row (kCeThreads). A target outside [0, V) gives a NaN loss (and no onehot).
-template <class T, int K>
+// ROW: the row kept in dynamic shared memory (ce_row_smem_bytes) between the statistics and the
+// gradient, read from memory once; the same values, bit for bit.
+template <class T, int K, bool ROW>
 __global__ void __launch_bounds__(kCeThreads) cross_entropy_kernel(T* logits, float* losses, const int32_t* targets,
                                                                    int V, int Vp, float dloss) {
     T* x = logits + (long long)blockIdx.x * Vp;
+    T* row = nullptr;
+    if constexpr (ROW) {
+        LLMC_EXTERN_SMEM(char, ce_smem);
+        row = reinterpret_cast<T*>(ce_smem);
+    }
     const int target = targets[blockIdx.x];
     // read before any thread overwrites it: the writes follow block_max_sumexp's barrier
     float target_logit = 0.0f;
     if (threadIdx.x == 0) target_logit = (target >= 0 && target < V) ? to_f32(x[target]) : NAN;
     float M, S;
-    block_max_sumexp<T, K>(x, V, M, S);
+    block_max_sumexp<T, K>(x, V, M, S, row);  // (its barrier also orders the row's stores before the reads)
     const float lse = M + logf(S);
     if (threadIdx.x == 0) losses[blockIdx.x] = lse - target_logit;
-    if (dloss != 0.0f) write_ce_grad<T, K>(x, Vp, V, target, lse, dloss);
+    if (dloss != 0.0f) write_ce_grad<T, K>(x, ROW ? row : x, Vp, V, target, lse, dloss);
 }
+// The shared memory a row of Vp columns takes (16-byte packs)
+template <class T> inline size_t ce_row_smem_bytes(int Vp) { return ((size_t)Vp * sizeof(T) + 15) / 16 * 16; }
 
 // Number of real (global index < V) columns of the slice [vocab_begin, vocab_begin + Vl).
 __host__ __device__ inline int ce_slice_real_cols(int Vl, int vocab_begin, int V) {
@@ -203,17 +221,28 @@ __global__ void __launch_bounds__(kCeThreads) cross_entropy_finish_kernel(T* log
     if (threadIdx.x == 0) losses[blockIdx.x] = lse - st[2];
     if (dloss == 0.0f) return;
     const long long tl = (long long)targets[blockIdx.x] - vocab_begin;
-    write_ce_grad<T, K>(logits + (long long)blockIdx.x * Vl, Vl, nreal, (tl >= 0 && tl < Vl) ? (int)tl : -1, lse,
-                        dloss);
+    T* x = logits + (long long)blockIdx.x * Vl;
+    write_ce_grad<T, K>(x, x, Vl, nreal, (tl >= 0 && tl < Vl) ? (int)tl : -1, lse, dloss);
 }
 
-// Launchers (N > 0 rows). K: 16-byte packs when the rows allow them (pack_width).
+// Launchers (N > 0 rows). K: 16-byte packs when the rows allow them (pack_width). row_in_smem
+// (KernelWays::ce_row_in_smem, with a gradient to write): the row kept in shared memory where the
+// device's per-block limit holds it (GPT-2's 50304 bf16 columns: 98 KiB, two blocks an SM on
+// sm_80/sm_90), else read twice as without.
 template <class T>
 void launch_cross_entropy(cudaStream_t st, T* logits, float* losses, const int32_t* targets, int N, int V, int Vp,
-                          float dloss) {
+                          float dloss, bool row_in_smem = false) {
     with_pack_width<T>(pack_width<T>(Vp, {logits}), [&](auto k) {
-        auto cross_entropy = cross_entropy_kernel<T, decltype(k)::value>;
-        LLMC_LAUNCH(cross_entropy, N, kCeThreads, 0, st, logits, losses, targets, V, Vp, dloss);
+        constexpr int K = decltype(k)::value;
+        auto row_kernel = cross_entropy_kernel<T, K, true>;
+        const size_t bytes = ce_row_smem_bytes<T>(Vp);
+        int limit = 0;
+        if (row_in_smem && dloss != 0.0f && opt_in_smem((const void*)row_kernel, bytes, &limit)) {
+            LLMC_LAUNCH(row_kernel, N, kCeThreads, bytes, st, logits, losses, targets, V, Vp, dloss);
+        } else {
+            auto cross_entropy = cross_entropy_kernel<T, K, false>;
+            LLMC_LAUNCH(cross_entropy, N, kCeThreads, 0, st, logits, losses, targets, V, Vp, dloss);
+        }
     });
 }
 template <class T>

@@ -694,7 +694,7 @@ public:
         LLMC_ASSERT(V <= Vp, "cross_entropy: V > Vp");
         dispatch(logits.dtype, [&](auto tag) {
             using T_ = decltype(tag);
-            launch_cross_entropy<T_>(stream_, P<T_>(logits), losses, targets, N, V, Vp, dloss);
+            launch_cross_entropy<T_>(stream_, P<T_>(logits), losses, targets, N, V, Vp, dloss, ways_.ce_row_in_smem);
         });
         CUDA_CHECK_LAUNCH();
     }

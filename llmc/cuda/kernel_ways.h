@@ -30,4 +30,7 @@ struct KernelWays {
     // LayerNorm/RMSNorm backward: rows kept in registers where d_model allows (false: every row read
     // twice, dev/cuda/layernorm v5)
     bool ln_bwd_registers = true;
+    // the fused cross entropy: each row kept in shared memory between its two passes where the
+    // device holds it (dev/cuda/classifier v6; false: read again, mostly from L2, v5)
+    bool ce_row_in_smem = false;
 };
