@@ -11,6 +11,7 @@
 
 #include "llmc/core/common.h"
 #include "llmc/core/config.h"
+#include "llmc/cuda/cuda_ops.h"
 #include "test/user_error.h"
 
 using nlohmann::json;
@@ -603,4 +604,24 @@ TEST_CASE("config: a number beyond double, and model dimensions beyond 2^26, are
     for (const char* key : {"model.n_layer", "model.n_head", "model.d_model", "model.max_seq_len", "model.ffn_dim"})
         CHECK_THAT(error_of([&] { load({g, std::string(key) + "=1073741832"}); }),
                    Catch::Contains(key) && Catch::Contains("67108864"));
+}
+
+// The section "kernels" as the CUDA backend takes it (llmc/cuda/kernel_ways.cpp, plain C++ in
+// every binary): each name to the way KernelWays documents, a wrong one refused naming its key.
+TEST_CASE("config: the kernels section's names become the CUDA kernels' ways", "[config]") {
+    const KernelWays d = cuda_kernel_ways("auto", "auto", "auto");
+    CHECK((d.fwd_key_tile == 0 && d.fwd_wgmma == 0 && d.bwd_dq == 0 && d.ln_bwd_registers && !d.wgmma_mn &&
+           !d.ce_row_in_smem));
+    CHECK(cuda_kernel_ways("keys128", "auto", "auto").fwd_key_tile == 128);
+    CHECK(cuda_kernel_ways("wgmma", "auto", "auto").fwd_wgmma == 1);
+    CHECK(cuda_kernel_ways("wgmma_pipelined", "auto", "auto").fwd_wgmma == 2);
+    int dq = 0;
+    for (const char* b : {"dq_from_ds", "fused", "wgmma_dq", "wgmma", "wgmma_pipelined", "wgmma_ss"})
+        CHECK(cuda_kernel_ways("auto", b, "auto").bwd_dq == ++dq);
+    CHECK(!cuda_kernel_ways("auto", "auto", "streamed").ln_bwd_registers);
+    CHECK(cuda_kernel_ways("wgmma", "wgmma", "auto", "mn_major").wgmma_mn);
+    CHECK_THAT(error_of([&] { cuda_kernel_ways("auto", "v7", "auto"); }),
+               Catch::Contains("kernels.attention_backward") && Catch::Contains("\"v7\""));
+    CHECK_THAT(error_of([&] { cuda_kernel_ways("auto", "auto", "registers"); }),
+               Catch::Contains("kernels.layernorm_backward") && Catch::Contains("auto, streamed"));
 }

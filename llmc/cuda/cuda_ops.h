@@ -1,6 +1,7 @@
 // The CUDA backend as the rest of the program sees it (plain C++: no CUDA headers).
 // Defined in llmc/cuda/cuda_ops.cu; binaries built without the CUDA backend (make CUDA=0, the CPU
 // unit tests, the data tools) get llmc/cuda/no_cuda.cpp's weak definitions: no device.
+// cuda_kernel_ways is plain C++ (llmc/cuda/kernel_ways.cpp), the same in every binary.
 #pragma once
 #include <memory>
 

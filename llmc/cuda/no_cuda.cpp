@@ -6,10 +6,6 @@
 
 __attribute__((weak)) int cuda_device_count() { return 0; }
 __attribute__((weak)) bool cuda_device_available() { return false; }
-__attribute__((weak)) KernelWays cuda_kernel_ways(const std::string&, const std::string&, const std::string&,
-                                                  const std::string&) {
-    return KernelWays();
-}
 __attribute__((weak)) void set_cuda_kernel_ways(Ops&, const KernelWays&) {}
 __attribute__((weak)) std::unique_ptr<Ops> make_cuda_ops(int) {
     throw UserError("device: \"cuda\" is not available in this binary (built with CUDA=0, without the CUDA backend)");
