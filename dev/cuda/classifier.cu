@@ -18,7 +18,8 @@
 //      step, 2.9 TB/s counting the row read and written once.
 //   6: v5 with the row kept in shared memory between the passes (KernelWays::ce_row_in_smem; 98 KiB
 //      of bf16 a GPT-2 row, two blocks an SM): read from memory once. The same loads in the same
-//      order, so the same bits as v5 (checked here: a v5 run beside it on the same logits).
+//      order, so the same bits as v5 (checked here: a v5 run beside it on the same logits, and
+//      timed after v6 in the same process).
 //      NOT YET MEASURED ON A GPU. Prediction: near the bound of reading and writing once (~1.5 ms
 //      at N=32768 on an H200) if v5's second read was mostly DRAM; no gain if it was L2. If
 //      faster, it becomes the backend's default (KernelWays::ce_row_in_smem = true).
@@ -98,7 +99,7 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMemcpy(gt, tgt.data(), N * 4, cudaMemcpyHostToDevice));
     float* gl = dev_poisoned<float>(N);
     bool ok = true;
-    std::function<void()> run;
+    std::function<void()> run, run5;  // (v6: v5 on a copy of the logits, checked and timed beside it)
     if (bf) {
         bf16* gx = to_dev<bf16>(logits);
         run = llmc_or_v2<bf16>(version, gx, gl, gt, N, V, Vp, dloss);
@@ -107,7 +108,8 @@ int main(int argc, char** argv) {
         if (version == 6) {  // bit for bit v5's, on the same logits
             bf16* gx5 = to_dev<bf16>(logits);
             float* gl5 = dev_poisoned<float>(N);
-            llmc_or_v2<bf16>(5, gx5, gl5, gt, N, V, Vp, dloss)();
+            run5 = llmc_or_v2<bf16>(5, gx5, gl5, gt, N, V, Vp, dloss);
+            run5();
             const bool same = to_host(gx, (size_t)N * Vp) == to_host(gx5, (size_t)N * Vp) &&
                               to_host(gl, N) == to_host(gl5, N);
             std::printf("v6 bitwise v5: %s\n", same ? "yes" : "NO");
@@ -128,6 +130,10 @@ int main(int argc, char** argv) {
     const size_t once = (size_t)N * Vp * (bf ? 2 : 4);
     std::printf("time %.4f ms, %.1f GB/s counting read twice + written once, %.1f GB/s counting read + written once\n",
                 ms, 3 * once / ms * 1e-6, 2 * once / ms * 1e-6);
+    if (run5) {
+        const float ms5 = bench_ms(run5);
+        std::printf("v5 beside it: time %.4f ms (v6 / v5 %.3f)\n", ms5, ms / ms5);
+    }
     CUDA_CHECK(cudaGetLastError());
     return ok ? 0 : 1;
 }
