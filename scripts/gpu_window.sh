@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One GPU window in one command (issue 26), from the kit: gpu-kit/scripts/gpu_window.sh OUT [SECONDS]
+# One GPU window in one command (issue 26), from the kit: gpu-kit/scripts/gpu_window.sh OUT [SECONDS [FROM]]
 # Under one global deadline (SECONDS, default 540: one device command of at most 600 s), in order
-# of value:
+# of value (FROM: the stage to start at, quick, kernels, variants, profile or sanitizers, for a second
+# device command where the first one's deadline ended the window's plan early):
 #   1. gpu_check --quick (test_gpu per filter, parity, 124M and 1.5B beside PyTorch, ncu table);
 #   2. gpu_check --kernels (dev/cuda's kernel versions; attention beside PyTorch's SDPA);
 #   2b. gpu_check --variants (the step with each kernels.* config way beside the default);
@@ -13,8 +14,11 @@
 # window.log and logs.tgz (every stage's logs without data shards or weights, under 16 MiB).
 set -u
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: gpu_window.sh OUT [SECONDS]}
+OUT=${1:?usage: gpu_window.sh OUT [SECONDS [FROM]]}
 TOTAL=${2:-540}
+FROM=${3:-quick}
+STAGES=(quick kernels variants profile sanitizers)
+[[ " ${STAGES[*]} " == *" $FROM "* ]] || { echo "gpu_window.sh: FROM '$FROM' is not one of: ${STAGES[*]}" >&2; exit 2; }
 mkdir -p "$OUT"
 T0=$(date +%s)
 END=$((T0 + TOTAL))
@@ -22,9 +26,18 @@ left() { echo $((END - $(date +%s))); }
 W=$(mktemp -d /tmp/gpu_window.XXXXXX)
 trap 'rm -rf "$W"' EXIT  # what matters is in OUT (logs.tgz)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/window.log"; }
+# wanted NAME: whether stage NAME comes at or after FROM
+wanted() {
+    local st
+    for st in "${STAGES[@]}"; do
+        [ "$st" = "$FROM" ] && return 0
+        [ "$st" = "$1" ] && return 1
+    done
+}
 # stage NAME SHARE ARGS...: gpu_check with a deadline of min(SHARE, what is left less the tail's 40 s)
 stage() {
     local name=$1 share=$2; shift 2
+    wanted "$name" || return 0
     local d=$(( $(left) - 40 ))
     [ "$d" -lt "$share" ] || d=$share
     if [ "$d" -lt 20 ]; then log "$name: skipped ($(left) s left)"; return; fi
@@ -51,6 +64,7 @@ if [ -x dev/data/synth_shards ] && dev/data/synth_shards --out "$W/data/bench" -
         train.micro_batch=32 "${data[@]}"
 fi
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
+wanted sanitizers || CS=
 for spec in "racecheck reference" "memcheck model_step"; do
     t=$(( $(left) - 15 )); [ "$t" -le 60 ] || t=60
     [ "$t" -ge 10 ] && [ -n "$CS" ] || break

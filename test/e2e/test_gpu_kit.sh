@@ -39,4 +39,9 @@ n=$(ls "$W/win" | wc -l)
 ls "$W/win" | grep -qvE '^[A-Za-z0-9._-]+$' && die "gpu_window.sh wrote a name the device tool refuses: $(ls "$W/win")"
 for st in quick kernels profile; do grep -q "^\[[0-9]*s\] $st: " "$W/win/window.log" || die "window.log lacks stage $st: $(cat "$W/win/window.log")"; done
 [ -s "$W/win/logs.tgz" ] || die "gpu_window.sh wrote no logs.tgz"
+# a second device command takes the plan up where the first one's deadline ended it (FROM)
+(cd /tmp && bash "$K/scripts/gpu_window.sh" "$W/win2" 60 variants > "$W/win2.txt" 2>&1) || die "gpu_window.sh from variants: $(tail -n 3 "$W/win2.txt")"
+grep -qE '^\[[0-9]*s\] (quick|kernels): ' "$W/win2/window.log" && die "gpu_window.sh from variants ran an earlier stage: $(cat "$W/win2/window.log")"
+grep -q '^\[[0-9]*s\] variants: ' "$W/win2/window.log" || die "gpu_window.sh from variants: no variants stage: $(cat "$W/win2/window.log")"
+expect_fail 2 "FROM 'nope' is not one of: quick kernels variants profile sanitizers" bash "$K/scripts/gpu_window.sh" "$W/win3" 60 nope
 echo "gpu kit: $size MiB, $(echo "$dry" | grep -c '^\[dry-run\]') steps of --quick, $(echo "$adry" | grep -c '^\[dry-run\]') of --kernels, every program in the kit"
