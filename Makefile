@@ -80,6 +80,12 @@ $(BUILD)/%.o: %.cpp
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+# the backend refuses, naming the make line, a GPU that none of GPU_ARCH's code runs on
+# (llmc/cuda/device_arch.h; the words joined by commas: one argument through the shell and nvcc)
+comma := ,
+empty :=
+space := $(empty) $(empty)
+$(BUILD)/llmc/cuda/cuda_ops.o: NVCCFLAGS += -DLLMC_GPU_ARCHS=\"$(subst $(space),$(comma),$(strip $(GPU_ARCH)))\"
 
 # The unit tests' own code at TEST_OPT (-O1): they test the library, built at CXXFLAGS; -O3 took
 # 40-70% longer to compile them (test_config.cpp 16.7 -> 9.9 s, Catch2's test_main.cpp 21 -> 14 s here)

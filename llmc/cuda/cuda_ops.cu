@@ -22,6 +22,7 @@
 #include "llmc/cuda/step_graph.cuh"
 #include "llmc/backend/ops.h"
 #include "llmc/cuda/cuda_ops.h"
+#include "llmc/cuda/device_arch.h"
 
 // Key-value radix sort of n (key, position) pairs by the keys' low `bits` bits, stable (cub's
 // DeviceRadixSort: a first call with tmp == nullptr sizes its scratch). The emulator of CI
@@ -979,5 +980,11 @@ std::unique_ptr<Ops> make_cuda_ops(int device_index) {
     if (n == 0) throw UserError("device=cuda: no CUDA device found");
     if (device_index < 0 || device_index >= n)
         throw UserError(strfmt("device=cuda: device index %d out of range (%d devices)", device_index, n));
+#if defined(LLMC_GPU_ARCHS)  // (the Makefile's GPU_ARCH; not under the emulator)
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
+    const std::string why = arch_mismatch(LLMC_GPU_ARCHS, prop.name, prop.major, prop.minor);
+    if (!why.empty()) throw UserError(why);
+#endif
     return std::make_unique<CudaOps>(device_index);
 }
