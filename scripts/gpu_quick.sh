@@ -339,7 +339,8 @@ kernel_row() {
     fi
 }
 # attn_runs: dev/cuda's attention programs VERSIONS at every shape of ATTN_SHAPES (those of head
-# size ONLY_HS where it is set), a row each
+# size ONLY_HS where it is set), a row each (each shape's CPU reference computed by the first version
+# and read back from /tmp by the others: dev/cuda/common.h's cached_reference)
 attn_runs() {
     local b t nh hs v kind ver log rc
     # shellcheck disable=SC2086

@@ -198,8 +198,12 @@ int main(int argc, char** argv) {
     auto qkv = rand_vec(nqkv, 2.0f, 1), dout = rand_vec(no, 1.0f, 2);
     if (version >= 2) round_bf16(qkv), round_bf16(dout);
     std::vector<float> ref(nqkv), out(no), lse((size_t)B * NH * T);
-    cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
-    cpu::attention_backward<float>(ref.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH, NH, HS);
+    const std::string key = "attention_backward " + shape_key({B, T, NH, HS}) + " qkv 2 seed 1 dout 1 seed 2" +
+                            (version >= 2 ? " bf16" : "");
+    cached_reference(key, {&ref, &out, &lse}, [&] {
+        cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
+        cpu::attention_backward<float>(ref.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH, NH, HS);
+    });
     bool ok = version == 1 ? run_version<float>(qkv, dout, out, lse, ref, B, T, NH, HS, 1e-4)
                            : run_version<bf16>(qkv, dout, out, lse, ref, B, T, NH, HS, 2e-2);
     CUDA_CHECK(cudaGetLastError());

@@ -151,7 +151,10 @@ int main(int argc, char** argv) {
     auto qkv = rand_vec(nqkv, 2.0f);
     if (version >= 3) round_bf16(qkv);
     std::vector<float> out(no), lse(nl);
-    cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
+    const std::string key = "attention_forward " + shape_key({B, T, NH, HS}) + " qkv 2 seed 42" +
+                            (version >= 3 ? " bf16" : "");
+    cached_reference(key, {&out, &lse},
+                     [&] { cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS); });
     std::function<void()> run;
     bool ok = true;
     if (version == 1 || version == 2) {

@@ -6,7 +6,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <unistd.h>
+
+#include <cctype>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "llmc/cpu/kernels.h"  // the CPU references: the very templates the CPU backend runs
@@ -103,6 +107,49 @@ inline float bench_ms(const std::function<void()>& fn, int warmup = 3, int repea
     return t[repeats / 2];
 }
 inline int kernel_arg(int argc, char** argv, int dflt) { return argc > 1 ? std::atoi(argv[1]) : dflt; }
+
+// The CPU reference's outputs, computed once for a given input and kept on disk for the next run:
+// a GPU window times several versions of a kernel at one shape (gpu_check --kernels), and at T=1024
+// the reference takes seconds of the window each time (the attention backward's at 32 heads: about
+// 3 s on 16 cores) where reading it back takes a fraction. `key` names everything the outputs depend
+// on (the op, the shape, the inputs' seeds and rounding); this binary's build time is added, so that
+// a rebuilt reference is never mixed with an older one's file. The folder: $LLMC_DEV_CUDA_REFS,
+// default /tmp/llmc_dev_cuda_refs; LLMC_DEV_CUDA_REFS=off computes every time. `outs` arrive sized.
+inline std::string shape_key(std::initializer_list<int> dims) {  // "8x1024x12x64"
+    std::string k;
+    for (int d : dims) k += (k.empty() ? "" : "x") + std::to_string(d);
+    return k;
+}
+inline void cached_reference(std::string key, const std::vector<std::vector<float>*>& outs,
+                             const std::function<void()>& compute) {
+    const char* env = std::getenv("LLMC_DEV_CUDA_REFS");
+    const std::string dir = env && *env ? env : "/tmp/llmc_dev_cuda_refs";
+    if (dir == "off") return compute();
+    key += std::string(" built ") + __DATE__ + " " + __TIME__;
+    for (char& c : key)
+        if (!std::isalnum((unsigned char)c) && c != '.' && c != '-') c = '_';
+    const std::string path = dir + "/" + key + ".bin";
+    if (FILE* f = std::fopen(path.c_str(), "rb")) {
+        bool ok = true;
+        for (std::vector<float>* v : outs) ok = ok && std::fread(v->data(), 4, v->size(), f) == v->size();
+        ok = ok && std::fgetc(f) == EOF;  // (exactly the sizes asked for)
+        std::fclose(f);
+        if (ok) {
+            std::printf("  CPU reference read from %s\n", path.c_str());
+            return;
+        }
+    }
+    compute();
+    std::string cmd = "mkdir -p '" + dir + "'";
+    if (std::system(cmd.c_str()) != 0) return;
+    const std::string tmp = path + "." + std::to_string((long)getpid());
+    FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f) return;
+    bool ok = true;
+    for (const std::vector<float>* v : outs) ok = ok && std::fwrite(v->data(), 4, v->size(), f) == v->size();
+    ok = std::fclose(f) == 0 && ok;
+    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) std::remove(tmp.c_str());
+}
 // The shape: n numbers after the version on the command line, else the op's Bench case of the
 // op-case table (test/op_cases.h), the shape the GPU parity tests and the CPU tests share a table with.
 inline std::vector<int> bench_case(const char* op, int argc, char** argv, int n) {
