@@ -43,6 +43,26 @@ for s in "data: synthetic shards" "parity gpt2 cuda_bf16" "parity llama cuda_fp3
 done
 n=$(echo "$dry" | grep -c '^\[dry-run\]')
 echo "gpu_check --quick --dry-run: $n steps ($(echo "$filters" | wc -w) test_gpu filters)"
+# the PyTorch peers compiled ahead: started before test_gpu, over before the first timed run
+order=$(grep -nE '^\[dry-run\] (PyTorch peers compiled ahead|test_gpu ptx|bench gpt2_124m bf16 B=8) ' <<<"$dry" | cut -d: -f1 | tr '\n' ' ')
+awk '{ exit !(NF == 3 && $1 < $2 && $2 < $3) }' <<<"$order" ||
+    die "the peers' compilation ahead is not between the data and test_gpu: lines $order"
+# ... its plumbing, with a stand-in python3: the 124M shapes compile in a second, the 1.5B one would
+# take a minute and is stopped when the wait reaches the deadline's last 150 s; nothing is left running
+mkdir -p "$W/shim"
+cat > "$W/shim/python3" <<'PY'
+#!/usr/bin/env bash
+[ "$1" = -c ] && exit 0
+case "$*" in *"--n_layer 48"*) sleep 60 ;; *) sleep 1 ;; esac
+echo "RESULT tokens_per_s=1 mfu=0.1 peak_mem_gib=1 batch=8 torch=stand-in compiled=1"
+PY
+chmod +x "$W/shim/python3"
+pw=$( row() { echo "ROW|$1|$2|$6"; }; DRY_RUN=0; source "$ROOT/scripts/gpu_quick.sh"; Q="$W/pw"; mkdir -p "$Q"
+      PATH="$W/shim:$PATH"; DEADLINE=$(( $(date +%s) + 158 )); peer_prewarm_start; sleep 3; peer_prewarm_end
+      if pgrep -f "$W/shim/python3" >/dev/null; then echo "a stand-in peer still runs after peer_prewarm_end"; fi )
+grep -qE '^ROW\|PyTorch peers compiled ahead\|INFO\|2 of 3 in [0-9]+ s: L48 B8 not; L12 B8 compiled; L12 B32 compiled$' <<<"$pw" &&
+    ! grep -q 'still runs' <<<"$pw" || die "peers compiled ahead: $pw"
+echo "PyTorch peers compiled ahead: between the data and test_gpu, stopped before the first timed run"
 prof=$(bash "$G" --profile "$ROOT/configs/tiny_cpu.json" train.micro_batch=2 --dry-run 2>&1) && die "--profile took --dry-run after the config's overrides: $prof"
 prof=$(bash "$G" --dry-run --profile "$ROOT/configs/tiny_cpu.json" train.micro_batch=2) || die "--profile --dry-run: $prof"
 grep -qE '^\[dry-run\] ncu tiny_cpu .*--clock-control none .*configs/tiny_cpu.json train.micro_batch=2 train.steps=2' \
