@@ -5,10 +5,12 @@
 #include "llmc/cpu/cpu_ops.h"
 #include "llmc/comm/comm.h"
 #include "llmc/core/config.h"
+#include "llmc/core/rng.h"
 #include "llmc/train/data_parallel.h"
 #include "llmc/train/layout.h"
 #include "llmc/model/model.h"
 #include "llmc/model/optimizer.h"
+#include "llmc/model/param_table.h"
 #include "llmc/parallel/process_grid.h"
 
 TEST_CASE("process grid: Megatron order, tp fastest, then cp, dp, pp", "[grid]") {
@@ -449,4 +451,38 @@ TEST_CASE("AdamW over runs of its range updates bitwise as over the whole range"
     const std::vector<float> bf16 = run({AdamW::Runs()}, true, DType::BF16);
     CHECK(bf16 != whole);
     CHECK(run(split, true, DType::BF16) == bf16);
+}
+
+// Model::init_random draws each tensor whole from its own streams (Rng(seed, stream * 1000003 +
+// chunk), a chunk 2^20 elements), the first tensor, wte, on stream 0; the vocabulary's padding rows
+// stay zero. Its buffers' pages are first touched by every thread (zeroed_floats, parallel_copy):
+// those two against memset and memcpy, past their one-thread threshold and with an odd length.
+TEST_CASE("init_random draws wte from stream 0 and leaves the vocabulary padding zero", "[memory]") {
+    auto ops = make_cpu_ops();
+    const ModelShape s{2, 2, 32, 200, 256, 16};
+    const ParamLayout layout = param_layout(s, ModelLayout(), 1);
+    WholeStore store(*ops, layout, DType::F32);
+    Model m(s, *ops, DType::F32, 2, 8, store);
+    m.init_random(7);
+    std::vector<float> w(layout.total_params);
+    m.get_params_whole(w.data());
+    const TensorDecl wte = model_tensors(s)[0];
+    REQUIRE(wte.rows == 256);
+    REQUIRE(wte.init_rows == 200);
+    Rng rng(7, 0);
+    size_t differ = 0, nonzero = 0;
+    for (size_t i = 0; i < wte.init_rows * wte.cols; i++) differ += w[i] != wte.init_std * rng.normal();
+    for (size_t i = wte.init_rows * wte.cols; i < wte.rows * wte.cols; i++) nonzero += w[i] != 0.0f;
+    CHECK(differ == 0);
+    CHECK(nonzero == 0);
+
+    const size_t n = (size_t(20) << 20) / 4 + 3;  // past the 16 MiB threshold, not a multiple of 64 bytes
+    std::unique_ptr<float[]> z = zeroed_floats(n);
+    size_t zeros = 0;
+    for (size_t i = 0; i < n; i++) zeros += z[i] == 0.0f;
+    CHECK(zeros == n);
+    std::vector<char> src(n * 4 + 7), dst(src.size(), 0);
+    for (size_t i = 0; i < src.size(); i++) src[i] = char(i * 131 + 7);
+    parallel_copy(dst.data(), src.data(), src.size());
+    CHECK(dst == src);
 }

@@ -210,12 +210,13 @@ public:
             return;
         }
         LLMC_ASSERT(dst.dtype == DType::BF16 || dst.dtype == DType::F16, "from_host_f32: unsupported dtype");
-        std::vector<uint16_t> tmp(dst.n);
-        if (dst.dtype == DType::F16)
-            for (size_t i = 0; i < dst.n; i++) tmp[i] = f32_to_f16_bits(src[i]);
-        else
-            for (size_t i = 0; i < dst.n; i++) tmp[i] = f32_to_bf16_bits(src[i]);
-        from_host_bytes(dst.ptr, tmp.data(), dst.bytes());
+        // (every thread converts, and first touches, a slice: a model's weights are gigabytes)
+        std::unique_ptr<uint16_t[]> tmp(new uint16_t[dst.n]);
+        const long n = long(dst.n);
+        const bool f16 = dst.dtype == DType::F16;
+#pragma omp parallel for schedule(static) if (n >= (1 << 22))
+        for (long i = 0; i < n; i++) tmp[i] = f16 ? f32_to_f16_bits(src[i]) : f32_to_bf16_bits(src[i]);
+        from_host_bytes(dst.ptr, tmp.get(), dst.bytes());
     }
     std::string graph_step_begin(uint64_t key) override {
         return graph_.begin(stream_, key, counters_.host_syncs - upload_waits_);

@@ -461,13 +461,19 @@ static uint64_t init_stream(const std::vector<TensorDecl>& decls, const ParamSpe
 void Model::init_random(uint64_t seed) {
     // Each tensor is drawn whole from streams named by its identity, then this rank keeps its
     // pieces: every layout starts from the same model.
+    // (the buffers' pages first touched by every thread: zeroed_floats, the draws, parallel_copy)
     const std::vector<TensorDecl> decls = model_tensors(shape);
-    std::vector<float> mem(params.padded_params, 0.0f), whole;
+    std::unique_ptr<float[]> mem = zeroed_floats(params.padded_params);
+    size_t largest = 0;
+    for (const ParamSpec& p : params.specs)
+        largest = std::max(largest, decls[size_t(p.decl)].rows * decls[size_t(p.decl)].cols);
+    std::unique_ptr<float[]> whole_buf(new float[largest]);
+    float* whole = whole_buf.get();
     const size_t chunk = 1 << 20;
     for (const ParamSpec& p : params.specs) {
         const TensorDecl& d = decls[size_t(p.decl)];
-        whole.assign(d.rows * d.cols, 0.0f);
         const size_t n = d.init_rows * d.cols;  // rows past init_rows (vocabulary padding) stay 0
+        std::fill(whole + n, whole + d.rows * d.cols, 0.0f);
         if (d.init_std > 0.0f) {
             const uint64_t stream = init_stream(decls, p, shape.n_layer);
             // each chunk has its own stream: the result does not depend on the thread count
@@ -479,13 +485,13 @@ void Model::init_random(uint64_t seed) {
                 for (size_t i = size_t(c) * chunk; i < end; i++) whole[i] = d.init_std * rng.normal();
             }
         } else {
-            std::fill(whole.begin(), whole.begin() + long(n), d.init_value);
+            std::fill(whole, whole + n, d.init_value);
         }
         for_each_run(p, [&](size_t local, size_t src, size_t cnt) {
-            std::memcpy(&mem[p.offset + local], &whole[src - p.file_offset], cnt * sizeof(float));
+            parallel_copy(&mem[p.offset + local], &whole[src - p.file_offset], cnt * sizeof(float));
         });
     }
-    load_params_mem(mem.data());
+    load_params_mem(mem.get());
 }
 
 void Model::zero_grads() { store_.zero_grads(); }
