@@ -155,10 +155,12 @@ quick_bench() {  # name "model keys" B prec [nopeer: the PyTorch peer later, by 
     local name=$1 model=$2 b=$3 prec=$4 out="$Q/bench_${1}_${4}_B$3" parsed peer=${5:-peer}
     echo "== quick: bench $name $prec B=$b"
     # shellcheck disable=SC2086
-    # (the 1.5B runs took 42-48 s on the H200, most of it start-up)
+    # (the 1.5B runs took 42-48 s on the H200, most of it start-up: the row gives the run's seconds)
+    local t0
+    t0=$(date +%s)
     quick_train "bench $name $prec B=$b" "$([[ "$name" == gpt2_1558m* ]] && echo 90 || echo 60)" "$out" device=cuda precision=$prec $model train.micro_batch=$b \
         train.seq_len=1024 train.grad_accum=1 train.steps=$QUICK_STEPS train.lr=3e-4 train.lr_schedule=constant
-    local rc=$?
+    local rc=$? secs=$(( $(date +%s) - t0 ))
     [ "$DRY_RUN" = 1 ] || [ $rc -eq 125 ] && { [ "$peer" = nopeer ] || quick_peer "$name" "$model" "$b" "$prec"; return; }
     if [ $rc -eq 0 ] && [ -s "$out/log.jsonl" ]; then
         parsed=$(parse_log "$out/log.jsonl")
@@ -170,7 +172,7 @@ quick_bench() {  # name "model keys" B prec [nopeer: the PyTorch peer later, by 
         enq=$(median_of enqueue_ms)
         row "train_gpt $name $prec (B=$b, T=1024)" "PASS" "$(echo "$parsed" | cut -f1)" "$(echo "$parsed" | cut -f2)" \
             "$(grep -i 'peak' "$out/stdout.log" | tail -n1 | sed 's/^[[:space:]]*//' | cut -c1-40)" \
-            "median ms/step $ms, host queuing $enq"
+            "median ms/step $ms, host queuing $enq; run $secs s (start-up and $QUICK_STEPS steps)"
         eval "TOK_q_${name}_${prec}_$b=$(echo "$parsed" | cut -f1)"
         eval "MS_q_${name}_${prec}_$b=$ms"
     elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
