@@ -17,7 +17,7 @@
 //      Measured in the fourth window only inside the step (ncu, 124M B=32, H200, b24a415): 2.25 ms a
 //      step, 2.9 TB/s counting the row read and written once.
 //   6: v5 with the row kept in shared memory between the passes (KernelWays::ce_row_in_smem; 98 KiB
-//      of bf16 a GPT-2 row, two blocks an SM): read from memory once. The same loads in the same
+//      of bf16 a GPT-2 row, two blocks an SM on Hopper, one on an A100): read from memory once. The same loads in the same
 //      order, so the same bits as v5 (checked here: a v5 run beside it on the same logits, and
 //      timed after v6 in the same process).
 //      NOT YET MEASURED ON A GPU. Prediction: near the bound of reading and writing once (~1.5 ms
