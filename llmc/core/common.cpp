@@ -54,37 +54,30 @@ void make_dirs(const std::string& path, const char* what) {
     }
 }
 
-// memset/memcpy of [0, bytes) in one slice a thread (64-byte aligned cuts)
-static void parallel_bytes(size_t bytes, void (*f)(size_t begin, size_t n, void* ctx), void* ctx) {
-    if (bytes < (size_t(16) << 20)) return f(0, bytes, ctx);
+// f(begin, n) over [0, bytes) in one slice a thread (64-byte aligned cuts); one call under 16 MiB
+template <class F> static void in_slices(size_t bytes, F f) {
+    if (bytes < (size_t(16) << 20)) return f(0, bytes);
 #ifdef _OPENMP
 #pragma omp parallel
     {
         const size_t nt = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num());
         const size_t per = (bytes / nt + 63) / 64 * 64, b = std::min(bytes, t * per), e = std::min(bytes, b + per);
-        if (e > b) f(b, e - b, ctx);
+        if (e > b) f(b, e - b);
     }
 #else
-    f(0, bytes, ctx);
+    f(0, bytes);
 #endif
 }
 
 std::unique_ptr<float[]> zeroed_floats(size_t n) {
     std::unique_ptr<float[]> p(new float[n]);
-    float* d = p.get();
-    parallel_bytes(n * sizeof(float), [](size_t b, size_t len, void* c) { std::memset((char*)c + b, 0, len); }, d);
+    char* d = reinterpret_cast<char*>(p.get());
+    in_slices(n * sizeof(float), [d](size_t b, size_t len) { std::memset(d + b, 0, len); });
     return p;
 }
 
 void parallel_copy(void* dst, const void* src, size_t bytes) {
-    struct Two { void* dst; const void* src; } two{dst, src};
-    parallel_bytes(
-        bytes,
-        [](size_t b, size_t len, void* c) {
-            const Two& t = *static_cast<Two*>(c);
-            std::memcpy((char*)t.dst + b, (const char*)t.src + b, len);
-        },
-        &two);
+    in_slices(bytes, [dst, src](size_t b, size_t len) { std::memcpy((char*)dst + b, (const char*)src + b, len); });
 }
 
 uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
