@@ -5,11 +5,15 @@
 
 #include "llmc/core/common.h"
 
-bool arch_runs_on(const std::string& built, int major, int minor) {
-    std::string words = built;
-    for (char& c : words)
+// GPU_ARCH's words with spaces between, as make takes them (the Makefile's macro joins them by commas)
+static std::string spaced(std::string built) {
+    for (char& c : built)
         if (c == ',') c = ' ';
-    std::istringstream in(words);
+    return built;
+}
+
+bool arch_runs_on(const std::string& built, int major, int minor) {
+    std::istringstream in(spaced(built));
     std::string w;
     while (in >> w) {
         size_t digits = 0;
@@ -28,9 +32,7 @@ std::string arch_mismatch(const std::string& built, const std::string& device_na
     if (arch_runs_on(built, major, minor)) return "";
     // (Hopper's own: 90a, with the wgmma kernels)
     const std::string want = major == 9 && minor == 0 ? "90a" : strfmt("%d%d", major, minor);
-    std::string archs = built;  // (as make takes it: spaces)
-    for (char& c : archs)
-        if (c == ',') c = ' ';
+    const std::string archs = spaced(built);
     return strfmt("device=cuda: %s (compute capability %d.%d) runs none of this build's device code, built for "
                   "GPU_ARCH=\"%s\": rebuild with make GPU_ARCH=\"%s %s\" (or GPU_ARCH=%s alone)",
                   device_name.c_str(), major, minor, archs.c_str(), archs.c_str(), want.c_str(), want.c_str());

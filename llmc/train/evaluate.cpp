@@ -86,6 +86,7 @@ std::vector<int> sample(PipelineEngine& pipeline, Model& model, TensorParallel& 
     }
     return out;
 }
+
 void sample_wait(int n, Comm& world, int* sig) {
     for (int i = 0; i < n && !(*sig = preempt_agreed(world)); i++) {
     }
