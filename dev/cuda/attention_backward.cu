@@ -198,8 +198,8 @@ int main(int argc, char** argv) {
     auto qkv = rand_vec(nqkv, 2.0f, 1), dout = rand_vec(no, 1.0f, 2);
     if (version >= 2) round_bf16(qkv), round_bf16(dout);
     std::vector<float> ref(nqkv), out(no), lse((size_t)B * NH * T);
-    const std::string key = "attention_backward " + shape_key({B, T, NH, HS}) + " qkv 2 seed 1 dout 1 seed 2" +
-                            (version >= 2 ? " bf16" : "");
+    const std::string key = strfmt("attention_backward B%d T%d NH%d HS%d qkv 2 seed 1 dout 1 seed 2%s", B, T, NH, HS,
+                                   version >= 2 ? " bf16" : "");
     cached_reference(key, {&ref, &out, &lse}, [&] {
         cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS);
         cpu::attention_backward<float>(ref.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH, NH, HS);

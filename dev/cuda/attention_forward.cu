@@ -151,8 +151,8 @@ int main(int argc, char** argv) {
     auto qkv = rand_vec(nqkv, 2.0f);
     if (version >= 3) round_bf16(qkv);
     std::vector<float> out(no), lse(nl);
-    const std::string key = "attention_forward " + shape_key({B, T, NH, HS}) + " qkv 2 seed 42" +
-                            (version >= 3 ? " bf16" : "");
+    const std::string key =
+        strfmt("attention_forward B%d T%d NH%d HS%d qkv 2 seed 42%s", B, T, NH, HS, version >= 3 ? " bf16" : "");
     cached_reference(key, {&out, &lse},
                      [&] { cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), B, T, NH, NH, HS); });
     std::function<void()> run;

@@ -115,11 +115,6 @@ inline int kernel_arg(int argc, char** argv, int dflt) { return argc > 1 ? std::
 // on (the op, the shape, the inputs' seeds and rounding); this binary's build time is added, so that
 // a rebuilt reference is never mixed with an older one's file. The folder: $LLMC_DEV_CUDA_REFS,
 // default /tmp/llmc_dev_cuda_refs; LLMC_DEV_CUDA_REFS=off computes every time. `outs` arrive sized.
-inline std::string shape_key(std::initializer_list<int> dims) {  // "8x1024x12x64"
-    std::string k;
-    for (int d : dims) k += (k.empty() ? "" : "x") + std::to_string(d);
-    return k;
-}
 inline void cached_reference(std::string key, const std::vector<std::vector<float>*>& outs,
                              const std::function<void()>& compute) {
     const char* env = std::getenv("LLMC_DEV_CUDA_REFS");
@@ -140,8 +135,12 @@ inline void cached_reference(std::string key, const std::vector<std::vector<floa
         }
     }
     compute();
-    std::string cmd = "mkdir -p '" + dir + "'";
-    if (std::system(cmd.c_str()) != 0) return;
+    try {
+        make_dirs(dir, "LLMC_DEV_CUDA_REFS");  // (llmc/core/common.cpp, linked by the programs that call this)
+    } catch (const UserError& e) {
+        std::printf("  CPU reference not kept: %s\n", e.what());
+        return;
+    }
     const std::string tmp = path + "." + std::to_string((long)getpid());
     FILE* f = std::fopen(tmp.c_str(), "wb");
     if (!f) return;
