@@ -217,6 +217,10 @@ quick_peer() {  # name "model keys" B prec [limit]: the PyTorch peer once per sh
 # with a measurement. The peers' rows give their first step's time (the compilation's, or the load's).
 PEER_LANES=("48 25 1600 8" "12 12 768 8,12 12 768 32")  # n_layer n_head d_model batch, a lane's shapes by commas
 PREWARM_PIDS=()
+# peer_shapes LANE...: the lanes' shapes, one a line; prewarm_log SHAPE: its log (L<layers>_B<batch>)
+peer_shapes() { local lane; for lane in "$@"; do tr ',' '\n' <<<"$lane"; done; }
+# shellcheck disable=SC2086
+prewarm_log() { set -- $1; echo "$Q/prewarm_L$1_B$4.log"; }
 export TORCHINDUCTOR_FX_GRAPH_CACHE=1 TORCHINDUCTOR_AUTOGRAD_CACHE=1
 peer_prewarm_start() {
     if [ "$DRY_RUN" = 1 ]; then
@@ -229,13 +233,12 @@ peer_prewarm_start() {
     PREWARM_T0=$(date +%s)
     for lane in "${PEER_LANES[@]}"; do
         (
-            IFS=, read -ra specs <<<"$lane"
-            for spec in "${specs[@]}"; do
+            while read -r spec; do  # (in the lane itself, not a pipeline's subshell: its timeout is the lane's child)
                 # shellcheck disable=SC2086
                 set -- $spec
                 timeout -k 3 150 python3 dev/bench/torch_gpt2.py --n_layer "$1" --n_head "$2" --d_model "$3" \
-                    --seq 1024 --batch "$4" --steps 1 --warmup 0 >"$Q/prewarm_L$1_B$4.log" 2>&1
-            done
+                    --seq 1024 --batch "$4" --steps 1 --warmup 0 >"$(prewarm_log "$spec")" 2>&1 </dev/null
+            done < <(peer_shapes "$lane")
         ) 9>&- &
         PREWARM_PIDS+=($!)
     done
@@ -244,7 +247,7 @@ peer_prewarm_start() {
 # deadline), then stops what still runs; an INFO row says which shapes were compiled
 peer_prewarm_end() {
     [ "${#PREWARM_PIDS[@]}" -gt 0 ] || return 0
-    local pid waited=0 running lane spec n=0 done_n=0 notes=""
+    local pid waited=0 running spec n=0 done_n=0 notes=""
     while [ $waited -lt 45 ] && [ "$(left)" -gt 150 ]; do
         running=0
         for pid in "${PREWARM_PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && running=1; done
@@ -259,19 +262,16 @@ peer_prewarm_end() {
         [ -z "$kids" ] || kill $kids 2>/dev/null
     done
     for pid in "${PREWARM_PIDS[@]}"; do wait "$pid" 2>/dev/null; done
-    for lane in "${PEER_LANES[@]}"; do
-        IFS=, read -ra specs <<<"$lane"
-        for spec in "${specs[@]}"; do
-            # shellcheck disable=SC2086
-            set -- $spec
-            n=$((n + 1))
-            if grep -q '^RESULT ' "$Q/prewarm_L$1_B$4.log" 2>/dev/null; then
-                done_n=$((done_n + 1)); notes+="L$1 B$4 compiled; "
-            else
-                notes+="L$1 B$4 not; "
-            fi
-        done
-    done
+    while read -r spec; do
+        # shellcheck disable=SC2086
+        set -- $spec
+        n=$((n + 1))
+        if grep -qs '^RESULT ' "$(prewarm_log "$spec")"; then
+            done_n=$((done_n + 1)); notes+="L$1 B$4 compiled; "
+        else
+            notes+="L$1 B$4 not; "
+        fi
+    done < <(peer_shapes "${PEER_LANES[@]}")
     row "PyTorch peers compiled ahead" "INFO" "" "" "" "$done_n of $n in $(( $(date +%s) - PREWARM_T0 )) s: ${notes%; }"
     PREWARM_PIDS=()
 }
@@ -370,7 +370,7 @@ stage_quick() {
     # started only with the time to finish (else a SKIP row, the deadline left to the later stages);
     # compiled ahead (peer_prewarm), it loads from the caches: 60 s are asked for then
     local need=140
-    grep -qs '^RESULT ' "$Q/prewarm_L48_B8.log" && need=60
+    grep -qs '^RESULT ' "$(prewarm_log "48 25 1600 8")" && need=60
     if [ "$DRY_RUN" = 1 ] || [ "$(left)" -ge $need ]; then
         quick_peer gpt2_1558m "$m1558" 8 bf16 180
     else
