@@ -12,7 +12,8 @@
 # Without --stage, every stage in order. Each stage appends its table (date, commit, GPU) to
 # dev/bench/RESULTS.md as soon as it finishes; --out DIR also copies the table and the stage's logs
 # to DIR/NAME/, and writes each row to DIR/NAME/rows.partial.md the moment it is known (what a
-# stage killed at a time limit leaves). A failing check is a FAIL row; the stage carries on, and the script exits 1 at the
+# stage killed at a time limit leaves). The logs are written in a folder under $TMPDIR (or /tmp),
+# kept and named at the end unless --out took them (or a dry run wrote none). A failing check is a FAIL row; the stage carries on, and the script exits 1 at the
 # end if any row failed. Runs from the repository (builds what a stage needs for the GPU present)
 # or from the offline bundle (dist/scripts/gpu_check.sh: uses the binaries there, builds nothing);
 # the bundle's env.sh is sourced when no mpirun is on PATH.
@@ -90,7 +91,7 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "gpu_check: $GPU_NAME (sm_$GPU_CC, $GPU_MEM), commit $COMMIT$DIRTY"
 
-WORK=$(mktemp -d /tmp/gpu_check.XXXXXX)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 echo "gpu_check: logs in $WORK"
 ROWS=()
 ANY_FAIL=0
@@ -700,5 +701,9 @@ for st in "${WANT[@]}"; do
     "stage_$st"
     finish "$st"
 done
-echo "gpu_check: logs in $WORK"
+if [ "$DRY_RUN" = 1 ] || [ -n "$OUT" ]; then
+    rm -rf "$WORK"  # a dry run ran nothing; with --out each stage copied its logs there
+else
+    echo "gpu_check: logs in $WORK"
+fi
 exit $ANY_FAIL

@@ -23,7 +23,7 @@ mkdir -p "$OUT"
 T0=$(date +%s)
 END=$((T0 + TOTAL))
 left() { echo $((END - $(date +%s))); }
-W=$(mktemp -d /tmp/gpu_window.XXXXXX)
+W=$(mktemp -d "${TMPDIR:-/tmp}/gpu_window.XXXXXX")
 trap 'rm -rf "$W"' EXIT  # what matters is in OUT (logs.tgz)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/window.log"; }
 # wanted NAME: whether stage NAME comes at or after FROM

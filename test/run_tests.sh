@@ -7,8 +7,11 @@
 # E2E="test_a test_b" runs only those end-to-end tests; EMU=0 leaves out the CUDA emulator's tests.
 # Each part prints its wall and CPU seconds; BESIDE_EMU's end-to-end tests run beside the emulator, the
 # rest two at a time, ALONE's (which time themselves) one by one at the end.
+# Every test writes its temporary files under a TMPDIR of this run's own: what a test leaves there
+# (the tests, test_gpu_kit's kit scripts and OpenMPI's session folders use TMPDIR) fails the run.
 set -u
 cd "$(dirname "$0")/.."
+export TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/llmc_tests.XXXXXX")
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 export LLMC_BIN=${LLMC_BIN:-}
 B=${LLMC_BUILD:-build}
@@ -173,6 +176,13 @@ for name in $(e2e_names); do
     report "$name" "$rc" "$log" "$(took $start $cpu0)"
 done
 
+left=$(cd "$TMPDIR" && ls -A | head -n 10)
+if [ -n "$left" ]; then
+    echo "FAIL temporary files left in $TMPDIR by the tests:" $left
+    fail=$((fail + 1)); failed+=("temporary files left")
+else
+    rmdir "$TMPDIR"
+fi
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

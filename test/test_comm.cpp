@@ -21,6 +21,7 @@
 #include "llmc/backend/ops.h"
 #include "llmc/core/common.h"
 #include "llmc/run/runtime.h"
+#include "test/temp_dir.h"
 
 namespace {
 
@@ -39,7 +40,8 @@ RankRun run_ranks(int n, const char* tag, const char* env = nullptr) {
     const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     REQUIRE(len > 0);
     exe[len] = 0;
-    char out[] = "/tmp/test_comm.XXXXXX";
+    std::string out_path = temp_base() + "/test_comm.XXXXXX";
+    char* out = &out_path[0];
     const int fd = ::mkstemp(out);
     REQUIRE(fd >= 0);
     ::close(fd);

@@ -12,6 +12,7 @@
 #include "llmc/core/common.h"
 #include "llmc/core/config.h"
 #include "llmc/cuda/cuda_ops.h"
+#include "test/temp_dir.h"
 #include "test/user_error.h"
 
 using nlohmann::json;
@@ -19,18 +20,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh folder under $TMPDIR (or /tmp) holding two train shards, one val shard and a
-// tokenizer folder; removed at the end of the test. Config loading only globs the
-// shards, so their content does not matter.
-struct TempDir {
-    std::string path;
-    TempDir() {
-        const char* base = std::getenv("TMPDIR");
-        std::string tmpl = std::string(base && *base ? base : "/tmp") + "/test_config_XXXXXX";
-        std::vector<char> buf(tmpl.begin(), tmpl.end());
-        buf.push_back('\0');
-        REQUIRE(mkdtemp(buf.data()) != nullptr);
-        path = buf.data();
+// A fresh folder (test/temp_dir.h) holding two train shards, one val shard and a tokenizer
+// folder. Config loading only globs the shards, so their content does not matter.
+struct ConfigDir : TempDir {
+    ConfigDir() : TempDir("test_config") {
         touch("train_000.bin");
         touch("train_001.bin");
         touch("val_000.bin");
@@ -38,10 +31,6 @@ struct TempDir {
         fs::create_directory(path + "/tok");
         touch("tok/encoder.json");
         touch("tok/vocab.bpe");
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
     }
     void touch(const std::string& name) const { std::ofstream(path + "/" + name) << "x"; }
     std::string train_glob() const { return path + "/train_*.bin"; }
@@ -63,12 +52,12 @@ Config load(const std::vector<std::string>& args, bool* print = nullptr) {
     return load_config(static_cast<int>(all.size()), argv.data(), print ? print : &dummy);
 }
 
-json minimal(const TempDir& t) { return json{{"data", {{"train", t.train_glob()}}}}; }
+json minimal(const ConfigDir& t) { return json{{"data", {{"train", t.train_glob()}}}}; }
 
 }  // namespace
 
 TEST_CASE("config: defaults equal the initialisers in config.h", "[config]") {
-    TempDir t;
+    ConfigDir t;
     Config c = config_from_json(minimal(t));
     Config d;
     CHECK(c.device == d.device);
@@ -112,7 +101,7 @@ TEST_CASE("config: defaults equal the initialisers in config.h", "[config]") {
 }
 
 TEST_CASE("config: values from a file and overrides of each type", "[config]") {
-    TempDir t;
+    ConfigDir t;
     json file = minimal(t);
     file["train"]["steps"] = 20;
     file["model"]["n_layer"] = 2;
@@ -148,7 +137,7 @@ TEST_CASE("config: values from a file and overrides of each type", "[config]") {
 }
 
 TEST_CASE("config: overrides alone, nested objects created", "[config]") {
-    TempDir t;
+    ConfigDir t;
     // no config file: the first argument is an override; "train" and "data" objects are created
     bool print = true;
     Config c = load({"data.train=" + t.train_glob(), "train.lr=0.5", "checkpoint.keep=3"}, &print);
@@ -174,7 +163,7 @@ TEST_CASE("config: overrides alone, nested objects created", "[config]") {
 }
 
 TEST_CASE("config: resolved JSON round-trips through config_from_json", "[config]") {
-    TempDir t;
+    ConfigDir t;
     Config c = load({"data.train=" + t.train_glob(), "data.val=" + t.val_glob(), "eval.every=2", "train.lr=6e-4",
                      "train.lr_schedule=wsd", "train.beta1=0.8", "data.shuffle=true", "model.n_layer=3"});
     Config r = config_from_json(c.resolved);
@@ -189,7 +178,7 @@ TEST_CASE("config: resolved JSON round-trips through config_from_json", "[config
 }
 
 TEST_CASE("config: unknown keys suggest the nearest valid key", "[config]") {
-    TempDir t;
+    ConfigDir t;
     std::string m = error_of([&] { load({"data.train=" + t.train_glob(), "train.lrr=1e-3"}); });
     CHECK_THAT(m, Catch::Contains("train.lrr") && Catch::Contains("did you mean train.lr?"));
 
@@ -219,7 +208,7 @@ TEST_CASE("config: unknown keys suggest the nearest valid key", "[config]") {
 }
 
 TEST_CASE("config: wrong types", "[config]") {
-    TempDir t;
+    ConfigDir t;
     std::string g = "data.train=" + t.train_glob();
     std::string m = error_of([&] { load({g, "train.steps=ten"}); });
     CHECK_THAT(m, Catch::Contains("train.steps: expected an integer, got string \"ten\""));
@@ -253,7 +242,7 @@ TEST_CASE("config: wrong types", "[config]") {
 }
 
 TEST_CASE("config: a number beyond a double on the command line is out of range, not a string (issue 34)", "[config]") {
-    TempDir t;
+    ConfigDir t;
     std::string g = "data.train=" + t.train_glob();
     std::string m = error_of([&] { load({g, "plan.gpu_mem_gib=1e309"}); });
     CHECK_THAT(m, Catch::Contains("plan.gpu_mem_gib: 1e309 is out of range") && !Catch::Contains("string"));
@@ -268,7 +257,7 @@ TEST_CASE("config: a number beyond a double on the command line is out of range,
 
 TEST_CASE("config: model.moe keys without model.moe.num_experts are refused naming the key; with it 0, ignored (issue 34)",
           "[config]") {
-    TempDir t;
+    ConfigDir t;
     std::string g = "data.train=" + t.train_glob();
     std::string m = error_of([&] { load({g, "model.moe.top_k=9"}); });
     CHECK_THAT(m, Catch::Contains("model.moe.top_k: set, but model.moe.num_experts is not") &&
@@ -284,7 +273,7 @@ TEST_CASE("config: model.moe keys without model.moe.num_experts are refused nami
 }
 
 TEST_CASE("config: parallel.local_sgd's values and combinations are checked naming the key", "[config][local_sgd]") {
-    TempDir t;
+    ConfigDir t;
     std::string g = "data.train=" + t.train_glob();
     const Config d = load({g});
     CHECK((d.parallel.local_sgd.every == 0 && d.parallel.local_sgd.outer_lr == 1.0 &&
@@ -321,7 +310,7 @@ TEST_CASE("config: parallel.local_sgd's values and combinations are checked nami
 }
 
 TEST_CASE("config: parallel.grad_compression and powersgd_rank are checked naming the key", "[config][powersgd]") {
-    TempDir t;
+    ConfigDir t;
     std::string g = "data.train=" + t.train_glob();
     const Config d = load({g});
     CHECK((d.parallel.grad_compression == "none" && d.parallel.powersgd_rank == 4));
@@ -349,7 +338,7 @@ TEST_CASE("config: parallel.grad_compression and powersgd_rank are checked namin
 }
 
 TEST_CASE("config: out-of-range values and enums", "[config]") {
-    TempDir t;
+    ConfigDir t;
     std::string g = "data.train=" + t.train_glob();
     struct Case {
         std::string arg, key, range;
@@ -454,7 +443,7 @@ TEST_CASE("config: out-of-range values and enums", "[config]") {
 }
 
 TEST_CASE("config: inconsistent values", "[config]") {
-    TempDir t;
+    ConfigDir t;
     std::string g = "data.train=" + t.train_glob();
     std::string m = error_of([&] { load({g, "model.d_model=100", "model.n_head=3"}); });
     CHECK_THAT(m, Catch::Contains("model.d_model") && Catch::Contains("model.n_head"));
@@ -507,7 +496,7 @@ TEST_CASE("config: inconsistent values", "[config]") {
 }
 
 TEST_CASE("config: bad config files and arguments", "[config]") {
-    TempDir t;
+    ConfigDir t;
     std::string m = error_of([&] { load({t.path + "/missing.json"}); });
     CHECK_THAT(m, Catch::Contains("missing.json") && Catch::Contains("not found"));
 
@@ -544,7 +533,7 @@ TEST_CASE("config: usage lists every key with its default", "[config]") {
 }
 
 TEST_CASE("config: train.recompute, plan.world and the --plan flags", "[config]") {
-    TempDir t;
+    ConfigDir t;
     const std::string g = "data.train=" + t.train_glob();
     CHECK(load({g}).train.recompute == "none");
     CHECK(load({g, "train.recompute=full"}).train.recompute == "full");
@@ -574,7 +563,7 @@ TEST_CASE("config: train.recompute, plan.world and the --plan flags", "[config]"
 }
 
 TEST_CASE("config: a key twice in one object, or a NUL byte, is refused naming the file", "[config]") {
-    TempDir t;
+    ConfigDir t;
     const std::string dup = t.write("dup.json", "{ \"train\": { \"lr\": 0.1, \"steps\": 3, \"lr\": 0.2 } }");
     const std::string msg = error_of([&] { load({dup}); });
     CHECK_THAT(msg, Catch::Contains("dup.json") && Catch::Contains("\"train.lr\" appears twice"));
@@ -588,7 +577,7 @@ TEST_CASE("config: a key twice in one object, or a NUL byte, is refused naming t
 }
 
 TEST_CASE("config: bytes that are not UTF-8 are refused naming the key (found by fuzz_config)", "[config]") {
-    TempDir t;
+    ConfigDir t;
     const std::string g = "data.train=" + t.train_glob();
     CHECK_THAT(error_of([&] { load({g, "out_dir=ab\xB1"}); }), Catch::Contains("out_dir: the value is not valid UTF-8 (byte 2)"));
     CHECK_THAT(error_of([&] { load({g, "train.steps=\xB1"}); }), Catch::Contains("train.steps"));
@@ -597,7 +586,7 @@ TEST_CASE("config: bytes that are not UTF-8 are refused naming the key (found by
 
 TEST_CASE("config: a number beyond double, and model dimensions beyond 2^26, are refused (found by fuzzing)",
           "[config]") {
-    TempDir t;
+    ConfigDir t;
     const std::string g = "data.train=" + t.train_glob();
     const std::string big = t.write("big.json", "{ \"train\": { \"lr\": 1e400 } }");
     CHECK_THAT(error_of([&] { load({big, g}); }), Catch::Contains("big.json") && Catch::Contains("out of range"));

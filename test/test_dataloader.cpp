@@ -15,24 +15,11 @@
 #include "llmc/core/common.h"
 #include "llmc/data/dataloader.h"
 #include "llmc/data/shard.h"
+#include "test/temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-    std::string path;
-    TempDir() {
-        char tmpl[] = "/tmp/test_dataloader_XXXXXX";
-        REQUIRE(mkdtemp(tmpl) != nullptr);
-        path = tmpl;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    std::string file(const std::string& name) const { return path + "/" + name; }
-};
 
 // Shard k holds tokens k*10000 + i, so a token says which shard and offset it came from.
 constexpr int VOCAB = 65536;
@@ -121,7 +108,7 @@ void write_raw(const std::string& path, const std::vector<int32_t>& header, size
 }  // namespace
 
 TEST_CASE("dataloader: shuffle=false reproduces llm.c's sequence", "[dataloader]") {
-    TempDir d;
+    const TempDir d("test_dataloader");
     const int B = 2, T = 8;  // B*T = 16
     std::vector<size_t> sizes = {1000, 700};  // 62 and 43 windows
     write_shards(d, sizes);
@@ -152,7 +139,7 @@ TEST_CASE("dataloader: shuffle=false reproduces llm.c's sequence", "[dataloader]
 }
 
 TEST_CASE("dataloader: a single shard wraps onto itself", "[dataloader]") {
-    TempDir d;
+    const TempDir d("test_dataloader");
     write_shards(d, {100});  // B*T = 12: 8 windows
     DataLoader dl(d.file("train_*.bin"), 3, 4, 0, 1, false, 0, VOCAB);
     std::vector<Window> got = run(dl, 3, 4, 20);
@@ -161,7 +148,7 @@ TEST_CASE("dataloader: a single shard wraps onto itself", "[dataloader]") {
 }
 
 TEST_CASE("dataloader: ranks read disjoint windows, llm.c's convention", "[dataloader]") {
-    TempDir d;
+    const TempDir d("test_dataloader");
     const int B = 2, T = 8;
     SECTION("sizes that every world divides: ranks interleave the world=1 sequence") {
         std::vector<size_t> sizes = {64 * 15 + 1, 64 * 10 + 1};  // 15 and 10 groups at world 4
@@ -199,7 +186,7 @@ TEST_CASE("dataloader: ranks read disjoint windows, llm.c's convention", "[datal
 }
 
 TEST_CASE("dataloader: shuffle is seeded, per epoch, identical on every rank", "[dataloader]") {
-    TempDir d;
+    const TempDir d("test_dataloader");
     const int B = 2, T = 8;
     std::vector<size_t> sizes = {1000, 700, 333, 1500, 257};
     write_shards(d, sizes);
@@ -259,7 +246,7 @@ TEST_CASE("dataloader: shuffle is seeded, per epoch, identical on every rank", "
 }
 
 TEST_CASE("dataloader: set_position resumes exactly", "[dataloader]") {
-    TempDir d;
+    const TempDir d("test_dataloader");
     const int B = 2, T = 8;
     std::vector<size_t> sizes = {1000, 700, 333, 1500, 257};
     write_shards(d, sizes);
@@ -299,7 +286,7 @@ TEST_CASE("dataloader: set_position resumes exactly", "[dataloader]") {
 }
 
 TEST_CASE("dataloader: streams many shards of different sizes", "[dataloader]") {
-    TempDir d;
+    const TempDir d("test_dataloader");
     const int B = 4, T = 16;  // B*T = 64
     std::vector<size_t> sizes = {65, 9999, 640, 1281, 4000, 129};
     write_shards(d, sizes);
@@ -332,7 +319,7 @@ TEST_CASE("dataloader: streams many shards of different sizes", "[dataloader]") 
 }
 
 TEST_CASE("dataloader: bad data is a UserError naming the file", "[dataloader]") {
-    TempDir d;
+    const TempDir d("test_dataloader");
     const int B = 2, T = 8;
     write_shards(d, {100, 100, 100});  // train_000000..2; tests overwrite train_000001
     const std::string glob = d.file("train_*.bin");
@@ -465,7 +452,7 @@ std::vector<uint32_t> shard_tokens(size_t k, size_t n) {
 }  // namespace
 
 TEST_CASE("shards: the writers produce the documented bytes", "[dataloader][shard]") {
-    TempDir d;
+    const TempDir d("test_dataloader");
     const std::vector<uint32_t> big = {0, 1, 65535, 65536, 70000, 16777215, 4294967295u};
     shard_write(d.file("w32.bin"), big.data(), big.size());
     write_hand_built(d.file("h32.bin"), 20240801, 7, int32_t(big.size()), big);
@@ -484,7 +471,7 @@ TEST_CASE("shards: the writers produce the documented bytes", "[dataloader][shar
 }
 
 TEST_CASE("dataloader: uint32 shards deliver tokens past 65535 intact", "[dataloader]") {
-    TempDir d;
+    const TempDir d("test_dataloader");
     const int B = 2, T = 8;  // windows of 17 tokens, 16 apart
     std::vector<uint32_t> toks(100);
     for (size_t i = 0; i < toks.size(); i++) toks[i] = uint32_t(65530 + 1009 * i);  // 65530 .. 165421
@@ -506,7 +493,7 @@ TEST_CASE("dataloader: uint32 shards deliver tokens past 65535 intact", "[datalo
 
 TEST_CASE("dataloader: uint16 and uint32 shards of the same tokens, mixed in one glob, give the same batches",
           "[dataloader]") {
-    TempDir d16, dmix;
+    const TempDir d16("test_dataloader"), dmix("test_dataloader");
     const int B = 2, T = 8;
     const std::vector<size_t> sizes = {1000, 700, 333, 1500, 257};
     write_shards(d16, sizes);
@@ -539,7 +526,7 @@ TEST_CASE("dataloader: uint16 and uint32 shards of the same tokens, mixed in one
 }
 
 TEST_CASE("dataloader: bad uint32 shards are UserErrors naming the file", "[dataloader]") {
-    TempDir d;
+    const TempDir d("test_dataloader");
     const int B = 2, T = 8;
     write_shards(d, {100, 100});  // train_000000 (uint16); tests write train_000001
     const std::string glob = d.file("train_*.bin");

@@ -27,18 +27,12 @@
 #include "llmc/model/model.h"
 #include "llmc/backend/ops.h"
 #include "llmc/io/safetensors.h"
+#include "test/temp_dir.h"
 #include "test/test_data_files.h"
 #include "test/user_error.h"
 #include "test/whole_model.h"
 
 namespace {
-
-std::string temp_dir() {
-    char tmpl[] = "/tmp/llmc_gpt2_hf_XXXXXX";
-    const char* d = mkdtemp(tmpl);
-    REQUIRE(d != nullptr);
-    return d;
-}
 
 // L=2, NH=2, C=4, vocabulary 5 (padded to 128), 3 positions. The whole vector in llm.c's order
 // (offsets written out below by hand) holds distinct values; the padded wte rows are zero.
@@ -96,7 +90,8 @@ TEST_CASE("gpt2 hf: export names, shapes and transposed Conv1D weights at hand-c
     const ModelShape s = tiny_shape();
     REQUIRE(num_params(s) == kTotal);
     const std::vector<float> whole = tiny_whole();
-    const std::string dir = temp_dir(), path = dir + "/m.safetensors";
+    const TempDir tmp("llmc_gpt2_hf");
+    const std::string dir = tmp.path, path = dir + "/m.safetensors";
     hf_write_weights(path, s, whole);
     const SafetensorsReader r(path);
 
@@ -157,15 +152,14 @@ TEST_CASE("gpt2 hf: export names, shapes and transposed Conv1D weights at hand-c
     const std::vector<float> back = hf_read_weights(path, s);
     REQUIRE(back.size() == whole.size());
     CHECK(std::memcmp(back.data(), whole.data(), whole.size() * sizeof(float)) == 0);
-    std::remove(path.c_str());
-    rmdir(dir.c_str());
 }
 
 TEST_CASE("gpt2 hf: the reader accepts a tied lm_head, buffers and base-model names, refuses wrong files naming the tensor",
           "[gpt2_hf]") {
     const ModelShape s = tiny_shape();
     const std::vector<float> whole = tiny_whole();
-    const std::string dir = temp_dir(), base = dir + "/base.safetensors";
+    const TempDir tmp("llmc_gpt2_hf");
+    const std::string dir = tmp.path, base = dir + "/base.safetensors";
     hf_write_weights(base, s, whole);
     const std::vector<float> wte(whole.begin(), whole.begin() + 20);
 
@@ -230,14 +224,12 @@ TEST_CASE("gpt2 hf: the reader accepts a tied lm_head, buffers and base-model na
     e = error_of([&] { hf_read_weights(base, wider); });
     CHECK_THAT(e, Catch::Contains("transformer.wpe.weight") && Catch::Contains("[3, 4]") && Catch::Contains("[4, 4]"));
 
-    for (const char* f : {"base", "extras", "bare", "head", "untr", "missing", "more", "nan"})
-        std::remove((dir + "/" + f + ".safetensors").c_str());
-    rmdir(dir.c_str());
 }
 
 TEST_CASE("gpt2 hf: config.json is a GPT2LMHeadModel config of the shape", "[gpt2_hf]") {
     ModelShape s = tiny_shape();
-    const std::string dir = temp_dir(), path = dir + "/config.json";
+    const TempDir tmp("llmc_gpt2_hf");
+    const std::string dir = tmp.path, path = dir + "/config.json";
     hf_write_config(path, s);
     nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
     CHECK(j["architectures"] == nlohmann::json::array({"GPT2LMHeadModel"}));
@@ -256,8 +248,6 @@ TEST_CASE("gpt2 hf: config.json is a GPT2LMHeadModel config of the shape", "[gpt
     j = nlohmann::json::parse(std::ifstream(path));
     CHECK(j["vocab_size"] == 50257);
     CHECK(j["eos_token_id"] == 50256);
-    std::remove(path.c_str());
-    rmdir(dir.c_str());
 }
 
 TEST_CASE("gpt2 hf: a GPT2LMHeadModel file loads and gives the PyTorch reference's logits; our export equals it",
@@ -308,7 +298,8 @@ TEST_CASE("gpt2 hf: a GPT2LMHeadModel file loads and gives the PyTorch reference
     // our export of the loaded model holds the file's tensors bit for bit (and no extras)
     std::vector<float> out(model.params.num_params);
     model.get_params_whole(out.data());
-    const std::string dir = temp_dir(), path = dir + "/export.safetensors";
+    const TempDir tmp("llmc_gpt2_hf");
+    const std::string dir = tmp.path, path = dir + "/export.safetensors";
     hf_write_weights(path, s, out);
     const SafetensorsReader ours(path);
     size_t params_in_ref = 0;
@@ -324,6 +315,4 @@ TEST_CASE("gpt2 hf: a GPT2LMHeadModel file loads and gives the PyTorch reference
         CHECK(ours.read(n) == m.read(n));
     }
     CHECK(ours.entries().size() == params_in_ref);
-    std::remove(path.c_str());
-    rmdir(dir.c_str());
 }

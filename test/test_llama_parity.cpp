@@ -40,6 +40,7 @@
 #include "llmc/model/optimizer.h"
 #include "llmc/io/safetensors.h"
 
+#include "test/temp_dir.h"
 #include "test/test_data_files.h"
 #include "test/whole_model.h"
 
@@ -222,13 +223,6 @@ void check_whole(const std::string& what, const LlamaRef& r, const std::vector<f
     check_padding_zero(r.name + ": " + what, whole, r.slices);
 }
 
-std::string temp_dir() {
-    char tmpl[] = "/tmp/llmc_llama_parity_XXXXXX";
-    const char* d = mkdtemp(tmpl);
-    REQUIRE(d != nullptr);
-    return d;
-}
-
 }  // namespace
 
 TEST_CASE("llama parity: reference files are consistent and hf_read_weights places every tensor", "[llama]") {
@@ -290,7 +284,8 @@ TEST_CASE("llama parity: the model's parameter table and weight decay", "[llama]
 }
 
 TEST_CASE("llama parity: export of the loaded model round-trips bit for bit", "[llama]") {
-    const std::string dir = temp_dir();
+    const TempDir tmp("llmc_llama_parity");
+    const std::string dir = tmp.path;
     const std::string name = GENERATE(as<std::string>{}, "llama_gqa", "llama_mqa_tied");
     const LlamaRef& r = ref_case(name);
     INFO("case " << name);
@@ -314,8 +309,6 @@ TEST_CASE("llama parity: export of the loaded model round-trips bit for bit", "[
         CHECK(a.entry(sl.name).shape == sl.file_shape());
         CHECK(a.read(sl.name) == b.read(sl.name));
     }
-    std::remove(path.c_str());
-    rmdir(dir.c_str());
 }
 
 TEST_CASE("llama parity: forward logits and loss match the PyTorch reference", "[llama]") {

@@ -15,14 +15,10 @@
 #include "llmc/io/model_file.h"
 #include "llmc/precision/bf16.h"
 #include "llmc/core/rng.h"
+#include "test/temp_dir.h"
 #include "test/whole_model.h"
 
 namespace {
-std::string temp_path(const char* name) {
-    char tmpl[] = "/tmp/llmc_modelfile_XXXXXX";
-    std::string dir = mkdtemp(tmpl);
-    return dir + "/" + name;
-}
 ModelShape tiny_shape() { return ModelShape{2, 2, 8, 100, 128, 16}; }
 std::vector<float> random_params(size_t n, uint64_t seed) {
     Rng rng(seed);
@@ -49,14 +45,15 @@ TEST_CASE("llm.c model file round trip, version 3 and 5") {
     // 2 layers of 12*C^2 + 13*C, wte, wpe, lnf: the GPT-2 count
     CHECK(n == size_t(128 * 8 + 16 * 8 + 2 * (12 * 64 + 13 * 8) + 2 * 8));
     std::vector<float> w = random_params(n, 7);
-    const std::string p3 = temp_path("m3.bin");
+    const TempDir tmp("llmc_modelfile");
+    const std::string p3 = tmp.file("m3.bin");
     model_file_write(p3, s, w.data(), 3);
     int version = 0;
     CHECK(model_file_shape(p3, &version) == s);
     CHECK(version == 3);
     CHECK(model_file_read(p3, &s) == w);
 
-    const std::string p5 = temp_path("m5.bin");
+    const std::string p5 = tmp.file("m5.bin");
     model_file_write(p5, s, w.data(), 5);
     std::vector<float> r = model_file_read(p5, &s);
     REQUIRE(r.size() == n);
@@ -69,7 +66,8 @@ TEST_CASE("llm.c model file round trip, version 3 and 5") {
 TEST_CASE("llm.c model file: shape mismatch and damage are user errors naming the field or file") {
     const ModelShape s = tiny_shape();
     std::vector<float> w = random_params(num_params(s), 1);
-    const std::string p = temp_path("m.bin");
+    const TempDir tmp("llmc_modelfile");
+    const std::string p = tmp.file("m.bin");
     model_file_write(p, s, w.data(), 3);
     ModelShape other = s;
     other.n_layer = 3;
@@ -89,7 +87,7 @@ TEST_CASE("llm.c model file: shape mismatch and damage are user errors naming th
     std::fwrite(&bad, 4, 1, f);
     std::fclose(f);
     CHECK_THROWS_WITH(model_file_read(p, &s), Catch::Contains("magic"));
-    CHECK_THROWS_AS(model_file_read(temp_path("absent.bin"), &s), UserError);
+    CHECK_THROWS_AS(model_file_read(tmp.file("absent.bin"), &s), UserError);
 }
 
 TEST_CASE("model memory order <-> llm.c order is a permutation that round-trips") {
@@ -115,7 +113,8 @@ TEST_CASE("model memory order <-> llm.c order is a permutation that round-trips"
 TEST_CASE("llm.c model file: header dimensions whose arithmetic would overflow are refused (found by fuzzing)") {
     const ModelShape s = tiny_shape();
     std::vector<float> w = random_params(num_params(s), 1);
-    const std::string p = temp_path("huge.bin");
+    const TempDir tmp("llmc_modelfile");
+    const std::string p = tmp.file("huge.bin");
     model_file_write(p, s, w.data(), 3);
     // d_model (header slot 6) = 2^30 + 8: 4 d_model overflows int; n_head 2 divides it
     std::FILE* f = std::fopen(p.c_str(), "r+b");
@@ -141,7 +140,8 @@ TEST_CASE("llm.c model file: non-finite weights are refused naming the file") {
     std::vector<float> w = random_params(num_params(s), 1);
     w[5] = NAN;
     w[9] = INFINITY;
-    const std::string p = temp_path("nan.bin");
+    const TempDir tmp("llmc_modelfile");
+    const std::string p = tmp.file("nan.bin");
     model_file_write(p, s, w.data(), 3);
     CHECK_THROWS_WITH(model_file_read(p, &s), Catch::Contains("nan.bin") && Catch::Contains("2 of") &&
                                                   Catch::Contains("tensor wte element 5"));
@@ -158,7 +158,8 @@ TEST_CASE("mixture of experts: model file header, mismatch names the key, expert
     // layer 1's dense MLP (8C^2 + 5C) is replaced by the router (E C) and E experts (2 Fe C + Fe + C)
     CHECK(num_params(s) == num_params(tiny_shape()) - (8 * C * C + 5 * C) + E * C + E * (2 * Fe * C + Fe + C));
     std::vector<float> w = random_params(num_params(s), 5);
-    const std::string p = temp_path("moe.bin");
+    const TempDir tmp("llmc_modelfile");
+    const std::string p = tmp.file("moe.bin");
     model_file_write(p, s, w.data(), 3);
     CHECK(model_file_shape(p) == s);
     CHECK(model_file_read(p, &s) == w);

@@ -34,6 +34,7 @@
 #include "llmc/model/optimizer.h"
 #include "llmc/io/safetensors.h"
 
+#include "test/temp_dir.h"
 #include "test/test_data_files.h"
 #include "test/whole_model.h"
 
@@ -162,10 +163,8 @@ std::vector<float> without_noise(const ModelShape& s, const std::string& name, s
 // Every tensor of a whole-model vector (file order) against the state file's prefix.<name>.
 void check_whole(const MoeRef& r, const std::string& what, const std::vector<float>& whole, const std::string& prefix,
                  bool final_weights, Worst* w) {
-    char tmpl[] = "/tmp/llmc_moe_parity_XXXXXX";
-    const char* dir = mkdtemp(tmpl);
-    REQUIRE(dir != nullptr);
-    const std::string path = std::string(dir) + "/ours.safetensors";
+    const TempDir tmp("llmc_moe_parity");
+    const std::string path = tmp.file("ours.safetensors");
     hf_write_weights(path, r.shape, whole);
     const SafetensorsReader ours(path);
     const SafetensorsReader model(r.model_path);
@@ -182,8 +181,6 @@ void check_whole(const MoeRef& r, const std::string& what, const std::vector<flo
         }
         check_tensor(r.name + ": " + what + " " + n, a, b, w);
     }
-    std::remove(path.c_str());
-    rmdir(dir);
 }
 
 const char* kCases[] = {"moe_gpt2", "moe_llama_cap"};

@@ -16,12 +16,9 @@
 #include "llmc/io/model_file.h"
 #include "llmc/model/param_table.h"
 #include "llmc/run/run_dir.h"
+#include "test/temp_dir.h"
 
 namespace {
-std::string temp_dir() {
-    char tmpl[] = "/tmp/llmc_rundir_XXXXXX";
-    return mkdtemp(tmpl);
-}
 bool exists(const std::string& p) {
     struct stat st;
     return ::stat(p.c_str(), &st) == 0;
@@ -52,7 +49,8 @@ int32_t state_version(const std::string& checkpoint) {
 }  // namespace
 
 TEST_CASE("a non-finite state is never saved: the good checkpoints stay", "[checkpoint]") {
-    const std::string dir = temp_dir();
+    const TempDir tmp("llmc_rundir");
+    const std::string dir = tmp.path;
     const ModelShape s{2, 2, 8, 100, 128, 16};
     TrainState st;
     st.step = 1;
@@ -79,7 +77,8 @@ TEST_CASE("a non-finite state is never saved: the good checkpoints stay", "[chec
 
 TEST_CASE("one trainer per out_dir: the second is refused naming the holder's pid", "[checkpoint]") {
     Config cfg;
-    cfg.out_dir = temp_dir() + "/out";
+    const TempDir tmp("llmc_rundir");
+    cfg.out_dir = tmp.path + "/out";
     prepare_run_dirs(cfg, cfg.out_dir + "/checkpoints");
     CHECK(exists(cfg.out_dir + "/checkpoints"));
     // flock locks belong to an open file: a second open in this process conflicts like another process
@@ -89,7 +88,8 @@ TEST_CASE("one trainer per out_dir: the second is refused naming the holder's pi
 
 TEST_CASE("a fresh run in a folder holding another run is refused; a rollback sets later steps aside",
           "[checkpoint]") {
-    const std::string out = temp_dir();
+    const TempDir tmp("llmc_rundir");
+    const std::string out = tmp.path;
     const std::string ck = out + "/checkpoints";
     const ModelShape s{2, 2, 8, 100, 128, 16};
     TrainState st;
@@ -113,7 +113,8 @@ TEST_CASE("a fresh run in a folder holding another run is refused; a rollback se
 }
 
 TEST_CASE("a checkpoint.dir shared by two out_dirs is locked too", "[checkpoint]") {
-    const std::string root = temp_dir();
+    const TempDir tmp("llmc_rundir");
+    const std::string root = tmp.path;
     Config a, b;
     a.out_dir = root + "/a";
     b.out_dir = root + "/b";
@@ -130,7 +131,8 @@ TEST_CASE("a checkpoint.dir shared by two out_dirs is locked too", "[checkpoint]
 }
 
 TEST_CASE("state.bin keeps the skipped-step count and the training shards", "[checkpoint]") {
-    const std::string dir = temp_dir();
+    const TempDir tmp("llmc_rundir");
+    const std::string dir = tmp.path;
     const ModelShape s{2, 2, 8, 100, 128, 16};
     TrainState st;
     st.step = 3;
@@ -150,7 +152,8 @@ TEST_CASE("state.bin keeps the skipped-step count and the training shards", "[ch
 // replicas come back bit for bit; a non-finite replica is named; a state.bin whose version and
 // "local_sgd" disagree is refused. Without local SGD the file stays version 1.
 TEST_CASE("state.bin keeps local SGD's outer state and every DP replica", "[checkpoint][local_sgd]") {
-    const std::string dir = temp_dir();
+    const TempDir tmp("llmc_rundir");
+    const std::string dir = tmp.path;
     const ModelShape s{2, 2, 8, 100, 128, 16};
     const size_t n = num_params(s);
     TrainState st;
@@ -193,7 +196,8 @@ TEST_CASE("state.bin keeps local SGD's outer state and every DP replica", "[chec
 // PowerSGD's state (version 3 of state.bin): every DP rank's error feedback and Q come back bit for
 // bit; a non-finite one is named; a version that disagrees with "powersgd" is refused.
 TEST_CASE("state.bin keeps PowerSGD's error feedback of every DP rank and Q", "[checkpoint][powersgd]") {
-    const std::string dir = temp_dir();
+    const TempDir tmp("llmc_rundir");
+    const std::string dir = tmp.path;
     const ModelShape s{2, 2, 8, 100, 128, 16};
     const size_t n = num_params(s);
     TrainState st;

@@ -14,16 +14,10 @@
 
 #include "llmc/core/common.h"
 #include "llmc/io/safetensors.h"
+#include "test/temp_dir.h"
 #include "test/user_error.h"
 
 namespace {
-
-std::string temp_dir() {
-    char tmpl[] = "/tmp/llmc_safetensors_XXXXXX";
-    const char* d = mkdtemp(tmpl);
-    REQUIRE(d != nullptr);
-    return d;
-}
 
 void put_u16(std::vector<uint8_t>& b, uint16_t v) {
     b.push_back(uint8_t(v));
@@ -74,7 +68,8 @@ std::vector<uint8_t> good_data() {
 }  // namespace
 
 TEST_CASE("safetensors: reads a hand-made file: entries, metadata, F32, BF16 and F16", "[safetensors]") {
-    const std::string path = write_bytes(temp_dir() + "/good.safetensors", file_bytes(kHeader, good_data()));
+    const TempDir tmp("llmc_safetensors");
+    const std::string path = write_bytes(tmp.path + "/good.safetensors", file_bytes(kHeader, good_data()));
     const SafetensorsReader r(path);
     CHECK(r.path() == path);
     CHECK(r.entries().size() == 4);
@@ -104,7 +99,8 @@ TEST_CASE("safetensors: reads a hand-made file: entries, metadata, F32, BF16 and
 }
 
 TEST_CASE("safetensors: broken files and bad requests are UserErrors naming the file and tensor", "[safetensors]") {
-    const std::string dir = temp_dir();
+    const TempDir tmp("llmc_safetensors");
+    const std::string dir = tmp.path;
     const std::vector<uint8_t> good = file_bytes(kHeader, good_data());
 
     SECTION("a file shorter than the 8-byte header length") {

@@ -19,6 +19,7 @@
 #include "llmc/core/common.h"
 #include "llmc/data/shard.h"
 #include "llmc/data/tokenizer.h"
+#include "test/temp_dir.h"
 
 namespace {
 
@@ -125,16 +126,6 @@ int run_cmd(const std::string& cmd, std::string* output) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-struct TempDir {
-    std::string path;
-    TempDir() {
-        char tmpl[] = "/tmp/test_tokenizer.XXXXXX";
-        REQUIRE(mkdtemp(tmpl) != nullptr);
-        path = tmpl;
-    }
-    ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
-};
-
 }  // namespace
 
 TEST_CASE("tokenizer: reference table from the independent JS encoder", "[tokenizer]") {
@@ -235,7 +226,7 @@ TEST_CASE("tokenizer: decode(encode(x)) == x", "[tokenizer]") {
 
 TEST_CASE("tokenizer: bad tokenizer files are errors naming the file", "[tokenizer]") {
     tokenizer();  // the real files must be there for the copies below
-    TempDir d;
+    const TempDir d("test_tokenizer");
     CHECK_THROWS_WITH(Tokenizer::load(d.path), Catch::Contains(d.path + "/encoder.json"));
     std::string enc = read_all(std::string(kTokDir) + "/encoder.json");
     std::string bpe = read_all(std::string(kTokDir) + "/vocab.bpe");
@@ -253,7 +244,7 @@ TEST_CASE("tokenizer: bad tokenizer files are errors naming the file", "[tokeniz
 TEST_CASE("prepare_text: text files to train/val shards", "[tokenizer][prepare_text]") {
     const Tokenizer& tok = tokenizer();
     if (!file_exists(kPrepare)) FAIL(kPrepare << " is not built: run make first");
-    TempDir d;
+    const TempDir d("test_tokenizer");
     const std::string a = "In the beginning God created the heaven and the earth.\n";
     const std::string b = "And the earth was without form, and void.\n\nAnd darkness was upon the face of the deep.\n";
     const std::string c = "Caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87, it's  done.\n";
@@ -365,7 +356,7 @@ RawShard read_raw_shard(const std::string& path, int token_bytes) {
 TEST_CASE("prepare_text: a vocabulary past 65536 writes uint32 shards", "[tokenizer][prepare_text]") {
     const Tokenizer& gpt2 = tokenizer();
     if (!file_exists(kPrepare)) FAIL(kPrepare << " is not built: run make first");
-    TempDir d;
+    const TempDir d("test_tokenizer");
     // GPT-2's tokenizer grown to 70001 tokens: ids 50256..69999 are new symbols "<|fill_N|>" that
     // no merge makes, and <|endoftext|> moves to 70000. Text encodes as with GPT-2; only the
     // end-of-text id differs, and it needs more than 16 bits.
@@ -426,7 +417,7 @@ TEST_CASE("prepare_text: a vocabulary past 65536 writes uint32 shards", "[tokeni
 TEST_CASE("prepare_text: JSONL, JSON arrays and folders; every --jobs writes the same bytes", "[tokenizer][prepare_text]") {
     const Tokenizer& tok = tokenizer();
     if (!file_exists(kPrepare)) FAIL(kPrepare << " is not built: run make first");
-    TempDir d;
+    const TempDir d("test_tokenizer");
     auto doc = [&](const std::string& s) {
         std::vector<int> v{tok.eot()};
         for (int id : tok.encode(s)) v.push_back(id);

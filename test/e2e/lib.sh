@@ -5,7 +5,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # LLMC_BIN (set by `make test`): where the binaries are, relative to the root ("build-asan/" under SANITIZE=1)
 BIN="$ROOT/${LLMC_BIN:-}train_gpt"
 SYNTH="$ROOT/${LLMC_BIN:-}dev/data/synth_shards"
-W=$(mktemp -d /tmp/train_gpt_e2e.XXXXXX)
+W=$(mktemp -d "${TMPDIR:-/tmp}/train_gpt_e2e.XXXXXX")
 trap '[ -n "${KEEP_E2E:-}" ] || rm -rf "$W"' EXIT  # KEEP_E2E=1 keeps the work folder
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 

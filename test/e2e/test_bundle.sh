@@ -36,10 +36,11 @@ tiny_config "$W/c.json"
 mkdir -p "$W/cwd" && ln -s "$ROOT/test" "$W/cwd/test" && ln -s "$ROOT/data" "$W/cwd/data" && ln -s "$D/dev" "$W/cwd/dev"
 
 # hidden.sh BUNDLE CMD...: CMD in a namespace without the system's OpenMPI, with BUNDLE's env.sh sourced
+# (EMPTY: an empty folder to mount over the system's folders)
 cat > "$W/hidden.sh" <<'SH'
 set -eu
 B=$1; shift
-empty=$(mktemp -d)
+empty=$EMPTY
 hide() { [ -e "$1" ] || return 0; if [ -d "$1" ]; then mount --bind "$empty" "$1"; else mount --bind /dev/null "$1"; fi; }
 for p in /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 /etc/openmpi /usr/share/openmpi \
          /usr/bin/mpirun /usr/bin/mpiexec /usr/bin/orterun /usr/bin/orted; do
@@ -57,7 +58,8 @@ done
 exec env -i PATH=/usr/bin:/bin HOME="$HOME" OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     bash -c 'source "$0/env.sh" && "$@"' "$B" "$@"
 SH
-hidden() { REF="$D" unshare --mount --propagation private bash "$W/hidden.sh" "$@"; }
+mkdir -p "$W/empty"
+hidden() { REF="$D" EMPTY="$W/empty" unshare --mount --propagation private bash "$W/hidden.sh" "$@"; }
 
 # the namespace really hides OpenMPI: the bundle's mpirun is the one found, the system's is gone
 hidden "$D" bash -c 'test "$(command -v mpirun)" = "$OPAL_PREFIX/bin/mpirun" && ! test -s /usr/bin/orted && ! test -e /etc/openmpi/openmpi-mca-params.conf' ||

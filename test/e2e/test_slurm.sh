@@ -17,6 +17,11 @@ for cmd in munged slurmctld slurmd sbatch scontrol srun; do
     command -v $cmd > /dev/null || die "$cmd not found: install Slurm and munge (bash scripts/setup.sh)"
 done
 
+# A job requeued or cancelled mid-run kills mpirun before it removes OpenMPI's session folder
+# ($TMPDIR/ompi.*): the daemons and jobs take this test's own TMPDIR, removed with $W.
+export TMPDIR="$W/tmp"
+mkdir -p "$TMPDIR"
+
 # ---- a one-node cluster on localhost ----
 S="$W/slurm"
 mkdir -p "$S/state" "$S/spool"

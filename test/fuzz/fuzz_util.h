@@ -7,22 +7,31 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "llmc/core/common.h"
 
 namespace fuzz {
 
-// A folder of this process's own under /tmp (in memory where /dev/shm exists), made once.
+// A folder of this process's own under /tmp (in memory where /dev/shm exists), made once and
+// removed at exit (libFuzzer ends a run by exit(); a crash keeps the folder beside its input).
 inline const std::string& work_dir() {
-    static const std::string dir = [] {
+    // on the heap, never freed: the exit handler runs after static objects are destroyed
+    static const std::string* dir = [] {
         const char* base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-        const std::string d = strfmt("%s/llmc_fuzz_%d", base, int(::getpid()));
-        make_dirs(d, "fuzz work dir");
+        const std::string* d = new std::string(strfmt("%s/llmc_fuzz_%d", base, int(::getpid())));
+        make_dirs(*d, "fuzz work dir");
+        std::atexit([] {
+            std::error_code ec;
+            std::filesystem::remove_all(*dir, ec);
+        });
         return d;
     }();
-    return dir;
+    return *dir;
 }
 
 inline std::string write_file(const std::string& name, const uint8_t* data, size_t size) {

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 C=test/fuzz/corpus
-W=$(mktemp -d /tmp/llmc_seeds.XXXXXX)
+W=$(mktemp -d "${TMPDIR:-/tmp}/llmc_seeds.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 mkdir -p $C/fuzz_config $C/fuzz_shard $C/fuzz_checkpoint $C/fuzz_model_file $C/fuzz_safetensors $C/fuzz_tokenizer
 sep=$'\n@@\n'
