@@ -4,7 +4,7 @@
 # packages already present are not reinstalled. The CUDA toolkit (nvcc, cuBLASLt, NCCL) is
 # expected at $CUDA_HOME (default /usr/local/cuda); without it, `make` cannot build.
 set -euo pipefail
-pkgs=(openmpi-bin libopenmpi-dev nlohmann-json3-dev catch2 bible-kjv make g++ jq python3-matplotlib slurm-wlm munge clang libomp-dev libboost-context-dev libopenblas-openmp-dev)  # slurm: test/e2e/test_slurm.sh; jq: test_plan.sh; matplotlib: scripts/plot.py; clang: make fuzz; boost-context: the CUDA emulator (make test-emu); openblas: dev/bench/cpu_gemm.sh
+pkgs=(openmpi-bin libopenmpi-dev nlohmann-json3-dev libxxhash-dev catch2 bible-kjv make g++ jq python3-matplotlib slurm-wlm munge clang libomp-dev libboost-context-dev libopenblas-openmp-dev)  # xxhash: the checkpoints' checksum (header only); slurm: test/e2e/test_slurm.sh; jq: test_plan.sh; matplotlib: scripts/plot.py; clang: make fuzz; boost-context: the CUDA emulator (make test-emu); openblas: dev/bench/cpu_gemm.sh
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -17,6 +17,9 @@
 
 #include "llmc/io/model_file.h"
 
+#define XXH_INLINE_ALL  // xxhash (Debian's libxxhash-dev) as a header: nothing to link
+#include <xxhash.h>
+
 namespace {
 
 constexpr int32_t STATE_MAGIC = 20241121;
@@ -24,6 +27,27 @@ constexpr int32_t STATE_MAGIC = 20241121;
 // checkpoints of other runs stay readable by version-1 readers
 // version 3: a PowerSGD section follows (PowerSgdState), likewise (the two never come together)
 constexpr int32_t STATE_VERSION = 1, STATE_VERSION_LOCAL_SGD = 2, STATE_VERSION_POWERSGD = 3;
+
+// The checksum of state.bin (everything after its header) and of model.bin (the metadata's
+// "model_checksum"), of the kind in state.bin's header[3]: XXH3-64, written since 2026-11-28; FNV-1a 64
+// (0), which the checkpoints before carry, a byte at a time: here (CPU) saving a 326M-parameter model
+// hashed its 3.9 GB in 6.8 s, 0.65 s with XXH3 (a 1.5B model's 25 GB: some 40 s a save and a load).
+class Checksum {
+public:
+    explicit Checksum(int32_t kind) : kind_(kind) {
+        if (kind_ == CHECKSUM_XXH3) XXH3_64bits_reset(&xxh_);
+    }
+    void update(const void* p, size_t n) {
+        if (kind_ == CHECKSUM_XXH3) XXH3_64bits_update(&xxh_, p, n);
+        else fnv_ = fnv1a(p, n, fnv_);
+    }
+    uint64_t digest() const { return kind_ == CHECKSUM_XXH3 ? XXH3_64bits_digest(&xxh_) : fnv_; }
+
+private:
+    int32_t kind_;
+    uint64_t fnv_ = FNV1A_INIT;
+    XXH3_state_t xxh_;
+};
 
 bool exists(const std::string& p) {
     struct stat st;
@@ -65,18 +89,25 @@ std::vector<std::pair<int, std::string>> list_steps(const std::string& dir, bool
     return out;
 }
 
-uint64_t file_checksum(const std::string& path) {
+uint64_t file_checksum(const std::string& path, int32_t kind) {
     FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) throw UserError(strfmt("checkpoint %s: cannot open: %s", path.c_str(), std::strerror(errno)));
     std::vector<char> buf(1 << 20);
-    uint64_t h = FNV1A_INIT;
+    Checksum h(kind);
     size_t got;
-    while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) h = fnv1a(buf.data(), got, h);
+    while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) h.update(buf.data(), got);
     std::fclose(f);
-    return h;
+    return h.digest();
 }
 
 }  // namespace
+
+uint64_t checkpoint_checksum(int32_t kind, const void* data, size_t n) {
+    LLMC_ASSERT(kind == CHECKSUM_FNV1A || kind == CHECKSUM_XXH3, "checkpoint_checksum: unknown kind");
+    Checksum h(kind);
+    h.update(data, n);
+    return h.digest();
+}
 
 // LLMC_FAULT=<point> (or <point>_<step>) kills the process (SIGKILL): a crash at that point.
 // LLMC_FAULT=hang:<point> (or hang:<point>_<step>) makes it stall instead, sleeping forever in
@@ -211,7 +242,7 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
             {"has_master", !master_l.empty()},
             {"fp8_bytes", whole.fp8.size()},  // absent in checkpoints from before fp8: read as 0
             {"model_version", model_version},
-            {"model_checksum", file_checksum(tmp_dir + "/model.bin")},
+            {"model_checksum", file_checksum(tmp_dir + "/model.bin", CHECKSUM_XXH3)},
             {"config", config}};
         if (!local.empty()) meta["local_sgd"] = {{"replicas", local.dp()}};
         if (st.loss_scale > 0.0) meta["loss_scale"] = {{"scale", st.loss_scale}, {"clean_steps", st.loss_scale_clean}};
@@ -230,11 +261,13 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
                 if (!x->empty()) body.push_back({x->data(), nbytes});
         for (const std::vector<float>& e : psgd.errors) body.push_back({e.data(), nbytes});
         if (!psgd.empty()) body.push_back({psgd.q.data(), psgd.q.size() * sizeof(float)});
-        uint64_t h = fnv1a(meta_s.data(), meta_s.size());
-        for (const auto& x : body) h = fnv1a(x.first, x.second, h);
+        Checksum sum(CHECKSUM_XXH3);
+        sum.update(meta_s.data(), meta_s.size());
+        for (const auto& x : body) sum.update(x.first, x.second);
+        const uint64_t h = sum.digest();
         const int32_t version =
             !local.empty() ? STATE_VERSION_LOCAL_SGD : !psgd.empty() ? STATE_VERSION_POWERSGD : STATE_VERSION;
-        int32_t header[8] = {STATE_MAGIC, version, int32_t(meta_s.size()), 0, 0, 0, 0, 0};
+        int32_t header[8] = {STATE_MAGIC, version, int32_t(meta_s.size()), CHECKSUM_XXH3, 0, 0, 0, 0};
         std::memcpy(&header[4], &h, sizeof(h));
         std::vector<std::pair<const void*, size_t>> parts = {{header, sizeof(header)}, {meta_s.data(), meta_s.size()}};
         parts.insert(parts.end(), body.begin(), body.end());
@@ -312,14 +345,17 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     if (header[1] != STATE_VERSION && header[1] != STATE_VERSION_LOCAL_SGD && header[1] != STATE_VERSION_POWERSGD)
         throw UserError(strfmt("checkpoint %s: unsupported version %d", sp, header[1]));
     if (header[2] <= 0 || header[2] > (64 << 20)) throw UserError(strfmt("checkpoint %s: corrupt header", sp));
+    const int32_t kind = header[3];
+    if (kind != CHECKSUM_FNV1A && kind != CHECKSUM_XXH3)
+        throw UserError(strfmt("checkpoint %s: corrupt header (checksum kind %d; a newer train_gpt's file?)", sp, kind));
     uint64_t stored;
     std::memcpy(&stored, &header[4], sizeof(stored));
     {
         std::vector<char> buf(1 << 20);
-        uint64_t h = FNV1A_INIT;
+        Checksum h(kind);
         while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0)
-            h = fnv1a(buf.data(), size_t(in.gcount()), h);
-        if (h != stored) throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", sp));
+            h.update(buf.data(), size_t(in.gcount()));
+        if (h.digest() != stored) throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", sp));
         in.clear();
         in.seekg(sizeof(header));
     }
@@ -334,7 +370,7 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     if (!meta.is_object()) throw UserError(strfmt("checkpoint %s: metadata is not a JSON object", sp));
     // the model: its shape must agree with the config (model_file_read validates what it reads)
     std::vector<float> params = model_file_read(model_path, &shape);
-    if (file_checksum(model_path) != meta_u64(meta, "model_checksum", state_path, ""))
+    if (file_checksum(model_path, kind) != meta_u64(meta, "model_checksum", state_path, ""))
         throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", model_path.c_str()));
     TrainState st;
     st.step = int(meta_int(meta, "step", state_path, "", 0, INT_MAX));

@@ -109,6 +109,12 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
 // file when it is incomplete, corrupt, truncated or of another model shape.
 TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole);
 
+// The checksums of a checkpoint's two files are of the kind in state.bin's header (its fourth
+// int32): XXH3-64 in what checkpoint_save writes, FNV-1a 64 in checkpoints written before
+// 2026-11-28 (still loaded). checkpoint_checksum: n bytes' checksum of that kind.
+constexpr int32_t CHECKSUM_FNV1A = 0, CHECKSUM_XXH3 = 1;
+uint64_t checkpoint_checksum(int32_t kind, const void* data, size_t n);
+
 // Throws UserError, naming train.steps and the checkpoint's step, when the checkpoint at `from`
 // (loaded as st) is past the end of a run of `steps` steps: its weights are not those of any
 // step of this run.

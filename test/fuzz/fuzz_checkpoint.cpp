@@ -16,9 +16,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (fix_checksum && state.size() >= 32) {
         int32_t header[8];
         std::memcpy(header, state.data(), sizeof(header));
-        uint64_t h = fnv1a(state.data() + 32, state.size() - 32);
-        std::memcpy(&header[4], &h, sizeof(h));
-        std::memcpy(&state[0], header, sizeof(header));
+        if (header[3] == CHECKSUM_FNV1A || header[3] == CHECKSUM_XXH3) {  // (another kind is refused first)
+            const uint64_t h = checkpoint_checksum(header[3], state.data() + 32, state.size() - 32);
+            std::memcpy(&header[4], &h, sizeof(h));
+            std::memcpy(&state[0], header, sizeof(header));
+        }
     }
     const std::string dir = fuzz::work_dir() + "/ckpt";
     make_dirs(dir, "fuzz");
