@@ -406,18 +406,19 @@ constexpr double kInitialLossScale = 65536.0;
 // agrees on its UserErrors, so that one every rank finds is said once, by rank 0.
 void init_or_resume(Run& r) {
     const Config& cfg = r.cfg;
-    if (cfg.model.init == "random") {
+    std::string from;
+    if (cfg.checkpoint.resume == "auto") from = checkpoint_latest(r.ckpt_dir);
+    else if (cfg.checkpoint.resume != "never") from = cfg.checkpoint.resume;
+    // a resumed run takes every weight from the checkpoint: model.init is not drawn or read
+    if (from.empty() && cfg.model.init == "random") {
         r.model.init_random(uint64_t(cfg.model.init_seed));
-    } else {
+    } else if (from.empty()) {
         // both readers check that every weight is finite, naming the tensor as their file does
         const bool hf = is_safetensors(cfg.model.init);
         std::vector<float> w = hf ? hf_read_weights(cfg.model.init, r.shape) : model_file_read(cfg.model.init, &r.shape);
         r.model.set_params_whole(w.data());
     }
-    r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
-    std::string from;
-    if (cfg.checkpoint.resume == "auto") from = checkpoint_latest(r.ckpt_dir);
-    else if (cfg.checkpoint.resume != "never") from = cfg.checkpoint.resume;
+    if (from.empty()) r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
     r.state.loader_dp = r.grid.dp;
     r.state.train_shards = shard_list(r.train_data.files());
     bool outer_loaded = false;
