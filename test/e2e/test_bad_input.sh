@@ -24,21 +24,26 @@ expect_fail 2 'step 4.*train\.steps = 3' "$BIN" "$W/c.json" train.steps=3 "check
 [ ! -e "$W/short/model_00000003.bin" ] || die "a 3-step model was written from step-4 weights"
 
 # state.bin with a valid checksum but hostile metadata: every field is checked, naming the file
-# and the field (forge.py rewrites the metadata and the checksum)
+# and the field (forge.py rewrites the metadata and the checksums, as FNV-1a: the kind of the
+# checkpoints before 2026-11-28, which the loader still reads, and that Python computes unaided)
 cat > "$W/forge.py" <<'PY'
-import json, struct, sys
+import json, os, struct, sys
 path, edit = sys.argv[1], sys.argv[2]
+def fnv1a(data):  # with llmc/core/common.h's offset basis
+    h = 1469598103934665603
+    for b in data:
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
 data = open(path, "rb").read()
 head = list(struct.unpack("<8i", data[:32]))
-ns = {"m": json.loads(data[32:32 + head[2]])}
+m = json.loads(data[32:32 + head[2]])
+m["model_checksum"] = fnv1a(open(os.path.join(os.path.dirname(path), "model.bin"), "rb").read())
+ns = {"m": m}
 exec(edit, ns)
 meta = ns["m"] if isinstance(ns["m"], bytes) else json.dumps(ns["m"]).encode()
 rest = data[32 + head[2]:]
-h = 1469598103934665603
-for b in meta + rest:
-    h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
-head[2] = len(meta)
-head[4], head[5] = struct.unpack("<2i", struct.pack("<Q", h))
+head[2], head[3] = len(meta), 0
+head[4], head[5] = struct.unpack("<2i", struct.pack("<Q", fnv1a(meta + rest)))
 open(path, "wb").write(struct.pack("<8i", *head) + meta + rest)
 PY
 n=0
