@@ -573,8 +573,9 @@ void print_banner(Run& r, const Plan& p) {
 // with transformers' config.json: after the checkpoint, so that a failure there loses no
 // training. Nothing non-finite is written.
 void write_state(Run& r, WholeState& whole, bool final) {
-    check_finite_state(whole, r.state.step);
-    if (!final || r.cfg.checkpoint.every > 0) {
+    const bool checkpoint = !final || r.cfg.checkpoint.every > 0;
+    if (!checkpoint) check_finite_state(whole, r.state.step);  // (checkpoint_save checks before it writes)
+    if (checkpoint) {
         r.conv->save(whole);
         const std::string p = checkpoint_save(r.ckpt_dir, r.state, r.shape, r.dtype == DType::BF16 ? 5 : 3, whole,
                                               r.cfg.resolved, r.cfg.checkpoint.keep);

@@ -175,8 +175,10 @@ void check_finite_state(const WholeState& whole, int step) {
     }
     for (const auto& part : parts) {
         const std::vector<float>& x = *part.second;
-        size_t bad = 0;  // count them all: no early exit, so the loop vectorises
-        for (size_t i = 0; i < x.size(); i++) bad += !std::isfinite(x[i]);
+        size_t bad = 0;  // count them all: no early exit, so the loop vectorises (and splits over threads)
+        const long n = long(x.size());
+#pragma omp parallel for reduction(+ : bad) schedule(static) if (n > (1 << 20))
+        for (long i = 0; i < n; i++) bad += !std::isfinite(x[size_t(i)]);
         if (bad == 0) continue;
         size_t first = 0;
         while (std::isfinite(x[first])) first++;
