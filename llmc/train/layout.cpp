@@ -74,14 +74,16 @@ std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig&
         counts.push_back((n + pad_multiple - 1) / pad_multiple * pad_multiple);
     }
     LLMC_ASSERT(local.size() == counts[size_t(mp.rank())], "assemble_whole: local buffer of the wrong size");
+    // every member's buffer, one after another (alone: the local one, not a copy of it)
     std::vector<float> all;
-    if (mp.rank() == 0) {
+    if (mp.rank() == 0 && members > 1) {
         size_t total = 0;
         for (size_t c : counts) total += c;
         all.resize(total);
     }
-    mp.gather(local.data(), mp.rank() == 0 ? all.data() : nullptr, counts, 0);
+    if (members > 1) mp.gather(local.data(), mp.rank() == 0 ? all.data() : nullptr, counts, 0);
     if (mp.rank() != 0) return {};
+    const float* from = members > 1 ? all.data() : local.data();
     std::vector<float> whole(num_params(shape));
     std::vector<char> seen(whole.size(), 0);
     size_t base = 0;
@@ -89,7 +91,7 @@ std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig&
         for (const ParamSpec& p : tables[size_t(i)]) {
             if (!p.primary) continue;
             for_each_run(p, [&](size_t loc, size_t dst, size_t n) {
-                std::memcpy(&whole[dst], &all[base + p.offset + loc], n * sizeof(float));
+                std::memcpy(&whole[dst], from + base + p.offset + loc, n * sizeof(float));
                 std::memset(&seen[dst], 1, n);
             });
         }
