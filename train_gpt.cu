@@ -410,15 +410,18 @@ void init_or_resume(Run& r) {
     if (cfg.checkpoint.resume == "auto") from = checkpoint_latest(r.ckpt_dir);
     else if (cfg.checkpoint.resume != "never") from = cfg.checkpoint.resume;
     // a resumed run takes every weight from the checkpoint: model.init is not drawn or read
-    if (from.empty() && cfg.model.init == "random") {
-        r.model.init_random(uint64_t(cfg.model.init_seed));
-    } else if (from.empty()) {
-        // both readers check that every weight is finite, naming the tensor as their file does
-        const bool hf = is_safetensors(cfg.model.init);
-        std::vector<float> w = hf ? hf_read_weights(cfg.model.init, r.shape) : model_file_read(cfg.model.init, &r.shape);
-        r.model.set_params_whole(w.data());
+    if (from.empty()) {
+        if (cfg.model.init == "random") {
+            r.model.init_random(uint64_t(cfg.model.init_seed));
+        } else {
+            // both readers check that every weight is finite, naming the tensor as their file does
+            const bool hf = is_safetensors(cfg.model.init);
+            std::vector<float> w =
+                hf ? hf_read_weights(cfg.model.init, r.shape) : model_file_read(cfg.model.init, &r.shape);
+            r.model.set_params_whole(w.data());
+        }
+        r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
     }
-    if (from.empty()) r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
     r.state.loader_dp = r.grid.dp;
     r.state.train_shards = shard_list(r.train_data.files());
     bool outer_loaded = false;
@@ -573,14 +576,14 @@ void print_banner(Run& r, const Plan& p) {
 // with transformers' config.json: after the checkpoint, so that a failure there loses no
 // training. Nothing non-finite is written.
 void write_state(Run& r, WholeState& whole, bool final) {
-    const bool checkpoint = !final || r.cfg.checkpoint.every > 0;
-    if (!checkpoint) check_finite_state(whole, r.state.step);  // (checkpoint_save checks before it writes)
-    if (checkpoint) {
+    if (!final || r.cfg.checkpoint.every > 0) {  // (checkpoint_save checks the state before it writes)
         r.conv->save(whole);
         const std::string p = checkpoint_save(r.ckpt_dir, r.state, r.shape, r.dtype == DType::BF16 ? 5 : 3, whole,
                                               r.cfg.resolved, r.cfg.checkpoint.keep);
         r.log.print("checkpoint: %s\n", p.c_str());
         r.progress.wrote_checkpoint(p);
+    } else {
+        check_finite_state(whole, r.state.step);
     }
     if (!final) return;
     const std::vector<float>& w = whole.master.empty() ? whole.params : whole.master;

@@ -32,12 +32,12 @@ struct ConfigDir : TempDir {
         touch("tok/encoder.json");
         touch("tok/vocab.bpe");
     }
-    void touch(const std::string& name) const { std::ofstream(path + "/" + name) << "x"; }
+    void touch(const std::string& name) const { std::ofstream(file(name)) << "x"; }
     std::string train_glob() const { return path + "/train_*.bin"; }
     std::string val_glob() const { return path + "/val_*.bin"; }
     std::string write(const std::string& name, const std::string& text) const {
-        std::ofstream(path + "/" + name) << text;
-        return path + "/" + name;
+        std::ofstream(file(name)) << text;
+        return file(name);
     }
 };
 

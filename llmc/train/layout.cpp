@@ -76,14 +76,17 @@ std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig&
     LLMC_ASSERT(local.size() == counts[size_t(mp.rank())], "assemble_whole: local buffer of the wrong size");
     // every member's buffer, one after another (alone: the local one, not a copy of it)
     std::vector<float> all;
-    if (mp.rank() == 0 && members > 1) {
-        size_t total = 0;
-        for (size_t c : counts) total += c;
-        all.resize(total);
+    const float* from = local.data();
+    if (members > 1) {
+        if (mp.rank() == 0) {
+            size_t total = 0;
+            for (size_t c : counts) total += c;
+            all.resize(total);
+        }
+        mp.gather(local.data(), mp.rank() == 0 ? all.data() : nullptr, counts, 0);
+        from = all.data();
     }
-    if (members > 1) mp.gather(local.data(), mp.rank() == 0 ? all.data() : nullptr, counts, 0);
     if (mp.rank() != 0) return {};
-    const float* from = members > 1 ? all.data() : local.data();
     std::vector<float> whole(num_params(shape));
     std::vector<char> seen(whole.size(), 0);
     size_t base = 0;
