@@ -66,14 +66,25 @@ double now_ms() {
 
 using Batches = std::vector<std::vector<int32_t>>;
 
-// The whole model and optimizer state in llm.c order on world rank 0 (empty elsewhere): ZeRO
-// shards gathered over DP, then the model-parallel pieces assembled. Under local SGD also its outer
-// state and the other DP ranks' replicas; under PowerSGD every DP rank's error feedback and Q.
-// Collective over every rank.
-WholeState gather_whole_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalSgd* local_sgd,
-                              PowerSgd* powersgd, const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid) {
-    OptimizerState local = dp.gather_optimizer_state(opt);  // DP rank 0 gets its (tp, pp) piece whole
-    std::vector<float> params = dp.gather_params();
+// What a save gathers, kept from one save to the next: DP rank 0's (tp, pp, ep) piece in memory
+// order, and world rank 0's whole state. Gathered into fresh pages, these copies of the model made
+// most of a save's time here (CPU, 326M parameters: 26-38 s of a 31-47 s save); into pages
+// already written, 1.5 s (dev/bench/RESULTS.md). Host memory: they stay allocated between saves.
+struct SaveBuffers {
+    OptimizerState local;
+    std::vector<float> params;
+    WholeState whole;
+};
+
+// The whole model and optimizer state in llm.c order into b.whole on world rank 0 (empty
+// elsewhere): ZeRO shards gathered over DP, then the model-parallel pieces assembled. Under local
+// SGD also its outer state and the other DP ranks' replicas; under PowerSGD every DP rank's error
+// feedback and Q. Collective over every rank.
+void gather_whole_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalSgd* local_sgd,
+                        PowerSgd* powersgd, const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid,
+                        SaveBuffers& b) {
+    dp.gather_optimizer_state(opt, b.local);  // DP rank 0 gets its (tp, pp) piece whole
+    dp.gather_params(b.params);
     LocalSgdState outer;  // DP rank 0: memory order
     if (local_sgd) {
         ReplicaState mine;
@@ -84,16 +95,23 @@ WholeState gather_whole_state(const Model& model, const AdamW& opt, DataParallel
     std::vector<std::vector<float>> errors;  // DP rank 0: every DP rank's, memory order
     std::vector<float> q;
     if (powersgd) powersgd->gather(&errors, &q);
-    WholeState whole;
-    if (grid.shard_rank() != 0) return whole;
+    WholeState& whole = b.whole;
+    whole.fp8.clear();
+    whole.local_sgd = {};
+    whole.powersgd = {};
+    if (grid.shard_rank() != 0) return;
     const size_t pad = DataParallel::pad_multiple(grid.shard_size());
     auto assemble = [&](const std::vector<float>& x) {
         return x.empty() ? std::vector<float>() : assemble_whole(model.shape, pc, pad, x, mp);
     };
-    whole.params = assemble(params);
-    whole.m = assemble(local.m);
-    whole.v = assemble(local.v);
-    whole.master = assemble(local.master);
+    auto assemble_into = [&](const std::vector<float>& x, std::vector<float>& out) {
+        if (x.empty()) out.clear();
+        else assemble_whole(model.shape, pc, pad, x, mp, out);
+    };
+    assemble_into(b.params, whole.params);
+    assemble_into(b.local.m, whole.m);
+    assemble_into(b.local.v, whole.v);
+    assemble_into(b.local.master, whole.master);
     if (local_sgd) {
         whole.local_sgd.anchor = assemble(outer.anchor);
         whole.local_sgd.momentum = assemble(outer.momentum);
@@ -105,7 +123,6 @@ WholeState gather_whole_state(const Model& model, const AdamW& opt, DataParallel
         for (const std::vector<float>& e : errors) whole.powersgd.errors.push_back(assemble(e));
         whole.powersgd.q = std::move(q);
     }
-    return whole;
 }
 
 // Test hook: with LLMC_DUMP_GRADS=<file>, the first step's summed gradient of the whole model is
@@ -366,6 +383,7 @@ struct Run {
     bool defer = false;
     size_t loss_rows = 0;
     double* readback = nullptr;
+    SaveBuffers save_buffers;  // kept from one save to the next
 };
 
 double tokens_per_step(const Run& r) { return tokens_per_step(r.cfg, r.grid); }
@@ -602,9 +620,9 @@ void save(Run& r, bool final) {
     // out.format none without checkpoints: nothing to write, so nothing to gather (a benchmark of
     // the 1.5B shape spent a minute writing 6 GB of final weights)
     if (final && r.cfg.out.format == "none" && r.cfg.checkpoint.every <= 0) return;
-    WholeState whole =
-        gather_whole_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.powersgd.get(), r.pc, *r.groups.mp, r.grid);
-    if (r.rt.is_main()) write_state(r, whole, final);
+    gather_whole_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.powersgd.get(), r.pc, *r.groups.mp, r.grid,
+                       r.save_buffers);
+    if (r.rt.is_main()) write_state(r, r.save_buffers.whole, final);
     r.groups.save->barrier();  // saving does not count against parallel.timeout_s
 }
 

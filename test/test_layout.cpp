@@ -3,8 +3,11 @@
 // on), replicas sit where the split puts them, and the activation slots follow the schedule.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <memory>
 #include <vector>
 
+#include "llmc/comm/comm.h"
 #include "llmc/train/layout.h"
 #include "llmc/model/model.h"
 #include "llmc/parallel/pipeline.h"
@@ -110,4 +113,33 @@ TEST_CASE("layout: activation slots per chunk follow the schedule", "[layout]") 
     CHECK(pipeline_slots(g[0], 1) == std::vector<int>{5});
     const PpSchedule one = make_pipeline_schedule(PpScheduleKind::OneFOneB, 1, 6, 1);
     CHECK(pipeline_slots(one[0], 1) == std::vector<int>{1});
+}
+
+TEST_CASE("layout: assemble_whole puts every element at its llm.c index, also into a buffer it reuses", "[layout]") {
+    // one member (tp = pp = 1) over a group of one: local holds each element's own llm.c index,
+    // so the whole model must come out as 0, 1, 2, ...; into a buffer that holds NaNs of the
+    // right size (a save's buffer kept from the one before) and one of another size alike
+    const ModelShape s = small_shape();
+    ParallelConfig pc;
+    const size_t pad = 8;
+    size_t n = 0;
+    const std::vector<ParamSpec> table = param_table(s, model_layout(s, pc, 0, 0), &n);
+    std::vector<float> local((n + pad - 1) / pad * pad, -1.0f);
+    for (const ParamSpec& p : table)
+        for_each_run(p, [&](size_t loc, size_t dst, size_t cnt) {
+            for (size_t k = 0; k < cnt; k++) local[p.offset + loc + k] = float(dst + k);
+        });
+    std::unique_ptr<Comm> self = make_self_comm(0);
+    const size_t total = num_params(s);
+    REQUIRE(total < (size_t(1) << 24));  // every index exact in a float
+    std::vector<float> fresh = assemble_whole(s, pc, pad, local, *self);
+    std::vector<float> reused(total, NAN), other(total / 3, NAN);
+    assemble_whole(s, pc, pad, local, *self, reused);
+    assemble_whole(s, pc, pad, local, *self, other);
+    REQUIRE(fresh.size() == total);
+    size_t wrong = 0;
+    for (size_t i = 0; i < total; i++) wrong += fresh[i] != float(i);
+    CHECK(wrong == 0);
+    CHECK(reused == fresh);
+    CHECK(other == fresh);
 }

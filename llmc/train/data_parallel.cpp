@@ -610,15 +610,15 @@ double DataParallel::mean(double x) {
     return x / (dp() * (ep_ ? ep_->size() : 1));
 }
 
-std::vector<float> DataParallel::gather_params() {
+void DataParallel::gather_params(std::vector<float>& out) {
     if (zero_ == 3) {
         std::vector<float> shard(shard_);
         ops_.to_host_f32(shard.data(), param_shard_);
-        return gather_shards(shard.data());
+        gather_shards(shard.data(), out);
+        return;
     }
-    std::vector<float> whole(dp_rank() == 0 ? layout_.padded_params : 0);
-    if (dp_rank() == 0) ops_.to_host_f32(whole.data(), param_buf_);
-    return whole;
+    out.resize(dp_rank() == 0 ? layout_.padded_params : 0);
+    if (dp_rank() == 0) ops_.to_host_f32(out.data(), param_buf_);
 }
 
 std::vector<float> DataParallel::local_params() {
@@ -638,10 +638,10 @@ void DataParallel::check_replicas() {
     LLMC_ASSERT(v[0] == -v[1], "parameter replicas differ between DP ranks");
 }
 
-std::vector<float> DataParallel::gather_shards(const float* shard) {
+void DataParallel::gather_shards(const float* shard, std::vector<float>& out) {
     settle();
     // bucket by bucket: every rank sends its shard's intersection with the bucket
-    std::vector<float> out(dp_rank() == 0 ? layout_.padded_params : 0);
+    out.resize(dp_rank() == 0 ? layout_.padded_params : 0);
     for (const Bucket& b : buckets_) {
         const std::vector<size_t> counts = shard_counts(b.begin, b.end);
         const size_t mine = counts[size_t(dp_rank())];
@@ -649,7 +649,6 @@ std::vector<float> DataParallel::gather_shards(const float* shard) {
         comm_.gather(send_.data(), dp_rank() == 0 ? recv_.data() : nullptr, counts, 0);
         if (dp_rank() == 0) store_host(out.data() + b.begin, recv_, b.end - b.begin);
     }
-    return out;
 }
 
 void DataParallel::for_each_dense(size_t a, size_t b, const std::function<void(size_t, size_t, size_t)>& f) const {
@@ -710,18 +709,18 @@ std::vector<float> DataParallel::range_state(const std::vector<float>& packed) {
     return range;
 }
 
-OptimizerState DataParallel::gather_optimizer_state(const AdamW& opt) {
+void DataParallel::gather_optimizer_state(const AdamW& opt, OptimizerState& out) {
+    if (zero_ == 0) {  // replicated: rank 0 already has it all
+        if (dp_rank() == 0) opt.get_state(out.m, out.v, out.master);
+        else out.m.clear(), out.v.clear(), out.master.clear();
+        return;
+    }
     std::vector<float> m, v, master;
     opt.get_state(m, v, master);
-    OptimizerState whole;
-    if (zero_ == 0) {  // replicated: rank 0 already has it all
-        if (dp_rank() == 0) whole = {std::move(m), std::move(v), std::move(master)};
-        return whole;
-    }
-    whole.m = gather_shards(range_state(m).data());
-    whole.v = gather_shards(range_state(v).data());
-    if (opt.has_master()) whole.master = gather_shards(range_state(master).data());
-    return whole;
+    gather_shards(range_state(m).data(), out.m);
+    gather_shards(range_state(v).data(), out.v);
+    out.master.clear();
+    if (opt.has_master()) gather_shards(range_state(master).data(), out.master);
 }
 
 std::vector<float> DataParallel::gather_gradients() {
@@ -729,7 +728,9 @@ std::vector<float> DataParallel::gather_gradients() {
     ops_.to_host_f32(g.data(), opt_grads());
     if (zero_ == 0) return dp_rank() == 0 ? g : std::vector<float>();
     if (split_) share_dense_parts(g.data());  // each rank summed its own dense part only
-    return gather_shards(g.data());
+    std::vector<float> out;
+    gather_shards(g.data(), out);
+    return out;
 }
 
 void DataParallel::load_optimizer_state(AdamW& opt, const OptimizerState& whole) {

@@ -219,8 +219,14 @@ public:
     // After the optimizer step: every rank gets every shard's new parameters (stages 1, 2).
     void after_update();
     // This rank's whole parameter buffer (host, memory order, padded) on DP rank 0, empty
-    // elsewhere; stage 3 gathers the shards. Collective.
-    std::vector<float> gather_params();
+    // elsewhere; stage 3 gathers the shards. Collective. Into out: its memory is reused (a
+    // checkpoint's buffers, kept from one save to the next, take no fresh pages).
+    void gather_params(std::vector<float>& out);
+    std::vector<float> gather_params() {
+        std::vector<float> out;
+        gather_params(out);
+        return out;
+    }
     // This rank's own whole parameter buffer (host, memory order, padded; stages 0-2).
     std::vector<float> local_params();
     // Mean of x over the DP group (all of dp under expert parallelism).
@@ -230,8 +236,13 @@ public:
 
     // Checkpoints: the whole optimizer state (memory order, padded) on DP rank 0, empty elsewhere
     // (under ep: each ep rank's, whole in its dense elements too); collective. And the reverse:
-    // every rank takes its runs from a whole state.
-    OptimizerState gather_optimizer_state(const AdamW& opt);
+    // every rank takes its runs from a whole state. Into out: its memory is reused.
+    void gather_optimizer_state(const AdamW& opt, OptimizerState& out);
+    OptimizerState gather_optimizer_state(const AdamW& opt) {
+        OptimizerState out;
+        gather_optimizer_state(opt, out);
+        return out;
+    }
     // The summed gradient (after finish_grad_sync) of this rank's whole buffer on DP rank 0, host
     // memory order; empty elsewhere. Collective (tests and debugging).
     std::vector<float> gather_gradients();
@@ -305,8 +316,9 @@ private:
     void drop_prefetched();
     // every DP rank's share of [begin, end): its intersection with that rank's shard, in rank order
     std::vector<size_t> shard_counts(size_t begin, size_t end) const { return shard_counts(begin, end, shard_, dp()); }
-    // The whole buffer on DP rank 0 (empty elsewhere) from every rank's shard (shard_ elements). Collective.
-    std::vector<float> gather_shards(const float* shard);
+    // The whole buffer into out on DP rank 0 (emptied elsewhere) from every rank's shard (shard_
+    // elements). Collective.
+    void gather_shards(const float* shard, std::vector<float>& out);
 
     const ParamLayout& layout_;
     Ops& ops_;

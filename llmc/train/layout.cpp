@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "llmc/parallel/pipeline_schedule.h"
 
@@ -62,6 +64,13 @@ ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int 
 
 std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple,
                                   const std::vector<float>& local, Comm& mp) {
+    std::vector<float> whole;
+    assemble_whole(shape, pc, pad_multiple, local, mp, whole);
+    return whole;
+}
+
+void assemble_whole(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple,
+                    const std::vector<float>& local, Comm& mp, std::vector<float>& whole) {
     const int members = mp.size();
     LLMC_ASSERT(members == pc.tp * pc.pp * pc.ep, "the mp group must hold tp x pp x ep ranks");
     std::vector<ModelLayout> layouts;
@@ -86,20 +95,28 @@ std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig&
         mp.gather(local.data(), mp.rank() == 0 ? all.data() : nullptr, counts, 0);
         from = all.data();
     }
-    if (mp.rank() != 0) return {};
-    std::vector<float> whole(num_params(shape));
-    std::vector<char> seen(whole.size(), 0);
+    if (mp.rank() != 0) {
+        whole.clear();
+        return;
+    }
+    whole.resize(num_params(shape));
+    std::vector<std::pair<size_t, size_t>> runs;  // (first, count) of whole's elements copied
     size_t base = 0;
     for (int i = 0; i < members; i++) {
         for (const ParamSpec& p : tables[size_t(i)]) {
             if (!p.primary) continue;
             for_each_run(p, [&](size_t loc, size_t dst, size_t n) {
                 std::memcpy(&whole[dst], from + base + p.offset + loc, n * sizeof(float));
-                std::memset(&seen[dst], 1, n);
+                runs.emplace_back(dst, n);
             });
         }
         base += counts[size_t(i)];
     }
-    for (char s : seen) LLMC_ASSERT(s, "assemble_whole: the layouts' primary pieces do not cover the model");
-    return whole;
+    std::sort(runs.begin(), runs.end());
+    size_t covered = 0;  // whole[0, covered) was written
+    for (const auto& r : runs) {
+        LLMC_ASSERT(r.first <= covered, "assemble_whole: the layouts' primary pieces do not cover the model");
+        covered = std::max(covered, r.first + r.second);
+    }
+    LLMC_ASSERT(covered == whole.size(), "assemble_whole: the layouts' primary pieces do not cover the model");
 }
