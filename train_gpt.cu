@@ -42,6 +42,7 @@
 #include "llmc/io/model_file.h"
 #include "llmc/backend/ops.h"
 #include "llmc/run/preempt.h"
+#include "llmc/io/async_save.h"
 #include "llmc/train/layout.h"
 #include "llmc/train/local_sgd.h"
 #include "llmc/train/powersgd.h"
@@ -383,7 +384,10 @@ struct Run {
     bool defer = false;
     size_t loss_rows = 0;
     double* readback = nullptr;
-    SaveBuffers save_buffers;  // kept from one save to the next
+    SaveBuffers save_buffers;  // kept from one save to the next; its whole state is pending_save's while that runs
+    // checkpoint.async: world rank 0's checkpoint being written in the background (last: a run that
+    // ends on an exception waits for it before anything else goes)
+    AsyncSave pending_save;
 };
 
 double tokens_per_step(const Run& r) { return tokens_per_step(r.cfg, r.grid); }
@@ -588,14 +592,39 @@ void print_banner(Run& r, const Plan& p) {
                   r.peak_flops / 1e12, r.peak_flops > 0 ? "" : " (not in the table: no MFU)");
 }
 
+// A checkpoint written in the background (checkpoint.async) that has finished, or with wait every
+// one still in flight: its line, or its failure rethrown (UserError: exit 2; NonFiniteState). World
+// rank 0, the only one that writes.
+void collect_save(Run& r, bool wait) {
+    if (!r.pending_save.pending() || (!wait && !r.pending_save.finished())) return;
+    AsyncSave::Result done;
+    try {
+        done = r.pending_save.wait();
+    } catch (const UserError& e) {  // the message names the checkpoint; say why training went on past it
+        throw UserError(strfmt("%s (written in the background: training went on to step %d, which is not saved)",
+                               e.what(), r.state.step));
+    }
+    r.log.print("checkpoint: %s (written in the background in %.1f s)\n", done.path.c_str(), done.seconds);
+    r.progress.wrote_checkpoint(done.path);
+}
+
 // Checkpoint (collective: the state is gathered to world rank 0, which writes it while the others
-// wait on the untimed save group). The final one also writes the weights in the formats of
-// out.format: out_dir/model_<steps>.bin (fp32, llm.c's format) and/or model_<steps>.safetensors
-// with transformers' config.json: after the checkpoint, so that a failure there loses no
-// training. Nothing non-finite is written.
-void write_state(Run& r, WholeState& whole, bool final) {
+// wait on the untimed save group; under checkpoint.async it writes on a thread of its own while
+// training goes on, all but the final and a stop signal's). The final one also writes the weights in
+// the formats of out.format: out_dir/model_<steps>.bin (fp32, llm.c's format) and/or
+// model_<steps>.safetensors with transformers' config.json: after the checkpoint, so that a
+// failure there loses no training. Nothing non-finite is written.
+void write_state(Run& r, WholeState& whole, bool final, bool background) {
     if (!final || r.cfg.checkpoint.every > 0) {  // (checkpoint_save checks the state before it writes)
         r.conv->save(whole);
+        if (background) {  // the rest by value: training goes on changing r (whole: untouched until collected)
+            r.pending_save.start([dir = r.ckpt_dir, st = r.state, shape = r.shape,
+                                  version = r.dtype == DType::BF16 ? 5 : 3, w = &whole, config = r.cfg.resolved,
+                                  keep = r.cfg.checkpoint.keep] {
+                return checkpoint_save(dir, st, shape, version, *w, config, keep);
+            });
+            return;
+        }
         const std::string p = checkpoint_save(r.ckpt_dir, r.state, r.shape, r.dtype == DType::BF16 ? 5 : 3, whole,
                                               r.cfg.resolved, r.cfg.checkpoint.keep);
         r.log.print("checkpoint: %s\n", p.c_str());
@@ -616,13 +645,20 @@ void write_state(Run& r, WholeState& whole, bool final) {
         r.progress.wrote_weights(stem + ".safetensors (transformers; " + r.cfg.out_dir + "/config.json)");
     }
 }
-void save(Run& r, bool final) {
+// background: a checkpoint.async run's periodic checkpoint. Every save first waits for the one in
+// flight (world rank 0; the others on the untimed save group): one write at a time, and never two
+// gathered states in memory.
+void save(Run& r, bool final, bool background = false) {
+    if (r.cfg.checkpoint.async) {
+        if (r.rt.is_main()) collect_save(r, true);
+        r.groups.save->barrier();
+    }
     // out.format none without checkpoints: nothing to write, so nothing to gather (a benchmark of
     // the 1.5B shape spent a minute writing 6 GB of final weights)
     if (final && r.cfg.out.format == "none" && r.cfg.checkpoint.every <= 0) return;
     gather_whole_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.powersgd.get(), r.pc, *r.groups.mp, r.grid,
                        r.save_buffers);
-    if (r.rt.is_main()) write_state(r, r.save_buffers.whole, final);
+    if (r.rt.is_main()) write_state(r, r.save_buffers.whole, final, background);
     r.groups.save->barrier();  // saving does not count against parallel.timeout_s
 }
 
@@ -837,6 +873,8 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
 // whole step (unless one was just written), and exit "resume me".
 int stop_for_signal(Run& r, int sig, const std::string& where, bool need_save) {
     if (need_save) save(r, false);
+    if (r.rt.is_main()) collect_save(r, true);  // the checkpoint.async one of this step, still in flight
+    r.groups.save->barrier();
     r.log.print("%s: stopped %s, checkpoint saved; exit code %d (resume with checkpoint.resume=auto)\n",
                 signal_name(sig).c_str(), where.c_str(), int(kExitPreempted));
     r.rt.barrier();  // no rank leaves (and makes its launcher end the job) before the save is done
@@ -851,10 +889,12 @@ int checkpoint_or_stop(Run& r) {
         r.log.print("error: %d consecutive steps (%d to %d) had a non-finite loss or gradient norm "
                     "(train.max_bad_steps = %d): stopping; the checkpoints are as they were; exit code %d\n",
                     r.bad_in_row, step + 1 - r.bad_in_row, step, max_bad, int(kExitBadSteps));
+        if (r.rt.is_main()) collect_save(r, true);
         return kExitBadSteps;
     }
+    if (r.rt.is_main()) collect_save(r, false);  // checkpoint.async: one that has finished since
     const bool due = r.cfg.checkpoint.every > 0 && step % r.cfg.checkpoint.every == 0 && step < steps;
-    if (due) save(r, false);
+    if (due) save(r, false, r.cfg.checkpoint.async);
     // a stop signal on any rank (llmc/run/preempt.h) stops every rank here: save, exit "resume me"
     const int sig = step < steps ? preempt_agreed(*r.groups.world) : 0;
     if (!sig) return 0;

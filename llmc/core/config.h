@@ -95,6 +95,9 @@ struct CheckpointConfig {
     std::string resume = "auto";  // auto | never | <path>
     // resuming with changes that break an exact continuation (llmc/run/run_dir.h): false refuses them
     bool allow_changes = false;
+    // write each checkpoint on a thread of its own while training goes on (llmc/io/async_save.h);
+    // the final one, and one for a stop signal, are written before the run ends either way
+    bool async = false;
 };
 
 // Local SGD / DiLoCo over the DP group (llmc/train/local_sgd.h): each DP rank takes `every` AdamW

@@ -169,6 +169,9 @@ const std::vector<Key>& schema() {
         bool_key("checkpoint.allow_changes", FIELD(checkpoint.allow_changes),
                  "resume even when the data, the batch, the lr schedule or the optimizer differ from the "
                  "checkpoint's run (each change is printed; false refuses them, exit code 2)"),
+        bool_key("checkpoint.async", FIELD(checkpoint.async),
+                 "write checkpoints in the background while training goes on (the state is gathered first; the "
+                 "next save, a stop signal and the end of the run wait for it)"),
 
         [] {
             Key k = int_key("parallel.dp", FIELD(parallel.dp), 1, NONE,
