@@ -129,3 +129,50 @@ TEST_CASE("checkpoint: one written before XXH3 (FNV-1a 64) still loads, and its 
     e = error_of([&] { checkpoint_load(tmp.file("kind"), s, &back); });
     CHECK_THAT(e, Catch::Contains(tmp.file("kind/state.bin")) && Catch::Contains("checksum kind 7"));
 }
+
+TEST_CASE("checkpoint: damage in the metadata is called corrupt; a well-formed bad field is named", "[checkpoint]") {
+    // the load reads state.bin once, checking the metadata as it goes: a field that damage made
+    // wrong (or JSON it made unreadable) must still be reported as the checksum mismatch it is,
+    // while a file whose checksum holds names the field
+    const TempDir tmp("llmc_checksum");
+    const ModelShape s{2, 2, 8, 100, 128, 16};
+    WholeState w;
+    for (std::vector<float>* x : {&w.params, &w.m, &w.v}) x->assign(num_params(s), 0.5f);
+    TrainState st;
+    st.step = 3;
+    checkpoint_save(tmp.file("ck"), st, s, 3, w, nlohmann::json::object(), 1);
+    const std::string ck = tmp.file("ck/step_00000003");
+    const std::string state = read_all(ck + "/state.bin");
+    const size_t meta_end = 32 + size_t(header_int(state, 2));
+    WholeState back;
+    struct Flip {
+        const char* what;
+        size_t at;
+    };
+    for (const Flip& f : {Flip{"the opening brace (no JSON)", 32},
+                          Flip{"the step's digit (step 2)", state.find("\"step\":3") + 7},
+                          Flip{"num_params' first digit", state.find("\"num_params\":") + 13},
+                          Flip{"loader_dp's digit (0: out of range)", state.find("\"loader_dp\":1") + 12}}) {
+        INFO(f.what);
+        REQUIRE(f.at < meta_end);
+        const std::string dir = tmp.file("flip_" + std::to_string(f.at));
+        copy_flipped(ck, dir, "state.bin", f.at);
+        const std::string e = error_of([&] { checkpoint_load(dir, s, &back); });
+        CHECK_THAT(e, Catch::Contains(dir + "/state.bin") && Catch::Contains("checksum mismatch"));
+    }
+    // the same loader_dp damage with the checksum made to match: the field is named
+    std::string forged = state;
+    const size_t at = forged.find("\"loader_dp\":1") + 12;
+    forged[at] = '0';
+    const uint64_t h = XXH3_64bits(forged.data() + 32, forged.size() - 32);
+    std::memcpy(&forged[16], &h, sizeof(h));
+    copy_flipped(ck, tmp.file("forged"));
+    write_all(tmp.file("forged/state.bin"), forged);
+    const std::string e = error_of([&] { checkpoint_load(tmp.file("forged"), s, &back); });
+    CHECK_THAT(e, Catch::Contains("\"loader_dp\" is 0") && !Catch::Contains("checksum mismatch"));
+    // and a file cut short in its arrays
+    copy_flipped(ck, tmp.file("short"));
+    write_all(tmp.file("short/state.bin"), state.substr(0, state.size() - 4));
+    CHECK_THAT(error_of([&] { checkpoint_load(tmp.file("short"), s, &back); }),
+               Catch::Contains("short/state.bin") && Catch::Contains("checksum mismatch"));
+}

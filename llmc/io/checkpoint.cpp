@@ -331,38 +331,17 @@ uint64_t meta_u64(const nlohmann::json& obj, const char* key, const std::string&
     return it->get<uint64_t>();
 }
 
-}  // namespace
+// What state.bin's metadata says, each field checked: UserError naming the file and the field.
+struct StateMeta {
+    TrainState st;
+    bool has_master = false;
+    size_t fp8_bytes = 0;
+    int replicas = 0;  // local SGD (version 2): the replicas saved, DP rank 0's included
+    int psgd_rank = 0;  // PowerSGD (version 3): its rank, the DP ranks' error feedback, Q's floats
+    size_t psgd_ranks = 0, q_floats = 0;
+};
 
-TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole) {
-    if (!exists(path + "/DONE"))
-        throw UserError(strfmt("checkpoint %s: incomplete (no DONE marker) or not a checkpoint folder", path.c_str()));
-    const std::string state_path = path + "/state.bin", model_path = path + "/model.bin";
-    const char* sp = state_path.c_str();
-    // header, then the checksum over everything after it, before any of it is believed
-    std::ifstream in(state_path, std::ios::binary);
-    if (!in) throw UserError(strfmt("checkpoint %s: cannot open", sp));
-    int32_t header[8];
-    if (!in.read(reinterpret_cast<char*>(header), sizeof(header)) || header[0] != STATE_MAGIC)
-        throw UserError(strfmt("checkpoint %s: not a train_gpt state file (bad magic)", sp));
-    if (header[1] != STATE_VERSION && header[1] != STATE_VERSION_LOCAL_SGD && header[1] != STATE_VERSION_POWERSGD)
-        throw UserError(strfmt("checkpoint %s: unsupported version %d", sp, header[1]));
-    if (header[2] <= 0 || header[2] > (64 << 20)) throw UserError(strfmt("checkpoint %s: corrupt header", sp));
-    const int32_t kind = header[3];
-    if (kind != CHECKSUM_FNV1A && kind != CHECKSUM_XXH3)
-        throw UserError(strfmt("checkpoint %s: corrupt header (checksum kind %d; a newer train_gpt's file?)", sp, kind));
-    uint64_t stored;
-    std::memcpy(&stored, &header[4], sizeof(stored));
-    {
-        std::vector<char> buf(1 << 20);
-        Checksum h(kind);
-        while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0)
-            h.update(buf.data(), size_t(in.gcount()));
-        if (h.digest() != stored) throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", sp));
-        in.clear();
-        in.seekg(sizeof(header));
-    }
-    std::string meta_s(size_t(header[2]), '\0');
-    if (!in.read(&meta_s[0], std::streamsize(meta_s.size()))) throw UserError(strfmt("checkpoint %s: truncated", sp));
+nlohmann::json parse_meta(const std::string& meta_s, const char* sp) {
     nlohmann::json meta;
     try {
         meta = nlohmann::json::parse(meta_s);
@@ -370,11 +349,13 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
         throw UserError(strfmt("checkpoint %s: corrupt metadata", sp));
     }
     if (!meta.is_object()) throw UserError(strfmt("checkpoint %s: metadata is not a JSON object", sp));
-    // the model: its shape must agree with the config (model_file_read validates what it reads)
-    std::vector<float> params = model_file_read(model_path, &shape);
-    if (file_checksum(model_path, kind) != meta_u64(meta, "model_checksum", state_path, ""))
-        throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", model_path.c_str()));
-    TrainState st;
+    return meta;
+}
+
+StateMeta state_meta(const nlohmann::json& meta, int32_t version, size_t num_params, const std::string& state_path) {
+    const char* sp = state_path.c_str();
+    StateMeta out;
+    TrainState& st = out.st;
     st.step = int(meta_int(meta, "step", state_path, "", 0, INT_MAX));
     st.loader_dp = int(meta_int(meta, "loader_dp", state_path, "", 1, INT_MAX));
     // absent in checkpoints from before they were recorded: 0 skipped, shards and config unknown
@@ -408,7 +389,6 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     st.loader.shard = meta_u64(*L, "shard", state_path, "loader.");
     st.loader.window = meta_u64(*L, "window", state_path, "loader.");
     st.loader.seed = meta_u64(*L, "seed", state_path, "loader.");
-    const size_t num_params = ::num_params(shape);
     const uint64_t saved_params = meta_u64(meta, "num_params", state_path, "");
     if (saved_params != num_params)
         throw UserError(strfmt("checkpoint %s: holds %llu parameters, the configured model has %zu", sp,
@@ -416,76 +396,134 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     const auto master_it = meta.find("has_master");
     if (master_it == meta.end() || !master_it->is_boolean())
         throw UserError(strfmt("checkpoint %s: metadata \"has_master\" is missing or not true/false", sp));
-    const bool has_master = master_it->get<bool>();
+    out.has_master = master_it->get<bool>();
     // absent in checkpoints from before fp8: 0
-    const size_t fp8_bytes = meta.contains("fp8_bytes") ? meta_u64(meta, "fp8_bytes", state_path, "") : 0;
-    if (fp8_bytes > (size_t(64) << 20))
-        throw UserError(strfmt("checkpoint %s: corrupt metadata (fp8_bytes %zu)", sp, fp8_bytes));
-    // local SGD (version 2): the replicas saved, DP rank 0's included
-    int replicas = 0;
+    out.fp8_bytes = meta.contains("fp8_bytes") ? meta_u64(meta, "fp8_bytes", state_path, "") : 0;
+    if (out.fp8_bytes > (size_t(64) << 20))
+        throw UserError(strfmt("checkpoint %s: corrupt metadata (fp8_bytes %zu)", sp, out.fp8_bytes));
     const bool has_local = meta.contains("local_sgd");
-    if (has_local != (header[1] == STATE_VERSION_LOCAL_SGD))
-        throw UserError(strfmt("checkpoint %s: corrupt metadata (a version %d file %s \"local_sgd\")", sp, header[1],
+    if (has_local != (version == STATE_VERSION_LOCAL_SGD))
+        throw UserError(strfmt("checkpoint %s: corrupt metadata (a version %d file %s \"local_sgd\")", sp, version,
                                has_local ? "with" : "without"));
     if (has_local && !meta["local_sgd"].is_object())
         throw UserError(strfmt("checkpoint %s: metadata \"local_sgd\" is not an object", sp));
-    if (has_local) replicas = int(meta_int(meta["local_sgd"], "replicas", state_path, "local_sgd.", 1, 1 << 20));
-    // PowerSGD (version 3): its rank, the DP ranks' error feedback, Q's floats
-    PowerSgdState psgd;
-    size_t psgd_ranks = 0, q_floats = 0;
+    if (has_local) out.replicas = int(meta_int(meta["local_sgd"], "replicas", state_path, "local_sgd.", 1, 1 << 20));
     const bool has_psgd = meta.contains("powersgd");
-    if (has_psgd != (header[1] == STATE_VERSION_POWERSGD))
-        throw UserError(strfmt("checkpoint %s: corrupt metadata (a version %d file %s \"powersgd\")", sp, header[1],
+    if (has_psgd != (version == STATE_VERSION_POWERSGD))
+        throw UserError(strfmt("checkpoint %s: corrupt metadata (a version %d file %s \"powersgd\")", sp, version,
                                has_psgd ? "with" : "without"));
     if (has_psgd) {
         const nlohmann::json& p = meta["powersgd"];
         if (!p.is_object()) throw UserError(strfmt("checkpoint %s: metadata \"powersgd\" is not an object", sp));
-        psgd.rank = int(meta_int(p, "rank", state_path, "powersgd.", 1, INT_MAX));
-        psgd_ranks = size_t(meta_int(p, "replicas", state_path, "powersgd.", 1, 1 << 20));
-        q_floats = meta_u64(p, "q_floats", state_path, "powersgd.");
+        out.psgd_rank = int(meta_int(p, "rank", state_path, "powersgd.", 1, INT_MAX));
+        out.psgd_ranks = size_t(meta_int(p, "replicas", state_path, "powersgd.", 1, 1 << 20));
+        out.q_floats = meta_u64(p, "q_floats", state_path, "powersgd.");
     }
-    // the rest of the file holds exactly the arrays the metadata announces: checked before any
-    // allocation (a corrupt replica count would otherwise ask for that many copies of the model)
-    const double per_copy = double(num_params) * sizeof(float), tensors = has_master ? 4 : 3;
-    const double want = per_copy * (tensors - 1) + double(fp8_bytes) +
-                        (replicas > 0 ? per_copy * (2 + tensors * (replicas - 1)) : 0.0) +
-                        per_copy * double(psgd_ranks) + double(q_floats) * sizeof(float);
-    const std::streamoff at = in.tellg();
-    in.seekg(0, std::ios::end);
-    const std::streamoff file_end = in.tellg();
-    in.seekg(at);
-    if (at < 0 || double(file_end - at) != want)
-        throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters%s", sp, num_params,
-                               replicas > 0 ? strfmt(" and %d local SGD replicas", replicas).c_str() : ""));
+    return out;
+}
+
+}  // namespace
+
+TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole) {
+    if (!exists(path + "/DONE"))
+        throw UserError(strfmt("checkpoint %s: incomplete (no DONE marker) or not a checkpoint folder", path.c_str()));
+    const std::string state_path = path + "/state.bin", model_path = path + "/model.bin";
+    const char* sp = state_path.c_str();
+    std::ifstream in(state_path, std::ios::binary);
+    if (!in) throw UserError(strfmt("checkpoint %s: cannot open", sp));
+    int32_t header[8];
+    if (!in.read(reinterpret_cast<char*>(header), sizeof(header)) || header[0] != STATE_MAGIC)
+        throw UserError(strfmt("checkpoint %s: not a train_gpt state file (bad magic)", sp));
+    if (header[1] != STATE_VERSION && header[1] != STATE_VERSION_LOCAL_SGD && header[1] != STATE_VERSION_POWERSGD)
+        throw UserError(strfmt("checkpoint %s: unsupported version %d", sp, header[1]));
+    if (header[2] <= 0 || header[2] > (64 << 20)) throw UserError(strfmt("checkpoint %s: corrupt header", sp));
+    const int32_t kind = header[3];
+    if (kind != CHECKSUM_FNV1A && kind != CHECKSUM_XXH3)
+        throw UserError(strfmt("checkpoint %s: corrupt header (checksum kind %d; a newer train_gpt's file?)", sp, kind));
+    uint64_t stored;
+    std::memcpy(&stored, &header[4], sizeof(stored));
+    // One pass over each file: its checksum is taken as it is read, and compared before anything
+    // read is handed out (each file was read twice: on a network file system, twice the time). The
+    // metadata is checked field by field before it is used; a check that fails there first hashes
+    // the rest of state.bin, so that a corrupt file is called corrupt whatever its damage made of
+    // a field.
+    Checksum sum(kind);  // of everything after the header
+    constexpr size_t piece = size_t(1) << 20;  // read, then hashed while in the cache
+    auto read = [&](void* p, size_t n) {  // n bytes of state.bin into p, hashed
+        char* c = static_cast<char*>(p);
+        for (size_t at = 0; at < n; at += piece) {
+            const size_t k = std::min(piece, n - at);
+            if (!in.read(c + at, std::streamsize(k))) return false;
+            sum.update(c + at, k);
+        }
+        return true;
+    };
+    const std::string corrupt = strfmt("checkpoint %s: checksum mismatch (corrupt file)", sp);
+    const size_t num_params = ::num_params(shape);
+    StateMeta sm;
+    std::vector<float> params;
+    try {
+        std::string meta_s(size_t(header[2]), '\0');
+        if (!read(&meta_s[0], meta_s.size())) throw UserError(strfmt("checkpoint %s: truncated", sp));
+        const nlohmann::json meta = parse_meta(meta_s, sp);
+        // the model: its shape must agree with the config (model_file_read validates what it reads)
+        const uint64_t model_stored = meta_u64(meta, "model_checksum", state_path, "");
+        Checksum model_sum(kind);
+        params = model_file_read(model_path, &shape, [&](const void* p, size_t n) { model_sum.update(p, n); });
+        if (model_sum.digest() != model_stored)
+            throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", model_path.c_str()));
+        sm = state_meta(meta, header[1], num_params, state_path);
+        // the rest of the file holds exactly the arrays the metadata announces: checked before any
+        // allocation (a corrupt replica count would otherwise ask for that many copies of the model)
+        const double per_copy = double(num_params) * sizeof(float), tensors = sm.has_master ? 4 : 3;
+        const double want = per_copy * (tensors - 1) + double(sm.fp8_bytes) +
+                            (sm.replicas > 0 ? per_copy * (2 + tensors * (sm.replicas - 1)) : 0.0) +
+                            per_copy * double(sm.psgd_ranks) + double(sm.q_floats) * sizeof(float);
+        const std::streamoff at = in.tellg();
+        in.seekg(0, std::ios::end);
+        const std::streamoff file_end = in.tellg();
+        in.seekg(at);
+        if (at < 0 || double(file_end - at) != want)
+            throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters%s", sp, num_params,
+                                   sm.replicas > 0 ? strfmt(" and %d local SGD replicas", sm.replicas).c_str() : ""));
+    } catch (const UserError&) {  // the rest of state.bin, hashed: corrupt, or what the check said
+        in.clear();
+        std::vector<char> buf(piece);
+        while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0)
+            sum.update(buf.data(), size_t(in.gcount()));
+        if (sum.digest() != stored) throw UserError(corrupt);
+        throw;
+    }
+    const bool has_master = sm.has_master;
     std::vector<float> m_l(num_params), v_l(num_params), master_l(has_master ? num_params : 0);
-    std::vector<uint8_t> fp8(fp8_bytes);
+    std::vector<uint8_t> fp8(sm.fp8_bytes);
     LocalSgdState local;
-    if (replicas > 0) {
+    if (sm.replicas > 0) {
         local.anchor.resize(num_params);
         local.momentum.resize(num_params);
-        local.replicas.resize(size_t(replicas - 1));
+        local.replicas.resize(size_t(sm.replicas - 1));
     }
-    auto read = [&](std::vector<float>& x) {
-        return x.empty() || bool(in.read(reinterpret_cast<char*>(x.data()), std::streamsize(x.size() * sizeof(float))));
-    };
-    bool ok = read(m_l) && read(v_l) && read(master_l) &&
-              (fp8.empty() || bool(in.read(reinterpret_cast<char*>(fp8.data()), std::streamsize(fp8.size())))) &&
-              read(local.anchor) && read(local.momentum);
+    auto read_all = [&](std::vector<float>& x) { return read(x.data(), x.size() * sizeof(float)); };
+    bool ok = read_all(m_l) && read_all(v_l) && read_all(master_l) && read(fp8.data(), fp8.size()) &&
+              read_all(local.anchor) && read_all(local.momentum);
     for (ReplicaState& r : local.replicas) {
         for (std::vector<float>* x : {&r.params, &r.m, &r.v}) x->resize(num_params);
         r.master.resize(has_master ? num_params : 0);
-        ok = ok && read(r.params) && read(r.m) && read(r.v) && read(r.master);
+        ok = ok && read_all(r.params) && read_all(r.m) && read_all(r.v) && read_all(r.master);
     }
-    psgd.errors.resize(psgd_ranks);
+    PowerSgdState psgd;
+    psgd.rank = sm.psgd_rank;
+    psgd.errors.resize(sm.psgd_ranks);
     for (std::vector<float>& e : psgd.errors) {
         e.resize(num_params);
-        ok = ok && read(e);
+        ok = ok && read_all(e);
     }
-    psgd.q.resize(q_floats);
-    ok = ok && read(psgd.q);
+    psgd.q.resize(sm.q_floats);
+    ok = ok && read_all(psgd.q);
     char extra;
     if (!ok || in.read(&extra, 1))
         throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters", sp, num_params));
+    if (sum.digest() != stored) throw UserError(corrupt);
 
     whole->params = std::move(params);
     whole->m = std::move(m_l);
@@ -494,5 +532,5 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     whole->fp8 = std::move(fp8);
     whole->local_sgd = std::move(local);
     whole->powersgd = std::move(psgd);
-    return st;
+    return sm.st;
 }

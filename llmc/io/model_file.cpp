@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -93,7 +94,8 @@ void check_finite_weights(const std::vector<float>& w, const ModelShape& shape, 
                            file.c_str(), bad, w.size(), tensor.c_str(), double(w[first])));
 }
 
-std::vector<float> model_file_read(const std::string& path, const ModelShape* expect) {
+std::vector<float> model_file_read(const std::string& path, const ModelShape* expect,
+                                   const std::function<void(const void*, size_t)>& bytes) {
     int version = 0;
     ModelShape s = model_file_shape(path, &version);
     if (expect) {
@@ -134,15 +136,21 @@ std::vector<float> model_file_read(const std::string& path, const ModelShape* ex
                                path.c_str(), (long long)st.st_size, n, want));
     FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) throw UserError(strfmt("model file %s: cannot open", path.c_str()));
-    std::fseek(f, 1024, SEEK_SET);
+    char header[1024];
+    bool ok = std::fread(header, 1, sizeof(header), f) == sizeof(header);
+    if (ok && bytes) bytes(header, sizeof(header));
     std::vector<float> out(n);
-    bool ok;
-    if (version == 3) {
-        ok = std::fread(out.data(), 4, n, f) == n;
-    } else {
-        std::vector<uint16_t> tmp(n);
-        ok = std::fread(tmp.data(), 2, n, f) == n;
-        for (size_t i = 0; i < n; i++) out[i] = bf16_bits_to_f32(tmp[i]);
+    // in pieces of 256K elements, each handed to bytes while it is in the cache
+    const size_t piece = size_t(1) << 18;
+    std::vector<uint16_t> tmp(version == 3 ? 0 : std::min(n, piece));
+    for (size_t at = 0; ok && at < n; at += piece) {
+        const size_t k = std::min(piece, n - at);
+        void* dst = version == 3 ? static_cast<void*>(out.data() + at) : static_cast<void*>(tmp.data());
+        ok = std::fread(dst, elem, k, f) == k;
+        if (!ok) break;
+        if (bytes) bytes(dst, k * elem);
+        if (version != 3)
+            for (size_t i = 0; i < k; i++) out[at + i] = bf16_bits_to_f32(tmp[i]);
     }
     std::fclose(f);
     if (!ok) throw UserError(strfmt("model file %s: read failed", path.c_str()));

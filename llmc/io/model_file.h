@@ -8,6 +8,7 @@
 // Mixture-of-experts models (either family) add [14] num_experts, [15] top_k, [16]
 // expert_ffn_dim, [17] every; 0 in [14] = no MoE layers.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,10 @@ constexpr int MODEL_FILE_MAGIC = 20240326;
 // Reads the header only; throws UserError naming the file when it is not an llm.c model.
 ModelShape model_file_shape(const std::string& path, int* version = nullptr);
 // Reads the weights as fp32 in llm.c order. If expect is given, a shape that differs is a
-// UserError naming the field. Checks the file size, and that every weight is finite.
-std::vector<float> model_file_read(const std::string& path, const ModelShape* expect);
+// UserError naming the field. Checks the file size, and that every weight is finite. bytes, if
+// given, sees every byte of the file in order as it is read (a checkpoint's checksum: one pass).
+std::vector<float> model_file_read(const std::string& path, const ModelShape* expect,
+                                   const std::function<void(const void*, size_t)>& bytes = nullptr);
 // Throws UserError naming `file`, the tensor (its file-order name, e.g. "h.1.qkvw") and the element
 // when a weight of w (llm.c order, num_params(shape) elements) is NaN or infinite: such a file is
 // no model to train from or to resume (model_file_read checks what it reads).
