@@ -592,9 +592,9 @@ void print_banner(Run& r, const Plan& p) {
                   r.peak_flops / 1e12, r.peak_flops > 0 ? "" : " (not in the table: no MFU)");
 }
 
-// A checkpoint written in the background (checkpoint.async) that has finished, or with wait every
-// one still in flight: its line, or its failure rethrown (UserError: exit 2; NonFiniteState). World
-// rank 0, the only one that writes.
+// The checkpoint written in the background (checkpoint.async), if it has finished (wait: once it
+// has): its line, or its failure rethrown (UserError: exit 2; NonFiniteState). World rank 0, the
+// only one that writes.
 void collect_save(Run& r, bool wait) {
     if (!r.pending_save.pending() || (!wait && !r.pending_save.finished())) return;
     AsyncSave::Result done;
@@ -606,6 +606,14 @@ void collect_save(Run& r, bool wait) {
     }
     r.log.print("checkpoint: %s (written in the background in %.1f s)\n", done.path.c_str(), done.seconds);
     r.progress.wrote_checkpoint(done.path);
+}
+// checkpoint.async: world rank 0 waits for the write in flight, the others for rank 0 on the
+// untimed save group. Before every save (one write at a time, never two gathered states in
+// memory) and before a stop.
+void finish_save(Run& r) {
+    if (!r.cfg.checkpoint.async) return;
+    if (r.rt.is_main()) collect_save(r, true);
+    r.groups.save->barrier();
 }
 
 // Checkpoint (collective: the state is gathered to world rank 0, which writes it while the others
@@ -645,14 +653,9 @@ void write_state(Run& r, WholeState& whole, bool final, bool background) {
         r.progress.wrote_weights(stem + ".safetensors (transformers; " + r.cfg.out_dir + "/config.json)");
     }
 }
-// background: a checkpoint.async run's periodic checkpoint. Every save first waits for the one in
-// flight (world rank 0; the others on the untimed save group): one write at a time, and never two
-// gathered states in memory.
+// background: a checkpoint.async run's periodic checkpoint.
 void save(Run& r, bool final, bool background = false) {
-    if (r.cfg.checkpoint.async) {
-        if (r.rt.is_main()) collect_save(r, true);
-        r.groups.save->barrier();
-    }
+    finish_save(r);
     // out.format none without checkpoints: nothing to write, so nothing to gather (a benchmark of
     // the 1.5B shape spent a minute writing 6 GB of final weights)
     if (final && r.cfg.out.format == "none" && r.cfg.checkpoint.every <= 0) return;
@@ -873,8 +876,7 @@ void train_step(Run& r, int step, Batches& x, Batches& y) {
 // whole step (unless one was just written), and exit "resume me".
 int stop_for_signal(Run& r, int sig, const std::string& where, bool need_save) {
     if (need_save) save(r, false);
-    if (r.rt.is_main()) collect_save(r, true);  // the checkpoint.async one of this step, still in flight
-    r.groups.save->barrier();
+    finish_save(r);  // this step's checkpoint.async one, if that one was due
     r.log.print("%s: stopped %s, checkpoint saved; exit code %d (resume with checkpoint.resume=auto)\n",
                 signal_name(sig).c_str(), where.c_str(), int(kExitPreempted));
     r.rt.barrier();  // no rank leaves (and makes its launcher end the job) before the save is done
@@ -889,7 +891,7 @@ int checkpoint_or_stop(Run& r) {
         r.log.print("error: %d consecutive steps (%d to %d) had a non-finite loss or gradient norm "
                     "(train.max_bad_steps = %d): stopping; the checkpoints are as they were; exit code %d\n",
                     r.bad_in_row, step + 1 - r.bad_in_row, step, max_bad, int(kExitBadSteps));
-        if (r.rt.is_main()) collect_save(r, true);
+        finish_save(r);
         return kExitBadSteps;
     }
     if (r.rt.is_main()) collect_save(r, false);  // checkpoint.async: one that has finished since
