@@ -89,17 +89,6 @@ std::vector<std::pair<int, std::string>> list_steps(const std::string& dir, bool
     return out;
 }
 
-uint64_t file_checksum(const std::string& path, int32_t kind) {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw UserError(strfmt("checkpoint %s: cannot open: %s", path.c_str(), std::strerror(errno)));
-    std::vector<char> buf(1 << 20);
-    Checksum h(kind);
-    size_t got;
-    while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) h.update(buf.data(), got);
-    std::fclose(f);
-    return h.digest();
-}
-
 }  // namespace
 
 uint64_t checkpoint_checksum(int32_t kind, const void* data, size_t n) {
@@ -230,7 +219,9 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
         bool psgd_ok = local.empty() || psgd.empty();
         for (const std::vector<float>& e : psgd.errors) psgd_ok = psgd_ok && e.size() == num_params;
         LLMC_ASSERT(psgd_ok, "checkpoint_save: the PowerSGD state has the wrong size (or comes with local SGD)");
-        model_file_write(tmp_dir + "/model.bin", shape, whole.params.data(), model_version);
+        Checksum model_sum(CHECKSUM_XXH3);  // of the bytes written: the file is not read back
+        model_file_write(tmp_dir + "/model.bin", shape, whole.params.data(), model_version,
+                         [&](const void* p, size_t n) { model_sum.update(p, n); });
         fault_point("checkpoint_after_model", st.step);
         const std::vector<float>&m_l = whole.m, &v_l = whole.v, &master_l = whole.master;
         nlohmann::json meta = {
@@ -244,7 +235,7 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
             {"has_master", !master_l.empty()},
             {"fp8_bytes", whole.fp8.size()},  // absent in checkpoints from before fp8: read as 0
             {"model_version", model_version},
-            {"model_checksum", file_checksum(tmp_dir + "/model.bin", CHECKSUM_XXH3)},
+            {"model_checksum", model_sum.digest()},
             {"config", config}};
         if (!local.empty()) meta["local_sgd"] = {{"replicas", local.dp()}};
         if (st.loss_scale > 0.0) meta["loss_scale"] = {{"scale", st.loss_scale}, {"clean_steps", st.loss_scale_clean}};

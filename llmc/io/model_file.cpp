@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 static void read_header(const std::string& path, int32_t* h) {
     FILE* f = std::fopen(path.c_str(), "rb");
@@ -158,7 +159,8 @@ std::vector<float> model_file_read(const std::string& path, const ModelShape* ex
     return out;
 }
 
-void model_file_write(const std::string& path, const ModelShape& s, const float* params, int version) {
+void model_file_write(const std::string& path, const ModelShape& s, const float* params, int version,
+                      const std::function<void(const void*, size_t)>& bytes) {
     LLMC_ASSERT(version == 3 || version == 5, "model file version must be 3 or 5");
     int32_t h[256] = {0};
     h[0] = MODEL_FILE_MAGIC;
@@ -184,11 +186,12 @@ void model_file_write(const std::string& path, const ModelShape& s, const float*
         h[17] = s.moe.every;
     }
     const size_t n = num_params(s);
-    if (version == 3) {
-        write_file_atomic(path, {{h, sizeof(h)}, {params, n * sizeof(float)}});
-    } else {
-        std::vector<uint16_t> tmp(n);
-        for (size_t i = 0; i < n; i++) tmp[i] = f32_to_bf16_bits(params[i]);
-        write_file_atomic(path, {{h, sizeof(h)}, {tmp.data(), n * sizeof(uint16_t)}});
-    }
+    std::vector<uint16_t> tmp(version == 3 ? 0 : n);
+    for (size_t i = 0; i < tmp.size(); i++) tmp[i] = f32_to_bf16_bits(params[i]);
+    const std::vector<std::pair<const void*, size_t>> parts = {
+        {h, sizeof(h)}, version == 3 ? std::make_pair(static_cast<const void*>(params), n * sizeof(float))
+                                     : std::make_pair(static_cast<const void*>(tmp.data()), n * sizeof(uint16_t))};
+    write_file_atomic(path, parts);
+    if (bytes)
+        for (const auto& part : parts) bytes(part.first, part.second);
 }

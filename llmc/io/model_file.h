@@ -28,5 +28,8 @@ std::vector<float> model_file_read(const std::string& path, const ModelShape* ex
 // no model to train from or to resume (model_file_read checks what it reads).
 void check_finite_weights(const std::vector<float>& w, const ModelShape& shape, const std::string& file);
 // Writes (atomically: temp name, fsync, rename) version 3 (fp32) or 5 (bf16, round to nearest even).
-void model_file_write(const std::string& path, const ModelShape& shape, const float* params_llmc, int version);
+// bytes, if given, sees every byte written, in file order (a checkpoint's checksum, without reading
+// the file back).
+void model_file_write(const std::string& path, const ModelShape& shape, const float* params_llmc, int version,
+                      const std::function<void(const void*, size_t)>& bytes = nullptr);
 
