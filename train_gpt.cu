@@ -102,12 +102,14 @@ void gather_whole_state(const Model& model, const AdamW& opt, DataParallel& dp, 
     whole.powersgd = {};
     if (grid.shard_rank() != 0) return;
     const size_t pad = DataParallel::pad_multiple(grid.shard_size());
-    auto assemble = [&](const std::vector<float>& x) {
-        return x.empty() ? std::vector<float>() : assemble_whole(model.shape, pc, pad, x, mp);
-    };
     auto assemble_into = [&](const std::vector<float>& x, std::vector<float>& out) {
         if (x.empty()) out.clear();
         else assemble_whole(model.shape, pc, pad, x, mp, out);
+    };
+    auto assemble = [&](const std::vector<float>& x) {  // local SGD's and PowerSGD's: not kept
+        std::vector<float> out;
+        assemble_into(x, out);
+        return out;
     };
     assemble_into(b.params, whole.params);
     assemble_into(b.local.m, whole.m);
