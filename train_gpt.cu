@@ -401,33 +401,36 @@ double dp_bytes_sent(const Run& r) {
 
 // PowerSGD's state from a checkpoint: each DP rank its own error feedback, and Q. A checkpoint of
 // another rank or without it (a change checkpoint.allow_changes let through) starts afresh.
-void resume_powersgd(Run& r, const PowerSgdState& saved, const std::string& from) {
+void resume_powersgd(Run& r, const StateView& saved, const std::string& from) {
+    const int saved_dp = int(saved.psgd_errors.size());
     if (!r.powersgd) {
-        if (!saved.empty())
+        if (saved_dp > 0)
             r.log.print("resume: the checkpoint's PowerSGD state (rank %d) is not used: this run all-reduces the "
                         "gradients uncompressed\n",
-                        saved.rank);
+                        saved.psgd_rank);
         return;
     }
-    if (!saved.empty() && saved.dp() != r.grid.dp)
+    if (saved_dp > 0 && saved_dp != r.grid.dp)
         throw UserError(strfmt("checkpoint.resume: %s holds the PowerSGD error feedback of %d DP ranks, this run has "
                                "parallel.dp = %d; a PowerSGD run resumes at the dp that saved it (each DP rank "
                                "continues its own)",
-                               from.c_str(), saved.dp(), r.grid.dp));
-    if (saved.empty() || saved.rank != r.powersgd->plan().rank || saved.q.size() != r.powersgd->q().size()) {
+                               from.c_str(), saved_dp, r.grid.dp));
+    if (saved_dp == 0 || saved.psgd_rank != r.powersgd->plan().rank || saved.psgd_q.size() != r.powersgd->q().size()) {
         r.log.print("PowerSGD starts at step %d with no error feedback and fresh factors Q (the checkpoint has %s)\n",
-                    r.state.step, saved.empty() ? "none" : strfmt("rank %d's", saved.rank).c_str());
+                    r.state.step, saved_dp == 0 ? "none" : strfmt("rank %d's", saved.psgd_rank).c_str());
         return;
     }
-    r.powersgd->set_state(r.model.from_file_order(saved.errors[size_t(r.grid.dp_rank)].data()), saved.q);
+    r.powersgd->set_state(r.model.from_file_order(saved.psgd_errors[size_t(r.grid.dp_rank)]), saved.psgd_q);
 }
 
 // precision fp16: the dynamic loss scale's start (PyTorch's GradScaler's too)
 constexpr double kInitialLossScale = 65536.0;
 
-// The initial weights (random or a file), or a checkpoint to continue from: every rank reads the
-// whole checkpoint and keeps its pieces, so any layout resumes any other. No collective: train()
-// agrees on its UserErrors, so that one every rank finds is said once, by rank 0.
+// The initial weights (random or a file), or a checkpoint to continue from, which any layout
+// resumes: world rank 0 reads it whole and checks its checksums, every other rank reads only the
+// pieces it holds (its part of the weights, its ZeRO shard of the optimizer state). No collective:
+// train() agrees on its UserErrors, so that one every rank finds is said once, by rank 0, and rank
+// 0's finding (a corrupt file) stops the others before any step.
 void init_or_resume(Run& r) {
     const Config& cfg = r.cfg;
     std::string from;
@@ -450,42 +453,40 @@ void init_or_resume(Run& r) {
     r.state.train_shards = shard_list(r.train_data.files());
     bool outer_loaded = false;
     if (!from.empty()) {
-        WholeState whole;
-        r.state = checkpoint_load(from, r.shape, &whole);
+        WholeState whole;  // world rank 0's
+        const StateView saved = r.rt.is_main() ? view_of(whole, checkpoint_load(from, r.shape, &whole))
+                                               : checkpoint_open(from, r.shape);
+        r.state = saved.st;
         check_resume_within(r.state, r.tc.steps, from);
         const std::string changes =  // refused unless checkpoint.allow_changes when they break exactness
             check_resume_changes(resume_changes(r.state, cfg, r.grid.dp, shard_list(r.train_data.files())), cfg, from);
         // under local SGD each DP rank continues its own replica (DP rank 0's: the main state)
-        const LocalSgdState& saved_local = whole.local_sgd;
-        const int replica = r.local_sgd && !saved_local.empty() ? r.grid.dp_rank : 0;
-        if (r.local_sgd && !saved_local.empty() && saved_local.dp() != r.grid.dp)
+        const bool saved_local = saved.local_dp > 0;
+        const int replica = r.local_sgd && saved_local ? r.grid.dp_rank : 0;
+        if (r.local_sgd && saved_local && saved.local_dp != r.grid.dp)
             throw UserError(strfmt("checkpoint.resume: %s holds the local SGD replicas of %d DP ranks, this run has "
                                    "parallel.dp = %d; a local SGD run resumes at the dp that saved it (each DP rank "
                                    "continues its own replica)",
-                                   from.c_str(), saved_local.dp(), r.grid.dp));
-        const ReplicaState* other = replica > 0 ? &saved_local.replicas[size_t(replica - 1)] : nullptr;
-        const std::vector<float>& master = other ? other->master : whole.master;
-        r.model.set_params_whole((other ? other->params : whole.params).data());
-        OptimizerState local;
-        local.m = r.model.from_file_order((other ? other->m : whole.m).data());
-        local.v = r.model.from_file_order((other ? other->v : whole.v).data());
-        if (!master.empty()) local.master = r.model.from_file_order(master.data());
-        r.dp.load_optimizer_state(r.opt, local);
-        outer_loaded = r.local_sgd && !saved_local.empty();
+                                   from.c_str(), saved.local_dp, r.grid.dp));
+        const ArraysView& mine = replica > 0 ? saved.replicas[size_t(replica - 1)] : saved.main;
+        r.model.set_params_whole(mine.params);
+        const AdamW::Runs& runs = r.opt.runs();  // this rank's shard: only it is read
+        r.opt.set_state(r.model.from_file_order(mine.m, runs), r.model.from_file_order(mine.v, runs),
+                        mine.master ? r.model.from_file_order(mine.master, runs) : std::vector<float>());
+        outer_loaded = r.local_sgd && saved_local;
         if (outer_loaded)
-            r.local_sgd->set_state(r.model.from_file_order(saved_local.anchor.data()),
-                                   r.model.from_file_order(saved_local.momentum.data()));
+            r.local_sgd->set_state(r.model.from_file_order(saved.anchor), r.model.from_file_order(saved.momentum));
         else if (r.local_sgd)
             r.log.print("local SGD starts at step %d from the checkpoint's weights (the anchor; outer momentum 0)\n",
                         r.state.step);
-        else if (!saved_local.empty())
+        else if (saved_local)
             r.log.print("resume: the checkpoint's local SGD state (%d replicas) is not used: this run continues DP "
                         "rank 0's weights and moments with plain data parallelism\n",
-                        saved_local.dp());
-        resume_powersgd(r, whole.powersgd, from);
+                        saved.local_dp);
+        resume_powersgd(r, saved, from);
         r.state.loader = convert_loader_position(r.state.loader, r.state.loader_dp, r.grid.dp, cfg.data.shuffle);
         r.train_data.set_position(r.state.loader);
-        r.conv->load(whole, from, r.log);
+        r.conv->load(saved.fp8, from, r.log);
         r.log.print("%sresumed from %s at step %d (saved at dp %d)\n", changes.c_str(), from.c_str(), r.state.step,
                     r.state.loader_dp);
         r.state.loader_dp = r.grid.dp;

@@ -1,6 +1,7 @@
 #include "llmc/io/checkpoint.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "llmc/io/model_file.h"
+#include "llmc/precision/bf16.h"
 
 #define XXH_INLINE_ALL  // xxhash (Debian's libxxhash-dev) as a header: nothing to link
 #include <xxhash.h>
@@ -413,17 +415,10 @@ StateMeta state_meta(const nlohmann::json& meta, int32_t version, size_t num_par
     return out;
 }
 
-}  // namespace
-
-TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole) {
-    if (!exists(path + "/DONE"))
-        throw UserError(strfmt("checkpoint %s: incomplete (no DONE marker) or not a checkpoint folder", path.c_str()));
-    const std::string state_path = path + "/state.bin", model_path = path + "/model.bin";
-    const char* sp = state_path.c_str();
-    std::ifstream in(state_path, std::ios::binary);
+// state.bin's header into header[8], checked: UserError naming the file otherwise.
+void read_state_header(std::ifstream& in, const char* sp, int32_t* header) {
     if (!in) throw UserError(strfmt("checkpoint %s: cannot open", sp));
-    int32_t header[8];
-    if (!in.read(reinterpret_cast<char*>(header), sizeof(header)) || header[0] != STATE_MAGIC)
+    if (!in.read(reinterpret_cast<char*>(header), 8 * sizeof(int32_t)) || header[0] != STATE_MAGIC)
         throw UserError(strfmt("checkpoint %s: not a train_gpt state file (bad magic)", sp));
     if (header[1] != STATE_VERSION && header[1] != STATE_VERSION_LOCAL_SGD && header[1] != STATE_VERSION_POWERSGD)
         throw UserError(strfmt("checkpoint %s: unsupported version %d", sp, header[1]));
@@ -431,6 +426,161 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
     const int32_t kind = header[3];
     if (kind != CHECKSUM_FNV1A && kind != CHECKSUM_XXH3)
         throw UserError(strfmt("checkpoint %s: corrupt header (checksum kind %d; a newer train_gpt's file?)", sp, kind));
+}
+
+// The rest of state.bin (from in's position, after the metadata) holds exactly the arrays the
+// metadata announces: checked before any allocation (a corrupt replica count would otherwise ask
+// for that many copies of the model). Leaves in where it was.
+void check_state_size(std::ifstream& in, const StateMeta& sm, size_t num_params, const char* sp) {
+    const double per_copy = double(num_params) * sizeof(float), tensors = sm.has_master ? 4 : 3;
+    const double want = per_copy * (tensors - 1) + double(sm.fp8_bytes) +
+                        (sm.replicas > 0 ? per_copy * (2 + tensors * (sm.replicas - 1)) : 0.0) +
+                        per_copy * double(sm.psgd_ranks) + double(sm.q_floats) * sizeof(float);
+    const std::streamoff at = in.tellg();
+    in.seekg(0, std::ios::end);
+    const std::streamoff file_end = in.tellg();
+    in.seekg(at);
+    if (at < 0 || double(file_end - at) != want)
+        throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters%s", sp, num_params,
+                               sm.replicas > 0 ? strfmt(" and %d local SGD replicas", sm.replicas).c_str() : ""));
+}
+
+// A file read where each piece lies (pread), each piece as asked (pick_file_order joins pieces
+// close together). Every byte read is counted in *counter.
+class PieceFile {
+public:
+    PieceFile(const std::string& path, std::shared_ptr<size_t> counter) : path_(path), counter_(std::move(counter)) {
+        fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd_ < 0)
+            throw UserError(strfmt("checkpoint %s: cannot open: %s", path.c_str(), std::strerror(errno)));
+    }
+    ~PieceFile() { ::close(fd_); }
+    PieceFile(const PieceFile&) = delete;
+    PieceFile& operator=(const PieceFile&) = delete;
+
+    // n elements at byte offset at into out: fp32 (elem 4) or bf16 (elem 2, widened)
+    void read(uint64_t at, size_t n, size_t elem, float* out) {
+        if (elem == 4) return read_bytes(at, out, n * sizeof(float));
+        uint16_t tmp[4096];
+        for (size_t i = 0; i < n; i += 4096) {
+            const size_t k = std::min<size_t>(4096, n - i);
+            read_bytes(at + i * 2, tmp, k * 2);
+            for (size_t j = 0; j < k; j++) out[i + j] = bf16_bits_to_f32(tmp[j]);
+        }
+    }
+    void read_bytes(uint64_t at, void* dst, size_t bytes) {
+        char* d = static_cast<char*>(dst);
+        while (bytes > 0) {
+            const ssize_t r = ::pread(fd_, d, bytes, off_t(at));
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) throw UserError(strfmt("checkpoint %s: cannot read: %s", path_.c_str(), std::strerror(errno)));
+            if (r == 0) throw UserError(strfmt("checkpoint %s: truncated", path_.c_str()));
+            *counter_ += size_t(r);
+            d += r, at += uint64_t(r), bytes -= size_t(r);
+        }
+    }
+
+private:
+    std::string path_;
+    std::shared_ptr<size_t> counter_;
+    int fd_ = -1;
+};
+
+}  // namespace
+
+StateView view_of(const WholeState& whole, const TrainState& st) {
+    auto of = [](const std::vector<float>& x) -> ReadFileOrder {
+        if (x.empty()) return nullptr;
+        return [p = x.data(), size = x.size()](size_t first, size_t n, float* out) {
+            LLMC_ASSERT(first <= size && n <= size - first, "a read past the end of a checkpoint's array");
+            std::memcpy(out, p + first, n * sizeof(float));
+        };
+    };
+    StateView v;
+    v.st = st;
+    v.main = {of(whole.params), of(whole.m), of(whole.v), of(whole.master)};
+    const LocalSgdState& local = whole.local_sgd;
+    v.local_dp = local.dp();
+    v.anchor = of(local.anchor);
+    v.momentum = of(local.momentum);
+    for (const ReplicaState& r : local.replicas) v.replicas.push_back({of(r.params), of(r.m), of(r.v), of(r.master)});
+    v.psgd_rank = whole.powersgd.rank;
+    for (const std::vector<float>& e : whole.powersgd.errors) v.psgd_errors.push_back(of(e));
+    v.psgd_q = whole.powersgd.q;
+    v.fp8 = whole.fp8;
+    return v;
+}
+
+StateView checkpoint_open(const std::string& path, const ModelShape& shape) {
+    if (!exists(path + "/DONE"))
+        throw UserError(strfmt("checkpoint %s: incomplete (no DONE marker) or not a checkpoint folder", path.c_str()));
+    const std::string state_path = path + "/state.bin", model_path = path + "/model.bin";
+    const char* sp = state_path.c_str();
+    std::ifstream in(state_path, std::ios::binary);
+    int32_t header[8];
+    read_state_header(in, sp, header);
+    std::string meta_s(size_t(header[2]), '\0');
+    if (!in.read(&meta_s[0], std::streamsize(meta_s.size()))) throw UserError(strfmt("checkpoint %s: truncated", sp));
+    const nlohmann::json meta = parse_meta(meta_s, sp);
+    int model_version = 0;
+    model_file_check(model_path, &shape, &model_version);
+    const size_t num_params = ::num_params(shape);
+    const StateMeta sm = state_meta(meta, header[1], num_params, state_path);
+    check_state_size(in, sm, num_params, sp);
+    in.close();
+
+    StateView v;
+    v.st = sm.st;
+    auto state = std::make_shared<PieceFile>(state_path, v.bytes_read);
+    auto model = std::make_shared<PieceFile>(model_path, v.bytes_read);
+    auto array = [num_params](std::shared_ptr<PieceFile> f, uint64_t base, size_t elem) -> ReadFileOrder {
+        return [f, base, elem, num_params](size_t first, size_t n, float* out) {
+            LLMC_ASSERT(first <= num_params && n <= num_params - first, "a read past the end of a checkpoint's array");
+            f->read(base + first * elem, n, elem, out);
+        };
+    };
+    uint64_t at = sizeof(header) + meta_s.size();  // state.bin's arrays in the order checkpoint_save wrote them
+    auto next = [&](bool present) -> ReadFileOrder {
+        if (!present) return nullptr;
+        at += num_params * sizeof(float);
+        return array(state, at - num_params * sizeof(float), sizeof(float));
+    };
+    v.main.params = array(model, 1024, model_version == 3 ? 4 : 2);
+    v.main.m = next(true);
+    v.main.v = next(true);
+    v.main.master = next(sm.has_master);
+    v.fp8.resize(sm.fp8_bytes);
+    state->read_bytes(at, v.fp8.data(), v.fp8.size());
+    at += sm.fp8_bytes;
+    if (sm.replicas > 0) {
+        v.local_dp = sm.replicas;
+        v.anchor = next(true);
+        v.momentum = next(true);
+        for (int k = 1; k < sm.replicas; k++) {
+            ArraysView r;
+            r.params = next(true);
+            r.m = next(true);
+            r.v = next(true);
+            r.master = next(sm.has_master);
+            v.replicas.push_back(std::move(r));
+        }
+    }
+    v.psgd_rank = sm.psgd_rank;
+    for (size_t k = 0; k < sm.psgd_ranks; k++) v.psgd_errors.push_back(next(true));
+    v.psgd_q.resize(sm.q_floats);
+    state->read(at, v.psgd_q.size(), sizeof(float), v.psgd_q.data());
+    return v;
+}
+
+TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole) {
+    if (!exists(path + "/DONE"))
+        throw UserError(strfmt("checkpoint %s: incomplete (no DONE marker) or not a checkpoint folder", path.c_str()));
+    const std::string state_path = path + "/state.bin", model_path = path + "/model.bin";
+    const char* sp = state_path.c_str();
+    std::ifstream in(state_path, std::ios::binary);
+    int32_t header[8];
+    read_state_header(in, sp, header);
+    const int32_t kind = header[3];
     uint64_t stored;
     std::memcpy(&stored, &header[4], sizeof(stored));
     // One pass over each file: its checksum is taken as it is read, and compared before anything
@@ -464,19 +614,7 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
         if (model_sum.digest() != model_stored)
             throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", model_path.c_str()));
         sm = state_meta(meta, header[1], num_params, state_path);
-        // the rest of the file holds exactly the arrays the metadata announces: checked before any
-        // allocation (a corrupt replica count would otherwise ask for that many copies of the model)
-        const double per_copy = double(num_params) * sizeof(float), tensors = sm.has_master ? 4 : 3;
-        const double want = per_copy * (tensors - 1) + double(sm.fp8_bytes) +
-                            (sm.replicas > 0 ? per_copy * (2 + tensors * (sm.replicas - 1)) : 0.0) +
-                            per_copy * double(sm.psgd_ranks) + double(sm.q_floats) * sizeof(float);
-        const std::streamoff at = in.tellg();
-        in.seekg(0, std::ios::end);
-        const std::streamoff file_end = in.tellg();
-        in.seekg(at);
-        if (at < 0 || double(file_end - at) != want)
-            throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters%s", sp, num_params,
-                                   sm.replicas > 0 ? strfmt(" and %d local SGD replicas", sm.replicas).c_str() : ""));
+        check_state_size(in, sm, num_params, sp);
     } catch (const UserError&) {  // the rest of state.bin, hashed: corrupt, or what the check said
         in.clear();
         std::vector<char> buf(piece);

@@ -15,6 +15,7 @@
 // Saving writes step_NNNNNNNN.tmp/, fsyncs, renames it, then writes DONE: a run killed at any
 // point leaves the previous checkpoint intact, and only folders with DONE are ever resumed.
 #pragma once
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -108,6 +109,38 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
 // Loads a checkpoint folder into *whole. Every rank may call it. Throws UserError naming the
 // file when it is incomplete, corrupt, truncated or of another model shape.
 TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole);
+
+// A checkpoint's state as a rank takes it when it resumes: each array (llm.c order, num_params
+// elements) handed out in pieces, so that a rank reads only what it holds (its tensor- and
+// pipeline-parallel piece of the weights, its ZeRO shard of the moments: Model::from_file_order).
+struct ArraysView {
+    ReadFileOrder params, m, v, master;  // master: null when the checkpoint keeps none
+};
+struct StateView {
+    TrainState st;
+    ArraysView main;  // DP rank 0's (WholeState's params, m, v, master)
+    // local SGD (empty: local_dp 0): the DP ranks saved, the outer state, replicas 1 .. local_dp - 1
+    int local_dp = 0;
+    ReadFileOrder anchor, momentum;
+    std::vector<ArraysView> replicas;
+    // PowerSGD (empty: no errors): its rank, each DP rank's error feedback, the factors Q
+    int psgd_rank = 0;
+    std::vector<ReadFileOrder> psgd_errors;
+    std::vector<float> psgd_q;
+    std::vector<uint8_t> fp8;  // WholeState::fp8
+    // bytes of state.bin and model.bin read so far by the arrays' reads (checkpoint_open's; 0 in memory)
+    std::shared_ptr<size_t> bytes_read = std::make_shared<size_t>(0);
+};
+// A view of a whole state in memory (checkpoint_load's), which must outlive it.
+StateView view_of(const WholeState& whole, const TrainState& st);
+// A view of the checkpoint folder at path that reads the files where each piece lies, as it is
+// asked for (at the open only the small sections: fp8's bytes, PowerSGD's Q). What it checks before
+// it returns, with the messages of checkpoint_load: the DONE marker, state.bin's header and
+// metadata, model.bin's header against shape, both files' sizes. Not the checksums, which cover
+// whole files: world rank 0 resumes with checkpoint_load, which checks them, and every rank stops
+// on its error (train()'s agreement) before any step. A read that fails or comes short is a
+// UserError naming the file.
+StateView checkpoint_open(const std::string& path, const ModelShape& shape);
 
 // The checksums of a checkpoint's two files are of the kind in state.bin's header (its fourth
 // int32): XXH3-64 in what checkpoint_save writes, FNV-1a 64 in checkpoints written before

@@ -95,8 +95,7 @@ void check_finite_weights(const std::vector<float>& w, const ModelShape& shape, 
                            file.c_str(), bad, w.size(), tensor.c_str(), double(w[first])));
 }
 
-std::vector<float> model_file_read(const std::string& path, const ModelShape* expect,
-                                   const std::function<void(const void*, size_t)>& bytes) {
+ModelShape model_file_check(const std::string& path, const ModelShape* expect, int* version_out) {
     int version = 0;
     ModelShape s = model_file_shape(path, &version);
     if (expect) {
@@ -135,6 +134,15 @@ std::vector<float> model_file_read(const std::string& path, const ModelShape* ex
         throw UserError(strfmt("model file %s: %lld bytes, but its header describes %zu parameters = %zu bytes "
                                "(truncated or corrupt)",
                                path.c_str(), (long long)st.st_size, n, want));
+    if (version_out) *version_out = version;
+    return s;
+}
+
+std::vector<float> model_file_read(const std::string& path, const ModelShape* expect,
+                                   const std::function<void(const void*, size_t)>& bytes) {
+    int version = 0;
+    const ModelShape s = model_file_check(path, expect, &version);
+    const size_t n = num_params(s), elem = version == 3 ? 4 : 2;
     FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) throw UserError(strfmt("model file %s: cannot open", path.c_str()));
     char header[1024];

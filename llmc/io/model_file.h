@@ -18,6 +18,9 @@ constexpr int MODEL_FILE_MAGIC = 20240326;
 
 // Reads the header only; throws UserError naming the file when it is not an llm.c model.
 ModelShape model_file_shape(const std::string& path, int* version = nullptr);
+// Checks a model file without reading its weights: its header, the shape against expect (if given:
+// a UserError naming the field that differs) and its size. Returns the shape, and its version.
+ModelShape model_file_check(const std::string& path, const ModelShape* expect, int* version = nullptr);
 // Reads the weights as fp32 in llm.c order. If expect is given, a shape that differs is a
 // UserError naming the field. Checks the file size, and that every weight is finite. bytes, if
 // given, sees every byte of the file in order as it is read (a checkpoint's checksum: one pass).

@@ -406,12 +406,18 @@ void Model::update_head_weight_grad(const std::function<void(Tensor)>& f) {
 // host I/O in llm.c order
 
 std::vector<float> Model::from_file_order(const float* whole) const {
-    std::vector<float> out(params.padded_params, 0.0f);
-    for (const ParamSpec& p : params.specs)
-        for_each_run(p, [&](size_t local, size_t src, size_t n) {
-            std::memcpy(&out[p.offset + local], whole + src, n * sizeof(float));
-        });
-    return out;
+    return from_file_order([whole](size_t first, size_t n, float* out) {
+        std::memcpy(out, whole + first, n * sizeof(float));
+    });
+}
+std::vector<float> Model::from_file_order(const ReadFileOrder& read) const {
+    std::vector<std::pair<size_t, size_t>> all;
+    if (params.padded_params > 0) all.push_back({0, params.padded_params});
+    return pick_file_order(params, read, all);
+}
+std::vector<float> Model::from_file_order(const ReadFileOrder& read,
+                                          const std::vector<std::pair<size_t, size_t>>& runs) const {
+    return pick_file_order(params, read, runs);
 }
 
 std::vector<float> Model::to_file_order(const std::vector<float>& mem) const {

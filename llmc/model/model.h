@@ -147,8 +147,12 @@ public:
     // in file order (total_params; llm.c's order for GPT-2). from_file_order picks this rank's
     // pieces of a whole model; to_file_order needs a layout that holds everything (one process).
     std::vector<float> from_file_order(const float* whole) const;
+    // The same, read in pieces; runs: only those memory positions, packed (pick_file_order).
+    std::vector<float> from_file_order(const ReadFileOrder& read) const;
+    std::vector<float> from_file_order(const ReadFileOrder& read, const std::vector<std::pair<size_t, size_t>>& runs) const;
     std::vector<float> to_file_order(const std::vector<float>& mem) const;
     void set_params_whole(const float* host);  // whole model, file order
+    void set_params_whole(const ReadFileOrder& read) { load_params_mem(from_file_order(read).data()); }
     // One-process layouts, unit by unit from the store (a WholeStore for the gradients: ZeRO-2/3's
     // acquire_grads starts a unit's gradient afresh).
     void get_params_whole(float* host);

@@ -1,5 +1,6 @@
 #include "llmc/model/param_table.h"
 #include <algorithm>
+#include <cstring>
 
 #include "llmc/core/common.h"
 
@@ -222,4 +223,59 @@ ParamLayout param_layout(const ModelShape& s, const ModelLayout& layout, size_t 
     p.total_params = num_params(s);
     p.units = param_units(p.specs, p.padded_params, &p.spec_unit);
     return p;
+}
+
+std::vector<float> pick_file_order(const ParamLayout& layout, const ReadFileOrder& read,
+                                   const std::vector<std::pair<size_t, size_t>>& runs) {
+    std::vector<size_t> at(runs.size() + 1, 0);  // where each run starts in the packed output
+    for (size_t i = 0; i < runs.size(); i++) {
+        LLMC_ASSERT(runs[i].first < runs[i].second && runs[i].second <= layout.padded_params &&
+                        (i == 0 || runs[i - 1].second <= runs[i].first),
+                    "pick_file_order: runs must be ascending, disjoint and within the buffer");
+        at[i + 1] = at[i] + (runs[i].second - runs[i].first);
+    }
+    std::vector<float> out(at.back(), 0.0f);
+    // Pieces close together in the file are read as one span and copied out: the rows of a tensor
+    // split by columns (each a row apart), a fused tensor's blocks, adjacent small tensors. A
+    // piece joins the span when the gap before it is at most its own size or kGap elements
+    // (64 KB), and the span stays within kSpan elements (4 MB). A rank's shard reads little more
+    // than it holds; a column-split tensor's rows are read with the other ranks' columns between.
+    constexpr size_t kSpan = size_t(1) << 20, kGap = size_t(16) << 10;
+    struct Piece {
+        size_t src, n;
+        float* dst;
+    };
+    std::vector<Piece> span;
+    std::vector<float> scratch;
+    auto flush = [&] {
+        if (span.size() == 1) read(span[0].src, span[0].n, span[0].dst);
+        if (span.size() > 1) {
+            const size_t first = span.front().src;
+            scratch.resize(span.back().src + span.back().n - first);
+            read(first, scratch.size(), scratch.data());
+            for (const Piece& q : span) std::memcpy(q.dst, &scratch[q.src - first], q.n * sizeof(float));
+        }
+        span.clear();
+    };
+    auto add = [&](size_t src, size_t n, float* dst) {
+        if (!span.empty()) {
+            const size_t end = span.back().src + span.back().n;
+            if (src < end || src - end > std::max(n, kGap) || src + n - span.front().src > kSpan) flush();
+        }
+        span.push_back({src, n, dst});
+    };
+    for (const ParamSpec& p : layout.specs)
+        for_each_run(p, [&](size_t local, size_t src, size_t n) {
+            const size_t a = p.offset + local, b = a + n;  // memory positions [a, b) hold file [src, src + n)
+            // the first run that ends after a, then every run that starts before b
+            size_t i = size_t(std::upper_bound(runs.begin(), runs.end(), a,
+                                               [](size_t x, const std::pair<size_t, size_t>& r) { return x < r.second; }) -
+                              runs.begin());
+            for (; i < runs.size() && runs[i].first < b; i++) {
+                const size_t x = std::max(a, runs[i].first), y = std::min(b, runs[i].second);
+                add(src + (x - a), y - x, &out[at[i] + (x - runs[i].first)]);
+            }
+        });
+    flush();
+    return out;
 }

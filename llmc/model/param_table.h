@@ -12,6 +12,7 @@
 // embedding on a last stage that lacks the first].
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -202,6 +203,17 @@ struct ParamLayout {
     int unit_of(const ParamSpec& p) const { return spec_unit[size_t(&p - specs.data())]; }
 };
 ParamLayout param_layout(const ModelShape& s, const ModelLayout& layout, size_t pad_multiple);
+
+// A whole model's array in file order, handed out in pieces: read(first, n, out) writes elements
+// [first, first + n) to out (a checkpoint's file read where it lies, or a whole copy in memory).
+using ReadFileOrder = std::function<void(size_t first, size_t n, float* out)>;
+// This layout's elements at the memory positions in runs ([begin, end) of the padded flat buffer,
+// ascending, disjoint), packed one run after another, taken from read. Only those elements are
+// read (replicated tensors and the tied head copy included: this rank holds them); padding is 0.
+// A rank that resumes reads its piece of the model ({{0, padded_params}}) and its ZeRO shard of the
+// optimizer state (AdamW::runs()), not the whole checkpoint.
+std::vector<float> pick_file_order(const ParamLayout& layout, const ReadFileOrder& read,
+                                   const std::vector<std::pair<size_t, size_t>>& runs);
 
 // Checks that a layout can split this shape; throws UserError naming the config key.
 // T: the whole sequence length (context parallelism cuts it into 2 x cp chunks, then sequence

@@ -40,7 +40,7 @@ public:
     virtual void log_step(float word, nlohmann::json& record, std::string& line) {}
     // The converter's part of a checkpoint (WholeState::fp8), and its resumption from one.
     virtual void save(WholeState& whole) const {}
-    virtual void load(const WholeState& whole, const std::string& from, Logger& log) = 0;
+    virtual void load(const std::vector<uint8_t>& fp8, const std::string& from, Logger& log) = 0;
 };
 
 // The converter cfg.precision asks for on this backend. Throws UserError naming the config keys

@@ -733,17 +733,6 @@ std::vector<float> DataParallel::gather_gradients() {
     return out;
 }
 
-void DataParallel::load_optimizer_state(AdamW& opt, const OptimizerState& whole) {
-    LLMC_ASSERT(whole.m.size() == layout_.padded_params, "optimizer state is not the whole model");
-    auto slice = [&](const std::vector<float>& x) {  // the optimizer's runs, packed
-        std::vector<float> packed;
-        if (x.empty()) return packed;
-        for (const auto& r : opt.runs()) packed.insert(packed.end(), x.begin() + long(r.first), x.begin() + long(r.second));
-        return packed;
-    };
-    opt.set_state(slice(whole.m), slice(whole.v), slice(whole.master));
-}
-
 MemoryPlan DataParallel::memory_plan(bool master, size_t activation_bytes, bool offload_optimizer) const {
     return zero_memory_plan(layout_.padded_params, dp(), zero_, dtype_size(dtype_), master, bucket_elems_,
                             activation_bytes, unit_sizes_, offload_optimizer, split_ ? runs_numel(opt_runs_) : 0);

@@ -235,8 +235,9 @@ public:
     void check_replicas();
 
     // Checkpoints: the whole optimizer state (memory order, padded) on DP rank 0, empty elsewhere
-    // (under ep: each ep rank's, whole in its dense elements too); collective. And the reverse:
-    // every rank takes its runs from a whole state. Into out: its memory is reused.
+    // (under ep: each ep rank's, whole in its dense elements too); collective. (The reverse, on
+    // resume: each rank reads AdamW::runs() of the checkpoint, Model::from_file_order.) Into out:
+    // its memory is reused.
     void gather_optimizer_state(const AdamW& opt, OptimizerState& out);
     OptimizerState gather_optimizer_state(const AdamW& opt) {
         OptimizerState out;
@@ -246,7 +247,6 @@ public:
     // The summed gradient (after finish_grad_sync) of this rank's whole buffer on DP rank 0, host
     // memory order; empty elsewhere. Collective (tests and debugging).
     std::vector<float> gather_gradients();
-    void load_optimizer_state(AdamW& opt, const OptimizerState& whole);
 
     // activation_bytes: the model's (Model::activation_bytes).
     MemoryPlan memory_plan(bool master, size_t activation_bytes, bool offload_optimizer = false) const;

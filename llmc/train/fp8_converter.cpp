@@ -14,8 +14,8 @@ public:
     explicit NoConverter(std::string precision) : precision_(std::move(precision)) {}
     std::string describe() const override { return precision_; }
     void apply(Model&) override {}
-    void load(const WholeState& whole, const std::string& from, Logger& log) override {
-        if (!whole.fp8.empty())
+    void load(const std::vector<uint8_t>& fp8, const std::string& from, Logger& log) override {
+        if (!fp8.empty())
             log.print("note: %s holds an fp8 scaling state; precision \"%s\" does not use it\n", from.c_str(),
                       precision_.c_str());
     }
@@ -120,9 +120,9 @@ public:
     // The scaling state resumes with the weights (bit-exact). A checkpoint of another precision
     // continues with a fresh state, with a note; other fp8.* settings than the checkpoint's are
     // an error (Fp8State::load).
-    void load(const WholeState& whole, const std::string& from, Logger& log) override {
-        if (!whole.fp8.empty()) {
-            state_.load(whole.fp8, from + "/state.bin");
+    void load(const std::vector<uint8_t>& fp8, const std::string& from, Logger& log) override {
+        if (!fp8.empty()) {
+            state_.load(fp8, from + "/state.bin");
             upload(state_);
         } else {
             log.print("note: %s holds no fp8 scaling state (saved with another precision): fp8 starts with fresh "

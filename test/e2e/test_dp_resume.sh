@@ -1,6 +1,6 @@
 # Checkpoints are layout-independent: saved at dp=4 with ZeRO-3 (parameters and optimizer state
 # gathered from the shards to rank 0, whole tensors written), they resume at dp=2 with ZeRO-1 and at
-# dp=1, and at dp=2 with ZeRO-3 (every rank reads the whole file and keeps its shard), continuing with the losses and
+# dp=1, and at dp=2 with ZeRO-3 (world rank 0 reads the whole file, the other ranks their shards), continuing with the losses and
 # final weights of the uninterrupted dp=4 run, to 1e-5 relative. The global batch stays 8
 # micro-batches per step: grad_accum x dp = 2 x 4 = 4 x 2 = 8 x 1.
 source "$(dirname "$0")/lib.sh"

@@ -1,0 +1,50 @@
+# A resume reads in pieces: world rank 0 reads the checkpoint whole and checks both checksums;
+# every other rank reads only what it holds (its part of the weights from model.bin, its ZeRO shard
+# of the moments and master weights from state.bin: checkpoint_open, llmc/io/checkpoint.h).
+# (a) bf16 on the emulated device (model.bin version 5, fp32 master weights in state.bin) at dp=2
+#     with ZeRO-1 and ZeRO-3, and fp32 on the CPU at tp=2 x dp=2 (column-split tensors): resumed
+#     from step 3 in the same layout, each run ends bit-identical to its uninterrupted run (losses
+#     and final weights): every rank's pieces were the saved state.
+# (b) a flipped byte in state.bin's moments, its metadata intact (what the other ranks check holds):
+#     the resume at dp=2 ends with exit 2 and rank 0's "checksum mismatch", said once, before any step.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/dp_lib.sh"
+emu_tiny_config "$W/bf16.json" bf16
+tiny_config "$W/fp32.json"
+common=(train.steps=6 checkpoint.every=3 checkpoint.keep=5 parallel.bucket_mb=0.01 eval.every=0)
+CPU_BIN=$BIN
+for layout in "$EMU bf16 5 2 parallel.zero=1" "$EMU bf16 5 2 parallel.zero=3" "$CPU_BIN fp32 3 4 parallel.tp=2 parallel.zero=1"; do
+    read -r BIN prec version n args <<< "$layout"
+    dev=$([ "$prec" = bf16 ] && echo cuda || echo cpu)
+    name="${prec}_$(echo "$args" | tr ' =.' '___')"
+    dp_run "$n" "$W/$prec.json" device=$dev "${common[@]}" $args "out_dir=$W/full_$name" > "$W/full_$name.txt" 2>&1 ||
+        die "$args: $(tail -n 5 "$W/full_$name.txt")"
+    ck="$W/full_$name/checkpoints/step_00000003"
+    [ "$(od -An -t d4 -j 4 -N 4 "$ck/model.bin" | tr -d ' ')" = "$version" ] || die "$name: model.bin is not version $version"
+    dp_run "$n" "$W/$prec.json" device=$dev "${common[@]}" $args "checkpoint.resume=$ck" "out_dir=$W/res_$name" \
+        > "$W/res_$name.txt" 2>&1 || die "$name resume: $(tail -n 5 "$W/res_$name.txt")"
+    grep -q 'resumed from .*step_00000003 at step 3' "$W/res_$name.txt" || die "$name did not resume"
+    [ "$(losses "$W/res_$name/log.jsonl")" = "$(losses "$W/full_$name/log.jsonl" | tail -n 3)" ] ||
+        die "$name: the resumed losses differ"
+    cmp "$W/full_$name/model_00000006.bin" "$W/res_$name/model_00000006.bin" || die "$name: final weights differ"
+    echo "  $n ranks, $prec, $args: resumed bit-identical"
+done
+BIN=$CPU_BIN
+
+# (b) state.bin: 32-byte header, metadata (int32 #2 of the header bytes), then m: flip a byte of m
+ck="$W/full_fp32_parallel_tp_2_parallel_zero_1/checkpoints/step_00000003"
+bad="$W/bad/step_00000003"
+mkdir -p "$W/bad" && cp -r "$ck" "$bad"
+meta=$(od -An -t d4 -j 8 -N 4 "$bad/state.bin" | tr -d ' ')
+at=$((32 + meta + 1000))
+byte=$(od -An -t u1 -j $at -N 1 "$bad/state.bin" | tr -d ' ')
+printf "$(printf '\\%03o' $((byte ^ 1)))" | dd of="$bad/state.bin" bs=1 seek=$at conv=notrunc status=none
+cmp -s "$ck/state.bin" "$bad/state.bin" && die "the byte was not flipped"
+rc=0
+dp_run 2 "$W/fp32.json" "${common[@]}" parallel.zero=1 "checkpoint.resume=$bad" "out_dir=$W/res_bad" \
+    > "$W/res_bad.txt" 2>&1 || rc=$?
+[ $rc -eq 2 ] || die "a corrupt checkpoint resumed at dp=2: rc=$rc $(tail -n 5 "$W/res_bad.txt")"
+[ "$(grep -c 'checksum mismatch' "$W/res_bad.txt")" -eq 1 ] || die "not one checksum message: $(cat "$W/res_bad.txt")"
+grep -q "$bad/state.bin: checksum mismatch" "$W/res_bad.txt" || die "the message names no file: $(cat "$W/res_bad.txt")"
+! grep -q '^step ' "$W/res_bad.txt" || die "a step ran from a corrupt checkpoint"
+echo "  a flipped byte in the moments: exit 2, rank 0's checksum mismatch, no step"
