@@ -432,6 +432,12 @@ std::vector<float> Model::to_file_order(const std::vector<float>& mem) const {
 }
 
 void Model::set_params_whole(const float* host) { load_params_mem(from_file_order(host).data()); }
+void Model::set_params_whole(const ReadFileOrder& read) {
+    const std::pair<size_t, size_t> held = store_.params_held();
+    std::vector<std::pair<size_t, size_t>> runs;
+    if (held.second > held.first) runs.push_back(held);
+    store_.load_params_held(from_file_order(read, runs).data());
+}
 
 void Model::units_to_whole(bool grads, float* host) {
     std::vector<float> mem(params.padded_params);

@@ -152,7 +152,8 @@ public:
     std::vector<float> from_file_order(const ReadFileOrder& read, const std::vector<std::pair<size_t, size_t>>& runs) const;
     std::vector<float> to_file_order(const std::vector<float>& mem) const;
     void set_params_whole(const float* host);  // whole model, file order
-    void set_params_whole(const ReadFileOrder& read) { load_params_mem(from_file_order(read).data()); }
+    // The same, read in pieces: only what the store keeps (ZeRO-3: its shard; ParamStore::params_held).
+    void set_params_whole(const ReadFileOrder& read);
     // One-process layouts, unit by unit from the store (a WholeStore for the gradients: ZeRO-2/3's
     // acquire_grads starts a unit's gradient afresh).
     void get_params_whole(float* host);

@@ -20,6 +20,10 @@ public:
     virtual void release_params(int unit) = 0;
     virtual void prefetch_params(int unit) = 0;      // a hint: acquire_params(unit) comes next
     virtual void load_params(const float* mem) = 0;  // this rank's whole buffer, host, memory order
+    // The part [first, second) of the flat buffer the store keeps on this rank (ZeRO-3: its shard),
+    // and load_params of that part alone (host, memory order): what a resume reads of a checkpoint.
+    virtual std::pair<size_t, size_t> params_held() const { return {0, layout().padded_params}; }
+    virtual void load_params_held(const float* held) { load_params(held); }
     // The unit's gradient buffer for this backward (accumulated into), valid until
     // release_grads(unit): no more of its gradients this backward.
     virtual Tensor acquire_grads(int unit) = 0;

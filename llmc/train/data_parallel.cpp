@@ -492,11 +492,15 @@ void DataParallel::drop_prefetched() {
         }
 }
 
-void DataParallel::load_params(const float* mem) {
+std::pair<size_t, size_t> DataParallel::params_held() const {
+    return zero_ < 3 ? std::make_pair(size_t(0), layout_.padded_params) : std::make_pair(opt_begin(), opt_end());
+}
+
+void DataParallel::load_params_held(const float* held) {
     settle();
-    if (zero_ < 3) return whole_->load_params(mem);
+    if (zero_ < 3) return whole_->load_params(held);
     drop_prefetched();
-    ops_.from_host_f32(param_shard_, mem + opt_begin());
+    ops_.from_host_f32(param_shard_, held);
 }
 
 Tensor DataParallel::acquire_grads(int unit) {

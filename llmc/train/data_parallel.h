@@ -261,7 +261,9 @@ public:
     Tensor acquire_params(int unit) override;
     void release_params(int unit) override;
     void prefetch_params(int unit) override;
-    void load_params(const float* mem) override;
+    void load_params(const float* mem) override { load_params_held(mem + params_held().first); }
+    std::pair<size_t, size_t> params_held() const override;
+    void load_params_held(const float* held) override;
     Tensor acquire_grads(int unit) override;
     void release_grads(int unit) override;
     void zero_grads() override;

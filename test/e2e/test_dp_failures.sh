@@ -91,10 +91,15 @@ kill_rank1() {  # kill_rank1 DIR MPIRUN_ARGS...: prints "rc seconds" (from the k
         parallel.timeout_s=3 "out_dir=$dir" > "$dir.out" 2> "$dir.err" &
     local mp=$! pid="" p
     for _ in $(seq 300); do grep -q 'step    10/' "$dir.out" 2>/dev/null && break; sleep 0.1; done
-    for p in $(pgrep -f "out_dir=$dir\$"); do
-        tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && pid=$p
+    # (looked for again for up to 5 s: once in CI, beside another test, the first look found none)
+    for _ in $(seq 50); do
+        for p in $(pgrep -f "out_dir=$dir\$"); do
+            tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && pid=$p
+        done
+        [ -n "$pid" ] && break
+        sleep 0.1
     done
-    [ -n "$pid" ] || die "no rank 1 process found for $dir"
+    [ -n "$pid" ] || die "no rank 1 process found for $dir: $(pgrep -af "out_dir=$dir\$"; tail -n 3 "$dir.out" "$dir.err")"
     local t0 rc=0
     t0=$(date +%s.%N)
     kill -9 "$pid"
