@@ -415,8 +415,14 @@ StateMeta state_meta(const nlohmann::json& meta, int32_t version, size_t num_par
     return out;
 }
 
-// state.bin's header into header[8], checked: UserError naming the file otherwise.
-void read_state_header(std::ifstream& in, const char* sp, int32_t* header) {
+// The checkpoint folder's state.bin, opened after its DONE marker is found, and its header read
+// into header[8] and checked: UserError naming the folder or the file otherwise.
+std::ifstream open_state(const std::string& path, int32_t* header) {
+    if (!exists(path + "/DONE"))
+        throw UserError(strfmt("checkpoint %s: incomplete (no DONE marker) or not a checkpoint folder", path.c_str()));
+    const std::string state_path = path + "/state.bin";
+    const char* sp = state_path.c_str();
+    std::ifstream in(state_path, std::ios::binary);
     if (!in) throw UserError(strfmt("checkpoint %s: cannot open", sp));
     if (!in.read(reinterpret_cast<char*>(header), 8 * sizeof(int32_t)) || header[0] != STATE_MAGIC)
         throw UserError(strfmt("checkpoint %s: not a train_gpt state file (bad magic)", sp));
@@ -426,6 +432,7 @@ void read_state_header(std::ifstream& in, const char* sp, int32_t* header) {
     const int32_t kind = header[3];
     if (kind != CHECKSUM_FNV1A && kind != CHECKSUM_XXH3)
         throw UserError(strfmt("checkpoint %s: corrupt header (checksum kind %d; a newer train_gpt's file?)", sp, kind));
+    return in;
 }
 
 // The rest of state.bin (from in's position, after the metadata) holds exactly the arrays the
@@ -512,13 +519,10 @@ StateView view_of(const WholeState& whole, const TrainState& st) {
 }
 
 StateView checkpoint_open(const std::string& path, const ModelShape& shape) {
-    if (!exists(path + "/DONE"))
-        throw UserError(strfmt("checkpoint %s: incomplete (no DONE marker) or not a checkpoint folder", path.c_str()));
     const std::string state_path = path + "/state.bin", model_path = path + "/model.bin";
     const char* sp = state_path.c_str();
-    std::ifstream in(state_path, std::ios::binary);
     int32_t header[8];
-    read_state_header(in, sp, header);
+    std::ifstream in = open_state(path, header);
     std::string meta_s(size_t(header[2]), '\0');
     if (!in.read(&meta_s[0], std::streamsize(meta_s.size()))) throw UserError(strfmt("checkpoint %s: truncated", sp));
     const nlohmann::json meta = parse_meta(meta_s, sp);
@@ -573,13 +577,10 @@ StateView checkpoint_open(const std::string& path, const ModelShape& shape) {
 }
 
 TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole) {
-    if (!exists(path + "/DONE"))
-        throw UserError(strfmt("checkpoint %s: incomplete (no DONE marker) or not a checkpoint folder", path.c_str()));
     const std::string state_path = path + "/state.bin", model_path = path + "/model.bin";
     const char* sp = state_path.c_str();
-    std::ifstream in(state_path, std::ios::binary);
     int32_t header[8];
-    read_state_header(in, sp, header);
+    std::ifstream in = open_state(path, header);
     const int32_t kind = header[3];
     uint64_t stored;
     std::memcpy(&stored, &header[4], sizeof(stored));
