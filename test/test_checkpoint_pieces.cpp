@@ -165,6 +165,13 @@ TEST_CASE("pick_file_order: a shard of a rank's piece, read alone, is that part 
         CHECK(double(asked) <= (l.tp == 1 ? 1.05 : 2.0) * double(pl.num_params));
         CHECK(calls < 40);
         for (size_t i = pl.num_params; i < pl.padded_params; i++) REQUIRE(all[i] == 0.0f);
+        // what the whole-buffer copy before pick_file_order did: each run copied where it lies
+        std::vector<float> copied(pl.padded_params, 0.0f);
+        for (const ParamSpec& p : pl.specs)
+            for_each_run(p, [&](size_t local, size_t src, size_t k) {
+                std::memcpy(&copied[p.offset + local], whole.data() + src, k * sizeof(float));
+            });
+        CHECK((all == copied));
         // ZeRO shards of 4 ranks (one run each), and runs that cut tensors and reach into the padding
         const size_t P = pl.padded_params, q = P / 4;
         const std::vector<std::vector<std::pair<size_t, size_t>>> cases = {
