@@ -248,11 +248,17 @@ std::vector<float> pick_file_order(const ParamLayout& layout, const ReadFileOrde
     std::vector<Piece> span;
     std::vector<float> scratch;
     auto flush = [&] {
-        if (span.size() == 1) read(span[0].src, span[0].n, span[0].dst);
-        if (span.size() > 1) {
-            const size_t first = span.front().src;
-            scratch.resize(span.back().src + span.back().n - first);
-            read(first, scratch.size(), scratch.data());
+        if (span.empty()) return;
+        const size_t first = span.front().src, n = span.back().src + span.back().n - first;
+        bool in_place = true;  // one after another in the file and in out (a fused tensor's blocks): read into place
+        for (size_t k = 1; k < span.size(); k++)
+            in_place = in_place && span[k].src == span[k - 1].src + span[k - 1].n &&
+                       span[k].dst == span[k - 1].dst + span[k - 1].n;
+        if (in_place) {
+            read(first, n, span.front().dst);
+        } else {
+            scratch.resize(n);
+            read(first, n, scratch.data());
             for (const Piece& q : span) std::memcpy(q.dst, &scratch[q.src - first], q.n * sizeof(float));
         }
         span.clear();
