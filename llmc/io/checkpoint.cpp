@@ -465,14 +465,15 @@ public:
     PieceFile(const PieceFile&) = delete;
     PieceFile& operator=(const PieceFile&) = delete;
 
-    // n elements at byte offset at into out: fp32 (elem 4) or bf16 (elem 2, widened)
+    // n elements at byte offset at into out: fp32 (elem 4) or bf16 (elem 2, widened through
+    // bf16_ of up to 512 KB: a span of pick_file_order in a few reads, not hundreds)
     void read(uint64_t at, size_t n, size_t elem, float* out) {
         if (elem == 4) return read_bytes(at, out, n * sizeof(float));
-        uint16_t tmp[4096];
-        for (size_t i = 0; i < n; i += 4096) {
-            const size_t k = std::min<size_t>(4096, n - i);
-            read_bytes(at + i * 2, tmp, k * 2);
-            for (size_t j = 0; j < k; j++) out[i + j] = bf16_bits_to_f32(tmp[j]);
+        bf16_.resize(std::min(n, size_t(1) << 18));
+        for (size_t i = 0; i < n; i += bf16_.size()) {
+            const size_t k = std::min(bf16_.size(), n - i);
+            read_bytes(at + i * 2, bf16_.data(), k * 2);
+            for (size_t j = 0; j < k; j++) out[i + j] = bf16_bits_to_f32(bf16_[j]);
         }
     }
     void read_bytes(uint64_t at, void* dst, size_t bytes) {
@@ -491,6 +492,7 @@ private:
     std::string path_;
     std::shared_ptr<size_t> counter_;
     int fd_ = -1;
+    std::vector<uint16_t> bf16_;
 };
 
 }  // namespace
