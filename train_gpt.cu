@@ -68,22 +68,28 @@ double now_ms() {
 using Batches = std::vector<std::vector<int32_t>>;
 
 // What a save gathers, kept from one save to the next: DP rank 0's (tp, pp, ep) piece in memory
-// order, and world rank 0's whole state. Gathered into fresh pages, these copies of the model made
-// most of a save's time here (CPU, 326M parameters: 26-38 s of a 31-47 s save); into pages
-// already written, 1.5 s (dev/bench/RESULTS.md). Host memory: they stay allocated between saves.
+// order, and on world rank 0 under model parallelism every piece of its mp group, one after
+// another (alone, its own piece is the whole model). Never assembled whole: checkpoint_save reads
+// each array in file order a chunk at a time, through the FileOrderMap (a whole copy in file order
+// doubled world rank 0's host memory for a save: here (CPU, 326M parameters, one process) 12.9 GB
+// against 5.2 GB of training state). Gathered into fresh pages, these copies of the model made most
+// of a save's time here (26-38 s of a 31-47 s save); into pages already written, 1.5 s
+// (dev/bench/RESULTS.md). Host memory: they stay allocated between saves.
 struct SaveBuffers {
     OptimizerState local;
     std::vector<float> params;
-    WholeState whole;
+    OptimizerState all;  // world rank 0 under model parallelism: the mp group's pieces
+    std::vector<float> all_params;
+    WholeState rest;  // local SGD's and PowerSGD's state (llm.c order, CPU only) and fp8's
+    StateView view;   // world rank 0: what a save writes, read from the above
 };
 
-// The whole model and optimizer state in llm.c order into b.whole on world rank 0 (empty
-// elsewhere): ZeRO shards gathered over DP, then the model-parallel pieces assembled. Under local
-// SGD also its outer state and the other DP ranks' replicas; under PowerSGD every DP rank's error
-// feedback and Q. Collective over every rank.
-void gather_whole_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalSgd* local_sgd,
-                        PowerSgd* powersgd, const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid,
-                        SaveBuffers& b) {
+// The whole model and optimizer state, as b.view on world rank 0 (empty elsewhere): ZeRO shards
+// gathered over DP, then the model-parallel pieces. Under local SGD also its outer state and the
+// other DP ranks' replicas; under PowerSGD every DP rank's error feedback and Q. Collective over
+// every rank.
+void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalSgd* local_sgd, PowerSgd* powersgd,
+                  const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid, SaveBuffers& b) {
     dp.gather_optimizer_state(opt, b.local);  // DP rank 0 gets its (tp, pp) piece whole
     dp.gather_params(b.params);
     LocalSgdState outer;  // DP rank 0: memory order
@@ -96,36 +102,42 @@ void gather_whole_state(const Model& model, const AdamW& opt, DataParallel& dp, 
     std::vector<std::vector<float>> errors;  // DP rank 0: every DP rank's, memory order
     std::vector<float> q;
     if (powersgd) powersgd->gather(&errors, &q);
-    WholeState& whole = b.whole;
-    whole.fp8.clear();
-    whole.local_sgd = {};
-    whole.powersgd = {};
+    WholeState& rest = b.rest;
+    rest = {};
+    b.view = {};
     if (grid.shard_rank() != 0) return;
     const size_t pad = DataParallel::pad_multiple(grid.shard_size());
-    auto assemble_into = [&](const std::vector<float>& x, std::vector<float>& out) {
-        if (x.empty()) out.clear();
-        else assemble_whole(model.shape, pc, pad, x, mp, out);
+    auto map = std::make_shared<const FileOrderMap>(file_order_map(model.shape, pc, pad));
+    // x's pieces to world rank 0, read in file order (null: x is empty on every member, as master is
+    // where the model is fp32)
+    auto gathered = [&](const std::vector<float>& x, std::vector<float>& all) -> ReadFileOrder {
+        if (x.empty()) return nullptr;
+        gather_pieces(*map, x, mp, all);
+        const float* p = mp.size() == 1 ? x.data() : all.data();
+        return [map, p](size_t first, size_t n, float* out) { map->read(p, first, n, out); };
     };
-    auto assemble = [&](const std::vector<float>& x) {  // local SGD's and PowerSGD's: not kept
+    const ArraysView main = {gathered(b.params, b.all_params), gathered(b.local.m, b.all.m),
+                             gathered(b.local.v, b.all.v), gathered(b.local.master, b.all.master)};
+    auto assemble = [&](const std::vector<float>& x) {  // local SGD's and PowerSGD's: assembled whole
         std::vector<float> out;
-        assemble_into(x, out);
+        if (!x.empty()) assemble_whole(model.shape, pc, pad, x, mp, out);
         return out;
     };
-    assemble_into(b.params, whole.params);
-    assemble_into(b.local.m, whole.m);
-    assemble_into(b.local.v, whole.v);
-    assemble_into(b.local.master, whole.master);
     if (local_sgd) {
-        whole.local_sgd.anchor = assemble(outer.anchor);
-        whole.local_sgd.momentum = assemble(outer.momentum);
+        rest.local_sgd.anchor = assemble(outer.anchor);
+        rest.local_sgd.momentum = assemble(outer.momentum);
         for (const ReplicaState& r : outer.replicas)
-            whole.local_sgd.replicas.push_back({assemble(r.params), assemble(r.m), assemble(r.v), assemble(r.master)});
+            rest.local_sgd.replicas.push_back({assemble(r.params), assemble(r.m), assemble(r.v), assemble(r.master)});
     }
     if (powersgd) {
-        whole.powersgd.rank = powersgd->plan().rank;
-        for (const std::vector<float>& e : errors) whole.powersgd.errors.push_back(assemble(e));
-        whole.powersgd.q = std::move(q);
+        rest.powersgd.rank = powersgd->plan().rank;
+        for (const std::vector<float>& e : errors) rest.powersgd.errors.push_back(assemble(e));
+        rest.powersgd.q = std::move(q);
     }
+    if (mp.rank() != 0) return;
+    b.view = view_of(rest, TrainState());
+    b.view.num_params = num_params(model.shape);
+    b.view.main = main;
 }
 
 // Test hook: with LLMC_DUMP_GRADS=<file>, the first step's summed gradient of the whole model is
@@ -386,7 +398,7 @@ struct Run {
     bool defer = false;
     size_t loss_rows = 0;
     double* readback = nullptr;
-    SaveBuffers save_buffers;  // kept from one save to the next; its whole state is pending_save's while that runs
+    SaveBuffers save_buffers;  // kept from one save to the next; pending_save's while that runs
     // checkpoint.async: world rank 0's checkpoint being written in the background (last: a run that
     // ends on an exception waits for it before anything else goes)
     AsyncSave pending_save;
@@ -625,33 +637,38 @@ void finish_save(Run& r) {
 // the formats of out.format: out_dir/model_<steps>.bin (fp32, llm.c's format) and/or
 // model_<steps>.safetensors with transformers' config.json: after the checkpoint, so that a
 // failure there loses no training. Nothing non-finite is written.
-void write_state(Run& r, WholeState& whole, bool final, bool background) {
-    if (!final || r.cfg.checkpoint.every > 0) {  // (checkpoint_save checks the state before it writes)
-        r.conv->save(whole);
-        if (background) {  // the rest by value: training goes on changing r (whole: untouched until collected)
-            r.pending_save.start([dir = r.ckpt_dir, st = r.state, shape = r.shape,
-                                  version = r.dtype == DType::BF16 ? 5 : 3, w = &whole, config = r.cfg.resolved,
+void write_state(Run& r, SaveBuffers& b, bool final, bool background) {
+    StateView& view = b.view;
+    r.conv->save(b.rest);
+    view.fp8 = b.rest.fp8;
+    view.st = r.state;
+    if (!final || r.cfg.checkpoint.every > 0) {  // (checkpoint_save checks the state as it writes)
+        if (background) {  // the rest by value: training goes on changing r (b: untouched until collected)
+            r.pending_save.start([dir = r.ckpt_dir, v = &view, shape = r.shape,
+                                  version = r.dtype == DType::BF16 ? 5 : 3, config = r.cfg.resolved,
                                   keep = r.cfg.checkpoint.keep] {
-                return checkpoint_save(dir, st, shape, version, *w, config, keep);
+                return checkpoint_save(dir, *v, shape, version, config, keep);
             });
             return;
         }
-        const std::string p = checkpoint_save(r.ckpt_dir, r.state, r.shape, r.dtype == DType::BF16 ? 5 : 3, whole,
+        const std::string p = checkpoint_save(r.ckpt_dir, view, r.shape, r.dtype == DType::BF16 ? 5 : 3,
                                               r.cfg.resolved, r.cfg.checkpoint.keep);
         r.log.print("checkpoint: %s\n", p.c_str());
         r.progress.wrote_checkpoint(p);
     } else {
-        check_finite_state(whole, r.state.step);
+        check_finite_state(view, r.state.step);
     }
     if (!final) return;
-    const std::vector<float>& w = whole.master.empty() ? whole.params : whole.master;
+    const ReadFileOrder& w = view.main.master ? view.main.master : view.main.params;
     const std::string stem = r.cfg.out_dir + strfmt("/model_%08d", r.tc.steps), fmt = r.cfg.out.format;
     if (fmt == "llmc" || fmt == "both") {
-        model_file_write(stem + ".bin", r.shape, w.data(), 3);
+        model_file_write(stem + ".bin", r.shape, w, 3);
         r.progress.wrote_weights(stem + ".bin");
     }
     if (fmt == "hf" || fmt == "both") {
-        hf_write_weights(stem + ".safetensors", r.shape, w);
+        std::vector<float> whole(view.num_params);
+        w(0, whole.size(), whole.data());
+        hf_write_weights(stem + ".safetensors", r.shape, whole);
         hf_write_config(r.cfg.out_dir + "/config.json", r.shape);
         r.progress.wrote_weights(stem + ".safetensors (transformers; " + r.cfg.out_dir + "/config.json)");
     }
@@ -662,9 +679,8 @@ void save(Run& r, bool final, bool background = false) {
     // out.format none without checkpoints: nothing to write, so nothing to gather (a benchmark of
     // the 1.5B shape spent a minute writing 6 GB of final weights)
     if (final && r.cfg.out.format == "none" && r.cfg.checkpoint.every <= 0) return;
-    gather_whole_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.powersgd.get(), r.pc, *r.groups.mp, r.grid,
-                       r.save_buffers);
-    if (r.rt.is_main()) write_state(r, r.save_buffers.whole, final, background);
+    gather_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.powersgd.get(), r.pc, *r.groups.mp, r.grid, r.save_buffers);
+    if (r.rt.is_main()) write_state(r, r.save_buffers, final, background);
     r.groups.save->barrier();  // saving does not count against parallel.timeout_s
 }
 

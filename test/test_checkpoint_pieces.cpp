@@ -21,8 +21,10 @@
 
 namespace {
 
-// GPT-2 with 4 layers of width 128, vocabulary 1000: 1.1M parameters, 4.4 MB an fp32 array
+// GPT-2 with 4 layers of width 128, vocabulary 1000: 0.93M parameters, 3.7 MB an fp32 array
 const ModelShape kShape{4, 4, 128, 1000, 1024, 64};
+// with 5 layers: 1.13M parameters, more than a save's chunk of 1M elements
+const ModelShape kShape5{5, 4, 128, 1000, 1024, 64};
 
 std::vector<float> noise(size_t n, uint32_t seed) {
     std::mt19937 g(seed);
@@ -33,8 +35,8 @@ std::vector<float> noise(size_t n, uint32_t seed) {
 }
 
 // a whole state with every array distinct (bf16-exact weights when the model file is bf16)
-WholeState make_state(bool master, int local_dp, int psgd_dp, uint32_t seed) {
-    const size_t n = num_params(kShape);
+WholeState make_state(bool master, int local_dp, int psgd_dp, uint32_t seed, const ModelShape& shape = kShape) {
+    const size_t n = num_params(shape);
     WholeState w;
     w.params = noise(n, seed);
     for (float& x : w.params) {  // bf16-exact: the version-5 model file keeps them as they are
@@ -238,4 +240,80 @@ TEST_CASE("checkpoint_open: a rank's shard reads a fraction of the file; bad fol
     std::filesystem::resize_file(later + "/state.bin", 4096);
     std::vector<float> x(1000);
     CHECK_THAT(error_of([&] { v.main.v(0, x.size(), x.data()); }), Catch::Contains(later + "/state.bin: truncated"));
+}
+
+namespace {
+std::string file_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+TEST_CASE("checkpoint_save from the mp group's gathered pieces writes what a whole state writes", "[checkpoint]") {
+    // tp = 2 x pp = 2: each member's piece (pick_file_order) of every array, the pieces one after
+    // another as gather_pieces lays them out, read back through file_order_map: the files must be
+    // those of the whole state, byte for byte (1.13M parameters: two chunks of the save's 1M)
+    const TempDir tmp("llmc_pieces_save");
+    const ParallelConfig pc = layout_config(2, 2);
+    const size_t pad = 16;
+    auto map = std::make_shared<const FileOrderMap>(file_order_map(kShape5, pc, pad));
+    WholeState w = make_state(true, 0, 0, 21, kShape5);
+    auto gathered = [&](const std::vector<float>& whole) {
+        const ReadFileOrder read = [&](size_t first, size_t k, float* out) {
+            std::memcpy(out, whole.data() + first, k * sizeof(float));
+        };
+        std::vector<float> all;
+        for (int i = 0; i < 4; i++) {
+            const ParamLayout pl = param_layout(kShape5, model_layout(kShape5, pc, i % 2, i / 2), pad);
+            const std::vector<float> piece = pick_file_order(pl, read, {{0, pl.padded_params}});
+            all.insert(all.end(), piece.begin(), piece.end());
+        }
+        return all;
+    };
+    auto view_of_pieces = [&](const std::vector<std::vector<float>>& all, const TrainState& st) {
+        StateView v;
+        v.st = st;
+        v.num_params = num_params(kShape5);
+        auto reader = [&](const std::vector<float>& x) -> ReadFileOrder {
+            return [map, p = x.data()](size_t first, size_t n, float* out) { map->read(p, first, n, out); };
+        };
+        v.main = {reader(all[0]), reader(all[1]), reader(all[2]), reader(all[3])};
+        v.fp8 = w.fp8;
+        return v;
+    };
+    TrainState st;
+    st.step = 3;
+    const std::vector<std::vector<float>> all = {gathered(w.params), gathered(w.m), gathered(w.v), gathered(w.master)};
+    REQUIRE(all[0].size() == map->gathered());
+    checkpoint_save(tmp.file("whole"), st, kShape5, 5, w, nlohmann::json::object(), 1);
+    checkpoint_save(tmp.file("pieces"), view_of_pieces(all, st), kShape5, 5, nlohmann::json::object(), 1);
+    for (const char* f : {"/step_00000003/model.bin", "/step_00000003/state.bin"}) {
+        INFO(f);
+        const std::string a = file_bytes(tmp.file("whole") + f), b = file_bytes(tmp.file("pieces") + f);
+        CHECK(a.size() > num_params(kShape5) * 2);
+        CHECK((a == b));
+    }
+    WholeState back;  // and they hold the state (the weights bf16-exact), across the chunk boundary
+    checkpoint_load(tmp.file("pieces") + "/step_00000003", kShape5, &back);
+    CHECK((back.params == w.params));
+    CHECK((back.m == w.m));
+    CHECK((back.v == w.v));
+    CHECK((back.master == w.master));
+    CHECK(back.fp8 == w.fp8);
+    // a non-finite moment past the first chunk: nothing of the checkpoint is written, the one
+    // before stays, and the message counts every one in the array and names the first
+    std::vector<float> v = w.v;
+    const size_t n = num_params(kShape5);
+    REQUIRE(n > 1050000);
+    v[1050000] = NAN;
+    v[n - 1] = INFINITY;
+    const std::vector<std::vector<float>> bad = {all[0], all[1], gathered(v), all[3]};
+    st.step = 4;
+    CHECK_THROWS_WITH(checkpoint_save(tmp.file("pieces"), view_of_pieces(bad, st), kShape5, 5, nlohmann::json::object(), 1),
+                      Catch::Contains("step 4: 2 of " + std::to_string(n) + " Adam v are not finite (the first at index 1050000, nan)"));
+    CHECK(!std::filesystem::exists(tmp.file("pieces") + "/step_00000004"));
+    CHECK(!std::filesystem::exists(tmp.file("pieces") + "/step_00000004.tmp"));
+    CHECK(std::filesystem::exists(tmp.file("pieces") + "/step_00000003/DONE"));
+    CHECK_THROWS_WITH(check_finite_state(view_of_pieces(bad, st), 4), Catch::Contains("2 of " + std::to_string(n) + " Adam v"));
+    CHECK_NOTHROW(check_finite_state(view_of_pieces(all, st), 4));
 }

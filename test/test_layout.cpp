@@ -143,3 +143,63 @@ TEST_CASE("layout: assemble_whole puts every element at its llm.c index, also in
     CHECK(reused == fresh);
     CHECK(other == fresh);
 }
+
+TEST_CASE("layout: file_order_map reads any window of the whole model from the mp group's gathered pieces",
+          "[layout]") {
+    // every member's buffer holds each element's own llm.c index (replicas and the tied head copy
+    // too; padding -1), the buffers one after another as gather_pieces lays them out: a read of
+    // [first, first + n) must come out as first, first + 1, ...
+    ModelShape moe = small_shape();
+    moe.moe.num_experts = 4;
+    moe.moe.top_k = 2;
+    moe.moe.expert_ffn_dim = 16;
+    moe.moe.every = 2;
+    struct Case {
+        ModelShape s;
+        int tp, pp, ep;
+    };
+    for (const Case& c : {Case{small_shape(), 1, 1, 1}, Case{small_shape(), 2, 2, 1}, Case{small_shape(), 4, 1, 1},
+                          Case{moe, 2, 1, 2}, Case{moe, 1, 2, 4}}) {
+        INFO("tp " << c.tp << " pp " << c.pp << " ep " << c.ep);
+        ParallelConfig pc;
+        pc.tp = c.tp;
+        pc.pp = c.pp;
+        pc.ep = c.ep;
+        const size_t pad = 8, total = num_params(c.s);
+        REQUIRE(total < (size_t(1) << 24));  // every index exact in a float
+        const FileOrderMap map = file_order_map(c.s, pc, pad);
+        REQUIRE(int(map.counts.size()) == c.tp * c.pp * c.ep);
+        std::vector<float> all;
+        for (int i = 0; i < c.tp * c.pp * c.ep; i++) {  // member i: tp_rank i % tp, ep_rank i / tp % ep, pp_rank i / (tp ep)
+            size_t n = 0;
+            const std::vector<ParamSpec> table =
+                param_table(c.s, model_layout(c.s, pc, i % c.tp, i / (c.tp * c.ep), i / c.tp % c.ep), &n);
+            std::vector<float> local((n + pad - 1) / pad * pad, -1.0f);
+            CHECK(local.size() == map.counts[size_t(i)]);
+            for (const ParamSpec& p : table)
+                for_each_run(p, [&](size_t loc, size_t dst, size_t cnt) {
+                    for (size_t k = 0; k < cnt; k++) local[p.offset + loc + k] = float(dst + k);
+                });
+            all.insert(all.end(), local.begin(), local.end());
+        }
+        REQUIRE(all.size() == map.gathered());
+        const std::pair<size_t, size_t> windows[] = {{0, total}, {0, 1}, {total - 1, 1}, {total / 3, 1000},
+                                                     {77, total / 2}, {total, 0}};
+        for (const auto& w : windows) {
+            std::vector<float> got(w.second, NAN);
+            map.read(all.data(), w.first, w.second, got.data());
+            size_t wrong = 0;
+            for (size_t k = 0; k < w.second; k++) wrong += got[k] != float(w.first + k);
+            INFO("window [" << w.first << ", +" << w.second << ")");
+            CHECK(wrong == 0);
+        }
+        // the runs: ascending, contiguous, joined where the gathered buffer is contiguous too
+        size_t at = 0;
+        for (size_t k = 0; k < map.runs.size(); k++) {
+            CHECK(map.runs[k].file == at);
+            at += map.runs[k].n;
+            if (k > 0) CHECK(map.runs[k - 1].at + map.runs[k - 1].n != map.runs[k].at);
+        }
+        CHECK(at == total);
+    }
+}

@@ -105,47 +105,75 @@ std::vector<std::string> glob_files(const std::string& pattern) {
     return out;
 }
 
-void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
-    const std::string tmp = path + ".tmp";
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) throw UserError(strfmt("cannot write %s: %s", tmp.c_str(), std::strerror(errno)));
-    auto fail = [&](const char* what) {
-        int err = errno;
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        throw UserError(strfmt("cannot write %s (%s): %s; any previous %s is kept", path.c_str(), what,
-                               std::strerror(err), path.c_str()));
-    };
-    for (const auto& part : parts) {
-        const char* p = static_cast<const char*>(part.first);
-        size_t left = part.second;
-        while (left > 0) {
-            ssize_t w = ::write(fd, p, left);
-            if (w < 0) {
-                if (errno == EINTR) continue;
-                fail("write");
-            }
-            p += w;
-            left -= size_t(w);
-        }
+AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(path + ".tmp") {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw UserError(strfmt("cannot write %s: %s", tmp_.c_str(), std::strerror(errno)));
+}
+
+AtomicFile::~AtomicFile() {
+    if (fd_ < 0) return;
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::fail(const char* what) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(tmp_.c_str());
+    throw UserError(strfmt("cannot write %s (%s): %s; any previous %s is kept", path_.c_str(), what, std::strerror(err),
+                           path_.c_str()));
+}
+
+void AtomicFile::write(const void* p, size_t n) {
+    LLMC_ASSERT(fd_ >= 0, "AtomicFile::write after commit");
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+        const ssize_t w = ::write(fd_, c, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) fail("write");
+        c += w;
+        n -= size_t(w);
     }
-    if (::fsync(fd) != 0) fail("fsync");
+}
+
+void AtomicFile::write_at(uint64_t offset, const void* p, size_t n) {
+    LLMC_ASSERT(fd_ >= 0, "AtomicFile::write_at after commit");
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+        const ssize_t w = ::pwrite(fd_, c, n, off_t(offset));
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) fail("write");
+        c += w, offset += uint64_t(w), n -= size_t(w);
+    }
+}
+
+void AtomicFile::commit() {
+    LLMC_ASSERT(fd_ >= 0, "AtomicFile::commit twice");
+    if (::fsync(fd_) != 0) fail("fsync");
+    const int fd = fd_;
+    fd_ = -1;
     if (::close(fd) != 0) {
-        fd = -1;
-        int err = errno;
-        ::unlink(tmp.c_str());
-        throw UserError(strfmt("cannot write %s (close): %s", path.c_str(), std::strerror(err)));
+        const int err = errno;
+        ::unlink(tmp_.c_str());
+        throw UserError(strfmt("cannot write %s (close): %s", path_.c_str(), std::strerror(err)));
     }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        int err = errno;
-        ::unlink(tmp.c_str());
-        throw UserError(strfmt("cannot rename %s to %s: %s", tmp.c_str(), path.c_str(), std::strerror(err)));
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+        const int err = errno;
+        ::unlink(tmp_.c_str());
+        throw UserError(strfmt("cannot rename %s to %s: %s", tmp_.c_str(), path_.c_str(), std::strerror(err)));
     }
     // make the rename durable
-    std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
-    int dfd = ::open(dir.empty() ? "/" : dir.c_str(), O_RDONLY);
+    std::string dir = path_.find('/') == std::string::npos ? "." : path_.substr(0, path_.rfind('/'));
+    const int dfd = ::open(dir.empty() ? "/" : dir.c_str(), O_RDONLY);
     if (dfd >= 0) {
         ::fsync(dfd);
         ::close(dfd);
     }
+}
+
+void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
+    AtomicFile f(path);
+    for (const auto& part : parts) f.write(part.first, part.second);
+    f.commit();
 }

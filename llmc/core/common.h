@@ -54,8 +54,27 @@ inline bool& checks_throw() {
 // Sorted list of files matching a glob pattern (empty when none match).
 std::vector<std::string> glob_files(const std::string& pattern);
 
-// Writes bytes to path via path.tmp + fsync + rename; throws UserError naming the file on failure,
-// in which case an existing file at path is left as it was.
+// A file written in pieces under path.tmp, then made path by commit() (fsync, rename, the folder's
+// fsync). A failure is a UserError naming the file; until commit() returns, an existing file at path
+// is left as it was, and one not committed (an exception on the way) is unlinked when destroyed.
+class AtomicFile {
+public:
+    explicit AtomicFile(const std::string& path);
+    ~AtomicFile();
+    AtomicFile(const AtomicFile&) = delete;
+    AtomicFile& operator=(const AtomicFile&) = delete;
+    void write(const void* p, size_t n);  // after the bytes written so far
+    void write_at(uint64_t offset, const void* p, size_t n);  // over bytes written (a header's checksum)
+    void commit();
+
+private:
+    [[noreturn]] void fail(const char* what);
+    std::string path_, tmp_;
+    int fd_ = -1;
+};
+
+// Writes bytes to path via path.tmp + fsync + rename (AtomicFile); throws UserError naming the file
+// on failure, in which case an existing file at path is left as it was.
 void write_file_atomic(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts);
 
 // mkdir -p. Throws UserError("<what>: cannot create folder ...") on failure.

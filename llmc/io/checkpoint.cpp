@@ -150,35 +150,83 @@ void check_resume_within(const TrainState& st, int steps, const std::string& fro
                                from.c_str(), st.step, steps, st.step));
 }
 
-void check_finite_state(const WholeState& whole, int step) {
-    std::vector<std::pair<std::string, const std::vector<float>*>> parts = {
-        {"weights", &whole.params}, {"Adam m", &whole.m}, {"Adam v", &whole.v}, {"master weights", &whole.master},
-        {"local SGD anchor weights", &whole.local_sgd.anchor}, {"local SGD outer momentum", &whole.local_sgd.momentum}};
-    for (size_t k = 0; k < whole.powersgd.errors.size(); k++)
-        parts.push_back({strfmt("PowerSGD error feedback of DP rank %zu", k), &whole.powersgd.errors[k]});
-    parts.push_back({"PowerSGD factors Q", &whole.powersgd.q});
-    for (size_t k = 0; k < whole.local_sgd.replicas.size(); k++) {
-        const ReplicaState& r = whole.local_sgd.replicas[k];
+namespace {
+
+// One array of a checkpoint: named for NonFiniteState's message; fp8's bytes have no reader.
+struct SavedArray {
+    std::string what;
+    ReadFileOrder read;
+    size_t n;
+    const std::vector<uint8_t>* bytes;
+};
+
+// What a checkpoint writes, in the order it writes it: the weights (model.bin), then state.bin's
+// m, v (master), fp8's bytes; local SGD's anchor and momentum, each further replica's params, m, v
+// (and master); PowerSGD's error feedback of each DP rank, then Q.
+std::vector<SavedArray> saved_arrays(const StateView& s, size_t num_params) {
+    std::vector<SavedArray> out = {{"weights", s.main.params, num_params, nullptr},
+                                   {"Adam m", s.main.m, num_params, nullptr},
+                                   {"Adam v", s.main.v, num_params, nullptr}};
+    if (s.main.master) out.push_back({"master weights", s.main.master, num_params, nullptr});
+    if (!s.fp8.empty()) out.push_back({"fp8", nullptr, 0, &s.fp8});
+    if (s.local_dp > 0) {
+        out.push_back({"local SGD anchor weights", s.anchor, num_params, nullptr});
+        out.push_back({"local SGD outer momentum", s.momentum, num_params, nullptr});
+    }
+    for (size_t k = 0; k < s.replicas.size(); k++) {
+        const ArraysView& r = s.replicas[k];
         const std::string of = strfmt(" of DP rank %zu", k + 1);
         for (const auto& p : {std::make_pair("weights", &r.params), std::make_pair("Adam m", &r.m),
                               std::make_pair("Adam v", &r.v), std::make_pair("master weights", &r.master)})
-            parts.push_back({p.first + of, p.second});
+            if (*p.second) out.push_back({p.first + of, *p.second, num_params, nullptr});
     }
-    for (const auto& part : parts) {
-        const std::vector<float>& x = *part.second;
-        size_t bad = 0;  // count them all: no early exit, so the loop vectorises (and splits over threads)
-        const long n = long(x.size());
-#pragma omp parallel for reduction(+ : bad) schedule(static) if (n > (1 << 20))
-        for (long i = 0; i < n; i++) bad += !std::isfinite(x[size_t(i)]);
-        if (bad == 0) continue;
-        size_t first = 0;
-        while (std::isfinite(x[first])) first++;
+    for (size_t k = 0; k < s.psgd_errors.size(); k++)
+        out.push_back({strfmt("PowerSGD error feedback of DP rank %zu", k), s.psgd_errors[k], num_params, nullptr});
+    if (!s.psgd_errors.empty()) {
+        const std::vector<float>* q = &s.psgd_q;
+        out.push_back({"PowerSGD factors Q",
+                       [q](size_t first, size_t n, float* o) { std::memcpy(o, q->data() + first, n * sizeof(float)); },
+                       q->size(), nullptr});
+    }
+    return out;
+}
+
+size_t count_nonfinite(const float* x, size_t n) {
+    size_t bad = 0;  // count them all: no early exit, so the loop vectorises (and splits over threads)
+#pragma omp parallel for reduction(+ : bad) schedule(static) if (n > (1 << 18))
+    for (long i = 0; i < long(n); i++) bad += !std::isfinite(x[size_t(i)]);
+    return bad;
+}
+
+// a.read with every chunk checked finite: at the first that is not, NonFiniteState naming the
+// array, how many of its elements are not finite and the first of them (the array read again)
+ReadFileOrder checked(const SavedArray& a, int step) {
+    return [a, step](size_t first, size_t n, float* out) {
+        a.read(first, n, out);
+        if (count_nonfinite(out, n) == 0) return;
+        size_t bad = 0, at = a.n;
+        for_each_chunk(a.read, a.n, [&](size_t f, const float* x, size_t k) {
+            const size_t b = count_nonfinite(x, k);
+            if (b > 0 && at == a.n) at = f + size_t(std::find_if(x, x + k, [](float v) { return !std::isfinite(v); }) - x);
+            bad += b;
+        });
+        float v = 0.0f;
+        a.read(at, 1, &v);
         throw NonFiniteState(strfmt("step %d: %zu of %zu %s are not finite (the first at index %zu, %g); not "
                                     "saving: the checkpoints already written are kept (lower train.lr or check the "
                                     "data, then resume from the last one)",
-                                    step, bad, x.size(), part.first.c_str(), first, double(x[first])));
-    }
+                                    step, bad, a.n, a.what.c_str(), at, double(v)));
+    };
 }
+
+}  // namespace
+
+void check_finite_state(const StateView& state, int step) {
+    for (const SavedArray& a : saved_arrays(state, state.num_params))
+        if (a.read) for_each_chunk(checked(a, step), a.n, [](size_t, const float*, size_t) {});
+}
+
+void check_finite_state(const WholeState& whole, int step) { check_finite_state(view_of(whole, TrainState()), step); }
 
 nlohmann::json shard_list(const std::vector<std::string>& files) {
     nlohmann::json out = nlohmann::json::array();
@@ -197,7 +245,30 @@ std::string checkpoint_latest(const std::string& dir) {
 
 std::string checkpoint_save(const std::string& dir, const TrainState& st, const ModelShape& shape, int model_version,
                             const WholeState& whole, const nlohmann::json& config, int keep) {
-    check_finite_state(whole, st.step);
+    const size_t num_params = ::num_params(shape);
+    bool ok = whole.params.size() == num_params && whole.m.size() == num_params && whole.v.size() == num_params &&
+              (whole.master.empty() || whole.master.size() == num_params);
+    const LocalSgdState& local = whole.local_sgd;
+    ok = ok && (local.empty() || (local.anchor.size() == num_params && local.momentum.size() == num_params));
+    for (const ReplicaState& r : local.replicas)
+        ok = ok && r.params.size() == num_params && r.m.size() == num_params && r.v.size() == num_params &&
+             r.master.size() == whole.master.size();
+    for (const std::vector<float>& e : whole.powersgd.errors) ok = ok && e.size() == num_params;
+    LLMC_ASSERT(ok, "checkpoint_save: the whole state has the wrong size");
+    return checkpoint_save(dir, view_of(whole, st), shape, model_version, config, keep);
+}
+
+std::string checkpoint_save(const std::string& dir, const StateView& state, const ModelShape& shape, int model_version,
+                            const nlohmann::json& config, int keep) {
+    const TrainState& st = state.st;
+    const size_t num_params = ::num_params(shape);
+    LLMC_ASSERT(state.num_params == num_params && state.main.params && state.main.m && state.main.v,
+                "checkpoint_save: the state is of another model");
+    LLMC_ASSERT(state.local_dp == 0 || int(state.replicas.size()) + 1 == state.local_dp,
+                "checkpoint_save: the local SGD state has the wrong number of replicas");
+    for (const ArraysView& r : state.replicas)
+        LLMC_ASSERT(bool(r.master) == bool(state.main.master), "checkpoint_save: a replica's master weights differ");
+    LLMC_ASSERT(state.local_dp == 0 || state.psgd_errors.empty(), "checkpoint_save: PowerSGD comes with local SGD");
     make_dirs(dir, "checkpoint.dir");
     const std::string final_dir = dir + "/" + strfmt("step_%08d", st.step);
     const std::string tmp_dir = final_dir + ".tmp";
@@ -207,25 +278,11 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
                                "checkpoints are kept",
                                final_dir.c_str(), tmp_dir.c_str(), std::strerror(errno)));
     try {
-        const size_t num_params = ::num_params(shape);
-        LLMC_ASSERT(whole.params.size() == num_params && whole.m.size() == num_params && whole.v.size() == num_params &&
-                        (whole.master.empty() || whole.master.size() == num_params),
-                    "checkpoint_save: the whole state has the wrong size");
-        const LocalSgdState& local = whole.local_sgd;
-        bool local_ok = local.empty() || (local.anchor.size() == num_params && local.momentum.size() == num_params);
-        for (const ReplicaState& r : local.replicas)
-            local_ok = local_ok && r.params.size() == num_params && r.m.size() == num_params &&
-                       r.v.size() == num_params && r.master.size() == whole.master.size();
-        LLMC_ASSERT(local_ok, "checkpoint_save: the local SGD state has the wrong size");
-        const PowerSgdState& psgd = whole.powersgd;
-        bool psgd_ok = local.empty() || psgd.empty();
-        for (const std::vector<float>& e : psgd.errors) psgd_ok = psgd_ok && e.size() == num_params;
-        LLMC_ASSERT(psgd_ok, "checkpoint_save: the PowerSGD state has the wrong size (or comes with local SGD)");
+        const std::vector<SavedArray> arrays = saved_arrays(state, num_params);
         Checksum model_sum(CHECKSUM_XXH3);  // of the bytes written: the file is not read back
-        model_file_write(tmp_dir + "/model.bin", shape, whole.params.data(), model_version,
+        model_file_write(tmp_dir + "/model.bin", shape, checked(arrays[0], st.step), model_version,
                          [&](const void* p, size_t n) { model_sum.update(p, n); });
         fault_point("checkpoint_after_model", st.step);
-        const std::vector<float>&m_l = whole.m, &v_l = whole.v, &master_l = whole.master;
         nlohmann::json meta = {
             {"step", st.step},
             {"loader", {{"epoch", st.loader.epoch}, {"shard", st.loader.shard}, {"window", st.loader.window},
@@ -234,44 +291,48 @@ std::string checkpoint_save(const std::string& dir, const TrainState& st, const 
             {"skipped_steps", st.skipped},
             {"train_shards", st.train_shards},
             {"num_params", num_params},
-            {"has_master", !master_l.empty()},
-            {"fp8_bytes", whole.fp8.size()},  // absent in checkpoints from before fp8: read as 0
+            {"has_master", bool(state.main.master)},
+            {"fp8_bytes", state.fp8.size()},  // absent in checkpoints from before fp8: read as 0
             {"model_version", model_version},
             {"model_checksum", model_sum.digest()},
             {"config", config}};
-        if (!local.empty()) meta["local_sgd"] = {{"replicas", local.dp()}};
+        if (state.local_dp > 0) meta["local_sgd"] = {{"replicas", state.local_dp}};
         if (st.loss_scale > 0.0) meta["loss_scale"] = {{"scale", st.loss_scale}, {"clean_steps", st.loss_scale_clean}};
-        if (!psgd.empty()) meta["powersgd"] = {{"rank", psgd.rank}, {"replicas", psgd.dp()}, {"q_floats", psgd.q.size()}};
+        if (!state.psgd_errors.empty())
+            meta["powersgd"] = {{"rank", state.psgd_rank}, {"replicas", state.psgd_errors.size()},
+                                {"q_floats", state.psgd_q.size()}};
         const std::string meta_s = meta.dump();
-        // after the header and the metadata: m, v (master, fp8); local SGD's anchor, momentum, then
-        // each further replica's params, m, v (and master); PowerSGD's error feedback of each DP
-        // rank, then Q. The checksum covers the metadata and all of these, in this order.
-        const size_t nbytes = num_params * sizeof(float);
-        std::vector<std::pair<const void*, size_t>> body = {{m_l.data(), nbytes}, {v_l.data(), nbytes}};
-        if (!master_l.empty()) body.push_back({master_l.data(), nbytes});
-        if (!whole.fp8.empty()) body.push_back({whole.fp8.data(), whole.fp8.size()});
-        if (!local.empty()) body.insert(body.end(), {{local.anchor.data(), nbytes}, {local.momentum.data(), nbytes}});
-        for (const ReplicaState& r : local.replicas)
-            for (const std::vector<float>* x : {&r.params, &r.m, &r.v, &r.master})
-                if (!x->empty()) body.push_back({x->data(), nbytes});
-        for (const std::vector<float>& e : psgd.errors) body.push_back({e.data(), nbytes});
-        if (!psgd.empty()) body.push_back({psgd.q.data(), psgd.q.size() * sizeof(float)});
-        Checksum sum(CHECKSUM_XXH3);
-        sum.update(meta_s.data(), meta_s.size());
-        for (const auto& x : body) sum.update(x.first, x.second);
-        const uint64_t h = sum.digest();
-        const int32_t version =
-            !local.empty() ? STATE_VERSION_LOCAL_SGD : !psgd.empty() ? STATE_VERSION_POWERSGD : STATE_VERSION;
+        // the header, its checksum written last: of the metadata and every array after it (all but
+        // the weights), in this order
+        const int32_t version = state.local_dp > 0            ? STATE_VERSION_LOCAL_SGD
+                                : !state.psgd_errors.empty() ? STATE_VERSION_POWERSGD
+                                                              : STATE_VERSION;
         int32_t header[8] = {STATE_MAGIC, version, int32_t(meta_s.size()), CHECKSUM_XXH3, 0, 0, 0, 0};
+        AtomicFile f(tmp_dir + "/state.bin");
+        f.write(header, sizeof(header));
+        Checksum sum(CHECKSUM_XXH3);
+        auto put = [&](const void* p, size_t n) {
+            sum.update(p, n);
+            f.write(p, n);
+        };
+        put(meta_s.data(), meta_s.size());
+        for (size_t k = 1; k < arrays.size(); k++) {
+            if (arrays[k].bytes) put(arrays[k].bytes->data(), arrays[k].bytes->size());
+            else for_each_chunk(checked(arrays[k], st.step), arrays[k].n,
+                                [&](size_t, const float* x, size_t n) { put(x, n * sizeof(float)); });
+        }
+        const uint64_t h = sum.digest();
         std::memcpy(&header[4], &h, sizeof(h));
-        std::vector<std::pair<const void*, size_t>> parts = {{header, sizeof(header)}, {meta_s.data(), meta_s.size()}};
-        parts.insert(parts.end(), body.begin(), body.end());
-        write_file_atomic(tmp_dir + "/state.bin", parts);
+        f.write_at(0, header, sizeof(header));
+        f.commit();
         fault_point("checkpoint_after_state", st.step);
     } catch (const UserError& e) {  // a full disk, say: named by the checkpoint the user will look for
         remove_tree(tmp_dir);
         throw UserError(strfmt("checkpoint.dir: cannot save checkpoint %s; earlier checkpoints are kept: %s",
                                final_dir.c_str(), e.what()));
+    } catch (...) {  // NonFiniteState: nothing of this checkpoint is left
+        remove_tree(tmp_dir);
+        throw;
     }
     remove_tree(final_dir);  // an incomplete folder of the same step from an earlier crash
     if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
@@ -507,6 +568,7 @@ StateView view_of(const WholeState& whole, const TrainState& st) {
     };
     StateView v;
     v.st = st;
+    v.num_params = whole.params.size();
     v.main = {of(whole.params), of(whole.m), of(whole.v), of(whole.master)};
     const LocalSgdState& local = whole.local_sgd;
     v.local_dp = local.dp();
@@ -537,6 +599,7 @@ StateView checkpoint_open(const std::string& path, const ModelShape& shape) {
 
     StateView v;
     v.st = sm.st;
+    v.num_params = num_params;
     auto state = std::make_shared<PieceFile>(state_path, v.bytes_read);
     auto model = std::make_shared<PieceFile>(model_path, v.bytes_read);
     auto array = [num_params](std::shared_ptr<PieceFile> f, uint64_t base, size_t elem) -> ReadFileOrder {

@@ -95,29 +95,39 @@ struct WholeState {
 struct NonFiniteState : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
+struct StateView;
 // Throws NonFiniteState naming the first non-finite tensor element (by llm.c order index) and
 // the step, so that nothing non-finite is ever saved (a checkpoint or the final model).
+void check_finite_state(const StateView& state, int step);
 void check_finite_state(const WholeState& whole, int step);
 
 // Latest complete checkpoint folder in dir, or "" when there is none.
 std::string checkpoint_latest(const std::string& dir);
-// Saves, then deletes complete checkpoints older than the newest `keep` and stale temporaries.
-// Throws UserError (the previous checkpoints are kept) when writing fails.
-// Called by one process (rank 0) with the whole state. model_version: 3 (fp32) or 5 (bf16) for model.bin.
+// Saves state (state.st: its TrainState), then deletes complete checkpoints older than the newest
+// `keep` and stale temporaries. Each array is read a chunk at a time as it is written (from the
+// ranks' pieces gathered to world rank 0, never assembled whole: llmc/train/layout.h), checked
+// finite (NonFiniteState, as check_finite_state) and hashed. Throws UserError when writing fails;
+// either way the previous checkpoints are kept and nothing of this one is left.
+// Called by one process (rank 0). model_version: 3 (fp32) or 5 (bf16) for model.bin.
+std::string checkpoint_save(const std::string& dir, const StateView& state, const ModelShape& shape, int model_version,
+                            const nlohmann::json& config, int keep);
+// The same from a whole state in memory.
 std::string checkpoint_save(const std::string& dir, const TrainState& st, const ModelShape& shape, int model_version,
                             const WholeState& whole, const nlohmann::json& config, int keep);
 // Loads a checkpoint folder into *whole. Every rank may call it. Throws UserError naming the
 // file when it is incomplete, corrupt, truncated or of another model shape.
 TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole);
 
-// A checkpoint's state as a rank takes it when it resumes: each array (llm.c order, num_params
-// elements) handed out in pieces, so that a rank reads only what it holds (its tensor- and
-// pipeline-parallel piece of the weights, its ZeRO shard of the moments: Model::from_file_order).
+// A checkpoint's state with each array (llm.c order, num_params elements) handed out in pieces:
+// as a rank takes it when it resumes, so that it reads only what it holds (its tensor- and
+// pipeline-parallel piece of the weights, its ZeRO shard of the moments: Model::from_file_order);
+// and as checkpoint_save writes it, from the ranks' gathered pieces.
 struct ArraysView {
     ReadFileOrder params, m, v, master;  // master: null when the checkpoint keeps none
 };
 struct StateView {
     TrainState st;
+    size_t num_params = 0;  // each array's elements
     ArraysView main;  // DP rank 0's (WholeState's params, m, v, master)
     // local SGD (empty: local_dp 0): the DP ranks saved, the outer state, replicas 1 .. local_dp - 1
     int local_dp = 0;

@@ -167,7 +167,7 @@ std::vector<float> model_file_read(const std::string& path, const ModelShape* ex
     return out;
 }
 
-void model_file_write(const std::string& path, const ModelShape& s, const float* params, int version,
+void model_file_write(const std::string& path, const ModelShape& s, const ReadFileOrder& params, int version,
                       const std::function<void(const void*, size_t)>& bytes) {
     LLMC_ASSERT(version == 3 || version == 5, "model file version must be 3 or 5");
     int32_t h[256] = {0};
@@ -193,13 +193,25 @@ void model_file_write(const std::string& path, const ModelShape& s, const float*
         h[16] = s.moe.expert_ffn_dim;
         h[17] = s.moe.every;
     }
-    const size_t n = num_params(s);
-    std::vector<uint16_t> tmp(version == 3 ? 0 : n);
-    for (size_t i = 0; i < tmp.size(); i++) tmp[i] = f32_to_bf16_bits(params[i]);
-    const std::vector<std::pair<const void*, size_t>> parts = {
-        {h, sizeof(h)}, version == 3 ? std::make_pair(static_cast<const void*>(params), n * sizeof(float))
-                                     : std::make_pair(static_cast<const void*>(tmp.data()), n * sizeof(uint16_t))};
-    write_file_atomic(path, parts);
-    if (bytes)
-        for (const auto& part : parts) bytes(part.first, part.second);
+    AtomicFile f(path);
+    auto put = [&](const void* p, size_t n) {
+        f.write(p, n);
+        if (bytes) bytes(p, n);
+    };
+    put(h, sizeof(h));
+    std::vector<uint16_t> half;
+    for_each_chunk(params, num_params(s), [&](size_t, const float* x, size_t k) {
+        if (version == 3) return put(x, k * sizeof(float));
+        half.resize(k);
+        for (size_t i = 0; i < k; i++) half[i] = f32_to_bf16_bits(x[i]);
+        put(half.data(), k * sizeof(uint16_t));
+    });
+    f.commit();
+}
+
+void model_file_write(const std::string& path, const ModelShape& s, const float* params, int version,
+                      const std::function<void(const void*, size_t)>& bytes) {
+    model_file_write(path, s, [params](size_t first, size_t n, float* out) {
+        std::memcpy(out, params + first, n * sizeof(float));
+    }, version, bytes);
 }

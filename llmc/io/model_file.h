@@ -35,4 +35,7 @@ void check_finite_weights(const std::vector<float>& w, const ModelShape& shape, 
 // the file back).
 void model_file_write(const std::string& path, const ModelShape& shape, const float* params_llmc, int version,
                       const std::function<void(const void*, size_t)>& bytes = nullptr);
+// The same from the weights handed out in pieces (a checkpoint's gathered pieces: for_each_chunk).
+void model_file_write(const std::string& path, const ModelShape& shape, const ReadFileOrder& params, int version,
+                      const std::function<void(const void*, size_t)>& bytes = nullptr);
 

@@ -225,6 +225,15 @@ ParamLayout param_layout(const ModelShape& s, const ModelLayout& layout, size_t 
     return p;
 }
 
+void for_each_chunk(const ReadFileOrder& read, size_t n, const std::function<void(size_t, const float*, size_t)>& f) {
+    std::vector<float> buf(std::min(n, size_t(1) << 20));
+    for (size_t first = 0; first < n; first += buf.size()) {
+        const size_t k = std::min(buf.size(), n - first);
+        read(first, k, buf.data());
+        f(first, buf.data(), k);
+    }
+}
+
 std::vector<float> pick_file_order(const ParamLayout& layout, const ReadFileOrder& read,
                                    const std::vector<std::pair<size_t, size_t>>& runs) {
     std::vector<size_t> at(runs.size() + 1, 0);  // where each run starts in the packed output

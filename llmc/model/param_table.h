@@ -207,6 +207,9 @@ ParamLayout param_layout(const ModelShape& s, const ModelLayout& layout, size_t 
 // A whole model's array in file order, handed out in pieces: read(first, n, out) writes elements
 // [first, first + n) to out (a checkpoint's file read where it lies, or a whole copy in memory).
 using ReadFileOrder = std::function<void(size_t first, size_t n, float* out)>;
+// All n elements of read, in order, a chunk at a time (up to 1M elements, 4 MB, read into one
+// buffer): f(first, chunk, k) for elements [first, first + k). What a save streams to its files.
+void for_each_chunk(const ReadFileOrder& read, size_t n, const std::function<void(size_t, const float*, size_t)>& f);
 // This layout's elements at the memory positions in runs ([begin, end) of the padded flat buffer,
 // ascending, disjoint), packed one run after another, taken from read. Only those elements are
 // read (replicated tensors and the tied head copy included: this rank holds them); padding is 0.

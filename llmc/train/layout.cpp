@@ -69,54 +69,73 @@ std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig&
     return whole;
 }
 
+size_t FileOrderMap::gathered() const {
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    return total;
+}
+
+void FileOrderMap::read(const float* gathered, size_t first, size_t n, float* out) const {
+    const size_t total = runs.empty() ? 0 : runs.back().file + runs.back().n;
+    LLMC_ASSERT(first <= total && n <= total - first, "a read past the end of the model");
+    // the run holding first: the last one that starts at or before it
+    auto it = std::upper_bound(runs.begin(), runs.end(), first, [](size_t f, const Run& r) { return f < r.file; }) - 1;
+    while (n > 0) {
+        const size_t skip = first - it->file, k = std::min(n, it->n - skip);
+        std::memcpy(out, gathered + it->at + skip, k * sizeof(float));
+        out += k, first += k, n -= k;
+        ++it;
+    }
+}
+
+FileOrderMap file_order_map(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple) {
+    const int members = pc.tp * pc.pp * pc.ep;
+    FileOrderMap map;
+    std::vector<FileOrderMap::Run> runs;
+    size_t base = 0;
+    for (int i = 0; i < members; i++) {
+        size_t n = 0;
+        const std::vector<ParamSpec> table =
+            param_table(shape, model_layout(shape, pc, i % pc.tp, i / (pc.tp * pc.ep), i / pc.tp % pc.ep), &n);
+        for (const ParamSpec& p : table) {
+            if (!p.primary) continue;
+            for_each_run(p, [&](size_t loc, size_t dst, size_t k) { runs.push_back({dst, base + p.offset + loc, k}); });
+        }
+        map.counts.push_back(padded_param_count(n, pad_multiple));
+        base += map.counts.back();
+    }
+    std::sort(runs.begin(), runs.end(), [](const FileOrderMap::Run& a, const FileOrderMap::Run& b) { return a.file < b.file; });
+    size_t covered = 0;  // [0, covered) of the whole model mapped
+    for (const FileOrderMap::Run& r : runs) {
+        LLMC_ASSERT(r.file == covered, "file_order_map: the layouts' primary pieces do not tile the model");
+        FileOrderMap::Run* last = map.runs.empty() ? nullptr : &map.runs.back();
+        if (last && last->at + last->n == r.at) last->n += r.n;
+        else map.runs.push_back(r);
+        covered = r.file + r.n;
+    }
+    LLMC_ASSERT(covered == num_params(shape), "file_order_map: the layouts' primary pieces do not tile the model");
+    return map;
+}
+
+void gather_pieces(const FileOrderMap& map, const std::vector<float>& local, Comm& mp, std::vector<float>& all) {
+    LLMC_ASSERT(int(map.counts.size()) == mp.size(), "gather_pieces: the map is of another mp group");
+    LLMC_ASSERT(local.size() == map.counts[size_t(mp.rank())], "gather_pieces: local buffer of the wrong size");
+    if (mp.size() == 1) return;
+    if (mp.rank() == 0) all.resize(map.gathered());
+    else all.clear();
+    mp.gather(local.data(), mp.rank() == 0 ? all.data() : nullptr, map.counts, 0);
+}
+
 void assemble_whole(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple,
                     const std::vector<float>& local, Comm& mp, std::vector<float>& whole) {
-    const int members = mp.size();
-    LLMC_ASSERT(members == pc.tp * pc.pp * pc.ep, "the mp group must hold tp x pp x ep ranks");
-    std::vector<ModelLayout> layouts;
-    std::vector<std::vector<ParamSpec>> tables;
-    std::vector<size_t> counts;
-    for (int i = 0; i < members; i++) {
-        layouts.push_back(model_layout(shape, pc, i % pc.tp, i / (pc.tp * pc.ep), i / pc.tp % pc.ep));
-        size_t n = 0;
-        tables.push_back(param_table(shape, layouts.back(), &n));
-        counts.push_back((n + pad_multiple - 1) / pad_multiple * pad_multiple);
-    }
-    LLMC_ASSERT(local.size() == counts[size_t(mp.rank())], "assemble_whole: local buffer of the wrong size");
-    // every member's buffer, one after another (alone: the local one, not a copy of it)
-    std::vector<float> all;
-    const float* from = local.data();
-    if (members > 1) {
-        if (mp.rank() == 0) {
-            size_t total = 0;
-            for (size_t c : counts) total += c;
-            all.resize(total);
-        }
-        mp.gather(local.data(), mp.rank() == 0 ? all.data() : nullptr, counts, 0);
-        from = all.data();
-    }
+    LLMC_ASSERT(mp.size() == pc.tp * pc.pp * pc.ep, "the mp group must hold tp x pp x ep ranks");
+    const FileOrderMap map = file_order_map(shape, pc, pad_multiple);
+    std::vector<float> all;  // every member's buffer, one after another (alone: the local one)
+    gather_pieces(map, local, mp, all);
     if (mp.rank() != 0) {
         whole.clear();
         return;
     }
     whole.resize(num_params(shape));
-    std::vector<std::pair<size_t, size_t>> runs;  // (first, count) of whole's elements copied
-    size_t base = 0;
-    for (int i = 0; i < members; i++) {
-        for (const ParamSpec& p : tables[size_t(i)]) {
-            if (!p.primary) continue;
-            for_each_run(p, [&](size_t loc, size_t dst, size_t n) {
-                std::memcpy(&whole[dst], from + base + p.offset + loc, n * sizeof(float));
-                runs.emplace_back(dst, n);
-            });
-        }
-        base += counts[size_t(i)];
-    }
-    std::sort(runs.begin(), runs.end());
-    size_t covered = 0;  // whole[0, covered) was written
-    for (const auto& r : runs) {
-        LLMC_ASSERT(r.first <= covered, "assemble_whole: the layouts' primary pieces do not cover the model");
-        covered = std::max(covered, r.first + r.second);
-    }
-    LLMC_ASSERT(covered == whole.size(), "assemble_whole: the layouts' primary pieces do not cover the model");
+    map.read(mp.size() == 1 ? local.data() : all.data(), 0, whole.size(), whole.data());
 }
