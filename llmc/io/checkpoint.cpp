@@ -192,9 +192,8 @@ std::vector<SavedArray> saved_arrays(const StateView& s, size_t num_params) {
 }
 
 size_t count_nonfinite(const float* x, size_t n) {
-    size_t bad = 0;  // count them all: no early exit, so the loop vectorises (and splits over threads)
-#pragma omp parallel for reduction(+ : bad) schedule(static) if (n > (1 << 18))
-    for (long i = 0; i < long(n); i++) bad += !std::isfinite(x[size_t(i)]);
+    size_t bad = 0;  // count them all: no early exit, so the loop vectorises
+    for (size_t i = 0; i < n; i++) bad += !std::isfinite(x[i]);
     return bad;
 }
 
