@@ -68,7 +68,7 @@ double now_ms() {
 using Batches = std::vector<std::vector<int32_t>>;
 
 // What a save gathers, kept from one save to the next: DP rank 0's (tp, pp, ep) piece in memory
-// order, and on world rank 0 under model parallelism every piece of its mp group, one after
+// order, and on world rank 0 under model parallelism the other pieces of its mp group, one after
 // another (alone, its own piece is the whole model). Never assembled whole: checkpoint_save reads
 // each array in file order a chunk at a time, through the FileOrderMap (a whole copy in file order
 // doubled world rank 0's host memory for a save: here (CPU, 326M parameters, one process) 12.9 GB
@@ -78,8 +78,8 @@ using Batches = std::vector<std::vector<int32_t>>;
 struct SaveBuffers {
     OptimizerState local;
     std::vector<float> params;
-    OptimizerState all;  // world rank 0 under model parallelism: the mp group's pieces
-    std::vector<float> all_params;
+    OptimizerState others;  // world rank 0 under model parallelism: the mp group's other pieces
+    std::vector<float> others_params;
     WholeState rest;  // local SGD's and PowerSGD's state (llm.c order, CPU only) and fp8's
     StateView view;   // world rank 0: what a save writes, read from the above
 };
@@ -110,14 +110,14 @@ void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalS
     auto map = std::make_shared<const FileOrderMap>(file_order_map(model.shape, pc, pad));
     // x's pieces to world rank 0, read in file order (null: x is empty on every member, as master is
     // where the model is fp32)
-    auto gathered = [&](const std::vector<float>& x, std::vector<float>& all) -> ReadFileOrder {
+    auto gathered = [&](const std::vector<float>& x, std::vector<float>& others) -> ReadFileOrder {
         if (x.empty()) return nullptr;
-        gather_pieces(*map, x, mp, all);
-        const float* p = mp.size() == 1 ? x.data() : all.data();
-        return [map, p](size_t first, size_t n, float* out) { map->read(p, first, n, out); };
+        return [map, members = gather_pieces(*map, x, mp, others)](size_t first, size_t n, float* out) {
+            map->read(members, first, n, out);
+        };
     };
-    const ArraysView main = {gathered(b.params, b.all_params), gathered(b.local.m, b.all.m),
-                             gathered(b.local.v, b.all.v), gathered(b.local.master, b.all.master)};
+    const ArraysView main = {gathered(b.params, b.others_params), gathered(b.local.m, b.others.m),
+                             gathered(b.local.v, b.others.v), gathered(b.local.master, b.others.master)};
     auto assemble = [&](const std::vector<float>& x) {  // local SGD's and PowerSGD's: assembled whole
         std::vector<float> out;
         if (!x.empty()) assemble_whole(model.shape, pc, pad, x, mp, out);

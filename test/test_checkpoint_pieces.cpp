@@ -250,8 +250,8 @@ std::string file_bytes(const std::string& path) {
 }  // namespace
 
 TEST_CASE("checkpoint_save from the mp group's gathered pieces writes what a whole state writes", "[checkpoint]") {
-    // tp = 2 x pp = 2: each member's piece (pick_file_order) of every array, the pieces one after
-    // another as gather_pieces lays them out, read back through file_order_map: the files must be
+    // tp = 2 x pp = 2: each member's piece (pick_file_order) of every array, read back through
+    // file_order_map as gather_pieces hands them out: the files must be
     // those of the whole state, byte for byte (1.13M parameters: two chunks of the save's 1M)
     const TempDir tmp("llmc_pieces_save");
     const ParallelConfig pc = layout_config(2, 2);
@@ -262,20 +262,22 @@ TEST_CASE("checkpoint_save from the mp group's gathered pieces writes what a who
         const ReadFileOrder read = [&](size_t first, size_t k, float* out) {
             std::memcpy(out, whole.data() + first, k * sizeof(float));
         };
-        std::vector<float> all;
+        std::vector<std::vector<float>> pieces;
         for (int i = 0; i < 4; i++) {
             const ParamLayout pl = param_layout(kShape5, model_layout(kShape5, pc, i % 2, i / 2), pad);
-            const std::vector<float> piece = pick_file_order(pl, read, {{0, pl.padded_params}});
-            all.insert(all.end(), piece.begin(), piece.end());
+            pieces.push_back(pick_file_order(pl, read, {{0, pl.padded_params}}));
         }
-        return all;
+        return pieces;
     };
-    auto view_of_pieces = [&](const std::vector<std::vector<float>>& all, const TrainState& st) {
+    using Pieces = std::vector<std::vector<float>>;
+    auto view_of_pieces = [&](const std::vector<Pieces>& all, const TrainState& st) {
         StateView v;
         v.st = st;
         v.num_params = num_params(kShape5);
-        auto reader = [&](const std::vector<float>& x) -> ReadFileOrder {
-            return [map, p = x.data()](size_t first, size_t n, float* out) { map->read(p, first, n, out); };
+        auto reader = [&](const Pieces& x) -> ReadFileOrder {
+            std::vector<const float*> members;
+            for (const std::vector<float>& piece : x) members.push_back(piece.data());
+            return [map, members](size_t first, size_t n, float* out) { map->read(members, first, n, out); };
         };
         v.main = {reader(all[0]), reader(all[1]), reader(all[2]), reader(all[3])};
         v.fp8 = w.fp8;
@@ -283,8 +285,8 @@ TEST_CASE("checkpoint_save from the mp group's gathered pieces writes what a who
     };
     TrainState st;
     st.step = 3;
-    const std::vector<std::vector<float>> all = {gathered(w.params), gathered(w.m), gathered(w.v), gathered(w.master)};
-    REQUIRE(all[0].size() == map->gathered());
+    const std::vector<Pieces> all = {gathered(w.params), gathered(w.m), gathered(w.v), gathered(w.master)};
+    REQUIRE(all[0].size() == 4);
     checkpoint_save(tmp.file("whole"), st, kShape5, 5, w, nlohmann::json::object(), 1);
     checkpoint_save(tmp.file("pieces"), view_of_pieces(all, st), kShape5, 5, nlohmann::json::object(), 1);
     for (const char* f : {"/step_00000003/model.bin", "/step_00000003/state.bin"}) {
@@ -307,7 +309,7 @@ TEST_CASE("checkpoint_save from the mp group's gathered pieces writes what a who
     REQUIRE(n > 1050000);
     v[1050000] = NAN;
     v[n - 1] = INFINITY;
-    const std::vector<std::vector<float>> bad = {all[0], all[1], gathered(v), all[3]};
+    const std::vector<Pieces> bad = {all[0], all[1], gathered(v), all[3]};
     st.step = 4;
     CHECK_THROWS_WITH(checkpoint_save(tmp.file("pieces"), view_of_pieces(bad, st), kShape5, 5, nlohmann::json::object(), 1),
                       Catch::Contains("step 4: 2 of " + std::to_string(n) + " Adam v are not finite (the first at index 1050000, nan)"));

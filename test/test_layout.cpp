@@ -144,11 +144,10 @@ TEST_CASE("layout: assemble_whole puts every element at its llm.c index, also in
     CHECK(other == fresh);
 }
 
-TEST_CASE("layout: file_order_map reads any window of the whole model from the mp group's gathered pieces",
+TEST_CASE("layout: file_order_map reads any window of the whole model from the mp group's pieces",
           "[layout]") {
     // every member's buffer holds each element's own llm.c index (replicas and the tied head copy
-    // too; padding -1), the buffers one after another as gather_pieces lays them out: a read of
-    // [first, first + n) must come out as first, first + 1, ...
+    // too; padding -1): a read of [first, first + n) must come out as first, first + 1, ...
     ModelShape moe = small_shape();
     moe.moe.num_experts = 4;
     moe.moe.top_k = 2;
@@ -169,7 +168,7 @@ TEST_CASE("layout: file_order_map reads any window of the whole model from the m
         REQUIRE(total < (size_t(1) << 24));  // every index exact in a float
         const FileOrderMap map = file_order_map(c.s, pc, pad);
         REQUIRE(int(map.counts.size()) == c.tp * c.pp * c.ep);
-        std::vector<float> all;
+        std::vector<std::vector<float>> locals;
         for (int i = 0; i < c.tp * c.pp * c.ep; i++) {  // member i: tp_rank i % tp, ep_rank i / tp % ep, pp_rank i / (tp ep)
             size_t n = 0;
             const std::vector<ParamSpec> table =
@@ -180,25 +179,28 @@ TEST_CASE("layout: file_order_map reads any window of the whole model from the m
                 for_each_run(p, [&](size_t loc, size_t dst, size_t cnt) {
                     for (size_t k = 0; k < cnt; k++) local[p.offset + loc + k] = float(dst + k);
                 });
-            all.insert(all.end(), local.begin(), local.end());
+            locals.push_back(std::move(local));
         }
-        REQUIRE(all.size() == map.gathered());
+        std::vector<const float*> members;
+        for (const std::vector<float>& l : locals) members.push_back(l.data());
         const std::pair<size_t, size_t> windows[] = {{0, total}, {0, 1}, {total - 1, 1}, {total / 3, 1000},
                                                      {77, total / 2}, {total, 0}};
         for (const auto& w : windows) {
             std::vector<float> got(w.second, NAN);
-            map.read(all.data(), w.first, w.second, got.data());
+            map.read(members, w.first, w.second, got.data());
             size_t wrong = 0;
             for (size_t k = 0; k < w.second; k++) wrong += got[k] != float(w.first + k);
             INFO("window [" << w.first << ", +" << w.second << ")");
             CHECK(wrong == 0);
         }
-        // the runs: ascending, contiguous, joined where the gathered buffer is contiguous too
+        // the runs: ascending, contiguous, joined where a member's buffer is contiguous too
         size_t at = 0;
         for (size_t k = 0; k < map.runs.size(); k++) {
             CHECK(map.runs[k].file == at);
             at += map.runs[k].n;
-            if (k > 0) CHECK(map.runs[k - 1].at + map.runs[k - 1].n != map.runs[k].at);
+            const FileOrderMap::Run& r = map.runs[k];
+            CHECK(r.at + r.n <= map.counts[size_t(r.member)]);
+            if (k > 0) CHECK((map.runs[k - 1].member != r.member || map.runs[k - 1].at + map.runs[k - 1].n != r.at));
         }
         CHECK(at == total);
     }

@@ -69,20 +69,15 @@ std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig&
     return whole;
 }
 
-size_t FileOrderMap::gathered() const {
-    size_t total = 0;
-    for (size_t c : counts) total += c;
-    return total;
-}
-
-void FileOrderMap::read(const float* gathered, size_t first, size_t n, float* out) const {
+void FileOrderMap::read(const std::vector<const float*>& members, size_t first, size_t n, float* out) const {
+    LLMC_ASSERT(members.size() == counts.size(), "FileOrderMap::read: a buffer for each member");
     const size_t total = runs.empty() ? 0 : runs.back().file + runs.back().n;
     LLMC_ASSERT(first <= total && n <= total - first, "a read past the end of the model");
     // the run holding first: the last one that starts at or before it
     auto it = std::upper_bound(runs.begin(), runs.end(), first, [](size_t f, const Run& r) { return f < r.file; }) - 1;
     while (n > 0) {
         const size_t skip = first - it->file, k = std::min(n, it->n - skip);
-        std::memcpy(out, gathered + it->at + skip, k * sizeof(float));
+        std::memcpy(out, members[size_t(it->member)] + it->at + skip, k * sizeof(float));
         out += k, first += k, n -= k;
         ++it;
     }
@@ -92,24 +87,22 @@ FileOrderMap file_order_map(const ModelShape& shape, const ParallelConfig& pc, s
     const int members = pc.tp * pc.pp * pc.ep;
     FileOrderMap map;
     std::vector<FileOrderMap::Run> runs;
-    size_t base = 0;
     for (int i = 0; i < members; i++) {
         size_t n = 0;
         const std::vector<ParamSpec> table =
             param_table(shape, model_layout(shape, pc, i % pc.tp, i / (pc.tp * pc.ep), i / pc.tp % pc.ep), &n);
         for (const ParamSpec& p : table) {
             if (!p.primary) continue;
-            for_each_run(p, [&](size_t loc, size_t dst, size_t k) { runs.push_back({dst, base + p.offset + loc, k}); });
+            for_each_run(p, [&](size_t loc, size_t dst, size_t k) { runs.push_back({dst, k, i, p.offset + loc}); });
         }
         map.counts.push_back(padded_param_count(n, pad_multiple));
-        base += map.counts.back();
     }
     std::sort(runs.begin(), runs.end(), [](const FileOrderMap::Run& a, const FileOrderMap::Run& b) { return a.file < b.file; });
     size_t covered = 0;  // [0, covered) of the whole model mapped
     for (const FileOrderMap::Run& r : runs) {
         LLMC_ASSERT(r.file == covered, "file_order_map: the layouts' primary pieces do not tile the model");
         FileOrderMap::Run* last = map.runs.empty() ? nullptr : &map.runs.back();
-        if (last && last->at + last->n == r.at) last->n += r.n;
+        if (last && last->member == r.member && last->at + last->n == r.at) last->n += r.n;
         else map.runs.push_back(r);
         covered = r.file + r.n;
     }
@@ -117,25 +110,38 @@ FileOrderMap file_order_map(const ModelShape& shape, const ParallelConfig& pc, s
     return map;
 }
 
-void gather_pieces(const FileOrderMap& map, const std::vector<float>& local, Comm& mp, std::vector<float>& all) {
+std::vector<const float*> gather_pieces(const FileOrderMap& map, const std::vector<float>& local, Comm& mp,
+                                        std::vector<float>& others) {
     LLMC_ASSERT(int(map.counts.size()) == mp.size(), "gather_pieces: the map is of another mp group");
     LLMC_ASSERT(local.size() == map.counts[size_t(mp.rank())], "gather_pieces: local buffer of the wrong size");
-    if (mp.size() == 1) return;
-    if (mp.rank() == 0) all.resize(map.gathered());
-    else all.clear();
-    mp.gather(local.data(), mp.rank() == 0 ? all.data() : nullptr, map.counts, 0);
+    // member by member (send and recv go in chunks): a gather's int counts and offsets would stop
+    // at 2^31 elements, 8 GB, which a model of some 7B parameters reaches at tp = 8
+    if (mp.rank() != 0) {
+        others.clear();
+        mp.send(local.data(), local.size(), 0);
+        return {};
+    }
+    size_t total = 0;  // member 0's own piece stays where it is
+    for (size_t i = 1; i < map.counts.size(); i++) total += map.counts[i];
+    others.resize(total);
+    std::vector<const float*> members = {local.data()};
+    for (size_t i = 1, at = 0; i < map.counts.size(); at += map.counts[i], i++) {
+        mp.recv(others.data() + at, map.counts[i], int(i));
+        members.push_back(others.data() + at);
+    }
+    return members;
 }
 
 void assemble_whole(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple,
                     const std::vector<float>& local, Comm& mp, std::vector<float>& whole) {
     LLMC_ASSERT(mp.size() == pc.tp * pc.pp * pc.ep, "the mp group must hold tp x pp x ep ranks");
     const FileOrderMap map = file_order_map(shape, pc, pad_multiple);
-    std::vector<float> all;  // every member's buffer, one after another (alone: the local one)
-    gather_pieces(map, local, mp, all);
+    std::vector<float> others;
+    const std::vector<const float*> members = gather_pieces(map, local, mp, others);
     if (mp.rank() != 0) {
         whole.clear();
         return;
     }
     whole.resize(num_params(shape));
-    map.read(mp.size() == 1 ? local.data() : all.data(), 0, whole.size(), whole.data());
+    map.read(members, 0, whole.size(), whole.data());
 }

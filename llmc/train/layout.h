@@ -26,25 +26,27 @@ void check_fits_host_memory(const ModelShape& shape);
 // The part of the model the rank at (tp_rank, pp_rank, ep_rank) holds under this parallel config.
 ModelLayout model_layout(const ModelShape& shape, const ParallelConfig& pc, int tp_rank, int pp_rank, int ep_rank = 0);
 
-// Where each element of the whole model (llm.c order) lies in the mp group's buffers gathered one
-// after another (member 0's first, each ParamLayout::padded_params elements, built with
-// pad_multiple): runs of primary copies only (replicas of TP-replicated tensors and the tied head
-// copy are skipped), ascending, joined where contiguous on both sides, tiling [0, num_params).
+// Where each element of the whole model (llm.c order) lies in the mp group's buffers (each member's
+// ParamLayout::padded_params elements, built with pad_multiple): runs of primary copies only
+// (replicas of TP-replicated tensors and the tied head copy are skipped), ascending, joined where
+// contiguous in one member's buffer too, tiling [0, num_params).
 struct FileOrderMap {
     struct Run {
-        size_t file, at, n;  // whole-model elements [file, file + n) are the gathered [at, at + n)
+        size_t file, n;  // whole-model elements [file, file + n) ...
+        int member;      // ... are member's [at, at + n)
+        size_t at;
     };
     std::vector<Run> runs;
     std::vector<size_t> counts;  // each member's buffer
-    size_t gathered() const;     // their sum
-    // Elements [first, first + n) of the whole model from gathered (gathered() elements) into out.
-    void read(const float* gathered, size_t first, size_t n, float* out) const;
+    // Elements [first, first + n) of the whole model into out, from the members' buffers.
+    void read(const std::vector<const float*>& members, size_t first, size_t n, float* out) const;
 };
 FileOrderMap file_order_map(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple);
-// Collective over the mp group: member 0 gets every member's local buffer one after another into
-// all (map.gathered() elements; its memory is reused), the others leave it empty. A group of one
-// copies nothing: its local buffer is the gathered one.
-void gather_pieces(const FileOrderMap& map, const std::vector<float>& local, Comm& mp, std::vector<float>& all);
+// Collective over the mp group: member 0 gets the other members' local buffers one after another
+// into others (its memory is reused) and returns every member's buffer for FileOrderMap::read (its
+// own: local, not a copy); the others leave others empty and get an empty vector.
+std::vector<const float*> gather_pieces(const FileOrderMap& map, const std::vector<float>& local, Comm& mp,
+                                        std::vector<float>& others);
 
 // Collective over the mp group (pp x ep x tp ranks, ProcessGrid::model_groups): every member passes its host copy of a model-sized buffer in its
 // own memory order (ParamLayout::padded_params elements, built with pad_multiple); member 0 gets the whole
