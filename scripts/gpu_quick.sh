@@ -21,7 +21,7 @@
 
 # test_gpu's filters, in the order they run (test/e2e/test_gpu_check_list.sh checks this list
 # against test/gpu/test_gpu.cu)
-TEST_GPU_FILTERS="ptx encoder encoder_slice layernorm residual matmul attention attention_gqa attention_mt2 attention_bwd32 attention_fused attention_wgmma attention_wgmma_mn rmsnorm rope
+TEST_GPU_FILTERS="ptx encoder encoder_slice layernorm host_copies residual matmul attention attention_gqa attention_mt2 attention_bwd32 attention_fused attention_wgmma attention_wgmma_mn rmsnorm rope
 attention_ring swiglu moe cross_entropy cross_entropy_vp adamw sum_squares step_ops step_graph offload reference model_step fp8"
 QUICK_STEPS=${QUICK_STEPS:-10}
 

@@ -196,12 +196,18 @@ public:
             return;
         }
         LLMC_ASSERT(src.dtype == DType::BF16 || src.dtype == DType::F16, "to_host_f32: unsupported dtype");
-        std::vector<uint16_t> tmp(src.n);
-        to_host_bytes(tmp.data(), src.ptr, src.bytes());
-        if (src.dtype == DType::F16)
-            for (size_t i = 0; i < src.n; i++) dst[i] = f16_bits_to_f32(tmp[i]);
-        else
-            for (size_t i = 0; i < src.n; i++) dst[i] = bf16_bits_to_f32(tmp[i]);
+        // in slices of up to kHalfSlice elements through one buffer: a bf16 model's weights read back
+        // whole (a checkpoint's) took a second, fresh copy of them (3 GB at 1.5B parameters)
+        const size_t slice = std::min(src.n, kHalfSlice);
+        std::unique_ptr<uint16_t[]> tmp(new uint16_t[slice]);
+        const bool f16 = src.dtype == DType::F16;
+        for (size_t at = 0; at < src.n; at += slice) {
+            const long k = long(std::min(slice, src.n - at));
+            to_host_bytes(tmp.get(), static_cast<const uint16_t*>(src.ptr) + at, size_t(k) * sizeof(uint16_t));
+            float* out = dst + at;
+#pragma omp parallel for schedule(static) if (k >= (1 << 22))
+            for (long i = 0; i < k; i++) out[i] = f16 ? f16_bits_to_f32(tmp[i]) : bf16_bits_to_f32(tmp[i]);
+        }
     }
     void from_host_f32(Tensor dst, const float* src) override {
         if (!dst.n) return;
@@ -210,14 +216,19 @@ public:
             return;
         }
         LLMC_ASSERT(dst.dtype == DType::BF16 || dst.dtype == DType::F16, "from_host_f32: unsupported dtype");
-        // (every thread converts, and first touches, a slice: a model's weights are gigabytes)
-        std::unique_ptr<uint16_t[]> tmp(new uint16_t[dst.n]);
-        const long n = long(dst.n);
+        // in slices through one buffer, as to_host_f32 (each upload of a slice waits for its copy)
+        const size_t slice = std::min(dst.n, kHalfSlice);
+        std::unique_ptr<uint16_t[]> tmp(new uint16_t[slice]);
         const bool f16 = dst.dtype == DType::F16;
-#pragma omp parallel for schedule(static) if (n >= (1 << 22))
-        for (long i = 0; i < n; i++) tmp[i] = f16 ? f32_to_f16_bits(src[i]) : f32_to_bf16_bits(src[i]);
-        from_host_bytes(dst.ptr, tmp.get(), dst.bytes());
+        for (size_t at = 0; at < dst.n; at += slice) {
+            const long k = long(std::min(slice, dst.n - at));
+            const float* in = src + at;
+#pragma omp parallel for schedule(static) if (k >= (1 << 22))
+            for (long i = 0; i < k; i++) tmp[i] = f16 ? f32_to_f16_bits(in[i]) : f32_to_bf16_bits(in[i]);
+            from_host_bytes(static_cast<uint16_t*>(dst.ptr) + at, tmp.get(), size_t(k) * sizeof(uint16_t));
+        }
     }
+    static constexpr size_t kHalfSlice = size_t(1) << 26;  // 64M elements: 128 MB of bf16
     std::string graph_step_begin(uint64_t key) override {
         return graph_.begin(stream_, key, counters_.host_syncs - upload_waits_);
     }

@@ -176,6 +176,36 @@ void test_layernorm_too_wide(H& h) {
            strfmt("[%s C=%d]", dtype_name(h.dt), C), what.substr(0, 120));
 }
 
+// A 16-bit tensor longer than the backend's slice of one copy (64M elements): from_host_f32 and
+// to_host_f32 convert through one buffer, a slice at a time. Every element comes back where it was,
+// and the device holds the dtype's bits of each value (read raw), on both sides of the slices' seams.
+void test_host_copies(H& h) {
+    const size_t n = (size_t(1) << 26) + 4099;
+    const std::string sh = strfmt("[%s n=%zu]", dtype_name(h.dt), n);
+    auto value = [](size_t i) { return float(int(i % 251) - 125) * 0.25f; };  // exact in bf16 and fp16
+    std::vector<float> up(n), back(n, NAN);
+    for (size_t i = 0; i < n; i++) up[i] = value(i);
+    void* d = h.gpu.alloc(n * dtype_size(h.dt));
+    const Tensor t(d, n, h.dt);
+    h.gpu.from_host_f32(t, up.data());
+    h.gpu.to_host_f32(back.data(), t);
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++) wrong += std::memcmp(&up[i], &back[i], 4) != 0;
+    report(wrong == 0, "host_copies.round_trip", sh, strfmt("%zu of %zu elements differ", wrong, n));
+    const size_t seam = size_t(1) << 26;
+    bool bits_ok = true;
+    for (size_t at : {size_t(0), seam - 2, n - 3}) {
+        uint16_t raw[3];
+        h.gpu.to_host_bytes(raw, static_cast<const uint16_t*>(d) + at, sizeof(raw));
+        for (size_t k = 0; k < 3; k++) {
+            const float v = value(at + k);
+            bits_ok = bits_ok && raw[k] == (h.dt == DType::F16 ? f32_to_f16_bits(v) : f32_to_bf16_bits(v));
+        }
+    }
+    report(bits_ok, "host_copies.device_bits", sh, "elements 0-2, at the seam and the last three");
+    h.gpu.release(d);
+}
+
 // off > 0: every view starts `off` elements past an aligned address (no 16-byte packs)
 void test_residual(H& h, size_t n, int off) {
     const std::string sh = strfmt("[%s n=%zu%s]", dtype_name(h.dt), n, off ? strfmt(" off=%d", off).c_str() : "");

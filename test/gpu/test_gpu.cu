@@ -112,6 +112,8 @@ int main(int argc, char** argv) {
             [&](const C& c) { test_layernorm(h, c.dims[0], c.dims[1], c.dims.size() > 2 ? c.dims[2] : 0); });
         // (CUDA's rule: the backward's shared-memory accumulators bound d_model; the CPU has none)
         if (want("layernorm") && !on_cpu) guarded("layernorm_too_wide", [&] { test_layernorm_too_wide(h); });
+        // (16-bit dtypes: fp32 copies are one memcpy; the CPU backend keeps fp32 only)
+        if (want("host_copies") && !on_cpu && dt != DType::F32) guarded("host_copies", [&] { test_host_copies(h); });
         run("residual", "residual",
             [&](const C& c) { test_residual(h, size_t(c.dims[0]), c.dims.size() > 1 ? c.dims[1] : 0); });
         run("matmul", "matmul", [&](const C& c) {
