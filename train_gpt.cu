@@ -639,10 +639,10 @@ void finish_save(Run& r) {
 // failure there loses no training. Nothing non-finite is written.
 void write_state(Run& r, SaveBuffers& b, bool final, bool background) {
     StateView& view = b.view;
-    r.conv->save(b.rest);
-    view.fp8 = b.rest.fp8;
     view.st = r.state;
     if (!final || r.cfg.checkpoint.every > 0) {  // (checkpoint_save checks the state as it writes)
+        r.conv->save(b.rest);
+        view.fp8 = b.rest.fp8;
         if (background) {  // the rest by value: training goes on changing r (b: untouched until collected)
             r.pending_save.start([dir = r.ckpt_dir, v = &view, shape = r.shape,
                                   version = r.dtype == DType::BF16 ? 5 : 3, config = r.cfg.resolved,
