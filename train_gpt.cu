@@ -80,7 +80,12 @@ struct SaveBuffers {
     std::vector<float> params;
     OptimizerState others;  // world rank 0 under model parallelism: the mp group's other pieces
     std::vector<float> others_params;
-    WholeState rest;  // local SGD's and PowerSGD's state (llm.c order, CPU only) and fp8's
+    // local SGD's outer state and replicas, PowerSGD's error feedback (DP rank 0, memory
+    // order, as gathered), and the other pieces of each on world rank 0: not kept between saves
+    LocalSgdState outer;
+    std::vector<std::vector<float>> errors;
+    std::vector<std::vector<float>> extra_others;
+    WholeState rest;  // fp8's state
     StateView view;   // world rank 0: what a save writes, read from the above
 };
 
@@ -92,19 +97,20 @@ void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalS
                   const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid, SaveBuffers& b) {
     dp.gather_optimizer_state(opt, b.local);  // DP rank 0 gets its (tp, pp) piece whole
     dp.gather_params(b.params);
-    LocalSgdState outer;  // DP rank 0: memory order
+    LocalSgdState& outer = b.outer;  // DP rank 0: memory order
+    outer = {};
     if (local_sgd) {
         ReplicaState mine;
         mine.params = dp.local_params();
         opt.get_state(mine.m, mine.v, mine.master);
         outer = local_sgd->gather(mine);
     }
-    std::vector<std::vector<float>> errors;  // DP rank 0: every DP rank's, memory order
+    b.errors.clear();  // DP rank 0: every DP rank's, memory order
     std::vector<float> q;
-    if (powersgd) powersgd->gather(&errors, &q);
-    WholeState& rest = b.rest;
-    rest = {};
+    if (powersgd) powersgd->gather(&b.errors, &q);
+    b.rest = {};
     b.view = {};
+    b.extra_others.clear();
     if (grid.shard_rank() != 0) return;
     const size_t pad = DataParallel::pad_multiple(grid.shard_size());
     auto map = std::make_shared<const FileOrderMap>(file_order_map(model.shape, pc, pad));
@@ -116,28 +122,31 @@ void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalS
             map->read(members, first, n, out);
         };
     };
-    const ArraysView main = {gathered(b.params, b.others_params), gathered(b.local.m, b.others.m),
-                             gathered(b.local.v, b.others.v), gathered(b.local.master, b.others.master)};
-    auto assemble = [&](const std::vector<float>& x) {  // local SGD's and PowerSGD's: assembled whole
-        std::vector<float> out;
-        if (!x.empty()) assemble_whole(model.shape, pc, pad, x, mp, out);
-        return out;
+    auto gathered_extra = [&](const std::vector<float>& x) {
+        b.extra_others.emplace_back();
+        return gathered(x, b.extra_others.back());
     };
+    StateView& v = b.view;
+    v.main = {gathered(b.params, b.others_params), gathered(b.local.m, b.others.m), gathered(b.local.v, b.others.v),
+              gathered(b.local.master, b.others.master)};
     if (local_sgd) {
-        rest.local_sgd.anchor = assemble(outer.anchor);
-        rest.local_sgd.momentum = assemble(outer.momentum);
+        v.local_dp = outer.dp();
+        v.anchor = gathered_extra(outer.anchor);
+        v.momentum = gathered_extra(outer.momentum);
         for (const ReplicaState& r : outer.replicas)
-            rest.local_sgd.replicas.push_back({assemble(r.params), assemble(r.m), assemble(r.v), assemble(r.master)});
+            v.replicas.push_back({gathered_extra(r.params), gathered_extra(r.m), gathered_extra(r.v),
+                                  gathered_extra(r.master)});
     }
     if (powersgd) {
-        rest.powersgd.rank = powersgd->plan().rank;
-        for (const std::vector<float>& e : errors) rest.powersgd.errors.push_back(assemble(e));
-        rest.powersgd.q = std::move(q);
+        v.psgd_rank = powersgd->plan().rank;
+        for (const std::vector<float>& e : b.errors) v.psgd_errors.push_back(gathered_extra(e));
+        v.psgd_q = std::move(q);
     }
-    if (mp.rank() != 0) return;
-    b.view = view_of(rest, TrainState());
-    b.view.num_params = num_params(model.shape);
-    b.view.main = main;
+    if (mp.rank() != 0) {
+        v = {};
+        return;
+    }
+    v.num_params = num_params(model.shape);
 }
 
 // Test hook: with LLMC_DUMP_GRADS=<file>, the first step's summed gradient of the whole model is
