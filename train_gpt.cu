@@ -85,8 +85,7 @@ struct SaveBuffers {
     LocalSgdState outer;
     std::vector<std::vector<float>> errors;
     std::vector<std::vector<float>> extra_others;
-    WholeState rest;  // fp8's state
-    StateView view;   // world rank 0: what a save writes, read from the above
+    StateView view;  // world rank 0: what a save writes, read from the above
 };
 
 // The whole model and optimizer state, as b.view on world rank 0 (empty elsewhere): ZeRO shards
@@ -108,7 +107,6 @@ void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalS
     b.errors.clear();  // DP rank 0: every DP rank's, memory order
     std::vector<float> q;
     if (powersgd) powersgd->gather(&b.errors, &q);
-    b.rest = {};
     b.view = {};
     b.extra_others.clear();
     if (grid.shard_rank() != 0) return;
@@ -650,8 +648,7 @@ void write_state(Run& r, SaveBuffers& b, bool final, bool background) {
     StateView& view = b.view;
     view.st = r.state;
     if (!final || r.cfg.checkpoint.every > 0) {  // (checkpoint_save checks the state as it writes)
-        r.conv->save(b.rest);
-        view.fp8 = b.rest.fp8;
+        r.conv->save(view.fp8);
         if (background) {  // the rest by value: training goes on changing r (b: untouched until collected)
             r.pending_save.start([dir = r.ckpt_dir, v = &view, shape = r.shape,
                                   version = r.dtype == DType::BF16 ? 5 : 3, config = r.cfg.resolved,

@@ -38,8 +38,9 @@ public:
     virtual void end_step(Comm& world, float* word) {}
     // That number, read back: the converter's fields of the step's log record and console line.
     virtual void log_step(float word, nlohmann::json& record, std::string& line) {}
-    // The converter's part of a checkpoint (WholeState::fp8), and its resumption from one.
-    virtual void save(WholeState& whole) const {}
+    // The converter's part of a checkpoint (WholeState::fp8, StateView::fp8: none here), and its
+    // resumption from one.
+    virtual void save(std::vector<uint8_t>& fp8) const { fp8.clear(); }
     virtual void load(const std::vector<uint8_t>& fp8, const std::string& from, Logger& log) = 0;
 };
 

@@ -108,14 +108,14 @@ public:
 
     // The host state advanced by the backend's overflow counts, scales and histories (a read back:
     // checkpoints only)
-    void save(WholeState& whole) const override {
+    void save(std::vector<uint8_t>& fp8) const override {
         std::vector<float> img(fp8_image_floats(dev_.n, dev_.history));
         ops_.to_host_bytes(img.data(), dev_.scale, img.size() * sizeof(float));
         Fp8State now = state_;
         const size_t n = size_t(dev_.n);  // the image: scale[n], hist[n H], overflows[n] (fp8_device_in)
         now.import_image(img.data(), img.data() + n,
                          reinterpret_cast<const uint32_t*>(img.data() + n * (dev_.history + 1)));
-        whole.fp8 = now.save();
+        fp8 = now.save();
     }
     // The scaling state resumes with the weights (bit-exact). A checkpoint of another precision
     // continues with a fresh state, with a note; other fp8.* settings than the checkpoint's are

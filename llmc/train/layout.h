@@ -52,8 +52,8 @@ std::vector<const float*> gather_pieces(const FileOrderMap& map, const std::vect
 // own memory order (ParamLayout::padded_params elements, built with pad_multiple); member 0 gets the whole
 // model in llm.c order (num_params elements), the others an empty vector. Only primary
 // copies are taken (replicas of TP-replicated tensors and the tied head copy are skipped).
-// Into whole: its memory is reused (a checkpoint's buffers, kept from one save to the next, take
-// no fresh pages: here (CPU) fresh pages made most of a save's time).
+// Into whole: its memory is reused. (The gradient dump's; a checkpoint reads the gathered pieces
+// through a FileOrderMap instead.)
 void assemble_whole(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple,
                     const std::vector<float>& local, Comm& mp, std::vector<float>& whole);
 std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple,
