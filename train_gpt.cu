@@ -446,8 +446,9 @@ void resume_powersgd(Run& r, const StateView& saved, const std::string& from) {
 constexpr double kInitialLossScale = 65536.0;
 
 // The initial weights (random or a file), or a checkpoint to continue from, which any layout
-// resumes: world rank 0 reads it whole and checks its checksums, every other rank reads only the
-// pieces it holds (its part of the weights, its ZeRO shard of the optimizer state). No collective:
+// resumes: every rank reads only the pieces it holds (its part of the weights, its ZeRO shard of the
+// optimizer state), world rank 0 having checked the whole files first (their checksums, the
+// weights finite) in constant memory: no rank holds the whole state. No collective:
 // train() agrees on its UserErrors, so that one every rank finds is said once, by rank 0, and rank
 // 0's finding (a corrupt file) stops the others before any step.
 void init_or_resume(Run& r) {
@@ -472,9 +473,8 @@ void init_or_resume(Run& r) {
     r.state.train_shards = shard_list(r.train_data.files());
     bool outer_loaded = false;
     if (!from.empty()) {
-        WholeState whole;  // world rank 0's
-        const StateView saved = r.rt.is_main() ? view_of(whole, checkpoint_load(from, r.shape, &whole))
-                                               : checkpoint_open(from, r.shape);
+        if (r.rt.is_main()) checkpoint_load(from, r.shape, nullptr);
+        const StateView saved = checkpoint_open(from, r.shape);
         r.state = saved.st;
         check_resume_within(r.state, r.tc.steps, from);
         const std::string changes =  // refused unless checkpoint.allow_changes when they break exactness

@@ -176,3 +176,119 @@ TEST_CASE("checkpoint: damage in the metadata is called corrupt; a well-formed b
     CHECK_THAT(error_of([&] { checkpoint_load(tmp.file("short"), s, &back); }),
                Catch::Contains("short/state.bin") && Catch::Contains("checksum mismatch"));
 }
+
+namespace {
+// A checkpoint folder's files made consistent again after an edit: model.bin's checksum into the
+// metadata (re-serialised), state.bin's over everything after its header (XXH3, as written here)
+void reseal(const std::string& dir) {
+    const std::string model = read_all(dir + "/model.bin"), state = read_all(dir + "/state.bin");
+    nlohmann::json meta = metadata(state);
+    meta["model_checksum"] = XXH3_64bits(model.data(), model.size());
+    const std::string meta_s = meta.dump();
+    std::string out = state.substr(0, 32) + meta_s + state.substr(32 + size_t(header_int(state, 2)));
+    const int32_t meta_len = int32_t(meta_s.size());
+    std::memcpy(&out[8], &meta_len, sizeof(meta_len));
+    const uint64_t h = XXH3_64bits(out.data() + 32, out.size() - 32);
+    std::memcpy(&out[16], &h, sizeof(h));
+    write_all(dir + "/state.bin", out);
+}
+std::vector<float> ramp(size_t n, float scale, float base) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; i++) x[i] = base + scale * float(i % 1013);
+    return x;
+}
+}  // namespace
+
+// World rank 0's check before a resume reads its pieces: checkpoint_load with no WholeState reads
+// both files through a buffer, and must find what the whole load finds, with its very message:
+// damage in each array (among them those it reads and drops: v, master, a local SGD replica, a
+// PowerSGD error feedback), in the metadata, in model.bin, a file cut short or one too long,
+// non-finite weights in a file whose checksums hold.
+TEST_CASE("checkpoint_load without a WholeState checks what the whole load checks, with its messages",
+          "[checkpoint]") {
+    const TempDir tmp("llmc_verify");
+    const ModelShape s{2, 2, 128, 100, 128, 16};
+    const size_t n = num_params(s);
+    REQUIRE(n * sizeof(float) > (size_t(1) << 20));  // each array more than one of the load's 1 MB reads
+    WholeState w;
+    w.params = ramp(n, 1e-3f, 0.0f);
+    w.m = ramp(n, 1e-4f, -0.1f);
+    w.v = ramp(n, 1e-5f, 1.0f);
+    w.master = ramp(n, 1e-3f, 0.5f);
+    w.local_sgd.anchor = ramp(n, 2e-3f, 0.0f);
+    w.local_sgd.momentum = ramp(n, 3e-3f, 0.0f);
+    w.local_sgd.replicas.push_back({ramp(n, 1e-3f, 2.0f), ramp(n, 1e-3f, 3.0f), ramp(n, 1e-3f, 4.0f),
+                                    ramp(n, 1e-3f, 5.0f)});
+    TrainState st;
+    st.step = 5;
+    const std::string local = checkpoint_save(tmp.file("local"), st, s, 5, w, nlohmann::json::object(), 1);
+    WholeState p = w;
+    p.local_sgd = {};
+    p.powersgd.rank = 2;
+    p.powersgd.errors = {ramp(n, 1e-3f, -1.0f), ramp(n, 1e-3f, -2.0f)};
+    p.powersgd.q = ramp(300, 1.0f, 0.0f);
+    st.step = 6;
+    const std::string psgd = checkpoint_save(tmp.file("psgd"), st, s, 3, p, nlohmann::json::object(), 1);
+
+    // intact: the step, and nothing else to hand out
+    CHECK(checkpoint_load(local, s, nullptr).step == 5);
+    CHECK(checkpoint_load(psgd, s, nullptr).step == 6);
+
+    const std::string local_state = read_all(local + "/state.bin"), psgd_state = read_all(psgd + "/state.bin");
+    const size_t arrays = 32 + size_t(header_int(local_state, 2)), bytes = n * sizeof(float);
+    struct Case {
+        std::string name;  // a folder under tmp
+        std::string src, file;
+        size_t at;
+    };
+    const size_t psgd_arrays = 32 + size_t(header_int(psgd_state, 2));
+    const std::vector<Case> flips = {
+        {"m", local, "state.bin", arrays + 5},
+        {"v_end", local, "state.bin", arrays + 2 * bytes - 1},
+        {"master", local, "state.bin", arrays + 2 * bytes + bytes / 2},
+        {"momentum", local, "state.bin", arrays + 4 * bytes + 7},
+        {"replica_master", local, "state.bin", local_state.size() - 9},
+        {"meta", local, "state.bin", local_state.find("\"step\":5") + 7},
+        {"model_bf16", local, "model.bin", 1024 + n},
+        {"error_2", psgd, "state.bin", psgd_arrays + 4 * bytes + 11},
+        {"q", psgd, "state.bin", psgd_state.size() - 1},
+    };
+    std::vector<std::string> dirs;
+    for (const Case& c : flips) {
+        copy_flipped(c.src, tmp.file(c.name), c.file, c.at);
+        dirs.push_back(tmp.file(c.name));
+    }
+    // cut short by one float, and one float too long (both resealed: only the size is wrong)
+    copy_flipped(psgd, tmp.file("short"));
+    write_all(tmp.file("short/state.bin"), psgd_state.substr(0, psgd_state.size() - 4));
+    reseal(tmp.file("short"));
+    copy_flipped(local, tmp.file("long"));
+    write_all(tmp.file("long/state.bin"), local_state + std::string(4, '\0'));
+    reseal(tmp.file("long"));
+    // a NaN and an Inf in the middle of a fp32 model.bin, the checksums made to hold
+    copy_flipped(psgd, tmp.file("nan"));
+    std::string model = read_all(psgd + "/model.bin");
+    const float bad[2] = {NAN, INFINITY};
+    std::memcpy(&model[1024 + 4 * (n / 2)], bad, sizeof(bad));
+    write_all(tmp.file("nan/model.bin"), model);
+    reseal(tmp.file("nan"));
+    for (const char* d : {"short", "long", "nan"}) dirs.push_back(tmp.file(d));
+
+    for (const std::string& dir : dirs) {
+        INFO(dir);
+        WholeState back;
+        const std::string whole_error = error_of([&] { checkpoint_load(dir, s, &back); });
+        REQUIRE_FALSE(whole_error.empty());
+        CHECK(error_of([&] { checkpoint_load(dir, s, nullptr); }) == whole_error);
+    }
+    CHECK_THAT(error_of([&] { checkpoint_load(tmp.file("replica_master"), s, nullptr); }),
+               Catch::Contains("replica_master/state.bin: checksum mismatch"));
+    CHECK_THAT(error_of([&] { checkpoint_load(tmp.file("error_2"), s, nullptr); }),
+               Catch::Contains("error_2/state.bin: checksum mismatch"));
+    CHECK_THAT(error_of([&] { checkpoint_load(tmp.file("model_bf16"), s, nullptr); }),
+               Catch::Contains("model_bf16/model.bin: checksum mismatch"));
+    CHECK_THAT(error_of([&] { checkpoint_load(tmp.file("long"), s, nullptr); }),
+               Catch::Contains("truncated or wrong size"));
+    CHECK_THAT(error_of([&] { checkpoint_load(tmp.file("nan"), s, nullptr); }),
+               Catch::Contains("nan/model.bin: 2 of " + std::to_string(n) + " parameters are not finite"));
+}

@@ -675,7 +675,9 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
         // the model: its shape must agree with the config (model_file_read validates what it reads)
         const uint64_t model_stored = meta_u64(meta, "model_checksum", state_path, "");
         Checksum model_sum(kind);
-        params = model_file_read(model_path, &shape, [&](const void* p, size_t n) { model_sum.update(p, n); });
+        auto hashed = [&](const void* p, size_t n) { model_sum.update(p, n); };
+        if (whole) params = model_file_read(model_path, &shape, hashed);
+        else model_file_scan(model_path, &shape, hashed);
         if (model_sum.digest() != model_stored)
             throw UserError(strfmt("checkpoint %s: checksum mismatch (corrupt file)", model_path.c_str()));
         sm = state_meta(meta, header[1], num_params, state_path);
@@ -689,35 +691,38 @@ TrainState checkpoint_load(const std::string& path, const ModelShape& shape, Who
         throw;
     }
     const bool has_master = sm.has_master;
-    std::vector<float> m_l(num_params), v_l(num_params), master_l(has_master ? num_params : 0);
+    // whole null: each array read through a piece's buffer, hashed and dropped (x stays empty)
+    std::vector<char> scratch(whole ? 0 : piece);
+    auto skip = [&](size_t n) {
+        for (size_t at = 0; at < n; at += piece)
+            if (!read(scratch.data(), std::min(piece, n - at))) return false;
+        return true;
+    };
+    auto read_all = [&](std::vector<float>& x, size_t n) {
+        if (!whole) return skip(n * sizeof(float));
+        x.resize(n);
+        return read(x.data(), n * sizeof(float));
+    };
+    std::vector<float> m_l, v_l, master_l;
     std::vector<uint8_t> fp8(sm.fp8_bytes);
     LocalSgdState local;
-    if (sm.replicas > 0) {
-        local.anchor.resize(num_params);
-        local.momentum.resize(num_params);
-        local.replicas.resize(size_t(sm.replicas - 1));
-    }
-    auto read_all = [&](std::vector<float>& x) { return read(x.data(), x.size() * sizeof(float)); };
-    bool ok = read_all(m_l) && read_all(v_l) && read_all(master_l) && read(fp8.data(), fp8.size()) &&
-              read_all(local.anchor) && read_all(local.momentum);
-    for (ReplicaState& r : local.replicas) {
-        for (std::vector<float>* x : {&r.params, &r.m, &r.v}) x->resize(num_params);
-        r.master.resize(has_master ? num_params : 0);
-        ok = ok && read_all(r.params) && read_all(r.m) && read_all(r.v) && read_all(r.master);
-    }
+    const size_t local_n = sm.replicas > 0 ? num_params : 0;
+    bool ok = read_all(m_l, num_params) && read_all(v_l, num_params) && read_all(master_l, has_master ? num_params : 0) &&
+              read(fp8.data(), fp8.size()) && read_all(local.anchor, local_n) && read_all(local.momentum, local_n);
+    local.replicas.resize(sm.replicas > 0 ? size_t(sm.replicas - 1) : 0);
+    for (ReplicaState& r : local.replicas)
+        ok = ok && read_all(r.params, num_params) && read_all(r.m, num_params) && read_all(r.v, num_params) &&
+             read_all(r.master, has_master ? num_params : 0);
     PowerSgdState psgd;
     psgd.rank = sm.psgd_rank;
     psgd.errors.resize(sm.psgd_ranks);
-    for (std::vector<float>& e : psgd.errors) {
-        e.resize(num_params);
-        ok = ok && read_all(e);
-    }
-    psgd.q.resize(sm.q_floats);
-    ok = ok && read_all(psgd.q);
+    for (std::vector<float>& e : psgd.errors) ok = ok && read_all(e, num_params);
+    ok = ok && read_all(psgd.q, sm.q_floats);
     char extra;
     if (!ok || in.read(&extra, 1))
         throw UserError(strfmt("checkpoint %s: truncated or wrong size for %zu parameters", sp, num_params));
     if (sum.digest() != stored) throw UserError(corrupt);
+    if (!whole) return sm.st;
 
     whole->params = std::move(params);
     whole->m = std::move(m_l);

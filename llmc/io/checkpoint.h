@@ -37,7 +37,7 @@ struct TrainState {
     int loss_scale_clean = 0;
     // What an exact continuation depends on besides the above (compared on resume, llmc/run/run_dir.h):
     // the training shards as [base name, bytes] pairs (shard_list()), null in older checkpoints;
-    // and, filled by checkpoint_load only, the resolved config of the run that saved it.
+    // and, filled when a checkpoint is read, the resolved config of the run that saved it.
     nlohmann::json train_shards;
     nlohmann::json config;
 };
@@ -115,7 +115,9 @@ std::string checkpoint_save(const std::string& dir, const StateView& state, cons
 std::string checkpoint_save(const std::string& dir, const TrainState& st, const ModelShape& shape, int model_version,
                             const WholeState& whole, const nlohmann::json& config, int keep);
 // Loads a checkpoint folder into *whole. Every rank may call it. Throws UserError naming the
-// file when it is incomplete, corrupt, truncated or of another model shape.
+// file when it is incomplete, corrupt, truncated or of another model shape, or its weights are not
+// finite. With whole null it checks all of that and keeps nothing: both files are read through a
+// buffer of 1 MB and hashed (what world rank 0 does before a resume reads its pieces).
 TrainState checkpoint_load(const std::string& path, const ModelShape& shape, WholeState* whole);
 
 // A checkpoint's state with each array (llm.c order, num_params elements) handed out in pieces:
@@ -147,9 +149,9 @@ StateView view_of(const WholeState& whole, const TrainState& st);
 // asked for (at the open only the small sections: fp8's bytes, PowerSGD's Q). What it checks before
 // it returns, with the messages of checkpoint_load: the DONE marker, state.bin's header and
 // metadata, model.bin's header against shape, both files' sizes. Not the checksums, which cover
-// whole files: world rank 0 resumes with checkpoint_load, which checks them, and every rank stops
-// on its error (train()'s agreement) before any step. A read that fails or comes short is a
-// UserError naming the file.
+// whole files, nor the weights' finiteness: world rank 0 checks them first (checkpoint_load with
+// no WholeState), and every rank stops on its error (train()'s agreement) before any step. A read
+// that fails or comes short is a UserError naming the file.
 StateView checkpoint_open(const std::string& path, const ModelShape& shape);
 
 // The checksums of a checkpoint's two files are of the kind in state.bin's header (its fourth

@@ -72,27 +72,50 @@ ModelShape model_file_shape(const std::string& path, int* version) {
     return s;
 }
 
-void check_finite_weights(const std::vector<float>& w, const ModelShape& shape, const std::string& file) {
-    size_t bad = 0;  // counted without an early exit, so the loop vectorises
-    for (float x : w) bad += !std::isfinite(x);
-    if (bad == 0) return;
-    size_t first = 0;
-    while (std::isfinite(w[first])) first++;
-    std::string tensor = "?";
-    size_t offset = 0;
-    for (const TensorDecl& d : model_tensors(shape)) {
-        const bool per_layer = d.part == ModelPart::Layer;
-        const size_t n = d.rows * d.cols, count = per_layer ? size_t(shape.n_layer) : 1;
-        if (first < offset + n * count) {
-            const size_t k = (first - offset) / n;
-            tensor = (per_layer ? strfmt(d.name.c_str(), int(k)) : d.name) + strfmt(" element %zu", first - offset - k * n);
-            break;
+namespace {
+
+// Non-finite weights counted over a file read in pieces: their number, the first's index and value.
+struct NonFinite {
+    size_t bad = 0, first = 0;
+    float value = 0.0f;
+    void add(const float* x, size_t k, size_t at) {
+        size_t b = 0;  // counted without an early exit, so the loop vectorises
+        for (size_t i = 0; i < k; i++) b += !std::isfinite(x[i]);
+        if (b > 0 && bad == 0) {
+            size_t i = 0;
+            while (std::isfinite(x[i])) i++;
+            first = at + i, value = x[i];
         }
-        offset += n * count;
+        bad += b;
     }
-    throw UserError(strfmt("model file %s: %zu of %zu parameters are not finite (the first in tensor %s, %g): not a "
-                           "usable model",
-                           file.c_str(), bad, w.size(), tensor.c_str(), double(w[first])));
+    // UserError naming the file, the count and the first's tensor (its file-order name) and element
+    void check(const ModelShape& shape, size_t n, const std::string& file) const {
+        if (bad == 0) return;
+        std::string tensor = "?";
+        size_t offset = 0;
+        for (const TensorDecl& d : model_tensors(shape)) {
+            const bool per_layer = d.part == ModelPart::Layer;
+            const size_t size = d.rows * d.cols, count = per_layer ? size_t(shape.n_layer) : 1;
+            if (first < offset + size * count) {
+                const size_t k = (first - offset) / size;
+                tensor = (per_layer ? strfmt(d.name.c_str(), int(k)) : d.name) +
+                         strfmt(" element %zu", first - offset - k * size);
+                break;
+            }
+            offset += size * count;
+        }
+        throw UserError(strfmt("model file %s: %zu of %zu parameters are not finite (the first in tensor %s, %g): "
+                               "not a usable model",
+                               file.c_str(), bad, n, tensor.c_str(), double(value)));
+    }
+};
+
+}  // namespace
+
+void check_finite_weights(const std::vector<float>& w, const ModelShape& shape, const std::string& file) {
+    NonFinite nf;
+    nf.add(w.data(), w.size(), 0);
+    nf.check(shape, w.size(), file);
 }
 
 ModelShape model_file_check(const std::string& path, const ModelShape* expect, int* version_out) {
@@ -138,33 +161,51 @@ ModelShape model_file_check(const std::string& path, const ModelShape* expect, i
     return s;
 }
 
-std::vector<float> model_file_read(const std::string& path, const ModelShape* expect,
-                                   const std::function<void(const void*, size_t)>& bytes) {
+// model_file_read and model_file_scan: the file in pieces of 256K elements, each handed to bytes
+// while it is in the cache, widened to fp32 into *whole (or, null, into a piece's buffer: nothing
+// kept), and checked finite.
+static void read_weights(const std::string& path, const ModelShape* expect,
+                         const std::function<void(const void*, size_t)>& bytes, std::vector<float>* whole) {
     int version = 0;
     const ModelShape s = model_file_check(path, expect, &version);
     const size_t n = num_params(s), elem = version == 3 ? 4 : 2;
+    if (whole) whole->resize(n);
+    float* out = whole ? whole->data() : nullptr;
     FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) throw UserError(strfmt("model file %s: cannot open", path.c_str()));
     char header[1024];
     bool ok = std::fread(header, 1, sizeof(header), f) == sizeof(header);
     if (ok && bytes) bytes(header, sizeof(header));
-    std::vector<float> out(n);
-    // in pieces of 256K elements, each handed to bytes while it is in the cache
     const size_t piece = size_t(1) << 18;
     std::vector<uint16_t> tmp(version == 3 ? 0 : std::min(n, piece));
+    std::vector<float> scratch(out ? 0 : std::min(n, piece));
+    NonFinite nf;
     for (size_t at = 0; ok && at < n; at += piece) {
         const size_t k = std::min(piece, n - at);
-        void* dst = version == 3 ? static_cast<void*>(out.data() + at) : static_cast<void*>(tmp.data());
+        float* x = out ? out + at : scratch.data();
+        void* dst = version == 3 ? static_cast<void*>(x) : static_cast<void*>(tmp.data());
         ok = std::fread(dst, elem, k, f) == k;
         if (!ok) break;
         if (bytes) bytes(dst, k * elem);
         if (version != 3)
-            for (size_t i = 0; i < k; i++) out[at + i] = bf16_bits_to_f32(tmp[i]);
+            for (size_t i = 0; i < k; i++) x[i] = bf16_bits_to_f32(tmp[i]);
+        nf.add(x, k, at);
     }
     std::fclose(f);
     if (!ok) throw UserError(strfmt("model file %s: read failed", path.c_str()));
-    check_finite_weights(out, s, path);
+    nf.check(s, n, path);
+}
+
+std::vector<float> model_file_read(const std::string& path, const ModelShape* expect,
+                                   const std::function<void(const void*, size_t)>& bytes) {
+    std::vector<float> out;
+    read_weights(path, expect, bytes, &out);
     return out;
+}
+
+void model_file_scan(const std::string& path, const ModelShape* expect,
+                     const std::function<void(const void*, size_t)>& bytes) {
+    read_weights(path, expect, bytes, nullptr);
 }
 
 void model_file_write(const std::string& path, const ModelShape& s, const ReadFileOrder& params, int version,

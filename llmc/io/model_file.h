@@ -26,6 +26,10 @@ ModelShape model_file_check(const std::string& path, const ModelShape* expect, i
 // given, sees every byte of the file in order as it is read (a checkpoint's checksum: one pass).
 std::vector<float> model_file_read(const std::string& path, const ModelShape* expect,
                                    const std::function<void(const void*, size_t)>& bytes = nullptr);
+// Checks a model file as model_file_read does (the shape, the size, every weight finite; bytes sees
+// every byte) and keeps nothing: constant memory, whatever the model's size.
+void model_file_scan(const std::string& path, const ModelShape* expect,
+                     const std::function<void(const void*, size_t)>& bytes = nullptr);
 // Throws UserError naming `file`, the tensor (its file-order name, e.g. "h.1.qkvw") and the element
 // when a weight of w (llm.c order, num_params(shape) elements) is NaN or infinite: such a file is
 // no model to train from or to resume (model_file_read checks what it reads).

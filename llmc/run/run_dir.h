@@ -37,7 +37,7 @@ struct ResumeChange {
     bool breaks = false;        // the run can no longer continue exactly as the saved one would have
 };
 
-// The differences between the run that saved `saved` (loaded by checkpoint_load) and this run: cfg
+// The differences between the run that saved `saved` (read from its checkpoint) and this run: cfg
 // at data-parallel size dp, reading the training shards `shards` (shard_list()). Breaking: another
 // shard set (names or sizes; a glob that matches the same shards elsewhere is not), data.shuffle,
 // train.micro_batch, train.seq_len, the tokens per step (micro_batch x seq_len x grad_accum x dp),

@@ -1,6 +1,7 @@
-# A resume reads in pieces: world rank 0 reads the checkpoint whole and checks both checksums;
-# every other rank reads only what it holds (its part of the weights from model.bin, its ZeRO shard
-# of the moments and master weights from state.bin: checkpoint_open, llmc/io/checkpoint.h).
+# A resume reads in pieces: world rank 0 first checks both files' checksums (read through a buffer,
+# nothing kept: checkpoint_load without a WholeState); every rank, rank 0 too, then reads only what
+# it holds (its part of the weights from model.bin, its ZeRO shard of the moments and master
+# weights from state.bin: checkpoint_open, llmc/io/checkpoint.h).
 # (a) bf16 on the emulated device (model.bin version 5, fp32 master weights in state.bin) at dp=2
 #     with ZeRO-1 and ZeRO-3, and fp32 on the CPU at tp=2 x dp=2 (column-split tensors): resumed
 #     from step 3 in the same layout, each run ends bit-identical to its uninterrupted run (losses
