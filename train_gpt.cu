@@ -489,9 +489,13 @@ void init_or_resume(Run& r) {
                                    from.c_str(), saved.local_dp, r.grid.dp));
         const ArraysView& mine = replica > 0 ? saved.replicas[size_t(replica - 1)] : saved.main;
         r.model.set_params_whole(mine.params);
-        const AdamW::Runs& runs = r.opt.runs();  // this rank's shard: only it is read
-        r.opt.set_state(r.model.from_file_order(mine.m, runs), r.model.from_file_order(mine.v, runs),
-                        mine.master ? r.model.from_file_order(mine.master, runs) : std::vector<float>());
+        const AdamW::Runs& runs = r.opt.runs();  // this rank's shard: only it is read, an array at a time
+        r.opt.set_state(AdamW::Array::M, r.model.from_file_order(mine.m, runs));
+        r.opt.set_state(AdamW::Array::V, r.model.from_file_order(mine.v, runs));
+        if (r.opt.has_master() && mine.master)
+            r.opt.set_state(AdamW::Array::Master, r.model.from_file_order(mine.master, runs));
+        else  // (an fp32 run's checkpoint keeps none; a no-op where this run keeps none)
+            r.opt.sync_master_from_params();
         outer_loaded = r.local_sgd && saved_local;
         if (outer_loaded)
             r.local_sgd->set_state(r.model.from_file_order(saved.anchor), r.model.from_file_order(saved.momentum));

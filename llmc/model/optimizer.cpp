@@ -205,19 +205,12 @@ void AdamW::get_state(std::vector<float>& m, std::vector<float>& v, std::vector<
     if (master_) get(master, master_);
 }
 
-void AdamW::set_state(const std::vector<float>& m, const std::vector<float>& v, const std::vector<float>& master) {
-    const size_t n = owned_;
-    LLMC_ASSERT(m.size() == n && v.size() == n, "optimizer state size mismatch");
-    auto set = [&](float* dst, const std::vector<float>& src) {
-        if (offload_.enabled) std::copy(src.begin(), src.end(), dst);
-        else ops_.from_host_bytes(dst, src.data(), n * sizeof(float));
-    };
-    set(m_, m);
-    set(v_, v);
-    if (master_) {
-        if (master.size() == n) set(master_, master);
-        else sync_master_from_params();
-    }
+void AdamW::set_state(Array which, const std::vector<float>& x) {
+    float* dst = which == Array::M ? m_ : which == Array::V ? v_ : master_;
+    LLMC_ASSERT(dst, "set_state: this optimizer keeps no master weights");
+    LLMC_ASSERT(x.size() == owned_, "optimizer state size mismatch");
+    if (offload_.enabled) std::copy(x.begin(), x.end(), dst);
+    else ops_.from_host_bytes(dst, x.data(), owned_ * sizeof(float));
 }
 
 void AdamW::sync_master_from_params() {

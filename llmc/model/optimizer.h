@@ -81,7 +81,10 @@ public:
 
     // Host fp32 copies of the state of the owned runs (packed), for checkpoints.
     void get_state(std::vector<float>& m, std::vector<float>& v, std::vector<float>& master) const;
-    void set_state(const std::vector<float>& m, const std::vector<float>& v, const std::vector<float>& master);
+    // Sets one array of that state from such a copy (owned() elements): a resume hands them over
+    // one at a time, so that the host holds one array of this rank's piece, not three.
+    enum class Array { M, V, Master };
+    void set_state(Array which, const std::vector<float>& x);
     // Copies the current parameters into the master weights (after loading parameters).
     void sync_master_from_params();
     // The fp32 weights of the owned runs (packed): the master weights where kept, else the
