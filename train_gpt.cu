@@ -460,12 +460,14 @@ void init_or_resume(Run& r) {
     if (from.empty()) {
         if (cfg.model.init == "random") {
             r.model.init_random(uint64_t(cfg.model.init_seed));
+        } else if (is_safetensors(cfg.model.init)) {  // (every weight checked finite, named by its tensor)
+            r.model.set_params_whole(hf_read_weights(cfg.model.init, r.shape).data());
         } else {
-            // both readers check that every weight is finite, naming the tensor as their file does
-            const bool hf = is_safetensors(cfg.model.init);
-            std::vector<float> w =
-                hf ? hf_read_weights(cfg.model.init, r.shape) : model_file_read(cfg.model.init, &r.shape);
-            r.model.set_params_whole(w.data());
+            // llm.c's format, read like a checkpoint's model.bin: world rank 0 checks the whole file
+            // (every weight finite, named by its tensor) in constant memory; every rank reads only
+            // the part of the model it holds
+            if (r.rt.is_main()) model_file_scan(cfg.model.init, &r.shape);
+            r.model.set_params_whole(model_file_pieces(cfg.model.init, &r.shape));
         }
         r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
     }

@@ -2,11 +2,13 @@
 // and the mapping between llm.c tensor order and the model's per-layer memory order.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <unistd.h>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "llmc/precision/bf16.h"
 #include "llmc/core/rng.h"
 #include "test/temp_dir.h"
+#include "test/user_error.h"
 #include "test/whole_model.h"
 
 namespace {
@@ -206,4 +209,62 @@ TEST_CASE("mixture of experts: model file header, mismatch names the key, expert
     model.set_params_whole(w.data());
     model.get_params_whole(back.data());
     CHECK(back == w);
+}
+
+// What a rank reads of a model file when it takes its part (model.init; a checkpoint's model.bin)
+// and world rank 0's check of the whole file in constant memory: model_file_pieces hands out any
+// window of model_file_read's weights (fp32 and bf16), reading exactly that window's bytes;
+// model_file_scan finds what model_file_read finds, with its message.
+TEST_CASE("llm.c model file in pieces: any window reads what the whole read holds; the scan checks the whole") {
+    const ModelShape s{2, 2, 128, 100, 128, 16};  // (so that the scan reads several of its pieces)
+    const size_t n = num_params(s);
+    REQUIRE(n > (size_t(1) << 18));
+    std::vector<float> w = random_params(n, 11);
+    const TempDir tmp("llmc_modelfile");
+    for (int version : {3, 5}) {
+        INFO("version " << version);
+        const std::string p = tmp.file("m" + std::to_string(version) + ".bin");
+        model_file_write(p, s, w.data(), version);
+        const std::vector<float> whole = model_file_read(p, &s);
+        auto bytes = std::make_shared<size_t>(0);
+        const ReadFileOrder read = model_file_pieces(p, &s, bytes);
+        const size_t elem = version == 3 ? 4 : 2;
+        size_t want_bytes = 0;
+        for (const std::pair<size_t, size_t>& win : {std::pair<size_t, size_t>{0, 1}, {5, 1000}, {n - 3, 3},
+                                                     {(size_t(1) << 18) - 7, 20}, {0, n}}) {
+            std::vector<float> got(win.second, -1.0f);
+            read(win.first, win.second, got.data());
+            CHECK(std::equal(got.begin(), got.end(), whole.begin() + long(win.first)));
+            want_bytes += win.second * elem;
+            CHECK(*bytes == want_bytes);
+        }
+        CHECK_NOTHROW(model_file_scan(p, &s));
+        // the scan sees every byte, as the read does (a checkpoint's checksum)
+        size_t seen_scan = 0, seen_read = 0;
+        model_file_scan(p, &s, [&](const void*, size_t k) { seen_scan += k; });
+        model_file_read(p, &s, [&](const void*, size_t k) { seen_read += k; });
+        CHECK(seen_scan == 1024 + n * elem);
+        CHECK(seen_read == seen_scan);
+    }
+    // a NaN past the scan's first piece and an Inf at the end: the whole read's message
+    std::vector<float> bad = w;
+    bad[300000] = NAN;
+    bad[n - 1] = -INFINITY;
+    const std::string p = tmp.file("bad.bin");
+    model_file_write(p, s, bad.data(), 3);
+    const std::string whole_error = error_of([&] { model_file_read(p, &s); });
+    const std::string scan_error = error_of([&] { model_file_scan(p, &s); });
+    CHECK_THAT(whole_error, Catch::Contains("bad.bin: 2 of " + std::to_string(n) + " parameters are not finite"));
+    CHECK(scan_error == whole_error);
+    // the pieces check the header and the size first, naming the field; a file cut after it was
+    // opened names the file at the read that comes short
+    ModelShape other = s;
+    other.n_layer = 3;
+    CHECK_THROWS_WITH(model_file_pieces(p, &other), Catch::Contains("bad.bin") && Catch::Contains("model.n_layer"));
+    const std::string cut = tmp.file("cut.bin");
+    model_file_write(cut, s, w.data(), 3);
+    const ReadFileOrder read = model_file_pieces(cut, &s);
+    REQUIRE(truncate(cut.c_str(), 4096) == 0);
+    std::vector<float> out(10);
+    CHECK_THROWS_WITH(read(n - 10, 10, out.data()), Catch::Contains("model file " + cut + ": truncated"));
 }

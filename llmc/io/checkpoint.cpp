@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "llmc/io/model_file.h"
+#include "llmc/io/piece_file.h"
 #include "llmc/precision/bf16.h"
 
 #define XXH_INLINE_ALL  // xxhash (Debian's libxxhash-dev) as a header: nothing to link
@@ -512,49 +513,6 @@ void check_state_size(std::ifstream& in, const StateMeta& sm, size_t num_params,
                                sm.replicas > 0 ? strfmt(" and %d local SGD replicas", sm.replicas).c_str() : ""));
 }
 
-// A file read where each piece lies (pread), each piece as asked (pick_file_order joins pieces
-// close together). Every byte read is counted in *counter.
-class PieceFile {
-public:
-    PieceFile(const std::string& path, std::shared_ptr<size_t> counter) : path_(path), counter_(std::move(counter)) {
-        fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd_ < 0)
-            throw UserError(strfmt("checkpoint %s: cannot open: %s", path.c_str(), std::strerror(errno)));
-    }
-    ~PieceFile() { ::close(fd_); }
-    PieceFile(const PieceFile&) = delete;
-    PieceFile& operator=(const PieceFile&) = delete;
-
-    // n elements at byte offset at into out: fp32 (elem 4) or bf16 (elem 2, widened through
-    // bf16_ of up to 512 KB: a span of pick_file_order in a few reads, not hundreds)
-    void read(uint64_t at, size_t n, size_t elem, float* out) {
-        if (elem == 4) return read_bytes(at, out, n * sizeof(float));
-        bf16_.resize(std::min(n, size_t(1) << 18));
-        for (size_t i = 0; i < n; i += bf16_.size()) {
-            const size_t k = std::min(bf16_.size(), n - i);
-            read_bytes(at + i * 2, bf16_.data(), k * 2);
-            for (size_t j = 0; j < k; j++) out[i + j] = bf16_bits_to_f32(bf16_[j]);
-        }
-    }
-    void read_bytes(uint64_t at, void* dst, size_t bytes) {
-        char* d = static_cast<char*>(dst);
-        while (bytes > 0) {
-            const ssize_t r = ::pread(fd_, d, bytes, off_t(at));
-            if (r < 0 && errno == EINTR) continue;
-            if (r < 0) throw UserError(strfmt("checkpoint %s: cannot read: %s", path_.c_str(), std::strerror(errno)));
-            if (r == 0) throw UserError(strfmt("checkpoint %s: truncated", path_.c_str()));
-            *counter_ += size_t(r);
-            d += r, at += uint64_t(r), bytes -= size_t(r);
-        }
-    }
-
-private:
-    std::string path_;
-    std::shared_ptr<size_t> counter_;
-    int fd_ = -1;
-    std::vector<uint16_t> bf16_;
-};
-
 }  // namespace
 
 StateView view_of(const WholeState& whole, const TrainState& st) {
@@ -589,31 +547,27 @@ StateView checkpoint_open(const std::string& path, const ModelShape& shape) {
     std::string meta_s(size_t(header[2]), '\0');
     if (!in.read(&meta_s[0], std::streamsize(meta_s.size()))) throw UserError(strfmt("checkpoint %s: truncated", sp));
     const nlohmann::json meta = parse_meta(meta_s, sp);
-    int model_version = 0;
-    model_file_check(model_path, &shape, &model_version);
+    StateView v;
+    ReadFileOrder params = model_file_pieces(model_path, &shape, v.bytes_read);
     const size_t num_params = ::num_params(shape);
     const StateMeta sm = state_meta(meta, header[1], num_params, state_path);
     check_state_size(in, sm, num_params, sp);
     in.close();
 
-    StateView v;
     v.st = sm.st;
     v.num_params = num_params;
-    auto state = std::make_shared<PieceFile>(state_path, v.bytes_read);
-    auto model = std::make_shared<PieceFile>(model_path, v.bytes_read);
-    auto array = [num_params](std::shared_ptr<PieceFile> f, uint64_t base, size_t elem) -> ReadFileOrder {
-        return [f, base, elem, num_params](size_t first, size_t n, float* out) {
-            LLMC_ASSERT(first <= num_params && n <= num_params - first, "a read past the end of a checkpoint's array");
-            f->read(base + first * elem, n, elem, out);
-        };
-    };
+    auto state = std::make_shared<PieceFile>(state_path, "checkpoint", v.bytes_read);
     uint64_t at = sizeof(header) + meta_s.size();  // state.bin's arrays in the order checkpoint_save wrote them
     auto next = [&](bool present) -> ReadFileOrder {
         if (!present) return nullptr;
+        const uint64_t base = at;
         at += num_params * sizeof(float);
-        return array(state, at - num_params * sizeof(float), sizeof(float));
+        return [state, base, num_params](size_t first, size_t n, float* out) {
+            LLMC_ASSERT(first <= num_params && n <= num_params - first, "a read past the end of a checkpoint's array");
+            state->read(base + first * sizeof(float), n, sizeof(float), out);
+        };
     };
-    v.main.params = array(model, 1024, model_version == 3 ? 4 : 2);
+    v.main.params = std::move(params);
     v.main.m = next(true);
     v.main.v = next(true);
     v.main.master = next(sm.has_master);

@@ -9,6 +9,7 @@
 // expert_ffn_dim, [17] every; 0 in [14] = no MoE layers.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,12 @@ std::vector<float> model_file_read(const std::string& path, const ModelShape* ex
 // every byte) and keeps nothing: constant memory, whatever the model's size.
 void model_file_scan(const std::string& path, const ModelShape* expect,
                      const std::function<void(const void*, size_t)>& bytes = nullptr);
+// A model file's weights handed out in pieces (fp32, llm.c order), each read where it lies: what a
+// rank reads of a file when it takes its part of the model (Model::from_file_order). Checks first
+// what model_file_check checks; not the weights' finiteness (model_file_scan). A read that fails
+// or comes short is a UserError naming the file. bytes_read, if given, counts every byte read.
+ReadFileOrder model_file_pieces(const std::string& path, const ModelShape* expect,
+                                std::shared_ptr<size_t> bytes_read = nullptr);
 // Throws UserError naming `file`, the tensor (its file-order name, e.g. "h.1.qkvw") and the element
 // when a weight of w (llm.c order, num_params(shape) elements) is NaN or infinite: such a file is
 // no model to train from or to resume (model_file_read checks what it reads).
