@@ -678,9 +678,7 @@ void write_state(Run& r, SaveBuffers& b, bool final, bool background) {
         r.progress.wrote_weights(stem + ".bin");
     }
     if (fmt == "hf" || fmt == "both") {
-        std::vector<float> whole(view.num_params);
-        w(0, whole.size(), whole.data());
-        hf_write_weights(stem + ".safetensors", r.shape, whole);
+        hf_write_weights(stem + ".safetensors", r.shape, w);
         hf_write_config(r.cfg.out_dir + "/config.json", r.shape);
         r.progress.wrote_weights(stem + ".safetensors (transformers; " + r.cfg.out_dir + "/config.json)");
     }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -210,4 +211,36 @@ TEST_CASE("safetensors: broken files and bad requests are UserErrors naming the 
         CHECK_THAT(m, Catch::Contains(p) && Catch::Contains("not valid JSON") && Catch::Contains("{\"x\\xff"));
         for (char c : m) CHECK((c >= 0x20 && c < 0x7f));  // no raw byte, no escape sequence
     }
+}
+
+// The writer takes each tensor from its fill as it writes (hf_write_weights: the final weights a
+// tensor at a time): the fills run once each, in order, and what they wrote is what a reader reads;
+// a fill that fails leaves the file at that path as it was and no temporary beside it.
+TEST_CASE("safetensors: the writer streams each tensor from its fill; a failing fill leaves the old file",
+          "[safetensors]") {
+    const TempDir tmp("llmc_safetensors");
+    const std::string path = tmp.file("w.safetensors");
+    std::vector<std::string> order;
+    SafetensorsWriter w;
+    w.add("b", {2, 3}, [&](float* out) {
+        order.push_back("b");
+        for (int i = 0; i < 6; i++) out[i] = float(i) + 0.5f;
+    });
+    const float a[4] = {-1.0f, 2.0f, -3.0f, 4.0f};
+    w.add("a", {4}, a);
+    w.write(path);
+    CHECK(order == std::vector<std::string>{"b"});
+    const SafetensorsReader r(path);
+    CHECK(r.read("b") == std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f});
+    CHECK(r.read("a") == std::vector<float>{-1.0f, 2.0f, -3.0f, 4.0f});
+    CHECK(r.entry("b").shape == std::vector<int64_t>{2, 3});
+
+    SafetensorsWriter bad;
+    bad.add("a", {4}, a);
+    bad.add("c", {1 << 20}, [](float*) { throw UserError("no weights for c"); });
+    CHECK(error_of([&] { bad.write(path); }) == "no weights for c");
+    CHECK(SafetensorsReader(path).read("b") == std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f});
+    int others = 0;
+    for (const auto& e : std::filesystem::directory_iterator(tmp.path)) others += e.path() != path;
+    CHECK(others == 0);
 }

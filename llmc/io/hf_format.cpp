@@ -133,22 +133,28 @@ std::vector<float> hf_read_weights(const std::string& path, const ModelShape& sh
     return whole;
 }
 
-void hf_write_weights(const std::string& path, const ModelShape& shape, const std::vector<float>& whole) {
-    LLMC_ASSERT(whole.size() == num_params(shape), "hf_write_weights: whole model size");
+void hf_write_weights(const std::string& path, const ModelShape& shape, const ReadFileOrder& whole) {
     SafetensorsWriter w;
-    std::vector<float> tmp;
     for (const HfTensor& t : hf_tensors(shape)) {
-        const float* src = whole.data() + t.offset;
-        if (t.transposed) {
-            tmp.resize(t.rows * t.cols);
+        w.add(t.name, t.file_shape(), [&whole, t](float* out) {
+            // the file's rows (the real vocabulary, not the padded one), transposed where declared
+            const size_t n = t.file_rows * t.cols;
+            if (!t.transposed) return whole(t.offset, n, out);
+            std::vector<float> ours(n);
+            whole(t.offset, n, ours.data());
             for (size_t i = 0; i < t.rows; i++)
-                for (size_t c = 0; c < t.cols; c++) tmp[c * t.rows + i] = src[i * t.cols + c];
-            src = tmp.data();
-        }
-        w.add(t.name, t.file_shape(), src);
+                for (size_t c = 0; c < t.cols; c++) out[c * t.rows + i] = ours[i * t.cols + c];
+        });
     }
     w.set_metadata("format", "pt");
     w.write(path);
+}
+
+void hf_write_weights(const std::string& path, const ModelShape& shape, const std::vector<float>& whole) {
+    LLMC_ASSERT(whole.size() == num_params(shape), "hf_write_weights: whole model size");
+    hf_write_weights(path, shape, [&whole](size_t first, size_t n, float* out) {
+        std::copy(whole.begin() + long(first), whole.begin() + long(first + n), out);
+    });
 }
 
 void hf_write_config(const std::string& path, const ModelShape& s) {

@@ -19,7 +19,9 @@ bool is_safetensors(const std::string& path);
 // element is refused naming the file's tensor and the element in its order. A file of
 // transformers' base model (names without "transformer." / "model.", as the Hub's gpt2) is read too.
 std::vector<float> hf_read_weights(const std::string& path, const ModelShape& shape);
-// Writes the whole model (file order) as fp32 safetensors, unpadded vocabulary; atomic.
+// Writes the whole model (file order) as fp32 safetensors, unpadded vocabulary; atomic. Read a
+// tensor at a time (a transposed one through one copy of its size): the model is not held whole.
+void hf_write_weights(const std::string& path, const ModelShape& shape, const ReadFileOrder& whole);
 void hf_write_weights(const std::string& path, const ModelShape& shape, const std::vector<float>& whole);
 // Writes transformers' config.json for shape (GPT2LMHeadModel or LlamaForCausalLM); atomic.
 void hf_write_config(const std::string& path, const ModelShape& shape);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "llmc/core/common.h"
@@ -191,10 +192,17 @@ std::vector<float> SafetensorsReader::read(const std::string& name) const {
     return out;
 }
 
+void SafetensorsWriter::add(const std::string& name, std::vector<int64_t> shape, Fill fill) {
+    size_t n = 1;
+    for (int64_t d : shape) n *= size_t(d);
+    tensors_.push_back({name, std::move(shape), n, std::move(fill)});
+}
+
 void SafetensorsWriter::add(const std::string& name, std::vector<int64_t> shape, const float* data) {
     size_t n = 1;
     for (int64_t d : shape) n *= size_t(d);
-    tensors_.push_back({name, std::move(shape), std::vector<float>(data, data + n)});
+    auto copy = std::make_shared<const std::vector<float>>(data, data + n);
+    add(name, std::move(shape), [copy](float* out) { std::copy(copy->begin(), copy->end(), out); });
 }
 
 void SafetensorsWriter::write(const std::string& path) const {
@@ -202,7 +210,7 @@ void SafetensorsWriter::write(const std::string& path) const {
     if (!metadata_.empty()) h["__metadata__"] = metadata_;
     uint64_t off = 0;
     for (const T& t : tensors_) {
-        const uint64_t bytes = t.data.size() * 4;
+        const uint64_t bytes = t.n * 4;
         h[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
         off += bytes;
     }
@@ -210,7 +218,14 @@ void SafetensorsWriter::write(const std::string& path) const {
     hs.append((8 - hs.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
     uint8_t lenb[8];
     for (int i = 0; i < 8; i++) lenb[i] = uint8_t(uint64_t(hs.size()) >> (8 * i));
-    std::vector<std::pair<const void*, size_t>> parts = {{lenb, 8}, {hs.data(), hs.size()}};
-    for (const T& t : tensors_) parts.push_back({t.data.data(), t.data.size() * 4});
-    write_file_atomic(path, parts);
+    AtomicFile f(path);
+    f.write(lenb, 8);
+    f.write(hs.data(), hs.size());
+    std::vector<float> buf;
+    for (const T& t : tensors_) {
+        buf.resize(t.n);
+        t.fill(buf.data());
+        f.write(buf.data(), t.n * 4);
+    }
+    f.commit();
 }

@@ -4,6 +4,7 @@
 // relative to the end of the header). We read F32, BF16 and F16 as float and write F32.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -33,9 +34,14 @@ private:
     std::map<std::string, std::string> metadata_;
 };
 
-// Collects F32 tensors and writes them in one go, atomically (temp file, fsync, rename).
+// Writes F32 tensors, atomically (temp file, fsync, rename): the header from the names and shapes
+// first, then each tensor as its fill writes it into a buffer of its size, one tensor at a time
+// (a model's weights are never held twice for it).
 class SafetensorsWriter {
 public:
+    using Fill = std::function<void(float* out)>;  // the tensor's elements, row-major
+    void add(const std::string& name, std::vector<int64_t> shape, Fill fill);
+    // the same from data in memory, copied now
     void add(const std::string& name, std::vector<int64_t> shape, const float* data);
     void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
     void write(const std::string& path) const;  // throws UserError naming the file
@@ -44,7 +50,8 @@ private:
     struct T {
         std::string name;
         std::vector<int64_t> shape;
-        std::vector<float> data;
+        size_t n;
+        Fill fill;
     };
     std::vector<T> tensors_;
     std::map<std::string, std::string> metadata_;
