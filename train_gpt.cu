@@ -91,11 +91,14 @@ struct SaveBuffers {
 // The whole model and optimizer state, as b.view on world rank 0 (empty elsewhere): ZeRO shards
 // gathered over DP, then the model-parallel pieces. Under local SGD also its outer state and the
 // other DP ranks' replicas; under PowerSGD every DP rank's error feedback and Q. Collective over
-// every rank.
+// every rank. weights_only (the final weights without a checkpoint): the weights alone, as
+// b.view.main's master where the model keeps master weights, else its params.
 void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalSgd* local_sgd, PowerSgd* powersgd,
-                  const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid, SaveBuffers& b) {
-    dp.gather_optimizer_state(opt, b.local);  // DP rank 0 gets its (tp, pp) piece whole
-    dp.gather_params(b.params);
+                  const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid, SaveBuffers& b, bool weights_only) {
+    dp.gather_optimizer_state(opt, b.local, weights_only);  // DP rank 0 gets its (tp, pp) piece whole
+    if (weights_only && opt.has_master()) b.params.clear();
+    else dp.gather_params(b.params);
+    if (weights_only) local_sgd = nullptr, powersgd = nullptr;
     LocalSgdState& outer = b.outer;  // DP rank 0: memory order
     outer = {};
     if (local_sgd) {
@@ -668,7 +671,7 @@ void write_state(Run& r, SaveBuffers& b, bool final, bool background) {
         r.log.print("checkpoint: %s\n", p.c_str());
         r.progress.wrote_checkpoint(p);
     } else {
-        check_finite_state(view, r.state.step);
+        check_finite_state(view, r.state.step);  // (the weights alone: gathered weights_only)
     }
     if (!final) return;
     const ReadFileOrder& w = view.main.master ? view.main.master : view.main.params;
@@ -689,7 +692,9 @@ void save(Run& r, bool final, bool background = false) {
     // out.format none without checkpoints: nothing to write, so nothing to gather (a benchmark of
     // the 1.5B shape spent a minute writing 6 GB of final weights)
     if (final && r.cfg.out.format == "none" && r.cfg.checkpoint.every <= 0) return;
-    gather_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.powersgd.get(), r.pc, *r.groups.mp, r.grid, r.save_buffers);
+    const bool weights_only = final && r.cfg.checkpoint.every <= 0;  // (write_state writes no checkpoint then)
+    gather_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.powersgd.get(), r.pc, *r.groups.mp, r.grid, r.save_buffers,
+                 weights_only);
     if (r.rt.is_main()) write_state(r, r.save_buffers, final, background);
     r.groups.save->barrier();  // saving does not count against parallel.timeout_s
 }

@@ -251,6 +251,11 @@ TEST_CASE("ZeRO stages over one rank train bitwise like the plain model", "[zero
         finals.push_back(dp.gather_params());
         CHECK(finals.back().size() == params.padded_params);
         OptimizerState st = dp.gather_optimizer_state(opt);
+        CHECK(st.m.size() == params.padded_params);
+        CHECK(st.master.empty());  // (fp32: no master weights)
+        OptimizerState weights;  // a save of the final weights alone: no moments gathered
+        dp.gather_optimizer_state(opt, weights, true);
+        CHECK((weights.m.empty() && weights.v.empty() && weights.master.empty()));
         st.m.insert(st.m.end(), st.v.begin(), st.v.end());
         moments.push_back(st.m);
     }

@@ -193,16 +193,18 @@ void AdamW::update_piece(const Piece& pc, int s, const AdamWHyper& h, int t, flo
 }
 
 void AdamW::get_state(std::vector<float>& m, std::vector<float>& v, std::vector<float>& master) const {
-    const size_t n = owned_;
-    auto get = [&](std::vector<float>& dst, const float* src) {
-        dst.resize(n);
-        if (offload_.enabled) std::copy(src, src + n, dst.begin());
-        else ops_.to_host_bytes(dst.data(), src, n * sizeof(float));
-    };
-    get(m, m_);
-    get(v, v_);
+    get_state(Array::M, m);
+    get_state(Array::V, v);
     master.clear();
-    if (master_) get(master, master_);
+    if (master_) get_state(Array::Master, master);
+}
+
+void AdamW::get_state(Array which, std::vector<float>& out) const {
+    const float* src = which == Array::M ? m_ : which == Array::V ? v_ : master_;
+    LLMC_ASSERT(src, "get_state: this optimizer keeps no master weights");
+    out.resize(owned_);
+    if (offload_.enabled) std::copy(src, src + owned_, out.begin());
+    else ops_.to_host_bytes(out.data(), src, owned_ * sizeof(float));
 }
 
 void AdamW::set_state(Array which, const std::vector<float>& x) {

@@ -79,11 +79,14 @@ public:
     bool has_master() const { return master_ != nullptr; }
     bool offloaded() const { return offload_.enabled; }
 
-    // Host fp32 copies of the state of the owned runs (packed), for checkpoints.
+    // Host fp32 copies of the state of the owned runs (packed), for checkpoints (master empty
+    // where the model is fp32).
     void get_state(std::vector<float>& m, std::vector<float>& v, std::vector<float>& master) const;
-    // Sets one array of that state from such a copy (owned() elements): a resume hands them over
-    // one at a time, so that the host holds one array of this rank's piece, not three.
+    // One array of that state (owned() elements; Master: only where has_master()), and the reverse:
+    // a save and a resume take them one at a time, so that the host holds one array of this
+    // rank's piece, not three.
     enum class Array { M, V, Master };
+    void get_state(Array which, std::vector<float>& out) const;
     void set_state(Array which, const std::vector<float>& x);
     // Copies the current parameters into the master weights (after loading parameters).
     void sync_master_from_params();

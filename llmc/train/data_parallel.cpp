@@ -713,18 +713,20 @@ std::vector<float> DataParallel::range_state(const std::vector<float>& packed) {
     return range;
 }
 
-void DataParallel::gather_optimizer_state(const AdamW& opt, OptimizerState& out) {
-    if (zero_ == 0) {  // replicated: rank 0 already has it all
-        if (dp_rank() == 0) opt.get_state(out.m, out.v, out.master);
-        else out.m.clear(), out.v.clear(), out.master.clear();
-        return;
+void DataParallel::gather_optimizer_state(const AdamW& opt, OptimizerState& out, bool weights_only) {
+    std::vector<float> mine;
+    for (const AdamW::Array a : {AdamW::Array::M, AdamW::Array::V, AdamW::Array::Master}) {
+        std::vector<float>& dst = a == AdamW::Array::M ? out.m : a == AdamW::Array::V ? out.v : out.master;
+        if ((weights_only && a != AdamW::Array::Master) || (a == AdamW::Array::Master && !opt.has_master())) {
+            dst.clear();
+        } else if (zero_ == 0) {  // replicated: rank 0 already has it all
+            if (dp_rank() == 0) opt.get_state(a, dst);
+            else dst.clear();
+        } else {
+            opt.get_state(a, mine);
+            gather_shards(range_state(mine).data(), dst);
+        }
     }
-    std::vector<float> m, v, master;
-    opt.get_state(m, v, master);
-    gather_shards(range_state(m).data(), out.m);
-    gather_shards(range_state(v).data(), out.v);
-    out.master.clear();
-    if (opt.has_master()) gather_shards(range_state(master).data(), out.master);
 }
 
 std::vector<float> DataParallel::gather_gradients() {

@@ -237,8 +237,9 @@ public:
     // Checkpoints: the whole optimizer state (memory order, padded) on DP rank 0, empty elsewhere
     // (under ep: each ep rank's, whole in its dense elements too); collective. (The reverse, on
     // resume: each rank reads AdamW::runs() of the checkpoint, Model::from_file_order.) Into out:
-    // its memory is reused.
-    void gather_optimizer_state(const AdamW& opt, OptimizerState& out);
+    // its memory is reused. weights_only: the master weights alone (none where the model is fp32),
+    // for a save of the final weights without a checkpoint. An array at a time.
+    void gather_optimizer_state(const AdamW& opt, OptimizerState& out, bool weights_only = false);
     OptimizerState gather_optimizer_state(const AdamW& opt) {
         OptimizerState out;
         gather_optimizer_state(opt, out);
