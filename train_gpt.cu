@@ -463,14 +463,15 @@ void init_or_resume(Run& r) {
     if (from.empty()) {
         if (cfg.model.init == "random") {
             r.model.init_random(uint64_t(cfg.model.init_seed));
-        } else if (is_safetensors(cfg.model.init)) {  // (every weight checked finite, named by its tensor)
-            r.model.set_params_whole(hf_read_weights(cfg.model.init, r.shape).data());
         } else {
-            // llm.c's format, read like a checkpoint's model.bin: world rank 0 checks the whole file
-            // (every weight finite, named by its tensor) in constant memory; every rank reads only
-            // the part of the model it holds
-            if (r.rt.is_main()) model_file_scan(cfg.model.init, &r.shape);
-            r.model.set_params_whole(model_file_pieces(cfg.model.init, &r.shape));
+            // llm.c's format or safetensors, read like a checkpoint's model.bin: world rank 0 checks
+            // the whole file (every weight finite, named by its tensor as the file names it) without
+            // holding it; every rank reads only the part of the model it holds
+            const std::string& init = cfg.model.init;
+            const bool hf = is_safetensors(init);
+            if (r.rt.is_main() && hf) hf_check_weights(init, r.shape);
+            if (r.rt.is_main() && !hf) model_file_scan(init, &r.shape);
+            r.model.set_params_whole(hf ? hf_weights_pieces(init, r.shape) : model_file_pieces(init, &r.shape));
         }
         r.opt.sync_master_from_params();  // the optimizer was built before the weights were set
     }

@@ -224,6 +224,37 @@ TEST_CASE("gpt2 hf: the reader accepts a tied lm_head, buffers and base-model na
     e = error_of([&] { hf_read_weights(base, wider); });
     CHECK_THAT(e, Catch::Contains("transformer.wpe.weight") && Catch::Contains("[3, 4]") && Catch::Contains("[4, 4]"));
 
+    // model.init in pieces: world rank 0's check (hf_check_weights, a tensor at a time, nothing
+    // kept) finds each of these with the whole read's message; every rank's reader
+    // (hf_weights_pieces) those of the names and shapes, before any read
+    for (const std::string& f : {head, untransposed, missing, more, nonfinite}) {
+        INFO(f);
+        CHECK(error_of([&] { hf_check_weights(f, s); }) == error_of([&] { hf_read_weights(f, s); }));
+    }
+    for (const std::string& f : {untransposed, missing}) {
+        INFO(f);
+        CHECK(error_of([&] { hf_weights_pieces(f, s); }) == error_of([&] { hf_read_weights(f, s); }));
+    }
+    CHECK(error_of([&] { hf_weights_pieces(base, wider); }) == e);
+    CHECK_NOTHROW(hf_check_weights(extras, s));
+    CHECK_NOTHROW(hf_check_weights(dir + "/bare.safetensors", s));
+    // any window of the file order, across tensors, into the padded vocabulary rows (zero) and
+    // through the transposed Conv1D weights, is the whole read's
+    for (const std::string& f : {base, extras, dir + "/bare.safetensors"}) {
+        INFO(f);
+        const ReadFileOrder read = hf_weights_pieces(f, s);
+        for (size_t first = 0; first < kTotal; first++)
+            for (const size_t n : {size_t(1), size_t(3), size_t(17), size_t(130)}) {
+                if (first + n > kTotal) continue;
+                std::vector<float> got(n, -7.0f);
+                read(first, n, got.data());
+                REQUIRE(std::equal(got.begin(), got.end(), whole.begin() + long(first)));
+            }
+        std::vector<float> all(kTotal, -7.0f);
+        read(0, kTotal, all.data());
+        CHECK(all == whole);
+    }
+
 }
 
 TEST_CASE("gpt2 hf: config.json is a GPT2LMHeadModel config of the shape", "[gpt2_hf]") {

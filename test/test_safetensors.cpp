@@ -3,6 +3,7 @@
 // the file (and the tensor where there is one).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -97,6 +98,18 @@ TEST_CASE("safetensors: reads a hand-made file: entries, metadata, F32, BF16 and
     CHECK(c[3] == std::ldexp(1.0f, -24));
     CHECK(c[4] == 65504.0f);
     CHECK(c[5] == -INFINITY);
+    // read_range: any window of a tensor, each dtype, as read() has it
+    for (const char* name : {"a", "b", "c"}) {
+        INFO(name);
+        const std::vector<float> all = r.read(name);
+        for (size_t first = 0; first < all.size(); first++)
+            for (size_t n = 1; first + n <= all.size(); n++) {
+                std::vector<float> got(n, 7.0f);
+                r.read_range(name, first, n, got.data());
+                CHECK(std::equal(got.begin(), got.end(), all.begin() + long(first)));
+            }
+    }
+    CHECK_THAT(error_of([&] { float x; r.read_range("d", 0, 1, &x); }), Catch::Contains("tensor d is I32"));
 }
 
 TEST_CASE("safetensors: broken files and bad requests are UserErrors naming the file and tensor", "[safetensors]") {

@@ -1,6 +1,8 @@
 #include "llmc/io/hf_format.h"
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -77,21 +79,21 @@ bool is_safetensors(const std::string& path) {
     return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
 }
 
-std::vector<float> hf_read_weights(const std::string& path, const ModelShape& shape) {
-    const SafetensorsReader r(path);
-    const char* p = path.c_str();
-    std::vector<float> whole(num_params(shape), 0.0f);
+namespace {
+
+// shape's declared tensors as the file r names them (without the base model's prefix in a file of
+// transformers' base model: GPT2Model, LlamaModel; the Hub's gpt2 is one), each checked present
+// and of its shape: UserError naming the file and the tensor.
+std::vector<HfTensor> file_tensors(const SafetensorsReader& r, const ModelShape& shape) {
+    const char* p = r.path().c_str();
     std::vector<HfTensor> tensors = hf_tensors(shape);
-    // A file saved from transformers' base model (GPT2Model, LlamaModel; the Hub's gpt2 is one)
-    // names the tensors without the base model's prefix: the first component of the token
-    // embedding's name ("transformer.", "model.").
+    // the base model's prefix: the first component of the token embedding's name
     const std::string& emb = tensors[0].name;
     LLMC_ASSERT(tensors[0].role == TokEmb, "hf_read_weights: the token embedding comes first");
     const std::string prefix = emb.substr(0, emb.find('.') + 1);
     if (!prefix.empty() && !r.has(emb) && r.has(emb.substr(prefix.size())))
         for (HfTensor& t : tensors)
             if (t.name.compare(0, prefix.size(), prefix) == 0) t.name.erase(0, prefix.size());
-    const HfTensor* tok_emb = nullptr;
     for (const HfTensor& t : tensors) {
         if (!r.has(t.name)) throw UserError(strfmt("safetensors file %s: has no tensor %s (model.arch \"%s\")", p,
                                                    t.name.c_str(), arch_name(shape.arch)));
@@ -99,16 +101,28 @@ std::vector<float> hf_read_weights(const std::string& path, const ModelShape& sh
         if (r.entry(t.name).shape != want)
             throw UserError(strfmt("safetensors file %s: tensor %s has shape %s, but the config's model needs %s", p,
                                    t.name.c_str(), shape_str(r.entry(t.name).shape).c_str(), shape_str(want).c_str()));
+    }
+    return tensors;
+}
+
+// hf_read_weights into *whole (zero-filled, num_params), or (null) its checks alone, a tensor at a time
+void read_weights(const std::string& path, const ModelShape& shape, std::vector<float>* whole) {
+    const SafetensorsReader r(path);
+    const char* p = path.c_str();
+    const std::vector<HfTensor> tensors = file_tensors(r, shape);
+    const HfTensor* tok_emb = nullptr;
+    for (const HfTensor& t : tensors) {
         const std::vector<float> v = r.read(t.name);
         check_finite(v, p, t.name);
-        float* dst = whole.data() + t.offset;
+        if (t.role == TokEmb) tok_emb = &t;
+        if (!whole) continue;
+        float* dst = whole->data() + t.offset;
         if (!t.transposed) {
             std::copy(v.begin(), v.end(), dst);
         } else {  // the file's [cols, rows] element (c, i) is our (i, c)
             for (size_t c = 0; c < t.cols; c++)
                 for (size_t i = 0; i < t.rows; i++) dst[i * t.cols + c] = v[c * t.rows + i];
         }
-        if (t.role == TokEmb) tok_emb = &t;
     }
     for (const auto& kv : r.entries()) {
         const std::string& n = kv.first;
@@ -118,10 +132,7 @@ std::vector<float> hf_read_weights(const std::string& path, const ModelShape& sh
         if (n == "lm_head.weight" && shape.tie_embeddings) {
             // a tied head saved beside the embedding (transformers may write both) must equal it
             LLMC_ASSERT(tok_emb != nullptr, "hf_read_weights: no token embedding declared");
-            if (kv.second.shape == tok_emb->file_shape()) {
-                const std::vector<float> head = r.read(n);
-                if (std::equal(head.begin(), head.end(), whole.begin() + long(tok_emb->offset))) continue;
-            }
+            if (kv.second.shape == tok_emb->file_shape() && r.read(n) == r.read(tok_emb->name)) continue;
             throw UserError(strfmt("safetensors file %s: has an lm_head.weight that differs from %s, but the model's "
                                    "head is tied to the embedding (the head would be ignored)%s",
                                    p, tok_emb->name.c_str(),
@@ -130,7 +141,50 @@ std::vector<float> hf_read_weights(const std::string& path, const ModelShape& sh
         throw UserError(strfmt("safetensors file %s: tensor %s is not part of a %s model of this shape", p, n.c_str(),
                                arch_name(shape.arch)));
     }
+}
+
+}  // namespace
+
+std::vector<float> hf_read_weights(const std::string& path, const ModelShape& shape) {
+    std::vector<float> whole(num_params(shape), 0.0f);
+    read_weights(path, shape, &whole);
     return whole;
+}
+
+void hf_check_weights(const std::string& path, const ModelShape& shape) { read_weights(path, shape, nullptr); }
+
+ReadFileOrder hf_weights_pieces(const std::string& path, const ModelShape& shape) {
+    auto r = std::make_shared<const SafetensorsReader>(path);
+    auto tensors = std::make_shared<const std::vector<HfTensor>>(file_tensors(*r, shape));
+    const size_t total = num_params(shape);
+    return [r, tensors, total](size_t first, size_t n, float* out) {
+        LLMC_ASSERT(first <= total && n <= total - first, "a read past the end of a safetensors file's weights");
+        // the tensors lie in file order, each from its offset: the last that starts at or before first
+        auto it = std::upper_bound(tensors->begin(), tensors->end(), first,
+                                   [](size_t x, const HfTensor& t) { return x < t.offset; });
+        std::vector<float> cols;
+        for (size_t done = 0; done < n; ++it) {
+            LLMC_ASSERT(it != tensors->begin(), "hf_weights_pieces: no tensor at the window");
+            const HfTensor& t = *(it - 1);
+            const size_t at = first + done - t.offset;  // in the tensor, our [rows, cols] order
+            const size_t k = std::min(n - done, t.rows * t.cols - at);
+            float* o = out + done;
+            if (!t.transposed) {  // the same order; rows past the file's (the padded vocabulary): zero
+                const size_t in_file = t.file_rows * t.cols, real = at < in_file ? std::min(k, in_file - at) : 0;
+                if (real > 0) r->read_range(t.name, at, real, o);
+                std::fill(o + real, o + k, 0.0f);
+            } else {  // our (i, c) is the file's (c, i): the window's rows i0 .. i1 of every column c
+                const size_t i0 = at / t.cols, span = (at + k - 1) / t.cols + 1 - i0;
+                cols.resize(span * t.cols);
+                for (size_t c = 0; c < t.cols; c++) r->read_range(t.name, c * t.rows + i0, span, &cols[c * span]);
+                for (size_t j = 0; j < k; j++) {
+                    const size_t e = at + j;
+                    o[j] = cols[(e % t.cols) * span + (e / t.cols - i0)];
+                }
+            }
+            done += k;
+        }
+    };
 }
 
 void hf_write_weights(const std::string& path, const ModelShape& shape, const ReadFileOrder& whole) {

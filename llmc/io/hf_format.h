@@ -19,6 +19,13 @@ bool is_safetensors(const std::string& path);
 // element is refused naming the file's tensor and the element in its order. A file of
 // transformers' base model (names without "transformer." / "model.", as the Hub's gpt2) is read too.
 std::vector<float> hf_read_weights(const std::string& path, const ModelShape& shape);
+// The same checks, a tensor at a time, keeping nothing: what world rank 0 checks before every rank
+// reads its part (hf_weights_pieces).
+void hf_check_weights(const std::string& path, const ModelShape& shape);
+// The file's weights in the whole-model file order, handed out in pieces (padded vocabulary rows:
+// zero), each read where it lies: what a rank reads when it takes its part of the model. Checks
+// first that every declared tensor is there with its shape; not the values (hf_check_weights).
+ReadFileOrder hf_weights_pieces(const std::string& path, const ModelShape& shape);
 // Writes the whole model (file order) as fp32 safetensors, unpadded vocabulary; atomic. Read a
 // tensor at a time (a transposed one through one copy of its size): the model is not held whole.
 void hf_write_weights(const std::string& path, const ModelShape& shape, const ReadFileOrder& whole);

@@ -1,6 +1,8 @@
 #include "llmc/io/safetensors.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <set>
@@ -65,6 +67,12 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     std::fclose(f);
     if (!ok) throw UserError(strfmt("safetensors file %s: read failed", p));
     data_start_ = 8 + n;
+    const int fd = ::open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw UserError(strfmt("safetensors file %s: cannot open: %s", p, std::strerror(errno)));
+    fd_ = std::shared_ptr<const int>(new int(fd), [](const int* x) {
+        ::close(*x);
+        delete x;
+    });
     // nlohmann keeps the last of two equal keys silently: a tensor named twice is refused
     std::vector<std::set<std::string>> seen;  // the keys of each open object
     std::string dup;
@@ -170,26 +178,41 @@ const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const 
 
 std::vector<float> SafetensorsReader::read(const std::string& name) const {
     const SafetensorsEntry& e = entry(name);
-    const size_t b = dtype_bytes(e.dtype);
+    std::vector<float> out(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16"
+                               ? size_t(e.end - e.begin) / dtype_bytes(e.dtype) : 0);
+    read_range(name, 0, out.size(), out.data());
+    return out;
+}
+
+void SafetensorsReader::read_range(const std::string& name, size_t first, size_t n, float* out) const {
+    const SafetensorsEntry& e = entry(name);
     if (e.dtype != "F32" && e.dtype != "BF16" && e.dtype != "F16")
         throw UserError(strfmt("safetensors file %s: tensor %s is %s; F32, BF16 or F16 expected", path_.c_str(),
                                name.c_str(), e.dtype.c_str()));
-    const size_t count = (e.end - e.begin) / b;
-    std::vector<uint8_t> raw(e.end - e.begin);
-    FILE* f = std::fopen(path_.c_str(), "rb");
-    bool ok = f && fseeko(f, off_t(data_start_ + e.begin), SEEK_SET) == 0 && std::fread(raw.data(), 1, raw.size(), f) == raw.size();
-    if (f) std::fclose(f);
-    if (!ok) throw UserError(strfmt("safetensors file %s: cannot read tensor %s", path_.c_str(), name.c_str()));
-    std::vector<float> out(count);
-    if (e.dtype == "F32") {
-        std::memcpy(out.data(), raw.data(), raw.size());
-    } else {
-        for (size_t i = 0; i < count; i++) {
-            const uint16_t h = uint16_t(raw[2 * i] | (raw[2 * i + 1] << 8));
-            out[i] = e.dtype == "BF16" ? bf16_bits_to_f32(h) : f16_bits_to_f32(h);
+    const size_t b = dtype_bytes(e.dtype), count = (e.end - e.begin) / b;
+    LLMC_ASSERT(first <= count && n <= count - first, "safetensors read_range: past the tensor's end");
+    // in pieces of up to 1 MB of the file's bytes (a 16-bit tensor widened through them)
+    constexpr size_t piece = size_t(1) << 20;
+    std::vector<uint8_t> raw(b == 4 ? 0 : std::min(n * b, piece));
+    for (size_t done = 0; done < n;) {
+        const size_t k = b == 4 ? n : std::min(n - done, piece / b);
+        uint8_t* dst = b == 4 ? reinterpret_cast<uint8_t*>(out) : raw.data();
+        uint64_t at = data_start_ + e.begin + (first + done) * b;
+        for (size_t got = 0; got < k * b;) {
+            const ssize_t r = ::pread(*fd_, dst + got, k * b - got, off_t(at + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0)
+                throw UserError(strfmt("safetensors file %s: cannot read tensor %s%s", path_.c_str(), name.c_str(),
+                                       r == 0 ? " (truncated)" : (": " + std::string(std::strerror(errno))).c_str()));
+            got += size_t(r);
         }
+        if (b != 4)
+            for (size_t i = 0; i < k; i++) {
+                const uint16_t h = uint16_t(raw[2 * i] | (raw[2 * i + 1] << 8));
+                out[done + i] = e.dtype == "BF16" ? bf16_bits_to_f32(h) : f16_bits_to_f32(h);
+            }
+        done += k;
     }
-    return out;
 }
 
 void SafetensorsWriter::add(const std::string& name, std::vector<int64_t> shape, Fill fill) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,9 +27,13 @@ public:
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
     // The tensor as float (F32, BF16 or F16); throws UserError naming the tensor otherwise.
     std::vector<float> read(const std::string& name) const;
+    // Elements [first, first + n) of the tensor, flat in its row-major order, as float into out:
+    // read where they lie (a rank's part of a model; one column of a transposed matrix).
+    void read_range(const std::string& name, size_t first, size_t n, float* out) const;
 
 private:
     std::string path_;
+    std::shared_ptr<const int> fd_;  // the file, open for read_range (closed with the last copy)
     uint64_t data_start_ = 0;
     std::map<std::string, SafetensorsEntry> entries_;
     std::map<std::string, std::string> metadata_;
