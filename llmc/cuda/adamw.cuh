@@ -1,5 +1,6 @@
 // AdamW (one fused elementwise pass) and the deterministic sum of squares of a gradient.
 #pragma once
+#include <type_traits>
 #include "llmc/cuda/common.cuh"
 
 // step, inv_sqrt_bc2: adamw_scales (llmc/backend/ops.h, the host's). p comes from master when master != nullptr;
@@ -47,10 +48,15 @@ struct AdamWDesc {
     float wd;
     uint32_t seed, base;
 };
+// (no padding: adamw_multi keys the table's upload on its bytes, and a padding's bytes are
+// whatever the stack held; a key that changed after a checkpoint re-uploaded the table inside a
+// CUDA graph's replay, which stops the run)
 struct AdamWChunk {
     int piece;
+    int zero;  // always 0
     long long begin;
 };
+static_assert(std::has_unique_object_representations<AdamWChunk>::value, "AdamWChunk's bytes are its fields'");
 template <class T>
 __global__ void adamw_multi_kernel(const AdamWDesc* d, const AdamWChunk* chunks, const float* ctl,
                                    const float* hyper, float beta1, float beta2, float eps) {

@@ -797,7 +797,7 @@ public:
             same_dtype({&p.params, &p.grads, &pieces[0].params});
             LLMC_ASSERT(p.params.n == p.grads.n, "adamw_multi: size mismatch");
             if (!p.params.n) continue;
-            for (long long b = 0; b < (long long)p.params.n; b += kAdamWChunk) chunks.push_back({(int)desc.size(), b});
+            for (long long b = 0; b < (long long)p.params.n; b += kAdamWChunk) chunks.push_back({(int)desc.size(), 0, b});
             desc.push_back({p.params.ptr, p.master, p.grads.ptr, p.m, p.v, (long long)p.params.n, p.weight_decay,
                             p.seed, p.index_base});
         }
