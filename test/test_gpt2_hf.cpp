@@ -347,3 +347,88 @@ TEST_CASE("gpt2 hf: a GPT2LMHeadModel file loads and gives the PyTorch reference
     }
     CHECK(ours.entries().size() == params_in_ref);
 }
+
+// A model sharded over several files (transformers' from_pretrained past max_shard_size):
+// model.init names the index, model.safetensors.index.json, whose "weight_map" places each tensor
+// in a shard beside it. Read whole, checked, and in pieces as one file is; an index and shards that
+// disagree, or an index that is not one, are refused naming the file and the tensor.
+TEST_CASE("gpt2 hf: a sharded model loads through its index; index and shards that disagree are refused",
+          "[gpt2_hf]") {
+    const ModelShape s = tiny_shape();
+    const std::vector<float> whole = tiny_whole();
+    const TempDir tmp("llmc_gpt2_hf");
+    const std::string dir = tmp.path, one = dir + "/one.safetensors";
+    hf_write_weights(one, s, whole);
+    const SafetensorsReader r(one);
+    // the layers' tensors in shard 2, the rest in shard 1
+    nlohmann::json map = nlohmann::json::object();
+    SafetensorsWriter w1, w2;
+    for (const auto& kv : r.entries()) {
+        const bool layer = kv.first.find(".h.") != std::string::npos;
+        const std::vector<float> v = r.read(kv.first);
+        (layer ? w2 : w1).add(kv.first, kv.second.shape, v.data());
+        map[kv.first] = layer ? "model-00002-of-00002.safetensors" : "model-00001-of-00002.safetensors";
+    }
+    w1.write(dir + "/model-00001-of-00002.safetensors");
+    w2.write(dir + "/model-00002-of-00002.safetensors");
+    auto write_index = [&](const std::string& name, const nlohmann::json& j) {
+        std::ofstream(dir + "/" + name) << j.dump();
+        return dir + "/" + name;
+    };
+    const std::string index = write_index("model.safetensors.index.json",
+                                          {{"metadata", {{"total_size", 4 * kTotal}}}, {"weight_map", map}});
+    CHECK(is_safetensors(index));
+    CHECK_FALSE(is_safetensors(dir + "/model.index.json"));
+    CHECK(hf_read_weights(index, s) == whole);
+    CHECK_NOTHROW(hf_check_weights(index, s));
+    const ReadFileOrder read = hf_weights_pieces(index, s);
+    for (size_t first = 0; first < kTotal; first += 5) {
+        const size_t n = std::min<size_t>(211, kTotal - first);
+        std::vector<float> got(n, -7.0f);
+        read(first, n, got.data());
+        REQUIRE(std::equal(got.begin(), got.end(), whole.begin() + long(first)));
+    }
+
+    nlohmann::json moved = map;  // the index places ln_f.bias in the shard without it
+    moved["transformer.ln_f.bias"] = "model-00002-of-00002.safetensors";
+    std::string bad = write_index("moved.safetensors.index.json", {{"weight_map", moved}});
+    CHECK_THAT(error_of([&] { hf_read_weights(bad, s); }),
+               Catch::Contains(bad) && Catch::Contains("places tensor transformer.ln_f.bias in") &&
+                   Catch::Contains("model-00002-of-00002.safetensors, which has no such tensor"));
+    nlohmann::json unlisted = map;  // a shard's tensor the index does not list
+    unlisted.erase("transformer.wpe.weight");
+    bad = write_index("unlisted.safetensors.index.json", {{"weight_map", unlisted}});
+    CHECK_THAT(error_of([&] { hf_weights_pieces(bad, s); }),
+               Catch::Contains("model-00001-of-00002.safetensors: holds tensor transformer.wpe.weight") &&
+                   Catch::Contains("does not list"));
+    nlohmann::json absent = map;  // a shard that is not there
+    absent["transformer.wpe.weight"] = "model-00003-of-00003.safetensors";
+    bad = write_index("absent.safetensors.index.json", {{"weight_map", absent}});
+    CHECK_THAT(error_of([&] { hf_check_weights(bad, s); }),
+               Catch::Contains("model-00003-of-00003.safetensors") && Catch::Contains("cannot open"));
+    nlohmann::json outside = map;  // a shard named by a path, not beside the index
+    outside["transformer.wpe.weight"] = "../model-00001-of-00002.safetensors";
+    bad = write_index("outside.safetensors.index.json", {{"weight_map", outside}});
+    CHECK_THAT(error_of([&] { hf_read_weights(bad, s); }),
+               Catch::Contains("weight_map[\"transformer.wpe.weight\"]") && Catch::Contains("beside the index"));
+    bad = write_index("nomap.safetensors.index.json", {{"metadata", {{"total_size", 1}}}});
+    CHECK_THAT(error_of([&] { hf_read_weights(bad, s); }), Catch::Contains(bad) && Catch::Contains("\"weight_map\""));
+    std::ofstream(dir + "/junk.safetensors.index.json") << "{\"weight_map\": ";
+    CHECK_THAT(error_of([&] { hf_read_weights(dir + "/junk.safetensors.index.json", s); }),
+               Catch::Contains("junk.safetensors.index.json: not valid JSON"));
+    // a tensor missing from every shard and the index: named as with one file
+    nlohmann::json fewer = map;
+    fewer.erase("transformer.ln_f.weight");
+    SafetensorsWriter w3;
+    for (const auto& kv : r.entries())
+        if (kv.first.find(".h.") == std::string::npos && kv.first != "transformer.ln_f.weight") {
+            const std::vector<float> v = r.read(kv.first);
+            w3.add(kv.first, kv.second.shape, v.data());
+        }
+    w3.write(dir + "/first.safetensors");
+    for (auto& kv : fewer.items())
+        if (kv.value() == "model-00001-of-00002.safetensors") kv.value() = "first.safetensors";
+    bad = write_index("fewer.safetensors.index.json", {{"weight_map", fewer}});
+    CHECK_THAT(error_of([&] { hf_read_weights(bad, s); }),
+               Catch::Contains(bad + ": has no tensor transformer.ln_f.weight"));
+}

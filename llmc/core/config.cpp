@@ -577,7 +577,8 @@ void check_consistency(const Config& c, bool check_files) {
     bool is_dir = false;
     if (m.init != "random" && (!path_exists(m.init, &is_dir) || is_dir))
         throw UserError(strfmt("model.init: \"%s\" is neither \"random\" nor an existing file (allowed: random, or "
-                               "the path of an llm.c checkpoint or of a transformers .safetensors file)",
+                               "the path of an llm.c checkpoint, of a transformers .safetensors file or of a "
+                               "sharded one's .safetensors.index.json)",
                                m.init.c_str()));
     const std::string& r = c.checkpoint.resume;
     if (r != "auto" && r != "never" && !path_exists(r))

@@ -94,7 +94,7 @@ const std::vector<Key>& schema() {
                 "(token, slot) pairs of a micro-batch, in token order; the rest pass through the residual only"),
         str_key("model.init", FIELD(model.init), true,
                 "\"random\", the path of an llm.c checkpoint, or a transformers .safetensors file (GPT2LMHeadModel, "
-                "LlamaForCausalLM)"),
+                "LlamaForCausalLM; a sharded one by its .safetensors.index.json)"),
         int_key("model.init_seed", FIELD(model.init_seed), 0, NONE, "seed of the random init"),
 
         str_key("data.train", FIELD(data.train), false, "glob of training shards (required)"),

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <map>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -74,9 +76,94 @@ void check_finite(const std::vector<float>& v, const char* path, const std::stri
 
 }  // namespace
 
+namespace {
+
+bool ends_with(const std::string& s, const std::string& end) {
+    return s.size() > end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+}
+
+// The tensors of one safetensors file, or of the shards that a transformers index names
+// (model.safetensors.index.json: {"metadata": ..., "weight_map": {tensor: shard file}}, the shards
+// beside it, as from_pretrained writes a model past its max_shard_size). The index and the shards
+// must agree: every tensor it lists is in its shard, every shard's tensor is listed there.
+class HfFiles {
+public:
+    explicit HfFiles(const std::string& path);
+    const std::string& path() const { return path_; }
+    bool has(const std::string& n) const { return where_.count(n) != 0; }
+    const SafetensorsEntry& entry(const std::string& n) const { return file(n).entry(n); }
+    std::vector<float> read(const std::string& n) const { return file(n).read(n); }
+    void read_range(const std::string& n, size_t first, size_t k, float* out) const {
+        file(n).read_range(n, first, k, out);
+    }
+    // every tensor's name, in order
+    std::vector<std::string> names() const {
+        std::vector<std::string> out;
+        for (const auto& kv : where_) out.push_back(kv.first);
+        return out;
+    }
+
+private:
+    const SafetensorsReader& file(const std::string& n) const {
+        const auto it = where_.find(n);
+        if (it == where_.end()) throw UserError(strfmt("safetensors file %s: has no tensor %s", path_.c_str(), n.c_str()));
+        return files_[it->second];
+    }
+    std::string path_;
+    std::vector<SafetensorsReader> files_;
+    std::map<std::string, size_t> where_;  // tensor -> its file in files_
+};
+
+HfFiles::HfFiles(const std::string& path) : path_(path) {
+    if (!ends_with(path, ".index.json")) {
+        files_.emplace_back(path);
+        for (const auto& kv : files_[0].entries()) where_[kv.first] = 0;
+        return;
+    }
+    const char* p = path.c_str();
+    std::ifstream in(path);
+    if (!in) throw UserError(strfmt("safetensors index %s: cannot open", p));
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(in);
+    } catch (const std::exception&) {
+        throw UserError(strfmt("safetensors index %s: not valid JSON", p));
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object() || j["weight_map"].empty())
+        throw UserError(strfmt("safetensors index %s: has no \"weight_map\" of tensor names to shard files (not a "
+                               "transformers model.safetensors.index.json?)", p));
+    const std::string dir = path.substr(0, path.find_last_of('/') + 1);
+    std::map<std::string, size_t> shard;  // a shard's file name -> files_
+    for (const auto& kv : j["weight_map"].items()) {
+        const nlohmann::json& f = kv.value();
+        if (!f.is_string() || f.get<std::string>().empty() || f.get<std::string>().find('/') != std::string::npos)
+            throw UserError(strfmt("safetensors index %s: weight_map[\"%s\"] is %s, not the name of a shard file "
+                                   "beside the index", p, kv.key().c_str(), f.dump().c_str()));
+        auto it = shard.find(f.get<std::string>());
+        if (it == shard.end()) {
+            files_.emplace_back(dir + f.get<std::string>());  // (its own errors name the shard)
+            it = shard.emplace(f.get<std::string>(), files_.size() - 1).first;
+        }
+        if (!files_[it->second].has(kv.key()))
+            throw UserError(strfmt("safetensors index %s: places tensor %s in %s, which has no such tensor", p,
+                                   kv.key().c_str(), files_[it->second].path().c_str()));
+        where_[kv.key()] = it->second;
+    }
+    for (size_t i = 0; i < files_.size(); i++)
+        for (const auto& kv : files_[i].entries()) {
+            const auto w = where_.find(kv.first);
+            if (w == where_.end() || w->second != i)
+                throw UserError(strfmt("safetensors file %s: holds tensor %s, which the index %s %s",
+                                       files_[i].path().c_str(), kv.first.c_str(), p,
+                                       w == where_.end() ? "does not list"
+                                                         : ("places in " + files_[w->second].path()).c_str()));
+        }
+}
+
+}  // namespace
+
 bool is_safetensors(const std::string& path) {
-    const std::string ext = ".safetensors";
-    return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+    return ends_with(path, ".safetensors") || ends_with(path, ".safetensors.index.json");
 }
 
 namespace {
@@ -84,7 +171,7 @@ namespace {
 // shape's declared tensors as the file r names them (without the base model's prefix in a file of
 // transformers' base model: GPT2Model, LlamaModel; the Hub's gpt2 is one), each checked present
 // and of its shape: UserError naming the file and the tensor.
-std::vector<HfTensor> file_tensors(const SafetensorsReader& r, const ModelShape& shape) {
+std::vector<HfTensor> file_tensors(const HfFiles& r, const ModelShape& shape) {
     const char* p = r.path().c_str();
     std::vector<HfTensor> tensors = hf_tensors(shape);
     // the base model's prefix: the first component of the token embedding's name
@@ -107,7 +194,7 @@ std::vector<HfTensor> file_tensors(const SafetensorsReader& r, const ModelShape&
 
 // hf_read_weights into *whole (zero-filled, num_params), or (null) its checks alone, a tensor at a time
 void read_weights(const std::string& path, const ModelShape& shape, std::vector<float>* whole) {
-    const SafetensorsReader r(path);
+    const HfFiles r(path);
     const char* p = path.c_str();
     const std::vector<HfTensor> tensors = file_tensors(r, shape);
     const HfTensor* tok_emb = nullptr;
@@ -124,15 +211,14 @@ void read_weights(const std::string& path, const ModelShape& shape, std::vector<
                 for (size_t i = 0; i < t.rows; i++) dst[i * t.cols + c] = v[c * t.rows + i];
         }
     }
-    for (const auto& kv : r.entries()) {
-        const std::string& n = kv.first;
+    for (const std::string& n : r.names()) {
         bool known = false;
         for (const HfTensor& t : tensors) known = known || t.name == n;
         if (known || is_buffer(n)) continue;
         if (n == "lm_head.weight" && shape.tie_embeddings) {
             // a tied head saved beside the embedding (transformers may write both) must equal it
             LLMC_ASSERT(tok_emb != nullptr, "hf_read_weights: no token embedding declared");
-            if (kv.second.shape == tok_emb->file_shape() && r.read(n) == r.read(tok_emb->name)) continue;
+            if (r.entry(n).shape == tok_emb->file_shape() && r.read(n) == r.read(tok_emb->name)) continue;
             throw UserError(strfmt("safetensors file %s: has an lm_head.weight that differs from %s, but the model's "
                                    "head is tied to the embedding (the head would be ignored)%s",
                                    p, tok_emb->name.c_str(),
@@ -154,7 +240,7 @@ std::vector<float> hf_read_weights(const std::string& path, const ModelShape& sh
 void hf_check_weights(const std::string& path, const ModelShape& shape) { read_weights(path, shape, nullptr); }
 
 ReadFileOrder hf_weights_pieces(const std::string& path, const ModelShape& shape) {
-    auto r = std::make_shared<const SafetensorsReader>(path);
+    auto r = std::make_shared<const HfFiles>(path);
     auto tensors = std::make_shared<const std::vector<HfTensor>>(file_tensors(*r, shape));
     const size_t total = num_params(shape);
     return [r, tensors, total](size_t first, size_t n, float* out) {

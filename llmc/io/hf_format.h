@@ -9,7 +9,8 @@
 
 #include "llmc/model/param_table.h"
 
-// True if path names a safetensors file (by its extension).
+// True if path names a safetensors file, or the index of a sharded one
+// (".safetensors.index.json", transformers' model.safetensors.index.json), by its name.
 bool is_safetensors(const std::string& path);
 // Reads every declared tensor of shape's family (F32, BF16 or F16) into the whole-model file
 // order. Throws UserError naming the file and tensor for a missing tensor, a wrong shape, or
@@ -17,7 +18,10 @@ bool is_safetensors(const std::string& path);
 // transformers may save, is accepted). Unknown extra tensors are refused too, except buffers
 // that hold no parameters (rotary inv_freq, GPT-2's attn.bias and attn.masked_bias). A non-finite
 // element is refused naming the file's tensor and the element in its order. A file of
-// transformers' base model (names without "transformer." / "model.", as the Hub's gpt2) is read too.
+// transformers' base model (names without "transformer." / "model.", as the Hub's gpt2) is read too,
+// and a model sharded over several files through its index (path: the .safetensors.index.json;
+// each tensor read from the shard its "weight_map" names, which must hold it and no tensor the
+// index places elsewhere or does not list).
 std::vector<float> hf_read_weights(const std::string& path, const ModelShape& shape);
 // The same checks, a tensor at a time, keeping nothing: what world rank 0 checks before every rank
 // reads its part (hf_weights_pieces).

@@ -51,10 +51,10 @@ grep -q "$bad/state.bin: checksum mismatch" "$W/res_bad.txt" || die "the message
 echo "  a flipped byte in the moments: exit 2, rank 0's checksum mismatch, no step"
 
 # (c) model.init is read in pieces too (rank 0 checks the whole file first, every rank reads its
-#     part): from an llm.c file at tp=2 x dp=2, and from the safetensors that run wrote at pp=2 x
-#     tp=2, one step at lr 1e-30 (fp32: no weight moves) ends on the file's very weights; a NaN in
-#     the file stops every rank with exit 2, said once by rank 0 naming the file and the tensor,
-#     before any step.
+#     part): from an llm.c file at tp=2 x dp=2, from the safetensors that run wrote at pp=2 x tp=2,
+#     and from those split into two shards with a transformers index at pp=2, one step at lr
+#     1e-30 (fp32: no weight moves) ends on the file's very weights; a NaN in the file stops every
+#     rank with exit 2, said once by rank 0 naming the file and the tensor, before any step.
 init="$W/full_fp32_parallel_tp_2_parallel_zero_1/model_00000006.bin"
 one=(train.steps=1 train.lr=1e-30 train.warmup_steps=0 eval.every=0 "model.init=$init")
 dp_run 4 "$W/fp32.json" "${one[@]}" parallel.tp=2 parallel.zero=1 out.format=both "out_dir=$W/init_tp2" \
@@ -64,6 +64,33 @@ cmp "$init" "$W/init_tp2/model_00000001.bin" || die "model.init at tp=2 x dp=2 d
 dp_run 4 "$W/fp32.json" "${one[@]}" parallel.pp=2 parallel.tp=2 "model.init=$W/init_tp2/model_00000001.safetensors" \
     "out_dir=$W/init_hf" > "$W/init_hf.txt" 2>&1 || die "model.init from safetensors at pp=2 x tp=2: $(tail -n 5 "$W/init_hf.txt")"
 cmp "$init" "$W/init_hf/model_00000001.bin" || die "model.init from safetensors at pp=2 x tp=2: not the file's weights"
+# and sharded over two files by a transformers index (the layers' tensors in the second), at pp=2
+python3 - "$W/init_tp2/model_00000001.safetensors" "$W/sharded" <<'PY'
+import json, os, struct, sys
+src, out = sys.argv[1], sys.argv[2]
+os.makedirs(out)
+b = open(src, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+head = json.loads(b[8:8 + n]); data = b[8 + n:]
+shards, index = ({}, {}), {}
+for name, e in head.items():
+    if name == "__metadata__": continue
+    k = 1 if ".h." in name else 0
+    shards[k][name] = e
+    index[name] = "model-%05d-of-00002.safetensors" % (k + 1)
+for k, t in enumerate(shards):
+    h, blob = {}, b""
+    for name, e in t.items():
+        lo, hi = e["data_offsets"]
+        h[name] = {"dtype": e["dtype"], "shape": e["shape"], "data_offsets": [len(blob), len(blob) + hi - lo]}
+        blob += data[lo:hi]
+    hs = json.dumps(h).encode(); hs += b" " * (-len(hs) % 8)
+    open("%s/model-%05d-of-00002.safetensors" % (out, k + 1), "wb").write(struct.pack("<Q", len(hs)) + hs + blob)
+json.dump({"metadata": {"total_size": len(data)}, "weight_map": index}, open(out + "/model.safetensors.index.json", "w"))
+PY
+dp_run 2 "$W/fp32.json" "${one[@]}" parallel.pp=2 "model.init=$W/sharded/model.safetensors.index.json" \
+    "out_dir=$W/init_sharded" > "$W/init_sharded.txt" 2>&1 || die "model.init from a sharded index: $(tail -n 5 "$W/init_sharded.txt")"
+cmp "$init" "$W/init_sharded/model_00000001.bin" || die "model.init from a sharded index at pp=2: not the file's weights"
 cp "$init" "$W/nan.bin"
 python3 -c 'import struct, sys; f = open(sys.argv[1], "r+b"); f.seek(1024 + 4 * 7); f.write(struct.pack("<f", float("nan")))' "$W/nan.bin"
 rc=0
@@ -73,4 +100,4 @@ dp_run 2 "$W/fp32.json" "${one[@]}" parallel.tp=2 "model.init=$W/nan.bin" "out_d
     grep -q "model file $W/nan\.bin: 1 of [0-9]* parameters are not finite (the first in tensor wte element 7, nan)" "$W/init_nan.txt" ||
     die "a NaN in model.init at tp=2: not one message naming the file and tensor: $(cat "$W/init_nan.txt")"
 ! grep -q '^step ' "$W/init_nan.txt" || die "a step ran from a model.init with a NaN"
-echo "  model.init in pieces (llm.c at tp=2 x dp=2, safetensors at pp=2 x tp=2): the file's weights; a NaN: exit 2, one message"
+echo "  model.init in pieces (llm.c at tp=2 x dp=2, safetensors at pp=2 x tp=2, sharded at pp=2): the file's weights; a NaN: exit 2, one message"
