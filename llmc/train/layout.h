@@ -18,9 +18,9 @@
 ModelShape model_shape(const ModelConfig& m);
 
 // Throws UserError naming model.n_layer and model.d_model when the whole model's fp32 weights
-// exceed this machine's physical memory: every rank reads the whole model when it starts from a
-// model file (model.init), world rank 0 when it resumes (with its optimizer moments), and world
-// rank 0 gathers its pieces (with its moments) for every checkpoint.
+// exceed this machine's physical memory: world rank 0 gathers its model-parallel group's pieces
+// (the whole model, with its moments) for every checkpoint and for the final weights. (A resume and
+// model.init read pieces: no rank holds the whole model for them.)
 void check_fits_host_memory(const ModelShape& shape);
 
 // The part of the model the rank at (tp_rank, pp_rank, ep_rank) holds under this parallel config.
