@@ -74,7 +74,8 @@ using Batches = std::vector<std::vector<int32_t>>;
 // doubled world rank 0's host memory for a save: here (CPU, 326M parameters, one process) 12.9 GB
 // against 5.2 GB of training state). Gathered into fresh pages, these copies of the model made most
 // of a save's time here (26-38 s of a 31-47 s save); into pages already written, 1.5 s
-// (dev/bench/RESULTS.md). Host memory: they stay allocated between saves.
+// (dev/bench/RESULTS.md). Host memory: they stay allocated between saves. (One process saving
+// synchronously gathers nothing: live_state.)
 struct SaveBuffers {
     OptimizerState local;
     std::vector<float> params;
@@ -88,13 +89,39 @@ struct SaveBuffers {
     StateView view;  // world rank 0: what a save writes, read from the above
 };
 
+// A synchronous save of one process (live): b.view reads the model's and the optimizer's buffers
+// where they lie (a device's memory: a piece at a time to the host), with no copy of the state
+// (here, CPU, 326M parameters: the save's peak fell by the copy's 3.9 GB; at 1.5B on a GPU, by
+// arithmetic, 25 GB of host memory). Not under checkpoint.async, whose write needs a snapshot
+// while training goes on, nor across processes, whose pieces meet on world rank 0.
+void live_state(const Model& model, const AdamW& opt, DataParallel& dp, const ParallelConfig& pc,
+                const ProcessGrid& grid, SaveBuffers& b, bool weights_only) {
+    b = SaveBuffers();  // (the memory of an earlier snapshot goes back)
+    const size_t pad = DataParallel::pad_multiple(grid.shard_size());
+    auto map = std::make_shared<const FileOrderMap>(file_order_map(model.shape, pc, pad));
+    auto of = [&](FileOrderMap::MemberRead member) -> ReadFileOrder {
+        return [map, member](size_t first, size_t n, float* out) { map->read({member}, first, n, out); };
+    };
+    auto state = [&](AdamW::Array a) {
+        return of([&opt, a](size_t at, size_t n, float* out) { opt.read_state(a, at, n, out); });
+    };
+    StateView& v = b.view;
+    if (!weights_only || !opt.has_master())
+        v.main.params = of([&dp](size_t at, size_t n, float* out) { dp.read_params(at, n, out); });
+    if (!weights_only) v.main.m = state(AdamW::Array::M), v.main.v = state(AdamW::Array::V);
+    if (opt.has_master()) v.main.master = state(AdamW::Array::Master);
+    v.num_params = num_params(model.shape);
+}
+
 // The whole model and optimizer state, as b.view on world rank 0 (empty elsewhere): ZeRO shards
 // gathered over DP, then the model-parallel pieces. Under local SGD also its outer state and the
 // other DP ranks' replicas; under PowerSGD every DP rank's error feedback and Q. Collective over
 // every rank. weights_only (the final weights without a checkpoint): the weights alone, as
 // b.view.main's master where the model keeps master weights, else its params.
 void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalSgd* local_sgd, PowerSgd* powersgd,
-                  const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid, SaveBuffers& b, bool weights_only) {
+                  const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid, SaveBuffers& b, bool weights_only,
+                  bool live) {
+    if (live) return live_state(model, opt, dp, pc, grid, b, weights_only);
     dp.gather_optimizer_state(opt, b.local, weights_only);  // DP rank 0 gets its (tp, pp) piece whole
     if (weights_only && opt.has_master()) b.params.clear();
     else dp.gather_params(b.params);
@@ -694,8 +721,9 @@ void save(Run& r, bool final, bool background = false) {
     // the 1.5B shape spent a minute writing 6 GB of final weights)
     if (final && r.cfg.out.format == "none" && r.cfg.checkpoint.every <= 0) return;
     const bool weights_only = final && r.cfg.checkpoint.every <= 0;  // (write_state writes no checkpoint then)
+    const bool live = !background && r.grid.world == 1 && r.dp.zero() < 3;
     gather_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.powersgd.get(), r.pc, *r.groups.mp, r.grid, r.save_buffers,
-                 weights_only);
+                 weights_only, live);
     if (r.rt.is_main()) write_state(r, r.save_buffers, final, background);
     r.groups.save->barrier();  // saving does not count against parallel.timeout_s
 }

@@ -200,11 +200,16 @@ void AdamW::get_state(std::vector<float>& m, std::vector<float>& v, std::vector<
 }
 
 void AdamW::get_state(Array which, std::vector<float>& out) const {
-    const float* src = which == Array::M ? m_ : which == Array::V ? v_ : master_;
-    LLMC_ASSERT(src, "get_state: this optimizer keeps no master weights");
     out.resize(owned_);
-    if (offload_.enabled) std::copy(src, src + owned_, out.begin());
-    else ops_.to_host_bytes(out.data(), src, owned_ * sizeof(float));
+    read_state(which, 0, owned_, out.data());
+}
+
+void AdamW::read_state(Array which, size_t at, size_t n, float* out) const {
+    const float* src = which == Array::M ? m_ : which == Array::V ? v_ : master_;
+    LLMC_ASSERT(src, "read_state: this optimizer keeps no master weights");
+    LLMC_ASSERT(at <= owned_ && n <= owned_ - at, "read_state: past the state's end");
+    if (offload_.enabled) std::copy(src + at, src + at + n, out);
+    else ops_.to_host_bytes(out, src + at, n * sizeof(float));
 }
 
 void AdamW::set_state(Array which, const std::vector<float>& x) {

@@ -87,6 +87,9 @@ public:
     // rank's piece, not three.
     enum class Array { M, V, Master };
     void get_state(Array which, std::vector<float>& out) const;
+    // n elements of one array from packed position at, into out: a one-process save reads the
+    // state where it lies, a piece at a time, with no copy of the whole
+    void read_state(Array which, size_t at, size_t n, float* out) const;
     void set_state(Array which, const std::vector<float>& x);
     // Copies the current parameters into the master weights (after loading parameters).
     void sync_master_from_params();

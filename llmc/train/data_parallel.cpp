@@ -625,6 +625,11 @@ void DataParallel::gather_params(std::vector<float>& out) {
     if (dp_rank() == 0) ops_.to_host_f32(out.data(), param_buf_);
 }
 
+void DataParallel::read_params(size_t at, size_t n, float* out) const {
+    LLMC_ASSERT(zero_ < 3, "read_params: ZeRO-3 holds no whole parameter buffer");
+    ops_.to_host_f32(out, param_buf_.slice(at, n));
+}
+
 std::vector<float> DataParallel::local_params() {
     LLMC_ASSERT(zero_ < 3, "local_params: ZeRO-3 holds no whole parameter buffer");
     std::vector<float> whole(layout_.padded_params);

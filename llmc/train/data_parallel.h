@@ -229,6 +229,9 @@ public:
     }
     // This rank's own whole parameter buffer (host, memory order, padded; stages 0-2).
     std::vector<float> local_params();
+    // Its elements [at, at + n) as fp32 into out, read where they lie (stages 0-2): a one-process
+    // save's, with no copy of the whole.
+    void read_params(size_t at, size_t n, float* out) const;
     // Mean of x over the DP group (all of dp under expert parallelism).
     double mean(double x);
     // Asserts that the parameter replicas are bitwise identical on every DP rank (stages 0-2).

@@ -69,18 +69,29 @@ std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig&
     return whole;
 }
 
-void FileOrderMap::read(const std::vector<const float*>& members, size_t first, size_t n, float* out) const {
-    LLMC_ASSERT(members.size() == counts.size(), "FileOrderMap::read: a buffer for each member");
+template <class F>
+void FileOrderMap::for_runs(size_t first, size_t n, float* out, size_t members, F copy) const {
+    LLMC_ASSERT(members == counts.size(), "FileOrderMap::read: a buffer for each member");
     const size_t total = runs.empty() ? 0 : runs.back().file + runs.back().n;
     LLMC_ASSERT(first <= total && n <= total - first, "a read past the end of the model");
     // the run holding first: the last one that starts at or before it
     auto it = std::upper_bound(runs.begin(), runs.end(), first, [](size_t f, const Run& r) { return f < r.file; }) - 1;
     while (n > 0) {
         const size_t skip = first - it->file, k = std::min(n, it->n - skip);
-        std::memcpy(out, members[size_t(it->member)] + it->at + skip, k * sizeof(float));
+        copy(size_t(it->member), it->at + skip, k, out);
         out += k, first += k, n -= k;
         ++it;
     }
+}
+
+void FileOrderMap::read(const std::vector<const float*>& members, size_t first, size_t n, float* out) const {
+    for_runs(first, n, out, members.size(), [&](size_t m, size_t at, size_t k, float* o) {
+        std::memcpy(o, members[m] + at, k * sizeof(float));
+    });
+}
+
+void FileOrderMap::read(const std::vector<MemberRead>& members, size_t first, size_t n, float* out) const {
+    for_runs(first, n, out, members.size(), [&](size_t m, size_t at, size_t k, float* o) { members[m](at, k, o); });
 }
 
 FileOrderMap file_order_map(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple) {

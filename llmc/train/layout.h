@@ -8,6 +8,7 @@
 // every rank with its expert-dp coordinate, tp x ep x pp ranks: member i has tp_rank = i % tp,
 // ep_rank = i / tp % ep and pp_rank = i / (tp ep).
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "llmc/comm/comm.h"
@@ -40,6 +41,14 @@ struct FileOrderMap {
     std::vector<size_t> counts;  // each member's buffer
     // Elements [first, first + n) of the whole model into out, from the members' buffers.
     void read(const std::vector<const float*>& members, size_t first, size_t n, float* out) const;
+    // The same from readers of the members' buffers (n elements from at into out): the live
+    // state of a one-process save, read where it lies (a device's memory).
+    using MemberRead = std::function<void(size_t at, size_t n, float* out)>;
+    void read(const std::vector<MemberRead>& members, size_t first, size_t n, float* out) const;
+
+private:
+    template <class F>
+    void for_runs(size_t first, size_t n, float* out, size_t members, F copy) const;
 };
 FileOrderMap file_order_map(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple);
 // Collective over the mp group: member 0 gets the other members' local buffers one after another
