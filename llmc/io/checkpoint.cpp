@@ -560,12 +560,8 @@ StateView checkpoint_open(const std::string& path, const ModelShape& shape) {
     uint64_t at = sizeof(header) + meta_s.size();  // state.bin's arrays in the order checkpoint_save wrote them
     auto next = [&](bool present) -> ReadFileOrder {
         if (!present) return nullptr;
-        const uint64_t base = at;
         at += num_params * sizeof(float);
-        return [state, base, num_params](size_t first, size_t n, float* out) {
-            LLMC_ASSERT(first <= num_params && n <= num_params - first, "a read past the end of a checkpoint's array");
-            state->read(base + first * sizeof(float), n, sizeof(float), out);
-        };
+        return piece_array(state, at - num_params * sizeof(float), num_params, sizeof(float));
     };
     v.main.params = std::move(params);
     v.main.m = next(true);

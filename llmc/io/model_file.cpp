@@ -212,11 +212,9 @@ void model_file_scan(const std::string& path, const ModelShape* expect,
 ReadFileOrder model_file_pieces(const std::string& path, const ModelShape* expect, std::shared_ptr<size_t> bytes_read) {
     int version = 0;
     const size_t n = num_params(model_file_check(path, expect, &version)), elem = version == 3 ? 4 : 2;
-    auto f = std::make_shared<PieceFile>(path, "model file", bytes_read ? bytes_read : std::make_shared<size_t>(0));
-    return [f, n, elem](size_t first, size_t k, float* out) {
-        LLMC_ASSERT(first <= n && k <= n - first, "a read past the end of a model file's weights");
-        f->read(1024 + first * elem, k, elem, out);
-    };
+    return piece_array(
+        std::make_shared<PieceFile>(path, "model file", bytes_read ? bytes_read : std::make_shared<size_t>(0)), 1024, n,
+        elem);
 }
 
 void model_file_write(const std::string& path, const ModelShape& s, const ReadFileOrder& params, int version,

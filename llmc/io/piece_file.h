@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "llmc/core/common.h"
+#include "llmc/model/param_table.h"
 #include "llmc/precision/bf16.h"
 
 // A file read where each piece lies (pread), each piece as asked (pick_file_order joins pieces
@@ -61,3 +62,11 @@ private:
     std::vector<uint16_t> bf16_;
 };
 
+// An array of n elements (fp32, elem 4; bf16, elem 2) at byte offset base of f, handed out in
+// pieces as fp32 (a checkpoint's arrays, a model file's weights).
+inline ReadFileOrder piece_array(std::shared_ptr<PieceFile> f, uint64_t base, size_t n, size_t elem) {
+    return [f, base, n, elem](size_t first, size_t k, float* out) {
+        LLMC_ASSERT(first <= n && k <= n - first, "a read past the end of an array in a file");
+        f->read(base + first * elem, k, elem, out);
+    };
+}

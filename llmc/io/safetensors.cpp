@@ -1,8 +1,6 @@
 #include "llmc/io/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <set>
@@ -15,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "llmc/core/common.h"
+#include "llmc/io/piece_file.h"
 #include "llmc/precision/bf16.h"
 #include "llmc/precision/fp16.h"
 
@@ -67,12 +66,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     std::fclose(f);
     if (!ok) throw UserError(strfmt("safetensors file %s: read failed", p));
     data_start_ = 8 + n;
-    const int fd = ::open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw UserError(strfmt("safetensors file %s: cannot open: %s", p, std::strerror(errno)));
-    fd_ = std::shared_ptr<const int>(new int(fd), [](const int* x) {
-        ::close(*x);
-        delete x;
-    });
+    file_ = std::make_shared<PieceFile>(path, "safetensors file", std::make_shared<size_t>(0));
     // nlohmann keeps the last of two equal keys silently: a tensor named twice is refused
     std::vector<std::set<std::string>> seen;  // the keys of each open object
     std::string dup;
@@ -197,14 +191,10 @@ void SafetensorsReader::read_range(const std::string& name, size_t first, size_t
     for (size_t done = 0; done < n;) {
         const size_t k = b == 4 ? n : std::min(n - done, piece / b);
         uint8_t* dst = b == 4 ? reinterpret_cast<uint8_t*>(out) : raw.data();
-        uint64_t at = data_start_ + e.begin + (first + done) * b;
-        for (size_t got = 0; got < k * b;) {
-            const ssize_t r = ::pread(*fd_, dst + got, k * b - got, off_t(at + got));
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0)
-                throw UserError(strfmt("safetensors file %s: cannot read tensor %s%s", path_.c_str(), name.c_str(),
-                                       r == 0 ? " (truncated)" : (": " + std::string(std::strerror(errno))).c_str()));
-            got += size_t(r);
+        try {
+            file_->read_bytes(data_start_ + e.begin + (first + done) * b, dst, k * b);
+        } catch (const UserError& err) {  // (the file changed after it was opened) the tensor named too
+            throw UserError(strfmt("%s (reading tensor %s)", err.what(), name.c_str()));
         }
         if (b != 4)
             for (size_t i = 0; i < k; i++) {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+class PieceFile;
+
 struct SafetensorsEntry {
     std::string dtype;           // "F32", "BF16", "F16", ...
     std::vector<int64_t> shape;
@@ -33,7 +35,7 @@ public:
 
 private:
     std::string path_;
-    std::shared_ptr<const int> fd_;  // the file, open for read_range (closed with the last copy)
+    std::shared_ptr<PieceFile> file_;  // the file, open for read_range (closed with the last copy)
     uint64_t data_start_ = 0;
     std::map<std::string, SafetensorsEntry> entries_;
     std::map<std::string, std::string> metadata_;
