@@ -52,13 +52,14 @@ std::string shape_str(const std::vector<int64_t>& sh) {
     return r + "]";
 }
 
+bool ends_with(const std::string& s, const std::string& end) {
+    return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+}
+
 // Buffers that transformers may save beside the weights and that hold no parameters: Llama's
 // rotary inv_freq, GPT-2's causal mask (attn.bias) and its masked_bias constant.
 bool is_buffer(const std::string& n) {
-    auto ends_with = [&](const std::string& e) {
-        return n.size() >= e.size() && n.compare(n.size() - e.size(), e.size(), e) == 0;
-    };
-    return ends_with("rotary_emb.inv_freq") || ends_with(".attn.bias") || ends_with(".attn.masked_bias");
+    return ends_with(n, "rotary_emb.inv_freq") || ends_with(n, ".attn.bias") || ends_with(n, ".attn.masked_bias");
 }
 
 // A non-finite weight named as the file names it (its tensor and element in the file's order),
@@ -77,10 +78,6 @@ void check_finite(const std::vector<float>& v, const char* path, const std::stri
 }  // namespace
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& end) {
-    return s.size() > end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
-}
 
 // The tensors of one safetensors file, or of the shards that a transformers index names
 // (model.safetensors.index.json: {"metadata": ..., "weight_map": {tensor: shard file}}, the shards
@@ -163,7 +160,8 @@ HfFiles::HfFiles(const std::string& path) : path_(path) {
 }  // namespace
 
 bool is_safetensors(const std::string& path) {
-    return ends_with(path, ".safetensors") || ends_with(path, ".safetensors.index.json");
+    const std::string ext = ".safetensors";  // (after a name: the extension alone names no file of ours)
+    return path.size() > ext.size() && (ends_with(path, ext) || ends_with(path, ext + ".index.json"));
 }
 
 namespace {

@@ -204,17 +204,21 @@ void AdamW::get_state(Array which, std::vector<float>& out) const {
     read_state(which, 0, owned_, out.data());
 }
 
+float* AdamW::array(Array which) const {
+    float* p = which == Array::M ? m_ : which == Array::V ? v_ : master_;
+    LLMC_ASSERT(p, "AdamW: this optimizer keeps no master weights");
+    return p;
+}
+
 void AdamW::read_state(Array which, size_t at, size_t n, float* out) const {
-    const float* src = which == Array::M ? m_ : which == Array::V ? v_ : master_;
-    LLMC_ASSERT(src, "read_state: this optimizer keeps no master weights");
+    const float* src = array(which);
     LLMC_ASSERT(at <= owned_ && n <= owned_ - at, "read_state: past the state's end");
     if (offload_.enabled) std::copy(src + at, src + at + n, out);
     else ops_.to_host_bytes(out, src + at, n * sizeof(float));
 }
 
 void AdamW::set_state(Array which, const std::vector<float>& x) {
-    float* dst = which == Array::M ? m_ : which == Array::V ? v_ : master_;
-    LLMC_ASSERT(dst, "set_state: this optimizer keeps no master weights");
+    float* dst = array(which);
     LLMC_ASSERT(x.size() == owned_, "optimizer state size mismatch");
     if (offload_.enabled) std::copy(x.begin(), x.end(), dst);
     else ops_.from_host_bytes(dst, x.data(), owned_ * sizeof(float));

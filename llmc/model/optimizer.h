@@ -100,6 +100,7 @@ public:
     void set_weights(const std::vector<float>& w);
 
 private:
+    float* array(Array which) const;  // m_, v_ or master_ (asserted kept)
     void step_offloaded(const AdamWHyper& h, int t, const float* ctl, uint32_t seed);
     // the host update of the piece [o, o + n) of the range, staged in slot s
     struct Piece {
