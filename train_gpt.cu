@@ -8,6 +8,7 @@
 // Every kernel call goes through Ops (llmc/backend/ops.h): the CPU reference backend or CUDA.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -68,8 +69,9 @@ double now_ms() {
 using Batches = std::vector<std::vector<int32_t>>;
 
 // What a save gathers, kept from one save to the next: DP rank 0's (tp, pp, ep) piece in memory
-// order, and on world rank 0 under model parallelism the other pieces of its mp group, one after
-// another (alone, its own piece is the whole model). Never assembled whole: checkpoint_save reads
+// order, and on world rank 0 under model parallelism and checkpoint.async the other pieces of its
+// mp group, one after another (alone, its own piece is the whole model; a synchronous save takes
+// the others' elements from them as it writes: PieceServer). Never assembled whole: checkpoint_save reads
 // each array in file order a chunk at a time, through the FileOrderMap (a whole copy in file order
 // doubled world rank 0's host memory for a save: here (CPU, 326M parameters, one process) 12.9 GB
 // against 5.2 GB of training state). Gathered into fresh pages, these copies of the model made most
@@ -86,14 +88,26 @@ struct SaveBuffers {
     LocalSgdState outer;
     std::vector<std::vector<float>> errors;
     std::vector<std::vector<float>> extra_others;
+    std::shared_ptr<PieceServer> server;  // a synchronous save under model parallelism (every rank)
     StateView view;  // world rank 0: what a save writes, read from the above
 };
 
-// A synchronous save of one process (live): b.view reads the model's and the optimizer's buffers
-// where they lie (a device's memory: a piece at a time to the host), with no copy of the state
-// (here, CPU, 326M parameters: the save's peak fell by the copy's 3.9 GB; at 1.5B on a GPU, by
-// arithmetic, 25 GB of host memory). Not under checkpoint.async, whose write needs a snapshot
-// while training goes on, nor across processes, whose pieces meet on world rank 0.
+// Whether this rank's parameters and optimizer state are its whole (tp, pp, ep) piece, in memory
+// order: not sharded over DP (ZeRO-0, or a DP group of one) nor split over ep (dense state under
+// expert parallelism with ZeRO >= 1), nor ZeRO-3's parameters.
+bool holds_whole_piece(const DataParallel& dp) {
+    const auto& runs = dp.opt_runs();
+    return dp.zero() < 3 && (dp.zero() == 0 || dp.dp() == 1) && dp.opt_begin() == 0 && runs.size() == 1 &&
+           runs[0] == std::make_pair(size_t(0), dp.opt_end());
+}
+
+// A synchronous save where world rank 0 holds the whole state (one process, or data parallelism
+// alone without ZeRO sharding: holds_whole_piece) (live): b.view reads the model's and the
+// optimizer's buffers where they lie (a device's memory: a piece at a time to the host), with no
+// copy of the state (here, CPU, 326M parameters: the save's peak fell by the copy's 3.9 GB; at 1.5B
+// on a GPU, by arithmetic, 25 GB of host memory); the other ranks wait. Not under checkpoint.async,
+// whose write needs a snapshot while training goes on, nor under local SGD or PowerSGD, whose
+// state is gathered over DP.
 void live_state(const Model& model, const AdamW& opt, DataParallel& dp, const ParallelConfig& pc,
                 const ProcessGrid& grid, SaveBuffers& b, bool weights_only) {
     b = SaveBuffers();  // (the memory of an earlier snapshot goes back)
@@ -114,17 +128,26 @@ void live_state(const Model& model, const AdamW& opt, DataParallel& dp, const Pa
 }
 
 // The whole model and optimizer state, as b.view on world rank 0 (empty elsewhere): ZeRO shards
-// gathered over DP, then the model-parallel pieces. Under local SGD also its outer state and the
-// other DP ranks' replicas; under PowerSGD every DP rank's error feedback and Q. Collective over
-// every rank. weights_only (the final weights without a checkpoint): the weights alone, as
-// b.view.main's master where the model keeps master weights, else its params.
+// gathered over DP, then the model-parallel pieces: gathered to world rank 0, or with serve_over
+// (the save group: a synchronous save) read from the members as world rank 0 writes (b.server:
+// world rank 0 calls its finish() after the write, every other rank its serve()). Under local SGD
+// also its outer state and the other DP ranks' replicas; under PowerSGD every DP rank's error
+// feedback and Q. Collective over every rank. weights_only (the final weights without a
+// checkpoint): the weights alone, as b.view.main's master where the model keeps master weights,
+// else its params.
 void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalSgd* local_sgd, PowerSgd* powersgd,
                   const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid, SaveBuffers& b, bool weights_only,
-                  bool live) {
+                  bool live, Comm* serve_over) {
     if (live) return live_state(model, opt, dp, pc, grid, b, weights_only);
-    dp.gather_optimizer_state(opt, b.local, weights_only);  // DP rank 0 gets its (tp, pp) piece whole
-    if (weights_only && opt.has_master()) b.params.clear();
-    else dp.gather_params(b.params);
+    // served where they lie: a member that holds its piece whole sends its elements from it
+    const bool in_place = serve_over && holds_whole_piece(dp);
+    if (in_place) {
+        b.local = {}, b.params = {};
+    } else {
+        dp.gather_optimizer_state(opt, b.local, weights_only);  // DP rank 0 gets its (tp, pp) piece whole
+        if (weights_only && opt.has_master()) b.params.clear();
+        else dp.gather_params(b.params);
+    }
     if (weights_only) local_sgd = nullptr, powersgd = nullptr;
     LocalSgdState& outer = b.outer;  // DP rank 0: memory order
     outer = {};
@@ -139,12 +162,19 @@ void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalS
     if (powersgd) powersgd->gather(&b.errors, &q);
     b.view = {};
     b.extra_others.clear();
-    if (grid.shard_rank() != 0) return;
+    b.server.reset();
+    const bool member = serve_over ? mp.members()[0] == 0 : grid.shard_rank() == 0;  // (of world rank 0's mp group)
     const size_t pad = DataParallel::pad_multiple(grid.shard_size());
-    auto map = std::make_shared<const FileOrderMap>(file_order_map(model.shape, pc, pad));
+    auto map = member ? std::make_shared<const FileOrderMap>(file_order_map(model.shape, pc, pad)) : nullptr;
+    if (serve_over) b.server = std::make_shared<PieceServer>(map, mp, *serve_over);
+    if (!member) return;
     // x's pieces to world rank 0, read in file order (null: x is empty on every member, as master is
     // where the model is fp32)
     auto gathered = [&](const std::vector<float>& x, std::vector<float>& others) -> ReadFileOrder {
+        if (b.server) {
+            const int k = b.server->add(&x);
+            return mp.rank() == 0 ? b.server->reader(k) : nullptr;
+        }
         if (x.empty()) return nullptr;
         return [map, members = gather_pieces(*map, x, mp, others)](size_t first, size_t n, float* out) {
             map->read(members, first, n, out);
@@ -155,8 +185,22 @@ void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalS
         return gathered(x, b.extra_others.back());
     };
     StateView& v = b.view;
-    v.main = {gathered(b.params, b.others_params), gathered(b.local.m, b.others.m), gathered(b.local.v, b.others.v),
-              gathered(b.local.master, b.others.master)};
+    if (in_place) {
+        auto served = [&](bool kept, FileOrderMap::MemberRead read) -> ReadFileOrder {
+            const int k = b.server->add(kept ? std::move(read) : nullptr);
+            return mp.rank() == 0 ? b.server->reader(k) : nullptr;
+        };
+        auto state = [&](AdamW::Array a) -> FileOrderMap::MemberRead {
+            return [&opt, a](size_t at, size_t n, float* out) { opt.read_state(a, at, n, out); };
+        };
+        v.main = {served(!weights_only || !opt.has_master(),
+                         [&dp](size_t at, size_t n, float* out) { dp.read_params(at, n, out); }),
+                  served(!weights_only, state(AdamW::Array::M)), served(!weights_only, state(AdamW::Array::V)),
+                  served(opt.has_master(), state(AdamW::Array::Master))};
+    } else {
+        v.main = {gathered(b.params, b.others_params), gathered(b.local.m, b.others.m),
+                  gathered(b.local.v, b.others.v), gathered(b.local.master, b.others.master)};
+    }
     if (local_sgd) {
         v.local_dp = outer.dp();
         v.anchor = gathered_extra(outer.anchor);
@@ -721,10 +765,18 @@ void save(Run& r, bool final, bool background = false) {
     // the 1.5B shape spent a minute writing 6 GB of final weights)
     if (final && r.cfg.out.format == "none" && r.cfg.checkpoint.every <= 0) return;
     const bool weights_only = final && r.cfg.checkpoint.every <= 0;  // (write_state writes no checkpoint then)
-    const bool live = !background && r.grid.world == 1 && r.dp.zero() < 3;
-    gather_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.powersgd.get(), r.pc, *r.groups.mp, r.grid, r.save_buffers,
-                 weights_only, live);
-    if (r.rt.is_main()) write_state(r, r.save_buffers, final, background);
+    const bool serve = !background && r.groups.mp->size() > 1;  // (model parallelism: several processes)
+    // world rank 0 holds the whole model (one process, or data parallelism alone) and the whole state
+    const bool live = !background && !serve && holds_whole_piece(r.dp) && !r.local_sgd && !r.powersgd;
+    SaveBuffers& b = r.save_buffers;
+    gather_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.powersgd.get(), r.pc, *r.groups.mp, r.grid, b,
+                 weights_only, live, serve ? r.groups.save.get() : nullptr);
+    if (r.rt.is_main()) {
+        write_state(r, b, final, background);
+        if (b.server) b.server->finish();
+    } else if (b.server) {
+        b.server->serve();
+    }
     r.groups.save->barrier();  // saving does not count against parallel.timeout_s
 }
 
@@ -1021,6 +1073,16 @@ int train(Runtime& rt, int argc, char** argv) {
         r.log.print("peak device memory: %s\n", human_bytes(double(r.ops->peak_memory_bytes())).c_str());
     r.dp.check_replicas();
     save(r, true);
+    // every rank's peak host memory, world rank 0's first: what the saves and the start-up took
+    std::vector<double> host(size_t(r.grid.world), 0.0);
+    host[size_t(r.grid.rank)] = host_peak_bytes();
+    r.groups.world->all_reduce(host.data(), host.size(), ReduceOp::Sum);
+    const size_t top = size_t(std::max_element(host.begin(), host.end()) - host.begin());
+    r.log.print("peak host memory: %s%s\n", human_bytes(host[0]).c_str(),
+                r.grid.world == 1 ? ""
+                : top == 0        ? strfmt(" on world rank 0, the most of %d ranks", r.grid.world).c_str()
+                                  : strfmt(" on world rank 0; the most, %s, on rank %zu", human_bytes(host[top]).c_str(), top).c_str());
+    r.run_log->record({{"host_peak_bytes", host}});
     r.log.print("%s", r.progress.summary(now_ms(), r.ckpt_dir).c_str());
     return 0;
 }

@@ -1,6 +1,7 @@
 #include "llmc/run/runtime.h"
 
 #include <mpi.h>
+#include <sys/resource.h>
 
 #include <cerrno>
 #include <climits>
@@ -106,4 +107,10 @@ void Runtime::abort_job(int code) const {
     if (mpi && world > 1) MPI_Abort(MPI_COMM_WORLD, code);
     if (mpi) MPI_Finalize();
     std::exit(code);
+}
+
+double host_peak_bytes() {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return 1024.0 * double(u.ru_maxrss);  // (Linux: kilobytes)
 }

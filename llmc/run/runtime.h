@@ -45,3 +45,6 @@ struct LaunchEnv {
 };
 LaunchEnv launch_env();
 
+// This process's peak resident host memory so far, in bytes (getrusage's ru_maxrss).
+double host_peak_bytes();
+

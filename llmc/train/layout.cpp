@@ -69,29 +69,16 @@ std::vector<float> assemble_whole(const ModelShape& shape, const ParallelConfig&
     return whole;
 }
 
-template <class F>
-void FileOrderMap::for_runs(size_t first, size_t n, float* out, size_t members, F copy) const {
-    LLMC_ASSERT(members == counts.size(), "FileOrderMap::read: a buffer for each member");
-    const size_t total = runs.empty() ? 0 : runs.back().file + runs.back().n;
-    LLMC_ASSERT(first <= total && n <= total - first, "a read past the end of the model");
-    // the run holding first: the last one that starts at or before it
-    auto it = std::upper_bound(runs.begin(), runs.end(), first, [](size_t f, const Run& r) { return f < r.file; }) - 1;
-    while (n > 0) {
-        const size_t skip = first - it->file, k = std::min(n, it->n - skip);
-        copy(size_t(it->member), it->at + skip, k, out);
-        out += k, first += k, n -= k;
-        ++it;
-    }
-}
-
 void FileOrderMap::read(const std::vector<const float*>& members, size_t first, size_t n, float* out) const {
-    for_runs(first, n, out, members.size(), [&](size_t m, size_t at, size_t k, float* o) {
-        std::memcpy(o, members[m] + at, k * sizeof(float));
+    LLMC_ASSERT(members.size() == counts.size(), "FileOrderMap::read: a buffer for each member");
+    for_runs(first, n, [&](int m, size_t at, size_t k, size_t done) {
+        std::memcpy(out + done, members[size_t(m)] + at, k * sizeof(float));
     });
 }
 
 void FileOrderMap::read(const std::vector<MemberRead>& members, size_t first, size_t n, float* out) const {
-    for_runs(first, n, out, members.size(), [&](size_t m, size_t at, size_t k, float* o) { members[m](at, k, o); });
+    LLMC_ASSERT(members.size() == counts.size(), "FileOrderMap::read: a buffer for each member");
+    for_runs(first, n, [&](int m, size_t at, size_t k, size_t done) { members[size_t(m)](at, k, out + done); });
 }
 
 FileOrderMap file_order_map(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple) {
@@ -141,6 +128,95 @@ std::vector<const float*> gather_pieces(const FileOrderMap& map, const std::vect
         members.push_back(others.data() + at);
     }
     return members;
+}
+
+namespace {
+constexpr int kPieceTag = 1;
+}
+
+PieceServer::PieceServer(std::shared_ptr<const FileOrderMap> map, const Comm& mp, Comm& world)
+    : map_(std::move(map)), world_(world) {
+    for (int i = 0; i < world.size(); i++)
+        LLMC_ASSERT(world.members()[size_t(i)] == i, "PieceServer: world must be the world, in rank order");
+    if (mp.members()[0] != 0) return;  // not world rank 0's mp group
+    LLMC_ASSERT(map_ && map_->counts.size() == mp.members().size(), "PieceServer: the map is of another mp group");
+    members_ = mp.members();
+    member_ = mp.rank();
+}
+
+int PieceServer::add(FileOrderMap::MemberRead read) {
+    LLMC_ASSERT(member_ >= 0, "PieceServer::add: not a member of world rank 0's mp group");
+    arrays_.push_back(std::move(read));
+    return int(arrays_.size()) - 1;
+}
+
+int PieceServer::add(const std::vector<float>* local) {
+    if (local->empty()) return add(FileOrderMap::MemberRead());
+    LLMC_ASSERT(local->size() == map_->counts[size_t(member_)], "PieceServer::add: a piece of the wrong size");
+    return add([local](size_t at, size_t n, float* out) { std::memcpy(out, local->data() + at, n * sizeof(float)); });
+}
+
+size_t PieceServer::count(int member, size_t first, size_t n) const {
+    size_t c = 0;
+    map_->for_runs(first, n, [&](int m, size_t, size_t k, size_t) { c += m == member ? k : 0; });
+    return c;
+}
+
+void PieceServer::pack(size_t k, size_t first, size_t n, float* out) const {
+    size_t span_at = 0, span_n = 0;  // runs next to each other in the member's memory: one read
+    auto flush = [&] {
+        if (span_n > 0) arrays_[k](span_at, span_n, out);
+        out += span_n;
+    };
+    map_->for_runs(first, n, [&](int m, size_t at, size_t c, size_t) {
+        if (m != member_) return;
+        if (span_n > 0 && at == span_at + span_n) return void(span_n += c);
+        flush();
+        span_at = at, span_n = c;
+    });
+    flush();
+}
+
+ReadFileOrder PieceServer::reader(int k) {
+    LLMC_ASSERT(world_.rank() == 0 && size_t(k) < arrays_.size(), "PieceServer::reader: world rank 0, an added array");
+    if (!arrays_[size_t(k)]) return nullptr;
+    return [this, k](size_t first, size_t n, float* out) {
+        double request[3] = {double(k + 1), double(first), double(n)};  // exact: below 2^53
+        world_.all_reduce(request, 3, ReduceOp::Max);                  // (the others pass zeros)
+        std::vector<size_t> at(members_.size() + 1, 0);  // where each member's elements lie in buf_
+        for (size_t m = 0; m < members_.size(); m++) at[m + 1] = at[m] + count(int(m), first, n);
+        buf_.resize(at.back());
+        pack(size_t(k), first, n, buf_.data());
+        for (size_t m = 1; m < members_.size(); m++)
+            if (at[m + 1] > at[m]) world_.recv(buf_.data() + at[m], at[m + 1] - at[m], members_[m], kPieceTag);
+        map_->for_runs(first, n, [&](int m, size_t, size_t c, size_t done) {
+            std::memcpy(out + done, buf_.data() + at[size_t(m)], c * sizeof(float));
+            at[size_t(m)] += c;
+        });
+    };
+}
+
+void PieceServer::serve() {
+    LLMC_ASSERT(world_.rank() != 0, "PieceServer::serve: world rank 0 reads");
+    for (;;) {
+        double request[3] = {0, 0, 0};
+        world_.all_reduce(request, 3, ReduceOp::Max);
+        if (request[0] == 0) break;  // finish()
+        if (member_ < 0) continue;
+        const size_t k = size_t(request[0]) - 1, first = size_t(request[1]), n = size_t(request[2]);
+        LLMC_ASSERT(k < arrays_.size() && arrays_[k], "PieceServer: a request for an array not added");
+        buf_.resize(count(member_, first, n));
+        pack(k, first, n, buf_.data());
+        if (!buf_.empty()) world_.send(buf_.data(), buf_.size(), 0, kPieceTag);
+    }
+    buf_ = std::vector<float>();
+}
+
+void PieceServer::finish() {
+    LLMC_ASSERT(world_.rank() == 0, "PieceServer::finish: world rank 0");
+    double request[3] = {0, 0, 0};
+    world_.all_reduce(request, 3, ReduceOp::Max);
+    buf_ = std::vector<float>();
 }
 
 void assemble_whole(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple,

@@ -8,7 +8,9 @@
 // every rank with its expert-dp coordinate, tp x ep x pp ranks: member i has tp_rank = i % tp,
 // ep_rank = i / tp % ep and pp_rank = i / (tp ep).
 #pragma once
+#include <algorithm>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "llmc/comm/comm.h"
@@ -19,9 +21,11 @@
 ModelShape model_shape(const ModelConfig& m);
 
 // Throws UserError naming model.n_layer and model.d_model when the whole model's fp32 weights
-// exceed this machine's physical memory: world rank 0 gathers its model-parallel group's pieces
-// (the whole model, with its moments) for every checkpoint and for the final weights. (A resume and
-// model.init read pieces: no rank holds the whole model for them.)
+// exceed this machine's physical memory. Where one host holds them: the CPU backend (and the CUDA
+// emulator, whose device memory is host memory); a save that gathers them to world rank 0
+// (checkpoint.async; data parallelism with ZeRO sharding). Stricter than it needs to be for a GPU
+// run under model parallelism saving synchronously, which holds no other rank's piece
+// (PieceServer); a resume and model.init read pieces.
 void check_fits_host_memory(const ModelShape& shape);
 
 // The part of the model the rank at (tp_rank, pp_rank, ep_rank) holds under this parallel config.
@@ -45,17 +49,68 @@ struct FileOrderMap {
     // state of a one-process save, read where it lies (a device's memory).
     using MemberRead = std::function<void(size_t at, size_t n, float* out)>;
     void read(const std::vector<MemberRead>& members, size_t first, size_t n, float* out) const;
-
-private:
+    // The runs that hold [first, first + n), in file order: f(member, at, k, done) for each k
+    // elements at member's at, done elements of the range before them.
     template <class F>
-    void for_runs(size_t first, size_t n, float* out, size_t members, F copy) const;
+    void for_runs(size_t first, size_t n, F f) const;
 };
+template <class F>
+void FileOrderMap::for_runs(size_t first, size_t n, F f) const {
+    const size_t total = runs.empty() ? 0 : runs.back().file + runs.back().n;
+    LLMC_ASSERT(first <= total && n <= total - first, "a read past the end of the model");
+    // the run holding first: the last one that starts at or before it
+    auto it = std::upper_bound(runs.begin(), runs.end(), first, [](size_t f, const Run& r) { return f < r.file; }) - 1;
+    for (size_t done = 0; done < n; ++it) {
+        const size_t skip = first + done - it->file, k = std::min(n - done, it->n - skip);
+        f(it->member, it->at + skip, k, done);
+        done += k;
+    }
+}
+
 FileOrderMap file_order_map(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple);
 // Collective over the mp group: member 0 gets the other members' local buffers one after another
 // into others (its memory is reused) and returns every member's buffer for FileOrderMap::read (its
 // own: local, not a copy); the others leave others empty and get an empty vector.
 std::vector<const float*> gather_pieces(const FileOrderMap& map, const std::vector<float>& local, Comm& mp,
                                         std::vector<float>& others);
+
+// A synchronous save across processes: world rank 0 reads the whole model's arrays from its mp
+// group's pieces as it writes them, each member sending only the elements asked for, when asked
+// (gather_pieces would first copy every member's piece to world rank 0: for a model split over
+// tp x pp x ep ranks, the whole model and its moments in one host's memory at every save). Used so,
+// every rank with the same map: each member of world rank 0's mp group adds its piece of the same
+// arrays in the same order (for an array the run does not keep, an empty vector on every member);
+// world rank 0 reads them through reader(k), then calls finish(); every other rank calls serve(),
+// which answers the requests until then. Requests and pieces travel over world, which must be the
+// world on MPI, untimed (ProcessGrid's save group: a save may take longer than parallel.timeout_s).
+// Not for checkpoint.async, whose write goes on while the others train: it gathers.
+class PieceServer {
+public:
+    // map: the mp group's (file_order_map); mp: this rank's mp group
+    PieceServer(std::shared_ptr<const FileOrderMap> map, const Comm& mp, Comm& world);
+    // A member of world rank 0's mp group (the others add nothing): its piece of the next array,
+    // read where it lies (read(at, n, out): n elements of the piece from at; null where the run
+    // keeps no such array, on every member) or from local (map->counts[member] elements, or empty),
+    // which must stay as they are until finish() / serve() returns. Returns the array's index.
+    int add(FileOrderMap::MemberRead read);
+    int add(const std::vector<float>* local);
+    // World rank 0: array k in file order, from every member; null where the array is empty.
+    ReadFileOrder reader(int k);
+    void serve();   // every rank but world rank 0
+    void finish();  // world rank 0, when its reads are done: serve() returns on every other rank
+
+private:
+    std::shared_ptr<const FileOrderMap> map_;
+    Comm& world_;
+    std::vector<int> members_;  // world ranks of world rank 0's mp group (empty on the other ranks)
+    int member_ = -1;           // this rank's index in it; -1: not a member
+    std::vector<FileOrderMap::MemberRead> arrays_;
+    std::vector<float> buf_;  // the elements in flight: each member's of a request, in file order
+    // member's elements of [first, first + n) (its count of them), in file order
+    size_t count(int member, size_t first, size_t n) const;
+    // this member's elements of array k in [first, first + n) into out, a span of its memory at a time
+    void pack(size_t k, size_t first, size_t n, float* out) const;
+};
 
 // Collective over the mp group (pp x ep x tp ranks, ProcessGrid::model_groups): every member passes its host copy of a model-sized buffer in its
 // own memory order (ParamLayout::padded_params elements, built with pad_multiple); member 0 gets the whole

@@ -1,0 +1,71 @@
+# A save across processes holds no other rank's piece. World rank 0 writes each array a chunk at
+# a time and asks the members of its model-parallel group for that chunk's elements alone
+# (PieceServer, llmc/train/layout.h); a member sends them from where they lie when its piece is not
+# sharded over DP, with no copy of it. (Before, every member's piece went whole to world rank 0
+# first: at tp=2 rank 0 held a copy of its own piece and of the other's, P x 12 bytes of weights,
+# m and v for a model of P parameters, and rank 1 a copy of its own.)
+# (a) Host memory, log.jsonl's host_peak_bytes: GPT-2 of 21.7M parameters at tp=2, two
+#     checkpoints and the final weights, against the same run saving nothing: on either rank the
+#     peak grows by less than a quarter of P x 12 bytes (P x 3 = 65 MB). Gathering grew rank 0's by
+#     212 MB, serving from copies of the pieces by 86 MB. The same at dp=2 (ZeRO-0), where world
+#     rank 0 reads its own state where it lies, as one process does, and copied it before.
+# (b) The bytes: the same run with checkpoint.async (whose write goes on beside training, from the
+#     pieces gathered to rank 0) writes the same weights and the same optimizer arrays; and at
+#     tp=2 x dp=2 with ZeRO-1 (members serve their DP gather of the piece) a resume from step 2 ends
+#     bit-identical to the uninterrupted run.
+source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/dp_lib.sh"
+export OMP_NUM_THREADS=1
+make_data
+tiny_config "$W/c.json"
+sed -i 's/"n_layer": 2, "n_head": 2, "d_model": 32/"n_layer": 3, "n_head": 12, "d_model": 768/' "$W/c.json"
+P=21682944  # 3 x (12 x 768^2 + 13 x 768) + (512 + 32) x 768 + 2 x 768
+common=(train.steps=4 train.grad_accum=1 eval.every=0 eval.sample_every=0)
+
+# (a)
+peaks() { jq -r 'select(.host_peak_bytes) | .host_peak_bytes | map(tostring) | join(" ")' "$1"; }
+limit=$((P * 12 / 4))
+for layout in parallel.tp=2 parallel.dp=2; do
+    dp_run 2 "$W/c.json" "${common[@]}" $layout checkpoint.every=2 checkpoint.keep=5 out.format=llmc \
+        "out_dir=$W/save_$layout" > "$W/save.txt" 2>&1 || die "$layout with saves: $(tail -n 5 "$W/save.txt")"
+    dp_run 2 "$W/c.json" "${common[@]}" $layout out.format=none "out_dir=$W/none_$layout" > "$W/none.txt" 2>&1 ||
+        die "$layout without saves: $(tail -n 5 "$W/none.txt")"
+    grep -q "peak host memory: .* on world rank 0" "$W/save.txt" || die "$layout: no 'peak host memory' line"
+    read -r -a with <<< "$(peaks "$W/save_$layout/log.jsonl")"
+    read -r -a without <<< "$(peaks "$W/none_$layout/log.jsonl")"
+    [ "${#with[@]}" = 2 ] && [ "${#without[@]}" = 2 ] || die "$layout: no host_peak_bytes record of two ranks"
+    for r in 0 1; do
+        grow=$(awk -v s="${with[$r]}" -v n="${without[$r]}" 'BEGIN { printf "%.0f", s - n }')
+        echo "  $layout rank $r: peak $(awk -v x="${with[$r]}" 'BEGIN { printf "%.0f", x / 1e6 }') MB with saves," \
+            "$(awk -v x="${without[$r]}" 'BEGIN { printf "%.0f", x / 1e6 }') MB without (limit +$((limit / 1000000)) MB)"
+        [ "$grow" -lt "$limit" ] || die "$layout rank $r: the saves grew its peak host memory by $grow bytes (limit $limit)"
+    done
+done
+
+# (b) the same bytes from the gathered pieces (checkpoint.async)
+dp_run 2 "$W/c.json" "${common[@]}" parallel.tp=2 checkpoint.every=2 checkpoint.keep=5 checkpoint.async=true out.format=llmc \
+    "out_dir=$W/async" > "$W/async.txt" 2>&1 || die "the run with checkpoint.async failed: $(tail -n 5 "$W/async.txt")"
+arrays() {  # state.bin after its 32-byte header and metadata: m and v
+    local meta
+    meta=$(od -An -t d4 -j 8 -N 4 "$1" | tr -d ' ')
+    tail -c +$((33 + meta)) "$1"
+}
+for step in 00000002 00000004; do
+    a="$W/save_parallel.tp=2/checkpoints/step_$step" b="$W/async/checkpoints/step_$step"
+    cmp "$a/model.bin" "$b/model.bin" || die "step $step: model.bin differs from checkpoint.async's"
+    cmp <(arrays "$a/state.bin") <(arrays "$b/state.bin") || die "step $step: state.bin's arrays differ from checkpoint.async's"
+done
+cmp "$W/save_parallel.tp=2/model_00000004.bin" "$W/async/model_00000004.bin" || die "the final weights differ from checkpoint.async's"
+echo "  tp=2: checkpoints and final weights equal checkpoint.async's (gathered) bytes"
+
+# (b) ZeRO-1 at tp=2 x dp=2: saved from the members' DP gathers, resumed bit-identical
+tiny_config "$W/t.json"
+z=(parallel.tp=2 parallel.dp=2 parallel.zero=1 train.grad_accum=1 train.steps=4 eval.every=0 checkpoint.every=2 checkpoint.keep=5)
+dp_run 4 "$W/t.json" "${z[@]}" "out_dir=$W/zfull" > "$W/zfull.txt" 2>&1 || die "tp2 x dp2: $(tail -n 5 "$W/zfull.txt")"
+dp_run 4 "$W/t.json" "${z[@]}" "checkpoint.resume=$W/zfull/checkpoints/step_00000002" "out_dir=$W/zres" \
+    > "$W/zres.txt" 2>&1 || die "tp2 x dp2 resume: $(tail -n 5 "$W/zres.txt")"
+grep -q 'resumed from .*step_00000002 at step 2' "$W/zres.txt" || die "tp2 x dp2 did not resume"
+[ "$(losses "$W/zres/log.jsonl")" = "$(losses "$W/zfull/log.jsonl" | tail -n 2)" ] || die "tp2 x dp2: the resumed losses differ"
+cmp "$W/zfull/model_00000004.bin" "$W/zres/model_00000004.bin" || die "tp2 x dp2: the final weights differ"
+echo "  tp=2 x dp=2 ZeRO-1: resumed bit-identical"
+echo "PASSED"
