@@ -68,16 +68,17 @@ double now_ms() {
 
 using Batches = std::vector<std::vector<int32_t>>;
 
-// What a save gathers, kept from one save to the next: DP rank 0's (tp, pp, ep) piece in memory
-// order, and on world rank 0 under model parallelism and checkpoint.async the other pieces of its
-// mp group, one after another (alone, its own piece is the whole model; a synchronous save takes
-// the others' elements from them as it writes: PieceServer). Never assembled whole: checkpoint_save reads
-// each array in file order a chunk at a time, through the FileOrderMap (a whole copy in file order
-// doubled world rank 0's host memory for a save: here (CPU, 326M parameters, one process) 12.9 GB
-// against 5.2 GB of training state). Gathered into fresh pages, these copies of the model made most
-// of a save's time here (26-38 s of a 31-47 s save); into pages already written, 1.5 s
-// (dev/bench/RESULTS.md). Host memory: they stay allocated between saves. (One process saving
-// synchronously gathers nothing: live_state.)
+// What a checkpoint.async save gathers, kept from one save to the next: DP rank 0's (tp, pp, ep)
+// piece in memory order, and on world rank 0 under model parallelism the other pieces of its mp
+// group, one after another (alone, its own piece is the whole model). Never assembled whole:
+// checkpoint_save reads each array in file order a chunk at a time, through the FileOrderMap (a
+// whole copy in file order doubled world rank 0's host memory for a save: here (CPU, 326M
+// parameters, one process) 12.9 GB against 5.2 GB of training state). Gathered into fresh pages,
+// these copies of the model made most of a save's time here (26-38 s of a 31-47 s save); into pages
+// already written, 1.5 s (dev/bench/RESULTS.md). Host memory: they stay allocated between saves.
+// A synchronous save gathers nothing (live_state; across processes the ranks send world rank 0
+// what it asks for: server), but local SGD's and PowerSGD's state over DP, and under expert
+// parallelism with ZeRO >= 1 DP rank 0's piece.
 struct SaveBuffers {
     OptimizerState local;
     std::vector<float> params;
@@ -88,7 +89,7 @@ struct SaveBuffers {
     LocalSgdState outer;
     std::vector<std::vector<float>> errors;
     std::vector<std::vector<float>> extra_others;
-    std::shared_ptr<PieceServer> server;  // a synchronous save under model parallelism (every rank)
+    std::shared_ptr<PieceServer> server;  // a synchronous save across processes (every rank)
     StateView view;  // world rank 0: what a save writes, read from the above
 };
 
@@ -127,10 +128,11 @@ void live_state(const Model& model, const AdamW& opt, DataParallel& dp, const Pa
     v.num_params = num_params(model.shape);
 }
 
-// The whole model and optimizer state, as b.view on world rank 0 (empty elsewhere): ZeRO shards
-// gathered over DP, then the model-parallel pieces: gathered to world rank 0, or with serve_over
-// (the save group: a synchronous save) read from the members as world rank 0 writes (b.server:
-// world rank 0 calls its finish() after the write, every other rank its serve()). Under local SGD
+// The whole model and optimizer state, as b.view on world rank 0 (empty elsewhere). With serve_over
+// (the save group: a synchronous save across processes) read as world rank 0 writes from the ranks
+// that hold each part, where it lies (b.server, a PieceServer: world rank 0 calls its finish() after
+// the write, every other rank its serve()); else ZeRO shards gathered over DP, then the model-parallel
+// pieces gathered to world rank 0 (checkpoint.async's snapshot). Under local SGD
 // also its outer state and the other DP ranks' replicas; under PowerSGD every DP rank's error
 // feedback and Q. Collective over every rank. weights_only (the final weights without a
 // checkpoint): the weights alone, as b.view.main's master where the model keeps master weights,
@@ -139,8 +141,9 @@ void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalS
                   const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid, SaveBuffers& b, bool weights_only,
                   bool live, Comm* serve_over) {
     if (live) return live_state(model, opt, dp, pc, grid, b, weights_only);
-    // served where they lie: a member that holds its piece whole sends its elements from it
-    const bool in_place = serve_over && holds_whole_piece(dp);
+    // served where they lie (ZeRO's shards by their DP ranks), but where ZeRO splits the optimizer
+    // over ep too: gathered over DP first, and served from that copy
+    const bool in_place = serve_over && (pc.ep == 1 || dp.zero() == 0);
     if (in_place) {
         b.local = {}, b.params = {};
     } else {
@@ -163,17 +166,18 @@ void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalS
     b.view = {};
     b.extra_others.clear();
     b.server.reset();
-    const bool member = serve_over ? mp.members()[0] == 0 : grid.shard_rank() == 0;  // (of world rank 0's mp group)
     const size_t pad = DataParallel::pad_multiple(grid.shard_size());
-    auto map = member ? std::make_shared<const FileOrderMap>(file_order_map(model.shape, pc, pad)) : nullptr;
-    if (serve_over) b.server = std::make_shared<PieceServer>(map, mp, *serve_over);
-    if (!member) return;
+    auto map = serve_over || grid.shard_rank() == 0
+                   ? std::make_shared<const FileOrderMap>(file_order_map(model.shape, pc, pad))
+                   : nullptr;
+    if (serve_over) b.server = std::make_shared<PieceServer>(map, mp, dp.comm(), *serve_over);
+    if (serve_over ? !b.server->serves() : grid.shard_rank() != 0) return;
     // x's pieces to world rank 0, read in file order (null: x is empty on every member, as master is
     // where the model is fp32)
     auto gathered = [&](const std::vector<float>& x, std::vector<float>& others) -> ReadFileOrder {
         if (b.server) {
             const int k = b.server->add(&x);
-            return mp.rank() == 0 ? b.server->reader(k) : nullptr;
+            return grid.rank == 0 ? b.server->reader(k) : nullptr;
         }
         if (x.empty()) return nullptr;
         return [map, members = gather_pieces(*map, x, mp, others)](size_t first, size_t n, float* out) {
@@ -185,18 +189,23 @@ void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalS
         return gathered(x, b.extra_others.back());
     };
     StateView& v = b.view;
-    if (in_place) {
-        auto served = [&](bool kept, FileOrderMap::MemberRead read) -> ReadFileOrder {
-            const int k = b.server->add(kept ? std::move(read) : nullptr);
-            return mp.rank() == 0 ? b.server->reader(k) : nullptr;
+    if (in_place) {  // (whole on DP rank 0, or ZeRO's shards: from base on this DP rank)
+        auto served = [&](bool kept, bool sharded, FileOrderMap::MemberRead read) -> ReadFileOrder {
+            const int k = b.server->add(kept ? std::move(read) : nullptr, sharded);
+            return grid.rank == 0 ? b.server->reader(k) : nullptr;
         };
+        const size_t base = dp.opt_begin();
         auto state = [&](AdamW::Array a) -> FileOrderMap::MemberRead {
-            return [&opt, a](size_t at, size_t n, float* out) { opt.read_state(a, at, n, out); };
+            return [&opt, a, base](size_t at, size_t n, float* out) { opt.read_state(a, at - base, n, out); };
         };
-        v.main = {served(!weights_only || !opt.has_master(),
-                         [&dp](size_t at, size_t n, float* out) { dp.read_params(at, n, out); }),
-                  served(!weights_only, state(AdamW::Array::M)), served(!weights_only, state(AdamW::Array::V)),
-                  served(opt.has_master(), state(AdamW::Array::Master))};
+        auto params = [&dp, base](size_t at, size_t n, float* out) {
+            if (dp.zero() == 3) dp.read_param_shard(at - base, n, out);
+            else dp.read_params(at, n, out);
+        };
+        const bool weights = !weights_only || !opt.has_master(), sharded = dp.zero() >= 1;
+        v.main = {served(weights, dp.zero() == 3, params), served(!weights_only, sharded, state(AdamW::Array::M)),
+                  served(!weights_only, sharded, state(AdamW::Array::V)),
+                  served(opt.has_master(), sharded, state(AdamW::Array::Master))};
     } else {
         v.main = {gathered(b.params, b.others_params), gathered(b.local.m, b.others.m),
                   gathered(b.local.v, b.others.v), gathered(b.local.master, b.others.master)};
@@ -214,7 +223,7 @@ void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalS
         for (const std::vector<float>& e : b.errors) v.psgd_errors.push_back(gathered_extra(e));
         v.psgd_q = std::move(q);
     }
-    if (mp.rank() != 0) {
+    if (serve_over ? grid.rank != 0 : mp.rank() != 0) {
         v = {};
         return;
     }
@@ -719,9 +728,10 @@ void finish_save(Run& r) {
     r.groups.save->barrier();
 }
 
-// Checkpoint (collective: the state is gathered to world rank 0, which writes it while the others
-// wait on the untimed save group; under checkpoint.async it writes on a thread of its own while
-// training goes on, all but the final and a stop signal's). The final one also writes the weights in
+// Checkpoint (collective: world rank 0 writes the state, read from the ranks that hold it as it
+// goes, while the others answer its requests and wait on the untimed save group; under
+// checkpoint.async the state is gathered to world rank 0, which writes it on a thread of its own
+// while training goes on, all but the final and a stop signal's). The final one also writes the weights in
 // the formats of out.format: out_dir/model_<steps>.bin (fp32, llm.c's format) and/or
 // model_<steps>.safetensors with transformers' config.json: after the checkpoint, so that a
 // failure there loses no training. Nothing non-finite is written.
@@ -765,9 +775,10 @@ void save(Run& r, bool final, bool background = false) {
     // the 1.5B shape spent a minute writing 6 GB of final weights)
     if (final && r.cfg.out.format == "none" && r.cfg.checkpoint.every <= 0) return;
     const bool weights_only = final && r.cfg.checkpoint.every <= 0;  // (write_state writes no checkpoint then)
-    const bool serve = !background && r.groups.mp->size() > 1;  // (model parallelism: several processes)
     // world rank 0 holds the whole model (one process, or data parallelism alone) and the whole state
-    const bool live = !background && !serve && holds_whole_piece(r.dp) && !r.local_sgd && !r.powersgd;
+    const bool live =
+        !background && r.groups.mp->size() == 1 && holds_whole_piece(r.dp) && !r.local_sgd && !r.powersgd;
+    const bool serve = !background && !live && r.grid.world > 1;  // the others send what rank 0 asks for
     SaveBuffers& b = r.save_buffers;
     gather_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.powersgd.get(), r.pc, *r.groups.mp, r.grid, b,
                  weights_only, live, serve ? r.groups.save.get() : nullptr);

@@ -630,6 +630,11 @@ void DataParallel::read_params(size_t at, size_t n, float* out) const {
     ops_.to_host_f32(out, param_buf_.slice(at, n));
 }
 
+void DataParallel::read_param_shard(size_t at, size_t n, float* out) const {
+    LLMC_ASSERT(zero_ == 3, "read_param_shard: ZeRO-3's");
+    ops_.to_host_f32(out, param_shard_.slice(at, n));
+}
+
 std::vector<float> DataParallel::local_params() {
     LLMC_ASSERT(zero_ < 3, "local_params: ZeRO-3 holds no whole parameter buffer");
     std::vector<float> whole(layout_.padded_params);

@@ -188,6 +188,7 @@ public:
     // the intersections, in rank order (the counts of a reduce-scatter or all-gather).
     static std::vector<size_t> shard_counts(size_t begin, size_t end, size_t shard, int ranks);
     int dp() const { return comm_.size(); }
+    const Comm& comm() const { return comm_; }  // the DP group: ZeRO's shard group
     int dp_rank() const { return comm_.rank(); }
     // The range of the flat buffer this rank's optimizer owns: everything at stage 0.
     size_t opt_begin() const { return zero_ == 0 ? 0 : size_t(dp_rank()) * shard_; }
@@ -232,6 +233,8 @@ public:
     // Its elements [at, at + n) as fp32 into out, read where they lie (stages 0-2): a one-process
     // save's, with no copy of the whole.
     void read_params(size_t at, size_t n, float* out) const;
+    // ZeRO-3: elements [at, at + n) of this rank's shard of the parameters (from opt_begin()), the same
+    void read_param_shard(size_t at, size_t n, float* out) const;
     // Mean of x over the DP group (all of dp under expert parallelism).
     double mean(double x);
     // Asserts that the parameter replicas are bitwise identical on every DP rank (stages 0-2).

@@ -134,64 +134,102 @@ namespace {
 constexpr int kPieceTag = 1;
 }
 
-PieceServer::PieceServer(std::shared_ptr<const FileOrderMap> map, const Comm& mp, Comm& world)
-    : map_(std::move(map)), world_(world) {
+PieceServer::PieceServer(std::shared_ptr<const FileOrderMap> map, const Comm& mp, const Comm& shard, Comm& world)
+    : map_(std::move(map)), world_(world), shards_(shard.size()) {
     for (int i = 0; i < world.size(); i++)
         LLMC_ASSERT(world.members()[size_t(i)] == i, "PieceServer: world must be the world, in rank order");
-    if (mp.members()[0] != 0) return;  // not world rank 0's mp group
-    LLMC_ASSERT(map_ && map_->counts.size() == mp.members().size(), "PieceServer: the map is of another mp group");
-    members_ = mp.members();
-    member_ = mp.rank();
+    // world rank 0's mp group: each member marks its world rank with its index + 1
+    std::vector<double> member(size_t(world.size()), 0.0);
+    if (mp.members()[0] == 0) member[size_t(world.rank())] = mp.rank() + 1;
+    world.all_reduce(member.data(), member.size(), ReduceOp::Max);
+    // this rank serves if its shard group's rank 0 is such a member (the same mp index: the same
+    // tp, pp and ep coordinates)
+    const double lead = member[size_t(shard.members()[0])];
+    if (lead > 0) {
+        member_ = int(lead) - 1, shard_rank_ = shard.rank();
+        LLMC_ASSERT(member_ == mp.rank(), "PieceServer: a shard group across mp indices");
+        LLMC_ASSERT(map_ && map_->counts.size() == size_t(mp.size()), "PieceServer: the map is of another mp group");
+    }
+    std::vector<double> who(size_t(mp.size()) * size_t(shards_), 0.0);
+    if (member_ >= 0) who[size_t(member_) * size_t(shards_) + size_t(shard_rank_)] = world.rank() + 1;
+    world.all_reduce(who.data(), who.size(), ReduceOp::Max);
+    if (world.rank() != 0) return;
+    LLMC_ASSERT(member_ == 0 && shard_rank_ == 0, "PieceServer: world rank 0 is member 0, shard rank 0");
+    for (double w : who) {
+        LLMC_ASSERT(w > 0, "PieceServer: a part of world rank 0's mp group's state no rank holds");
+        servers_.push_back(int(w) - 1);
+    }
 }
 
-int PieceServer::add(FileOrderMap::MemberRead read) {
-    LLMC_ASSERT(member_ >= 0, "PieceServer::add: not a member of world rank 0's mp group");
-    arrays_.push_back(std::move(read));
+int PieceServer::add(FileOrderMap::MemberRead read, bool sharded) {
+    LLMC_ASSERT(serves(), "PieceServer::add: this rank holds none of world rank 0's mp group's state");
+    arrays_.push_back({std::move(read), sharded});
     return int(arrays_.size()) - 1;
 }
 
 int PieceServer::add(const std::vector<float>* local) {
-    if (local->empty()) return add(FileOrderMap::MemberRead());
-    LLMC_ASSERT(local->size() == map_->counts[size_t(member_)], "PieceServer::add: a piece of the wrong size");
-    return add([local](size_t at, size_t n, float* out) { std::memcpy(out, local->data() + at, n * sizeof(float)); });
+    if (local->empty())  // (a read never called: another shard rank's, or an array not kept)
+        return add(shard_rank_ == 0 ? FileOrderMap::MemberRead() : [](size_t, size_t, float*) {}, false);
+    LLMC_ASSERT(shard_rank_ == 0 && local->size() == map_->counts[size_t(member_)], "PieceServer::add: a piece of the wrong size");
+    return add([local](size_t at, size_t n, float* out) { std::memcpy(out, local->data() + at, n * sizeof(float)); },
+               false);
 }
 
-size_t PieceServer::count(int member, size_t first, size_t n) const {
-    size_t c = 0;
-    map_->for_runs(first, n, [&](int m, size_t, size_t k, size_t) { c += m == member ? k : 0; });
-    return c;
+std::pair<size_t, size_t> PieceServer::held(const Array& a, int m, int d) const {
+    const size_t c = map_->counts[size_t(m)];
+    if (!a.sharded) return d == 0 ? std::make_pair(size_t(0), c) : std::make_pair(size_t(0), size_t(0));
+    const size_t each = c / size_t(shards_);
+    return {size_t(d) * each, size_t(d + 1) * each};
 }
 
-void PieceServer::pack(size_t k, size_t first, size_t n, float* out) const {
-    size_t span_at = 0, span_n = 0;  // runs next to each other in the member's memory: one read
+template <class F>
+void PieceServer::for_parts(const Array& a, size_t first, size_t n, F f) const {
+    map_->for_runs(first, n, [&](int m, size_t at, size_t c, size_t done) {
+        if (!a.sharded) return f(m, 0, at, c, done);
+        const size_t each = map_->counts[size_t(m)] / size_t(shards_);
+        for (size_t end = at + c; at < end;) {  // the shard ranks in turn, in memory order
+            const size_t d = at / each, k = std::min(end, (d + 1) * each) - at;
+            f(m, int(d), at, k, done);
+            at += k, done += k;
+        }
+    });
+}
+
+size_t PieceServer::pack(const Array& a, size_t first, size_t n, float* out) const {
+    size_t count = 0, span_at = 0, span_n = 0;  // parts next to each other in memory: one read
     auto flush = [&] {
-        if (span_n > 0) arrays_[k](span_at, span_n, out);
-        out += span_n;
+        if (out && span_n > 0) a.read(span_at, span_n, out + count);
+        count += span_n;
     };
-    map_->for_runs(first, n, [&](int m, size_t at, size_t c, size_t) {
-        if (m != member_) return;
+    for_parts(a, first, n, [&](int m, int d, size_t at, size_t c, size_t) {
+        if (m != member_ || d != shard_rank_) return;
         if (span_n > 0 && at == span_at + span_n) return void(span_n += c);
         flush();
         span_at = at, span_n = c;
     });
     flush();
+    return count;
 }
 
 ReadFileOrder PieceServer::reader(int k) {
     LLMC_ASSERT(world_.rank() == 0 && size_t(k) < arrays_.size(), "PieceServer::reader: world rank 0, an added array");
-    if (!arrays_[size_t(k)]) return nullptr;
+    if (!arrays_[size_t(k)].read) return nullptr;
     return [this, k](size_t first, size_t n, float* out) {
         double request[3] = {double(k + 1), double(first), double(n)};  // exact: below 2^53
         world_.all_reduce(request, 3, ReduceOp::Max);                  // (the others pass zeros)
-        std::vector<size_t> at(members_.size() + 1, 0);  // where each member's elements lie in buf_
-        for (size_t m = 0; m < members_.size(); m++) at[m + 1] = at[m] + count(int(m), first, n);
+        const Array& a = arrays_[size_t(k)];
+        // where each server's elements lie in buf_ (server s = i S + d), then its own, then the others'
+        std::vector<size_t> at(servers_.size() + 1, 0);
+        for_parts(a, first, n, [&](int m, int d, size_t, size_t c, size_t) { at[size_t(m * shards_ + d) + 1] += c; });
+        for (size_t s = 0; s < servers_.size(); s++) at[s + 1] += at[s];
         buf_.resize(at.back());
-        pack(size_t(k), first, n, buf_.data());
-        for (size_t m = 1; m < members_.size(); m++)
-            if (at[m + 1] > at[m]) world_.recv(buf_.data() + at[m], at[m + 1] - at[m], members_[m], kPieceTag);
-        map_->for_runs(first, n, [&](int m, size_t, size_t c, size_t done) {
-            std::memcpy(out + done, buf_.data() + at[size_t(m)], c * sizeof(float));
-            at[size_t(m)] += c;
+        pack(a, first, n, buf_.data());
+        for (size_t s = 1; s < servers_.size(); s++)
+            if (at[s + 1] > at[s]) world_.recv(buf_.data() + at[s], at[s + 1] - at[s], servers_[s], kPieceTag);
+        for_parts(a, first, n, [&](int m, int d, size_t, size_t c, size_t done) {
+            const size_t s = size_t(m * shards_ + d);
+            std::memcpy(out + done, buf_.data() + at[s], c * sizeof(float));
+            at[s] += c;
         });
     };
 }
@@ -202,11 +240,13 @@ void PieceServer::serve() {
         double request[3] = {0, 0, 0};
         world_.all_reduce(request, 3, ReduceOp::Max);
         if (request[0] == 0) break;  // finish()
-        if (member_ < 0) continue;
+        if (!serves()) continue;
         const size_t k = size_t(request[0]) - 1, first = size_t(request[1]), n = size_t(request[2]);
-        LLMC_ASSERT(k < arrays_.size() && arrays_[k], "PieceServer: a request for an array not added");
-        buf_.resize(count(member_, first, n));
-        pack(k, first, n, buf_.data());
+        if (k >= arrays_.size() && shard_rank_ > 0) continue;  // (one held whole by shard rank 0)
+        LLMC_ASSERT(k < arrays_.size() && arrays_[k].read, "PieceServer: a request for an array not added");
+        const Array& a = arrays_[k];
+        buf_.resize(pack(a, first, n, nullptr));
+        pack(a, first, n, buf_.data());
         if (!buf_.empty()) world_.send(buf_.data(), buf_.size(), 0, kPieceTag);
     }
     buf_ = std::vector<float>();

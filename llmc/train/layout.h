@@ -23,9 +23,9 @@ ModelShape model_shape(const ModelConfig& m);
 // Throws UserError naming model.n_layer and model.d_model when the whole model's fp32 weights
 // exceed this machine's physical memory. Where one host holds them: the CPU backend (and the CUDA
 // emulator, whose device memory is host memory); a save that gathers them to world rank 0
-// (checkpoint.async; data parallelism with ZeRO sharding). Stricter than it needs to be for a GPU
-// run under model parallelism saving synchronously, which holds no other rank's piece
-// (PieceServer); a resume and model.init read pieces.
+// (checkpoint.async). Stricter than it needs to be for a GPU run under model parallelism saving
+// synchronously, which holds no other rank's piece (PieceServer); a resume and model.init read
+// pieces.
 void check_fits_host_memory(const ModelShape& shape);
 
 // The part of the model the rank at (tp_rank, pp_rank, ep_rank) holds under this parallel config.
@@ -74,42 +74,61 @@ FileOrderMap file_order_map(const ModelShape& shape, const ParallelConfig& pc, s
 std::vector<const float*> gather_pieces(const FileOrderMap& map, const std::vector<float>& local, Comm& mp,
                                         std::vector<float>& others);
 
-// A synchronous save across processes: world rank 0 reads the whole model's arrays from its mp
-// group's pieces as it writes them, each member sending only the elements asked for, when asked
+// A synchronous save across processes: world rank 0 reads the whole model's arrays from the ranks
+// that hold them as it writes them, each rank sending only the elements asked for, when asked
 // (gather_pieces would first copy every member's piece to world rank 0: for a model split over
-// tp x pp x ep ranks, the whole model and its moments in one host's memory at every save). Used so,
-// every rank with the same map: each member of world rank 0's mp group adds its piece of the same
-// arrays in the same order (for an array the run does not keep, an empty vector on every member);
-// world rank 0 reads them through reader(k), then calls finish(); every other rank calls serve(),
-// which answers the requests until then. Requests and pieces travel over world, which must be the
-// world on MPI, untimed (ProcessGrid's save group: a save may take longer than parallel.timeout_s).
-// Not for checkpoint.async, whose write goes on while the others train: it gathers.
+// tp x pp x ep ranks, the whole model and its moments in one host's memory at every save).
+// The ranks that hold world rank 0's mp group's state: each member i of that group and the other
+// ranks of its ZeRO shard group (DataParallel's DP group), shard rank d of S. An array is held
+//   whole: by shard rank 0 (a ZeRO-0 optimizer's, ZeRO-1/2's weights, a copy gathered over DP);
+//   sharded: shard rank d holds [d c / S, (d + 1) c / S) of member i's c = map->counts[i] (ZeRO).
+// Used so, every rank with the same map: every rank that serves() adds the same arrays in the same
+// order (a rank of shard rank > 0 may stop early: the arrays it leaves out are held whole by shard
+// rank 0, as the copies gathered over DP of local SGD's and PowerSGD's state), each with a read of what it holds (read(at, n, out): n elements of the piece from
+// position at, within what it holds; never called on a rank that holds none of the array); world
+// rank 0 reads them through reader(k), then calls finish(); every other rank calls serve(), which
+// answers the requests until then. Requests and pieces travel over world, which must be the world
+// on MPI, untimed (ProcessGrid's save group: a save may take longer than parallel.timeout_s). Not
+// for checkpoint.async, whose write goes on while the others train: it gathers.
 class PieceServer {
 public:
-    // map: the mp group's (file_order_map); mp: this rank's mp group
-    PieceServer(std::shared_ptr<const FileOrderMap> map, const Comm& mp, Comm& world);
-    // A member of world rank 0's mp group (the others add nothing): its piece of the next array,
-    // read where it lies (read(at, n, out): n elements of the piece from at; null where the run
-    // keeps no such array, on every member) or from local (map->counts[member] elements, or empty),
-    // which must stay as they are until finish() / serve() returns. Returns the array's index.
-    int add(FileOrderMap::MemberRead read);
+    // map: the mp group's (file_order_map); mp: this rank's mp group; shard: its ZeRO shard group.
+    // Collective over world.
+    PieceServer(std::shared_ptr<const FileOrderMap> map, const Comm& mp, const Comm& shard, Comm& world);
+    bool serves() const { return member_ >= 0; }  // this rank holds part of world rank 0's mp group's state
+    // The next array (returns its index for reader()): null where the run keeps no such array (on
+    // every rank); whole or sharded as above. What read reads must stay as it is until finish() /
+    // serve() returns.
+    int add(FileOrderMap::MemberRead read, bool sharded);
+    // The same from a copy of the piece held whole on shard rank 0 (map->counts[i] elements; empty
+    // on the other shard ranks, or on every rank for an array the run does not keep).
     int add(const std::vector<float>* local);
-    // World rank 0: array k in file order, from every member; null where the array is empty.
+    // World rank 0: array k in file order, from every rank that holds part of it; null where the
+    // array is not kept.
     ReadFileOrder reader(int k);
     void serve();   // every rank but world rank 0
     void finish();  // world rank 0, when its reads are done: serve() returns on every other rank
 
 private:
+    struct Array {
+        FileOrderMap::MemberRead read;
+        bool sharded;
+    };
     std::shared_ptr<const FileOrderMap> map_;
     Comm& world_;
-    std::vector<int> members_;  // world ranks of world rank 0's mp group (empty on the other ranks)
-    int member_ = -1;           // this rank's index in it; -1: not a member
-    std::vector<FileOrderMap::MemberRead> arrays_;
-    std::vector<float> buf_;  // the elements in flight: each member's of a request, in file order
-    // member's elements of [first, first + n) (its count of them), in file order
-    size_t count(int member, size_t first, size_t n) const;
-    // this member's elements of array k in [first, first + n) into out, a span of its memory at a time
-    void pack(size_t k, size_t first, size_t n, float* out) const;
+    int member_ = -1, shard_rank_ = 0;  // this rank's place: member of world rank 0's mp group, shard rank
+    int shards_ = 1;                    // S
+    std::vector<int> servers_;          // world rank 0: the world rank of (member i, shard rank d) at i S + d
+    std::vector<Array> arrays_;
+    std::vector<float> buf_;  // the elements in flight: each server's of a request, in file order
+    // The part of member m's piece that shard rank d holds of array a: [lo, hi)
+    std::pair<size_t, size_t> held(const Array& a, int m, int d) const;
+    // f(m, d, at, c, done) for each part of [first, first + n) that one rank holds, in file order
+    template <class F>
+    void for_parts(const Array& a, size_t first, size_t n, F f) const;
+    // This rank's parts of [first, first + n) into out in file order, a span of its memory at a
+    // time (one read where runs are short, as under tp); returns their count (out null: only that)
+    size_t pack(const Array& a, size_t first, size_t n, float* out) const;
 };
 
 // Collective over the mp group (pp x ep x tp ranks, ProcessGrid::model_groups): every member passes its host copy of a model-sized buffer in its

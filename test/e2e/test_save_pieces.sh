@@ -1,17 +1,19 @@
-# A save across processes holds no other rank's piece. World rank 0 writes each array a chunk at
-# a time and asks the members of its model-parallel group for that chunk's elements alone
-# (PieceServer, llmc/train/layout.h); a member sends them from where they lie when its piece is not
-# sharded over DP, with no copy of it. (Before, every member's piece went whole to world rank 0
-# first: at tp=2 rank 0 held a copy of its own piece and of the other's, P x 12 bytes of weights,
-# m and v for a model of P parameters, and rank 1 a copy of its own.)
-# (a) Host memory, log.jsonl's host_peak_bytes: GPT-2 of 21.7M parameters at tp=2, two
-#     checkpoints and the final weights, against the same run saving nothing: on either rank the
-#     peak grows by less than a quarter of P x 12 bytes (P x 3 = 65 MB). Gathering grew rank 0's by
-#     212 MB, serving from copies of the pieces by 86 MB. The same at dp=2 (ZeRO-0), where world
-#     rank 0 reads its own state where it lies, as one process does, and copied it before.
-# (b) The bytes: the same run with checkpoint.async (whose write goes on beside training, from the
+# A save across processes holds no other rank's part of the state. World rank 0 writes each array a
+# chunk at a time and asks the ranks that hold that chunk's elements for them alone (PieceServer,
+# llmc/train/layout.h): the members of its model-parallel group and, for ZeRO's shards, the other
+# ranks of their DP groups, each sending from where its part lies, with no copy. (Before, each
+# piece was gathered over DP to its DP rank 0, and every piece to world rank 0: at tp=2 rank 0 held
+# a copy of its own piece and of the other's, P x 12 bytes of weights, m and v for a model of P
+# parameters; at dp=2 a copy of the whole state.)
+# (a) Host memory, log.jsonl's host_peak_bytes: GPT-2 of 21.7M parameters, two checkpoints and the
+#     final weights, against the same run saving nothing, at tp=2, dp=2 (world rank 0 reads its own
+#     state where it lies, as one process does) and dp=2 with ZeRO-3 (each rank sends its shards):
+#     on either rank the peak grows by less than a quarter of P x 12 bytes (P x 3 = 65 MB). The
+#     gathers grew rank 0's by 212 MB (tp=2) and 263 MB (dp=2); serving tp=2's pieces from copies,
+#     by 86 MB.
+# (b) The bytes: the tp=2 run with checkpoint.async (whose write goes on beside training, from the
 #     pieces gathered to rank 0) writes the same weights and the same optimizer arrays; and at
-#     tp=2 x dp=2 with ZeRO-1 (members serve their DP gather of the piece) a resume from step 2 ends
+#     tp=2 x dp=2 with ZeRO-1 (m and v sent by the shards' DP ranks) a resume from step 2 ends
 #     bit-identical to the uninterrupted run.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/dp_lib.sh"
@@ -25,14 +27,15 @@ common=(train.steps=4 train.grad_accum=1 eval.every=0 eval.sample_every=0)
 # (a)
 peaks() { jq -r 'select(.host_peak_bytes) | .host_peak_bytes | map(tostring) | join(" ")' "$1"; }
 limit=$((P * 12 / 4))
-for layout in parallel.tp=2 parallel.dp=2; do
+for layout in parallel.tp=2 parallel.dp=2 "parallel.dp=2 parallel.zero=3"; do
+    name=$(echo "$layout" | tr ' =.' '___')
     dp_run 2 "$W/c.json" "${common[@]}" $layout checkpoint.every=2 checkpoint.keep=5 out.format=llmc \
-        "out_dir=$W/save_$layout" > "$W/save.txt" 2>&1 || die "$layout with saves: $(tail -n 5 "$W/save.txt")"
-    dp_run 2 "$W/c.json" "${common[@]}" $layout out.format=none "out_dir=$W/none_$layout" > "$W/none.txt" 2>&1 ||
+        "out_dir=$W/save_$name" > "$W/save.txt" 2>&1 || die "$layout with saves: $(tail -n 5 "$W/save.txt")"
+    dp_run 2 "$W/c.json" "${common[@]}" $layout out.format=none "out_dir=$W/none_$name" > "$W/none.txt" 2>&1 ||
         die "$layout without saves: $(tail -n 5 "$W/none.txt")"
     grep -q "peak host memory: .* on world rank 0" "$W/save.txt" || die "$layout: no 'peak host memory' line"
-    read -r -a with <<< "$(peaks "$W/save_$layout/log.jsonl")"
-    read -r -a without <<< "$(peaks "$W/none_$layout/log.jsonl")"
+    read -r -a with <<< "$(peaks "$W/save_$name/log.jsonl")"
+    read -r -a without <<< "$(peaks "$W/none_$name/log.jsonl")"
     [ "${#with[@]}" = 2 ] && [ "${#without[@]}" = 2 ] || die "$layout: no host_peak_bytes record of two ranks"
     for r in 0 1; do
         grow=$(awk -v s="${with[$r]}" -v n="${without[$r]}" 'BEGIN { printf "%.0f", s - n }')
@@ -51,11 +54,11 @@ arrays() {  # state.bin after its 32-byte header and metadata: m and v
     tail -c +$((33 + meta)) "$1"
 }
 for step in 00000002 00000004; do
-    a="$W/save_parallel.tp=2/checkpoints/step_$step" b="$W/async/checkpoints/step_$step"
+    a="$W/save_parallel_tp_2/checkpoints/step_$step" b="$W/async/checkpoints/step_$step"
     cmp "$a/model.bin" "$b/model.bin" || die "step $step: model.bin differs from checkpoint.async's"
     cmp <(arrays "$a/state.bin") <(arrays "$b/state.bin") || die "step $step: state.bin's arrays differ from checkpoint.async's"
 done
-cmp "$W/save_parallel.tp=2/model_00000004.bin" "$W/async/model_00000004.bin" || die "the final weights differ from checkpoint.async's"
+cmp "$W/save_parallel_tp_2/model_00000004.bin" "$W/async/model_00000004.bin" || die "the final weights differ from checkpoint.async's"
 echo "  tp=2: checkpoints and final weights equal checkpoint.async's (gathered) bytes"
 
 # (b) ZeRO-1 at tp=2 x dp=2: saved from the members' DP gathers, resumed bit-identical
