@@ -77,8 +77,8 @@ using Batches = std::vector<std::vector<int32_t>>;
 // these copies of the model made most of a save's time here (26-38 s of a 31-47 s save); into pages
 // already written, 1.5 s (dev/bench/RESULTS.md). Host memory: they stay allocated between saves.
 // A synchronous save gathers nothing (live_state; across processes the ranks send world rank 0
-// what it asks for: server), but local SGD's and PowerSGD's state over DP, and under expert
-// parallelism with ZeRO >= 1 DP rank 0's piece.
+// what it asks for: server) except local SGD's and PowerSGD's own state, over DP, and under expert
+// parallelism with ZeRO >= 1 each piece's, to its DP rank 0.
 struct SaveBuffers {
     OptimizerState local;
     std::vector<float> params;
@@ -102,8 +102,8 @@ bool holds_whole_piece(const DataParallel& dp) {
            runs[0] == std::make_pair(size_t(0), dp.opt_end());
 }
 
-// A synchronous save where world rank 0 holds the whole state (one process, or data parallelism
-// alone without ZeRO sharding: holds_whole_piece) (live): b.view reads the model's and the
+// A synchronous save where world rank 0 holds the whole state (live: one process, or data
+// parallelism alone without ZeRO sharding, holds_whole_piece): b.view reads the model's and the
 // optimizer's buffers where they lie (a device's memory: a piece at a time to the host), with no
 // copy of the state (here, CPU, 326M parameters: the save's peak fell by the copy's 3.9 GB; at 1.5B
 // on a GPU, by arithmetic, 25 GB of host memory); the other ranks wait. Not under checkpoint.async,

@@ -175,13 +175,6 @@ int PieceServer::add(const std::vector<float>* local) {
                false);
 }
 
-std::pair<size_t, size_t> PieceServer::held(const Array& a, int m, int d) const {
-    const size_t c = map_->counts[size_t(m)];
-    if (!a.sharded) return d == 0 ? std::make_pair(size_t(0), c) : std::make_pair(size_t(0), size_t(0));
-    const size_t each = c / size_t(shards_);
-    return {size_t(d) * each, size_t(d + 1) * each};
-}
-
 template <class F>
 void PieceServer::for_parts(const Array& a, size_t first, size_t n, F f) const {
     map_->for_runs(first, n, [&](int m, size_t at, size_t c, size_t done) {
@@ -218,7 +211,8 @@ ReadFileOrder PieceServer::reader(int k) {
         double request[3] = {double(k + 1), double(first), double(n)};  // exact: below 2^53
         world_.all_reduce(request, 3, ReduceOp::Max);                  // (the others pass zeros)
         const Array& a = arrays_[size_t(k)];
-        // where each server's elements lie in buf_ (server s = i S + d), then its own, then the others'
+        // buf_ holds each server's elements (server s = i S + d: member i, shard rank d) from at[s],
+        // world rank 0's own read here, the others' received
         std::vector<size_t> at(servers_.size() + 1, 0);
         for_parts(a, first, n, [&](int m, int d, size_t, size_t c, size_t) { at[size_t(m * shards_ + d) + 1] += c; });
         for (size_t s = 0; s < servers_.size(); s++) at[s + 1] += at[s];

@@ -121,9 +121,8 @@ private:
     std::vector<int> servers_;          // world rank 0: the world rank of (member i, shard rank d) at i S + d
     std::vector<Array> arrays_;
     std::vector<float> buf_;  // the elements in flight: each server's of a request, in file order
-    // The part of member m's piece that shard rank d holds of array a: [lo, hi)
-    std::pair<size_t, size_t> held(const Array& a, int m, int d) const;
-    // f(m, d, at, c, done) for each part of [first, first + n) that one rank holds, in file order
+    // f(m, d, at, c, done) for each part of [first, first + n) that one rank holds (member m's
+    // elements [at, at + c), on its shard rank d), in file order
     template <class F>
     void for_parts(const Array& a, size_t first, size_t n, F f) const;
     // This rank's parts of [first, first + n) into out in file order, a span of its memory at a
