@@ -68,28 +68,24 @@ double now_ms() {
 
 using Batches = std::vector<std::vector<int32_t>>;
 
-// What a checkpoint.async save gathers, kept from one save to the next: DP rank 0's (tp, pp, ep)
-// piece in memory order, and on world rank 0 under model parallelism the other pieces of its mp
-// group, one after another (alone, its own piece is the whole model). Never assembled whole:
-// checkpoint_save reads each array in file order a chunk at a time, through the FileOrderMap (a
-// whole copy in file order doubled world rank 0's host memory for a save: here (CPU, 326M
-// parameters, one process) 12.9 GB against 5.2 GB of training state). Gathered into fresh pages,
-// these copies of the model made most of a save's time here (26-38 s of a 31-47 s save); into pages
-// already written, 1.5 s (dev/bench/RESULTS.md). Host memory: they stay allocated between saves.
-// A synchronous save gathers nothing (live_state; across processes the ranks send world rank 0
-// what it asks for: server) except local SGD's and PowerSGD's own state, over DP, and under expert
-// parallelism with ZeRO >= 1 each piece's, to its DP rank 0.
+// What a save keeps from one save to the next, host memory in memory order: DP rank 0's (tp, pp,
+// ep) piece where it is gathered over DP (expert parallelism with ZeRO >= 1), and checkpoint.async's
+// snapshot of what each rank holds (PieceServer::snapshot). Never assembled whole: checkpoint_save
+// reads each array in file order a chunk at a time, from the ranks that hold it (a whole copy in
+// file order doubled world rank 0's host memory for a save: here (CPU, 326M parameters, one
+// process) 12.9 GB against 5.2 GB of training state; gathering every piece to world rank 0 held the
+// whole state there). Copied into fresh pages, these copies made most of a save's time here (26-38 s
+// of a 31-47 s save); into pages already written, 1.5 s (dev/bench/RESULTS.md): they stay
+// allocated between saves.
 struct SaveBuffers {
     OptimizerState local;
     std::vector<float> params;
-    OptimizerState others;  // world rank 0 under model parallelism: the mp group's other pieces
-    std::vector<float> others_params;
     // local SGD's outer state and replicas, PowerSGD's error feedback (DP rank 0, memory
-    // order, as gathered), and the other pieces of each on world rank 0: not kept between saves
+    // order, as gathered): not kept between saves
     LocalSgdState outer;
     std::vector<std::vector<float>> errors;
-    std::vector<std::vector<float>> extra_others;
-    std::shared_ptr<PieceServer> server;  // a synchronous save across processes (every rank)
+    std::vector<std::vector<float>> snapshot;  // checkpoint.async: what this rank holds, an array each
+    std::shared_ptr<PieceServer> server;       // every rank of a save but a live one
     StateView view;  // world rank 0: what a save writes, read from the above
 };
 
@@ -128,22 +124,21 @@ void live_state(const Model& model, const AdamW& opt, DataParallel& dp, const Pa
     v.num_params = num_params(model.shape);
 }
 
-// The whole model and optimizer state, as b.view on world rank 0 (empty elsewhere). With serve_over
-// (the save group: a synchronous save across processes) read as world rank 0 writes from the ranks
-// that hold each part, where it lies (b.server, a PieceServer: world rank 0 calls its finish() after
-// the write, every other rank its serve()); else ZeRO shards gathered over DP, then the model-parallel
-// pieces gathered to world rank 0 (checkpoint.async's snapshot). Under local SGD
-// also its outer state and the other DP ranks' replicas; under PowerSGD every DP rank's error
-// feedback and Q. Collective over every rank. weights_only (the final weights without a
-// checkpoint): the weights alone, as b.view.main's master where the model keeps master weights,
-// else its params.
+// The whole model and optimizer state, as b.view on world rank 0 (empty elsewhere): read as world
+// rank 0 writes from the ranks that hold each part, where it lies (b.server, a PieceServer over
+// `over`, the save group or checkpoint.async's; world rank 0 calls its finish() after the write,
+// every other rank its serve()), or with snapshot (checkpoint.async) from each rank's copy of its
+// parts, taken here. Under local SGD also its outer state and the other DP ranks' replicas; under
+// PowerSGD every DP rank's error feedback and Q, gathered over DP. Collective over every rank.
+// weights_only (the final weights without a checkpoint): the weights alone, as b.view.main's master
+// where the model keeps master weights, else its params.
 void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalSgd* local_sgd, PowerSgd* powersgd,
                   const ParallelConfig& pc, Comm& mp, const ProcessGrid& grid, SaveBuffers& b, bool weights_only,
-                  bool live, Comm* serve_over) {
+                  bool live, Comm* over, bool snapshot) {
     if (live) return live_state(model, opt, dp, pc, grid, b, weights_only);
     // served where they lie (ZeRO's shards by their DP ranks), but where ZeRO splits the optimizer
     // over ep too: gathered over DP first, and served from that copy
-    const bool in_place = serve_over && (pc.ep == 1 || dp.zero() == 0);
+    const bool in_place = pc.ep == 1 || dp.zero() == 0;
     if (in_place) {
         b.local = {}, b.params = {};
     } else {
@@ -164,29 +159,16 @@ void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalS
     std::vector<float> q;
     if (powersgd) powersgd->gather(&b.errors, &q);
     b.view = {};
-    b.extra_others.clear();
     b.server.reset();
     const size_t pad = DataParallel::pad_multiple(grid.shard_size());
-    auto map = serve_over || grid.shard_rank() == 0
-                   ? std::make_shared<const FileOrderMap>(file_order_map(model.shape, pc, pad))
-                   : nullptr;
-    if (serve_over) b.server = std::make_shared<PieceServer>(map, mp, dp.comm(), *serve_over);
-    if (serve_over ? !b.server->serves() : grid.shard_rank() != 0) return;
-    // x's pieces to world rank 0, read in file order (null: x is empty on every member, as master is
-    // where the model is fp32)
-    auto gathered = [&](const std::vector<float>& x, std::vector<float>& others) -> ReadFileOrder {
-        if (b.server) {
-            const int k = b.server->add(&x);
-            return grid.rank == 0 ? b.server->reader(k) : nullptr;
-        }
-        if (x.empty()) return nullptr;
-        return [map, members = gather_pieces(*map, x, mp, others)](size_t first, size_t n, float* out) {
-            map->read(members, first, n, out);
-        };
-    };
-    auto gathered_extra = [&](const std::vector<float>& x) {
-        b.extra_others.emplace_back();
-        return gathered(x, b.extra_others.back());
+    b.server = std::make_shared<PieceServer>(std::make_shared<const FileOrderMap>(file_order_map(model.shape, pc, pad)),
+                                             mp, dp.comm(), *over);
+    if (!b.server->serves()) return;
+    // x, held whole by DP rank 0 (empty elsewhere; empty everywhere: not kept, as master where the
+    // model is fp32), for world rank 0 to read in file order
+    auto gathered = [&](const std::vector<float>& x) -> ReadFileOrder {
+        const int k = b.server->add(&x);
+        return grid.rank == 0 ? b.server->reader(k) : nullptr;
     };
     StateView& v = b.view;
     if (in_place) {  // (whole on DP rank 0, or ZeRO's shards: from base on this DP rank)
@@ -207,23 +189,22 @@ void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalS
                   served(!weights_only, sharded, state(AdamW::Array::V)),
                   served(opt.has_master(), sharded, state(AdamW::Array::Master))};
     } else {
-        v.main = {gathered(b.params, b.others_params), gathered(b.local.m, b.others.m),
-                  gathered(b.local.v, b.others.v), gathered(b.local.master, b.others.master)};
+        v.main = {gathered(b.params), gathered(b.local.m), gathered(b.local.v), gathered(b.local.master)};
     }
     if (local_sgd) {
         v.local_dp = outer.dp();
-        v.anchor = gathered_extra(outer.anchor);
-        v.momentum = gathered_extra(outer.momentum);
+        v.anchor = gathered(outer.anchor);
+        v.momentum = gathered(outer.momentum);
         for (const ReplicaState& r : outer.replicas)
-            v.replicas.push_back({gathered_extra(r.params), gathered_extra(r.m), gathered_extra(r.v),
-                                  gathered_extra(r.master)});
+            v.replicas.push_back({gathered(r.params), gathered(r.m), gathered(r.v), gathered(r.master)});
     }
     if (powersgd) {
         v.psgd_rank = powersgd->plan().rank;
-        for (const std::vector<float>& e : b.errors) v.psgd_errors.push_back(gathered_extra(e));
+        for (const std::vector<float>& e : b.errors) v.psgd_errors.push_back(gathered(e));
         v.psgd_q = std::move(q);
     }
-    if (serve_over ? grid.rank != 0 : mp.rank() != 0) {
+    if (snapshot) b.server->snapshot(b.snapshot);
+    if (grid.rank != 0) {
         v = {};
         return;
     }
@@ -719,19 +700,21 @@ void collect_save(Run& r, bool wait) {
     r.log.print("checkpoint: %s (written in the background in %.1f s)\n", done.path.c_str(), done.seconds);
     r.progress.wrote_checkpoint(done.path);
 }
-// checkpoint.async: world rank 0 waits for the write in flight, the others for rank 0 on the
-// untimed save group. Before every save (one write at a time, never two gathered states in
-// memory) and before a stop.
+// checkpoint.async: world rank 0 waits for the write in flight, every other rank for its server
+// (which ends when the write does), then all for rank 0 on the untimed save group. Before every
+// save (one write at a time, never two snapshots in memory) and before a stop.
 void finish_save(Run& r) {
     if (!r.cfg.checkpoint.async) return;
     if (r.rt.is_main()) collect_save(r, true);
+    else r.pending_save.wait();
     r.groups.save->barrier();
 }
 
 // Checkpoint (collective: world rank 0 writes the state, read from the ranks that hold it as it
 // goes, while the others answer its requests and wait on the untimed save group; under
-// checkpoint.async the state is gathered to world rank 0, which writes it on a thread of its own
-// while training goes on, all but the final and a stop signal's). The final one also writes the weights in
+// checkpoint.async, all but the final and a stop signal's, every rank copies what it holds and
+// training goes on while world rank 0 writes on a thread of its own and the others answer on
+// theirs). The final one also writes the weights in
 // the formats of out.format: out_dir/model_<steps>.bin (fp32, llm.c's format) and/or
 // model_<steps>.safetensors with transformers' config.json: after the checkpoint, so that a
 // failure there loses no training. Nothing non-finite is written.
@@ -743,8 +726,17 @@ void write_state(Run& r, SaveBuffers& b, bool final, bool background) {
         if (background) {  // the rest by value: training goes on changing r (b: untouched until collected)
             r.pending_save.start([dir = r.ckpt_dir, v = &view, shape = r.shape,
                                   version = r.dtype == DType::BF16 ? 5 : 3, config = r.cfg.resolved,
-                                  keep = r.cfg.checkpoint.keep] {
-                return checkpoint_save(dir, *v, shape, version, config, keep);
+                                  keep = r.cfg.checkpoint.keep, server = b.server] {
+                comm_waits_uncounted_here();
+                std::string path;
+                try {
+                    path = checkpoint_save(dir, *v, shape, version, config, keep);
+                } catch (...) {
+                    server->finish();  // the others' servers end; the failure is rethrown by wait()
+                    throw;
+                }
+                server->finish();
+                return path;
             });
             return;
         }
@@ -778,14 +770,19 @@ void save(Run& r, bool final, bool background = false) {
     // world rank 0 holds the whole model (one process, or data parallelism alone) and the whole state
     const bool live =
         !background && r.groups.mp->size() == 1 && holds_whole_piece(r.dp) && !r.local_sgd && !r.powersgd;
-    const bool serve = !background && !live && r.grid.world > 1;  // the others send what rank 0 asks for
     SaveBuffers& b = r.save_buffers;
     gather_state(r.model, r.opt, r.dp, r.local_sgd.get(), r.powersgd.get(), r.pc, *r.groups.mp, r.grid, b,
-                 weights_only, live, serve ? r.groups.save.get() : nullptr);
+                 weights_only, live, background ? r.groups.async_save.get() : r.groups.save.get(), background);
     if (r.rt.is_main()) {
-        write_state(r, b, final, background);
-        if (b.server) b.server->finish();
-    } else if (b.server) {
+        write_state(r, b, final, background);  // (background: its thread calls the server's finish())
+        if (b.server && !background) b.server->finish();
+    } else if (background) {
+        r.pending_save.start([server = b.server] {
+            comm_waits_uncounted_here();
+            server->serve();
+            return std::string();
+        });
+    } else if (b.server) {  // (none in a live save: world rank 0 reads its own state)
         b.server->serve();
     }
     r.groups.save->barrier();  // saving does not count against parallel.timeout_s

@@ -249,9 +249,9 @@ std::string file_bytes(const std::string& path) {
 }
 }  // namespace
 
-TEST_CASE("checkpoint_save from the mp group's gathered pieces writes what a whole state writes", "[checkpoint]") {
+TEST_CASE("checkpoint_save from the mp group's pieces writes what a whole state writes", "[checkpoint]") {
     // tp = 2 x pp = 2: each member's piece (pick_file_order) of every array, read back through
-    // file_order_map as gather_pieces hands them out: the files must be
+    // file_order_map from the members' buffers: the files must be
     // those of the whole state, byte for byte (1.13M parameters: two chunks of the save's 1M)
     const TempDir tmp("llmc_pieces_save");
     const ParallelConfig pc = layout_config(2, 2);

@@ -98,15 +98,20 @@ void comm_delay_until(std::chrono::steady_clock::time_point started) {
 namespace {
 double g_comm_wait_ms = 0;
 uint64_t g_comm_waits = 0;
+thread_local bool t_uncounted = false;
 }
 
 double comm_wait_ms() { return g_comm_wait_ms; }
 uint64_t comm_waits() { return g_comm_waits; }
+void comm_waits_uncounted_here() { t_uncounted = true; }
 
-CommWaitTimer::CommWaitTimer() : t0_(std::chrono::steady_clock::now()) { ++g_comm_waits; }
+CommWaitTimer::CommWaitTimer() : t0_(std::chrono::steady_clock::now()) {
+    if (!t_uncounted) ++g_comm_waits;
+}
 
 CommWaitTimer::~CommWaitTimer() {
-    g_comm_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+    if (!t_uncounted)
+        g_comm_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
 }
 
 namespace {

@@ -220,6 +220,9 @@ double comm_wait_ms();
 // How many such waits (a CommWaitTimer each): on NCCL every one is the host polling the device
 // (log.jsonl's comm_waits, beside the backend's host_syncs).
 uint64_t comm_waits();
+// The calling thread's waits are not counted from now on: a thread of its own (checkpoint.async's
+// writer and servers) on a communicator no other thread uses, whose waits are not the step's.
+void comm_waits_uncounted_here();
 class CommWaitTimer {
 public:
     CommWaitTimer();

@@ -1,8 +1,10 @@
 // A checkpoint written on a thread of its own while training goes on (checkpoint.async).
 //
-// The gather of the state is collective and stays in the training loop; what follows it on world
-// rank 0 (the non-finite scan, the checksums, the files, fsync, rename, DONE, retention) is host
-// work on a copy nobody else touches, and takes the time of the disk: here (CPU) most of a save.
+// The copy of the state is collective and stays in the training loop (every rank copies what it
+// holds: PieceServer::snapshot, llmc/train/layout.h); what follows on world rank 0 (the non-finite
+// scan, the checksums, the files, fsync, rename, DONE, retention, and the requests for the other
+// ranks' parts, which each answers on a thread of its own, also an AsyncSave's) is host work on
+// copies nobody else touches, and takes the time of the disk: here (CPU) most of a save.
 // One write at a time: the next save, a stop signal, the final save and the end of the run wait
 // for the one in flight first. A failure (a full disk: UserError; a non-finite state:
 // NonFiniteState) is rethrown by wait(), in the training loop, so that the run ends as a

@@ -157,6 +157,7 @@ ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& co
         pg.mp = make_self_comm(0);
         pg.embed = make_self_comm(0);
         pg.save = make_self_comm(0);
+        pg.async_save = make_self_comm(0);
         return pg;
     }
     LLMC_ASSERT(comm_kind == "mpi" || comm_kind == "nccl", "unknown communicator " + comm_kind);
@@ -187,5 +188,6 @@ ProcessGroups make_process_groups(const ProcessGrid& grid, const std::string& co
     }
     pg.embed = make(grid.embed_groups(), "embed");
     pg.save = make_mpi_comm({all}, grid.rank, "save", kCommTimeoutCapS);
+    pg.async_save = make_mpi_comm({all}, grid.rank, "async save", kCommTimeoutCapS);
     return pg;
 }

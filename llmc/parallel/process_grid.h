@@ -93,6 +93,9 @@ struct ProcessGroups {
     // ranks wait on it while world rank 0 writes a checkpoint, so that a save longer than
     // parallel.timeout_s does not end the job (a rank that dies still does, through the launcher).
     std::unique_ptr<Comm> save;
+    // The same again for checkpoint.async's threads (world rank 0's writer, every other rank's
+    // server: PieceServer), so that no two threads of a process share a communicator.
+    std::unique_ptr<Comm> async_save;
     // The model-parallel group again on the dp group's kind (NCCL: device-resident), for the
     // gradient norm's doubles in backend memory (DataParallel::grad_norm_squares); null when that
     // kind is MPI (mp serves) or the world is one process.

@@ -108,6 +108,11 @@ FileOrderMap file_order_map(const ModelShape& shape, const ParallelConfig& pc, s
     return map;
 }
 
+namespace {
+
+// Collective over the mp group: member 0 gets the other members' local buffers one after another
+// into others (its memory is reused) and returns every member's buffer for FileOrderMap::read (its
+// own: local, not a copy); the others leave others empty and get an empty vector.
 std::vector<const float*> gather_pieces(const FileOrderMap& map, const std::vector<float>& local, Comm& mp,
                                         std::vector<float>& others) {
     LLMC_ASSERT(int(map.counts.size()) == mp.size(), "gather_pieces: the map is of another mp group");
@@ -130,9 +135,11 @@ std::vector<const float*> gather_pieces(const FileOrderMap& map, const std::vect
     return members;
 }
 
+}  // namespace
+
 namespace {
 constexpr int kPieceTag = 1;
-}
+}  // namespace
 
 PieceServer::PieceServer(std::shared_ptr<const FileOrderMap> map, const Comm& mp, const Comm& shard, Comm& world)
     : map_(std::move(map)), world_(world), shards_(shard.size()) {
@@ -171,15 +178,39 @@ int PieceServer::add(const std::vector<float>* local) {
     if (local->empty())  // (a read never called: another shard rank's, or an array not kept)
         return add(shard_rank_ == 0 ? FileOrderMap::MemberRead() : [](size_t, size_t, float*) {}, false);
     LLMC_ASSERT(shard_rank_ == 0 && local->size() == map_->counts[size_t(member_)], "PieceServer::add: a piece of the wrong size");
-    return add([local](size_t at, size_t n, float* out) { std::memcpy(out, local->data() + at, n * sizeof(float)); },
-               false);
+    const int k = add([local](size_t at, size_t n, float* out) { std::memcpy(out, local->data() + at, n * sizeof(float)); },
+                      false);
+    arrays_.back().copy = true;
+    return k;
+}
+
+std::pair<size_t, size_t> PieceServer::held(const Array& a, int m, int d) const {
+    const size_t c = map_->counts[size_t(m)];
+    if (!a.sharded) return {0, d == 0 ? c : 0};
+    const size_t each = c / size_t(shards_);
+    return {size_t(d) * each, size_t(d + 1) * each};
+}
+
+void PieceServer::snapshot(std::vector<std::vector<float>>& keep) {
+    if (!serves()) return;
+    keep.resize(std::max(keep.size(), arrays_.size()));
+    for (size_t k = 0; k < arrays_.size(); k++) {
+        Array& a = arrays_[k];
+        const auto [lo, hi] = held(a, member_, shard_rank_);
+        if (!a.read || a.copy || hi == lo) continue;
+        keep[k].resize(hi - lo);
+        a.read(lo, hi - lo, keep[k].data());
+        a.read = [x = keep[k].data(), lo = lo](size_t at, size_t n, float* out) {
+            std::memcpy(out, x + (at - lo), n * sizeof(float));
+        };
+    }
 }
 
 template <class F>
 void PieceServer::for_parts(const Array& a, size_t first, size_t n, F f) const {
     map_->for_runs(first, n, [&](int m, size_t at, size_t c, size_t done) {
         if (!a.sharded) return f(m, 0, at, c, done);
-        const size_t each = map_->counts[size_t(m)] / size_t(shards_);
+        const size_t each = held(a, m, 0).second;
         for (size_t end = at + c; at < end;) {  // the shard ranks in turn, in memory order
             const size_t d = at / each, k = std::min(end, (d + 1) * each) - at;
             f(m, int(d), at, k, done);

@@ -68,16 +68,10 @@ void FileOrderMap::for_runs(size_t first, size_t n, F f) const {
 }
 
 FileOrderMap file_order_map(const ModelShape& shape, const ParallelConfig& pc, size_t pad_multiple);
-// Collective over the mp group: member 0 gets the other members' local buffers one after another
-// into others (its memory is reused) and returns every member's buffer for FileOrderMap::read (its
-// own: local, not a copy); the others leave others empty and get an empty vector.
-std::vector<const float*> gather_pieces(const FileOrderMap& map, const std::vector<float>& local, Comm& mp,
-                                        std::vector<float>& others);
-
-// A synchronous save across processes: world rank 0 reads the whole model's arrays from the ranks
-// that hold them as it writes them, each rank sending only the elements asked for, when asked
-// (gather_pieces would first copy every member's piece to world rank 0: for a model split over
-// tp x pp x ep ranks, the whole model and its moments in one host's memory at every save).
+// A save (any save but one process's synchronous one): world rank 0 reads the whole model's arrays
+// from the ranks that hold them as it writes them, each rank sending only the elements asked for,
+// when asked (a gather would first copy every member's piece to world rank 0: for a model split
+// over tp x pp x ep ranks, the whole model and its moments in one host's memory at every save).
 // The ranks that hold world rank 0's mp group's state: each member i of that group and the other
 // ranks of its ZeRO shard group (DataParallel's DP group), shard rank d of S. An array is held
 //   whole: by shard rank 0 (a ZeRO-0 optimizer's, ZeRO-1/2's weights, a copy gathered over DP);
@@ -88,8 +82,9 @@ std::vector<const float*> gather_pieces(const FileOrderMap& map, const std::vect
 // position at, within what it holds; never called on a rank that holds none of the array); world
 // rank 0 reads them through reader(k), then calls finish(); every other rank calls serve(), which
 // answers the requests until then. Requests and pieces travel over world, which must be the world
-// on MPI, untimed (ProcessGrid's save group: a save may take longer than parallel.timeout_s). Not
-// for checkpoint.async, whose write goes on while the others train: it gathers.
+// on MPI, untimed (ProcessGroups' save group: a save may take longer than parallel.timeout_s), or
+// a group of one. checkpoint.async: every rank takes a snapshot() of what it holds, and the reads
+// and serve() run on threads of their own, over a communicator of their own (async_save).
 class PieceServer {
 public:
     // map: the mp group's (file_order_map); mp: this rank's mp group; shard: its ZeRO shard group.
@@ -103,6 +98,10 @@ public:
     // The same from a copy of the piece held whole on shard rank 0 (map->counts[i] elements; empty
     // on the other shard ranks, or on every rank for an array the run does not keep).
     int add(const std::vector<float>* local);
+    // Copies what this rank holds of each array added with a read into keep (its memory reused;
+    // one vector an array), and serves from there: checkpoint.async's snapshot, which training
+    // cannot change under the write. (A copy added as a vector is already one.)
+    void snapshot(std::vector<std::vector<float>>& keep);
     // World rank 0: array k in file order, from every rank that holds part of it; null where the
     // array is not kept.
     ReadFileOrder reader(int k);
@@ -113,6 +112,7 @@ private:
     struct Array {
         FileOrderMap::MemberRead read;
         bool sharded;
+        bool copy = false;  // added as a vector
     };
     std::shared_ptr<const FileOrderMap> map_;
     Comm& world_;
@@ -121,6 +121,8 @@ private:
     std::vector<int> servers_;          // world rank 0: the world rank of (member i, shard rank d) at i S + d
     std::vector<Array> arrays_;
     std::vector<float> buf_;  // the elements in flight: each server's of a request, in file order
+    // What shard rank d holds of array a of member m's piece: [lo, hi) of it
+    std::pair<size_t, size_t> held(const Array& a, int m, int d) const;
     // f(m, d, at, c, done) for each part of [first, first + n) that one rank holds (member m's
     // elements [at, at + c), on its shard rank d), in file order
     template <class F>

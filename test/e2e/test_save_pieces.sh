@@ -11,8 +11,10 @@
 #     on either rank the peak grows by less than a quarter of P x 12 bytes (P x 3 = 65 MB). The
 #     gathers grew rank 0's by 212 MB (tp=2) and 263 MB (dp=2); serving tp=2's pieces from copies,
 #     by 86 MB.
-# (b) The bytes: the tp=2 run with checkpoint.async (whose write goes on beside training, from the
-#     pieces gathered to rank 0) writes the same weights and the same optimizer arrays; and at
+# (b) The bytes: the tp=2 run with checkpoint.async (each rank copies what it holds, and world rank
+#     0 writes from those copies on a thread while training goes on; its step-2 write slowed by 5 s
+#     so that steps 3 and 4 change the state under it) writes the same weights and the same
+#     optimizer arrays as the synchronous run; and at
 #     tp=2 x dp=2 with ZeRO-1 (m and v sent by the shards' DP ranks) a resume from step 2 ends
 #     bit-identical to the uninterrupted run.
 source "$(dirname "$0")/lib.sh"
@@ -46,8 +48,21 @@ for layout in parallel.tp=2 parallel.dp=2 "parallel.dp=2 parallel.zero=3"; do
 done
 
 # (b) the same bytes from the gathered pieces (checkpoint.async)
-dp_run 2 "$W/c.json" "${common[@]}" parallel.tp=2 checkpoint.every=2 checkpoint.keep=5 checkpoint.async=true out.format=llmc \
-    "out_dir=$W/async" > "$W/async.txt" 2>&1 || die "the run with checkpoint.async failed: $(tail -n 5 "$W/async.txt")"
+LLMC_FAULT=slow:checkpoint_after_model_2 dp_run 2 "$W/c.json" "${common[@]}" parallel.tp=2 checkpoint.every=2 \
+    checkpoint.keep=5 checkpoint.async=true out.format=llmc "out_dir=$W/async" > "$W/async.txt" 2>&1 ||
+    die "the run with checkpoint.async failed: $(tail -n 5 "$W/async.txt")"
+# each rank's copy is its half of the state: rank 0's peak grows by P x 6 bytes at most (the gather
+# to rank 0 it replaced held P x 12 there)
+read -r -a with <<< "$(peaks "$W/async/log.jsonl")"
+read -r -a without <<< "$(peaks "$W/none_parallel_tp_2/log.jsonl")"
+for r in 0 1; do
+    grow=$(awk -v s="${with[$r]}" -v n="${without[$r]}" 'BEGIN { printf "%.0f", s - n }')
+    echo "  checkpoint.async tp=2 rank $r: peak +$((grow / 1000000)) MB (limit +$((P * 6 / 1000000)) MB)"
+    [ "$grow" -lt $((P * 6)) ] || die "checkpoint.async rank $r: the saves grew its peak host memory by $grow bytes"
+done
+# the step-2 write slept 5 s between model.bin and state.bin: steps 3 and 4 went on meanwhile
+[ "$(grep -n 'step     4/4\|step_00000002 (written in the background' "$W/async.txt" | head -n 1 | grep -c 'step     4/4')" = 1 ] ||
+    die "checkpoint.async: step 4 was not trained while the step-2 checkpoint was written"
 arrays() {  # state.bin after its 32-byte header and metadata: m and v
     local meta
     meta=$(od -An -t d4 -j 8 -N 4 "$1" | tr -d ' ')
@@ -59,7 +74,7 @@ for step in 00000002 00000004; do
     cmp <(arrays "$a/state.bin") <(arrays "$b/state.bin") || die "step $step: state.bin's arrays differ from checkpoint.async's"
 done
 cmp "$W/save_parallel_tp_2/model_00000004.bin" "$W/async/model_00000004.bin" || die "the final weights differ from checkpoint.async's"
-echo "  tp=2: checkpoints and final weights equal checkpoint.async's (gathered) bytes"
+echo "  tp=2: checkpoints and final weights equal checkpoint.async's bytes"
 
 # (b) ZeRO-1 at tp=2 x dp=2: saved from the members' DP gathers, resumed bit-identical
 tiny_config "$W/t.json"
