@@ -159,7 +159,6 @@ void gather_state(const Model& model, const AdamW& opt, DataParallel& dp, LocalS
     std::vector<float> q;
     if (powersgd) powersgd->gather(&b.errors, &q);
     b.view = {};
-    b.server.reset();
     const size_t pad = DataParallel::pad_multiple(grid.shard_size());
     b.server = std::make_shared<PieceServer>(std::make_shared<const FileOrderMap>(file_order_map(model.shape, pc, pad)),
                                              mp, dp.comm(), *over);
