@@ -4,7 +4,8 @@
 # what is left, a step that no longer fits is a SKIP row, and each row is written as it comes
 # (--out DIR/quick/rows.partial.md). In order of value:
 #   env; build/test_gpu one process per filter (an abort ends only its filter); the whole model
-#   GPU vs CPU (GPT-2 and Llama, fp32, bf16 and fp16); GPT-2 124M at B=8 and B=32 (fp16 too at
+#   GPU vs CPU (GPT-2 and Llama, fp32, bf16 and fp16); saves across processes (tp=2 over mpirun:
+#   resume and checkpoint.async, quick_saves); GPT-2 124M at B=8 and B=32 (fp16 too at
 #   B=32) and the 1.5B shape at B=8 in bf16 and FP8, each beside the PyTorch peer at the same
 #   shape (its bf16; the peers' torch.compile done ahead, in the background while test_gpu and the
 #   parity runs check results: peer_prewarm_start/_end); a kernel table from
@@ -147,6 +148,58 @@ quick_parity() {
     else
         row "parity gpt2 bf16: cuda_graphs bitwise the plain run" "FAIL" "" "" "" \
             "steps:$modes; $(grep -m1 -iE 'error|abort' "$g.txt" | cut -c1-120)"
+    fi
+}
+
+# quick_saves: saves across processes on the GPU (PieceServer, llmc/train/layout.h: each rank sends
+# world rank 0 the chunks it holds, read from its device memory; checkpoint.async: each rank's
+# snapshot, served on a thread). The parity runs' GPT-2 in bf16 at tp=2 over mpirun, checkpoints
+# at steps 3 and 6: resumed from step 3 it ends bitwise the uninterrupted run (losses and final
+# weights); with checkpoint.async its checkpoints and final weights are the same bytes.
+quick_saves() {
+    echo "== quick: saves across processes (tp=2 over mpirun on the one GPU)"
+    local s="$Q/saves" name
+    mkdir -p "$s"
+    if [ "$DRY_RUN" != 1 ] && ! command -v mpirun >/dev/null 2>&1; then
+        row "saves tp=2" "FAIL" "" "" "" "no mpirun"
+        return
+    fi
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    local run=(mpirun --oversubscribe -np 2 ./train_gpt - device=cuda precision=bf16 model.arch=gpt2 model.n_layer=4
+        model.n_head=4 model.d_model=128 model.vocab_size=512 model.max_seq_len=64 data.train="$Q/tiny_*.bin" data.val=
+        tokenizer= eval.every=0 eval.sample_every=0 train.micro_batch=4 train.seq_len=64 train.grad_accum=2
+        train.steps=6 train.lr=1e-3 checkpoint.every=3 checkpoint.keep=5 out.format=llmc parallel.tp=2)
+    step "saves tp=2" 30 "${run[@]}" out_dir="$s/full" >"$s/full.txt" 2>&1
+    step "saves tp=2 resumed" 30 "${run[@]}" checkpoint.resume="$s/full/checkpoints/step_00000003" out_dir="$s/res" \
+        >"$s/res.txt" 2>&1
+    step "saves tp=2 async" 30 "${run[@]}" checkpoint.async=true out_dir="$s/async" >"$s/async.txt" 2>&1
+    [ "$DRY_RUN" = 1 ] && return
+    name="saves tp=2: resumed from step 3, bitwise the run"
+    if [ ! -f "$s/full/model_00000006.bin" ] || [ ! -f "$s/res/model_00000006.bin" ]; then
+        row "$name" "FAIL" "" "" "" "$(grep -h -m1 -iE 'error|abort' "$s/full.txt" "$s/res.txt" | cut -c1-120)"
+    elif cmp -s <(grep -o '"loss":[^,}]*' "$s/full/log.jsonl" | tail -n 3) <(grep -o '"loss":[^,}]*' "$s/res/log.jsonl") &&
+        cmp -s "$s/full/model_00000006.bin" "$s/res/model_00000006.bin"; then
+        row "$name" "PASS" "" "" "" "losses of steps 4-6 and final weights"
+    else
+        row "$name" "FAIL" "" "" "" "the losses or final weights differ"
+    fi
+    name="saves tp=2: checkpoint.async the same bytes"
+    local f same=1
+    for f in checkpoints/step_00000003/model.bin checkpoints/step_00000006/model.bin model_00000006.bin; do
+        cmp -s "$s/full/$f" "$s/async/$f" || same=0
+    done
+    # state.bin after its 32-byte header and metadata (the metadata holds the config, which differs)
+    local a b
+    for f in 3 6; do
+        a="$s/full/checkpoints/step_0000000$f/state.bin" b="$s/async/checkpoints/step_0000000$f/state.bin"
+        [ -f "$a" ] && [ -f "$b" ] &&
+            cmp -s <(tail -c +$((33 + $(od -An -t d4 -j 8 -N 4 "$a" | tr -d ' '))) "$a") \
+                <(tail -c +$((33 + $(od -An -t d4 -j 8 -N 4 "$b" | tr -d ' '))) "$b") || same=0
+    done
+    if [ $same = 1 ]; then
+        row "$name" "PASS" "" "" "" "model.bin and state.bin's arrays at steps 3 and 6, final weights"
+    else
+        row "$name" "FAIL" "" "" "" "files differ or missing $(grep -m1 -iE 'error|abort' "$s/async.txt" | cut -c1-100)"
     fi
 }
 
@@ -342,6 +395,7 @@ stage_quick() {
     peer_prewarm_start
     quick_ops
     quick_parity
+    quick_saves
     peer_prewarm_end
     quick_bench gpt2_124m "$m124" 8 bf16
     quick_bench gpt2_124m "$m124" 32 bf16
