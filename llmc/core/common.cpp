@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdarg>
 #include <cstring>
 #include <vector>
@@ -176,4 +177,15 @@ void write_file_atomic(const std::string& path, const std::vector<std::pair<cons
     AtomicFile f(path);
     for (const auto& part : parts) f.write(part.first, part.second);
     f.commit();
+}
+
+void NonFiniteCount::add(const float* x, size_t k, size_t at) {
+    size_t b = 0;  // counted without an early exit, so the loop vectorises
+    for (size_t i = 0; i < k; i++) b += !std::isfinite(x[i]);
+    if (b > 0 && bad == 0) {
+        size_t i = 0;
+        while (std::isfinite(x[i])) i++;
+        first = at + i, value = x[i];
+    }
+    bad += b;
 }

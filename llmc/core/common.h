@@ -94,3 +94,13 @@ void parallel_copy(void* dst, const void* src, size_t bytes);
 // printf-style std::string
 std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string human_bytes(double bytes);  // e.g. 1.5 MiB
+
+// Non-finite values (NaN, infinite) counted over data seen in pieces: how many, and the first's
+// index and value. The checks that refuse to save or load them (checkpoints, model files,
+// safetensors) each name what they found in their own terms.
+struct NonFiniteCount {
+    size_t bad = 0, first = 0;
+    float value = 0.0f;
+    // x[0 .. k): elements at .. at + k of the whole
+    void add(const float* x, size_t k, size_t at = 0);
+};

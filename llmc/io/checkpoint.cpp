@@ -192,30 +192,20 @@ std::vector<SavedArray> saved_arrays(const StateView& s, size_t num_params) {
     return out;
 }
 
-size_t count_nonfinite(const float* x, size_t n) {
-    size_t bad = 0;  // count them all: no early exit, so the loop vectorises
-    for (size_t i = 0; i < n; i++) bad += !std::isfinite(x[i]);
-    return bad;
-}
-
 // a.read with every chunk checked finite: at the first that is not, NonFiniteState naming the
 // array, how many of its elements are not finite and the first of them (the array read again)
 ReadFileOrder checked(const SavedArray& a, int step) {
     return [a, step](size_t first, size_t n, float* out) {
         a.read(first, n, out);
-        if (count_nonfinite(out, n) == 0) return;
-        size_t bad = 0, at = a.n;
-        for_each_chunk(a.read, a.n, [&](size_t f, const float* x, size_t k) {
-            const size_t b = count_nonfinite(x, k);
-            if (b > 0 && at == a.n) at = f + size_t(std::find_if(x, x + k, [](float v) { return !std::isfinite(v); }) - x);
-            bad += b;
-        });
-        float v = 0.0f;
-        a.read(at, 1, &v);
+        NonFiniteCount here;
+        here.add(out, n);
+        if (here.bad == 0) return;
+        NonFiniteCount all;
+        for_each_chunk(a.read, a.n, [&](size_t f, const float* x, size_t k) { all.add(x, k, f); });
         throw NonFiniteState(strfmt("step %d: %zu of %zu %s are not finite (the first at index %zu, %g); not "
                                     "saving: the checkpoints already written are kept (lower train.lr or check the "
                                     "data, then resume from the last one)",
-                                    step, bad, a.n, a.what.c_str(), at, double(v)));
+                                    step, all.bad, a.n, a.what.c_str(), all.first, double(all.value)));
     };
 }
 

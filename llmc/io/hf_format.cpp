@@ -65,14 +65,12 @@ bool is_buffer(const std::string& n) {
 // A non-finite weight named as the file names it (its tensor and element in the file's order),
 // where the user can find it.
 void check_finite(const std::vector<float>& v, const char* path, const std::string& name) {
-    size_t bad = 0;  // counted without an early exit, so the loop vectorises
-    for (float x : v) bad += !std::isfinite(x);
-    if (bad == 0) return;
-    size_t first = 0;
-    while (std::isfinite(v[first])) first++;
+    NonFiniteCount c;
+    c.add(v.data(), v.size());
+    if (c.bad == 0) return;
     throw UserError(strfmt("safetensors file %s: tensor %s: %zu of its %zu elements are not finite (the first at "
                            "element %zu, %g): not a usable model",
-                           path, name.c_str(), bad, v.size(), first, double(v[first])));
+                           path, name.c_str(), c.bad, v.size(), c.first, double(c.value)));
 }
 
 }  // namespace

@@ -75,20 +75,8 @@ ModelShape model_file_shape(const std::string& path, int* version) {
 
 namespace {
 
-// Non-finite weights counted over a file read in pieces: their number, the first's index and value.
-struct NonFinite {
-    size_t bad = 0, first = 0;
-    float value = 0.0f;
-    void add(const float* x, size_t k, size_t at) {
-        size_t b = 0;  // counted without an early exit, so the loop vectorises
-        for (size_t i = 0; i < k; i++) b += !std::isfinite(x[i]);
-        if (b > 0 && bad == 0) {
-            size_t i = 0;
-            while (std::isfinite(x[i])) i++;
-            first = at + i, value = x[i];
-        }
-        bad += b;
-    }
+// Non-finite weights counted over a file read in pieces
+struct NonFinite : NonFiniteCount {
     // UserError naming the file, the count and the first's tensor (its file-order name) and element
     void check(const ModelShape& shape, size_t n, const std::string& file) const {
         if (bad == 0) return;
