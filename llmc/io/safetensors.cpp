@@ -43,30 +43,23 @@ std::string escaped_excerpt(const std::string& s, size_t at, size_t most = 48) {
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     const char* p = path.c_str();
+    file_ = std::make_shared<PieceFile>(path, "safetensors file", std::make_shared<size_t>(0));
     struct stat st;
     if (stat(p, &st) != 0) throw UserError(strfmt("safetensors file %s: cannot open: %s", p, std::strerror(errno)));
     const uint64_t size = uint64_t(st.st_size);
-    FILE* f = std::fopen(p, "rb");
-    if (!f) throw UserError(strfmt("safetensors file %s: cannot open: %s", p, std::strerror(errno)));
     uint8_t lenb[8];
-    if (size < 8 || std::fread(lenb, 1, 8, f) != 8) {
-        std::fclose(f);
+    if (size < 8)
         throw UserError(strfmt("safetensors file %s: truncated (%llu bytes; the format starts with an 8-byte header "
                                "length)", p, (unsigned long long)size));
-    }
+    file_->read_bytes(0, lenb, 8);
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | lenb[i];
-    if (n > size - 8 || n > (uint64_t(100) << 20)) {
-        std::fclose(f);
+    if (n > size - 8 || n > (uint64_t(100) << 20))
         throw UserError(strfmt("safetensors file %s: header length %llu does not fit the file's %llu bytes (not a "
                                "safetensors file?)", p, (unsigned long long)n, (unsigned long long)size));
-    }
     std::string header(n, '\0');
-    const bool ok = std::fread(&header[0], 1, n, f) == n;
-    std::fclose(f);
-    if (!ok) throw UserError(strfmt("safetensors file %s: read failed", p));
+    file_->read_bytes(8, &header[0], n);
     data_start_ = 8 + n;
-    file_ = std::make_shared<PieceFile>(path, "safetensors file", std::make_shared<size_t>(0));
     // nlohmann keeps the last of two equal keys silently: a tensor named twice is refused
     std::vector<std::set<std::string>> seen;  // the keys of each open object
     std::string dup;
