@@ -188,13 +188,13 @@ quick_saves() {
     for f in checkpoints/step_00000003/model.bin checkpoints/step_00000006/model.bin model_00000006.bin; do
         cmp -s "$s/full/$f" "$s/async/$f" || same=0
     done
-    # state.bin after its 32-byte header and metadata (the metadata holds the config, which differs)
+    # state.bin after its 32-byte header and metadata (header int32 #2; the metadata holds the
+    # config, which differs), as test/e2e/lib.sh's tensors
+    arrays() { tail -c +$((33 + $(od -An -t d4 -j 8 -N 4 "$1" | tr -d ' '))) "$1"; }
     local a b
     for f in 3 6; do
         a="$s/full/checkpoints/step_0000000$f/state.bin" b="$s/async/checkpoints/step_0000000$f/state.bin"
-        [ -f "$a" ] && [ -f "$b" ] &&
-            cmp -s <(tail -c +$((33 + $(od -An -t d4 -j 8 -N 4 "$a" | tr -d ' '))) "$a") \
-                <(tail -c +$((33 + $(od -An -t d4 -j 8 -N 4 "$b" | tr -d ' '))) "$b") || same=0
+        [ -f "$a" ] && [ -f "$b" ] && cmp -s <(arrays "$a") <(arrays "$b") || same=0
     done
     if [ $same = 1 ]; then
         row "$name" "PASS" "" "" "" "model.bin and state.bin's arrays at steps 3 and 6, final weights"

@@ -63,15 +63,10 @@ done
 # the step-2 write slept 5 s between model.bin and state.bin: steps 3 and 4 went on meanwhile
 [ "$(grep -n 'step     4/4\|step_00000002 (written in the background' "$W/async.txt" | head -n 1 | grep -c 'step     4/4')" = 1 ] ||
     die "checkpoint.async: step 4 was not trained while the step-2 checkpoint was written"
-arrays() {  # state.bin after its 32-byte header and metadata: m and v
-    local meta
-    meta=$(od -An -t d4 -j 8 -N 4 "$1" | tr -d ' ')
-    tail -c +$((33 + meta)) "$1"
-}
 for step in 00000002 00000004; do
     a="$W/save_parallel_tp_2/checkpoints/step_$step" b="$W/async/checkpoints/step_$step"
     cmp "$a/model.bin" "$b/model.bin" || die "step $step: model.bin differs from checkpoint.async's"
-    cmp <(arrays "$a/state.bin") <(arrays "$b/state.bin") || die "step $step: state.bin's arrays differ from checkpoint.async's"
+    cmp <(tensors "$a/state.bin") <(tensors "$b/state.bin") || die "step $step: state.bin's arrays differ from checkpoint.async's"
 done
 cmp "$W/save_parallel_tp_2/model_00000004.bin" "$W/async/model_00000004.bin" || die "the final weights differ from checkpoint.async's"
 echo "  tp=2: checkpoints and final weights equal checkpoint.async's bytes"
